@@ -1,0 +1,1 @@
+"""A Flax/linen data-parallel trainer built on jax.pmap."""

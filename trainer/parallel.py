@@ -1,0 +1,66 @@
+"""Moving data between the host and the local devices of a pmap.
+
+Replicated trees have a leading axis of size `len(devices)`; sharded batches have shape
+``(num_devices, per_device_batch, ...)``.
+"""
+
+import collections
+import itertools
+from typing import Any, Iterable, Iterator, Sequence
+
+import jax
+import numpy as np
+from flax import jax_utils
+
+# flax's helpers already place arrays with one device_put per tree leaf.
+replicate = jax_utils.replicate
+unreplicate = jax_utils.unreplicate
+
+MASK_KEY = 'mask'
+
+
+def shard(batch: Any, num_devices: int) -> Any:
+  """Splits the leading (per-process batch) axis of every leaf into (num_devices, -1)."""
+
+  def _shard(x):
+    if x.shape[0] % num_devices:
+      raise ValueError(f'batch of {x.shape[0]} cannot be split over {num_devices} devices')
+    return x.reshape((num_devices, x.shape[0] // num_devices) + x.shape[1:])
+
+  return jax.tree.map(_shard, batch)
+
+
+def pad_batch(batch: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
+  """Pads every array to `size` rows with zeros and adds a float `mask` (1 real, 0 pad)."""
+  n = len(next(iter(batch.values())))
+  if n > size:
+    raise ValueError(f'batch of {n} is larger than the padded size {size}')
+  padded = {k: np.concatenate([v, np.zeros((size - n,) + v.shape[1:], v.dtype)])
+            for k, v in batch.items()}
+  padded[MASK_KEY] = np.concatenate([np.ones(n, np.float32), np.zeros(size - n, np.float32)])
+  return padded
+
+
+def device_sharding(devices: Sequence[jax.Device]) -> jax.sharding.NamedSharding:
+  """Leading axis split over `devices`, the layout a pmap over `devices` takes its inputs in."""
+  mesh = jax.sharding.Mesh(np.asarray(devices), ('devices',))
+  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('devices'))
+
+
+def prefetch_to_device(batches: Iterable[Any], size: int,
+                       devices: Sequence[jax.Device]) -> Iterator[Any]:
+  """Keeps `size` sharded batches in flight to `devices` so the step never waits on a copy."""
+  sharding = device_sharding(devices)
+  queue = collections.deque()
+
+  def put(tree):
+    return jax.tree.map(lambda x: jax.device_put(x, sharding), tree)
+
+  def enqueue(n):
+    for tree in itertools.islice(batches, n):
+      queue.append(put(tree))
+
+  enqueue(size)
+  while queue:
+    yield queue.popleft()
+    enqueue(1)
