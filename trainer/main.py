@@ -40,9 +40,15 @@ def _set_up_devices() -> None:
   tf.config.set_visible_devices([], 'GPU')
 
 
+def _quiet_orbax(record) -> bool:
+  """Drops orbax's INFO lines (several per save); its warnings and errors still show."""
+  return record.levelno >= logging.converter.STANDARD_WARNING or '/orbax/' not in record.pathname
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  logging.get_absl_handler().addFilter(_quiet_orbax)
   from trainer import train  # pylint: disable=import-outside-toplevel
   try:
     _set_up_devices()

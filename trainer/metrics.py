@@ -1,13 +1,18 @@
 """CLU metric collections, writers and throughput bookkeeping."""
 
+import collections
+import glob
+import os
 import time
 from typing import Any, Sequence
 
 import flax
 import jax
 import numpy as np
+import tensorflow as tf
 from clu import metric_writers
 from clu import metrics
+from tensorboard.backend.event_processing import event_file_loader
 
 
 @flax.struct.dataclass
@@ -73,3 +78,16 @@ class Throughput:
     if steps <= 0 or elapsed <= 0:
       return None
     return steps * self._examples_per_step / elapsed / self._num_devices
+
+
+def read_events(workdir: str) -> tuple[dict[str, dict[int, float]], set[str]]:
+  """Scalars as {tag: {step: value}} from the workdir's event files, and the plugins seen."""
+  scalars = collections.defaultdict(dict)
+  plugins = set()
+  for path in sorted(glob.glob(os.path.join(workdir, 'events.out.tfevents.*'))):
+    for event in event_file_loader.EventFileLoader(path).Load():
+      for value in event.summary.value:
+        plugins.add(value.metadata.plugin_data.plugin_name)
+        if value.metadata.plugin_data.plugin_name == 'scalars':
+          scalars[value.tag][event.step] = float(tf.make_ndarray(value.tensor))
+  return dict(scalars), plugins

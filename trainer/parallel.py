@@ -12,11 +12,19 @@ import jax
 import numpy as np
 from flax import jax_utils
 
-# flax's helpers already place arrays with one device_put per tree leaf.
-replicate = jax_utils.replicate
-unreplicate = jax_utils.unreplicate
+# The one name of the device axis. The step's collectives reduce over it, and the arrays
+# handed to a pmap are laid out on a mesh with this axis name: pmap (jit + shard_map) keys its
+# compile cache on the input sharding, so a differently named mesh would compile the step twice.
+AXIS_NAME = 'batch'
 
 MASK_KEY = 'mask'
+
+unreplicate = jax_utils.unreplicate
+
+
+def replicate(tree: Any, devices: Sequence[jax.Device]) -> Any:
+  """One copy of every leaf per device, laid out as the pmapped step lays out its outputs."""
+  return jax_utils.replicate(tree, devices=devices, axis_name=AXIS_NAME)
 
 
 def shard(batch: Any, num_devices: int) -> Any:
@@ -43,8 +51,8 @@ def pad_batch(batch: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
 
 def device_sharding(devices: Sequence[jax.Device]) -> jax.sharding.NamedSharding:
   """Leading axis split over `devices`, the layout a pmap over `devices` takes its inputs in."""
-  mesh = jax.sharding.Mesh(np.asarray(devices), ('devices',))
-  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('devices'))
+  mesh = jax.sharding.Mesh(np.asarray(devices), (AXIS_NAME,))
+  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(AXIS_NAME))
 
 
 def prefetch_to_device(batches: Iterable[Any], size: int,

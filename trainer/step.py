@@ -12,11 +12,8 @@ import optax
 from jax import lax
 
 from trainer.metrics import EvalMetrics, TrainMetrics
+from trainer.parallel import AXIS_NAME
 from trainer.state import TrainState
-
-# The one name of the device axis: the gradient pmean, the metrics (and any cross-replica
-# layer such as BatchNorm) must all reduce over it.
-AXIS_NAME = 'batch'
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:

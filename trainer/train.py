@@ -98,7 +98,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> state
   batches = device_batches(train_ds, devices)
   hooks = _hooks(config, workdir, writer)
   throughput = metrics.Throughput(config.batch_size, jax.device_count())
-  throughput.start(start_step)
   pending = []  # Per-step metrics still on the devices.
   last = config.num_train_steps
 
@@ -107,6 +106,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> state
       with jax.profiler.StepTraceAnnotation('train', step_num=step):
         rstate, step_metrics = p_train_step(rstate, next(batches), rng)
       pending.append(step_metrics)
+      if step == start_step + 1:
+        # Time throughput from the end of the first step: compilation is not training speed.
+        jax.block_until_ready(step_metrics)
+        throughput.start(step)
       for hook in hooks:
         hook(step)
       if _is_due(step, config.log_every_steps, last):

@@ -1,0 +1,88 @@
+"""Bad input: one line naming the value and the fix, before any compile or write."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from trainer import input_pipeline
+from trainer import train
+from trainer.errors import UserError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+CASES = {
+    'batch not divisible': (
+        dict(batch_size=100),
+        'batch_size=100 is not divisible by the 8 devices (1 process(es) x 8 local devices); '
+        'use a multiple of 8, e.g. --config.batch_size=96'),
+    'eval batch not divisible': (
+        dict(eval_batch_size=12),
+        'eval_batch_size=12 is not divisible by the 8 devices'),
+    'unknown model': (
+        dict(model='resnet9'),
+        "model='resnet9' is unknown; choose one of: cnn, mlp (--config.model=NAME)"),
+    'unknown dataset': (
+        dict(dataset='imagenet'),
+        "dataset='imagenet' is unknown; choose one of: digits, mnist (--config.dataset=NAME)"),
+    'unknown optimizer': (
+        dict(optimizer='lion'),
+        "optimizer='lion' is unknown; choose one of: adamw, sgd (--config.optimizer=NAME)"),
+    'zero steps': (
+        dict(num_train_steps=0),
+        'num_train_steps=0 must be a positive integer (--config.num_train_steps=N)'),
+    'negative batch': (
+        dict(batch_size=-8),
+        'batch_size=-8 must be a positive integer (--config.batch_size=N)'),
+}
+
+
+@pytest.mark.parametrize('case', sorted(CASES))
+def test_bad_config_is_refused_before_anything_is_written(config, tmp_path, case):
+  overrides, message = CASES[case]
+  config.update(overrides)
+  workdir = tmp_path / 'run'
+  with pytest.raises(UserError) as error:
+    train.train_and_evaluate(config, str(workdir))
+  assert message in str(error.value)
+  assert '\n' not in str(error.value)
+  assert not workdir.exists()
+
+
+def test_workdir_that_is_a_file_is_refused_and_kept(config, tmp_path):
+  path = tmp_path / 'notes.txt'
+  path.write_text('my notes')
+  with pytest.raises(UserError, match='notes.txt.* is a file, not a directory; pass --workdir'):
+    train.train_and_evaluate(config, str(path))
+  assert path.read_text() == 'my notes'
+
+
+def test_unavailable_dataset_is_refused_before_the_workdir(config, tmp_path, monkeypatch):
+  monkeypatch.setattr(input_pipeline, 'DOWNLOAD_PROBE', ('127.0.0.1', 9))
+  config.dataset = 'mnist'
+  config.tfds_data_dir = str(tmp_path / 'tfds')
+  with pytest.raises(UserError, match='train offline with --config.dataset=digits'):
+    train.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert not (tmp_path / 'run').exists()
+
+
+def _cli(*args):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+  return subprocess.run(
+      [sys.executable, '-m', 'trainer.main', '--config=configs/default.py', '--cpu_devices=8',
+       *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.mark.parametrize('args,message', [
+    (['--config.batch_size=100'], 'error: batch_size=100 is not divisible by the 8 devices'),
+    (['--config.model=resnet9'], "error: model='resnet9' is unknown; choose one of: cnn, mlp"),
+    (['--cpu_devices=0'], 'error: --cpu_devices=0 must be a positive device count'),
+])
+def test_cli_prints_one_line_and_exits_nonzero(tmp_path, tfds_data_dir, args, message):
+  workdir = tmp_path / 'run'
+  result = _cli(f'--workdir={workdir}', f'--config.tfds_data_dir={tfds_data_dir}', *args)
+  assert result.returncode == 1
+  assert 'Traceback' not in result.stderr
+  assert result.stderr.strip().splitlines()[-1].startswith(message)
+  assert not workdir.exists()

@@ -1,0 +1,102 @@
+"""The bundled digits dataset, the TFDS pipelines, shard and pad-and-mask."""
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from trainer import input_pipeline
+from trainer import parallel
+from trainer.datasets import digits
+
+
+def test_digits_splits_are_the_documented_fixed_split(config):
+  builder = input_pipeline.get_builder(config)
+  assert builder.info.splits['train'].num_examples == digits.NUM_TRAIN == 1437
+  assert builder.info.splits['test'].num_examples == digits.NUM_TEST == 360
+  images, labels = digits.source_images_and_labels()
+  for split, indices in digits.split_indices().items():
+    data = tfds.as_numpy(builder.as_dataset(split=split, batch_size=-1))
+    # Order inside the files is TFDS's; compare as multisets of (image, label).
+    want = sorted(bytes(images[i]) + bytes([labels[i]]) for i in indices)
+    got = sorted(bytes(im) + bytes([lb]) for im, lb in zip(data['image'], data['label']))
+    assert got == want
+  assert set(digits.split_indices()['train']).isdisjoint(digits.split_indices()['test'])
+  assert images.max() == 255 and images.dtype == np.uint8
+
+
+def _take(ds, n):
+  return [b for _, b in zip(range(n), tfds.as_numpy(ds))]
+
+
+def test_train_batches_are_seeded_shuffled_and_full(config):
+  config.batch_size = 64
+  builder = input_pipeline.get_builder(config)
+  first = _take(input_pipeline.train_dataset(config, builder), 30)
+  again = _take(input_pipeline.train_dataset(config, builder), 30)
+  for a, b in zip(first, again):
+    np.testing.assert_array_equal(a['image'], b['image'])
+  assert all(b['image'].shape == (64, 8, 8, 1) and b['label'].shape == (64,) for b in first)
+  assert first[0]['image'].dtype == np.float32 and 0 <= first[0]['image'].min()
+  assert first[0]['image'].max() <= 1.0
+  config.seed = 1
+  other = _take(input_pipeline.train_dataset(config, builder), 1)
+  assert not np.array_equal(other[0]['label'], first[0]['label'])
+  # 30 batches of 64 span more than one epoch of 1437: the data repeats.
+  labels = np.concatenate([b['label'] for b in first])
+  assert np.bincount(labels, minlength=10).min() > 100
+
+
+def test_train_parts_of_processes_are_disjoint_and_cover(config):
+  builder = input_pipeline.get_builder(config)
+  config.batch_size = 2
+  config.shuffle_buffer_size = 1
+  config.cache = False
+  seen = []
+  for index in range(3):
+    split = tfds.split_for_jax_process('train', process_index=index, process_count=3)
+    part = tfds.as_numpy(builder.as_dataset(split=split, batch_size=-1))['image']
+    seen.append({bytes(x) for x in part})
+    assert len(part) == 479  # 1437 / 3
+  assert not (seen[0] & seen[1]) and not (seen[1] & seen[2]) and not (seen[0] & seen[2])
+  full = tfds.as_numpy(builder.as_dataset(split='train', batch_size=-1))['image']
+  assert seen[0] | seen[1] | seen[2] == {bytes(x) for x in full}
+
+
+def test_mnist_pipeline_under_mock_data(config):
+  config.dataset = 'mnist'
+  config.batch_size = 16
+  config.eval_batch_size = 16
+  with tfds.testing.mock_data(num_examples=40):
+    builder = input_pipeline.get_builder(config)
+    batch = _take(input_pipeline.train_dataset(config, builder), 1)[0]
+    data = input_pipeline.eval_data(config, builder)
+    eval_batches = list(input_pipeline.eval_batches(data))
+  assert batch['image'].shape == (16, 28, 28, 1) and batch['image'].dtype == np.float32
+  assert batch['label'].dtype == np.int32
+  assert data.num_examples == 40 and data.num_batches == 3
+  assert [int(b['mask'].sum()) for b in eval_batches] == [16, 16, 8]
+
+
+def test_missing_dataset_without_network_fails_fast(config, tmp_path, monkeypatch):
+  # A closed loopback port: the probe is refused at once, as with no route to the host.
+  monkeypatch.setattr(input_pipeline, 'DOWNLOAD_PROBE', ('127.0.0.1', 9))
+  config.dataset = 'mnist'
+  config.tfds_data_dir = str(tmp_path / 'empty')
+  with pytest.raises(input_pipeline.UserError) as error:
+    input_pipeline.get_builder(config)
+  message = str(error.value)
+  assert "dataset='mnist' is not prepared" in message
+  assert str(tmp_path / 'empty') in message
+  assert '--config.dataset=digits' in message and '--config.tfds_data_dir' in message
+
+
+def test_shard_and_pad():
+  batch = {'x': np.arange(10, dtype=np.float32), 'y': np.ones((10, 2), np.int32)}
+  padded = parallel.pad_batch(batch, 12)
+  np.testing.assert_array_equal(padded['x'], list(range(10)) + [0, 0])
+  np.testing.assert_array_equal(padded['mask'], [1] * 10 + [0, 0])
+  sharded = parallel.shard(padded, 4)
+  assert sharded['x'].shape == (4, 3) and sharded['y'].shape == (4, 3, 2)
+  np.testing.assert_array_equal(sharded['x'][1], [3, 4, 5])
+  with pytest.raises(ValueError, match='batch of 10 cannot be split over 4 devices'):
+    parallel.shard(batch, 4)

@@ -1,0 +1,86 @@
+"""`train_and_evaluate` end to end: events, checkpoints, accuracy, resume."""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from configs import default
+from tests import helpers
+from trainer import metrics
+from trainer import optim
+from trainer import train
+
+TRAIN_TAGS = {'train_loss', 'train_accuracy', 'train_grad_norm', 'learning_rate',
+              'examples_per_sec_per_device'}
+
+
+def _short(config, steps=60):
+  config.num_train_steps = steps
+  config.warmup_steps = 10
+  config.log_every_steps = 20
+  config.eval_every_steps = 30
+  config.checkpoint_every_steps = 30
+  return config
+
+
+def test_digits_end_to_end(config, tmp_path):
+  workdir = str(tmp_path / 'run')
+  state = train.train_and_evaluate(_short(config), workdir)
+  scalars, plugins = metrics.read_events(workdir)
+  assert 'hparams' in plugins
+  assert TRAIN_TAGS | {'eval_loss', 'eval_accuracy'} <= set(scalars)
+  for tag in TRAIN_TAGS:
+    assert sorted(scalars[tag]) == [20, 40, 60], tag
+  assert sorted(scalars['eval_accuracy']) == [30, 60]
+  # The logged rate is the schedule's value at the last step of each window.
+  schedule = optim.learning_rate_schedule(config)
+  for step, value in scalars['learning_rate'].items():
+    assert value == pytest.approx(float(schedule(step - 1)), rel=1e-6)
+  assert scalars['train_loss'][60] < scalars['train_loss'][20] < np.log(10)
+  # The last evaluation is that of the returned state, computed another way.
+  count, loss, accuracy = helpers.reference_eval(state, config)
+  assert count == 360
+  assert scalars['eval_accuracy'][60] == pytest.approx(accuracy, abs=1e-6)
+  assert scalars['eval_loss'][60] == pytest.approx(loss, rel=1e-5)
+  assert int(state.step) == 60
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['30', '60']
+
+
+def test_resume_continues_from_the_newest_checkpoint(config, tmp_path):
+  workdir = str(tmp_path / 'run')
+  train.train_and_evaluate(_short(config), workdir)
+  config.num_train_steps = 90
+  state = train.train_and_evaluate(config, workdir)
+  assert int(state.step) == 90
+  scalars, _ = metrics.read_events(workdir)
+  assert sorted(scalars['train_loss']) == [20, 40, 60, 80, 90]
+  assert sorted(scalars['eval_accuracy']) == [30, 60, 90]
+
+
+def test_mnist_end_to_end_under_mock_data(config, tmp_path):
+  config.dataset = 'mnist'
+  config.batch_size = 16
+  config.eval_batch_size = 24
+  workdir = str(tmp_path / 'mnist')
+  with tfds.testing.mock_data(num_examples=40):
+    train.train_and_evaluate(_short(config, steps=30), workdir)
+  scalars, _ = metrics.read_events(workdir)
+  assert sorted(scalars['train_loss']) == [20, 30]
+  assert sorted(scalars['eval_accuracy']) == [30]
+  # 40 examples: the accuracy is a whole number of fortieths.
+  correct = scalars['eval_accuracy'][30] * 40
+  assert correct == pytest.approx(round(correct), abs=1e-4)
+  assert all(np.isfinite(v) for tag in scalars for v in scalars[tag].values())
+
+
+def test_default_config_reaches_95_percent_on_digits(tfds_data_dir, tmp_path):
+  config = default.get_config()
+  config.tfds_data_dir = tfds_data_dir
+  workdir = str(tmp_path / 'default')
+  train.train_and_evaluate(config, workdir)
+  scalars, _ = metrics.read_events(workdir)
+  final = scalars['eval_accuracy'][config.num_train_steps]
+  print(f'default config: eval_accuracy={final:.4f}')
+  assert final >= 0.95
