@@ -43,6 +43,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval_every_steps = 250  # Steps between evaluations; the last step always evaluates.
   config.checkpoint_every_steps = 250  # Steps between checkpoints; the last step always saves.
   config.keep_checkpoints = 3  # Newest checkpoints kept on disk.
+  config.init_from = ''  # Workdir or checkpoint to take initial params from; '' = random init.
+  config.skip_nonfinite_steps = False  # Skip NaN/Inf steps instead of stopping the run.
 
   # Misc.
   config.seed = 0  # Seeds init, dropout and the data order.

@@ -100,3 +100,17 @@ def test_shard_and_pad():
   np.testing.assert_array_equal(sharded['x'][1], [3, 4, 5])
   with pytest.raises(ValueError, match='batch of 10 cannot be split over 4 devices'):
     parallel.shard(batch, 4)
+
+
+@pytest.mark.parametrize('start', [700, 1500, 3000])
+def test_train_stream_resumes_mid_stream_exactly(config, start):
+  config.batch_size = 50
+  builder = input_pipeline.get_builder(config)
+
+  def stream(start_example, num_batches):
+    ds = input_pipeline.train_dataset(config, builder, start_example=start_example)
+    return np.concatenate([b['image'] for b in _take(ds, num_batches)])
+
+  full = stream(0, (start + 500) // 50 + 1)
+  resumed = stream(start, 10)
+  np.testing.assert_array_equal(resumed, full[start:start + 500])

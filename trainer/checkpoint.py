@@ -1,40 +1,210 @@
-"""Orbax checkpoints of the (unreplicated) train state under WORKDIR/checkpoints."""
+"""Orbax checkpoints under WORKDIR/checkpoints: save, resume, fine-tune from another run.
 
+A checkpoint at step N holds two items:
+  state: the unreplicated `TrainState` (step, params, optimizer state) as host arrays;
+  meta:  JSON with the step RNG key, the examples each process's input stream has consumed,
+         and the config that wrote it (to explain a mismatch on restart).
+Orbax writes each checkpoint into a temporary directory and renames it when complete, so a
+save cut short leaves no step directory behind.
+"""
+
+import dataclasses
 import os
+import shutil
 from typing import Any, Optional
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging
+
+from trainer.errors import UserError
+
+CORRUPT_DIR = 'checkpoints.unreadable'  # Unreadable checkpoints are moved here, never deleted.
 
 
 def directory(workdir: str) -> str:
   return os.path.join(os.path.abspath(workdir), 'checkpoints')
 
 
+@dataclasses.dataclass
+class Restored:
+  step: int
+  state: Any
+  meta: dict
+
+
+def _path_name(path) -> str:
+  parts = []
+  for key in path:
+    for attr in ('key', 'idx', 'name'):
+      if hasattr(key, attr):
+        parts.append(str(getattr(key, attr)))
+        break
+  return '/'.join(parts)
+
+
+def array_specs(tree: Any) -> dict[str, tuple[tuple[int, ...], str]]:
+  """{'params/Dense_0/kernel': (shape, dtype), ...} for every array leaf of `tree`."""
+  leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+  return {_path_name(path): (tuple(leaf.shape), np.dtype(leaf.dtype).name)
+          for path, leaf in leaves}
+
+
+def describe_mismatch(saved: dict, wanted: dict, limit: int = 4) -> str:
+  """'' when the two array-spec maps agree, else a short account of the first differences."""
+  problems = []
+  # Params first: they say most plainly which model wrote the checkpoint.
+  for name in sorted(set(saved) | set(wanted), key=lambda n: (not n.startswith('params/'), n)):
+    if name not in wanted:
+      problems.append(f'{name} only in the checkpoint')
+    elif name not in saved:
+      problems.append(f'{name} missing from the checkpoint')
+    elif saved[name] != wanted[name]:
+      problems.append(f'{name} is {saved[name][1]}{list(saved[name][0])} in the checkpoint, '
+                      f'{wanted[name][1]}{list(wanted[name][0])} in this config')
+  if len(problems) > limit:
+    problems = problems[:limit] + [f'and {len(problems) - limit} more']
+  return '; '.join(problems)
+
+
+def _config_differences(saved: dict, current: dict) -> str:
+  changed = [f'{k}: {saved[k]!r} -> {current[k]!r}' for k in sorted(current)
+             if k in saved and saved[k] != current[k]]
+  return ', '.join(changed)
+
+
+def _handlers() -> dict:
+  # Named up front so that a manager that did not write a checkpoint can read its metadata.
+  return {'state': ocp.StandardCheckpointHandler(), 'meta': ocp.JsonCheckpointHandler()}
+
+
+def _read_only(path: str) -> Optional[ocp.CheckpointManager]:
+  if not os.path.isdir(path):
+    return None
+  options = ocp.CheckpointManagerOptions(read_only=True, save_interval_steps=0, create=False)
+  return ocp.CheckpointManager(path, options=options,
+                               item_handlers=_handlers())
+
+
+def _state_metadata(manager: ocp.CheckpointManager, step: int) -> dict:
+  metadata = manager.item_metadata(step)['state']
+  return array_specs(getattr(metadata, 'tree', metadata))
+
+
 class Checkpointer:
-  """Saves asynchronously, keeps the newest `keep`, restores the newest."""
+  """Async orbax saves of the host state, newest `keep` kept; resume-time checks."""
 
   def __init__(self, workdir: str, *, keep: int):
-    options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep, create=True, enable_async_checkpointing=True)
-    self._manager = ocp.CheckpointManager(directory(workdir), options=options)
+    self.workdir = os.path.abspath(workdir)
+    self.directory = directory(workdir)
+    self._keep = keep
+    self._manager: Optional[ocp.CheckpointManager] = None
 
-  def latest_step(self) -> Optional[int]:
-    return self._manager.latest_step()
+  def steps(self) -> list[int]:
+    reader = _read_only(self.directory)
+    return list(reader.all_steps()) if reader else []
 
-  def restore(self, target: Any) -> Any:
-    """The newest checkpoint, in the structure of `target`; `target` if there is none."""
-    step = self._manager.latest_step()
-    if step is None:
-      return target
-    return self._manager.restore(step, args=ocp.args.StandardRestore(target))
+  def find_restorable(self, target: Any, config: dict) -> tuple[Optional[int], list[int]]:
+    """The newest step that fits `target` and whose metadata reads, and the unreadable ones.
 
-  def save(self, step: int, state: Any) -> None:
+    Writes nothing. Raises `UserError` if the newest readable checkpoint was written for
+    another model or optimizer: resuming cannot go on, and nothing should be overwritten.
+    """
+    reader = _read_only(self.directory)
+    if reader is None:
+      return None, []
+    wanted = array_specs(target)
+    unreadable = []
+    for step in sorted(reader.all_steps(), reverse=True):
+      try:
+        saved = _state_metadata(reader, step)
+        saved_config = reader.restore(step, args=ocp.args.Composite(
+            meta=ocp.args.JsonRestore()))['meta'].get('config', {})
+      except Exception as e:  # pylint: disable=broad-except
+        logging.warning('checkpoint %d in %s is unreadable (%s: %s)', step, self.directory,
+                        type(e).__name__, str(e).splitlines()[0][:200])
+        unreadable.append(step)
+        continue
+      mismatch = describe_mismatch(saved, wanted)
+      if mismatch:
+        changed = _config_differences(saved_config, config)
+        raise UserError(
+            f'the checkpoint at step {step} in {self.directory} does not fit this config '
+            f'({mismatch}{"; config changed: " + changed if changed else ""}); resume with '
+            'the config that wrote it, or pass a new --workdir')
+      return step, unreadable
+    return None, unreadable
+
+  def restore(self, step: int, target: Any) -> Restored:
+    reader = _read_only(self.directory)
+    restored = reader.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
+    return Restored(step=step, state=restored['state'], meta=restored['meta'])
+
+  def set_aside(self, steps: list[int]) -> None:
+    """Moves unreadable checkpoints out of the way of new saves (kept, not deleted)."""
+    if jax.process_index() != 0:
+      return
+    for step in steps:
+      destination = os.path.join(self.workdir, CORRUPT_DIR, str(step))
+      os.makedirs(os.path.dirname(destination), exist_ok=True)
+      shutil.move(os.path.join(self.directory, str(step)), destination)
+      logging.warning('moved unreadable checkpoint %d to %s', step, destination)
+
+  def save(self, step: int, state: Any, meta: dict) -> None:
+    if self._manager is None:
+      options = ocp.CheckpointManagerOptions(
+          max_to_keep=self._keep, create=True, enable_async_checkpointing=True)
+      self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                            item_handlers=_handlers())
     # Host copies: the next pmapped step donates (and so invalidates) the device buffers
     # while the asynchronous save may still be reading them.
-    self._manager.save(step, args=ocp.args.StandardSave(jax.device_get(state)))
+    self._manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(jax.device_get(state)), meta=ocp.args.JsonSave(meta)))
+
+  def wait(self) -> None:
+    """Blocks until saves in flight are on disk."""
+    if self._manager is not None:
+      self._manager.wait_until_finished()
 
   def close(self) -> None:
-    """Waits for saves in flight to finish."""
-    self._manager.wait_until_finished()
-    self._manager.close()
+    if self._manager is not None:
+      self._manager.wait_until_finished()
+      self._manager.close()
+      self._manager = None
+
+
+def load_params(path: str, wanted_params: Any) -> tuple[Any, int]:
+  """Params of the newest checkpoint under `path` (a workdir, its checkpoints/ or one step).
+
+  For `init_from` (fine-tuning): only params are taken; the optimizer starts fresh.
+  """
+  path = os.path.abspath(path)
+  candidates = [path, os.path.join(path, 'checkpoints')]
+  step = None
+  for candidate in candidates:
+    reader = _read_only(candidate)
+    if reader is not None and reader.latest_step() is not None:
+      step = reader.latest_step()
+      break
+  else:
+    parent, name = os.path.split(path)
+    reader = _read_only(parent)
+    if reader is not None and name.isdigit() and int(name) in reader.all_steps():
+      step = int(name)
+  if step is None:
+    raise UserError(f'init_from={path!r} holds no checkpoint; point --config.init_from at a '
+                    'workdir, its checkpoints/ directory or one step directory in it')
+  saved = {k[len('params/'):]: v for k, v in _state_metadata(reader, step).items()
+           if k.startswith('params/')}
+  mismatch = describe_mismatch(saved, array_specs(wanted_params))
+  if mismatch:
+    raise UserError(f'init_from={path!r} (step {step}) has params that do not fit this model '
+                    f'({mismatch}); use a checkpoint of the same model')
+  restored = reader.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+  by_name = {_path_name(path): leaf for path, leaf in
+             jax.tree_util.tree_flatten_with_path(restored['state']['params'])[0]}
+  params = jax.tree_util.tree_map_with_path(
+      lambda path, _: np.asarray(by_name[_path_name(path)]), wanted_params)
+  return params, step

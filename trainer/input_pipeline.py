@@ -111,20 +111,44 @@ def _options() -> tf.data.Options:
   return options
 
 
-def train_dataset(config, builder, *, process_index: int = 0,
-                  process_count: int = 1) -> tf.data.Dataset:
-  """Endless per-process training batches (batch_size / process_count examples each)."""
+def _epoch_seed(seed: int, epoch: tf.Tensor) -> tf.Tensor:
+  return tf.constant(seed, tf.int64) * 1_000_003 + epoch
+
+
+def train_dataset(config, builder, *, process_index: int = 0, process_count: int = 1,
+                  start_example: int = 0) -> tf.data.Dataset:
+  """Endless per-process training batches (batch_size / process_count examples each).
+
+  The example stream is a pure function of the seed: epoch e is this process's part of the
+  split in an order drawn from (seed, e), and batches are consecutive runs of the stream.
+  `start_example` (examples already consumed, on resume) starts it mid-stream exactly where an
+  uninterrupted run would be. Images are decoded after shuffling and skipping, so records are
+  skipped without decoding them.
+  """
   split = tfds.split_for_jax_process(
       config.train_split, process_index=process_index, process_count=process_count)
-  read_config = tfds.ReadConfig(shuffle_seed=config.seed, options=_options())
-  ds = builder.as_dataset(split=split, shuffle_files=True, read_config=read_config)
-  ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
+  raw = builder.as_dataset(split=split, shuffle_files=False,
+                           read_config=tfds.ReadConfig(options=_options()),
+                           decoders={'image': tfds.decode.SkipDecoding()})
   if config.cache:
-    ds = ds.cache()
-  ds = ds.shuffle(config.shuffle_buffer_size, seed=config.seed, reshuffle_each_iteration=True)
-  ds = ds.repeat()
+    raw = raw.cache()
+  epoch_size = _num_examples(raw)
+  start_epoch, offset = divmod(start_example, epoch_size)
+
+  def epoch(e):
+    return raw.shuffle(min(config.shuffle_buffer_size, epoch_size),
+                       seed=_epoch_seed(config.seed, e), reshuffle_each_iteration=False)
+
+  decode_image = builder.info.features['image'].decode_example
+
+  def decode(example):
+    return preprocess({'image': decode_image(example['image']), 'label': example['label']})
+
+  ds = tf.data.Dataset.range(start_epoch, np.iinfo(np.int64).max).flat_map(epoch)
+  ds = ds.skip(offset)
+  ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE)
   ds = ds.batch(config.batch_size // process_count, drop_remainder=True)
-  return ds.prefetch(tf.data.AUTOTUNE)
+  return ds.with_options(_options()).prefetch(tf.data.AUTOTUNE)
 
 
 @dataclasses.dataclass(frozen=True)

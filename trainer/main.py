@@ -17,7 +17,7 @@ from absl import flags  # pylint: disable=wrong-import-position
 from absl import logging  # pylint: disable=wrong-import-position
 from ml_collections import config_flags  # pylint: disable=wrong-import-position
 
-from trainer.errors import UserError  # pylint: disable=wrong-import-position
+from trainer.errors import Diverged, Preempted, UserError  # pylint: disable=wrong-import-position
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('workdir', None, 'Directory for metrics, checkpoints and the config.')
@@ -56,8 +56,11 @@ def main(argv):
                  jax.process_index(), jax.process_count(), jax.local_device_count(),
                  jax.device_count(), jax.default_backend())
     train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
-  except UserError as e:
+  except (UserError, Diverged) as e:
     sys.exit(f'error: {e}')
+  except Preempted as e:
+    print(str(e), file=sys.stderr)
+    sys.exit(e.exit_code)
 
 
 def run():

@@ -3,6 +3,7 @@
 import collections
 import glob
 import os
+import socket
 import time
 from typing import Any, Sequence
 
@@ -13,6 +14,7 @@ import tensorflow as tf
 from clu import metric_writers
 from clu import metrics
 from tensorboard.backend.event_processing import event_file_loader
+from tensorboard.compat.proto import event_pb2
 
 
 @flax.struct.dataclass
@@ -37,14 +39,26 @@ def create_writer(workdir: str) -> metric_writers.MetricWriter:
       workdir, just_logging=jax.process_index() > 0, asynchronous=True)
 
 
+def fetch_replicated(collections: Sequence[metrics.Collection]) -> list[metrics.Collection]:
+  """Host copies (device 0's) of replicated collections, fetched in one transfer."""
+  return [jax.tree.map(lambda x: np.asarray(x)[0], c) for c in jax.device_get(list(collections))]
+
+
+def merge(collections: Sequence[metrics.Collection]) -> metrics.Collection:
+  merged = collections[0]
+  for collection in collections[1:]:
+    merged = merged.merge(collection)
+  return merged
+
+
 def merge_replicated(collections: Sequence[metrics.Collection]) -> metrics.Collection:
   """Fetches replicated collections (one per step or batch) in one transfer, merges on host."""
-  fetched = jax.device_get(list(collections))
-  merged = None
-  for replicated in fetched:
-    one = jax.tree.map(lambda x: np.asarray(x)[0], replicated)
-    merged = one if merged is None else merged.merge(one)
-  return merged
+  return merge(fetch_replicated(collections))
+
+
+def is_finite(step_metrics: TrainMetrics) -> bool:
+  """Whether one step's loss and gradient norm are finite."""
+  return bool(np.isfinite(step_metrics.loss.total) and np.isfinite(step_metrics.grad_norm.total))
 
 
 def train_scalars(collection: TrainMetrics) -> dict[str, float]:
@@ -80,14 +94,41 @@ class Throughput:
     return steps * self._examples_per_step / elapsed / self._num_devices
 
 
+def mark_restart(workdir: str, step: int) -> None:
+  """Records that the run restarts at `step`: readers drop earlier-written points >= `step`.
+
+  A run killed after its last checkpoint had logged steps it will now log again. TensorBoard
+  discards such orphaned points when it meets a SessionLog START event at the restart step,
+  in a file that sorts after the old events and before the new ones: the new writer's file
+  has a later time or, in the same second, a process id, which sorts after '0-restart'.
+  """
+  now = time.time()
+  name = f'events.out.tfevents.{int(now)}.{socket.gethostname()}.0-restart-{step}'
+  with tf.io.TFRecordWriter(os.path.join(workdir, name)) as records:
+    records.write(event_pb2.Event(wall_time=now, file_version='brain.Event:2')
+                  .SerializeToString())
+    records.write(event_pb2.Event(
+        wall_time=now, step=step,
+        session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START))
+                  .SerializeToString())
+
+
 def read_events(workdir: str) -> tuple[dict[str, dict[int, float]], set[str]]:
-  """Scalars as {tag: {step: value}} from the workdir's event files, and the plugins seen."""
+  """Scalars as {tag: {step: value}} from the workdir's event files, and the plugins seen.
+
+  Files are read in name (time) order; a SessionLog START at step s drops the points at steps
+  >= s read so far, as TensorBoard does.
+  """
   scalars = collections.defaultdict(dict)
   plugins = set()
   for path in sorted(glob.glob(os.path.join(workdir, 'events.out.tfevents.*'))):
     for event in event_file_loader.EventFileLoader(path).Load():
+      if event.session_log.status == event_pb2.SessionLog.START:
+        for points in scalars.values():
+          for stale in [s for s in points if s >= event.step]:
+            del points[stale]
       for value in event.summary.value:
         plugins.add(value.metadata.plugin_data.plugin_name)
         if value.metadata.plugin_data.plugin_name == 'scalars':
           scalars[value.tag][event.step] = float(tf.make_ndarray(value.tensor))
-  return dict(scalars), plugins
+  return {tag: points for tag, points in scalars.items() if points}, plugins

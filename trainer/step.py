@@ -22,11 +22,14 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 
 def train_step(state: TrainState, batch: dict, rng: jax.Array, *,
-               learning_rate_fn: optax.Schedule) -> tuple[TrainState, TrainMetrics]:
+               learning_rate_fn: optax.Schedule,
+               skip_nonfinite: bool = False) -> tuple[TrainState, TrainMetrics]:
   """One SGD step on this device's shard, gradients averaged over all devices.
 
   `rng` is the same on every device and every step; it is made unique per step and per device
-  by folding in the step number and the device's index on the axis.
+  by folding in the step number and the device's index on the axis. With `skip_nonfinite`, a
+  step whose loss or gradient norm is NaN/Inf leaves params and optimizer state unchanged
+  (the step counter still advances, so the data and schedule move on).
   """
   rng = jax.random.fold_in(jax.random.fold_in(rng, state.step), lax.axis_index(AXIS_NAME))
 
@@ -43,8 +46,15 @@ def train_step(state: TrainState, batch: dict, rng: jax.Array, *,
 
   accuracy = jnp.mean(jnp.argmax(logits, axis=-1) == batch['label'])
   loss, accuracy = lax.pmean((loss, accuracy), AXIS_NAME)
+  grad_norm = optax.global_norm(grads)
+  if skip_nonfinite:
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    keep_finite = lambda new, old: jnp.where(finite, new, old)
+    new_state = new_state.replace(
+        params=jax.tree.map(keep_finite, new_state.params, state.params),
+        opt_state=jax.tree.map(keep_finite, new_state.opt_state, state.opt_state))
   metrics = TrainMetrics.single_from_model_output(
-      loss=loss, accuracy=accuracy, grad_norm=optax.global_norm(grads),
+      loss=loss, accuracy=accuracy, grad_norm=grad_norm,
       learning_rate=learning_rate_fn(state.step))
   return new_state, metrics
 
@@ -57,9 +67,11 @@ def eval_step(state: TrainState, batch: dict) -> EvalMetrics:
       loss=cross_entropy(logits, batch['label']), mask=batch['mask'])
 
 
-def make_p_train_step(learning_rate_fn: optax.Schedule, devices) -> Callable:
+def make_p_train_step(learning_rate_fn: optax.Schedule, devices,
+                      skip_nonfinite: bool = False) -> Callable:
   """`train_step` under pmap; the incoming state's buffers are donated to the new state."""
-  return jax.pmap(functools.partial(train_step, learning_rate_fn=learning_rate_fn),
+  return jax.pmap(functools.partial(train_step, learning_rate_fn=learning_rate_fn,
+                                    skip_nonfinite=skip_nonfinite),
                   axis_name=AXIS_NAME, devices=devices, donate_argnums=(0,))
 
 

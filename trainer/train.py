@@ -1,19 +1,22 @@
-"""The training loop: when to train, log, evaluate and checkpoint.
+"""The training loop: when to train, log, evaluate, checkpoint and stop.
 
-    state   = create_train_state(...)           # host, unreplicated
-    state   = newest checkpoint, else state     # orbax
-    rstate  = replicate(state)                   # one copy per local device
+    state   = newest intact checkpoint, else init (or --config.init_from params)  # orbax
+    rstate  = replicate(state)                                                   # per device
     for step: rstate, metrics = p_train_step(rstate, batch, rng)
-        every log_every_steps: fetch metrics -> writer (process 0)
+        every log_every_steps: fetch metrics, check they are finite -> writer (process 0)
         every eval_every_steps: evaluate (padded + masked)
-        every checkpoint_every_steps: save (all processes)
+        every checkpoint_every_steps, and on SIGTERM/SIGINT: save (all processes)
 """
 
 import functools
-from typing import Any, Iterator
+import signal
+import threading
+from typing import Any, Iterator, Optional
 
 import jax
+import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 from absl import logging
@@ -29,6 +32,7 @@ from trainer import optim
 from trainer import parallel
 from trainer import state as state_lib
 from trainer import step as step_lib
+from trainer.errors import Diverged, Preempted
 
 PREFETCH_BATCHES = 2  # Sharded batches kept in flight to the devices.
 
@@ -62,6 +66,88 @@ def _is_due(step: int, every: int, last: int) -> bool:
   return step % every == 0 or step == last
 
 
+class _StopSignals:
+  """Records SIGTERM/SIGINT so that the loop finishes its step, saves and stops."""
+
+  def __init__(self):
+    self.received: Optional[int] = None
+    self._previous = {}
+
+  def __enter__(self):
+    # Several processes must agree on the step they stop at; there the runtime's preemption
+    # sync point decides, and a local signal keeps its usual meaning.
+    if threading.current_thread() is threading.main_thread() and jax.process_count() == 1:
+      for sig in (signal.SIGTERM, signal.SIGINT):
+        self._previous[sig] = signal.signal(sig, self._handle)
+    return self
+
+  def _handle(self, signum, frame):
+    del frame
+    self.received = signum
+    logging.warning('%s received: stopping after this step with a checkpoint',
+                    signal.Signals(signum).name)
+
+  def __exit__(self, *exc):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+
+  def requested(self, step: int) -> bool:
+    if self.received is not None:
+      return True
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+      try:
+        if multihost_utils.reached_preemption_sync_point(step):
+          self.received = signal.SIGTERM
+          return True
+      except RuntimeError:  # The runtime offers no preemption notice here.
+        pass
+    return False
+
+
+class _TrainMetricsBuffer:
+  """Per-step metrics: on the devices until fetched, checked finite, then merged for a write."""
+
+  def __init__(self, skip_nonfinite: bool, last_finite_step: int):
+    self._skip = skip_nonfinite
+    self._on_device = []
+    self._on_host = []
+    self._skipped = 0
+    self.last_finite_step = last_finite_step
+    self.first_nonfinite_step: Optional[int] = None
+
+  def add(self, step: int, step_metrics) -> None:
+    self._on_device.append((step, step_metrics))
+
+  def fetch(self) -> bool:
+    """Moves metrics to the host; False if a step was non-finite and skipping is off."""
+    if not self._on_device:
+      return self.first_nonfinite_step is None
+    fetched = metrics.fetch_replicated([m for _, m in self._on_device])
+    for (step, _), host in zip(self._on_device, fetched):
+      if metrics.is_finite(host):
+        self._on_host.append(host)
+        self.last_finite_step = step
+      elif self._skip:
+        self._skipped += 1
+      elif self.first_nonfinite_step is None:
+        self.first_nonfinite_step = step
+    self._on_device = []
+    return self.first_nonfinite_step is None
+
+  def scalars(self) -> dict[str, float]:
+    scalars = metrics.train_scalars(metrics.merge(self._on_host)) if self._on_host else {}
+    if self._skip:
+      scalars['train_skipped_steps'] = float(self._skipped)
+    self._on_host, self._skipped = [], 0
+    return scalars
+
+
+def _all_finite(tree) -> bool:
+  return all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(tree)
+             if np.issubdtype(np.asarray(leaf).dtype, np.inexact))
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> state_lib.TrainState:
   """Trains `config` in `workdir` (resuming from its newest checkpoint); returns the state."""
   devices = jax.local_devices()
@@ -70,60 +156,119 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> state
   checks.check_workdir(workdir)
   split_args = dict(process_index=process_index, process_count=process_count)
   builder = input_pipeline.get_builder(config, **split_args)
-  train_ds = input_pipeline.train_dataset(config, builder, **split_args)
   eval_data = input_pipeline.eval_data(config, builder, **split_args)
 
-  # Everything above only read and checked; from here on the workdir is written.
-  tf.io.gfile.makedirs(workdir)
-  writer = metrics.create_writer(workdir)
   schedule = optim.learning_rate_schedule(config)
   model = models.get(config.model, num_classes=input_pipeline.spec(config.dataset).num_classes,
                      dropout_rate=config.dropout_rate)
   init_rng, step_rng = jax.random.split(jax.random.PRNGKey(config.seed))
-  image_shape = tuple(train_ds.element_spec['image'].shape[1:])
-  state = state_lib.create_train_state(
-      model, optim.create_optimizer(config, schedule), init_rng, (1,) + image_shape)
+  input_shape = (1,) + tuple(builder.info.features['image'].shape)
+  init = functools.partial(state_lib.create_train_state, model,
+                           optim.create_optimizer(config, schedule))
   checkpointer = checkpoint.Checkpointer(workdir, keep=config.keep_checkpoints)
-  state = checkpointer.restore(state)
+  # Checked against the shapes alone (nothing compiled, nothing written): a workdir whose
+  # checkpoint does not fit this config stops here, untouched.
+  abstract_state = jax.eval_shape(lambda rng: init(rng, input_shape), init_rng)
+  resume_step, unreadable = checkpointer.find_restorable(abstract_state, config.to_dict())
+  init_params = None
+  if resume_step is None and config.init_from:
+    init_params, from_step = checkpoint.load_params(config.init_from, abstract_state.params)
+    logging.info('initializing params from %s (step %d)', config.init_from, from_step)
+
+  # Everything above only read and checked; from here on the workdir is written.
+  tf.io.gfile.makedirs(workdir)
+  checkpointer.set_aside(unreadable)
+  state = jax.device_get(init(init_rng, input_shape))
+  data_seed, examples_done = config.seed, 0
+  if resume_step is not None:
+    restored = checkpointer.restore(resume_step, state)
+    state = restored.state
+    step_rng = jnp.asarray(restored.meta['rng'], dtype=jnp.uint32)
+    data_seed = restored.meta['data_seed']
+    examples_done = restored.meta['examples_per_process']
+  elif init_params is not None:
+    state = state.replace(params=init_params)
   start_step = int(state.step)
   logging.info('%s: %d params; starting at step %d of %d', config.model,
                state_lib.param_count(state.params), start_step, config.num_train_steps)
+
+  if start_step > 0 and process_index == 0:
+    metrics.mark_restart(workdir, start_step + 1)
+  writer = metrics.create_writer(workdir)
   if start_step == 0:
     writer.write_hparams(config.to_dict())
 
-  p_train_step = step_lib.make_p_train_step(schedule, devices)
+  per_process_batch = config.batch_size // process_count
+  data_config = ml_collections.ConfigDict(config.to_dict())
+  data_config.seed = data_seed
+  train_ds = input_pipeline.train_dataset(data_config, builder, start_example=examples_done,
+                                          **split_args)
+
+  def meta(step: int) -> dict:
+    return {'rng': np.asarray(step_rng).tolist(), 'data_seed': data_seed,
+            'examples_per_process': examples_done + (step - start_step) * per_process_batch,
+            'config': config.to_dict()}
+
+  p_train_step = step_lib.make_p_train_step(schedule, devices, config.skip_nonfinite_steps)
   p_eval_step = step_lib.make_p_eval_step(devices)
   rstate = parallel.replicate(state, devices)
   rng = parallel.replicate(step_rng, devices)
   batches = device_batches(train_ds, devices)
   hooks = _hooks(config, workdir, writer)
   throughput = metrics.Throughput(config.batch_size, jax.device_count())
-  pending = []  # Per-step metrics still on the devices.
+  buffer = _TrainMetricsBuffer(config.skip_nonfinite_steps, start_step)
+  last_saved = resume_step
   last = config.num_train_steps
 
-  with metric_writers.ensure_flushes(writer):
-    for step in range(start_step + 1, last + 1):
-      with jax.profiler.StepTraceAnnotation('train', step_num=step):
-        rstate, step_metrics = p_train_step(rstate, next(batches), rng)
-      pending.append(step_metrics)
-      if step == start_step + 1:
-        # Time throughput from the end of the first step: compilation is not training speed.
-        jax.block_until_ready(step_metrics)
-        throughput.start(step)
-      for hook in hooks:
-        hook(step)
-      if _is_due(step, config.log_every_steps, last):
-        scalars = metrics.train_scalars(metrics.merge_replicated(pending))
-        pending = []
-        rate = throughput.rate(step)
-        if rate is not None:
-          scalars['examples_per_sec_per_device'] = rate
-        writer.write_scalars(step, scalars)
-      if _is_due(step, config.eval_every_steps, last):
-        writer.write_scalars(step, evaluate(p_eval_step, rstate, eval_data, devices))
-        throughput.start(step)
-      if _is_due(step, config.checkpoint_every_steps, last):
-        checkpointer.save(step, parallel.unreplicate(rstate))
-        throughput.start(step)
-  checkpointer.close()
+  def diverged() -> Diverged:
+    saved = (f'step {last_saved} in {checkpointer.directory}' if last_saved is not None
+             else f'none (no checkpoint yet in {checkpointer.directory})')
+    return Diverged(
+        f'loss or gradient norm became NaN/Inf at step {buffer.first_nonfinite_step} (finite '
+        f'through step {buffer.last_finite_step}); the last good checkpoint is {saved}; lower '
+        '--config.learning_rate, or pass --config.skip_nonfinite_steps=True to skip such steps')
+
+  with metric_writers.ensure_flushes(writer), _StopSignals() as stop:
+    try:
+      for step in range(start_step + 1, last + 1):
+        with jax.profiler.StepTraceAnnotation('train', step_num=step):
+          rstate, step_metrics = p_train_step(rstate, next(batches), rng)
+        buffer.add(step, step_metrics)
+        if step == start_step + 1:
+          # Time throughput from the end of the first step: compiling is not training speed.
+          jax.block_until_ready(step_metrics)
+          throughput.start(step)
+        for hook in hooks:
+          hook(step)
+        stopping = stop.requested(step)
+        save_now = _is_due(step, config.checkpoint_every_steps, last) or stopping
+        if _is_due(step, config.log_every_steps, last) or save_now:
+          if not buffer.fetch():
+            raise diverged()
+        if _is_due(step, config.log_every_steps, last):
+          scalars = buffer.scalars()
+          rate = throughput.rate(step)
+          if rate is not None:
+            scalars['examples_per_sec_per_device'] = rate
+          writer.write_scalars(step, scalars)
+        if _is_due(step, config.eval_every_steps, last):
+          writer.write_scalars(step, evaluate(p_eval_step, rstate, eval_data, devices))
+          throughput.start(step)
+        if save_now:
+          host_state = jax.device_get(parallel.unreplicate(rstate))
+          if not _all_finite(host_state.params):
+            buffer.first_nonfinite_step = step
+            raise diverged()
+          checkpointer.save(step, host_state, meta(step))
+          last_saved = step
+          throughput.start(step)
+        if stopping:
+          checkpointer.wait()
+          name = signal.Signals(stop.received).name
+          raise Preempted(
+              f'stopped by {name} at step {step} of {last}; checkpoint saved in '
+              f'{checkpointer.directory}; run the same command again to resume',
+              exit_code=128 + stop.received)
+    finally:
+      checkpointer.close()
   return jax.device_get(parallel.unreplicate(rstate))
