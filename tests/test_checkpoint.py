@@ -4,7 +4,6 @@ mismatched workdirs, fine-tuning from another run."""
 import glob
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from tensorboard.backend.event_processing import plugin_event_accumulator
 
 from trainer import checkpoint
 from trainer import metrics
@@ -105,8 +105,12 @@ def test_stopped_run_resumes_to_identical_params(reference, tfds_data_dir, tmp_p
   _assert_bitwise_equal(final['opt_state'], jax.tree.leaves(ref_state.opt_state))
 
   scalars, _ = metrics.read_events(workdir)
+  tensorboard = plugin_event_accumulator.EventAccumulator(workdir)
+  tensorboard.Reload()
   for tag in ('train_loss', 'learning_rate', 'eval_accuracy', 'eval_loss'):
     assert sorted(scalars[tag]) == sorted(ref_scalars[tag]), tag  # No gaps, no duplicates.
+    # TensorBoard drops the points a killed run wrote after its last checkpoint too.
+    assert [e.step for e in tensorboard.Tensors(tag)] == sorted(ref_scalars[tag]), tag
   for tag in ('eval_accuracy', 'eval_loss', 'learning_rate'):
     assert scalars[tag] == ref_scalars[tag], tag
 

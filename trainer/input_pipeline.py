@@ -9,7 +9,7 @@ batches (padding with fully masked ones) so the cross-device sums in the eval st
 import dataclasses
 import math
 import socket
-from typing import Iterator
+from typing import Iterator, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -116,15 +116,16 @@ def _epoch_seed(seed: int, epoch: tf.Tensor) -> tf.Tensor:
 
 
 def train_dataset(config, builder, *, process_index: int = 0, process_count: int = 1,
-                  start_example: int = 0) -> tf.data.Dataset:
+                  start_example: int = 0, seed: Optional[int] = None) -> tf.data.Dataset:
   """Endless per-process training batches (batch_size / process_count examples each).
 
   The example stream is a pure function of the seed: epoch e is this process's part of the
   split in an order drawn from (seed, e), and batches are consecutive runs of the stream.
   `start_example` (examples already consumed, on resume) starts it mid-stream exactly where an
   uninterrupted run would be. Images are decoded after shuffling and skipping, so records are
-  skipped without decoding them.
+  skipped without decoding them. `seed` (default `config.seed`) orders the epochs.
   """
+  seed = config.seed if seed is None else seed
   split = tfds.split_for_jax_process(
       config.train_split, process_index=process_index, process_count=process_count)
   raw = builder.as_dataset(split=split, shuffle_files=False,
@@ -137,7 +138,7 @@ def train_dataset(config, builder, *, process_index: int = 0, process_count: int
 
   def epoch(e):
     return raw.shuffle(min(config.shuffle_buffer_size, epoch_size),
-                       seed=_epoch_seed(config.seed, e), reshuffle_each_iteration=False)
+                       seed=_epoch_seed(seed, e), reshuffle_each_iteration=False)
 
   decode_image = builder.info.features['image'].decode_example
 

@@ -94,16 +94,17 @@ class Throughput:
     return steps * self._examples_per_step / elapsed / self._num_devices
 
 
-def mark_restart(workdir: str, step: int) -> None:
-  """Records that the run restarts at `step`: readers drop earlier-written points >= `step`.
+def mark_session_start(workdir: str, step: int) -> None:
+  """Records that a run (first or resumed) starts at `step` in a SessionLog START event.
 
   A run killed after its last checkpoint had logged steps it will now log again. TensorBoard
-  discards such orphaned points when it meets a SessionLog START event at the restart step,
-  in a file that sorts after the old events and before the new ones: the new writer's file
-  has a later time or, in the same second, a process id, which sorts after '0-restart'.
+  takes the first START of a logdir as the session's beginning and every later one as a
+  restart, discarding the points already read at steps >= its step. The event goes in a file
+  of its own that sorts after the old event files and before the new writer's: that one has a
+  later time or, in the same second, a process id, which sorts after '0-start'.
   """
   now = time.time()
-  name = f'events.out.tfevents.{int(now)}.{socket.gethostname()}.0-restart-{step}'
+  name = f'events.out.tfevents.{int(now)}.{socket.gethostname()}.0-start-{step}'
   with tf.io.TFRecordWriter(os.path.join(workdir, name)) as records:
     records.write(event_pb2.Event(wall_time=now, file_version='brain.Event:2')
                   .SerializeToString())

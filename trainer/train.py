@@ -8,7 +8,9 @@
         every checkpoint_every_steps, and on SIGTERM/SIGINT: save (all processes)
 """
 
+import dataclasses
 import functools
+import os
 import signal
 import threading
 from typing import Any, Iterator, Optional
@@ -83,9 +85,13 @@ class _StopSignals:
 
   def _handle(self, signum, frame):
     del frame
+    if self.received is not None:  # A second signal: the user does not want to wait.
+      signal.signal(signum, signal.SIG_DFL)
+      os.kill(os.getpid(), signum)
+      return
     self.received = signum
-    logging.warning('%s received: stopping after this step with a checkpoint',
-                    signal.Signals(signum).name)
+    logging.warning('%s received: stopping after this step with a checkpoint (send it again '
+                    'to stop at once)', signal.Signals(signum).name)
 
   def __exit__(self, *exc):
     for sig, handler in self._previous.items():
@@ -148,6 +154,45 @@ def _all_finite(tree) -> bool:
              if np.issubdtype(np.asarray(leaf).dtype, np.inexact))
 
 
+@dataclasses.dataclass
+class _Start:
+  """Where training begins: a checkpoint's state and bookkeeping, or a fresh init."""
+  state: state_lib.TrainState
+  step_rng: jax.Array  # Folded with step and device index inside the step.
+  data_seed: int  # Orders the training stream's epochs.
+  examples_done: int  # Examples of this process's training stream already consumed.
+  resume_step: Optional[int]  # The checkpoint restored, if any.
+
+
+def _start(config, checkpointer, init, input_shape, workdir: str) -> _Start:
+  """Restores the newest intact checkpoint, else initializes (from `init_from` params if set).
+
+  Everything up to the first write is checked against shapes alone (nothing compiled): a
+  workdir whose checkpoint does not fit the config, or `init_from` params that do not fit the
+  model, stop the run with the workdir untouched.
+  """
+  init_rng, step_rng = jax.random.split(jax.random.PRNGKey(config.seed))
+  abstract_state = jax.eval_shape(lambda rng: init(rng, input_shape), init_rng)
+  resume_step, unreadable = checkpointer.find_restorable(abstract_state, config.to_dict())
+  init_params = None
+  if resume_step is None and config.init_from:
+    init_params, from_step = checkpoint.load_params(config.init_from, abstract_state.params)
+    logging.info('initializing params from %s (step %d)', config.init_from, from_step)
+
+  # From here on the workdir is written.
+  tf.io.gfile.makedirs(workdir)
+  checkpointer.set_aside(unreadable)
+  state = jax.device_get(init(init_rng, input_shape))
+  if resume_step is not None:
+    restored = checkpointer.restore(resume_step, state)
+    return _Start(restored.state, jnp.asarray(restored.meta['rng'], dtype=jnp.uint32),
+                  restored.meta['data_seed'], restored.meta['examples_per_process'],
+                  resume_step)
+  if init_params is not None:
+    state = state.replace(params=init_params)
+  return _Start(state, step_rng, config.seed, 0, None)
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> state_lib.TrainState:
   """Trains `config` in `workdir` (resuming from its newest checkpoint); returns the state."""
   devices = jax.local_devices()
@@ -161,63 +206,40 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> state
   schedule = optim.learning_rate_schedule(config)
   model = models.get(config.model, num_classes=input_pipeline.spec(config.dataset).num_classes,
                      dropout_rate=config.dropout_rate)
-  init_rng, step_rng = jax.random.split(jax.random.PRNGKey(config.seed))
-  input_shape = (1,) + tuple(builder.info.features['image'].shape)
   init = functools.partial(state_lib.create_train_state, model,
                            optim.create_optimizer(config, schedule))
   checkpointer = checkpoint.Checkpointer(workdir, keep=config.keep_checkpoints)
-  # Checked against the shapes alone (nothing compiled, nothing written): a workdir whose
-  # checkpoint does not fit this config stops here, untouched.
-  abstract_state = jax.eval_shape(lambda rng: init(rng, input_shape), init_rng)
-  resume_step, unreadable = checkpointer.find_restorable(abstract_state, config.to_dict())
-  init_params = None
-  if resume_step is None and config.init_from:
-    init_params, from_step = checkpoint.load_params(config.init_from, abstract_state.params)
-    logging.info('initializing params from %s (step %d)', config.init_from, from_step)
-
-  # Everything above only read and checked; from here on the workdir is written.
-  tf.io.gfile.makedirs(workdir)
-  checkpointer.set_aside(unreadable)
-  state = jax.device_get(init(init_rng, input_shape))
-  data_seed, examples_done = config.seed, 0
-  if resume_step is not None:
-    restored = checkpointer.restore(resume_step, state)
-    state = restored.state
-    step_rng = jnp.asarray(restored.meta['rng'], dtype=jnp.uint32)
-    data_seed = restored.meta['data_seed']
-    examples_done = restored.meta['examples_per_process']
-  elif init_params is not None:
-    state = state.replace(params=init_params)
-  start_step = int(state.step)
+  start = _start(config, checkpointer, init, (1,) + tuple(builder.info.features['image'].shape),
+                 workdir)
+  start_step = int(start.state.step)
   logging.info('%s: %d params; starting at step %d of %d', config.model,
-               state_lib.param_count(state.params), start_step, config.num_train_steps)
+               state_lib.param_count(start.state.params), start_step, config.num_train_steps)
 
-  if start_step > 0 and process_index == 0:
-    metrics.mark_restart(workdir, start_step + 1)
+  if process_index == 0:
+    metrics.mark_session_start(workdir, start_step + 1)
   writer = metrics.create_writer(workdir)
   if start_step == 0:
     writer.write_hparams(config.to_dict())
 
   per_process_batch = config.batch_size // process_count
-  data_config = ml_collections.ConfigDict(config.to_dict())
-  data_config.seed = data_seed
-  train_ds = input_pipeline.train_dataset(data_config, builder, start_example=examples_done,
-                                          **split_args)
+  train_ds = input_pipeline.train_dataset(config, builder, start_example=start.examples_done,
+                                          seed=start.data_seed, **split_args)
 
   def meta(step: int) -> dict:
-    return {'rng': np.asarray(step_rng).tolist(), 'data_seed': data_seed,
-            'examples_per_process': examples_done + (step - start_step) * per_process_batch,
+    return {'rng': np.asarray(start.step_rng).tolist(), 'data_seed': start.data_seed,
+            'examples_per_process':
+                start.examples_done + (step - start_step) * per_process_batch,
             'config': config.to_dict()}
 
   p_train_step = step_lib.make_p_train_step(schedule, devices, config.skip_nonfinite_steps)
   p_eval_step = step_lib.make_p_eval_step(devices)
-  rstate = parallel.replicate(state, devices)
-  rng = parallel.replicate(step_rng, devices)
+  rstate = parallel.replicate(start.state, devices)
+  rng = parallel.replicate(start.step_rng, devices)
   batches = device_batches(train_ds, devices)
   hooks = _hooks(config, workdir, writer)
   throughput = metrics.Throughput(config.batch_size, jax.device_count())
   buffer = _TrainMetricsBuffer(config.skip_nonfinite_steps, start_step)
-  last_saved = resume_step
+  last_saved = start.resume_step
   last = config.num_train_steps
 
   def diverged() -> Diverged:
@@ -240,7 +262,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> state
           throughput.start(step)
         for hook in hooks:
           hook(step)
-        stopping = stop.requested(step)
+        stopping = stop.requested(step) and step < last
         save_now = _is_due(step, config.checkpoint_every_steps, last) or stopping
         if _is_due(step, config.log_every_steps, last) or save_now:
           if not buffer.fetch():
