@@ -20,25 +20,37 @@ def get_config() -> ml_collections.ConfigDict:
   config.shuffle_buffer_size = 2048  # Examples held by the shuffle buffer (per process).
   config.cache = True  # Cache decoded examples in memory after the first epoch.
 
+  config.data_threads = 0  # tf.data private threadpool size; 0 = TF's shared pool.
+
   # Model.
-  config.model = 'cnn'  # Registered model name: see `models.names()` ('cnn', 'mlp').
+  config.model = 'cnn'  # Registered model name: see `models.names()` (README lists them).
   config.dropout_rate = 0.1  # Dropout probability in the model's hidden layers; 0 = off.
+  config.dtype = 'float32'  # Compute dtype: 'float32', 'bfloat16' or 'float16' (loss-scaled);
+  # params and optimizer state stay float32.
 
   # Optimization.
-  config.optimizer = 'sgd'  # 'sgd' (with momentum) or 'adamw'.
+  config.optimizer = 'sgd'  # 'sgd' (momentum), 'adamw', 'lars' or 'lamb'.
   config.learning_rate = 0.1  # Peak learning rate, reached after warm-up.
+  config.scale_learning_rate = False  # Multiply learning_rate by batch_size / 256.
   config.warmup_steps = 30  # Steps of linear warm-up from 0; then cosine decay.
+  config.warmup_epochs = -1.0  # Warm-up in epochs of the train split; -1 = use warmup_steps.
   config.end_learning_rate_factor = 0.0  # Final learning rate as a fraction of the peak.
   config.momentum = 0.9  # SGD momentum; 0 = plain SGD.
   config.nesterov = True  # SGD: Nesterov momentum.
   config.adam_b1 = 0.9  # AdamW: first-moment decay.
   config.adam_b2 = 0.999  # AdamW: second-moment decay.
-  config.weight_decay = 5e-4  # Decoupled weight decay (both optimizers); 0 = off.
+  config.weight_decay = 5e-4  # Decoupled weight decay (every optimizer); 0 = off.
+  config.decay_all_params = False  # False: spare biases and norm params (1-D) from decay.
+  config.grad_clip_norm = 0.0  # Clip gradients to this global norm; 0 = no clipping.
+  config.label_smoothing = 0.0  # Label smoothing of the training loss; 0 = off.
+  config.grad_accum_steps = 1  # Micro-batches per step (their gradients are averaged).
+  config.ema_decay = 0.0  # Decay of an EMA of params used for evaluation; 0 = no EMA.
 
   # Schedule. Steps count optimizer updates over the global batch.
   config.batch_size = 128  # Global training batch in examples, over all devices of all processes.
   config.eval_batch_size = 128  # Global evaluation batch in examples (last batch padded).
   config.num_train_steps = 500  # Optimizer steps in total.
+  config.num_epochs = -1.0  # Training length in epochs of the train split; -1 = use steps.
   config.log_every_steps = 50  # Steps between writes of train metrics (one host sync each).
   config.eval_every_steps = 250  # Steps between evaluations; the last step always evaluates.
   config.checkpoint_every_steps = 250  # Steps between checkpoints; the last step always saves.

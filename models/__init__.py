@@ -1,19 +1,36 @@
 """Flax/linen image classifiers, chosen by name.
 
-Every model is called as ``model.apply(variables, images, train=bool)`` with images of shape
-``(batch, height, width, channels)`` and returns logits of shape ``(batch, num_classes)``.
-Nothing here knows about training.
+Every model is built as ``get(name, num_classes=..., dtype=..., dropout_rate=...,
+axis_name=...)`` and called as ``model.apply(variables, images, train=bool)`` with images of
+shape ``(batch, height, width, channels)``; it returns logits of shape ``(batch, num_classes)``.
+`axis_name` names the device axis cross-replica layers (BatchNorm) reduce over. Nothing here
+knows about training.
 """
 
+import functools
 from typing import Any, Callable, Dict
 
 import flax.linen as nn
 
+from models import resnet
 from models import simple
+from models import vit
 
 _REGISTRY: Dict[str, Callable[..., nn.Module]] = {
     'mlp': simple.MLP,
     'cnn': simple.CNN,
+    'resnet_tiny': resnet.ResNetTiny,
+    'resnet18': resnet.ResNet18,
+    'resnet34': resnet.ResNet34,
+    'resnet50': resnet.ResNet50,
+    'resnet101': resnet.ResNet101,
+    'resnet18_cifar': functools.partial(resnet.ResNet18, cifar_stem=True),
+    'resnet34_cifar': functools.partial(resnet.ResNet34, cifar_stem=True),
+    'resnet50_cifar': functools.partial(resnet.ResNet50, cifar_stem=True),
+    'vit_test': vit.ViTTest,
+    'vit_ti16': vit.ViTTiny16,
+    'vit_s16': vit.ViTSmall16,
+    'vit_b16': vit.ViTBase16,
 }
 
 

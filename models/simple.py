@@ -1,6 +1,6 @@
 """Small models for the smoke-test datasets (digits, MNIST)."""
 
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -12,6 +12,7 @@ class MLP(nn.Module):
   hidden_sizes: Sequence[int] = (256, 256)
   dropout_rate: float = 0.0
   dtype: Any = jnp.float32
+  axis_name: Optional[str] = None  # Unused: no cross-replica layers.
 
   @nn.compact
   def __call__(self, x, *, train: bool):
@@ -29,6 +30,7 @@ class CNN(nn.Module):
   hidden_size: int = 256
   dropout_rate: float = 0.0
   dtype: Any = jnp.float32
+  axis_name: Optional[str] = None  # Unused: no cross-replica layers.
 
   @nn.compact
   def __call__(self, x, *, train: bool):

@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+import models
+
 from trainer import input_pipeline
 from trainer import train
 from trainer.errors import UserError
@@ -22,13 +24,30 @@ CASES = {
         'eval_batch_size=12 is not divisible by the 8 devices'),
     'unknown model': (
         dict(model='resnet9'),
-        "model='resnet9' is unknown; choose one of: cnn, mlp (--config.model=NAME)"),
+        f"model='resnet9' is unknown; choose one of: {', '.join(models.names())} "
+        '(--config.model=NAME)'),
     'unknown dataset': (
         dict(dataset='imagenet'),
-        "dataset='imagenet' is unknown; choose one of: digits, mnist (--config.dataset=NAME)"),
+        "dataset='imagenet' is unknown; choose one of: cifar10, cifar100, digits, "
+        'fashion_mnist, imagenet2012, mnist (--config.dataset=NAME)'),
     'unknown optimizer': (
         dict(optimizer='lion'),
-        "optimizer='lion' is unknown; choose one of: adamw, sgd (--config.optimizer=NAME)"),
+        "optimizer='lion' is unknown; choose one of: adamw, lamb, lars, sgd "
+        '(--config.optimizer=NAME)'),
+    'unknown dtype': (
+        dict(dtype='float8'),
+        "dtype='float8' is unknown; choose one of: bfloat16, float16, float32 "
+        '(--config.dtype=NAME)'),
+    'accumulation does not divide': (
+        dict(grad_accum_steps=3),
+        'grad_accum_steps=3 does not divide the per-device batch of 16 (batch_size=128 over 8 '
+        'devices); pick a divisor of it (--config.grad_accum_steps=K)'),
+    'accumulation with float16': (
+        dict(grad_accum_steps=2, dtype='float16'),
+        'grad_accum_steps=2 with dtype=float16 is not supported'),
+    'warmup too long': (
+        dict(warmup_epochs=100.0),
+        'warmup_steps=1123 must be >= 0 and below num_train_steps=500'),
     'zero steps': (
         dict(num_train_steps=0),
         'num_train_steps=0 must be a positive integer (--config.num_train_steps=N)'),
@@ -76,7 +95,7 @@ def _cli(*args):
 
 @pytest.mark.parametrize('args,message', [
     (['--config.batch_size=100'], 'error: batch_size=100 is not divisible by the 8 devices'),
-    (['--config.model=resnet9'], "error: model='resnet9' is unknown; choose one of: cnn, mlp"),
+    (['--config.model=resnet9'], "error: model='resnet9' is unknown; choose one of: cnn, mlp, resnet101"),
     (['--cpu_devices=0'], 'error: --cpu_devices=0 must be a positive device count'),
 ])
 def test_cli_prints_one_line_and_exits_nonzero(tmp_path, tfds_data_dir, args, message):

@@ -114,3 +114,54 @@ def test_train_stream_resumes_mid_stream_exactly(config, start):
   full = stream(0, (start + 500) // 50 + 1)
   resumed = stream(start, 10)
   np.testing.assert_array_equal(resumed, full[start:start + 500])
+
+
+@pytest.mark.parametrize('dataset,train_shape,eval_shape', [
+    ('cifar10', (32, 32, 3), (32, 32, 3)),
+    ('cifar100', (32, 32, 3), (32, 32, 3)),
+    ('fashion_mnist', (28, 28, 1), (28, 28, 1)),
+    ('imagenet2012', (224, 224, 3), (224, 224, 3)),
+])
+def test_image_pipelines_under_mock_data(config, dataset, train_shape, eval_shape):
+  ds_spec = input_pipeline.spec(dataset)
+  config.update(dataset=dataset, batch_size=8, eval_batch_size=8, shuffle_buffer_size=16)
+  with tfds.testing.mock_data(num_examples=20):
+    builder = input_pipeline.get_builder(config)
+    assert input_pipeline.input_shape(config, builder) == (1,) + train_shape
+    first = _take(input_pipeline.train_dataset(config, builder), 3)
+    again = _take(input_pipeline.train_dataset(config, builder), 3)
+    resumed = _take(input_pipeline.train_dataset(config, builder, start_example=8), 2)
+    data = input_pipeline.eval_data(config, builder)
+    eval_batches = list(input_pipeline.eval_batches(data))
+  for batch in first:
+    assert batch['image'].shape == (8,) + train_shape and batch['image'].dtype == np.float32
+    assert batch['label'].dtype == np.int32 and batch['label'].max() < ds_spec.num_classes
+  # Normalized per channel: the [0, 1] range mapped through the dataset's mean and std.
+  low = (0 - np.array(ds_spec.mean)) / np.array(ds_spec.std)
+  high = (1 - np.array(ds_spec.mean)) / np.array(ds_spec.std)
+  images = np.concatenate([b['image'] for b in first])
+  assert np.all(images >= low - 1e-5) and np.all(images <= high + 1e-5)
+  assert images.std() > 0.1
+  # Augmentation is seeded by the example's place in the stream: runs and resumes agree.
+  for a, b in zip(first, again):
+    np.testing.assert_array_equal(a['image'], b['image'])
+  for a, b in zip(first[1:], resumed):
+    np.testing.assert_array_equal(a['image'], b['image'])
+  assert [int(b['mask'].sum()) for b in eval_batches] == [8, 8, 4]
+  assert all(b['image'].shape == (8,) + eval_shape for b in eval_batches)
+
+
+def test_cifar_augmentation_crops_and_flips(config):
+  """Two epochs of one example: same source pixels, different crops/flips."""
+  config.update(dataset='cifar10', batch_size=1, shuffle_buffer_size=1)
+  with tfds.testing.mock_data(num_examples=1):
+    builder = input_pipeline.get_builder(config)
+    views = [b['image'][0] for b in _take(input_pipeline.train_dataset(config, builder), 6)]
+  assert any(not np.array_equal(views[0], v) for v in views[1:])
+  # A crop of the zero-padded image: some views carry padding (the normalized value of 0).
+  pad_value = -np.array(input_pipeline.spec('cifar10').mean) / np.array(
+      input_pipeline.spec('cifar10').std)
+  assert any(np.allclose(v[0, :, :], pad_value, atol=1e-5) or
+             np.allclose(v[:, 0, :], pad_value, atol=1e-5) or
+             np.allclose(v[-1, :, :], pad_value, atol=1e-5) or
+             np.allclose(v[:, -1, :], pad_value, atol=1e-5) for v in views)

@@ -1,39 +1,88 @@
-"""Model registry: every registered model has pinned parameter counts and runs."""
+"""Model registry: every registered model has pinned parameter counts and trains a step."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import models
+from trainer import parallel
 from trainer import state as state_lib
+from trainer import step as step_lib
 
-# (model, input shape) -> parameter count, computed by hand from the layer shapes.
+IMAGENET = (224, 224, 3)
+# (model, input shape, classes) -> parameter count. Published figures where they exist
+# (torchvision ResNets, timm ViTs at 224x224, 1000 classes); the small ones by hand from the
+# layer shapes.
 PINNED = {
+    ('resnet18', IMAGENET, 1000): 11_689_512,
+    ('resnet34', IMAGENET, 1000): 21_797_672,
+    ('resnet50', IMAGENET, 1000): 25_557_032,
+    ('resnet101', IMAGENET, 1000): 44_549_160,
+    ('vit_ti16', IMAGENET, 1000): 5_717_416,
+    ('vit_s16', IMAGENET, 1000): 22_050_664,
+    ('vit_b16', IMAGENET, 1000): 86_567_656,
+    # The CIFAR stem swaps the 7x7x3x64 conv for a 3x3 one: 9408 - 1728 fewer; 10 classes.
+    ('resnet18_cifar', (32, 32, 3), 10): 11_173_962,
+    ('resnet34_cifar', (32, 32, 3), 10): 21_282_122,
+    ('resnet50_cifar', (32, 32, 3), 10): 23_520_842,
+    # 3x3x3x8 stem + BN; block 8->8: two 3x3x8x8 convs + BNs; block 8->16: 3x3x8x16 and
+    # 3x3x16x16 convs, 1x1x8x16 projection, three BNs; dense 16x10+10.
+    ('resnet_tiny', (32, 32, 3), 10): (216 + 16) + 2 * (576 + 16) + (1_152 + 32) +
+                                      (2_304 + 32) + (128 + 32) + 170,
+    # patch conv 4*4*3*32+32, cls 32, pos 65*32, 2 blocks x 8,544, final LN 64, head 32*10+10.
+    ('vit_test', (32, 32, 3), 10): 1_568 + 32 + 2_080 + 2 * 8_544 + 64 + 330,
     # 64*256+256 + 256*256+256 + 256*10+10
-    ('mlp', (8, 8, 1)): 85_002,
-    # 784*256+256 + 256*256+256 + 256*10+10
-    ('mlp', (28, 28, 1)): 269_322,
+    ('mlp', (8, 8, 1), 10): 85_002,
     # conv 9*32+32, conv 9*32*64+64, dense (2*2*64)*256+256, dense 256*10+10
-    ('cnn', (8, 8, 1)): 87_178,
+    ('cnn', (8, 8, 1), 10): 87_178,
     # same convs; dense (7*7*64)*256+256
-    ('cnn', (28, 28, 1)): 824_458,
+    ('cnn', (28, 28, 1), 10): 824_458,
 }
+# The smallest input each model takes for its one-step test.
+STEP_SHAPES = {name: (8, 8, 1) if name in ('mlp', 'cnn') else (32, 32, 3)
+               for name in models.names()}
 
 
-def test_every_registered_model_is_pinned():
-  assert sorted({name for name, _ in PINNED}) == models.names()
+def test_every_registered_model_is_pinned_and_stepped():
+  assert sorted({name for name, _, _ in PINNED}) == models.names()
+  assert sorted(STEP_SHAPES) == models.names()
 
 
-@pytest.mark.parametrize('name,shape', sorted(PINNED))
-def test_param_count_and_output(name, shape):
-  model = models.get(name, num_classes=10)
-  variables = model.init(jax.random.PRNGKey(0), jnp.zeros((2,) + shape), train=False)
-  assert state_lib.param_count(variables['params']) == PINNED[(name, shape)]
-  x = jax.random.normal(jax.random.PRNGKey(1), (3,) + shape)
-  logits = model.apply(variables, x, train=False)
-  assert logits.shape == (3, 10)
-  assert np.all(np.isfinite(logits))
+@pytest.mark.parametrize('name,shape,classes', sorted(PINNED))
+def test_param_count(name, shape, classes):
+  model = models.get(name, num_classes=classes)
+  variables = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1,) + shape),
+                                                train=False))
+  assert state_lib.param_count(variables['params']) == PINNED[(name, shape, classes)]
+
+
+@pytest.mark.parametrize('name', models.names())
+def test_one_train_step(name):
+  shape = STEP_SHAPES[name]
+  device = jax.devices()[:1]
+  model = models.get(name, num_classes=10, axis_name=parallel.AXIS_NAME)
+  state = state_lib.create_train_state(model, optax.sgd(0.1, momentum=0.9),
+                                       jax.random.PRNGKey(0), (1,) + shape)
+  rng = np.random.RandomState(0)
+  batch = {'image': rng.randn(1, 4, *shape).astype(np.float32),
+           'label': rng.randint(0, 10, (1, 4)).astype(np.int32)}
+  p_train_step = step_lib.make_p_train_step(lambda step: 0.1, device)
+  new_state, metrics = p_train_step(parallel.replicate(state, device), batch,
+                                    parallel.replicate(jax.random.PRNGKey(1), device))
+  new_state = parallel.unreplicate(new_state)
+  values = parallel.unreplicate(metrics).compute()
+  assert np.isfinite(values['loss']) and values['grad_norm'] > 0
+  assert int(new_state.step) == 1
+  changed = [not np.array_equal(a, b) for a, b in
+             zip(jax.tree.leaves(new_state.params), jax.tree.leaves(state.params))]
+  assert any(changed)
+  if state.batch_stats is not None:  # Running statistics moved towards the batch's.
+    assert not all(np.array_equal(a, b) for a, b in zip(
+        jax.tree.leaves(new_state.batch_stats), jax.tree.leaves(state.batch_stats)))
+  logits = model.apply(new_state.variables(), batch['image'][0], train=False)
+  assert logits.shape == (4, 10) and np.all(np.isfinite(logits))
 
 
 def test_dropout_uses_rng_only_in_training():
@@ -48,5 +97,5 @@ def test_dropout_uses_rng_only_in_training():
 
 
 def test_unknown_model_lists_choices():
-  with pytest.raises(KeyError, match="model='resnet9' is unknown; choose one of: cnn, mlp"):
+  with pytest.raises(KeyError, match="model='resnet9' is unknown; choose one of: cnn, mlp, "):
     models.get('resnet9', num_classes=10)

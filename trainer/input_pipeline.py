@@ -7,6 +7,7 @@ batches (padding with fully masked ones) so the cross-device sums in the eval st
 """
 
 import dataclasses
+import functools
 import math
 import socket
 from typing import Iterator, Optional
@@ -26,13 +27,30 @@ DOWNLOAD_PROBE = ('storage.googleapis.com', 443)
 class DatasetSpec:
   tfds_name: str
   num_classes: int
+  mean: tuple[float, ...] = (0.0,)  # Per-channel, on the [0, 1] scale.
+  std: tuple[float, ...] = (1.0,)
+  augment: str = 'none'  # 'none', 'crop_flip' (CIFAR) or 'inception' (ImageNet).
+  image_size: int = 0  # Side of the square model input; 0 = the stored size.
   shipped: bool = False  # The builder ships with the trainer and prepares offline.
 
 
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
 DATASETS = {
+    # digits stays in [0, 1]: its pixels are block counts, not photographs.
     'digits': DatasetSpec('digits', num_classes=10, shipped=True),
-    'mnist': DatasetSpec('mnist', num_classes=10),
+    'mnist': DatasetSpec('mnist', num_classes=10, mean=(0.1307,), std=(0.3081,)),
+    'fashion_mnist': DatasetSpec('fashion_mnist', num_classes=10, mean=(0.2860,),
+                                 std=(0.3530,)),
+    'cifar10': DatasetSpec('cifar10', num_classes=10, mean=(0.4914, 0.4822, 0.4465),
+                           std=(0.2470, 0.2435, 0.2616), augment='crop_flip'),
+    'cifar100': DatasetSpec('cifar100', num_classes=100, mean=(0.5071, 0.4865, 0.4409),
+                            std=(0.2673, 0.2564, 0.2762), augment='crop_flip'),
+    'imagenet2012': DatasetSpec('imagenet2012', num_classes=1000, mean=IMAGENET_MEAN,
+                                std=IMAGENET_STD, augment='inception', image_size=224),
 }
+CIFAR_PAD = 4  # Pixels of zero padding before the random 32x32 crop.
+EVAL_CROP_FRACTION = 0.875  # ImageNet eval: resize the shorter side to size / 0.875, crop.
 
 
 def names() -> list[str]:
@@ -96,18 +114,70 @@ def get_builder(config, *, process_index: int = 0,
   return builder
 
 
-def preprocess(example: dict) -> dict:
-  """uint8 image -> float32 in [0, 1]; label -> int32."""
-  return {
-      'image': tf.cast(example['image'], tf.float32) / 255.0,
-      'label': tf.cast(example['label'], tf.int32),
-  }
+def num_examples(builder, split: str) -> int:
+  """Examples in `split` (a TFDS split name, slicing allowed)."""
+  return _num_examples(builder.as_dataset(split=split))
 
 
-def _options() -> tf.data.Options:
+def input_shape(config, builder) -> tuple[int, ...]:
+  """(1, height, width, channels) of one model input."""
+  shape = tuple(builder.info.features['image'].shape)
+  size = spec(config.dataset).image_size
+  return (1, size, size, shape[-1]) if size else (1,) + shape
+
+
+def _normalize(image: tf.Tensor, ds_spec: DatasetSpec) -> tf.Tensor:
+  image = tf.cast(image, tf.float32) / 255.0
+  return (image - tf.constant(ds_spec.mean)) / tf.constant(ds_spec.std)
+
+
+def preprocess(example: dict, ds_spec: DatasetSpec = DATASETS['digits']) -> dict:
+  """Evaluation preprocessing of a decoded example: (resize + center crop), normalize."""
+  image = example['image']
+  if ds_spec.augment == 'inception':
+    image = _resize_and_center_crop(image, ds_spec.image_size)
+  return {'image': _normalize(image, ds_spec), 'label': tf.cast(example['label'], tf.int32)}
+
+
+def _resize_and_center_crop(image: tf.Tensor, size: int) -> tf.Tensor:
+  shape = tf.shape(image)
+  scale = (size / EVAL_CROP_FRACTION) / tf.cast(tf.minimum(shape[0], shape[1]), tf.float32)
+  new_hw = tf.cast(tf.round(tf.cast(shape[:2], tf.float32) * scale), tf.int32)
+  image = tf.image.resize(image, new_hw, method='bilinear', antialias=True)
+  top = (new_hw[0] - size) // 2
+  left = (new_hw[1] - size) // 2
+  image = image[top:top + size, left:left + size]
+  image.set_shape([size, size, image.shape[-1]])
+  return image
+
+
+def _train_augment(encoded: tf.Tensor, seed: tf.Tensor, ds_spec: DatasetSpec,
+                   decode_image) -> tf.Tensor:
+  """Decodes and augments one training image with stateless ops seeded by `seed`."""
+  crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+  if ds_spec.augment == 'inception':
+    # Crop inside the JPEG decoder: only the chosen window is decoded.
+    begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        tf.io.extract_jpeg_shape(encoded), tf.zeros([0, 0, 4], tf.float32), seed=crop_seed,
+        min_object_covered=0.1, aspect_ratio_range=(3 / 4, 4 / 3), area_range=(0.08, 1.0),
+        max_attempts=10, use_image_if_no_bounding_boxes=True)
+    window = tf.stack([begin[0], begin[1], size[0], size[1]])
+    image = tf.io.decode_and_crop_jpeg(encoded, window, channels=3)
+    image = tf.image.resize(image, [ds_spec.image_size] * 2, method='bilinear', antialias=True)
+  else:
+    image = decode_image(encoded)
+    if ds_spec.augment == 'crop_flip':
+      padded = tf.pad(image, [[CIFAR_PAD, CIFAR_PAD], [CIFAR_PAD, CIFAR_PAD], [0, 0]])
+      image = tf.image.stateless_random_crop(padded, tf.shape(image), seed=crop_seed)
+  if ds_spec.augment != 'none':
+    image = tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
+  return image
+
+
+def _options(config) -> tf.data.Options:
   options = tf.data.Options()
   options.deterministic = True  # Same seed, same batches: runs can be compared and resumed.
-  options.threading.private_threadpool_size = 0  # 0: TF's default, shared pool.
+  options.threading.private_threadpool_size = config.data_threads  # 0: TF's shared pool.
   return options
 
 
@@ -129,7 +199,7 @@ def train_dataset(config, builder, *, process_index: int = 0, process_count: int
   split = tfds.split_for_jax_process(
       config.train_split, process_index=process_index, process_count=process_count)
   raw = builder.as_dataset(split=split, shuffle_files=False,
-                           read_config=tfds.ReadConfig(options=_options()),
+                           read_config=tfds.ReadConfig(options=_options(config)),
                            decoders={'image': tfds.decode.SkipDecoding()})
   if config.cache:
     raw = raw.cache()
@@ -137,19 +207,24 @@ def train_dataset(config, builder, *, process_index: int = 0, process_count: int
   start_epoch, offset = divmod(start_example, epoch_size)
 
   def epoch(e):
-    return raw.shuffle(min(config.shuffle_buffer_size, epoch_size),
-                       seed=_epoch_seed(seed, e), reshuffle_each_iteration=False)
+    shuffled = raw.shuffle(min(config.shuffle_buffer_size, epoch_size),
+                           seed=_epoch_seed(seed, e), reshuffle_each_iteration=False)
+    # Each example's augmentation seed is its place in the stream: (seed, epoch, index).
+    return shuffled.enumerate().map(
+        lambda i, example: (tf.stack([_epoch_seed(seed, e), i]), example))
 
+  ds_spec = spec(config.dataset)
   decode_image = builder.info.features['image'].decode_example
 
-  def decode(example):
-    return preprocess({'image': decode_image(example['image']), 'label': example['label']})
+  def decode(example_seed, example):
+    image = _train_augment(example['image'], example_seed, ds_spec, decode_image)
+    return {'image': _normalize(image, ds_spec), 'label': tf.cast(example['label'], tf.int32)}
 
   ds = tf.data.Dataset.range(start_epoch, np.iinfo(np.int64).max).flat_map(epoch)
   ds = ds.skip(offset)
   ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE)
   ds = ds.batch(config.batch_size // process_count, drop_remainder=True)
-  return ds.with_options(_options()).prefetch(tf.data.AUTOTUNE)
+  return ds.with_options(_options(config)).prefetch(tf.data.AUTOTUNE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,9 +246,10 @@ def eval_data(config, builder, *, process_index: int = 0, process_count: int = 1
   per_process = config.eval_batch_size // process_count
   split = tfds.split_for_jax_process(
       config.eval_split, process_index=process_index, process_count=process_count)
-  read_config = tfds.ReadConfig(options=_options())
+  read_config = tfds.ReadConfig(options=_options(config))
   ds = builder.as_dataset(split=split, shuffle_files=False, read_config=read_config)
-  ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
+  ds = ds.map(functools.partial(preprocess, ds_spec=spec(config.dataset)),
+              num_parallel_calls=tf.data.AUTOTUNE)
   ds = ds.batch(per_process, drop_remainder=False)
   if config.cache:
     ds = ds.cache()

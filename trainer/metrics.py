@@ -27,6 +27,19 @@ class TrainMetrics(metrics.Collection):
 
 
 @flax.struct.dataclass
+class ScaledTrainMetrics(metrics.Collection):
+  """TrainMetrics plus, under float16 loss scaling, the scale after each step's update.
+
+  (CLU reads a collection's fields from its own annotations, so they are all listed again.)
+  """
+  loss: metrics.Average.from_output('loss')
+  accuracy: metrics.Average.from_output('accuracy')
+  grad_norm: metrics.Average.from_output('grad_norm')
+  learning_rate: metrics.LastValue.from_output('learning_rate')
+  loss_scale: metrics.LastValue.from_output('loss_scale')
+
+
+@flax.struct.dataclass
 class EvalMetrics(metrics.Collection):
   """Sums over every real (mask = 1) example of the split."""
   loss: metrics.Average.from_output('loss')
@@ -64,7 +77,7 @@ def is_finite(step_metrics: TrainMetrics) -> bool:
 def train_scalars(collection: TrainMetrics) -> dict[str, float]:
   values = collection.compute()
   scalars = {f'train_{k}': float(v) for k, v in values.items() if k != 'learning_rate'}
-  scalars['learning_rate'] = float(values['learning_rate'])
+  scalars['learning_rate'] = float(values['learning_rate'])  # Tag without prefix.
   return scalars
 
 

@@ -19,7 +19,18 @@ AXIS_NAME = 'batch'
 
 MASK_KEY = 'mask'
 
-unreplicate = jax_utils.unreplicate
+
+
+def unreplicate(tree: Any) -> Any:
+  """The first device's copy of every leaf of a replicated tree."""
+
+  def first(x):
+    if isinstance(x, jax.Array) and x.ndim:
+      # The first device's shard is the (1, ...) slice at index 0: no cross-device gather.
+      return x.addressable_shards[0].data[0]
+    return x[0] if getattr(x, 'ndim', 0) else x
+
+  return jax.tree.map(first, tree)
 
 
 def replicate(tree: Any, devices: Sequence[jax.Device]) -> Any:

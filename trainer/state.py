@@ -1,23 +1,42 @@
-"""The training state: params and optax state in one flax `TrainState`."""
+"""The training state: params, optimizer state, BatchNorm statistics, loss scale, EMA params."""
 
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
 import optax
+from flax.training import dynamic_scale as dynamic_scale_lib
 from flax.training import train_state
 
 
 class TrainState(train_state.TrainState):
-  """`step`, `params`, `opt_state`, plus the static `apply_fn` and `tx`."""
+  """flax's TrainState (`step`, `params`, `opt_state`, static `apply_fn`, `tx`) plus:"""
+  batch_stats: Any = None  # BatchNorm running statistics; None for models without BatchNorm.
+  dynamic_scale: Optional[dynamic_scale_lib.DynamicScale] = None  # float16 loss scaling.
+  ema_params: Any = None  # Exponential moving average of params, used for evaluation.
+
+  def variables(self, params: Any = None) -> dict:
+    """The model's variables for `apply`, with `params` (default: the state's)."""
+    variables = {'params': self.params if params is None else params}
+    if self.batch_stats is not None:
+      variables['batch_stats'] = self.batch_stats
+    return variables
+
+  def eval_params(self) -> Any:
+    return self.params if self.ema_params is None else self.ema_params
 
 
 def create_train_state(model, tx: optax.GradientTransformation, rng: jax.Array,
-                       input_shape: tuple[int, ...]) -> TrainState:
+                       input_shape: tuple[int, ...], *, loss_scaling: bool = False,
+                       ema: bool = False) -> TrainState:
   """Initializes `model` on a dummy batch of `input_shape` (host side, unreplicated)."""
   variables = jax.jit(lambda r: model.init(r, jnp.zeros(input_shape, jnp.float32), train=False))(
       rng)
-  return TrainState.create(apply_fn=model.apply, params=variables['params'], tx=tx)
+  params = variables['params']
+  return TrainState.create(
+      apply_fn=model.apply, params=params, tx=tx, batch_stats=variables.get('batch_stats'),
+      dynamic_scale=dynamic_scale_lib.DynamicScale() if loss_scaling else None,
+      ema_params=jax.tree.map(jnp.copy, params) if ema else None)
 
 
 def param_count(params: Any) -> int:

@@ -1,6 +1,7 @@
 """Pure train and eval steps, written for `jax.pmap` over the axis `AXIS_NAME`.
 
-Nothing here touches files or the host; `train.py` applies `pmap` to these functions.
+Nothing here touches files or the host; `make_p_train_step` / `make_p_eval_step` are the one
+place `pmap` is applied.
 """
 
 import functools
@@ -11,67 +12,127 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-from trainer.metrics import EvalMetrics, TrainMetrics
+from trainer.metrics import EvalMetrics, ScaledTrainMetrics, TrainMetrics
 from trainer.parallel import AXIS_NAME
 from trainer.state import TrainState
 
 
-def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-  """Per-example softmax cross-entropy against integer labels."""
-  return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)
+def cross_entropy(logits: jax.Array, labels: jax.Array, label_smoothing: float = 0.0
+                  ) -> jax.Array:
+  """Per-example softmax cross-entropy against integer labels, optionally smoothed."""
+  logits = logits.astype(jnp.float32)
+  if label_smoothing:
+    targets = optax.smooth_labels(jax.nn.one_hot(labels, logits.shape[-1]), label_smoothing)
+    return optax.softmax_cross_entropy(logits, targets)
+  return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+
+
+def _split_micro_batches(batch: dict, k: int) -> dict:
+  return jax.tree.map(lambda x: x.reshape((k, x.shape[0] // k) + x.shape[1:]), batch)
 
 
 def train_step(state: TrainState, batch: dict, rng: jax.Array, *,
-               learning_rate_fn: optax.Schedule,
-               skip_nonfinite: bool = False) -> tuple[TrainState, TrainMetrics]:
-  """One SGD step on this device's shard, gradients averaged over all devices.
+               learning_rate_fn: optax.Schedule, skip_nonfinite: bool = False,
+               label_smoothing: float = 0.0, grad_accum_steps: int = 1,
+               ema_decay: float = 0.0) -> tuple[TrainState, TrainMetrics]:
+  """One optimizer step on this device's shard, gradients averaged over all devices.
 
   `rng` is the same on every device and every step; it is made unique per step and per device
-  by folding in the step number and the device's index on the axis. With `skip_nonfinite`, a
-  step whose loss or gradient norm is NaN/Inf leaves params and optimizer state unchanged
-  (the step counter still advances, so the data and schedule move on).
+  by folding in the step number and the device's index on the axis. With
+  `grad_accum_steps` = k the shard is processed as k micro-batches whose gradients are
+  averaged before the one update. With `skip_nonfinite` (and always under float16 loss
+  scaling) a step whose loss or gradients are NaN/Inf leaves params, optimizer state and
+  BatchNorm statistics unchanged; the step counter still advances.
   """
   rng = jax.random.fold_in(jax.random.fold_in(rng, state.step), lax.axis_index(AXIS_NAME))
+  has_batch_stats = state.batch_stats is not None
 
-  def loss_fn(params):
-    logits = state.apply_fn({'params': params}, batch['image'], train=True,
-                            rngs={'dropout': rng})
-    return jnp.mean(cross_entropy(logits, batch['label'])), logits
+  def loss_fn(params, batch_stats, micro_batch, micro_rng):
+    variables = {'params': params}
+    if has_batch_stats:
+      variables['batch_stats'] = batch_stats
+    out = state.apply_fn(variables, micro_batch['image'], train=True,
+                         rngs={'dropout': micro_rng},
+                         mutable=['batch_stats'] if has_batch_stats else False)
+    logits, new_batch_stats = (out[0], out[1]['batch_stats']) if has_batch_stats else (out, None)
+    loss = jnp.mean(cross_entropy(logits, micro_batch['label'], label_smoothing))
+    return loss, (logits, new_batch_stats)
 
-  (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-  # Every device holds the mean over an equal share of the global batch, so the mean of the
-  # device means is the gradient of the global-batch mean loss.
-  grads = lax.pmean(grads, AXIS_NAME)
-  new_state = state.apply_gradients(grads=grads)
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  dynamic_scale = state.dynamic_scale
+  if dynamic_scale is not None:
+    # Scales the loss, unscales and pmeans the gradients, and adjusts the scale.
+    dynamic_scale, finite, (loss, (logits, new_batch_stats)), grads = (
+        dynamic_scale.value_and_grad(loss_fn, has_aux=True, axis_name=AXIS_NAME)(
+            state.params, state.batch_stats, batch, rng))
+  else:
+    if grad_accum_steps == 1:
+      (loss, (logits, new_batch_stats)), grads = grad_fn(
+          state.params, state.batch_stats, batch, rng)
+    else:
+      def accumulate(carry, inputs):
+        grad_sum, loss_sum, batch_stats = carry
+        micro_batch, index = inputs
+        (micro_loss, (micro_logits, new_stats)), micro_grads = grad_fn(
+            state.params, batch_stats, micro_batch, jax.random.fold_in(rng, index))
+        carry = (jax.tree.map(jnp.add, grad_sum, micro_grads), loss_sum + micro_loss,
+                 new_stats if has_batch_stats else batch_stats)
+        return carry, micro_logits
 
+      init = (jax.tree.map(jnp.zeros_like, state.params), jnp.zeros((), jnp.float32),
+              state.batch_stats)
+      (grad_sum, loss_sum, new_batch_stats), logits = lax.scan(
+          accumulate, init, (_split_micro_batches(batch, grad_accum_steps),
+                             jnp.arange(grad_accum_steps)))
+      grads = jax.tree.map(lambda g: g / grad_accum_steps, grad_sum)
+      loss = loss_sum / grad_accum_steps
+      logits = logits.reshape((-1,) + logits.shape[2:])
+    # Every device holds the mean over an equal share of the global batch, so the mean of the
+    # device means is the gradient of the global-batch mean loss.
+    grads = lax.pmean(grads, AXIS_NAME)
+
+  new_state = state.apply_gradients(grads=grads, batch_stats=new_batch_stats)
   accuracy = jnp.mean(jnp.argmax(logits, axis=-1) == batch['label'])
   loss, accuracy = lax.pmean((loss, accuracy), AXIS_NAME)
   grad_norm = optax.global_norm(grads)
-  if skip_nonfinite:
+  if dynamic_scale is None and skip_nonfinite:
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  if dynamic_scale is not None or skip_nonfinite:
     keep_finite = lambda new, old: jnp.where(finite, new, old)
     new_state = new_state.replace(
         params=jax.tree.map(keep_finite, new_state.params, state.params),
-        opt_state=jax.tree.map(keep_finite, new_state.opt_state, state.opt_state))
-  metrics = TrainMetrics.single_from_model_output(
-      loss=loss, accuracy=accuracy, grad_norm=grad_norm,
-      learning_rate=learning_rate_fn(state.step))
-  return new_state, metrics
+        opt_state=jax.tree.map(keep_finite, new_state.opt_state, state.opt_state),
+        batch_stats=jax.tree.map(keep_finite, new_state.batch_stats, state.batch_stats),
+        dynamic_scale=dynamic_scale)
+  if ema_decay:
+    new_state = new_state.replace(ema_params=jax.tree.map(
+        lambda ema, p: ema_decay * ema + (1.0 - ema_decay) * p,
+        state.ema_params, new_state.params))
+
+  outputs = dict(loss=loss, accuracy=accuracy, grad_norm=grad_norm,
+                 learning_rate=learning_rate_fn(state.step))
+  if dynamic_scale is not None:
+    return new_state, ScaledTrainMetrics.single_from_model_output(
+        loss_scale=dynamic_scale.scale, **outputs)
+  return new_state, TrainMetrics.single_from_model_output(**outputs)
 
 
 def eval_step(state: TrainState, batch: dict) -> EvalMetrics:
   """Sums over the real examples of this batch on every device (padding has mask 0)."""
-  logits = state.apply_fn({'params': state.params}, batch['image'], train=False)
+  logits = state.apply_fn(state.variables(state.eval_params()), batch['image'], train=False)
   return EvalMetrics.gather_from_model_output(
       axis_name=AXIS_NAME, logits=logits.astype(jnp.float32), labels=batch['label'],
       loss=cross_entropy(logits, batch['label']), mask=batch['mask'])
 
 
-def make_p_train_step(learning_rate_fn: optax.Schedule, devices,
-                      skip_nonfinite: bool = False) -> Callable:
-  """`train_step` under pmap; the incoming state's buffers are donated to the new state."""
-  return jax.pmap(functools.partial(train_step, learning_rate_fn=learning_rate_fn,
-                                    skip_nonfinite=skip_nonfinite),
+def make_p_train_step(learning_rate_fn: optax.Schedule, devices, config=None) -> Callable:
+  """`train_step` under pmap with the config's step options; the state's buffers are donated."""
+  options = {}
+  if config is not None:
+    options = dict(skip_nonfinite=config.skip_nonfinite_steps,
+                   label_smoothing=config.label_smoothing,
+                   grad_accum_steps=config.grad_accum_steps, ema_decay=config.ema_decay)
+  return jax.pmap(functools.partial(train_step, learning_rate_fn=learning_rate_fn, **options),
                   axis_name=AXIS_NAME, devices=devices, donate_argnums=(0,))
 
 

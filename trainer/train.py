@@ -201,15 +201,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> state
   checks.check_workdir(workdir)
   split_args = dict(process_index=process_index, process_count=process_count)
   builder = input_pipeline.get_builder(config, **split_args)
+  config = optim.resolve_durations(
+      config, input_pipeline.num_examples(builder, config.train_split))
+  checks.check_schedule(config)
   eval_data = input_pipeline.eval_data(config, builder, **split_args)
 
   schedule = optim.learning_rate_schedule(config)
   model = models.get(config.model, num_classes=input_pipeline.spec(config.dataset).num_classes,
-                     dropout_rate=config.dropout_rate)
+                     dropout_rate=config.dropout_rate, dtype=jnp.dtype(config.dtype),
+                     axis_name=parallel.AXIS_NAME)
   init = functools.partial(state_lib.create_train_state, model,
-                           optim.create_optimizer(config, schedule))
+                           optim.create_optimizer(config, schedule),
+                           loss_scaling=config.dtype == 'float16', ema=config.ema_decay > 0)
   checkpointer = checkpoint.Checkpointer(workdir, keep=config.keep_checkpoints)
-  start = _start(config, checkpointer, init, (1,) + tuple(builder.info.features['image'].shape),
+  start = _start(config, checkpointer, init, input_pipeline.input_shape(config, builder),
                  workdir)
   start_step = int(start.state.step)
   logging.info('%s: %d params; starting at step %d of %d', config.model,
@@ -231,14 +236,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> state
                 start.examples_done + (step - start_step) * per_process_batch,
             'config': config.to_dict()}
 
-  p_train_step = step_lib.make_p_train_step(schedule, devices, config.skip_nonfinite_steps)
+  p_train_step = step_lib.make_p_train_step(schedule, devices, config)
   p_eval_step = step_lib.make_p_eval_step(devices)
   rstate = parallel.replicate(start.state, devices)
   rng = parallel.replicate(start.step_rng, devices)
   batches = device_batches(train_ds, devices)
   hooks = _hooks(config, workdir, writer)
   throughput = metrics.Throughput(config.batch_size, jax.device_count())
-  buffer = _TrainMetricsBuffer(config.skip_nonfinite_steps, start_step)
+  # float16 loss scaling expects overflows now and then, and skips those steps itself.
+  buffer = _TrainMetricsBuffer(config.skip_nonfinite_steps or config.dtype == 'float16',
+                               start_step)
   last_saved = start.resume_step
   last = config.num_train_steps
 

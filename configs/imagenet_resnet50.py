@@ -1,0 +1,42 @@
+"""ResNet-50 v1.5 on ImageNet (imagenet2012), the standard 90-epoch recipe.
+
+SGD momentum 0.9 (Nesterov), base LR 0.1 x batch / 256, 5 warm-up epochs, cosine decay,
+weight decay 1e-4 on kernels only, label smoothing 0.1, bfloat16 compute, cross-replica
+BatchNorm. The data must already be in the TFDS data dir (ImageNet needs a manual download):
+
+  python -m trainer.main --config=configs/imagenet_resnet50.py --workdir=gs://BUCKET/r50 \\
+      --config.tfds_data_dir=gs://BUCKET/tensorflow_datasets
+
+Expect about 76-77% top-1.
+"""
+
+import ml_collections
+
+from configs import default
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = default.get_config()
+  config.dataset = 'imagenet2012'
+  config.eval_split = 'validation'
+  config.shuffle_buffer_size = 16 * 1024
+  config.cache = False  # ~150 GB: it does not fit in memory.
+  config.data_threads = 48
+  config.model = 'resnet50'
+  config.dropout_rate = 0.0
+  config.dtype = 'bfloat16'
+  config.optimizer = 'sgd'
+  config.learning_rate = 0.1
+  config.scale_learning_rate = True  # 0.1 x 1024 / 256 = 0.4.
+  config.momentum = 0.9
+  config.nesterov = True
+  config.weight_decay = 1e-4
+  config.label_smoothing = 0.1
+  config.batch_size = 1024
+  config.eval_batch_size = 1024
+  config.num_epochs = 90.0
+  config.warmup_epochs = 5.0
+  config.log_every_steps = 100
+  config.eval_every_steps = 1_251  # One epoch at batch 1024.
+  config.checkpoint_every_steps = 1_251
+  return config

@@ -1,0 +1,40 @@
+"""ViT-B/16 on ImageNet (imagenet2012) from scratch, after the ViT paper's recipe.
+
+AdamW (b1 0.9, b2 0.999), LR 3e-3 at batch 4096, weight decay 0.3, 10k warm-up steps then
+cosine, gradient clipping at global norm 1, dropout 0.1, bfloat16 compute, 300 epochs:
+
+  python -m trainer.main --config=configs/imagenet_vit_b16.py --workdir=gs://BUCKET/vit_b16 \\
+      --config.tfds_data_dir=gs://BUCKET/tensorflow_datasets
+
+Without strong augmentation, expect about 74-77% top-1.
+"""
+
+import ml_collections
+
+from configs import default
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = default.get_config()
+  config.dataset = 'imagenet2012'
+  config.eval_split = 'validation'
+  config.shuffle_buffer_size = 16 * 1024
+  config.cache = False
+  config.data_threads = 48
+  config.model = 'vit_b16'
+  config.dropout_rate = 0.1
+  config.dtype = 'bfloat16'
+  config.optimizer = 'adamw'
+  config.learning_rate = 3e-3
+  config.adam_b1 = 0.9
+  config.adam_b2 = 0.999
+  config.weight_decay = 0.3
+  config.grad_clip_norm = 1.0
+  config.batch_size = 4096
+  config.eval_batch_size = 4096
+  config.num_epochs = 300.0
+  config.warmup_steps = 10_000
+  config.log_every_steps = 100
+  config.eval_every_steps = 3_128  # About 10 epochs at batch 4096.
+  config.checkpoint_every_steps = 1_000
+  return config

@@ -1,0 +1,89 @@
+"""ResNet v1.5 (stride on the 3x3 convolution of bottleneck blocks), ImageNet and CIFAR stems.
+
+BatchNorm reduces its batch statistics over `axis_name` when set, so N devices each holding
+1/N of the batch compute the statistics of the whole batch, as one device would.
+"""
+
+import functools
+from typing import Any, Callable, Optional, Sequence
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+
+class BasicBlock(nn.Module):
+  """Two 3x3 convolutions (ResNet-18/34)."""
+  filters: int
+  conv: Callable
+  norm: Callable
+  strides: int = 1
+
+  @nn.compact
+  def __call__(self, x):
+    residual = x
+    y = nn.relu(self.norm()(self.conv(self.filters, (3, 3), self.strides)(x)))
+    # Zero-init of the last norm's scale: each block starts as the identity.
+    y = self.norm(scale_init=nn.initializers.zeros)(self.conv(self.filters, (3, 3))(y))
+    if residual.shape != y.shape:
+      residual = self.norm()(self.conv(self.filters, (1, 1), self.strides, name='proj')(x))
+    return nn.relu(residual + y)
+
+
+class BottleneckBlock(nn.Module):
+  """1x1 -> 3x3 (strided, v1.5) -> 1x1 with 4x expansion (ResNet-50/101)."""
+  filters: int
+  conv: Callable
+  norm: Callable
+  strides: int = 1
+
+  @nn.compact
+  def __call__(self, x):
+    residual = x
+    y = nn.relu(self.norm()(self.conv(self.filters, (1, 1))(x)))
+    y = nn.relu(self.norm()(self.conv(self.filters, (3, 3), self.strides)(y)))
+    y = self.norm(scale_init=nn.initializers.zeros)(self.conv(self.filters * 4, (1, 1))(y))
+    if residual.shape != y.shape:
+      residual = self.norm()(self.conv(self.filters * 4, (1, 1), self.strides, name='proj')(x))
+    return nn.relu(residual + y)
+
+
+class ResNet(nn.Module):
+  num_classes: int
+  stage_sizes: Sequence[int]
+  block_cls: Any
+  num_filters: int = 64
+  cifar_stem: bool = False  # 3x3 stride-1 stem, no max-pool (32x32 inputs).
+  dropout_rate: float = 0.0  # Dropout before the classifier.
+  dtype: Any = jnp.float32
+  axis_name: Optional[str] = None  # Device axis BatchNorm averages its statistics over.
+  bn_momentum: float = 0.9
+
+  @nn.compact
+  def __call__(self, x, *, train: bool):
+    conv = functools.partial(nn.Conv, use_bias=False, dtype=self.dtype, padding='SAME')
+    norm = functools.partial(nn.BatchNorm, use_running_average=not train,
+                             momentum=self.bn_momentum, epsilon=1e-5, dtype=self.dtype,
+                             axis_name=self.axis_name if train else None)
+    x = x.astype(self.dtype)
+    if self.cifar_stem:
+      x = nn.relu(norm(name='bn_init')(conv(self.num_filters, (3, 3), name='conv_init')(x)))
+    else:
+      x = conv(self.num_filters, (7, 7), (2, 2), padding=[(3, 3), (3, 3)], name='conv_init')(x)
+      x = nn.relu(norm(name='bn_init')(x))
+      x = nn.max_pool(x, (3, 3), strides=(2, 2), padding='SAME')
+    for stage, num_blocks in enumerate(self.stage_sizes):
+      for block in range(num_blocks):
+        strides = 2 if stage > 0 and block == 0 else 1
+        x = self.block_cls(self.num_filters * 2**stage, conv=conv, norm=norm, strides=strides)(x)
+    x = jnp.mean(x, axis=(1, 2))
+    x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
+    return nn.Dense(self.num_classes, dtype=self.dtype)(x)
+
+
+ResNet18 = functools.partial(ResNet, stage_sizes=(2, 2, 2, 2), block_cls=BasicBlock)
+ResNet34 = functools.partial(ResNet, stage_sizes=(3, 4, 6, 3), block_cls=BasicBlock)
+ResNet50 = functools.partial(ResNet, stage_sizes=(3, 4, 6, 3), block_cls=BottleneckBlock)
+ResNet101 = functools.partial(ResNet, stage_sizes=(3, 4, 23, 3), block_cls=BottleneckBlock)
+# A few thousand parameters, for tests.
+ResNetTiny = functools.partial(ResNet, stage_sizes=(1, 1), block_cls=BasicBlock, num_filters=8,
+                               cifar_stem=True)

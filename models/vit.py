@@ -1,0 +1,69 @@
+"""Vision Transformer: patch embedding, class token, learned position embedding, pre-LN blocks."""
+
+import functools
+from typing import Any, Optional
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+
+class EncoderBlock(nn.Module):
+  num_heads: int
+  mlp_dim: int
+  dropout_rate: float
+  dtype: Any
+
+  @nn.compact
+  def __call__(self, x, *, train: bool):
+    y = nn.LayerNorm(dtype=self.dtype)(x)
+    y = nn.MultiHeadDotProductAttention(num_heads=self.num_heads, dtype=self.dtype,
+                                        dropout_rate=self.dropout_rate,
+                                        deterministic=not train)(y, y)
+    x = x + nn.Dropout(self.dropout_rate, deterministic=not train)(y)
+    y = nn.LayerNorm(dtype=self.dtype)(x)
+    y = nn.gelu(nn.Dense(self.mlp_dim, dtype=self.dtype)(y))
+    y = nn.Dropout(self.dropout_rate, deterministic=not train)(y)
+    y = nn.Dense(x.shape[-1], dtype=self.dtype)(y)
+    return x + nn.Dropout(self.dropout_rate, deterministic=not train)(y)
+
+
+class ViT(nn.Module):
+  num_classes: int
+  patch_size: int
+  hidden_size: int
+  num_layers: int
+  num_heads: int
+  mlp_dim: int
+  dropout_rate: float = 0.0
+  dtype: Any = jnp.float32
+  axis_name: Optional[str] = None  # Unused: ViT has no cross-replica layers.
+
+  @nn.compact
+  def __call__(self, x, *, train: bool):
+    x = nn.Conv(self.hidden_size, (self.patch_size, self.patch_size),
+                strides=(self.patch_size, self.patch_size), padding='VALID', dtype=self.dtype,
+                name='embedding')(x.astype(self.dtype))
+    batch, height, width, channels = x.shape
+    x = x.reshape((batch, height * width, channels))
+    cls = self.param('cls', nn.initializers.zeros, (1, 1, channels))
+    x = jnp.concatenate([jnp.tile(cls, (batch, 1, 1)).astype(self.dtype), x], axis=1)
+    position = self.param('pos_embedding', nn.initializers.normal(stddev=0.02),
+                          (1, x.shape[1], channels))
+    x = nn.Dropout(self.dropout_rate, deterministic=not train)(x + position.astype(self.dtype))
+    for i in range(self.num_layers):
+      x = EncoderBlock(self.num_heads, self.mlp_dim, self.dropout_rate, self.dtype,
+                       name=f'encoderblock_{i}')(x, train=train)
+    x = nn.LayerNorm(dtype=self.dtype, name='encoder_norm')(x)
+    return nn.Dense(self.num_classes, dtype=self.dtype, kernel_init=nn.initializers.zeros,
+                    name='head')(x[:, 0])
+
+
+ViTTiny16 = functools.partial(ViT, patch_size=16, hidden_size=192, num_layers=12, num_heads=3,
+                              mlp_dim=768)
+ViTSmall16 = functools.partial(ViT, patch_size=16, hidden_size=384, num_layers=12, num_heads=6,
+                               mlp_dim=1536)
+ViTBase16 = functools.partial(ViT, patch_size=16, hidden_size=768, num_layers=12, num_heads=12,
+                              mlp_dim=3072)
+# For tests: 4x4 patches, 2 layers of width 32.
+ViTTest = functools.partial(ViT, patch_size=4, hidden_size=32, num_layers=2, num_heads=2,
+                            mlp_dim=64)

@@ -1,0 +1,62 @@
+"""Every config file loads, passes the checks, and the CIFAR recipe trains end to end."""
+
+import glob
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from trainer import checks
+from trainer import metrics
+from trainer import optim
+from trainer import train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = sorted(glob.glob(os.path.join(REPO, 'configs', '[!_]*.py')))
+
+
+def load(path):
+  spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+@pytest.mark.parametrize('path', CONFIGS, ids=os.path.basename)
+def test_config_is_valid_and_documents_its_command(path):
+  config = load(path)
+  checks.check_config(config, process_count=1, local_device_count=8)
+  assert config.is_locked
+  with open(path) as f:
+    assert f'--config=configs/{os.path.basename(path)}' in f.read()
+
+
+def test_imagenet_resnet50_recipe_in_steps():
+  config = load(os.path.join(REPO, 'configs', 'imagenet_resnet50.py'))
+  resolved = optim.resolve_durations(config, 1_281_167)
+  assert resolved.num_train_steps == 112_603  # ceil(90 x 1,281,167 / 1024)
+  assert resolved.warmup_steps == 6_256  # ceil(5 x 1,281,167 / 1024)
+  assert optim.peak_learning_rate(resolved) == pytest.approx(0.4)
+  schedule = optim.learning_rate_schedule(resolved)
+  assert float(schedule(resolved.warmup_steps)) == pytest.approx(0.4)
+  assert float(schedule(resolved.num_train_steps)) == pytest.approx(0.0, abs=1e-7)
+
+
+def test_cifar10_resnet18_runs_end_to_end_on_mock_data(tmp_path):
+  config = load(os.path.join(REPO, 'configs', 'cifar10_resnet18.py'))
+  config.update(batch_size=16, eval_batch_size=16, num_epochs=-1.0, num_train_steps=4,
+                warmup_epochs=-1.0, warmup_steps=1, log_every_steps=2, eval_every_steps=4,
+                checkpoint_every_steps=4, shuffle_buffer_size=64)
+  workdir = str(tmp_path / 'cifar')
+  with tfds.testing.mock_data(num_examples=40):
+    state = train.train_and_evaluate(config, workdir)
+  assert int(state.step) == 4 and state.batch_stats is not None
+  scalars, _ = metrics.read_events(workdir)
+  assert sorted(scalars['train_loss']) == [2, 4]
+  assert 0 <= scalars['eval_accuracy'][4] <= 1
+  correct = scalars['eval_accuracy'][4] * 40
+  assert correct == pytest.approx(round(correct), abs=1e-3)
+  assert all(np.isfinite(v) for points in scalars.values() for v in points.values())
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['4']
