@@ -46,20 +46,28 @@ def test_train_batches_are_seeded_shuffled_and_full(config):
   assert np.bincount(labels, minlength=10).min() > 100
 
 
-def test_train_parts_of_processes_are_disjoint_and_cover(config):
+@pytest.mark.parametrize('split', ['train', 'test'])
+def test_parts_of_processes_are_disjoint_and_cover(config, split):
+  """2 processes x 2 devices: each device's train stream, and each process's eval part."""
   builder = input_pipeline.get_builder(config)
-  config.batch_size = 2
-  config.shuffle_buffer_size = 1
-  config.cache = False
-  seen = []
-  for index in range(3):
-    split = tfds.split_for_jax_process('train', process_index=index, process_count=3)
-    part = tfds.as_numpy(builder.as_dataset(split=split, batch_size=-1))['image']
-    seen.append({bytes(x) for x in part})
-    assert len(part) == 479  # 1437 / 3
-  assert not (seen[0] & seen[1]) and not (seen[1] & seen[2]) and not (seen[0] & seen[2])
-  full = tfds.as_numpy(builder.as_dataset(split='train', batch_size=-1))['image']
-  assert seen[0] | seen[1] | seen[2] == {bytes(x) for x in full}
+  full = tfds.as_numpy(builder.as_dataset(split=split, batch_size=-1))['image']
+  config.update(train_split=split, batch_size=4, eval_batch_size=4)
+  parts = []
+  for process in range(2):
+    if split == 'train':
+      for slot in (2 * process, 2 * process + 1):
+        size = len(full) // 4 + (slot < len(full) % 4)
+        stream = input_pipeline.train_dataset(config, builder, device_slots=[slot], num_slots=4)
+        parts.append([bytes(b['image'][0]) for b in _take(stream, size)])
+    else:
+      data = input_pipeline.eval_data(config, builder, process_index=process, process_count=2)
+      parts.append([bytes(x) for b in input_pipeline.eval_batches(data)
+                    for x, m in zip(b['image'], b['mask']) if m])
+  normalize = lambda images: sorted(bytes((np.frombuffer(x, np.float32) * 255).round()
+                                          .astype(np.uint8)) for x in images)
+  seen = [x for part in parts for x in part]
+  assert len(seen) == len(full)  # Nothing twice, and (below) nothing missed.
+  assert normalize(seen) == sorted(bytes(x) for x in full)
 
 
 def test_mnist_pipeline_under_mock_data(config):

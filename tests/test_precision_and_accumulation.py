@@ -85,8 +85,9 @@ def test_gradient_accumulation_equals_one_big_step(k):
   (one, one_metrics), (accumulated, acc_metrics) = results
   _close(accumulated.params, one.params, rtol=1e-5, atol=1e-7)
   _close(accumulated.opt_state, one.opt_state, rtol=1e-5, atol=1e-7)
-  assert acc_metrics['loss'] == pytest.approx(one_metrics['loss'], rel=1e-6)
-  assert acc_metrics['accuracy'] == pytest.approx(one_metrics['accuracy'], abs=1e-7)
+  assert float(acc_metrics['loss']) == pytest.approx(float(one_metrics['loss']), rel=1e-6)
+  assert float(acc_metrics['accuracy']) == pytest.approx(float(one_metrics['accuracy']),
+                                                         abs=1e-7)
 
 
 def test_float16_overflow_is_skipped_and_the_scale_halves():

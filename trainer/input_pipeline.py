@@ -10,7 +10,7 @@ import dataclasses
 import functools
 import math
 import socket
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -89,28 +89,38 @@ def _sync_processes(name: str, process_count: int) -> None:
 
 def get_builder(config, *, process_index: int = 0,
                 process_count: int = 1) -> tfds.core.DatasetBuilder:
-  """The dataset's TFDS builder with its data in place, preparing the shipped ones."""
+  """The dataset's TFDS builder with its data in place, preparing the shipped ones.
+
+  Process 0 prepares (or downloads) while the others wait; a process that still cannot read
+  the data afterwards (a data dir local to its host) prepares its own copy.
+  """
   ds_spec = spec(config.dataset)
   data_dir = config.tfds_data_dir or None
   if ds_spec.shipped:
     # Importing the module registers the builder under its name.
     import trainer.datasets.digits  # pylint: disable=unused-import,import-outside-toplevel
-    builder = tfds.builder(ds_spec.tfds_name, data_dir=data_dir, file_format='tfrecord')
+
+  def make_builder():
+    # A builder reads the data dir's metadata when made: make it again once data is there.
+    if ds_spec.shipped:
+      return tfds.builder(ds_spec.tfds_name, data_dir=data_dir, file_format='tfrecord')
+    return tfds.builder(ds_spec.tfds_name, data_dir=data_dir)
+
+  builder = make_builder()
+  readable = _readable(builder, config.train_split)
+  if not readable and not ds_spec.shipped and not _download_reachable():
+    raise UserError(
+        f'dataset={config.dataset!r} is not prepared in the TFDS data dir {builder.data_dir} '
+        f'and cannot be downloaded (no route to {DOWNLOAD_PROBE[0]}); prepare it there or '
+        'point --config.tfds_data_dir at a copy, or train offline with --config.dataset=digits')
+  if not readable and process_index == 0:
+    builder.download_and_prepare()
+  # Every process passes here, whatever it found, so that none waits for another forever.
+  _sync_processes(f'prepare {ds_spec.tfds_name}', process_count)
+  if not readable and process_index > 0:
+    builder = make_builder()
     if not _readable(builder, config.train_split):
-      if process_index == 0:
-        builder.download_and_prepare()
-      _sync_processes(f'prepare {ds_spec.tfds_name}', process_count)
-    return builder
-  builder = tfds.builder(ds_spec.tfds_name, data_dir=data_dir)
-  if not _readable(builder, config.train_split):
-    if not _download_reachable():
-      raise UserError(
-          f'dataset={config.dataset!r} is not prepared in the TFDS data dir {builder.data_dir} '
-          f'and cannot be downloaded (no route to {DOWNLOAD_PROBE[0]}); prepare it there or '
-          'point --config.tfds_data_dir at a copy, or train offline with --config.dataset=digits')
-    if process_index == 0:
       builder.download_and_prepare()
-    _sync_processes(f'prepare {ds_spec.tfds_name}', process_count)
   return builder
 
 
@@ -185,20 +195,10 @@ def _epoch_seed(seed: int, epoch: tf.Tensor) -> tf.Tensor:
   return tf.constant(seed, tf.int64) * 1_000_003 + epoch
 
 
-def train_dataset(config, builder, *, process_index: int = 0, process_count: int = 1,
-                  start_example: int = 0, seed: Optional[int] = None) -> tf.data.Dataset:
-  """Endless per-process training batches (batch_size / process_count examples each).
-
-  The example stream is a pure function of the seed: epoch e is this process's part of the
-  split in an order drawn from (seed, e), and batches are consecutive runs of the stream.
-  `start_example` (examples already consumed, on resume) starts it mid-stream exactly where an
-  uninterrupted run would be. Images are decoded after shuffling and skipping, so records are
-  skipped without decoding them. `seed` (default `config.seed`) orders the epochs.
-  """
-  seed = config.seed if seed is None else seed
-  split = tfds.split_for_jax_process(
-      config.train_split, process_index=process_index, process_count=process_count)
-  raw = builder.as_dataset(split=split, shuffle_files=False,
+def _device_stream(config, builder, part: str, seed: int, start_example: int,
+                   batch_size: int) -> tf.data.Dataset:
+  """Endless batches of one device's part of the train split, from `start_example` on."""
+  raw = builder.as_dataset(split=part, shuffle_files=False,
                            read_config=tfds.ReadConfig(options=_options(config)),
                            decoders={'image': tfds.decode.SkipDecoding()})
   if config.cache:
@@ -223,7 +223,32 @@ def train_dataset(config, builder, *, process_index: int = 0, process_count: int
   ds = tf.data.Dataset.range(start_epoch, np.iinfo(np.int64).max).flat_map(epoch)
   ds = ds.skip(offset)
   ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE)
-  ds = ds.batch(config.batch_size // process_count, drop_remainder=True)
+  return ds.batch(batch_size, drop_remainder=True)
+
+
+def train_dataset(config, builder, *, device_slots: Sequence[int] = (0,), num_slots: int = 1,
+                  start_example: int = 0, seed: Optional[int] = None) -> tf.data.Dataset:
+  """Endless training batches for the devices in `device_slots`, concatenated in that order.
+
+  The train split is cut into `num_slots` parts, one per device of the whole run (slot =
+  process index x local devices + local index); each device reads only its part, so the
+  processes read disjoint parts, and a device's batches do not depend on how the devices are
+  spread over processes: 2 processes x 2 devices see the batches of 1 process x 4 devices.
+  Each part's stream is a pure function of (seed, slot): epoch e is the part in an order drawn
+  from (seed, slot, e). `start_example` (examples each device has consumed, on resume) starts
+  the streams exactly where an uninterrupted run would be; images are decoded after shuffling
+  and skipping, so skipped records are not decoded. `seed` defaults to `config.seed`.
+  """
+  seed = config.seed if seed is None else seed
+  per_device = config.batch_size // num_slots
+  parts = tfds.even_splits(config.train_split, n=num_slots)
+  streams = tuple(_device_stream(config, builder, parts[slot], seed * 1_009 + slot,
+                                 start_example, per_device) for slot in device_slots)
+  if len(streams) == 1:
+    ds = streams[0]
+  else:
+    ds = tf.data.Dataset.zip(streams).map(
+        lambda *batches: {k: tf.concat([b[k] for b in batches], axis=0) for k in batches[0]})
   return ds.with_options(_options(config)).prefetch(tf.data.AUTOTUNE)
 
 

@@ -6,6 +6,7 @@
 
 import os
 import sys
+import traceback
 
 # TensorFlow only feeds data here; keep its C++ start-up chatter out of the log.
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
@@ -25,8 +26,43 @@ flags.DEFINE_integer(
     'cpu_devices', None,
     'Number of CPU devices to simulate (for machines without accelerators). Accelerators, '
     'when present, are still used; this only sizes the CPU backend.')
+flags.DEFINE_string(
+    'coordinator_address', None,
+    'host:port of process 0 for a multi-process run started by hand. Unset: Cloud TPU pods '
+    'and SLURM jobs of several tasks are detected; otherwise the run is single-process.')
+flags.DEFINE_integer('num_processes', None, 'Processes in the run (with --coordinator_address).')
+flags.DEFINE_integer('process_id', None, 'This process\'s index, 0..num_processes-1.')
+flags.DEFINE_integer(
+    'heartbeat_timeout_s', 20,
+    'Seconds without a heartbeat after which the distributed runtime declares a process dead '
+    'and stops the others (multi-process runs).')
 config_flags.DEFINE_config_file('config', None, 'Training config file.', lock_config=True)
 flags.mark_flags_as_required(['config', 'workdir'])
+
+
+def _cluster_detected() -> bool:
+  """A Cloud TPU pod slice or a SLURM job of several tasks: jax.distributed finds its peers."""
+  if int(os.environ.get('SLURM_NTASKS', '1')) > 1:
+    return True
+  return len([h for h in os.environ.get('TPU_WORKER_HOSTNAMES', '').split(',') if h]) > 1
+
+
+def _start_distributed() -> None:
+  explicit = (FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+  if any(v is not None for v in explicit):
+    if any(v is None for v in explicit):
+      raise UserError('a multi-process run started by hand needs all of --coordinator_address, '
+                      '--num_processes and --process_id (got '
+                      f'{FLAGS.coordinator_address!r}, {FLAGS.num_processes!r}, '
+                      f'{FLAGS.process_id!r})')
+    if not 0 <= FLAGS.process_id < FLAGS.num_processes:
+      raise UserError(f'--process_id={FLAGS.process_id} must be in 0..{FLAGS.num_processes - 1} '
+                      f'for --num_processes={FLAGS.num_processes}')
+    jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes,
+                               FLAGS.process_id,
+                               heartbeat_timeout_seconds=FLAGS.heartbeat_timeout_s)
+  elif _cluster_detected():
+    jax.distributed.initialize(heartbeat_timeout_seconds=FLAGS.heartbeat_timeout_s)
 
 
 def _set_up_devices() -> None:
@@ -36,6 +72,7 @@ def _set_up_devices() -> None:
                       'e.g. --cpu_devices=8')
     # Must happen before anything asks JAX for its devices.
     jax.config.update('jax_num_cpu_devices', FLAGS.cpu_devices)
+  _start_distributed()
   # TensorFlow only reads data: keep it off the accelerators JAX uses.
   tf.config.set_visible_devices([], 'GPU')
 
@@ -43,6 +80,17 @@ def _set_up_devices() -> None:
 def _quiet_orbax(record) -> bool:
   """Drops orbax's INFO lines (several per save); its warnings and errors still show."""
   return record.levelno >= logging.converter.STANDARD_WARNING or '/orbax/' not in record.pathname
+
+
+def _exit(code: int, message: str) -> None:
+  print(message, file=sys.stderr)
+  if jax.distributed.is_initialized():
+    # At exit jax.distributed waits for every process to shut down; one that failed alone
+    # would wait for the others, and they for it. Leave now: the others' runtime sees the
+    # missing heartbeats and stops them too.
+    sys.stderr.flush()
+    os._exit(code)  # pylint: disable=protected-access
+  sys.exit(code)
 
 
 def main(argv):
@@ -57,10 +105,13 @@ def main(argv):
                  jax.device_count(), jax.default_backend())
     train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   except (UserError, Diverged) as e:
-    sys.exit(f'error: {e}')
+    _exit(1, f'error: {e}')
   except Preempted as e:
-    print(str(e), file=sys.stderr)
-    sys.exit(e.exit_code)
+    _exit(e.exit_code, str(e))
+  except Exception:  # pylint: disable=broad-except
+    if not jax.distributed.is_initialized():
+      raise
+    _exit(1, traceback.format_exc())
 
 
 def run():

@@ -16,6 +16,8 @@ from clu import metrics
 from tensorboard.backend.event_processing import event_file_loader
 from tensorboard.compat.proto import event_pb2
 
+from trainer import parallel
+
 
 @flax.struct.dataclass
 class TrainMetrics(metrics.Collection):
@@ -53,8 +55,8 @@ def create_writer(workdir: str) -> metric_writers.MetricWriter:
 
 
 def fetch_replicated(collections: Sequence[metrics.Collection]) -> list[metrics.Collection]:
-  """Host copies (device 0's) of replicated collections, fetched in one transfer."""
-  return [jax.tree.map(lambda x: np.asarray(x)[0], c) for c in jax.device_get(list(collections))]
+  """Host copies (the first local device's) of replicated collections, in one transfer."""
+  return jax.device_get([parallel.unreplicate(c) for c in collections])
 
 
 def merge(collections: Sequence[metrics.Collection]) -> metrics.Collection:

@@ -160,7 +160,7 @@ class _Start:
   state: state_lib.TrainState
   step_rng: jax.Array  # Folded with step and device index inside the step.
   data_seed: int  # Orders the training stream's epochs.
-  examples_done: int  # Examples of this process's training stream already consumed.
+  examples_done: int  # Examples each device's training stream has already consumed.
   resume_step: Optional[int]  # The checkpoint restored, if any.
 
 
@@ -182,11 +182,14 @@ def _start(config, checkpointer, init, input_shape, workdir: str) -> _Start:
   # From here on the workdir is written.
   tf.io.gfile.makedirs(workdir)
   checkpointer.set_aside(unreadable)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    multihost_utils.sync_global_devices('unreadable checkpoints set aside')
   state = jax.device_get(init(init_rng, input_shape))
   if resume_step is not None:
     restored = checkpointer.restore(resume_step, state)
     return _Start(restored.state, jnp.asarray(restored.meta['rng'], dtype=jnp.uint32),
-                  restored.meta['data_seed'], restored.meta['examples_per_process'],
+                  restored.meta['data_seed'], restored.meta['examples_per_device'],
                   resume_step)
   if init_params is not None:
     state = state.replace(params=init_params)
@@ -226,18 +229,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> state
   if start_step == 0:
     writer.write_hparams(config.to_dict())
 
-  per_process_batch = config.batch_size // process_count
-  train_ds = input_pipeline.train_dataset(config, builder, start_example=start.examples_done,
-                                          seed=start.data_seed, **split_args)
+  per_device_batch = config.batch_size // jax.device_count()
+  slots = [process_index * len(devices) + i for i in range(len(devices))]
+  train_ds = input_pipeline.train_dataset(
+      config, builder, device_slots=slots, num_slots=jax.device_count(),
+      start_example=start.examples_done, seed=start.data_seed)
 
   def meta(step: int) -> dict:
     return {'rng': np.asarray(start.step_rng).tolist(), 'data_seed': start.data_seed,
-            'examples_per_process':
-                start.examples_done + (step - start_step) * per_process_batch,
+            'examples_per_device':
+                start.examples_done + (step - start_step) * per_device_batch,
             'config': config.to_dict()}
 
-  p_train_step = step_lib.make_p_train_step(schedule, devices, config)
-  p_eval_step = step_lib.make_p_eval_step(devices)
+  # Over several processes pmap spans every process's devices (its default); alone, the local
+  # devices are all of them.
+  pmap_devices = devices if process_count == 1 else None
+  p_train_step = step_lib.make_p_train_step(schedule, pmap_devices, config)
+  p_eval_step = step_lib.make_p_eval_step(pmap_devices)
   rstate = parallel.replicate(start.state, devices)
   rng = parallel.replicate(start.step_rng, devices)
   batches = device_batches(train_ds, devices)
@@ -300,4 +308,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> state
               exit_code=128 + stop.received)
     finally:
       checkpointer.close()
+  if process_count > 1:
+    # No process leaves while another may still need it for a collective or a save.
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    multihost_utils.sync_global_devices('train_and_evaluate done')
   return jax.device_get(parallel.unreplicate(rstate))

@@ -1,0 +1,53 @@
+"""Launch scripts: the TPU pod commands, and argument errors."""
+
+import os
+import subprocess
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(*args):
+  return subprocess.run(list(args), cwd=REPO, capture_output=True, text=True, timeout=60,
+                        check=False)
+
+
+def test_tpu_pod_dry_run_prints_the_gcloud_commands():
+  result = _run('launch/tpu_pod.sh', '--name=r50', '--zone=us-central2-b',
+                '--accelerator_type=v4-32', '--config=configs/imagenet_resnet50.py',
+                '--workdir=gs://bucket/r50', '--project=proj', '--dry-run', '--',
+                '--config.tfds_data_dir=gs://bucket/tfds')
+  assert result.returncode == 0, result.stderr
+  where = '--zone=us-central2-b --project=proj'
+  assert result.stdout.splitlines() == [
+      f'gcloud compute tpus tpu-vm create r50 {where} --accelerator-type=v4-32 '
+      '--version=tpu-ubuntu2204-base',
+      'git archive --format=tar.gz --output=/tmp/r50-trainer.tar.gz HEAD',
+      f"gcloud compute tpus tpu-vm scp /tmp/r50-trainer.tar.gz 'r50:~/trainer.tar.gz' {where} "
+      '--worker=all',
+      f"gcloud compute tpus tpu-vm ssh r50 {where} --worker=all '--command=mkdir -p ~/trainer "
+      '&& tar -xzf ~/trainer.tar.gz -C ~/trainer && cd ~/trainer && python3 -m pip install -q '
+      "-e . '\\''jax[tpu]'\\'''",
+      f"gcloud compute tpus tpu-vm ssh r50 {where} --worker=all '--command=cd ~/trainer && "
+      'python3 -m trainer.main --config=configs/imagenet_resnet50.py '
+      "--workdir=gs://bucket/r50 --config.tfds_data_dir=gs://bucket/tfds'",
+      f'gcloud compute tpus tpu-vm delete r50 {where} --quiet',
+  ]
+
+
+def test_tpu_pod_keep_leaves_the_slice_and_bad_arguments_are_refused():
+  kept = _run('launch/tpu_pod.sh', '--name=a', '--zone=z', '--accelerator_type=v4-8',
+              '--config=configs/default.py', '--workdir=gs://b/a', '--keep', '--dry-run')
+  assert kept.returncode == 0
+  assert not any('delete' in line for line in kept.stdout.splitlines())
+  local = _run('launch/tpu_pod.sh', '--name=a', '--zone=z', '--accelerator_type=v4-8',
+               '--config=configs/default.py', '--workdir=/tmp/a', '--dry-run')
+  assert local.returncode == 2
+  assert local.stderr.startswith('error: --workdir=/tmp/a must be a gs:// path')
+  missing = _run('launch/tpu_pod.sh', '--zone=z', '--dry-run')
+  assert missing.returncode == 2 and missing.stderr.startswith('error: --name is required')
+
+
+def test_local_launcher_refuses_bad_counts():
+  result = _run('launch/local.sh', '--num_processes=0', '--', '--config=configs/default.py')
+  assert result.returncode == 2
+  assert "must be positive integers, got '0'" in result.stderr

@@ -1,0 +1,177 @@
+"""Several processes over loopback: same result as one process, failures end the run."""
+
+import glob
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from trainer import checkpoint
+from trainer import metrics
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN = ['--config=configs/default.py', '--config.num_train_steps=40', '--config.warmup_steps=5',
+       '--config.log_every_steps=10', '--config.eval_every_steps=20',
+       '--config.checkpoint_every_steps=20']
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+
+
+def _params(workdir, step):
+  reader = checkpoint._read_only(checkpoint.directory(workdir))  # pylint: disable=protected-access
+  return reader.restore(step, args=ocp.args.Composite(
+      state=ocp.args.StandardRestore()))['state']['params']
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind(tmp_path):
+  yield
+  for pid in _processes_with_args(str(tmp_path)):
+    os.kill(pid, signal.SIGKILL)
+
+
+def test_two_processes_of_two_devices_match_one_process_of_four(tmp_path, tfds_data_dir):
+  data = f'--config.tfds_data_dir={tfds_data_dir}'
+  multi, single = str(tmp_path / 'multi'), str(tmp_path / 'single')
+  start = time.perf_counter()
+  launched = subprocess.run(
+      ['launch/local.sh', '--num_processes=2', '--devices_per_process=2', '--',
+       f'--workdir={multi}', *RUN, data],
+      cwd=REPO, env=dict(ENV, PYTHON=sys.executable), capture_output=True, text=True,
+      timeout=300, check=False)
+  print(f'2 processes x 2 devices: {time.perf_counter() - start:.1f} s')
+  assert launched.returncode == 0, launched.stderr[-3000:]
+  log = launched.stdout + launched.stderr
+  for index in (0, 1):
+    assert f'[p{index}] ' in log
+    assert re.search(rf'\[p{index}\] .*JAX process {index} of 2; 2 local and 4 global cpu '
+                     'devices', log)
+  single_run = subprocess.run(
+      [sys.executable, '-m', 'trainer.main', '--cpu_devices=4', f'--workdir={single}', *RUN,
+       data], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300, check=False)
+  assert single_run.returncode == 0, single_run.stderr[-3000:]
+
+  for a, b in zip(jax.tree.leaves(_params(multi, 40)), jax.tree.leaves(_params(single, 40))):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  multi_scalars, _ = metrics.read_events(multi)
+  single_scalars, _ = metrics.read_events(single)
+  for tag in ('eval_accuracy', 'eval_loss', 'train_loss'):
+    assert sorted(multi_scalars[tag]) == sorted(single_scalars[tag])
+    np.testing.assert_allclose([multi_scalars[tag][s] for s in sorted(multi_scalars[tag])],
+                               [single_scalars[tag][s] for s in sorted(single_scalars[tag])],
+                               rtol=1e-5)
+  # Only process 0 wrote events: one writer's file and one session-start marker.
+  assert len(glob.glob(os.path.join(multi, 'events.out.tfevents.*.v2'))) == 1
+  assert len(glob.glob(os.path.join(multi, 'events.out.tfevents.*'))) == 2
+
+
+def _start_process(index, port, workdir, data):
+  return subprocess.Popen(
+      [sys.executable, '-m', 'trainer.main', '--cpu_devices=2', f'--workdir={workdir}',
+       f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2', f'--process_id={index}',
+       '--heartbeat_timeout_s=10', *RUN, data, '--config.num_train_steps=100000',
+       '--config.eval_every_steps=100000', '--config.checkpoint_every_steps=100000'],
+      cwd=REPO, env=ENV, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+
+
+def _wait_for_step(process, step):
+  for line in process.stderr:
+    if re.search(rf'\] \[{step}\] .*train_loss=', line):
+      return
+  raise AssertionError(f'the run ended before step {step}')
+
+
+def test_when_one_process_dies_the_other_stops_within_a_minute(tmp_path, tfds_data_dir):
+  port = _free_port()
+  data = f'--config.tfds_data_dir={tfds_data_dir}'
+  survivor = _start_process(0, port, str(tmp_path / 'run'), data)
+  victim = _start_process(1, port, str(tmp_path / 'run'), data)
+  try:
+    _wait_for_step(survivor, 20)
+    victim.send_signal(signal.SIGKILL)
+    killed = time.perf_counter()
+    rest = survivor.stderr.read()
+    survivor.wait(timeout=60)
+    waited = time.perf_counter() - killed
+  finally:
+    for process in (survivor, victim):
+      if process.poll() is None:
+        process.kill()
+  print(f'survivor stopped {waited:.1f} s after the kill, status {survivor.returncode}')
+  assert survivor.returncode != 0
+  assert waited < 60
+  assert 'another task died' in rest or 'unhealthy' in rest
+
+
+def test_launcher_fails_when_a_process_fails(tmp_path, tfds_data_dir):
+  """A process that fails (here: a bad config value on process 1 only) fails the launch."""
+  workdir = str(tmp_path / 'run')
+  start = time.perf_counter()
+  launched = subprocess.Popen(
+      ['launch/local.sh', '--num_processes=2', '--devices_per_process=2', '--',
+       f'--workdir={workdir}', *RUN, f'--config.tfds_data_dir={tfds_data_dir}',
+       '--config.num_train_steps=100000'],
+      cwd=REPO, env=dict(ENV, PYTHON=sys.executable), stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT, text=True)
+  for line in launched.stdout:
+    if re.search(r'\[p1\] .*\] \[20\] .*train_loss=', line):
+      break
+  victim = _process_with_args('--process_id=1', workdir)
+  os.kill(victim, signal.SIGKILL)
+  rest = launched.stdout.read()
+  assert launched.wait(timeout=60) != 0
+  assert f'process {victim} exited with status' in rest
+  print(f'launcher returned {launched.returncode} after {time.perf_counter() - start:.1f} s')
+
+
+def _process_with_args(*needles):
+  """The pid of the one trainer process whose command line holds every needle."""
+  found = _processes_with_args(*needles)
+  assert len(found) == 1, found
+  return found[0]
+
+
+def _processes_with_args(*needles):
+  found = []
+  for pid in filter(str.isdigit, os.listdir('/proc')):
+    try:
+      with open(f'/proc/{pid}/cmdline', 'rb') as f:
+        cmdline = f.read().decode(errors='replace').split('\0')
+    except OSError:
+      continue
+    if 'trainer.main' in cmdline and all(any(n in arg for arg in cmdline) for n in needles):
+      found.append(int(pid))
+  return found
+
+
+def test_sigterm_to_one_process_stops_all_at_the_same_step_with_a_checkpoint(
+    tmp_path, tfds_data_dir):
+  """JAX's preemption sync point: every process saves and stops at one agreed step."""
+  port = _free_port()
+  data = f'--config.tfds_data_dir={tfds_data_dir}'
+  workdir = str(tmp_path / 'run')
+  processes = [_start_process(i, port, workdir, data) for i in range(2)]
+  _wait_for_step(processes[0], 20)
+  processes[1].send_signal(signal.SIGTERM)
+  logs = [p.stderr.read() for p in processes]
+  steps = set()
+  for process, log in zip(processes, logs):
+    assert process.wait(timeout=60) == 128 + signal.SIGTERM
+    stop = re.search(r'stopped by SIGTERM at step (\d+) of 100000; checkpoint saved', log)
+    assert stop, log[-2000:]
+    steps.add(int(stop.group(1)))
+  assert len(steps) == 1
+  assert checkpoint.Checkpointer(workdir, keep=3).steps() == [steps.pop()]
