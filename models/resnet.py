@@ -11,12 +11,15 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 
-class BasicBlock(nn.Module):
+class _Block(nn.Module):
+  filters: int  # Width of the block's 3x3 convolution.
+  conv: Callable  # Convolution constructor (no bias, the model's dtype).
+  norm: Callable  # BatchNorm constructor (train/eval mode and axis already bound).
+  strides: int = 1  # 2 in the first block of a stage after the first.
+
+
+class BasicBlock(_Block):
   """Two 3x3 convolutions (ResNet-18/34)."""
-  filters: int
-  conv: Callable
-  norm: Callable
-  strides: int = 1
 
   @nn.compact
   def __call__(self, x):
@@ -29,12 +32,8 @@ class BasicBlock(nn.Module):
     return nn.relu(residual + y)
 
 
-class BottleneckBlock(nn.Module):
+class BottleneckBlock(_Block):
   """1x1 -> 3x3 (strided, v1.5) -> 1x1 with 4x expansion (ResNet-50/101)."""
-  filters: int
-  conv: Callable
-  norm: Callable
-  strides: int = 1
 
   @nn.compact
   def __call__(self, x):
