@@ -2,6 +2,7 @@
 
 import os
 
+import jax
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
@@ -12,8 +13,8 @@ from trainer import metrics
 from trainer import optim
 from trainer import train
 
-TRAIN_TAGS = {'train_loss', 'train_accuracy', 'train_grad_norm', 'learning_rate',
-              'examples_per_sec_per_device'}
+TRAIN_TAGS = {'train_loss', 'train_accuracy', 'train_grad_norm', 'train_param_norm',
+              'learning_rate', 'examples_per_sec_per_device'}
 
 
 def _short(config, steps=60):
@@ -39,6 +40,9 @@ def test_digits_end_to_end(config, tmp_path):
   for step, value in scalars['learning_rate'].items():
     assert value == pytest.approx(float(schedule(step - 1)), rel=1e-6)
   assert scalars['train_loss'][60] < scalars['train_loss'][20] < np.log(10)
+  # The logged param norm is that of the params after the window's last step.
+  norm = np.sqrt(sum(np.sum(np.square(x)) for x in jax.tree.leaves(state.params)))
+  assert scalars['train_param_norm'][60] == pytest.approx(float(norm), rel=1e-5)
   # The last evaluation is that of the returned state, computed another way.
   count, loss, accuracy = helpers.reference_eval(state, config)
   assert count == 360

@@ -25,6 +25,7 @@ class TrainMetrics(metrics.Collection):
   loss: metrics.Average.from_output('loss')
   accuracy: metrics.Average.from_output('accuracy')
   grad_norm: metrics.Average.from_output('grad_norm')
+  param_norm: metrics.LastValue.from_output('param_norm')
   learning_rate: metrics.LastValue.from_output('learning_rate')
 
 
@@ -37,6 +38,7 @@ class ScaledTrainMetrics(metrics.Collection):
   loss: metrics.Average.from_output('loss')
   accuracy: metrics.Average.from_output('accuracy')
   grad_norm: metrics.Average.from_output('grad_norm')
+  param_norm: metrics.LastValue.from_output('param_norm')
   learning_rate: metrics.LastValue.from_output('learning_rate')
   loss_scale: metrics.LastValue.from_output('loss_scale')
 

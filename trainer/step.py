@@ -110,6 +110,7 @@ def train_step(state: TrainState, batch: dict, rng: jax.Array, *,
         state.ema_params, new_state.params))
 
   outputs = dict(loss=loss, accuracy=accuracy, grad_norm=grad_norm,
+                 param_norm=optax.global_norm(new_state.params),
                  learning_rate=learning_rate_fn(state.step))
   if dynamic_scale is not None:
     return new_state, ScaledTrainMetrics.single_from_model_output(
