@@ -57,8 +57,12 @@ def create_writer(workdir: str) -> metric_writers.MetricWriter:
 
 
 def fetch_replicated(collections: Sequence[metrics.Collection]) -> list[metrics.Collection]:
-  """Host copies (the first local device's) of replicated collections, in one transfer."""
-  return jax.device_get([parallel.unreplicate(c) for c in collections])
+  """Host copies (the first local device's) of replicated collections, in one transfer.
+
+  pmap outputs hold one row per local device (also in multi-process runs), so the whole
+  arrays come over and are indexed on the host: no device op per leaf and step.
+  """
+  return [parallel.unreplicate(c) for c in jax.device_get(list(collections))]
 
 
 def merge(collections: Sequence[metrics.Collection]) -> metrics.Collection:
