@@ -1,0 +1,1 @@
+"""Baselines the trainer is compared against."""
