@@ -53,7 +53,7 @@ class CNN(nn.Module):
     self.out = nn.Linear(hidden_size, num_classes)
 
   def forward(self, x: torch.Tensor) -> torch.Tensor:
-    x = x.permute(0, 3, 1, 2)  # NHWC -> NCHW for torch's convolutions.
+    x = x.permute(0, 3, 1, 2).contiguous()  # NHWC -> NCHW for torch's convolutions.
     for conv in self.convs:
       x = nn.functional.avg_pool2d(torch.relu(conv(x)), kernel_size=2, stride=2)
     # Flatten in NHWC order, as flax does, so the dense kernels line up.
