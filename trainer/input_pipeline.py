@@ -81,14 +81,7 @@ def _readable(builder: tfds.core.DatasetBuilder, split: str) -> bool:
     return False
 
 
-def _sync_processes(name: str, process_count: int) -> None:
-  if process_count > 1:
-    from jax.experimental import multihost_utils
-    multihost_utils.sync_global_devices(name)
-
-
-def get_builder(config, *, process_index: int = 0,
-                process_count: int = 1) -> tfds.core.DatasetBuilder:
+def get_builder(config, *, process_index: int = 0) -> tfds.core.DatasetBuilder:
   """The dataset's TFDS builder with its data in place, preparing the shipped ones.
 
   Process 0 prepares (or downloads) while the others wait; a process that still cannot read
@@ -116,7 +109,7 @@ def get_builder(config, *, process_index: int = 0,
   if not readable and process_index == 0:
     builder.download_and_prepare()
   # Every process passes here, whatever it found, so that none waits for another forever.
-  _sync_processes(f'prepare {ds_spec.tfds_name}', process_count)
+  parallel.sync_processes(f'prepare {ds_spec.tfds_name}')
   if not readable and process_index > 0:
     builder = make_builder()
     if not _readable(builder, config.train_split):

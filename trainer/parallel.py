@@ -38,6 +38,13 @@ def replicate(tree: Any, devices: Sequence[jax.Device]) -> Any:
   return jax_utils.replicate(tree, devices=devices, axis_name=AXIS_NAME)
 
 
+def sync_processes(name: str) -> None:
+  """A barrier over every process of a multi-process run; nothing in a single-process one."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    multihost_utils.sync_global_devices(name)
+
+
 def shard(batch: Any, num_devices: int) -> Any:
   """Splits the leading (per-process batch) axis of every leaf into (num_devices, -1)."""
 

@@ -182,9 +182,7 @@ def _start(config, checkpointer, init, input_shape, workdir: str) -> _Start:
   # From here on the workdir is written.
   tf.io.gfile.makedirs(workdir)
   checkpointer.set_aside(unreadable)
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-    multihost_utils.sync_global_devices('unreadable checkpoints set aside')
+  parallel.sync_processes('unreadable checkpoints set aside')
   state = jax.device_get(init(init_rng, input_shape))
   if resume_step is not None:
     restored = checkpointer.restore(resume_step, state)
@@ -203,7 +201,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> state
   checks.check_config(config, process_count=process_count, local_device_count=len(devices))
   checks.check_workdir(workdir)
   split_args = dict(process_index=process_index, process_count=process_count)
-  builder = input_pipeline.get_builder(config, **split_args)
+  builder = input_pipeline.get_builder(config, process_index=process_index)
   config = optim.resolve_durations(
       config, input_pipeline.num_examples(builder, config.train_split))
   checks.check_schedule(config)
@@ -308,8 +306,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> state
               exit_code=128 + stop.received)
     finally:
       checkpointer.close()
-  if process_count > 1:
-    # No process leaves while another may still need it for a collective or a save.
-    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-    multihost_utils.sync_global_devices('train_and_evaluate done')
+  # No process leaves while another may still need it for a collective or a save.
+  parallel.sync_processes('train_and_evaluate done')
   return jax.device_get(parallel.unreplicate(rstate))
