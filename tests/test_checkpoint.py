@@ -113,6 +113,9 @@ def test_stopped_run_resumes_to_identical_params(reference, tfds_data_dir, tmp_p
     assert [e.step for e in tensorboard.Tensors(tag)] == sorted(ref_scalars[tag]), tag
   for tag in ('eval_accuracy', 'eval_loss', 'learning_rate'):
     assert scalars[tag] == ref_scalars[tag], tag
+  # metrics.jsonl dropped the lines the killed run wrote after its last checkpoint too.
+  records = metrics.read_jsonl(os.path.join(workdir, metrics.JSONL_NAME))
+  assert [r['step'] for r in records if 'train_loss' in r] == sorted(ref_scalars['train_loss'])
 
 
 def test_interrupted_or_corrupt_newest_save_falls_back(reference, config, tmp_path):

@@ -1,5 +1,6 @@
 """`train_and_evaluate` end to end: events, checkpoints, accuracy, resume."""
 
+import collections
 import os
 
 import jax
@@ -50,6 +51,21 @@ def test_digits_end_to_end(config, tmp_path):
   assert scalars['eval_loss'][60] == pytest.approx(loss, rel=1e-5)
   assert int(state.step) == 60
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['30', '60']
+
+  # metrics.jsonl holds the same scalars at the same steps, plus the run's timing and memory.
+  records = metrics.read_jsonl(os.path.join(workdir, metrics.JSONL_NAME))
+  from_jsonl = collections.defaultdict(dict)
+  for record in records:
+    for tag, value in record.items():
+      if tag not in ('step', 'wall_time'):
+        from_jsonl[tag][record['step']] = value
+  assert set(from_jsonl) == set(scalars)
+  for tag, points in scalars.items():
+    assert from_jsonl[tag] == pytest.approx(points, rel=1e-6), tag
+  assert list(from_jsonl['first_step_s']) == [1] and from_jsonl['first_step_s'][1] > 0
+  assert list(from_jsonl['peak_rss_mb']) == [60] and from_jsonl['peak_rss_mb'][60] > 100
+  wall_times = [r['wall_time'] for r in records]
+  assert wall_times == sorted(wall_times)
 
 
 def test_resume_continues_from_the_newest_checkpoint(config, tmp_path):

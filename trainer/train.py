@@ -13,6 +13,7 @@ import functools
 import os
 import signal
 import threading
+import time
 from typing import Any, Iterator, Optional
 
 import jax
@@ -154,6 +155,15 @@ def _all_finite(tree) -> bool:
              if np.issubdtype(np.asarray(leaf).dtype, np.inexact))
 
 
+def _run_peak_rss_mb() -> float:
+  """Peak resident memory summed over the run's processes (each at its own peak), MiB."""
+  mine = np.float64(metrics.peak_rss_mb())
+  if jax.process_count() == 1:
+    return float(mine)
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  return float(np.sum(multihost_utils.process_allgather(mine)))
+
+
 @dataclasses.dataclass
 class _Start:
   """Where training begins: a checkpoint's state and bookkeeping, or a fresh init."""
@@ -266,6 +276,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> state
   with metric_writers.ensure_flushes(writer), _StopSignals() as stop:
     try:
       for step in range(start_step + 1, last + 1):
+        step_start = time.perf_counter()
         with jax.profiler.StepTraceAnnotation('train', step_num=step):
           rstate, step_metrics = p_train_step(rstate, next(batches), rng)
         buffer.add(step, step_metrics)
@@ -273,6 +284,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> state
           # Time throughput from the end of the first step: compiling is not training speed.
           jax.block_until_ready(step_metrics)
           throughput.start(step)
+          writer.write_scalars(step, {'first_step_s': time.perf_counter() - step_start})
         for hook in hooks:
           hook(step)
         stopping = stop.requested(step) and step < last
@@ -304,6 +316,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> state
               f'stopped by {name} at step {step} of {last}; checkpoint saved in '
               f'{checkpointer.directory}; run the same command again to resume',
               exit_code=128 + stop.received)
+      writer.write_scalars(last, {'peak_rss_mb': _run_peak_rss_mb()})
     finally:
       checkpointer.close()
   # No process leaves while another may still need it for a collective or a save.
