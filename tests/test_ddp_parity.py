@@ -1,6 +1,5 @@
 """Parity: 2 JAX devices and 2 DDP ranks, same initial weights and batches, same losses."""
 
-import json
 import os
 import socket
 import subprocess
@@ -41,10 +40,10 @@ def test_first_20_losses_agree(tmp_path, tfds_data_dir, model):
 
   scalars, _ = metrics.read_events(jax_dir)
   jax_losses = [scalars['train_loss'][step] for step in range(1, 21)]
-  with open(os.path.join(ddp_dir, 'metrics.jsonl')) as f:
-    records = [json.loads(line) for line in f]
+  records = [r for r in metrics.read_jsonl(os.path.join(ddp_dir, metrics.JSONL_NAME))
+             if 'train_loss' in r]
   assert [r['step'] for r in records] == list(range(1, 21))
-  ddp_losses = [r['loss'] for r in records]
+  ddp_losses = [r['train_loss'] for r in records]
   np.testing.assert_allclose(ddp_losses, jax_losses, rtol=1e-4)
   # The runs trained: the loss moved well beyond the tolerance.
   assert abs(jax_losses[-1] - jax_losses[0]) > 1e-2

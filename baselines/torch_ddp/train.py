@@ -5,21 +5,33 @@
 
 Rank r reads the same part of the train split as device r of a JAX run with as many devices
 (`input_pipeline.train_dataset(device_slots=[r])`), so both see the same batches in the same
-order. With --parity the model starts from the JAX model's initial params for the config's
-seed. Rank 0 writes one JSON line per step to WORKDIR/metrics.jsonl.
+order; evaluation covers every example of the eval split once. Rank 0 writes the JAX
+trainer's TensorBoard tags and metrics.jsonl (same CLU writers). Checkpoints go to
+WORKDIR/checkpoints/step_N.pt every `checkpoint_every_steps`, at the last step and on
+SIGTERM/SIGINT; the same command resumes from the newest one, data stream included. With
+--parity the model starts from the JAX model's initial variables for the config's seed.
+
+gloo on CPU, nccl (one GPU per rank, SyncBatchNorm) where CUDA is present. torch has no
+cross-process BatchNorm on CPU: there each rank normalizes with its own batch's statistics.
 """
 
-import json
+import glob
 import os
+import re
+import signal
 import time
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import tensorflow_datasets as tfds
 import torch
 import torch.distributed as dist
 from absl import app
 from absl import flags
+from absl import logging
+from clu import metric_writers
 from ml_collections import config_flags
 from torch.nn.parallel import DistributedDataParallel
 
@@ -27,33 +39,44 @@ import models
 from baselines.torch_ddp import models as twins
 from trainer import checks
 from trainer import input_pipeline
+from trainer import metrics
 from trainer import optim
-from trainer.errors import UserError
+from trainer.errors import Preempted, UserError
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string('workdir', None, 'Directory for metrics.jsonl.')
+flags.DEFINE_string('workdir', None, 'Directory for checkpoints, event files and metrics.jsonl.')
 flags.DEFINE_bool('parity', False, 'Start from the JAX model\'s initial params for the seed.')
 flags.DEFINE_integer('threads', 0, 'torch CPU threads per rank; 0 = torch\'s default.')
 config_flags.DEFINE_config_file('config', None, 'Training config file.', lock_config=True)
 flags.mark_flags_as_required(['config', 'workdir'])
 
 SUPPORTED = dict(optimizer=('sgd', 'adamw'), dtype=('float32',), grad_accum_steps=(1,),
-                 ema_decay=(0.0,))
+                 ema_decay=(0.0,), init_from=('',), skip_nonfinite_steps=(False,))
+# Fields a checkpoint must agree on with the config it is resumed under.
+RESUME_FIELDS = ('dataset', 'model', 'optimizer', 'batch_size', 'num_train_steps', 'seed',
+                 'train_split')
+CHECKPOINT_DIR = 'checkpoints'
 
 
-def _check_supported(config) -> None:
+def check_supported(config) -> None:
+  """One line naming the first config value the twin cannot reproduce."""
   for field, values in SUPPORTED.items():
     if config[field] not in values:
       raise UserError(f'{field}={config[field]!r} has no DDP twin yet; the twin supports '
-                      f'{", ".join(map(str, values))} (--config.{field}=...)')
+                      f'{", ".join(map(repr, values))} (--config.{field}=...)')
+  if config.model not in twins.REGISTRY:
+    raise UserError(f'model={config.model!r} has no PyTorch twin; twins exist for: '
+                    f'{", ".join(sorted(twins.REGISTRY))} (--config.model=NAME)')
 
 
-def _jax_initial_params(config, input_shape):
-  """The params train.py initializes for this config and seed."""
+def _jax_initial_variables(config, input_shape):
+  """The params (and BatchNorm statistics) train.py initializes for this config and seed."""
   init_rng, _ = jax.random.split(jax.random.PRNGKey(config.seed))
   model = models.get(config.model, num_classes=input_pipeline.spec(config.dataset).num_classes,
                      dropout_rate=config.dropout_rate)
-  return model.init(init_rng, jnp.zeros(input_shape), train=False)['params']
+  variables = jax.jit(lambda rng: model.init(rng, jnp.zeros(input_shape), train=False))(
+      init_rng)
+  return variables['params'], variables.get('batch_stats')
 
 
 def _optimizer(config, model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -71,10 +94,89 @@ def _optimizer(config, model: torch.nn.Module) -> torch.optim.Optimizer:
   return torch.optim.AdamW(groups, lr=peak, betas=(config.adam_b1, config.adam_b2), eps=1e-8)
 
 
+class _StopSignals:
+  """SIGTERM/SIGINT set a flag; the ranks agree on it at their next log or checkpoint step."""
+
+  def __init__(self):
+    self.received: Optional[int] = None
+    signal.signal(signal.SIGTERM, self._handle)
+    signal.signal(signal.SIGINT, self._handle)
+
+  def _handle(self, signum, frame):
+    del frame
+    self.received = signum
+
+
+def checkpoint_steps(workdir: str) -> list[int]:
+  paths = glob.glob(os.path.join(workdir, CHECKPOINT_DIR, 'step_*.pt'))
+  return sorted(int(m.group(1)) for m in (re.search(r'step_(\d+)\.pt$', p) for p in paths) if m)
+
+
+def _checkpoint_path(workdir: str, step: int) -> str:
+  return os.path.join(workdir, CHECKPOINT_DIR, f'step_{step}.pt')
+
+
+def _save(workdir: str, step: int, contents: dict, keep: int) -> None:
+  """Writes step_N.pt whole, then renames it into place; keeps the `keep` newest."""
+  path = _checkpoint_path(workdir, step)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  torch.save(contents, path + '.tmp')
+  os.replace(path + '.tmp', path)
+  for old in checkpoint_steps(workdir)[:-keep]:
+    os.remove(_checkpoint_path(workdir, old))
+
+
+def _restore(workdir: str, config) -> Optional[dict]:
+  """The newest checkpoint, checked against `config`; None in a fresh workdir."""
+  steps = checkpoint_steps(workdir)
+  if not steps:
+    return None
+  path = _checkpoint_path(workdir, steps[-1])
+  try:
+    saved = torch.load(path, map_location='cpu', weights_only=False)
+  except Exception as e:  # pylint: disable=broad-except
+    raise UserError(f'{path} cannot be read ({type(e).__name__}: {e}); move it out of '
+                    f'{os.path.dirname(path)} to resume from the one before') from None
+  changed = [f'{k}: {saved["config"][k]!r} -> {config[k]!r}' for k in RESUME_FIELDS
+             if saved['config'].get(k) != config[k]]
+  if changed:
+    raise UserError(f'{path} was written under another config ({"; ".join(changed)}); use a '
+                    'new --workdir, or the config it was written with')
+  return saved
+
+
+def _all_reduce(values, device) -> np.ndarray:
+  tensor = torch.tensor(values, dtype=torch.float64, device=device)
+  dist.all_reduce(tensor)
+  return tensor.cpu().numpy()
+
+
+def evaluate(model, data: input_pipeline.EvalData, device) -> dict[str, float]:
+  """Loss and accuracy over every example of the eval split, exactly once (padding masked)."""
+  model.eval()
+  loss_sum = correct = count = 0.0
+  with torch.no_grad():
+    for batch in input_pipeline.eval_batches(data):
+      images = torch.from_numpy(batch['image']).to(device)
+      labels = torch.from_numpy(batch['label']).long().to(device)
+      mask = torch.from_numpy(batch['mask']).to(device, torch.float32)
+      logits = model(images)
+      losses = torch.nn.functional.cross_entropy(logits, labels, reduction='none')
+      loss_sum += float((losses * mask).sum())
+      correct += float(((logits.argmax(-1) == labels).float() * mask).sum())
+      count += float(mask.sum())
+  model.train()
+  loss_sum, correct, count = _all_reduce([loss_sum, correct, count], device)
+  return {'eval_loss': loss_sum / count, 'eval_accuracy': correct / count}
+
+
 def train(config, workdir: str, parity: bool) -> None:
   rank, world = dist.get_rank(), dist.get_world_size()
   checks.check_config(config, process_count=1, local_device_count=world)
-  _check_supported(config)
+  check_supported(config)
+  cuda = torch.cuda.is_available()
+  device = torch.device('cuda', int(os.environ.get('LOCAL_RANK', 0))) if cuda else (
+      torch.device('cpu'))
   if rank > 0:
     dist.barrier()  # Rank 0 prepares the dataset first.
   builder = input_pipeline.get_builder(config)
@@ -84,56 +186,143 @@ def train(config, workdir: str, parity: bool) -> None:
                                                                        config.train_split))
   checks.check_schedule(config)
   input_shape = input_pipeline.input_shape(config, builder)
+  eval_data = input_pipeline.eval_data(config, builder, process_index=rank, process_count=world)
+  saved = _restore(workdir, config)
+
   torch.manual_seed(config.seed)
   model = twins.get(config.model, input_shape=input_shape[1:],
                     num_classes=input_pipeline.spec(config.dataset).num_classes,
                     dropout_rate=config.dropout_rate)
-  if parity:
-    twins.load_flax_params(model, _jax_initial_params(config, input_shape))
-  ddp = DistributedDataParallel(model)
+  if parity and saved is None:
+    twins.load_flax_params(model, *_jax_initial_variables(config, input_shape))
+  torch.manual_seed(config.seed * 1_009 + rank + 1)  # Each rank its own dropout masks.
+  if cuda:
+    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+  model = model.to(device)
   optimizer = _optimizer(config, model)
   schedule = optim.learning_rate_schedule(config)
   peak = optim.peak_learning_rate(config)
   scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: float(schedule(s)) / peak)
-  batches = tfds.as_numpy(input_pipeline.train_dataset(
-      config, builder, device_slots=[rank], num_slots=world))
+  start_step, examples_done = 0, 0
+  if saved is not None:
+    model.load_state_dict(saved['model'])
+    optimizer.load_state_dict(saved['optimizer'])
+    scheduler.load_state_dict(saved['scheduler'])
+    torch.set_rng_state(saved['rng_states'][rank])
+    start_step, examples_done = saved['step'], saved['examples_per_device']
+    logging.info('resuming from %s', _checkpoint_path(workdir, start_step))
+  ddp = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+  per_device_batch = config.batch_size // world
+  batches = iter(tfds.as_numpy(input_pipeline.train_dataset(
+      config, builder, device_slots=[rank], num_slots=world, start_example=examples_done)))
 
   os.makedirs(workdir, exist_ok=True)
-  log = open(os.path.join(workdir, 'metrics.jsonl'), 'a') if rank == 0 else None
-  start = time.perf_counter()
-  ddp.train()
-  for step, batch in zip(range(1, config.num_train_steps + 1), batches):
-    images = torch.from_numpy(batch['image'])
-    labels = torch.from_numpy(batch['label']).long()
-    logits = ddp(images)
-    loss = torch.nn.functional.cross_entropy(logits, labels,
-                                             label_smoothing=config.label_smoothing)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()  # DDP averages the gradients over the ranks here.
-    optimizer.step()
-    learning_rate = scheduler.get_last_lr()[0]
-    scheduler.step()
-    totals = torch.stack([loss.detach(), (logits.argmax(-1) == labels).float().mean()])
-    dist.all_reduce(totals)
-    totals /= world
-    if log is not None and step % config.log_every_steps == 0:
-      log.write(json.dumps({'step': step, 'loss': float(totals[0]), 'accuracy': float(totals[1]),
-                            'learning_rate': learning_rate,
-                            'wall_time': time.perf_counter() - start}) + '\n')
-      log.flush()
-  if log is not None:
-    log.close()
+  if rank == 0:
+    metrics.mark_session_start(workdir, start_step + 1)
+  writer = metrics.create_writer(workdir, write_files=rank == 0)
+  if start_step == 0:
+    writer.write_hparams(config.to_dict())
+  throughput = metrics.Throughput(config.batch_size, world)
+  stop = _StopSignals()
+  last = config.num_train_steps
+  # Sums of loss, accuracy and gradient norm since the last write, kept on the device: no
+  # host sync per step.
+  window = torch.zeros(3, dtype=torch.float64, device=device)
+  window_steps = 0
+  params = [p for p in model.parameters()]
+
+  def due(step, every):
+    return step % every == 0 or step == last
+
+  def save(step):
+    rng_states = [None] * world
+    dist.all_gather_object(rng_states, torch.get_rng_state())
+    if rank == 0:
+      _save(workdir, step, {
+          'model': model.state_dict(), 'optimizer': optimizer.state_dict(),
+          'scheduler': scheduler.state_dict(), 'rng_states': rng_states, 'step': step,
+          'examples_per_device': examples_done + (step - start_step) * per_device_batch,
+          'config': config.to_dict()}, config.keep_checkpoints)
+    dist.barrier()
+
+  with metric_writers.ensure_flushes(writer):
+    ddp.train()
+    for step in range(start_step + 1, last + 1):
+      step_start = time.perf_counter()
+      batch = next(batches)
+      images = torch.from_numpy(batch['image']).to(device, non_blocking=True)
+      labels = torch.from_numpy(batch['label']).long().to(device, non_blocking=True)
+      logits = ddp(images)
+      loss = torch.nn.functional.cross_entropy(logits, labels,
+                                               label_smoothing=config.label_smoothing)
+      optimizer.zero_grad(set_to_none=True)
+      loss.backward()  # DDP averages the gradients over the ranks here.
+      grads = [p.grad for p in params if p.grad is not None]
+      grad_norm = torch.nn.utils.get_total_norm(grads)
+      if config.grad_clip_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, config.grad_clip_norm, grad_norm)
+      optimizer.step()
+      learning_rate = scheduler.get_last_lr()[0]
+      scheduler.step()
+      accuracy = (logits.argmax(-1) == labels).float().mean()
+      window += torch.stack([loss.detach(), accuracy, grad_norm]).double()
+      window_steps += 1
+      if step == start_step + 1:
+        if cuda:
+          torch.cuda.synchronize(device)
+        throughput.start(step)
+        writer.write_scalars(step, {'first_step_s': time.perf_counter() - step_start})
+      save_now = due(step, config.checkpoint_every_steps)
+      if due(step, config.log_every_steps) or save_now:
+        # One collective per write: the window's sums and whether any rank was signalled.
+        flag = torch.tensor([float(stop.received is not None)], dtype=torch.float64,
+                            device=device)
+        totals = torch.cat([window, flag])
+        dist.all_reduce(totals)
+        totals = totals.cpu().numpy()
+        stopping = totals[-1] > 0 and step < last
+      else:
+        stopping = False
+      if due(step, config.log_every_steps):
+        scalars = {'train_loss': totals[0] / world / window_steps,
+                   'train_accuracy': totals[1] / world / window_steps,
+                   'train_grad_norm': totals[2] / world / window_steps,
+                   'train_param_norm': float(torch.nn.utils.get_total_norm(params)),
+                   'learning_rate': learning_rate}
+        rate = throughput.rate(step)
+        if rate is not None:
+          scalars['examples_per_sec_per_device'] = rate
+        writer.write_scalars(step, scalars)
+        window.zero_()
+        window_steps = 0
+      if due(step, config.eval_every_steps):
+        writer.write_scalars(step, evaluate(ddp, eval_data, device))
+        throughput.start(step)
+      if save_now or stopping:
+        save(step)
+        throughput.start(step)
+      if stopping:
+        signum = int(stop.received or signal.SIGTERM)
+        raise Preempted(f'stopped by a signal at step {step} of {last}; checkpoint saved in '
+                        f'{os.path.join(workdir, CHECKPOINT_DIR)}; run the same command '
+                        'again to resume', exit_code=128 + signum)
+    peak = _all_reduce([metrics.peak_rss_mb()], device)[0]
+    writer.write_scalars(last, {'peak_rss_mb': peak})
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   if FLAGS.threads:
     torch.set_num_threads(FLAGS.threads)
-  dist.init_process_group('gloo')
+  dist.init_process_group('nccl' if torch.cuda.is_available() else 'gloo')
   try:
     train(FLAGS.config, FLAGS.workdir, FLAGS.parity)
   except UserError as e:
     raise SystemExit(f'error: {e}') from None
+  except Preempted as e:
+    print(str(e))
+    raise SystemExit(e.exit_code) from None
   finally:
     dist.destroy_process_group()
 

@@ -1,0 +1,119 @@
+"""The DDP twin: exact resume after SIGTERM, exact evaluation, the trainer's tags and files."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from baselines.torch_ddp import models as twins
+from baselines.torch_ddp import train as ddp_train
+from tests import helpers
+from tests.test_ddp_parity import ENV, REPO, _free_port
+from trainer import metrics
+
+STEPS = 200
+
+
+def _command(workdir, tfds_data_dir):
+  return [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node=2',
+          f'--master_port={_free_port()}', '-m', 'baselines.torch_ddp.train',
+          '--config=configs/default.py', f'--workdir={workdir}', '--threads=1',
+          f'--config.num_train_steps={STEPS}', '--config.log_every_steps=10',
+          '--config.eval_every_steps=100', '--config.checkpoint_every_steps=100',
+          f'--config.tfds_data_dir={tfds_data_dir}']
+
+
+def _run(workdir, tfds_data_dir):
+  run = subprocess.run(_command(workdir, tfds_data_dir), cwd=REPO, env=ENV,
+                       capture_output=True, text=True, timeout=300, check=False)
+  assert run.returncode == 0, run.stderr[-3000:]
+
+
+def _train_steps(workdir):
+  return [r['step'] for r in metrics.read_jsonl(os.path.join(workdir, metrics.JSONL_NAME))
+          if 'train_loss' in r]
+
+
+@pytest.fixture(scope='module')
+def reference(tmp_path_factory, tfds_data_dir):
+  workdir = str(tmp_path_factory.mktemp('ddp') / 'reference')
+  _run(workdir, tfds_data_dir)
+  return workdir
+
+
+def _load(workdir, step):
+  return torch.load(os.path.join(workdir, 'checkpoints', f'step_{step}.pt'), weights_only=False)
+
+
+def test_sigterm_stops_with_a_checkpoint_and_resume_is_exact(reference, tmp_path,
+                                                             tfds_data_dir):
+  workdir = str(tmp_path / 'run')
+  process = subprocess.Popen(_command(workdir, tfds_data_dir), cwd=REPO, env=ENV,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  jsonl = os.path.join(workdir, metrics.JSONL_NAME)
+  deadline = time.time() + 120
+  while time.time() < deadline and not (os.path.exists(jsonl) and _train_steps(workdir)
+                                        and _train_steps(workdir)[-1] >= 30):
+    time.sleep(0.2)
+  process.send_signal(signal.SIGTERM)  # torchrun passes it on to both ranks.
+  output = process.communicate(timeout=120)[0]
+  assert 'stopped by a signal at step' in output, output[-3000:]
+  stopped_at = ddp_train.checkpoint_steps(workdir)[-1]
+  assert 30 < stopped_at < STEPS
+
+  _run(workdir, tfds_data_dir)  # The same command resumes.
+  final, expected = _load(workdir, STEPS), _load(reference, STEPS)
+  assert final['examples_per_device'] == expected['examples_per_device'] == STEPS * 64
+  for name, tensor in expected['model'].items():
+    assert torch.equal(final['model'][name], tensor), name
+  for index, values in expected['optimizer']['state'].items():
+    assert torch.equal(final['optimizer']['state'][index]['momentum_buffer'],
+                       values['momentum_buffer'])
+  # No gaps or duplicates in metrics.jsonl; the evaluations agree.
+  assert _train_steps(workdir) == _train_steps(reference) == list(range(10, STEPS + 1, 10))
+  scalars, _ = metrics.read_events(workdir)
+  reference_scalars, _ = metrics.read_events(reference)
+  assert scalars['eval_accuracy'] == reference_scalars['eval_accuracy']
+
+
+def test_tags_evaluation_and_memory(reference, config):
+  scalars, plugins = metrics.read_events(reference)
+  assert 'hparams' in plugins
+  for tag in ('train_loss', 'train_accuracy', 'train_grad_norm', 'train_param_norm',
+              'learning_rate', 'examples_per_sec_per_device'):
+    assert sorted(scalars[tag]) == list(range(10, STEPS + 1, 10)), tag
+  assert sorted(scalars['eval_accuracy']) == [100, STEPS]
+  assert list(scalars['first_step_s']) == [1] and list(scalars['peak_rss_mb']) == [STEPS]
+  # Two ranks each hold an interpreter with torch and TensorFlow loaded.
+  assert scalars['peak_rss_mb'][STEPS] > 2 * 300
+  assert scalars['train_loss'][STEPS] < scalars['train_loss'][10]
+
+  # The final evaluation is that of the saved model over the whole split, computed apart.
+  twin = twins.get('cnn', input_shape=(8, 8, 1), num_classes=10, dropout_rate=0.1)
+  twin.load_state_dict(_load(reference, STEPS)['model'])
+  twin.eval()
+  with torch.no_grad():
+    count, loss, accuracy = helpers.reference_eval_of(
+        lambda x: twin(torch.from_numpy(x)).numpy(), config)
+  assert count == 360
+  assert scalars['eval_accuracy'][STEPS] == pytest.approx(accuracy, abs=1e-6)
+  assert scalars['eval_loss'][STEPS] == pytest.approx(loss, rel=1e-5)
+  assert accuracy > 0.9
+
+
+def test_a_workdir_of_another_config_is_refused_untouched(reference, tmp_path, tfds_data_dir):
+  workdir = str(tmp_path / 'copy')
+  shutil.copytree(reference, workdir)
+  before = {p: os.path.getmtime(os.path.join(workdir, p)) for p in os.listdir(workdir)}
+  command = _command(workdir, tfds_data_dir) + ['--config.model=mlp']
+  run = subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True,
+                       timeout=300, check=False)
+  assert run.returncode != 0
+  assert "written under another config (model: 'cnn' -> 'mlp'); use a new --workdir" in (
+      run.stdout + run.stderr)
+  assert {p: os.path.getmtime(os.path.join(workdir, p)) for p in os.listdir(workdir)} == before
