@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, Optional, Sequence
 
 import numpy as np
 import torch
+from flax import traverse_util
 from torch import nn
 from torch.nn import functional as F
 
@@ -259,3 +260,26 @@ def load_flax_params(model: nn.Module, params: Dict[str, Any],
       _copy(layer.weight, kernel, f'{name} kernel')
       if layer.bias is not None:
         _copy(layer.bias, flat_params[name]['bias'], f'{name} bias')
+
+
+def save_flax_variables(path: str, params: Dict[str, Any],
+                        batch_stats: Optional[Dict[str, Any]] = None) -> None:
+  """Writes flax variables to an .npz file ('params/Dense_0/kernel': array, ...)."""
+  tree = {'params': params} if batch_stats is None else {'params': params,
+                                                          'batch_stats': batch_stats}
+  flat = traverse_util.flatten_dict(jax_free(tree), sep='/')
+  np.savez(path, **flat)
+
+
+def jax_free(tree: Any) -> Any:
+  """Nested dicts of numpy arrays (from FrozenDicts or dicts of jax arrays)."""
+  if hasattr(tree, 'items'):
+    return {k: jax_free(v) for k, v in tree.items()}
+  return np.asarray(tree)
+
+
+def load_flax_variables(path: str) -> tuple[Dict[str, Any], Optional[Dict[str, Any]]]:
+  """(params, batch_stats or None) from a file written by `save_flax_variables`."""
+  with np.load(path) as data:
+    tree = traverse_util.unflatten_dict({k: data[k] for k in data.files}, sep='/')
+  return tree['params'], tree.get('batch_stats')

@@ -44,11 +44,18 @@ from trainer import optim
 from trainer.errors import Preempted, UserError
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string('workdir', None, 'Directory for checkpoints, event files and metrics.jsonl.')
-flags.DEFINE_bool('parity', False, 'Start from the JAX model\'s initial params for the seed.')
-flags.DEFINE_integer('threads', 0, 'torch CPU threads per rank; 0 = torch\'s default.')
-config_flags.DEFINE_config_file('config', None, 'Training config file.', lock_config=True)
-flags.mark_flags_as_required(['config', 'workdir'])
+
+
+def _define_flags() -> None:
+  """The command line's flags (defined when run, so that importing this module defines none)."""
+  flags.DEFINE_string('workdir', None, 'Directory for checkpoints, event files and '
+                      'metrics.jsonl.')
+  flags.DEFINE_bool('parity', False, 'Start from the JAX model\'s initial params for the seed.')
+  flags.DEFINE_string('init_variables', None, 'Start from these flax variables (.npz written by '
+                      'models.save_flax_variables; scripts/compare.py writes one).')
+  flags.DEFINE_integer('threads', 0, 'torch CPU threads per rank; 0 = torch\'s default.')
+  config_flags.DEFINE_config_file('config', None, 'Training config file.', lock_config=True)
+  flags.mark_flags_as_required(['config', 'workdir'])
 
 SUPPORTED = dict(optimizer=('sgd', 'adamw'), dtype=('float32',), grad_accum_steps=(1,),
                  ema_decay=(0.0,), init_from=('',), skip_nonfinite_steps=(False,))
@@ -69,7 +76,7 @@ def check_supported(config) -> None:
                     f'{", ".join(sorted(twins.REGISTRY))} (--config.model=NAME)')
 
 
-def _jax_initial_variables(config, input_shape):
+def jax_initial_variables(config, input_shape):
   """The params (and BatchNorm statistics) train.py initializes for this config and seed."""
   init_rng, _ = jax.random.split(jax.random.PRNGKey(config.seed))
   model = models.get(config.model, num_classes=input_pipeline.spec(config.dataset).num_classes,
@@ -170,7 +177,7 @@ def evaluate(model, data: input_pipeline.EvalData, device) -> dict[str, float]:
   return {'eval_loss': loss_sum / count, 'eval_accuracy': correct / count}
 
 
-def train(config, workdir: str, parity: bool) -> None:
+def train(config, workdir: str, parity: bool, init_variables: Optional[str] = None) -> None:
   rank, world = dist.get_rank(), dist.get_world_size()
   checks.check_config(config, process_count=1, local_device_count=world)
   check_supported(config)
@@ -193,8 +200,10 @@ def train(config, workdir: str, parity: bool) -> None:
   model = twins.get(config.model, input_shape=input_shape[1:],
                     num_classes=input_pipeline.spec(config.dataset).num_classes,
                     dropout_rate=config.dropout_rate)
-  if parity and saved is None:
-    twins.load_flax_params(model, *_jax_initial_variables(config, input_shape))
+  if saved is None and init_variables:
+    twins.load_flax_params(model, *twins.load_flax_variables(init_variables))
+  elif saved is None and parity:
+    twins.load_flax_params(model, *jax_initial_variables(config, input_shape))
   torch.manual_seed(config.seed * 1_009 + rank + 1)  # Each rank its own dropout masks.
   if cuda:
     model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
@@ -317,7 +326,7 @@ def main(argv):
     torch.set_num_threads(FLAGS.threads)
   dist.init_process_group('nccl' if torch.cuda.is_available() else 'gloo')
   try:
-    train(FLAGS.config, FLAGS.workdir, FLAGS.parity)
+    train(FLAGS.config, FLAGS.workdir, FLAGS.parity, FLAGS.init_variables)
   except UserError as e:
     raise SystemExit(f'error: {e}') from None
   except Preempted as e:
@@ -328,4 +337,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  _define_flags()
   app.run(main)

@@ -1,0 +1,345 @@
+"""Trains one config with the JAX trainer and with its PyTorch DDP twin, then compares them.
+
+  python scripts/compare.py --config=configs/default.py --workdir=/tmp/compare \
+      [--devices=2] [--threads=0] [--target_accuracy=0.95] [--reuse] [--config.FIELD=VALUE ...]
+
+Both runs get the same config (overrides included), data and batches: JAX as one process with
+`--devices` devices, DDP as `--devices` ranks; the CPU threads are the same in total (XLA's
+pool spans `--threads` cores; each rank gets `--threads / --devices` torch threads). They run
+one after the other, never at once, in DIR/jax and DIR/ddp. Then:
+
+  DIR/report.md    the settings (what was timed and what was not, threads, versions) and a
+                   table: steady-state examples/s, time to first step, time to the target
+                   accuracy, final accuracy, peak memory; one row per run
+  DIR/report.json  the same figures under `jax` and `ddp`, `throughput_ratio_jax_over_ddp`
+  DIR/{loss,accuracy}_vs_{step,time}.png   both runs on each plot
+
+--reuse reports on the runs already in DIR instead of training again; without it, a DIR that
+already holds a run is refused (nothing there is overwritten).
+"""
+
+import json
+import math
+import os
+import platform
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from importlib import metadata
+from typing import Any, Optional
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+# pylint: disable=wrong-import-position
+from baselines.torch_ddp import train as ddp_train
+from trainer import checks
+from trainer import metrics
+from trainer.errors import UserError
+# pylint: enable=wrong-import-position
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string('workdir', None, 'Directory for both runs, the report and the plots.')
+flags.DEFINE_integer('devices', 2, 'JAX devices, and DDP ranks.')
+flags.DEFINE_integer('threads', 0, 'CPU threads in total for each run; 0 = every core.')
+flags.DEFINE_float('target_accuracy', 0.95, 'Eval accuracy whose time to reach is reported.')
+flags.DEFINE_integer('timing_warmup_steps', 50,
+                     'Steps left out of the steady-state rate (besides the first step).')
+flags.DEFINE_bool('reuse', False, 'Report on the runs already in --workdir; train nothing.')
+flags.DEFINE_bool('same_init', True, 'Start DDP from the JAX run\'s initial weights (exported '
+                  'to WORKDIR/init_variables.npz before either run starts).')
+config_flags.DEFINE_config_file('config', None, 'Training config file.', lock_config=True)
+flags.mark_flags_as_required(['config', 'workdir'])
+
+RUNS = {'jax': 'JAX (pmap)', 'ddp': 'PyTorch DDP'}
+LAUNCH_FILE = 'launch.json'
+VERSIONS = ('jax', 'jaxlib', 'flax', 'optax', 'torch', 'tensorflow-cpu', 'tensorflow-datasets')
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def _config_overrides(argv: list[str]) -> list[str]:
+  overrides = [a for a in argv if a.startswith('--config.')]
+  for override in overrides:
+    if '=' not in override:
+      raise UserError(f'{override}: give config overrides as --config.FIELD=VALUE')
+  return overrides
+
+
+def commands(config_path: str, overrides: list[str], workdir: str, devices: int,
+             threads: int, init_variables: Optional[str]) -> dict[str, list[str]]:
+  common = [f'--config={config_path}', *overrides]
+  init = [f'--init_variables={init_variables}'] if init_variables else []
+  return {
+      'jax': [sys.executable, '-m', 'trainer.main', f'--workdir={os.path.join(workdir, "jax")}',
+              f'--cpu_devices={devices}', *common],
+      'ddp': [sys.executable, '-m', 'torch.distributed.run', f'--nproc_per_node={devices}',
+              f'--master_port={_free_port()}', '-m', 'baselines.torch_ddp.train',
+              f'--workdir={os.path.join(workdir, "ddp")}',
+              f'--threads={max(1, threads // devices)}', *init, *common],
+  }
+
+
+def _train(name: str, command: list[str], run_dir: str) -> None:
+  os.makedirs(run_dir)
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+  env['PYTHONPATH'] = os.pathsep.join([REPO] + [p for p in [env.get('PYTHONPATH')] if p])
+  print(f'{name}: {" ".join(command)}', flush=True)
+  launch = time.time()
+  with open(os.path.join(run_dir, 'log.txt'), 'w', encoding='utf-8') as log:
+    code = subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                          check=False).returncode
+  end = time.time()
+  with open(os.path.join(run_dir, LAUNCH_FILE), 'w', encoding='utf-8') as f:
+    json.dump({'command': command, 'launch_time': launch, 'end_time': end, 'exit_code': code},
+              f, indent=1)
+  if code != 0:
+    raise UserError(f'the {name} run failed (exit {code}); its log is '
+                    f'{os.path.join(run_dir, "log.txt")}')
+  print(f'{name}: done in {end - launch:.1f} s', flush=True)
+
+
+def summarize(records: list[dict], launch: dict, num_devices: int, target: float,
+              warmup_steps: int, log_every: int) -> dict[str, Any]:
+  """The report's figures for one run, from its metrics.jsonl records and launch times."""
+  def first(tag):
+    return next((r for r in records if tag in r), None)
+
+  def last(tag):
+    return next((r for r in reversed(records) if tag in r), None)
+
+  # Each log window's rate covers the steps since the previous write, evaluation and saves
+  # left out; a window counts once it starts after the warm-up steps.
+  rates = [r['examples_per_sec_per_device'] * num_devices for r in records
+           if 'examples_per_sec_per_device' in r and r['step'] - log_every >= warmup_steps]
+  reached = next((r for r in records if r.get('eval_accuracy', -1.0) >= target), None)
+  first_step = first('first_step_s')
+  return {
+      'steady_examples_per_sec': statistics.median(rates) if rates else None,
+      'timed_windows': len(rates),
+      'time_to_first_step_s': first_step['wall_time'] - launch['launch_time'],
+      'first_step_s': first_step['first_step_s'],
+      'time_to_target_s': reached['wall_time'] - launch['launch_time'] if reached else None,
+      'steps_to_target': reached['step'] if reached else None,
+      'final_eval_accuracy': last('eval_accuracy')['eval_accuracy'],
+      'final_eval_loss': last('eval_loss')['eval_loss'],
+      'final_train_loss': last('train_loss')['train_loss'],
+      'peak_memory_mb': last('peak_rss_mb')['peak_rss_mb'],
+      'total_wall_s': launch['end_time'] - launch['launch_time'],
+      'steps': last('train_loss')['step'],
+  }
+
+
+def _versions() -> dict[str, str]:
+  found = {'python': platform.python_version()}
+  for package in VERSIONS:
+    try:
+      found[package] = metadata.version(package)
+    except metadata.PackageNotFoundError:
+      pass
+  return found
+
+
+def _fmt(value: Optional[float], digits: int = 1) -> str:
+  if value is None or (isinstance(value, float) and math.isnan(value)):
+    return 'not reached'
+  return f'{value:,.{digits}f}'
+
+
+def markdown(report: dict) -> str:
+  s = report['settings']
+  target = s['target_accuracy']
+  lines = [
+      f'# {RUNS["jax"]} vs {RUNS["ddp"]}: `{s["config"]}`', '',
+      f'Overrides: `{" ".join(s["overrides"]) or "none"}`. Model `{s["model"]}`, dataset '
+      f'`{s["dataset"]}`, global batch {s["batch_size"]}, {s["num_train_steps"]} steps, '
+      f'{s["optimizer"]}, dtype {s["dtype"]}; both runs read the same TFDS pipeline (rank or '
+      'device r reads part r of the train split, in the same order).', '',
+      '**How it was measured.**',
+      f'- Devices: JAX runs as 1 process with {s["devices"]} {s["jax_platform"]} devices, XLA\'s '
+      f'thread pool over {s["threads"]} cores; DDP runs as {s["devices"]} ranks '
+      f'({s["ddp_backend"]}) with {s["ddp_threads_per_rank"]} torch thread(s) each. Machine: '
+      f'{s["machine"]}. The runs went one after the other, never at once.',
+      '- Initial weights: ' + ('the same in both (the JAX model\'s init for the seed, loaded '
+                               'into the torch twin).' if s['same_init'] else
+                               'each framework\'s own init (--nosame_init).'),
+      f'- Steady-state examples/s: median over log windows (every {s["log_every_steps"]} steps) '
+      f'of examples / wall time, windows starting after step {s["timing_warmup_steps"]} only. '
+      'Left out of it: the first step (JAX: tracing and XLA compilation; torch: first-call '
+      'allocations), the warm-up steps, evaluations and checkpoint saves.',
+      '- Time to first step and time to target are from process launch: interpreter start, '
+      'imports, input pipeline start and compilation are included (the dataset was prepared '
+      'on disk before either run).',
+      '- Peak memory: peak resident host memory, summed over the run\'s processes.',
+      '- Versions: ' + ', '.join(f'{k} {v}' for k, v in s['versions'].items()) + '.',
+  ]
+  if s['batchnorm_note']:
+    lines.append(f'- {s["batchnorm_note"]}')
+  lines += [
+      '', f'| run | examples/s (steady) | time to first step (s) | first step (s) | time to '
+      f'{target:g} eval acc. (s) | final eval acc. | peak memory (MiB) | total (s) |',
+      '|---|---:|---:|---:|---:|---:|---:|---:|']
+  for key, title in RUNS.items():
+    r = report[key]
+    lines.append(
+        f'| {title} | {_fmt(r["steady_examples_per_sec"], 0)} | '
+        f'{_fmt(r["time_to_first_step_s"], 2)} | {_fmt(r["first_step_s"], 2)} | '
+        f'{_fmt(r["time_to_target_s"], 2)} | {r["final_eval_accuracy"]:.4f} | '
+        f'{_fmt(r["peak_memory_mb"], 0)} | {_fmt(r["total_wall_s"], 1)} |')
+  lines += ['', f'Throughput ratio JAX / DDP: **{report["throughput_ratio_jax_over_ddp"]:.2f}**'
+            ' (steady-state examples/s).', '',
+            'Curves: `loss_vs_step.png`, `accuracy_vs_step.png`, `loss_vs_time.png`, '
+            '`accuracy_vs_time.png`.', '']
+  return '\n'.join(lines)
+
+
+def plot(runs: dict[str, tuple[list[dict], dict]], out_dir: str) -> list[str]:
+  """Loss and accuracy (train lines, eval markers) against step and against wall time."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+  written = []
+  for quantity in ('loss', 'accuracy'):
+    for axis in ('step', 'time'):
+      fig, ax = plt.subplots(figsize=(7, 4.5))
+      for (key, (records, launch)), color in zip(runs.items(), ('tab:blue', 'tab:orange')):
+        for split, style in (('train', '-'), ('eval', 'o--')):
+          tag = f'{split}_{quantity}'
+          points = [r for r in records if tag in r]
+          x = [r['step'] if axis == 'step' else r['wall_time'] - launch['launch_time']
+               for r in points]
+          ax.plot(x, [r[tag] for r in points], style, color=color,
+                  label=f'{RUNS[key]} {split}')
+      ax.set_xlabel('step' if axis == 'step' else 'seconds since launch')
+      ax.set_ylabel(quantity)
+      if quantity == 'loss':
+        ax.set_yscale('log')
+      ax.grid(alpha=0.3)
+      ax.legend()
+      ax.set_title(f'{quantity} vs {"step" if axis == "step" else "wall time"}')
+      path = os.path.join(out_dir, f'{quantity}_vs_{axis}.png')
+      fig.tight_layout()
+      fig.savefig(path, dpi=100)
+      plt.close(fig)
+      written.append(path)
+  return written
+
+
+def _jax_platform(run_dir: str) -> str:
+  """The platform the JAX run used, from the line its log starts with."""
+  with open(os.path.join(run_dir, 'log.txt'), encoding='utf-8') as f:
+    found = re.search(r'local and \d+ global (\w+) devices', f.read())
+  return found.group(1) if found else 'unknown'
+
+
+def _read_run(run_dir: str) -> tuple[list[dict], dict]:
+  with open(os.path.join(run_dir, LAUNCH_FILE), encoding='utf-8') as f:
+    launch = json.load(f)
+  return metrics.read_jsonl(os.path.join(run_dir, metrics.JSONL_NAME)), launch
+
+
+def _export_init(config, path: str) -> None:
+  """The JAX run's initial variables for the config's seed, for the DDP run to start from.
+  Preparing the dataset here also spares both runs that work."""
+  from baselines.torch_ddp import models as twins  # pylint: disable=import-outside-toplevel
+  from trainer import input_pipeline  # pylint: disable=import-outside-toplevel
+  from trainer import optim  # pylint: disable=import-outside-toplevel
+  builder = input_pipeline.get_builder(config)
+  config = optim.resolve_durations(config, input_pipeline.num_examples(builder,
+                                                                       config.train_split))
+  twins.save_flax_variables(path, *ddp_train.jax_initial_variables(
+      config, input_pipeline.input_shape(config, builder)))
+
+
+def compare(config, config_path: str, overrides: list[str], workdir: str, devices: int,
+            threads: int, target: float, warmup_steps: int, reuse: bool,
+            same_init: bool = True) -> dict:
+  """Checks everything, trains both runs (unless `reuse`), writes the report and plots."""
+  threads = threads or os.cpu_count()
+  if devices < 1 or threads < devices:
+    raise UserError(f'--devices={devices} --threads={threads}: need at least one device and '
+                    'a thread per device (e.g. --devices=2 --threads=2)')
+  checks.check_config(config, process_count=1, local_device_count=devices)
+  ddp_train.check_supported(config)
+  run_dirs = {key: os.path.join(workdir, key) for key in RUNS}
+  if reuse:
+    for key, run_dir in run_dirs.items():
+      if not os.path.exists(os.path.join(run_dir, LAUNCH_FILE)):
+        raise UserError(f'--reuse: {run_dir} holds no finished {key} run; run without --reuse')
+  else:
+    for key, run_dir in run_dirs.items():
+      if os.path.exists(run_dir):
+        raise UserError(f'{run_dir} already holds a {key} run; pass --reuse to report on it, '
+                        'or choose a new --workdir')
+    os.makedirs(workdir, exist_ok=True)
+    init_path = os.path.join(workdir, 'init_variables.npz') if same_init else None
+    if init_path:
+      _export_init(config, init_path)
+    for key, command in commands(config_path, overrides, workdir, devices, threads,
+                                 init_path).items():
+      _train(key, command, run_dirs[key])
+
+  runs = {key: _read_run(run_dir) for key, run_dir in run_dirs.items()}
+  import torch  # pylint: disable=import-outside-toplevel
+  report = {key: summarize(records, launch, devices, target, warmup_steps,
+                           config.log_every_steps)
+            for key, (records, launch) in runs.items()}
+  jax_rate, ddp_rate = (report[k]['steady_examples_per_sec'] for k in ('jax', 'ddp'))
+  report['throughput_ratio_jax_over_ddp'] = (jax_rate / ddp_rate if jax_rate and ddp_rate
+                                             else None)
+  resnet = config.model.startswith('resnet')
+  cuda = torch.cuda.is_available()
+  report['settings'] = {
+      'config': os.path.relpath(config_path, REPO) if os.path.isabs(config_path)
+                else config_path,
+      'overrides': overrides, 'model': config.model, 'dataset': config.dataset,
+      'batch_size': config.batch_size, 'num_train_steps': config.num_train_steps,
+      'optimizer': config.optimizer, 'dtype': config.dtype,
+      'log_every_steps': config.log_every_steps, 'devices': devices, 'threads': threads,
+      'ddp_threads_per_rank': max(1, threads // devices),
+      'ddp_backend': 'nccl' if cuda else 'gloo',
+      'jax_platform': _jax_platform(run_dirs['jax']),
+      'timing_warmup_steps': warmup_steps, 'target_accuracy': target,
+      'same_init': '--init_variables' in ' '.join(runs['ddp'][1]['command']),
+      'machine': f'{platform.machine()}, {os.cpu_count()} cores, {platform.system()}',
+      'versions': _versions(),
+      'batchnorm_note': ('BatchNorm: JAX averages batch statistics over the devices; torch '
+                         'has no cross-process BatchNorm on CPU, so each DDP rank uses its '
+                         'own batch\'s statistics.' if resnet and not cuda else ''),
+  }
+  with open(os.path.join(workdir, 'report.json'), 'w', encoding='utf-8') as f:
+    json.dump(report, f, indent=1)
+  with open(os.path.join(workdir, 'report.md'), 'w', encoding='utf-8') as f:
+    f.write(markdown(report))
+  plot(runs, workdir)
+  return report
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  try:
+    config_path = config_flags.get_config_filename(FLAGS['config'])
+    report = compare(FLAGS.config, config_path, _config_overrides(sys.argv[1:]),
+                     FLAGS.workdir, FLAGS.devices, FLAGS.threads, FLAGS.target_accuracy,
+                     FLAGS.timing_warmup_steps, FLAGS.reuse, FLAGS.same_init)
+  except UserError as e:
+    raise SystemExit(f'error: {e}') from None
+  print(markdown(report))
+  print(f'written: {os.path.join(FLAGS.workdir, "report.md")}, report.json and 4 plots')
+
+
+if __name__ == '__main__':
+  app.run(main)

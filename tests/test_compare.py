@@ -1,0 +1,98 @@
+"""scripts/compare.py: both runs, the report, its JSON and the plots; reuse; bad input."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import matplotlib.image
+import pytest
+
+from tests.test_ddp_parity import ENV, REPO
+
+STEPS = 200
+
+
+def _compare(workdir, tfds_data_dir, *extra):
+  return subprocess.run(
+      [sys.executable, 'scripts/compare.py', '--config=configs/default.py',
+       f'--workdir={workdir}', '--target_accuracy=0.5', '--timing_warmup_steps=25',
+       f'--config.num_train_steps={STEPS}', '--config.log_every_steps=25',
+       '--config.eval_every_steps=50', '--config.checkpoint_every_steps=100',
+       f'--config.tfds_data_dir={tfds_data_dir}', *extra],
+      cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600, check=False)
+
+
+@pytest.fixture(scope='module')
+def compared(tmp_path_factory, tfds_data_dir):
+  workdir = str(tmp_path_factory.mktemp('compare') / 'cnn')
+  run = _compare(workdir, tfds_data_dir)
+  assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+  return workdir
+
+
+def test_report_json_and_table_hold_both_runs(compared):
+  with open(os.path.join(compared, 'report.json')) as f:
+    report = json.load(f)
+  for key in ('jax', 'ddp'):
+    run = report[key]
+    assert run['steps'] == STEPS
+    assert run['steady_examples_per_sec'] > 100
+    # Windows that start at or after the 25 warm-up steps: those ending at 50, 75, ..., 200.
+    assert run['timed_windows'] == 7
+    assert 0 < run['first_step_s'] < run['time_to_first_step_s'] < run['total_wall_s']
+    assert run['time_to_first_step_s'] < run['time_to_target_s'] < run['total_wall_s']
+    assert run['steps_to_target'] in (50, 100, 150, 200)
+    assert 0.5 <= run['final_eval_accuracy'] <= 1.0
+    assert run['peak_memory_mb'] > 300
+  assert report['throughput_ratio_jax_over_ddp'] == pytest.approx(
+      report['jax']['steady_examples_per_sec'] / report['ddp']['steady_examples_per_sec'])
+  settings = report['settings']
+  assert settings['devices'] == 2 and settings['same_init']
+  assert settings['ddp_threads_per_rank'] * 2 == settings['threads'] == os.cpu_count()
+  assert {'jax', 'torch', 'flax', 'python'} <= set(settings['versions'])
+
+  with open(os.path.join(compared, 'report.md')) as f:
+    text = f.read()
+  number = r'[\d,]+(\.\d+)?'
+  for title, key in (('JAX \\(pmap\\)', 'jax'), ('PyTorch DDP', 'ddp')):
+    row = re.search(rf'^\| {title} \|(.*)\|$', text, re.M)
+    assert row, text
+    cells = [c.strip() for c in row.group(1).split('|')]
+    assert len(cells) == 7 and all(re.fullmatch(number, c) for c in cells), cells
+    assert cells[4] == f'{report[key]["final_eval_accuracy"]:.4f}'
+  assert 'Left out of it: the first step' in text and 'torch 2.13.0' in text
+  assert f'**{report["throughput_ratio_jax_over_ddp"]:.2f}**' in text
+
+
+def test_plots_are_images_with_content(compared):
+  for name in ('loss_vs_step', 'accuracy_vs_step', 'loss_vs_time', 'accuracy_vs_time'):
+    image = matplotlib.image.imread(os.path.join(compared, f'{name}.png'))
+    assert image.shape[0] > 200 and image.shape[1] > 300
+    assert image[..., :3].std() > 0.05  # Not a blank canvas.
+
+
+def test_reuse_reports_without_training_and_runs_are_never_overwritten(compared,
+                                                                       tfds_data_dir):
+  logs = {k: os.path.getmtime(os.path.join(compared, k, 'metrics.jsonl')) for k in ('jax', 'ddp')}
+  with open(os.path.join(compared, 'report.json')) as f:
+    before = json.load(f)
+  refused = _compare(compared, tfds_data_dir)
+  assert refused.returncode != 0
+  assert f'{compared}/jax already holds a jax run; pass --reuse' in refused.stderr
+  again = _compare(compared, tfds_data_dir, '--reuse')
+  assert again.returncode == 0, again.stderr[-3000:]
+  with open(os.path.join(compared, 'report.json')) as f:
+    after = json.load(f)
+  assert after['jax'] == before['jax'] and after['ddp'] == before['ddp']
+  assert logs == {k: os.path.getmtime(os.path.join(compared, k, 'metrics.jsonl'))
+                  for k in ('jax', 'ddp')}
+
+
+def test_a_config_the_twin_lacks_is_refused_before_any_run(tmp_path, tfds_data_dir):
+  workdir = tmp_path / 'bad'
+  run = _compare(str(workdir), tfds_data_dir, '--config.optimizer=lamb')
+  assert run.returncode != 0
+  assert "error: optimizer='lamb' has no DDP twin yet" in run.stderr
+  assert not workdir.exists()
