@@ -61,6 +61,10 @@ def get_config() -> ml_collections.ConfigDict:
   # Misc.
   config.seed = 0  # Seeds init, dropout and the data order.
   config.profile = False  # Capture a profiler trace of a few steps into the workdir.
+  config.step_backend = 'pmap'  # 'pmap' or 'shard_map' (jax.jit + jax.shard_map): same step.
+  # JAX's persistent compilation cache (path or gs://): a restart loads compiled steps from it
+  # instead of compiling again; '' = off.
+  config.compilation_cache_dir = ''
 
   config.lock()
   return config

@@ -74,8 +74,9 @@ def _run_until_logged(process, step):
   raise AssertionError('run ended before step %d:\n%s' % (step, ''.join(lines[-20:])))
 
 
-@pytest.mark.parametrize('how,after_step', [
-    ('SIGTERM', 40), ('SIGTERM', 160), ('SIGKILL', 80), ('SIGKILL', 230)])
+# A SIGTERM (the run saves where it stops) and a kill -9 (it resumes from the last periodic
+# checkpoint and trains the steps after it again).
+@pytest.mark.parametrize('how,after_step', [('SIGTERM', 40), ('SIGKILL', 230)])
 def test_stopped_run_resumes_to_identical_params(reference, tfds_data_dir, tmp_path, how,
                                                  after_step):
   ref_state, ref_scalars = reference

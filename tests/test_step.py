@@ -114,3 +114,43 @@ def test_dropout_differs_per_device(config):
           parallel.replicate(jax.random.PRNGKey(1), devices))
   kernel = np.asarray(grads_per_device['Dense_0']['kernel'])
   assert not np.allclose(kernel[0], kernel[1])
+
+
+@pytest.mark.parametrize('model_name', ['cnn', 'resnet_tiny'])
+def test_shard_map_backend_equals_pmap(config, model_name):
+  """jit + shard_map and pmap run the same step: same params, BatchNorm statistics and
+  metrics after a few steps (dropout on, so the per-device RNG folding must agree too)."""
+  devices = jax.devices()[:4]
+  config.model = model_name
+  config.warmup_steps = 0
+  config.dropout_rate = 0.2
+  schedule = optim.learning_rate_schedule(config)
+  model = models.get(model_name, num_classes=10, dropout_rate=0.2,
+                     axis_name=parallel.AXIS_NAME)
+  state = state_lib.create_train_state(
+      model, optim.create_optimizer(config, schedule), jax.random.PRNGKey(0), (1, 8, 8, 1))
+  results = {}
+  for backend in step_lib.BACKENDS:
+    config.step_backend = backend
+    p_train_step = step_lib.make_p_train_step(schedule, devices, config)
+    p_eval_step = step_lib.make_p_eval_step(devices, backend)
+    rstate = parallel.replicate(state, devices)
+    rng = parallel.replicate(jax.random.PRNGKey(1), devices)
+    losses = []
+    for batch in _batches(3):
+      rstate, step_metrics = p_train_step(rstate, parallel.shard(batch, 4), rng)
+      losses.append(float(parallel.unreplicate(step_metrics).compute()['loss']))
+    eval_batch = dict(_batches(1, seed=5)[0], mask=np.ones(GLOBAL_BATCH, np.float32))
+    evaluation = p_eval_step(rstate, parallel.shard(eval_batch, 4))
+    results[backend] = (parallel.unreplicate(rstate), losses,
+                        parallel.unreplicate(evaluation).compute())
+  (pmap_state, pmap_losses, pmap_eval), (sm_state, sm_losses, sm_eval) = (
+      results['pmap'], results['shard_map'])
+  assert int(sm_state.step) == 3
+  _assert_trees_close(sm_state.params, pmap_state.params)
+  _assert_trees_close(sm_state.batch_stats, pmap_state.batch_stats)
+  _assert_trees_close(sm_state.opt_state, pmap_state.opt_state)
+  np.testing.assert_allclose(sm_losses, pmap_losses, rtol=1e-6)
+  assert pmap_losses[0] != pmap_losses[-1]
+  np.testing.assert_allclose(float(sm_eval['loss']), float(pmap_eval['loss']), rtol=1e-6)
+  assert float(sm_eval['accuracy']) == float(pmap_eval['accuracy'])

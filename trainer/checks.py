@@ -5,6 +5,7 @@ import os
 import models
 from trainer import input_pipeline
 from trainer import optim
+from trainer import step as step_lib
 from trainer.errors import UserError
 
 _POSITIVE_FIELDS = ('batch_size', 'eval_batch_size', 'log_every_steps', 'eval_every_steps',
@@ -30,6 +31,10 @@ def check_config(config, *, process_count: int, local_device_count: int) -> None
   _choice('dataset', config.dataset, input_pipeline.names())
   _choice('optimizer', config.optimizer, optim.OPTIMIZERS)
   _choice('dtype', config.dtype, DTYPES)
+  _choice("step_backend", config.step_backend, step_lib.BACKENDS)
+  if config.step_backend == 'shard_map' and process_count > 1:
+    raise UserError("step_backend='shard_map' runs in single-process runs only for now; use "
+                    "--config.step_backend=pmap for several processes")
   if not 0 <= config.label_smoothing < 1:
     raise UserError(f'label_smoothing={config.label_smoothing} must be in [0, 1) '
                     '(--config.label_smoothing=X)')

@@ -1,7 +1,8 @@
-"""Pure train and eval steps, written for `jax.pmap` over the axis `AXIS_NAME`.
+"""Pure train and eval steps, written for one device of a data-parallel axis `AXIS_NAME`.
 
 Nothing here touches files or the host; `make_p_train_step` / `make_p_eval_step` are the one
-place `pmap` is applied.
+place the steps are mapped over devices: `jax.pmap`, or `jax.jit` + `jax.shard_map`
+(`config.step_backend`).
 """
 
 import functools
@@ -9,8 +10,10 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax import lax
+from jax.sharding import PartitionSpec as P
 
 from trainer.metrics import EvalMetrics, ScaledTrainMetrics, TrainMetrics
 from trainer.parallel import AXIS_NAME
@@ -126,16 +129,42 @@ def eval_step(state: TrainState, batch: dict) -> EvalMetrics:
       loss=cross_entropy(logits, batch['label']), mask=batch['mask'])
 
 
+BACKENDS = ('pmap', 'shard_map')
+
+
+def _over_devices(fn: Callable, devices, backend: str, donate_argnums=()) -> Callable:
+  """`fn` (one device's step) mapped over `devices` along AXIS_NAME.
+
+  Both backends take and return the same layout: every argument and output has a leading
+  axis of one row per device, sharded over the devices (what `parallel.replicate` and
+  `parallel.shard` make). 'pmap' is `jax.pmap`; 'shard_map' is `jax.jit` of `jax.shard_map`
+  over a one-axis mesh, each device's block being its row.
+  """
+  if backend == 'pmap':
+    return jax.pmap(fn, axis_name=AXIS_NAME, devices=devices, donate_argnums=donate_argnums)
+  mesh = jax.sharding.Mesh(np.asarray(devices if devices is not None else jax.devices()),
+                           (AXIS_NAME,))
+
+  def per_device(*args):
+    out = fn(*jax.tree.map(lambda x: x[0], args))  # Each device's block is (1, ...).
+    return jax.tree.map(lambda x: x[None], out)
+
+  mapped = jax.shard_map(per_device, mesh=mesh, in_specs=P(AXIS_NAME), out_specs=P(AXIS_NAME))
+  return jax.jit(mapped, donate_argnums=donate_argnums)
+
+
 def make_p_train_step(learning_rate_fn: optax.Schedule, devices, config=None) -> Callable:
-  """`train_step` under pmap with the config's step options; the state's buffers are donated."""
-  options = {}
+  """`train_step` over `devices` with the config's step options and backend (pmap by
+  default); the state's buffers are donated."""
+  options, backend = {}, 'pmap'
   if config is not None:
     options = dict(skip_nonfinite=config.skip_nonfinite_steps,
                    label_smoothing=config.label_smoothing,
                    grad_accum_steps=config.grad_accum_steps, ema_decay=config.ema_decay)
-  return jax.pmap(functools.partial(train_step, learning_rate_fn=learning_rate_fn, **options),
-                  axis_name=AXIS_NAME, devices=devices, donate_argnums=(0,))
+    backend = config.step_backend
+  return _over_devices(functools.partial(train_step, learning_rate_fn=learning_rate_fn,
+                                         **options), devices, backend, donate_argnums=(0,))
 
 
-def make_p_eval_step(devices) -> Callable:
-  return jax.pmap(eval_step, axis_name=AXIS_NAME, devices=devices)
+def make_p_eval_step(devices, backend: str = 'pmap') -> Callable:
+  return _over_devices(eval_step, devices, backend)

@@ -204,12 +204,24 @@ def _start(config, checkpointer, init, input_shape, workdir: str) -> _Start:
   return _Start(state, step_rng, config.seed, 0, None)
 
 
+def use_compilation_cache(cache_dir: str) -> None:
+  """Turns on JAX's persistent compilation cache in `cache_dir`, for every compiled program
+  (the default thresholds skip programs that compile in under a second)."""
+  from jax.experimental.compilation_cache import compilation_cache  # pylint: disable=import-outside-toplevel
+  jax.config.update('jax_compilation_cache_dir', cache_dir)
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
+  jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
+  compilation_cache.reset_cache()  # Takes the directory even if something compiled before.
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> state_lib.TrainState:
   """Trains `config` in `workdir` (resuming from its newest checkpoint); returns the state."""
   devices = jax.local_devices()
   process_index, process_count = jax.process_index(), jax.process_count()
   checks.check_config(config, process_count=process_count, local_device_count=len(devices))
   checks.check_workdir(workdir)
+  if config.compilation_cache_dir:
+    use_compilation_cache(config.compilation_cache_dir)
   split_args = dict(process_index=process_index, process_count=process_count)
   builder = input_pipeline.get_builder(config, process_index=process_index)
   config = optim.resolve_durations(
@@ -253,7 +265,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> state
   # devices are all of them.
   pmap_devices = devices if process_count == 1 else None
   p_train_step = step_lib.make_p_train_step(schedule, pmap_devices, config)
-  p_eval_step = step_lib.make_p_eval_step(pmap_devices)
+  p_eval_step = step_lib.make_p_eval_step(pmap_devices, config.step_backend)
   rstate = parallel.replicate(start.state, devices)
   rng = parallel.replicate(start.step_rng, devices)
   batches = device_batches(train_ds, devices)
