@@ -190,33 +190,52 @@ def _epoch_seed(seed: int, epoch: tf.Tensor) -> tf.Tensor:
 
 def _device_stream(config, builder, part: str, seed: int, start_example: int,
                    batch_size: int) -> tf.data.Dataset:
-  """Endless batches of one device's part of the train split, from `start_example` on."""
-  raw = builder.as_dataset(split=part, shuffle_files=False,
-                           read_config=tfds.ReadConfig(options=_options(config)),
-                           decoders={'image': tfds.decode.SkipDecoding()})
+  """Endless batches of one device's part of the train split, from `start_example` on.
+
+  With `config.cache`, datasets without decode-time cropping keep their decoded images in
+  memory after the first pass, so later epochs neither read nor decode; ImageNet-style
+  pipelines keep encoded images and decode (and crop) after shuffling and skipping. Either way
+  the order is a function of (seed, epoch) only. Normalization runs on whole batches.
+  """
+  ds_spec = spec(config.dataset)
+  decode_in_cache = config.cache and ds_spec.augment != 'inception'
+  raw = builder.as_dataset(
+      split=part, shuffle_files=False, read_config=tfds.ReadConfig(options=_options(config)),
+      decoders=None if decode_in_cache else {'image': tfds.decode.SkipDecoding()})
+  raw = raw.map(lambda example: {'image': example['image'], 'label': example['label']})
   if config.cache:
     raw = raw.cache()
   epoch_size = _num_examples(raw)
   start_epoch, offset = divmod(start_example, epoch_size)
+  augmented = ds_spec.augment != 'none'
 
   def epoch(e):
     shuffled = raw.shuffle(min(config.shuffle_buffer_size, epoch_size),
                            seed=_epoch_seed(seed, e), reshuffle_each_iteration=False)
+    if not augmented:
+      return shuffled
     # Each example's augmentation seed is its place in the stream: (seed, epoch, index).
     return shuffled.enumerate().map(
-        lambda i, example: (tf.stack([_epoch_seed(seed, e), i]), example))
+        lambda i, example: dict(example, seed=tf.stack([_epoch_seed(seed, e), i])))
 
-  ds_spec = spec(config.dataset)
-  decode_image = builder.info.features['image'].decode_example
+  decode_image = ((lambda image: image) if decode_in_cache
+                  else builder.info.features['image'].decode_example)
 
-  def decode(example_seed, example):
-    image = _train_augment(example['image'], example_seed, ds_spec, decode_image)
-    return {'image': _normalize(image, ds_spec), 'label': tf.cast(example['label'], tf.int32)}
+  def prepare(example):
+    if augmented:
+      image = _train_augment(example['image'], example['seed'], ds_spec, decode_image)
+    else:
+      image = decode_image(example['image'])
+    return {'image': image, 'label': example['label']}
 
   ds = tf.data.Dataset.range(start_epoch, np.iinfo(np.int64).max).flat_map(epoch)
   ds = ds.skip(offset)
-  ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE)
-  return ds.batch(batch_size, drop_remainder=True)
+  if augmented or not decode_in_cache:
+    ds = ds.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
+  ds = ds.batch(batch_size, drop_remainder=True)
+  return ds.map(lambda batch: {'image': _normalize(batch['image'], ds_spec),
+                               'label': tf.cast(batch['label'], tf.int32)},
+                num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def train_dataset(config, builder, *, device_slots: Sequence[int] = (0,), num_slots: int = 1,

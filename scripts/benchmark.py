@@ -1,0 +1,430 @@
+"""Measures the trainer against its limit, its input pipeline and the PyTorch DDP twin.
+
+  python scripts/benchmark.py --config=configs/default.py [--json=PATH] \
+      [--jax_devices=1,2] [--ddp_ranks=1,2] [--steps=40] [--config.FIELD=VALUE ...]
+
+For one config, in one invocation (each part in a fresh process, one after the other):
+
+  limit    the bare train step (both backends: pmap and jit + shard_map) on device-resident
+           synthetic batches; median of per-chunk rates over >= `steps` steps after warm-up
+  trainer  `train_and_evaluate` itself: the real input pipeline, metrics, writers and the
+           config's checkpoint cadence; examples/s from metrics.jsonl's wall times over the
+           log windows after the first (which holds compilation)
+  input    batches/s the input pipeline alone delivers (decode, augment, batch, shard)
+  ddp      the PyTorch DDP twin, same model, global batch and cores in total
+  cache    time to first step of a start with an empty persistent compilation cache, then of a
+           second start with it filled
+
+JAX runs once per count in --jax_devices and DDP once per count in --ddp_ranks; each side's
+fastest is the one compared, and every count's figures are kept in the JSON. Compile time is
+reported apart from the step rates; FLOPs per step come from XLA's cost analysis.
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Optional
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string('json', None, 'Write the figures here as JSON.')
+flags.DEFINE_list('jax_devices', None, 'JAX device counts to try (CPU); default: 1 and the '
+                  'number of cores.')
+flags.DEFINE_list('ddp_ranks', None, 'DDP rank counts to try; default: 1 and the number of '
+                  'cores. Empty (--ddp_ranks=) skips DDP.')
+flags.DEFINE_integer('steps', 40, 'Timed steps per measurement (after warm-up).')
+flags.DEFINE_integer('warmup_steps', 5, 'Untimed steps after the first (compiling) one.')
+flags.DEFINE_bool('mock_data', False, 'JAX parts read `tfds.testing.mock_data` (random '
+                  'examples of the dataset\'s shapes: no download). DDP is then skipped.')
+flags.DEFINE_string('part', None, 'Internal: run one part in this process (jax, cache).')
+flags.DEFINE_integer('cpu_devices', None, 'Internal: CPU devices of a --part=jax process.')
+flags.DEFINE_string('out', None, 'Internal: where a part process writes its JSON.')
+config_flags.DEFINE_config_file('config', None, 'Training config file.', lock_config=True)
+flags.mark_flags_as_required(['config'])
+
+# Dense peak FLOP/s per chip (bf16) for MFU, where known; CPUs have no entry.
+PEAK_FLOPS = {'TPU v4': 275e12, 'TPU v5 lite': 197e12, 'TPU v5e': 197e12, 'TPU v5p': 459e12,
+              'NVIDIA A100': 312e12, 'NVIDIA H100': 989e12, 'NVIDIA H200': 989e12}
+
+
+def _median_rate(chunk_seconds: list[float], examples_per_chunk: int) -> float:
+  return examples_per_chunk / statistics.median(chunk_seconds)
+
+
+def _peak_flops(device) -> Optional[float]:
+  kind = getattr(device, 'device_kind', '')
+  return next((v for k, v in PEAK_FLOPS.items() if kind.startswith(k)), None)
+
+
+def _measure_limit(config, backend: str, steps: int, warmup: int) -> dict[str, Any]:
+  """The bare step on one synthetic batch kept on the devices: the most the loop can reach."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import models  # pylint: disable=import-outside-toplevel
+  from trainer import input_pipeline, optim, parallel  # pylint: disable=import-outside-toplevel
+  from trainer import state as state_lib  # pylint: disable=import-outside-toplevel
+  from trainer import step as step_lib  # pylint: disable=import-outside-toplevel
+
+  devices = jax.local_devices()
+  builder = input_pipeline.get_builder(config)
+  config = optim.resolve_durations(config, input_pipeline.num_examples(builder,
+                                                                       config.train_split))
+  config.step_backend = backend
+  spec = input_pipeline.spec(config.dataset)
+  shape = (config.batch_size,) + input_pipeline.input_shape(config, builder)[1:]
+  schedule = optim.learning_rate_schedule(config)
+  model = models.get(config.model, num_classes=spec.num_classes, dropout_rate=config.dropout_rate,
+                     dtype=jnp.dtype(config.dtype), axis_name=parallel.AXIS_NAME)
+  state = state_lib.create_train_state(model, optim.create_optimizer(config, schedule),
+                                       jax.random.PRNGKey(0), (1,) + shape[1:],
+                                       loss_scaling=config.dtype == 'float16',
+                                       ema=config.ema_decay > 0)
+  rng = np.random.RandomState(0)
+  batch = {'image': rng.rand(*shape).astype(np.float32),
+           'label': rng.randint(0, spec.num_classes, config.batch_size).astype(np.int32)}
+  sharded = jax.device_put(parallel.shard(batch, len(devices)),
+                           parallel.device_sharding(devices))
+  rstate = parallel.replicate(state, devices)
+  step_rng = parallel.replicate(jax.random.PRNGKey(1), devices)
+  p_train_step = step_lib.make_p_train_step(schedule, devices, config)
+
+  start = time.perf_counter()
+  compiled = p_train_step.lower(rstate, sharded, step_rng).compile()
+  compile_s = time.perf_counter() - start
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  flops = float(cost.get('flops', 0.0)) if cost else 0.0
+  for _ in range(warmup + 1):
+    rstate, metrics = p_train_step(rstate, sharded, step_rng)
+  jax.block_until_ready(metrics)
+  chunk, chunks = 10, max(3, -(-steps // 10))
+  seconds = []
+  for _ in range(chunks):
+    start = time.perf_counter()
+    for _ in range(chunk):
+      rstate, metrics = p_train_step(rstate, sharded, step_rng)
+    jax.block_until_ready((rstate, metrics))
+    seconds.append(time.perf_counter() - start)
+  rate = _median_rate(seconds, chunk * config.batch_size)
+  # A pmap/shard_map program is one device's; the step runs it on every device.
+  step_flops = flops * len(devices) if flops else None
+  peak = _peak_flops(devices[0])
+  return {'examples_per_sec': rate, 'step_s': config.batch_size / rate, 'compile_s': compile_s,
+          'timed_steps': chunk * chunks, 'flops_per_step': step_flops,
+          'mfu': (step_flops * rate / config.batch_size / (peak * len(devices))
+                  if step_flops and peak else None)}
+
+
+def _measure_input(config, steps: int, warmup: int) -> dict[str, Any]:
+  """Batches/s of the training input pipeline alone, sharded as the loop shards them."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  from trainer import input_pipeline, parallel  # pylint: disable=import-outside-toplevel
+
+  devices = jax.local_devices()
+  builder = input_pipeline.get_builder(config)
+  ds = input_pipeline.train_dataset(config, builder, device_slots=list(range(len(devices))),
+                                    num_slots=len(devices))
+  batches = iter(tfds.as_numpy(ds))
+  for _ in range(warmup + 1):
+    parallel.shard(next(batches), len(devices))
+  # More batches than the step measurement: the pipeline's first epoch fills its cache.
+  count = max(steps, 100)
+  seconds = []
+  for _ in range(count):
+    start = time.perf_counter()
+    parallel.shard(next(batches), len(devices))
+    seconds.append(time.perf_counter() - start)
+  per_batch = statistics.median(seconds)
+  return {'batches_per_sec': 1 / per_batch, 'examples_per_sec': config.batch_size / per_batch,
+          'timed_batches': count,
+          'mean_examples_per_sec': config.batch_size * count / sum(seconds)}
+
+
+def _trainer_config(config, steps: int):
+  config = config.copy_and_resolve_references()
+  with config.unlocked():
+    # At least two log windows after the first; evaluation only at the end (after the last
+    # train write, so outside the timed span).
+    config.num_train_steps = config.log_every_steps * max(3, 1 + -(-steps //
+                                                                   config.log_every_steps))
+    config.num_epochs = -1.0
+    config.eval_every_steps = config.num_train_steps
+    # The learning-rate schedule does not change the speed; the warm-up must fit the run.
+    config.warmup_epochs = -1.0
+    config.warmup_steps = min(config.warmup_steps, config.num_train_steps // 2)
+  return config
+
+
+def _measure_trainer(config, steps: int) -> dict[str, Any]:
+  """`train_and_evaluate` as users run it; rates from metrics.jsonl's wall times."""
+  from trainer import metrics, train  # pylint: disable=import-outside-toplevel
+
+  with tempfile.TemporaryDirectory() as workdir:
+    config = _trainer_config(config, steps)
+    start = time.time()
+    train.train_and_evaluate(config, workdir)
+    records = metrics.read_jsonl(os.path.join(workdir, metrics.JSONL_NAME))
+  train_records = [r for r in records if 'train_loss' in r]
+  first = next(r for r in records if 'first_step_s' in r)
+  # Windows between consecutive train writes, the first (compilation) left out.
+  rates = [(b['step'] - a['step']) * config.batch_size / (b['wall_time'] - a['wall_time'])
+           for a, b in zip(train_records, train_records[1:])]
+  span = train_records[-1]['wall_time'] - train_records[0]['wall_time']
+  timed = train_records[-1]['step'] - train_records[0]['step']
+  return {'examples_per_sec': statistics.median(rates), 'windows': len(rates),
+          'timed_steps': timed, 'span_examples_per_sec': timed * config.batch_size / span,
+          'first_step_s': first['first_step_s'],
+          'time_to_first_step_s': first['wall_time'] - start,
+          'log_every_steps': config.log_every_steps}
+
+
+def _jax_part(config, steps: int, warmup: int) -> dict[str, Any]:
+  import jax  # pylint: disable=import-outside-toplevel
+  from trainer import metrics  # pylint: disable=import-outside-toplevel
+  result = {'devices': jax.local_device_count(), 'platform': jax.default_backend(),
+            'device_kind': jax.local_devices()[0].device_kind}
+  from trainer import step as step_lib  # pylint: disable=import-outside-toplevel
+  for backend in step_lib.BACKENDS:
+    result[f'limit_{backend}'] = _measure_limit(config, backend, steps, warmup)
+  result['input'] = _measure_input(config, steps, warmup)
+  result['trainer'] = _measure_trainer(config, steps)
+  result['peak_host_memory_mb'] = metrics.peak_rss_mb()
+  return result
+
+
+def _cache_part(config) -> dict[str, Any]:
+  """One short run with the config's persistent compilation cache (filled or not)."""
+  from trainer import metrics, train  # pylint: disable=import-outside-toplevel
+  with tempfile.TemporaryDirectory() as workdir:
+    config = config.copy_and_resolve_references()
+    with config.unlocked():
+      config.num_train_steps = 2
+      config.num_epochs = config.warmup_epochs = -1.0
+      config.warmup_steps = 1
+      config.log_every_steps = config.eval_every_steps = config.checkpoint_every_steps = 2
+    start = time.time()
+    train.train_and_evaluate(config, workdir)
+    records = metrics.read_jsonl(os.path.join(workdir, metrics.JSONL_NAME))
+  first = next(r for r in records if 'first_step_s' in r)
+  return {'first_step_s': first['first_step_s'], 'time_to_first_step_s': first['wall_time'] - start}
+
+
+def _maybe_mock_data():
+  import contextlib  # pylint: disable=import-outside-toplevel
+  if not FLAGS.mock_data:
+    return contextlib.nullcontext()
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  return tfds.testing.mock_data(num_examples=2048)
+
+
+def _config_overrides(argv: list[str]) -> list[str]:
+  return [a for a in argv if a.startswith('--config.')]
+
+
+def _subprocess(args: list[str], what: str) -> None:
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+  env['PYTHONPATH'] = os.pathsep.join([REPO] + [p for p in [env.get('PYTHONPATH')] if p])
+  run = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, check=False)
+  if run.returncode != 0:
+    raise SystemExit(f'error: {what} failed (exit {run.returncode}):\n{run.stderr[-3000:]}')
+
+
+def _run_part(part: str, config_path: str, overrides: list[str], out: str,
+              extra: tuple = ()) -> dict:
+  _subprocess([sys.executable, os.path.abspath(__file__), f'--part={part}',
+               f'--config={config_path}', f'--out={out}', f'--steps={FLAGS.steps}',
+               f'--warmup_steps={FLAGS.warmup_steps}', *extra, *overrides],
+              f'the {part} measurement ({" ".join(extra)})')
+  with open(out, encoding='utf-8') as f:
+    return json.load(f)
+
+
+def _ddp_run(config_path: str, overrides: list[str], ranks: int, threads: int,
+             steps: int, tmp: str) -> dict[str, Any]:
+  """The DDP twin for `steps` timed steps; rates from its metrics.jsonl as for the trainer."""
+  import socket  # pylint: disable=import-outside-toplevel
+  from trainer import metrics  # pylint: disable=import-outside-toplevel
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    port = s.getsockname()[1]
+  workdir = os.path.join(tmp, f'ddp_{ranks}')
+  config = _trainer_config(FLAGS.config, steps)
+  start = time.time()
+  _subprocess([sys.executable, '-m', 'torch.distributed.run', f'--nproc_per_node={ranks}',
+               f'--master_port={port}', '-m', 'baselines.torch_ddp.train',
+               f'--config={config_path}', f'--workdir={workdir}',
+               f'--threads={max(1, threads // ranks)}', *overrides,
+               f'--config.num_train_steps={config.num_train_steps}',
+               '--config.num_epochs=-1', f'--config.eval_every_steps={config.num_train_steps}',
+               '--config.warmup_epochs=-1', f'--config.warmup_steps={config.warmup_steps}'],
+              f'the DDP run with {ranks} ranks')
+  records = metrics.read_jsonl(os.path.join(workdir, metrics.JSONL_NAME))
+  train_records = [r for r in records if 'train_loss' in r]
+  rates = [(b['step'] - a['step']) * config.batch_size / (b['wall_time'] - a['wall_time'])
+           for a, b in zip(train_records, train_records[1:])]
+  first = next(r for r in records if 'first_step_s' in r)
+  peak = next(r for r in records if 'peak_rss_mb' in r)['peak_rss_mb']
+  return {'ranks': ranks, 'threads_per_rank': max(1, threads // ranks),
+          'examples_per_sec': statistics.median(rates), 'windows': len(rates),
+          'first_step_s': first['first_step_s'],
+          'time_to_first_step_s': first['wall_time'] - start, 'peak_host_memory_mb': peak}
+
+
+def _counts(values: Optional[list[str]], default: list[int]) -> list[int]:
+  if values is None:
+    return default
+  return [int(v) for v in values if v.strip()]
+
+
+def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+  return a / b if a and b else None
+
+
+def summarize(jax_runs: list[dict], ddp_runs: list[dict], cache: dict) -> dict[str, Any]:
+  """The report's figures: each side's fastest count, the ratios, everything measured."""
+  best = max(jax_runs, key=lambda r: r['trainer']['examples_per_sec'])
+  limit = max((best[f'limit_{b}'] for b in ('pmap', 'shard_map')),
+              key=lambda m: m['examples_per_sec'])
+  ddp_best = max(ddp_runs, key=lambda r: r['examples_per_sec']) if ddp_runs else None
+  trainer_rate = best['trainer']['examples_per_sec']
+  return {
+      'jax_devices': best['devices'], 'platform': best['platform'],
+      'device_kind': best['device_kind'],
+      'limit_examples_per_sec': limit['examples_per_sec'],
+      'limit_pmap_examples_per_sec': best['limit_pmap']['examples_per_sec'],
+      'limit_shard_map_examples_per_sec': best['limit_shard_map']['examples_per_sec'],
+      'trainer_examples_per_sec': trainer_rate,
+      'input_examples_per_sec': best['input']['examples_per_sec'],
+      'ddp_examples_per_sec': ddp_best['examples_per_sec'] if ddp_best else None,
+      'ddp_ranks': ddp_best['ranks'] if ddp_best else None,
+      'trainer_over_limit': _ratio(trainer_rate, limit['examples_per_sec']),
+      'jax_over_ddp': _ratio(trainer_rate, ddp_best['examples_per_sec'] if ddp_best else None),
+      'input_over_step': _ratio(best['input']['examples_per_sec'], limit['examples_per_sec']),
+      'warm_start_over_cold': _ratio(cache['warm']['first_step_s'],
+                                     cache['cold']['first_step_s']),
+      'warm_time_to_first_step_over_cold': _ratio(cache['warm']['time_to_first_step_s'],
+                                                  cache['cold']['time_to_first_step_s']),
+      'compile_s': best['limit_pmap']['compile_s'],
+      'time_to_first_step_s': best['trainer']['time_to_first_step_s'],
+      'flops_per_step': best['limit_pmap']['flops_per_step'],
+      'mfu': best['limit_pmap']['mfu'],
+      'peak_host_memory_mb': best['peak_host_memory_mb'],
+      'ddp_peak_host_memory_mb': ddp_best['peak_host_memory_mb'] if ddp_best else None,
+      'jax_runs': jax_runs, 'ddp_runs': ddp_runs, 'cache': cache,
+  }
+
+
+def table(figures: dict) -> str:
+  def fmt(value, digits=0):
+    return 'n/a' if value is None else f'{value:,.{digits}f}'
+  rows = [('', 'examples/s', 'vs limit', 'first step (s)', 'peak host MiB')]
+  for run in figures['jax_runs']:
+    n = run['devices']
+    for backend in ('pmap', 'shard_map'):
+      m = run[f'limit_{backend}']
+      rows.append((f'limit {backend}, {n} dev', fmt(m['examples_per_sec']),
+                   fmt(m['examples_per_sec'] / figures['limit_examples_per_sec'], 2),
+                   fmt(m['compile_s'], 2) + ' (compile)', ''))
+    rows.append((f'trainer, {n} dev', fmt(run['trainer']['examples_per_sec']),
+                 fmt(run['trainer']['examples_per_sec'] / figures['limit_examples_per_sec'], 2),
+                 fmt(run['trainer']['first_step_s'], 2), fmt(run['peak_host_memory_mb'])))
+    rows.append((f'input, {n} dev', fmt(run['input']['examples_per_sec']), '', '', ''))
+  for run in figures['ddp_runs']:
+    rows.append((f'ddp, {run["ranks"]} ranks x {run["threads_per_rank"]} thr',
+                 fmt(run['examples_per_sec']),
+                 fmt(run['examples_per_sec'] / figures['limit_examples_per_sec'], 2),
+                 fmt(run['first_step_s'], 2), fmt(run['peak_host_memory_mb'])))
+  widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+  lines = ['  '.join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+           for r in rows]
+  flops = figures['flops_per_step']
+  lines += [
+      '',
+      f'trainer_over_limit = {fmt(figures["trainer_over_limit"], 3)}   '
+      f'jax_over_ddp = {fmt(figures["jax_over_ddp"], 2)} (JAX {figures["jax_devices"]} dev vs '
+      f'DDP {figures["ddp_ranks"]} ranks)   input_over_step = '
+      f'{fmt(figures["input_over_step"], 1)}',
+      f'persistent cache: first step {fmt(figures["cache"]["cold"]["first_step_s"], 2)} s cold, '
+      f'{fmt(figures["cache"]["warm"]["first_step_s"], 2)} s warm: warm_start_over_cold = '
+      f'{fmt(figures["warm_start_over_cold"], 2)} (from launch: '
+      f'{fmt(figures["warm_time_to_first_step_over_cold"], 2)})',
+      f'FLOPs per step {fmt(flops / 1e9, 2) + " G" if flops else "n/a"}; MFU '
+      f'{fmt(figures["mfu"], 3) if figures["mfu"] is not None else "n/a (no known peak)"}',
+  ]
+  return '\n'.join(lines)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  config = FLAGS.config
+  if FLAGS.part:
+    import jax  # pylint: disable=import-outside-toplevel
+    jax.config.update('jax_num_cpu_devices', FLAGS.cpu_devices)
+    with _maybe_mock_data():
+      result = (_jax_part(config, FLAGS.steps, FLAGS.warmup_steps) if FLAGS.part == 'jax'
+                else _cache_part(config))
+    with open(FLAGS.out, 'w', encoding='utf-8') as f:
+      json.dump(result, f)
+    return
+
+  from trainer import checks  # pylint: disable=import-outside-toplevel
+  from trainer.errors import UserError  # pylint: disable=import-outside-toplevel
+  cores = os.cpu_count()
+  jax_counts = _counts(FLAGS.jax_devices, sorted({1, cores}))
+  ddp_counts = [] if FLAGS.mock_data else _counts(FLAGS.ddp_ranks, sorted({1, cores}))
+  try:
+    for n in sorted(set(jax_counts) | set(ddp_counts)):
+      checks.check_config(config, process_count=1, local_device_count=n)
+    if ddp_counts:
+      from baselines.torch_ddp import train as ddp_train  # pylint: disable=import-outside-toplevel
+      ddp_train.check_supported(config)
+  except UserError as e:
+    raise SystemExit(f'error: {e}') from None
+  config_path = config_flags.get_config_filename(FLAGS['config'])
+  overrides = _config_overrides(sys.argv[1:]) + (['--mock_data'] if FLAGS.mock_data else [])
+  with tempfile.TemporaryDirectory() as tmp:
+    jax_runs = []
+    for n in jax_counts:
+      print(f'jax: {n} devices ...', flush=True)
+      jax_runs.append(_run_part('jax', config_path, overrides,
+                                os.path.join(tmp, f'jax_{n}.json'), (f'--cpu_devices={n}',)))
+    best = max(jax_runs, key=lambda r: r['trainer']['examples_per_sec'])['devices']
+    cache = {}
+    cache_dir = os.path.join(tmp, 'compilation_cache')
+    for start in ('cold', 'warm'):
+      print(f'persistent compilation cache: {start} start ...', flush=True)
+      cache[start] = _run_part('cache', config_path,
+                               overrides + [f'--config.compilation_cache_dir={cache_dir}'],
+                               os.path.join(tmp, f'cache_{start}.json'),
+                               (f'--cpu_devices={best}',))
+    ddp_runs = []
+    for ranks in ddp_counts:
+      print(f'ddp: {ranks} ranks ...', flush=True)
+      ddp_runs.append(_ddp_run(config_path, _config_overrides(sys.argv[1:]), ranks, cores,
+                               FLAGS.steps, tmp))
+  figures = summarize(jax_runs, ddp_runs, cache)
+  figures['config'] = config_path
+  figures['overrides'] = overrides
+  figures['cores'] = cores
+  print(table(figures))
+  if FLAGS.json:
+    with open(FLAGS.json, 'w', encoding='utf-8') as f:
+      json.dump(figures, f, indent=1)
+    print(f'written: {FLAGS.json}')
+
+
+if __name__ == '__main__':
+  app.run(main)
