@@ -43,6 +43,8 @@ flags.DEFINE_list('jax_devices', None, 'JAX device counts to try (CPU); default:
 flags.DEFINE_list('ddp_ranks', None, 'DDP rank counts to try; default: 1 and the number of '
                   'cores. Empty (--ddp_ranks=) skips DDP.')
 flags.DEFINE_integer('steps', 40, 'Timed steps per measurement (after warm-up).')
+flags.DEFINE_integer('rounds', 3, 'Times the limit and the trainer are measured, alternately; '
+                     'medians are reported.')
 flags.DEFINE_integer('warmup_steps', 5, 'Untimed steps after the first (compiling) one.')
 flags.DEFINE_bool('mock_data', False, 'JAX parts read `tfds.testing.mock_data` (random '
                   'examples of the dataset\'s shapes: no download). DDP is then skipped.')
@@ -190,16 +192,40 @@ def _measure_trainer(config, steps: int) -> dict[str, Any]:
           'log_every_steps': config.log_every_steps}
 
 
-def _jax_part(config, steps: int, warmup: int) -> dict[str, Any]:
+def _median_of(runs: list[dict], key: str = 'examples_per_sec') -> dict:
+  """The first run's figures with `key` replaced by the median over the runs (all kept)."""
+  merged = dict(runs[0])
+  merged[key] = statistics.median(r[key] for r in runs)
+  merged[f'{key}_rounds'] = [r[key] for r in runs]
+  return merged
+
+
+def _jax_part(config, steps: int, warmup: int, rounds: int) -> dict[str, Any]:
+  """Limit (both backends) and trainer measured alternately `rounds` times, then the input.
+
+  This machine's speed drifts by 10-20% over minutes (shared hosts); each round's
+  trainer/limit ratio compares measurements taken seconds apart, and the median over rounds
+  is reported.
+  """
   import jax  # pylint: disable=import-outside-toplevel
   from trainer import metrics  # pylint: disable=import-outside-toplevel
+  from trainer import step as step_lib  # pylint: disable=import-outside-toplevel
   result = {'devices': jax.local_device_count(), 'platform': jax.default_backend(),
             'device_kind': jax.local_devices()[0].device_kind}
-  from trainer import step as step_lib  # pylint: disable=import-outside-toplevel
+  limits = {backend: [] for backend in step_lib.BACKENDS}
+  trainers, ratios = [], []
+  for _ in range(rounds):
+    for backend in step_lib.BACKENDS:
+      limits[backend].append(_measure_limit(config, backend, steps, warmup))
+    trainers.append(_measure_trainer(config, steps))
+    best_limit = max(limits[b][-1]['examples_per_sec'] for b in step_lib.BACKENDS)
+    ratios.append(trainers[-1]['examples_per_sec'] / best_limit)
   for backend in step_lib.BACKENDS:
-    result[f'limit_{backend}'] = _measure_limit(config, backend, steps, warmup)
+    result[f'limit_{backend}'] = _median_of(limits[backend])
+  result['trainer'] = _median_of(trainers)
+  result['trainer_over_limit_rounds'] = ratios
+  result['trainer_over_limit'] = statistics.median(ratios)
   result['input'] = _measure_input(config, steps, warmup)
-  result['trainer'] = _measure_trainer(config, steps)
   result['peak_host_memory_mb'] = metrics.peak_rss_mb()
   return result
 
@@ -245,7 +271,8 @@ def _run_part(part: str, config_path: str, overrides: list[str], out: str,
               extra: tuple = ()) -> dict:
   _subprocess([sys.executable, os.path.abspath(__file__), f'--part={part}',
                f'--config={config_path}', f'--out={out}', f'--steps={FLAGS.steps}',
-               f'--warmup_steps={FLAGS.warmup_steps}', *extra, *overrides],
+               f'--warmup_steps={FLAGS.warmup_steps}', f'--rounds={FLAGS.rounds}', *extra,
+               *overrides],
               f'the {part} measurement ({" ".join(extra)})')
   with open(out, encoding='utf-8') as f:
     return json.load(f)
@@ -309,7 +336,7 @@ def summarize(jax_runs: list[dict], ddp_runs: list[dict], cache: dict) -> dict[s
       'input_examples_per_sec': best['input']['examples_per_sec'],
       'ddp_examples_per_sec': ddp_best['examples_per_sec'] if ddp_best else None,
       'ddp_ranks': ddp_best['ranks'] if ddp_best else None,
-      'trainer_over_limit': _ratio(trainer_rate, limit['examples_per_sec']),
+      'trainer_over_limit': best['trainer_over_limit'],
       'jax_over_ddp': _ratio(trainer_rate, ddp_best['examples_per_sec'] if ddp_best else None),
       'input_over_step': _ratio(best['input']['examples_per_sec'], limit['examples_per_sec']),
       'warm_start_over_cold': _ratio(cache['warm']['first_step_s'],
@@ -374,7 +401,8 @@ def main(argv):
     import jax  # pylint: disable=import-outside-toplevel
     jax.config.update('jax_num_cpu_devices', FLAGS.cpu_devices)
     with _maybe_mock_data():
-      result = (_jax_part(config, FLAGS.steps, FLAGS.warmup_steps) if FLAGS.part == 'jax'
+      result = (_jax_part(config, FLAGS.steps, FLAGS.warmup_steps, FLAGS.rounds)
+                if FLAGS.part == 'jax'
                 else _cache_part(config))
     with open(FLAGS.out, 'w', encoding='utf-8') as f:
       json.dump(result, f)

@@ -23,7 +23,7 @@ def test_smoke_run_writes_every_key(tmp_path, tfds_data_dir):
   out = tmp_path / 'bench.json'
   run = subprocess.run(
       [sys.executable, 'scripts/benchmark.py', '--config=configs/default.py', f'--json={out}',
-       '--steps=10', '--warmup_steps=1', '--jax_devices=2', '--ddp_ranks=2',
+       '--steps=10', '--warmup_steps=1', '--rounds=1', '--jax_devices=2', '--ddp_ranks=2',
        '--config.log_every_steps=5', f'--config.tfds_data_dir={tfds_data_dir}'],
       cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600, check=False)
   assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
