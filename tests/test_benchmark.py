@@ -14,7 +14,7 @@ from tests.test_ddp_parity import ENV, REPO
 KEYS = ('limit_examples_per_sec', 'limit_pmap_examples_per_sec',
         'limit_shard_map_examples_per_sec', 'trainer_examples_per_sec', 'input_examples_per_sec',
         'ddp_examples_per_sec', 'trainer_over_limit', 'jax_over_ddp', 'input_over_step',
-        'warm_start_over_cold', 'warm_time_to_first_step_over_cold', 'compile_s',
+        'warm_start_over_cold', 'warm_first_step_over_cold', 'compile_s',
         'time_to_first_step_s', 'flops_per_step', 'mfu', 'peak_host_memory_mb',
         'ddp_peak_host_memory_mb', 'jax_devices', 'ddp_ranks', 'jax_runs', 'ddp_runs', 'cache')
 
@@ -45,6 +45,8 @@ def test_smoke_run_writes_every_key(tmp_path, tfds_data_dir):
   assert figures['input_over_step'] == pytest.approx(figures['input_examples_per_sec'] / limit)
   cache = figures['cache']
   assert figures['warm_start_over_cold'] == pytest.approx(
+      cache['warm']['time_to_first_step_s'] / cache['cold']['time_to_first_step_s'])
+  assert figures['warm_first_step_over_cold'] == pytest.approx(
       cache['warm']['first_step_s'] / cache['cold']['first_step_s'])
   # The cnn step is a few MFLOPs per example: forward and backward of two convolutions.
   assert 1e5 < figures['flops_per_step'] / 128 < 1e8
@@ -53,3 +55,31 @@ def test_smoke_run_writes_every_key(tmp_path, tfds_data_dir):
   for line in ('trainer_over_limit =', 'jax_over_ddp =', 'input_over_step =',
                'warm_start_over_cold ='):
     assert line in run.stdout
+
+
+def test_compilation_cache_stores_and_serves_the_step(tmp_path):
+  """`use_compilation_cache` (config.compilation_cache_dir) writes every compiled program to
+  the directory, and a program compiled again is loaded from it."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from jax.experimental.compilation_cache import compilation_cache  # pylint: disable=import-outside-toplevel
+  from trainer import train  # pylint: disable=import-outside-toplevel
+
+  cache_dir = tmp_path / 'cache'
+  try:
+    train.use_compilation_cache(str(cache_dir))
+    step = lambda x: jnp.tanh(x @ x.T).sum()  # pylint: disable=unnecessary-lambda-assignment
+    jax.jit(step)(jnp.ones((7, 5))).block_until_ready()
+    entries = sorted(p.name for p in cache_dir.iterdir())
+    assert entries, 'nothing was written to the cache'
+    hits = []
+    jax.monitoring.register_event_listener(
+        lambda event, **kwargs: hits.append(event)
+        if event == '/jax/compilation_cache/cache_hits' else None)
+    jax.clear_caches()  # Forget the in-memory executable: the next call must compile or load.
+    jax.jit(step)(jnp.ones((7, 5))).block_until_ready()
+    assert hits, 'the second compile did not load from the cache'
+    assert sorted(p.name for p in cache_dir.iterdir()) == entries
+  finally:
+    jax.config.update('jax_compilation_cache_dir', None)
+    compilation_cache.reset_cache()
