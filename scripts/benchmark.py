@@ -154,6 +154,14 @@ def _measure_input(config, steps: int, warmup: int) -> dict[str, Any]:
           'mean_examples_per_sec': config.batch_size * count / sum(seconds)}
 
 
+def _window_rates(records: list[dict], batch_size: int) -> list[float]:
+  """Examples/s between consecutive train writes of metrics.jsonl; the first window (from the
+  start, compilation included) is left out."""
+  train = [r for r in records if 'train_loss' in r]
+  return [(b['step'] - a['step']) * batch_size / (b['wall_time'] - a['wall_time'])
+          for a, b in zip(train, train[1:])]
+
+
 def _trainer_config(config, steps: int):
   config = config.copy_and_resolve_references()
   with config.unlocked():
@@ -180,9 +188,7 @@ def _measure_trainer(config, steps: int) -> dict[str, Any]:
     records = metrics.read_jsonl(os.path.join(workdir, metrics.JSONL_NAME))
   train_records = [r for r in records if 'train_loss' in r]
   first = next(r for r in records if 'first_step_s' in r)
-  # Windows between consecutive train writes, the first (compilation) left out.
-  rates = [(b['step'] - a['step']) * config.batch_size / (b['wall_time'] - a['wall_time'])
-           for a, b in zip(train_records, train_records[1:])]
+  rates = _window_rates(records, config.batch_size)
   span = train_records[-1]['wall_time'] - train_records[0]['wall_time']
   timed = train_records[-1]['step'] - train_records[0]['step']
   return {'examples_per_sec': statistics.median(rates), 'windows': len(rates),
@@ -281,26 +287,19 @@ def _run_part(part: str, config_path: str, overrides: list[str], out: str,
 def _ddp_run(config_path: str, overrides: list[str], ranks: int, threads: int,
              steps: int, tmp: str) -> dict[str, Any]:
   """The DDP twin for `steps` timed steps; rates from its metrics.jsonl as for the trainer."""
-  import socket  # pylint: disable=import-outside-toplevel
+  from baselines.torch_ddp import launch  # pylint: disable=import-outside-toplevel
   from trainer import metrics  # pylint: disable=import-outside-toplevel
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    port = s.getsockname()[1]
   workdir = os.path.join(tmp, f'ddp_{ranks}')
   config = _trainer_config(FLAGS.config, steps)
   start = time.time()
-  _subprocess([sys.executable, '-m', 'torch.distributed.run', f'--nproc_per_node={ranks}',
-               f'--master_port={port}', '-m', 'baselines.torch_ddp.train',
-               f'--config={config_path}', f'--workdir={workdir}',
-               f'--threads={max(1, threads // ranks)}', *overrides,
+  _subprocess(launch.command(ranks, workdir, [
+      f'--config={config_path}', *overrides,
                f'--config.num_train_steps={config.num_train_steps}',
                '--config.num_epochs=-1', f'--config.eval_every_steps={config.num_train_steps}',
-               '--config.warmup_epochs=-1', f'--config.warmup_steps={config.warmup_steps}'],
-              f'the DDP run with {ranks} ranks')
+      '--config.warmup_epochs=-1', f'--config.warmup_steps={config.warmup_steps}'],
+      threads=max(1, threads // ranks)), f'the DDP run with {ranks} ranks')
   records = metrics.read_jsonl(os.path.join(workdir, metrics.JSONL_NAME))
-  train_records = [r for r in records if 'train_loss' in r]
-  rates = [(b['step'] - a['step']) * config.batch_size / (b['wall_time'] - a['wall_time'])
-           for a, b in zip(train_records, train_records[1:])]
+  rates = _window_rates(records, config.batch_size)
   first = next(r for r in records if 'first_step_s' in r)
   peak = next(r for r in records if 'peak_rss_mb' in r)['peak_rss_mb']
   return {'ranks': ranks, 'threads_per_rank': max(1, threads // ranks),

@@ -23,7 +23,6 @@ import math
 import os
 import platform
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 # pylint: disable=wrong-import-position
+from baselines.torch_ddp import launch
 from baselines.torch_ddp import train as ddp_train
 from trainer import checks
 from trainer import metrics
@@ -63,12 +63,6 @@ LAUNCH_FILE = 'launch.json'
 VERSIONS = ('jax', 'jaxlib', 'flax', 'optax', 'torch', 'tensorflow-cpu', 'tensorflow-datasets')
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
 def _config_overrides(argv: list[str]) -> list[str]:
   overrides = [a for a in argv if a.startswith('--config.')]
   for override in overrides:
@@ -84,10 +78,8 @@ def commands(config_path: str, overrides: list[str], workdir: str, devices: int,
   return {
       'jax': [sys.executable, '-m', 'trainer.main', f'--workdir={os.path.join(workdir, "jax")}',
               f'--cpu_devices={devices}', *common],
-      'ddp': [sys.executable, '-m', 'torch.distributed.run', f'--nproc_per_node={devices}',
-              f'--master_port={_free_port()}', '-m', 'baselines.torch_ddp.train',
-              f'--workdir={os.path.join(workdir, "ddp")}',
-              f'--threads={max(1, threads // devices)}', *init, *common],
+      'ddp': launch.command(devices, os.path.join(workdir, 'ddp'), [*init, *common],
+                            threads=max(1, threads // devices)),
   }
 
 
@@ -96,21 +88,21 @@ def _train(name: str, command: list[str], run_dir: str) -> None:
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
   env['PYTHONPATH'] = os.pathsep.join([REPO] + [p for p in [env.get('PYTHONPATH')] if p])
   print(f'{name}: {" ".join(command)}', flush=True)
-  launch = time.time()
+  launched = time.time()
   with open(os.path.join(run_dir, 'log.txt'), 'w', encoding='utf-8') as log:
     code = subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                           check=False).returncode
   end = time.time()
   with open(os.path.join(run_dir, LAUNCH_FILE), 'w', encoding='utf-8') as f:
-    json.dump({'command': command, 'launch_time': launch, 'end_time': end, 'exit_code': code},
+    json.dump({'command': command, 'launch_time': launched, 'end_time': end, 'exit_code': code},
               f, indent=1)
   if code != 0:
     raise UserError(f'the {name} run failed (exit {code}); its log is '
                     f'{os.path.join(run_dir, "log.txt")}')
-  print(f'{name}: done in {end - launch:.1f} s', flush=True)
+  print(f'{name}: done in {end - launched:.1f} s', flush=True)
 
 
-def summarize(records: list[dict], launch: dict, num_devices: int, target: float,
+def summarize(records: list[dict], started: dict, num_devices: int, target: float,
               warmup_steps: int, log_every: int) -> dict[str, Any]:
   """The report's figures for one run, from its metrics.jsonl records and launch times."""
   def first(tag):
@@ -128,15 +120,15 @@ def summarize(records: list[dict], launch: dict, num_devices: int, target: float
   return {
       'steady_examples_per_sec': statistics.median(rates) if rates else None,
       'timed_windows': len(rates),
-      'time_to_first_step_s': first_step['wall_time'] - launch['launch_time'],
+      'time_to_first_step_s': first_step['wall_time'] - started['launch_time'],
       'first_step_s': first_step['first_step_s'],
-      'time_to_target_s': reached['wall_time'] - launch['launch_time'] if reached else None,
+      'time_to_target_s': reached['wall_time'] - started['launch_time'] if reached else None,
       'steps_to_target': reached['step'] if reached else None,
       'final_eval_accuracy': last('eval_accuracy')['eval_accuracy'],
       'final_eval_loss': last('eval_loss')['eval_loss'],
       'final_train_loss': last('train_loss')['train_loss'],
       'peak_memory_mb': last('peak_rss_mb')['peak_rss_mb'],
-      'total_wall_s': launch['end_time'] - launch['launch_time'],
+      'total_wall_s': started['end_time'] - started['launch_time'],
       'steps': last('train_loss')['step'],
   }
 
@@ -214,11 +206,11 @@ def plot(runs: dict[str, tuple[list[dict], dict]], out_dir: str) -> list[str]:
   for quantity in ('loss', 'accuracy'):
     for axis in ('step', 'time'):
       fig, ax = plt.subplots(figsize=(7, 4.5))
-      for (key, (records, launch)), color in zip(runs.items(), ('tab:blue', 'tab:orange')):
+      for (key, (records, started)), color in zip(runs.items(), ('tab:blue', 'tab:orange')):
         for split, style in (('train', '-'), ('eval', 'o--')):
           tag = f'{split}_{quantity}'
           points = [r for r in records if tag in r]
-          x = [r['step'] if axis == 'step' else r['wall_time'] - launch['launch_time']
+          x = [r['step'] if axis == 'step' else r['wall_time'] - started['launch_time']
                for r in points]
           ax.plot(x, [r[tag] for r in points], style, color=color,
                   label=f'{RUNS[key]} {split}')
@@ -246,8 +238,8 @@ def _jax_platform(run_dir: str) -> str:
 
 def _read_run(run_dir: str) -> tuple[list[dict], dict]:
   with open(os.path.join(run_dir, LAUNCH_FILE), encoding='utf-8') as f:
-    launch = json.load(f)
-  return metrics.read_jsonl(os.path.join(run_dir, metrics.JSONL_NAME)), launch
+    started = json.load(f)
+  return metrics.read_jsonl(os.path.join(run_dir, metrics.JSONL_NAME)), started
 
 
 def _export_init(config, path: str) -> None:
@@ -293,9 +285,9 @@ def compare(config, config_path: str, overrides: list[str], workdir: str, device
 
   runs = {key: _read_run(run_dir) for key, run_dir in run_dirs.items()}
   import torch  # pylint: disable=import-outside-toplevel
-  report = {key: summarize(records, launch, devices, target, warmup_steps,
+  report = {key: summarize(records, started, devices, target, warmup_steps,
                            config.log_every_steps)
-            for key, (records, launch) in runs.items()}
+            for key, (records, started) in runs.items()}
   jax_rate, ddp_rate = (report[k]['steady_examples_per_sec'] for k in ('jax', 'ddp'))
   report['throughput_ratio_jax_over_ddp'] = (jax_rate / ddp_rate if jax_rate and ddp_rate
                                              else None)

@@ -1,23 +1,17 @@
 """Parity: 2 JAX devices and 2 DDP ranks, same initial weights and batches, same losses."""
 
 import os
-import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from baselines.torch_ddp import launch
 from trainer import metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
-
-
-def _free_port():
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
 
 
 @pytest.mark.parametrize('model', ['mlp', 'cnn'])
@@ -32,9 +26,7 @@ def test_first_20_losses_agree(tmp_path, tfds_data_dir, model):
       cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300, check=False)
   assert jax_run.returncode == 0, jax_run.stderr[-2000:]
   ddp_run = subprocess.run(
-      [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node=2',
-       f'--master_port={_free_port()}', '-m', 'baselines.torch_ddp.train', '--config=configs/default.py',
-       f'--workdir={ddp_dir}', '--parity', *overrides],
+      launch.command(2, ddp_dir, ['--config=configs/default.py', '--parity', *overrides]),
       cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300, check=False)
   assert ddp_run.returncode == 0, ddp_run.stderr[-2000:]
 

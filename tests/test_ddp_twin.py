@@ -4,28 +4,26 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 import torch
 
+from baselines.torch_ddp import launch
 from baselines.torch_ddp import models as twins
 from baselines.torch_ddp import train as ddp_train
 from tests import helpers
-from tests.test_ddp_parity import ENV, REPO, _free_port
+from tests.test_ddp_parity import ENV, REPO
 from trainer import metrics
 
 STEPS = 200
 
 
 def _command(workdir, tfds_data_dir):
-  return [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node=2',
-          f'--master_port={_free_port()}', '-m', 'baselines.torch_ddp.train',
-          '--config=configs/default.py', f'--workdir={workdir}', '--threads=1',
-          f'--config.num_train_steps={STEPS}', '--config.log_every_steps=10',
-          '--config.eval_every_steps=100', '--config.checkpoint_every_steps=100',
-          f'--config.tfds_data_dir={tfds_data_dir}']
+  return launch.command(2, workdir, threads=1, args=[
+      '--config=configs/default.py', f'--config.num_train_steps={STEPS}',
+      '--config.log_every_steps=10', '--config.eval_every_steps=100',
+      '--config.checkpoint_every_steps=100', f'--config.tfds_data_dir={tfds_data_dir}'])
 
 
 def _run(workdir, tfds_data_dir):
