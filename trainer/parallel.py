@@ -79,12 +79,9 @@ def prefetch_to_device(batches: Iterable[Any], size: int,
   sharding = device_sharding(devices)
   queue = collections.deque()
 
-  def put(tree):
-    return jax.tree.map(lambda x: jax.device_put(x, sharding), tree)
-
   def enqueue(n):
     for tree in itertools.islice(batches, n):
-      queue.append(put(tree))
+      queue.append(jax.device_put(tree, sharding))  # One call for every leaf of the batch.
 
   enqueue(size)
   while queue:
