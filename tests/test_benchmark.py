@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import numpy as np
+
 import pytest
 
 from tests.test_ddp_parity import ENV, REPO
@@ -66,20 +68,27 @@ def test_compilation_cache_stores_and_serves_the_step(tmp_path):
   from trainer import train  # pylint: disable=import-outside-toplevel
 
   cache_dir = tmp_path / 'cache'
+  x = np.ones((7, 5), np.float32)
+
+  def cached_step(x):
+    return jnp.tanh(x @ x.T).sum()
+
+  def step_entries():
+    return sorted(p.name for p in cache_dir.iterdir() if p.name.startswith('jit_cached_step'))
+
   try:
     train.use_compilation_cache(str(cache_dir))
-    step = lambda x: jnp.tanh(x @ x.T).sum()  # pylint: disable=unnecessary-lambda-assignment
-    jax.jit(step)(jnp.ones((7, 5))).block_until_ready()
-    entries = sorted(p.name for p in cache_dir.iterdir())
-    assert entries, 'nothing was written to the cache'
+    jax.jit(cached_step)(x).block_until_ready()
+    written = step_entries()
+    assert len(written) == 1, sorted(p.name for p in cache_dir.iterdir())
     hits = []
     jax.monitoring.register_event_listener(
         lambda event, **kwargs: hits.append(event)
         if event == '/jax/compilation_cache/cache_hits' else None)
     jax.clear_caches()  # Forget the in-memory executable: the next call must compile or load.
-    jax.jit(step)(jnp.ones((7, 5))).block_until_ready()
+    jax.jit(cached_step)(x).block_until_ready()
     assert hits, 'the second compile did not load from the cache'
-    assert sorted(p.name for p in cache_dir.iterdir()) == entries
+    assert step_entries() == written
   finally:
     jax.config.update('jax_compilation_cache_dir', None)
     compilation_cache.reset_cache()
