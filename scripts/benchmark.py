@@ -162,30 +162,37 @@ def _window_rates(records: list[dict], batch_size: int) -> list[float]:
           for a, b in zip(train, train[1:])]
 
 
-def _trainer_config(config, steps: int):
+def _timed_run_fields(config, steps: int) -> dict[str, Any]:
+  """The config fields a timed run (trainer or DDP) changes, as field: value."""
+  # At least two log windows after the first; evaluation only at the end (after the last
+  # train write, so outside the timed span).
+  num_train_steps = config.log_every_steps * max(3, 1 + -(-steps // config.log_every_steps))
+  # The learning-rate schedule does not change the speed; the warm-up must fit the run.
+  return {'num_train_steps': num_train_steps, 'num_epochs': -1.0,
+          'eval_every_steps': num_train_steps, 'warmup_epochs': -1.0,
+          'warmup_steps': min(config.warmup_steps, num_train_steps // 2)}
+
+
+def _with_fields(config, fields: dict[str, Any]):
   config = config.copy_and_resolve_references()
   with config.unlocked():
-    # At least two log windows after the first; evaluation only at the end (after the last
-    # train write, so outside the timed span).
-    config.num_train_steps = config.log_every_steps * max(3, 1 + -(-steps //
-                                                                   config.log_every_steps))
-    config.num_epochs = -1.0
-    config.eval_every_steps = config.num_train_steps
-    # The learning-rate schedule does not change the speed; the warm-up must fit the run.
-    config.warmup_epochs = -1.0
-    config.warmup_steps = min(config.warmup_steps, config.num_train_steps // 2)
+    config.update(fields)
   return config
+
+
+def _train_records(config) -> tuple[list[dict], float]:
+  """Runs `train_and_evaluate` in a scratch workdir: its metrics.jsonl and its start time."""
+  from trainer import metrics, train  # pylint: disable=import-outside-toplevel
+  with tempfile.TemporaryDirectory() as workdir:
+    start = time.time()
+    train.train_and_evaluate(config, workdir)
+    return metrics.read_jsonl(os.path.join(workdir, metrics.JSONL_NAME)), start
 
 
 def _measure_trainer(config, steps: int) -> dict[str, Any]:
   """`train_and_evaluate` as users run it; rates from metrics.jsonl's wall times."""
-  from trainer import metrics, train  # pylint: disable=import-outside-toplevel
-
-  with tempfile.TemporaryDirectory() as workdir:
-    config = _trainer_config(config, steps)
-    start = time.time()
-    train.train_and_evaluate(config, workdir)
-    records = metrics.read_jsonl(os.path.join(workdir, metrics.JSONL_NAME))
+  config = _with_fields(config, _timed_run_fields(config, steps))
+  records, start = _train_records(config)
   train_records = [r for r in records if 'train_loss' in r]
   first = next(r for r in records if 'first_step_s' in r)
   rates = _window_rates(records, config.batch_size)
@@ -238,17 +245,9 @@ def _jax_part(config, steps: int, warmup: int, rounds: int) -> dict[str, Any]:
 
 def _cache_part(config) -> dict[str, Any]:
   """One short run with the config's persistent compilation cache (filled or not)."""
-  from trainer import metrics, train  # pylint: disable=import-outside-toplevel
-  with tempfile.TemporaryDirectory() as workdir:
-    config = config.copy_and_resolve_references()
-    with config.unlocked():
-      config.num_train_steps = 2
-      config.num_epochs = config.warmup_epochs = -1.0
-      config.warmup_steps = 1
-      config.log_every_steps = config.eval_every_steps = config.checkpoint_every_steps = 2
-    start = time.time()
-    train.train_and_evaluate(config, workdir)
-    records = metrics.read_jsonl(os.path.join(workdir, metrics.JSONL_NAME))
+  records, start = _train_records(_with_fields(config, {
+      'num_train_steps': 2, 'num_epochs': -1.0, 'warmup_epochs': -1.0, 'warmup_steps': 1,
+      'log_every_steps': 2, 'eval_every_steps': 2, 'checkpoint_every_steps': 2}))
   first = next(r for r in records if 'first_step_s' in r)
   return {'first_step_s': first['first_step_s'], 'time_to_first_step_s': first['wall_time'] - start}
 
@@ -261,14 +260,9 @@ def _maybe_mock_data():
   return tfds.testing.mock_data(num_examples=2048)
 
 
-def _config_overrides(argv: list[str]) -> list[str]:
-  return [a for a in argv if a.startswith('--config.')]
-
-
 def _subprocess(args: list[str], what: str) -> None:
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
-  env['PYTHONPATH'] = os.pathsep.join([REPO] + [p for p in [env.get('PYTHONPATH')] if p])
-  run = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, check=False)
+  from baselines.torch_ddp import launch  # pylint: disable=import-outside-toplevel
+  run = subprocess.run(args, cwd=REPO, env=launch.environment(), capture_output=True, text=True, check=False)
   if run.returncode != 0:
     raise SystemExit(f'error: {what} failed (exit {run.returncode}):\n{run.stderr[-3000:]}')
 
@@ -290,16 +284,14 @@ def _ddp_run(config_path: str, overrides: list[str], ranks: int, threads: int,
   from baselines.torch_ddp import launch  # pylint: disable=import-outside-toplevel
   from trainer import metrics  # pylint: disable=import-outside-toplevel
   workdir = os.path.join(tmp, f'ddp_{ranks}')
-  config = _trainer_config(FLAGS.config, steps)
+  fields = _timed_run_fields(FLAGS.config, steps)
   start = time.time()
-  _subprocess(launch.command(ranks, workdir, [
-      f'--config={config_path}', *overrides,
-               f'--config.num_train_steps={config.num_train_steps}',
-               '--config.num_epochs=-1', f'--config.eval_every_steps={config.num_train_steps}',
-      '--config.warmup_epochs=-1', f'--config.warmup_steps={config.warmup_steps}'],
+  _subprocess(launch.command(
+      ranks, workdir, [f'--config={config_path}', *overrides,
+                       *(f'--config.{field}={value}' for field, value in fields.items())],
       threads=max(1, threads // ranks)), f'the DDP run with {ranks} ranks')
   records = metrics.read_jsonl(os.path.join(workdir, metrics.JSONL_NAME))
-  rates = _window_rates(records, config.batch_size)
+  rates = _window_rates(records, FLAGS.config.batch_size)
   first = next(r for r in records if 'first_step_s' in r)
   peak = next(r for r in records if 'peak_rss_mb' in r)['peak_rss_mb']
   return {'ranks': ranks, 'threads_per_rank': max(1, threads // ranks),
@@ -416,7 +408,9 @@ def main(argv):
   cores = os.cpu_count()
   jax_counts = _counts(FLAGS.jax_devices, sorted({1, cores}))
   ddp_counts = [] if FLAGS.mock_data else _counts(FLAGS.ddp_ranks, sorted({1, cores}))
+  from baselines.torch_ddp import launch  # pylint: disable=import-outside-toplevel
   try:
+    config_overrides = launch.config_overrides(sys.argv[1:])
     for n in sorted(set(jax_counts) | set(ddp_counts)):
       checks.check_config(config, process_count=1, local_device_count=n)
     if ddp_counts:
@@ -425,7 +419,7 @@ def main(argv):
   except UserError as e:
     raise SystemExit(f'error: {e}') from None
   config_path = config_flags.get_config_filename(FLAGS['config'])
-  overrides = _config_overrides(sys.argv[1:]) + (['--mock_data'] if FLAGS.mock_data else [])
+  overrides = config_overrides + (['--mock_data'] if FLAGS.mock_data else [])
   with tempfile.TemporaryDirectory() as tmp:
     jax_runs = []
     for n in jax_counts:
@@ -444,8 +438,7 @@ def main(argv):
     ddp_runs = []
     for ranks in ddp_counts:
       print(f'ddp: {ranks} ranks ...', flush=True)
-      ddp_runs.append(_ddp_run(config_path, _config_overrides(sys.argv[1:]), ranks, cores,
-                               FLAGS.steps, tmp))
+      ddp_runs.append(_ddp_run(config_path, config_overrides, ranks, cores, FLAGS.steps, tmp))
   figures = summarize(jax_runs, ddp_runs, cache)
   figures['config'] = config_path
   figures['overrides'] = overrides

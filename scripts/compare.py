@@ -63,14 +63,6 @@ LAUNCH_FILE = 'launch.json'
 VERSIONS = ('jax', 'jaxlib', 'flax', 'optax', 'torch', 'tensorflow-cpu', 'tensorflow-datasets')
 
 
-def _config_overrides(argv: list[str]) -> list[str]:
-  overrides = [a for a in argv if a.startswith('--config.')]
-  for override in overrides:
-    if '=' not in override:
-      raise UserError(f'{override}: give config overrides as --config.FIELD=VALUE')
-  return overrides
-
-
 def commands(config_path: str, overrides: list[str], workdir: str, devices: int,
              threads: int, init_variables: Optional[str]) -> dict[str, list[str]]:
   common = [f'--config={config_path}', *overrides]
@@ -85,8 +77,7 @@ def commands(config_path: str, overrides: list[str], workdir: str, devices: int,
 
 def _train(name: str, command: list[str], run_dir: str) -> None:
   os.makedirs(run_dir)
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
-  env['PYTHONPATH'] = os.pathsep.join([REPO] + [p for p in [env.get('PYTHONPATH')] if p])
+  env = launch.environment()
   print(f'{name}: {" ".join(command)}', flush=True)
   launched = time.time()
   with open(os.path.join(run_dir, 'log.txt'), 'w', encoding='utf-8') as log:
@@ -324,7 +315,7 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   try:
     config_path = config_flags.get_config_filename(FLAGS['config'])
-    report = compare(FLAGS.config, config_path, _config_overrides(sys.argv[1:]),
+    report = compare(FLAGS.config, config_path, launch.config_overrides(sys.argv[1:]),
                      FLAGS.workdir, FLAGS.devices, FLAGS.threads, FLAGS.target_accuracy,
                      FLAGS.timing_warmup_steps, FLAGS.reuse, FLAGS.same_init)
   except UserError as e:

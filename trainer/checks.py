@@ -31,7 +31,7 @@ def check_config(config, *, process_count: int, local_device_count: int) -> None
   _choice('dataset', config.dataset, input_pipeline.names())
   _choice('optimizer', config.optimizer, optim.OPTIMIZERS)
   _choice('dtype', config.dtype, DTYPES)
-  _choice("step_backend", config.step_backend, step_lib.BACKENDS)
+  _choice('step_backend', config.step_backend, step_lib.BACKENDS)
   if config.step_backend == 'shard_map' and process_count > 1:
     raise UserError("step_backend='shard_map' runs in single-process runs only for now; use "
                     "--config.step_backend=pmap for several processes")

@@ -248,8 +248,8 @@ def train_dataset(config, builder, *, device_slots: Sequence[int] = (0,), num_sl
   spread over processes: 2 processes x 2 devices see the batches of 1 process x 4 devices.
   Each part's stream is a pure function of (seed, slot): epoch e is the part in an order drawn
   from (seed, slot, e). `start_example` (examples each device has consumed, on resume) starts
-  the streams exactly where an uninterrupted run would be; images are decoded after shuffling
-  and skipping, so skipped records are not decoded. `seed` defaults to `config.seed`.
+  the streams exactly where an uninterrupted run would be; skipped records are not decoded
+  (cached datasets decoded them once, when first read). `seed` defaults to `config.seed`.
   """
   seed = config.seed if seed is None else seed
   per_device = config.batch_size // num_slots

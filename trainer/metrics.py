@@ -19,7 +19,6 @@ from tensorboard.backend.event_processing import event_file_loader
 from tensorboard.compat.proto import event_pb2
 
 
-
 @flax.struct.dataclass
 class TrainMetrics(metrics.Collection):
   """Averaged over the steps between two writes; each step's values are already pmean-ed."""

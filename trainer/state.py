@@ -26,6 +26,12 @@ class TrainState(train_state.TrainState):
     return self.params if self.ema_params is None else self.ema_params
 
 
+def seed_rngs(seed: int) -> tuple[jax.Array, jax.Array]:
+  """The config seed's two keys: (params init, step RNG folded with step and device)."""
+  init_rng, step_rng = jax.random.split(jax.random.PRNGKey(seed))
+  return init_rng, step_rng
+
+
 def create_train_state(model, tx: optax.GradientTransformation, rng: jax.Array,
                        input_shape: tuple[int, ...], *, loss_scaling: bool = False,
                        ema: bool = False) -> TrainState:

@@ -181,7 +181,7 @@ def _start(config, checkpointer, init, input_shape, workdir: str) -> _Start:
   workdir whose checkpoint does not fit the config, or `init_from` params that do not fit the
   model, stop the run with the workdir untouched.
   """
-  init_rng, step_rng = jax.random.split(jax.random.PRNGKey(config.seed))
+  init_rng, step_rng = state_lib.seed_rngs(config.seed)
   abstract_state = jax.eval_shape(lambda rng: init(rng, input_shape), init_rng)
   resume_step, unreadable = checkpointer.find_restorable(abstract_state, config.to_dict())
   init_params = None
@@ -287,8 +287,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> state
 
   with metric_writers.ensure_flushes(writer), _StopSignals() as stop:
     try:
+      loop_start = time.perf_counter()
       for step in range(start_step + 1, last + 1):
-        step_start = time.perf_counter()
         with jax.profiler.StepTraceAnnotation('train', step_num=step):
           rstate, step_metrics = p_train_step(rstate, next(batches), rng)
         buffer.add(step, step_metrics)
@@ -296,7 +296,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> state
           # Time throughput from the end of the first step: compiling is not training speed.
           jax.block_until_ready(step_metrics)
           throughput.start(step)
-          writer.write_scalars(step, {'first_step_s': time.perf_counter() - step_start})
+          writer.write_scalars(step, {'first_step_s': time.perf_counter() - loop_start})
         for hook in hooks:
           hook(step)
         stopping = stop.requested(step) and step < last

@@ -14,6 +14,7 @@ cross-process BatchNorm (`SyncBatchNorm` needs a GPU), so DDP ranks there normal
 their own batch's statistics while the JAX ResNets average them over devices.
 """
 
+import collections
 import functools
 from typing import Any, Callable, Dict, Optional, Sequence
 
@@ -216,16 +217,13 @@ def _to_torch_weight(kernel: np.ndarray) -> np.ndarray:
   raise ValueError(f'no layout conversion for a kernel of shape {kernel.shape}')
 
 
-def _flatten(tree: Dict[str, Any], prefix: str = '') -> Dict[str, Dict[str, Any]]:
-  """{'a': {'b': {'kernel': x}}} -> {'a/b': {'kernel': x}} (layers hold arrays, not dicts)."""
-  layers = {}
-  for key, value in tree.items():
-    path = f'{prefix}{key}'
-    if any(isinstance(v, dict) or hasattr(v, 'items') for v in value.values()):
-      layers.update(_flatten(value, path + '/'))
-    else:
-      layers[path] = value
-  return layers
+def _layers(tree: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+  """{'a': {'b': {'kernel': x}}} -> {'a/b': {'kernel': x}}: each layer's arrays by its path."""
+  layers: Dict[str, Dict[str, Any]] = collections.defaultdict(dict)
+  for path, value in traverse_util.flatten_dict(tree, sep='/').items():
+    layer, name = path.rsplit('/', 1)
+    layers[layer][name] = value
+  return dict(layers)
 
 
 def _copy(target: torch.Tensor, value: Any, what: str) -> None:
@@ -240,11 +238,11 @@ def load_flax_params(model: nn.Module, params: Dict[str, Any],
                      batch_stats: Optional[Dict[str, Any]] = None) -> None:
   """Copies flax `params` (and BatchNorm `batch_stats`) into `model`, covering every tensor."""
   layers = model.flax_names()
-  flat_params = _flatten(params)
+  flat_params = _layers(params)
   if set(layers) != set(flat_params):
     raise ValueError(f'flax params {sorted(flat_params)} do not match the twin\'s layers '
                      f'{sorted(layers)}')
-  flat_stats = _flatten(batch_stats or {})
+  flat_stats = _layers(batch_stats or {})
   with torch.no_grad():
     for name, layer in layers.items():
       if isinstance(layer, nn.BatchNorm2d):
@@ -267,15 +265,8 @@ def save_flax_variables(path: str, params: Dict[str, Any],
   """Writes flax variables to an .npz file ('params/Dense_0/kernel': array, ...)."""
   tree = {'params': params} if batch_stats is None else {'params': params,
                                                           'batch_stats': batch_stats}
-  flat = traverse_util.flatten_dict(jax_free(tree), sep='/')
-  np.savez(path, **flat)
-
-
-def jax_free(tree: Any) -> Any:
-  """Nested dicts of numpy arrays (from FrozenDicts or dicts of jax arrays)."""
-  if hasattr(tree, 'items'):
-    return {k: jax_free(v) for k, v in tree.items()}
-  return np.asarray(tree)
+  flat = traverse_util.flatten_dict(tree, sep='/')
+  np.savez(path, **{key: np.asarray(value) for key, value in flat.items()})
 
 
 def load_flax_variables(path: str) -> tuple[Dict[str, Any], Optional[Dict[str, Any]]]:

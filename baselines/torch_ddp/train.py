@@ -22,9 +22,8 @@ import signal
 import time
 from typing import Optional
 
-import jax
-import jax.numpy as jnp
 import numpy as np
+import optax
 import tensorflow_datasets as tfds
 import torch
 import torch.distributed as dist
@@ -41,6 +40,7 @@ from trainer import checks
 from trainer import input_pipeline
 from trainer import metrics
 from trainer import optim
+from trainer import state as state_lib
 from trainer.errors import Preempted, UserError
 
 FLAGS = flags.FLAGS
@@ -77,13 +77,13 @@ def check_supported(config) -> None:
 
 
 def jax_initial_variables(config, input_shape):
-  """The params (and BatchNorm statistics) train.py initializes for this config and seed."""
-  init_rng, _ = jax.random.split(jax.random.PRNGKey(config.seed))
+  """The params (and BatchNorm statistics) train.py initializes for this config and seed,
+  through the same init path (the optimizer plays no part in them)."""
+  init_rng, _ = state_lib.seed_rngs(config.seed)
   model = models.get(config.model, num_classes=input_pipeline.spec(config.dataset).num_classes,
                      dropout_rate=config.dropout_rate)
-  variables = jax.jit(lambda rng: model.init(rng, jnp.zeros(input_shape), train=False))(
-      init_rng)
-  return variables['params'], variables.get('batch_stats')
+  state = state_lib.create_train_state(model, optax.identity(), init_rng, input_shape)
+  return state.params, state.batch_stats
 
 
 def _optimizer(config, model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -238,7 +238,7 @@ def train(config, workdir: str, parity: bool, init_variables: Optional[str] = No
   # host sync per step.
   window = torch.zeros(3, dtype=torch.float64, device=device)
   window_steps = 0
-  params = [p for p in model.parameters()]
+  params = list(model.parameters())
 
   def due(step, every):
     return step % every == 0 or step == last
@@ -256,8 +256,8 @@ def train(config, workdir: str, parity: bool, init_variables: Optional[str] = No
 
   with metric_writers.ensure_flushes(writer):
     ddp.train()
+    loop_start = time.perf_counter()
     for step in range(start_step + 1, last + 1):
-      step_start = time.perf_counter()
       batch = next(batches)
       images = torch.from_numpy(batch['image']).to(device, non_blocking=True)
       labels = torch.from_numpy(batch['label']).long().to(device, non_blocking=True)
@@ -280,7 +280,7 @@ def train(config, workdir: str, parity: bool, init_variables: Optional[str] = No
         if cuda:
           torch.cuda.synchronize(device)
         throughput.start(step)
-        writer.write_scalars(step, {'first_step_s': time.perf_counter() - step_start})
+        writer.write_scalars(step, {'first_step_s': time.perf_counter() - loop_start})
       save_now = due(step, config.checkpoint_every_steps)
       if due(step, config.log_every_steps) or save_now:
         # One collective per write: the window's sums and whether any rank was signalled.
@@ -315,8 +315,8 @@ def train(config, workdir: str, parity: bool, init_variables: Optional[str] = No
         raise Preempted(f'stopped by a signal at step {step} of {last}; checkpoint saved in '
                         f'{os.path.join(workdir, CHECKPOINT_DIR)}; run the same command '
                         'again to resume', exit_code=128 + signum)
-    peak = _all_reduce([metrics.peak_rss_mb()], device)[0]
-    writer.write_scalars(last, {'peak_rss_mb': peak})
+    peak_rss = _all_reduce([metrics.peak_rss_mb()], device)[0]
+    writer.write_scalars(last, {'peak_rss_mb': peak_rss})
 
 
 def main(argv):
