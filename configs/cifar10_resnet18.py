@@ -25,7 +25,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.weight_decay = 5e-4
   config.batch_size = 128
   config.eval_batch_size = 1_000
+  config.num_train_steps = -1  # Counted in epochs:
   config.num_epochs = 200.0
+  config.warmup_steps = -1
   config.warmup_epochs = 5.0
   config.log_every_steps = 100
   config.eval_every_steps = 3_910  # About 10 epochs at batch 128.

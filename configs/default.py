@@ -32,7 +32,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.optimizer = 'sgd'  # 'sgd' (momentum), 'adamw', 'lars' or 'lamb'.
   config.learning_rate = 0.1  # Peak learning rate, reached after warm-up.
   config.scale_learning_rate = False  # Multiply learning_rate by batch_size / 256.
-  config.warmup_steps = 30  # Steps of linear warm-up from 0; then cosine decay.
+  # Warm-up, linear from 0, then cosine decay: in steps or in epochs of the train split. Set
+  # one of the two; the other is -1. On the command line, the one given clears the other.
+  config.warmup_steps = 30  # Steps of linear warm-up; -1 = use warmup_epochs.
   config.warmup_epochs = -1.0  # Warm-up in epochs of the train split; -1 = use warmup_steps.
   config.end_learning_rate_factor = 0.0  # Final learning rate as a fraction of the peak.
   config.momentum = 0.9  # SGD momentum; 0 = plain SGD.
@@ -49,7 +51,8 @@ def get_config() -> ml_collections.ConfigDict:
   # Schedule. Steps count optimizer updates over the global batch.
   config.batch_size = 128  # Global training batch in examples, over all devices of all processes.
   config.eval_batch_size = 128  # Global evaluation batch in examples (last batch padded).
-  config.num_train_steps = 500  # Optimizer steps in total.
+  # Training length in steps or in epochs, like the warm-up: set one, the other is -1.
+  config.num_train_steps = 500  # Optimizer steps in total; -1 = use num_epochs.
   config.num_epochs = -1.0  # Training length in epochs of the train split; -1 = use steps.
   config.log_every_steps = 50  # Steps between writes of train metrics (one host sync each).
   config.eval_every_steps = 250  # Steps between evaluations; the last step always evaluates.

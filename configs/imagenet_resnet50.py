@@ -34,7 +34,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.label_smoothing = 0.1
   config.batch_size = 1024
   config.eval_batch_size = 1024
+  config.num_train_steps = -1  # Counted in epochs:
   config.num_epochs = 90.0
+  config.warmup_steps = -1
   config.warmup_epochs = 5.0
   config.log_every_steps = 100
   config.eval_every_steps = 1_251  # One epoch at batch 1024.

@@ -32,6 +32,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.grad_clip_norm = 1.0
   config.batch_size = 4096
   config.eval_batch_size = 4096
+  config.num_train_steps = -1  # Counted in epochs:
   config.num_epochs = 300.0
   config.warmup_steps = 10_000
   config.log_every_steps = 100

@@ -10,6 +10,8 @@ from typing import Any, Callable, Optional, Sequence
 import flax.linen as nn
 import jax.numpy as jnp
 
+from models import layers
+
 
 class _Block(nn.Module):
   filters: int  # Width of the block's 3x3 convolution.
@@ -58,7 +60,8 @@ class ResNet(nn.Module):
   bn_momentum: float = 0.9
 
   @nn.compact
-  def __call__(self, x, *, train: bool):
+  def __call__(self, x, *, train: bool, example_ids=None):
+    ids = layers.example_ids_or_rows(x, example_ids)
     conv = functools.partial(nn.Conv, use_bias=False, dtype=self.dtype, padding='SAME')
     norm = functools.partial(nn.BatchNorm, use_running_average=not train,
                              momentum=self.bn_momentum, epsilon=1e-5, dtype=self.dtype,
@@ -75,7 +78,7 @@ class ResNet(nn.Module):
         strides = 2 if stage > 0 and block == 0 else 1
         x = self.block_cls(self.num_filters * 2**stage, conv=conv, norm=norm, strides=strides)(x)
     x = jnp.mean(x, axis=(1, 2))
-    x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
+    x = layers.Dropout(self.dropout_rate)(x, ids, deterministic=not train)
     return nn.Dense(self.num_classes, dtype=self.dtype)(x)
 
 

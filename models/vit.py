@@ -6,6 +6,8 @@ from typing import Any, Optional
 import flax.linen as nn
 import jax.numpy as jnp
 
+from models import layers
+
 
 class EncoderBlock(nn.Module):
   num_heads: int
@@ -14,17 +16,16 @@ class EncoderBlock(nn.Module):
   dtype: Any
 
   @nn.compact
-  def __call__(self, x, *, train: bool):
+  def __call__(self, x, ids, *, train: bool):
+    dropout = lambda y: layers.Dropout(self.dropout_rate)(y, ids, deterministic=not train)
     y = nn.LayerNorm(dtype=self.dtype)(x)
-    y = nn.MultiHeadDotProductAttention(num_heads=self.num_heads, dtype=self.dtype,
-                                        dropout_rate=self.dropout_rate,
-                                        deterministic=not train)(y, y)
-    x = x + nn.Dropout(self.dropout_rate, deterministic=not train)(y)
+    # No dropout on the attention weights (as in vit_jax's and torchvision's ViT-B/16).
+    y = nn.MultiHeadDotProductAttention(num_heads=self.num_heads, dtype=self.dtype)(y, y)
+    x = x + dropout(y)
     y = nn.LayerNorm(dtype=self.dtype)(x)
-    y = nn.gelu(nn.Dense(self.mlp_dim, dtype=self.dtype)(y))
-    y = nn.Dropout(self.dropout_rate, deterministic=not train)(y)
+    y = dropout(nn.gelu(nn.Dense(self.mlp_dim, dtype=self.dtype)(y)))
     y = nn.Dense(x.shape[-1], dtype=self.dtype)(y)
-    return x + nn.Dropout(self.dropout_rate, deterministic=not train)(y)
+    return x + dropout(y)
 
 
 class ViT(nn.Module):
@@ -39,7 +40,8 @@ class ViT(nn.Module):
   axis_name: Optional[str] = None  # Unused: ViT has no cross-replica layers.
 
   @nn.compact
-  def __call__(self, x, *, train: bool):
+  def __call__(self, x, *, train: bool, example_ids=None):
+    ids = layers.example_ids_or_rows(x, example_ids)
     x = nn.Conv(self.hidden_size, (self.patch_size, self.patch_size),
                 strides=(self.patch_size, self.patch_size), padding='VALID', dtype=self.dtype,
                 name='embedding')(x.astype(self.dtype))
@@ -49,10 +51,11 @@ class ViT(nn.Module):
     x = jnp.concatenate([jnp.tile(cls, (batch, 1, 1)).astype(self.dtype), x], axis=1)
     position = self.param('pos_embedding', nn.initializers.normal(stddev=0.02),
                           (1, x.shape[1], channels))
-    x = nn.Dropout(self.dropout_rate, deterministic=not train)(x + position.astype(self.dtype))
+    x = layers.Dropout(self.dropout_rate)(x + position.astype(self.dtype), ids,
+                                          deterministic=not train)
     for i in range(self.num_layers):
       x = EncoderBlock(self.num_heads, self.mlp_dim, self.dropout_rate, self.dtype,
-                       name=f'encoderblock_{i}')(x, train=train)
+                       name=f'encoderblock_{i}')(x, ids, train=train)
     x = nn.LayerNorm(dtype=self.dtype, name='encoder_norm')(x)
     return nn.Dense(self.num_classes, dtype=self.dtype, kernel_init=nn.initializers.zeros,
                     name='head')(x[:, 0])

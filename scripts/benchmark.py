@@ -48,9 +48,14 @@ flags.DEFINE_integer('rounds', 3, 'Times the limit and the trainer are measured,
 flags.DEFINE_integer('warmup_steps', 5, 'Untimed steps after the first (compiling) one.')
 flags.DEFINE_bool('mock_data', False, 'JAX parts read `tfds.testing.mock_data` (random '
                   'examples of the dataset\'s shapes: no download). DDP is then skipped.')
-flags.DEFINE_string('part', None, 'Internal: run one part in this process (jax, cache).')
-flags.DEFINE_integer('cpu_devices', None, 'Internal: CPU devices of a --part=jax process.')
+flags.DEFINE_bool('multiprocess', True, 'Also time the bare step of 2 processes x 2 CPU '
+                  'devices (over loopback) against 1 process x 4 devices, both backends.')
+flags.DEFINE_string('part', None, 'Internal: run one part in this process (jax, cache, limit).')
+flags.DEFINE_integer('cpu_devices', None, 'Internal: CPU devices of a part process.')
 flags.DEFINE_string('out', None, 'Internal: where a part process writes its JSON.')
+flags.DEFINE_string('coordinator_address', None, 'Internal: of a multi-process limit part.')
+flags.DEFINE_integer('num_processes', None, 'Internal: of a multi-process limit part.')
+flags.DEFINE_integer('process_id', None, 'Internal: of a multi-process limit part.')
 config_flags.DEFINE_config_file('config', None, 'Training config file.', lock_config=True)
 flags.mark_flags_as_required(['config'])
 
@@ -69,62 +74,61 @@ def _peak_flops(device) -> Optional[float]:
 
 
 def _measure_limit(config, backend: str, steps: int, warmup: int) -> dict[str, Any]:
-  """The bare step on one synthetic batch kept on the devices: the most the loop can reach."""
+  """The bare step on one synthetic batch kept on the devices: the most the loop can reach.
+
+  Over every device of every process; each process puts its rows of the global batch.
+  """
   import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
-  import models  # pylint: disable=import-outside-toplevel
   from trainer import input_pipeline, optim, parallel  # pylint: disable=import-outside-toplevel
   from trainer import state as state_lib  # pylint: disable=import-outside-toplevel
   from trainer import step as step_lib  # pylint: disable=import-outside-toplevel
 
-  devices = jax.local_devices()
-  builder = input_pipeline.get_builder(config)
+  layout = parallel.data_parallel(backend)
+  builder = input_pipeline.get_builder(config, process_index=jax.process_index())
   config = optim.resolve_durations(config, input_pipeline.num_examples(builder,
                                                                        config.train_split))
-  config.step_backend = backend
   spec = input_pipeline.spec(config.dataset)
   shape = (config.batch_size,) + input_pipeline.input_shape(config, builder)[1:]
   schedule = optim.learning_rate_schedule(config)
-  model = models.get(config.model, num_classes=spec.num_classes, dropout_rate=config.dropout_rate,
-                     dtype=jnp.dtype(config.dtype), axis_name=parallel.AXIS_NAME)
-  state = state_lib.create_train_state(model, optim.create_optimizer(config, schedule),
-                                       jax.random.PRNGKey(0), (1,) + shape[1:],
-                                       loss_scaling=config.dtype == 'float16',
-                                       ema=config.ema_decay > 0)
+  init = state_lib.initializer(config, spec.num_classes, schedule)
+  state = init(jax.random.PRNGKey(0), (1,) + shape[1:])
   rng = np.random.RandomState(0)
   batch = {'image': rng.rand(*shape).astype(np.float32),
            'label': rng.randint(0, spec.num_classes, config.batch_size).astype(np.int32)}
-  sharded = jax.device_put(parallel.shard(batch, len(devices)),
-                           parallel.device_sharding(devices))
-  rstate = parallel.replicate(state, devices)
-  step_rng = parallel.replicate(jax.random.PRNGKey(1), devices)
-  p_train_step = step_lib.make_p_train_step(schedule, devices, config)
+  rows = config.batch_size // jax.process_count()
+  batch = layout.put_batch({k: v[jax.process_index() * rows:][:rows] for k, v in batch.items()})
+  rstate = layout.put_replicated(state)
+  step_rng = layout.put_replicated(jax.random.PRNGKey(1))
+  p_train_step = step_lib.make_train_step(
+      layout, learning_rate_fn=schedule, options=step_lib.StepOptions.from_config(config))
 
   start = time.perf_counter()
-  compiled = p_train_step.lower(rstate, sharded, step_rng).compile()
+  compiled = p_train_step.lower(rstate, batch, step_rng).compile()
   compile_s = time.perf_counter() - start
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   flops = float(cost.get('flops', 0.0)) if cost else 0.0
   for _ in range(warmup + 1):
-    rstate, metrics = p_train_step(rstate, sharded, step_rng)
+    rstate, metrics = p_train_step(rstate, batch, step_rng)
   jax.block_until_ready(metrics)
+  # Chunks of 10 steps: fewer than the CPU client tolerates in flight (parallel.InFlight).
   chunk, chunks = 10, max(3, -(-steps // 10))
   seconds = []
   for _ in range(chunks):
     start = time.perf_counter()
     for _ in range(chunk):
-      rstate, metrics = p_train_step(rstate, sharded, step_rng)
+      rstate, metrics = p_train_step(rstate, batch, step_rng)
     jax.block_until_ready((rstate, metrics))
     seconds.append(time.perf_counter() - start)
   rate = _median_rate(seconds, chunk * config.batch_size)
-  # A pmap/shard_map program is one device's; the step runs it on every device.
-  step_flops = flops * len(devices) if flops else None
-  peak = _peak_flops(devices[0])
+  # The compiled program is one device's; the step runs it on every device.
+  devices = len(layout.devices)
+  step_flops = flops * devices if flops else None
+  peak = _peak_flops(layout.devices[0])
   return {'examples_per_sec': rate, 'step_s': config.batch_size / rate, 'compile_s': compile_s,
           'timed_steps': chunk * chunks, 'flops_per_step': step_flops,
-          'mfu': (step_flops * rate / config.batch_size / (peak * len(devices))
+          'mfu': (step_flops * rate / config.batch_size / (peak * devices)
                   if step_flops and peak else None)}
 
 
@@ -136,8 +140,7 @@ def _measure_input(config, steps: int, warmup: int) -> dict[str, Any]:
 
   devices = jax.local_devices()
   builder = input_pipeline.get_builder(config)
-  ds = input_pipeline.train_dataset(config, builder, device_slots=list(range(len(devices))),
-                                    num_slots=len(devices))
+  ds = input_pipeline.train_dataset(config, builder)
   batches = iter(tfds.as_numpy(ds))
   for _ in range(warmup + 1):
     parallel.shard(next(batches), len(devices))
@@ -221,19 +224,18 @@ def _jax_part(config, steps: int, warmup: int, rounds: int) -> dict[str, Any]:
   is reported.
   """
   import jax  # pylint: disable=import-outside-toplevel
-  from trainer import metrics  # pylint: disable=import-outside-toplevel
-  from trainer import step as step_lib  # pylint: disable=import-outside-toplevel
+  from trainer import metrics, parallel  # pylint: disable=import-outside-toplevel
   result = {'devices': jax.local_device_count(), 'platform': jax.default_backend(),
             'device_kind': jax.local_devices()[0].device_kind}
-  limits = {backend: [] for backend in step_lib.BACKENDS}
+  limits = {backend: [] for backend in parallel.BACKENDS}
   trainers, ratios = [], []
   for _ in range(rounds):
-    for backend in step_lib.BACKENDS:
+    for backend in parallel.BACKENDS:
       limits[backend].append(_measure_limit(config, backend, steps, warmup))
     trainers.append(_measure_trainer(config, steps))
-    best_limit = max(limits[b][-1]['examples_per_sec'] for b in step_lib.BACKENDS)
+    best_limit = max(limits[b][-1]['examples_per_sec'] for b in parallel.BACKENDS)
     ratios.append(trainers[-1]['examples_per_sec'] / best_limit)
-  for backend in step_lib.BACKENDS:
+  for backend in parallel.BACKENDS:
     result[f'limit_{backend}'] = _median_of(limits[backend])
   result['trainer'] = _median_of(trainers)
   result['trainer_over_limit_rounds'] = ratios
@@ -241,6 +243,52 @@ def _jax_part(config, steps: int, warmup: int, rounds: int) -> dict[str, Any]:
   result['input'] = _measure_input(config, steps, warmup)
   result['peak_host_memory_mb'] = metrics.peak_rss_mb()
   return result
+
+
+def _limit_part(config, steps: int, warmup: int) -> dict[str, Any]:
+  """The bare step of both backends over every device of every process."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from trainer import parallel  # pylint: disable=import-outside-toplevel
+  return {'processes': jax.process_count(), 'devices': jax.device_count(),
+          **{backend: _measure_limit(config, backend, steps, warmup)
+             for backend in parallel.BACKENDS}}
+
+
+def _multiprocess_limits(config_path: str, overrides: list[str], tmp: str) -> dict[str, Any]:
+  """Bare steps of 2 processes x 2 devices and of 1 process x 4 devices, alternately
+  `--rounds` times: what pmap's host-local/global round trip costs per step over loopback
+  against shard_map on global arrays."""
+  from baselines.torch_ddp import launch  # pylint: disable=import-outside-toplevel
+  runs = {'1x4': [], '2x2': []}
+  for round_index in range(FLAGS.rounds):
+    out = os.path.join(tmp, f'limit_1x4_{round_index}.json')
+    runs['1x4'].append(_run_part('limit', config_path, overrides, out, ('--cpu_devices=4',)))
+    out = os.path.join(tmp, f'limit_2x2_{round_index}.json')
+    port = launch.free_port()
+    processes = [subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), '--part=limit', f'--config={config_path}',
+         f'--out={out}', f'--steps={FLAGS.steps}', f'--warmup_steps={FLAGS.warmup_steps}',
+         '--cpu_devices=2', f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2',
+         f'--process_id={index}', *overrides],
+        cwd=REPO, env=launch.environment(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True) for index in range(2)]
+    errors = [p.communicate()[1] for p in processes]
+    if any(p.returncode for p in processes):
+      raise SystemExit(f'error: the 2-process limit measurement failed:\n{errors[0][-3000:]}')
+    with open(out, encoding='utf-8') as f:
+      runs['2x2'].append(json.load(f))
+  figures = {}
+  for topology, measured in runs.items():
+    for backend in ('pmap', 'shard_map'):
+      step_s = statistics.median(m[backend]['step_s'] for m in measured)
+      figures[f'{topology}_{backend}_step_ms'] = step_s * 1e3
+  # What pmap's resharding of host-local arrays costs per step across processes, beyond what
+  # going multi-process costs shard_map.
+  figures['pmap_multiprocess_overhead_ms'] = (
+      (figures['2x2_pmap_step_ms'] - figures['1x4_pmap_step_ms']) -
+      (figures['2x2_shard_map_step_ms'] - figures['1x4_shard_map_step_ms']))
+  figures['runs'] = runs
+  return figures
 
 
 def _cache_part(config) -> dict[str, Any]:
@@ -385,33 +433,50 @@ def table(figures: dict) -> str:
       f'FLOPs per step {fmt(flops / 1e9, 2) + " G" if flops else "n/a"}; MFU '
       f'{fmt(figures["mfu"], 3) if figures["mfu"] is not None else "n/a (no known peak)"}',
   ]
+  mp = figures.get('multiprocess')
+  if mp:
+    lines.append(
+        'bare step, ms: 1 process x 4 devices: pmap {:.2f}, shard_map {:.2f}; 2 processes x 2 '
+        'devices: pmap {:.2f}, shard_map {:.2f}; pmap_multiprocess_overhead = {:.2f} ms/step'
+        .format(mp['1x4_pmap_step_ms'], mp['1x4_shard_map_step_ms'], mp['2x2_pmap_step_ms'],
+                mp['2x2_shard_map_step_ms'], mp['pmap_multiprocess_overhead_ms']))
   return '\n'.join(lines)
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
-  config = FLAGS.config
+  from trainer import checks  # pylint: disable=import-outside-toplevel
+  from trainer.errors import UserError  # pylint: disable=import-outside-toplevel
+  try:
+    config = checks.command_line_config(FLAGS['config'])
+  except UserError as e:
+    raise SystemExit(f'error: {e}') from None
   if FLAGS.part:
     import jax  # pylint: disable=import-outside-toplevel
     jax.config.update('jax_num_cpu_devices', FLAGS.cpu_devices)
+    if FLAGS.coordinator_address:
+      jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes,
+                                 FLAGS.process_id)
     with _maybe_mock_data():
-      result = (_jax_part(config, FLAGS.steps, FLAGS.warmup_steps, FLAGS.rounds)
-                if FLAGS.part == 'jax'
-                else _cache_part(config))
-    with open(FLAGS.out, 'w', encoding='utf-8') as f:
-      json.dump(result, f)
+      if FLAGS.part == 'jax':
+        result = _jax_part(config, FLAGS.steps, FLAGS.warmup_steps, FLAGS.rounds)
+      elif FLAGS.part == 'limit':
+        result = _limit_part(config, FLAGS.steps, FLAGS.warmup_steps)
+      else:
+        result = _cache_part(config)
+    if jax.process_index() == 0:
+      with open(FLAGS.out, 'w', encoding='utf-8') as f:
+        json.dump(result, f)
     return
 
-  from trainer import checks  # pylint: disable=import-outside-toplevel
-  from trainer.errors import UserError  # pylint: disable=import-outside-toplevel
   cores = os.cpu_count()
   jax_counts = _counts(FLAGS.jax_devices, sorted({1, cores}))
   ddp_counts = [] if FLAGS.mock_data else _counts(FLAGS.ddp_ranks, sorted({1, cores}))
   from baselines.torch_ddp import launch  # pylint: disable=import-outside-toplevel
   try:
     config_overrides = launch.config_overrides(sys.argv[1:])
-    for n in sorted(set(jax_counts) | set(ddp_counts)):
+    for n in sorted(set(jax_counts) | set(ddp_counts) | ({4} if FLAGS.multiprocess else set())):
       checks.check_config(config, process_count=1, local_device_count=n)
     if ddp_counts:
       from baselines.torch_ddp import train as ddp_train  # pylint: disable=import-outside-toplevel
@@ -439,7 +504,12 @@ def main(argv):
     for ranks in ddp_counts:
       print(f'ddp: {ranks} ranks ...', flush=True)
       ddp_runs.append(_ddp_run(config_path, config_overrides, ranks, cores, FLAGS.steps, tmp))
+    multiprocess = None
+    if FLAGS.multiprocess:
+      print('bare step: 2 processes x 2 devices against 1 process x 4 ...', flush=True)
+      multiprocess = _multiprocess_limits(config_path, overrides, tmp)
   figures = summarize(jax_runs, ddp_runs, cache)
+  figures['multiprocess'] = multiprocess
   figures['config'] = config_path
   figures['overrides'] = overrides
   figures['cores'] = cores

@@ -315,7 +315,7 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   try:
     config_path = config_flags.get_config_filename(FLAGS['config'])
-    report = compare(FLAGS.config, config_path, launch.config_overrides(sys.argv[1:]),
+    report = compare(checks.command_line_config(FLAGS['config']), config_path, launch.config_overrides(sys.argv[1:]),
                      FLAGS.workdir, FLAGS.devices, FLAGS.threads, FLAGS.target_accuracy,
                      FLAGS.timing_warmup_steps, FLAGS.reuse, FLAGS.same_init)
   except UserError as e:

@@ -19,9 +19,22 @@ CASES = {
         dict(batch_size=100),
         'batch_size=100 is not divisible by the 8 devices (1 process(es) x 8 local devices); '
         'use a multiple of 8, e.g. --config.batch_size=96'),
-    'eval batch not divisible': (
-        dict(eval_batch_size=12),
-        'eval_batch_size=12 is not divisible by the 8 devices'),
+    'steps and epochs both set': (
+        dict(num_epochs=2.0),
+        'num_train_steps=500 and num_epochs=2.0 are both set, and a run takes one of them; set '
+        'the other to -1 (--config.num_epochs=-1 to count in steps, or '
+        '--config.num_train_steps=-1 to count in epochs)'),
+    'neither warm-up field set': (
+        dict(warmup_steps=-1),
+        'neither warmup_steps nor warmup_epochs is set; give one of them '
+        '(--config.warmup_steps=N or --config.warmup_epochs=X)'),
+    'neither duration set': (
+        dict(num_train_steps=-1, num_epochs=-1.0),
+        'neither num_train_steps nor num_epochs is set'),
+    'negative epochs': (
+        dict(num_train_steps=-1, num_epochs=-3.0),
+        'num_epochs=-3.0 must be positive (--config.num_epochs=X), or -1 to count in '
+        'num_train_steps'),
     'unknown model': (
         dict(model='resnet9'),
         f"model='resnet9' is unknown; choose one of: {', '.join(models.names())} "
@@ -46,8 +59,14 @@ CASES = {
         dict(grad_accum_steps=2, dtype='float16'),
         'grad_accum_steps=2 with dtype=float16 is not supported'),
     'warmup too long': (
-        dict(warmup_epochs=100.0),
+        dict(warmup_steps=-1, warmup_epochs=100.0),
         'warmup_steps=1123 must be >= 0 and below num_train_steps=500'),
+    'negative weight decay': (
+        dict(weight_decay=-0.1),
+        'weight_decay=-0.1 must be >= 0; 0 turns it off (--config.weight_decay=X)'),
+    'dropout of one': (
+        dict(dropout_rate=1.0),
+        'dropout_rate=1.0 must be in [0, 1); 0 turns dropout off (--config.dropout_rate=X)'),
     'zero steps': (
         dict(num_train_steps=0),
         'num_train_steps=0 must be a positive integer (--config.num_train_steps=N)'),
@@ -96,6 +115,9 @@ def _cli(*args):
 @pytest.mark.parametrize('args,message', [
     (['--config.batch_size=100'], 'error: batch_size=100 is not divisible by the 8 devices'),
     (['--config.model=resnet9'], "error: model='resnet9' is unknown; choose one of: cnn, mlp, resnet101"),
+    # Both fields of a pair on the command line: neither may silently win.
+    (['--config.num_epochs=2', '--config.num_train_steps=4'],
+     'error: num_train_steps=4 and num_epochs=2.0 are both set'),
     (['--cpu_devices=0'], 'error: --cpu_devices=0 must be a positive device count'),
 ])
 def test_cli_prints_one_line_and_exits_nonzero(tmp_path, tfds_data_dir, args, message):

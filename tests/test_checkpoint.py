@@ -152,10 +152,14 @@ def test_divergence_stops_with_the_last_good_checkpoint(config, tmp_path):
                     str(error.value))
   assert found, str(error.value)
   bad, good, saved = map(int, found.groups()[:3])
-  assert good < bad and saved <= good and saved > 0
+  assert good == bad - 1 and saved <= good and saved > 0
   assert checkpoint.Checkpointer(workdir, keep=3).steps()[-1] == saved
   newest = _saved(workdir)
   assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(newest))
+  # The train curves end at the last finite step, every point of them finite.
+  losses = metrics.read_events(workdir)[0]['train_loss']
+  assert max(losses) == good
+  assert all(np.isfinite(value) for value in losses.values())
 
 
 def test_divergence_can_skip_steps(config, tmp_path):

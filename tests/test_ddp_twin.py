@@ -66,7 +66,7 @@ def test_sigterm_stops_with_a_checkpoint_and_resume_is_exact(reference, tmp_path
 
   _run(workdir, tfds_data_dir)  # The same command resumes.
   final, expected = _load(workdir, STEPS), _load(reference, STEPS)
-  assert final['examples_per_device'] == expected['examples_per_device'] == STEPS * 64
+  assert final['examples_seen'] == expected['examples_seen'] == STEPS * 128
   for name, tensor in expected['model'].items():
     assert torch.equal(final['model'][name], tensor), name
   for index, values in expected['optimizer']['state'].items():

@@ -23,16 +23,21 @@ def digits_state():
   return state_lib.create_train_state(model, optax.sgd(0.1), jax.random.PRNGKey(3), (1, 8, 8, 1))
 
 
-@pytest.mark.parametrize('num_devices', [1, 3, 8])
-def test_eval_is_exact(config, digits_state, num_devices):
-  config.eval_batch_size = EVAL_BATCH
+# The default eval batch (128) on 3 devices: rounded up to 43 per device, padded and masked.
+@pytest.mark.parametrize('num_devices,eval_batch', [(1, EVAL_BATCH), (3, EVAL_BATCH),
+                                                     (8, EVAL_BATCH), (3, None)])
+def test_eval_is_exact(config, digits_state, num_devices, eval_batch):
+  config.eval_batch_size = eval_batch or config.eval_batch_size
   devices = jax.devices()[:num_devices]
   num_examples, ref_loss, ref_accuracy = helpers.reference_eval(digits_state, config)
-  assert num_examples % EVAL_BATCH != 0
-  data = input_pipeline.eval_data(config, input_pipeline.get_builder(config))
+  assert num_examples % config.eval_batch_size != 0
+  data = input_pipeline.eval_data(config, input_pipeline.get_builder(config),
+                                  local_device_count=num_devices)
   assert data.num_examples == num_examples == 360
-  got = train.evaluate(step_lib.make_p_eval_step(devices),
-                       parallel.replicate(digits_state, devices), data, devices)
+  assert data.batch_size == -(-config.eval_batch_size // num_devices) * num_devices
+  layout = parallel.data_parallel('pmap', devices)
+  got = train.evaluate(step_lib.make_eval_step(layout), layout.put_replicated(digits_state),
+                       data, layout)
   assert got['eval_accuracy'] == pytest.approx(ref_accuracy, abs=1e-7)
   assert got['eval_loss'] == pytest.approx(ref_loss, rel=1e-6)
 

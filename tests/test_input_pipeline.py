@@ -46,28 +46,96 @@ def test_train_batches_are_seeded_shuffled_and_full(config):
   assert np.bincount(labels, minlength=10).min() > 100
 
 
-@pytest.mark.parametrize('split', ['train', 'test'])
-def test_parts_of_processes_are_disjoint_and_cover(config, split):
-  """2 processes x 2 devices: each device's train stream, and each process's eval part."""
+def _stream(config, builder, steps, **kwargs):
+  """`steps` batches of a process's rows as one (images, labels) pair of arrays."""
+  batches = _take(input_pipeline.train_dataset(config, builder, **kwargs), steps)
+  return (np.concatenate([b['image'] for b in batches]),
+          np.concatenate([b['label'] for b in batches]))
+
+
+def test_global_stream_equals_a_numpy_reference(config):
+  """Steps 0..k (2.4 epochs of the 1,437 examples) are the split in each epoch's order,
+  every example once per epoch, another order each epoch; built here with numpy from the
+  documented order of (seed, epoch)."""
+  config.update(batch_size=64, seed=7)
   builder = input_pipeline.get_builder(config)
-  full = tfds.as_numpy(builder.as_dataset(split=split, batch_size=-1))['image']
-  config.update(train_split=split, batch_size=4, eval_batch_size=4)
-  parts = []
+  split = tfds.as_numpy(builder.as_dataset(split='train', batch_size=-1, shuffle_files=False))
+  n, steps = len(split['label']), 54
+  images, labels = _stream(config, builder, steps)
+  orders = [np.asarray(input_pipeline.epoch_order(7, epoch, np.arange(n), n)) for epoch in
+            range(3)]
+  for order in orders:
+    assert sorted(order) == list(range(n))  # Every example once per epoch.
+  assert not np.array_equal(orders[0], orders[1])
+  positions = np.arange(steps * 64)
+  index = np.array([orders[g // n][g % n] for g in positions])
+  np.testing.assert_array_equal(labels, split['label'][index])
+  np.testing.assert_allclose(images, split['image'][index] / 255.0, rtol=1e-6)
+
+
+@pytest.mark.parametrize('process_count', [2, 4])
+def test_processes_build_their_rows_of_the_same_global_batches(config, process_count):
+  """Process p's batches are rows p*B/P .. of the 1-process batches; so after a resume."""
+  config.batch_size = 64
+  builder = input_pipeline.get_builder(config)
+  whole = _stream(config, builder, 25, start_position=3 * 64)
+  rows = 64 // process_count
+  for process in range(process_count):
+    part = _stream(config, builder, 25, process_index=process, process_count=process_count,
+                   start_position=3 * 64)
+    for got, expected in zip(part, whole):
+      expected = expected.reshape((25, 64) + expected.shape[1:])
+      np.testing.assert_array_equal(
+          got, expected[:, process * rows:(process + 1) * rows].reshape(got.shape))
+
+
+def test_eval_parts_of_processes_are_disjoint_and_cover(config):
+  builder = input_pipeline.get_builder(config)
+  full = tfds.as_numpy(builder.as_dataset(split='test', batch_size=-1))['image']
+  config.eval_batch_size = 4
+  seen = []
   for process in range(2):
-    if split == 'train':
-      for slot in (2 * process, 2 * process + 1):
-        size = len(full) // 4 + (slot < len(full) % 4)
-        stream = input_pipeline.train_dataset(config, builder, device_slots=[slot], num_slots=4)
-        parts.append([bytes(b['image'][0]) for b in _take(stream, size)])
-    else:
-      data = input_pipeline.eval_data(config, builder, process_index=process, process_count=2)
-      parts.append([bytes(x) for b in input_pipeline.eval_batches(data)
-                    for x, m in zip(b['image'], b['mask']) if m])
-  normalize = lambda images: sorted(bytes((np.frombuffer(x, np.float32) * 255).round()
-                                          .astype(np.uint8)) for x in images)
-  seen = [x for part in parts for x in part]
+    data = input_pipeline.eval_data(config, builder, process_index=process, process_count=2)
+    seen += [bytes(x) for b in input_pipeline.eval_batches(data)
+             for x, m in zip(b['image'], b['mask']) if m]
   assert len(seen) == len(full)  # Nothing twice, and (below) nothing missed.
-  assert normalize(seen) == sorted(bytes(x) for x in full)
+  normalized = sorted(bytes((np.frombuffer(x, np.float32) * 255).round().astype(np.uint8))
+                      for x in seen)
+  assert normalized == sorted(bytes(x) for x in full)
+
+
+def test_array_record_files_give_the_stream_held_in_memory(config, tmp_path):
+  """The split prepared as ArrayRecord and read by index (a TFDS data source, not held in
+  memory) gives the same global stream as the split held in memory."""
+  config.batch_size = 48
+  in_memory = _stream(config, input_pipeline.get_builder(config), 40, start_position=96)
+  builder = tfds.builder('digits', data_dir=str(tmp_path), file_format='array_record')
+  builder.download_and_prepare()
+  config.cache = False
+  assert input_pipeline.train_source_kind(config, builder) == input_pipeline.ARRAY_RECORD
+  from_files = _stream(config, builder, 40, start_position=96)
+  for got, expected in zip(from_files, in_memory):
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_tfrecord_files_are_read_in_sequence_per_process(config):
+  """Without `cache`, TFRecord files are read in order: each process shuffles its own half,
+  every example of it once per epoch, and resumes exactly."""
+  config.update(cache=False, batch_size=64, shuffle_buffer_size=512)
+  builder = input_pipeline.get_builder(config)
+  assert input_pipeline.train_source_kind(config, builder) == input_pipeline.SEQUENTIAL
+  full = tfds.as_numpy(builder.as_dataset(split='train', batch_size=-1))['image']
+  halves = []
+  for process in range(2):
+    part_size = len(full) // 2 + (process < len(full) % 2)
+    images, _ = _stream(config, builder, -(-part_size // 32) + 1, process_index=process,
+                        process_count=2)
+    halves.append(images[:part_size])
+    resumed, _ = _stream(config, builder, 3, process_index=process, process_count=2,
+                         start_position=10 * 64)
+    np.testing.assert_array_equal(resumed, images[10 * 32:13 * 32])
+  seen = sorted(bytes((x * 255).round().astype(np.uint8)) for half in halves for x in half)
+  assert seen == sorted(bytes(x) for x in full)
 
 
 def test_mnist_pipeline_under_mock_data(config):
@@ -115,8 +183,8 @@ def test_train_stream_resumes_mid_stream_exactly(config, start):
   config.batch_size = 50
   builder = input_pipeline.get_builder(config)
 
-  def stream(start_example, num_batches):
-    ds = input_pipeline.train_dataset(config, builder, start_example=start_example)
+  def stream(start_position, num_batches):
+    ds = input_pipeline.train_dataset(config, builder, start_position=start_position)
     return np.concatenate([b['image'] for b in _take(ds, num_batches)])
 
   full = stream(0, (start + 500) // 50 + 1)
@@ -138,7 +206,7 @@ def test_image_pipelines_under_mock_data(config, dataset, train_shape, eval_shap
     assert input_pipeline.input_shape(config, builder) == (1,) + train_shape
     first = _take(input_pipeline.train_dataset(config, builder), 3)
     again = _take(input_pipeline.train_dataset(config, builder), 3)
-    resumed = _take(input_pipeline.train_dataset(config, builder, start_example=8), 2)
+    resumed = _take(input_pipeline.train_dataset(config, builder, start_position=8), 2)
     data = input_pipeline.eval_data(config, builder)
     eval_batches = list(input_pipeline.eval_batches(data))
   for batch in first:

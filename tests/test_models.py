@@ -61,18 +61,18 @@ def test_param_count(name, shape, classes):
 @pytest.mark.parametrize('name', models.names())
 def test_one_train_step(name):
   shape = STEP_SHAPES[name]
-  device = jax.devices()[:1]
+  layout = parallel.data_parallel('pmap', jax.devices()[:1])
   model = models.get(name, num_classes=10, axis_name=parallel.AXIS_NAME)
   state = state_lib.create_train_state(model, optax.sgd(0.1, momentum=0.9),
                                        jax.random.PRNGKey(0), (1,) + shape)
   rng = np.random.RandomState(0)
-  batch = {'image': rng.randn(1, 4, *shape).astype(np.float32),
-           'label': rng.randint(0, 10, (1, 4)).astype(np.int32)}
-  p_train_step = step_lib.make_p_train_step(lambda step: 0.1, device)
-  new_state, metrics = p_train_step(parallel.replicate(state, device), batch,
-                                    parallel.replicate(jax.random.PRNGKey(1), device))
-  new_state = parallel.unreplicate(new_state)
-  values = parallel.unreplicate(metrics).compute()
+  batch = {'image': rng.randn(4, *shape).astype(np.float32),
+           'label': rng.randint(0, 10, 4).astype(np.int32)}
+  p_train_step = step_lib.make_train_step(layout, learning_rate_fn=lambda step: 0.1)
+  new_state, metrics = p_train_step(layout.put_replicated(state), layout.put_batch(batch),
+                                    layout.put_replicated(jax.random.PRNGKey(1)))
+  new_state = parallel.host_state(layout, new_state)
+  values = layout.fetch([metrics])[0].compute()
   assert np.isfinite(values['loss']) and values['grad_norm'] > 0
   assert int(new_state.step) == 1
   changed = [not np.array_equal(a, b) for a, b in
@@ -81,7 +81,7 @@ def test_one_train_step(name):
   if state.batch_stats is not None:  # Running statistics moved towards the batch's.
     assert not all(np.array_equal(a, b) for a, b in zip(
         jax.tree.leaves(new_state.batch_stats), jax.tree.leaves(state.batch_stats)))
-  logits = model.apply(new_state.variables(), batch['image'][0], train=False)
+  logits = model.apply(new_state.variables(), batch['image'], train=False)
   assert logits.shape == (4, 10) and np.all(np.isfinite(logits))
 
 

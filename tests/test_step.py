@@ -1,4 +1,4 @@
-"""The pmapped train step against a single-device reference over the same global batch."""
+"""The train step, over devices, against single-device references over the same global batch."""
 
 import functools
 
@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import models
+from tests import helpers
 from trainer import optim
 from trainer import parallel
 from trainer import state as state_lib
@@ -21,9 +22,7 @@ def _setup(config, model_name, dropout_rate=0.0, shape=(8, 8, 1)):
   config.warmup_steps = 0  # The first step then moves the params.
   config.dropout_rate = dropout_rate
   schedule = optim.learning_rate_schedule(config)
-  model = models.get(model_name, num_classes=10, dropout_rate=dropout_rate)
-  state = state_lib.create_train_state(
-      model, optim.create_optimizer(config, schedule), jax.random.PRNGKey(0), (1,) + shape)
+  state = state_lib.initializer(config, 10, schedule)(jax.random.PRNGKey(0), (1,) + shape)
   return state, schedule
 
 
@@ -47,33 +46,32 @@ def _reference_step(state, batch):
 
 
 def _assert_trees_close(actual, expected, rtol=1e-6, atol=1e-7):
-  for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected)):
+  leaves_a, leaves_e = jax.tree.leaves(actual), jax.tree.leaves(expected)
+  assert len(leaves_a) == len(leaves_e)
+  for a, e in zip(leaves_a, leaves_e):
     np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=rtol, atol=atol)
 
 
 @pytest.mark.parametrize('model_name', ['mlp', 'cnn'])
 @pytest.mark.parametrize('num_devices', [2, 4, 8])
 def test_pmap_step_equals_single_device_step(config, model_name, num_devices):
-  devices = jax.devices()[:num_devices]
   state, schedule = _setup(config, model_name)
-  p_train_step = step_lib.make_p_train_step(schedule, devices)
-  rstate = parallel.replicate(state, devices)
-  rng = parallel.replicate(jax.random.PRNGKey(1), devices)
+  layout = parallel.data_parallel('pmap', jax.devices()[:num_devices])
+  batches = _batches(3)
+  got, values, _ = helpers.run_steps(layout, state, schedule, batches)
   ref_state = state
-  for batch in _batches(3):
-    rstate, metrics = p_train_step(rstate, parallel.shard(batch, num_devices), rng)
+  for batch, value in zip(batches, values):
     ref_state, ref_loss, ref_accuracy = _reference_step(ref_state, batch)
-    got = parallel.unreplicate(rstate)
-    _assert_trees_close(got.params, ref_state.params)
-    _assert_trees_close(got.opt_state, ref_state.opt_state)
-    values = parallel.unreplicate(metrics).compute()
-    np.testing.assert_allclose(values['loss'], ref_loss, rtol=1e-6)
-    np.testing.assert_allclose(values['accuracy'], ref_accuracy, rtol=1e-6)
-  assert int(parallel.unreplicate(rstate).step) == 3
+    np.testing.assert_allclose(value['loss'], ref_loss, rtol=1e-6)
+    np.testing.assert_allclose(value['accuracy'], ref_accuracy, rtol=1e-6)
+  _assert_trees_close(got.params, ref_state.params)
+  _assert_trees_close(got.opt_state, ref_state.opt_state)
+  assert int(got.step) == 3
 
 
-def test_replicas_stay_identical_and_step_compiles_once(config):
-  devices = jax.devices()
+@pytest.mark.parametrize('backend', parallel.BACKENDS)
+def test_real_step_compiles_once_and_replicas_stay_identical(config, backend):
+  """A trace counter around the real step body, through the real factory and layout."""
   state, schedule = _setup(config, 'cnn', dropout_rate=0.3)
   traces = []
 
@@ -81,69 +79,68 @@ def test_replicas_stay_identical_and_step_compiles_once(config):
     traces.append(1)
     return step_lib.train_step(*args, **kwargs)
 
-  p_train_step = jax.pmap(functools.partial(counting_step, learning_rate_fn=schedule),
-                          axis_name=step_lib.AXIS_NAME, devices=devices, donate_argnums=(0,))
-  rstate = parallel.replicate(state, devices)
-  rng = parallel.replicate(jax.random.PRNGKey(1), devices)
-  for batch in _batches(6):
-    rstate, _ = p_train_step(rstate, parallel.shard(batch, len(devices)), rng)
+  layout = parallel.data_parallel(backend, jax.devices())
+  got, _, rstate = helpers.run_steps(layout, state, schedule, _batches(6), step_fn=counting_step)
   assert len(traces) == 1
-  for leaf in jax.tree.leaves(jax.device_get(rstate.params)):
-    for replica in leaf[1:]:
-      np.testing.assert_array_equal(replica, leaf[0])
+  # Every device holds the same state.
+  for leaf in jax.tree.leaves(rstate.params):
+    copies = [np.asarray(shard.data) for shard in leaf.addressable_shards]
+    assert len(copies) == 8
+    for copy in copies[1:]:
+      np.testing.assert_array_equal(copy, copies[0])
   # Training moved the params away from their initial values.
-  moved = jax.tree.map(lambda a, b: np.abs(a[0] - b).max(), jax.device_get(rstate.params),
-                       state.params)
+  moved = jax.tree.map(lambda a, b: np.abs(a - b).max(), got.params, state.params)
   assert min(jax.tree.leaves(moved)) > 0
 
 
-def test_dropout_differs_per_device(config):
-  """Two devices fed identical examples still drop different units: keys fold in the index."""
-  devices = jax.devices()[:2]
+def test_dropout_is_the_same_on_any_device_count_and_differs_per_step(config):
+  """With dropout on, 1 and 4 devices train to the same params (each example's mask comes
+  from its global row, not from a device); the same step number gives the same update, and
+  another step number another one (masks are drawn anew each step)."""
   state, schedule = _setup(config, 'mlp', dropout_rate=0.5)
-  half = _batches(1)[0]
-  half = {k: v[:GLOBAL_BATCH // 2] for k, v in half.items()}
-  batch = {k: np.concatenate([v, v]) for k, v in half.items()}
-  grads_per_device = jax.pmap(
-      lambda s, b, r: jax.grad(lambda p: jnp.mean(step_lib.cross_entropy(
-          s.apply_fn({'params': p}, b['image'], train=True, rngs={'dropout': jax.random.fold_in(
-              jax.random.fold_in(r, s.step), jax.lax.axis_index(step_lib.AXIS_NAME))}),
-          b['label'])))(s.params),
-      axis_name=step_lib.AXIS_NAME, devices=devices)(
-          parallel.replicate(state, devices), parallel.shard(batch, 2),
-          parallel.replicate(jax.random.PRNGKey(1), devices))
-  kernel = np.asarray(grads_per_device['Dense_0']['kernel'])
-  assert not np.allclose(kernel[0], kernel[1])
+  batches = _batches(2)
+  one, _, _ = helpers.run_steps(parallel.data_parallel('pmap', jax.devices()[:1]), state, schedule, batches)
+  four, _, _ = helpers.run_steps(parallel.data_parallel('pmap', jax.devices()[:4]), state, schedule, batches)
+  _assert_trees_close(four.params, one.params, rtol=1e-5, atol=1e-6)
+
+  layout = parallel.data_parallel('pmap', jax.devices()[:2])
+  first = [helpers.run_steps(layout, state.replace(step=step), schedule, batches[:1])[0].params
+           for step in (0, 0, 1)]
+  _assert_trees_close(first[1], first[0], rtol=0, atol=0)
+  kernel = lambda params: np.asarray(params['Dense_0']['kernel'])
+  assert not np.allclose(kernel(first[2]), kernel(first[0]))
+
+
+def test_each_example_draws_its_own_mask_by_its_id():
+  """The same image at two rows drops different units; an id means the same mask whatever
+  the batch it sits in."""
+  model = models.get('mlp', num_classes=10, dropout_rate=0.5)
+  x = jnp.tile(jax.random.normal(jax.random.PRNGKey(1), (1, 8, 8, 1)), (8, 1, 1, 1))
+  variables = model.init(jax.random.PRNGKey(0), x, train=False)
+  apply = functools.partial(model.apply, variables, train=True,
+                            rngs={'dropout': jax.random.PRNGKey(2)})
+  whole = apply(x)
+  assert not np.allclose(whole[0], whole[1])
+  rows = jnp.array([5, 7])
+  np.testing.assert_allclose(apply(x[:2], example_ids=rows), whole[rows], rtol=1e-6)
+  np.testing.assert_array_equal(model.apply(variables, x, train=False)[0],
+                                model.apply(variables, x, train=False)[1])
 
 
 @pytest.mark.parametrize('model_name', ['cnn', 'resnet_tiny'])
 def test_shard_map_backend_equals_pmap(config, model_name):
   """jit + shard_map and pmap run the same step: same params, BatchNorm statistics and
-  metrics after a few steps (dropout on, so the per-device RNG folding must agree too)."""
+  metrics after a few steps (dropout on, so the per-example RNG keys must agree too)."""
   devices = jax.devices()[:4]
-  config.model = model_name
-  config.warmup_steps = 0
-  config.dropout_rate = 0.2
-  schedule = optim.learning_rate_schedule(config)
-  model = models.get(model_name, num_classes=10, dropout_rate=0.2,
-                     axis_name=parallel.AXIS_NAME)
-  state = state_lib.create_train_state(
-      model, optim.create_optimizer(config, schedule), jax.random.PRNGKey(0), (1, 8, 8, 1))
+  state, schedule = _setup(config, model_name, dropout_rate=0.2)
+  eval_batch = dict(_batches(1, seed=5)[0], mask=np.ones(GLOBAL_BATCH, np.float32))
   results = {}
-  for backend in step_lib.BACKENDS:
-    config.step_backend = backend
-    p_train_step = step_lib.make_p_train_step(schedule, devices, config)
-    p_eval_step = step_lib.make_p_eval_step(devices, backend)
-    rstate = parallel.replicate(state, devices)
-    rng = parallel.replicate(jax.random.PRNGKey(1), devices)
-    losses = []
-    for batch in _batches(3):
-      rstate, step_metrics = p_train_step(rstate, parallel.shard(batch, 4), rng)
-      losses.append(float(parallel.unreplicate(step_metrics).compute()['loss']))
-    eval_batch = dict(_batches(1, seed=5)[0], mask=np.ones(GLOBAL_BATCH, np.float32))
-    evaluation = p_eval_step(rstate, parallel.shard(eval_batch, 4))
-    results[backend] = (parallel.unreplicate(rstate), losses,
-                        parallel.unreplicate(evaluation).compute())
+  for backend in parallel.BACKENDS:
+    layout = parallel.data_parallel(backend, devices)
+    got, values, rstate = helpers.run_steps(layout, state, schedule, _batches(3))
+    evaluation = step_lib.make_eval_step(layout)(rstate, layout.put_batch(eval_batch))
+    results[backend] = (got, [float(v['loss']) for v in values],
+                        layout.fetch([evaluation])[0].compute())
   (pmap_state, pmap_losses, pmap_eval), (sm_state, sm_losses, sm_eval) = (
       results['pmap'], results['shard_map'])
   assert int(sm_state.step) == 3

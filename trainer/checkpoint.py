@@ -1,11 +1,14 @@
 """Orbax checkpoints under WORKDIR/checkpoints: save, resume, fine-tune from another run.
 
 A checkpoint at step N holds two items:
-  state: the unreplicated `TrainState` (step, params, optimizer state) as host arrays;
-  meta:  JSON with the step RNG key, the examples each process's input stream has consumed,
-         and the config that wrote it (to explain a mismatch on restart).
-Orbax writes each checkpoint into a temporary directory and renames it when complete, so a
-save cut short leaves no step directory behind.
+  state: one replica of the `TrainState` (step, params, optimizer state, BatchNorm
+         statistics) as host arrays: nothing in it depends on the devices that wrote it;
+  meta:  JSON (`meta()`): the step RNG key, the data seed, the position in the global
+         training stream (examples trained on), the topology that wrote it, and the config
+         (to explain a mismatch on restart).
+A run resumes on any number of devices and processes that divides its batch, with the
+batches an uninterrupted run would have used. Orbax writes each checkpoint into a temporary
+directory and renames it when complete, so a save cut short leaves no step directory behind.
 """
 
 import dataclasses
@@ -74,6 +77,41 @@ def _config_differences(saved: dict, current: dict) -> str:
   return ', '.join(changed)
 
 
+# The meta item's layout. 1 (no 'format' field): the input position was counted per device of
+# per-device data streams (`examples_per_device`), before the global stream existed.
+META_FORMAT = 2
+
+
+def meta(*, rng, data_seed: int, examples_seen: int, devices: int, processes: int,
+         config: dict) -> dict:
+  """The meta item of a checkpoint (JSON)."""
+  return {'format': META_FORMAT, 'rng': np.asarray(rng).tolist(), 'data_seed': data_seed,
+          'examples_seen': examples_seen, 'devices': devices, 'processes': processes,
+          'config': config}
+
+
+def stream_position(saved: dict, step: int, batch_size: int) -> int:
+  """Where in the global training stream a run resumed from `saved` (a meta item) goes on.
+
+  A checkpoint of format 1 counted examples per device of per-device streams; the global
+  stream takes it up at step x batch (the same place in the epochs, other batches from there
+  on), and says so.
+  """
+  version = saved.get('format', 1)
+  if version == META_FORMAT:
+    return int(saved['examples_seen'])
+  if version == 1:
+    position = step * batch_size
+    logging.warning('the checkpoint at step %d predates the global training stream (meta '
+                    'format 1): the batches from here on are those of the global stream at '
+                    'example %d, not those its per-device streams would have given', step,
+                    position)
+    return position
+  raise UserError(f'the checkpoint at step {step} was written in meta format {version}, newer '
+                  f'than this trainer reads ({META_FORMAT}); resume with the version that '
+                  'wrote it')
+
+
 def _handlers() -> dict:
   # Named up front so that a manager that did not write a checkpoint can read its metadata.
   return {'state': ocp.StandardCheckpointHandler(), 'meta': ocp.JsonCheckpointHandler()}
@@ -104,6 +142,30 @@ class Checkpointer:
   def steps(self) -> list[int]:
     reader = _read_only(self.directory)
     return list(reader.all_steps()) if reader else []
+
+  def check_topology(self, batch_size: int, devices: int, processes: int) -> None:
+    """Refuses, before anything is written, a resume whose batch cannot be split over the
+    devices of this run, naming the devices that wrote the checkpoint."""
+    if batch_size % devices == 0:
+      return
+    reader = _read_only(self.directory)
+    step = reader.latest_step() if reader else None
+    if step is None:
+      return  # A fresh run: the config check says it.
+    try:
+      saved = reader.restore(step, args=ocp.args.Composite(
+          meta=ocp.args.JsonRestore()))['meta']
+    except Exception:  # pylint: disable=broad-except
+      return  # Unreadable: set aside later; the config check says what is wrong.
+    wrote = (f'{saved["devices"]} devices ({saved["processes"]} process(es))'
+             if 'devices' in saved else 'another topology')
+    divisors = [n for n in range(1, batch_size + 1) if batch_size % n == 0]
+    nearest = min(divisors, key=lambda n: (abs(n - devices), -n))
+    raise UserError(
+        f'the checkpoint at step {step} in {self.directory} trains batch_size={batch_size}, '
+        f'written on {wrote}; it cannot be split over the {devices} devices ({processes} '
+        f'process(es)) of this run: resume on a device count that divides {batch_size} '
+        f'(e.g. {nearest}), or start a new --workdir')
 
   def find_restorable(self, target: Any, config: dict) -> tuple[Optional[int], list[int]]:
     """The newest step that fits `target` and whose metadata reads, and the unreadable ones.

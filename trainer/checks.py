@@ -2,16 +2,83 @@
 
 import os
 
+import ml_collections
+from absl import logging
+
 import models
 from trainer import input_pipeline
 from trainer import optim
-from trainer import step as step_lib
+from trainer import parallel
 from trainer.errors import UserError
 
 _POSITIVE_FIELDS = ('batch_size', 'eval_batch_size', 'log_every_steps', 'eval_every_steps',
                     'checkpoint_every_steps', 'keep_checkpoints', 'shuffle_buffer_size',
                     'grad_accum_steps')
 DTYPES = ('bfloat16', 'float16', 'float32')
+UNSET, DURATION_PAIRS, is_set = optim.UNSET, optim.DURATION_PAIRS, optim.is_set
+# Fields that only some optimizers read: set on the command line for another optimizer, they
+# would be ignored.
+OPTIMIZER_FIELDS = {'momentum': ('sgd', 'lars'), 'nesterov': ('sgd', 'lars'),
+                    'adam_b1': ('adamw', 'lamb'), 'adam_b2': ('adamw', 'lamb')}
+# Fields that must lie in [low, high), and what their low end means.
+_RANGES = {
+    'label_smoothing': (0, 1, ''), 'dropout_rate': (0, 1, '; 0 turns dropout off'),
+    'ema_decay': (0, 1, '; 0 turns EMA off'), 'momentum': (0, 1, '; 0 is plain SGD'),
+    'adam_b1': (0, 1, ''), 'adam_b2': (0, 1, ''),
+    'weight_decay': (0, float('inf'), '; 0 turns it off'),
+    'grad_clip_norm': (0, float('inf'), '; 0 turns clipping off'),
+    'end_learning_rate_factor': (0, float('inf'), ''),
+}
+# What a set duration field must be.
+_DURATION_VALUES = {
+    'num_train_steps': (lambda v: isinstance(v, int) and v > 0, 'a positive integer'),
+    'num_epochs': (lambda v: v > 0, 'positive'),
+    'warmup_steps': (lambda v: isinstance(v, int) and v >= 0, 'an integer >= 0'),
+    'warmup_epochs': (lambda v: v >= 0, '>= 0'),
+}
+
+
+def apply_command_line(config, overridden) -> list[str]:
+  """Lets the fields given on the command line win over the fields they shadow.
+
+  `overridden` holds the config fields the command line set. Where both fields of a duration
+  pair are set and exactly one of them came from the command line, the other is cleared
+  (set to UNSET) in `config`; the returned lines say which. Where both came from the command
+  line, `check_config` refuses the pair. A field that only other optimizers read is refused.
+  """
+  cleared = []
+  for pair in DURATION_PAIRS:
+    given = [field for field in pair if field in overridden]
+    if len(given) == 1 and all(is_set(config, field) for field in pair):
+      (mine,) = given
+      (other,) = (field for field in pair if field != mine)
+      cleared.append(f'{mine}={config[mine]!r} is set on the command line: cleared '
+                     f'{other}={config[other]!r} of the config file')
+      config[other] = type(config[other])(UNSET)
+  for field, optimizers in OPTIMIZER_FIELDS.items():
+    if field in overridden and config.optimizer not in optimizers:
+      raise UserError(f'{field}={config[field]!r} has no effect with optimizer='
+                      f'{config.optimizer!r} (only {", ".join(optimizers)} read it); drop '
+                      f'--config.{field} or pass --config.optimizer={optimizers[0]}')
+  return cleared
+
+
+def _check_durations(config) -> None:
+  for steps, epochs in DURATION_PAIRS:
+    if is_set(config, steps) and is_set(config, epochs):
+      raise UserError(
+          f'{steps}={config[steps]!r} and {epochs}={config[epochs]!r} are both set, and a run '
+          f'takes one of them; set the other to {UNSET} (--config.{epochs}={UNSET} to count in '
+          f'steps, or --config.{steps}={UNSET} to count in epochs)')
+    if not is_set(config, steps) and not is_set(config, epochs):
+      raise UserError(f'neither {steps} nor {epochs} is set; give one of them '
+                      f'(--config.{steps}=N or --config.{epochs}=X)')
+  for steps, epochs in DURATION_PAIRS:
+    for field, other in ((steps, epochs), (epochs, steps)):
+      valid, what = _DURATION_VALUES[field]
+      if is_set(config, field) and not valid(config[field]):
+        raise UserError(f'{field}={config[field]!r} must be {what} (--config.{field}='
+                        f'{"N" if field == steps else "X"}), or {UNSET} to count in {other}')
 
 
 def _choice(field: str, value, choices) -> None:
@@ -22,8 +89,8 @@ def _choice(field: str, value, choices) -> None:
 
 def check_config(config, *, process_count: int, local_device_count: int) -> None:
   """Raises `UserError` naming the first bad value and how to fix it."""
-  fields = _POSITIVE_FIELDS + (() if config.num_epochs > 0 else ('num_train_steps',))
-  for field in fields:
+  _check_durations(config)
+  for field in _POSITIVE_FIELDS:
     value = config[field]
     if not isinstance(value, int) or value <= 0:
       raise UserError(f'{field}={value!r} must be a positive integer (--config.{field}=N)')
@@ -31,16 +98,11 @@ def check_config(config, *, process_count: int, local_device_count: int) -> None
   _choice('dataset', config.dataset, input_pipeline.names())
   _choice('optimizer', config.optimizer, optim.OPTIMIZERS)
   _choice('dtype', config.dtype, DTYPES)
-  _choice('step_backend', config.step_backend, step_lib.BACKENDS)
-  if config.step_backend == 'shard_map' and process_count > 1:
-    raise UserError("step_backend='shard_map' runs in single-process runs only for now; use "
-                    "--config.step_backend=pmap for several processes")
-  if not 0 <= config.label_smoothing < 1:
-    raise UserError(f'label_smoothing={config.label_smoothing} must be in [0, 1) '
-                    '(--config.label_smoothing=X)')
-  if not 0 <= config.ema_decay < 1:
-    raise UserError(f'ema_decay={config.ema_decay} must be in [0, 1); 0 turns EMA off '
-                    '(--config.ema_decay=X)')
+  _choice('step_backend', config.step_backend, parallel.BACKENDS)
+  for field, (low, high, note) in _RANGES.items():
+    if not low <= config[field] < high:
+      bound = f'in [{low}, {high})' if high < float('inf') else f'>= {low}'
+      raise UserError(f'{field}={config[field]!r} must be {bound}{note} (--config.{field}=X)')
   if config.grad_accum_steps > 1 and config.dtype == 'float16':
     raise UserError(f'grad_accum_steps={config.grad_accum_steps} with dtype=float16 is not '
                     'supported (the loss scale would change between micro-batches); use '
@@ -48,21 +110,29 @@ def check_config(config, *, process_count: int, local_device_count: int) -> None
   if config.learning_rate <= 0:
     raise UserError(f'learning_rate={config.learning_rate} must be positive '
                     '(--config.learning_rate=X)')
+  # The training batch is split evenly; the eval batch need not be (evaluation pads).
   devices = process_count * local_device_count
-  for field in ('batch_size', 'eval_batch_size'):
-    value = config[field]
-    if value % devices:
-      suggestion = max(devices, round(value / devices) * devices)
-      raise UserError(
-          f'{field}={value} is not divisible by the {devices} devices '
-          f'({process_count} process(es) x {local_device_count} local devices); '
-          f'use a multiple of {devices}, e.g. --config.{field}={suggestion}')
+  if config.batch_size % devices:
+    suggestion = max(devices, round(config.batch_size / devices) * devices)
+    raise UserError(
+        f'batch_size={config.batch_size} is not divisible by the {devices} devices '
+        f'({process_count} process(es) x {local_device_count} local devices); '
+        f'use a multiple of {devices}, e.g. --config.batch_size={suggestion}')
   per_device = config.batch_size // devices
   if per_device % config.grad_accum_steps:
     raise UserError(
         f'grad_accum_steps={config.grad_accum_steps} does not divide the per-device batch '
         f'of {per_device} (batch_size={config.batch_size} over {devices} devices); pick a '
         'divisor of it (--config.grad_accum_steps=K)')
+
+
+def command_line_config(config_flag) -> ml_collections.ConfigDict:
+  """The config of an absl config flag, the fields given on the command line winning over
+  those they shadow (`apply_command_line`); logs each field it cleared."""
+  config = config_flag.value
+  for line in apply_command_line(config, set(config_flag.override_values)):
+    logging.warning(line)
+  return config
 
 
 def check_schedule(config) -> None:

@@ -1,9 +1,22 @@
-"""TFDS -> this process's part of a split -> preprocessing -> per-process numpy batches.
+"""TFDS -> the global training stream -> this process's rows -> preprocessing -> numpy batches.
 
-Training batches are shuffled with the config's seed, repeated and batched to the per-process
-batch with the remainder dropped. Evaluation batches cover every example of the split exactly
-once: the last batch is padded and carries a mask, and every process yields the same number of
-batches (padding with fully masked ones) so the cross-device sums in the eval step line up.
+The training stream is one sequence of examples for the whole run. Batch t of a run holds the
+stream positions start + t*B .. start + (t+1)*B - 1 (B = `config.batch_size`; `start` is 0, or
+the examples a resumed run's checkpoint had consumed). Position g is the example at place
+g mod N of the order of epoch g div N (N examples in the split), a permutation drawn from
+(seed, epoch); its augmentation is drawn from (seed, g). Process p of P builds rows
+p*B/P .. (p+1)*B/P - 1 of every batch, and `parallel.shard` splits those over its devices.
+So the batch of step t is a function of the config, the seed and t alone, on any number of
+devices or processes, and the DDP baseline (rank r reads as process r of R) sees it too.
+
+That holds wherever the split is read by index: held in memory (`config.cache`), or read from
+ArrayRecord files through a TFDS data source. A split stored as TFRecord files only is read in
+sequence: each process reads its own 1/P of it through a shuffle buffer, so there the order
+depends on the process count (never on the devices per process).
+
+Evaluation batches cover every example of the split exactly once: the last batch is padded
+and carries a mask, and every process yields the same number of batches (padding with fully
+masked ones) so the cross-device sums in the eval step line up.
 """
 
 import dataclasses
@@ -184,84 +197,236 @@ def _options(config) -> tf.data.Options:
   return options
 
 
-def _epoch_seed(seed: int, epoch: tf.Tensor) -> tf.Tensor:
-  return tf.constant(seed, tf.int64) * 1_000_003 + epoch
+# The data seed drives independent random streams, each a 3-integer stateless seed
+# (data seed, stream, counter): the order of epoch e is drawn from (seed, ORDER, e), the
+# augmentation of the example at stream position g from (seed, AUGMENT, g).
+ORDER_STREAM, AUGMENT_STREAM = 0, 1
 
 
-def _device_stream(config, builder, part: str, seed: int, start_example: int,
-                   batch_size: int) -> tf.data.Dataset:
-  """Endless batches of one device's part of the train split, from `start_example` on.
+def _stream_seed(seed: int, stream: int, counter: tf.Tensor) -> tf.Tensor:
+  """Stateless seeds for `counter` (a scalar or a vector): shape [3] or [n, 3], int64."""
+  counter = tf.cast(counter, tf.int64)
+  fill = lambda value: tf.fill(tf.shape(counter), tf.constant(value, tf.int64))
+  return tf.stack([fill(seed), fill(stream), counter], axis=-1)
 
-  With `config.cache`, datasets without decode-time cropping keep their decoded images in
-  memory after the first pass, so later epochs neither read nor decode; ImageNet-style
-  pipelines keep encoded images and decode (and crop) after shuffling and skipping. Either way
-  the order is a function of (seed, epoch) only. Normalization runs on whole batches.
+
+def epoch_order(seed: int, epoch: tf.Tensor, within: tf.Tensor, num_examples: int
+                ) -> tf.Tensor:
+  """The index of the example at place `within` of epoch `epoch`'s order of a split of
+  `num_examples` (element-wise over vectors): a permutation per epoch drawn from the seed,
+  computed per place (`index_shuffle`), nothing materialized."""
+  within = tf.cast(within, tf.int64)
+  # tf.random.experimental.index_shuffle pads batched seeds wrongly; its op takes [n, 3].
+  return tf.raw_ops.RandomIndexShuffle(
+      index=within, seed=_stream_seed(seed, ORDER_STREAM, epoch),
+      max_index=tf.constant(num_examples - 1, tf.int64), rounds=4)
+
+
+def _pair_seed(seed: int, stream: int, counter: tf.Tensor) -> tf.Tensor:
+  """A [2]-shaped stateless seed (what tf.image's stateless ops take) from (seed, stream,
+  counter)."""
+  return tf.random.experimental.stateless_fold_in(
+      tf.constant([seed, stream], tf.int64), tf.cast(counter, tf.int64))
+
+
+def augment_seed(seed: int, position: tf.Tensor) -> tf.Tensor:
+  """The stateless seed of the augmentation of the example at stream `position`."""
+  return _pair_seed(seed, AUGMENT_STREAM, position)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainRows:
+  """The rows of every global training batch that one process builds.
+
+  Batch t of a run holds the stream positions start + t*batch .. start + (t+1)*batch - 1;
+  process p of P builds its p-th block of batch / P rows, in order.
   """
-  ds_spec = spec(config.dataset)
-  decode_in_cache = config.cache and ds_spec.augment != 'inception'
-  raw = builder.as_dataset(
-      split=part, shuffle_files=False, read_config=tfds.ReadConfig(options=_options(config)),
-      decoders=None if decode_in_cache else {'image': tfds.decode.SkipDecoding()})
-  raw = raw.map(lambda example: {'image': example['image'], 'label': example['label']})
+  batch_size: int  # The global batch.
+  process_index: int = 0
+  process_count: int = 1
+  start_position: int = 0  # Stream position of the run's first batch (examples consumed).
+
+  @property
+  def rows(self) -> int:
+    return self.batch_size // self.process_count
+
+  def positions(self, step: tf.Tensor) -> tf.Tensor:
+    """The stream positions of this process's rows of the run's batch `step` (from 0)."""
+    return self.position(tf.cast(step, tf.int64) * self.rows + tf.range(self.rows,
+                                                                       dtype=tf.int64))
+
+  def position(self, k: tf.Tensor) -> tf.Tensor:
+    """The stream position of this process's `k`-th example of the run (element-wise)."""
+    k = tf.cast(k, tf.int64)
+    return (self.start_position + (k // self.rows) * self.batch_size +
+            self.process_index * self.rows + k % self.rows)
+
+
+# How the training split is read: by index (the same global stream on any topology), or in
+# sequence (the order depends on the process count).
+IN_MEMORY, ARRAY_RECORD, SEQUENTIAL = 'in memory', 'array_record', 'sequential'
+
+
+def train_source_kind(config, builder) -> str:
+  """IN_MEMORY with `config.cache`; else ARRAY_RECORD where the split is stored so; else
+  SEQUENTIAL (TFRecord files read in order)."""
   if config.cache:
-    raw = raw.cache()
-  epoch_size = _num_examples(raw)
-  start_epoch, offset = divmod(start_example, epoch_size)
+    return IN_MEMORY
+  formats = {str(getattr(f, 'value', f)) for f in builder.info.available_file_formats()}
+  return ARRAY_RECORD if 'array_record' in formats else SEQUENTIAL
+
+
+def describe_train_source(kind: str, process_count: int) -> str:
+  """One line on what the training order depends on."""
+  if kind == SEQUENTIAL:
+    return (f'training data read in sequence (TFRecord files): each of the {process_count} '
+            'processes shuffles its own part through shuffle_buffer_size, so the batches '
+            'depend on the process count (not on the devices per process); store the split '
+            'as ArrayRecord, or hold it in memory (--config.cache=True), for batches that do '
+            'not')
+  where = 'held in memory' if kind == IN_MEMORY else 'read by index from ArrayRecord files'
+  return (f'training data {where}: the global batch of each step depends on the config, the '
+          'seed and the step alone, on any number of devices and processes')
+
+
+def _decoders(ds_spec: DatasetSpec, decode_in_source: bool):
+  return None if decode_in_source else {'image': tfds.decode.SkipDecoding()}
+
+
+_LOAD_CHUNK = 4096  # Examples read at a time into memory.
+
+
+def _in_memory_fetch(config, builder, decode: bool):
+  """The split as two tensors (images decoded, or encoded strings) and a gather by index."""
+  ds = builder.as_dataset(split=config.train_split, shuffle_files=False,
+                          decoders=_decoders(spec(config.dataset), decode))
+  # Read in chunks, not as one batch of the split (batch_size=-1 aborts under TFDS's
+  # mock_data, whose split sizes are not the data's).
+  chunks = list(tfds.as_numpy(ds.batch(_LOAD_CHUNK)))
+  images = tf.constant(np.concatenate([c['image'] for c in chunks]))
+  labels = tf.constant(np.concatenate([c['label'] for c in chunks]))
+  return int(labels.shape[0]), lambda index: {'image': tf.gather(images, index),
+                                             'label': tf.gather(labels, index)}
+
+
+def _array_record_fetch(config, builder, decode: bool):
+  """Records read by index from the ArrayRecord files of the split (a TFDS data source)."""
+  source = builder.as_data_source(split=config.train_split,
+                                  decoders=_decoders(spec(config.dataset), decode))
+  image_spec = (tf.TensorSpec(builder.info.features['image'].shape, tf.uint8) if decode
+                else tf.TensorSpec([], tf.string))
+
+  def read(index: np.ndarray):
+    records = source.__getitems__([int(i) for i in index])
+    images = [record['image'] for record in records]
+    images = np.stack(images) if decode else np.array(images, dtype=object)
+    return images, np.array([record['label'] for record in records], np.int64)
+
+  def fetch(index):
+    images, labels = tf.numpy_function(read, [index], (image_spec.dtype, tf.int64),
+                                       stateful=False)
+    images.set_shape(tf.TensorShape([None]).concatenate(image_spec.shape))
+    labels.set_shape([None])
+    return {'image': images, 'label': labels}
+
+  return len(source), fetch
+
+
+def _finish(ds: tf.data.Dataset, config, rows: int, per_example) -> tf.data.Dataset:
+  """Per-example work (decode, augment) where there is any, batches of `rows`, normalized."""
+  ds_spec = spec(config.dataset)
+  if per_example is not None:
+    ds = ds.map(per_example, num_parallel_calls=tf.data.AUTOTUNE).batch(rows)
+  ds = ds.map(lambda batch: {'image': _normalize(batch['image'], ds_spec),
+                             'label': tf.cast(batch['label'], tf.int32)},
+              num_parallel_calls=tf.data.AUTOTUNE)
+  return ds.with_options(_options(config)).prefetch(tf.data.AUTOTUNE)
+
+
+def _per_example(config, builder, seed: int, decoded: bool):
+  """Decode and augment one example (with its stream position), or None if there is nothing
+  to do per example."""
+  ds_spec = spec(config.dataset)
   augmented = ds_spec.augment != 'none'
-
-  def epoch(e):
-    shuffled = raw.shuffle(min(config.shuffle_buffer_size, epoch_size),
-                           seed=_epoch_seed(seed, e), reshuffle_each_iteration=False)
-    if not augmented:
-      return shuffled
-    # Each example's augmentation seed is its place in the stream: (seed, epoch, index).
-    return shuffled.enumerate().map(
-        lambda i, example: dict(example, seed=tf.stack([_epoch_seed(seed, e), i])))
-
-  decode_image = ((lambda image: image) if decode_in_cache
+  if decoded and not augmented:
+    return None
+  decode_image = ((lambda image: image) if decoded
                   else builder.info.features['image'].decode_example)
 
   def prepare(example):
     if augmented:
-      image = _train_augment(example['image'], example['seed'], ds_spec, decode_image)
+      image = _train_augment(example['image'], augment_seed(seed, example['position']),
+                             ds_spec, decode_image)
     else:
       image = decode_image(example['image'])
     return {'image': image, 'label': example['label']}
 
-  ds = tf.data.Dataset.range(start_epoch, np.iinfo(np.int64).max).flat_map(epoch)
-  ds = ds.skip(offset)
-  if augmented or not decode_in_cache:
-    ds = ds.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
-  ds = ds.batch(batch_size, drop_remainder=True)
-  return ds.map(lambda batch: {'image': _normalize(batch['image'], ds_spec),
-                               'label': tf.cast(batch['label'], tf.int32)},
-                num_parallel_calls=tf.data.AUTOTUNE)
+  return prepare
 
 
-def train_dataset(config, builder, *, device_slots: Sequence[int] = (0,), num_slots: int = 1,
-                  start_example: int = 0, seed: Optional[int] = None) -> tf.data.Dataset:
-  """Endless training batches for the devices in `device_slots`, concatenated in that order.
+def _indexed_stream(config, builder, kind: str, rows: TrainRows, seed: int) -> tf.data.Dataset:
+  """The global stream read by index: this process's rows of every batch, from the run's
+  first batch on; skipped positions are never read."""
+  # Decode-time cropping (ImageNet) needs the encoded image; elsewhere the source decodes.
+  decode = spec(config.dataset).augment != 'inception'
+  fetch_fn = _in_memory_fetch if kind == IN_MEMORY else _array_record_fetch
+  num_examples, fetch = fetch_fn(config, builder, decode)
 
-  The train split is cut into `num_slots` parts, one per device of the whole run (slot =
-  process index x local devices + local index); each device reads only its part, so the
-  processes read disjoint parts, and a device's batches do not depend on how the devices are
-  spread over processes: 2 processes x 2 devices see the batches of 1 process x 4 devices.
-  Each part's stream is a pure function of (seed, slot): epoch e is the part in an order drawn
-  from (seed, slot, e). `start_example` (examples each device has consumed, on resume) starts
-  the streams exactly where an uninterrupted run would be; skipped records are not decoded
-  (cached datasets decoded them once, when first read). `seed` defaults to `config.seed`.
+  def batch_of(step):
+    positions = rows.positions(step)
+    index = epoch_order(seed, positions // num_examples, positions % num_examples,
+                        num_examples)
+    return dict(fetch(index), position=positions)
+
+  ds = tf.data.Dataset.range(np.iinfo(np.int64).max).map(
+      batch_of, num_parallel_calls=tf.data.AUTOTUNE)
+  per_example = _per_example(config, builder, seed, decode)
+  if per_example is not None:
+    ds = ds.unbatch()
+  return _finish(ds, config, rows.rows, per_example)
+
+
+def _sequential_stream(config, builder, rows: TrainRows, seed: int) -> tf.data.Dataset:
+  """This process's part of the split (1/P of it), each epoch in an order drawn from
+  (seed, epoch, process) through a shuffle buffer; element k of it is row k % rows of batch
+  k // rows. On resume the part's stream is skipped, not decoded, up to this process's share
+  of the examples consumed."""
+  part = tfds.even_splits(config.train_split, n=rows.process_count)[rows.process_index]
+  # Records stay encoded through shuffle and skip: only what is trained on is decoded.
+  raw = builder.as_dataset(split=part, shuffle_files=False,
+                           read_config=tfds.ReadConfig(options=_options(config)),
+                           decoders=_decoders(spec(config.dataset), decode_in_source=False))
+  raw = raw.map(lambda example: {'image': example['image'], 'label': example['label']})
+  part_size = _num_examples(raw)
+  start_epoch, offset = divmod(rows.start_position // rows.process_count, part_size)
+
+  def epoch(e):
+    # tf.data's shuffle takes one int64 seed: drawn from (seed, ORDER, e x P + p).
+    pair = _pair_seed(seed, ORDER_STREAM, e * rows.process_count + rows.process_index)
+    shuffle_seed = tf.random.stateless_uniform([], pair, minval=None, maxval=None,
+                                               dtype=tf.int64)
+    return raw.shuffle(min(config.shuffle_buffer_size, part_size), seed=shuffle_seed,
+                       reshuffle_each_iteration=False)
+
+  ds = tf.data.Dataset.range(start_epoch, np.iinfo(np.int64).max).flat_map(epoch).skip(offset)
+  ds = ds.enumerate().map(lambda k, example: dict(example, position=rows.position(k)))
+  return _finish(ds, config, rows.rows, _per_example(config, builder, seed, decoded=False))
+
+
+def train_dataset(config, builder, *, process_index: int = 0, process_count: int = 1,
+                  start_position: int = 0, seed: Optional[int] = None) -> tf.data.Dataset:
+  """Endless training batches: process `process_index` of `process_count`'s rows of every
+  global batch of `config.batch_size`, from stream position `start_position` (the examples
+  a resumed run has consumed) on. `seed` defaults to `config.seed`.
+
+  See the module docstring for the stream; `train_source_kind` says how the split is read.
   """
   seed = config.seed if seed is None else seed
-  per_device = config.batch_size // num_slots
-  parts = tfds.even_splits(config.train_split, n=num_slots)
-  streams = tuple(_device_stream(config, builder, parts[slot], seed * 1_009 + slot,
-                                 start_example, per_device) for slot in device_slots)
-  if len(streams) == 1:
-    ds = streams[0]
-  else:
-    ds = tf.data.Dataset.zip(streams).map(
-        lambda *batches: {k: tf.concat([b[k] for b in batches], axis=0) for k in batches[0]})
-  return ds.with_options(_options(config)).prefetch(tf.data.AUTOTUNE)
+  rows = TrainRows(config.batch_size, process_index, process_count, start_position)
+  kind = train_source_kind(config, builder)
+  if kind == SEQUENTIAL:
+    return _sequential_stream(config, builder, rows, seed)
+  return _indexed_stream(config, builder, kind, rows, seed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,8 +444,17 @@ def _num_examples(ds: tf.data.Dataset) -> int:
   return n
 
 
-def eval_data(config, builder, *, process_index: int = 0, process_count: int = 1) -> EvalData:
-  per_process = config.eval_batch_size // process_count
+def eval_batch_per_device(config, num_devices: int) -> int:
+  """`eval_batch_size` over `num_devices` devices, rounded up: padding fills the rest."""
+  return -(-config.eval_batch_size // num_devices)
+
+
+def eval_data(config, builder, *, process_index: int = 0, process_count: int = 1,
+              local_device_count: int = 1) -> EvalData:
+  """This process's part of the eval split in batches of its devices' share of
+  `eval_batch_size` (rounded up to a whole number per device)."""
+  per_process = eval_batch_per_device(config, process_count * local_device_count) * (
+      local_device_count)
   split = tfds.split_for_jax_process(
       config.eval_split, process_index=process_index, process_count=process_count)
   read_config = tfds.ReadConfig(options=_options(config))

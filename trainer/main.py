@@ -97,13 +97,13 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   logging.get_absl_handler().addFilter(_quiet_orbax)
-  from trainer import train  # pylint: disable=import-outside-toplevel
+  from trainer import checks, train  # pylint: disable=import-outside-toplevel
   try:
     _set_up_devices()
     logging.info('JAX process %d of %d; %d local and %d global %s devices',
                  jax.process_index(), jax.process_count(), jax.local_device_count(),
                  jax.device_count(), jax.default_backend())
-    train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    train.train_and_evaluate(checks.command_line_config(FLAGS['config']), FLAGS.workdir)
   except (UserError, Diverged) as e:
     _exit(1, f'error: {e}')
   except Preempted as e:

@@ -7,7 +7,7 @@ import os
 import resource
 import socket
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import flax
 import jax
@@ -29,18 +29,9 @@ class TrainMetrics(metrics.Collection):
   learning_rate: metrics.LastValue.from_output('learning_rate')
 
 
-@flax.struct.dataclass
-class ScaledTrainMetrics(metrics.Collection):
-  """TrainMetrics plus, under float16 loss scaling, the scale after each step's update.
-
-  (CLU reads a collection's fields from its own annotations, so they are all listed again.)
-  """
-  loss: metrics.Average.from_output('loss')
-  accuracy: metrics.Average.from_output('accuracy')
-  grad_norm: metrics.Average.from_output('grad_norm')
-  param_norm: metrics.LastValue.from_output('param_norm')
-  learning_rate: metrics.LastValue.from_output('learning_rate')
-  loss_scale: metrics.LastValue.from_output('loss_scale')
+# TrainMetrics plus, under float16 loss scaling, the scale after each step's update.
+ScaledTrainMetrics = metrics.Collection.create(
+    **TrainMetrics.__annotations__, loss_scale=metrics.LastValue.from_output('loss_scale'))
 
 
 @flax.struct.dataclass
@@ -121,18 +112,6 @@ def peak_rss_mb() -> float:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def fetch_replicated(collections: Sequence[metrics.Collection]) -> list[metrics.Collection]:
-  """Host copies (the first local device's) of replicated collections, in one transfer.
-
-  pmap outputs hold one row per local device (also in multi-process runs); only the first
-  local device's row of each leaf comes over (its shard, with no device op), which is a third
-  of the cost of assembling the whole arrays on the host.
-  """
-  leaves, treedef = jax.tree.flatten(list(collections))
-  first = [x.addressable_shards[0].data if isinstance(x, jax.Array) else x[:1] for x in leaves]
-  return jax.tree.unflatten(treedef, [np.asarray(x)[0] for x in jax.device_get(first)])
-
-
 def merge(collections: Sequence[metrics.Collection]) -> metrics.Collection:
   merged = collections[0]
   for collection in collections[1:]:
@@ -140,14 +119,52 @@ def merge(collections: Sequence[metrics.Collection]) -> metrics.Collection:
   return merged
 
 
-def merge_replicated(collections: Sequence[metrics.Collection]) -> metrics.Collection:
-  """Fetches replicated collections (one per step or batch) in one transfer, merges on host."""
-  return merge(fetch_replicated(collections))
-
-
 def is_finite(step_metrics: TrainMetrics) -> bool:
   """Whether one step's loss and gradient norm are finite."""
   return bool(np.isfinite(step_metrics.loss.total) and np.isfinite(step_metrics.grad_norm.total))
+
+
+class TrainMetricsBuffer:
+  """Per-step metrics: on the devices until fetched, checked finite, then merged for a write.
+
+  `fetch` brings a list of device collections to the host (one replica's, in one transfer).
+  """
+
+  def __init__(self, fetch: Callable[[list], list], skip_nonfinite: bool):
+    self._fetch = fetch
+    self._skip = skip_nonfinite
+    self._on_device = []
+    self._on_host = []
+    self._skipped = 0
+    self.first_nonfinite_step: Optional[int] = None
+
+  def add(self, step: int, step_metrics) -> None:
+    self._on_device.append((step, step_metrics))
+
+  def fetch(self) -> bool:
+    """Moves metrics to the host; False if a step was non-finite and skipping is off."""
+    if not self._on_device:
+      return self.first_nonfinite_step is None
+    fetched = self._fetch([m for _, m in self._on_device])
+    for (step, _), host in zip(self._on_device, fetched):
+      if self.first_nonfinite_step is not None:
+        break  # Steps after a divergence are not training.
+      if is_finite(host):
+        self._on_host.append(host)
+      elif self._skip:
+        self._skipped += 1
+      else:
+        self.first_nonfinite_step = step
+    self._on_device = []
+    return self.first_nonfinite_step is None
+
+  def scalars(self) -> dict[str, float]:
+    """The train scalars of the steps fetched since the last call (and skipped steps)."""
+    scalars = train_scalars(merge(self._on_host)) if self._on_host else {}
+    if self._skip:
+      scalars['train_skipped_steps'] = float(self._skipped)
+    self._on_host, self._skipped = [], 0
+    return scalars
 
 
 def train_scalars(collection: TrainMetrics) -> dict[str, float]:

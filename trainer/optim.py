@@ -10,15 +10,23 @@ from trainer.errors import UserError
 
 OPTIMIZERS = ('adamw', 'lamb', 'lars', 'sgd')
 REFERENCE_BATCH = 256  # Linear scaling rule: the peak rate is given for this global batch.
+UNSET = -1  # The value of a duration field that the other field of its pair replaces.
+# Durations are given in steps or in epochs of the train split: exactly one field of each pair
+# is set, the other is UNSET (checks.check_config refuses both or neither).
+DURATION_PAIRS = (('num_train_steps', 'num_epochs'), ('warmup_steps', 'warmup_epochs'))
+
+
+def is_set(config, field: str) -> bool:
+  return config[field] != UNSET
 
 
 def resolve_durations(config, num_train_examples: int) -> ml_collections.ConfigDict:
-  """A copy of `config` with durations given in epochs (>= 0) converted to steps."""
+  """A copy of `config` with the durations given in epochs converted to steps."""
   steps_per_epoch = num_train_examples / config.batch_size
   resolved = ml_collections.ConfigDict(config.to_dict())
-  if config.num_epochs > 0:
+  if is_set(config, 'num_epochs'):
     resolved.num_train_steps = max(1, math.ceil(config.num_epochs * steps_per_epoch))
-  if config.warmup_epochs >= 0:
+  if is_set(config, 'warmup_epochs'):
     resolved.warmup_steps = math.ceil(config.warmup_epochs * steps_per_epoch)
   resolved.lock()
   return resolved

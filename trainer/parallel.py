@@ -1,41 +1,47 @@
-"""Moving data between the host and the local devices of a pmap.
+"""The device axis, and moving states and batches between the host and the devices.
 
-Replicated trees have a leading axis of size `len(devices)`; sharded batches have shape
-``(num_devices, per_device_batch, ...)``.
+Two layouts of one data-parallel step (`config.step_backend`), both over the same ordered
+devices (`global_devices`) along one axis, `AXIS_NAME`:
+
+  'pmap'       `jax.pmap`: every state leaf held as stacked per-device copies (leading axis
+               of the local devices), batches as (local_devices, per_device, ...) arrays.
+  'shard_map'  `jax.jit` of `jax.shard_map` over a mesh of every device of every process:
+               states replicated by sharding (`P()`), the global batch one array sharded
+               along its first axis (`P(AXIS_NAME)`), built from each process's rows with
+               `jax.make_array_from_process_local_data`.
+
+Either way device i of the axis holds rows i*b .. (i+1)*b - 1 of the global batch (b per
+device), the rows its process built for it, and both run the same per-device step body.
 """
 
 import collections
 import itertools
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import jax
 import numpy as np
 from flax import jax_utils
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 # The one name of the device axis. The step's collectives reduce over it, and the arrays
 # handed to a pmap are laid out on a mesh with this axis name: pmap (jit + shard_map) keys its
 # compile cache on the input sharding, so a differently named mesh would compile the step twice.
 AXIS_NAME = 'batch'
 
-MASK_KEY = 'mask'
+MASK_KEY = 'mask'  # Evaluation batches: 1 for a real example, 0 for padding.
+BACKENDS = ('pmap', 'shard_map')
+# jaxlib 0.10's CPU client deadlocks once about 30 launches of a program with collectives are
+# queued on its devices (an all-reduce rendezvous that some devices never join; XLA aborts
+# the process after 40 s): scripts/xla_cpu_collective_deadlock.py shows it without this
+# project. On CPU devices the loops keep at most this many steps in flight.
+CPU_MAX_IN_FLIGHT = 8
 
 
-
-def unreplicate(tree: Any) -> Any:
-  """The first device's copy of every leaf of a replicated tree."""
-
-  def first(x):
-    if isinstance(x, jax.Array) and x.ndim:
-      # The first device's shard is the (1, ...) slice at index 0: no cross-device gather.
-      return x.addressable_shards[0].data[0]
-    return x[0] if getattr(x, 'ndim', 0) else x
-
-  return jax.tree.map(first, tree)
-
-
-def replicate(tree: Any, devices: Sequence[jax.Device]) -> Any:
-  """One copy of every leaf per device, laid out as the pmapped step lays out its outputs."""
-  return jax_utils.replicate(tree, devices=devices, axis_name=AXIS_NAME)
+def global_devices() -> list[jax.Device]:
+  """Every device of the run, process by process, each process's in its local order: the
+  order of the device axis, so that process p's devices hold its rows of the global batch."""
+  return [d for p in range(jax.process_count()) for d in jax.local_devices(process_index=p)]
 
 
 def sync_processes(name: str) -> None:
@@ -67,23 +73,150 @@ def pad_batch(batch: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
   return padded
 
 
-def device_sharding(devices: Sequence[jax.Device]) -> jax.sharding.NamedSharding:
+def device_sharding(devices: Sequence[jax.Device]) -> NamedSharding:
   """Leading axis split over `devices`, the layout a pmap over `devices` takes its inputs in."""
-  mesh = jax.sharding.Mesh(np.asarray(devices), (AXIS_NAME,))
-  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(AXIS_NAME))
+  return NamedSharding(jax.sharding.Mesh(np.asarray(devices), (AXIS_NAME,)), P(AXIS_NAME))
 
 
-def prefetch_to_device(batches: Iterable[Any], size: int,
-                       devices: Sequence[jax.Device]) -> Iterator[Any]:
-  """Keeps `size` sharded batches in flight to `devices` so the step never waits on a copy."""
-  sharding = device_sharding(devices)
-  queue = collections.deque()
+def unreplicate(tree: Any) -> Any:
+  """The first local copy of every leaf of a tree replicated as a pmap lays it out."""
 
-  def enqueue(n):
-    for tree in itertools.islice(batches, n):
-      queue.append(jax.device_put(tree, sharding))  # One call for every leaf of the batch.
+  def first(x):
+    if isinstance(x, jax.Array) and x.ndim:
+      # The first device's shard is the (1, ...) slice at index 0: no cross-device gather.
+      return x.addressable_shards[0].data[0]
+    return x[0] if getattr(x, 'ndim', 0) else x
 
-  enqueue(size)
+  return jax.tree.map(first, tree)
+
+
+def replicate(tree: Any, devices: Sequence[jax.Device]) -> Any:
+  """One copy of every leaf per device, laid out as the pmapped step lays out its outputs."""
+  return jax_utils.replicate(tree, devices=devices, axis_name=AXIS_NAME)
+
+
+class DataParallel:
+  """A data-parallel layout over `devices` (default: `global_devices()`)."""
+  backend = ''
+
+  def __init__(self, devices: Optional[Sequence[jax.Device]] = None):
+    self.devices = list(devices) if devices is not None else global_devices()
+    self.local_devices = [d for d in self.devices if d.process_index == jax.process_index()]
+
+  def map(self, fn: Callable, num_args: int, donate_state: bool = False) -> Callable:
+    """`fn(state, batch, *rest)` (one device's program; `rest` replicated like the state)
+    run on every device: takes and returns this layout's arrays."""
+    raise NotImplementedError
+
+  def put_replicated(self, tree: Any) -> Any:
+    """A host tree (the same on every process) as a replicated device tree."""
+    raise NotImplementedError
+
+  def put_batch(self, rows: Any) -> Any:
+    """This process's rows of the global batch, onto its devices."""
+    raise NotImplementedError
+
+  def fetch(self, trees: Sequence[Any]) -> list[Any]:
+    """Host copies of replicated device trees (one replica's), in one transfer."""
+    leaves, treedef = jax.tree.flatten(list(trees))
+    return jax.tree.unflatten(treedef, jax.device_get([self._one_replica(x) for x in leaves]))
+
+  def _one_replica(self, x: Any) -> Any:
+    raise NotImplementedError
+
+
+class Pmapped(DataParallel):
+  """`jax.pmap` over the devices: per-device copies stacked along a leading axis."""
+  backend = 'pmap'
+
+  def map(self, fn, num_args, donate_state=False):
+    del num_args  # pmap maps the leading axis of every argument.
+    return jax.pmap(fn, axis_name=AXIS_NAME, devices=self.devices,
+                    donate_argnums=(0,) if donate_state else ())
+
+  def put_replicated(self, tree):
+    return replicate(tree, self.local_devices)
+
+  def put_batch(self, rows):
+    return jax.device_put(shard(rows, len(self.local_devices)),
+                          device_sharding(self.local_devices))
+
+  def _one_replica(self, x):
+    # Only the first local device's row comes over (its shard, with no device op).
+    if isinstance(x, jax.Array):
+      return x.addressable_shards[0].data[0]
+    return np.asarray(x)[0]
+
+
+class ShardMapped(DataParallel):
+  """`jax.jit` of `jax.shard_map` over a mesh of the devices: one global array per leaf."""
+  backend = 'shard_map'
+
+  def __init__(self, devices=None):
+    super().__init__(devices)
+    self.mesh = jax.sharding.Mesh(np.asarray(self.devices), (AXIS_NAME,))
+    self._replicated = NamedSharding(self.mesh, P())
+    self._batched = NamedSharding(self.mesh, P(AXIS_NAME))
+
+  def map(self, fn, num_args, donate_state=False):
+    # The step body is pmap's: it averages its gradients itself (lax.pmean). With replication
+    # checking on, differentiating w.r.t. replicated (P()) params would already sum the
+    # gradients over the devices; off, the body means what it means under pmap, and the
+    # outputs it makes equal on every device (pmean-ed) are returned as replicated.
+    mapped = jax.shard_map(fn, mesh=self.mesh,
+                           in_specs=(P(), P(AXIS_NAME)) + (P(),) * (num_args - 2),
+                           out_specs=P(), check_vma=False)
+    return jax.jit(mapped, donate_argnums=(0,) if donate_state else ())
+
+  def put_replicated(self, tree):
+    def put(x):
+      x = np.asarray(x)
+      return jax.make_array_from_callback(x.shape, self._replicated, lambda index: x[index])
+    return jax.tree.map(put, tree)
+
+  def put_batch(self, rows):
+    processes = len(self.devices) // len(self.local_devices)
+    return jax.tree.map(
+        lambda x: jax.make_array_from_process_local_data(
+            self._batched, x, (x.shape[0] * processes,) + x.shape[1:]), rows)
+
+  def _one_replica(self, x):
+    return x.addressable_data(0) if isinstance(x, jax.Array) else np.asarray(x)
+
+
+def data_parallel(backend: str, devices: Optional[Sequence[jax.Device]] = None
+                  ) -> DataParallel:
+  """The layout of `backend` ('pmap' or 'shard_map') over `devices`."""
+  return {'pmap': Pmapped, 'shard_map': ShardMapped}[backend](devices)
+
+
+def host_state(layout: DataParallel, tree: Any) -> Any:
+  """One replica of a replicated device tree, as host arrays."""
+  return layout.fetch([tree])[0]
+
+
+class InFlight:
+  """Bounds the launches queued on CPU devices (see CPU_MAX_IN_FLIGHT); no bound elsewhere,
+  where running ahead of the devices is what keeps them busy."""
+
+  def __init__(self, devices: Sequence[jax.Device], limit: int = CPU_MAX_IN_FLIGHT):
+    self._limit = limit if devices[0].platform == 'cpu' else None
+    self._pending = collections.deque()
+
+  def add(self, outputs: Any) -> None:
+    """Registers a launch by its outputs; waits for the oldest once too many are queued."""
+    if self._limit is None:
+      return
+    self._pending.append(outputs)
+    if len(self._pending) > self._limit:
+      jax.block_until_ready(self._pending.popleft())
+
+
+def prefetch(batches: Iterable[Any], size: int) -> Iterator[Any]:
+  """Keeps `size` batches in flight ahead of the consumer: `batches` yields device arrays
+  whose copies are under way (jax.device_put returns at once), so the step never waits on
+  one."""
+  queue = collections.deque(itertools.islice(batches, size))
   while queue:
     yield queue.popleft()
-    enqueue(1)
+    queue.extend(itertools.islice(batches, 1))

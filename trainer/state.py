@@ -1,12 +1,18 @@
 """The training state: params, optimizer state, BatchNorm statistics, loss scale, EMA params."""
 
-from typing import Any, Optional
+import functools
+from typing import Any, Callable, Optional
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 from flax.training import dynamic_scale as dynamic_scale_lib
 from flax.training import train_state
+
+import models
+from trainer import optim
+from trainer.parallel import AXIS_NAME
 
 
 class TrainState(train_state.TrainState):
@@ -43,6 +49,20 @@ def create_train_state(model, tx: optax.GradientTransformation, rng: jax.Array,
       apply_fn=model.apply, params=params, tx=tx, batch_stats=variables.get('batch_stats'),
       dynamic_scale=dynamic_scale_lib.DynamicScale() if loss_scaling else None,
       ema_params=jax.tree.map(jnp.copy, params) if ema else None)
+
+
+def model_from_config(config, num_classes: int) -> nn.Module:
+  """The config's model, its device axis named `parallel.AXIS_NAME`."""
+  return models.get(config.model, num_classes=num_classes, dropout_rate=config.dropout_rate,
+                    dtype=jnp.dtype(config.dtype), axis_name=AXIS_NAME)
+
+
+def initializer(config, num_classes: int,
+                schedule: optax.Schedule) -> Callable[[jax.Array, tuple[int, ...]], TrainState]:
+  """`init(rng, input_shape) -> TrainState` of the config's model and optimizer."""
+  return functools.partial(create_train_state, model_from_config(config, num_classes),
+                           optim.create_optimizer(config, schedule),
+                           loss_scaling=config.dtype == 'float16', ema=config.ema_decay > 0)
 
 
 def param_count(params: Any) -> int:

@@ -1,23 +1,40 @@
-"""Pure train and eval steps, written for one device of a data-parallel axis `AXIS_NAME`.
+"""Pure train and eval steps, written for one device of the data-parallel axis `AXIS_NAME`.
 
-Nothing here touches files or the host; `make_p_train_step` / `make_p_eval_step` are the one
-place the steps are mapped over devices: `jax.pmap`, or `jax.jit` + `jax.shard_map`
-(`config.step_backend`).
+Nothing here touches files or the host. `make_train_step` / `make_eval_step` map a step over
+the devices of a `parallel.DataParallel` layout (`jax.pmap`, or `jax.jit` + `jax.shard_map`);
+both layouts run the same step body.
 """
 
+import dataclasses
 import functools
-from typing import Callable
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from jax import lax
-from jax.sharding import PartitionSpec as P
 
+from trainer import parallel
 from trainer.metrics import EvalMetrics, ScaledTrainMetrics, TrainMetrics
 from trainer.parallel import AXIS_NAME
 from trainer.state import TrainState
+
+EXAMPLE_ID_KEY = 'example_id'  # Added to the batch inside the step: each example's global row.
+
+
+@dataclasses.dataclass(frozen=True)
+class StepOptions:
+  """What a train step does besides one plain update."""
+  label_smoothing: float = 0.0  # Of the training loss's targets.
+  grad_accum_steps: int = 1  # Micro-batches per device per step; their gradients averaged.
+  ema_decay: float = 0.0  # Keep an EMA of params (state.ema_params) with this decay; 0: off.
+  skip_nonfinite: bool = False  # A step with NaN/Inf loss or gradients changes nothing.
+
+  @classmethod
+  def from_config(cls, config) -> 'StepOptions':
+    return cls(label_smoothing=config.label_smoothing,
+               grad_accum_steps=config.grad_accum_steps, ema_decay=config.ema_decay,
+               skip_nonfinite=config.skip_nonfinite_steps)
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array, label_smoothing: float = 0.0
@@ -30,87 +47,125 @@ def cross_entropy(logits: jax.Array, labels: jax.Array, label_smoothing: float =
   return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
 
 
-def _split_micro_batches(batch: dict, k: int) -> dict:
-  return jax.tree.map(lambda x: x.reshape((k, x.shape[0] // k) + x.shape[1:]), batch)
+def example_ids(per_device: int) -> jax.Array:
+  """The global-batch rows of this device's examples: device i holds rows i*b .. (i+1)*b-1."""
+  return lax.axis_index(AXIS_NAME) * per_device + jnp.arange(per_device)
 
 
-def train_step(state: TrainState, batch: dict, rng: jax.Array, *,
-               learning_rate_fn: optax.Schedule, skip_nonfinite: bool = False,
-               label_smoothing: float = 0.0, grad_accum_steps: int = 1,
-               ema_decay: float = 0.0) -> tuple[TrainState, TrainMetrics]:
-  """One optimizer step on this device's shard, gradients averaged over all devices.
+class Gradients(NamedTuple):
+  """What every gradient function returns; `grads` are already averaged over the devices."""
+  loss: jax.Array  # This device's mean loss.
+  logits: jax.Array  # (per-device batch, classes)
+  batch_stats: Any  # BatchNorm statistics after the step (None without BatchNorm).
+  grads: Any
 
-  `rng` is the same on every device and every step; it is made unique per step and per device
-  by folding in the step number and the device's index on the axis. With
-  `grad_accum_steps` = k the shard is processed as k micro-batches whose gradients are
-  averaged before the one update. With `skip_nonfinite` (and always under float16 loss
-  scaling) a step whose loss or gradients are NaN/Inf leaves params, optimizer state and
-  BatchNorm statistics unchanged; the step counter still advances.
-  """
-  rng = jax.random.fold_in(jax.random.fold_in(rng, state.step), lax.axis_index(AXIS_NAME))
+
+def _loss_fn(state: TrainState, label_smoothing: float) -> Callable:
+  """(params, batch_stats, batch, rng) -> (mean loss, (logits, new batch_stats))."""
   has_batch_stats = state.batch_stats is not None
 
-  def loss_fn(params, batch_stats, micro_batch, micro_rng):
+  def loss_fn(params, batch_stats, batch, rng):
     variables = {'params': params}
     if has_batch_stats:
       variables['batch_stats'] = batch_stats
-    out = state.apply_fn(variables, micro_batch['image'], train=True,
-                         rngs={'dropout': micro_rng},
+    out = state.apply_fn(variables, batch['image'], train=True,
+                         example_ids=batch[EXAMPLE_ID_KEY], rngs={'dropout': rng},
                          mutable=['batch_stats'] if has_batch_stats else False)
     logits, new_batch_stats = (out[0], out[1]['batch_stats']) if has_batch_stats else (out, None)
-    loss = jnp.mean(cross_entropy(logits, micro_batch['label'], label_smoothing))
+    loss = jnp.mean(cross_entropy(logits, batch['label'], label_smoothing))
     return loss, (logits, new_batch_stats)
 
+  return loss_fn
+
+
+def plain_gradients(loss_fn: Callable, state: TrainState, batch: dict, rng: jax.Array
+                    ) -> Gradients:
+  (loss, (logits, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+      state.params, state.batch_stats, batch, rng)
+  # Every device holds the mean over an equal share of the global batch, so the mean of the
+  # device means is the gradient of the global-batch mean loss.
+  return Gradients(loss, logits, batch_stats, lax.pmean(grads, AXIS_NAME))
+
+
+def accumulated_gradients(loss_fn: Callable, state: TrainState, batch: dict, rng: jax.Array,
+                          k: int) -> Gradients:
+  """The device's batch as `k` micro-batches in sequence (BatchNorm statistics carried from
+  one to the next); their gradients and losses averaged."""
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-  dynamic_scale = state.dynamic_scale
+
+  def accumulate(carry, micro_batch):
+    grad_sum, loss_sum, batch_stats = carry
+    (loss, (logits, new_stats)), grads = grad_fn(state.params, batch_stats, micro_batch, rng)
+    carry = (jax.tree.map(jnp.add, grad_sum, grads), loss_sum + loss,
+             batch_stats if new_stats is None else new_stats)
+    return carry, logits
+
+  micro_batches = jax.tree.map(lambda x: x.reshape((k, x.shape[0] // k) + x.shape[1:]), batch)
+  init = (jax.tree.map(jnp.zeros_like, state.params), jnp.zeros((), jnp.float32),
+          state.batch_stats)
+  (grad_sum, loss_sum, batch_stats), logits = lax.scan(accumulate, init, micro_batches)
+  grads = jax.tree.map(lambda g: g / k, grad_sum)
+  return Gradients(loss_sum / k, logits.reshape((-1,) + logits.shape[2:]), batch_stats,
+                   lax.pmean(grads, AXIS_NAME))
+
+
+def scaled_gradients(loss_fn: Callable, state: TrainState, batch: dict, rng: jax.Array
+                     ) -> tuple[Gradients, Any, jax.Array]:
+  """float16: gradients of the loss scaled by `state.dynamic_scale`, unscaled and averaged;
+  also the adjusted scale and whether they are finite on every device."""
+  dynamic_scale, finite, (loss, (logits, batch_stats)), grads = (
+      state.dynamic_scale.value_and_grad(loss_fn, has_aux=True, axis_name=AXIS_NAME)(
+          state.params, state.batch_stats, batch, rng))
+  return Gradients(loss, logits, batch_stats, grads), dynamic_scale, finite
+
+
+def keep_if_finite(finite: jax.Array, new: TrainState, old: TrainState) -> TrainState:
+  """`new`, with params, optimizer state and BatchNorm statistics of `old` where not
+  `finite` (the step counter still advances)."""
+  keep = lambda a, b: jax.tree.map(lambda x, y: jnp.where(finite, x, y), a, b)
+  return new.replace(params=keep(new.params, old.params),
+                     opt_state=keep(new.opt_state, old.opt_state),
+                     batch_stats=keep(new.batch_stats, old.batch_stats))
+
+
+def ema(decay: float, average: Any, params: Any) -> Any:
+  return jax.tree.map(lambda a, p: decay * a + (1.0 - decay) * p, average, params)
+
+
+def train_step(state: TrainState, batch: dict, rng: jax.Array, *,
+               learning_rate_fn: optax.Schedule, options: StepOptions = StepOptions()
+               ) -> tuple[TrainState, TrainMetrics]:
+  """One optimizer step on this device's rows of the global batch, gradients averaged over
+  all devices.
+
+  `rng` is the same on every device; folded with the step number it is the step's RNG, and
+  each example's draws fold in its global row (see models.layers), so the randomness does not
+  depend on how the batch is split over devices. Under float16 loss scaling, and with
+  `options.skip_nonfinite`, a step whose loss or gradients are NaN/Inf leaves params,
+  optimizer state and BatchNorm statistics unchanged.
+  """
+  rng = jax.random.fold_in(rng, state.step)
+  batch = dict(batch, **{EXAMPLE_ID_KEY: example_ids(batch['label'].shape[0])})
+  loss_fn = _loss_fn(state, options.label_smoothing)
+  dynamic_scale, finite = state.dynamic_scale, None
   if dynamic_scale is not None:
-    # Scales the loss, unscales and pmeans the gradients, and adjusts the scale.
-    dynamic_scale, finite, (loss, (logits, new_batch_stats)), grads = (
-        dynamic_scale.value_and_grad(loss_fn, has_aux=True, axis_name=AXIS_NAME)(
-            state.params, state.batch_stats, batch, rng))
+    result, dynamic_scale, finite = scaled_gradients(loss_fn, state, batch, rng)
+  elif options.grad_accum_steps > 1:
+    result = accumulated_gradients(loss_fn, state, batch, rng, options.grad_accum_steps)
   else:
-    if grad_accum_steps == 1:
-      (loss, (logits, new_batch_stats)), grads = grad_fn(
-          state.params, state.batch_stats, batch, rng)
-    else:
-      def accumulate(carry, inputs):
-        grad_sum, loss_sum, batch_stats = carry
-        micro_batch, index = inputs
-        (micro_loss, (micro_logits, new_stats)), micro_grads = grad_fn(
-            state.params, batch_stats, micro_batch, jax.random.fold_in(rng, index))
-        carry = (jax.tree.map(jnp.add, grad_sum, micro_grads), loss_sum + micro_loss,
-                 new_stats if has_batch_stats else batch_stats)
-        return carry, micro_logits
+    result = plain_gradients(loss_fn, state, batch, rng)
 
-      init = (jax.tree.map(jnp.zeros_like, state.params), jnp.zeros((), jnp.float32),
-              state.batch_stats)
-      (grad_sum, loss_sum, new_batch_stats), logits = lax.scan(
-          accumulate, init, (_split_micro_batches(batch, grad_accum_steps),
-                             jnp.arange(grad_accum_steps)))
-      grads = jax.tree.map(lambda g: g / grad_accum_steps, grad_sum)
-      loss = loss_sum / grad_accum_steps
-      logits = logits.reshape((-1,) + logits.shape[2:])
-    # Every device holds the mean over an equal share of the global batch, so the mean of the
-    # device means is the gradient of the global-batch mean loss.
-    grads = lax.pmean(grads, AXIS_NAME)
-
-  new_state = state.apply_gradients(grads=grads, batch_stats=new_batch_stats)
-  accuracy = jnp.mean(jnp.argmax(logits, axis=-1) == batch['label'])
-  loss, accuracy = lax.pmean((loss, accuracy), AXIS_NAME)
-  grad_norm = optax.global_norm(grads)
-  if dynamic_scale is None and skip_nonfinite:
+  new_state = state.apply_gradients(grads=result.grads, batch_stats=result.batch_stats)
+  accuracy = jnp.mean(jnp.argmax(result.logits, axis=-1) == batch['label'])
+  loss, accuracy = lax.pmean((result.loss, accuracy), AXIS_NAME)
+  grad_norm = optax.global_norm(result.grads)
+  if finite is None and options.skip_nonfinite:
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-  if dynamic_scale is not None or skip_nonfinite:
-    keep_finite = lambda new, old: jnp.where(finite, new, old)
+  if finite is not None:
+    new_state = keep_if_finite(finite, new_state, state).replace(dynamic_scale=dynamic_scale)
+  if options.ema_decay:
     new_state = new_state.replace(
-        params=jax.tree.map(keep_finite, new_state.params, state.params),
-        opt_state=jax.tree.map(keep_finite, new_state.opt_state, state.opt_state),
-        batch_stats=jax.tree.map(keep_finite, new_state.batch_stats, state.batch_stats),
-        dynamic_scale=dynamic_scale)
-  if ema_decay:
-    new_state = new_state.replace(ema_params=jax.tree.map(
-        lambda ema, p: ema_decay * ema + (1.0 - ema_decay) * p,
-        state.ema_params, new_state.params))
+        ema_params=ema(options.ema_decay, state.ema_params, new_state.params))
 
   outputs = dict(loss=loss, accuracy=accuracy, grad_norm=grad_norm,
                  param_norm=optax.global_norm(new_state.params),
@@ -124,47 +179,24 @@ def train_step(state: TrainState, batch: dict, rng: jax.Array, *,
 def eval_step(state: TrainState, batch: dict) -> EvalMetrics:
   """Sums over the real examples of this batch on every device (padding has mask 0)."""
   logits = state.apply_fn(state.variables(state.eval_params()), batch['image'], train=False)
-  return EvalMetrics.gather_from_model_output(
-      axis_name=AXIS_NAME, logits=logits.astype(jnp.float32), labels=batch['label'],
-      loss=cross_entropy(logits, batch['label']), mask=batch['mask'])
+  mine = EvalMetrics.single_from_model_output(
+      logits=logits.astype(jnp.float32), labels=batch['label'],
+      loss=cross_entropy(logits, batch['label']), mask=batch[parallel.MASK_KEY])
+  # Every field is a (total, count) sum: the devices' sums add up.
+  return jax.tree.map(lambda x: lax.psum(x, AXIS_NAME), mine)
 
 
-BACKENDS = ('pmap', 'shard_map')
+def make_train_step(layout: parallel.DataParallel, *, learning_rate_fn: optax.Schedule,
+                    options: StepOptions = StepOptions(),
+                    step_fn: Optional[Callable] = None) -> Callable:
+  """`(state, batch, rng) -> (state, metrics)` over the layout's devices; the state's buffers
+  are donated. `step_fn` (default `train_step`) is the per-device body, for tests that
+  instrument it."""
+  body = functools.partial(step_fn or train_step, learning_rate_fn=learning_rate_fn,
+                           options=options)
+  return layout.map(body, num_args=3, donate_state=True)
 
 
-def _over_devices(fn: Callable, devices, backend: str, donate_argnums=()) -> Callable:
-  """`fn` (one device's step) mapped over `devices` along AXIS_NAME.
-
-  Both backends take and return the same layout: every argument and output has a leading
-  axis of one row per device, sharded over the devices (what `parallel.replicate` and
-  `parallel.shard` make). 'pmap' is `jax.pmap`; 'shard_map' is `jax.jit` of `jax.shard_map`
-  over a one-axis mesh, each device's block being its row.
-  """
-  if backend == 'pmap':
-    return jax.pmap(fn, axis_name=AXIS_NAME, devices=devices, donate_argnums=donate_argnums)
-  mesh = jax.sharding.Mesh(np.asarray(devices if devices is not None else jax.devices()),
-                           (AXIS_NAME,))
-
-  def per_device(*args):
-    out = fn(*jax.tree.map(lambda x: x[0], args))  # Each device's block is (1, ...).
-    return jax.tree.map(lambda x: x[None], out)
-
-  mapped = jax.shard_map(per_device, mesh=mesh, in_specs=P(AXIS_NAME), out_specs=P(AXIS_NAME))
-  return jax.jit(mapped, donate_argnums=donate_argnums)
-
-
-def make_p_train_step(learning_rate_fn: optax.Schedule, devices, config=None) -> Callable:
-  """`train_step` over `devices` with the config's step options and backend (pmap by
-  default); the state's buffers are donated."""
-  options, backend = {}, 'pmap'
-  if config is not None:
-    options = dict(skip_nonfinite=config.skip_nonfinite_steps,
-                   label_smoothing=config.label_smoothing,
-                   grad_accum_steps=config.grad_accum_steps, ema_decay=config.ema_decay)
-    backend = config.step_backend
-  return _over_devices(functools.partial(train_step, learning_rate_fn=learning_rate_fn,
-                                         **options), devices, backend, donate_argnums=(0,))
-
-
-def make_p_eval_step(devices, backend: str = 'pmap') -> Callable:
-  return _over_devices(eval_step, devices, backend)
+def make_eval_step(layout: parallel.DataParallel) -> Callable:
+  """`(state, batch) -> EvalMetrics` over the layout's devices."""
+  return layout.map(eval_step, num_args=2)

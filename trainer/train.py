@@ -1,7 +1,8 @@
 """The training loop: when to train, log, evaluate, checkpoint and stop.
 
     state   = newest intact checkpoint, else init (or --config.init_from params)  # orbax
-    rstate  = replicate(state)                                                   # per device
+    rstate  = layout.put_replicated(state)          # pmap copies, or P() global arrays
+    batches = this process's rows of each global batch -> layout.put_batch -> prefetch
     for step: rstate, metrics = p_train_step(rstate, batch, rng)
         every log_every_steps: fetch metrics, check they are finite -> writer (process 0)
         every eval_every_steps: evaluate (padded + masked)
@@ -9,12 +10,8 @@
 """
 
 import dataclasses
-import functools
-import os
-import signal
-import threading
 import time
-from typing import Any, Iterator, Optional
+from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -26,31 +23,30 @@ from absl import logging
 from clu import metric_writers
 from clu import periodic_actions
 
-import models
 from trainer import checkpoint
 from trainer import checks
 from trainer import input_pipeline
+from trainer import loop
 from trainer import metrics
 from trainer import optim
 from trainer import parallel
+from trainer import signals
 from trainer import state as state_lib
 from trainer import step as step_lib
 from trainer.errors import Diverged, Preempted
 
-PREFETCH_BATCHES = 2  # Sharded batches kept in flight to the devices.
+PREFETCH_BATCHES = 2  # Batches kept in flight to the devices.
 
 
-def device_batches(ds: tf.data.Dataset, devices) -> Iterator[Any]:
-  """Per-process numpy batches -> (devices, per_device, ...) -> prefetched onto `devices`."""
-  sharded = map(functools.partial(parallel.shard, num_devices=len(devices)), tfds.as_numpy(ds))
-  return parallel.prefetch_to_device(sharded, PREFETCH_BATCHES, devices)
-
-
-def evaluate(p_eval_step, rstate, data: input_pipeline.EvalData, devices) -> dict[str, float]:
+def evaluate(p_eval_step, rstate, data: input_pipeline.EvalData,
+             layout: parallel.DataParallel) -> dict[str, float]:
   """Loss and accuracy over every example of the eval split, exactly once."""
-  per_batch = [p_eval_step(rstate, parallel.shard(batch, len(devices)))
-               for batch in input_pipeline.eval_batches(data)]
-  return metrics.eval_scalars(metrics.merge_replicated(per_batch))
+  in_flight = parallel.InFlight(layout.devices)
+  per_batch = []
+  for batch in input_pipeline.eval_batches(data):
+    per_batch.append(p_eval_step(rstate, layout.put_batch(batch)))
+    in_flight.add(per_batch[-1])
+  return metrics.eval_scalars(metrics.merge(layout.fetch(per_batch)))
 
 
 def _hooks(config, workdir: str, writer) -> list:
@@ -65,89 +61,14 @@ def _hooks(config, workdir: str, writer) -> list:
   return hooks
 
 
-def _is_due(step: int, every: int, last: int) -> bool:
-  return step % every == 0 or step == last
-
-
-class _StopSignals:
-  """Records SIGTERM/SIGINT so that the loop finishes its step, saves and stops."""
-
-  def __init__(self):
-    self.received: Optional[int] = None
-    self._previous = {}
-
-  def __enter__(self):
-    # Several processes must agree on the step they stop at; there the runtime's preemption
-    # sync point decides, and a local signal keeps its usual meaning.
-    if threading.current_thread() is threading.main_thread() and jax.process_count() == 1:
-      for sig in (signal.SIGTERM, signal.SIGINT):
-        self._previous[sig] = signal.signal(sig, self._handle)
-    return self
-
-  def _handle(self, signum, frame):
-    del frame
-    if self.received is not None:  # A second signal: the user does not want to wait.
-      signal.signal(signum, signal.SIG_DFL)
-      os.kill(os.getpid(), signum)
-      return
-    self.received = signum
-    logging.warning('%s received: stopping after this step with a checkpoint (send it again '
-                    'to stop at once)', signal.Signals(signum).name)
-
-  def __exit__(self, *exc):
-    for sig, handler in self._previous.items():
-      signal.signal(sig, handler)
-
-  def requested(self, step: int) -> bool:
-    if self.received is not None:
-      return True
-    if jax.process_count() > 1:
-      from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-      try:
-        if multihost_utils.reached_preemption_sync_point(step):
-          self.received = signal.SIGTERM
-          return True
-      except RuntimeError:  # The runtime offers no preemption notice here.
-        pass
+def _preemption_sync_point(step: int) -> bool:
+  """Whether JAX's distributed runtime has every process stop after `step` (a SIGTERM to any
+  of them); False where the runtime offers no preemption notice."""
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  try:
+    return multihost_utils.reached_preemption_sync_point(step)
+  except RuntimeError:
     return False
-
-
-class _TrainMetricsBuffer:
-  """Per-step metrics: on the devices until fetched, checked finite, then merged for a write."""
-
-  def __init__(self, skip_nonfinite: bool, last_finite_step: int):
-    self._skip = skip_nonfinite
-    self._on_device = []
-    self._on_host = []
-    self._skipped = 0
-    self.last_finite_step = last_finite_step
-    self.first_nonfinite_step: Optional[int] = None
-
-  def add(self, step: int, step_metrics) -> None:
-    self._on_device.append((step, step_metrics))
-
-  def fetch(self) -> bool:
-    """Moves metrics to the host; False if a step was non-finite and skipping is off."""
-    if not self._on_device:
-      return self.first_nonfinite_step is None
-    fetched = metrics.fetch_replicated([m for _, m in self._on_device])
-    for (step, _), host in zip(self._on_device, fetched):
-      if metrics.is_finite(host):
-        self._on_host.append(host)
-        self.last_finite_step = step
-      elif self._skip:
-        self._skipped += 1
-      elif self.first_nonfinite_step is None:
-        self.first_nonfinite_step = step
-    self._on_device = []
-    return self.first_nonfinite_step is None
-
-  def scalars(self) -> dict[str, float]:
-    scalars = metrics.train_scalars(metrics.merge(self._on_host)) if self._on_host else {}
-    if self._skip:
-      scalars['train_skipped_steps'] = float(self._skipped)
-    self._on_host, self._skipped = [], 0
-    return scalars
 
 
 def _all_finite(tree) -> bool:
@@ -168,9 +89,9 @@ def _run_peak_rss_mb() -> float:
 class _Start:
   """Where training begins: a checkpoint's state and bookkeeping, or a fresh init."""
   state: state_lib.TrainState
-  step_rng: jax.Array  # Folded with step and device index inside the step.
-  data_seed: int  # Orders the training stream's epochs.
-  examples_done: int  # Examples each device's training stream has already consumed.
+  step_rng: jax.Array  # Folded with the step inside the step.
+  data_seed: int  # Orders the training stream's epochs and draws its augmentation.
+  examples_seen: int  # Position in the global training stream: examples already trained on.
   resume_step: Optional[int]  # The checkpoint restored, if any.
 
 
@@ -185,6 +106,9 @@ def _start(config, checkpointer, init, input_shape, workdir: str) -> _Start:
   abstract_state = jax.eval_shape(lambda rng: init(rng, input_shape), init_rng)
   resume_step, unreadable = checkpointer.find_restorable(abstract_state, config.to_dict())
   init_params = None
+  if resume_step is not None and config.init_from:
+    logging.warning('init_from=%r is not used: this run resumes from its own checkpoint at '
+                    'step %d in %s', config.init_from, resume_step, checkpointer.directory)
   if resume_step is None and config.init_from:
     init_params, from_step = checkpoint.load_params(config.init_from, abstract_state.params)
     logging.info('initializing params from %s (step %d)', config.init_from, from_step)
@@ -196,9 +120,9 @@ def _start(config, checkpointer, init, input_shape, workdir: str) -> _Start:
   state = jax.device_get(init(init_rng, input_shape))
   if resume_step is not None:
     restored = checkpointer.restore(resume_step, state)
+    position = checkpoint.stream_position(restored.meta, resume_step, config.batch_size)
     return _Start(restored.state, jnp.asarray(restored.meta['rng'], dtype=jnp.uint32),
-                  restored.meta['data_seed'], restored.meta['examples_per_device'],
-                  resume_step)
+                  restored.meta['data_seed'], position, resume_step)
   if init_params is not None:
     state = state.replace(params=init_params)
   return _Start(state, step_rng, config.seed, 0, None)
@@ -214,34 +138,48 @@ def use_compilation_cache(cache_dir: str) -> None:
   compilation_cache.reset_cache()  # Takes the directory even if something compiled before.
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> state_lib.TrainState:
-  """Trains `config` in `workdir` (resuming from its newest checkpoint); returns the state."""
-  devices = jax.local_devices()
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
+                       devices: Optional[Sequence[jax.Device]] = None
+                       ) -> state_lib.TrainState:
+  """Trains `config` in `workdir` (resuming from its newest checkpoint); returns the state.
+
+  `devices`: the devices to train on, default every device of every process
+  (`parallel.global_devices()`); a single-process run may name fewer.
+  """
   process_index, process_count = jax.process_index(), jax.process_count()
-  checks.check_config(config, process_count=process_count, local_device_count=len(devices))
+  devices = list(devices) if devices is not None else parallel.global_devices()
+  num_devices = len(devices)
+  checkpointer = checkpoint.Checkpointer(workdir, keep=config.keep_checkpoints)
+  checkpointer.check_topology(config.batch_size, num_devices, process_count)
+  checks.check_config(config, process_count=process_count,
+                      local_device_count=num_devices // process_count)
   checks.check_workdir(workdir)
+  layout = parallel.data_parallel(config.step_backend, devices)
   if config.compilation_cache_dir:
     use_compilation_cache(config.compilation_cache_dir)
-  split_args = dict(process_index=process_index, process_count=process_count)
   builder = input_pipeline.get_builder(config, process_index=process_index)
   config = optim.resolve_durations(
       config, input_pipeline.num_examples(builder, config.train_split))
   checks.check_schedule(config)
-  eval_data = input_pipeline.eval_data(config, builder, **split_args)
+  eval_data = input_pipeline.eval_data(
+      config, builder, process_index=process_index, process_count=process_count,
+      local_device_count=len(layout.local_devices))
+  eval_per_device = input_pipeline.eval_batch_per_device(config, num_devices)
+  if eval_per_device * num_devices != config.eval_batch_size:
+    logging.info('eval_batch_size=%d over %d devices: evaluating %d examples per device '
+                 '(%d per batch, padding masked)', config.eval_batch_size, num_devices,
+                 eval_per_device, eval_per_device * num_devices)
 
   schedule = optim.learning_rate_schedule(config)
-  model = models.get(config.model, num_classes=input_pipeline.spec(config.dataset).num_classes,
-                     dropout_rate=config.dropout_rate, dtype=jnp.dtype(config.dtype),
-                     axis_name=parallel.AXIS_NAME)
-  init = functools.partial(state_lib.create_train_state, model,
-                           optim.create_optimizer(config, schedule),
-                           loss_scaling=config.dtype == 'float16', ema=config.ema_decay > 0)
-  checkpointer = checkpoint.Checkpointer(workdir, keep=config.keep_checkpoints)
+  init = state_lib.initializer(config, input_pipeline.spec(config.dataset).num_classes, schedule)
   start = _start(config, checkpointer, init, input_pipeline.input_shape(config, builder),
                  workdir)
   start_step = int(start.state.step)
-  logging.info('%s: %d params; starting at step %d of %d', config.model,
-               state_lib.param_count(start.state.params), start_step, config.num_train_steps)
+  logging.info('%s: %d params; starting at step %d of %d on %d devices (%d process(es))',
+               config.model, state_lib.param_count(start.state.params), start_step,
+               config.num_train_steps, num_devices, process_count)
+  source = input_pipeline.train_source_kind(config, builder)
+  logging.info('%s', input_pipeline.describe_train_source(source, process_count))
 
   if process_index == 0:
     metrics.mark_session_start(workdir, start_step + 1)
@@ -249,48 +187,58 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> state
   if start_step == 0:
     writer.write_hparams(config.to_dict())
 
-  per_device_batch = config.batch_size // jax.device_count()
-  slots = [process_index * len(devices) + i for i in range(len(devices))]
   train_ds = input_pipeline.train_dataset(
-      config, builder, device_slots=slots, num_slots=jax.device_count(),
-      start_example=start.examples_done, seed=start.data_seed)
+      config, builder, process_index=process_index, process_count=process_count,
+      start_position=start.examples_seen, seed=start.data_seed)
 
   def meta(step: int) -> dict:
-    return {'rng': np.asarray(start.step_rng).tolist(), 'data_seed': start.data_seed,
-            'examples_per_device':
-                start.examples_done + (step - start_step) * per_device_batch,
-            'config': config.to_dict()}
+    return checkpoint.meta(
+        rng=start.step_rng, data_seed=start.data_seed,
+        examples_seen=start.examples_seen + (step - start_step) * config.batch_size,
+        devices=num_devices, processes=process_count, config=config.to_dict())
 
-  # Over several processes pmap spans every process's devices (its default); alone, the local
-  # devices are all of them.
-  pmap_devices = devices if process_count == 1 else None
-  p_train_step = step_lib.make_p_train_step(schedule, pmap_devices, config)
-  p_eval_step = step_lib.make_p_eval_step(pmap_devices, config.step_backend)
-  rstate = parallel.replicate(start.state, devices)
-  rng = parallel.replicate(start.step_rng, devices)
-  batches = device_batches(train_ds, devices)
+  p_train_step = step_lib.make_train_step(
+      layout, learning_rate_fn=schedule, options=step_lib.StepOptions.from_config(config))
+  p_eval_step = step_lib.make_eval_step(layout)
+  rstate = layout.put_replicated(start.state)
+  rng = layout.put_replicated(start.step_rng)
+  batches = parallel.prefetch((layout.put_batch(rows) for rows in tfds.as_numpy(train_ds)),
+                              PREFETCH_BATCHES)
   hooks = _hooks(config, workdir, writer)
-  throughput = metrics.Throughput(config.batch_size, jax.device_count())
+  throughput = metrics.Throughput(config.batch_size, num_devices)
+  cadence = loop.Cadence.from_config(config)
   # float16 loss scaling expects overflows now and then, and skips those steps itself.
-  buffer = _TrainMetricsBuffer(config.skip_nonfinite_steps or config.dtype == 'float16',
-                               start_step)
+  buffer = metrics.TrainMetricsBuffer(
+      layout.fetch, config.skip_nonfinite_steps or config.dtype == 'float16')
+  in_flight = parallel.InFlight(layout.devices)
   last_saved = start.resume_step
   last = config.num_train_steps
 
-  def diverged() -> Diverged:
+  def diverged(what: str = 'loss or gradient norm') -> Diverged:
+    """Says where training broke; the train metrics of the finite steps since the last write
+    are written at the last of them, so the curves end where the message says."""
+    bad = buffer.first_nonfinite_step
+    scalars = buffer.scalars()
+    if what != 'params' and scalars:
+      writer.write_scalars(bad - 1, scalars)
     saved = (f'step {last_saved} in {checkpointer.directory}' if last_saved is not None
              else f'none (no checkpoint yet in {checkpointer.directory})')
     return Diverged(
-        f'loss or gradient norm became NaN/Inf at step {buffer.first_nonfinite_step} (finite '
-        f'through step {buffer.last_finite_step}); the last good checkpoint is {saved}; lower '
-        '--config.learning_rate, or pass --config.skip_nonfinite_steps=True to skip such steps')
+        f'{what} became NaN/Inf at step {bad} (finite through step {bad - 1}); the last good '
+        f'checkpoint is {saved}; lower --config.learning_rate, or pass '
+        '--config.skip_nonfinite_steps=True to skip such steps')
 
-  with metric_writers.ensure_flushes(writer), _StopSignals() as stop:
+  # Several processes must agree on the step they stop at: there JAX's preemption notice
+  # (which owns SIGTERM) decides at a sync point; alone, the signals are recorded here.
+  stop = signals.StopSignals(install=process_count == 1,
+                             agree=_preemption_sync_point if process_count > 1 else None)
+  with metric_writers.ensure_flushes(writer), stop:
     try:
       loop_start = time.perf_counter()
       for step in range(start_step + 1, last + 1):
         with jax.profiler.StepTraceAnnotation('train', step_num=step):
           rstate, step_metrics = p_train_step(rstate, next(batches), rng)
+        in_flight.add(step_metrics)
         buffer.add(step, step_metrics)
         if step == start_step + 1:
           # Time throughput from the end of the first step: compiling is not training speed.
@@ -300,32 +248,30 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> state
         for hook in hooks:
           hook(step)
         stopping = stop.requested(step) and step < last
-        save_now = _is_due(step, config.checkpoint_every_steps, last) or stopping
-        if _is_due(step, config.log_every_steps, last) or save_now:
-          if not buffer.fetch():
-            raise diverged()
-        if _is_due(step, config.log_every_steps, last):
+        save_now = cadence.save(step) or stopping
+        if (cadence.log(step) or save_now) and not buffer.fetch():
+          raise diverged()
+        if cadence.log(step):
           scalars = buffer.scalars()
           rate = throughput.rate(step)
           if rate is not None:
             scalars['examples_per_sec_per_device'] = rate
           writer.write_scalars(step, scalars)
-        if _is_due(step, config.eval_every_steps, last):
-          writer.write_scalars(step, evaluate(p_eval_step, rstate, eval_data, devices))
+        if cadence.eval(step):
+          writer.write_scalars(step, evaluate(p_eval_step, rstate, eval_data, layout))
           throughput.start(step)
         if save_now:
-          host_state = jax.device_get(parallel.unreplicate(rstate))
+          host_state = parallel.host_state(layout, rstate)
           if not _all_finite(host_state.params):
             buffer.first_nonfinite_step = step
-            raise diverged()
+            raise diverged('params')
           checkpointer.save(step, host_state, meta(step))
           last_saved = step
           throughput.start(step)
         if stopping:
           checkpointer.wait()
-          name = signal.Signals(stop.received).name
           raise Preempted(
-              f'stopped by {name} at step {step} of {last}; checkpoint saved in '
+              f'stopped by {stop.name} at step {step} of {last}; checkpoint saved in '
               f'{checkpointer.directory}; run the same command again to resume',
               exit_code=128 + stop.received)
       writer.write_scalars(last, {'peak_rss_mb': _run_peak_rss_mb()})
@@ -333,4 +279,4 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> state
       checkpointer.close()
   # No process leaves while another may still need it for a collective or a save.
   parallel.sync_processes('train_and_evaluate done')
-  return jax.device_get(parallel.unreplicate(rstate))
+  return parallel.host_state(layout, rstate)

@@ -3,9 +3,10 @@
   python -m torch.distributed.run --nproc_per_node=2 -m baselines.torch_ddp.train \
       --config=configs/default.py --workdir=/tmp/ddp [--parity] [--config.FIELD=VALUE ...]
 
-Rank r reads the same part of the train split as device r of a JAX run with as many devices
-(`input_pipeline.train_dataset(device_slots=[r])`), so both see the same batches in the same
-order; evaluation covers every example of the eval split once. Rank 0 writes the JAX
+Rank r of R builds rows r*B/R .. (r+1)*B/R - 1 of every global batch of the training stream
+(`input_pipeline.train_dataset(process_index=r, process_count=R)`), the batches a JAX run of
+the same config and seed trains on with any number of devices; evaluation covers every
+example of the eval split once. Rank 0 writes the JAX
 trainer's TensorBoard tags and metrics.jsonl (same CLU writers). Checkpoints go to
 WORKDIR/checkpoints/step_N.pt every `checkpoint_every_steps`, at the last step and on
 SIGTERM/SIGINT; the same command resumes from the newest one, data stream included. With
@@ -38,8 +39,10 @@ import models
 from baselines.torch_ddp import models as twins
 from trainer import checks
 from trainer import input_pipeline
+from trainer import loop
 from trainer import metrics
 from trainer import optim
+from trainer import signals
 from trainer import state as state_lib
 from trainer.errors import Preempted, UserError
 
@@ -80,8 +83,7 @@ def jax_initial_variables(config, input_shape):
   """The params (and BatchNorm statistics) train.py initializes for this config and seed,
   through the same init path (the optimizer plays no part in them)."""
   init_rng, _ = state_lib.seed_rngs(config.seed)
-  model = models.get(config.model, num_classes=input_pipeline.spec(config.dataset).num_classes,
-                     dropout_rate=config.dropout_rate)
+  model = state_lib.model_from_config(config, input_pipeline.spec(config.dataset).num_classes)
   state = state_lib.create_train_state(model, optax.identity(), init_rng, input_shape)
   return state.params, state.batch_stats
 
@@ -99,19 +101,6 @@ def _optimizer(config, model: torch.nn.Module) -> torch.optim.Optimizer:
     return torch.optim.SGD(groups, lr=peak, momentum=config.momentum,
                            nesterov=config.nesterov and config.momentum > 0)
   return torch.optim.AdamW(groups, lr=peak, betas=(config.adam_b1, config.adam_b2), eps=1e-8)
-
-
-class _StopSignals:
-  """SIGTERM/SIGINT set a flag; the ranks agree on it at their next log or checkpoint step."""
-
-  def __init__(self):
-    self.received: Optional[int] = None
-    signal.signal(signal.SIGTERM, self._handle)
-    signal.signal(signal.SIGINT, self._handle)
-
-  def _handle(self, signum, frame):
-    del frame
-    self.received = signum
 
 
 def checkpoint_steps(workdir: str) -> list[int]:
@@ -212,18 +201,24 @@ def train(config, workdir: str, parity: bool, init_variables: Optional[str] = No
   schedule = optim.learning_rate_schedule(config)
   peak = optim.peak_learning_rate(config)
   scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: float(schedule(s)) / peak)
-  start_step, examples_done = 0, 0
+  start_step, examples_seen = 0, 0
   if saved is not None:
     model.load_state_dict(saved['model'])
     optimizer.load_state_dict(saved['optimizer'])
     scheduler.load_state_dict(saved['scheduler'])
-    torch.set_rng_state(saved['rng_states'][rank])
-    start_step, examples_done = saved['step'], saved['examples_per_device']
+    if len(saved['rng_states']) == world:
+      torch.set_rng_state(saved['rng_states'][rank])
+    else:  # The ranks' dropout streams do not map onto another rank count: start afresh.
+      logging.warning('resuming %d ranks from %d: each rank draws fresh dropout masks', world,
+                      len(saved['rng_states']))
+    start_step = saved['step']
+    # Checkpoints from before the global stream counted examples per rank.
+    examples_seen = saved.get('examples_seen', start_step * config.batch_size)
     logging.info('resuming from %s', _checkpoint_path(workdir, start_step))
   ddp = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
-  per_device_batch = config.batch_size // world
   batches = iter(tfds.as_numpy(input_pipeline.train_dataset(
-      config, builder, device_slots=[rank], num_slots=world, start_example=examples_done)))
+      config, builder, process_index=rank, process_count=world,
+      start_position=examples_seen)))
 
   os.makedirs(workdir, exist_ok=True)
   if rank == 0:
@@ -232,16 +227,13 @@ def train(config, workdir: str, parity: bool, init_variables: Optional[str] = No
   if start_step == 0:
     writer.write_hparams(config.to_dict())
   throughput = metrics.Throughput(config.batch_size, world)
-  stop = _StopSignals()
+  cadence = loop.Cadence.from_config(config)
   last = config.num_train_steps
   # Sums of loss, accuracy and gradient norm since the last write, kept on the device: no
   # host sync per step.
   window = torch.zeros(3, dtype=torch.float64, device=device)
   window_steps = 0
   params = list(model.parameters())
-
-  def due(step, every):
-    return step % every == 0 or step == last
 
   def save(step):
     rng_states = [None] * world
@@ -250,11 +242,12 @@ def train(config, workdir: str, parity: bool, init_variables: Optional[str] = No
       _save(workdir, step, {
           'model': model.state_dict(), 'optimizer': optimizer.state_dict(),
           'scheduler': scheduler.state_dict(), 'rng_states': rng_states, 'step': step,
-          'examples_per_device': examples_done + (step - start_step) * per_device_batch,
+          'examples_seen': examples_seen + (step - start_step) * config.batch_size,
           'config': config.to_dict()}, config.keep_checkpoints)
     dist.barrier()
 
-  with metric_writers.ensure_flushes(writer):
+  # SIGTERM/SIGINT are recorded; the ranks agree on them at their next log or checkpoint step.
+  with metric_writers.ensure_flushes(writer), signals.StopSignals() as stop:
     ddp.train()
     loop_start = time.perf_counter()
     for step in range(start_step + 1, last + 1):
@@ -281,8 +274,8 @@ def train(config, workdir: str, parity: bool, init_variables: Optional[str] = No
           torch.cuda.synchronize(device)
         throughput.start(step)
         writer.write_scalars(step, {'first_step_s': time.perf_counter() - loop_start})
-      save_now = due(step, config.checkpoint_every_steps)
-      if due(step, config.log_every_steps) or save_now:
+      save_now = cadence.save(step)
+      if cadence.log(step) or save_now:
         # One collective per write: the window's sums and whether any rank was signalled.
         flag = torch.tensor([float(stop.received is not None)], dtype=torch.float64,
                             device=device)
@@ -292,7 +285,7 @@ def train(config, workdir: str, parity: bool, init_variables: Optional[str] = No
         stopping = totals[-1] > 0 and step < last
       else:
         stopping = False
-      if due(step, config.log_every_steps):
+      if cadence.log(step):
         scalars = {'train_loss': totals[0] / world / window_steps,
                    'train_accuracy': totals[1] / world / window_steps,
                    'train_grad_norm': totals[2] / world / window_steps,
@@ -304,7 +297,7 @@ def train(config, workdir: str, parity: bool, init_variables: Optional[str] = No
         writer.write_scalars(step, scalars)
         window.zero_()
         window_steps = 0
-      if due(step, config.eval_every_steps):
+      if cadence.eval(step):
         writer.write_scalars(step, evaluate(ddp, eval_data, device))
         throughput.start(step)
       if save_now or stopping:
@@ -326,7 +319,8 @@ def main(argv):
     torch.set_num_threads(FLAGS.threads)
   dist.init_process_group('nccl' if torch.cuda.is_available() else 'gloo')
   try:
-    train(FLAGS.config, FLAGS.workdir, FLAGS.parity, FLAGS.init_variables)
+    train(checks.command_line_config(FLAGS['config']), FLAGS.workdir, FLAGS.parity,
+          FLAGS.init_variables)
   except UserError as e:
     raise SystemExit(f'error: {e}') from None
   except Preempted as e:

@@ -1,0 +1,40 @@
+"""Layers whose randomness is drawn per example, keyed by the example's id.
+
+A data-parallel step gives every device the same 'dropout' RNG and each example its row in
+the global batch as its id. Each example's draws then come from the RNG folded with its id,
+so they do not depend on how the batch is split over devices: 1 device or 64 draw the same
+masks for the same example, and the masks still differ between examples and steps.
+"""
+
+from typing import Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+
+def example_ids_or_rows(x: jax.Array, example_ids: Optional[jax.Array]) -> jax.Array:
+  """`example_ids`, or the rows 0..batch-1 of `x` when the batch is the whole batch."""
+  return jnp.arange(x.shape[0]) if example_ids is None else example_ids
+
+
+def example_keys(key: jax.Array, example_ids: jax.Array) -> jax.Array:
+  """One key per example: `key` folded with each example's id."""
+  return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, example_ids)
+
+
+class Dropout(nn.Module):
+  """Inverted dropout like `nn.Dropout`, each example's mask drawn from its own key."""
+  rate: float
+
+  @nn.compact
+  def __call__(self, x: jax.Array, example_ids: jax.Array, *, deterministic: bool
+               ) -> jax.Array:
+    if deterministic or self.rate == 0:
+      return x
+    if self.rate == 1:
+      return jnp.zeros_like(x)
+    keep = 1.0 - self.rate
+    keys = example_keys(self.make_rng('dropout'), example_ids)
+    mask = jax.vmap(lambda k: jax.random.bernoulli(k, keep, x.shape[1:]))(keys)
+    return jnp.where(mask, x / keep, 0).astype(x.dtype)

@@ -1,0 +1,31 @@
+"""What the training loops share (the trainer's and the DDP baseline's): when a step logs,
+evaluates and saves."""
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Cadence:
+  """Steps count from 1 to `last`; the last step always logs, evaluates and saves."""
+  log_every: int
+  eval_every: int
+  save_every: int
+  last: int
+
+  @classmethod
+  def from_config(cls, config) -> 'Cadence':
+    """From a config whose durations are resolved to steps."""
+    return cls(config.log_every_steps, config.eval_every_steps,
+               config.checkpoint_every_steps, config.num_train_steps)
+
+  def _due(self, step: int, every: int) -> bool:
+    return step % every == 0 or step == self.last
+
+  def log(self, step: int) -> bool:
+    return self._due(step, self.log_every)
+
+  def eval(self, step: int) -> bool:
+    return self._due(step, self.eval_every)
+
+  def save(self, step: int) -> bool:
+    return self._due(step, self.save_every)
