@@ -17,8 +17,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.tfds_data_dir = ''  # TFDS data dir (path or gs://); '' = $TFDS_DATA_DIR or ~/tensorflow_datasets.
   config.train_split = 'train'  # TFDS split name (slicing such as 'train[:90%]' allowed).
   config.eval_split = 'test'  # TFDS split evaluated, every example exactly once.
-  config.shuffle_buffer_size = 2048  # Examples held by the shuffle buffer (per process).
-  config.cache = True  # Cache decoded examples in memory after the first epoch.
+  # Examples in each process's shuffle buffer; used only where the train split is read in
+  # sequence (TFRecord files, cache=False): elsewhere each epoch is an index permutation.
+  config.shuffle_buffer_size = 2048
+  # Hold the decoded split in memory and read it by index (the same global batches on any
+  # topology); False reads ArrayRecord files by index where TFDS prepared them so, else
+  # TFRecord files in sequence.
+  config.cache = True
 
   config.data_threads = 0  # tf.data private threadpool size; 0 = TF's shared pool.
 

@@ -115,9 +115,6 @@ def _cli(*args):
 @pytest.mark.parametrize('args,message', [
     (['--config.batch_size=100'], 'error: batch_size=100 is not divisible by the 8 devices'),
     (['--config.model=resnet9'], "error: model='resnet9' is unknown; choose one of: cnn, mlp, resnet101"),
-    # Both fields of a pair on the command line: neither may silently win.
-    (['--config.num_epochs=2', '--config.num_train_steps=4'],
-     'error: num_train_steps=4 and num_epochs=2.0 are both set'),
     (['--cpu_devices=0'], 'error: --cpu_devices=0 must be a positive device count'),
 ])
 def test_cli_prints_one_line_and_exits_nonzero(tmp_path, tfds_data_dir, args, message):

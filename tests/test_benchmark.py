@@ -25,13 +25,13 @@ def test_smoke_run_writes_every_key(tmp_path, tfds_data_dir):
   out = tmp_path / 'bench.json'
   run = subprocess.run(
       [sys.executable, 'scripts/benchmark.py', '--config=configs/default.py', f'--json={out}',
-       '--steps=10', '--warmup_steps=1', '--rounds=1', '--jax_devices=2', '--ddp_ranks=2',
+       '--steps=10', '--warmup_steps=1', '--rounds=1', '--jax_devices=2', '--ddp_ranks=1',
        '--config.log_every_steps=5', f'--config.tfds_data_dir={tfds_data_dir}'],
       cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600, check=False)
   assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
   figures = json.loads(out.read_text())
   assert set(KEYS) <= set(figures)
-  assert figures['jax_devices'] == 2 and figures['ddp_ranks'] == 2
+  assert figures['jax_devices'] == 2 and figures['ddp_ranks'] == 1
   for key in ('limit_pmap_examples_per_sec', 'limit_shard_map_examples_per_sec',
               'trainer_examples_per_sec', 'input_examples_per_sec', 'ddp_examples_per_sec',
               'compile_s', 'time_to_first_step_s', 'flops_per_step', 'peak_host_memory_mb'):
@@ -52,10 +52,19 @@ def test_smoke_run_writes_every_key(tmp_path, tfds_data_dir):
       cache['warm']['first_step_s'] / cache['cold']['first_step_s'])
   # The cnn step is a few MFLOPs per example: forward and backward of two convolutions.
   assert 1e5 < figures['flops_per_step'] / 128 < 1e8
+  multiprocess = figures['multiprocess']
+  for topology in ('1x4', '2x2'):
+    for backend in ('pmap', 'shard_map'):
+      assert multiprocess[f'{topology}_{backend}_step_ms'] > 0
+  assert multiprocess['runs']['2x2'][0]['processes'] == 2
+  assert multiprocess['runs']['2x2'][0]['devices'] == 4
+  assert multiprocess['pmap_multiprocess_overhead_ms'] == pytest.approx(
+      multiprocess['2x2_pmap_step_ms'] - multiprocess['1x4_pmap_step_ms'] -
+      multiprocess['2x2_shard_map_step_ms'] + multiprocess['1x4_shard_map_step_ms'])
   trainer = figures['jax_runs'][0]['trainer']
   assert trainer['timed_steps'] >= 10 and trainer['windows'] >= 2
   for line in ('trainer_over_limit =', 'jax_over_ddp =', 'input_over_step =',
-               'warm_start_over_cold ='):
+               'warm_start_over_cold =', 'pmap_multiprocess_overhead ='):
     assert line in run.stdout
 
 
@@ -76,6 +85,7 @@ def test_compilation_cache_stores_and_serves_the_step(tmp_path):
   def step_entries():
     return sorted(p.name for p in cache_dir.iterdir() if p.name.startswith('jit_cached_step'))
 
+  previous = jax.config.jax_compilation_cache_dir  # The test session's own cache.
   try:
     train.use_compilation_cache(str(cache_dir))
     jax.jit(cached_step)(x).block_until_ready()
@@ -90,5 +100,5 @@ def test_compilation_cache_stores_and_serves_the_step(tmp_path):
     assert hits, 'the second compile did not load from the cache'
     assert step_entries() == written
   finally:
-    jax.config.update('jax_compilation_cache_dir', None)
+    jax.config.update('jax_compilation_cache_dir', previous)
     compilation_cache.reset_cache()

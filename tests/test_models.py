@@ -7,6 +7,7 @@ import optax
 import pytest
 
 import models
+from tests import helpers
 from trainer import parallel
 from trainer import state as state_lib
 from trainer import step as step_lib
@@ -60,15 +61,19 @@ def test_param_count(name, shape, classes):
 
 @pytest.mark.parametrize('name', models.names())
 def test_one_train_step(name):
+  """The real step on random variables: compiling the model's init (as costly as the step for
+  the deep ones) is left to test_param_count's abstract init and the training tests."""
   shape = STEP_SHAPES[name]
   layout = parallel.data_parallel('pmap', jax.devices()[:1])
   model = models.get(name, num_classes=10, axis_name=parallel.AXIS_NAME)
-  state = state_lib.create_train_state(model, optax.sgd(0.1, momentum=0.9),
-                                       jax.random.PRNGKey(0), (1,) + shape)
+  variables = helpers.random_variables(model, shape, seed=0)
+  state = state_lib.TrainState.create(apply_fn=model.apply, params=variables['params'],
+                                      tx=optax.sgd(1e-3, momentum=0.9),
+                                      batch_stats=variables.get('batch_stats'))
   rng = np.random.RandomState(0)
   batch = {'image': rng.randn(4, *shape).astype(np.float32),
            'label': rng.randint(0, 10, 4).astype(np.int32)}
-  p_train_step = step_lib.make_train_step(layout, learning_rate_fn=lambda step: 0.1)
+  p_train_step = step_lib.make_train_step(layout, learning_rate_fn=lambda step: 1e-3)
   new_state, metrics = p_train_step(layout.put_replicated(state), layout.put_batch(batch),
                                     layout.put_replicated(jax.random.PRNGKey(1)))
   new_state = parallel.host_state(layout, new_state)
@@ -81,7 +86,8 @@ def test_one_train_step(name):
   if state.batch_stats is not None:  # Running statistics moved towards the batch's.
     assert not all(np.array_equal(a, b) for a, b in zip(
         jax.tree.leaves(new_state.batch_stats), jax.tree.leaves(state.batch_stats)))
-  logits = model.apply(new_state.variables(), batch['image'], train=False)
+  logits = jax.jit(lambda v, x: model.apply(v, x, train=False))(new_state.variables(),
+                                                                batch['image'])
   assert logits.shape == (4, 10) and np.all(np.isfinite(logits))
 
 

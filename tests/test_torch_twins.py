@@ -8,29 +8,12 @@ import torch
 
 import models
 from baselines.torch_ddp import models as twins
-
-
-def _random_variables(flax_model, shape, seed):
-  """Random values in the shapes of the model's variables, none at its init values
-  (BatchNorm scales start at 0 or 1, biases at 0); shapes alone need no init compile."""
-  abstract = jax.eval_shape(lambda: flax_model.init(jax.random.PRNGKey(0),
-                                                    jnp.zeros((1,) + shape), train=False))
-  rng = np.random.RandomState(seed)
-
-  def draw(path, leaf):
-    name = path[-1].key
-    noise = rng.randn(*leaf.shape).astype(np.float32)
-    if name == 'kernel':  # Fan-in scaling keeps deep networks' activations in range.
-      return noise / np.sqrt(np.prod(leaf.shape[:-1]))
-    if name in ('scale', 'var'):
-      return 1.0 + 0.2 * np.abs(noise) if name == 'var' else 1.0 + 0.2 * noise
-    return 0.2 * noise  # Biases and running means.
-  return jax.tree_util.tree_map_with_path(draw, jax.tree.map(lambda x: x, dict(abstract)))
+from tests import helpers
 
 
 def _flax_and_twin(name, shape, seed=0):
   flax_model = models.get(name, num_classes=10)
-  variables = _random_variables(flax_model, shape, seed)
+  variables = helpers.random_variables(flax_model, shape, seed)
   params, batch_stats = variables['params'], variables.get('batch_stats')
   twin = twins.get(name, input_shape=shape, num_classes=10)
   assert (sum(p.numel() for p in twin.parameters()) ==

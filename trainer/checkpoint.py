@@ -237,6 +237,14 @@ class Checkpointer:
       self._manager = None
 
 
+def read_state(workdir: str, step: Optional[int] = None) -> dict:
+  """The state item of a run's checkpoint (the newest by default) as a tree of host arrays,
+  without a target: for tools and tests that inspect what a run saved."""
+  reader = _read_only(directory(workdir))
+  step = reader.latest_step() if step is None else step
+  return reader.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))['state']
+
+
 def load_params(path: str, wanted_params: Any) -> tuple[Any, int]:
   """Params of the newest checkpoint under `path` (a workdir, its checkpoints/ or one step).
 

@@ -141,11 +141,13 @@ class Pmapped(DataParallel):
     return jax.device_put(shard(rows, len(self.local_devices)),
                           device_sharding(self.local_devices))
 
-  def _one_replica(self, x):
-    # Only the first local device's row comes over (its shard, with no device op).
-    if isinstance(x, jax.Array):
-      return x.addressable_shards[0].data[0]
-    return np.asarray(x)[0]
+  def fetch(self, trees):
+    # Only the first local device's row comes over: its (1, ...) shard, sliced on the host
+    # (slicing it on the device would launch one program per leaf).
+    leaves, treedef = jax.tree.flatten(list(trees))
+    rows = jax.device_get([x.addressable_shards[0].data if isinstance(x, jax.Array) else x
+                           for x in leaves])
+    return jax.tree.unflatten(treedef, [np.asarray(row)[0, ...] for row in rows])
 
 
 class ShardMapped(DataParallel):

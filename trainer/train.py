@@ -121,6 +121,9 @@ def _start(config, checkpointer, init, input_shape, workdir: str) -> _Start:
   if resume_step is not None:
     restored = checkpointer.restore(resume_step, state)
     position = checkpoint.stream_position(restored.meta, resume_step, config.batch_size)
+    logging.info('resuming from the checkpoint at step %d (written on %s devices, %s '
+                 'process(es)) at example %d of the training stream', resume_step,
+                 restored.meta.get('devices', '?'), restored.meta.get('processes', '?'), position)
     return _Start(restored.state, jnp.asarray(restored.meta['rng'], dtype=jnp.uint32),
                   restored.meta['data_seed'], position, resume_step)
   if init_params is not None:
