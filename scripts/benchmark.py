@@ -185,11 +185,11 @@ def _with_fields(config, fields: dict[str, Any]):
 
 def _train_records(config) -> tuple[list[dict], float]:
   """Runs `train_and_evaluate` in a scratch workdir: its metrics.jsonl and its start time."""
-  from trainer import metrics, train  # pylint: disable=import-outside-toplevel
+  from trainer import train, writers  # pylint: disable=import-outside-toplevel
   with tempfile.TemporaryDirectory() as workdir:
     start = time.time()
     train.train_and_evaluate(config, workdir)
-    return metrics.read_jsonl(os.path.join(workdir, metrics.JSONL_NAME)), start
+    return writers.read_jsonl(os.path.join(workdir, writers.JSONL_NAME)), start
 
 
 def _measure_trainer(config, steps: int) -> dict[str, Any]:
@@ -330,7 +330,7 @@ def _ddp_run(config_path: str, overrides: list[str], ranks: int, threads: int,
              steps: int, tmp: str) -> dict[str, Any]:
   """The DDP twin for `steps` timed steps; rates from its metrics.jsonl as for the trainer."""
   from baselines.torch_ddp import launch  # pylint: disable=import-outside-toplevel
-  from trainer import metrics  # pylint: disable=import-outside-toplevel
+  from trainer import writers  # pylint: disable=import-outside-toplevel
   workdir = os.path.join(tmp, f'ddp_{ranks}')
   fields = _timed_run_fields(FLAGS.config, steps)
   start = time.time()
@@ -338,7 +338,7 @@ def _ddp_run(config_path: str, overrides: list[str], ranks: int, threads: int,
       ranks, workdir, [f'--config={config_path}', *overrides,
                        *(f'--config.{field}={value}' for field, value in fields.items())],
       threads=max(1, threads // ranks)), f'the DDP run with {ranks} ranks')
-  records = metrics.read_jsonl(os.path.join(workdir, metrics.JSONL_NAME))
+  records = writers.read_jsonl(os.path.join(workdir, writers.JSONL_NAME))
   rates = _window_rates(records, FLAGS.config.batch_size)
   first = next(r for r in records if 'first_step_s' in r)
   peak = next(r for r in records if 'peak_rss_mb' in r)['peak_rss_mb']

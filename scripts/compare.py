@@ -41,7 +41,7 @@ sys.path.insert(0, REPO)
 from baselines.torch_ddp import launch
 from baselines.torch_ddp import train as ddp_train
 from trainer import checks
-from trainer import metrics
+from trainer import writers
 from trainer.errors import UserError
 # pylint: enable=wrong-import-position
 
@@ -230,7 +230,7 @@ def _jax_platform(run_dir: str) -> str:
 def _read_run(run_dir: str) -> tuple[list[dict], dict]:
   with open(os.path.join(run_dir, LAUNCH_FILE), encoding='utf-8') as f:
     started = json.load(f)
-  return metrics.read_jsonl(os.path.join(run_dir, metrics.JSONL_NAME)), started
+  return writers.read_jsonl(os.path.join(run_dir, writers.JSONL_NAME)), started
 
 
 def _export_init(config, path: str) -> None:

@@ -8,7 +8,7 @@ import math
 from absl import app
 from absl import flags
 
-from trainer import metrics
+from trainer import writers
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The run\'s --workdir.', required=True)
 _TAGS = flags.DEFINE_list('tags', [], 'Tags to show; empty = every scalar tag.')
@@ -26,7 +26,7 @@ def table(scalars: dict[str, dict[int, float]], tags: list[str]) -> str:
 
 def main(argv):
   del argv
-  scalars, _ = metrics.read_events(_WORKDIR.value)
+  scalars, _ = writers.read_events(_WORKDIR.value)
   if not scalars:
     raise SystemExit(f'error: no event files with scalars in {_WORKDIR.value!r}; '
                      'pass the --workdir a training run wrote to')

@@ -16,8 +16,8 @@ from tensorboard.backend.event_processing import plugin_event_accumulator
 
 from tests import helpers
 from trainer import checkpoint
-from trainer import metrics
 from trainer import train
+from trainer import writers
 from trainer.errors import Diverged, UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -54,7 +54,7 @@ def reference(tfds_data_dir, tmp_path_factory):
   config = _configure(default.get_config(), tfds_data_dir=tfds_data_dir)
   workdir = str(tmp_path_factory.mktemp('reference'))
   state = train.train_and_evaluate(config, workdir, devices=jax.devices()[:DEVICES])
-  return state, metrics.read_events(workdir)[0], workdir
+  return state, writers.read_events(workdir)[0], workdir
 
 
 def _start(workdir, tfds_data_dir):
@@ -108,7 +108,7 @@ def stopped_by_sigterm(tfds_data_dir, tmp_path_factory):
 
 
 def _assert_curves_like_the_reference(workdir, ref_scalars, exact: bool):
-  scalars, _ = metrics.read_events(workdir)
+  scalars, _ = writers.read_events(workdir)
   tensorboard = plugin_event_accumulator.EventAccumulator(workdir)
   tensorboard.Reload()
   for tag in ('train_loss', 'learning_rate', 'eval_accuracy', 'eval_loss'):
@@ -122,7 +122,7 @@ def _assert_curves_like_the_reference(workdir, ref_scalars, exact: bool):
       for step, value in ref_scalars[tag].items():
         assert scalars[tag][step] == pytest.approx(value, rel=1e-5, abs=1e-9), (tag, step)
   # metrics.jsonl dropped the lines the killed run wrote after its last checkpoint too.
-  records = metrics.read_jsonl(os.path.join(workdir, metrics.JSONL_NAME))
+  records = writers.read_jsonl(os.path.join(workdir, writers.JSONL_NAME))
   assert [r['step'] for r in records if 'train_loss' in r] == sorted(ref_scalars['train_loss'])
 
 
@@ -200,7 +200,7 @@ def test_interrupted_or_corrupt_newest_save_falls_back(reference, config, tmp_pa
   # The damaged checkpoint was reported and kept aside, not deleted.
   assert os.path.isdir(os.path.join(workdir, checkpoint.CORRUPT_DIR, '375', 'state'))
   assert sorted(os.listdir(ckpts))[:3] == ['350', '375', '400']
-  scalars, _ = metrics.read_events(workdir)
+  scalars, _ = writers.read_events(workdir)
   assert sorted(scalars['eval_accuracy']) == [100, 200, 300, 400]
 
 
@@ -220,7 +220,7 @@ def test_divergence_stops_with_the_last_good_checkpoint(config, tmp_path):
   newest = checkpoint.read_state(workdir)
   assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(newest))
   # The train curves end at the last finite step, every point of them finite.
-  losses = metrics.read_events(workdir)[0]['train_loss']
+  losses = writers.read_events(workdir)[0]['train_loss']
   assert max(losses) == good
   assert all(np.isfinite(value) for value in losses.values())
 
@@ -232,7 +232,7 @@ def test_divergence_can_skip_steps(config, tmp_path):
   state = train.train_and_evaluate(config, workdir)
   assert int(state.step) == 60
   assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(state.params))
-  scalars, _ = metrics.read_events(workdir)
+  scalars, _ = writers.read_events(workdir)
   assert sum(scalars['train_skipped_steps'].values()) > 0
 
 

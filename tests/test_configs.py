@@ -9,7 +9,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from trainer import checks
-from trainer import metrics
+from trainer import writers
 from trainer import optim
 from trainer import train
 
@@ -53,7 +53,7 @@ def test_cifar10_resnet18_runs_end_to_end_on_mock_data(tmp_path):
   with tfds.testing.mock_data(num_examples=40):
     state = train.train_and_evaluate(config, workdir)
   assert int(state.step) == 4 and state.batch_stats is not None
-  scalars, _ = metrics.read_events(workdir)
+  scalars, _ = writers.read_events(workdir)
   assert sorted(scalars['train_loss']) == [2, 4]
   assert 0 <= scalars['eval_accuracy'][4] <= 1
   correct = scalars['eval_accuracy'][4] * 40

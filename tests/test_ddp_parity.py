@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from baselines.torch_ddp import launch
-from trainer import metrics
+from trainer import writers
 from trainer import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,9 +32,9 @@ def test_first_20_losses_agree(tmp_path, config, model, jax_devices, ddp_ranks):
       cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300, check=False)
   assert ddp_run.returncode == 0, ddp_run.stderr[-2000:]
 
-  scalars, _ = metrics.read_events(jax_dir)
+  scalars, _ = writers.read_events(jax_dir)
   jax_losses = [scalars['train_loss'][step] for step in range(1, 21)]
-  records = [r for r in metrics.read_jsonl(os.path.join(ddp_dir, metrics.JSONL_NAME))
+  records = [r for r in writers.read_jsonl(os.path.join(ddp_dir, writers.JSONL_NAME))
              if 'train_loss' in r]
   assert [r['step'] for r in records] == list(range(1, 21))
   ddp_losses = [r['train_loss'] for r in records]

@@ -14,7 +14,7 @@ from baselines.torch_ddp import models as twins
 from baselines.torch_ddp import train as ddp_train
 from tests import helpers
 from tests.test_ddp_parity import ENV, REPO
-from trainer import metrics
+from trainer import writers
 
 STEPS = 200
 
@@ -33,7 +33,7 @@ def _run(workdir, tfds_data_dir):
 
 
 def _train_steps(workdir):
-  return [r['step'] for r in metrics.read_jsonl(os.path.join(workdir, metrics.JSONL_NAME))
+  return [r['step'] for r in writers.read_jsonl(os.path.join(workdir, writers.JSONL_NAME))
           if 'train_loss' in r]
 
 
@@ -53,7 +53,7 @@ def test_sigterm_stops_with_a_checkpoint_and_resume_is_exact(reference, tmp_path
   workdir = str(tmp_path / 'run')
   process = subprocess.Popen(_command(workdir, tfds_data_dir), cwd=REPO, env=ENV,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-  jsonl = os.path.join(workdir, metrics.JSONL_NAME)
+  jsonl = os.path.join(workdir, writers.JSONL_NAME)
   deadline = time.time() + 120
   while time.time() < deadline and not (os.path.exists(jsonl) and _train_steps(workdir)
                                         and _train_steps(workdir)[-1] >= 30):
@@ -74,13 +74,13 @@ def test_sigterm_stops_with_a_checkpoint_and_resume_is_exact(reference, tmp_path
                        values['momentum_buffer'])
   # No gaps or duplicates in metrics.jsonl; the evaluations agree.
   assert _train_steps(workdir) == _train_steps(reference) == list(range(10, STEPS + 1, 10))
-  scalars, _ = metrics.read_events(workdir)
-  reference_scalars, _ = metrics.read_events(reference)
+  scalars, _ = writers.read_events(workdir)
+  reference_scalars, _ = writers.read_events(reference)
   assert scalars['eval_accuracy'] == reference_scalars['eval_accuracy']
 
 
 def test_tags_evaluation_and_memory(reference, config):
-  scalars, plugins = metrics.read_events(reference)
+  scalars, plugins = writers.read_events(reference)
   assert 'hparams' in plugins
   for tag in ('train_loss', 'train_accuracy', 'train_grad_norm', 'train_param_norm',
               'learning_rate', 'examples_per_sec_per_device'):

@@ -15,7 +15,7 @@ import pytest
 from baselines.torch_ddp import launch
 from tests import helpers
 from trainer import checkpoint
-from trainer import metrics
+from trainer import writers
 from trainer import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,8 +57,8 @@ def test_the_local_launcher_trains_as_one_process_of_four(config, tmp_path, tfds
 
   assert helpers.relative_difference(checkpoint.read_state(multi, 40)['params'],
                                      state.params) < 1e-4
-  multi_scalars, _ = metrics.read_events(multi)
-  single_scalars, _ = metrics.read_events(single)
+  multi_scalars, _ = writers.read_events(multi)
+  single_scalars, _ = writers.read_events(single)
   for tag in ('eval_accuracy', 'eval_loss', 'train_loss'):
     assert sorted(multi_scalars[tag]) == sorted(single_scalars[tag])
     np.testing.assert_allclose([multi_scalars[tag][s] for s in sorted(multi_scalars[tag])],

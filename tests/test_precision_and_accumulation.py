@@ -8,7 +8,7 @@ import pytest
 
 import models
 from tests import helpers
-from trainer import metrics
+from trainer import writers
 from trainer import parallel
 from trainer import state as state_lib
 from trainer import step as step_lib
@@ -122,7 +122,7 @@ def test_reduced_precision_runs_train_on_digits(config, tmp_path, dtype):
   workdir = str(tmp_path / dtype)
   state = train.train_and_evaluate(config, workdir)
   assert all(leaf.dtype == np.float32 for leaf in jax.tree.leaves(state.params))
-  scalars, _ = metrics.read_events(workdir)
+  scalars, _ = writers.read_events(workdir)
   assert scalars['eval_accuracy'][150] > 0.85
   if dtype == 'float16':
     assert scalars['train_loss_scale'][150] > 0

@@ -1,6 +1,9 @@
 """The train step, over devices, against single-device references over the same global batch."""
 
 import functools
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +17,7 @@ from trainer import parallel
 from trainer import state as state_lib
 from trainer import step as step_lib
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GLOBAL_BATCH = 48  # Divisible by 1, 2, 3, 4 and 8 devices.
 
 
@@ -151,3 +155,47 @@ def test_shard_map_backend_equals_pmap(config, model_name):
   assert pmap_losses[0] != pmap_losses[-1]
   np.testing.assert_allclose(float(sm_eval['loss']), float(pmap_eval['loss']), rtol=1e-6)
   assert float(sm_eval['accuracy']) == float(pmap_eval['accuracy'])
+
+
+# The bare step on a machine without TensorFlow (a typical CUDA host): every import it needs,
+# and one step on both backends, with `import tensorflow` and `import tensorflow_datasets`
+# failing.
+_WITHOUT_TENSORFLOW = '''
+import sys
+
+class Absent:
+  def find_spec(self, name, path=None, target=None):
+    if name.split('.')[0] in ('tensorflow', 'tensorflow_datasets'):
+      raise ModuleNotFoundError(f'No module named {name!r}')
+
+sys.meta_path.insert(0, Absent())
+import jax
+jax.config.update('jax_num_cpu_devices', 2)
+import numpy as np
+import optax
+import models
+from trainer import metrics, optim, parallel, state as state_lib, step as step_lib
+model = models.get('cnn', num_classes=10, dropout_rate=0.1)
+params = model.init(jax.random.PRNGKey(0), np.zeros((1, 8, 8, 1), np.float32), train=False)
+state = state_lib.TrainState.create(apply_fn=model.apply, params=params['params'],
+                                    tx=optax.sgd(0.1))
+batch = {'image': np.random.RandomState(0).rand(8, 8, 8, 1).astype(np.float32),
+         'label': np.arange(8, dtype=np.int32) % 10}
+for backend in parallel.BACKENDS:
+  layout = parallel.data_parallel(backend, jax.devices()[:2])
+  p_step = step_lib.make_train_step(layout, learning_rate_fn=lambda step: 0.1)
+  _, step_metrics = p_step(layout.put_replicated(state), layout.put_batch(batch),
+                           layout.put_replicated(jax.random.PRNGKey(1)))
+  print(backend, layout.fetch([step_metrics])[0].compute()['loss'])
+assert 'tensorflow' not in sys.modules and 'tensorflow_datasets' not in sys.modules
+'''
+
+
+def test_the_bare_step_runs_without_tensorflow():
+  run = subprocess.run([sys.executable, '-c', _WITHOUT_TENSORFLOW], cwd=REPO,
+                       capture_output=True, text=True, timeout=300, check=False)
+  assert run.returncode == 0, run.stderr[-3000:]
+  losses = dict(line.split() for line in run.stdout.splitlines())
+  assert set(losses) == {'pmap', 'shard_map'}
+  assert np.isfinite(float(losses['pmap']))
+  assert float(losses['pmap']) == pytest.approx(float(losses['shard_map']), rel=1e-5)

@@ -7,13 +7,12 @@ import subprocess
 import sys
 
 import jax
-import numpy as np
 import pytest
 
 from baselines.torch_ddp import launch
 from tests import helpers
 from trainer import checkpoint
-from trainer import metrics
+from trainer import writers
 from trainer import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,7 +46,7 @@ def trained(tfds_data_dir, tmp_path_factory):
 
 
 def _last_eval(workdir):
-  scalars, _ = metrics.read_events(workdir)
+  scalars, _ = writers.read_events(workdir)
   last = helpers.TOPOLOGY_RUN['num_train_steps']
   return {tag: scalars[tag][last] for tag in ('eval_loss', 'eval_accuracy')}
 

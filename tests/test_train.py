@@ -10,9 +10,9 @@ import tensorflow_datasets as tfds
 
 from configs import default
 from tests import helpers
-from trainer import metrics
 from trainer import optim
 from trainer import train
+from trainer import writers
 
 TRAIN_TAGS = {'train_loss', 'train_accuracy', 'train_grad_norm', 'train_param_norm',
               'learning_rate', 'examples_per_sec_per_device'}
@@ -30,7 +30,7 @@ def _short(config, steps=60):
 def test_digits_end_to_end(config, tmp_path):
   workdir = str(tmp_path / 'run')
   state = train.train_and_evaluate(_short(config), workdir)
-  scalars, plugins = metrics.read_events(workdir)
+  scalars, plugins = writers.read_events(workdir)
   assert 'hparams' in plugins
   assert TRAIN_TAGS | {'eval_loss', 'eval_accuracy'} <= set(scalars)
   for tag in TRAIN_TAGS:
@@ -53,7 +53,7 @@ def test_digits_end_to_end(config, tmp_path):
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['30', '60']
 
   # metrics.jsonl holds the same scalars at the same steps, plus the run's timing and memory.
-  records = metrics.read_jsonl(os.path.join(workdir, metrics.JSONL_NAME))
+  records = writers.read_jsonl(os.path.join(workdir, writers.JSONL_NAME))
   from_jsonl = collections.defaultdict(dict)
   for record in records:
     for tag, value in record.items():
@@ -74,7 +74,7 @@ def test_resume_continues_from_the_newest_checkpoint(config, tmp_path):
   config.num_train_steps = 90
   state = train.train_and_evaluate(config, workdir)
   assert int(state.step) == 90
-  scalars, _ = metrics.read_events(workdir)
+  scalars, _ = writers.read_events(workdir)
   assert sorted(scalars['train_loss']) == [20, 40, 60, 80, 90]
   assert sorted(scalars['eval_accuracy']) == [30, 60, 90]
 
@@ -86,7 +86,7 @@ def test_mnist_end_to_end_under_mock_data(config, tmp_path):
   workdir = str(tmp_path / 'mnist')
   with tfds.testing.mock_data(num_examples=40):
     train.train_and_evaluate(_short(config, steps=30), workdir)
-  scalars, _ = metrics.read_events(workdir)
+  scalars, _ = writers.read_events(workdir)
   assert sorted(scalars['train_loss']) == [20, 30]
   assert sorted(scalars['eval_accuracy']) == [30]
   # 40 examples: the accuracy is a whole number of fortieths.
@@ -100,7 +100,7 @@ def test_default_config_reaches_95_percent_on_digits(tfds_data_dir, tmp_path):
   config.tfds_data_dir = tfds_data_dir
   workdir = str(tmp_path / 'default')
   train.train_and_evaluate(config, workdir)
-  scalars, _ = metrics.read_events(workdir)
+  scalars, _ = writers.read_events(workdir)
   final = scalars['eval_accuracy'][config.num_train_steps]
   print(f'default config: eval_accuracy={final:.4f}')
   assert final >= 0.95

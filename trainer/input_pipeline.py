@@ -23,7 +23,7 @@ import dataclasses
 import functools
 import math
 import socket
-from typing import Iterator, Optional, Sequence
+from typing import Iterator, Optional
 
 import numpy as np
 import tensorflow as tf

@@ -1,22 +1,13 @@
-"""CLU metric collections, writers and throughput bookkeeping."""
+"""CLU metric collections, the per-step metrics buffer and throughput bookkeeping; no
+TensorFlow (the writers are in `trainer.writers`)."""
 
-import collections
-import glob
-import json
-import os
 import resource
-import socket
 import time
 from typing import Any, Callable, Optional, Sequence
 
 import flax
-import jax
 import numpy as np
-import tensorflow as tf
-from clu import metric_writers
 from clu import metrics
-from tensorboard.backend.event_processing import event_file_loader
-from tensorboard.compat.proto import event_pb2
 
 
 @flax.struct.dataclass
@@ -39,72 +30,6 @@ class EvalMetrics(metrics.Collection):
   """Sums over every real (mask = 1) example of the split."""
   loss: metrics.Average.from_output('loss')
   accuracy: metrics.Accuracy
-
-
-JSONL_NAME = 'metrics.jsonl'
-
-
-class JsonLinesWriter(metric_writers.MetricWriter):
-  """Scalars as JSON lines, one per write: {"step": s, "wall_time": unix seconds, tag: value}.
-
-  The wall time is taken when the loop writes (not when an asynchronous writer gets to it),
-  so curves against time and the time to a given step can be read from the file. The PyTorch
-  DDP twin writes the same file with the same tags.
-  """
-
-  def __init__(self, path: str):
-    self._file = open(path, 'a', encoding='utf-8')  # pylint: disable=consider-using-with
-
-  def write_scalars(self, step: int, scalars) -> None:
-    record = {'step': int(step), 'wall_time': time.time()}
-    record.update({tag: float(value) for tag, value in scalars.items()})
-    self._file.write(json.dumps(record) + '\n')
-    self._file.flush()  # A line per log step: readers (`tail -f`, compare) see it at once.
-
-  def write_summaries(self, step, values, metadata=None):
-    del step, values, metadata
-
-  def write_images(self, step, images):
-    del step, images
-
-  def write_videos(self, step, videos):
-    del step, videos
-
-  def write_audios(self, step, audios, *, sample_rate):
-    del step, audios, sample_rate
-
-  def write_texts(self, step, texts):
-    del step, texts
-
-  def write_histograms(self, step, arrays, num_buckets=None):
-    del step, arrays, num_buckets
-
-  def write_hparams(self, hparams):
-    del hparams
-
-  def flush(self) -> None:
-    self._file.flush()
-
-  def close(self) -> None:
-    self._file.close()
-
-
-def read_jsonl(path: str) -> list[dict[str, float]]:
-  with open(path, encoding='utf-8') as f:
-    return [json.loads(line) for line in f if line.strip()]
-
-
-def create_writer(workdir: str, write_files: bool | None = None) -> metric_writers.MetricWriter:
-  """TensorBoard events, metrics.jsonl and log lines where `write_files` (default: on process
-  0); log lines only elsewhere."""
-  if write_files is None:
-    write_files = jax.process_index() == 0
-  default = metric_writers.create_default_writer(
-      workdir, just_logging=not write_files, asynchronous=True)
-  if not write_files:
-    return default
-  return metric_writers.MultiWriter(
-      [default, JsonLinesWriter(os.path.join(workdir, JSONL_NAME))])
 
 
 def peak_rss_mb() -> float:
@@ -198,52 +123,3 @@ class Throughput:
     if steps <= 0 or elapsed <= 0:
       return None
     return steps * self._examples_per_step / elapsed / self._num_devices
-
-
-def mark_session_start(workdir: str, step: int) -> None:
-  """Records that a run (first or resumed) starts at `step`, in the event files and metrics.jsonl.
-
-  A run killed after its last checkpoint had logged steps it will now log again. In
-  metrics.jsonl the lines of steps >= `step` are dropped (the file is rewritten whole, then
-  renamed over the old one). TensorBoard
-  takes the first START of a logdir as the session's beginning and every later one as a
-  restart, discarding the points already read at steps >= its step. The event goes in a file
-  of its own that sorts after the old event files and before the new writer's: that one has a
-  later time or, in the same second, a process id, which sorts after '0-start'.
-  """
-  jsonl = os.path.join(workdir, JSONL_NAME)
-  if os.path.exists(jsonl):
-    kept = [r for r in read_jsonl(jsonl) if r['step'] < step]
-    with open(jsonl + '.tmp', 'w', encoding='utf-8') as f:
-      f.writelines(json.dumps(r) + '\n' for r in kept)
-    os.replace(jsonl + '.tmp', jsonl)
-  now = time.time()
-  name = f'events.out.tfevents.{int(now)}.{socket.gethostname()}.0-start-{step}'
-  with tf.io.TFRecordWriter(os.path.join(workdir, name)) as records:
-    records.write(event_pb2.Event(wall_time=now, file_version='brain.Event:2')
-                  .SerializeToString())
-    records.write(event_pb2.Event(
-        wall_time=now, step=step,
-        session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START))
-                  .SerializeToString())
-
-
-def read_events(workdir: str) -> tuple[dict[str, dict[int, float]], set[str]]:
-  """Scalars as {tag: {step: value}} from the workdir's event files, and the plugins seen.
-
-  Files are read in name (time) order; a SessionLog START at step s drops the points at steps
-  >= s read so far, as TensorBoard does.
-  """
-  scalars = collections.defaultdict(dict)
-  plugins = set()
-  for path in sorted(glob.glob(os.path.join(workdir, 'events.out.tfevents.*'))):
-    for event in event_file_loader.EventFileLoader(path).Load():
-      if event.session_log.status == event_pb2.SessionLog.START:
-        for points in scalars.values():
-          for stale in [s for s in points if s >= event.step]:
-            del points[stale]
-      for value in event.summary.value:
-        plugins.add(value.metadata.plugin_data.plugin_name)
-        if value.metadata.plugin_data.plugin_name == 'scalars':
-          scalars[value.tag][event.step] = float(tf.make_ndarray(value.tensor))
-  return {tag: points for tag, points in scalars.items() if points}, plugins

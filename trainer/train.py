@@ -33,6 +33,7 @@ from trainer import parallel
 from trainer import signals
 from trainer import state as state_lib
 from trainer import step as step_lib
+from trainer import writers
 from trainer.errors import Diverged, Preempted
 
 PREFETCH_BATCHES = 2  # Batches kept in flight to the devices.
@@ -185,8 +186,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   logging.info('%s', input_pipeline.describe_train_source(source, process_count))
 
   if process_index == 0:
-    metrics.mark_session_start(workdir, start_step + 1)
-  writer = metrics.create_writer(workdir)
+    writers.mark_session_start(workdir, start_step + 1)
+  writer = writers.create_writer(workdir)
   if start_step == 0:
     writer.write_hparams(config.to_dict())
 

@@ -35,7 +35,6 @@ from clu import metric_writers
 from ml_collections import config_flags
 from torch.nn.parallel import DistributedDataParallel
 
-import models
 from baselines.torch_ddp import models as twins
 from trainer import checks
 from trainer import input_pipeline
@@ -44,6 +43,7 @@ from trainer import metrics
 from trainer import optim
 from trainer import signals
 from trainer import state as state_lib
+from trainer import writers
 from trainer.errors import Preempted, UserError
 
 FLAGS = flags.FLAGS
@@ -222,8 +222,8 @@ def train(config, workdir: str, parity: bool, init_variables: Optional[str] = No
 
   os.makedirs(workdir, exist_ok=True)
   if rank == 0:
-    metrics.mark_session_start(workdir, start_step + 1)
-  writer = metrics.create_writer(workdir, write_files=rank == 0)
+    writers.mark_session_start(workdir, start_step + 1)
+  writer = writers.create_writer(workdir, write_files=rank == 0)
   if start_step == 0:
     writer.write_hparams(config.to_dict())
   throughput = metrics.Throughput(config.batch_size, world)
