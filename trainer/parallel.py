@@ -78,18 +78,6 @@ def device_sharding(devices: Sequence[jax.Device]) -> NamedSharding:
   return NamedSharding(jax.sharding.Mesh(np.asarray(devices), (AXIS_NAME,)), P(AXIS_NAME))
 
 
-def unreplicate(tree: Any) -> Any:
-  """The first local copy of every leaf of a tree replicated as a pmap lays it out."""
-
-  def first(x):
-    if isinstance(x, jax.Array) and x.ndim:
-      # The first device's shard is the (1, ...) slice at index 0: no cross-device gather.
-      return x.addressable_shards[0].data[0]
-    return x[0] if getattr(x, 'ndim', 0) else x
-
-  return jax.tree.map(first, tree)
-
-
 def replicate(tree: Any, devices: Sequence[jax.Device]) -> Any:
   """One copy of every leaf per device, laid out as the pmapped step lays out its outputs."""
   return jax_utils.replicate(tree, devices=devices, axis_name=AXIS_NAME)
@@ -119,10 +107,16 @@ class DataParallel:
   def fetch(self, trees: Sequence[Any]) -> list[Any]:
     """Host copies of replicated device trees (one replica's), in one transfer."""
     leaves, treedef = jax.tree.flatten(list(trees))
-    return jax.tree.unflatten(treedef, jax.device_get([self._one_replica(x) for x in leaves]))
+    copies = jax.device_get([self._one_replica(x) for x in leaves])
+    return jax.tree.unflatten(treedef, [self._on_host(copy) for copy in copies])
 
   def _one_replica(self, x: Any) -> Any:
+    """What of leaf `x` comes to the host: one device's buffer, no device op."""
     raise NotImplementedError
+
+  def _on_host(self, copy: Any) -> Any:
+    """The replica's value from what `_one_replica` brought over."""
+    return copy
 
 
 class Pmapped(DataParallel):
@@ -141,13 +135,13 @@ class Pmapped(DataParallel):
     return jax.device_put(shard(rows, len(self.local_devices)),
                           device_sharding(self.local_devices))
 
-  def fetch(self, trees):
-    # Only the first local device's row comes over: its (1, ...) shard, sliced on the host
-    # (slicing it on the device would launch one program per leaf).
-    leaves, treedef = jax.tree.flatten(list(trees))
-    rows = jax.device_get([x.addressable_shards[0].data if isinstance(x, jax.Array) else x
-                           for x in leaves])
-    return jax.tree.unflatten(treedef, [np.asarray(row)[0, ...] for row in rows])
+  def _one_replica(self, x):
+    # The first local device's (1, ...) shard, sliced on the host: slicing it on the device
+    # would launch one program per leaf.
+    return x.addressable_shards[0].data if isinstance(x, jax.Array) else x
+
+  def _on_host(self, copy):
+    return np.asarray(copy)[0, ...]
 
 
 class ShardMapped(DataParallel):
