@@ -63,7 +63,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval_every_steps = 250  # Steps between evaluations; the last step always evaluates.
   config.checkpoint_every_steps = 250  # Steps between checkpoints; the last step always saves.
   config.keep_checkpoints = 3  # Newest checkpoints kept on disk.
-  config.init_from = ''  # Workdir or checkpoint to take initial params from; '' = random init.
+  # Initial params: a workdir or checkpoint of this trainer, or a PyTorch state dict file of
+  # the same model in torchvision's names (.pth, .safetensors; a classifier of another size
+  # is initialized afresh); '' = random init.
+  config.init_from = ''
   config.skip_nonfinite_steps = False  # Skip NaN/Inf steps instead of stopping the run.
 
   # Misc.

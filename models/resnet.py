@@ -1,5 +1,13 @@
 """ResNet v1.5 (stride on the 3x3 convolution of bottleneck blocks), ImageNet and CIFAR stems.
 
+The layers compute what torchvision's `resnet18/34/50/101` compute: every convolution and the
+max-pool pad explicitly and symmetrically as torchvision does (k//2 on each side), not as
+'SAME' would (which pads a stride-2 layer on an even size 0 before and 1 after). BatchNorm's
+epsilon is torchvision's 1e-5 and flax's momentum 0.9 is torchvision's 0.1 (flax keeps that
+share of the running statistics, torch replaces it). The CIFAR variants are torchvision's
+ResNet with the usual CIFAR stem: a 3x3 stride-1 `conv1` and no max-pool.
+`models.torchvision_weights` maps the variables to torchvision's state dict and back.
+
 BatchNorm reduces its batch statistics over `axis_name` when set, so N devices each holding
 1/N of the batch compute the statistics of the whole batch, as one device would.
 """
@@ -11,6 +19,13 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from models import layers
+
+
+def _conv(features: int, kernel_size: Sequence[int], strides: int = 1, *, dtype: Any,
+          name: Optional[str] = None) -> nn.Conv:
+  """A bias-free `nn.Conv` padded as torchvision pads: kernel_size // 2 on each side."""
+  return nn.Conv(features, kernel_size, strides, padding=[(k // 2, k // 2) for k in kernel_size],
+                 use_bias=False, dtype=dtype, name=name)
 
 
 class _Block(nn.Module):
@@ -62,7 +77,7 @@ class ResNet(nn.Module):
   @nn.compact
   def __call__(self, x, *, train: bool, example_ids=None):
     ids = layers.example_ids_or_rows(x, example_ids)
-    conv = functools.partial(nn.Conv, use_bias=False, dtype=self.dtype, padding='SAME')
+    conv = functools.partial(_conv, dtype=self.dtype)
     norm = functools.partial(nn.BatchNorm, use_running_average=not train,
                              momentum=self.bn_momentum, epsilon=1e-5, dtype=self.dtype,
                              axis_name=self.axis_name if train else None)
@@ -70,9 +85,9 @@ class ResNet(nn.Module):
     if self.cifar_stem:
       x = nn.relu(norm(name='bn_init')(conv(self.num_filters, (3, 3), name='conv_init')(x)))
     else:
-      x = conv(self.num_filters, (7, 7), (2, 2), padding=[(3, 3), (3, 3)], name='conv_init')(x)
+      x = conv(self.num_filters, (7, 7), (2, 2), name='conv_init')(x)
       x = nn.relu(norm(name='bn_init')(x))
-      x = nn.max_pool(x, (3, 3), strides=(2, 2), padding='SAME')
+      x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
     for stage, num_blocks in enumerate(self.stage_sizes):
       for block in range(num_blocks):
         strides = 2 if stage > 0 and block == 0 else 1

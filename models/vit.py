@@ -23,7 +23,7 @@ class EncoderBlock(nn.Module):
     y = nn.MultiHeadDotProductAttention(num_heads=self.num_heads, dtype=self.dtype)(y, y)
     x = x + dropout(y)
     y = nn.LayerNorm(dtype=self.dtype)(x)
-    y = dropout(nn.gelu(nn.Dense(self.mlp_dim, dtype=self.dtype)(y)))
+    y = dropout(nn.gelu(nn.Dense(self.mlp_dim, dtype=self.dtype)(y), approximate=False))
     y = nn.Dense(x.shape[-1], dtype=self.dtype)(y)
     return x + dropout(y)
 

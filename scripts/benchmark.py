@@ -1,19 +1,32 @@
-"""Measures the trainer against its limit, its input pipeline and the PyTorch DDP twin.
+"""Measures the trainer against its limit, its input pipeline and the PyTorch DDP baseline.
 
-  python scripts/benchmark.py --config=configs/default.py [--json=PATH] \
+  python scripts/benchmark.py --config=configs/default.py [--json=PATH] [--parts=...] \
       [--jax_devices=1,2] [--ddp_ranks=1,2] [--steps=40] [--config.FIELD=VALUE ...]
 
-For one config, in one invocation (each part in a fresh process, one after the other):
+For one config, in one invocation (each part in a fresh process, one after the other;
+`--parts` chooses them, default all):
 
-  limit    the bare train step (both backends: pmap and jit + shard_map) on device-resident
-           synthetic batches; median of per-chunk rates over >= `steps` steps after warm-up
-  trainer  `train_and_evaluate` itself: the real input pipeline, metrics, writers and the
-           config's checkpoint cadence; examples/s from metrics.jsonl's wall times over the
-           log windows after the first (which holds compilation)
-  input    batches/s the input pipeline alone delivers (decode, augment, batch, shard)
-  ddp      the PyTorch DDP twin, same model, global batch and cores in total
-  cache    time to first step of a start with an empty persistent compilation cache, then of a
-           second start with it filled
+  jax        per JAX device count, alternately `--rounds` times:
+               the bare train step (both backends: pmap and jit + shard_map) on a
+               device-resident synthetic batch; median of per-chunk rates over >= `steps`
+               steps after warm-up;
+               `train_and_evaluate` itself: the real input pipeline, metrics, writers and the
+               config's checkpoint cadence; examples/s from metrics.jsonl's wall times over
+               the log windows after the first (which holds compilation);
+             then batches/s the input pipeline alone delivers (decode, augment, batch, shard)
+  cache      time to first step of a start with an empty persistent compilation cache, then
+             of a second start with it filled
+  ddp        the PyTorch DDP baseline's training run, same model, global batch and cores
+  multiprocess  the bare step of 2 processes x 2 CPU devices (over loopback) against 1
+             process x 4 devices, both backends
+  limit      the bare step alone (both backends), per JAX device count
+  ddp_limit  the torch step under DDP on a device-resident synthetic batch (the mirror of
+             `limit`), per rank count: the config's precision as autocast, channels_last for
+             convnets, `--torch_compile`
+
+`limit` and `ddp_limit` import neither TensorFlow nor TFDS (the dataset's shapes come from
+`trainer/datasets/specs.py`): `--parts=limit,ddp_limit` runs on a GPU host that has only
+jax, flax, optax, orbax, torch and torchvision (plus ml_collections and absl).
 
 JAX runs once per count in --jax_devices and DDP once per count in --ddp_ranks; each side's
 fastest is the one compared, and every count's figures are kept in the JSON. Compile time is
@@ -48,9 +61,12 @@ flags.DEFINE_integer('rounds', 3, 'Times the limit and the trainer are measured,
 flags.DEFINE_integer('warmup_steps', 5, 'Untimed steps after the first (compiling) one.')
 flags.DEFINE_bool('mock_data', False, 'JAX parts read `tfds.testing.mock_data` (random '
                   'examples of the dataset\'s shapes: no download). DDP is then skipped.')
-flags.DEFINE_bool('multiprocess', True, 'Also time the bare step of 2 processes x 2 CPU '
-                  'devices (over loopback) against 1 process x 4 devices, both backends.')
-flags.DEFINE_string('part', None, 'Internal: run one part in this process (jax, cache, limit).')
+PARTS = ('jax', 'cache', 'ddp', 'multiprocess', 'limit', 'ddp_limit')
+flags.DEFINE_list('parts', list(PARTS), f'Parts to measure, of: {", ".join(PARTS)}.')
+flags.DEFINE_bool('torch_compile', False, 'ddp and ddp_limit: compile the model with '
+                  'torch.compile.')
+flags.DEFINE_string('part', None, 'Internal: run one part in this process (jax, cache, limit, '
+                    'ddp_limit).')
 flags.DEFINE_integer('cpu_devices', None, 'Internal: CPU devices of a part process.')
 flags.DEFINE_string('out', None, 'Internal: where a part process writes its JSON.')
 flags.DEFINE_string('coordinator_address', None, 'Internal: of a multi-process limit part.')
@@ -68,8 +84,8 @@ def _median_rate(chunk_seconds: list[float], examples_per_chunk: int) -> float:
   return examples_per_chunk / statistics.median(chunk_seconds)
 
 
-def _peak_flops(device) -> Optional[float]:
-  kind = getattr(device, 'device_kind', '')
+def _peak_flops(kind: str) -> Optional[float]:
+  """The dense bf16 peak FLOP/s of a device kind ('NVIDIA H100 80GB HBM3', 'TPU v4'), if known."""
   return next((v for k, v in PEAK_FLOPS.items() if kind.startswith(k)), None)
 
 
@@ -80,16 +96,17 @@ def _measure_limit(config, backend: str, steps: int, warmup: int) -> dict[str, A
   """
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
-  from trainer import input_pipeline, optim, parallel  # pylint: disable=import-outside-toplevel
+  from trainer import optim, parallel  # pylint: disable=import-outside-toplevel
   from trainer import state as state_lib  # pylint: disable=import-outside-toplevel
   from trainer import step as step_lib  # pylint: disable=import-outside-toplevel
+  from trainer.datasets import specs  # pylint: disable=import-outside-toplevel
 
   layout = parallel.data_parallel(backend)
-  builder = input_pipeline.get_builder(config, process_index=jax.process_index())
-  config = optim.resolve_durations(config, input_pipeline.num_examples(builder,
-                                                                       config.train_split))
-  spec = input_pipeline.spec(config.dataset)
-  shape = (config.batch_size,) + input_pipeline.input_shape(config, builder)[1:]
+  spec = specs.spec(config.dataset)
+  # The schedule's length does not change the speed; the train split's size stands in for
+  # the configured split's.
+  config = optim.resolve_durations(config, spec.num_train_examples)
+  shape = (config.batch_size,) + spec.shape
   schedule = optim.learning_rate_schedule(config)
   init = state_lib.initializer(config, spec.num_classes, schedule)
   state = init(jax.random.PRNGKey(0), (1,) + shape[1:])
@@ -125,11 +142,86 @@ def _measure_limit(config, backend: str, steps: int, warmup: int) -> dict[str, A
   # The compiled program is one device's; the step runs it on every device.
   devices = len(layout.devices)
   step_flops = flops * devices if flops else None
-  peak = _peak_flops(layout.devices[0])
   return {'examples_per_sec': rate, 'step_s': config.batch_size / rate, 'compile_s': compile_s,
           'timed_steps': chunk * chunks, 'flops_per_step': step_flops,
-          'mfu': (step_flops * rate / config.batch_size / (peak * devices)
-                  if step_flops and peak else None)}
+          'mfu': _mfu(step_flops, rate / config.batch_size,
+                      _peak_flops(layout.devices[0].device_kind), devices)}
+
+
+def _mfu(flops_per_step: Optional[float], steps_per_sec: float, peak: Optional[float],
+         devices: int) -> Optional[float]:
+  """Model FLOPs utilization: achieved FLOP/s over the devices' dense bf16 peak."""
+  if not flops_per_step or not peak:
+    return None
+  return flops_per_step * steps_per_sec / (peak * devices)
+
+
+def _measure_ddp_limit(config, steps: int, warmup: int, compile_model: bool) -> dict[str, Any]:
+  """The torch step under DDP on one synthetic batch kept on the device, this rank's rows of
+  the global batch: the mirror of `_measure_limit`."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import torch  # pylint: disable=import-outside-toplevel
+  import torch.distributed as dist  # pylint: disable=import-outside-toplevel
+  from torch.nn.parallel import DistributedDataParallel  # pylint: disable=import-outside-toplevel
+  from baselines.torch_ddp import models as torch_models  # pylint: disable=import-outside-toplevel
+  from baselines.torch_ddp import step as ddp_step  # pylint: disable=import-outside-toplevel
+  from trainer.datasets import specs  # pylint: disable=import-outside-toplevel
+
+  cuda = torch.cuda.is_available()
+  dist.init_process_group('nccl' if cuda else 'gloo')
+  rank, world = dist.get_rank(), dist.get_world_size()
+  device = torch.device('cuda', int(os.environ.get('LOCAL_RANK', 0))) if cuda else (
+      torch.device('cpu'))
+  spec = specs.spec(config.dataset)
+  rows = config.batch_size // world
+  precision = ddp_step.Precision(config, device, compile_model=compile_model)
+  torch.manual_seed(0)
+  model = ddp_step.place_model(torch_models.get(
+      config.model, input_shape=spec.shape, num_classes=spec.num_classes,
+      dropout_rate=config.dropout_rate), device, precision)
+  optimizer = ddp_step.make_optimizer(config, model)
+  ddp = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+  step_model = torch.compile(ddp) if compile_model else ddp
+  rng = np.random.RandomState(rank)
+  images = ddp_step.to_model_input(rng.rand(rows, *spec.shape).astype(np.float32), device,
+                                   precision.channels_last)
+  labels = torch.from_numpy(rng.randint(0, spec.num_classes, rows)).long().to(device)
+
+  def sync():
+    if cuda:
+      torch.cuda.synchronize(device)
+
+  start = time.perf_counter()
+  ddp_step.train_step(step_model, optimizer, precision, images, labels)
+  sync()
+  first_step_s = time.perf_counter() - start
+  # Counted on the uncompiled model (the same arithmetic), one rank's rows.
+  flops = ddp_step.step_flops(ddp, optimizer, precision, images, labels)
+  for _ in range(warmup):
+    ddp_step.train_step(step_model, optimizer, precision, images, labels)
+  sync()
+  chunk, chunks = 10, max(3, -(-steps // 10))
+  seconds = []
+  for _ in range(chunks):
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(chunk):
+      loss, _, _ = ddp_step.train_step(step_model, optimizer, precision, images, labels)
+    loss.item()  # Waits for the chunk's last step.
+    sync()
+    seconds.append(time.perf_counter() - start)
+  rate = _median_rate(seconds, chunk * config.batch_size)
+  step_flops = flops * world if flops else None
+  kind = torch.cuda.get_device_name(device) if cuda else 'cpu'
+  result = {'ranks': world, 'threads_per_rank': torch.get_num_threads(), 'device_kind': kind,
+            'examples_per_sec': rate, 'step_s': config.batch_size / rate,
+            'first_step_s': first_step_s, 'timed_steps': chunk * chunks,
+            'flops_per_step': step_flops,
+            'mfu': _mfu(step_flops, rate / config.batch_size, _peak_flops(kind), world),
+            **precision.settings(), 'model': f'{type(model).__module__}.{type(model).__name__}',
+            'torch': torch.__version__}
+  dist.destroy_process_group()
+  return result if rank == 0 else {}
 
 
 def _measure_input(config, steps: int, warmup: int) -> dict[str, Any]:
@@ -348,6 +440,25 @@ def _ddp_run(config_path: str, overrides: list[str], ranks: int, threads: int,
           'time_to_first_step_s': first['wall_time'] - start, 'peak_host_memory_mb': peak}
 
 
+def _ddp_limit_run(config_path: str, overrides: list[str], ranks: int, threads: int,
+                   tmp: str) -> dict[str, Any]:
+  """The ddp_limit part under torchrun with `ranks` ranks sharing `threads` cores."""
+  from baselines.torch_ddp import launch  # pylint: disable=import-outside-toplevel
+  out = os.path.join(tmp, f'ddp_limit_{ranks}.json')
+  args = [f'--config={config_path}', f'--out={out}', f'--steps={FLAGS.steps}',
+          f'--warmup_steps={FLAGS.warmup_steps}', '--part=ddp_limit',
+          *(['--torch_compile'] if FLAGS.torch_compile else []), *overrides]
+  env = dict(launch.environment(), OMP_NUM_THREADS=str(max(1, threads // ranks)))
+  run = subprocess.run([sys.executable, '-m', 'torch.distributed.run', f'--nproc_per_node={ranks}',
+                        f'--master_port={launch.free_port()}', os.path.abspath(__file__), *args],
+                       cwd=REPO, env=env, capture_output=True, text=True, check=False)
+  if run.returncode != 0:
+    raise SystemExit(f'error: the ddp_limit measurement with {ranks} ranks failed (exit '
+                     f'{run.returncode}):\n{run.stderr[-3000:]}')
+  with open(out, encoding='utf-8') as f:
+    return json.load(f)
+
+
 def _counts(values: Optional[list[str]], default: list[int]) -> list[int]:
   if values is None:
     return default
@@ -358,12 +469,16 @@ def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
   return a / b if a and b else None
 
 
-def summarize(jax_runs: list[dict], ddp_runs: list[dict], cache: dict) -> dict[str, Any]:
-  """The report's figures: each side's fastest count, the ratios, everything measured."""
+def _fastest(measurements: list[dict]) -> dict:
+  return max(measurements, key=lambda m: m['examples_per_sec'])
+
+
+def _jax_figures(jax_runs: list[dict], ddp_runs: list[dict], cache: Optional[dict]
+                 ) -> dict[str, Any]:
+  """The jax part's figures: the fastest device count's trainer, its limit and input."""
   best = max(jax_runs, key=lambda r: r['trainer']['examples_per_sec'])
-  limit = max((best[f'limit_{b}'] for b in ('pmap', 'shard_map')),
-              key=lambda m: m['examples_per_sec'])
-  ddp_best = max(ddp_runs, key=lambda r: r['examples_per_sec']) if ddp_runs else None
+  limit = _fastest([best[f'limit_{b}'] for b in ('pmap', 'shard_map')])
+  ddp_rate = _fastest(ddp_runs)['examples_per_sec'] if ddp_runs else None
   trainer_rate = best['trainer']['examples_per_sec']
   return {
       'jax_devices': best['devices'], 'platform': best['platform'],
@@ -373,66 +488,120 @@ def summarize(jax_runs: list[dict], ddp_runs: list[dict], cache: dict) -> dict[s
       'limit_shard_map_examples_per_sec': best['limit_shard_map']['examples_per_sec'],
       'trainer_examples_per_sec': trainer_rate,
       'input_examples_per_sec': best['input']['examples_per_sec'],
-      'ddp_examples_per_sec': ddp_best['examples_per_sec'] if ddp_best else None,
-      'ddp_ranks': ddp_best['ranks'] if ddp_best else None,
       'trainer_over_limit': best['trainer_over_limit'],
-      'jax_over_ddp': _ratio(trainer_rate, ddp_best['examples_per_sec'] if ddp_best else None),
+      'jax_over_ddp': _ratio(trainer_rate, ddp_rate),
       'input_over_step': _ratio(best['input']['examples_per_sec'], limit['examples_per_sec']),
-      # Time to first step from the start of train_and_evaluate (what a restart waits for).
-      'warm_start_over_cold': _ratio(cache['warm']['time_to_first_step_s'],
-                                     cache['cold']['time_to_first_step_s']),
-      # The first step's own duration (compilation or a cache load, plus the step).
-      'warm_first_step_over_cold': _ratio(cache['warm']['first_step_s'],
-                                          cache['cold']['first_step_s']),
       'compile_s': best['limit_pmap']['compile_s'],
       'time_to_first_step_s': best['trainer']['time_to_first_step_s'],
       'flops_per_step': best['limit_pmap']['flops_per_step'],
       'mfu': best['limit_pmap']['mfu'],
       'peak_host_memory_mb': best['peak_host_memory_mb'],
-      'ddp_peak_host_memory_mb': ddp_best['peak_host_memory_mb'] if ddp_best else None,
-      'jax_runs': jax_runs, 'ddp_runs': ddp_runs, 'cache': cache,
+      **({} if cache is None else {
+          # Time to first step from the start of train_and_evaluate (what a restart waits
+          # for), and the first step's own duration (compilation or a cache load).
+          'warm_start_over_cold': _ratio(cache['warm']['time_to_first_step_s'],
+                                         cache['cold']['time_to_first_step_s']),
+          'warm_first_step_over_cold': _ratio(cache['warm']['first_step_s'],
+                                              cache['cold']['first_step_s'])}),
   }
 
 
-def table(figures: dict) -> str:
-  def fmt(value, digits=0):
-    return 'n/a' if value is None else f'{value:,.{digits}f}'
-  rows = [('', 'examples/s', 'vs limit', 'first step (s)', 'peak host MiB')]
-  for run in figures['jax_runs']:
-    n = run['devices']
-    for backend in ('pmap', 'shard_map'):
-      m = run[f'limit_{backend}']
-      rows.append((f'limit {backend}, {n} dev', fmt(m['examples_per_sec']),
-                   fmt(m['examples_per_sec'] / figures['limit_examples_per_sec'], 2),
-                   fmt(m['compile_s'], 2) + ' (compile)', ''))
-    rows.append((f'trainer, {n} dev', fmt(run['trainer']['examples_per_sec']),
-                 fmt(run['trainer']['examples_per_sec'] / figures['limit_examples_per_sec'], 2),
-                 fmt(run['trainer']['first_step_s'], 2), fmt(run['peak_host_memory_mb'])))
-    rows.append((f'input, {n} dev', fmt(run['input']['examples_per_sec']), '', '', ''))
-  for run in figures['ddp_runs']:
+def summarize(runs: dict[str, Any]) -> dict[str, Any]:
+  """The report's figures from the parts measured (`runs`, kept whole in the result): each
+  side's fastest count, the ratios."""
+  figures: dict[str, Any] = dict(runs)
+  ddp_runs = runs.get('ddp_runs', [])
+  if runs.get('jax_runs'):
+    figures.update(_jax_figures(runs['jax_runs'], ddp_runs, runs.get('cache')))
+  if ddp_runs:
+    best = _fastest(ddp_runs)
+    figures.update(ddp_examples_per_sec=best['examples_per_sec'], ddp_ranks=best['ranks'],
+                   ddp_peak_host_memory_mb=best['peak_host_memory_mb'])
+  # The bare steps, both sides: the fastest JAX step of any device count and backend (from
+  # the jax or the limit part) against the fastest DDP step of any rank count.
+  steps = [dict(run[f'limit_{b}'], devices=run['devices'], backend=b)
+           for run in runs.get('jax_runs', []) for b in ('pmap', 'shard_map')]
+  steps += [dict(run[b], devices=run['devices'], backend=b)
+            for run in runs.get('limit_runs', []) for b in ('pmap', 'shard_map')]
+  if steps:
+    best = _fastest(steps)
+    figures.update(step_jax_examples_per_sec=best['examples_per_sec'],
+                   step_jax_devices=best['devices'], step_jax_backend=best['backend'],
+                   step_jax_mfu=best['mfu'], step_jax_flops_per_step=best['flops_per_step'])
+  if runs.get('ddp_limit_runs'):
+    best = _fastest(runs['ddp_limit_runs'])
+    figures.update(step_ddp_examples_per_sec=best['examples_per_sec'],
+                   step_ddp_ranks=best['ranks'], step_ddp_mfu=best['mfu'],
+                   step_ddp_flops_per_step=best['flops_per_step'])
+  figures['step_jax_over_ddp'] = _ratio(figures.get('step_jax_examples_per_sec'),
+                                        figures.get('step_ddp_examples_per_sec'))
+  return figures
+
+
+def _fmt(value, digits=0) -> str:
+  return 'n/a' if value is None else f'{value:,.{digits}f}'
+
+
+def _rows(figures: dict) -> list[tuple[str, ...]]:
+  """One row per measurement: examples/s, against the fastest JAX bare step, first step."""
+  limit = figures.get('step_jax_examples_per_sec')
+  vs = lambda rate: _fmt(rate / limit, 2) if limit else ''
+  rows = [('', 'examples/s', 'vs limit', 'first step (s)', 'peak host MiB', 'MFU')]
+  bare = [(f'{b}, {run["devices"]} dev', run[f'limit_{b}'])
+          for run in figures.get('jax_runs', []) for b in ('pmap', 'shard_map')]
+  bare += [(f'{b}, {run["devices"]} dev', run[b])
+           for run in figures.get('limit_runs', []) for b in ('pmap', 'shard_map')]
+  for name, m in bare:
+    rows.append((f'limit {name}', _fmt(m['examples_per_sec']), vs(m['examples_per_sec']),
+                 _fmt(m['compile_s'], 2) + ' (compile)', '', _fmt(m['mfu'], 3)))
+  for run in figures.get('jax_runs', []):
+    n, trainer = run['devices'], run['trainer']
+    rows.append((f'trainer, {n} dev', _fmt(trainer['examples_per_sec']),
+                 vs(trainer['examples_per_sec']), _fmt(trainer['first_step_s'], 2),
+                 _fmt(run['peak_host_memory_mb']), ''))
+    rows.append((f'input, {n} dev', _fmt(run['input']['examples_per_sec']), '', '', '', ''))
+  for run in figures.get('ddp_limit_runs', []):
+    rows.append((f'ddp_limit, {run["ranks"]} ranks x {run["threads_per_rank"]} thr',
+                 _fmt(run['examples_per_sec']), vs(run['examples_per_sec']),
+                 _fmt(run['first_step_s'], 2), '', _fmt(run['mfu'], 3)))
+  for run in figures.get('ddp_runs', []):
     rows.append((f'ddp, {run["ranks"]} ranks x {run["threads_per_rank"]} thr',
-                 fmt(run['examples_per_sec']),
-                 fmt(run['examples_per_sec'] / figures['limit_examples_per_sec'], 2),
-                 fmt(run['first_step_s'], 2), fmt(run['peak_host_memory_mb'])))
+                 _fmt(run['examples_per_sec']), vs(run['examples_per_sec']),
+                 _fmt(run['first_step_s'], 2), _fmt(run['peak_host_memory_mb']), ''))
+  return rows
+
+
+def table(figures: dict) -> str:
+  """The figures as the benchmark prints them: a row per measurement, then the ratios."""
+  rows = _rows(figures)
   widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
   lines = ['  '.join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
            for r in rows]
-  flops = figures['flops_per_step']
-  lines += [
-      '',
-      f'trainer_over_limit = {fmt(figures["trainer_over_limit"], 3)}   '
-      f'jax_over_ddp = {fmt(figures["jax_over_ddp"], 2)} (JAX {figures["jax_devices"]} dev vs '
-      f'DDP {figures["ddp_ranks"]} ranks)   input_over_step = '
-      f'{fmt(figures["input_over_step"], 1)}',
-      f'persistent cache: time to first step {fmt(figures["cache"]["cold"]["time_to_first_step_s"], 2)}'
-      f' s cold, {fmt(figures["cache"]["warm"]["time_to_first_step_s"], 2)} s warm: '
-      f'warm_start_over_cold = {fmt(figures["warm_start_over_cold"], 2)} (the first step '
-      f'alone: {fmt(figures["cache"]["cold"]["first_step_s"], 2)} s -> '
-      f'{fmt(figures["cache"]["warm"]["first_step_s"], 2)} s, '
-      f'{fmt(figures["warm_first_step_over_cold"], 2)})',
-      f'FLOPs per step {fmt(flops / 1e9, 2) + " G" if flops else "n/a"}; MFU '
-      f'{fmt(figures["mfu"], 3) if figures["mfu"] is not None else "n/a (no known peak)"}',
-  ]
+  lines.append('')
+  if 'trainer_over_limit' in figures:
+    lines.append(
+        f'trainer_over_limit = {_fmt(figures["trainer_over_limit"], 3)}   '
+        f'jax_over_ddp = {_fmt(figures["jax_over_ddp"], 2)} (JAX {figures["jax_devices"]} dev '
+        f'vs DDP {figures.get("ddp_ranks")} ranks)   input_over_step = '
+        f'{_fmt(figures["input_over_step"], 1)}')
+    flops = figures['flops_per_step']
+    lines.append(f'FLOPs per step {_fmt(flops / 1e9, 2) + " G" if flops else "n/a"}; MFU '
+                 f'{_fmt(figures["mfu"], 3) if figures["mfu"] is not None else "n/a (no known peak)"}')
+  cache = figures.get('cache')
+  if cache and 'warm_start_over_cold' in figures:
+    lines.append(
+        f'persistent cache: time to first step {_fmt(cache["cold"]["time_to_first_step_s"], 2)}'
+        f' s cold, {_fmt(cache["warm"]["time_to_first_step_s"], 2)} s warm: '
+        f'warm_start_over_cold = {_fmt(figures["warm_start_over_cold"], 2)} (the first step '
+        f'alone: {_fmt(cache["cold"]["first_step_s"], 2)} s -> '
+        f'{_fmt(cache["warm"]["first_step_s"], 2)} s, '
+        f'{_fmt(figures["warm_first_step_over_cold"], 2)})')
+  if figures.get('step_ddp_examples_per_sec'):
+    lines.append(
+        f'step_jax_over_ddp = {_fmt(figures["step_jax_over_ddp"], 2)} (bare steps: JAX '
+        f'{figures.get("step_jax_backend")} on {figures.get("step_jax_devices")} dev vs DDP '
+        f'{figures["step_ddp_ranks"]} ranks; MFU JAX {_fmt(figures.get("step_jax_mfu"), 3)}, '
+        f'DDP {_fmt(figures["step_ddp_mfu"], 3)})')
   mp = figures.get('multiprocess')
   if mp:
     lines.append(
@@ -452,6 +621,12 @@ def main(argv):
     config = checks.command_line_config(FLAGS['config'])
   except UserError as e:
     raise SystemExit(f'error: {e}') from None
+  if FLAGS.part == 'ddp_limit':  # A torchrun rank: no JAX here.
+    result = _measure_ddp_limit(config, FLAGS.steps, FLAGS.warmup_steps, FLAGS.torch_compile)
+    if result:
+      with open(FLAGS.out, 'w', encoding='utf-8') as f:
+        json.dump(result, f)
+    return
   if FLAGS.part:
     import jax  # pylint: disable=import-outside-toplevel
     jax.config.update('jax_num_cpu_devices', FLAGS.cpu_devices)
@@ -470,54 +645,86 @@ def main(argv):
         json.dump(result, f)
     return
 
+  parts = [part.strip() for part in FLAGS.parts if part.strip()]
+  unknown = sorted(set(parts) - set(PARTS))
+  if unknown or not parts:
+    raise SystemExit(f'error: --parts={",".join(FLAGS.parts)}: {", ".join(unknown) or "none"} '
+                     f'unknown; choose among {", ".join(PARTS)}')
   cores = os.cpu_count()
   jax_counts = _counts(FLAGS.jax_devices, sorted({1, cores}))
-  ddp_counts = [] if FLAGS.mock_data else _counts(FLAGS.ddp_ranks, sorted({1, cores}))
+  ddp_counts = _counts(FLAGS.ddp_ranks, sorted({1, cores}))
+  if FLAGS.mock_data and 'ddp' in parts:
+    print('--mock_data: the ddp part reads the real dataset; skipped', flush=True)
+    parts.remove('ddp')
   from baselines.torch_ddp import launch  # pylint: disable=import-outside-toplevel
   try:
     config_overrides = launch.config_overrides(sys.argv[1:])
-    for n in sorted(set(jax_counts) | set(ddp_counts) | ({4} if FLAGS.multiprocess else set())):
+    counts = set(jax_counts) if {'jax', 'limit'} & set(parts) else set()
+    counts |= set(ddp_counts) if {'ddp', 'ddp_limit'} & set(parts) else set()
+    for n in sorted(counts | ({4} if 'multiprocess' in parts else set())):
       checks.check_config(config, process_count=1, local_device_count=n)
-    if ddp_counts:
-      from baselines.torch_ddp import train as ddp_train  # pylint: disable=import-outside-toplevel
-      ddp_train.check_supported(config)
+    if ddp_counts and {'ddp', 'ddp_limit'} & set(parts):
+      from baselines.torch_ddp import step as ddp_step  # pylint: disable=import-outside-toplevel
+      ddp_step.check_supported(config)
   except UserError as e:
     raise SystemExit(f'error: {e}') from None
-  config_path = config_flags.get_config_filename(FLAGS['config'])
-  overrides = config_overrides + (['--mock_data'] if FLAGS.mock_data else [])
-  with tempfile.TemporaryDirectory() as tmp:
-    jax_runs = []
-    for n in jax_counts:
-      print(f'jax: {n} devices ...', flush=True)
-      jax_runs.append(_run_part('jax', config_path, overrides,
-                                os.path.join(tmp, f'jax_{n}.json'), (f'--cpu_devices={n}',)))
-    best = max(jax_runs, key=lambda r: r['trainer']['examples_per_sec'])['devices']
-    cache = {}
-    cache_dir = os.path.join(tmp, 'compilation_cache')
-    for start in ('cold', 'warm'):
-      print(f'persistent compilation cache: {start} start ...', flush=True)
-      cache[start] = _run_part('cache', config_path,
-                               overrides + [f'--config.compilation_cache_dir={cache_dir}'],
-                               os.path.join(tmp, f'cache_{start}.json'),
-                               (f'--cpu_devices={best}',))
-    ddp_runs = []
-    for ranks in ddp_counts:
-      print(f'ddp: {ranks} ranks ...', flush=True)
-      ddp_runs.append(_ddp_run(config_path, config_overrides, ranks, cores, FLAGS.steps, tmp))
-    multiprocess = None
-    if FLAGS.multiprocess:
-      print('bare step: 2 processes x 2 devices against 1 process x 4 ...', flush=True)
-      multiprocess = _multiprocess_limits(config_path, overrides, tmp)
-  figures = summarize(jax_runs, ddp_runs, cache)
-  figures['multiprocess'] = multiprocess
-  figures['config'] = config_path
-  figures['overrides'] = overrides
-  figures['cores'] = cores
+  figures = _measure_parts(parts, config_overrides, jax_counts, ddp_counts, cores)
   print(table(figures))
   if FLAGS.json:
     with open(FLAGS.json, 'w', encoding='utf-8') as f:
       json.dump(figures, f, indent=1)
     print(f'written: {FLAGS.json}')
+
+
+def _measure_parts(parts: list[str], config_overrides: list[str], jax_counts: list[int],
+                   ddp_counts: list[int], cores: int) -> dict[str, Any]:
+  """Runs the chosen parts one after the other; their figures, summarized."""
+  config_path = config_flags.get_config_filename(FLAGS['config'])
+  overrides = config_overrides + (['--mock_data'] if FLAGS.mock_data else [])
+  runs: dict[str, Any] = {}
+  with tempfile.TemporaryDirectory() as tmp:
+    if 'jax' in parts:
+      runs['jax_runs'] = []
+      for n in jax_counts:
+        print(f'jax: {n} devices ...', flush=True)
+        runs['jax_runs'].append(_run_part('jax', config_path, overrides,
+                                          os.path.join(tmp, f'jax_{n}.json'),
+                                          (f'--cpu_devices={n}',)))
+    if 'limit' in parts:
+      runs['limit_runs'] = []
+      for n in jax_counts:
+        print(f'limit: {n} devices ...', flush=True)
+        runs['limit_runs'].append(_run_part('limit', config_path, overrides,
+                                            os.path.join(tmp, f'limit_{n}.json'),
+                                            (f'--cpu_devices={n}',)))
+    if 'cache' in parts:
+      best = (max(runs['jax_runs'], key=lambda r: r['trainer']['examples_per_sec'])['devices']
+              if 'jax_runs' in runs else jax_counts[-1])
+      runs['cache'] = {}
+      cache_dir = os.path.join(tmp, 'compilation_cache')
+      for start in ('cold', 'warm'):
+        print(f'persistent compilation cache: {start} start ...', flush=True)
+        runs['cache'][start] = _run_part(
+            'cache', config_path, overrides + [f'--config.compilation_cache_dir={cache_dir}'],
+            os.path.join(tmp, f'cache_{start}.json'), (f'--cpu_devices={best}',))
+    if 'ddp' in parts:
+      runs['ddp_runs'] = []
+      for ranks in ddp_counts:
+        print(f'ddp: {ranks} ranks ...', flush=True)
+        runs['ddp_runs'].append(_ddp_run(config_path, config_overrides, ranks, cores,
+                                         FLAGS.steps, tmp))
+    if 'ddp_limit' in parts:
+      runs['ddp_limit_runs'] = []
+      for ranks in ddp_counts:
+        print(f'ddp_limit: {ranks} ranks ...', flush=True)
+        runs['ddp_limit_runs'].append(_ddp_limit_run(config_path, config_overrides, ranks,
+                                                     cores, tmp))
+    if 'multiprocess' in parts:
+      print('bare step: 2 processes x 2 devices against 1 process x 4 ...', flush=True)
+      runs['multiprocess'] = _multiprocess_limits(config_path, overrides, tmp)
+  figures = summarize(runs)
+  figures.update(parts=parts, config=config_path, overrides=overrides, cores=cores)
+  return figures
 
 
 if __name__ == '__main__':

@@ -39,11 +39,16 @@ sys.path.insert(0, REPO)
 
 # pylint: disable=wrong-import-position
 from baselines.torch_ddp import launch
+from baselines.torch_ddp import step as ddp_step
 from baselines.torch_ddp import train as ddp_train
 from trainer import checks
 from trainer import writers
 from trainer.errors import UserError
 # pylint: enable=wrong-import-position
+
+RUNS = {'jax': 'JAX (pmap)', 'ddp': 'PyTorch DDP'}
+LAUNCH_FILE = 'launch.json'
+INIT_FILE = 'init_weights.safetensors'
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('workdir', None, 'Directory for both runs, the report and the plots.')
@@ -54,19 +59,21 @@ flags.DEFINE_integer('timing_warmup_steps', 50,
                      'Steps left out of the steady-state rate (besides the first step).')
 flags.DEFINE_bool('reuse', False, 'Report on the runs already in --workdir; train nothing.')
 flags.DEFINE_bool('same_init', True, 'Start DDP from the JAX run\'s initial weights (exported '
-                  'to WORKDIR/init_variables.npz before either run starts).')
+                  f'as a PyTorch state dict to WORKDIR/{INIT_FILE} before either run starts).')
+flags.DEFINE_bool('torch_compile', False, 'Compile the DDP run\'s model with torch.compile.')
 config_flags.DEFINE_config_file('config', None, 'Training config file.', lock_config=True)
 flags.mark_flags_as_required(['config', 'workdir'])
 
-RUNS = {'jax': 'JAX (pmap)', 'ddp': 'PyTorch DDP'}
-LAUNCH_FILE = 'launch.json'
-VERSIONS = ('jax', 'jaxlib', 'flax', 'optax', 'torch', 'tensorflow-cpu', 'tensorflow-datasets')
+VERSIONS = ('jax', 'jaxlib', 'flax', 'optax', 'torch', 'torchvision', 'tensorflow-cpu',
+            'tensorflow-datasets')
 
 
 def commands(config_path: str, overrides: list[str], workdir: str, devices: int,
-             threads: int, init_variables: Optional[str]) -> dict[str, list[str]]:
+             threads: int, init_weights: Optional[str], torch_compile: bool = False
+             ) -> dict[str, list[str]]:
   common = [f'--config={config_path}', *overrides]
-  init = [f'--init_variables={init_variables}'] if init_variables else []
+  init = [f'--init_weights={init_weights}'] if init_weights else []
+  init += ['--torch_compile'] if torch_compile else []
   return {
       'jax': [sys.executable, '-m', 'trainer.main', f'--workdir={os.path.join(workdir, "jax")}',
               f'--cpu_devices={devices}', *common],
@@ -140,6 +147,18 @@ def _fmt(value: Optional[float], digits: int = 1) -> str:
   return f'{value:,.{digits}f}'
 
 
+def _settings_text(run: dict) -> str:
+  """What shaped a run's speed, as the report's header says it."""
+  if 'autocast' not in run:  # The JAX run.
+    compute = ('float32' if run['precision'] == 'float32' else
+               f'{run["precision"]} compute, float32 params')
+    return f'`{run["precision"]}` ({compute}), {run["step_backend"]} step'
+  return (f'`{run["precision"]}` (autocast: {run["autocast"]}, GradScaler '
+          f'{"on" if run["grad_scaler"] else "off"}), channels_last '
+          f'{"on" if run["channels_last"] else "off"}, torch.compile '
+          f'{"on" if run["torch_compile"] else "off"}, model `{run["model"]}`')
+
+
 def markdown(report: dict) -> str:
   s = report['settings']
   target = s['target_accuracy']
@@ -165,6 +184,8 @@ def markdown(report: dict) -> str:
       'imports, input pipeline start and compilation are included (the dataset was prepared '
       'on disk before either run).',
       '- Peak memory: peak resident host memory, summed over the run\'s processes.',
+      f'- Precision and speed settings: JAX {_settings_text(report["jax"])}; DDP '
+      f'{_settings_text(report["ddp"])}.',
       '- Versions: ' + ', '.join(f'{k} {v}' for k, v in s['versions'].items()) + '.',
   ]
   if s['batchnorm_note']:
@@ -234,28 +255,28 @@ def _read_run(run_dir: str) -> tuple[list[dict], dict]:
 
 
 def _export_init(config, path: str) -> None:
-  """The JAX run's initial variables for the config's seed, for the DDP run to start from.
-  Preparing the dataset here also spares both runs that work."""
-  from baselines.torch_ddp import models as twins  # pylint: disable=import-outside-toplevel
+  """The JAX run's initial variables for the config's seed, as the PyTorch state dict the
+  DDP run starts from. Preparing the dataset here also spares both runs that work."""
+  from models import torch_weights  # pylint: disable=import-outside-toplevel
   from trainer import input_pipeline  # pylint: disable=import-outside-toplevel
   from trainer import optim  # pylint: disable=import-outside-toplevel
   builder = input_pipeline.get_builder(config)
   config = optim.resolve_durations(config, input_pipeline.num_examples(builder,
                                                                        config.train_split))
-  twins.save_flax_variables(path, *ddp_train.jax_initial_variables(
-      config, input_pipeline.input_shape(config, builder)))
+  torch_weights.write_state_dict(path, torch_weights.to_state_dict(
+      *ddp_train.jax_initial_variables(config, input_pipeline.input_shape(config, builder))))
 
 
 def compare(config, config_path: str, overrides: list[str], workdir: str, devices: int,
             threads: int, target: float, warmup_steps: int, reuse: bool,
-            same_init: bool = True) -> dict:
+            same_init: bool = True, torch_compile: bool = False) -> dict:
   """Checks everything, trains both runs (unless `reuse`), writes the report and plots."""
   threads = threads or os.cpu_count()
   if devices < 1 or threads < devices:
     raise UserError(f'--devices={devices} --threads={threads}: need at least one device and '
                     'a thread per device (e.g. --devices=2 --threads=2)')
   checks.check_config(config, process_count=1, local_device_count=devices)
-  ddp_train.check_supported(config)
+  ddp_step.check_supported(config)
   run_dirs = {key: os.path.join(workdir, key) for key in RUNS}
   if reuse:
     for key, run_dir in run_dirs.items():
@@ -267,11 +288,11 @@ def compare(config, config_path: str, overrides: list[str], workdir: str, device
         raise UserError(f'{run_dir} already holds a {key} run; pass --reuse to report on it, '
                         'or choose a new --workdir')
     os.makedirs(workdir, exist_ok=True)
-    init_path = os.path.join(workdir, 'init_variables.npz') if same_init else None
+    init_path = os.path.join(workdir, INIT_FILE) if same_init else None
     if init_path:
       _export_init(config, init_path)
     for key, command in commands(config_path, overrides, workdir, devices, threads,
-                                 init_path).items():
+                                 init_path, torch_compile).items():
       _train(key, command, run_dirs[key])
 
   runs = {key: _read_run(run_dir) for key, run_dir in run_dirs.items()}
@@ -280,6 +301,10 @@ def compare(config, config_path: str, overrides: list[str], workdir: str, device
                            config.log_every_steps)
             for key, (records, started) in runs.items()}
   jax_rate, ddp_rate = (report[k]['steady_examples_per_sec'] for k in ('jax', 'ddp'))
+  report['jax'].update(precision=config.dtype, step_backend=config.step_backend,
+                       platform=_jax_platform(run_dirs['jax']))
+  with open(os.path.join(run_dirs['ddp'], ddp_train.SETTINGS_FILE), encoding='utf-8') as f:
+    report['ddp'].update(json.load(f))
   report['throughput_ratio_jax_over_ddp'] = (jax_rate / ddp_rate if jax_rate and ddp_rate
                                              else None)
   resnet = config.model.startswith('resnet')
@@ -295,7 +320,7 @@ def compare(config, config_path: str, overrides: list[str], workdir: str, device
       'ddp_backend': 'nccl' if cuda else 'gloo',
       'jax_platform': _jax_platform(run_dirs['jax']),
       'timing_warmup_steps': warmup_steps, 'target_accuracy': target,
-      'same_init': '--init_variables' in ' '.join(runs['ddp'][1]['command']),
+      'same_init': '--init_weights' in ' '.join(runs['ddp'][1]['command']),
       'machine': f'{platform.machine()}, {os.cpu_count()} cores, {platform.system()}',
       'versions': _versions(),
       'batchnorm_note': ('BatchNorm: JAX averages batch statistics over the devices; torch '
@@ -317,7 +342,8 @@ def main(argv):
     config_path = config_flags.get_config_filename(FLAGS['config'])
     report = compare(checks.command_line_config(FLAGS['config']), config_path, launch.config_overrides(sys.argv[1:]),
                      FLAGS.workdir, FLAGS.devices, FLAGS.threads, FLAGS.target_accuracy,
-                     FLAGS.timing_warmup_steps, FLAGS.reuse, FLAGS.same_init)
+                     FLAGS.timing_warmup_steps, FLAGS.reuse, FLAGS.same_init,
+                     FLAGS.torch_compile)
   except UserError as e:
     raise SystemExit(f'error: {e}') from None
   print(markdown(report))

@@ -26,6 +26,10 @@ os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
 
 import jax  # pylint: disable=wrong-import-position
 import pytest  # pylint: disable=wrong-import-position
+# torchvision 0.29.1 crashes the interpreter (SIGSEGV) when imported after TensorFlow 2.21;
+# imported before, both work. A worker runs many test files, some of which load TensorFlow
+# first: import torchvision before any of them.
+import torchvision  # pylint: disable=wrong-import-position,unused-import
 
 NUM_DEVICES = 8
 # Must run before anything asks JAX for devices; conftest is imported before any test module.

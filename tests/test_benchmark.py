@@ -4,6 +4,7 @@ Speed targets are read from the benchmark's output by people, never asserted her
 """
 
 import json
+import os
 import subprocess
 import sys
 
@@ -18,7 +19,8 @@ KEYS = ('limit_examples_per_sec', 'limit_pmap_examples_per_sec',
         'ddp_examples_per_sec', 'trainer_over_limit', 'jax_over_ddp', 'input_over_step',
         'warm_start_over_cold', 'warm_first_step_over_cold', 'compile_s',
         'time_to_first_step_s', 'flops_per_step', 'mfu', 'peak_host_memory_mb',
-        'ddp_peak_host_memory_mb', 'jax_devices', 'ddp_ranks', 'jax_runs', 'ddp_runs', 'cache')
+        'ddp_peak_host_memory_mb', 'jax_devices', 'ddp_ranks', 'jax_runs', 'ddp_runs', 'cache',
+        'step_jax_examples_per_sec', 'step_jax_over_ddp')
 
 
 def test_smoke_run_writes_every_key(tmp_path, tfds_data_dir):
@@ -26,7 +28,8 @@ def test_smoke_run_writes_every_key(tmp_path, tfds_data_dir):
   run = subprocess.run(
       [sys.executable, 'scripts/benchmark.py', '--config=configs/default.py', f'--json={out}',
        '--steps=10', '--warmup_steps=1', '--rounds=1', '--jax_devices=2', '--ddp_ranks=1',
-       '--config.log_every_steps=5', f'--config.tfds_data_dir={tfds_data_dir}'],
+       '--parts=jax,cache,ddp,multiprocess', '--config.log_every_steps=5',
+       f'--config.tfds_data_dir={tfds_data_dir}'],
       cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600, check=False)
   assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
   figures = json.loads(out.read_text())
@@ -66,6 +69,44 @@ def test_smoke_run_writes_every_key(tmp_path, tfds_data_dir):
   for line in ('trainer_over_limit =', 'jax_over_ddp =', 'input_over_step =',
                'warm_start_over_cold =', 'pmap_multiprocess_overhead ='):
     assert line in run.stdout
+
+
+def test_bare_step_parts_run_without_tensorflow(tmp_path):
+  """`--parts=limit,ddp_limit` on a host without TensorFlow or TFDS (a GPU box): packages of
+  those names that fail on import stand first on every subprocess's path."""
+  hidden = tmp_path / 'hidden'
+  for name in ('tensorflow', 'tensorflow_datasets'):
+    (hidden / name).mkdir(parents=True)
+    (hidden / name / '__init__.py').write_text(
+        f'raise ModuleNotFoundError("No module named {name!r} (hidden)", name={name!r})\n')
+  out = tmp_path / 'bench.json'
+  env = dict(ENV, PYTHONPATH=os.pathsep.join([str(hidden), REPO]))
+  run = subprocess.run(
+      [sys.executable, 'scripts/benchmark.py', '--config=configs/default.py', f'--json={out}',
+       '--parts=limit,ddp_limit', '--steps=10', '--warmup_steps=1', '--jax_devices=2',
+       '--ddp_ranks=1', '--config.dtype=bfloat16'],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+  assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+  figures = json.loads(out.read_text())
+  assert figures['parts'] == ['limit', 'ddp_limit']
+  assert 'jax_runs' not in figures and 'trainer_over_limit' not in figures
+  jax_step = figures['limit_runs'][0]
+  assert jax_step['devices'] == 2
+  assert figures['step_jax_examples_per_sec'] == max(
+      jax_step[b]['examples_per_sec'] for b in ('pmap', 'shard_map'))
+  ddp_step = figures['ddp_limit_runs'][0]
+  assert ddp_step['ranks'] == 1 and ddp_step['examples_per_sec'] > 0
+  assert figures['step_ddp_examples_per_sec'] == ddp_step['examples_per_sec']
+  assert figures['step_jax_over_ddp'] == pytest.approx(
+      figures['step_jax_examples_per_sec'] / figures['step_ddp_examples_per_sec'])
+  # The torch step ran as the config asks: bfloat16 autocast, the convnet in channels_last.
+  assert ddp_step['precision'] == 'bfloat16' and ddp_step['autocast'] == 'torch.autocast(bfloat16)'
+  assert ddp_step['channels_last'] and not ddp_step['torch_compile']
+  # Both sides count the same convolutions and dense layers (torch also counts the first
+  # convolution's input gradient, which XLA leaves out): within a factor of 2.
+  assert 0.5 < ddp_step['flops_per_step'] / figures['step_jax_flops_per_step'] < 2
+  assert figures['step_jax_mfu'] is None and figures['step_ddp_mfu'] is None  # CPU: no peak.
+  assert 'step_jax_over_ddp =' in run.stdout
 
 
 def test_compilation_cache_stores_and_serves_the_step(tmp_path):

@@ -285,3 +285,54 @@ def test_init_from_takes_params_only(config, tmp_path):
   with pytest.raises(UserError, match='holds no checkpoint; point --config.init_from'):
     train.train_and_evaluate(config, str(tmp_path / 'other'))
   assert not (tmp_path / 'other').exists()
+
+
+def test_init_from_a_torchvision_state_dict_fine_tunes_with_a_new_head(config, tmp_path,
+                                                                       caplog):
+  """A torchvision ResNet's state dict (here at the test width, 7 classes) starts a digits
+  run (10 classes): every array but the classifier's is the file's; the head is new."""
+  import torch  # pylint: disable=import-outside-toplevel
+  import torchvision  # pylint: disable=import-outside-toplevel
+  from baselines.torch_ddp import models as torch_models  # pylint: disable=import-outside-toplevel
+  from models import torch_weights  # pylint: disable=import-outside-toplevel
+
+  torch.manual_seed(0)
+  source = torch_models.get('resnet_tiny', input_shape=(8, 8, 1), num_classes=7)
+  with torch.no_grad():
+    for norm in (m for m in source.modules() if isinstance(m, torch.nn.BatchNorm2d)):
+      norm.weight.uniform_(0.5, 1.5)
+  weights = {k: v.numpy() for k, v in source.state_dict().items()}
+  path = str(tmp_path / 'resnet_tiny.pth')
+  torch.save(source.state_dict(), path)
+  config.update(model='resnet_tiny', dropout_rate=0.0, init_from=path, learning_rate=1e-12,
+                num_train_steps=2, warmup_steps=0, log_every_steps=1, eval_every_steps=2,
+                checkpoint_every_steps=2)
+  with caplog.at_level('INFO'):
+    tuned = train.train_and_evaluate(config, str(tmp_path / 'tuned'))
+  assert 'the head is initialized afresh (fine-tuning)' in caplog.text
+  exported = torch_weights.to_state_dict(
+      models_get('resnet_tiny'), {'params': tuned.params})
+  for key, value in weights.items():
+    if key.startswith('fc.'):
+      assert exported[key].shape[0] == 10
+    elif key in exported:  # Params; the BatchNorm statistics moved with the two steps.
+      np.testing.assert_allclose(exported[key], value, atol=1e-6, err_msg=key)
+  assert {k for k in weights if not k.endswith(('running_mean', 'running_var',
+                                                 'num_batches_tracked'))} <= set(exported)
+
+  # A state dict of another model: one line naming the first mismatches, nothing written.
+  other = str(tmp_path / 'resnet18.safetensors')
+  torch_weights.write_state_dict(other, {k: v.numpy() for k, v in torchvision.models.resnet18(
+      num_classes=10).state_dict().items()})
+  config.update(init_from=other)
+  with pytest.raises(UserError, match=r"init_from='.*resnet18.safetensors' does not fit "
+                                      r"model='resnet_tiny' \(unexpected: layer1\.1\.bn1\.bias, "
+                                      r".*; shape: layer1\.0\.bn1\.weight \(64,\) where the model "
+                                      r"has \(8,\)"):
+    train.train_and_evaluate(config, str(tmp_path / 'other'))
+  assert not (tmp_path / 'other').exists()
+
+
+def models_get(name):
+  import models  # pylint: disable=import-outside-toplevel
+  return models.get(name, num_classes=10)

@@ -1,4 +1,5 @@
-"""scripts/compare.py: both runs, the report, its JSON and the plots; reuse; bad input."""
+"""scripts/compare.py: both runs in bfloat16, the report, its JSON and the plots; reuse; bad
+input."""
 
 import json
 import os
@@ -20,6 +21,7 @@ def _compare(workdir, tfds_data_dir, *extra):
        f'--workdir={workdir}', '--target_accuracy=0.5', '--timing_warmup_steps=25',
        f'--config.num_train_steps={STEPS}', '--config.log_every_steps=25',
        '--config.eval_every_steps=50', '--config.checkpoint_every_steps=100',
+       '--config.dtype=bfloat16',
        f'--config.tfds_data_dir={tfds_data_dir}', *extra],
       cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600, check=False)
 
@@ -51,7 +53,14 @@ def test_report_json_and_table_hold_both_runs(compared):
   settings = report['settings']
   assert settings['devices'] == 2 and settings['same_init']
   assert settings['ddp_threads_per_rank'] * 2 == settings['threads'] == os.cpu_count()
-  assert {'jax', 'torch', 'flax', 'python'} <= set(settings['versions'])
+  assert {'jax', 'torch', 'torchvision', 'flax', 'python'} <= set(settings['versions'])
+  # Both sides computed in bfloat16: JAX with the config's dtype, torch under autocast.
+  assert report['jax']['precision'] == report['ddp']['precision'] == 'bfloat16'
+  assert report['ddp']['autocast'] == 'torch.autocast(bfloat16)'
+  assert report['ddp']['channels_last'] and not report['ddp']['torch_compile']
+  assert not report['ddp']['grad_scaler']
+  assert report['ddp']['model'] == 'baselines.torch_ddp.models.CNN'
+  assert report['jax']['step_backend'] == 'pmap' and report['jax']['platform'] == 'cpu'
 
   with open(os.path.join(compared, 'report.md')) as f:
     text = f.read()
@@ -62,7 +71,11 @@ def test_report_json_and_table_hold_both_runs(compared):
     cells = [c.strip() for c in row.group(1).split('|')]
     assert len(cells) == 7 and all(re.fullmatch(number, c) for c in cells), cells
     assert cells[4] == f'{report[key]["final_eval_accuracy"]:.4f}'
-  assert 'Left out of it: the first step' in text and 'torch 2.13.0' in text
+  assert 'Left out of it: the first step' in text
+  assert 'torch 2.14.1' in text and 'torchvision 0.29.1' in text
+  assert ('Precision and speed settings: JAX `bfloat16` (bfloat16 compute, float32 params), '
+          'pmap step; DDP `bfloat16` (autocast: torch.autocast(bfloat16), GradScaler off), '
+          'channels_last on, torch.compile off') in text
   assert f'**{report["throughput_ratio_jax_over_ddp"]:.2f}**' in text
 
 

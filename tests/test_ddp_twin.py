@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from baselines.torch_ddp import launch
-from baselines.torch_ddp import models as twins
+from baselines.torch_ddp import models as torch_models
 from baselines.torch_ddp import train as ddp_train
 from tests import helpers
 from tests.test_ddp_parity import ENV, REPO
@@ -92,12 +92,12 @@ def test_tags_evaluation_and_memory(reference, config):
   assert scalars['train_loss'][STEPS] < scalars['train_loss'][10]
 
   # The final evaluation is that of the saved model over the whole split, computed apart.
-  twin = twins.get('cnn', input_shape=(8, 8, 1), num_classes=10, dropout_rate=0.1)
+  twin = torch_models.get('cnn', input_shape=(8, 8, 1), num_classes=10, dropout_rate=0.1)
   twin.load_state_dict(_load(reference, STEPS)['model'])
   twin.eval()
   with torch.no_grad():
     count, loss, accuracy = helpers.reference_eval_of(
-        lambda x: twin(torch.from_numpy(x)).numpy(), config)
+        lambda x: twin(torch.from_numpy(x).permute(0, 3, 1, 2)).numpy(), config)
   assert count == 360
   assert scalars['eval_accuracy'][STEPS] == pytest.approx(accuracy, abs=1e-6)
   assert scalars['eval_loss'][STEPS] == pytest.approx(loss, rel=1e-5)

@@ -1,25 +1,16 @@
-"""PyTorch twins of the models: flax weights load and give the same outputs."""
+"""The PyTorch side's models: torchvision's own ResNets and ViT (and the mlp/cnn twins) compute
+what the flax models compute, with weights carried over in either direction."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+import torchvision
 
 import models
-from baselines.torch_ddp import models as twins
+from baselines.torch_ddp import models as torch_models
+from models import torch_weights
 from tests import helpers
-
-
-def _flax_and_twin(name, shape, seed=0):
-  flax_model = models.get(name, num_classes=10)
-  variables = helpers.random_variables(flax_model, shape, seed)
-  params, batch_stats = variables['params'], variables.get('batch_stats')
-  twin = twins.get(name, input_shape=shape, num_classes=10)
-  assert (sum(p.numel() for p in twin.parameters()) ==
-          sum(x.size for x in jax.tree.leaves(params)))
-  twins.load_flax_params(twin, params, batch_stats)
-  return flax_model, params, batch_stats, twin
 
 
 def _assert_close(got, expected, tolerance=1e-5):
@@ -28,29 +19,153 @@ def _assert_close(got, expected, tolerance=1e-5):
   np.testing.assert_allclose(got, expected, rtol=0, atol=tolerance * scale)
 
 
-SHAPES = {'mlp': [(8, 8, 1), (28, 28, 1)], 'cnn': [(8, 8, 1), (28, 28, 1)]}
+def _nchw(images):
+  return torch.from_numpy(images).permute(0, 3, 1, 2)
 
 
-@pytest.mark.parametrize('name,shape', [(name, shape) for name in sorted(twins.REGISTRY)
-                                        for shape in SHAPES.get(name, [(32, 32, 3)])])
+def _flax_logits(flax_model, variables, images, train=False):
+  fn = jax.jit(lambda v, x: flax_model.apply(v, x, train=train,
+                                             mutable=['batch_stats'] if train else False))
+  return jax.tree.map(np.asarray, fn(variables, images))
+
+
+def _flax_and_torch(name, shape, seed=0):
+  """A flax model with random variables, and the baseline's torch model holding them."""
+  flax_model = models.get(name, num_classes=10)
+  variables = helpers.random_variables(flax_model, shape, seed)
+  torch_model = torch_models.get(name, input_shape=shape, num_classes=10)
+  assert (sum(p.numel() for p in torch_model.parameters()) ==
+          sum(x.size for x in jax.tree.leaves(variables['params'])))
+  torch_models.load_flax_variables(torch_model, flax_model, variables)
+  return flax_model, variables, torch_model
+
+
+SHAPES = {'mlp': [(8, 8, 1), (28, 28, 1)], 'cnn': [(8, 8, 1), (28, 28, 1)],
+          'resnet_tiny': [(8, 8, 1)], 'vit_test': [(16, 16, 3)]}
+
+
+@pytest.mark.parametrize('name,shape', [
+    (name, shape) for name in ('mlp', 'cnn', 'resnet_tiny', 'resnet18', 'resnet18_cifar',
+                               'vit_test')
+    for shape in SHAPES.get(name, [(32, 32, 3)])])
 def test_flax_weights_give_the_same_outputs_in_torch(name, shape):
-  flax_model, params, batch_stats, twin = _flax_and_twin(name, shape)
-  variables = {'params': params}
-  if batch_stats is not None:
-    variables['batch_stats'] = batch_stats
+  flax_model, variables, torch_model = _flax_and_torch(name, shape)
   images = np.random.RandomState(1).randn(4, *shape).astype(np.float32)
-  expected = np.asarray(jax.jit(lambda v, x: flax_model.apply(v, x, train=False))(
-      variables, images))
-  twin.eval()
+  expected = _flax_logits(flax_model, variables, images)
+  torch_model.eval()
   with torch.no_grad():
-    got = twin(torch.from_numpy(images)).numpy()
+    got = torch_model(_nchw(images)).numpy()
   _assert_close(got, expected)
+
+
+def test_every_torch_model_has_the_flax_models_parameters():
+  """Every ResNet and ViT of the registry, deep ones included: the same arrays, shape for
+  shape, under torchvision's names (shapes alone: nothing is computed)."""
+  for name in sorted(torch_models.REGISTRY):
+    shape = (224, 224, 3) if name in ('vit_ti16', 'vit_s16', 'vit_b16') else (32, 32, 3)
+    flax_model = models.get(name, num_classes=10)
+    abstract = jax.eval_shape(lambda m=flax_model, s=shape: m.init(
+        jax.random.PRNGKey(0), np.zeros((1,) + s, np.float32), train=False))
+    zeros = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), dict(abstract))
+    expected = {k: tuple(v.shape) for k, v in
+                torch_weights.to_state_dict(flax_model, zeros).items()}
+    got = {k: tuple(v.shape) for k, v in torch_models.get(
+        name, input_shape=shape, num_classes=10).state_dict().items()}
+    assert got == expected, name
+
+
+def _randomized(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+  """`model` in eval mode with every BatchNorm and the zero-initialized head made random, so
+  that every array matters in the logits."""
+  generator = torch.Generator().manual_seed(seed)
+  with torch.no_grad():
+    for module in model.modules():
+      if isinstance(module, torch.nn.BatchNorm2d):
+        module.weight.uniform_(0.5, 1.5, generator=generator)
+        module.bias.normal_(0, 0.2, generator=generator)
+        module.running_mean.normal_(0, 0.2, generator=generator)
+        module.running_var.uniform_(0.5, 1.5, generator=generator)
+      elif isinstance(module, torch.nn.Linear) and not module.weight.abs().sum():
+        module.weight.normal_(0, 0.02, generator=generator)
+        module.bias.normal_(0, 0.02, generator=generator)
+  return model.eval()
+
+
+# torchvision's constructors themselves; the ViT-B/16 at 32x32 (4 patches) keeps every array
+# of vit_b_16 but the position embedding's length, at a fraction of 224x224's cost.
+TORCHVISION = {
+    'resnet18': (lambda: torchvision.models.resnet18(num_classes=10), (64, 64, 3)),
+    'resnet50': (lambda: torchvision.models.resnet50(num_classes=10), (64, 64, 3)),
+    'vit_b16': (lambda: torchvision.models.vit_b_16(image_size=32, num_classes=10), (32, 32, 3)),
+}
+
+
+@pytest.mark.parametrize('name,suffix', [('resnet18', '.pth'), ('resnet50', '.safetensors'),
+                                         ('vit_b16', '.pth')])
+def test_random_torchvision_weights_give_torchvisions_logits(tmp_path, name, suffix):
+  build, shape = TORCHVISION[name]
+  torch.manual_seed(0)
+  reference = _randomized(build(), seed=1)
+  path = str(tmp_path / f'{name}{suffix}')
+  torch_weights.write_state_dict(path, {k: v.numpy() for k, v in
+                                        reference.state_dict().items()})
+  flax_model = models.get(name, num_classes=10)
+  template = jax.jit(lambda r: flax_model.init(r, np.zeros((1,) + shape, np.float32),
+                                               train=False))(jax.random.PRNGKey(0))
+  variables, new_head = torch_weights.from_state_dict(
+      flax_model, template, torch_weights.read_state_dict(path))
+  assert not new_head
+  images = np.random.RandomState(2).randn(2, *shape).astype(np.float32)
+  with torch.no_grad():
+    expected = reference(_nchw(images)).numpy()
+  assert np.abs(expected).max() > 0.1  # The logits carry the weights' signal.
+  _assert_close(_flax_logits(flax_model, variables, images), expected)
+  # And back: the flax variables export to the very arrays they came from.
+  exported = torch_weights.to_state_dict(flax_model, variables)
+  for key, value in reference.state_dict().items():
+    np.testing.assert_array_equal(exported[key], value.numpy(), err_msg=key)
+
+
+def test_a_classifier_of_another_size_is_initialized_afresh():
+  reference = torchvision.models.resnet18(num_classes=1000).state_dict()
+  flax_model = models.get('resnet18', num_classes=10)
+  template = helpers.random_variables(flax_model, (32, 32, 3), seed=0)
+  variables, new_head = torch_weights.from_state_dict(
+      flax_model, template, {k: v.numpy() for k, v in reference.items()})
+  assert new_head
+  np.testing.assert_array_equal(variables['params']['Dense_0']['kernel'],
+                                np.float32(template['params']['Dense_0']['kernel']))
+  np.testing.assert_array_equal(variables['params']['conv_init']['kernel'],
+                                reference['conv1.weight'].numpy().transpose(2, 3, 1, 0))
+  np.testing.assert_array_equal(variables['batch_stats']['bn_init']['var'],
+                                reference['bn1.running_var'].numpy())
+
+
+def test_a_state_dict_of_another_model_is_refused_naming_the_first_mismatches():
+  flax_model = models.get('resnet50', num_classes=10)
+  template = helpers.random_variables(flax_model, (32, 32, 3), seed=0)
+  resnet18 = {k: v.numpy() for k, v in torchvision.models.resnet18(num_classes=10)
+              .state_dict().items()}
+  with pytest.raises(torch_weights.WeightsMismatch,
+                     match=r'^missing: layer1\.0\.bn3\.weight, layer1\.0\.bn3\.bias, '
+                           r'layer1\.0\.bn3\.running_mean and 162 more; shape: '
+                           r'layer1\.0\.conv1\.weight \(64, 64, 3, 3\) where the model has '
+                           r'\(64, 64, 1, 1\), '):
+    torch_weights.from_state_dict(flax_model, template, resnet18)
+  del resnet18['fc.bias']
+  resnet18['extra.weight'] = np.zeros(3, np.float32)
+  with pytest.raises(torch_weights.WeightsMismatch,
+                     match=r'^missing: fc\.bias; unexpected: extra\.weight$'):
+    torch_weights.from_state_dict(models.get('resnet18', num_classes=10),
+                                  helpers.random_variables(models.get(
+                                      'resnet18', num_classes=10), (32, 32, 3), seed=0),
+                                  resnet18)
 
 
 @pytest.mark.parametrize('name', ['resnet_tiny', 'resnet50'])
 def test_batchnorm_training_mode_matches(name):
-  """Train-mode outputs (batch statistics) and the running-mean update agree; 'SAME' padding
-  of strided convolutions and the max-pool agree on even and odd sizes.
+  """Train-mode outputs (batch statistics) and the running-mean update agree, with strided
+  convolutions and the max-pool on even and odd sizes.
 
   Batch statistics over few values (2x2 maps x 8 images in ResNet-50's last stage) amplify
   float32 rounding: flax computes the variance as E[x^2] - E[x]^2, torch in two passes; 16
@@ -58,27 +173,20 @@ def test_batchnorm_training_mode_matches(name):
   padding error moves the logits by whole units).
   """
   for shape in [(64, 64, 3), (59, 59, 3)]:
-    flax_model, params, batch_stats, twin = _flax_and_twin(name, shape)
+    flax_model, variables, torch_model = _flax_and_torch(name, shape)
     images = np.random.RandomState(2).randn(8, *shape).astype(np.float32)
-    expected, updates = jax.jit(lambda p, s, x: flax_model.apply(
-        {'params': p, 'batch_stats': s}, x, train=True, mutable=['batch_stats']))(
-            params, batch_stats, images)
-    twin.train()
+    expected, updates = _flax_logits(flax_model, variables, images, train=True)
+    torch_model.train()
     with torch.no_grad():
-      got = twin(torch.from_numpy(images)).numpy()
-    _assert_close(got, np.asarray(expected), tolerance=2e-4)
-    flax_mean = np.asarray(updates['batch_stats']['bn_init']['mean'])
-    np.testing.assert_allclose(twin.bn_init.running_mean.numpy(), flax_mean, rtol=1e-5,
-                               atol=1e-6)
+      got = torch_model(_nchw(images)).numpy()
+    _assert_close(got, expected, tolerance=2e-4)
+    np.testing.assert_allclose(torch_model.bn1.running_mean.numpy(),
+                               updates['batch_stats']['bn_init']['mean'], rtol=1e-5, atol=1e-6)
 
 
-def test_mismatched_params_are_refused():
-  params = models.get('mlp', num_classes=10).init(
-      jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 1)), train=False)['params']
-  with pytest.raises(ValueError, match='do not match the twin'):
-    twins.load_flax_params(twins.get('cnn', input_shape=(8, 8, 1), num_classes=10), params)
-  with pytest.raises(ValueError, match=r'Dense_0 kernel: flax gives \(256, 64\), the twin has '
-                                       r'\(256, 784\)'):
-    twins.load_flax_params(twins.get('mlp', input_shape=(28, 28, 1), num_classes=10), params)
-  with pytest.raises(KeyError, match="model='vit_b16' has no PyTorch twin"):
-    twins.get('vit_b16')
+def test_unknown_models_are_refused():
+  with pytest.raises(KeyError, match="model='vit_h14' has no PyTorch model; the baseline has: "
+                                     "cnn, mlp, resnet101"):
+    torch_models.get('vit_h14')
+  with pytest.raises(ValueError, match="dropout_rate=0.1: torchvision's ResNet has no dropout"):
+    torch_models.get('resnet18', input_shape=(32, 32, 3), num_classes=10, dropout_rate=0.1)

@@ -265,7 +265,8 @@ def load_params(path: str, wanted_params: Any) -> tuple[Any, int]:
       step = int(name)
   if step is None:
     raise UserError(f'init_from={path!r} holds no checkpoint; point --config.init_from at a '
-                    'workdir, its checkpoints/ directory or one step directory in it')
+                    'workdir, its checkpoints/ directory, one step directory in it, or a '
+                    'PyTorch state dict file (.pth, .pt, .bin, .safetensors)')
   saved = {k[len('params/'):]: v for k, v in _state_metadata(reader, step).items()
            if k.startswith('params/')}
   mismatch = describe_mismatch(saved, array_specs(wanted_params))

@@ -6,7 +6,7 @@ import ml_collections
 from absl import logging
 
 import models
-from trainer import input_pipeline
+from trainer.datasets import specs
 from trainer import optim
 from trainer import parallel
 from trainer.errors import UserError
@@ -95,7 +95,7 @@ def check_config(config, *, process_count: int, local_device_count: int) -> None
     if not isinstance(value, int) or value <= 0:
       raise UserError(f'{field}={value!r} must be a positive integer (--config.{field}=N)')
   _choice('model', config.model, models.names())
-  _choice('dataset', config.dataset, input_pipeline.names())
+  _choice('dataset', config.dataset, specs.names())
   _choice('optimizer', config.optimizer, optim.OPTIMIZERS)
   _choice('dtype', config.dtype, DTYPES)
   _choice('step_backend', config.step_backend, parallel.BACKENDS)

@@ -30,51 +30,21 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from trainer import parallel
+from trainer.datasets import specs
 from trainer.errors import UserError
 
 # Host probed before a download is attempted; TFDS downloads and GCS mirrors live there.
 DOWNLOAD_PROBE = ('storage.googleapis.com', 443)
 
 
-@dataclasses.dataclass(frozen=True)
-class DatasetSpec:
-  tfds_name: str
-  num_classes: int
-  mean: tuple[float, ...] = (0.0,)  # Per-channel, on the [0, 1] scale.
-  std: tuple[float, ...] = (1.0,)
-  augment: str = 'none'  # 'none', 'crop_flip' (CIFAR) or 'inception' (ImageNet).
-  image_size: int = 0  # Side of the square model input; 0 = the stored size.
-  shipped: bool = False  # The builder ships with the trainer and prepares offline.
-
-
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-DATASETS = {
-    # digits stays in [0, 1]: its pixels are block counts, not photographs.
-    'digits': DatasetSpec('digits', num_classes=10, shipped=True),
-    'mnist': DatasetSpec('mnist', num_classes=10, mean=(0.1307,), std=(0.3081,)),
-    'fashion_mnist': DatasetSpec('fashion_mnist', num_classes=10, mean=(0.2860,),
-                                 std=(0.3530,)),
-    'cifar10': DatasetSpec('cifar10', num_classes=10, mean=(0.4914, 0.4822, 0.4465),
-                           std=(0.2470, 0.2435, 0.2616), augment='crop_flip'),
-    'cifar100': DatasetSpec('cifar100', num_classes=100, mean=(0.5071, 0.4865, 0.4409),
-                            std=(0.2673, 0.2564, 0.2762), augment='crop_flip'),
-    'imagenet2012': DatasetSpec('imagenet2012', num_classes=1000, mean=IMAGENET_MEAN,
-                                std=IMAGENET_STD, augment='inception', image_size=224),
-}
+# The datasets' facts live apart, importable without TensorFlow (the bare step's benchmark).
+DatasetSpec = specs.DatasetSpec
+DATASETS = specs.DATASETS
+IMAGENET_MEAN, IMAGENET_STD = specs.IMAGENET_MEAN, specs.IMAGENET_STD
+names = specs.names
+spec = specs.spec
 CIFAR_PAD = 4  # Pixels of zero padding before the random 32x32 crop.
 EVAL_CROP_FRACTION = 0.875  # ImageNet eval: resize the shorter side to size / 0.875, crop.
-
-
-def names() -> list[str]:
-  return sorted(DATASETS)
-
-
-def spec(name: str) -> DatasetSpec:
-  if name not in DATASETS:
-    raise UserError(f"dataset={name!r} is unknown; choose one of: {', '.join(names())} "
-                    '(--config.dataset=NAME)')
-  return DATASETS[name]
 
 
 def _download_reachable(timeout_s: float = 3.0) -> bool:

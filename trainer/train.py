@@ -23,6 +23,7 @@ from absl import logging
 from clu import metric_writers
 from clu import periodic_actions
 
+from models import torch_weights
 from trainer import checkpoint
 from trainer import checks
 from trainer import input_pipeline
@@ -34,7 +35,7 @@ from trainer import signals
 from trainer import state as state_lib
 from trainer import step as step_lib
 from trainer import writers
-from trainer.errors import Diverged, Preempted
+from trainer.errors import Diverged, Preempted, UserError
 
 PREFETCH_BATCHES = 2  # Batches kept in flight to the devices.
 
@@ -96,29 +97,27 @@ class _Start:
   resume_step: Optional[int]  # The checkpoint restored, if any.
 
 
-def _start(config, checkpointer, init, input_shape, workdir: str) -> _Start:
-  """Restores the newest intact checkpoint, else initializes (from `init_from` params if set).
+def _start(config, checkpointer, init, model, input_shape, workdir: str) -> _Start:
+  """Restores the newest intact checkpoint, else initializes (from `init_from` if set).
 
-  Everything up to the first write is checked against shapes alone (nothing compiled): a
-  workdir whose checkpoint does not fit the config, or `init_from` params that do not fit the
-  model, stop the run with the workdir untouched.
+  Everything up to the first write is checked first (nothing is compiled but the init): a
+  workdir whose checkpoint does not fit the config, or `init_from` weights that do not fit
+  the model, stop the run with the workdir untouched.
   """
   init_rng, step_rng = state_lib.seed_rngs(config.seed)
   abstract_state = jax.eval_shape(lambda rng: init(rng, input_shape), init_rng)
   resume_step, unreadable = checkpointer.find_restorable(abstract_state, config.to_dict())
-  init_params = None
+  state = jax.device_get(init(init_rng, input_shape))
   if resume_step is not None and config.init_from:
     logging.warning('init_from=%r is not used: this run resumes from its own checkpoint at '
                     'step %d in %s', config.init_from, resume_step, checkpointer.directory)
   if resume_step is None and config.init_from:
-    init_params, from_step = checkpoint.load_params(config.init_from, abstract_state.params)
-    logging.info('initializing params from %s (step %d)', config.init_from, from_step)
+    state = _init_from(config.init_from, config.model, model, state)
 
   # From here on the workdir is written.
   tf.io.gfile.makedirs(workdir)
   checkpointer.set_aside(unreadable)
   parallel.sync_processes('unreadable checkpoints set aside')
-  state = jax.device_get(init(init_rng, input_shape))
   if resume_step is not None:
     restored = checkpointer.restore(resume_step, state)
     position = checkpoint.stream_position(restored.meta, resume_step, config.batch_size)
@@ -127,9 +126,36 @@ def _start(config, checkpointer, init, input_shape, workdir: str) -> _Start:
                  restored.meta.get('devices', '?'), restored.meta.get('processes', '?'), position)
     return _Start(restored.state, jnp.asarray(restored.meta['rng'], dtype=jnp.uint32),
                   restored.meta['data_seed'], position, resume_step)
-  if init_params is not None:
-    state = state.replace(params=init_params)
   return _Start(state, step_rng, config.seed, 0, None)
+
+
+def _init_from(path: str, name: str, model, state: state_lib.TrainState
+               ) -> state_lib.TrainState:
+  """`state` with the params (and BatchNorm statistics) of `path`: a PyTorch state dict file
+  (torchvision's names) or a flax workdir/checkpoint. The optimizer starts fresh."""
+  if torch_weights.is_weights_file(path):
+    try:
+      variables, new_head = torch_weights.from_state_dict(
+          model, state.variables(), torch_weights.read_state_dict(path))
+    except ImportError as e:
+      raise UserError(f'init_from={path!r}: reading it needs {e.name}; pip install -e '
+                      '".[ddp]"') from None
+    except (torch_weights.WeightsMismatch, OSError, RuntimeError) as e:
+      raise UserError(f'init_from={path!r} does not fit model={name!r} '
+                      f'({str(e).splitlines()[0]}); use a state dict of the same model '
+                      '(torchvision\'s names)') from None
+    if new_head:
+      logging.info('init_from=%r: its classifier has another number of classes; the head is '
+                   'initialized afresh (fine-tuning)', path)
+    logging.info('initializing params from the PyTorch state dict %s', path)
+    params, batch_stats = variables['params'], variables.get('batch_stats')
+  else:
+    params, from_step = checkpoint.load_params(path, state.params)
+    batch_stats = state.batch_stats
+    logging.info('initializing params from %s (step %d)', path, from_step)
+  return state.replace(params=params, batch_stats=batch_stats,
+                       ema_params=None if state.ema_params is None else jax.tree.map(
+                           np.copy, params))
 
 
 def use_compilation_cache(cache_dir: str) -> None:
@@ -175,9 +201,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                  eval_per_device, eval_per_device * num_devices)
 
   schedule = optim.learning_rate_schedule(config)
-  init = state_lib.initializer(config, input_pipeline.spec(config.dataset).num_classes, schedule)
-  start = _start(config, checkpointer, init, input_pipeline.input_shape(config, builder),
-                 workdir)
+  num_classes = input_pipeline.spec(config.dataset).num_classes
+  init = state_lib.initializer(config, num_classes, schedule)
+  start = _start(config, checkpointer, init, state_lib.model_from_config(config, num_classes),
+                 input_pipeline.input_shape(config, builder), workdir)
   start_step = int(start.state.step)
   logging.info('%s: %d params; starting at step %d of %d on %d devices (%d process(es))',
                config.model, state_lib.param_count(start.state.params), start_step,

@@ -1,5 +1,6 @@
-"""PyTorch twins of the trainer's models, for DistributedDataParallel comparisons.
+"""The PyTorch DistributedDataParallel baseline: torchvision's models (small twins for `mlp`
+and `cnn`) trained on the trainer's global batches, for side-by-side comparisons.
 
 Installed with the `ddp` extra (`pip install -e ".[ddp]"`); the trainer itself never imports
-torch.
+torch (except to read a `.pth` file given as `--config.init_from`).
 """

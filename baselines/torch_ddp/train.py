@@ -17,6 +17,7 @@ cross-process BatchNorm on CPU: there each rank normalizes with its own batch's 
 """
 
 import glob
+import json
 import os
 import re
 import signal
@@ -28,6 +29,7 @@ import optax
 import tensorflow_datasets as tfds
 import torch
 import torch.distributed as dist
+import torchvision
 from absl import app
 from absl import flags
 from absl import logging
@@ -35,7 +37,9 @@ from clu import metric_writers
 from ml_collections import config_flags
 from torch.nn.parallel import DistributedDataParallel
 
-from baselines.torch_ddp import models as twins
+from baselines.torch_ddp import models as torch_models
+from baselines.torch_ddp import step as step_lib
+from models import torch_weights
 from trainer import checks
 from trainer import input_pipeline
 from trainer import loop
@@ -54,53 +58,29 @@ def _define_flags() -> None:
   flags.DEFINE_string('workdir', None, 'Directory for checkpoints, event files and '
                       'metrics.jsonl.')
   flags.DEFINE_bool('parity', False, 'Start from the JAX model\'s initial params for the seed.')
-  flags.DEFINE_string('init_variables', None, 'Start from these flax variables (.npz written by '
-                      'models.save_flax_variables; scripts/compare.py writes one).')
+  flags.DEFINE_string('init_weights', None, 'Start from this PyTorch state dict (.pth or '
+                      '.safetensors; scripts/compare.py writes the JAX run\'s initial weights '
+                      'as one).')
   flags.DEFINE_integer('threads', 0, 'torch CPU threads per rank; 0 = torch\'s default.')
+  flags.DEFINE_bool('channels_last', True, 'Run the convnets (resnet*, cnn) in channels_last '
+                    'memory format, as torchvision\'s reference recipes do.')
+  flags.DEFINE_bool('torch_compile', False, 'Compile the model with torch.compile.')
   config_flags.DEFINE_config_file('config', None, 'Training config file.', lock_config=True)
   flags.mark_flags_as_required(['config', 'workdir'])
 
-SUPPORTED = dict(optimizer=('sgd', 'adamw'), dtype=('float32',), grad_accum_steps=(1,),
-                 ema_decay=(0.0,), init_from=('',), skip_nonfinite_steps=(False,))
 # Fields a checkpoint must agree on with the config it is resumed under.
 RESUME_FIELDS = ('dataset', 'model', 'optimizer', 'batch_size', 'num_train_steps', 'seed',
                  'train_split')
 CHECKPOINT_DIR = 'checkpoints'
 
 
-def check_supported(config) -> None:
-  """One line naming the first config value the twin cannot reproduce."""
-  for field, values in SUPPORTED.items():
-    if config[field] not in values:
-      raise UserError(f'{field}={config[field]!r} has no DDP twin yet; the twin supports '
-                      f'{", ".join(map(repr, values))} (--config.{field}=...)')
-  if config.model not in twins.REGISTRY:
-    raise UserError(f'model={config.model!r} has no PyTorch twin; twins exist for: '
-                    f'{", ".join(sorted(twins.REGISTRY))} (--config.model=NAME)')
-
-
 def jax_initial_variables(config, input_shape):
-  """The params (and BatchNorm statistics) train.py initializes for this config and seed,
-  through the same init path (the optimizer plays no part in them)."""
+  """(flax model, variables): the params (and BatchNorm statistics) train.py initializes for
+  this config and seed, through the same init path (the optimizer plays no part in them)."""
   init_rng, _ = state_lib.seed_rngs(config.seed)
   model = state_lib.model_from_config(config, input_pipeline.spec(config.dataset).num_classes)
   state = state_lib.create_train_state(model, optax.identity(), init_rng, input_shape)
-  return state.params, state.batch_stats
-
-
-def _optimizer(config, model: torch.nn.Module) -> torch.optim.Optimizer:
-  """The optax chain of trainer/optim.py in torch: decay on kernels only unless asked."""
-  decayed = [p for p in model.parameters() if p.ndim > 1 or config.decay_all_params]
-  spared = [p for p in model.parameters() if not (p.ndim > 1 or config.decay_all_params)]
-  groups = [{'params': decayed, 'weight_decay': config.weight_decay},
-            {'params': spared, 'weight_decay': 0.0}]
-  peak = optim.peak_learning_rate(config)
-  if config.optimizer == 'sgd':
-    # torch's coupled decay (added to the gradient before momentum) is optax's
-    # add_decayed_weights before sgd.
-    return torch.optim.SGD(groups, lr=peak, momentum=config.momentum,
-                           nesterov=config.nesterov and config.momentum > 0)
-  return torch.optim.AdamW(groups, lr=peak, betas=(config.adam_b1, config.adam_b2), eps=1e-8)
+  return model, state.variables()
 
 
 def checkpoint_steps(workdir: str) -> list[int]:
@@ -147,16 +127,18 @@ def _all_reduce(values, device) -> np.ndarray:
   return tensor.cpu().numpy()
 
 
-def evaluate(model, data: input_pipeline.EvalData, device) -> dict[str, float]:
+def evaluate(model, data: input_pipeline.EvalData, device, precision: step_lib.Precision
+             ) -> dict[str, float]:
   """Loss and accuracy over every example of the eval split, exactly once (padding masked)."""
   model.eval()
   loss_sum = correct = count = 0.0
   with torch.no_grad():
     for batch in input_pipeline.eval_batches(data):
-      images = torch.from_numpy(batch['image']).to(device)
+      images = step_lib.to_model_input(batch['image'], device, precision.channels_last)
       labels = torch.from_numpy(batch['label']).long().to(device)
       mask = torch.from_numpy(batch['mask']).to(device, torch.float32)
-      logits = model(images)
+      with precision.autocast():
+        logits = model(images).float()
       losses = torch.nn.functional.cross_entropy(logits, labels, reduction='none')
       loss_sum += float((losses * mask).sum())
       correct += float(((logits.argmax(-1) == labels).float() * mask).sum())
@@ -166,10 +148,32 @@ def evaluate(model, data: input_pipeline.EvalData, device) -> dict[str, float]:
   return {'eval_loss': loss_sum / count, 'eval_accuracy': correct / count}
 
 
-def train(config, workdir: str, parity: bool, init_variables: Optional[str] = None) -> None:
+SETTINGS_FILE = 'torch_settings.json'
+
+
+def build_model(config, input_shape, device, precision: step_lib.Precision, parity: bool,
+                init_weights: Optional[str]) -> torch.nn.Module:
+  """The config's torch model on `device`, from the seed's JAX init (`parity`), a state dict
+  file (`init_weights`), or torch's own init."""
+  torch.manual_seed(config.seed)
+  model = torch_models.get(config.model, input_shape=input_shape[1:],
+                    num_classes=input_pipeline.spec(config.dataset).num_classes,
+                    dropout_rate=config.dropout_rate)
+  if init_weights:
+    try:
+      torch_models.load_state_dict(model, torch_weights.read_state_dict(init_weights))
+    except (RuntimeError, ValueError, OSError) as e:
+      raise UserError(f'--init_weights={init_weights}: {str(e).splitlines()[0]}') from None
+  elif parity:
+    torch_models.load_flax_variables(model, *jax_initial_variables(config, input_shape))
+  return step_lib.place_model(model, device, precision)
+
+
+def train(config, workdir: str, parity: bool, init_weights: Optional[str] = None,
+          channels_last: bool = True, compile_model: bool = False) -> None:
   rank, world = dist.get_rank(), dist.get_world_size()
   checks.check_config(config, process_count=1, local_device_count=world)
-  check_supported(config)
+  step_lib.check_supported(config)
   cuda = torch.cuda.is_available()
   device = torch.device('cuda', int(os.environ.get('LOCAL_RANK', 0))) if cuda else (
       torch.device('cpu'))
@@ -185,19 +189,11 @@ def train(config, workdir: str, parity: bool, init_variables: Optional[str] = No
   eval_data = input_pipeline.eval_data(config, builder, process_index=rank, process_count=world)
   saved = _restore(workdir, config)
 
-  torch.manual_seed(config.seed)
-  model = twins.get(config.model, input_shape=input_shape[1:],
-                    num_classes=input_pipeline.spec(config.dataset).num_classes,
-                    dropout_rate=config.dropout_rate)
-  if saved is None and init_variables:
-    twins.load_flax_params(model, *twins.load_flax_variables(init_variables))
-  elif saved is None and parity:
-    twins.load_flax_params(model, *jax_initial_variables(config, input_shape))
+  precision = step_lib.Precision(config, device, channels_last, compile_model)
+  model = build_model(config, input_shape, device, precision, parity and saved is None,
+                      init_weights if saved is None else None)
   torch.manual_seed(config.seed * 1_009 + rank + 1)  # Each rank its own dropout masks.
-  if cuda:
-    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-  model = model.to(device)
-  optimizer = _optimizer(config, model)
+  optimizer = step_lib.make_optimizer(config, model)
   schedule = optim.learning_rate_schedule(config)
   peak = optim.peak_learning_rate(config)
   scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: float(schedule(s)) / peak)
@@ -206,6 +202,8 @@ def train(config, workdir: str, parity: bool, init_variables: Optional[str] = No
     model.load_state_dict(saved['model'])
     optimizer.load_state_dict(saved['optimizer'])
     scheduler.load_state_dict(saved['scheduler'])
+    if precision.scaler is not None and 'scaler' in saved:
+      precision.scaler.load_state_dict(saved['scaler'])
     if len(saved['rng_states']) == world:
       torch.set_rng_state(saved['rng_states'][rank])
     else:  # The ranks' dropout streams do not map onto another rank count: start afresh.
@@ -216,6 +214,7 @@ def train(config, workdir: str, parity: bool, init_variables: Optional[str] = No
     examples_seen = saved.get('examples_seen', start_step * config.batch_size)
     logging.info('resuming from %s', _checkpoint_path(workdir, start_step))
   ddp = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+  step_model = torch.compile(ddp) if compile_model else ddp
   batches = iter(tfds.as_numpy(input_pipeline.train_dataset(
       config, builder, process_index=rank, process_count=world,
       start_position=examples_seen)))
@@ -226,6 +225,12 @@ def train(config, workdir: str, parity: bool, init_variables: Optional[str] = No
   writer = writers.create_writer(workdir, write_files=rank == 0)
   if start_step == 0:
     writer.write_hparams(config.to_dict())
+  if rank == 0:
+    with open(os.path.join(workdir, SETTINGS_FILE), 'w', encoding='utf-8') as f:
+      json.dump({**precision.settings(), 'model': type(model).__module__ + '.' +
+                 type(model).__name__, 'backend': dist.get_backend(), 'ranks': world,
+                 'threads_per_rank': torch.get_num_threads(), 'torch': torch.__version__,
+                 'torchvision': torchvision.__version__}, f, indent=1)
   throughput = metrics.Throughput(config.batch_size, world)
   cadence = loop.Cadence.from_config(config)
   last = config.num_train_steps
@@ -242,6 +247,7 @@ def train(config, workdir: str, parity: bool, init_variables: Optional[str] = No
       _save(workdir, step, {
           'model': model.state_dict(), 'optimizer': optimizer.state_dict(),
           'scheduler': scheduler.state_dict(), 'rng_states': rng_states, 'step': step,
+          **({'scaler': precision.scaler.state_dict()} if precision.scaler else {}),
           'examples_seen': examples_seen + (step - start_step) * config.batch_size,
           'config': config.to_dict()}, config.keep_checkpoints)
     dist.barrier()
@@ -252,22 +258,14 @@ def train(config, workdir: str, parity: bool, init_variables: Optional[str] = No
     loop_start = time.perf_counter()
     for step in range(start_step + 1, last + 1):
       batch = next(batches)
-      images = torch.from_numpy(batch['image']).to(device, non_blocking=True)
+      images = step_lib.to_model_input(batch['image'], device, precision.channels_last)
       labels = torch.from_numpy(batch['label']).long().to(device, non_blocking=True)
-      logits = ddp(images)
-      loss = torch.nn.functional.cross_entropy(logits, labels,
-                                               label_smoothing=config.label_smoothing)
-      optimizer.zero_grad(set_to_none=True)
-      loss.backward()  # DDP averages the gradients over the ranks here.
-      grads = [p.grad for p in params if p.grad is not None]
-      grad_norm = torch.nn.utils.get_total_norm(grads)
-      if config.grad_clip_norm > 0:
-        torch.nn.utils.clip_grads_with_norm_(params, config.grad_clip_norm, grad_norm)
-      optimizer.step()
+      loss, accuracy, grad_norm = step_lib.train_step(
+          step_model, optimizer, precision, images, labels,
+          label_smoothing=config.label_smoothing, grad_clip_norm=config.grad_clip_norm)
       learning_rate = scheduler.get_last_lr()[0]
       scheduler.step()
-      accuracy = (logits.argmax(-1) == labels).float().mean()
-      window += torch.stack([loss.detach(), accuracy, grad_norm]).double()
+      window += torch.stack([loss, accuracy, grad_norm]).double()
       window_steps += 1
       if step == start_step + 1:
         if cuda:
@@ -291,6 +289,8 @@ def train(config, workdir: str, parity: bool, init_variables: Optional[str] = No
                    'train_grad_norm': totals[2] / world / window_steps,
                    'train_param_norm': float(torch.nn.utils.get_total_norm(params)),
                    'learning_rate': learning_rate}
+        if precision.scaler:
+          scalars['train_loss_scale'] = precision.scaler.get_scale()
         rate = throughput.rate(step)
         if rate is not None:
           scalars['examples_per_sec_per_device'] = rate
@@ -298,7 +298,7 @@ def train(config, workdir: str, parity: bool, init_variables: Optional[str] = No
         window.zero_()
         window_steps = 0
       if cadence.eval(step):
-        writer.write_scalars(step, evaluate(ddp, eval_data, device))
+        writer.write_scalars(step, evaluate(ddp, eval_data, device, precision))
         throughput.start(step)
       if save_now or stopping:
         save(step)
@@ -320,7 +320,7 @@ def main(argv):
   dist.init_process_group('nccl' if torch.cuda.is_available() else 'gloo')
   try:
     train(checks.command_line_config(FLAGS['config']), FLAGS.workdir, FLAGS.parity,
-          FLAGS.init_variables)
+          FLAGS.init_weights, FLAGS.channels_last, FLAGS.torch_compile)
   except UserError as e:
     raise SystemExit(f'error: {e}') from None
   except Preempted as e:
