@@ -1,14 +1,17 @@
-"""Trains one config with the JAX trainer and with its PyTorch DDP twin, then compares them.
+"""Trains one config with the JAX trainer and with the PyTorch DDP baseline, then compares them.
 
   python scripts/compare.py --config=configs/default.py --workdir=/tmp/compare \
-      [--devices=2] [--threads=0] [--target_accuracy=0.95] [--reuse] [--config.FIELD=VALUE ...]
+      [--devices=2] [--threads=0] [--target_accuracy=0.95] [--reuse] [--torch_compile] \
+      [--config.FIELD=VALUE ...]
 
-Both runs get the same config (overrides included), data and batches: JAX as one process with
+Both runs get the same config (overrides included, the `dtype` too: bfloat16 is autocast on
+the DDP side), data and batches: JAX as one process with
 `--devices` devices, DDP as `--devices` ranks; the CPU threads are the same in total (XLA's
 pool spans `--threads` cores; each rank gets `--threads / --devices` torch threads). They run
 one after the other, never at once, in DIR/jax and DIR/ddp. Then:
 
-  DIR/report.md    the settings (what was timed and what was not, threads, versions) and a
+  DIR/report.md    the settings (what was timed and what was not, precision, channels_last,
+                   torch.compile, threads, versions) and a
                    table: steady-state examples/s, time to first step, time to the target
                    accuracy, final accuracy, peak memory; one row per run
   DIR/report.json  the same figures under `jax` and `ddp`, `throughput_ratio_jax_over_ddp`
@@ -173,8 +176,9 @@ def markdown(report: dict) -> str:
       f'thread pool over {s["threads"]} cores; DDP runs as {s["devices"]} ranks '
       f'({s["ddp_backend"]}) with {s["ddp_threads_per_rank"]} torch thread(s) each. Machine: '
       f'{s["machine"]}. The runs went one after the other, never at once.',
-      '- Initial weights: ' + ('the same in both (the JAX model\'s init for the seed, loaded '
-                               'into the torch twin).' if s['same_init'] else
+      '- Initial weights: ' + ('the same in both (the JAX model\'s init for the seed, '
+                               'exported as a torchvision state dict for the DDP run).'
+                               if s['same_init'] else
                                'each framework\'s own init (--nosame_init).'),
       f'- Steady-state examples/s: median over log windows (every {s["log_every_steps"]} steps) '
       f'of examples / wall time, windows starting after step {s["timing_warmup_steps"]} only. '

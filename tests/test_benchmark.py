@@ -83,15 +83,15 @@ def test_bare_step_parts_run_without_tensorflow(tmp_path):
   env = dict(ENV, PYTHONPATH=os.pathsep.join([str(hidden), REPO]))
   run = subprocess.run(
       [sys.executable, 'scripts/benchmark.py', '--config=configs/default.py', f'--json={out}',
-       '--parts=limit,ddp_limit', '--steps=10', '--warmup_steps=1', '--jax_devices=2',
-       '--ddp_ranks=1', '--config.dtype=bfloat16'],
+       '--parts=limit,ddp_limit', '--steps=10', '--warmup_steps=1', '--jax_devices=1',
+       '--ddp_ranks=1', '--config.dtype=bfloat16', '--config.batch_size=16'],
       cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
   assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
   figures = json.loads(out.read_text())
   assert figures['parts'] == ['limit', 'ddp_limit']
   assert 'jax_runs' not in figures and 'trainer_over_limit' not in figures
   jax_step = figures['limit_runs'][0]
-  assert jax_step['devices'] == 2
+  assert jax_step['devices'] == 1
   assert figures['step_jax_examples_per_sec'] == max(
       jax_step[b]['examples_per_sec'] for b in ('pmap', 'shard_map'))
   ddp_step = figures['ddp_limit_runs'][0]

@@ -1,7 +1,12 @@
-"""DistributedDataParallel twin of the trainer, driven by the same config files and data.
+"""The PyTorch DistributedDataParallel baseline, driven by the same config files and data.
 
   python -m torch.distributed.run --nproc_per_node=2 -m baselines.torch_ddp.train \
-      --config=configs/default.py --workdir=/tmp/ddp [--parity] [--config.FIELD=VALUE ...]
+      --config=configs/default.py --workdir=/tmp/ddp [--parity | --init_weights=FILE] \
+      [--nochannels_last] [--torch_compile] [--config.FIELD=VALUE ...]
+
+The model is torchvision's (ResNets, ViTs) or a small twin (mlp, cnn): `models.py`. The step
+(`step.py`) computes in the config's `dtype`: bfloat16 under `torch.autocast`, float16 with a
+GradScaler as well; convnets run channels_last. WORKDIR/torch_settings.json records them.
 
 Rank r of R builds rows r*B/R .. (r+1)*B/R - 1 of every global batch of the training stream
 (`input_pipeline.train_dataset(process_index=r, process_count=R)`), the batches a JAX run of
@@ -10,7 +15,8 @@ example of the eval split once. Rank 0 writes the JAX
 trainer's TensorBoard tags and metrics.jsonl (same CLU writers). Checkpoints go to
 WORKDIR/checkpoints/step_N.pt every `checkpoint_every_steps`, at the last step and on
 SIGTERM/SIGINT; the same command resumes from the newest one, data stream included. With
---parity the model starts from the JAX model's initial variables for the config's seed.
+--parity the model starts from the JAX model's initial variables for the config's seed, with
+--init_weights from a state dict file (scripts/compare.py writes the JAX init as one).
 
 gloo on CPU, nccl (one GPU per rank, SyncBatchNorm) where CUDA is present. torch has no
 cross-process BatchNorm on CPU: there each rank normalizes with its own batch's statistics.
