@@ -74,13 +74,14 @@ def run_steps(layout, state, schedule, batches, options=step_lib.StepOptions(), 
   return parallel.host_state(layout, rstate), values, rstate
 
 
-def reference_eval(state, config) -> tuple[int, float, float]:
-  """Example count, mean loss and accuracy over the whole eval split in one plain pass."""
+def reference_eval(state, config) -> tuple[int, float, float, float]:
+  """Example count, mean loss, accuracy and top-5 accuracy over the whole eval split in one
+  plain pass."""
   return reference_eval_of(
       jax.jit(lambda x: state.apply_fn({'params': state.params}, x, train=False)), config)
 
 
-def reference_eval_of(logits_fn, config) -> tuple[int, float, float]:
+def reference_eval_of(logits_fn, config) -> tuple[int, float, float, float]:
   """reference_eval for any function of a float32 image batch (digits) to logits."""
   builder = input_pipeline.get_builder(config)
   data = tfds.as_numpy(builder.as_dataset(split=config.eval_split, batch_size=-1))
@@ -90,4 +91,7 @@ def reference_eval_of(logits_fn, config) -> tuple[int, float, float]:
   log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
   loss = -log_probs[np.arange(len(data['label'])), data['label']].mean()
   accuracy = np.mean(logits.argmax(-1) == data['label'])
-  return len(images), float(loss), float(accuracy)
+  # Top 5 by sorting: the label's logit has fewer than 5 logits above it.
+  label_logit = logits[np.arange(len(data['label'])), data['label']]
+  top5 = np.mean((logits > label_logit[:, None]).sum(-1) < 5)
+  return len(images), float(loss), float(accuracy), float(top5)

@@ -96,10 +96,11 @@ def test_tags_evaluation_and_memory(reference, config):
   twin.load_state_dict(_load(reference, STEPS)['model'])
   twin.eval()
   with torch.no_grad():
-    count, loss, accuracy = helpers.reference_eval_of(
+    count, loss, accuracy, top5 = helpers.reference_eval_of(
         lambda x: twin(torch.from_numpy(x).permute(0, 3, 1, 2)).numpy(), config)
   assert count == 360
   assert scalars['eval_accuracy'][STEPS] == pytest.approx(accuracy, abs=1e-6)
+  assert scalars['eval_top5_accuracy'][STEPS] == pytest.approx(top5, abs=1e-6)
   assert scalars['eval_loss'][STEPS] == pytest.approx(loss, rel=1e-5)
   assert accuracy > 0.9
 

@@ -29,7 +29,7 @@ def digits_state():
 def test_eval_is_exact(config, digits_state, num_devices, eval_batch):
   config.eval_batch_size = eval_batch or config.eval_batch_size
   devices = jax.devices()[:num_devices]
-  num_examples, ref_loss, ref_accuracy = helpers.reference_eval(digits_state, config)
+  num_examples, ref_loss, ref_accuracy, ref_top5 = helpers.reference_eval(digits_state, config)
   assert num_examples % config.eval_batch_size != 0
   data = input_pipeline.eval_data(config, input_pipeline.get_builder(config),
                                   local_device_count=num_devices)
@@ -39,6 +39,9 @@ def test_eval_is_exact(config, digits_state, num_devices, eval_batch):
   got = train.evaluate(step_lib.make_eval_step(layout), layout.put_replicated(digits_state),
                        data, layout)
   assert got['eval_accuracy'] == pytest.approx(ref_accuracy, abs=1e-7)
+  # An untrained model: top-5 is far from both 1 and top-1, so it bites.
+  assert got['eval_top5_accuracy'] == pytest.approx(ref_top5, abs=1e-7)
+  assert ref_accuracy + 0.1 < ref_top5 < 0.9
   assert got['eval_loss'] == pytest.approx(ref_loss, rel=1e-6)
 
 
@@ -61,3 +64,16 @@ def test_eval_batches_cover_split_once_per_process_set(config, process_count):
   assert len(counts) == 1  # Same number of batches on every process: collectives line up.
   full = tfds.as_numpy(builder.as_dataset(split='test', batch_size=-1))['image']
   assert sorted(seen) == sorted(map(bytes, full))
+
+
+def test_top5_accuracy_counts_real_examples_and_is_1_below_5_classes():
+  from trainer import metrics  # pylint: disable=import-outside-toplevel
+  logits = np.random.RandomState(0).randn(12, 10).astype(np.float32)
+  labels = np.arange(12, dtype=np.int32) % 10
+  mask = (np.arange(12) < 9).astype(np.float32)  # The last 3 rows are padding.
+  expected = np.mean([labels[i] in np.argsort(-logits[i])[:5] for i in range(9)])
+  got = metrics.TopKAccuracy.from_model_output(logits=logits, labels=labels, mask=mask)
+  assert float(got.compute()) == pytest.approx(expected, abs=1e-7)
+  assert 0 < expected < 1
+  few = metrics.TopKAccuracy.from_model_output(logits=logits[:, :3], labels=labels % 3)
+  assert float(few.compute()) == 1.0

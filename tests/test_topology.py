@@ -48,7 +48,8 @@ def trained(tfds_data_dir, tmp_path_factory):
 def _last_eval(workdir):
   scalars, _ = writers.read_events(workdir)
   last = helpers.TOPOLOGY_RUN['num_train_steps']
-  return {tag: scalars[tag][last] for tag in ('eval_loss', 'eval_accuracy')}
+  return {tag: scalars[tag][last]
+          for tag in ('eval_loss', 'eval_accuracy', 'eval_top5_accuracy')}
 
 
 def _assert_same_training(state, evaluation, ref_state, ref_evaluation):
@@ -61,6 +62,8 @@ def _assert_same_training(state, evaluation, ref_state, ref_evaluation):
       print(f'{name}: {difference:.2g} relative to the reference')
       assert difference < tolerance, (name, difference)
   assert evaluation['eval_accuracy'] == pytest.approx(ref_evaluation['eval_accuracy'], abs=1e-9)
+  assert evaluation['eval_top5_accuracy'] == pytest.approx(ref_evaluation['eval_top5_accuracy'],
+                                                         abs=1e-9)
   assert evaluation['eval_loss'] == pytest.approx(ref_evaluation['eval_loss'], rel=1e-5)
 
 

@@ -6,8 +6,10 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 import flax
+import jax.numpy as jnp
 import numpy as np
 from clu import metrics
+from jax import lax
 
 
 @flax.struct.dataclass
@@ -25,11 +27,28 @@ ScaledTrainMetrics = metrics.Collection.create(
     **TrainMetrics.__annotations__, loss_scale=metrics.LastValue.from_output('loss_scale'))
 
 
+TOP_K = 5  # eval_top5_accuracy: the label among the K highest logits.
+
+
+@flax.struct.dataclass
+class TopKAccuracy(metrics.Average):
+  """Share of examples whose label is among the `TOP_K` highest logits (all of them when the
+  model has fewer classes: then it is 1)."""
+
+  @classmethod
+  def from_model_output(cls, *, logits: jnp.ndarray, labels: jnp.ndarray, **kwargs
+                        ) -> 'TopKAccuracy':
+    _, top = lax.top_k(logits, min(TOP_K, logits.shape[-1]))
+    hit = jnp.any(top == labels[..., None], axis=-1).astype(jnp.float32)
+    return cls(**vars(super().from_model_output(values=hit, **kwargs)))
+
+
 @flax.struct.dataclass
 class EvalMetrics(metrics.Collection):
   """Sums over every real (mask = 1) example of the split."""
   loss: metrics.Average.from_output('loss')
   accuracy: metrics.Accuracy
+  top5_accuracy: TopKAccuracy
 
 
 def peak_rss_mb() -> float:

@@ -137,7 +137,7 @@ def evaluate(model, data: input_pipeline.EvalData, device, precision: step_lib.P
              ) -> dict[str, float]:
   """Loss and accuracy over every example of the eval split, exactly once (padding masked)."""
   model.eval()
-  loss_sum = correct = count = 0.0
+  loss_sum = correct = top5 = count = 0.0
   with torch.no_grad():
     for batch in input_pipeline.eval_batches(data):
       images = step_lib.to_model_input(batch['image'], device, precision.channels_last)
@@ -148,10 +148,13 @@ def evaluate(model, data: input_pipeline.EvalData, device, precision: step_lib.P
       losses = torch.nn.functional.cross_entropy(logits, labels, reduction='none')
       loss_sum += float((losses * mask).sum())
       correct += float(((logits.argmax(-1) == labels).float() * mask).sum())
+      top = logits.topk(min(metrics.TOP_K, logits.shape[-1]), dim=-1).indices
+      top5 += float(((top == labels[:, None]).any(-1).float() * mask).sum())
       count += float(mask.sum())
   model.train()
-  loss_sum, correct, count = _all_reduce([loss_sum, correct, count], device)
-  return {'eval_loss': loss_sum / count, 'eval_accuracy': correct / count}
+  loss_sum, correct, top5, count = _all_reduce([loss_sum, correct, top5, count], device)
+  return {'eval_loss': loss_sum / count, 'eval_accuracy': correct / count,
+          'eval_top5_accuracy': top5 / count}
 
 
 SETTINGS_FILE = 'torch_settings.json'
