@@ -30,6 +30,9 @@ def get_config() -> ml_collections.ConfigDict:
   # Model.
   config.model = 'cnn'  # Registered model name: see `models.names()` (README lists them).
   config.dropout_rate = 0.1  # Dropout probability in the model's hidden layers; 0 = off.
+  # Stochastic depth (resnet*, vit*): probability of dropping the last residual block's branch
+  # per example in training, rising linearly from 0 at the first block; 0 = off.
+  config.stochastic_depth_rate = 0.0
   config.dtype = 'float32'  # Compute dtype: 'float32', 'bfloat16' or 'float16' (loss-scaled);
   # params and optimizer state stay float32.
 

@@ -38,3 +38,29 @@ class Dropout(nn.Module):
     keys = example_keys(self.make_rng('dropout'), example_ids)
     mask = jax.vmap(lambda k: jax.random.bernoulli(k, keep, x.shape[1:]))(keys)
     return jnp.where(mask, x / keep, 0).astype(x.dtype)
+
+
+class DropPath(nn.Module):
+  """Stochastic depth: each example's residual branch is dropped (zeroed) with probability
+  `rate` and kept, scaled by 1 / (1 - rate), otherwise; whether is drawn from the example's
+  own key (its id folded into the 'dropout' RNG), as `Dropout` draws its masks."""
+  rate: float
+
+  @nn.compact
+  def __call__(self, branch: jax.Array, example_ids: jax.Array, *, deterministic: bool
+               ) -> jax.Array:
+    if deterministic or self.rate == 0:
+      return branch
+    keep = 1.0 - self.rate
+    keys = example_keys(self.make_rng('dropout'), example_ids)
+    kept = jax.vmap(lambda k: jax.random.bernoulli(k, keep))(keys)
+    kept = kept.reshape((-1,) + (1,) * (branch.ndim - 1))
+    return jnp.where(kept, branch / keep, 0).astype(branch.dtype)
+
+
+def depth_rates(rate: float, num_blocks: int) -> list[float]:
+  """Stochastic-depth rates rising linearly over the blocks: 0 for the first, `rate` for the
+  last (as in the DeiT and timm recipes)."""
+  if num_blocks == 1:
+    return [rate]
+  return [rate * i / (num_blocks - 1) for i in range(num_blocks)]

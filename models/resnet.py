@@ -33,34 +33,35 @@ class _Block(nn.Module):
   conv: Callable  # Convolution constructor (no bias, the model's dtype).
   norm: Callable  # BatchNorm constructor (train/eval mode and axis already bound).
   strides: int = 1  # 2 in the first block of a stage after the first.
+  drop_rate: float = 0.0  # Stochastic depth: probability of dropping the residual branch.
 
 
 class BasicBlock(_Block):
   """Two 3x3 convolutions (ResNet-18/34)."""
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, ids, *, train: bool):
     residual = x
     y = nn.relu(self.norm()(self.conv(self.filters, (3, 3), self.strides)(x)))
     # Zero-init of the last norm's scale: each block starts as the identity.
     y = self.norm(scale_init=nn.initializers.zeros)(self.conv(self.filters, (3, 3))(y))
     if residual.shape != y.shape:
       residual = self.norm()(self.conv(self.filters, (1, 1), self.strides, name='proj')(x))
-    return nn.relu(residual + y)
+    return nn.relu(residual + layers.DropPath(self.drop_rate)(y, ids, deterministic=not train))
 
 
 class BottleneckBlock(_Block):
   """1x1 -> 3x3 (strided, v1.5) -> 1x1 with 4x expansion (ResNet-50/101)."""
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, ids, *, train: bool):
     residual = x
     y = nn.relu(self.norm()(self.conv(self.filters, (1, 1))(x)))
     y = nn.relu(self.norm()(self.conv(self.filters, (3, 3), self.strides)(y)))
     y = self.norm(scale_init=nn.initializers.zeros)(self.conv(self.filters * 4, (1, 1))(y))
     if residual.shape != y.shape:
       residual = self.norm()(self.conv(self.filters * 4, (1, 1), self.strides, name='proj')(x))
-    return nn.relu(residual + y)
+    return nn.relu(residual + layers.DropPath(self.drop_rate)(y, ids, deterministic=not train))
 
 
 class ResNet(nn.Module):
@@ -73,6 +74,8 @@ class ResNet(nn.Module):
   dtype: Any = jnp.float32
   axis_name: Optional[str] = None  # Device axis BatchNorm averages its statistics over.
   bn_momentum: float = 0.9
+  # Stochastic depth of the last block (rising linearly from 0 at the first); 0 = off.
+  stochastic_depth_rate: float = 0.0
 
   @nn.compact
   def __call__(self, x, *, train: bool, example_ids=None):
@@ -88,10 +91,12 @@ class ResNet(nn.Module):
       x = conv(self.num_filters, (7, 7), (2, 2), name='conv_init')(x)
       x = nn.relu(norm(name='bn_init')(x))
       x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
+    rates = iter(layers.depth_rates(self.stochastic_depth_rate, sum(self.stage_sizes)))
     for stage, num_blocks in enumerate(self.stage_sizes):
       for block in range(num_blocks):
         strides = 2 if stage > 0 and block == 0 else 1
-        x = self.block_cls(self.num_filters * 2**stage, conv=conv, norm=norm, strides=strides)(x)
+        x = self.block_cls(self.num_filters * 2**stage, conv=conv, norm=norm, strides=strides,
+                           drop_rate=next(rates))(x, ids, train=train)
     x = jnp.mean(x, axis=(1, 2))
     x = layers.Dropout(self.dropout_rate)(x, ids, deterministic=not train)
     return nn.Dense(self.num_classes, dtype=self.dtype)(x)

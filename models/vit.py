@@ -14,18 +14,20 @@ class EncoderBlock(nn.Module):
   mlp_dim: int
   dropout_rate: float
   dtype: Any
+  drop_rate: float = 0.0  # Stochastic depth: probability of dropping each residual branch.
 
   @nn.compact
   def __call__(self, x, ids, *, train: bool):
     dropout = lambda y: layers.Dropout(self.dropout_rate)(y, ids, deterministic=not train)
+    drop_path = lambda y: layers.DropPath(self.drop_rate)(y, ids, deterministic=not train)
     y = nn.LayerNorm(dtype=self.dtype)(x)
     # No dropout on the attention weights (as in vit_jax's and torchvision's ViT-B/16).
     y = nn.MultiHeadDotProductAttention(num_heads=self.num_heads, dtype=self.dtype)(y, y)
-    x = x + dropout(y)
+    x = x + drop_path(dropout(y))
     y = nn.LayerNorm(dtype=self.dtype)(x)
     y = dropout(nn.gelu(nn.Dense(self.mlp_dim, dtype=self.dtype)(y), approximate=False))
     y = nn.Dense(x.shape[-1], dtype=self.dtype)(y)
-    return x + dropout(y)
+    return x + drop_path(dropout(y))
 
 
 class ViT(nn.Module):
@@ -38,6 +40,8 @@ class ViT(nn.Module):
   dropout_rate: float = 0.0
   dtype: Any = jnp.float32
   axis_name: Optional[str] = None  # Unused: ViT has no cross-replica layers.
+  # Stochastic depth of the last block (rising linearly from 0 at the first); 0 = off.
+  stochastic_depth_rate: float = 0.0
 
   @nn.compact
   def __call__(self, x, *, train: bool, example_ids=None):
@@ -53,8 +57,8 @@ class ViT(nn.Module):
                           (1, x.shape[1], channels))
     x = layers.Dropout(self.dropout_rate)(x + position.astype(self.dtype), ids,
                                           deterministic=not train)
-    for i in range(self.num_layers):
-      x = EncoderBlock(self.num_heads, self.mlp_dim, self.dropout_rate, self.dtype,
+    for i, rate in enumerate(layers.depth_rates(self.stochastic_depth_rate, self.num_layers)):
+      x = EncoderBlock(self.num_heads, self.mlp_dim, self.dropout_rate, self.dtype, rate,
                        name=f'encoderblock_{i}')(x, ids, train=train)
     x = nn.LayerNorm(dtype=self.dtype, name='encoder_norm')(x)
     return nn.Dense(self.num_classes, dtype=self.dtype, kernel_init=nn.initializers.zeros,

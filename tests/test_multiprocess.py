@@ -104,7 +104,10 @@ def test_when_one_process_dies_the_other_stops_within_a_minute(tmp_path, tfds_da
   print(f'survivor stopped {waited:.1f} s after the kill, status {survivor.returncode}')
   assert survivor.returncode != 0
   assert waited < 60
-  assert 'another task died' in rest or 'unhealthy' in rest
+  # How the survivor learns of it depends on where it was: JAX's coordination service (the
+  # peer's heartbeats stop) or gloo's all-reduce (the peer's socket closes).
+  assert ('another task died' in rest or 'unhealthy' in rest or
+          'Connection reset by peer' in rest), rest[-2000:]
 
 
 def test_launcher_fails_when_a_process_fails(tmp_path, tfds_data_dir):

@@ -45,9 +45,10 @@ def test_digits_end_to_end(config, tmp_path):
   norm = np.sqrt(sum(np.sum(np.square(x)) for x in jax.tree.leaves(state.params)))
   assert scalars['train_param_norm'][60] == pytest.approx(float(norm), rel=1e-5)
   # The last evaluation is that of the returned state, computed another way.
-  count, loss, accuracy = helpers.reference_eval(state, config)
+  count, loss, accuracy, top5 = helpers.reference_eval(state, config)
   assert count == 360
   assert scalars['eval_accuracy'][60] == pytest.approx(accuracy, abs=1e-6)
+  assert scalars['eval_top5_accuracy'][60] == pytest.approx(top5, abs=1e-6)
   assert scalars['eval_loss'][60] == pytest.approx(loss, rel=1e-5)
   assert int(state.step) == 60
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['30', '60']

@@ -23,6 +23,7 @@ OPTIMIZER_FIELDS = {'momentum': ('sgd', 'lars'), 'nesterov': ('sgd', 'lars'),
 # Fields that must lie in [low, high), and what their low end means.
 _RANGES = {
     'label_smoothing': (0, 1, ''), 'dropout_rate': (0, 1, '; 0 turns dropout off'),
+    'stochastic_depth_rate': (0, 1, '; 0 turns stochastic depth off'),
     'ema_decay': (0, 1, '; 0 turns EMA off'), 'momentum': (0, 1, '; 0 is plain SGD'),
     'adam_b1': (0, 1, ''), 'adam_b2': (0, 1, ''),
     'weight_decay': (0, float('inf'), '; 0 turns it off'),
@@ -103,6 +104,11 @@ def check_config(config, *, process_count: int, local_device_count: int) -> None
     if not low <= config[field] < high:
       bound = f'in [{low}, {high})' if high < float('inf') else f'>= {low}'
       raise UserError(f'{field}={config[field]!r} must be {bound}{note} (--config.{field}=X)')
+  if config.stochastic_depth_rate and not hasattr(models.get(config.model, num_classes=1),
+                                                  'stochastic_depth_rate'):
+    raise UserError(f'stochastic_depth_rate={config.stochastic_depth_rate}: '
+                    f'model={config.model!r} has no residual blocks; it applies to the resnet* '
+                    'and vit* models (--config.stochastic_depth_rate=0)')
   if config.grad_accum_steps > 1 and config.dtype == 'float16':
     raise UserError(f'grad_accum_steps={config.grad_accum_steps} with dtype=float16 is not '
                     'supported (the loss scale would change between micro-batches); use '

@@ -53,8 +53,11 @@ def create_train_state(model, tx: optax.GradientTransformation, rng: jax.Array,
 
 def model_from_config(config, num_classes: int) -> nn.Module:
   """The config's model, its device axis named `parallel.AXIS_NAME`."""
+  # Only models with residual blocks take a stochastic depth (checks.py refuses it for others).
+  depth = ({'stochastic_depth_rate': config.stochastic_depth_rate}
+           if config.stochastic_depth_rate else {})
   return models.get(config.model, num_classes=num_classes, dropout_rate=config.dropout_rate,
-                    dtype=jnp.dtype(config.dtype), axis_name=AXIS_NAME)
+                    dtype=jnp.dtype(config.dtype), axis_name=AXIS_NAME, **depth)
 
 
 def initializer(config, num_classes: int,

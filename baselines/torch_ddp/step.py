@@ -16,7 +16,8 @@ from trainer.errors import UserError
 
 SUPPORTED = dict(optimizer=('sgd', 'adamw'), dtype=('float32', 'bfloat16', 'float16'),
                  grad_accum_steps=(1,),
-                 ema_decay=(0.0,), init_from=('',), skip_nonfinite_steps=(False,))
+                 ema_decay=(0.0,), init_from=('',), skip_nonfinite_steps=(False,),
+                 stochastic_depth_rate=(0.0,))
 def check_supported(config) -> None:
   """One line naming the first config value the twin cannot reproduce."""
   for field, values in SUPPORTED.items():
