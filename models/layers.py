@@ -23,6 +23,17 @@ def example_keys(key: jax.Array, example_ids: jax.Array) -> jax.Array:
   return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, example_ids)
 
 
+def _keep_scaled(x: jax.Array, key: jax.Array, example_ids: jax.Array, rate: float,
+                 mask_shape: tuple[int, ...]) -> jax.Array:
+  """`x` / (1 - rate) where each example's mask (of `mask_shape`, broadcast over the rest of
+  the example) drawn from its own key keeps it, 0 elsewhere."""
+  keep = 1.0 - rate
+  keys = example_keys(key, example_ids)
+  mask = jax.vmap(lambda k: jax.random.bernoulli(k, keep, mask_shape))(keys)
+  mask = mask.reshape(mask.shape + (1,) * (x.ndim - mask.ndim))
+  return jnp.where(mask, x / keep, 0).astype(x.dtype)
+
+
 class Dropout(nn.Module):
   """Inverted dropout like `nn.Dropout`, each example's mask drawn from its own key."""
   rate: float
@@ -34,10 +45,7 @@ class Dropout(nn.Module):
       return x
     if self.rate == 1:
       return jnp.zeros_like(x)
-    keep = 1.0 - self.rate
-    keys = example_keys(self.make_rng('dropout'), example_ids)
-    mask = jax.vmap(lambda k: jax.random.bernoulli(k, keep, x.shape[1:]))(keys)
-    return jnp.where(mask, x / keep, 0).astype(x.dtype)
+    return _keep_scaled(x, self.make_rng('dropout'), example_ids, self.rate, x.shape[1:])
 
 
 class DropPath(nn.Module):
@@ -51,11 +59,7 @@ class DropPath(nn.Module):
                ) -> jax.Array:
     if deterministic or self.rate == 0:
       return branch
-    keep = 1.0 - self.rate
-    keys = example_keys(self.make_rng('dropout'), example_ids)
-    kept = jax.vmap(lambda k: jax.random.bernoulli(k, keep))(keys)
-    kept = kept.reshape((-1,) + (1,) * (branch.ndim - 1))
-    return jnp.where(kept, branch / keep, 0).astype(branch.dtype)
+    return _keep_scaled(branch, self.make_rng('dropout'), example_ids, self.rate, ())
 
 
 def depth_rates(rate: float, num_blocks: int) -> list[float]:

@@ -293,6 +293,7 @@ def test_init_from_a_torchvision_state_dict_fine_tunes_with_a_new_head(config, t
   run (10 classes): every array but the classifier's is the file's; the head is new."""
   import torch  # pylint: disable=import-outside-toplevel
   import torchvision  # pylint: disable=import-outside-toplevel
+  import models  # pylint: disable=import-outside-toplevel
   from baselines.torch_ddp import models as torch_models  # pylint: disable=import-outside-toplevel
   from models import torch_weights  # pylint: disable=import-outside-toplevel
 
@@ -311,7 +312,7 @@ def test_init_from_a_torchvision_state_dict_fine_tunes_with_a_new_head(config, t
     tuned = train.train_and_evaluate(config, str(tmp_path / 'tuned'))
   assert 'the head is initialized afresh (fine-tuning)' in caplog.text
   exported = torch_weights.to_state_dict(
-      models_get('resnet_tiny'), {'params': tuned.params})
+      models.get('resnet_tiny', num_classes=10), {'params': tuned.params})
   for key, value in weights.items():
     if key.startswith('fc.'):
       assert exported[key].shape[0] == 10
@@ -331,8 +332,3 @@ def test_init_from_a_torchvision_state_dict_fine_tunes_with_a_new_head(config, t
                                       r"has \(8,\)"):
     train.train_and_evaluate(config, str(tmp_path / 'other'))
   assert not (tmp_path / 'other').exists()
-
-
-def models_get(name):
-  import models  # pylint: disable=import-outside-toplevel
-  return models.get(name, num_classes=10)
