@@ -13,10 +13,17 @@ def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
 
   # Data.
-  config.dataset = 'digits'  # Name: 'digits' (bundled, offline) or 'mnist' (TFDS download).
+  # Name: 'digits' (bundled, offline), or a TFDS dataset: 'mnist', 'fashion_mnist',
+  # 'cifar10', 'cifar100', 'imagenet2012' (README lists them).
+  config.dataset = 'digits'
   config.tfds_data_dir = ''  # TFDS data dir (path or gs://); '' = $TFDS_DATA_DIR or ~/tensorflow_datasets.
   config.train_split = 'train'  # TFDS split name (slicing such as 'train[:90%]' allowed).
   config.eval_split = 'test'  # TFDS split evaluated, every example exactly once.
+  # More evaluations at each eval step, comma-separated: 'SPLIT' of `dataset`, or
+  # 'DATASET:SPLIT' of another dataset of the same classes (e.g. 'imagenet_v2:test'). Tags:
+  # eval_NAME_accuracy, eval_NAME_top5_accuracy, eval_NAME_loss, NAME the entry with each run
+  # of other characters as '_' (e.g. eval_imagenet_v2_test_accuracy); '' = none.
+  config.eval_splits = ''
   # Examples in each process's shuffle buffer; used only where the train split is read in
   # sequence (TFRecord files, cache=False): elsewhere each epoch is an index permutation.
   config.shuffle_buffer_size = 2048
@@ -26,6 +33,17 @@ def get_config() -> ml_collections.ConfigDict:
   config.cache = True
 
   config.data_threads = 0  # tf.data private threadpool size; 0 = TF's shared pool.
+
+  # Augmentation of the training examples (each off by default), drawn from the example's
+  # position in the training stream: the same on any topology and on resume.
+  config.randaugment_num_layers = 0  # RandAugment ops applied per image; 0 = off.
+  config.randaugment_magnitude = 9  # RandAugment magnitude, an integer in [0, 30].
+  config.random_erase_prob = 0.0  # Probability of erasing a random box of an image; 0 = off.
+  # Mixup/CutMix of the global batch (row r with row batch_size-1-r), soft targets in the loss.
+  config.mixup_alpha = 0.0  # Mixup weight ~ Beta(alpha, alpha); 0 = no Mixup.
+  config.cutmix_alpha = 0.0  # CutMix area ~ Beta(alpha, alpha); 0 = no CutMix.
+  config.mix_prob = 1.0  # Probability that a batch is mixed (when an alpha is set).
+  config.mix_switch_prob = 0.5  # With both alphas set: probability of CutMix over Mixup.
 
   # Model.
   config.model = 'cnn'  # Registered model name: see `models.names()` (README lists them).

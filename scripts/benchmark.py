@@ -40,7 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from absl import app
 from absl import flags
@@ -48,6 +48,8 @@ from ml_collections import config_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+
+from trainer import efficiency  # pylint: disable=wrong-import-position
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('json', None, 'Write the figures here as JSON.')
@@ -75,18 +77,8 @@ flags.DEFINE_integer('process_id', None, 'Internal: of a multi-process limit par
 config_flags.DEFINE_config_file('config', None, 'Training config file.', lock_config=True)
 flags.mark_flags_as_required(['config'])
 
-# Dense peak FLOP/s per chip (bf16) for MFU, where known; CPUs have no entry.
-PEAK_FLOPS = {'TPU v4': 275e12, 'TPU v5 lite': 197e12, 'TPU v5e': 197e12, 'TPU v5p': 459e12,
-              'NVIDIA A100': 312e12, 'NVIDIA H100': 989e12, 'NVIDIA H200': 989e12}
-
-
 def _median_rate(chunk_seconds: list[float], examples_per_chunk: int) -> float:
   return examples_per_chunk / statistics.median(chunk_seconds)
-
-
-def _peak_flops(kind: str) -> Optional[float]:
-  """The dense bf16 peak FLOP/s of a device kind ('NVIDIA H100 80GB HBM3', 'TPU v4'), if known."""
-  return next((v for k, v in PEAK_FLOPS.items() if kind.startswith(k)), None)
 
 
 def _measure_limit(config, backend: str, steps: int, warmup: int) -> dict[str, Any]:
@@ -121,39 +113,42 @@ def _measure_limit(config, backend: str, steps: int, warmup: int) -> dict[str, A
       layout, learning_rate_fn=schedule, options=step_lib.StepOptions.from_config(config))
 
   start = time.perf_counter()
-  compiled = p_train_step.lower(rstate, batch, step_rng).compile()
+  p_train_step.lower(rstate, batch, step_rng).compile()
   compile_s = time.perf_counter() - start
-  cost = compiled.cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  flops = float(cost.get('flops', 0.0)) if cost else 0.0
-  for _ in range(warmup + 1):
-    rstate, metrics = p_train_step(rstate, batch, step_rng)
-  jax.block_until_ready(metrics)
-  # Chunks of 10 steps: fewer than the CPU client tolerates in flight (parallel.InFlight).
-  chunk, chunks = 10, max(3, -(-steps // 10))
-  seconds = []
-  for _ in range(chunks):
-    start = time.perf_counter()
-    for _ in range(chunk):
+  flops = efficiency.flops_per_device_step(p_train_step, rstate, batch, step_rng)
+  def run(num_steps):
+    nonlocal rstate
+    for _ in range(num_steps):
       rstate, metrics = p_train_step(rstate, batch, step_rng)
     jax.block_until_ready((rstate, metrics))
-    seconds.append(time.perf_counter() - start)
-  rate = _median_rate(seconds, chunk * config.batch_size)
+
+  run(warmup + 1)
+  seconds = _chunk_seconds(run, steps)
+  rate = _median_rate(seconds, CHUNK * config.batch_size)
   # The compiled program is one device's; the step runs it on every device.
   devices = len(layout.devices)
   step_flops = flops * devices if flops else None
   return {'examples_per_sec': rate, 'step_s': config.batch_size / rate, 'compile_s': compile_s,
-          'timed_steps': chunk * chunks, 'flops_per_step': step_flops,
-          'mfu': _mfu(step_flops, rate / config.batch_size,
-                      _peak_flops(layout.devices[0].device_kind), devices)}
+          'timed_steps': CHUNK * len(seconds), 'flops_per_step': step_flops,
+          'mfu': efficiency.mfu(step_flops, rate / config.batch_size,
+                                efficiency.peak_flops(layout.devices[0].device_kind), devices)}
 
 
-def _mfu(flops_per_step: Optional[float], steps_per_sec: float, peak: Optional[float],
-         devices: int) -> Optional[float]:
-  """Model FLOPs utilization: achieved FLOP/s over the devices' dense bf16 peak."""
-  if not flops_per_step or not peak:
-    return None
-  return flops_per_step * steps_per_sec / (peak * devices)
+# Steps per timed chunk: fewer than the CPU client tolerates in flight (parallel.InFlight).
+CHUNK = 10
+
+
+def _chunk_seconds(run: Callable[[int], None], steps: int,
+                   before: Callable[[], Any] = lambda: None) -> list[float]:
+  """Seconds of each chunk of `CHUNK` steps, at least 3 chunks and `steps` steps: `run(n)` runs
+  n steps and waits for them; `before()` runs untimed ahead of each chunk."""
+  seconds = []
+  for _ in range(max(3, -(-steps // CHUNK))):
+    before()
+    start = time.perf_counter()
+    run(CHUNK)
+    seconds.append(time.perf_counter() - start)
+  return seconds
 
 
 def _measure_ddp_limit(config, steps: int, warmup: int, compile_model: bool) -> dict[str, Any]:
@@ -187,39 +182,30 @@ def _measure_ddp_limit(config, steps: int, warmup: int, compile_model: bool) -> 
                                    precision.channels_last)
   labels = torch.from_numpy(rng.randint(0, spec.num_classes, rows)).long().to(device)
 
-  def sync():
+  def run(num_steps):
+    for _ in range(num_steps):
+      loss, _, _ = ddp_step.train_step(step_model, optimizer, precision, images, labels)
+    loss.item()  # Waits for the last step.
     if cuda:
       torch.cuda.synchronize(device)
 
   start = time.perf_counter()
-  ddp_step.train_step(step_model, optimizer, precision, images, labels)
-  sync()
+  run(1)
   first_step_s = time.perf_counter() - start
   # Counted on the uncompiled model (the same arithmetic), one rank's rows.
   flops = ddp_step.step_flops(ddp, optimizer, precision, images, labels)
-  for _ in range(warmup):
-    ddp_step.train_step(step_model, optimizer, precision, images, labels)
-  sync()
-  chunk, chunks = 10, max(3, -(-steps // 10))
-  seconds = []
-  for _ in range(chunks):
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(chunk):
-      loss, _, _ = ddp_step.train_step(step_model, optimizer, precision, images, labels)
-    loss.item()  # Waits for the chunk's last step.
-    sync()
-    seconds.append(time.perf_counter() - start)
-  rate = _median_rate(seconds, chunk * config.batch_size)
+  run(warmup)
+  seconds = _chunk_seconds(run, steps, before=dist.barrier)
+  rate = _median_rate(seconds, CHUNK * config.batch_size)
   step_flops = flops * world if flops else None
   kind = torch.cuda.get_device_name(device) if cuda else 'cpu'
   result = {'ranks': world, 'threads_per_rank': torch.get_num_threads(), 'device_kind': kind,
             'examples_per_sec': rate, 'step_s': config.batch_size / rate,
-            'first_step_s': first_step_s, 'timed_steps': chunk * chunks,
+            'first_step_s': first_step_s, 'timed_steps': CHUNK * len(seconds),
             'flops_per_step': step_flops,
-            'mfu': _mfu(step_flops, rate / config.batch_size, _peak_flops(kind), world),
-            **precision.settings(), 'model': f'{type(model).__module__}.{type(model).__name__}',
-            'torch': torch.__version__}
+            'mfu': efficiency.mfu(step_flops, rate / config.batch_size,
+                                  efficiency.peak_flops(kind), world),
+            **ddp_step.describe(model, precision)}
   dist.destroy_process_group()
   return result if rank == 0 else {}
 
@@ -683,20 +669,14 @@ def _measure_parts(parts: list[str], config_overrides: list[str], jax_counts: li
   overrides = config_overrides + (['--mock_data'] if FLAGS.mock_data else [])
   runs: dict[str, Any] = {}
   with tempfile.TemporaryDirectory() as tmp:
-    if 'jax' in parts:
-      runs['jax_runs'] = []
-      for n in jax_counts:
-        print(f'jax: {n} devices ...', flush=True)
-        runs['jax_runs'].append(_run_part('jax', config_path, overrides,
-                                          os.path.join(tmp, f'jax_{n}.json'),
-                                          (f'--cpu_devices={n}',)))
-    if 'limit' in parts:
-      runs['limit_runs'] = []
-      for n in jax_counts:
-        print(f'limit: {n} devices ...', flush=True)
-        runs['limit_runs'].append(_run_part('limit', config_path, overrides,
-                                            os.path.join(tmp, f'limit_{n}.json'),
-                                            (f'--cpu_devices={n}',)))
+    for part in ('jax', 'limit'):  # Once per JAX device count.
+      if part in parts:
+        runs[f'{part}_runs'] = []
+        for n in jax_counts:
+          print(f'{part}: {n} devices ...', flush=True)
+          runs[f'{part}_runs'].append(_run_part(part, config_path, overrides,
+                                                os.path.join(tmp, f'{part}_{n}.json'),
+                                                (f'--cpu_devices={n}',)))
     if 'cache' in parts:
       best = (max(runs['jax_runs'], key=lambda r: r['trainer']['examples_per_sec'])['devices']
               if 'jax_runs' in runs else jax_counts[-1])

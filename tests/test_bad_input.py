@@ -73,6 +73,44 @@ CASES = {
     'negative batch': (
         dict(batch_size=-8),
         'batch_size=-8 must be a positive integer (--config.batch_size=N)'),
+    'negative mixup alpha': (
+        dict(mixup_alpha=-0.2),
+        'mixup_alpha=-0.2 must be >= 0; 0 turns Mixup off (--config.mixup_alpha=X)'),
+    'negative cutmix alpha': (
+        dict(cutmix_alpha=-1.0),
+        'cutmix_alpha=-1.0 must be >= 0; 0 turns CutMix off (--config.cutmix_alpha=X)'),
+    'mix probability above one': (
+        dict(mix_prob=1.5),
+        'mix_prob=1.5 must be a probability in [0, 1] (--config.mix_prob=X)'),
+    'erase probability below zero': (
+        dict(random_erase_prob=-0.25),
+        'random_erase_prob=-0.25 must be a probability in [0, 1]'),
+    'magnitude off the table': (
+        dict(randaugment_num_layers=2, randaugment_magnitude=31),
+        'randaugment_magnitude=31 must be an integer in [0, 30] '
+        '(--config.randaugment_magnitude=M)'),
+    'negative randaugment layers': (
+        dict(randaugment_num_layers=-1),
+        'randaugment_num_layers=-1 must be an integer >= 0; 0 turns RandAugment off'),
+    'stochastic depth of one': (
+        dict(model='resnet_tiny', stochastic_depth_rate=1.0),
+        'stochastic_depth_rate=1.0 must be in [0, 1)'),
+    'eval split the dataset lacks': (
+        dict(eval_splits='train[:10],validation'),
+        "eval_splits: dataset 'digits' has no split 'validation'; it has: test, train"),
+    'eval split of an unknown dataset': (
+        dict(eval_splits='imagenet_v3:test'),
+        "eval_splits='imagenet_v3:test': dataset 'imagenet_v3' is unknown; choose one of: "),
+    'eval split repeated': (
+        dict(eval_splits='test'),
+        "eval_splits='test': 'test' is evaluated already"),
+    'eval set of other classes': (
+        dict(eval_splits='imagenet_v2:test'),
+        "dataset 'imagenet_v2' has 1000 classes of (224, 224, 3) inputs, the model 10 of "
+        '(8, 8, 1)'),
+    'an evaluation set as the training set': (
+        dict(dataset='imagenet_v2'),
+        "dataset='imagenet_v2' has no train split: it is an evaluation set"),
 }
 
 
@@ -103,6 +141,14 @@ def test_unavailable_dataset_is_refused_before_the_workdir(config, tmp_path, mon
   with pytest.raises(UserError, match='train offline with --config.dataset=digits'):
     train.train_and_evaluate(config, str(tmp_path / 'run'))
   assert not (tmp_path / 'run').exists()
+
+
+def test_eval_only_without_a_checkpoint_is_refused_and_writes_nothing(config, tmp_path):
+  workdir = tmp_path / 'run'
+  with pytest.raises(UserError, match='--eval_only: .* holds no checkpoint to evaluate and no '
+                     '--config.init_from is set'):
+    train.evaluate_only(config, str(workdir))
+  assert not workdir.exists()
 
 
 def _cli(*args):

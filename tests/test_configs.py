@@ -44,6 +44,18 @@ def test_imagenet_resnet50_recipe_in_steps():
   assert float(schedule(resolved.num_train_steps)) == pytest.approx(0.0, abs=1e-7)
 
 
+def test_imagenet_deit_recipe_is_deits():
+  """DeiT's LR 5e-4 x batch / 512 down to 1e-5, 5 warm-up epochs, over 300 epochs."""
+  config = load(os.path.join(REPO, 'configs', 'imagenet_deit_s16.py'))
+  resolved = optim.resolve_durations(config, 1_281_167)
+  assert resolved.num_train_steps == 375_342  # ceil(300 x 1,281,167 / 1024)
+  peak = 5e-4 * config.batch_size / 512
+  assert optim.peak_learning_rate(resolved) == pytest.approx(peak)
+  schedule = optim.learning_rate_schedule(resolved)
+  assert float(schedule(resolved.warmup_steps)) == pytest.approx(peak)
+  assert float(schedule(resolved.num_train_steps)) == pytest.approx(1e-5, rel=1e-4)
+
+
 def test_cifar10_resnet18_runs_end_to_end_on_mock_data(tmp_path):
   config = load(os.path.join(REPO, 'configs', 'cifar10_resnet18.py'))
   config.update(batch_size=16, eval_batch_size=16, num_epochs=-1.0, num_train_steps=4,

@@ -77,3 +77,70 @@ def test_top5_accuracy_counts_real_examples_and_is_1_below_5_classes():
   assert 0 < expected < 1
   few = metrics.TopKAccuracy.from_model_output(logits=logits[:, :3], labels=labels % 3)
   assert float(few.compute()) == 1.0
+
+
+def _checksums(directory) -> dict[str, str]:
+  import hashlib  # pylint: disable=import-outside-toplevel
+  return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+          for p in sorted(directory.rglob('*')) if p.is_file()}
+
+
+def _reference(state, config, split: str):
+  config = config.copy_and_resolve_references()
+  config.eval_split = split
+  return helpers.reference_eval(state, config)
+
+
+@pytest.mark.parametrize('num_devices', [1, 3])
+def test_every_eval_split_is_exact(config, digits_state, num_devices):
+  """eval_split and each of eval_splits, each padded and masked, against a plain pass."""
+  config.update(eval_batch_size=EVAL_BATCH, eval_splits='train[:100], train[1000:]')
+  layout = parallel.data_parallel('pmap', jax.devices()[:num_devices])
+  evaluations = train.evaluation_data(config, input_pipeline.get_builder(config), layout)
+  assert [s.prefix for s, _ in evaluations] == ['eval', 'eval_train_100', 'eval_train_1000']
+  got = train.evaluate_all(step_lib.make_eval_step(layout),
+                           layout.put_replicated(digits_state), evaluations, layout)
+  for prefix, split, size in (('eval', 'test', 360), ('eval_train_100', 'train[:100]', 100),
+                              ('eval_train_1000', 'train[1000:]', 437)):
+    count, loss, accuracy, top5 = _reference(digits_state, config, split)
+    assert count == size
+    assert got[f'{prefix}_accuracy'] == pytest.approx(accuracy, abs=1e-7)
+    assert got[f'{prefix}_top5_accuracy'] == pytest.approx(top5, abs=1e-7)
+    assert got[f'{prefix}_loss'] == pytest.approx(loss, rel=1e-6)
+  assert len(got) == 9
+
+
+def test_eval_only_writes_the_scalars_at_the_checkpoint_and_changes_no_checkpoint(
+    config, tmp_path):
+  from trainer import checkpoint, writers  # pylint: disable=import-outside-toplevel
+  config.update(model='mlp', dropout_rate=0.0, num_train_steps=6, warmup_steps=1,
+                log_every_steps=3, eval_every_steps=6, checkpoint_every_steps=3)
+  workdir = tmp_path / 'run'
+  state = train.train_and_evaluate(config, str(workdir), devices=jax.devices()[:2])
+  before = _checksums(workdir / 'checkpoints')
+  trained_lines = writers.read_jsonl(str(workdir / 'metrics.jsonl'))
+
+  config.eval_splits = 'train[:50]'
+  got = train.evaluate_only(config, str(workdir), devices=jax.devices()[:3])
+  assert _checksums(workdir / 'checkpoints') == before
+  count, loss, accuracy, top5 = _reference(state, config, 'test')
+  assert got['eval_accuracy'] == pytest.approx(accuracy, abs=1e-7)
+  assert got['eval_top5_accuracy'] == pytest.approx(top5, abs=1e-7)
+  assert got['eval_loss'] == pytest.approx(loss, rel=1e-6)
+  assert got['eval_train_50_accuracy'] == pytest.approx(
+      _reference(state, config, 'train[:50]')[2], abs=1e-7)
+  lines = writers.read_jsonl(str(workdir / 'metrics.jsonl'))
+  assert lines[:len(trained_lines)] == trained_lines  # What training wrote stays.
+  written = {k: v for line in lines[len(trained_lines):] for k, v in line.items()}
+  assert written['step'] == 6 and written['eval_train_50_accuracy'] == pytest.approx(
+      got['eval_train_50_accuracy'])
+  assert count == 360 and checkpoint.read_state(str(workdir))['step'] == 6
+
+  # The same checkpoint through init_from, evaluated into a new workdir at its step.
+  config.init_from = str(workdir)
+  other = tmp_path / 'eval'
+  again = train.evaluate_only(config, str(other), devices=jax.devices()[:1])
+  assert again == pytest.approx(got, rel=1e-6)
+  assert {line['step'] for line in writers.read_jsonl(str(other / 'metrics.jsonl'))} == {6}
+  assert not (other / 'checkpoints').exists()
+  assert _checksums(workdir / 'checkpoints') == before

@@ -241,3 +241,54 @@ def test_cifar_augmentation_crops_and_flips(config):
              np.allclose(v[:, 0, :], pad_value, atol=1e-5) or
              np.allclose(v[-1, :, :], pad_value, atol=1e-5) or
              np.allclose(v[:, -1, :], pad_value, atol=1e-5) for v in views)
+
+
+STRONG = dict(randaugment_num_layers=2, randaugment_magnitude=9, random_erase_prob=0.5,
+              mixup_alpha=0.2, cutmix_alpha=1.0)
+
+
+@pytest.mark.parametrize('dataset,shape,cache', [('fashion_mnist', (28, 28, 1), True),
+                                                 ('imagenet2012', (224, 224, 3), False)])
+def test_strong_augmentation_under_mock_data(config, dataset, shape, cache):
+  """RandAugment, random erasing and Mixup/CutMix on grayscale held in memory and on RGB
+  JPEGs read in sequence: seeded by the stream position, within the normalized range, and
+  changing the images."""
+  ds_spec = input_pipeline.spec(dataset)
+  config.update(dataset=dataset, batch_size=4, shuffle_buffer_size=8, cache=cache)
+  with tfds.testing.mock_data(num_examples=12):
+    builder = input_pipeline.get_builder(config)
+    plain = _take(input_pipeline.train_dataset(config, builder), 3)
+    config.update(**STRONG)
+    first = _take(input_pipeline.train_dataset(config, builder), 3)
+    again = _take(input_pipeline.train_dataset(config, builder), 3)
+    resumed = _take(input_pipeline.train_dataset(config, builder, start_position=4), 2)
+  low = (0 - np.array(ds_spec.mean)) / np.array(ds_spec.std)
+  high = (1 - np.array(ds_spec.mean)) / np.array(ds_spec.std)
+  for batch, before in zip(first, plain):
+    assert batch['image'].shape == (4,) + shape and batch['image'].dtype == np.float32
+    assert np.all(batch['image'] >= low - 1e-5) and np.all(batch['image'] <= high + 1e-5)
+    assert set(batch) == {'image', 'label', 'mix_label', 'mix_weight'}
+    np.testing.assert_array_equal(batch['label'], before['label'])
+  assert not np.allclose(np.stack([b['image'] for b in first]),
+                         np.stack([b['image'] for b in plain]))
+  for a, b in zip(first, again):
+    np.testing.assert_array_equal(a['image'], b['image'])
+  for a, b in zip(first[1:], resumed):
+    for key in a:
+      np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_strong_augmentation_is_the_same_on_any_process_count(config):
+  """Four processes' rows, RandAugment, erasing and mixing on, are the one-process batches."""
+  from trainer import augment, checks  # pylint: disable=import-outside-toplevel
+  assert augment.MAX_MAGNITUDE == checks.RANDAUGMENT_MAX_MAGNITUDE
+  config.update(batch_size=16, **STRONG)
+  builder = input_pipeline.get_builder(config)
+  whole = _take(input_pipeline.train_dataset(config, builder, start_position=32), 3)
+  parts = [_take(input_pipeline.train_dataset(config, builder, process_index=p,
+                                              process_count=4, start_position=32), 3)
+           for p in range(4)]
+  for step, batch in enumerate(whole):
+    for key in batch:
+      np.testing.assert_array_equal(
+          np.concatenate([part[step][key] for part in parts]), batch[key])

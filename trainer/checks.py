@@ -29,7 +29,13 @@ _RANGES = {
     'weight_decay': (0, float('inf'), '; 0 turns it off'),
     'grad_clip_norm': (0, float('inf'), '; 0 turns clipping off'),
     'end_learning_rate_factor': (0, float('inf'), ''),
+    'mixup_alpha': (0, float('inf'), '; 0 turns Mixup off'),
+    'cutmix_alpha': (0, float('inf'), '; 0 turns CutMix off'),
 }
+# Probabilities: in [0, 1].
+_PROBABILITIES = ('mix_prob', 'mix_switch_prob', 'random_erase_prob')
+# RandAugment's magnitudes: torchvision's 31 bins.
+RANDAUGMENT_MAX_MAGNITUDE = 30
 # What a set duration field must be.
 _DURATION_VALUES = {
     'num_train_steps': (lambda v: isinstance(v, int) and v > 0, 'a positive integer'),
@@ -96,6 +102,10 @@ def check_config(config, *, process_count: int, local_device_count: int) -> None
     if not isinstance(value, int) or value <= 0:
       raise UserError(f'{field}={value!r} must be a positive integer (--config.{field}=N)')
   _choice('model', config.model, models.names())
+  if config.dataset in specs.DATASETS and not specs.spec(config.dataset).trainable:
+    raise UserError(f'dataset={config.dataset!r} has no train split: it is an evaluation set '
+                    f'(--config.eval_splits={config.dataset}:test); train on one of: '
+                    f'{", ".join(specs.names())} (--config.dataset=NAME)')
   _choice('dataset', config.dataset, specs.names())
   _choice('optimizer', config.optimizer, optim.OPTIMIZERS)
   _choice('dtype', config.dtype, DTYPES)
@@ -104,6 +114,11 @@ def check_config(config, *, process_count: int, local_device_count: int) -> None
     if not low <= config[field] < high:
       bound = f'in [{low}, {high})' if high < float('inf') else f'>= {low}'
       raise UserError(f'{field}={config[field]!r} must be {bound}{note} (--config.{field}=X)')
+  for field in _PROBABILITIES:
+    if not 0 <= config[field] <= 1:
+      raise UserError(f'{field}={config[field]!r} must be a probability in [0, 1] '
+                      f'(--config.{field}=X)')
+  _check_randaugment(config)
   if config.stochastic_depth_rate and not hasattr(models.get(config.model, num_classes=1),
                                                   'stochastic_depth_rate'):
     raise UserError(f'stochastic_depth_rate={config.stochastic_depth_rate}: '
@@ -130,6 +145,16 @@ def check_config(config, *, process_count: int, local_device_count: int) -> None
         f'grad_accum_steps={config.grad_accum_steps} does not divide the per-device batch '
         f'of {per_device} (batch_size={config.batch_size} over {devices} devices); pick a '
         'divisor of it (--config.grad_accum_steps=K)')
+
+
+def _check_randaugment(config) -> None:
+  layers, magnitude = config.randaugment_num_layers, config.randaugment_magnitude
+  if not isinstance(layers, int) or layers < 0:
+    raise UserError(f'randaugment_num_layers={layers!r} must be an integer >= 0; 0 turns '
+                    'RandAugment off (--config.randaugment_num_layers=N)')
+  if not isinstance(magnitude, int) or not 0 <= magnitude <= RANDAUGMENT_MAX_MAGNITUDE:
+    raise UserError(f'randaugment_magnitude={magnitude!r} must be an integer in [0, '
+                    f'{RANDAUGMENT_MAX_MAGNITUDE}] (--config.randaugment_magnitude=M)')
 
 
 def command_line_config(config_flag) -> ml_collections.ConfigDict:

@@ -22,6 +22,7 @@ masked ones) so the cross-device sums in the eval step line up.
 import dataclasses
 import functools
 import math
+import re
 import socket
 from typing import Iterator, Optional
 
@@ -29,6 +30,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from trainer import augment
+from trainer import mix
 from trainer import parallel
 from trainer.datasets import specs
 from trainer.errors import UserError
@@ -64,13 +67,17 @@ def _readable(builder: tfds.core.DatasetBuilder, split: str) -> bool:
     return False
 
 
-def get_builder(config, *, process_index: int = 0) -> tfds.core.DatasetBuilder:
-  """The dataset's TFDS builder with its data in place, preparing the shipped ones.
+def get_builder(config, *, process_index: int = 0, dataset: Optional[str] = None,
+                split: Optional[str] = None) -> tfds.core.DatasetBuilder:
+  """The TFDS builder of `dataset` (default `config.dataset`) with its data in place,
+  preparing the shipped ones; `split` (default `config.train_split`) is the one it must read.
 
   Process 0 prepares (or downloads) while the others wait; a process that still cannot read
   the data afterwards (a data dir local to its host) prepares its own copy.
   """
-  ds_spec = spec(config.dataset)
+  dataset = dataset or config.dataset
+  split = split or config.train_split
+  ds_spec = spec(dataset)
   data_dir = config.tfds_data_dir or None
   if ds_spec.shipped:
     # Importing the module registers the builder under its name.
@@ -83,10 +90,10 @@ def get_builder(config, *, process_index: int = 0) -> tfds.core.DatasetBuilder:
     return tfds.builder(ds_spec.tfds_name, data_dir=data_dir)
 
   builder = make_builder()
-  readable = _readable(builder, config.train_split)
+  readable = _readable(builder, split)
   if not readable and not ds_spec.shipped and not _download_reachable():
     raise UserError(
-        f'dataset={config.dataset!r} is not prepared in the TFDS data dir {builder.data_dir} '
+        f'dataset={dataset!r} is not prepared in the TFDS data dir {builder.data_dir} '
         f'and cannot be downloaded (no route to {DOWNLOAD_PROBE[0]}); prepare it there or '
         'point --config.tfds_data_dir at a copy, or train offline with --config.dataset=digits')
   if not readable and process_index == 0:
@@ -95,9 +102,62 @@ def get_builder(config, *, process_index: int = 0) -> tfds.core.DatasetBuilder:
   parallel.sync_processes(f'prepare {ds_spec.tfds_name}')
   if not readable and process_index > 0:
     builder = make_builder()
-    if not _readable(builder, config.train_split):
+    if not _readable(builder, split):
       builder.download_and_prepare()
   return builder
+
+
+def check_split(builder, split: str, field: str) -> None:
+  """Refuses a split (slicing allowed) that the dataset does not have, listing those it has.
+  Builders without split metadata (tfds.testing.mock_data's) are not checked."""
+  if not builder.info.splits:
+    return
+  try:
+    builder.info.splits[split]  # pylint: disable=pointless-statement
+  except (KeyError, ValueError, AssertionError):
+    raise UserError(f'{field}: dataset {builder.name!r} has no split {split!r}; it has: '
+                    f'{", ".join(sorted(builder.info.splits))} (TFDS slicing such as '
+                    f"'train[:90%]' is allowed; --config.{field}=...)") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSet:
+  """One evaluation of a run: a split of a dataset and the prefix of its scalars' tags
+  (`PREFIX_loss`, `PREFIX_accuracy`, `PREFIX_top5_accuracy`)."""
+  prefix: str  # 'eval' for `eval_split`; 'eval_NAME' for each entry of `eval_splits`.
+  dataset: str
+  split: str
+
+
+def eval_sets(config) -> list[EvalSet]:
+  """`eval_split` of the run's dataset, then each entry of `eval_splits` ('SPLIT' of the
+  run's dataset, or 'DATASET:SPLIT'); refuses entries that repeat or collide in their tags."""
+  sets = [EvalSet('eval', config.dataset, config.eval_split)]
+  for entry in (e.strip() for e in config.eval_splits.split(',')):
+    if not entry:
+      continue
+    named = re.fullmatch(r'([\w-]+):(.+)', entry)  # 'DATASET:SPLIT', not 'SPLIT[:N]'.
+    dataset, split = named.groups() if named else (config.dataset, entry)
+    name = (f'{dataset}_{split}' if dataset != config.dataset else split)
+    prefix = 'eval_' + re.sub('[^0-9A-Za-z]+', '_', name).strip('_')
+    if (dataset, split) in {(s.dataset, s.split) for s in sets}:
+      raise UserError(f'eval_splits={config.eval_splits!r}: {entry!r} is evaluated already '
+                      f'(eval_split={config.eval_split!r} or an earlier entry); drop it')
+    if prefix in {s.prefix for s in sets}:
+      raise UserError(f'eval_splits={config.eval_splits!r}: {entry!r} would write the tags of '
+                      f'an earlier entry ({prefix}_*); list each split once')
+    if dataset not in DATASETS:
+      raise UserError(f'eval_splits={config.eval_splits!r}: dataset {dataset!r} is unknown; '
+                      f'choose one of: {", ".join(sorted(DATASETS))} (DATASET:SPLIT)')
+    other = spec(dataset)
+    if (other.num_classes, other.shape) != (spec(config.dataset).num_classes,
+                                            spec(config.dataset).shape):
+      raise UserError(f'eval_splits={config.eval_splits!r}: dataset {dataset!r} has '
+                      f'{other.num_classes} classes of {other.shape} inputs, the model '
+                      f'{spec(config.dataset).num_classes} of {spec(config.dataset).shape}; '
+                      'evaluate datasets of the same classes and input size')
+    sets.append(EvalSet(prefix, dataset, split))
+  return sets
 
 
 def num_examples(builder, split: str) -> int:
@@ -169,8 +229,11 @@ def _options(config) -> tf.data.Options:
 
 # The data seed drives independent random streams, each a 3-integer stateless seed
 # (data seed, stream, counter): the order of epoch e is drawn from (seed, ORDER, e), the
-# augmentation of the example at stream position g from (seed, AUGMENT, g).
-ORDER_STREAM, AUGMENT_STREAM = 0, 1
+# augmentation of the example at stream position g from (seed, AUGMENT, g), the mixing of the
+# global batch whose row 0 is at position g from (seed, MIX, g).
+# RandAugment and random erasing of example g are drawn from (seed, RANDAUGMENT, g) and
+# (seed, ERASE, g), apart from the crop and flip, which stay as they were without them.
+ORDER_STREAM, AUGMENT_STREAM, MIX_STREAM, RANDAUGMENT_STREAM, ERASE_STREAM = 0, 1, 2, 3, 4
 
 
 def _stream_seed(seed: int, stream: int, counter: tf.Tensor) -> tf.Tensor:
@@ -204,6 +267,12 @@ def augment_seed(seed: int, position: tf.Tensor) -> tf.Tensor:
   return _pair_seed(seed, AUGMENT_STREAM, position)
 
 
+def mix_seed(seed: int, batch_start: tf.Tensor) -> tf.Tensor:
+  """The stateless seed of the Mixup/CutMix draw of the global batch whose row 0 is at
+  stream position `batch_start`."""
+  return _pair_seed(seed, MIX_STREAM, batch_start)
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainRows:
   """The rows of every global training batch that one process builds.
@@ -224,6 +293,18 @@ class TrainRows:
     """The stream positions of this process's rows of the run's batch `step` (from 0)."""
     return self.position(tf.cast(step, tf.int64) * self.rows + tf.range(self.rows,
                                                                        dtype=tf.int64))
+
+  def partner_positions(self, step: tf.Tensor) -> tf.Tensor:
+    """The stream positions of the rows that Mixup/CutMix pairs with this process's rows of
+    batch `step`: global row r is paired with row batch_size - 1 - r of the same batch."""
+    first = self.start_position + tf.cast(step, tf.int64) * self.batch_size
+    rows = self.process_index * self.rows + tf.range(self.rows, dtype=tf.int64)
+    return first + self.batch_size - 1 - rows
+
+  def batch_start(self, first_row_position: tf.Tensor) -> tf.Tensor:
+    """The stream position of a global batch's row 0, from the position of this process's
+    first row of it."""
+    return first_row_position - self.process_index * self.rows
 
   def position(self, k: tf.Tensor) -> tf.Tensor:
     """The stream position of this process's `k`-th example of the run (element-wise)."""
@@ -302,34 +383,67 @@ def _array_record_fetch(config, builder, decode: bool):
   return len(source), fetch
 
 
-def _finish(ds: tf.data.Dataset, config, rows: int, per_example) -> tf.data.Dataset:
-  """Per-example work (decode, augment) where there is any, batches of `rows`, normalized."""
+def _finish(ds: tf.data.Dataset, config, rows: TrainRows, seed: int, per_example,
+            paired: bool) -> tf.data.Dataset:
+  """Per-example work (decode, augment) where there is any, batches of this process's rows,
+  normalized, then mixed (Mixup/CutMix) where configured. `paired`: each element holds the
+  rows followed by their Mixup/CutMix partners (else the partners are the rows reversed:
+  the pairs of a global batch where this process holds all of it)."""
   ds_spec = spec(config.dataset)
+  options = mix.MixOptions.from_config(config)
+  size = rows.rows * (2 if paired else 1)
   if per_example is not None:
-    ds = ds.map(per_example, num_parallel_calls=tf.data.AUTOTUNE).batch(rows)
-  ds = ds.map(lambda batch: {'image': _normalize(batch['image'], ds_spec),
-                             'label': tf.cast(batch['label'], tf.int32)},
-              num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.map(per_example, num_parallel_calls=tf.data.AUTOTUNE).batch(size)
+
+  def finish(batch):
+    images = _normalize(batch['image'], ds_spec)
+    labels = tf.cast(batch['label'], tf.int32)
+    if not options.active:
+      return {'image': images, 'label': labels}
+    own = {'image': images[:rows.rows], 'label': labels[:rows.rows]}
+    partner_images, partner_labels = ((images[rows.rows:], labels[rows.rows:]) if paired
+                                      else (images[::-1], labels[::-1]))
+    how = mix.draw(options, mix_seed(seed, rows.batch_start(batch['position'][0])),
+                   height=images.shape[1], width=images.shape[2])
+    return mix.apply(own, partner_images, partner_labels, how)
+
+  ds = ds.map(finish, num_parallel_calls=tf.data.AUTOTUNE)
   return ds.with_options(_options(config)).prefetch(tf.data.AUTOTUNE)
+
+
+def _strong_augment(image: tf.Tensor, config, seed: int, position: tf.Tensor,
+                    ds_spec: DatasetSpec) -> tf.Tensor:
+  """RandAugment, then random erasing (the box filled with the mean pixel, 0 once normalized),
+  where configured."""
+  if config.randaugment_num_layers:
+    image = augment.randaugment(image, _pair_seed(seed, RANDAUGMENT_STREAM, position),
+                                config.randaugment_num_layers, config.randaugment_magnitude)
+  if config.random_erase_prob:
+    image = augment.random_erase(tf.cast(image, tf.float32),
+                                 _pair_seed(seed, ERASE_STREAM, position),
+                                 config.random_erase_prob, [255.0 * m for m in ds_spec.mean])
+  return image
 
 
 def _per_example(config, builder, seed: int, decoded: bool):
   """Decode and augment one example (with its stream position), or None if there is nothing
   to do per example."""
   ds_spec = spec(config.dataset)
-  augmented = ds_spec.augment != 'none'
-  if decoded and not augmented:
+  strong = config.randaugment_num_layers > 0 or config.random_erase_prob > 0
+  if decoded and ds_spec.augment == 'none' and not strong:
     return None
   decode_image = ((lambda image: image) if decoded
                   else builder.info.features['image'].decode_example)
 
   def prepare(example):
-    if augmented:
+    if ds_spec.augment != 'none':
       image = _train_augment(example['image'], augment_seed(seed, example['position']),
                              ds_spec, decode_image)
     else:
       image = decode_image(example['image'])
-    return {'image': image, 'label': example['label']}
+    if strong:
+      image = _strong_augment(image, config, seed, example['position'], ds_spec)
+    return {'image': image, 'label': example['label'], 'position': example['position']}
 
   return prepare
 
@@ -342,8 +456,12 @@ def _indexed_stream(config, builder, kind: str, rows: TrainRows, seed: int) -> t
   fetch_fn = _in_memory_fetch if kind == IN_MEMORY else _array_record_fetch
   num_examples, fetch = fetch_fn(config, builder, decode)
 
+  paired = mix.MixOptions.from_config(config).active and rows.process_count > 1
+
   def batch_of(step):
     positions = rows.positions(step)
+    if paired:  # The partners may be another process's rows: read them here too.
+      positions = tf.concat([positions, rows.partner_positions(step)], axis=0)
     index = epoch_order(seed, positions // num_examples, positions % num_examples,
                         num_examples)
     return dict(fetch(index), position=positions)
@@ -353,7 +471,7 @@ def _indexed_stream(config, builder, kind: str, rows: TrainRows, seed: int) -> t
   per_example = _per_example(config, builder, seed, decode)
   if per_example is not None:
     ds = ds.unbatch()
-  return _finish(ds, config, rows.rows, per_example)
+  return _finish(ds, config, rows, seed, per_example, paired)
 
 
 def _sequential_stream(config, builder, rows: TrainRows, seed: int) -> tf.data.Dataset:
@@ -380,7 +498,8 @@ def _sequential_stream(config, builder, rows: TrainRows, seed: int) -> tf.data.D
 
   ds = tf.data.Dataset.range(start_epoch, np.iinfo(np.int64).max).flat_map(epoch).skip(offset)
   ds = ds.enumerate().map(lambda k, example: dict(example, position=rows.position(k)))
-  return _finish(ds, config, rows.rows, _per_example(config, builder, seed, decoded=False))
+  return _finish(ds, config, rows, seed, _per_example(config, builder, seed, decoded=False),
+                 paired=False)
 
 
 def train_dataset(config, builder, *, process_index: int = 0, process_count: int = 1,
@@ -420,21 +539,23 @@ def eval_batch_per_device(config, num_devices: int) -> int:
 
 
 def eval_data(config, builder, *, process_index: int = 0, process_count: int = 1,
-              local_device_count: int = 1) -> EvalData:
-  """This process's part of the eval split in batches of its devices' share of
-  `eval_batch_size` (rounded up to a whole number per device)."""
+              local_device_count: int = 1, eval_set: Optional[EvalSet] = None) -> EvalData:
+  """This process's part of an eval split (`eval_set`, default the config's `eval_split`)
+  in batches of its devices' share of `eval_batch_size` (rounded up to a whole number per
+  device)."""
+  eval_set = eval_set or EvalSet('eval', config.dataset, config.eval_split)
   per_process = eval_batch_per_device(config, process_count * local_device_count) * (
       local_device_count)
   split = tfds.split_for_jax_process(
-      config.eval_split, process_index=process_index, process_count=process_count)
+      eval_set.split, process_index=process_index, process_count=process_count)
   read_config = tfds.ReadConfig(options=_options(config))
   ds = builder.as_dataset(split=split, shuffle_files=False, read_config=read_config)
-  ds = ds.map(functools.partial(preprocess, ds_spec=spec(config.dataset)),
+  ds = ds.map(functools.partial(preprocess, ds_spec=spec(eval_set.dataset)),
               num_parallel_calls=tf.data.AUTOTUNE)
   ds = ds.batch(per_process, drop_remainder=False)
   if config.cache:
     ds = ds.cache()
-  total = _num_examples(builder.as_dataset(split=config.eval_split))
+  total = _num_examples(builder.as_dataset(split=eval_set.split))
   # even_splits gives every process floor or ceil of total / process_count examples.
   num_batches = math.ceil(math.ceil(total / process_count) / per_process)
   return EvalData(ds.prefetch(tf.data.AUTOTUNE), num_batches, per_process, total)

@@ -36,6 +36,11 @@ flags.DEFINE_integer(
     'heartbeat_timeout_s', 20,
     'Seconds without a heartbeat after which the distributed runtime declares a process dead '
     'and stops the others (multi-process runs).')
+flags.DEFINE_bool(
+    'eval_only', False,
+    'Evaluate the newest checkpoint of --workdir (else --config.init_from) on eval_split and '
+    'every entry of eval_splits, write the scalars at its step, and stop; no checkpoint is '
+    'changed.')
 config_flags.DEFINE_config_file('config', None, 'Training config file.', lock_config=True)
 flags.mark_flags_as_required(['config', 'workdir'])
 
@@ -103,7 +108,11 @@ def main(argv):
     logging.info('JAX process %d of %d; %d local and %d global %s devices',
                  jax.process_index(), jax.process_count(), jax.local_device_count(),
                  jax.device_count(), jax.default_backend())
-    train.train_and_evaluate(checks.command_line_config(FLAGS['config']), FLAGS.workdir)
+    config = checks.command_line_config(FLAGS['config'])
+    if FLAGS.eval_only:
+      train.evaluate_only(config, FLAGS.workdir)
+    else:
+      train.train_and_evaluate(config, FLAGS.workdir)
   except (UserError, Diverged) as e:
     _exit(1, f'error: {e}')
   except Preempted as e:

@@ -118,8 +118,9 @@ def train_scalars(collection: TrainMetrics) -> dict[str, float]:
   return scalars
 
 
-def eval_scalars(collection: EvalMetrics) -> dict[str, float]:
-  return {f'eval_{k}': float(v) for k, v in collection.compute().items()}
+def eval_scalars(collection: EvalMetrics, prefix: str = 'eval') -> dict[str, float]:
+  """The collection's values as `{prefix}_loss`, `{prefix}_accuracy`, ..."""
+  return {f'{prefix}_{k}': float(v) for k, v in collection.compute().items()}
 
 
 class Throughput:

@@ -30,6 +30,8 @@ from jax.sharding import PartitionSpec as P
 AXIS_NAME = 'batch'
 
 MASK_KEY = 'mask'  # Evaluation batches: 1 for a real example, 0 for padding.
+# Mixup/CutMix batches (trainer/mix.py): each row's partner label and its own label's weight.
+MIX_LABEL_KEY, MIX_WEIGHT_KEY = 'mix_label', 'mix_weight'
 BACKENDS = ('pmap', 'shard_map')
 # jaxlib 0.10's CPU client deadlocks once about 30 launches of a program with collectives are
 # queued on its devices (an all-reduce rendezvous that some devices never join; XLA aborts

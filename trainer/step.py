@@ -37,14 +37,23 @@ class StepOptions:
                skip_nonfinite=config.skip_nonfinite_steps)
 
 
-def cross_entropy(logits: jax.Array, labels: jax.Array, label_smoothing: float = 0.0
-                  ) -> jax.Array:
-  """Per-example softmax cross-entropy against integer labels, optionally smoothed."""
+def cross_entropy(logits: jax.Array, labels: jax.Array, label_smoothing: float = 0.0,
+                  mix_labels: Optional[jax.Array] = None,
+                  mix_weights: Optional[jax.Array] = None) -> jax.Array:
+  """Per-example softmax cross-entropy against integer labels, optionally smoothed; with
+  `mix_labels` (Mixup/CutMix partners) against the soft targets
+  w * one_hot(labels) + (1 - w) * one_hot(mix_labels), w = `mix_weights`, then smoothed."""
   logits = logits.astype(jnp.float32)
+  if mix_labels is None and not label_smoothing:
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  targets = jax.nn.one_hot(labels, logits.shape[-1])
+  if mix_labels is not None:
+    weights = mix_weights.astype(jnp.float32)[:, None]
+    targets = weights * targets + (1.0 - weights) * jax.nn.one_hot(mix_labels,
+                                                                   logits.shape[-1])
   if label_smoothing:
-    targets = optax.smooth_labels(jax.nn.one_hot(labels, logits.shape[-1]), label_smoothing)
-    return optax.softmax_cross_entropy(logits, targets)
-  return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    targets = optax.smooth_labels(targets, label_smoothing)
+  return optax.softmax_cross_entropy(logits, targets)
 
 
 def example_ids(per_device: int) -> jax.Array:
@@ -72,7 +81,9 @@ def _loss_fn(state: TrainState, label_smoothing: float) -> Callable:
                          example_ids=batch[EXAMPLE_ID_KEY], rngs={'dropout': rng},
                          mutable=['batch_stats'] if has_batch_stats else False)
     logits, new_batch_stats = (out[0], out[1]['batch_stats']) if has_batch_stats else (out, None)
-    loss = jnp.mean(cross_entropy(logits, batch['label'], label_smoothing))
+    loss = jnp.mean(cross_entropy(logits, batch['label'], label_smoothing,
+                                  batch.get(parallel.MIX_LABEL_KEY),
+                                  batch.get(parallel.MIX_WEIGHT_KEY)))
     return loss, (logits, new_batch_stats)
 
   return loss_fn

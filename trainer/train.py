@@ -10,6 +10,7 @@
 """
 
 import dataclasses
+import itertools
 import time
 from typing import Optional, Sequence
 
@@ -26,6 +27,7 @@ from clu import periodic_actions
 from models import torch_weights
 from trainer import checkpoint
 from trainer import checks
+from trainer import efficiency
 from trainer import input_pipeline
 from trainer import loop
 from trainer import metrics
@@ -41,14 +43,44 @@ PREFETCH_BATCHES = 2  # Batches kept in flight to the devices.
 
 
 def evaluate(p_eval_step, rstate, data: input_pipeline.EvalData,
-             layout: parallel.DataParallel) -> dict[str, float]:
-  """Loss and accuracy over every example of the eval split, exactly once."""
+             layout: parallel.DataParallel, prefix: str = 'eval') -> dict[str, float]:
+  """Loss, accuracy and top-5 accuracy over every example of an eval split, exactly once,
+  as `{prefix}_loss` etc."""
   in_flight = parallel.InFlight(layout.devices)
   per_batch = []
   for batch in input_pipeline.eval_batches(data):
     per_batch.append(p_eval_step(rstate, layout.put_batch(batch)))
     in_flight.add(per_batch[-1])
-  return metrics.eval_scalars(metrics.merge(layout.fetch(per_batch)))
+  return metrics.eval_scalars(metrics.merge(layout.fetch(per_batch)), prefix)
+
+
+Evaluations = list[tuple[input_pipeline.EvalSet, input_pipeline.EvalData]]
+
+
+def evaluate_all(p_eval_step, rstate, evaluations: Evaluations,
+                 layout: parallel.DataParallel) -> dict[str, float]:
+  """The scalars of every configured evaluation (`eval_split`, then `eval_splits`)."""
+  scalars = {}
+  for eval_set, data in evaluations:
+    scalars.update(evaluate(p_eval_step, rstate, data, layout, eval_set.prefix))
+  return scalars
+
+
+def evaluation_data(config, builder, layout: parallel.DataParallel) -> Evaluations:
+  """This process's part of every configured evaluation, each split checked to exist."""
+  evaluations = []
+  for eval_set in input_pipeline.eval_sets(config):
+    set_builder = builder
+    if eval_set.dataset != config.dataset:
+      set_builder = input_pipeline.get_builder(config, process_index=jax.process_index(),
+                                               dataset=eval_set.dataset, split=eval_set.split)
+    input_pipeline.check_split(set_builder, eval_set.split,
+                               'eval_split' if eval_set.prefix == 'eval' else 'eval_splits')
+    evaluations.append((eval_set, input_pipeline.eval_data(
+        config, set_builder, process_index=jax.process_index(),
+        process_count=jax.process_count(), local_device_count=len(layout.local_devices),
+        eval_set=eval_set)))
+  return evaluations
 
 
 def _hooks(config, workdir: str, writer) -> list:
@@ -112,7 +144,7 @@ def _start(config, checkpointer, init, model, input_shape, workdir: str) -> _Sta
     logging.warning('init_from=%r is not used: this run resumes from its own checkpoint at '
                     'step %d in %s', config.init_from, resume_step, checkpointer.directory)
   if resume_step is None and config.init_from:
-    state = _init_from(config.init_from, config.model, model, state)
+    state, _ = _init_from(config.init_from, config.model, model, state)
 
   # From here on the workdir is written.
   tf.io.gfile.makedirs(workdir)
@@ -130,9 +162,11 @@ def _start(config, checkpointer, init, model, input_shape, workdir: str) -> _Sta
 
 
 def _init_from(path: str, name: str, model, state: state_lib.TrainState
-               ) -> state_lib.TrainState:
+               ) -> tuple[state_lib.TrainState, int]:
   """`state` with the params (and BatchNorm statistics) of `path`: a PyTorch state dict file
-  (torchvision's names) or a flax workdir/checkpoint. The optimizer starts fresh."""
+  (torchvision's names) or a flax workdir/checkpoint; the optimizer starts fresh. Also the
+  step the params were saved at (0 for a state dict file)."""
+  from_step = 0
   if torch_weights.is_weights_file(path):
     try:
       variables, new_head = torch_weights.from_state_dict(
@@ -155,7 +189,7 @@ def _init_from(path: str, name: str, model, state: state_lib.TrainState
     logging.info('initializing params from %s (step %d)', path, from_step)
   return state.replace(params=params, batch_stats=batch_stats,
                        ema_params=None if state.ema_params is None else jax.tree.map(
-                           np.copy, params))
+                           np.copy, params)), from_step
 
 
 def use_compilation_cache(cache_dir: str) -> None:
@@ -168,6 +202,91 @@ def use_compilation_cache(cache_dir: str) -> None:
   compilation_cache.reset_cache()  # Takes the directory even if something compiled before.
 
 
+@dataclasses.dataclass
+class _Run:
+  """What training and evaluating-only share, all checked before anything is compiled or
+  written."""
+  config: ml_collections.ConfigDict  # Durations in epochs resolved to steps.
+  layout: parallel.DataParallel
+  builder: tfds.core.DatasetBuilder
+  checkpointer: checkpoint.Checkpointer
+  evaluations: Evaluations
+  num_classes: int
+  model: object  # The flax module.
+  input_shape: tuple[int, ...]
+
+
+def _prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
+             training: bool = True) -> _Run:
+  """Checks the config, workdir and data; the layout over `devices` (default every device of
+  every process), the dataset and the evaluations. Without `training`, the training batch
+  need not split over the devices."""
+  process_count = jax.process_count()
+  devices = list(devices) if devices is not None else parallel.global_devices()
+  num_devices = len(devices)
+  checkpointer = checkpoint.Checkpointer(workdir, keep=config.keep_checkpoints)
+  if training:
+    checkpointer.check_topology(config.batch_size, num_devices, process_count)
+    checks.check_config(config, process_count=process_count,
+                        local_device_count=num_devices // process_count)
+  else:
+    checks.check_config(config, process_count=1, local_device_count=1)
+  checks.check_workdir(workdir)
+  layout = parallel.data_parallel(config.step_backend, devices)
+  if config.compilation_cache_dir:
+    use_compilation_cache(config.compilation_cache_dir)
+  builder = input_pipeline.get_builder(config, process_index=jax.process_index())
+  input_pipeline.check_split(builder, config.train_split, 'train_split')
+  config = optim.resolve_durations(
+      config, input_pipeline.num_examples(builder, config.train_split))
+  checks.check_schedule(config)
+  evaluations = evaluation_data(config, builder, layout)
+  eval_per_device = input_pipeline.eval_batch_per_device(config, num_devices)
+  if eval_per_device * num_devices != config.eval_batch_size:
+    logging.info('eval_batch_size=%d over %d devices: evaluating %d examples per device '
+                 '(%d per batch, padding masked)', config.eval_batch_size, num_devices,
+                 eval_per_device, eval_per_device * num_devices)
+  num_classes = input_pipeline.spec(config.dataset).num_classes
+  return _Run(config, layout, builder, checkpointer, evaluations, num_classes,
+              state_lib.model_from_config(config, num_classes),
+              input_pipeline.input_shape(config, builder))
+
+
+def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
+                  devices: Optional[Sequence[jax.Device]] = None) -> dict[str, float]:
+  """Evaluates the newest checkpoint of `workdir` (else `config.init_from`) on every
+  configured evaluation and writes the scalars at its step; no checkpoint is changed.
+  Returns the scalars."""
+  run = _prepare(config, workdir, devices, training=False)
+  config = run.config
+  init = state_lib.initializer(config, run.num_classes, optim.learning_rate_schedule(config))
+  init_rng, _ = state_lib.seed_rngs(config.seed)
+  abstract_state = jax.eval_shape(lambda rng: init(rng, run.input_shape), init_rng)
+  step, _ = run.checkpointer.find_restorable(abstract_state, config.to_dict())
+  if step is None and not config.init_from:
+    raise UserError(f'--eval_only: {run.checkpointer.directory} holds no checkpoint to '
+                    'evaluate and no --config.init_from is set; point --workdir at a run\'s '
+                    'workdir, or pass --config.init_from=PATH (a checkpoint or a .pth file)')
+  state = jax.device_get(init(init_rng, run.input_shape))
+  if step is not None:
+    if config.init_from:
+      logging.warning('init_from=%r is not evaluated: the workdir has a checkpoint (step %d)',
+                      config.init_from, step)
+    state = run.checkpointer.restore(step, state).state
+    logging.info('evaluating the checkpoint at step %d in %s', step,
+                 run.checkpointer.directory)
+  else:
+    state, step = _init_from(config.init_from, config.model, run.model, state)
+  tf.io.gfile.makedirs(workdir)
+  writer = writers.create_writer(workdir)
+  with metric_writers.ensure_flushes(writer):
+    scalars = evaluate_all(step_lib.make_eval_step(run.layout),
+                           run.layout.put_replicated(state), run.evaluations, run.layout)
+    writer.write_scalars(step, scalars)
+  parallel.sync_processes('evaluate_only done')
+  return scalars
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                        devices: Optional[Sequence[jax.Device]] = None
                        ) -> state_lib.TrainState:
@@ -176,35 +295,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   `devices`: the devices to train on, default every device of every process
   (`parallel.global_devices()`); a single-process run may name fewer.
   """
+  run = _prepare(config, workdir, devices)
+  config, layout, builder, checkpointer = run.config, run.layout, run.builder, run.checkpointer
   process_index, process_count = jax.process_index(), jax.process_count()
-  devices = list(devices) if devices is not None else parallel.global_devices()
-  num_devices = len(devices)
-  checkpointer = checkpoint.Checkpointer(workdir, keep=config.keep_checkpoints)
-  checkpointer.check_topology(config.batch_size, num_devices, process_count)
-  checks.check_config(config, process_count=process_count,
-                      local_device_count=num_devices // process_count)
-  checks.check_workdir(workdir)
-  layout = parallel.data_parallel(config.step_backend, devices)
-  if config.compilation_cache_dir:
-    use_compilation_cache(config.compilation_cache_dir)
-  builder = input_pipeline.get_builder(config, process_index=process_index)
-  config = optim.resolve_durations(
-      config, input_pipeline.num_examples(builder, config.train_split))
-  checks.check_schedule(config)
-  eval_data = input_pipeline.eval_data(
-      config, builder, process_index=process_index, process_count=process_count,
-      local_device_count=len(layout.local_devices))
-  eval_per_device = input_pipeline.eval_batch_per_device(config, num_devices)
-  if eval_per_device * num_devices != config.eval_batch_size:
-    logging.info('eval_batch_size=%d over %d devices: evaluating %d examples per device '
-                 '(%d per batch, padding masked)', config.eval_batch_size, num_devices,
-                 eval_per_device, eval_per_device * num_devices)
-
+  num_devices = len(layout.devices)
   schedule = optim.learning_rate_schedule(config)
-  num_classes = input_pipeline.spec(config.dataset).num_classes
-  init = state_lib.initializer(config, num_classes, schedule)
-  start = _start(config, checkpointer, init, state_lib.model_from_config(config, num_classes),
-                 input_pipeline.input_shape(config, builder), workdir)
+  init = state_lib.initializer(config, run.num_classes, schedule)
+  start = _start(config, checkpointer, init, run.model, run.input_shape, workdir)
   start_step = int(start.state.step)
   logging.info('%s: %d params; starting at step %d of %d on %d devices (%d process(es))',
                config.model, state_lib.param_count(start.state.params), start_step,
@@ -235,6 +332,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   rng = layout.put_replicated(start.step_rng)
   batches = parallel.prefetch((layout.put_batch(rows) for rows in tfds.as_numpy(train_ds)),
                               PREFETCH_BATCHES)
+  # FLOPs of the step from XLA's cost analysis of its lowering (traced again, not compiled).
+  first_batch = next(batches)
+  step_efficiency = efficiency.StepEfficiency(
+      efficiency.flops_per_device_step(p_train_step, rstate, first_batch, rng),
+      efficiency.peak_flops(layout.devices[0].device_kind))
+  batches = itertools.chain([first_batch], batches)
   hooks = _hooks(config, workdir, writer)
   throughput = metrics.Throughput(config.batch_size, num_devices)
   cadence = loop.Cadence.from_config(config)
@@ -287,9 +390,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
           rate = throughput.rate(step)
           if rate is not None:
             scalars['examples_per_sec_per_device'] = rate
+            scalars.update(step_efficiency.scalars(rate * num_devices / config.batch_size))
           writer.write_scalars(step, scalars)
         if cadence.eval(step):
-          writer.write_scalars(step, evaluate(p_eval_step, rstate, eval_data, layout))
+          writer.write_scalars(step, evaluate_all(p_eval_step, rstate, run.evaluations,
+                                                  layout))
           throughput.start(step)
         if save_now:
           host_state = parallel.host_state(layout, rstate)

@@ -9,15 +9,17 @@ from typing import Optional
 
 import numpy as np
 import torch
+import torchvision
 
 from baselines.torch_ddp import models as torch_models
 from trainer import optim
+from trainer.parallel import MIX_LABEL_KEY, MIX_WEIGHT_KEY
 from trainer.errors import UserError
 
 SUPPORTED = dict(optimizer=('sgd', 'adamw'), dtype=('float32', 'bfloat16', 'float16'),
                  grad_accum_steps=(1,),
                  ema_decay=(0.0,), init_from=('',), skip_nonfinite_steps=(False,),
-                 stochastic_depth_rate=(0.0,))
+                 stochastic_depth_rate=(0.0,), eval_splits=('',))
 def check_supported(config) -> None:
   """One line naming the first config value the twin cannot reproduce."""
   for field, values in SUPPORTED.items():
@@ -61,6 +63,13 @@ class Precision:
             'torch_compile': self.compile}
 
 
+def describe(model: torch.nn.Module, precision: Precision) -> dict:
+  """What ran, as the DDP workdir's settings file and the benchmark record it: the precision
+  settings, the model's class and the versions."""
+  return {**precision.settings(), 'model': f'{type(model).__module__}.{type(model).__name__}',
+          'torch': torch.__version__, 'torchvision': torchvision.__version__}
+
+
 def to_model_input(images: np.ndarray, device: torch.device, channels_last: bool
                    ) -> torch.Tensor:
   """NHWC numpy images as the NCHW tensor torch's models take; channels_last keeps NHWC's
@@ -96,14 +105,31 @@ def make_optimizer(config, model: torch.nn.Module) -> torch.optim.Optimizer:
   return torch.optim.AdamW(groups, lr=peak, betas=(config.adam_b1, config.adam_b2), eps=1e-8)
 
 
+def mixed_targets(batch: dict, num_classes: int, device: torch.device
+                  ) -> Optional[torch.Tensor]:
+  """The soft targets of a Mixup/CutMix batch (w * one_hot(label) + (1 - w) *
+  one_hot(mix_label), w = mix_weight), or None for a batch that is not mixed."""
+  if MIX_LABEL_KEY not in batch:
+    return None
+  one_hot = lambda key: torch.nn.functional.one_hot(
+      torch.from_numpy(batch[key]).long(), num_classes).float()
+  weight = torch.from_numpy(batch[MIX_WEIGHT_KEY]).float()[:, None]
+  targets = weight * one_hot('label') + (1.0 - weight) * one_hot(MIX_LABEL_KEY)
+  return targets.to(device, non_blocking=True)
+
+
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, precision: Precision,
-               images: torch.Tensor, labels: torch.Tensor, *, label_smoothing: float = 0.0,
+               images: torch.Tensor, labels: torch.Tensor, *,
+               targets: Optional[torch.Tensor] = None, label_smoothing: float = 0.0,
                grad_clip_norm: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
   """One optimizer step of `model` (DDP averages the gradients over the ranks in backward);
-  (loss, accuracy, gradient norm) as device tensors, nothing synced to the host."""
+  (loss, accuracy, gradient norm) as device tensors, nothing synced to the host. The loss is
+  against `targets` (soft, label smoothing applied on top) where given, else `labels`;
+  accuracy is against `labels`."""
   with precision.autocast():
     logits = model(images).float()
-    loss = torch.nn.functional.cross_entropy(logits, labels, label_smoothing=label_smoothing)
+    loss = torch.nn.functional.cross_entropy(
+        logits, labels if targets is None else targets, label_smoothing=label_smoothing)
   optimizer.zero_grad(set_to_none=True)
   scaler = precision.scaler
   (scaler.scale(loss) if scaler else loss).backward()

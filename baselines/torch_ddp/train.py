@@ -35,7 +35,8 @@ import optax
 import tensorflow_datasets as tfds
 import torch
 import torch.distributed as dist
-import torchvision
+# Before clu, which imports TensorFlow: torchvision 0.29 segfaults when imported after it.
+import torchvision  # noqa: F401  pylint: disable=unused-import
 from absl import app
 from absl import flags
 from absl import logging
@@ -166,8 +167,8 @@ def build_model(config, input_shape, device, precision: step_lib.Precision, pari
   file (`init_weights`), or torch's own init."""
   torch.manual_seed(config.seed)
   model = torch_models.get(config.model, input_shape=input_shape[1:],
-                    num_classes=input_pipeline.spec(config.dataset).num_classes,
-                    dropout_rate=config.dropout_rate)
+                          num_classes=input_pipeline.spec(config.dataset).num_classes,
+                          dropout_rate=config.dropout_rate)
   if init_weights:
     try:
       torch_models.load_state_dict(model, torch_weights.read_state_dict(init_weights))
@@ -236,13 +237,12 @@ def train(config, workdir: str, parity: bool, init_weights: Optional[str] = None
     writer.write_hparams(config.to_dict())
   if rank == 0:
     with open(os.path.join(workdir, SETTINGS_FILE), 'w', encoding='utf-8') as f:
-      json.dump({**precision.settings(), 'model': type(model).__module__ + '.' +
-                 type(model).__name__, 'backend': dist.get_backend(), 'ranks': world,
-                 'threads_per_rank': torch.get_num_threads(), 'torch': torch.__version__,
-                 'torchvision': torchvision.__version__}, f, indent=1)
+      json.dump({**step_lib.describe(model, precision), 'backend': dist.get_backend(),
+                 'ranks': world, 'threads_per_rank': torch.get_num_threads()}, f, indent=1)
   throughput = metrics.Throughput(config.batch_size, world)
   cadence = loop.Cadence.from_config(config)
   last = config.num_train_steps
+  num_classes = input_pipeline.spec(config.dataset).num_classes
   # Sums of loss, accuracy and gradient norm since the last write, kept on the device: no
   # host sync per step.
   window = torch.zeros(3, dtype=torch.float64, device=device)
@@ -271,6 +271,7 @@ def train(config, workdir: str, parity: bool, init_weights: Optional[str] = None
       labels = torch.from_numpy(batch['label']).long().to(device, non_blocking=True)
       loss, accuracy, grad_norm = step_lib.train_step(
           step_model, optimizer, precision, images, labels,
+          targets=step_lib.mixed_targets(batch, num_classes, device),
           label_smoothing=config.label_smoothing, grad_clip_norm=config.grad_clip_norm)
       learning_rate = scheduler.get_last_lr()[0]
       scheduler.step()

@@ -22,6 +22,7 @@ class DatasetSpec:
   augment: str = 'none'  # 'none', 'crop_flip' (CIFAR) or 'inception' (ImageNet).
   image_size: int = 0  # Side of the square model input; 0 = the stored size.
   shipped: bool = False  # The builder ships with the trainer and prepares offline.
+  trainable: bool = True  # False: an evaluation set only (no train split).
 
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -43,11 +44,16 @@ DATASETS = {
     'imagenet2012': DatasetSpec('imagenet2012', num_classes=1000, shape=(224, 224, 3),
                                 num_train_examples=1281167, mean=IMAGENET_MEAN,
                                 std=IMAGENET_STD, augment='inception', image_size=224),
+    # ImageNet-v2 (matched frequency): 10,000 new test images of ImageNet's 1000 classes.
+    'imagenet_v2': DatasetSpec('imagenet_v2', num_classes=1000, shape=(224, 224, 3),
+                               num_train_examples=0, mean=IMAGENET_MEAN, std=IMAGENET_STD,
+                               augment='inception', image_size=224, trainable=False),
 }
 
 
 def names() -> list[str]:
-  return sorted(DATASETS)
+  """The datasets a run can train on."""
+  return sorted(name for name, s in DATASETS.items() if s.trainable)
 
 
 def spec(name: str) -> DatasetSpec:
