@@ -4,8 +4,10 @@ without the trainer's eval path."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 import tensorflow_datasets as tfds
 
+from trainer import checkpoint
 from trainer import input_pipeline
 from trainer import parallel
 from trainer import step as step_lib
@@ -60,11 +62,10 @@ def random_variables(model, shape: tuple[int, ...], seed: int) -> dict:
   return jax.tree_util.tree_map_with_path(draw, jax.tree.map(lambda x: x, dict(abstract)))
 
 
-def run_steps(layout, state, schedule, batches, options=step_lib.StepOptions(), step_fn=None):
+def run_steps(layout, state, schedule, batches, options=step_lib.StepOptions()):
   """The real train step over `layout` from `state` on the global `batches`: the final state
   (host), each step's computed metrics, and the final state on the devices."""
-  p_train_step = step_lib.make_train_step(layout, learning_rate_fn=schedule, options=options,
-                                          step_fn=step_fn)
+  p_train_step = step_lib.make_train_step(layout, learning_rate_fn=schedule, options=options)
   rstate = layout.put_replicated(state)
   rng = layout.put_replicated(jax.random.PRNGKey(1))
   values = []
@@ -72,6 +73,12 @@ def run_steps(layout, state, schedule, batches, options=step_lib.StepOptions(), 
     rstate, step_metrics = p_train_step(rstate, layout.put_batch(batch), rng)
     values.append(layout.fetch([step_metrics])[0].compute())
   return parallel.host_state(layout, rstate), values, rstate
+
+
+def saved_steps(workdir: str) -> list[int]:
+  """The steps of the complete checkpoints in `workdir`, oldest first: orbax's step
+  directories under `checkpoint.directory(workdir)`, a save still under way left out."""
+  return sorted(ocp.path.step.checkpoint_steps(checkpoint.directory(workdir)))
 
 
 def reference_eval(state, config) -> tuple[int, float, float, float]:

@@ -1,7 +1,7 @@
 """The train step, over devices, against single-device references over the same global batch."""
 
+import collections
 import functools
-import os
 import subprocess
 import sys
 
@@ -14,10 +14,10 @@ import models
 from tests import helpers
 from trainer import optim
 from trainer import parallel
+from trainer import processes
 from trainer import state as state_lib
 from trainer import step as step_lib
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GLOBAL_BATCH = 48  # Divisible by 1, 2, 3, 4 and 8 devices.
 
 
@@ -73,19 +73,60 @@ def test_pmap_step_equals_single_device_step(config, model_name, num_devices):
   assert int(got.step) == 3
 
 
-@pytest.mark.parametrize('backend', parallel.BACKENDS)
-def test_real_step_compiles_once_and_replicas_stay_identical(config, backend):
-  """A trace counter around the real step body, through the real factory and layout."""
-  state, schedule = _setup(config, 'cnn', dropout_rate=0.3)
-  traces = []
+# jax.monitoring's event around every XLA compile (a persistent-cache hit included).
+BACKEND_COMPILE_EVENT = '/jax/core/compile/backend_compile_duration'
 
-  def counting_step(*args, **kwargs):
-    traces.append(1)
-    return step_lib.train_step(*args, **kwargs)
+
+@pytest.mark.parametrize('backend', parallel.BACKENDS)
+def test_the_real_train_and_eval_steps_compile_once(config, backend):
+  """A recompile guard on the real factories: the model is traced once by the train step and
+  once by the eval step, and each compiles once, over steps whose state (the previous step's
+  output after the host-made first one), batches, masks and RNG all change. The replicas of
+  the state stay identical and training moves the params."""
+  state, schedule = _setup(config, 'cnn', dropout_rate=0.3)
+  apply, traces = state.apply_fn, []
+
+  def counting_apply(*args, **kwargs):
+    traces.append('train' if kwargs['train'] else 'eval')
+    return apply(*args, **kwargs)
+
+  compiles, calling = collections.Counter(), []
+
+  def on_event(event, duration, **kwargs):
+    del duration, kwargs
+    if event == BACKEND_COMPILE_EVENT:
+      compiles[calling[-1] if calling else 'elsewhere'] += 1
+
+  def counted(name, fn):
+    """`fn`, the compiles made during its calls counted under `name`."""
+    def call(*args):
+      calling.append(name)
+      try:
+        return fn(*args)
+      finally:
+        calling.pop()
+    return call
 
   layout = parallel.data_parallel(backend, jax.devices())
-  got, _, rstate = helpers.run_steps(layout, state, schedule, _batches(6), step_fn=counting_step)
-  assert len(traces) == 1
+  p_train_step = counted('train', step_lib.make_train_step(layout, learning_rate_fn=schedule))
+  p_eval_step = counted('eval', step_lib.make_eval_step(layout))
+  rstate = layout.put_replicated(state.replace(apply_fn=counting_apply))
+  jax.monitoring.register_event_duration_secs_listener(on_event)
+  try:
+    for index, batch in enumerate(_batches(5)):
+      rng = layout.put_replicated(jax.random.PRNGKey(index))
+      rstate, step_metrics = p_train_step(rstate, layout.put_batch(batch), rng)
+      mask = (np.arange(GLOBAL_BATCH) < GLOBAL_BATCH - 7 * index).astype(np.float32)
+      evaluation = p_eval_step(rstate, layout.put_batch(dict(batch, mask=mask)))
+      step_metrics, evaluation = layout.fetch([step_metrics, evaluation])
+      assert np.isfinite(step_metrics.compute()['loss'])
+      assert int(evaluation.loss.count) == int(mask.sum())
+  finally:
+    jax.monitoring.unregister_event_duration_listener(on_event)
+  assert compiles['train'] == 1 and compiles['eval'] == 1, compiles
+  assert traces == ['train', 'eval']
+  got = parallel.host_state(layout, rstate)
+  assert int(got.step) == 5
   # Every device holds the same state.
   for leaf in jax.tree.leaves(rstate.params):
     copies = [np.asarray(shard.data) for shard in leaf.addressable_shards]
@@ -97,22 +138,64 @@ def test_real_step_compiles_once_and_replicas_stay_identical(config, backend):
   assert min(jax.tree.leaves(moved)) > 0
 
 
-def test_dropout_is_the_same_on_any_device_count_and_differs_per_step(config):
-  """With dropout on, 1 and 4 devices train to the same params (each example's mask comes
-  from its global row, not from a device); the same step number gives the same update, and
-  another step number another one (masks are drawn anew each step)."""
-  state, schedule = _setup(config, 'mlp', dropout_rate=0.5)
-  batches = _batches(2)
-  one, _, _ = helpers.run_steps(parallel.data_parallel('pmap', jax.devices()[:1]), state, schedule, batches)
-  four, _, _ = helpers.run_steps(parallel.data_parallel('pmap', jax.devices()[:4]), state, schedule, batches)
-  _assert_trees_close(four.params, one.params, rtol=1e-5, atol=1e-6)
+def _one_example_batch(row):
+  """A global batch holding one image, at `row`; every other image is zeros."""
+  batch = _batches(1, seed=3)[0]
+  image = batch['image'][0]
+  batch['image'] = np.zeros_like(batch['image'])
+  batch['image'][row] = image
+  return batch
 
-  layout = parallel.data_parallel('pmap', jax.devices()[:2])
-  first = [helpers.run_steps(layout, state.replace(step=step), schedule, batches[:1])[0].params
-           for step in (0, 0, 1)]
-  _assert_trees_close(first[1], first[0], rtol=0, atol=0)
+
+@pytest.mark.parametrize('backend', parallel.BACKENDS)
+def test_dropout_masks_come_from_the_step_and_the_global_row(config, backend):
+  """Through the real step on 1, 2 and 4 devices: an example's dropout mask is drawn from the
+  step's RNG (the rng argument folded with state.step) and the example's row of the global
+  batch, whatever device holds that row.
+
+  With one image in a batch of zeros (the mlp's biases start at 0, so the zero rows' hidden
+  units are 0 and their masks change nothing), the first layer's kernel moves only in the
+  columns of the hidden units that the example's first dropout mask keeps (and its ReLU
+  passes): the columns that moved are the example's mask, read off the updated params."""
+  config.weight_decay = 0.0  # Only the gradient moves a kernel entry.
+  state, schedule = _setup(config, 'mlp', dropout_rate=0.5)
+  layouts = {n: parallel.data_parallel(backend, jax.devices()[:n]) for n in (1, 2, 4)}
+  p_train_steps = {n: step_lib.make_train_step(layout, learning_rate_fn=schedule)
+                   for n, layout in layouts.items()}
+
+  def trained(num_devices, batches, step, seed=1):
+    """The params after the real steps from `state` at `step` on the global `batches`."""
+    layout = layouts[num_devices]
+    rstate = layout.put_replicated(state.replace(step=step))
+    rng = layout.put_replicated(jax.random.PRNGKey(seed))
+    for batch in batches:
+      rstate, _ = p_train_steps[num_devices](rstate, layout.put_batch(batch), rng)
+    return parallel.host_state(layout, rstate).params
+
   kernel = lambda params: np.asarray(params['Dense_0']['kernel'])
-  assert not np.allclose(kernel(first[2]), kernel(first[0]))
+  moved = lambda params: np.any(kernel(params) != kernel(state.params), axis=0)
+  # Row 29 of 48 is on device 0 of 1, device 1 of 2 and device 2 of 4.
+  far, near = [_one_example_batch(29)], [_one_example_batch(5)]
+  mask = moved(trained(4, far, step=3))
+  assert 10 < mask.sum() < 0.75 * mask.size  # Some units dropped, some kept.
+  # The same example at the same row and step: the same mask whatever device holds it.
+  for num_devices in (1, 2):
+    np.testing.assert_array_equal(moved(trained(num_devices, far, step=3)), mask,
+                                  err_msg=f'another mask on {num_devices} device(s)')
+  # Another step, another row (on another device) or another RNG: another mask.
+  others = {'step 4': moved(trained(4, far, step=4)), 'row 5': moved(trained(4, near, step=3)),
+            'rng 2': moved(trained(4, far, step=3, seed=2))}
+  assert not [name for name, other in others.items() if np.array_equal(other, mask)]
+
+  # Two whole batches, every example with its own masks: the same inputs train to the same
+  # params bit for bit, any device count to the same params up to float32 reduction order,
+  # and another step number to other params (masks are drawn anew each step).
+  full = _batches(2)
+  params = trained(4, full, step=3)
+  _assert_trees_close(trained(4, full, step=3), params, rtol=0, atol=0)
+  for num_devices in (1, 2):
+    _assert_trees_close(trained(num_devices, full, step=3), params, rtol=1e-5, atol=1e-6)
+  assert not np.allclose(kernel(trained(4, full[:1], step=4)), kernel(trained(4, full[:1], step=3)))
 
 
 def test_each_example_draws_its_own_mask_by_its_id():
@@ -192,7 +275,7 @@ assert 'tensorflow' not in sys.modules and 'tensorflow_datasets' not in sys.modu
 
 
 def test_the_bare_step_runs_without_tensorflow():
-  run = subprocess.run([sys.executable, '-c', _WITHOUT_TENSORFLOW], cwd=REPO,
+  run = subprocess.run([sys.executable, '-c', _WITHOUT_TENSORFLOW], cwd=processes.REPO,
                        capture_output=True, text=True, timeout=300, check=False)
   assert run.returncode == 0, run.stderr[-3000:]
   losses = dict(line.split() for line in run.stdout.splitlines())

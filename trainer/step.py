@@ -91,6 +91,7 @@ def _loss_fn(state: TrainState, label_smoothing: float) -> Callable:
 
 def plain_gradients(loss_fn: Callable, state: TrainState, batch: dict, rng: jax.Array
                     ) -> Gradients:
+  """This device's loss, logits, new BatchNorm statistics and gradients on its whole batch."""
   (loss, (logits, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
       state.params, state.batch_stats, batch, rng)
   # Every device holds the mean over an equal share of the global batch, so the mean of the
@@ -140,6 +141,7 @@ def keep_if_finite(finite: jax.Array, new: TrainState, old: TrainState) -> Train
 
 
 def ema(decay: float, average: Any, params: Any) -> Any:
+  """The exponential moving average `average` (a params tree) moved towards `params`."""
   return jax.tree.map(lambda a, p: decay * a + (1.0 - decay) * p, average, params)
 
 
@@ -198,13 +200,10 @@ def eval_step(state: TrainState, batch: dict) -> EvalMetrics:
 
 
 def make_train_step(layout: parallel.DataParallel, *, learning_rate_fn: optax.Schedule,
-                    options: StepOptions = StepOptions(),
-                    step_fn: Optional[Callable] = None) -> Callable:
-  """`(state, batch, rng) -> (state, metrics)` over the layout's devices; the state's buffers
-  are donated. `step_fn` (default `train_step`) is the per-device body, for tests that
-  instrument it."""
-  body = functools.partial(step_fn or train_step, learning_rate_fn=learning_rate_fn,
-                           options=options)
+                    options: StepOptions = StepOptions()) -> Callable:
+  """`(state, batch, rng) -> (state, metrics)` over the layout's devices (`train_step` on
+  each); the state's buffers are donated."""
+  body = functools.partial(train_step, learning_rate_fn=learning_rate_fn, options=options)
   return layout.map(body, num_args=3, donate_state=True)
 
 
