@@ -67,7 +67,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.nesterov = True  # SGD: Nesterov momentum.
   config.adam_b1 = 0.9  # AdamW: first-moment decay.
   config.adam_b2 = 0.999  # AdamW: second-moment decay.
-  config.weight_decay = 5e-4  # Decoupled weight decay (every optimizer); 0 = off.
+  # Weight decay; 0 = off. sgd and lars add weight_decay x params to the gradient (coupled L2,
+  # as torch's SGD does); adamw and lamb decay the weights beside the adaptive update
+  # (decoupled, as torch's AdamW does).
+  config.weight_decay = 5e-4
   config.decay_all_params = False  # False: spare biases and norm params (1-D) from decay.
   config.grad_clip_norm = 0.0  # Clip gradients to this global norm; 0 = no clipping.
   config.label_smoothing = 0.0  # Label smoothing of the training loss; 0 = off.

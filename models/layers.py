@@ -38,6 +38,10 @@ class Dropout(nn.Module):
   """Inverted dropout like `nn.Dropout`, each example's mask drawn from its own key."""
   rate: float
 
+  def _mask_shape(self, x: jax.Array) -> tuple[int, ...]:
+    """The shape of one example's mask: every element of `x` on its own."""
+    return x.shape[1:]
+
   @nn.compact
   def __call__(self, x: jax.Array, example_ids: jax.Array, *, deterministic: bool
                ) -> jax.Array:
@@ -45,21 +49,19 @@ class Dropout(nn.Module):
       return x
     if self.rate == 1:
       return jnp.zeros_like(x)
-    return _keep_scaled(x, self.make_rng('dropout'), example_ids, self.rate, x.shape[1:])
+    return _keep_scaled(x, self.make_rng('dropout'), example_ids, self.rate,
+                        self._mask_shape(x))
 
 
-class DropPath(nn.Module):
+class DropPath(Dropout):
   """Stochastic depth: each example's residual branch is dropped (zeroed) with probability
   `rate` and kept, scaled by 1 / (1 - rate), otherwise; whether is drawn from the example's
   own key (its id folded into the 'dropout' RNG), as `Dropout` draws its masks."""
-  rate: float
 
-  @nn.compact
-  def __call__(self, branch: jax.Array, example_ids: jax.Array, *, deterministic: bool
-               ) -> jax.Array:
-    if deterministic or self.rate == 0:
-      return branch
-    return _keep_scaled(branch, self.make_rng('dropout'), example_ids, self.rate, ())
+  def _mask_shape(self, x: jax.Array) -> tuple[int, ...]:
+    """One draw per example: the whole branch is kept or dropped."""
+    del x
+    return ()
 
 
 def depth_rates(rate: float, num_blocks: int) -> list[float]:

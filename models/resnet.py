@@ -65,6 +65,8 @@ class BottleneckBlock(_Block):
 
 
 class ResNet(nn.Module):
+  """torchvision's ResNet layout (v1.5: stride on the 3x3 convolution); BatchNorm statistics
+  averaged over `axis_name` in training."""
   num_classes: int
   stage_sizes: Sequence[int]
   block_cls: Any

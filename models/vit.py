@@ -10,6 +10,7 @@ from models import layers
 
 
 class EncoderBlock(nn.Module):
+  """Pre-norm Transformer encoder block: attention then MLP, each residual."""
   num_heads: int
   mlp_dim: int
   dropout_rate: float
@@ -31,6 +32,8 @@ class EncoderBlock(nn.Module):
 
 
 class ViT(nn.Module):
+  """Vision Transformer (torchvision's layout): patch embedding, class token, encoder,
+  classifier on the class token."""
   num_classes: int
   patch_size: int
   hidden_size: int

@@ -1,6 +1,5 @@
 """Bad input: one line naming the value and the fix, before any compile or write."""
 
-import os
 import subprocess
 import sys
 
@@ -9,10 +8,24 @@ import pytest
 import models
 
 from trainer import input_pipeline
+from trainer import processes
 from trainer import train
 from trainer.errors import UserError
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+def _out_of_range(field, value, rule, placeholder='X', **others):
+  """A case of `field` set to `value` (and the `others` fields), refused by the checks' one
+  line for a value out of its range: FIELD=VALUE must be RULE (--config.FIELD=PLACEHOLDER)."""
+  return (dict(others, **{field: value}),
+          f'{field}={value!r} must be {rule} (--config.{field}={placeholder})')
+
+
+def _unknown(field, value, choices):
+  """A case of `field` set to a `value` it cannot take, refused with the `choices` it can."""
+  return ({field: value},
+          f"{field}={value!r} is unknown; choose one of: {', '.join(choices)} "
+          f'(--config.{field}=NAME)')
+
 
 CASES = {
     'batch not divisible': (
@@ -35,22 +48,12 @@ CASES = {
         dict(num_train_steps=-1, num_epochs=-3.0),
         'num_epochs=-3.0 must be positive (--config.num_epochs=X), or -1 to count in '
         'num_train_steps'),
-    'unknown model': (
-        dict(model='resnet9'),
-        f"model='resnet9' is unknown; choose one of: {', '.join(models.names())} "
-        '(--config.model=NAME)'),
-    'unknown dataset': (
-        dict(dataset='imagenet'),
-        "dataset='imagenet' is unknown; choose one of: cifar10, cifar100, digits, "
-        'fashion_mnist, imagenet2012, mnist (--config.dataset=NAME)'),
-    'unknown optimizer': (
-        dict(optimizer='lion'),
-        "optimizer='lion' is unknown; choose one of: adamw, lamb, lars, sgd "
-        '(--config.optimizer=NAME)'),
-    'unknown dtype': (
-        dict(dtype='float8'),
-        "dtype='float8' is unknown; choose one of: bfloat16, float16, float32 "
-        '(--config.dtype=NAME)'),
+    'unknown model': _unknown('model', 'resnet9', models.names()),
+    'unknown dataset': _unknown(
+        'dataset', 'imagenet',
+        ['cifar10', 'cifar100', 'digits', 'fashion_mnist', 'imagenet2012', 'mnist']),
+    'unknown optimizer': _unknown('optimizer', 'lion', ['adamw', 'lamb', 'lars', 'sgd']),
+    'unknown dtype': _unknown('dtype', 'float8', ['bfloat16', 'float16', 'float32']),
     'accumulation does not divide': (
         dict(grad_accum_steps=3),
         'grad_accum_steps=3 does not divide the per-device batch of 16 (batch_size=128 over 8 '
@@ -61,40 +64,22 @@ CASES = {
     'warmup too long': (
         dict(warmup_steps=-1, warmup_epochs=100.0),
         'warmup_steps=1123 must be >= 0 and below num_train_steps=500'),
-    'negative weight decay': (
-        dict(weight_decay=-0.1),
-        'weight_decay=-0.1 must be >= 0; 0 turns it off (--config.weight_decay=X)'),
-    'dropout of one': (
-        dict(dropout_rate=1.0),
-        'dropout_rate=1.0 must be in [0, 1); 0 turns dropout off (--config.dropout_rate=X)'),
-    'zero steps': (
-        dict(num_train_steps=0),
-        'num_train_steps=0 must be a positive integer (--config.num_train_steps=N)'),
-    'negative batch': (
-        dict(batch_size=-8),
-        'batch_size=-8 must be a positive integer (--config.batch_size=N)'),
-    'negative mixup alpha': (
-        dict(mixup_alpha=-0.2),
-        'mixup_alpha=-0.2 must be >= 0; 0 turns Mixup off (--config.mixup_alpha=X)'),
-    'negative cutmix alpha': (
-        dict(cutmix_alpha=-1.0),
-        'cutmix_alpha=-1.0 must be >= 0; 0 turns CutMix off (--config.cutmix_alpha=X)'),
-    'mix probability above one': (
-        dict(mix_prob=1.5),
-        'mix_prob=1.5 must be a probability in [0, 1] (--config.mix_prob=X)'),
-    'erase probability below zero': (
-        dict(random_erase_prob=-0.25),
-        'random_erase_prob=-0.25 must be a probability in [0, 1]'),
-    'magnitude off the table': (
-        dict(randaugment_num_layers=2, randaugment_magnitude=31),
-        'randaugment_magnitude=31 must be an integer in [0, 30] '
-        '(--config.randaugment_magnitude=M)'),
-    'negative randaugment layers': (
-        dict(randaugment_num_layers=-1),
-        'randaugment_num_layers=-1 must be an integer >= 0; 0 turns RandAugment off'),
-    'stochastic depth of one': (
-        dict(model='resnet_tiny', stochastic_depth_rate=1.0),
-        'stochastic_depth_rate=1.0 must be in [0, 1)'),
+    'negative weight decay': _out_of_range('weight_decay', -0.1, '>= 0; 0 turns it off'),
+    'dropout of one': _out_of_range('dropout_rate', 1.0, 'in [0, 1); 0 turns dropout off'),
+    'zero steps': _out_of_range('num_train_steps', 0, 'a positive integer', 'N'),
+    'negative batch': _out_of_range('batch_size', -8, 'a positive integer', 'N'),
+    'negative mixup alpha': _out_of_range('mixup_alpha', -0.2, '>= 0; 0 turns Mixup off'),
+    'negative cutmix alpha': _out_of_range('cutmix_alpha', -1.0, '>= 0; 0 turns CutMix off'),
+    'mix probability above one': _out_of_range('mix_prob', 1.5, 'a probability in [0, 1]'),
+    'erase probability below zero': _out_of_range('random_erase_prob', -0.25,
+                                                  'a probability in [0, 1]'),
+    'magnitude off the table': _out_of_range(
+        'randaugment_magnitude', 31, 'an integer in [0, 30]', 'M', randaugment_num_layers=2),
+    'negative randaugment layers': _out_of_range(
+        'randaugment_num_layers', -1, 'an integer >= 0; 0 turns RandAugment off', 'N'),
+    'stochastic depth of one': _out_of_range(
+        'stochastic_depth_rate', 1.0, 'in [0, 1); 0 turns stochastic depth off',
+        model='resnet_tiny'),
     'eval split the dataset lacks': (
         dict(eval_splits='train[:10],validation'),
         "eval_splits: dataset 'digits' has no split 'validation'; it has: test, train"),
@@ -152,15 +137,16 @@ def test_eval_only_without_a_checkpoint_is_refused_and_writes_nothing(config, tm
 
 
 def _cli(*args):
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
   return subprocess.run(
       [sys.executable, '-m', 'trainer.main', '--config=configs/default.py', '--cpu_devices=8',
-       *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+       *args], cwd=processes.REPO, env=processes.environment(), capture_output=True, text=True,
+      timeout=300, check=False)
 
 
 @pytest.mark.parametrize('args,message', [
     (['--config.batch_size=100'], 'error: batch_size=100 is not divisible by the 8 devices'),
-    (['--config.model=resnet9'], "error: model='resnet9' is unknown; choose one of: cnn, mlp, resnet101"),
+    (['--config.model=resnet9'],
+     "error: model='resnet9' is unknown; choose one of: cnn, mlp, resnet101"),
     (['--cpu_devices=0'], 'error: --cpu_devices=0 must be a positive device count'),
 ])
 def test_cli_prints_one_line_and_exits_nonzero(tmp_path, tfds_data_dir, args, message):

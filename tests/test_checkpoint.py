@@ -16,11 +16,11 @@ from tensorboard.backend.event_processing import plugin_event_accumulator
 
 from tests import helpers
 from trainer import checkpoint
+from trainer import processes
 from trainer import train
 from trainer import writers
 from trainer.errors import Diverged, UserError
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A run long enough to be stopped mid-way, small enough to take seconds. Its learning rate keeps
 # float32 rounding from being amplified between topologies (at 0.1 a resume on other devices
@@ -63,7 +63,7 @@ def _start(workdir, tfds_data_dir):
       [sys.executable, '-m', 'trainer.main', '--config=configs/default.py',
        f'--cpu_devices={DEVICES}', f'--workdir={workdir}',
        f'--config.tfds_data_dir={tfds_data_dir}', *args],
-      cwd=REPO, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'), stderr=subprocess.PIPE,
+      cwd=processes.REPO, env=processes.environment(), stderr=subprocess.PIPE,
       stdout=subprocess.DEVNULL, text=True)
 
 
@@ -84,7 +84,7 @@ def _stop(workdir, tfds_data_dir, how, after_step) -> int:
   process.send_signal(getattr(signal, how))
   rest = process.stderr.read()
   process.wait(timeout=120)
-  saved = checkpoint.Checkpointer(workdir, keep=3).steps()
+  saved = helpers.saved_steps(workdir)
   assert saved  # At least one save landed.
   if how == 'SIGTERM':
     assert process.returncode == 128 + signal.SIGTERM
@@ -216,7 +216,7 @@ def test_divergence_stops_with_the_last_good_checkpoint(config, tmp_path):
   assert found, str(error.value)
   bad, good, saved = map(int, found.groups()[:3])
   assert good == bad - 1 and saved <= good and saved > 0
-  assert checkpoint.Checkpointer(workdir, keep=3).steps()[-1] == saved
+  assert helpers.saved_steps(workdir)[-1] == saved
   newest = checkpoint.read_state(workdir)
   assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(newest))
   # The train curves end at the last finite step, every point of them finite.

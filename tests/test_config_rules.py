@@ -9,14 +9,13 @@ from ml_collections import config_flags
 
 from trainer import checks
 from trainer import optim
+from trainer import processes
 from trainer.errors import UserError
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _flag(config_file, *args):
   """The config flag as trainer/main.py parses it, with `args` on the command line."""
-  argv = ['prog', f'--config={os.path.join(REPO, "configs", config_file)}', *args]
+  argv = ['prog', f'--config={os.path.join(processes.REPO, "configs", config_file)}', *args]
   flag_values = flags.FlagValues()
   config_flags.DEFINE_config_file('config', None, 'Training config file.',
                                   flag_values=flag_values, lock_config=True, sys_argv=argv)

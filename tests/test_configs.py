@@ -11,10 +11,11 @@ import tensorflow_datasets as tfds
 from trainer import checks
 from trainer import writers
 from trainer import optim
+from trainer import processes
 from trainer import train
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = sorted(glob.glob(os.path.join(REPO, 'configs', '[!_]*.py')))
+CONFIG_DIR = os.path.join(processes.REPO, 'configs')
+CONFIGS = sorted(glob.glob(os.path.join(CONFIG_DIR, '[!_]*.py')))
 
 
 def load(path):
@@ -34,7 +35,7 @@ def test_config_is_valid_and_documents_its_command(path):
 
 
 def test_imagenet_resnet50_recipe_in_steps():
-  config = load(os.path.join(REPO, 'configs', 'imagenet_resnet50.py'))
+  config = load(os.path.join(CONFIG_DIR, 'imagenet_resnet50.py'))
   resolved = optim.resolve_durations(config, 1_281_167)
   assert resolved.num_train_steps == 112_603  # ceil(90 x 1,281,167 / 1024)
   assert resolved.warmup_steps == 6_256  # ceil(5 x 1,281,167 / 1024)
@@ -46,7 +47,7 @@ def test_imagenet_resnet50_recipe_in_steps():
 
 def test_imagenet_deit_recipe_is_deits():
   """DeiT's LR 5e-4 x batch / 512 down to 1e-5, 5 warm-up epochs, over 300 epochs."""
-  config = load(os.path.join(REPO, 'configs', 'imagenet_deit_s16.py'))
+  config = load(os.path.join(CONFIG_DIR, 'imagenet_deit_s16.py'))
   resolved = optim.resolve_durations(config, 1_281_167)
   assert resolved.num_train_steps == 375_342  # ceil(300 x 1,281,167 / 1024)
   peak = 5e-4 * config.batch_size / 512
@@ -57,7 +58,7 @@ def test_imagenet_deit_recipe_is_deits():
 
 
 def test_cifar10_resnet18_runs_end_to_end_on_mock_data(tmp_path):
-  config = load(os.path.join(REPO, 'configs', 'cifar10_resnet18.py'))
+  config = load(os.path.join(CONFIG_DIR, 'cifar10_resnet18.py'))
   config.update(batch_size=16, eval_batch_size=16, num_epochs=-1.0, num_train_steps=4,
                 warmup_epochs=-1.0, warmup_steps=1, log_every_steps=2, eval_every_steps=4,
                 checkpoint_every_steps=4, shuffle_buffer_size=64)

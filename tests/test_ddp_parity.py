@@ -9,11 +9,9 @@ import numpy as np
 import pytest
 
 from baselines.torch_ddp import launch
+from trainer import processes
 from trainer import writers
 from trainer import train
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
 
 
 # Ranks 1, 2 and 4, each against another JAX device count; torchvision's ResNet (at a test
@@ -30,7 +28,8 @@ def test_first_20_losses_agree(tmp_path, config, model, jax_devices, ddp_ranks):
       launch.command(ddp_ranks, ddp_dir, ['--config=configs/default.py', '--parity',
                                           f'--config.tfds_data_dir={config.tfds_data_dir}',
                                           *(f'--config.{k}={v}' for k, v in overrides.items())]),
-      cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300, check=False)
+      cwd=processes.REPO, env=processes.environment(), capture_output=True, text=True,
+      timeout=300, check=False)
   assert ddp_run.returncode == 0, ddp_run.stderr[-2000:]
 
   scalars, _ = writers.read_events(jax_dir)

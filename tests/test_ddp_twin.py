@@ -13,7 +13,7 @@ from baselines.torch_ddp import launch
 from baselines.torch_ddp import models as torch_models
 from baselines.torch_ddp import train as ddp_train
 from tests import helpers
-from tests.test_ddp_parity import ENV, REPO
+from trainer import processes
 from trainer import writers
 
 STEPS = 200
@@ -27,8 +27,9 @@ def _command(workdir, tfds_data_dir):
 
 
 def _run(workdir, tfds_data_dir):
-  run = subprocess.run(_command(workdir, tfds_data_dir), cwd=REPO, env=ENV,
-                       capture_output=True, text=True, timeout=300, check=False)
+  run = subprocess.run(_command(workdir, tfds_data_dir), cwd=processes.REPO,
+                       env=processes.environment(), capture_output=True, text=True,
+                       timeout=300, check=False)
   assert run.returncode == 0, run.stderr[-3000:]
 
 
@@ -51,8 +52,9 @@ def _load(workdir, step):
 def test_sigterm_stops_with_a_checkpoint_and_resume_is_exact(reference, tmp_path,
                                                              tfds_data_dir):
   workdir = str(tmp_path / 'run')
-  process = subprocess.Popen(_command(workdir, tfds_data_dir), cwd=REPO, env=ENV,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  process = subprocess.Popen(_command(workdir, tfds_data_dir), cwd=processes.REPO,
+                             env=processes.environment(), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
   jsonl = os.path.join(workdir, writers.JSONL_NAME)
   deadline = time.time() + 120
   while time.time() < deadline and not (os.path.exists(jsonl) and _train_steps(workdir)
@@ -110,8 +112,8 @@ def test_a_workdir_of_another_config_is_refused_untouched(reference, tmp_path, t
   shutil.copytree(reference, workdir)
   before = {p: os.path.getmtime(os.path.join(workdir, p)) for p in os.listdir(workdir)}
   command = _command(workdir, tfds_data_dir) + ['--config.model=mlp']
-  run = subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True,
-                       timeout=300, check=False)
+  run = subprocess.run(command, cwd=processes.REPO, env=processes.environment(),
+                       capture_output=True, text=True, timeout=300, check=False)
   assert run.returncode != 0
   assert "written under another config (model: 'cnn' -> 'mlp'); use a new --workdir" in (
       run.stdout + run.stderr)

@@ -33,7 +33,8 @@ def test_eval_is_exact(config, digits_state, num_devices, eval_batch):
   assert num_examples % config.eval_batch_size != 0
   data = input_pipeline.eval_data(config, input_pipeline.get_builder(config),
                                   local_device_count=num_devices)
-  assert data.num_examples == num_examples == 360
+  masks = [batch['mask'] for batch in input_pipeline.eval_batches(data)]
+  assert sum(int(mask.sum()) for mask in masks) == num_examples == 360
   assert data.batch_size == -(-config.eval_batch_size // num_devices) * num_devices
   layout = parallel.data_parallel('pmap', devices)
   got = train.evaluate(step_lib.make_eval_step(layout), layout.put_replicated(digits_state),

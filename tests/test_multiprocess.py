@@ -12,18 +12,16 @@ import jax
 import numpy as np
 import pytest
 
-from baselines.torch_ddp import launch
 from tests import helpers
 from trainer import checkpoint
+from trainer import processes
 from trainer import writers
 from trainer import train
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A learning rate that keeps float32 rounding from being amplified between topologies.
 RUN = ['--config=configs/default.py', '--config.num_train_steps=40', '--config.warmup_steps=5',
        '--config.log_every_steps=10', '--config.eval_every_steps=20',
        '--config.checkpoint_every_steps=20', '--config.learning_rate=0.02']
-ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
 
 
 @pytest.fixture(autouse=True)
@@ -42,8 +40,8 @@ def test_the_local_launcher_trains_as_one_process_of_four(config, tmp_path, tfds
   launched = subprocess.run(
       ['launch/local.sh', '--num_processes=2', '--devices_per_process=2', '--',
        f'--workdir={multi}', *RUN, data],
-      cwd=REPO, env=dict(ENV, PYTHON=sys.executable), capture_output=True, text=True,
-      timeout=300, check=False)
+      cwd=processes.REPO, env=processes.environment(PYTHON=sys.executable),
+      capture_output=True, text=True, timeout=300, check=False)
   print(f'2 processes x 2 devices: {time.perf_counter() - start:.1f} s')
   assert launched.returncode == 0, launched.stderr[-3000:]
   log = launched.stdout + launched.stderr
@@ -75,7 +73,8 @@ def _start_process(index, port, workdir, data):
        f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2', f'--process_id={index}',
        '--heartbeat_timeout_s=10', *RUN, data, '--config.num_train_steps=100000',
        '--config.eval_every_steps=100000', '--config.checkpoint_every_steps=100000'],
-      cwd=REPO, env=ENV, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+      cwd=processes.REPO, env=processes.environment(), stderr=subprocess.PIPE,
+      stdout=subprocess.DEVNULL, text=True)
 
 
 def _wait_for_step(process, step):
@@ -86,7 +85,7 @@ def _wait_for_step(process, step):
 
 
 def test_when_one_process_dies_the_other_stops_within_a_minute(tmp_path, tfds_data_dir):
-  port = launch.free_port()
+  port = processes.free_port()
   data = f'--config.tfds_data_dir={tfds_data_dir}'
   survivor = _start_process(0, port, str(tmp_path / 'run'), data)
   victim = _start_process(1, port, str(tmp_path / 'run'), data)
@@ -118,8 +117,8 @@ def test_launcher_fails_when_a_process_fails(tmp_path, tfds_data_dir):
       ['launch/local.sh', '--num_processes=2', '--devices_per_process=2', '--',
        f'--workdir={workdir}', *RUN, f'--config.tfds_data_dir={tfds_data_dir}',
        '--config.num_train_steps=100000', '--heartbeat_timeout_s=10'],
-      cwd=REPO, env=dict(ENV, PYTHON=sys.executable), stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT, text=True)
+      cwd=processes.REPO, env=processes.environment(PYTHON=sys.executable),
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   for line in launched.stdout:
     if re.search(r'\[p1\] .*\] \[20\] .*train_loss=', line):
       break
@@ -156,18 +155,18 @@ def _processes_with_args(*needles):
 def test_sigterm_to_one_process_stops_all_at_the_same_step_with_a_checkpoint(
     tmp_path, tfds_data_dir):
   """JAX's preemption sync point: every process saves and stops at one agreed step."""
-  port = launch.free_port()
+  port = processes.free_port()
   data = f'--config.tfds_data_dir={tfds_data_dir}'
   workdir = str(tmp_path / 'run')
-  processes = [_start_process(i, port, workdir, data) for i in range(2)]
-  _wait_for_step(processes[0], 20)
-  processes[1].send_signal(signal.SIGTERM)
-  logs = [p.stderr.read() for p in processes]
+  workers = [_start_process(i, port, workdir, data) for i in range(2)]
+  _wait_for_step(workers[0], 20)
+  workers[1].send_signal(signal.SIGTERM)
+  logs = [p.stderr.read() for p in workers]
   steps = set()
-  for process, log in zip(processes, logs):
+  for process, log in zip(workers, logs):
     assert process.wait(timeout=60) == 128 + signal.SIGTERM
     stop = re.search(r'stopped by SIGTERM at step (\d+) of 100000; checkpoint saved', log)
     assert stop, log[-2000:]
     steps.add(int(stop.group(1)))
   assert len(steps) == 1
-  assert checkpoint.Checkpointer(workdir, keep=3).steps() == [steps.pop()]
+  assert helpers.saved_steps(workdir) == [steps.pop()]

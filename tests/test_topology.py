@@ -9,13 +9,12 @@ import sys
 import jax
 import pytest
 
-from baselines.torch_ddp import launch
 from tests import helpers
 from trainer import checkpoint
+from trainer import processes
 from trainer import writers
 from trainer import train
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Differences in relative L2 norm to the reference run, measured over the whole matrix: params
 # and BatchNorm statistics up to 9.3e-6 (most runs ~1e-8: float32 reduction order, and a ReLU
 # flipping for an example now and then), momentum up to 1.7e-4. A topology that trained on
@@ -79,21 +78,21 @@ def test_the_same_training_on_any_device_count(trained, model, backend, devices)
 def two_processes(tfds_data_dir, tmp_path_factory):
   """Every run of TWO_PROCESS_RUNS as one job of 2 processes x 2 devices: its root dir."""
   root = tmp_path_factory.mktemp('two_processes')
-  port = launch.free_port()
+  port = processes.free_port()
   logs = [root / f'process_{index}.log' for index in range(2)]
   # Logs go to files: a pipe that fills up stops its process, and with it the other one.
-  processes = [subprocess.Popen(
+  workers = [subprocess.Popen(
       [sys.executable, '-m', 'tests.multiprocess_train', '--num_processes=2',
        f'--coordinator_address=127.0.0.1:{port}', f'--process_id={index}', '--cpu_devices=2',
        f'--root={root}', f'--tfds_data_dir={tfds_data_dir}',
        f'--runs={",".join(f"{m}:{b}" for m, b in TWO_PROCESS_RUNS)}'],
-      cwd=REPO, env=launch.environment(), stdout=subprocess.DEVNULL,
+      cwd=processes.REPO, env=processes.environment(), stdout=subprocess.DEVNULL,
       stderr=open(log, 'w', encoding='utf-8')) for index, log in enumerate(logs)]
   try:
-    for process, log in zip(processes, logs):
+    for process, log in zip(workers, logs):
       assert process.wait(timeout=300) == 0, log.read_text()[-3000:]
   finally:
-    for process in processes:
+    for process in workers:
       process.kill()
   return str(root)
 

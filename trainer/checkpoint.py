@@ -27,11 +27,14 @@ CORRUPT_DIR = 'checkpoints.unreadable'  # Unreadable checkpoints are moved here,
 
 
 def directory(workdir: str) -> str:
+  """Where a workdir's orbax checkpoints live: WORKDIR/checkpoints (absolute)."""
   return os.path.join(os.path.abspath(workdir), 'checkpoints')
 
 
 @dataclasses.dataclass
 class Restored:
+  """A restored checkpoint: its step, the state (host arrays shaped like the target) and the
+  JSON metadata saved beside it (rng, data_seed, examples_seen, devices, processes, config)."""
   step: int
   state: Any
   meta: dict
@@ -139,10 +142,6 @@ class Checkpointer:
     self._keep = keep
     self._manager: Optional[ocp.CheckpointManager] = None
 
-  def steps(self) -> list[int]:
-    reader = _read_only(self.directory)
-    return list(reader.all_steps()) if reader else []
-
   def check_topology(self, batch_size: int, devices: int, processes: int) -> None:
     """Refuses, before anything is written, a resume whose batch cannot be split over the
     devices of this run, naming the devices that wrote the checkpoint."""
@@ -199,6 +198,7 @@ class Checkpointer:
     return None, unreadable
 
   def restore(self, step: int, target: Any) -> Restored:
+    """The checkpoint at `step`, its state restored into the structure of `target`."""
     reader = _read_only(self.directory)
     restored = reader.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
@@ -215,6 +215,8 @@ class Checkpointer:
       logging.warning('moved unreadable checkpoint %d to %s', step, destination)
 
   def save(self, step: int, state: Any, meta: dict) -> None:
+    """Starts saving host `state` and JSON `meta` at `step` (asynchronously; every process
+    calls it); the oldest beyond `keep` are deleted once it is complete."""
     if self._manager is None:
       options = ocp.CheckpointManagerOptions(
           max_to_keep=self._keep, create=True, enable_async_checkpointing=True)
@@ -231,6 +233,7 @@ class Checkpointer:
       self._manager.wait_until_finished()
 
   def close(self) -> None:
+    """Waits for the saves under way, then releases the checkpoint manager."""
     if self._manager is not None:
       self._manager.wait_until_finished()
       self._manager.close()

@@ -26,12 +26,14 @@ import re
 import socket
 from typing import Iterator, Optional
 
+import ml_collections
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from trainer import augment
 from trainer import mix
+from trainer import optim
 from trainer import parallel
 from trainer.datasets import specs
 from trainer.errors import UserError
@@ -158,6 +160,15 @@ def eval_sets(config) -> list[EvalSet]:
                       'evaluate datasets of the same classes and input size')
     sets.append(EvalSet(prefix, dataset, split))
   return sets
+
+
+def open_train_data(config, *, process_index: int = 0
+                    ) -> tuple[tfds.core.DatasetBuilder, ml_collections.ConfigDict]:
+  """The config's dataset builder (prepared, see `get_builder`) with its train split checked
+  to exist, and the config with its durations in epochs resolved to steps on that split."""
+  builder = get_builder(config, process_index=process_index)
+  check_split(builder, config.train_split, 'train_split')
+  return builder, optim.resolve_durations(config, num_examples(builder, config.train_split))
 
 
 def num_examples(builder, split: str) -> int:
@@ -287,6 +298,7 @@ class TrainRows:
 
   @property
   def rows(self) -> int:
+    """This process's rows of each global batch."""
     return self.batch_size // self.process_count
 
   def positions(self, step: tf.Tensor) -> tf.Tensor:
@@ -520,10 +532,10 @@ def train_dataset(config, builder, *, process_index: int = 0, process_count: int
 
 @dataclasses.dataclass(frozen=True)
 class EvalData:
+  """One evaluation split, read by this process: padded batches with a mask (`eval_batches`)."""
   dataset: tf.data.Dataset  # This process's batches; the last one may be short.
   num_batches: int  # Batches every process yields, padding included.
   batch_size: int  # Per-process batch after padding.
-  num_examples: int  # Examples in the whole split, over all processes.
 
 
 def _num_examples(ds: tf.data.Dataset) -> int:
@@ -558,7 +570,7 @@ def eval_data(config, builder, *, process_index: int = 0, process_count: int = 1
   total = _num_examples(builder.as_dataset(split=eval_set.split))
   # even_splits gives every process floor or ceil of total / process_count examples.
   num_batches = math.ceil(math.ceil(total / process_count) / per_process)
-  return EvalData(ds.prefetch(tf.data.AUTOTUNE), num_batches, per_process, total)
+  return EvalData(ds.prefetch(tf.data.AUTOTUNE), num_batches, per_process)
 
 
 def eval_batches(data: EvalData) -> Iterator[dict[str, np.ndarray]]:

@@ -22,6 +22,7 @@ class Cadence:
     return step % every == 0 or step == self.last
 
   def log(self, step: int) -> bool:
+    """Whether the train scalars are written after `step` (as are `eval` and `save`)."""
     return self._due(step, self.log_every)
 
   def eval(self, step: int) -> bool:

@@ -8,8 +8,11 @@ import os
 import sys
 import traceback
 
-# TensorFlow only feeds data here; keep its C++ start-up chatter out of the log.
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+from trainer import processes
+
+# Before TensorFlow is imported: its C++ start-up chatter stays out of the log.
+for _name, _value in processes.QUIET_TENSORFLOW.items():
+  os.environ.setdefault(_name, _value)
 
 import jax  # pylint: disable=wrong-import-position
 import tensorflow as tf  # pylint: disable=wrong-import-position

@@ -1,9 +1,7 @@
-"""CLU metric collections, the per-step metrics buffer and throughput bookkeeping; no
-TensorFlow (the writers are in `trainer.writers`)."""
+"""CLU metric collections and the per-step metrics buffer; no TensorFlow (the writers and
+readers are in `trainer.writers`, throughput and memory in `trainer.efficiency`)."""
 
-import resource
-import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import flax
 import jax.numpy as jnp
@@ -51,12 +49,8 @@ class EvalMetrics(metrics.Collection):
   top5_accuracy: TopKAccuracy
 
 
-def peak_rss_mb() -> float:
-  """This process's peak resident memory so far, in MiB (Linux reports KiB)."""
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def merge(collections: Sequence[metrics.Collection]) -> metrics.Collection:
+  """One collection of several (host copies) of the same type, as if accumulated in one."""
   merged = collections[0]
   for collection in collections[1:]:
     merged = merged.merge(collection)
@@ -83,6 +77,7 @@ class TrainMetricsBuffer:
     self.first_nonfinite_step: Optional[int] = None
 
   def add(self, step: int, step_metrics) -> None:
+    """Keeps `step`'s metrics (still on the devices) until the next `fetch`."""
     self._on_device.append((step, step_metrics))
 
   def fetch(self) -> bool:
@@ -112,6 +107,7 @@ class TrainMetricsBuffer:
 
 
 def train_scalars(collection: TrainMetrics) -> dict[str, float]:
+  """The collection's values as `train_loss`, `train_accuracy`, ... and `learning_rate`."""
   values = collection.compute()
   scalars = {f'train_{k}': float(v) for k, v in values.items() if k != 'learning_rate'}
   scalars['learning_rate'] = float(values['learning_rate'])  # Tag without prefix.
@@ -121,25 +117,3 @@ def train_scalars(collection: TrainMetrics) -> dict[str, float]:
 def eval_scalars(collection: EvalMetrics, prefix: str = 'eval') -> dict[str, float]:
   """The collection's values as `{prefix}_loss`, `{prefix}_accuracy`, ..."""
   return {f'{prefix}_{k}': float(v) for k, v in collection.compute().items()}
-
-
-class Throughput:
-  """Examples per second per device between successive calls of `rate`."""
-
-  def __init__(self, examples_per_step: int, num_devices: int):
-    self._examples_per_step = examples_per_step
-    self._num_devices = num_devices
-    self._last_step = None
-    self._last_time = None
-
-  def start(self, step: int) -> None:
-    self._last_step, self._last_time = step, time.perf_counter()
-
-  def rate(self, step: int) -> Any:
-    now = time.perf_counter()
-    steps = step - self._last_step
-    elapsed = now - self._last_time
-    self._last_step, self._last_time = step, now
-    if steps <= 0 or elapsed <= 0:
-      return None
-    return steps * self._examples_per_step / elapsed / self._num_devices

@@ -24,6 +24,7 @@ from trainer.parallel import MIX_LABEL_KEY, MIX_WEIGHT_KEY
 
 @dataclasses.dataclass(frozen=True)
 class MixOptions:
+  """Mixup/CutMix settings of a config (timm's and torchvision's meanings)."""
   mixup_alpha: float = 0.0  # Beta(alpha, alpha) of Mixup's weight; 0 = no Mixup.
   cutmix_alpha: float = 0.0  # Beta(alpha, alpha) of CutMix's area; 0 = no CutMix.
   prob: float = 1.0  # Probability that a batch is mixed at all.
@@ -36,6 +37,7 @@ class MixOptions:
 
   @property
   def active(self) -> bool:
+    """Whether any batch can be mixed."""
     return (self.mixup_alpha > 0 or self.cutmix_alpha > 0) and self.prob > 0
 
 

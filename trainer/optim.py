@@ -17,6 +17,7 @@ DURATION_PAIRS = (('num_train_steps', 'num_epochs'), ('warmup_steps', 'warmup_ep
 
 
 def is_set(config, field: str) -> bool:
+  """Whether a duration field (e.g. warmup_epochs) holds a value rather than `UNSET`."""
   return config[field] != UNSET
 
 
@@ -33,6 +34,7 @@ def resolve_durations(config, num_train_examples: int) -> ml_collections.ConfigD
 
 
 def peak_learning_rate(config) -> float:
+  """`learning_rate`, times batch_size / 256 where `scale_learning_rate` is set."""
   scale = config.batch_size / REFERENCE_BATCH if config.scale_learning_rate else 1.0
   return config.learning_rate * scale
 
@@ -56,6 +58,8 @@ def decay_mask(params):
 
 
 def create_optimizer(config, schedule: optax.Schedule) -> optax.GradientTransformation:
+  """The config's optimizer (`config.optimizer`, its weight decay, gradient clipping) with
+  `schedule` as its learning rate."""
   mask = None if config.decay_all_params else decay_mask
   if config.optimizer == 'sgd':
     tx = optax.chain(

@@ -75,9 +75,14 @@ def pad_batch(batch: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
   return padded
 
 
+def device_mesh(devices: Sequence[jax.Device]) -> jax.sharding.Mesh:
+  """The one-axis mesh (`AXIS_NAME`) of `devices`, in their order."""
+  return jax.sharding.Mesh(np.asarray(devices), (AXIS_NAME,))
+
+
 def device_sharding(devices: Sequence[jax.Device]) -> NamedSharding:
   """Leading axis split over `devices`, the layout a pmap over `devices` takes its inputs in."""
-  return NamedSharding(jax.sharding.Mesh(np.asarray(devices), (AXIS_NAME,)), P(AXIS_NAME))
+  return NamedSharding(device_mesh(devices), P(AXIS_NAME))
 
 
 def replicate(tree: Any, devices: Sequence[jax.Device]) -> Any:
@@ -152,7 +157,7 @@ class ShardMapped(DataParallel):
 
   def __init__(self, devices=None):
     super().__init__(devices)
-    self.mesh = jax.sharding.Mesh(np.asarray(self.devices), (AXIS_NAME,))
+    self.mesh = device_mesh(self.devices)
     self._replicated = NamedSharding(self.mesh, P())
     self._batched = NamedSharding(self.mesh, P(AXIS_NAME))
 

@@ -53,4 +53,5 @@ class StopSignals:
 
   @property
   def name(self) -> str:
+    """The received signal's name (e.g. 'SIGTERM'); '' if none."""
     return signal.Signals(self.received).name if self.received is not None else ''

@@ -29,6 +29,7 @@ class TrainState(train_state.TrainState):
     return variables
 
   def eval_params(self) -> Any:
+    """The params evaluation uses: the EMA where one is kept, else the params."""
     return self.params if self.ema_params is None else self.ema_params
 
 
@@ -41,7 +42,8 @@ def seed_rngs(seed: int) -> tuple[jax.Array, jax.Array]:
 def create_train_state(model, tx: optax.GradientTransformation, rng: jax.Array,
                        input_shape: tuple[int, ...], *, loss_scaling: bool = False,
                        ema: bool = False) -> TrainState:
-  """Initializes `model` on a dummy batch of `input_shape` (host side, unreplicated)."""
+  """Initializes `model` on a dummy batch of `input_shape`; the arrays are on the default
+  device, unreplicated."""
   variables = jax.jit(lambda r: model.init(r, jnp.zeros(input_shape, jnp.float32), train=False))(
       rng)
   params = variables['params']
@@ -68,5 +70,21 @@ def initializer(config, num_classes: int,
                            loss_scaling=config.dtype == 'float16', ema=config.ema_decay > 0)
 
 
+def init_state(config, num_classes: int, input_shape: tuple[int, ...],
+               rng: Optional[jax.Array] = None) -> TrainState:
+  """The config's model and optimizer initialized (on the default device) for `input_shape`
+  (batch first) and fetched to the host, from `rng` (default: the config seed's init key).
+  The one build from a config that every run uses."""
+  init = initializer(config, num_classes, optim.learning_rate_schedule(config))
+  return jax.device_get(init(seed_rngs(config.seed)[0] if rng is None else rng, input_shape))
+
+
+def abstract_state(config, num_classes: int, input_shape: tuple[int, ...]) -> TrainState:
+  """`init_state`'s shapes and dtypes, nothing computed (to check a checkpoint against)."""
+  init = initializer(config, num_classes, optim.learning_rate_schedule(config))
+  return jax.eval_shape(lambda rng: init(rng, input_shape), seed_rngs(config.seed)[0])
+
+
 def param_count(params: Any) -> int:
+  """Number of scalars in a params tree."""
   return sum(x.size for x in jax.tree.leaves(params))

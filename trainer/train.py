@@ -112,7 +112,7 @@ def _all_finite(tree) -> bool:
 
 def _run_peak_rss_mb() -> float:
   """Peak resident memory summed over the run's processes (each at its own peak), MiB."""
-  mine = np.float64(metrics.peak_rss_mb())
+  mine = np.float64(efficiency.peak_rss_mb())
   if jax.process_count() == 1:
     return float(mine)
   from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
@@ -129,22 +129,23 @@ class _Start:
   resume_step: Optional[int]  # The checkpoint restored, if any.
 
 
-def _start(config, checkpointer, init, model, input_shape, workdir: str) -> _Start:
+def _start(run: '_Run', workdir: str) -> _Start:
   """Restores the newest intact checkpoint, else initializes (from `init_from` if set).
 
   Everything up to the first write is checked first (nothing is compiled but the init): a
   workdir whose checkpoint does not fit the config, or `init_from` weights that do not fit
   the model, stop the run with the workdir untouched.
   """
-  init_rng, step_rng = state_lib.seed_rngs(config.seed)
-  abstract_state = jax.eval_shape(lambda rng: init(rng, input_shape), init_rng)
-  resume_step, unreadable = checkpointer.find_restorable(abstract_state, config.to_dict())
-  state = jax.device_get(init(init_rng, input_shape))
+  config, checkpointer = run.config, run.checkpointer
+  _, step_rng = state_lib.seed_rngs(config.seed)
+  resume_step, unreadable = checkpointer.find_restorable(
+      state_lib.abstract_state(config, run.num_classes, run.input_shape), config.to_dict())
+  state = state_lib.init_state(config, run.num_classes, run.input_shape)
   if resume_step is not None and config.init_from:
     logging.warning('init_from=%r is not used: this run resumes from its own checkpoint at '
                     'step %d in %s', config.init_from, resume_step, checkpointer.directory)
   if resume_step is None and config.init_from:
-    state, _ = _init_from(config.init_from, config.model, model, state)
+    state, _ = _init_from(config.init_from, config.model, run.model, state)
 
   # From here on the workdir is written.
   tf.io.gfile.makedirs(workdir)
@@ -235,10 +236,7 @@ def _prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
   layout = parallel.data_parallel(config.step_backend, devices)
   if config.compilation_cache_dir:
     use_compilation_cache(config.compilation_cache_dir)
-  builder = input_pipeline.get_builder(config, process_index=jax.process_index())
-  input_pipeline.check_split(builder, config.train_split, 'train_split')
-  config = optim.resolve_durations(
-      config, input_pipeline.num_examples(builder, config.train_split))
+  builder, config = input_pipeline.open_train_data(config, process_index=jax.process_index())
   checks.check_schedule(config)
   evaluations = evaluation_data(config, builder, layout)
   eval_per_device = input_pipeline.eval_batch_per_device(config, num_devices)
@@ -259,15 +257,13 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
   Returns the scalars."""
   run = _prepare(config, workdir, devices, training=False)
   config = run.config
-  init = state_lib.initializer(config, run.num_classes, optim.learning_rate_schedule(config))
-  init_rng, _ = state_lib.seed_rngs(config.seed)
-  abstract_state = jax.eval_shape(lambda rng: init(rng, run.input_shape), init_rng)
-  step, _ = run.checkpointer.find_restorable(abstract_state, config.to_dict())
+  step, _ = run.checkpointer.find_restorable(
+      state_lib.abstract_state(config, run.num_classes, run.input_shape), config.to_dict())
   if step is None and not config.init_from:
     raise UserError(f'--eval_only: {run.checkpointer.directory} holds no checkpoint to '
                     'evaluate and no --config.init_from is set; point --workdir at a run\'s '
                     'workdir, or pass --config.init_from=PATH (a checkpoint or a .pth file)')
-  state = jax.device_get(init(init_rng, run.input_shape))
+  state = state_lib.init_state(config, run.num_classes, run.input_shape)
   if step is not None:
     if config.init_from:
       logging.warning('init_from=%r is not evaluated: the workdir has a checkpoint (step %d)',
@@ -296,123 +292,148 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   (`parallel.global_devices()`); a single-process run may name fewer.
   """
   run = _prepare(config, workdir, devices)
-  config, layout, builder, checkpointer = run.config, run.layout, run.builder, run.checkpointer
-  process_index, process_count = jax.process_index(), jax.process_count()
-  num_devices = len(layout.devices)
-  schedule = optim.learning_rate_schedule(config)
-  init = state_lib.initializer(config, run.num_classes, schedule)
-  start = _start(config, checkpointer, init, run.model, run.input_shape, workdir)
+  config = run.config
+  start = _start(run, workdir)
   start_step = int(start.state.step)
   logging.info('%s: %d params; starting at step %d of %d on %d devices (%d process(es))',
                config.model, state_lib.param_count(start.state.params), start_step,
-               config.num_train_steps, num_devices, process_count)
-  source = input_pipeline.train_source_kind(config, builder)
-  logging.info('%s', input_pipeline.describe_train_source(source, process_count))
+               config.num_train_steps, len(run.layout.devices), jax.process_count())
+  source = input_pipeline.train_source_kind(config, run.builder)
+  logging.info('%s', input_pipeline.describe_train_source(source, jax.process_count()))
+  writer = writers.open_session(workdir, start_step, config.to_dict(),
+                                write_files=jax.process_index() == 0)
+  session = _Session(run, start, writer, workdir)
+  with metric_writers.ensure_flushes(writer), session.stop:
+    try:
+      session.train()
+    finally:
+      run.checkpointer.close()
+  # No process leaves while another may still need it for a collective or a save.
+  parallel.sync_processes('train_and_evaluate done')
+  return parallel.host_state(run.layout, session.rstate)
 
-  if process_index == 0:
-    writers.mark_session_start(workdir, start_step + 1)
-  writer = writers.create_writer(workdir)
-  if start_step == 0:
-    writer.write_hparams(config.to_dict())
 
-  train_ds = input_pipeline.train_dataset(
-      config, builder, process_index=process_index, process_count=process_count,
-      start_position=start.examples_seen, seed=start.data_seed)
+class _Session:
+  """One session of training, from `start` to the config's last step: the compiled steps,
+  the training stream from the start's position, the metrics and when to log, evaluate,
+  save and stop."""
 
-  def meta(step: int) -> dict:
-    return checkpoint.meta(
+  def __init__(self, run: _Run, start: _Start, writer, workdir: str):
+    config, layout = run.config, run.layout
+    self.run, self.start, self.writer = run, start, writer
+    self.first = int(start.state.step) + 1
+    self.last = config.num_train_steps
+    self.p_train_step = step_lib.make_train_step(
+        layout, learning_rate_fn=optim.learning_rate_schedule(config),
+        options=step_lib.StepOptions.from_config(config))
+    self.p_eval_step = step_lib.make_eval_step(layout)
+    self.rstate = layout.put_replicated(start.state)
+    self.rng = layout.put_replicated(start.step_rng)
+    self.batches = self._batches()
+    self.hooks = _hooks(config, workdir, writer)
+    self.throughput = efficiency.Throughput(config.batch_size, len(layout.devices))
+    self.cadence = loop.Cadence.from_config(config)
+    # float16 loss scaling expects overflows now and then, and skips those steps itself.
+    self.buffer = metrics.TrainMetricsBuffer(
+        layout.fetch, config.skip_nonfinite_steps or config.dtype == 'float16')
+    self.in_flight = parallel.InFlight(layout.devices)
+    self.last_saved = start.resume_step
+    # Several processes must agree on the step they stop at: there JAX's preemption notice
+    # (which owns SIGTERM) decides at a sync point; alone, the signals are recorded here.
+    multiprocess = jax.process_count() > 1
+    self.stop = signals.StopSignals(install=not multiprocess,
+                                    agree=_preemption_sync_point if multiprocess else None)
+
+  def _batches(self):
+    """This process's rows of each global batch on the devices, prefetched; also sets
+    `self.efficiency` from the FLOPs of the step lowered on the first batch (traced again,
+    not compiled)."""
+    config, layout = self.run.config, self.run.layout
+    train_ds = input_pipeline.train_dataset(
+        config, self.run.builder, process_index=jax.process_index(),
+        process_count=jax.process_count(), start_position=self.start.examples_seen,
+        seed=self.start.data_seed)
+    batches = parallel.prefetch((layout.put_batch(rows) for rows in tfds.as_numpy(train_ds)),
+                                PREFETCH_BATCHES)
+    first_batch = next(batches)
+    self.efficiency = efficiency.StepEfficiency(
+        efficiency.flops_per_device_step(self.p_train_step, self.rstate, first_batch,
+                                         self.rng),
+        efficiency.peak_flops(layout.devices[0].device_kind))
+    return itertools.chain([first_batch], batches)
+
+  def train(self) -> None:
+    """Steps from `first` to `last`, logging, evaluating and saving on the cadence; raises
+    Diverged on NaN/Inf (unless skipped) and Preempted after a stop request's checkpoint."""
+    loop_start = time.perf_counter()
+    for step in range(self.first, self.last + 1):
+      with jax.profiler.StepTraceAnnotation('train', step_num=step):
+        self.rstate, step_metrics = self.p_train_step(self.rstate, next(self.batches),
+                                                      self.rng)
+      self.in_flight.add(step_metrics)
+      self.buffer.add(step, step_metrics)
+      if step == self.first:
+        # Time throughput from the end of the first step: compiling is not training speed.
+        jax.block_until_ready(step_metrics)
+        self.writer.write_scalars(step, self.throughput.first_step_done(step, loop_start))
+      for hook in self.hooks:
+        hook(step)
+      stopping = self.stop.requested(step) and step < self.last
+      save_now = self.cadence.save(step) or stopping
+      if (self.cadence.log(step) or save_now) and not self.buffer.fetch():
+        raise self._diverged()
+      if self.cadence.log(step):
+        self._log(step)
+      if self.cadence.eval(step):
+        self.writer.write_scalars(step, evaluate_all(
+            self.p_eval_step, self.rstate, self.run.evaluations, self.run.layout))
+        self.throughput.start(step)
+      if save_now:
+        self._save(step)
+      if stopping:
+        self.run.checkpointer.wait()
+        raise Preempted(
+            f'stopped by {self.stop.name} at step {step} of {self.last}; checkpoint saved in '
+            f'{self.run.checkpointer.directory}; run the same command again to resume',
+            exit_code=128 + self.stop.received)
+    self.writer.write_scalars(self.last, {'peak_rss_mb': _run_peak_rss_mb()})
+
+  def _log(self, step: int) -> None:
+    """The train scalars since the last write, the step rate and the FLOP rate."""
+    scalars = self.buffer.scalars()
+    rate = self.throughput.rate(step)
+    if rate is not None:
+      scalars['examples_per_sec_per_device'] = rate
+      num_devices = len(self.run.layout.devices)
+      scalars.update(self.efficiency.scalars(rate * num_devices / self.run.config.batch_size))
+    self.writer.write_scalars(step, scalars)
+
+  def _save(self, step: int) -> None:
+    """Saves the state at `step` (all processes), after checking its params are finite."""
+    host_state = parallel.host_state(self.run.layout, self.rstate)
+    if not _all_finite(host_state.params):
+      self.buffer.first_nonfinite_step = step
+      raise self._diverged('params')
+    config, start = self.run.config, self.start
+    self.run.checkpointer.save(step, host_state, checkpoint.meta(
         rng=start.step_rng, data_seed=start.data_seed,
-        examples_seen=start.examples_seen + (step - start_step) * config.batch_size,
-        devices=num_devices, processes=process_count, config=config.to_dict())
+        examples_seen=start.examples_seen + (step - self.first + 1) * config.batch_size,
+        devices=len(self.run.layout.devices), processes=jax.process_count(),
+        config=config.to_dict()))
+    self.last_saved = step
+    self.throughput.start(step)
 
-  p_train_step = step_lib.make_train_step(
-      layout, learning_rate_fn=schedule, options=step_lib.StepOptions.from_config(config))
-  p_eval_step = step_lib.make_eval_step(layout)
-  rstate = layout.put_replicated(start.state)
-  rng = layout.put_replicated(start.step_rng)
-  batches = parallel.prefetch((layout.put_batch(rows) for rows in tfds.as_numpy(train_ds)),
-                              PREFETCH_BATCHES)
-  # FLOPs of the step from XLA's cost analysis of its lowering (traced again, not compiled).
-  first_batch = next(batches)
-  step_efficiency = efficiency.StepEfficiency(
-      efficiency.flops_per_device_step(p_train_step, rstate, first_batch, rng),
-      efficiency.peak_flops(layout.devices[0].device_kind))
-  batches = itertools.chain([first_batch], batches)
-  hooks = _hooks(config, workdir, writer)
-  throughput = metrics.Throughput(config.batch_size, num_devices)
-  cadence = loop.Cadence.from_config(config)
-  # float16 loss scaling expects overflows now and then, and skips those steps itself.
-  buffer = metrics.TrainMetricsBuffer(
-      layout.fetch, config.skip_nonfinite_steps or config.dtype == 'float16')
-  in_flight = parallel.InFlight(layout.devices)
-  last_saved = start.resume_step
-  last = config.num_train_steps
-
-  def diverged(what: str = 'loss or gradient norm') -> Diverged:
+  def _diverged(self, what: str = 'loss or gradient norm') -> Diverged:
     """Says where training broke; the train metrics of the finite steps since the last write
     are written at the last of them, so the curves end where the message says."""
-    bad = buffer.first_nonfinite_step
-    scalars = buffer.scalars()
+    bad = self.buffer.first_nonfinite_step
+    scalars = self.buffer.scalars()
     if what != 'params' and scalars:
-      writer.write_scalars(bad - 1, scalars)
-    saved = (f'step {last_saved} in {checkpointer.directory}' if last_saved is not None
-             else f'none (no checkpoint yet in {checkpointer.directory})')
+      self.writer.write_scalars(bad - 1, scalars)
+    directory = self.run.checkpointer.directory
+    saved = (f'step {self.last_saved} in {directory}' if self.last_saved is not None
+             else f'none (no checkpoint yet in {directory})')
     return Diverged(
         f'{what} became NaN/Inf at step {bad} (finite through step {bad - 1}); the last good '
         f'checkpoint is {saved}; lower --config.learning_rate, or pass '
         '--config.skip_nonfinite_steps=True to skip such steps')
-
-  # Several processes must agree on the step they stop at: there JAX's preemption notice
-  # (which owns SIGTERM) decides at a sync point; alone, the signals are recorded here.
-  stop = signals.StopSignals(install=process_count == 1,
-                             agree=_preemption_sync_point if process_count > 1 else None)
-  with metric_writers.ensure_flushes(writer), stop:
-    try:
-      loop_start = time.perf_counter()
-      for step in range(start_step + 1, last + 1):
-        with jax.profiler.StepTraceAnnotation('train', step_num=step):
-          rstate, step_metrics = p_train_step(rstate, next(batches), rng)
-        in_flight.add(step_metrics)
-        buffer.add(step, step_metrics)
-        if step == start_step + 1:
-          # Time throughput from the end of the first step: compiling is not training speed.
-          jax.block_until_ready(step_metrics)
-          throughput.start(step)
-          writer.write_scalars(step, {'first_step_s': time.perf_counter() - loop_start})
-        for hook in hooks:
-          hook(step)
-        stopping = stop.requested(step) and step < last
-        save_now = cadence.save(step) or stopping
-        if (cadence.log(step) or save_now) and not buffer.fetch():
-          raise diverged()
-        if cadence.log(step):
-          scalars = buffer.scalars()
-          rate = throughput.rate(step)
-          if rate is not None:
-            scalars['examples_per_sec_per_device'] = rate
-            scalars.update(step_efficiency.scalars(rate * num_devices / config.batch_size))
-          writer.write_scalars(step, scalars)
-        if cadence.eval(step):
-          writer.write_scalars(step, evaluate_all(p_eval_step, rstate, run.evaluations,
-                                                  layout))
-          throughput.start(step)
-        if save_now:
-          host_state = parallel.host_state(layout, rstate)
-          if not _all_finite(host_state.params):
-            buffer.first_nonfinite_step = step
-            raise diverged('params')
-          checkpointer.save(step, host_state, meta(step))
-          last_saved = step
-          throughput.start(step)
-        if stopping:
-          checkpointer.wait()
-          raise Preempted(
-              f'stopped by {stop.name} at step {step} of {last}; checkpoint saved in '
-              f'{checkpointer.directory}; run the same command again to resume',
-              exit_code=128 + stop.received)
-      writer.write_scalars(last, {'peak_rss_mb': _run_peak_rss_mb()})
-    finally:
-      checkpointer.close()
-  # No process leaves while another may still need it for a collective or a save.
-  parallel.sync_processes('train_and_evaluate done')
-  return parallel.host_state(layout, rstate)

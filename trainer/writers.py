@@ -39,26 +39,13 @@ class JsonLinesWriter(metric_writers.MetricWriter):
     self._file.write(json.dumps(record) + '\n')
     self._file.flush()  # A line per log step: readers (`tail -f`, compare) see it at once.
 
-  def write_summaries(self, step, values, metadata=None):
-    del step, values, metadata
+  def _not_scalars(self, *args, **kwargs) -> None:
+    """Summaries, images, videos, audio, texts, histograms and hparams have no JSON-lines
+    form: the TensorBoard writer beside this one records them."""
+    del args, kwargs
 
-  def write_images(self, step, images):
-    del step, images
-
-  def write_videos(self, step, videos):
-    del step, videos
-
-  def write_audios(self, step, audios, *, sample_rate):
-    del step, audios, sample_rate
-
-  def write_texts(self, step, texts):
-    del step, texts
-
-  def write_histograms(self, step, arrays, num_buckets=None):
-    del step, arrays, num_buckets
-
-  def write_hparams(self, hparams):
-    del hparams
+  write_summaries = write_images = write_videos = write_audios = _not_scalars
+  write_texts = write_histograms = write_hparams = _not_scalars
 
   def flush(self) -> None:
     self._file.flush()
@@ -68,6 +55,7 @@ class JsonLinesWriter(metric_writers.MetricWriter):
 
 
 def read_jsonl(path: str) -> list[dict[str, float]]:
+  """The records of a metrics.jsonl file, in order: {"step", "wall_time", tag: value, ...}."""
   with open(path, encoding='utf-8') as f:
     return [json.loads(line) for line in f if line.strip()]
 
@@ -83,6 +71,19 @@ def create_writer(workdir: str, write_files: bool | None = None) -> metric_write
     return default
   return metric_writers.MultiWriter(
       [default, JsonLinesWriter(os.path.join(workdir, JSONL_NAME))])
+
+
+def open_session(workdir: str, start_step: int, hparams: dict, write_files: bool
+                 ) -> metric_writers.MetricWriter:
+  """The writer of a run (first or resumed) that starts after `start_step`: where
+  `write_files`, the session's START is recorded first (`mark_session_start`); a fresh run
+  (`start_step` 0) writes `hparams`."""
+  if write_files:
+    mark_session_start(workdir, start_step + 1)
+  writer = create_writer(workdir, write_files=write_files)
+  if start_step == 0:
+    writer.write_hparams(hparams)
+  return writer
 
 
 def mark_session_start(workdir: str, step: int) -> None:

@@ -22,6 +22,7 @@ gloo on CPU, nccl (one GPU per rank, SyncBatchNorm) where CUDA is present. torch
 cross-process BatchNorm on CPU: there each rank normalizes with its own batch's statistics.
 """
 
+import dataclasses
 import glob
 import json
 import os
@@ -48,10 +49,12 @@ from baselines.torch_ddp import models as torch_models
 from baselines.torch_ddp import step as step_lib
 from models import torch_weights
 from trainer import checks
+from trainer import efficiency
 from trainer import input_pipeline
 from trainer import loop
 from trainer import metrics
 from trainer import optim
+from trainer import parallel
 from trainer import signals
 from trainer import state as state_lib
 from trainer import writers
@@ -91,6 +94,7 @@ def jax_initial_variables(config, input_shape):
 
 
 def checkpoint_steps(workdir: str) -> list[int]:
+  """The steps of the checkpoints in WORKDIR/checkpoints, oldest first."""
   paths = glob.glob(os.path.join(workdir, CHECKPOINT_DIR, 'step_*.pt'))
   return sorted(int(m.group(1)) for m in (re.search(r'step_(\d+)\.pt$', p) for p in paths) if m)
 
@@ -143,7 +147,7 @@ def evaluate(model, data: input_pipeline.EvalData, device, precision: step_lib.P
     for batch in input_pipeline.eval_batches(data):
       images = step_lib.to_model_input(batch['image'], device, precision.channels_last)
       labels = torch.from_numpy(batch['label']).long().to(device)
-      mask = torch.from_numpy(batch['mask']).to(device, torch.float32)
+      mask = torch.from_numpy(batch[parallel.MASK_KEY]).to(device, torch.float32)
       with precision.autocast():
         logits = model(images).float()
       losses = torch.nn.functional.cross_entropy(logits, labels, reduction='none')
@@ -179,30 +183,41 @@ def build_model(config, input_shape, device, precision: step_lib.Precision, pari
   return step_lib.place_model(model, device, precision)
 
 
-def train(config, workdir: str, parity: bool, init_weights: Optional[str] = None,
-          channels_last: bool = True, compile_model: bool = False) -> None:
-  rank, world = dist.get_rank(), dist.get_world_size()
-  checks.check_config(config, process_count=1, local_device_count=world)
-  step_lib.check_supported(config)
-  cuda = torch.cuda.is_available()
-  device = torch.device('cuda', int(os.environ.get('LOCAL_RANK', 0))) if cuda else (
-      torch.device('cpu'))
-  if rank > 0:
-    dist.barrier()  # Rank 0 prepares the dataset first.
-  builder = input_pipeline.get_builder(config)
-  if rank == 0:
-    dist.barrier()
-  config = optim.resolve_durations(config, input_pipeline.num_examples(builder,
-                                                                       config.train_split))
-  checks.check_schedule(config)
-  input_shape = input_pipeline.input_shape(config, builder)
-  eval_data = input_pipeline.eval_data(config, builder, process_index=rank, process_count=world)
-  saved = _restore(workdir, config)
+# Rank r of a run seeded s seeds torch's generator (its dropout masks) with
+# s * RANK_SEED_STRIDE + r + 1: a stream of its own for every rank and seed (below the stride).
+RANK_SEED_STRIDE = 1_009
 
+
+def _device() -> torch.device:
+  """This rank's GPU where CUDA is present (LOCAL_RANK), else the CPU."""
+  if torch.cuda.is_available():
+    return torch.device('cuda', int(os.environ.get('LOCAL_RANK', 0)))
+  return torch.device('cpu')
+
+
+@dataclasses.dataclass
+class _Training:
+  """The model, optimizer and schedule of a run, restored from its checkpoint if it has one."""
+  model: torch.nn.Module  # The model itself (its state dict is what is saved).
+  ddp: torch.nn.Module  # The model under DDP: evaluation calls it.
+  step_model: torch.nn.Module  # `ddp`, compiled with --torch_compile: the train step calls it.
+  optimizer: torch.optim.Optimizer
+  scheduler: torch.optim.lr_scheduler.LambdaLR
+  precision: step_lib.Precision
+  start_step: int  # The checkpoint's step; 0 in a fresh workdir.
+  examples_seen: int  # Position in the global training stream at `start_step`.
+
+
+def _build(config, workdir: str, input_shape, device: torch.device, parity: bool,
+           init_weights: Optional[str], channels_last: bool, compile_model: bool) -> _Training:
+  """The model (from the newest checkpoint, else `parity`/`init_weights`/torch's init), its
+  optimizer and learning-rate schedule, each rank's dropout generator."""
+  rank, world = dist.get_rank(), dist.get_world_size()
+  saved = _restore(workdir, config)
   precision = step_lib.Precision(config, device, channels_last, compile_model)
   model = build_model(config, input_shape, device, precision, parity and saved is None,
                       init_weights if saved is None else None)
-  torch.manual_seed(config.seed * 1_009 + rank + 1)  # Each rank its own dropout masks.
+  torch.manual_seed(config.seed * RANK_SEED_STRIDE + rank + 1)
   optimizer = step_lib.make_optimizer(config, model)
   schedule = optim.learning_rate_schedule(config)
   peak = optim.peak_learning_rate(config)
@@ -223,103 +238,159 @@ def train(config, workdir: str, parity: bool, init_weights: Optional[str] = None
     # Checkpoints from before the global stream counted examples per rank.
     examples_seen = saved.get('examples_seen', start_step * config.batch_size)
     logging.info('resuming from %s', _checkpoint_path(workdir, start_step))
-  ddp = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
-  step_model = torch.compile(ddp) if compile_model else ddp
+  ddp = DistributedDataParallel(model, device_ids=[device.index] if device.index is not None
+                                else None)
+  return _Training(model, ddp, torch.compile(ddp) if compile_model else ddp, optimizer,
+                   scheduler, precision, start_step, examples_seen)
+
+
+class _Window:
+  """Sums of loss, accuracy and gradient norm since the last write, kept on the device (no
+  host sync per step); `reduce` sums them over the ranks, with whether a rank was signalled,
+  in one collective."""
+
+  def __init__(self, device: torch.device):
+    self._sums = torch.zeros(3, dtype=torch.float64, device=device)
+    self._steps = 0
+    self._means = None
+
+  def add(self, loss: torch.Tensor, accuracy: torch.Tensor, grad_norm: torch.Tensor) -> None:
+    self._sums += torch.stack([loss, accuracy, grad_norm]).double()
+    self._steps += 1
+
+  def reduce(self, signalled: bool) -> bool:
+    """All ranks call it at the same step; whether any of them was signalled."""
+    flag = torch.tensor([float(signalled)], dtype=torch.float64, device=self._sums.device)
+    totals = torch.cat([self._sums, flag])
+    dist.all_reduce(totals)
+    totals = totals.cpu().numpy()
+    self._means = totals[:3] / dist.get_world_size() / max(self._steps, 1)
+    return bool(totals[-1] > 0)
+
+  def scalars(self) -> dict[str, float]:
+    """The means over steps and ranks of the last `reduce`; starts a new window."""
+    loss, accuracy, grad_norm = (float(v) for v in self._means)
+    self._sums.zero_()
+    self._steps = 0
+    return {'train_loss': loss, 'train_accuracy': accuracy, 'train_grad_norm': grad_norm}
+
+
+def train(config, workdir: str, parity: bool, init_weights: Optional[str] = None,
+          channels_last: bool = True, compile_model: bool = False) -> None:
+  """Trains `config` in `workdir` on this process group's ranks (resuming from the newest
+  checkpoint there); `parity`, `init_weights`: where a fresh run's weights come from."""
+  rank, world = dist.get_rank(), dist.get_world_size()
+  checks.check_config(config, process_count=1, local_device_count=world)
+  step_lib.check_supported(config)
+  device = _device()
+  if rank > 0:
+    dist.barrier()  # Rank 0 prepares the dataset first.
+  builder, config = input_pipeline.open_train_data(config)
+  if rank == 0:
+    dist.barrier()
+  checks.check_schedule(config)
+  input_shape = input_pipeline.input_shape(config, builder)
+  eval_data = input_pipeline.eval_data(config, builder, process_index=rank, process_count=world)
+  training = _build(config, workdir, input_shape, device, parity, init_weights, channels_last,
+                    compile_model)
   batches = iter(tfds.as_numpy(input_pipeline.train_dataset(
       config, builder, process_index=rank, process_count=world,
-      start_position=examples_seen)))
-
+      start_position=training.examples_seen)))
   os.makedirs(workdir, exist_ok=True)
-  if rank == 0:
-    writers.mark_session_start(workdir, start_step + 1)
-  writer = writers.create_writer(workdir, write_files=rank == 0)
-  if start_step == 0:
-    writer.write_hparams(config.to_dict())
+  writer = writers.open_session(workdir, training.start_step, config.to_dict(),
+                                write_files=rank == 0)
   if rank == 0:
     with open(os.path.join(workdir, SETTINGS_FILE), 'w', encoding='utf-8') as f:
-      json.dump({**step_lib.describe(model, precision), 'backend': dist.get_backend(),
-                 'ranks': world, 'threads_per_rank': torch.get_num_threads()}, f, indent=1)
-  throughput = metrics.Throughput(config.batch_size, world)
-  cadence = loop.Cadence.from_config(config)
-  last = config.num_train_steps
-  num_classes = input_pipeline.spec(config.dataset).num_classes
-  # Sums of loss, accuracy and gradient norm since the last write, kept on the device: no
-  # host sync per step.
-  window = torch.zeros(3, dtype=torch.float64, device=device)
-  window_steps = 0
-  params = list(model.parameters())
-
-  def save(step):
-    rng_states = [None] * world
-    dist.all_gather_object(rng_states, torch.get_rng_state())
-    if rank == 0:
-      _save(workdir, step, {
-          'model': model.state_dict(), 'optimizer': optimizer.state_dict(),
-          'scheduler': scheduler.state_dict(), 'rng_states': rng_states, 'step': step,
-          **({'scaler': precision.scaler.state_dict()} if precision.scaler else {}),
-          'examples_seen': examples_seen + (step - start_step) * config.batch_size,
-          'config': config.to_dict()}, config.keep_checkpoints)
-    dist.barrier()
-
+      json.dump({**step_lib.describe(training.model, training.precision),
+                 'backend': dist.get_backend(), 'ranks': world,
+                 'threads_per_rank': torch.get_num_threads()}, f, indent=1)
   # SIGTERM/SIGINT are recorded; the ranks agree on them at their next log or checkpoint step.
   with metric_writers.ensure_flushes(writer), signals.StopSignals() as stop:
-    ddp.train()
+    _Session(config, workdir, training, writer, device).train(batches, eval_data, stop)
+
+
+class _Session:
+  """The training loop of one session, from the checkpoint's step to the last."""
+
+  def __init__(self, config, workdir: str, training: _Training, writer, device: torch.device):
+    self.config, self.workdir, self.t, self.writer, self.device = (
+        config, workdir, training, writer, device)
+    self.throughput = efficiency.Throughput(config.batch_size, dist.get_world_size())
+    self.cadence = loop.Cadence.from_config(config)
+    self.window = _Window(device)
+    self.num_classes = input_pipeline.spec(config.dataset).num_classes
+
+  def train(self, batches, eval_data: input_pipeline.EvalData, stop: signals.StopSignals
+            ) -> None:
+    """Steps to the config's last, logging, evaluating and saving on the cadence; raises
+    Preempted after a signal's checkpoint."""
+    t, last = self.t, self.config.num_train_steps
+    t.ddp.train()
     loop_start = time.perf_counter()
-    for step in range(start_step + 1, last + 1):
-      batch = next(batches)
-      images = step_lib.to_model_input(batch['image'], device, precision.channels_last)
-      labels = torch.from_numpy(batch['label']).long().to(device, non_blocking=True)
-      loss, accuracy, grad_norm = step_lib.train_step(
-          step_model, optimizer, precision, images, labels,
-          targets=step_lib.mixed_targets(batch, num_classes, device),
-          label_smoothing=config.label_smoothing, grad_clip_norm=config.grad_clip_norm)
-      learning_rate = scheduler.get_last_lr()[0]
-      scheduler.step()
-      window += torch.stack([loss, accuracy, grad_norm]).double()
-      window_steps += 1
-      if step == start_step + 1:
-        if cuda:
-          torch.cuda.synchronize(device)
-        throughput.start(step)
-        writer.write_scalars(step, {'first_step_s': time.perf_counter() - loop_start})
-      save_now = cadence.save(step)
-      if cadence.log(step) or save_now:
-        # One collective per write: the window's sums and whether any rank was signalled.
-        flag = torch.tensor([float(stop.received is not None)], dtype=torch.float64,
-                            device=device)
-        totals = torch.cat([window, flag])
-        dist.all_reduce(totals)
-        totals = totals.cpu().numpy()
-        stopping = totals[-1] > 0 and step < last
-      else:
-        stopping = False
-      if cadence.log(step):
-        scalars = {'train_loss': totals[0] / world / window_steps,
-                   'train_accuracy': totals[1] / world / window_steps,
-                   'train_grad_norm': totals[2] / world / window_steps,
-                   'train_param_norm': float(torch.nn.utils.get_total_norm(params)),
-                   'learning_rate': learning_rate}
-        if precision.scaler:
-          scalars['train_loss_scale'] = precision.scaler.get_scale()
-        rate = throughput.rate(step)
-        if rate is not None:
-          scalars['examples_per_sec_per_device'] = rate
-        writer.write_scalars(step, scalars)
-        window.zero_()
-        window_steps = 0
-      if cadence.eval(step):
-        writer.write_scalars(step, evaluate(ddp, eval_data, device, precision))
-        throughput.start(step)
+    for step in range(t.start_step + 1, last + 1):
+      learning_rate = self._step(next(batches))
+      if step == t.start_step + 1:
+        if self.device.type == 'cuda':
+          torch.cuda.synchronize(self.device)
+        self.writer.write_scalars(step, self.throughput.first_step_done(step, loop_start))
+      save_now = self.cadence.save(step)
+      stopping = False
+      if self.cadence.log(step) or save_now:
+        stopping = self.window.reduce(stop.received is not None) and step < last
+      if self.cadence.log(step):
+        self._log(step, learning_rate)
+      if self.cadence.eval(step):
+        self.writer.write_scalars(step, evaluate(t.ddp, eval_data, self.device, t.precision))
+        self.throughput.start(step)
       if save_now or stopping:
-        save(step)
-        throughput.start(step)
+        self._save(step)
+        self.throughput.start(step)
       if stopping:
         signum = int(stop.received or signal.SIGTERM)
         raise Preempted(f'stopped by a signal at step {step} of {last}; checkpoint saved in '
-                        f'{os.path.join(workdir, CHECKPOINT_DIR)}; run the same command '
+                        f'{os.path.join(self.workdir, CHECKPOINT_DIR)}; run the same command '
                         'again to resume', exit_code=128 + signum)
-    peak_rss = _all_reduce([metrics.peak_rss_mb()], device)[0]
-    writer.write_scalars(last, {'peak_rss_mb': peak_rss})
+    peak_rss = _all_reduce([efficiency.peak_rss_mb()], self.device)[0]
+    self.writer.write_scalars(last, {'peak_rss_mb': peak_rss})
+
+  def _step(self, batch: dict) -> float:
+    """One optimizer step on this rank's rows; the learning rate it used."""
+    t, device = self.t, self.device
+    images = step_lib.to_model_input(batch['image'], device, t.precision.channels_last)
+    labels = torch.from_numpy(batch['label']).long().to(device, non_blocking=True)
+    loss, accuracy, grad_norm = step_lib.train_step(
+        t.step_model, t.optimizer, t.precision, images, labels,
+        targets=step_lib.mixed_targets(batch, self.num_classes, device),
+        label_smoothing=self.config.label_smoothing, grad_clip_norm=self.config.grad_clip_norm)
+    learning_rate = t.scheduler.get_last_lr()[0]
+    t.scheduler.step()
+    self.window.add(loss, accuracy, grad_norm)
+    return learning_rate
+
+  def _log(self, step: int, learning_rate: float) -> None:
+    scalars = self.window.scalars()
+    scalars.update(train_param_norm=float(torch.nn.utils.get_total_norm(
+        list(self.t.model.parameters()))), learning_rate=learning_rate)
+    if self.t.precision.scaler:
+      scalars['train_loss_scale'] = self.t.precision.scaler.get_scale()
+    rate = self.throughput.rate(step)
+    if rate is not None:
+      scalars['examples_per_sec_per_device'] = rate
+    self.writer.write_scalars(step, scalars)
+
+  def _save(self, step: int) -> None:
+    """Every rank's generator state gathered, rank 0 writes the checkpoint, all wait."""
+    t, world = self.t, dist.get_world_size()
+    rng_states = [None] * world
+    dist.all_gather_object(rng_states, torch.get_rng_state())
+    if dist.get_rank() == 0:
+      _save(self.workdir, step, {
+          'model': t.model.state_dict(), 'optimizer': t.optimizer.state_dict(),
+          'scheduler': t.scheduler.state_dict(), 'rng_states': rng_states, 'step': step,
+          **({'scaler': t.precision.scaler.state_dict()} if t.precision.scaler else {}),
+          'examples_seen': t.examples_seen + (step - t.start_step) * self.config.batch_size,
+          'config': self.config.to_dict()}, self.config.keep_checkpoints)
+    dist.barrier()
 
 
 def main(argv):

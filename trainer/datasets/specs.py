@@ -13,6 +13,7 @@ from trainer.errors import UserError
 
 @dataclasses.dataclass(frozen=True)
 class DatasetSpec:
+  """What the trainer knows of a dataset before reading it."""
   tfds_name: str
   num_classes: int
   shape: tuple[int, int, int]  # (height, width, channels) of the model's input.
@@ -57,6 +58,7 @@ def names() -> list[str]:
 
 
 def spec(name: str) -> DatasetSpec:
+  """The spec of dataset `name` (config.dataset); unknown names are refused listing ours."""
   if name not in DATASETS:
     raise UserError(f"dataset={name!r} is unknown; choose one of: {', '.join(names())} "
                     '(--config.dataset=NAME)')
