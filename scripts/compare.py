@@ -1,6 +1,6 @@
 """Trains one config with the JAX trainer and with the PyTorch DDP baseline, then compares them.
 
-  python scripts/compare.py --config=configs/default.py --workdir=/tmp/compare \
+  python -m scripts.compare --config=configs/default.py --workdir=/tmp/compare \
       [--devices=2] [--threads=0] [--target_accuracy=0.95] [--reuse] [--torch_compile] \
       [--config.FIELD=VALUE ...]
 
@@ -22,11 +22,9 @@ already holds a run is refused (nothing there is overwritten).
 """
 
 import json
-import math
 import os
 import platform
 import re
-import statistics
 import subprocess
 import sys
 import time
@@ -35,45 +33,57 @@ from typing import Any, Optional
 
 from absl import app
 from absl import flags
+from matplotlib import figure
 from ml_collections import config_flags
+# Before anything that imports TensorFlow (trainer.input_pipeline, CLU's writers): torchvision
+# 0.29, which the DDP baseline imports, segfaults when imported after it.
+import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-
-# pylint: disable=wrong-import-position
 from baselines.torch_ddp import launch
 from baselines.torch_ddp import step as ddp_step
 from baselines.torch_ddp import train as ddp_train
+from models import torch_weights
+from scripts import reporting
 from trainer import checks
+from trainer import efficiency
+from trainer import input_pipeline
+from trainer import processes
 from trainer import writers
 from trainer.errors import UserError
-# pylint: enable=wrong-import-position
 
 RUNS = {'jax': 'JAX (pmap)', 'ddp': 'PyTorch DDP'}
 LAUNCH_FILE = 'launch.json'
 INIT_FILE = 'init_weights.safetensors'
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string('workdir', None, 'Directory for both runs, the report and the plots.')
-flags.DEFINE_integer('devices', 2, 'JAX devices, and DDP ranks.')
-flags.DEFINE_integer('threads', 0, 'CPU threads in total for each run; 0 = every core.')
-flags.DEFINE_float('target_accuracy', 0.95, 'Eval accuracy whose time to reach is reported.')
-flags.DEFINE_integer('timing_warmup_steps', 50,
-                     'Steps left out of the steady-state rate (besides the first step).')
-flags.DEFINE_bool('reuse', False, 'Report on the runs already in --workdir; train nothing.')
-flags.DEFINE_bool('same_init', True, 'Start DDP from the JAX run\'s initial weights (exported '
-                  f'as a PyTorch state dict to WORKDIR/{INIT_FILE} before either run starts).')
-flags.DEFINE_bool('torch_compile', False, 'Compile the DDP run\'s model with torch.compile.')
-config_flags.DEFINE_config_file('config', None, 'Training config file.', lock_config=True)
-flags.mark_flags_as_required(['config', 'workdir'])
 
 VERSIONS = ('jax', 'jaxlib', 'flax', 'optax', 'torch', 'torchvision', 'tensorflow-cpu',
             'tensorflow-datasets')
 
 
+def _define_flags() -> None:
+  """The command line's flags (defined when the script runs: importing it defines none)."""
+  flags.DEFINE_string('workdir', None, 'Directory for both runs, the report and the plots.')
+  flags.DEFINE_integer('devices', 2, 'JAX devices, and DDP ranks.')
+  flags.DEFINE_integer('threads', 0, 'CPU threads in total for each run; 0 = every core.')
+  flags.DEFINE_float('target_accuracy', 0.95, 'Eval accuracy whose time to reach is reported.')
+  flags.DEFINE_integer('timing_warmup_steps', 50,
+                       'The run\'s first steps (the first, compiling, one among them) left out '
+                       'of the steady-state rate: log windows count from those starting at or '
+                       'after this step.')
+  flags.DEFINE_bool('reuse', False, 'Report on the runs already in --workdir; train nothing.')
+  flags.DEFINE_bool('same_init', True, 'Start DDP from the JAX run\'s initial weights (exported '
+                    f'as a PyTorch state dict to WORKDIR/{INIT_FILE} before either run starts).')
+  flags.DEFINE_bool('torch_compile', False, 'Compile the DDP run\'s model with torch.compile.')
+  config_flags.DEFINE_config_file('config', None, 'Training config file.', lock_config=True)
+  flags.mark_flags_as_required(['config', 'workdir'])
+
+
 def commands(config_path: str, overrides: list[str], workdir: str, devices: int,
              threads: int, init_weights: Optional[str], torch_compile: bool = False
              ) -> dict[str, list[str]]:
+  """The command lines of both runs, by run key: the JAX trainer with `devices` CPU devices,
+  the DDP twin with `devices` ranks sharing `threads` threads; both in WORKDIR/KEY."""
   common = [f'--config={config_path}', *overrides]
   init = [f'--init_weights={init_weights}'] if init_weights else []
   init += ['--torch_compile'] if torch_compile else []
@@ -86,13 +96,14 @@ def commands(config_path: str, overrides: list[str], workdir: str, devices: int,
 
 
 def _train(name: str, command: list[str], run_dir: str) -> None:
+  """Runs `command` with its output in RUN_DIR/log.txt, and its launch and end times and
+  exit code in RUN_DIR/launch.json."""
   os.makedirs(run_dir)
-  env = launch.environment()
   print(f'{name}: {" ".join(command)}', flush=True)
   launched = time.time()
   with open(os.path.join(run_dir, 'log.txt'), 'w', encoding='utf-8') as log:
-    code = subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                          check=False).returncode
+    code = subprocess.run(command, cwd=processes.REPO, env=processes.environment(), stdout=log,
+                          stderr=subprocess.STDOUT, check=False).returncode
   end = time.time()
   with open(os.path.join(run_dir, LAUNCH_FILE), 'w', encoding='utf-8') as f:
     json.dump({'command': command, 'launch_time': launched, 'end_time': end, 'exit_code': code},
@@ -103,32 +114,30 @@ def _train(name: str, command: list[str], run_dir: str) -> None:
   print(f'{name}: done in {end - launched:.1f} s', flush=True)
 
 
-def summarize(records: list[dict], started: dict, num_devices: int, target: float,
-              warmup_steps: int, log_every: int) -> dict[str, Any]:
-  """The report's figures for one run, from its metrics.jsonl records and launch times."""
-  def first(tag):
-    return next((r for r in records if tag in r), None)
-
+def run_figures(records: list[dict], started: dict, num_devices: int, target: float,
+                warmup_steps: int) -> dict[str, Any]:
+  """The report's figures for one run from its metrics.jsonl `records` and `started` (its
+  launch.json: `launch_time` and `end_time`, Unix seconds) on `num_devices` devices or ranks:
+  the speed figures of `efficiency.speed_figures` (log windows starting at or after
+  `warmup_steps` counted; times from the launch), the time and steps to the eval accuracy
+  `target` (None if never reached), the final losses and accuracy, the run's steps and
+  wall time."""
   def last(tag):
     return next((r for r in reversed(records) if tag in r), None)
 
-  # Each log window's rate covers the steps since the previous write, evaluation and saves
-  # left out; a window counts once it starts after the warm-up steps.
-  rates = [r['examples_per_sec_per_device'] * num_devices for r in records
-           if 'examples_per_sec_per_device' in r and r['step'] - log_every >= warmup_steps]
+  speed = efficiency.speed_figures(records, started['launch_time'], num_devices, warmup_steps)
   reached = next((r for r in records if r.get('eval_accuracy', -1.0) >= target), None)
-  first_step = first('first_step_s')
   return {
-      'steady_examples_per_sec': statistics.median(rates) if rates else None,
-      'timed_windows': len(rates),
-      'time_to_first_step_s': first_step['wall_time'] - started['launch_time'],
-      'first_step_s': first_step['first_step_s'],
+      'steady_examples_per_sec': speed['steady_examples_per_sec'],
+      'timed_windows': speed['timed_windows'],
+      'time_to_first_step_s': speed['time_to_first_step_s'],
+      'first_step_s': speed['first_step_s'],
       'time_to_target_s': reached['wall_time'] - started['launch_time'] if reached else None,
       'steps_to_target': reached['step'] if reached else None,
       'final_eval_accuracy': last('eval_accuracy')['eval_accuracy'],
       'final_eval_loss': last('eval_loss')['eval_loss'],
       'final_train_loss': last('train_loss')['train_loss'],
-      'peak_memory_mb': last('peak_rss_mb')['peak_rss_mb'],
+      'peak_memory_mb': speed['peak_memory_mb'],
       'total_wall_s': started['end_time'] - started['launch_time'],
       'steps': last('train_loss')['step'],
   }
@@ -144,10 +153,8 @@ def _versions() -> dict[str, str]:
   return found
 
 
-def _fmt(value: Optional[float], digits: int = 1) -> str:
-  if value is None or (isinstance(value, float) and math.isnan(value)):
-    return 'not reached'
-  return f'{value:,.{digits}f}'
+def _fmt(value: Optional[float], digits: int) -> str:
+  return reporting.fmt(value, digits, missing='not reached')
 
 
 def _settings_text(run: dict) -> str:
@@ -162,9 +169,23 @@ def _settings_text(run: dict) -> str:
           f'{"on" if run["torch_compile"] else "off"}, model `{run["model"]}`')
 
 
+def _table(report: dict) -> str:
+  """The report's markdown table: a row per run."""
+  rows = [['run', 'examples/s (steady)', 'time to first step (s)', 'first step (s)',
+           f'time to {report["settings"]["target_accuracy"]:g} eval acc. (s)',
+           'final eval acc.', 'peak memory (MiB)', 'total (s)']]
+  for key, title in RUNS.items():
+    r = report[key]
+    rows.append([title, _fmt(r['steady_examples_per_sec'], 0),
+                 _fmt(r['time_to_first_step_s'], 2), _fmt(r['first_step_s'], 2),
+                 _fmt(r['time_to_target_s'], 2), _fmt(r['final_eval_accuracy'], 4),
+                 _fmt(r['peak_memory_mb'], 0), _fmt(r['total_wall_s'], 1)])
+  return reporting.markdown_table(rows)
+
+
 def markdown(report: dict) -> str:
+  """The report as report.md holds it: the settings, how it was measured, the table."""
   s = report['settings']
-  target = s['target_accuracy']
   lines = [
       f'# {RUNS["jax"]} vs {RUNS["ddp"]}: `{s["config"]}`', '',
       f'Overrides: `{" ".join(s["overrides"]) or "none"}`. Model `{s["model"]}`, dataset '
@@ -181,9 +202,9 @@ def markdown(report: dict) -> str:
                                if s['same_init'] else
                                'each framework\'s own init (--nosame_init).'),
       f'- Steady-state examples/s: median over log windows (every {s["log_every_steps"]} steps) '
-      f'of examples / wall time, windows starting after step {s["timing_warmup_steps"]} only. '
-      'Left out of it: the first step (JAX: tracing and XLA compilation; torch: first-call '
-      'allocations), the warm-up steps, evaluations and checkpoint saves.',
+      f'of examples / wall time, windows starting at or after step {s["timing_warmup_steps"]} '
+      'only. Left out of it: the first step (JAX: tracing and XLA compilation; torch: '
+      'first-call allocations), the warm-up steps, evaluations and checkpoint saves.',
       '- Time to first step and time to target are from process launch: interpreter start, '
       'imports, input pipeline start and compilation are included (the dataset was prepared '
       'on disk before either run).',
@@ -194,54 +215,46 @@ def markdown(report: dict) -> str:
   ]
   if s['batchnorm_note']:
     lines.append(f'- {s["batchnorm_note"]}')
-  lines += [
-      '', f'| run | examples/s (steady) | time to first step (s) | first step (s) | time to '
-      f'{target:g} eval acc. (s) | final eval acc. | peak memory (MiB) | total (s) |',
-      '|---|---:|---:|---:|---:|---:|---:|---:|']
-  for key, title in RUNS.items():
-    r = report[key]
-    lines.append(
-        f'| {title} | {_fmt(r["steady_examples_per_sec"], 0)} | '
-        f'{_fmt(r["time_to_first_step_s"], 2)} | {_fmt(r["first_step_s"], 2)} | '
-        f'{_fmt(r["time_to_target_s"], 2)} | {r["final_eval_accuracy"]:.4f} | '
-        f'{_fmt(r["peak_memory_mb"], 0)} | {_fmt(r["total_wall_s"], 1)} |')
-  lines += ['', f'Throughput ratio JAX / DDP: **{report["throughput_ratio_jax_over_ddp"]:.2f}**'
+  lines += ['', _table(report), '',
+            f'Throughput ratio JAX / DDP: **{report["throughput_ratio_jax_over_ddp"]:.2f}**'
             ' (steady-state examples/s).', '',
             'Curves: `loss_vs_step.png`, `accuracy_vs_step.png`, `loss_vs_time.png`, '
             '`accuracy_vs_time.png`.', '']
   return '\n'.join(lines)
 
 
-def plot(runs: dict[str, tuple[list[dict], dict]], out_dir: str) -> list[str]:
-  """Loss and accuracy (train lines, eval markers) against step and against wall time."""
-  import matplotlib  # pylint: disable=import-outside-toplevel
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+def _plot_one(runs: dict[str, tuple[list[dict], dict]], quantity: str, axis: str,
+              path: str) -> None:
+  """`quantity` ('loss' or 'accuracy': train lines, eval markers) of both runs against
+  `axis` ('step' or 'time', seconds since launch), as a PNG at `path`."""
+  fig = figure.Figure(figsize=(7, 4.5))
+  ax = fig.subplots()
+  for (key, (records, started)), color in zip(runs.items(), ('tab:blue', 'tab:orange')):
+    for split, style in (('train', '-'), ('eval', 'o--')):
+      tag = f'{split}_{quantity}'
+      points = [r for r in records if tag in r]
+      x = [r['step'] if axis == 'step' else r['wall_time'] - started['launch_time']
+           for r in points]
+      ax.plot(x, [r[tag] for r in points], style, color=color, label=f'{RUNS[key]} {split}')
+  ax.set_xlabel('step' if axis == 'step' else 'seconds since launch')
+  ax.set_ylabel(quantity)
+  if quantity == 'loss':
+    ax.set_yscale('log')
+  ax.grid(alpha=0.3)
+  ax.legend()
+  ax.set_title(f'{quantity} vs {"step" if axis == "step" else "wall time"}')
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
 
+
+def plot(runs: dict[str, tuple[list[dict], dict]], out_dir: str) -> list[str]:
+  """Loss and accuracy (train lines, eval markers) against step and against wall time, in
+  `out_dir`; the paths written."""
   written = []
   for quantity in ('loss', 'accuracy'):
     for axis in ('step', 'time'):
-      fig, ax = plt.subplots(figsize=(7, 4.5))
-      for (key, (records, started)), color in zip(runs.items(), ('tab:blue', 'tab:orange')):
-        for split, style in (('train', '-'), ('eval', 'o--')):
-          tag = f'{split}_{quantity}'
-          points = [r for r in records if tag in r]
-          x = [r['step'] if axis == 'step' else r['wall_time'] - started['launch_time']
-               for r in points]
-          ax.plot(x, [r[tag] for r in points], style, color=color,
-                  label=f'{RUNS[key]} {split}')
-      ax.set_xlabel('step' if axis == 'step' else 'seconds since launch')
-      ax.set_ylabel(quantity)
-      if quantity == 'loss':
-        ax.set_yscale('log')
-      ax.grid(alpha=0.3)
-      ax.legend()
-      ax.set_title(f'{quantity} vs {"step" if axis == "step" else "wall time"}')
-      path = os.path.join(out_dir, f'{quantity}_vs_{axis}.png')
-      fig.tight_layout()
-      fig.savefig(path, dpi=100)
-      plt.close(fig)
-      written.append(path)
+      written.append(os.path.join(out_dir, f'{quantity}_vs_{axis}.png'))
+      _plot_one(runs, quantity, axis, written[-1])
   return written
 
 
@@ -253,6 +266,7 @@ def _jax_platform(run_dir: str) -> str:
 
 
 def _read_run(run_dir: str) -> tuple[list[dict], dict]:
+  """A finished run's metrics.jsonl records and launch.json."""
   with open(os.path.join(run_dir, LAUNCH_FILE), encoding='utf-8') as f:
     started = json.load(f)
   return writers.read_jsonl(os.path.join(run_dir, writers.JSONL_NAME)), started
@@ -261,81 +275,98 @@ def _read_run(run_dir: str) -> tuple[list[dict], dict]:
 def _export_init(config, path: str) -> None:
   """The JAX run's initial variables for the config's seed, as the PyTorch state dict the
   DDP run starts from. Preparing the dataset here also spares both runs that work."""
-  from models import torch_weights  # pylint: disable=import-outside-toplevel
-  from trainer import input_pipeline  # pylint: disable=import-outside-toplevel
-  from trainer import optim  # pylint: disable=import-outside-toplevel
-  builder = input_pipeline.get_builder(config)
-  config = optim.resolve_durations(config, input_pipeline.num_examples(builder,
-                                                                       config.train_split))
+  builder, config = input_pipeline.open_train_data(config)
   torch_weights.write_state_dict(path, torch_weights.to_state_dict(
       *ddp_train.jax_initial_variables(config, input_pipeline.input_shape(config, builder))))
 
 
-def compare(config, config_path: str, overrides: list[str], workdir: str, devices: int,
-            threads: int, target: float, warmup_steps: int, reuse: bool,
-            same_init: bool = True, torch_compile: bool = False) -> dict:
-  """Checks everything, trains both runs (unless `reuse`), writes the report and plots."""
-  threads = threads or os.cpu_count()
+def _check(config, devices: int, threads: int, run_dirs: dict[str, str], reuse: bool) -> None:
+  """Refuses, before anything runs: too few threads, a config either side cannot run, runs
+  to reuse that are not there, or runs that training would overwrite."""
   if devices < 1 or threads < devices:
     raise UserError(f'--devices={devices} --threads={threads}: need at least one device and '
                     'a thread per device (e.g. --devices=2 --threads=2)')
   checks.check_config(config, process_count=1, local_device_count=devices)
   ddp_step.check_supported(config)
-  run_dirs = {key: os.path.join(workdir, key) for key in RUNS}
-  if reuse:
-    for key, run_dir in run_dirs.items():
-      if not os.path.exists(os.path.join(run_dir, LAUNCH_FILE)):
-        raise UserError(f'--reuse: {run_dir} holds no finished {key} run; run without --reuse')
-  else:
-    for key, run_dir in run_dirs.items():
-      if os.path.exists(run_dir):
-        raise UserError(f'{run_dir} already holds a {key} run; pass --reuse to report on it, '
-                        'or choose a new --workdir')
-    os.makedirs(workdir, exist_ok=True)
-    init_path = os.path.join(workdir, INIT_FILE) if same_init else None
-    if init_path:
-      _export_init(config, init_path)
-    for key, command in commands(config_path, overrides, workdir, devices, threads,
-                                 init_path, torch_compile).items():
-      _train(key, command, run_dirs[key])
+  for key, run_dir in run_dirs.items():
+    if reuse and not os.path.exists(os.path.join(run_dir, LAUNCH_FILE)):
+      raise UserError(f'--reuse: {run_dir} holds no finished {key} run; run without --reuse')
+    if not reuse and os.path.exists(run_dir):
+      raise UserError(f'{run_dir} already holds a {key} run; pass --reuse to report on it, '
+                      'or choose a new --workdir')
 
-  runs = {key: _read_run(run_dir) for key, run_dir in run_dirs.items()}
-  import torch  # pylint: disable=import-outside-toplevel
-  report = {key: summarize(records, started, devices, target, warmup_steps,
-                           config.log_every_steps)
-            for key, (records, started) in runs.items()}
-  jax_rate, ddp_rate = (report[k]['steady_examples_per_sec'] for k in ('jax', 'ddp'))
-  report['jax'].update(precision=config.dtype, step_backend=config.step_backend,
-                       platform=_jax_platform(run_dirs['jax']))
-  with open(os.path.join(run_dirs['ddp'], ddp_train.SETTINGS_FILE), encoding='utf-8') as f:
-    report['ddp'].update(json.load(f))
-  report['throughput_ratio_jax_over_ddp'] = (jax_rate / ddp_rate if jax_rate and ddp_rate
-                                             else None)
-  resnet = config.model.startswith('resnet')
+
+def _train_both(config, config_path: str, overrides: list[str], workdir: str, devices: int,
+                threads: int, same_init: bool, torch_compile: bool) -> None:
+  """The JAX run, then the DDP run (from the JAX run's initial weights where `same_init`)."""
+  os.makedirs(workdir, exist_ok=True)
+  init_path = os.path.join(workdir, INIT_FILE) if same_init else None
+  if init_path:
+    _export_init(config, init_path)
+  for key, command in commands(config_path, overrides, workdir, devices, threads,
+                               init_path, torch_compile).items():
+    _train(key, command, os.path.join(workdir, key))
+
+
+def _settings(config, config_path: str, overrides: list[str], devices: int, threads: int,
+              jax_platform: str, same_init: bool) -> dict[str, Any]:
+  """The report's `settings`, less the timing ones: the config, the devices and threads,
+  the machine and the versions."""
   cuda = torch.cuda.is_available()
-  report['settings'] = {
-      'config': os.path.relpath(config_path, REPO) if os.path.isabs(config_path)
+  return {
+      'config': os.path.relpath(config_path, processes.REPO) if os.path.isabs(config_path)
                 else config_path,
       'overrides': overrides, 'model': config.model, 'dataset': config.dataset,
       'batch_size': config.batch_size, 'num_train_steps': config.num_train_steps,
       'optimizer': config.optimizer, 'dtype': config.dtype,
       'log_every_steps': config.log_every_steps, 'devices': devices, 'threads': threads,
       'ddp_threads_per_rank': max(1, threads // devices),
-      'ddp_backend': 'nccl' if cuda else 'gloo',
-      'jax_platform': _jax_platform(run_dirs['jax']),
-      'timing_warmup_steps': warmup_steps, 'target_accuracy': target,
-      'same_init': '--init_weights' in ' '.join(runs['ddp'][1]['command']),
+      'ddp_backend': 'nccl' if cuda else 'gloo', 'jax_platform': jax_platform,
+      'same_init': same_init,
       'machine': f'{platform.machine()}, {os.cpu_count()} cores, {platform.system()}',
       'versions': _versions(),
       'batchnorm_note': ('BatchNorm: JAX averages batch statistics over the devices; torch '
                          'has no cross-process BatchNorm on CPU, so each DDP rank uses its '
-                         'own batch\'s statistics.' if resnet and not cuda else ''),
+                         'own batch\'s statistics.'
+                         if config.model.startswith('resnet') and not cuda else ''),
   }
+
+
+def _write_report(report: dict, runs: dict[str, tuple[list[dict], dict]],
+                  workdir: str) -> None:
   with open(os.path.join(workdir, 'report.json'), 'w', encoding='utf-8') as f:
     json.dump(report, f, indent=1)
   with open(os.path.join(workdir, 'report.md'), 'w', encoding='utf-8') as f:
     f.write(markdown(report))
   plot(runs, workdir)
+
+
+def compare(config, config_path: str, overrides: list[str], workdir: str, devices: int,
+            threads: int, target: float, warmup_steps: int, reuse: bool,
+            same_init: bool = True, torch_compile: bool = False) -> dict:
+  """Checks everything, trains both runs (unless `reuse`), writes the report and plots;
+  returns the report."""
+  threads = threads or os.cpu_count()
+  run_dirs = {key: os.path.join(workdir, key) for key in RUNS}
+  _check(config, devices, threads, run_dirs, reuse)
+  if not reuse:
+    _train_both(config, config_path, overrides, workdir, devices, threads, same_init,
+                torch_compile)
+  runs = {key: _read_run(run_dir) for key, run_dir in run_dirs.items()}
+  report = {key: run_figures(records, started, devices, target, warmup_steps)
+            for key, (records, started) in runs.items()}
+  jax_platform = _jax_platform(run_dirs['jax'])
+  report['jax'].update(precision=config.dtype, step_backend=config.step_backend,
+                       platform=jax_platform)
+  with open(os.path.join(run_dirs['ddp'], ddp_train.SETTINGS_FILE), encoding='utf-8') as f:
+    report['ddp'].update(json.load(f))
+  report['throughput_ratio_jax_over_ddp'] = reporting.ratio(
+      report['jax']['steady_examples_per_sec'], report['ddp']['steady_examples_per_sec'])
+  report['settings'] = {
+      **_settings(config, config_path, overrides, devices, threads, jax_platform,
+                  same_init='--init_weights' in ' '.join(runs['ddp'][1]['command'])),
+      'timing_warmup_steps': warmup_steps, 'target_accuracy': target}
+  _write_report(report, runs, workdir)
   return report
 
 
@@ -343,11 +374,11 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   try:
-    config_path = config_flags.get_config_filename(FLAGS['config'])
-    report = compare(checks.command_line_config(FLAGS['config']), config_path, launch.config_overrides(sys.argv[1:]),
-                     FLAGS.workdir, FLAGS.devices, FLAGS.threads, FLAGS.target_accuracy,
-                     FLAGS.timing_warmup_steps, FLAGS.reuse, FLAGS.same_init,
-                     FLAGS.torch_compile)
+    report = compare(checks.command_line_config(FLAGS['config']),
+                     config_flags.get_config_filename(FLAGS['config']),
+                     processes.config_overrides(sys.argv[1:]), FLAGS.workdir, FLAGS.devices,
+                     FLAGS.threads, FLAGS.target_accuracy, FLAGS.timing_warmup_steps,
+                     FLAGS.reuse, FLAGS.same_init, FLAGS.torch_compile)
   except UserError as e:
     raise SystemExit(f'error: {e}') from None
   print(markdown(report))
@@ -355,4 +386,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  _define_flags()
   app.run(main)

@@ -1,6 +1,6 @@
 """Prints the scalar metrics a run wrote to its workdir, one row per logged step.
 
-  python scripts/show_metrics.py --workdir=/tmp/digits [--tags=eval_accuracy,eval_loss]
+  python -m scripts.show_metrics --workdir=/tmp/digits [--tags=eval_accuracy,eval_loss]
 """
 
 import math
@@ -8,29 +8,36 @@ import math
 from absl import app
 from absl import flags
 
+from scripts import reporting
 from trainer import writers
 
-_WORKDIR = flags.DEFINE_string('workdir', None, 'The run\'s --workdir.', required=True)
-_TAGS = flags.DEFINE_list('tags', [], 'Tags to show; empty = every scalar tag.')
+FLAGS = flags.FLAGS
+
+
+def _define_flags() -> None:
+  """The command line's flags (defined when the script runs: importing it defines none)."""
+  flags.DEFINE_string('workdir', None, 'The run\'s --workdir.', required=True)
+  flags.DEFINE_list('tags', [], 'Tags to show; empty = every scalar tag.')
 
 
 def table(scalars: dict[str, dict[int, float]], tags: list[str]) -> str:
+  """`scalars` (tag: {step: value}) of `tags` as right-aligned columns, a row per step that
+  any of them logged."""
   steps = sorted({step for tag in tags for step in scalars.get(tag, {})})
   rows = [['step'] + tags]
   for step in steps:
     values = [scalars.get(tag, {}).get(step, math.nan) for tag in tags]
     rows.append([str(step)] + ['' if math.isnan(v) else f'{v:.6g}' for v in values])
-  widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-  return '\n'.join('  '.join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows)
+  return reporting.plain_table(rows, align='r' * len(rows[0]))
 
 
 def main(argv):
   del argv
-  scalars, _ = writers.read_events(_WORKDIR.value)
+  scalars, _ = writers.read_events(FLAGS.workdir)
   if not scalars:
-    raise SystemExit(f'error: no event files with scalars in {_WORKDIR.value!r}; '
+    raise SystemExit(f'error: no event files with scalars in {FLAGS.workdir!r}; '
                      'pass the --workdir a training run wrote to')
-  tags = _TAGS.value or sorted(scalars)
+  tags = FLAGS.tags or sorted(scalars)
   unknown = sorted(set(tags) - set(scalars))
   if unknown:
     raise SystemExit(f"error: unknown tags {', '.join(unknown)}; "
@@ -39,4 +46,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  _define_flags()
   app.run(main)

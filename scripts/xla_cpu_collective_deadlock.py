@@ -1,7 +1,7 @@
 """A jaxlib CPU-client deadlock, shown without this project: many queued collective launches.
 
-  python scripts/xla_cpu_collective_deadlock.py --in_flight=0    # aborts within a minute
-  python scripts/xla_cpu_collective_deadlock.py --in_flight=8    # 20,000 steps, about 10 s
+  python -m scripts.xla_cpu_collective_deadlock --in_flight=0    # aborts within a minute
+  python -m scripts.xla_cpu_collective_deadlock --in_flight=8    # 20,000 steps, about 10 s
 
 A pmapped step with two all-reduces (psum) on 8 simulated CPU devices is dispatched
 `--steps` times. With nothing waited for (--in_flight=0), the Python loop runs ahead of the
@@ -27,10 +27,14 @@ from absl import app
 from absl import flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer('devices', 8, 'Simulated CPU devices.')
-flags.DEFINE_integer('steps', 20_000, 'Steps dispatched.')
-flags.DEFINE_integer('in_flight', 0, 'Launches queued at most before waiting for the oldest; '
-                     '0 = never wait (the deadlock).')
+
+
+def _define_flags() -> None:
+  """The command line's flags (defined when the script runs: importing it defines none)."""
+  flags.DEFINE_integer('devices', 8, 'Simulated CPU devices.')
+  flags.DEFINE_integer('steps', 20_000, 'Steps dispatched.')
+  flags.DEFINE_integer('in_flight', 0, 'Launches queued at most before waiting for the '
+                       'oldest; 0 = never wait (the deadlock).')
 
 
 def step(w, x):
@@ -60,4 +64,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  _define_flags()
   app.run(main)

@@ -1,4 +1,5 @@
-"""scripts/benchmark.py: a smoke run (few steps) writes every figure, consistent with itself.
+"""scripts.benchmark: a smoke run (few steps) writes every figure, consistent with itself and
+with the report's figures of the runs it kept.
 
 Speed targets are read from the benchmark's output by people, never asserted here.
 """
@@ -8,11 +9,16 @@ import os
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import numpy as np
-
 import pytest
+from jax.experimental.compilation_cache import compilation_cache
 
-from tests.test_ddp_parity import ENV, REPO
+from scripts import compare
+from trainer import processes
+from trainer import train
+from trainer import writers
 
 KEYS = ('limit_examples_per_sec', 'limit_pmap_examples_per_sec',
         'limit_shard_map_examples_per_sec', 'trainer_examples_per_sec', 'input_examples_per_sec',
@@ -23,14 +29,25 @@ KEYS = ('limit_examples_per_sec', 'limit_pmap_examples_per_sec',
         'step_jax_examples_per_sec', 'step_jax_over_ddp')
 
 
+def _kept_run_figures(workdir, num_devices: int, warmup_steps: int) -> dict:
+  """scripts.compare's figures of a training run the benchmark kept in `workdir` (times from
+  its first record: it has no launch.json)."""
+  records = writers.read_jsonl(os.path.join(workdir, writers.JSONL_NAME))
+  started = {'launch_time': records[0]['wall_time'], 'end_time': records[-1]['wall_time']}
+  return compare.run_figures(records, started, num_devices, target=1.0,
+                             warmup_steps=warmup_steps)
+
+
 def test_smoke_run_writes_every_key(tmp_path, tfds_data_dir):
   out = tmp_path / 'bench.json'
+  runs_dir = tmp_path / 'runs'
   run = subprocess.run(
-      [sys.executable, 'scripts/benchmark.py', '--config=configs/default.py', f'--json={out}',
-       '--steps=10', '--warmup_steps=1', '--rounds=1', '--jax_devices=2', '--ddp_ranks=1',
-       '--parts=jax,cache,ddp,multiprocess', '--config.log_every_steps=5',
-       f'--config.tfds_data_dir={tfds_data_dir}'],
-      cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600, check=False)
+      [sys.executable, '-m', 'scripts.benchmark', '--config=configs/default.py',
+       f'--json={out}', '--steps=10', '--warmup_steps=1', '--rounds=1', '--jax_devices=2',
+       '--ddp_ranks=1', '--parts=jax,cache,ddp,multiprocess', '--config.log_every_steps=5',
+       f'--config.tfds_data_dir={tfds_data_dir}', f'--runs_dir={runs_dir}'],
+      cwd=processes.REPO, env=processes.environment(), capture_output=True, text=True,
+      timeout=600, check=False)
   assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
   figures = json.loads(out.read_text())
   assert set(KEYS) <= set(figures)
@@ -66,6 +83,18 @@ def test_smoke_run_writes_every_key(tmp_path, tfds_data_dir):
       multiprocess['2x2_shard_map_step_ms'] + multiprocess['1x4_shard_map_step_ms'])
   trainer = figures['jax_runs'][0]['trainer']
   assert trainer['timed_steps'] >= 10 and trainer['windows'] >= 2
+  # The runs it timed are kept, and the report's figures of them (scripts.compare's, the
+  # first step and 1 warm-up step left out) are the benchmark's: one examples/s.
+  assert sorted(os.listdir(runs_dir)) == ['cache_cold', 'cache_warm', 'ddp_1ranks',
+                                          'trainer_2dev_0']
+  kept = _kept_run_figures(runs_dir / 'trainer_2dev_0', 2, warmup_steps=2)
+  assert kept['steady_examples_per_sec'] == trainer['examples_per_sec']
+  assert kept['timed_windows'] == trainer['windows']
+  assert kept['first_step_s'] == trainer['first_step_s']
+  assert kept['peak_memory_mb'] == figures['jax_runs'][0]['peak_host_memory_mb']
+  kept = _kept_run_figures(runs_dir / 'ddp_1ranks', 1, warmup_steps=2)
+  assert kept['steady_examples_per_sec'] == figures['ddp_examples_per_sec']
+  assert kept['timed_windows'] == figures['ddp_runs'][0]['windows']
   for line in ('trainer_over_limit =', 'jax_over_ddp =', 'input_over_step =',
                'warm_start_over_cold =', 'pmap_multiprocess_overhead ='):
     assert line in run.stdout
@@ -80,12 +109,12 @@ def test_bare_step_parts_run_without_tensorflow(tmp_path):
     (hidden / name / '__init__.py').write_text(
         f'raise ModuleNotFoundError("No module named {name!r} (hidden)", name={name!r})\n')
   out = tmp_path / 'bench.json'
-  env = dict(ENV, PYTHONPATH=os.pathsep.join([str(hidden), REPO]))
   run = subprocess.run(
-      [sys.executable, 'scripts/benchmark.py', '--config=configs/default.py', f'--json={out}',
-       '--parts=limit,ddp_limit', '--steps=10', '--warmup_steps=1', '--jax_devices=1',
-       '--ddp_ranks=1', '--config.dtype=bfloat16', '--config.batch_size=16'],
-      cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+      [sys.executable, '-m', 'scripts.benchmark', '--config=configs/default.py',
+       f'--json={out}', '--parts=limit,ddp_limit', '--steps=10', '--warmup_steps=1',
+       '--jax_devices=1', '--ddp_ranks=1', '--config.dtype=bfloat16', '--config.batch_size=16'],
+      cwd=processes.REPO, env=processes.environment(PYTHONPATH=str(hidden)),
+      capture_output=True, text=True, timeout=300, check=False)
   assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
   figures = json.loads(out.read_text())
   assert figures['parts'] == ['limit', 'ddp_limit']
@@ -112,11 +141,6 @@ def test_bare_step_parts_run_without_tensorflow(tmp_path):
 def test_compilation_cache_stores_and_serves_the_step(tmp_path):
   """`use_compilation_cache` (config.compilation_cache_dir) writes every compiled program to
   the directory, and a program compiled again is loaded from it."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from jax.experimental.compilation_cache import compilation_cache  # pylint: disable=import-outside-toplevel
-  from trainer import train  # pylint: disable=import-outside-toplevel
-
   cache_dir = tmp_path / 'cache'
   x = np.ones((7, 5), np.float32)
 

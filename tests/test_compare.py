@@ -1,4 +1,4 @@
-"""scripts/compare.py: both runs in bfloat16 (the mlp: XLA:CPU's bfloat16 convolutions are
+"""scripts.compare: both runs in bfloat16 (the mlp: XLA:CPU's bfloat16 convolutions are
 slow), the report, its JSON and the plots; reuse; bad input."""
 
 import json
@@ -10,20 +10,21 @@ import sys
 import matplotlib.image
 import pytest
 
-from tests.test_ddp_parity import ENV, REPO
+from trainer import processes
 
 STEPS = 200
 
 
 def _compare(workdir, tfds_data_dir, *extra):
   return subprocess.run(
-      [sys.executable, 'scripts/compare.py', '--config=configs/default.py',
+      [sys.executable, '-m', 'scripts.compare', '--config=configs/default.py',
        f'--workdir={workdir}', '--target_accuracy=0.5', '--timing_warmup_steps=25',
        f'--config.num_train_steps={STEPS}', '--config.log_every_steps=25',
        '--config.eval_every_steps=50', '--config.checkpoint_every_steps=100',
        '--config.dtype=bfloat16', '--config.model=mlp',
        f'--config.tfds_data_dir={tfds_data_dir}', *extra],
-      cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600, check=False)
+      cwd=processes.REPO, env=processes.environment(), capture_output=True, text=True,
+      timeout=600, check=False)
 
 
 @pytest.fixture(scope='module')

@@ -1,13 +1,12 @@
 """Launch scripts: the TPU pod commands, and argument errors."""
 
-import os
 import subprocess
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from trainer import processes
 
 
 def _run(*args):
-  return subprocess.run(list(args), cwd=REPO, capture_output=True, text=True, timeout=60,
+  return subprocess.run(list(args), cwd=processes.REPO, capture_output=True, text=True, timeout=60,
                         check=False)
 
 

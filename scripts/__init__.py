@@ -1,0 +1,1 @@
+"""Tools users run from the repository root as modules: `python -m scripts.NAME`."""
