@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 import jax
 import numpy as np
 from flax import jax_utils
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -49,7 +50,6 @@ def global_devices() -> list[jax.Device]:
 def sync_processes(name: str) -> None:
   """A barrier over every process of a multi-process run; nothing in a single-process one."""
   if jax.process_count() > 1:
-    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
     multihost_utils.sync_global_devices(name)
 
 

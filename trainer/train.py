@@ -23,6 +23,8 @@ import tensorflow_datasets as tfds
 from absl import logging
 from clu import metric_writers
 from clu import periodic_actions
+from jax.experimental import multihost_utils
+from jax.experimental.compilation_cache import compilation_cache
 
 from models import torch_weights
 from trainer import checkpoint
@@ -98,7 +100,6 @@ def _hooks(config, workdir: str, writer) -> list:
 def _preemption_sync_point(step: int) -> bool:
   """Whether JAX's distributed runtime has every process stop after `step` (a SIGTERM to any
   of them); False where the runtime offers no preemption notice."""
-  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
   try:
     return multihost_utils.reached_preemption_sync_point(step)
   except RuntimeError:
@@ -115,7 +116,6 @@ def _run_peak_rss_mb() -> float:
   mine = np.float64(efficiency.peak_rss_mb())
   if jax.process_count() == 1:
     return float(mine)
-  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
   return float(np.sum(multihost_utils.process_allgather(mine)))
 
 
@@ -196,7 +196,6 @@ def _init_from(path: str, name: str, model, state: state_lib.TrainState
 def use_compilation_cache(cache_dir: str) -> None:
   """Turns on JAX's persistent compilation cache in `cache_dir`, for every compiled program
   (the default thresholds skip programs that compile in under a second)."""
-  from jax.experimental.compilation_cache import compilation_cache  # pylint: disable=import-outside-toplevel
   jax.config.update('jax_compilation_cache_dir', cache_dir)
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
   jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
