@@ -16,7 +16,8 @@ def get_config() -> ml_collections.ConfigDict:
   # Name: 'digits' (bundled, offline), or a TFDS dataset: 'mnist', 'fashion_mnist',
   # 'cifar10', 'cifar100', 'imagenet2012' (README lists them).
   config.dataset = 'digits'
-  config.tfds_data_dir = ''  # TFDS data dir (path or gs://); '' = $TFDS_DATA_DIR or ~/tensorflow_datasets.
+  # TFDS data dir (path or gs://); '' = $TFDS_DATA_DIR or ~/tensorflow_datasets.
+  config.tfds_data_dir = ''
   config.train_split = 'train'  # TFDS split name (slicing such as 'train[:90%]' allowed).
   config.eval_split = 'test'  # TFDS split evaluated, every example exactly once.
   # More evaluations at each eval step, comma-separated: 'SPLIT' of `dataset`, or

@@ -14,9 +14,10 @@ dropout, batch 1024, 300 epochs, bfloat16 compute:
 
 What it aims at, as published (not measured here): DeiT-S 79.8% top-1 on ImageNet
 validation after 300 epochs at 224x224 (DeiT-B, the same recipe on ViT-B/16, 81.8%); DeiT
-trains on a single node of 8 V100 GPUs (DeiT-B in 53 hours). Differences from DeiT's code: RandAugment is torchvision's
-(a fixed magnitude where DeiT's timm variant draws it with std 0.5), and there is no
-repeated augmentation; both cost a little accuracy in DeiT's ablations.
+trains on a single node of 8 V100 GPUs (DeiT-B in 53 hours). Differences from DeiT's code:
+RandAugment is torchvision's (a fixed magnitude where DeiT's timm variant draws it with std
+0.5), and there is no repeated augmentation; both cost a little accuracy in DeiT's
+ablations.
 """
 
 import ml_collections

@@ -99,7 +99,8 @@ def torchvision_resnet(input_shape: Sequence[int], num_classes: int, stage_sizes
   if num_filters != 64 or len(stage_sizes) != 4:
     model.inplanes = num_filters
     model.bn1 = nn.BatchNorm2d(num_filters)
-    stages = [model._make_layer(block, num_filters * 2**i, n, stride=1 if i == 0 else 2)  # pylint: disable=protected-access
+    make_layer = model._make_layer  # pylint: disable=protected-access
+    stages = [make_layer(block, num_filters * 2**i, n, stride=1 if i == 0 else 2)
               for i, n in enumerate(stage_sizes)]
     stages += [nn.Identity()] * (4 - len(stages))
     model.layer1, model.layer2, model.layer3, model.layer4 = stages
