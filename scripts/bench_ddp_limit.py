@@ -10,7 +10,6 @@ GradScaler), channels_last for convnets, torch.compile with --torch_compile. Imp
 TensorFlow nor TFDS, and configures no JAX backend.
 """
 
-import os
 import time
 from typing import Any
 
@@ -19,7 +18,6 @@ import torch
 import torch.distributed as dist
 from absl import app
 from absl import flags
-from torch.nn.parallel import DistributedDataParallel
 
 from baselines.torch_ddp import models as torch_models
 from baselines.torch_ddp import step as ddp_step
@@ -35,13 +33,6 @@ def _define_flags() -> None:
   flags.DEFINE_bool('torch_compile', False, 'Compile the model with torch.compile.')
 
 
-def _device() -> torch.device:
-  """This rank's GPU where CUDA is present (torchrun's LOCAL_RANK), else the CPU."""
-  if torch.cuda.is_available():
-    return torch.device('cuda', int(os.environ.get('LOCAL_RANK', 0)))
-  return torch.device('cpu')
-
-
 def measure_ddp_limit(config, steps: int, warmup: int, compile_model: bool) -> dict[str, Any]:
   """The torch step under DDP (the process group already started), `warmup` untimed steps
   after the first, then at least `steps` timed ones in chunks that start together on every
@@ -52,7 +43,7 @@ def measure_ddp_limit(config, steps: int, warmup: int, compile_model: bool) -> d
   `flops_per_step` (all ranks; None where torch counts none), `mfu` (None where the peak is
   unknown) and the step's precision settings (`ddp_step.describe`).
   """
-  rank, world, device = dist.get_rank(), dist.get_world_size(), _device()
+  rank, world, device = dist.get_rank(), dist.get_world_size(), ddp_step.rank_device()
   spec = specs.spec(config.dataset)
   rows = config.batch_size // world
   precision = ddp_step.Precision(config, device, compile_model=compile_model)
@@ -61,9 +52,7 @@ def measure_ddp_limit(config, steps: int, warmup: int, compile_model: bool) -> d
       config.model, input_shape=spec.shape, num_classes=spec.num_classes,
       dropout_rate=config.dropout_rate), device, precision)
   optimizer = ddp_step.make_optimizer(config, model)
-  ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == 'cuda'
-                                else None)
-  step_model = torch.compile(ddp) if compile_model else ddp
+  ddp, step_model = ddp_step.distributed(model, device, compile_model)
   rng = np.random.RandomState(rank)
   images = ddp_step.to_model_input(rng.rand(rows, *spec.shape).astype(np.float32), device,
                                    precision.channels_last)

@@ -173,10 +173,9 @@ def _ddp_run(setup: _Setup, ranks: int, cores: int) -> dict[str, Any]:
 def _ddp_limit_run(setup: _Setup, ranks: int, cores: int) -> dict[str, Any]:
   """The ddp_limit part under torchrun with `ranks` ranks sharing `cores` cores."""
   print(f'ddp_limit: {ranks} ranks ...', flush=True)
-  torchrun = [sys.executable, '-m', 'torch.distributed.run', f'--nproc_per_node={ranks}',
-              f'--master_port={processes.free_port()}', '-m']
   return _run_part(setup, 'ddp_limit', f'ddp_limit_{ranks}',
-                   ['--torch_compile'] if FLAGS.torch_compile else [], launcher=torchrun,
+                   ['--torch_compile'] if FLAGS.torch_compile else [],
+                   launcher=launch.torchrun(ranks),
                    env=processes.environment(OMP_NUM_THREADS=str(max(1, cores // ranks))))
 
 

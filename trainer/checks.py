@@ -175,7 +175,8 @@ def check_schedule(config) -> None:
 
 
 def check_workdir(workdir: str) -> None:
-  """Refuses a missing workdir or one that is not a directory (nothing is created here)."""
+  """Refuses an empty --workdir, or a path that exists and is not a directory (a missing
+  directory is fine: the run creates it; nothing is created here)."""
   if not workdir:
     raise UserError('no workdir given; pass --workdir=DIR (created if missing)')
   if os.path.exists(workdir) and not os.path.isdir(workdir):

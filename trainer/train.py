@@ -12,7 +12,7 @@
 import dataclasses
 import itertools
 import time
-from typing import Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -328,7 +328,7 @@ class _Session:
     self.p_eval_step = step_lib.make_eval_step(layout)
     self.rstate = layout.put_replicated(start.state)
     self.rng = layout.put_replicated(start.step_rng)
-    self.batches = self._batches()
+    self.batches, self.efficiency = self._batches()
     self.hooks = _hooks(config, workdir, writer)
     self.throughput = efficiency.Throughput(config.batch_size, len(layout.devices))
     self.cadence = loop.Cadence.from_config(config)
@@ -343,10 +343,10 @@ class _Session:
     self.stop = signals.StopSignals(install=not multiprocess,
                                     agree=_preemption_sync_point if multiprocess else None)
 
-  def _batches(self):
-    """This process's rows of each global batch on the devices, prefetched; also sets
-    `self.efficiency` from the FLOPs of the step lowered on the first batch (traced again,
-    not compiled)."""
+  def _batches(self) -> tuple[Iterator[Any], efficiency.StepEfficiency]:
+    """This process's rows of each global batch on the devices, prefetched, and the step's
+    efficiency from the FLOPs of the step lowered on the first batch (traced again, not
+    compiled)."""
     config, layout = self.run.config, self.run.layout
     train_ds = input_pipeline.train_dataset(
         config, self.run.builder, process_index=jax.process_index(),
@@ -355,11 +355,11 @@ class _Session:
     batches = parallel.prefetch((layout.put_batch(rows) for rows in tfds.as_numpy(train_ds)),
                                 PREFETCH_BATCHES)
     first_batch = next(batches)
-    self.efficiency = efficiency.StepEfficiency(
+    step_efficiency = efficiency.StepEfficiency(
         efficiency.flops_per_device_step(self.p_train_step, self.rstate, first_batch,
                                          self.rng),
         efficiency.peak_flops(layout.devices[0].device_kind))
-    return itertools.chain([first_batch], batches)
+    return itertools.chain([first_batch], batches), step_efficiency
 
   def train(self) -> None:
     """Steps from `first` to `last`, logging, evaluating and saving on the cadence; raises

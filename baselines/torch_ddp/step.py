@@ -5,11 +5,13 @@ that have only torch: `baselines/torch_ddp/train.py` feeds it the trainer's glob
 `scripts/benchmark.py --parts=ddp_limit` a synthetic batch kept on the device.
 """
 
+import os
 from typing import Optional
 
 import numpy as np
 import torch
 import torchvision
+from torch.nn.parallel import DistributedDataParallel
 
 from baselines.torch_ddp import models as torch_models
 from trainer import optim
@@ -88,6 +90,22 @@ def place_model(model: torch.nn.Module, device: torch.device, precision: Precisi
   if precision.channels_last:
     model = model.to(memory_format=torch.channels_last)
   return model
+
+
+def rank_device() -> torch.device:
+  """This rank's GPU where CUDA is present (torchrun's LOCAL_RANK), else the CPU."""
+  if torch.cuda.is_available():
+    return torch.device('cuda', int(os.environ.get('LOCAL_RANK', 0)))
+  return torch.device('cpu')
+
+
+def distributed(model: torch.nn.Module, device: torch.device, compile_model: bool
+                ) -> tuple[torch.nn.Module, torch.nn.Module]:
+  """`model` (placed on `device`) under DDP, and what the train step calls: that, compiled
+  with torch.compile where `compile_model` is set."""
+  ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == 'cuda'
+                                else None)
+  return ddp, torch.compile(ddp) if compile_model else ddp
 
 
 def make_optimizer(config, model: torch.nn.Module) -> torch.optim.Optimizer:

@@ -43,7 +43,6 @@ from absl import flags
 from absl import logging
 from clu import metric_writers
 from ml_collections import config_flags
-from torch.nn.parallel import DistributedDataParallel
 
 from baselines.torch_ddp import models as torch_models
 from baselines.torch_ddp import step as step_lib
@@ -188,13 +187,6 @@ def build_model(config, input_shape, device, precision: step_lib.Precision, pari
 RANK_SEED_STRIDE = 1_009
 
 
-def _device() -> torch.device:
-  """This rank's GPU where CUDA is present (LOCAL_RANK), else the CPU."""
-  if torch.cuda.is_available():
-    return torch.device('cuda', int(os.environ.get('LOCAL_RANK', 0)))
-  return torch.device('cpu')
-
-
 @dataclasses.dataclass
 class _Training:
   """The model, optimizer and schedule of a run, restored from its checkpoint if it has one."""
@@ -238,9 +230,7 @@ def _build(config, workdir: str, input_shape, device: torch.device, parity: bool
     # Checkpoints from before the global stream counted examples per rank.
     examples_seen = saved.get('examples_seen', start_step * config.batch_size)
     logging.info('resuming from %s', _checkpoint_path(workdir, start_step))
-  ddp = DistributedDataParallel(model, device_ids=[device.index] if device.index is not None
-                                else None)
-  return _Training(model, ddp, torch.compile(ddp) if compile_model else ddp, optimizer,
+  return _Training(model, *step_lib.distributed(model, device, compile_model), optimizer,
                    scheduler, precision, start_step, examples_seen)
 
 
@@ -282,7 +272,7 @@ def train(config, workdir: str, parity: bool, init_weights: Optional[str] = None
   rank, world = dist.get_rank(), dist.get_world_size()
   checks.check_config(config, process_count=1, local_device_count=world)
   step_lib.check_supported(config)
-  device = _device()
+  device = step_lib.rank_device()
   if rank > 0:
     dist.barrier()  # Rank 0 prepares the dataset first.
   builder, config = input_pipeline.open_train_data(config)
