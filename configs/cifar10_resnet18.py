@@ -16,6 +16,7 @@ def get_config() -> ml_collections.ConfigDict:
   config = default.get_config()
   config.dataset = 'cifar10'
   config.shuffle_buffer_size = 50_000  # The whole train split.
+  config.augment = 'crop_flip'  # Padded random crops and flips (on an image folder too).
   config.model = 'resnet18_cifar'
   config.dropout_rate = 0.0
   config.optimizer = 'sgd'

@@ -13,13 +13,18 @@ def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
 
   # Data.
-  # Name: 'digits' (bundled, offline), or a TFDS dataset: 'mnist', 'fashion_mnist',
-  # 'cifar10', 'cifar100', 'imagenet2012' (README lists them).
+  # Name: 'digits' (bundled, offline), a TFDS dataset: 'mnist', 'fashion_mnist', 'cifar10',
+  # 'cifar100', 'imagenet2012' (README lists them), or an image folder 'folder:/PATH' holding
+  # PATH/train/CLASS/*.jpg|jpeg|png and PATH/val/... (or the folder's ArrayRecord copy made by
+  # python -m trainer.data.convert).
   config.dataset = 'digits'
   # TFDS data dir (path or gs://); '' = $TFDS_DATA_DIR or ~/tensorflow_datasets.
   config.tfds_data_dir = ''
-  config.train_split = 'train'  # TFDS split name (slicing such as 'train[:90%]' allowed).
-  config.eval_split = 'test'  # TFDS split evaluated, every example exactly once.
+  # Split names (TFDS slicing such as 'train[:90%]' allowed; for a folder, its subfolders).
+  config.train_split = 'train'
+  # Split evaluated, every example exactly once; a folder without test/ evaluates its val/
+  # (or validation/), and says so.
+  config.eval_split = 'test'
   # More evaluations at each eval step, comma-separated: 'SPLIT' of `dataset`, or
   # 'DATASET:SPLIT' of another dataset of the same classes (e.g. 'imagenet_v2:test'). Tags:
   # eval_NAME_accuracy, eval_NAME_top5_accuracy, eval_NAME_loss, NAME the entry with each run
@@ -28,15 +33,22 @@ def get_config() -> ml_collections.ConfigDict:
   # Examples in each process's shuffle buffer; used only where the train split is read in
   # sequence (TFRecord files, cache=False): elsewhere each epoch is an index permutation.
   config.shuffle_buffer_size = 2048
-  # Hold the decoded split in memory and read it by index (the same global batches on any
-  # topology); False reads ArrayRecord files by index where TFDS prepared them so, else
-  # TFRecord files in sequence.
+  # Hold the train split in memory (decoded where its images share one size, else the encoded
+  # files) and read it by index (the same global batches on any topology); False reads
+  # ArrayRecord files (or a folder's image files) by index, else TFRecord files in sequence.
   config.cache = True
 
-  config.data_threads = 0  # tf.data private threadpool size; 0 = TF's shared pool.
+  # Threads that read, decode and augment examples; 0 = every core this process may use.
+  config.data_threads = 0
 
-  # Augmentation of the training examples (each off by default), drawn from the example's
-  # position in the training stream: the same on any topology and on resume.
+  # Augmentation of the training examples, drawn from the example's position in the training
+  # stream: the same on any topology and on resume. `augment`: 'none', 'flip', 'crop_flip'
+  # (pad 4 + random crop + flip, CIFAR) or 'inception' (random-resized crop to image_size +
+  # flip, ImageNet; evaluation resizes and center-crops); '' = the dataset's own (README).
+  config.augment = ''
+  # Side of the square crop of augment='inception' (datasets whose images vary in size);
+  # 0 = the dataset's (224 for ImageNet and image folders of varied sizes).
+  config.image_size = 0
   config.randaugment_num_layers = 0  # RandAugment ops applied per image; 0 = off.
   config.randaugment_magnitude = 9  # RandAugment magnitude, an integer in [0, 30].
   config.random_erase_prob = 0.0  # Probability of erasing a random box of an image; 0 = off.

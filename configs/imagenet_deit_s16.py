@@ -31,7 +31,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval_split = 'validation'
   config.shuffle_buffer_size = 16 * 1024
   config.cache = False
-  config.data_threads = 48
+  config.augment = 'inception'  # Random-resized crops to 224, on an image folder too.
   config.randaugment_num_layers = 2
   config.randaugment_magnitude = 9
   config.random_erase_prob = 0.25

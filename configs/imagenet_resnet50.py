@@ -31,7 +31,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval_split = 'validation'
   config.shuffle_buffer_size = 16 * 1024
   config.cache = False  # ~150 GB: it does not fit in memory.
-  config.data_threads = 48
+  config.augment = 'inception'  # Random-resized crops to 224, on an image folder too.
   config.model = 'resnet50'
   config.dropout_rate = 0.0
   config.dtype = 'bfloat16'

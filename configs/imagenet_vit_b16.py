@@ -25,7 +25,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval_split = 'validation'
   config.shuffle_buffer_size = 16 * 1024
   config.cache = False
-  config.data_threads = 48
+  config.augment = 'inception'  # Random-resized crops to 224, on an image folder too.
   config.model = 'vit_b16'
   config.dropout_rate = 0.1
   config.dtype = 'bfloat16'

@@ -24,7 +24,7 @@ from trainer.errors import UserError
 # (the twin's training run) and `multiprocess` (processes of the limit module) are started
 # by the orchestrator itself.
 PART_MODULES = {'jax': 'bench_trainer', 'cache': 'bench_trainer', 'limit': 'bench_limit',
-                'ddp_limit': 'bench_ddp_limit'}
+                'ddp_limit': 'bench_ddp_limit', 'input': 'bench_input'}
 
 # Steps per timed chunk: fewer than the CPU client tolerates in flight (parallel.InFlight).
 CHUNK = 10

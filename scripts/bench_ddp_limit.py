@@ -23,7 +23,7 @@ from baselines.torch_ddp import models as torch_models
 from baselines.torch_ddp import step as ddp_step
 from scripts import bench_common
 from trainer import efficiency
-from trainer.datasets import specs
+from trainer.data import specs
 
 FLAGS = flags.FLAGS
 
@@ -44,23 +44,26 @@ def measure_ddp_limit(config, steps: int, warmup: int, compile_model: bool) -> d
   unknown) and the step's precision settings (`ddp_step.describe`).
   """
   rank, world, device = dist.get_rank(), dist.get_world_size(), ddp_step.rank_device()
-  spec = specs.spec(config.dataset)
+  spec = specs.for_config(config)
   rows = config.batch_size // world
   precision = ddp_step.Precision(config, device, compile_model=compile_model)
   torch.manual_seed(0)
   model = ddp_step.place_model(torch_models.get(
-      config.model, input_shape=spec.shape, num_classes=spec.num_classes,
+      config.model, input_shape=spec.input_shape, num_classes=spec.num_classes,
       dropout_rate=config.dropout_rate), device, precision)
   optimizer = ddp_step.make_optimizer(config, model)
   ddp, step_model = ddp_step.distributed(model, device, compile_model)
   rng = np.random.RandomState(rank)
-  images = ddp_step.to_model_input(rng.rand(rows, *spec.shape).astype(np.float32), device,
-                                   precision.channels_last)
+  # uint8 rows on the device, normalized by every step as the twin's training does (and the
+  # JAX step, in its `limit`).
+  normalize = ddp_step.Normalize(config, device, precision.channels_last)
+  rows_u8 = normalize.rows(rng.randint(0, 256, (rows,) + spec.input_shape).astype(np.uint8))
   labels = torch.from_numpy(rng.randint(0, spec.num_classes, rows)).long().to(device)
 
   def run(num_steps):
     for _ in range(num_steps):
-      loss, _, _ = ddp_step.train_step(step_model, optimizer, precision, images, labels)
+      loss, _, _ = ddp_step.train_step(step_model, optimizer, precision, normalize(rows_u8),
+                                       labels)
     loss.item()  # Waits for the last step.
     if device.type == 'cuda':
       torch.cuda.synchronize(device)
@@ -69,7 +72,7 @@ def measure_ddp_limit(config, steps: int, warmup: int, compile_model: bool) -> d
   run(1)
   first_step_s = time.perf_counter() - start
   # Counted on the uncompiled model (the same arithmetic), one rank's rows.
-  flops = ddp_step.step_flops(ddp, optimizer, precision, images, labels)
+  flops = ddp_step.step_flops(ddp, optimizer, precision, normalize(rows_u8), labels)
   run(warmup)
   seconds = bench_common.chunk_seconds(run, steps, before=dist.barrier)
   rate = bench_common.median_rate(seconds, bench_common.CHUNK * config.batch_size)

@@ -5,7 +5,7 @@ kept on the devices, the most the training loop can reach. Run by `scripts.bench
       [--coordinator_address=HOST:PORT --num_processes=P --process_id=I] [--config.F=V ...]
 
 Imports neither TensorFlow nor TFDS: the dataset's shapes come from
-`trainer/datasets/specs.py`, so this part runs on GPU hosts without them. `measure_limit` is
+`trainer/data/specs.py`, so this part runs on GPU hosts without them. `measure_limit` is
 also the jax part's limit (`scripts.bench_trainer`).
 """
 
@@ -23,7 +23,7 @@ from trainer import optim
 from trainer import parallel
 from trainer import state as state_lib
 from trainer import step as step_lib
-from trainer.datasets import specs
+from trainer.data import specs
 
 FLAGS = flags.FLAGS
 
@@ -37,9 +37,10 @@ def _define_flags() -> None:
 
 
 def _synthetic_rows(config, layout: parallel.DataParallel, spec: specs.DatasetSpec) -> Any:
-  """This process's rows of one random global batch of the dataset's shapes, on the devices."""
+  """This process's rows of one random global batch of the dataset's shapes (uint8 images, as
+  the input pipeline sends them), on the devices."""
   rng = np.random.RandomState(0)
-  batch = {'image': rng.rand(config.batch_size, *spec.shape).astype(np.float32),
+  batch = {'image': rng.randint(0, 256, (config.batch_size,) + spec.input_shape).astype(np.uint8),
            'label': rng.randint(0, spec.num_classes, config.batch_size).astype(np.int32)}
   rows = config.batch_size // jax.process_count()
   return layout.put_batch({k: v[jax.process_index() * rows:][:rows] for k, v in batch.items()})
@@ -54,11 +55,11 @@ def measure_limit(config, backend: str, steps: int, warmup: int) -> dict[str, An
   the device's peak is unknown).
   """
   layout = parallel.data_parallel(backend)
-  spec = specs.spec(config.dataset)
+  spec = specs.for_config(config)
   # The schedule's length does not change the speed; the train split's size stands in for
   # the configured split's.
   config = optim.resolve_durations(config, spec.num_train_examples)
-  state = state_lib.init_state(config, spec.num_classes, (1,) + spec.shape,
+  state = state_lib.init_state(config, spec.num_classes, (1,) + spec.input_shape,
                                rng=jax.random.PRNGKey(0))
   batch = _synthetic_rows(config, layout, spec)
   rstate = layout.put_replicated(state)

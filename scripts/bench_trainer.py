@@ -15,17 +15,16 @@ import time
 from typing import Any, Optional
 
 import jax
-import tensorflow_datasets as tfds
 from absl import app
 from absl import flags
 
 from scripts import bench_common
 from scripts import bench_limit
 from trainer import efficiency
-from trainer import input_pipeline
 from trainer import parallel
 from trainer import train
 from trainer import writers
+from trainer.data import pipeline
 
 FLAGS = flags.FLAGS
 PARTS = ('jax', 'cache')
@@ -81,8 +80,7 @@ def measure_input(config, steps: int, warmup: int) -> dict[str, Any]:
   cache). Returns `batches_per_sec` and `examples_per_sec` (the median batch's),
   `timed_batches`, and `mean_examples_per_sec`."""
   devices = jax.local_devices()
-  builder, config = input_pipeline.open_train_data(config)
-  batches = iter(tfds.as_numpy(input_pipeline.train_dataset(config, builder)))
+  batches = pipeline.open_train_data(config).batches()
   for _ in range(warmup + 1):
     parallel.shard(next(batches), len(devices))
   count = max(steps, 100)
@@ -150,7 +148,7 @@ def main(argv):
   config = bench_common.part_config(argv)
   if FLAGS.cpu_devices is not None:
     jax.config.update('jax_num_cpu_devices', FLAGS.cpu_devices)
-  mock = tfds.testing.mock_data(num_examples=2048) if FLAGS.mock_data else (
+  mock = pipeline.mock_data(num_examples=2048) if FLAGS.mock_data else (
       contextlib.nullcontext())
   with mock:
     if FLAGS.part == 'jax':

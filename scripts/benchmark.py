@@ -26,9 +26,20 @@ one after the other; `--parts` chooses them, default all):
   ddp_limit  (scripts.bench_ddp_limit, under torchrun) the torch step under DDP on a
              device-resident synthetic batch (the mirror of `limit`), per rank count: the
              config's precision as autocast, channels_last for convnets, `--torch_compile`
+  input      (scripts.bench_input) the training input pipeline alone against torchvision's
+             DataLoader, on the same `--input_count` generated JPEGs of ImageNet-like sizes,
+             ImageNet's preprocessing at the config's image_size (224 unless set), the
+             config's batch, `--input_workers` threads (ours) or worker processes
+             (torchvision), alternately `--rounds` times: ours read from the image files,
+             held in memory, from ArrayRecord and from TFRecord records; torchvision with uint8
+             output (as ours) and normalized; ours as process 0 of 2 with and without
+             Mixup/CutMix. Sustained examples/s over windows, examples per CPU-second
+             (workers included), peak PSS (workers included); `input_over_torchvision`,
+             `input_rss_over_torchvision` (ours from the files / torchvision, uint8), the
+             cores each needs for 2,500 images/s (`cores_per_2500_per_sec_*`)
 
 `limit` and `ddp_limit` import neither TensorFlow nor TFDS (the dataset's shapes come from
-`trainer/datasets/specs.py`), and neither does this process: `--parts=limit,ddp_limit` runs
+`trainer/data/specs.py`), and neither does this process: `--parts=limit,ddp_limit` runs
 on a GPU host that has only jax, flax, optax, orbax, torch and torchvision (plus
 ml_collections and absl).
 
@@ -62,7 +73,20 @@ from trainer import processes
 from trainer.errors import UserError
 
 FLAGS = flags.FLAGS
-PARTS = ('jax', 'cache', 'ddp', 'multiprocess', 'limit', 'ddp_limit')
+PARTS = ('jax', 'cache', 'ddp', 'multiprocess', 'limit', 'ddp_limit', 'input')
+# The input part's runs: (name, bench_input flags), measured in this order in each round.
+INPUT_RUNS = (
+    ('ours_files', ['--side=ours', '--mode=files']),
+    ('torchvision', ['--side=torchvision']),
+    ('ours_memory', ['--side=ours', '--mode=memory']),
+    ('ours_array_record', ['--side=ours', '--mode=array_record']),
+    ('ours_tfrecord', ['--side=ours', '--mode=tfrecord']),
+    ('torchvision_normalized', ['--side=torchvision', '--normalize']),
+    ('ours_2proc', ['--side=ours', '--mode=files', '--process_count=2']),
+    ('ours_2proc_mix', ['--side=ours', '--mode=files', '--process_count=2',
+                        '--config.mixup_alpha=0.2', '--config.cutmix_alpha=1.0']),
+)
+GPU_IMAGES_PER_SEC = 2500  # What one GPU of a ResNet-50 run eats: the cores-per-GPU figure.
 
 
 def _define_flags() -> None:
@@ -83,6 +107,12 @@ def _define_flags() -> None:
   flags.DEFINE_string('runs_dir', None, 'Keep the timed training runs\' workdirs here (a new or '
                       'empty directory): trainer_<N>dev_<round>, cache_cold, cache_warm, '
                       'ddp_<R>ranks. Default: scratch directories, removed.')
+  flags.DEFINE_string('input_images', None, 'input: the generated images\' directory (made '
+                      'there if missing, kept); default a scratch directory.')
+  flags.DEFINE_integer('input_count', 2000, 'input: JPEGs to generate.')
+  flags.DEFINE_integer('input_workers', 0, 'input: threads (ours) and DataLoader workers '
+                       '(torchvision); 0 = the cores.')
+  flags.DEFINE_float('input_seconds', 15.0, 'input: timed seconds of each run.')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,7 +274,45 @@ def measure_parts(setup: _Setup, parts: list[str], jax_counts: list[int],
     runs['ddp_limit_runs'] = [_ddp_limit_run(setup, ranks, cores) for ranks in ddp_counts]
   if 'multiprocess' in parts:
     runs['multiprocess'] = _multiprocess(setup)
+  if 'input' in parts:
+    runs['input'] = _input(setup, cores)
   return runs
+
+
+def _input(setup: _Setup, cores: int) -> dict[str, Any]:
+  """The input part: the images made (or found), then INPUT_RUNS alternately `--rounds`
+  times; each run's figures, their medians and the ratios (module docstring)."""
+  images = FLAGS.input_images or os.path.join(setup.scratch, 'images')
+  print(f'input: generating and converting {FLAGS.input_count} JPEGs in {images} ...',
+        flush=True)
+  common = [f'--images={images}', f'--workers={FLAGS.input_workers or cores}',
+            f'--seconds={FLAGS.input_seconds}']
+  made = _run_part(setup, 'input', 'input_prepare',
+                   ['--side=prepare', f'--count={FLAGS.input_count}', *common])
+  runs = {name: [] for name, _ in INPUT_RUNS}
+  for index in range(FLAGS.rounds):
+    for name, extra in INPUT_RUNS:
+      print(f'input: {name}, round {index + 1} of {FLAGS.rounds} ...', flush=True)
+      runs[name].append(_run_part(setup, 'input', f'input_{name}_{index}', [*common, *extra]))
+  median = lambda name, key: statistics.median(r[key] for r in runs[name])
+  per_round = lambda a, b, key: statistics.median(
+      x[key] / y[key] for x, y in zip(runs[a], runs[b]))
+  figures = {'images': made, 'runs': runs,
+             **{f'{name}_{key}': median(name, key) for name, _ in INPUT_RUNS
+                for key in ('examples_per_sec', 'examples_per_cpu_sec', 'peak_pss_mb')},
+             'input_over_torchvision': per_round('ours_files', 'torchvision',
+                                                 'examples_per_cpu_sec'),
+             'input_over_torchvision_normalized': per_round(
+                 'ours_files', 'torchvision_normalized', 'examples_per_cpu_sec'),
+             'input_rss_over_torchvision': per_round('ours_files', 'torchvision',
+                                                     'peak_pss_mb'),
+             'mix_over_plain_2proc': per_round('ours_2proc_mix', 'ours_2proc',
+                                               'examples_per_sec')}
+  for name in ('ours_files', 'ours_memory', 'ours_array_record', 'ours_tfrecord',
+               'torchvision', 'torchvision_normalized'):
+    figures[f'cores_per_{GPU_IMAGES_PER_SEC}_per_sec_{name}'] = (
+        GPU_IMAGES_PER_SEC / figures[f'{name}_examples_per_cpu_sec'])
+  return figures
 
 
 def _jax_figures(jax_runs: list[dict], ddp_runs: list[dict], cache: Optional[dict]
@@ -308,6 +376,8 @@ def headline_figures(runs: dict[str, Any]) -> dict[str, Any]:
                    step_ddp_flops_per_step=best['flops_per_step'])
   figures['step_jax_over_ddp'] = reporting.ratio(figures.get('step_jax_examples_per_sec'),
                                                  figures.get('step_ddp_examples_per_sec'))
+  if runs.get('input'):
+    figures.update({k: v for k, v in runs['input'].items() if k not in ('runs', 'images')})
   return figures
 
 
@@ -346,6 +416,19 @@ def _rows(figures: dict) -> list[tuple[str, ...]]:
   return rows
 
 
+def _input_rows(figures: dict) -> list[tuple[str, ...]]:
+  """The input part's runs, medians over the rounds."""
+  fmt = reporting.fmt
+  rows = [('input pipeline', 'examples/s', 'examples/CPU-s', 'peak PSS MiB',
+           f'cores per {GPU_IMAGES_PER_SEC}/s')]
+  for name, _ in INPUT_RUNS:
+    cores = figures.get(f'cores_per_{GPU_IMAGES_PER_SEC}_per_sec_{name}')
+    rows.append((name, fmt(figures[f'{name}_examples_per_sec']),
+                 fmt(figures[f'{name}_examples_per_cpu_sec']),
+                 fmt(figures[f'{name}_peak_pss_mb']), fmt(cores, 1) if cores else ''))
+  return rows
+
+
 def _ratio_lines(figures: dict) -> list[str]:
   """The headline ratios of the parts that ran, a line each."""
   fmt, lines = reporting.fmt, []
@@ -373,6 +456,13 @@ def _ratio_lines(figures: dict) -> list[str]:
         f'{figures.get("step_jax_backend")} on {figures.get("step_jax_devices")} dev vs DDP '
         f'{figures["step_ddp_ranks"]} ranks; MFU JAX {fmt(figures.get("step_jax_mfu"), 3)}, '
         f'DDP {fmt(figures["step_ddp_mfu"], 3)})')
+  if 'input_over_torchvision' in figures:
+    lines.append(
+        f'input_over_torchvision = {fmt(figures["input_over_torchvision"], 2)} (examples per '
+        f'CPU-second, uint8 both; {fmt(figures["input_over_torchvision_normalized"], 2)} '
+        'against torchvision normalizing)   input_rss_over_torchvision = '
+        f'{fmt(figures["input_rss_over_torchvision"], 2)}   mix_over_plain_2proc = '
+        f'{fmt(figures["mix_over_plain_2proc"], 2)}')
   mp = figures.get('multiprocess')
   if mp:
     lines.append(
@@ -385,7 +475,10 @@ def _ratio_lines(figures: dict) -> list[str]:
 
 def table(figures: dict) -> str:
   """The figures as the benchmark prints them: a row per measurement, then the ratios."""
-  return '\n'.join([reporting.plain_table(_rows(figures)), '', *_ratio_lines(figures)])
+  tables = [reporting.plain_table(_rows(figures))]
+  if 'input_over_torchvision' in figures:
+    tables += ['', reporting.plain_table(_input_rows(figures))]
+  return '\n'.join([*tables, '', *_ratio_lines(figures)])
 
 
 def _counts(values: Optional[list[str]], default: list[int]) -> list[int]:

@@ -35,7 +35,7 @@ from absl import app
 from absl import flags
 from matplotlib import figure
 from ml_collections import config_flags
-# Before anything that imports TensorFlow (trainer.input_pipeline, CLU's writers): torchvision
+# Before anything that imports TensorFlow (trainer.data, CLU's writers): torchvision
 # 0.29, which the DDP baseline imports, segfaults when imported after it.
 import torch
 
@@ -46,9 +46,9 @@ from models import torch_weights
 from scripts import reporting
 from trainer import checks
 from trainer import efficiency
-from trainer import input_pipeline
 from trainer import processes
 from trainer import writers
+from trainer.data import pipeline
 from trainer.errors import UserError
 
 RUNS = {'jax': 'JAX (pmap)', 'ddp': 'PyTorch DDP'}
@@ -275,9 +275,9 @@ def _read_run(run_dir: str) -> tuple[list[dict], dict]:
 def _export_init(config, path: str) -> None:
   """The JAX run's initial variables for the config's seed, as the PyTorch state dict the
   DDP run starts from. Preparing the dataset here also spares both runs that work."""
-  builder, config = input_pipeline.open_train_data(config)
+  data = pipeline.open_train_data(config)
   torch_weights.write_state_dict(path, torch_weights.to_state_dict(
-      *ddp_train.jax_initial_variables(config, input_pipeline.input_shape(config, builder))))
+      *ddp_train.jax_initial_variables(config, (1,) + data.spec.input_shape)))
 
 
 def _check(config, devices: int, threads: int, run_dirs: dict[str, str], reuse: bool) -> None:

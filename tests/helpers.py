@@ -8,7 +8,7 @@ import orbax.checkpoint as ocp
 import tensorflow_datasets as tfds
 
 from trainer import checkpoint
-from trainer import input_pipeline
+from trainer.data import sources
 from trainer import parallel
 from trainer import step as step_lib
 
@@ -19,8 +19,10 @@ from trainer import step as step_lib
 # within 3e-4; at 0.02 they stay within 1e-5.
 TOPOLOGY_RUN = dict(num_train_steps=60, warmup_steps=10, log_every_steps=20,
                     eval_every_steps=60, checkpoint_every_steps=60, learning_rate=0.02)
-# The models it compares: without dropout, with dropout (cnn's default 0.1), with BatchNorm.
-TOPOLOGY_MODELS = {'mlp': dict(model='mlp', dropout_rate=0.0), 'cnn': dict(model='cnn'),
+# The models it compares: without dropout, with dropout (cnn's default 0.1) and Mixup/CutMix
+# of the global batch (partners on other devices and processes), with BatchNorm.
+TOPOLOGY_MODELS = {'mlp': dict(model='mlp', dropout_rate=0.0),
+                   'cnn': dict(model='cnn', mixup_alpha=0.4, cutmix_alpha=1.0),
                    'resnet_tiny': dict(model='resnet_tiny', dropout_rate=0.0)}
 
 
@@ -90,7 +92,7 @@ def reference_eval(state, config) -> tuple[int, float, float, float]:
 
 def reference_eval_of(logits_fn, config) -> tuple[int, float, float, float]:
   """reference_eval for any function of a float32 image batch (digits) to logits."""
-  builder = input_pipeline.get_builder(config)
+  builder = sources.get_builder(config)
   data = tfds.as_numpy(builder.as_dataset(split=config.eval_split, batch_size=-1))
   images = data['image'].astype(np.float32) / 255.0
   logits = np.asarray(logits_fn(images), np.float64)

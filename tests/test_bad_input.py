@@ -7,7 +7,7 @@ import pytest
 
 import models
 
-from trainer import input_pipeline
+from trainer.data import sources
 from trainer import processes
 from trainer import train
 from trainer.errors import UserError
@@ -49,9 +49,28 @@ CASES = {
         'num_epochs=-3.0 must be positive (--config.num_epochs=X), or -1 to count in '
         'num_train_steps'),
     'unknown model': _unknown('model', 'resnet9', models.names()),
-    'unknown dataset': _unknown(
-        'dataset', 'imagenet',
-        ['cifar10', 'cifar100', 'digits', 'fashion_mnist', 'imagenet2012', 'mnist']),
+    'unknown dataset': (
+        dict(dataset='imagenet'),
+        "dataset='imagenet' is unknown; choose one of: cifar10, cifar100, digits, "
+        'fashion_mnist, imagenet2012, mnist, or an image folder (--config.dataset=NAME or '
+        '--config.dataset=folder:/PATH)'),
+    'negative data threads': (
+        dict(data_threads=-2),
+        'data_threads=-2 must be a whole number >= 0; 0 uses every core the process may run on '
+        '(--config.data_threads=N)'),
+    'missing image folder': (
+        dict(dataset='folder:/nonexistent/pets'),
+        'dataset=folder:/nonexistent/pets: no such directory; point --config.dataset='
+        'folder:/PATH at a folder holding train/CLASS/*.jpg (and val/...)'),
+    'unknown augmentation': (
+        dict(augment='autoaugment'),
+        "augment='autoaugment' is unknown; choose one of: none, flip, crop_flip, inception, "
+        "or '' for the dataset's own (--config.augment=NAME)"),
+    'crop size for images of one size': (
+        dict(image_size=32),
+        "image_size=32 applies to augment='inception' (crops resized to image_size); "
+        "dataset='digits' has images of 8x8 with augment='none': drop --config.image_size, "
+        'or pass --config.augment=inception'),
     'unknown optimizer': _unknown('optimizer', 'lion', ['adamw', 'lamb', 'lars', 'sgd']),
     'unknown dtype': _unknown('dtype', 'float8', ['bfloat16', 'float16', 'float32']),
     'accumulation does not divide': (
@@ -91,8 +110,7 @@ CASES = {
         "eval_splits='test': 'test' is evaluated already"),
     'eval set of other classes': (
         dict(eval_splits='imagenet_v2:test'),
-        "dataset 'imagenet_v2' has 1000 classes of (224, 224, 3) inputs, the model 10 of "
-        '(8, 8, 1)'),
+        "dataset 'imagenet_v2' has 1000 classes of 3-channel images, the model 10 of 1"),
     'an evaluation set as the training set': (
         dict(dataset='imagenet_v2'),
         "dataset='imagenet_v2' has no train split: it is an evaluation set"),
@@ -120,7 +138,7 @@ def test_workdir_that_is_a_file_is_refused_and_kept(config, tmp_path):
 
 
 def test_unavailable_dataset_is_refused_before_the_workdir(config, tmp_path, monkeypatch):
-  monkeypatch.setattr(input_pipeline, 'DOWNLOAD_PROBE', ('127.0.0.1', 9))
+  monkeypatch.setattr(sources, 'DOWNLOAD_PROBE', ('127.0.0.1', 9))
   config.dataset = 'mnist'
   config.tfds_data_dir = str(tmp_path / 'tfds')
   with pytest.raises(UserError, match='train offline with --config.dataset=digits'):

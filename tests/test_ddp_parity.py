@@ -15,12 +15,14 @@ from trainer import train
 
 
 # Ranks 1, 2 and 4, each against another JAX device count; torchvision's ResNet (at a test
-# width) on 1 rank, where torch's BatchNorm sees the whole batch as JAX's does over devices.
-@pytest.mark.parametrize('model,jax_devices,ddp_ranks',
-                         [('resnet_tiny', 4, 1), ('cnn', 1, 2), ('mlp', 2, 4)])
-def test_first_20_losses_agree(tmp_path, config, model, jax_devices, ddp_ranks):
+# width) on 1 rank, where torch's BatchNorm sees the whole batch as JAX's does over devices;
+# Mixup/CutMix on 4 ranks, where the twin fetches partner rows from rank 3 - r.
+@pytest.mark.parametrize('model,jax_devices,ddp_ranks,mixing',
+                         [('resnet_tiny', 4, 1, {}), ('cnn', 1, 2, {}),
+                          ('mlp', 2, 4, dict(mixup_alpha=0.4, cutmix_alpha=1.0))])
+def test_first_20_losses_agree(tmp_path, config, model, jax_devices, ddp_ranks, mixing):
   overrides = dict(model=model, num_train_steps=20, warmup_steps=5, log_every_steps=1,
-                   dropout_rate=0.0)
+                   dropout_rate=0.0, **mixing)
   jax_dir, ddp_dir = str(tmp_path / 'jax'), str(tmp_path / 'ddp')
   config.update(**overrides)
   train.train_and_evaluate(config, jax_dir, devices=jax.devices()[:jax_devices])

@@ -8,7 +8,8 @@ import tensorflow_datasets as tfds
 
 import models
 from tests import helpers
-from trainer import input_pipeline
+from trainer.data import pipeline
+from trainer.data import sources
 from trainer import parallel
 from trainer import state as state_lib
 from trainer import step as step_lib
@@ -31,9 +32,9 @@ def test_eval_is_exact(config, digits_state, num_devices, eval_batch):
   devices = jax.devices()[:num_devices]
   num_examples, ref_loss, ref_accuracy, ref_top5 = helpers.reference_eval(digits_state, config)
   assert num_examples % config.eval_batch_size != 0
-  data = input_pipeline.eval_data(config, input_pipeline.get_builder(config),
+  data = pipeline.eval_data(config, sources.get_builder(config),
                                   local_device_count=num_devices)
-  masks = [batch['mask'] for batch in input_pipeline.eval_batches(data)]
+  masks = [batch['mask'] for batch in pipeline.eval_batches(data)]
   assert sum(int(mask.sum()) for mask in masks) == num_examples == 360
   assert data.batch_size == -(-config.eval_batch_size // num_devices) * num_devices
   layout = parallel.data_parallel('pmap', devices)
@@ -50,18 +51,18 @@ def test_eval_is_exact(config, digits_state, num_devices, eval_batch):
 def test_eval_batches_cover_split_once_per_process_set(config, process_count):
   """Each process's padded batches hold its share; together every example, once."""
   config.eval_batch_size = 24 * process_count
-  builder = input_pipeline.get_builder(config)
+  builder = sources.get_builder(config)
   seen, counts = [], set()
   for index in range(process_count):
-    data = input_pipeline.eval_data(config, builder, process_index=index,
+    data = pipeline.eval_data(config, builder, process_index=index,
                                     process_count=process_count)
-    batches = list(input_pipeline.eval_batches(data))
+    batches = list(pipeline.eval_batches(data))
     counts.add(len(batches))
     for batch in batches:
-      assert batch['image'].shape == (24, 8, 8, 1)
+      assert batch['image'].shape == (24, 8, 8, 1) and batch['image'].dtype == np.uint8
       real = batch['mask'] == 1
       assert np.all(batch['image'][~real] == 0)
-      seen.extend(map(bytes, (batch['image'][real] * 255).astype(np.uint8)))
+      seen.extend(map(bytes, batch['image'][real]))
   assert len(counts) == 1  # Same number of batches on every process: collectives line up.
   full = tfds.as_numpy(builder.as_dataset(split='test', batch_size=-1))['image']
   assert sorted(seen) == sorted(map(bytes, full))
@@ -97,7 +98,7 @@ def test_every_eval_split_is_exact(config, digits_state, num_devices):
   """eval_split and each of eval_splits, each padded and masked, against a plain pass."""
   config.update(eval_batch_size=EVAL_BATCH, eval_splits='train[:100], train[1000:]')
   layout = parallel.data_parallel('pmap', jax.devices()[:num_devices])
-  evaluations = train.evaluation_data(config, input_pipeline.get_builder(config), layout)
+  evaluations = train.evaluation_data(config, sources.get_builder(config), layout)
   assert [s.prefix for s, _ in evaluations] == ['eval', 'eval_train_100', 'eval_train_1000']
   got = train.evaluate_all(step_lib.make_eval_step(layout),
                            layout.put_replicated(digits_state), evaluations, layout)

@@ -1,119 +1,141 @@
-"""Mixup/CutMix of the global batch: the batches and soft targets against numpy, on any
-number of processes and devices, and the losses of both trainers on soft targets."""
+"""Mixup/CutMix of the global batch inside the step: the mixed inputs against a numpy
+reference on 1, 2, 3 and 4 devices (partners fetched across devices), the draws'
+distributions, the DDP twin's mixing against the JAX step's, and the losses of both trainers
+on soft targets."""
+
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-import tensorflow as tf
-import tensorflow_datasets as tfds
 import torch
+import torch.distributed as dist
 
 from baselines.torch_ddp import step as ddp_step
-from trainer import input_pipeline
+from tests import helpers
 from trainer import mix
+from trainer import optim
 from trainer import parallel
+from trainer import processes
 from trainer import state as state_lib
 from trainer import step as step_lib
-from trainer import optim
-from tests import helpers
 
-BATCH, STEPS = 16, 12
-MIXING = dict(mixup_alpha=0.4, cutmix_alpha=1.0, mix_prob=0.8, mix_switch_prob=0.5)
-
-
-def _batches(config, builder, steps=STEPS, **kwargs):
-  ds = input_pipeline.train_dataset(config, builder, **kwargs)
-  return [b for _, b in zip(range(steps), tfds.as_numpy(ds))]
+BATCH, SHAPE = 12, (8, 8, 1)
+MIXING = mix.MixOptions(mixup_alpha=0.4, cutmix_alpha=1.0, prob=0.8, switch_prob=0.5)
+NORMALIZATION = step_lib.Normalization(mean=(0.3,), std=(0.2,))
+OPTIONS = step_lib.StepOptions(normalization=NORMALIZATION, mix=MIXING)
 
 
-def _draw(config, step: int, height: int, width: int) -> dict:
-  how = mix.draw(mix.MixOptions.from_config(config),
-                 input_pipeline.mix_seed(config.seed, step * config.batch_size), height, width)
-  return dict(lam=float(how.lam), cutmix=bool(how.cutmix), box=how.box.numpy())
+def _batch(seed):
+  rng = np.random.RandomState(seed)
+  return {'image': rng.randint(0, 256, (BATCH,) + SHAPE).astype(np.uint8),
+          'label': rng.randint(0, 10, BATCH).astype(np.int32)}
 
 
-@pytest.fixture(scope='module')
-def digits(tfds_data_dir):
-  from configs import default  # pylint: disable=import-outside-toplevel
-  config = default.get_config()
-  config.update(tfds_data_dir=tfds_data_dir, batch_size=BATCH, seed=3)
-  builder = input_pipeline.get_builder(config)
-  plain = _batches(config, builder)
-  config.update(**MIXING)
-  return config, builder, plain, _batches(config, builder)
+@functools.lru_cache(maxsize=None)
+def _mixed_inputs(num_devices: int):
+  """The real step's `model_inputs` under pmap over `num_devices` devices, as a function of
+  (global batch, step key) returning the global mixed inputs."""
+  mapped = jax.pmap(lambda batch, key: step_lib.model_inputs(batch, OPTIONS, key),
+                    axis_name=parallel.AXIS_NAME, in_axes=(0, None),
+                    devices=jax.devices()[:num_devices])
+
+  def run(batch, key):
+    out = mapped(parallel.shard(batch, num_devices), key)
+    return {k: np.asarray(v).reshape((BATCH,) + v.shape[2:]) for k, v in out.items()}
+  return run
 
 
-def test_mixed_batches_and_soft_targets_equal_a_numpy_reference(digits):
-  config, _, plain, mixed = digits
+def _reference(batch, how) -> dict:
+  """numpy: row r mixed with row B-1-r of the global batch, as `how` says."""
+  x = (batch['image'].astype(np.float32) / 255.0 - 0.3) / 0.2
+  partner = x[::-1]
+  if how.cutmix:
+    top, bottom, left, right = np.asarray(how.box)
+    want = x.copy()
+    want[:, top:bottom, left:right] = partner[:, top:bottom, left:right]
+  else:
+    lam = np.float32(how.lam)
+    want = lam * x + (np.float32(1) - lam) * partner
+  return {'image': want, 'mix_label': batch['label'][::-1],
+          'mix_weight': np.full(BATCH, np.float32(how.lam))}
+
+
+def test_mixed_inputs_equal_a_numpy_reference_on_any_device_count():
+  """Every step's draw (from the step key) applied to row pairs (r, B-1-r) of the global
+  batch, whichever devices hold them: 1, 2, 3 or 4 devices give the numpy reference."""
   kinds = set()
-  for step, (x, m) in enumerate(zip(plain, mixed)):
-    image, label = x['image'], x['label']
-    height, width = image.shape[1:3]
-    how = _draw(config, step, height, width)
-    lam = how['lam']
-    # Row r's partner is row B-1-r of the global batch.
-    partner, partner_label = image[::-1], label[::-1]
-    if how['cutmix']:
-      top, bottom, left, right = how['box']
-      want = image.copy()
-      want[:, top:bottom, left:right] = partner[:, top:bottom, left:right]
-      assert lam == pytest.approx(1 - (bottom - top) * (right - left) / (height * width))
-      kinds.add('cutmix' if lam < 1 else 'cutmix, empty box')
-    else:
-      want = (np.float32(lam) * image + np.float32(1 - lam) * partner).astype(np.float32)
-      kinds.add('mixup' if lam < 1 else 'none')
-    np.testing.assert_allclose(m['image'], want, rtol=0, atol=1e-6)
-    np.testing.assert_array_equal(m['label'], label)
-    np.testing.assert_array_equal(m['mix_label'], partner_label)
-    np.testing.assert_array_equal(m['mix_weight'], np.full(BATCH, lam, np.float32))
-    # The soft targets the losses build from them.
-    targets = lam * np.eye(10)[label] + (1 - lam) * np.eye(10)[partner_label]
-    soft = np.asarray(ddp_step.mixed_targets(m, 10, torch.device('cpu')))
-    np.testing.assert_allclose(soft, targets, atol=1e-6)
-    np.testing.assert_allclose(soft.sum(-1), 1.0, atol=1e-6)
-  # Over the 12 batches every case came up: a batch left as it was (mix_prob 0.8), Mixup
-  # and CutMix (switch 0.5).
-  assert {'none', 'mixup', 'cutmix'} <= kinds, kinds
+  for step in range(10):
+    batch, key = _batch(step), jax.random.fold_in(jax.random.PRNGKey(5), step)
+    how = jax.device_get(mix.draw(MIXING, mix.batch_key(key), *SHAPE[:2]))
+    kinds.add('cutmix' if how.cutmix else 'mixup' if how.lam < 1 else 'none')
+    want = _reference(batch, how)
+    for devices in (1, 2, 3, 4):
+      got = _mixed_inputs(devices)(batch, key)
+      np.testing.assert_allclose(got['image'], want['image'], rtol=0, atol=2e-6)
+      np.testing.assert_array_equal(got['label'], batch['label'])
+      np.testing.assert_array_equal(got['mix_label'], want['mix_label'])
+      np.testing.assert_array_equal(got['mix_weight'], want['mix_weight'])
+      np.testing.assert_array_equal(got['example_id'], np.arange(BATCH))
+  # Over the 10 batches every case came up: left as it was (mix_prob 0.8), Mixup, CutMix.
+  assert kinds == {'none', 'mixup', 'cutmix'}, kinds
 
 
 def test_draws_follow_their_distributions():
   """lam ~ Beta(alpha, alpha): mean 1/2 and variance 1 / (4 (2 alpha + 1)); the batch is
   mixed with probability mix_prob, by CutMix with probability mix_switch_prob."""
   options = mix.MixOptions(mixup_alpha=0.4, cutmix_alpha=1.0, prob=0.8, switch_prob=0.3)
-  draws = [mix.draw(options, input_pipeline.mix_seed(0, g), 32, 32) for g in range(600)]
-  lam = np.array([float(d.lam) for d in draws])
-  cutmix = np.array([bool(d.cutmix) for d in draws])
+  keys = jax.random.split(jax.random.PRNGKey(0), 600)
+  draws = jax.device_get(jax.vmap(lambda k: mix.draw(options, k, 32, 32))(keys))
+  lam, cutmix = np.asarray(draws.lam), np.asarray(draws.cutmix)
   mixed = cutmix | (lam < 1)
   assert mixed.mean() == pytest.approx(0.8, abs=0.05)
   assert cutmix[mixed].mean() == pytest.approx(0.3, abs=0.06)
   mixup_lam = lam[mixed & ~cutmix]
   assert mixup_lam.mean() == pytest.approx(0.5, abs=0.05)
   assert mixup_lam.var() == pytest.approx(1 / (4 * 1.8), rel=0.2)
-  # CutMix's lam is the unpasted share: uniform-ish (alpha 1) over [0, 1].
-  assert lam[cutmix].min() < 0.2 and lam[cutmix].max() > 0.8
+  # CutMix's lam is the unpasted share, spread over [0, 1] (alpha 1; boxes clipped at the
+  # edges paste less), exactly what the box leaves.
+  assert lam[cutmix].min() < 0.3 and lam[cutmix].max() > 0.8
+  box = np.asarray(draws.box)[cutmix]
+  np.testing.assert_allclose(lam[cutmix], 1 - (box[:, 1] - box[:, 0]) * (box[:, 3] - box[:, 2])
+                             / 1024, atol=1e-6)
   assert np.all((lam >= 0) & (lam <= 1))
 
 
-def test_each_process_mixes_its_rows_with_their_global_partners(digits):
-  """Four processes' rows, put together, are the one-process mixed batch: partners in
-  another process's rows are read there too."""
-  config, builder, _, mixed = digits
-  parts = [_batches(config, builder, steps=4, process_index=p, process_count=4)
-           for p in range(4)]
-  for step in range(4):
-    for key in ('image', 'label', 'mix_label', 'mix_weight'):
-      joined = np.concatenate([parts[p][step][key] for p in range(4)])
-      np.testing.assert_array_equal(joined, mixed[step][key])
+@pytest.fixture(scope='module')
+def one_rank_group():
+  """A torch process group of this process alone (gloo over loopback)."""
+  dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{processes.free_port()}',
+                          rank=0, world_size=1)
+  yield
+  dist.destroy_process_group()
 
 
-def test_a_resumed_stream_mixes_as_the_whole_one(digits):
-  config, builder, _, mixed = digits
-  resumed = _batches(config, builder, steps=3, start_position=5 * BATCH)
-  for step in range(3):
-    for key in ('image', 'mix_label', 'mix_weight'):
-      np.testing.assert_array_equal(resumed[step][key], mixed[5 + step][key])
+def test_the_ddp_twin_mixes_as_the_jax_step(config, one_rank_group):
+  """The twin's Mixing (the same draw from the run's step RNG folded with the step, partners
+  from rank R-1-r) gives the JAX step's inputs and the soft targets of its loss."""
+  del one_rank_group
+  config.update(mixup_alpha=0.4, cutmix_alpha=1.0, mix_prob=0.8)
+  step_rng = state_lib.seed_rngs(config.seed)[1]
+  mixing = ddp_step.Mixing(config, step_rng, num_classes=10)
+  normalize = ddp_step.Normalize(config, torch.device('cpu'), channels_last=False)
+  options = step_lib.StepOptions.from_config(config)
+  run = jax.pmap(lambda batch, key: step_lib.model_inputs(batch, options, key),
+                 axis_name=parallel.AXIS_NAME, in_axes=(0, None), devices=jax.devices()[:2])
+  for step in range(1, 9):
+    batch = _batch(step)
+    want = run(parallel.shard(batch, 2), jax.random.fold_in(step_rng, step - 1))
+    want = {k: np.asarray(v).reshape((BATCH,) + v.shape[2:]) for k, v in want.items()}
+    labels = torch.from_numpy(batch['label']).long()
+    images, targets = mixing(step, normalize.rows(batch['image']), labels, normalize)
+    np.testing.assert_allclose(images.permute(0, 2, 3, 1).numpy(), want['image'], atol=2e-6)
+    if targets is not None:
+      soft = (want['mix_weight'][:, None] * np.eye(10)[batch['label']] +
+              (1 - want['mix_weight'][:, None]) * np.eye(10)[want['mix_label']])
+      np.testing.assert_allclose(targets.numpy(), soft, atol=1e-6)
 
 
 @pytest.mark.parametrize('smoothing', [0.0, 0.1])
@@ -127,37 +149,39 @@ def test_the_mixed_loss_is_the_weighted_loss_of_both_labels_in_both_trainers(smo
   want = (weights * optax.softmax_cross_entropy(logits, smooth(labels)) +
           (1 - weights) * optax.softmax_cross_entropy(logits, smooth(partners)))
   np.testing.assert_allclose(got, want, rtol=1e-5)
-  batch = {'label': labels, 'mix_label': partners, 'mix_weight': weights}
+  soft = (weights[:, None] * np.eye(10)[labels] + (1 - weights[:, None]) * np.eye(10)[partners])
   torch_loss = torch.nn.functional.cross_entropy(
-      torch.from_numpy(logits), ddp_step.mixed_targets(batch, 10, torch.device('cpu')),
+      torch.from_numpy(logits), torch.from_numpy(soft.astype(np.float32)),
       label_smoothing=smoothing)
   assert float(torch_loss) == pytest.approx(float(np.mean(want)), rel=1e-5)
 
 
-def test_mixed_training_is_the_same_on_one_and_four_devices(digits):
-  """The real step on the mixed batches: the same losses and params on 1 and 4 devices."""
-  config, _, _, mixed = digits
-  config = config.copy_and_resolve_references()
-  config.update(model='mlp', dropout_rate=0.0, num_train_steps=STEPS, warmup_steps=2)
+@pytest.mark.parametrize('backend', parallel.BACKENDS)
+def test_mixed_training_is_the_same_on_one_and_four_devices(config, backend):
+  """The real step with mixing on: the same losses and params on 1 and 4 devices, and a loss
+  that is not the one on the labels alone."""
+  config.update(model='mlp', dropout_rate=0.0, num_train_steps=6, warmup_steps=2,
+                mixup_alpha=0.4, cutmix_alpha=1.0)
   schedule = optim.learning_rate_schedule(config)
   state = jax.device_get(state_lib.initializer(config, 10, schedule)(
-      jax.random.PRNGKey(0), (1, 8, 8, 1)))
+      jax.random.PRNGKey(0), (1,) + SHAPE))
+  batches = [_batch(seed) for seed in range(6)]
   runs = []
   for devices in (1, 4):
-    layout = parallel.data_parallel('pmap', jax.devices()[:devices])
-    final, values, _ = helpers.run_steps(layout, state, schedule, mixed[:6])
+    layout = parallel.data_parallel(backend, jax.devices()[:devices])
+    final, values, _ = helpers.run_steps(layout, state, schedule, batches,
+                                         step_lib.StepOptions.from_config(config))
     runs.append((final, [v['loss'] for v in values]))
   np.testing.assert_allclose(runs[0][1], runs[1][1], rtol=1e-5)
   assert helpers.relative_difference(runs[1][0].params, runs[0][0].params) < 1e-5
-  # The loss is the mixed one: it differs from the loss on the labels alone.
   plain = step_lib.cross_entropy(
-      state.apply_fn({'params': state.params}, mixed[0]['image'], train=False),
-      mixed[0]['label'])
+      state.apply_fn({'params': state.params}, batches[0]['image'] / 255.0, train=False),
+      batches[0]['label'])
   assert abs(float(jnp.mean(plain)) - runs[0][1][0]) > 1e-3
 
 
 def test_box_mask_marks_the_box():
-  mask = mix.box_mask(tf.constant([1, 3, 2, 5]), 4, 6).numpy()[..., 0]
+  mask = np.asarray(mix.box_mask(jnp.array([1, 3, 2, 5]), 4, 6))[..., 0]
   want = np.zeros((4, 6))
   want[1:3, 2:5] = 1
   np.testing.assert_array_equal(mask, want)

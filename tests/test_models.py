@@ -71,7 +71,7 @@ def test_one_train_step(name):
                                       tx=optax.sgd(1e-3, momentum=0.9),
                                       batch_stats=variables.get('batch_stats'))
   rng = np.random.RandomState(0)
-  batch = {'image': rng.randn(4, *shape).astype(np.float32),
+  batch = {'image': rng.randint(0, 256, (4,) + shape).astype(np.uint8),
            'label': rng.randint(0, 10, 4).astype(np.int32)}
   p_train_step = step_lib.make_train_step(layout, learning_rate_fn=lambda step: 1e-3)
   new_state, metrics = p_train_step(layout.put_replicated(state), layout.put_batch(batch),
@@ -87,7 +87,7 @@ def test_one_train_step(name):
     assert not all(np.array_equal(a, b) for a, b in zip(
         jax.tree.leaves(new_state.batch_stats), jax.tree.leaves(state.batch_stats)))
   logits = jax.jit(lambda v, x: model.apply(v, x, train=False))(new_state.variables(),
-                                                                batch['image'])
+                                                                batch['image'] / 255.0)
   assert logits.shape == (4, 10) and np.all(np.isfinite(logits))
 
 

@@ -18,9 +18,20 @@ GLOBAL_BATCH = 32
 
 
 def _batch(shape, seed=0, n=GLOBAL_BATCH):
+  """uint8 images, as the input pipeline sends them."""
   rng = np.random.RandomState(seed)
-  return {'image': rng.randn(n, *shape).astype(np.float32),
+  return {'image': rng.randint(0, 256, (n,) + shape).astype(np.uint8),
           'label': rng.randint(0, 10, n).astype(np.int32)}
+
+
+# uint8 inputs normalized to mean 0 and variance 1, as photographs normalized by their
+# statistics are.
+CENTERED = step_lib.Normalization(mean=(0.5,), std=(0.29,))
+
+
+def _floats(images):
+  """What the step's default normalization makes of uint8 images."""
+  return images.astype(np.float32) / 255.0
 
 
 def _close(actual, expected, rtol, atol):
@@ -43,7 +54,8 @@ def test_cross_replica_batchnorm_equals_one_device_on_the_global_batch():
   def reference(state, batch):
     def loss_fn(params):
       logits, updates = plain.apply({'params': params, 'batch_stats': state.batch_stats},
-                                    batch['image'], train=True, mutable=['batch_stats'])
+                                    _floats(batch['image']), train=True,
+                                    mutable=['batch_stats'])
       return jnp.mean(step_lib.cross_entropy(logits, batch['label'])), updates['batch_stats']
     grads, batch_stats = jax.grad(loss_fn, has_aux=True)(state.params)
     return state.apply_gradients(grads=grads, batch_stats=batch_stats)
@@ -57,26 +69,28 @@ def test_cross_replica_batchnorm_equals_one_device_on_the_global_batch():
   _close(got.batch_stats, expected.batch_stats, rtol=1e-5, atol=1e-6)
   _close(got.params, expected.params, rtol=1e-5, atol=1e-6)
   # The per-device shards alone would give other statistics: the test can tell them apart.
-  local_mean = batch['image'][:4].mean()
-  assert not np.isclose(local_mean, batch['image'].mean(), atol=1e-3)
+  local_mean = _floats(batch['image'][:4]).mean()
+  assert not np.isclose(local_mean, _floats(batch['image']).mean(), atol=1e-3)
 
 
 # With dropout on too: each example's mask is keyed by its global row, in a micro-batch or
-# not. AdamW's normalized update turns the gradients' summation-order rounding (~1e-7
-# relative) into up to 3e-7 absolute on a few params there.
+# not. AdamW's first update is about lr * g / (|g| + eps): with the default eps (1e-8) a
+# gradient that is 0 but for summation-order rounding (~1e-7 relative) moves its param by up
+# to lr either way, so the update here takes eps = 1e-3, which leaves such rounding at
+# ~1e-7 of lr; the accumulated and the whole-batch gradients are what is compared.
 @pytest.mark.parametrize('k', [2, 4])
 @pytest.mark.parametrize('dropout_rate,atol', [(0.0, 1e-7), (0.3, 1e-6)])
 def test_gradient_accumulation_equals_one_big_step(k, dropout_rate, atol):
   shape = (8, 8, 1)
   model = models.get('cnn', num_classes=10, dropout_rate=dropout_rate)
-  tx = optax.adamw(1e-3)
+  tx = optax.adamw(1e-3, eps=1e-3)
   state = state_lib.create_train_state(model, tx, jax.random.PRNGKey(0), (1,) + shape)
   layout = parallel.data_parallel('pmap', jax.devices()[:2])
   results = []
   for steps in (1, k):
     new_state, values, _ = helpers.run_steps(
         layout, state, lambda _: 1e-3, [_batch(shape)],
-        options=step_lib.StepOptions(grad_accum_steps=steps))
+        options=step_lib.StepOptions(grad_accum_steps=steps, normalization=CENTERED))
     results.append((new_state, values[0]))
   (one, one_metrics), (accumulated, acc_metrics) = results
   _close(accumulated.params, one.params, rtol=1e-5, atol=atol)
@@ -102,9 +116,12 @@ def test_float16_overflow_is_skipped_and_the_scale_halves():
   assert not np.array_equal(after_good.params['Dense_1']['kernel'],
                             state.params['Dense_1']['kernel'])
 
-  overflow = _batch(shape, seed=1)
-  overflow['image'] *= 6e4  # float16 tops out at 65504: activations and gradients overflow.
-  rstate, step_metrics = p_train_step(rstate, layout.put_batch(overflow), rng)
+  # Inputs normalized with a tiny std reach 2.5e7: float16 tops out at 65504, so activations
+  # and gradients overflow.
+  overflowing = step_lib.make_train_step(layout, learning_rate_fn=lambda s: 0.1,
+                                         options=step_lib.StepOptions(
+                                             normalization=step_lib.Normalization(std=(1e-5,))))
+  rstate, step_metrics = overflowing(rstate, layout.put_batch(_batch(shape, seed=1)), rng)
   after_overflow = parallel.host_state(layout, rstate)
   values = layout.fetch([step_metrics])[0].compute()
   assert not np.isfinite(values['grad_norm'])

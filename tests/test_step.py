@@ -31,17 +31,20 @@ def _setup(config, model_name, dropout_rate=0.0, shape=(8, 8, 1)):
 
 
 def _batches(n, shape=(8, 8, 1), seed=0):
+  """uint8 images, as the input pipeline sends them."""
   rng = np.random.RandomState(seed)
-  return [{'image': rng.rand(GLOBAL_BATCH, *shape).astype(np.float32),
+  return [{'image': rng.randint(0, 256, (GLOBAL_BATCH,) + shape).astype(np.uint8),
            'label': rng.randint(0, 10, GLOBAL_BATCH).astype(np.int32)} for _ in range(n)]
 
 
 @jax.jit
 def _reference_step(state, batch):
-  """Plain single-device SGD step on the whole global batch: no pmap, no collectives."""
+  """Plain single-device SGD step on the whole global batch: no pmap, no collectives; the
+  images normalized as the step's default normalization does (x / 255)."""
 
   def loss_fn(params):
-    logits = state.apply_fn({'params': params}, batch['image'], train=True)
+    logits = state.apply_fn({'params': params}, batch['image'].astype(jnp.float32) / 255.0,
+                            train=True)
     return jnp.mean(step_lib.cross_entropy(logits, batch['label'])), logits
 
   (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
@@ -262,7 +265,7 @@ model = models.get('cnn', num_classes=10, dropout_rate=0.1)
 params = model.init(jax.random.PRNGKey(0), np.zeros((1, 8, 8, 1), np.float32), train=False)
 state = state_lib.TrainState.create(apply_fn=model.apply, params=params['params'],
                                     tx=optax.sgd(0.1))
-batch = {'image': np.random.RandomState(0).rand(8, 8, 8, 1).astype(np.float32),
+batch = {'image': np.random.RandomState(0).randint(0, 256, (8, 8, 8, 1)).astype(np.uint8),
          'label': np.arange(8, dtype=np.int32) % 10}
 for backend in parallel.BACKENDS:
   layout = parallel.data_parallel(backend, jax.devices()[:2])

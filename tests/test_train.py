@@ -84,7 +84,7 @@ def _compiled_step_flops(config, state) -> float:
   p_train_step = step_lib.make_train_step(
       layout, learning_rate_fn=optim.learning_rate_schedule(config),
       options=step_lib.StepOptions.from_config(config))
-  rows = {'image': np.zeros((config.batch_size, 8, 8, 1), np.float32),
+  rows = {'image': np.zeros((config.batch_size, 8, 8, 1), np.uint8),
           'label': np.zeros(config.batch_size, np.int32)}
   compiled = p_train_step.lower(layout.put_replicated(state), layout.put_batch(rows),
                                 layout.put_replicated(jax.random.PRNGKey(0))).compile()

@@ -6,9 +6,9 @@ import ml_collections
 from absl import logging
 
 import models
-from trainer.datasets import specs
 from trainer import optim
 from trainer import parallel
+from trainer.data import specs
 from trainer.errors import UserError
 
 _POSITIVE_FIELDS = ('batch_size', 'eval_batch_size', 'log_every_steps', 'eval_every_steps',
@@ -106,7 +106,7 @@ def check_config(config, *, process_count: int, local_device_count: int) -> None
     raise UserError(f'dataset={config.dataset!r} has no train split: it is an evaluation set '
                     f'(--config.eval_splits={config.dataset}:test); train on one of: '
                     f'{", ".join(specs.names())} (--config.dataset=NAME)')
-  _choice('dataset', config.dataset, specs.names())
+  specs.for_config(config)  # An unknown dataset, augmentation or crop size is refused there.
   _choice('optimizer', config.optimizer, optim.OPTIMIZERS)
   _choice('dtype', config.dtype, DTYPES)
   _choice('step_backend', config.step_backend, parallel.BACKENDS)
@@ -119,6 +119,9 @@ def check_config(config, *, process_count: int, local_device_count: int) -> None
       raise UserError(f'{field}={config[field]!r} must be a probability in [0, 1] '
                       f'(--config.{field}=X)')
   _check_randaugment(config)
+  if not isinstance(config.data_threads, int) or config.data_threads < 0:
+    raise UserError(f'data_threads={config.data_threads!r} must be a whole number >= 0; 0 uses '
+                    'every core the process may run on (--config.data_threads=N)')
   if config.stochastic_depth_rate and not hasattr(models.get(config.model, num_classes=1),
                                                   'stochastic_depth_rate'):
     raise UserError(f'stochastic_depth_rate={config.stochastic_depth_rate}: '

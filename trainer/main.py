@@ -15,7 +15,6 @@ for _name, _value in processes.QUIET_TENSORFLOW.items():
   os.environ.setdefault(_name, _value)
 
 import jax  # pylint: disable=wrong-import-position
-import tensorflow as tf  # pylint: disable=wrong-import-position
 from absl import app  # pylint: disable=wrong-import-position
 from absl import flags  # pylint: disable=wrong-import-position
 from absl import logging  # pylint: disable=wrong-import-position
@@ -81,8 +80,8 @@ def _set_up_devices() -> None:
     # Must happen before anything asks JAX for its devices.
     jax.config.update('jax_num_cpu_devices', FLAGS.cpu_devices)
   _start_distributed()
-  # TensorFlow only reads data: keep it off the accelerators JAX uses.
-  tf.config.set_visible_devices([], 'GPU')
+  from trainer.data import pipeline  # pylint: disable=import-outside-toplevel
+  pipeline.keep_off_accelerators()
 
 
 def _quiet_orbax(record) -> bool:

@@ -1,25 +1,36 @@
-"""Mixup and CutMix of the global training batch, with the soft targets they imply.
+"""Mixup and CutMix of the global training batch, on the device inside the train step.
 
 Row r of a global batch of B rows is mixed with row B-1-r (the batch reversed, as timm pairs
-them). Per batch one draw decides whether it is mixed at all (`mix_prob`), whether by Mixup or
-by CutMix (`mix_switch_prob` where both alphas are set), the weight `lam` ~ Beta(alpha, alpha)
-and CutMix's box. The draws come from (data seed, MIX_STREAM, the stream position of the
-batch's first row), so a batch is mixed the same way on any topology, and again on resume.
+them). Device i of n holds rows i*b .. (i+1)*b - 1 of the batch, so the partner of its row j
+is row b-1-j of device n-1-i: `partners` fetches that device's rows (`lax.ppermute`, one
+exchange between the two devices) and reverses them; no host reads another's rows. Per
+batch one draw decides whether it is mixed at all (`mix_prob`), whether by Mixup or by CutMix
+(`mix_switch_prob` where both alphas are set), the weight `lam` ~ Beta(alpha, alpha) and
+CutMix's box. The draw comes from the step's key (`batch_key`), the same on every device: a
+batch is mixed the same way on any topology, and again on resume.
 
     Mixup:   image = lam * image + (1 - lam) * partner
     CutMix:  image = image with the box pasted from partner; lam = 1 - box area / image area
     targets  = lam * one_hot(label) + (1 - lam) * one_hot(mix_label)
 
-A mixed batch carries `mix_label` (the partner's label) and `mix_weight` (lam, per row) beside
-`label`; the losses of both trainers build the soft targets from them (label smoothing applies
-to the mixed targets, which equals mixing the smoothed ones). TensorFlow, input side.
+`mix` returns the mixed images with `mix_label` (the partner's label) and `mix_weight` (lam,
+per row) beside them; both trainers' losses build the soft targets from those (label
+smoothing applies to the mixed targets, which equals mixing the smoothed ones). The PyTorch
+DDP twin draws with `draw` too (on the host, from the same key) and exchanges rows between
+ranks r and R-1-r. JAX only.
 """
 
 import dataclasses
+from typing import NamedTuple
 
-import tensorflow as tf
+import jax
+import jax.numpy as jnp
+from jax import lax
 
-from trainer.parallel import MIX_LABEL_KEY, MIX_WEIGHT_KEY
+from trainer.parallel import AXIS_NAME, MIX_LABEL_KEY, MIX_WEIGHT_KEY
+
+# Folded into the step's key for the batch's draw: apart from the 'dropout' keys flax derives.
+MIX_KEY_SALT = 0x6D6978
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,71 +52,78 @@ class MixOptions:
     return (self.mixup_alpha > 0 or self.cutmix_alpha > 0) and self.prob > 0
 
 
-@dataclasses.dataclass(frozen=True)
-class MixDraw:
-  """How one batch is mixed (tensors): `lam` is the weight of each row's own label (1 where
-  the batch is not mixed); the box rows [top, bottom) and columns [left, right) are pasted
-  from the partner when `cutmix`."""
-  lam: tf.Tensor
-  cutmix: tf.Tensor
-  box: tf.Tensor  # int32 [top, bottom, left, right]; empty unless cutmix.
+class MixDraw(NamedTuple):
+  """How one batch is mixed: `lam` is the weight of each row's own label (1 where the batch
+  is not mixed); the box rows [top, bottom) and columns [left, right) are pasted from the
+  partner when `cutmix`."""
+  lam: jax.Array  # float32 scalar.
+  cutmix: jax.Array  # bool scalar.
+  box: jax.Array  # int32 [top, bottom, left, right]; zeros unless cutmix.
 
 
-def _beta(seed: tf.Tensor, alpha: float) -> tf.Tensor:
-  """Beta(alpha, alpha), as the ratio of two gamma draws."""
-  gammas = tf.random.stateless_gamma([2], seed, alpha=alpha, dtype=tf.float64)
-  return gammas[0] / (gammas[0] + gammas[1])
+def batch_key(step_key: jax.Array) -> jax.Array:
+  """The key of a batch's draw, from the step's key (the run's step RNG folded with the
+  step counter before the update)."""
+  return jax.random.fold_in(step_key, MIX_KEY_SALT)
 
 
-def draw(options: MixOptions, seed: tf.Tensor, height: int, width: int) -> MixDraw:
-  """The mixing of one batch from a [2] stateless `seed`."""
-  mix_seed, switch_seed, mixup_seed, cutmix_seed, box_seed = tf.unstack(
-      tf.random.experimental.stateless_split(seed, 5))
-  mixed = tf.random.stateless_uniform([], mix_seed, dtype=tf.float64) < options.prob
+def draw(options: MixOptions, key: jax.Array, height: int, width: int) -> MixDraw:
+  """The mixing of one batch of `height` x `width` images, from `key`."""
+  mix_key, switch_key, mixup_key, cutmix_key, row_key, col_key = jax.random.split(key, 6)
+  mixed = jax.random.uniform(mix_key) < options.prob
   if options.mixup_alpha > 0 and options.cutmix_alpha > 0:
-    cutmix = tf.random.stateless_uniform([], switch_seed, dtype=tf.float64) < (
-        options.switch_prob)
+    cutmix = jax.random.uniform(switch_key) < options.switch_prob
   else:
-    cutmix = tf.constant(options.cutmix_alpha > 0)
+    cutmix = jnp.asarray(options.cutmix_alpha > 0)
   cutmix = cutmix & mixed
-  lam_mixup = _beta(mixup_seed, options.mixup_alpha) if options.mixup_alpha > 0 else 1.0
-  lam_cutmix = _beta(cutmix_seed, options.cutmix_alpha) if options.cutmix_alpha > 0 else 1.0
-
+  beta = lambda k, alpha: (jax.random.beta(k, alpha, alpha) if alpha > 0
+                           else jnp.float32(1.0))
+  lam_mixup, lam_cutmix = beta(mixup_key, options.mixup_alpha), beta(cutmix_key,
+                                                                     options.cutmix_alpha)
   # CutMix's box: sides sqrt(1 - lam) of the image's, centred anywhere, clipped at the edges;
   # lam then becomes the share of the image left unpasted.
-  cut = tf.sqrt(1.0 - tf.cast(lam_cutmix, tf.float64))
-  cut_h = tf.cast(height * cut, tf.int32)
-  cut_w = tf.cast(width * cut, tf.int32)
-  centre = tf.random.stateless_uniform([2], box_seed, minval=0, maxval=tf.int32.max,
-                                       dtype=tf.int32) % tf.constant([height, width])
-  top = tf.clip_by_value(centre[0] - cut_h // 2, 0, height)
-  bottom = tf.clip_by_value(centre[0] + cut_h // 2, 0, height)
-  left = tf.clip_by_value(centre[1] - cut_w // 2, 0, width)
-  right = tf.clip_by_value(centre[1] + cut_w // 2, 0, width)
-  box = tf.where(cutmix, tf.stack([top, bottom, left, right]), tf.zeros([4], tf.int32))
-  box_lam = 1.0 - tf.cast((bottom - top) * (right - left), tf.float64) / (height * width)
-  lam = tf.where(cutmix, box_lam, tf.where(mixed, tf.cast(lam_mixup, tf.float64), 1.0))
-  return MixDraw(tf.cast(lam, tf.float32), cutmix, box)
+  cut = jnp.sqrt(1.0 - lam_cutmix)
+  cut_h, cut_w = (height * cut).astype(jnp.int32), (width * cut).astype(jnp.int32)
+  centre_row = jax.random.randint(row_key, (), 0, height)
+  centre_col = jax.random.randint(col_key, (), 0, width)
+  top, bottom = jnp.clip(centre_row - cut_h // 2, 0, height), jnp.clip(
+      centre_row + cut_h // 2, 0, height)
+  left, right = jnp.clip(centre_col - cut_w // 2, 0, width), jnp.clip(
+      centre_col + cut_w // 2, 0, width)
+  box = jnp.where(cutmix, jnp.stack([top, bottom, left, right]), 0)
+  box_lam = 1.0 - ((bottom - top) * (right - left)).astype(jnp.float32) / (height * width)
+  lam = jnp.where(cutmix, box_lam, jnp.where(mixed, lam_mixup, 1.0))
+  return MixDraw(lam.astype(jnp.float32), cutmix, box.astype(jnp.int32))
 
 
-def box_mask(box: tf.Tensor, height: int, width: int) -> tf.Tensor:
-  """[height, width, 1] float: 1 inside the box, 0 outside."""
-  rows = tf.range(height)[:, None]
-  cols = tf.range(width)[None, :]
+def box_mask(box: jax.Array, height: int, width: int) -> jax.Array:
+  """[height, width, 1] float32: 1 inside the box, 0 outside."""
+  rows = jnp.arange(height)[:, None]
+  cols = jnp.arange(width)[None, :]
   inside = (rows >= box[0]) & (rows < box[1]) & (cols >= box[2]) & (cols < box[3])
-  return tf.cast(inside, tf.float32)[:, :, None]
+  return inside.astype(jnp.float32)[:, :, None]
 
 
-def apply(batch: dict, partner_image: tf.Tensor, partner_label: tf.Tensor,
-          how: MixDraw) -> dict:
-  """`batch` (float images [n, H, W, C], int labels) mixed with its partners' rows."""
-  image = tf.cast(batch['image'], tf.float32)
-  partner_image = tf.cast(partner_image, tf.float32)
-  height, width = image.shape[1], image.shape[2]
-  pasted = box_mask(how.box, height, width)
-  cut = image * (1.0 - pasted) + partner_image * pasted
-  blend = how.lam * image + (1.0 - how.lam) * partner_image
-  rows = tf.shape(image)[0]
-  return dict(batch, image=tf.where(how.cutmix, cut, blend),
-              **{MIX_LABEL_KEY: tf.cast(partner_label, tf.int32),
-                 MIX_WEIGHT_KEY: tf.fill([rows], how.lam)})
+def blend(images: jax.Array, partner_images: jax.Array, how: MixDraw) -> jax.Array:
+  """[n, H, W, C] float `images` mixed with their partners' (Mixup or CutMix, as drawn)."""
+  pasted = box_mask(how.box, images.shape[1], images.shape[2])
+  cut = images * (1.0 - pasted) + partner_images * pasted
+  return jnp.where(how.cutmix, cut, how.lam * images + (1.0 - how.lam) * partner_images)
+
+
+def partners(x: jax.Array) -> jax.Array:
+  """Inside a step mapped over AXIS_NAME: the rows of the global batch paired with this
+  device's rows of `x` (global row r with B-1-r), in the order of this device's rows."""
+  n = lax.axis_size(AXIS_NAME)
+  return lax.ppermute(x, AXIS_NAME, [(i, n - 1 - i) for i in range(n)])[::-1]
+
+
+def mix(options: MixOptions, key: jax.Array, images: jax.Array, labels: jax.Array,
+        to_float) -> tuple[jax.Array, dict]:
+  """Inside a step mapped over AXIS_NAME: this device's rows mixed with their partners, and
+  the batch entries the loss reads (`mix_label`, `mix_weight`). `images` cross the device
+  axis as sent (uint8), then both sides go through `to_float` (normalization) and blend."""
+  how = draw(options, key, images.shape[1], images.shape[2])
+  mixed = blend(to_float(images), to_float(partners(images)), how)
+  return mixed, {MIX_LABEL_KEY: partners(labels),
+                 MIX_WEIGHT_KEY: jnp.full(labels.shape, how.lam, jnp.float32)}

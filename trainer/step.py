@@ -1,6 +1,9 @@
 """Pure train and eval steps, written for one device of the data-parallel axis `AXIS_NAME`.
 
-Nothing here touches files or the host. `make_train_step` / `make_eval_step` map a step over
+Batches arrive as uint8 images and int32 labels; the steps normalize the images on the device
+(the dataset's mean and std) and the train step mixes them there (Mixup/CutMix,
+`trainer.mix`) before the model sees them in its compute dtype. Nothing here touches files or
+the host. `make_train_step` / `make_eval_step` map a step over
 the devices of a `parallel.DataParallel` layout (`jax.pmap`, or `jax.jit` + `jax.shard_map`);
 both layouts run the same step body.
 """
@@ -14,12 +17,39 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
+from trainer import mix as mix_lib
 from trainer import parallel
+from trainer.data import specs
 from trainer.metrics import EvalMetrics, ScaledTrainMetrics, TrainMetrics
 from trainer.parallel import AXIS_NAME
 from trainer.state import TrainState
 
 EXAMPLE_ID_KEY = 'example_id'  # Added to the batch inside the step: each example's global row.
+
+
+@dataclasses.dataclass(frozen=True)
+class Normalization:
+  """uint8 images to the model's input: x / 255, less the dataset's per-channel mean, over
+  its std; then in the compute dtype."""
+  mean: tuple[float, ...] = (0.0,)
+  std: tuple[float, ...] = (1.0,)
+  dtype: str = 'float32'  # The compute dtype (config.dtype).
+
+  @classmethod
+  def from_config(cls, config) -> 'Normalization':
+    ds_spec = specs.spec(config.dataset)
+    return cls(tuple(ds_spec.mean), tuple(ds_spec.std), config.dtype)
+
+  def to_float(self, images: jax.Array) -> jax.Array:
+    """float32 normalized images."""
+    if images.dtype != jnp.uint8:
+      raise TypeError(f'the steps take uint8 images (as the input pipeline sends them), got '
+                      f'{images.dtype}')
+    return (images.astype(jnp.float32) / 255.0 - jnp.asarray(self.mean, jnp.float32)) / (
+        jnp.asarray(self.std, jnp.float32))
+
+  def __call__(self, images: jax.Array) -> jax.Array:
+    return self.to_float(images).astype(self.dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,12 +59,16 @@ class StepOptions:
   grad_accum_steps: int = 1  # Micro-batches per device per step; their gradients averaged.
   ema_decay: float = 0.0  # Keep an EMA of params (state.ema_params) with this decay; 0: off.
   skip_nonfinite: bool = False  # A step with NaN/Inf loss or gradients changes nothing.
+  normalization: Normalization = Normalization()
+  mix: mix_lib.MixOptions = mix_lib.MixOptions()  # Mixup/CutMix of the global batch.
 
   @classmethod
   def from_config(cls, config) -> 'StepOptions':
     return cls(label_smoothing=config.label_smoothing,
                grad_accum_steps=config.grad_accum_steps, ema_decay=config.ema_decay,
-               skip_nonfinite=config.skip_nonfinite_steps)
+               skip_nonfinite=config.skip_nonfinite_steps,
+               normalization=Normalization.from_config(config),
+               mix=mix_lib.MixOptions.from_config(config))
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array, label_smoothing: float = 0.0,
@@ -54,6 +88,18 @@ def cross_entropy(logits: jax.Array, labels: jax.Array, label_smoothing: float =
   if label_smoothing:
     targets = optax.smooth_labels(targets, label_smoothing)
   return optax.softmax_cross_entropy(logits, targets)
+
+
+def model_inputs(batch: dict, options: StepOptions, step_key: jax.Array) -> dict:
+  """This device's rows as the model and loss take them: images normalized (and, where
+  configured, mixed with their partners of the global batch), each example's global row."""
+  images, labels = batch['image'], batch['label']
+  inputs = dict(batch, **{EXAMPLE_ID_KEY: example_ids(labels.shape[0])})
+  if not options.mix.active:
+    return dict(inputs, image=options.normalization(images))
+  mixed, entries = mix_lib.mix(options.mix, mix_lib.batch_key(step_key), images, labels,
+                               options.normalization.to_float)
+  return dict(inputs, image=mixed.astype(options.normalization.dtype), **entries)
 
 
 def example_ids(per_device: int) -> jax.Array:
@@ -158,7 +204,7 @@ def train_step(state: TrainState, batch: dict, rng: jax.Array, *,
   optimizer state and BatchNorm statistics unchanged.
   """
   rng = jax.random.fold_in(rng, state.step)
-  batch = dict(batch, **{EXAMPLE_ID_KEY: example_ids(batch['label'].shape[0])})
+  batch = model_inputs(batch, options, rng)
   loss_fn = _loss_fn(state, options.label_smoothing)
   dynamic_scale, finite = state.dynamic_scale, None
   if dynamic_scale is not None:
@@ -189,9 +235,11 @@ def train_step(state: TrainState, batch: dict, rng: jax.Array, *,
   return new_state, TrainMetrics.single_from_model_output(**outputs)
 
 
-def eval_step(state: TrainState, batch: dict) -> EvalMetrics:
+def eval_step(state: TrainState, batch: dict, *,
+              normalization: Normalization = Normalization()) -> EvalMetrics:
   """Sums over the real examples of this batch on every device (padding has mask 0)."""
-  logits = state.apply_fn(state.variables(state.eval_params()), batch['image'], train=False)
+  logits = state.apply_fn(state.variables(state.eval_params()),
+                          normalization(batch['image']), train=False)
   mine = EvalMetrics.single_from_model_output(
       logits=logits.astype(jnp.float32), labels=batch['label'],
       loss=cross_entropy(logits, batch['label']), mask=batch[parallel.MASK_KEY])
@@ -207,6 +255,7 @@ def make_train_step(layout: parallel.DataParallel, *, learning_rate_fn: optax.Sc
   return layout.map(body, num_args=3, donate_state=True)
 
 
-def make_eval_step(layout: parallel.DataParallel) -> Callable:
+def make_eval_step(layout: parallel.DataParallel,
+                   normalization: Normalization = Normalization()) -> Callable:
   """`(state, batch) -> EvalMetrics` over the layout's devices."""
-  return layout.map(eval_step, num_args=2)
+  return layout.map(functools.partial(eval_step, normalization=normalization), num_args=2)

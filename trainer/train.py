@@ -18,11 +18,10 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import tensorflow as tf
-import tensorflow_datasets as tfds
 from absl import logging
 from clu import metric_writers
 from clu import periodic_actions
+from etils import epath
 from jax.experimental import multihost_utils
 from jax.experimental.compilation_cache import compilation_cache
 
@@ -30,7 +29,6 @@ from models import torch_weights
 from trainer import checkpoint
 from trainer import checks
 from trainer import efficiency
-from trainer import input_pipeline
 from trainer import loop
 from trainer import metrics
 from trainer import optim
@@ -39,24 +37,26 @@ from trainer import signals
 from trainer import state as state_lib
 from trainer import step as step_lib
 from trainer import writers
+from trainer.data import pipeline
+from trainer.data import sources
 from trainer.errors import Diverged, Preempted, UserError
 
 PREFETCH_BATCHES = 2  # Batches kept in flight to the devices.
 
 
-def evaluate(p_eval_step, rstate, data: input_pipeline.EvalData,
+def evaluate(p_eval_step, rstate, data: pipeline.EvalData,
              layout: parallel.DataParallel, prefix: str = 'eval') -> dict[str, float]:
   """Loss, accuracy and top-5 accuracy over every example of an eval split, exactly once,
   as `{prefix}_loss` etc."""
   in_flight = parallel.InFlight(layout.devices)
   per_batch = []
-  for batch in input_pipeline.eval_batches(data):
+  for batch in pipeline.eval_batches(data):
     per_batch.append(p_eval_step(rstate, layout.put_batch(batch)))
     in_flight.add(per_batch[-1])
   return metrics.eval_scalars(metrics.merge(layout.fetch(per_batch)), prefix)
 
 
-Evaluations = list[tuple[input_pipeline.EvalSet, input_pipeline.EvalData]]
+Evaluations = list[tuple[pipeline.EvalSet, pipeline.EvalData]]
 
 
 def evaluate_all(p_eval_step, rstate, evaluations: Evaluations,
@@ -69,16 +69,17 @@ def evaluate_all(p_eval_step, rstate, evaluations: Evaluations,
 
 
 def evaluation_data(config, builder, layout: parallel.DataParallel) -> Evaluations:
-  """This process's part of every configured evaluation, each split checked to exist."""
+  """This process's part of every configured evaluation, each split checked to exist;
+  `builder` is the run's dataset's (None for an image folder read from its files)."""
   evaluations = []
-  for eval_set in input_pipeline.eval_sets(config):
+  for eval_set in pipeline.eval_sets(config):
     set_builder = builder
     if eval_set.dataset != config.dataset:
-      set_builder = input_pipeline.get_builder(config, process_index=jax.process_index(),
-                                               dataset=eval_set.dataset, split=eval_set.split)
-    input_pipeline.check_split(set_builder, eval_set.split,
-                               'eval_split' if eval_set.prefix == 'eval' else 'eval_splits')
-    evaluations.append((eval_set, input_pipeline.eval_data(
+      set_builder = sources.get_builder(config, process_index=jax.process_index(),
+                                        dataset=eval_set.dataset, split=eval_set.split)
+    eval_set = dataclasses.replace(eval_set, split=sources.check_split(
+        config, set_builder, eval_set.split, eval_set.field, eval_set.dataset))
+    evaluations.append((eval_set, pipeline.eval_data(
         config, set_builder, process_index=jax.process_index(),
         process_count=jax.process_count(), local_device_count=len(layout.local_devices),
         eval_set=eval_set)))
@@ -148,7 +149,7 @@ def _start(run: '_Run', workdir: str) -> _Start:
     state, _ = _init_from(config.init_from, config.model, run.model, state)
 
   # From here on the workdir is written.
-  tf.io.gfile.makedirs(workdir)
+  epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   checkpointer.set_aside(unreadable)
   parallel.sync_processes('unreadable checkpoints set aside')
   if resume_step is not None:
@@ -208,7 +209,7 @@ class _Run:
   written."""
   config: ml_collections.ConfigDict  # Durations in epochs resolved to steps.
   layout: parallel.DataParallel
-  builder: tfds.core.DatasetBuilder
+  data: pipeline.TrainData
   checkpointer: checkpoint.Checkpointer
   evaluations: Evaluations
   num_classes: int
@@ -235,18 +236,19 @@ def _prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
   layout = parallel.data_parallel(config.step_backend, devices)
   if config.compilation_cache_dir:
     use_compilation_cache(config.compilation_cache_dir)
-  builder, config = input_pipeline.open_train_data(config, process_index=jax.process_index())
+  data = pipeline.open_train_data(config, process_index=jax.process_index())
+  config = optim.resolve_durations(config, data.num_examples)
+  data = dataclasses.replace(data, config=config)
   checks.check_schedule(config)
-  evaluations = evaluation_data(config, builder, layout)
-  eval_per_device = input_pipeline.eval_batch_per_device(config, num_devices)
+  evaluations = evaluation_data(config, data.builder, layout)
+  eval_per_device = pipeline.eval_batch_per_device(config, num_devices)
   if eval_per_device * num_devices != config.eval_batch_size:
     logging.info('eval_batch_size=%d over %d devices: evaluating %d examples per device '
                  '(%d per batch, padding masked)', config.eval_batch_size, num_devices,
                  eval_per_device, eval_per_device * num_devices)
-  num_classes = input_pipeline.spec(config.dataset).num_classes
-  return _Run(config, layout, builder, checkpointer, evaluations, num_classes,
-              state_lib.model_from_config(config, num_classes),
-              input_pipeline.input_shape(config, builder))
+  num_classes = data.spec.num_classes
+  return _Run(config, layout, data, checkpointer, evaluations, num_classes,
+              state_lib.model_from_config(config, num_classes), (1,) + data.spec.input_shape)
 
 
 def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
@@ -272,10 +274,11 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
                  run.checkpointer.directory)
   else:
     state, step = _init_from(config.init_from, config.model, run.model, state)
-  tf.io.gfile.makedirs(workdir)
+  epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   writer = writers.create_writer(workdir)
   with metric_writers.ensure_flushes(writer):
-    scalars = evaluate_all(step_lib.make_eval_step(run.layout),
+    scalars = evaluate_all(step_lib.make_eval_step(
+        run.layout, step_lib.Normalization.from_config(config)),
                            run.layout.put_replicated(state), run.evaluations, run.layout)
     writer.write_scalars(step, scalars)
   parallel.sync_processes('evaluate_only done')
@@ -297,8 +300,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   logging.info('%s: %d params; starting at step %d of %d on %d devices (%d process(es))',
                config.model, state_lib.param_count(start.state.params), start_step,
                config.num_train_steps, len(run.layout.devices), jax.process_count())
-  source = input_pipeline.train_source_kind(config, run.builder)
-  logging.info('%s', input_pipeline.describe_train_source(source, jax.process_count()))
+  for line in run.data.describe(jax.process_count()):
+    logging.info('%s', line)
   writer = writers.open_session(workdir, start_step, config.to_dict(),
                                 write_files=jax.process_index() == 0)
   session = _Session(run, start, writer, workdir)
@@ -325,7 +328,8 @@ class _Session:
     self.p_train_step = step_lib.make_train_step(
         layout, learning_rate_fn=optim.learning_rate_schedule(config),
         options=step_lib.StepOptions.from_config(config))
-    self.p_eval_step = step_lib.make_eval_step(layout)
+    self.p_eval_step = step_lib.make_eval_step(layout,
+                                               step_lib.Normalization.from_config(config))
     self.rstate = layout.put_replicated(start.state)
     self.rng = layout.put_replicated(start.step_rng)
     self.batches, self.efficiency = self._batches()
@@ -347,13 +351,11 @@ class _Session:
     """This process's rows of each global batch on the devices, prefetched, and the step's
     efficiency from the FLOPs of the step lowered on the first batch (traced again, not
     compiled)."""
-    config, layout = self.run.config, self.run.layout
-    train_ds = input_pipeline.train_dataset(
-        config, self.run.builder, process_index=jax.process_index(),
-        process_count=jax.process_count(), start_position=self.start.examples_seen,
-        seed=self.start.data_seed)
-    batches = parallel.prefetch((layout.put_batch(rows) for rows in tfds.as_numpy(train_ds)),
-                                PREFETCH_BATCHES)
+    layout = self.run.layout
+    rows = self.run.data.batches(
+        process_index=jax.process_index(), process_count=jax.process_count(),
+        start_position=self.start.examples_seen, seed=self.start.data_seed)
+    batches = parallel.prefetch((layout.put_batch(batch) for batch in rows), PREFETCH_BATCHES)
     first_batch = next(batches)
     step_efficiency = efficiency.StepEfficiency(
         efficiency.flops_per_device_step(self.p_train_step, self.rstate, first_batch,

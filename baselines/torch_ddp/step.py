@@ -1,21 +1,28 @@
-"""The DDP baseline's train step and what shapes it: precision, memory format, optimizer.
+"""The DDP baseline's train step and what shapes it: precision, memory format, optimizer, and
+the trainer's on-device input work done the torch way (uint8 images normalized on the device,
+Mixup/CutMix of the global batch with rows exchanged between ranks r and R-1-r).
 
-Imports neither TensorFlow nor TFDS, so that the bare step runs (and is benchmarked) on hosts
-that have only torch: `baselines/torch_ddp/train.py` feeds it the trainer's global batches,
-`scripts/benchmark.py --parts=ddp_limit` a synthetic batch kept on the device.
+Imports neither TensorFlow nor TFDS (it does import jax, flax and optax, for the optimizer's
+schedule and the mixing draw it shares with the JAX trainer), so that the bare step runs (and
+is benchmarked) on GPU hosts without TensorFlow: `baselines/torch_ddp/train.py` feeds it the
+trainer's global batches, `scripts/benchmark.py --parts=ddp_limit` a synthetic batch kept on
+the device.
 """
 
 import os
 from typing import Optional
 
+import jax
 import numpy as np
 import torch
+import torch.distributed as dist
 import torchvision
 from torch.nn.parallel import DistributedDataParallel
 
 from baselines.torch_ddp import models as torch_models
+from trainer import mix as mix_lib
 from trainer import optim
-from trainer.parallel import MIX_LABEL_KEY, MIX_WEIGHT_KEY
+from trainer.data import specs
 from trainer.errors import UserError
 
 SUPPORTED = dict(optimizer=('sgd', 'adamw'), dtype=('float32', 'bfloat16', 'float16'),
@@ -72,13 +79,28 @@ def describe(model: torch.nn.Module, precision: Precision) -> dict:
           'torch': torch.__version__, 'torchvision': torchvision.__version__}
 
 
-def to_model_input(images: np.ndarray, device: torch.device, channels_last: bool
-                   ) -> torch.Tensor:
-  """NHWC numpy images as the NCHW tensor torch's models take; channels_last keeps NHWC's
-  memory order (no copy), else NCHW's."""
-  x = torch.from_numpy(images).to(device, non_blocking=True).permute(0, 3, 1, 2)
-  return x.contiguous(memory_format=torch.channels_last if channels_last else
-                      torch.contiguous_format)
+class Normalize:
+  """uint8 NHWC images to the normalized float32 NCHW tensors torch's models take, on the
+  device: x / 255, less the dataset's mean, over its std (what the JAX step does)."""
+
+  def __init__(self, config, device: torch.device, channels_last: bool):
+    ds_spec = specs.spec(config.dataset)
+    self.device = device
+    self.mean = torch.tensor(ds_spec.mean, dtype=torch.float32, device=device)[:, None, None]
+    self.std = torch.tensor(ds_spec.std, dtype=torch.float32, device=device)[:, None, None]
+    self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+
+  def rows(self, images: np.ndarray) -> torch.Tensor:
+    """NHWC uint8 numpy images on the device, as they are."""
+    if images.dtype != np.uint8:
+      raise TypeError(f'the twin takes uint8 images, got {images.dtype}')
+    return torch.from_numpy(images).to(self.device, non_blocking=True)
+
+  def __call__(self, images: torch.Tensor) -> torch.Tensor:
+    """NHWC uint8 device images as normalized float NCHW; channels_last keeps NHWC's memory
+    order, else NCHW's."""
+    x = (images.permute(0, 3, 1, 2).float() / 255.0 - self.mean) / self.std
+    return x.contiguous(memory_format=self.memory_format)
 
 
 def place_model(model: torch.nn.Module, device: torch.device, precision: Precision
@@ -123,17 +145,52 @@ def make_optimizer(config, model: torch.nn.Module) -> torch.optim.Optimizer:
   return torch.optim.AdamW(groups, lr=peak, betas=(config.adam_b1, config.adam_b2), eps=1e-8)
 
 
-def mixed_targets(batch: dict, num_classes: int, device: torch.device
-                  ) -> Optional[torch.Tensor]:
-  """The soft targets of a Mixup/CutMix batch (w * one_hot(label) + (1 - w) *
-  one_hot(mix_label), w = mix_weight), or None for a batch that is not mixed."""
-  if MIX_LABEL_KEY not in batch:
-    return None
-  one_hot = lambda key: torch.nn.functional.one_hot(
-      torch.from_numpy(batch[key]).long(), num_classes).float()
-  weight = torch.from_numpy(batch[MIX_WEIGHT_KEY]).float()[:, None]
-  targets = weight * one_hot('label') + (1.0 - weight) * one_hot(MIX_LABEL_KEY)
-  return targets.to(device, non_blocking=True)
+def partner_rows(x: torch.Tensor) -> torch.Tensor:
+  """The rows of the global batch paired with this rank's rows of `x` by Mixup/CutMix
+  (global row r with B-1-r): rank R-1-r's rows, reversed."""
+  rank, world = dist.get_rank(), dist.get_world_size()
+  partner = world - 1 - rank
+  if partner == rank:
+    return x.flip(0)
+  received = torch.empty_like(x)
+  for request in dist.batch_isend_irecv([dist.P2POp(dist.isend, x.contiguous(), partner),
+                                         dist.P2POp(dist.irecv, received, partner)]):
+    request.wait()
+  return received.flip(0)
+
+
+class Mixing:
+  """Mixup/CutMix of the global batch as the JAX step mixes it: the same draw
+  (`trainer.mix.draw`, from the same key: the run's step RNG folded with the step) and the
+  same pairs, the partners' rows fetched from rank R-1-r."""
+
+  def __init__(self, config, step_rng: jax.Array, num_classes: int):
+    self.options = mix_lib.MixOptions.from_config(config)
+    self.step_rng = step_rng
+    self.num_classes = num_classes
+    self._draw = jax.jit(mix_lib.draw, static_argnums=(0, 2, 3))
+
+  def __call__(self, step: int, images: torch.Tensor, labels: torch.Tensor,
+               normalize: Normalize) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """The model's input for `step` (counted from 1) and the soft targets; without mixing
+    the normalized images and None."""
+    x = normalize(images)
+    if not self.options.active:
+      return x, None
+    key = mix_lib.batch_key(jax.random.fold_in(self.step_rng, step - 1))
+    how = jax.device_get(self._draw(self.options, key, images.shape[1], images.shape[2]))
+    partner = normalize(partner_rows(images))
+    if how.cutmix:
+      top, bottom, left, right = (int(v) for v in how.box)
+      x = x.clone()
+      x[:, :, top:bottom, left:right] = partner[:, :, top:bottom, left:right]
+    else:
+      lam = float(how.lam)
+      x = lam * x + (1.0 - lam) * partner
+    one_hot = lambda y: torch.nn.functional.one_hot(y, self.num_classes).float()
+    targets = (float(how.lam) * one_hot(labels) +
+               (1.0 - float(how.lam)) * one_hot(partner_rows(labels)))
+    return x.contiguous(memory_format=normalize.memory_format), targets
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, precision: Precision,

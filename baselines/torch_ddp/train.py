@@ -9,9 +9,10 @@ The model is torchvision's (ResNets, ViTs) or a small twin (mlp, cnn): `models.p
 GradScaler as well; convnets run channels_last. WORKDIR/torch_settings.json records them.
 
 Rank r of R builds rows r*B/R .. (r+1)*B/R - 1 of every global batch of the training stream
-(`input_pipeline.train_dataset(process_index=r, process_count=R)`), the batches a JAX run of
-the same config and seed trains on with any number of devices; evaluation covers every
-example of the eval split once. Rank 0 writes the JAX
+(`TrainData.batches(process_index=r, process_count=R)`), the batches a JAX run of the same
+config and seed trains on with any number of devices; the uint8 images are normalized on the
+rank's device and mixed (Mixup/CutMix) as the JAX step mixes them, partners fetched from
+rank R-1-r (`step.Mixing`); evaluation covers every example of the eval split once. Rank 0 writes the JAX
 trainer's TensorBoard tags and metrics.jsonl (same CLU writers). Checkpoints go to
 WORKDIR/checkpoints/step_N.pt every `checkpoint_every_steps`, at the last step and on
 SIGTERM/SIGINT; the same command resumes from the newest one, data stream included. With
@@ -33,7 +34,6 @@ from typing import Optional
 
 import numpy as np
 import optax
-import tensorflow_datasets as tfds
 import torch
 import torch.distributed as dist
 # Before clu, which imports TensorFlow: torchvision 0.29 segfaults when imported after it.
@@ -49,7 +49,6 @@ from baselines.torch_ddp import step as step_lib
 from models import torch_weights
 from trainer import checks
 from trainer import efficiency
-from trainer import input_pipeline
 from trainer import loop
 from trainer import metrics
 from trainer import optim
@@ -57,6 +56,9 @@ from trainer import parallel
 from trainer import signals
 from trainer import state as state_lib
 from trainer import writers
+from trainer.data import pipeline
+from trainer.data import sources
+from trainer.data import specs
 from trainer.errors import Preempted, UserError
 
 FLAGS = flags.FLAGS
@@ -87,7 +89,7 @@ def jax_initial_variables(config, input_shape):
   """(flax model, variables): the params (and BatchNorm statistics) train.py initializes for
   this config and seed, through the same init path (the optimizer plays no part in them)."""
   init_rng, _ = state_lib.seed_rngs(config.seed)
-  model = state_lib.model_from_config(config, input_pipeline.spec(config.dataset).num_classes)
+  model = state_lib.model_from_config(config, specs.spec(config.dataset).num_classes)
   state = state_lib.create_train_state(model, optax.identity(), init_rng, input_shape)
   return model, state.variables()
 
@@ -137,14 +139,15 @@ def _all_reduce(values, device) -> np.ndarray:
   return tensor.cpu().numpy()
 
 
-def evaluate(model, data: input_pipeline.EvalData, device, precision: step_lib.Precision
-             ) -> dict[str, float]:
+def evaluate(model, data: pipeline.EvalData, normalize: step_lib.Normalize,
+             precision: step_lib.Precision) -> dict[str, float]:
   """Loss and accuracy over every example of the eval split, exactly once (padding masked)."""
   model.eval()
+  device = normalize.device
   loss_sum = correct = top5 = count = 0.0
   with torch.no_grad():
-    for batch in input_pipeline.eval_batches(data):
-      images = step_lib.to_model_input(batch['image'], device, precision.channels_last)
+    for batch in pipeline.eval_batches(data):
+      images = normalize(normalize.rows(batch['image']))
       labels = torch.from_numpy(batch['label']).long().to(device)
       mask = torch.from_numpy(batch[parallel.MASK_KEY]).to(device, torch.float32)
       with precision.autocast():
@@ -170,7 +173,7 @@ def build_model(config, input_shape, device, precision: step_lib.Precision, pari
   file (`init_weights`), or torch's own init."""
   torch.manual_seed(config.seed)
   model = torch_models.get(config.model, input_shape=input_shape[1:],
-                          num_classes=input_pipeline.spec(config.dataset).num_classes,
+                          num_classes=specs.spec(config.dataset).num_classes,
                           dropout_rate=config.dropout_rate)
   if init_weights:
     try:
@@ -275,17 +278,21 @@ def train(config, workdir: str, parity: bool, init_weights: Optional[str] = None
   device = step_lib.rank_device()
   if rank > 0:
     dist.barrier()  # Rank 0 prepares the dataset first.
-  builder, config = input_pipeline.open_train_data(config)
+  data = pipeline.open_train_data(config)
   if rank == 0:
     dist.barrier()
+  config = optim.resolve_durations(config, data.num_examples)
+  data = dataclasses.replace(data, config=config)
   checks.check_schedule(config)
-  input_shape = input_pipeline.input_shape(config, builder)
-  eval_data = input_pipeline.eval_data(config, builder, process_index=rank, process_count=world)
+  input_shape = (1,) + data.spec.input_shape
+  eval_split = sources.check_split(config, data.builder, config.eval_split, 'eval_split')
+  eval_data = pipeline.eval_data(
+      config, data.builder, process_index=rank, process_count=world,
+      eval_set=pipeline.EvalSet('eval', config.dataset, eval_split))
   training = _build(config, workdir, input_shape, device, parity, init_weights, channels_last,
                     compile_model)
-  batches = iter(tfds.as_numpy(input_pipeline.train_dataset(
-      config, builder, process_index=rank, process_count=world,
-      start_position=training.examples_seen)))
+  batches = data.batches(process_index=rank, process_count=world,
+                         start_position=training.examples_seen)
   os.makedirs(workdir, exist_ok=True)
   writer = writers.open_session(workdir, training.start_step, config.to_dict(),
                                 write_files=rank == 0)
@@ -308,9 +315,11 @@ class _Session:
     self.throughput = efficiency.Throughput(config.batch_size, dist.get_world_size())
     self.cadence = loop.Cadence.from_config(config)
     self.window = _Window(device)
-    self.num_classes = input_pipeline.spec(config.dataset).num_classes
+    self.normalize = step_lib.Normalize(config, device, training.precision.channels_last)
+    self.mixing = step_lib.Mixing(config, state_lib.seed_rngs(config.seed)[1],
+                                  specs.spec(config.dataset).num_classes)
 
-  def train(self, batches, eval_data: input_pipeline.EvalData, stop: signals.StopSignals
+  def train(self, batches, eval_data: pipeline.EvalData, stop: signals.StopSignals
             ) -> None:
     """Steps to the config's last, logging, evaluating and saving on the cadence; raises
     Preempted after a signal's checkpoint."""
@@ -318,7 +327,7 @@ class _Session:
     t.ddp.train()
     loop_start = time.perf_counter()
     for step in range(t.start_step + 1, last + 1):
-      learning_rate = self._step(next(batches))
+      learning_rate = self._step(step, next(batches))
       if step == t.start_step + 1:
         if self.device.type == 'cuda':
           torch.cuda.synchronize(self.device)
@@ -330,7 +339,7 @@ class _Session:
       if self.cadence.log(step):
         self._log(step, learning_rate)
       if self.cadence.eval(step):
-        self.writer.write_scalars(step, evaluate(t.ddp, eval_data, self.device, t.precision))
+        self.writer.write_scalars(step, evaluate(t.ddp, eval_data, self.normalize, t.precision))
         self.throughput.start(step)
       if save_now or stopping:
         self._save(step)
@@ -343,14 +352,14 @@ class _Session:
     peak_rss = _all_reduce([efficiency.peak_rss_mb()], self.device)[0]
     self.writer.write_scalars(last, {'peak_rss_mb': peak_rss})
 
-  def _step(self, batch: dict) -> float:
-    """One optimizer step on this rank's rows; the learning rate it used."""
+  def _step(self, step: int, batch: dict) -> float:
+    """One optimizer step (`step`, from 1) on this rank's rows; the learning rate it used."""
     t, device = self.t, self.device
-    images = step_lib.to_model_input(batch['image'], device, t.precision.channels_last)
     labels = torch.from_numpy(batch['label']).long().to(device, non_blocking=True)
+    images, targets = self.mixing(step, self.normalize.rows(batch['image']), labels,
+                                  self.normalize)
     loss, accuracy, grad_norm = step_lib.train_step(
-        t.step_model, t.optimizer, t.precision, images, labels,
-        targets=step_lib.mixed_targets(batch, self.num_classes, device),
+        t.step_model, t.optimizer, t.precision, images, labels, targets=targets,
         label_smoothing=self.config.label_smoothing, grad_clip_norm=self.config.grad_clip_norm)
     learning_rate = t.scheduler.get_last_lr()[0]
     t.scheduler.step()

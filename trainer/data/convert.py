@@ -1,0 +1,158 @@
+"""Records read by index: a TFDS dataset's TFRecord files, or an image folder, as ArrayRecord.
+
+    # A TFDS dataset prepared as TFRecord (e.g. imagenet2012): ArrayRecord files written beside
+    # its TFRecord files (the same examples in the same order) and listed in its
+    # dataset_info.json; runs with --config.cache=False then read it by index.
+    python -m trainer.data.convert --dataset=imagenet2012 --tfds_data_dir=DIR
+
+    # An image folder (ROOT/SPLIT/CLASS/*.jpg): each file's bytes, not re-encoded, in the
+    # folder's order, as a TFDS dataset in OUT; train with --config.dataset=folder:OUT.
+    python -m trainer.data.convert --dataset=folder:ROOT --out=OUT [--file_format=tfrecord]
+
+Shards are converted by TFDS's file adapters (a shard is written under a temporary name and
+renamed when complete; shards already converted are kept), several at a time. Nothing that
+exists is overwritten: a folder's OUT must be new or empty.
+"""
+
+import concurrent.futures
+import json
+import os
+import sys
+from typing import Optional
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from trainer.data import folder as folder_lib
+from trainer.data import specs
+from trainer.errors import UserError
+
+FLAGS = flags.FLAGS
+FOLDER_DATASET = 'image_folder'  # The TFDS name a converted folder's records are stored under.
+FOLDER_VERSION = '1.0.0'
+
+
+def _define_flags() -> None:
+  flags.DEFINE_string('dataset', None, 'A dataset the trainer names (e.g. imagenet2012) '
+                      'prepared as TFRecord in the TFDS data dir, or folder:ROOT (an image '
+                      'folder).')
+  flags.DEFINE_string('tfds_data_dir', '', 'TFDS data dir of --dataset (\'\' = TFDS\'s '
+                      'default).')
+  flags.DEFINE_string('out', None, 'For an image folder: a new or empty directory for its '
+                      'records.')
+  flags.DEFINE_enum('file_format', 'array_record', ['array_record', 'tfrecord'],
+                    'For an image folder: the records\' format (array_record is read by '
+                    'index; tfrecord in sequence).')
+  flags.mark_flag_as_required('dataset')
+
+
+def _convert_shard(in_path, out_path) -> None:
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  from tensorflow_datasets.core import file_adapters  # pylint: disable=import-outside-toplevel
+  from tensorflow_datasets.core.utils import py_utils  # pylint: disable=import-outside-toplevel
+  adapter = file_adapters.ADAPTER_FOR_FORMAT[file_adapters.FileFormat.ARRAY_RECORD]
+  records = ((index, record.numpy())
+             for index, record in enumerate(tf.data.TFRecordDataset(os.fspath(in_path))))
+  with py_utils.incomplete_file(out_path) as tmp_path:
+    adapter.write_examples(tmp_path, records)
+
+
+def add_array_record(builder, threads: int) -> int:
+  """Writes ArrayRecord files beside the TFRecord files of every split of a prepared TFDS
+  `builder` and records the format in its dataset_info.json; returns the shards written
+  (0 where the dataset has ArrayRecord files already)."""
+  from trainer.data import sources  # pylint: disable=import-outside-toplevel
+  if sources.ARRAY_RECORD in sources.formats(builder):
+    return 0
+  if 'tfrecord' not in sources.formats(builder):
+    raise UserError(f'{builder.name} in {builder.data_dir} is stored as '
+                    f'{", ".join(sorted(sources.formats(builder)))}: only TFRecord files are '
+                    'converted')
+  pairs = []
+  for split_info in builder.info.splits.values():
+    template = split_info.filename_template
+    out_template = template.replace(filetype_suffix=sources.ARRAY_RECORD)
+    shards = len(split_info.shard_lengths)
+    for index in range(shards):
+      out_path = out_template.sharded_filepath(shard_index=index, num_shards=shards)
+      if not out_path.exists():
+        pairs.append((template.sharded_filepath(shard_index=index, num_shards=shards),
+                      out_path))
+  with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
+    for done, _ in enumerate(pool.map(lambda pair: _convert_shard(*pair), pairs), 1):
+      logging.info('converted %d of %d shards', done, len(pairs))
+  builder.info.add_alternative_file_format(sources.ARRAY_RECORD)
+  builder.info.write_to_directory(builder.data_dir)
+  return len(pairs)
+
+
+def convert_folder(root: str, out: str, file_format: str = 'array_record') -> str:
+  """Stores the image folder at `root` (see `folder.py`) as a TFDS dataset in `out`, each
+  file's bytes as they are and in the folder's order, with `folder.CONVERTED_FILE` beside it;
+  returns the dataset's directory."""
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  found = folder_lib.scan(root)
+  if found.converted is not None:
+    raise UserError(f'folder:{found.root} holds converted records already; train on it with '
+                    f'--config.dataset=folder:{found.root}')
+  if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+    raise UserError(f'--out={out} exists and is not an empty directory; give a new one '
+                    '(nothing there is overwritten)')
+  shape = found.image_shape or (None, None, found.channels)
+  features = tfds.features.FeaturesDict({
+      'image': tfds.features.Image(shape=shape),
+      'label': tfds.features.ClassLabel(names=list(found.classes)),
+  })
+  splits = {split: [(index, {'image': path, 'label': label})
+                    for index, (path, label) in enumerate(zip(*found.files[split]))]
+            for split in found.files}
+  builder = tfds.dataset_builders.store_as_tfds_dataset(
+      name=FOLDER_DATASET, version=FOLDER_VERSION, features=features, split_datasets=splits,
+      data_dir=out, file_format=file_format, disable_shuffling=True,
+      description=f'The image folder {found.root}, converted by trainer.data.convert.')
+  meta = {'classes': list(found.classes), 'image_shape': found.image_shape,
+          'channels': found.channels, 'split_sizes': found.split_sizes,
+          'file_format': file_format, 'source': found.root,
+          'tfds_dir': os.path.relpath(builder.data_dir, out)}
+  with open(os.path.join(out, folder_lib.CONVERTED_FILE), 'w', encoding='utf-8') as f:
+    json.dump(meta, f, indent=1)
+  return builder.data_dir
+
+
+def main(argv) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  try:
+    ds_spec = specs.spec(FLAGS.dataset)
+    if ds_spec.folder:
+      if not FLAGS.out:
+        raise UserError(f'--dataset={FLAGS.dataset} is an image folder: give --out=DIR, a new '
+                        'directory for its records')
+      written = convert_folder(ds_spec.folder, FLAGS.out, FLAGS.file_format)
+      print(f'{FLAGS.file_format} records of {ds_spec.folder} in {written}; train with '
+            f'--config.dataset=folder:{os.path.abspath(FLAGS.out)}')
+      return
+    if FLAGS.out or FLAGS.file_format != 'array_record':
+      raise UserError(f'--out and --file_format apply to image folders; {FLAGS.dataset} is '
+                      'converted in place, to ArrayRecord: drop them')
+    from trainer.data import sources  # pylint: disable=import-outside-toplevel
+    import ml_collections  # pylint: disable=import-outside-toplevel
+    config = ml_collections.ConfigDict({'dataset': FLAGS.dataset, 'train_split': 'train',
+                                        'tfds_data_dir': FLAGS.tfds_data_dir})
+    builder = sources.get_builder(config)
+    shards = add_array_record(builder, len(os.sched_getaffinity(0)))
+    print(f'{builder.name}: {shards} ArrayRecord shards written in {builder.data_dir}'
+          if shards else f'{builder.name} in {builder.data_dir} has ArrayRecord files already')
+  except UserError as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(1)
+
+
+def run(_: Optional[list] = None) -> None:
+  _define_flags()
+  app.run(main)
+
+
+if __name__ == '__main__':
+  run()

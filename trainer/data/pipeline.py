@@ -1,0 +1,295 @@
+"""The training batches of one process and the evaluation batches, as numpy uint8 images and
+int32 labels: a source (sources.py) read in the global stream's order (stream.py), each
+example through its plan (preprocess.py), batched, a fixed number of batches ahead.
+
+Training: process p of P builds its rows of every global batch (`stream.TrainRows`). Read by
+index, its k-th example is the one at stream position `rows.position(k)`, index
+`stream.example_index(seed, position, N)` of the split; read in sequence (TFRecord), each
+process shuffles its own 1/P of the split through a shuffle buffer (the order then depends
+on the process count, never on the devices per process). A split held in memory decoded with
+nothing to do per example is gathered a whole batch at a time.
+
+Evaluation batches cover every example of the split exactly once: each process reads its
+contiguous part (`tfds.split_for_jax_process`), the last batch is padded and carries a mask,
+and every process yields the same number of batches (padding with fully masked ones) so the
+cross-device sums of the eval step line up.
+
+Parallelism follows the host: `config.data_threads` threads (0: every core this process may
+run on) decode and augment, and at most `PREFETCH_BATCHES` finished uint8 batches wait for
+the loop; nothing else is buffered beyond the examples being worked on.
+"""
+
+import contextlib
+import dataclasses
+import functools
+import math
+import os
+import re
+from typing import Iterator, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from trainer import parallel
+from trainer.data import folder as folder_lib
+from trainer.data import preprocess
+from trainer.data import sources
+from trainer.data import specs
+from trainer.data import stream as stream_lib
+from trainer.errors import UserError
+
+PREFETCH_BATCHES = 2  # Finished batches kept ready ahead of the training loop.
+
+
+def data_threads(config) -> int:
+  """`config.data_threads`, or every core this process may run on where it is 0."""
+  return config.data_threads or len(os.sched_getaffinity(0))
+
+
+def options(config) -> tf.data.Options:
+  """tf.data options of every pipeline: deterministic (same seed, same batches), the
+  host's threads, one thread per op (examples in parallel instead), no autotuned buffers."""
+  result = tf.data.Options()
+  result.deterministic = True
+  result.threading.private_threadpool_size = data_threads(config)
+  result.threading.max_intra_op_parallelism = 1
+  # Parallelism and prefetching are set explicitly: autotuning would add buffers of its own.
+  result.autotune.enabled = False
+  result.experimental_optimization.map_fusion = True
+  return result
+
+
+def keep_off_accelerators() -> None:
+  """TensorFlow only reads data: keeps it off the GPUs JAX uses."""
+  tf.config.set_visible_devices([], 'GPU')
+
+
+def mock_data(num_examples: int):
+  """A context in which TFDS datasets read random examples of their shapes (no download)."""
+  return tfds.testing.mock_data(num_examples=num_examples)
+
+
+@dataclasses.dataclass
+class TrainData:
+  """The training split of a config: its spec (augmentation and crop resolved), how it is
+  read and its size. `batches` gives a process's rows of every global batch."""
+  config: object
+  spec: specs.DatasetSpec
+  builder: object  # The TFDS builder; None for an image folder read from its files.
+  split: str  # config.train_split as the dataset reads it.
+  mode: str  # sources.IN_MEMORY, ARRAY_RECORD, FILES or SEQUENTIAL.
+  num_examples: int
+
+  @functools.cached_property
+  def _in_memory(self) -> sources.InMemory:
+    decoded = None if self.spec.augment == 'inception' else self.spec.image_shape
+    return sources.load(self.config, self.spec, self.builder, self.split, decoded,
+                        data_threads(self.config), options(self.config))
+
+  def _indexed_source(self) -> sources.Source:
+    if self.mode == sources.IN_MEMORY:
+      return self._in_memory
+    return sources.indexed(self.config, self.spec, self.builder, self.split,
+                           data_threads(self.config))
+
+  def plan(self) -> preprocess.Plan:
+    """What each training example goes through."""
+    encoded = self.mode != sources.IN_MEMORY or self.spec.augment == 'inception'
+    return preprocess.train_plan(self.config, self.spec, encoded)
+
+  def describe(self, process_count: int) -> list[str]:
+    """Log lines: how the data is read, and each example's preprocessing."""
+    return [sources.describe_read_mode(self.mode, process_count),
+            f'training preprocessing: {self.plan().describe()}; uint8 images to the device '
+            '(normalized in the step)']
+
+  def dataset(self, *, process_index: int = 0, process_count: int = 1,
+              start_position: int = 0, seed: Optional[int] = None) -> tf.data.Dataset:
+    """Endless batches of process `process_index` of `process_count`'s rows of every global
+    batch of `config.batch_size`, from stream position `start_position` (the examples a
+    resumed run has consumed) on. `seed` defaults to `config.seed`."""
+    seed = self.config.seed if seed is None else seed
+    rows = stream_lib.TrainRows(self.config.batch_size, process_index, process_count,
+                                start_position)
+    if self.mode == sources.SEQUENTIAL:
+      ds = self._sequential(rows, seed)
+    else:
+      ds = self._by_index(rows, seed)
+    return ds.prefetch(PREFETCH_BATCHES).with_options(options(self.config))
+
+  def batches(self, **kwargs) -> Iterator[dict[str, np.ndarray]]:
+    """`dataset(**kwargs)` as numpy batches."""
+    return iter(tfds.as_numpy(self.dataset(**kwargs)))
+
+  def _by_index(self, rows: stream_lib.TrainRows, seed: int) -> tf.data.Dataset:
+    source, plan, n = self._indexed_source(), self.plan(), self.num_examples
+    if not plan.steps and isinstance(source, sources.InMemory):
+      # Nothing to do per example: gather each batch's rows at once.
+      return tf.data.Dataset.range(np.iinfo(np.int64).max).map(
+          lambda step: source.gather(stream_lib.example_index(seed, rows.positions(step), n)),
+          num_parallel_calls=2, deterministic=True)
+
+    def indices(k):
+      position = rows.position(k)
+      return {'index': stream_lib.example_index(seed, position, n), 'position': position}
+
+    ds = source.examples(tf.data.Dataset.range(np.iinfo(np.int64).max).map(indices))
+    return self._prepare(ds, plan, rows, seed)
+
+  def _prepare(self, ds, plan: preprocess.Plan, rows, seed: int) -> tf.data.Dataset:
+    prepare = lambda e: {'image': plan(e['image'], e['position'], seed), 'label': e['label']}
+    return ds.map(prepare, num_parallel_calls=data_threads(self.config),
+                  deterministic=True).batch(rows.rows, drop_remainder=True)
+
+  def _sequential(self, rows: stream_lib.TrainRows, seed: int) -> tf.data.Dataset:
+    """This process's part of the split (1/P of it), each epoch in an order drawn from
+    (seed, epoch, process) through a shuffle buffer; element k of it is row k % rows of
+    batch k // rows. On resume the part's stream is skipped, not decoded, up to this
+    process's share of the examples consumed."""
+    part = tfds.even_splits(self.split, n=rows.process_count)[rows.process_index]
+    raw = sources.sequential_examples(self.builder, part, options(self.config))
+    part_size = sources.count(self.builder, part, raw)
+    start_epoch, offset = divmod(rows.start_position // rows.process_count, part_size)
+
+    def epoch(e):
+      # tf.data's shuffle takes one int64 seed: drawn from (seed, ORDER, e x P + p).
+      pair = stream_lib.pair_seed(seed, stream_lib.ORDER_STREAM,
+                                  e * rows.process_count + rows.process_index)
+      shuffle_seed = tf.random.stateless_uniform([], pair, minval=None, maxval=None,
+                                                 dtype=tf.int64)
+      return raw.shuffle(min(self.config.shuffle_buffer_size, part_size), seed=shuffle_seed,
+                         reshuffle_each_iteration=False)
+
+    ds = tf.data.Dataset.range(start_epoch, np.iinfo(np.int64).max).flat_map(epoch)
+    ds = ds.skip(offset).enumerate()
+    ds = ds.map(lambda k, example: dict(example, position=rows.position(k)))
+    return self._prepare(ds, self.plan(), rows, seed)
+
+
+def split_size(ds_spec: specs.DatasetSpec, builder, split) -> int:
+  """Examples in `split` (slicing allowed) of a TFDS dataset or an image folder."""
+  if builder is None:
+    return len(sources.folder_selection(folder_lib.scan(ds_spec.folder), split)[1])
+  return sources.count(builder, split)
+
+
+def open_train_data(config, *, process_index: int = 0) -> TrainData:
+  """The config's training split: the dataset prepared where it ships with the trainer
+  (`sources.get_builder`), the split checked to exist, its read mode and size. The schedule
+  (durations in epochs) is the caller's to resolve from `num_examples`."""
+  ds_spec = specs.for_config(config)
+  builder = sources.get_builder(config, process_index=process_index)
+  split = sources.check_split(config, builder, config.train_split, 'train_split')
+  return TrainData(config, ds_spec, builder, split, sources.read_mode(config, builder),
+                   split_size(ds_spec, builder, split))
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSet:
+  """One evaluation of a run: a split of a dataset and the prefix of its scalars' tags
+  (`PREFIX_loss`, `PREFIX_accuracy`, `PREFIX_top5_accuracy`)."""
+  prefix: str  # 'eval' for `eval_split`; 'eval_NAME' for each entry of `eval_splits`.
+  dataset: str
+  split: str
+  field: str = 'eval_split'  # The config field that names it.
+
+
+def eval_sets(config) -> list[EvalSet]:
+  """`eval_split` of the run's dataset, then each entry of `eval_splits` ('SPLIT' of the
+  run's dataset, or 'DATASET:SPLIT'); refuses entries that repeat or collide in their tags."""
+  sets = [EvalSet('eval', config.dataset, config.eval_split)]
+  run_spec = specs.spec(config.dataset)
+  for entry in (e.strip() for e in config.eval_splits.split(',')):
+    if not entry:
+      continue
+    named = re.fullmatch(r'([\w-]+):(.+)', entry)  # 'DATASET:SPLIT', not 'SPLIT[:N]'.
+    dataset, split = named.groups() if named else (config.dataset, entry)
+    name = (f'{dataset}_{split}' if dataset != config.dataset else split)
+    prefix = 'eval_' + re.sub('[^0-9A-Za-z]+', '_', name).strip('_')
+    if (dataset, split) in {(s.dataset, s.split) for s in sets}:
+      raise UserError(f'eval_splits={config.eval_splits!r}: {entry!r} is evaluated already '
+                      f'(eval_split={config.eval_split!r} or an earlier entry); drop it')
+    if prefix in {s.prefix for s in sets}:
+      raise UserError(f'eval_splits={config.eval_splits!r}: {entry!r} would write the tags of '
+                      f'an earlier entry ({prefix}_*); list each split once')
+    if dataset not in specs.DATASETS:
+      raise UserError(f'eval_splits={config.eval_splits!r}: dataset {dataset!r} is unknown; '
+                      f'choose one of: {", ".join(sorted(specs.DATASETS))} (DATASET:SPLIT)')
+    other = specs.spec(dataset)
+    if (other.num_classes, other.channels) != (run_spec.num_classes, run_spec.channels):
+      raise UserError(f'eval_splits={config.eval_splits!r}: dataset {dataset!r} has '
+                      f'{other.num_classes} classes of {other.channels}-channel images, the '
+                      f'model {run_spec.num_classes} of {run_spec.channels}; evaluate '
+                      'datasets of the same classes and channels')
+    sets.append(EvalSet(prefix, dataset, split, 'eval_splits'))
+  return sets
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalData:
+  """One evaluation split, read by this process: padded batches with a mask (`eval_batches`)."""
+  dataset: tf.data.Dataset  # This process's batches; the last one may be short.
+  num_batches: int  # Batches every process yields, padding included.
+  batch_size: int  # Per-process batch after padding.
+
+
+def eval_batch_per_device(config, num_devices: int) -> int:
+  """`eval_batch_size` over `num_devices` devices, rounded up: padding fills the rest."""
+  return -(-config.eval_batch_size // num_devices)
+
+
+def eval_spec(config, dataset: str) -> specs.DatasetSpec:
+  """The spec an evaluation of `dataset` reads with: the run's augmentation kind and crop,
+  so that its images come out as the model's input."""
+  run = specs.for_config(config)
+  other = specs.spec(dataset)
+  if run.augment == 'inception':
+    return dataclasses.replace(other, augment='inception', image_size=run.image_size)
+  if other.image_shape != run.image_shape:
+    raise UserError(f'eval_splits: dataset {dataset!r} has images of {other.image_shape}, '
+                    f'the model takes {run.image_shape}; evaluate a dataset of the same size')
+  return dataclasses.replace(other, augment=run.augment, image_size=0)
+
+
+def eval_data(config, builder, *, process_index: int = 0, process_count: int = 1,
+              local_device_count: int = 1, eval_set: Optional[EvalSet] = None) -> EvalData:
+  """This process's part of an eval split (`eval_set`, default the config's `eval_split`,
+  as `sources.check_split` resolved it) in batches of its devices' share of
+  `eval_batch_size` (rounded up to a whole number per device)."""
+  eval_set = eval_set or EvalSet('eval', config.dataset, config.eval_split)
+  ds_spec = eval_spec(config, eval_set.dataset)
+  per_process = eval_batch_per_device(config, process_count * local_device_count) * (
+      local_device_count)
+  part = tfds.split_for_jax_process(eval_set.split, process_index=process_index,
+                                    process_count=process_count)
+  threads = data_threads(config)
+  ds, _ = sources.split_examples(config, ds_spec, builder, part, threads, options(config))
+  plan = preprocess.eval_plan(ds_spec, encoded=True)
+  ds = ds.map(lambda e: {'image': plan(e['image'], 0, config.seed), 'label': e['label']},
+              num_parallel_calls=threads, deterministic=True)
+  ds = ds.batch(per_process, drop_remainder=False)
+  if config.cache:
+    ds = ds.cache()
+  total = split_size(ds_spec, builder, eval_set.split)
+  # even_splits gives every process floor or ceil of total / process_count examples.
+  num_batches = math.ceil(math.ceil(total / process_count) / per_process)
+  return EvalData(ds.prefetch(PREFETCH_BATCHES).with_options(options(config)), num_batches,
+                  per_process)
+
+
+def eval_batches(data: EvalData) -> Iterator[dict[str, np.ndarray]]:
+  """`data.num_batches` padded numpy batches with a `mask` (1 for real examples, 0 for pad)."""
+  count = 0
+  for batch in tfds.as_numpy(data.dataset):
+    yield parallel.pad_batch(batch, data.batch_size)
+    count += 1
+  empty = {k: np.zeros((0,) + tuple(s.shape[1:]), s.dtype.as_numpy_dtype)
+           for k, s in data.dataset.element_spec.items()}
+  for _ in range(count, data.num_batches):
+    yield parallel.pad_batch(empty, data.batch_size)
+
+
+@contextlib.contextmanager
+def _nothing():
+  yield

@@ -1,0 +1,155 @@
+"""What the trainer knows of each dataset before reading it, without TensorFlow: classes,
+stored image shape, normalization, the default augmentation and the model's input shape.
+
+The input side reads the data through TFDS or from image folders; these facts serve where
+TensorFlow is absent too (the bare step's benchmark and the DDP twin on GPU hosts) and must
+agree with what TFDS reports (a test checks the shipped `digits`). `for_config` applies a
+config's `augment` and `image_size` to a dataset's spec, refusing combinations that cannot
+run.
+"""
+
+import dataclasses
+import functools
+from typing import Optional
+
+from trainer.data import folder as folder_lib
+from trainer.errors import UserError
+
+# What a training example goes through besides RandAugment and erasing (`preprocess.py`):
+AUGMENTATIONS = {
+    'none': 'nothing',
+    'flip': 'a random horizontal flip',
+    'crop_flip': 'a random crop of the image zero-padded by 4 pixels a side, then a flip (CIFAR)',
+    'inception': 'a random-resized crop (8%-100% of the area, aspect 3/4-4/3) to '
+                 'image_size, then a flip (ImageNet); evaluation resizes and center-crops',
+}
+FOLDER_PREFIX = 'folder:'  # config.dataset='folder:/path/to/root' names an image folder.
+DEFAULT_IMAGE_SIZE = 224  # The crop of datasets whose images vary in size, unless configured.
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetSpec:
+  """What the trainer knows of a dataset before reading it."""
+  name: str  # As config.dataset names it.
+  num_classes: int
+  channels: int  # Of the images the model sees (1 or 3).
+  image_shape: Optional[tuple[int, int, int]]  # (height, width, channels) of every stored
+  # image; None where sizes vary (then the images are cropped to `image_size`).
+  num_train_examples: int  # Examples in the 'train' split.
+  mean: tuple[float, ...] = (0.0,)  # Per-channel, on the [0, 1] scale.
+  std: tuple[float, ...] = (1.0,)
+  augment: str = 'none'  # A key of AUGMENTATIONS: the default, or the config's (for_config).
+  image_size: int = 0  # Side of the square crop 'inception' makes; 0 for the others.
+  tfds_name: str = ''  # The TFDS builder's name; '' for image folders.
+  shipped: bool = False  # The builder ships with the trainer and prepares offline.
+  trainable: bool = True  # False: an evaluation set only (no train split).
+  folder: str = ''  # The root directory of an image folder dataset.
+
+  @property
+  def input_shape(self) -> tuple[int, int, int]:
+    """(height, width, channels) of one model input."""
+    if self.image_size:
+      return (self.image_size, self.image_size, self.channels)
+    return self.image_shape
+
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+DATASETS = {
+    # digits stays in [0, 1]: its pixels are block counts, not photographs.
+    'digits': DatasetSpec('digits', num_classes=10, channels=1, image_shape=(8, 8, 1),
+                          num_train_examples=1437, tfds_name='digits', shipped=True),
+    'mnist': DatasetSpec('mnist', num_classes=10, channels=1, image_shape=(28, 28, 1),
+                         num_train_examples=60000, mean=(0.1307,), std=(0.3081,),
+                         tfds_name='mnist'),
+    'fashion_mnist': DatasetSpec('fashion_mnist', num_classes=10, channels=1,
+                                 image_shape=(28, 28, 1), num_train_examples=60000,
+                                 mean=(0.2860,), std=(0.3530,), tfds_name='fashion_mnist'),
+    'cifar10': DatasetSpec('cifar10', num_classes=10, channels=3, image_shape=(32, 32, 3),
+                           num_train_examples=50000, mean=(0.4914, 0.4822, 0.4465),
+                           std=(0.2470, 0.2435, 0.2616), augment='crop_flip',
+                           tfds_name='cifar10'),
+    'cifar100': DatasetSpec('cifar100', num_classes=100, channels=3, image_shape=(32, 32, 3),
+                            num_train_examples=50000, mean=(0.5071, 0.4865, 0.4409),
+                            std=(0.2673, 0.2564, 0.2762), augment='crop_flip',
+                            tfds_name='cifar100'),
+    'imagenet2012': DatasetSpec('imagenet2012', num_classes=1000, channels=3, image_shape=None,
+                                num_train_examples=1281167, mean=IMAGENET_MEAN,
+                                std=IMAGENET_STD, augment='inception',
+                                image_size=DEFAULT_IMAGE_SIZE, tfds_name='imagenet2012'),
+    # ImageNet-v2 (matched frequency): 10,000 new test images of ImageNet's 1000 classes.
+    'imagenet_v2': DatasetSpec('imagenet_v2', num_classes=1000, channels=3, image_shape=None,
+                               num_train_examples=0, mean=IMAGENET_MEAN, std=IMAGENET_STD,
+                               augment='inception', image_size=DEFAULT_IMAGE_SIZE,
+                               tfds_name='imagenet_v2', trainable=False),
+}
+
+
+def names() -> list[str]:
+  """The named datasets a run can train on (besides image folders, `folder:PATH`)."""
+  return sorted(name for name, s in DATASETS.items() if s.trainable)
+
+
+def is_folder(name: str) -> bool:
+  """Whether `name` (config.dataset) names an image folder."""
+  return name.startswith(FOLDER_PREFIX)
+
+
+@functools.lru_cache(maxsize=None)
+def _folder_spec(name: str) -> DatasetSpec:
+  found = folder_lib.scan(name[len(FOLDER_PREFIX):])
+  rgb = found.channels == 3
+  return DatasetSpec(
+      name, num_classes=len(found.classes), channels=found.channels,
+      image_shape=found.image_shape, num_train_examples=found.split_sizes.get('train', 0),
+      # Photographs: torchvision's ImageNet statistics, what its users normalize with.
+      mean=IMAGENET_MEAN if rgb else (0.0,), std=IMAGENET_STD if rgb else (1.0,),
+      augment='none' if found.image_shape else 'inception',
+      image_size=0 if found.image_shape else DEFAULT_IMAGE_SIZE, folder=found.root)
+
+
+def spec(name: str) -> DatasetSpec:
+  """The spec of dataset `name` (config.dataset); an image folder is scanned (once per
+  process); unknown names are refused listing ours."""
+  if is_folder(name):
+    return _folder_spec(name)
+  if name not in DATASETS:
+    raise UserError(f"dataset={name!r} is unknown; choose one of: {', '.join(names())}, or "
+                    'an image folder (--config.dataset=NAME or --config.dataset=folder:/PATH)')
+  return DATASETS[name]
+
+
+def for_config(config) -> DatasetSpec:
+  """The spec of `config.dataset` with the config's augmentation and crop size applied
+  (`augment`, `image_size`; '' and 0 take the dataset's); refuses what cannot run."""
+  base = spec(config.dataset)
+  augment = config.augment or base.augment
+  if augment not in AUGMENTATIONS:
+    raise UserError(f'augment={augment!r} is unknown; choose one of: '
+                    f'{", ".join(AUGMENTATIONS)}, or \'\' for the dataset\'s own '
+                    '(--config.augment=NAME)')
+  size = config.image_size
+  if not isinstance(size, int) or size < 0:
+    raise UserError(f'image_size={size!r} must be a whole number of pixels >= 0; 0 takes the '
+                    'dataset\'s (--config.image_size=N)')
+  if augment == 'inception':
+    size = size or base.image_size or _square_side(base)
+    return dataclasses.replace(base, augment=augment, image_size=size)
+  if base.image_shape is None:
+    raise UserError(f'augment={augment!r} needs images of one size, and those of '
+                    f'dataset={config.dataset!r} vary; crop them with --config.augment='
+                    f'inception (to image_size, default {DEFAULT_IMAGE_SIZE})')
+  if size and size != base.image_size:
+    raise UserError(f'image_size={size} applies to augment=\'inception\' (crops resized to '
+                    f'image_size); dataset={config.dataset!r} has images of '
+                    f'{base.image_shape[0]}x{base.image_shape[1]} with augment={augment!r}: '
+                    'drop --config.image_size, or pass --config.augment=inception')
+  return dataclasses.replace(base, augment=augment, image_size=0)
+
+
+def _square_side(base: DatasetSpec) -> int:
+  height, width, _ = base.image_shape
+  if height != width:
+    raise UserError(f'augment=\'inception\' crops to a square: dataset={base.name!r} has '
+                    f'{height}x{width} images; give the side with --config.image_size=N')
+  return height
