@@ -129,15 +129,15 @@ class _PeakMemory:
 
 
 def measure(batches: Iterator[Any], batch_size: int, pids: Callable[[], Sequence[int]],
-            warmup: int, window: int, seconds: float) -> dict[str, Any]:
-  """Times `batches` as the module docstring says; `pids()` are the processes doing the
-  work (this one first)."""
+            warmup: int, window: int, seconds: float, min_batches: int = 0) -> dict[str, Any]:
+  """Times `batches` as the module docstring says, for `seconds` and at least `min_batches`;
+  `pids()` are the processes doing the work (this one first)."""
   memory = _PeakMemory(pids)
   for _ in range(warmup):
     next(batches)
   cpu_start = sum(_cpu_s(p) for p in pids())
   rates, timed_s, timed_batches = [], 0.0, 0
-  while timed_s < seconds:
+  while timed_s < seconds or timed_batches < min_batches:
     start = time.perf_counter()
     for _ in range(window):
       next(batches)

@@ -19,6 +19,7 @@ from absl import app
 from absl import flags
 
 from scripts import bench_common
+from scripts import bench_input
 from scripts import bench_limit
 from trainer import efficiency
 from trainer import parallel
@@ -76,23 +77,14 @@ def measure_trainer(config, steps: int, warmup: int,
 
 def measure_input(config, steps: int, warmup: int) -> dict[str, Any]:
   """The training input pipeline alone, sharded as the loop shards it: `warmup` + 1 batches
-  untimed, then max(`steps`, 100) timed one by one (the first epoch fills the pipeline's
-  cache). Returns `batches_per_sec` and `examples_per_sec` (the median batch's),
-  `timed_batches`, and `mean_examples_per_sec`."""
+  untimed, then windows of 10 for at least max(`steps`, 100) batches and 2 seconds
+  (`bench_input.measure`): the sustained `examples_per_sec`, `examples_per_cpu_sec`,
+  `timed_examples`."""
   devices = jax.local_devices()
-  batches = pipeline.open_train_data(config).batches()
-  for _ in range(warmup + 1):
-    parallel.shard(next(batches), len(devices))
-  count = max(steps, 100)
-  seconds = []
-  for _ in range(count):
-    start = time.perf_counter()
-    parallel.shard(next(batches), len(devices))
-    seconds.append(time.perf_counter() - start)
-  per_batch = statistics.median(seconds)
-  return {'batches_per_sec': 1 / per_batch, 'examples_per_sec': config.batch_size / per_batch,
-          'timed_batches': count,
-          'mean_examples_per_sec': config.batch_size * count / sum(seconds)}
+  data = pipeline.open_train_data(config)
+  batches = (parallel.shard(batch, len(devices)) for batch in data.batches())
+  return bench_input.measure(batches, config.batch_size, lambda: [os.getpid()], warmup + 1,
+                             window=10, seconds=2.0, min_batches=max(steps, 100))
 
 
 def _median_of(runs: list[dict], key: str = 'examples_per_sec') -> dict:

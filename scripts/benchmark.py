@@ -283,8 +283,8 @@ def _input(setup: _Setup, cores: int) -> dict[str, Any]:
   """The input part: the images made (or found), then INPUT_RUNS alternately `--rounds`
   times; each run's figures, their medians and the ratios (module docstring)."""
   images = FLAGS.input_images or os.path.join(setup.scratch, 'images')
-  print(f'input: generating and converting {FLAGS.input_count} JPEGs in {images} ...',
-        flush=True)
+  print(f'input: {FLAGS.input_count} generated JPEGs and their records in {images} (made '
+        'where missing) ...', flush=True)
   common = [f'--images={images}', f'--workers={FLAGS.input_workers or cores}',
             f'--seconds={FLAGS.input_seconds}']
   made = _run_part(setup, 'input', 'input_prepare',
@@ -475,10 +475,10 @@ def _ratio_lines(figures: dict) -> list[str]:
 
 def table(figures: dict) -> str:
   """The figures as the benchmark prints them: a row per measurement, then the ratios."""
-  tables = [reporting.plain_table(_rows(figures))]
+  tables = [_rows(figures)] if len(_rows(figures)) > 1 else []
   if 'input_over_torchvision' in figures:
-    tables += ['', reporting.plain_table(_input_rows(figures))]
-  return '\n'.join([*tables, '', *_ratio_lines(figures)])
+    tables.append(_input_rows(figures))
+  return '\n\n'.join([*map(reporting.plain_table, tables), '\n'.join(_ratio_lines(figures))])
 
 
 def _counts(values: Optional[list[str]], default: list[int]) -> list[int]:

@@ -209,7 +209,7 @@ def test_missing_dataset_without_network_fails_fast(config, tmp_path, monkeypatc
 
 def test_shard_and_pad():
   batch = {'x': np.arange(10, dtype=np.float32), 'y': np.ones((10, 2), np.int32)}
-  padded = parallel.pad_batch(batch, 12)
+  padded = pipeline.pad_batch(batch, 12)
   np.testing.assert_array_equal(padded['x'], list(range(10)) + [0, 0])
   np.testing.assert_array_equal(padded['mask'], [1] * 10 + [0, 0])
   sharded = parallel.shard(padded, 4)
@@ -424,7 +424,7 @@ def test_a_folder_of_photos_of_many_sizes_is_cropped_to_image_size(config, photo
       'inception', None, (32, 32, 3))
   assert ds_spec.mean == specs.IMAGENET_MEAN
   data = _open(config)
-  assert data.plan().describe() == 'random-resized crop (32x32) -> flip'
+  assert data.plan().describe() == 'random-resized crop (32x32, area) -> flip'
   first, again = _take(data, 4), _take(data, 4)
   for a, b in zip(first, again):
     assert a['image'].shape == (6, 32, 32, 3) and a['image'].dtype == np.uint8

@@ -110,6 +110,7 @@ def check_config(config, *, process_count: int, local_device_count: int) -> None
   _choice('optimizer', config.optimizer, optim.OPTIMIZERS)
   _choice('dtype', config.dtype, DTYPES)
   _choice('step_backend', config.step_backend, parallel.BACKENDS)
+  _choice('resize_filter', config.resize_filter, specs.RESIZE_FILTERS)
   for field, (low, high, note) in _RANGES.items():
     if not low <= config[field] < high:
       bound = f'in [{low}, {high})' if high < float('inf') else f'>= {low}'

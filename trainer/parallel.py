@@ -15,10 +15,12 @@ device), the rows its process built for it, and both run the same per-device ste
 """
 
 import collections
-import itertools
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+import queue as queue_lib
+import threading
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import jax_utils
 from jax.experimental import multihost_utils
@@ -30,9 +32,6 @@ from jax.sharding import PartitionSpec as P
 # compile cache on the input sharding, so a differently named mesh would compile the step twice.
 AXIS_NAME = 'batch'
 
-MASK_KEY = 'mask'  # Evaluation batches: 1 for a real example, 0 for padding.
-# Mixup/CutMix batches (trainer/mix.py): each row's partner label and its own label's weight.
-MIX_LABEL_KEY, MIX_WEIGHT_KEY = 'mix_label', 'mix_weight'
 BACKENDS = ('pmap', 'shard_map')
 # jaxlib 0.10's CPU client deadlocks once about 30 launches of a program with collectives are
 # queued on its devices (an all-reduce rendezvous that some devices never join; XLA aborts
@@ -62,17 +61,6 @@ def shard(batch: Any, num_devices: int) -> Any:
     return x.reshape((num_devices, x.shape[0] // num_devices) + x.shape[1:])
 
   return jax.tree.map(_shard, batch)
-
-
-def pad_batch(batch: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
-  """Pads every array to `size` rows with zeros and adds a float `mask` (1 real, 0 pad)."""
-  n = len(next(iter(batch.values())))
-  if n > size:
-    raise ValueError(f'batch of {n} is larger than the padded size {size}')
-  padded = {k: np.concatenate([v, np.zeros((size - n,) + v.shape[1:], v.dtype)])
-            for k, v in batch.items()}
-  padded[MASK_KEY] = np.concatenate([np.ones(n, np.float32), np.zeros(size - n, np.float32)])
-  return padded
 
 
 def device_mesh(devices: Sequence[jax.Device]) -> jax.sharding.Mesh:
@@ -117,6 +105,21 @@ class DataParallel:
     copies = jax.device_get([self._one_replica(x) for x in leaves])
     return jax.tree.unflatten(treedef, [self._on_host(copy) for copy in copies])
 
+  def fetch_series(self, trees: Sequence[Any]) -> list[Any]:
+    """Host copies of many replicated device trees of one structure (the step metrics of a
+    log window): their leaves stacked on the devices by one program (compiled once per
+    series length), then fetched as `fetch` does: a transfer per leaf, not per leaf and
+    tree."""
+    trees = list(trees)
+    if len(trees) < 2:
+      return self.fetch(trees)
+    stacked = self.fetch([self._stack(trees)])[0]
+    return [jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(len(trees))]
+
+  def _stack(self, trees: list[Any]) -> Any:
+    """One device tree whose leaves stack those of `trees`, laid out like them."""
+    raise NotImplementedError
+
   def _one_replica(self, x: Any) -> Any:
     """What of leaf `x` comes to the host: one device's buffer, no device op."""
     raise NotImplementedError
@@ -130,6 +133,13 @@ class Pmapped(DataParallel):
   """`jax.pmap` over the devices: per-device copies stacked along a leading axis."""
   backend = 'pmap'
 
+  def __init__(self, devices=None):
+    super().__init__(devices)
+    self._batched = device_sharding(self.local_devices)
+    # Stacked after the device axis, which stays first and split over the devices.
+    self._stack = jax.jit(lambda trees: jax.tree.map(lambda *xs: jnp.stack(xs, axis=1),
+                                                     *trees), out_shardings=self._batched)
+
   def map(self, fn, num_args, donate_state=False):
     del num_args  # pmap maps the leading axis of every argument.
     return jax.pmap(fn, axis_name=AXIS_NAME, devices=self.devices,
@@ -139,8 +149,7 @@ class Pmapped(DataParallel):
     return replicate(tree, self.local_devices)
 
   def put_batch(self, rows):
-    return jax.device_put(shard(rows, len(self.local_devices)),
-                          device_sharding(self.local_devices))
+    return jax.device_put(shard(rows, len(self.local_devices)), self._batched)
 
   def _one_replica(self, x):
     # The first local device's (1, ...) shard, sliced on the host: slicing it on the device
@@ -160,6 +169,8 @@ class ShardMapped(DataParallel):
     self.mesh = device_mesh(self.devices)
     self._replicated = NamedSharding(self.mesh, P())
     self._batched = NamedSharding(self.mesh, P(AXIS_NAME))
+    self._stack = jax.jit(lambda trees: jax.tree.map(lambda *xs: jnp.stack(xs), *trees),
+                          out_shardings=self._replicated)
 
   def map(self, fn, num_args, donate_state=False):
     # The step body is pmap's: it averages its gradients itself (lax.pmean). With replication
@@ -215,11 +226,64 @@ class InFlight:
       jax.block_until_ready(self._pending.popleft())
 
 
-def prefetch(batches: Iterable[Any], size: int) -> Iterator[Any]:
-  """Keeps `size` batches in flight ahead of the consumer: `batches` yields device arrays
-  whose copies are under way (jax.device_put returns at once), so the step never waits on
-  one."""
-  queue = collections.deque(itertools.islice(batches, size))
-  while queue:
-    yield queue.popleft()
-    queue.extend(itertools.islice(batches, 1))
+class _Failed(NamedTuple):
+  error: BaseException
+
+
+class Prefetch:
+  """`batches` produced by a thread of their own, at most `size` ahead of the consumer.
+
+  `batches` yields device arrays (gathering each batch on the host and starting its copy to
+  the devices); the thread does that while the training loop waits on the devices, so the
+  loop's own thread only dispatches steps. The order is kept (one producer), an error in the
+  producer is raised in the consumer, and `close` (or leaving a `with` block) stops the
+  thread.
+  """
+  _DONE = object()
+
+  def __init__(self, batches: Iterable[Any], size: int):
+    self._ready = queue_lib.Queue(maxsize=size)
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._produce, args=(iter(batches),),
+                                    name='prefetch', daemon=True)
+    self._thread.start()
+
+  def _put(self, item) -> bool:
+    while not self._stop.is_set():
+      try:
+        self._ready.put(item, timeout=0.1)
+        return True
+      except queue_lib.Full:
+        continue
+    return False
+
+  def _produce(self, batches: Iterator[Any]) -> None:
+    try:
+      for batch in batches:
+        if not self._put(batch):
+          return
+      self._put(self._DONE)
+    except BaseException as e:  # pylint: disable=broad-except
+      self._put(_Failed(e))
+
+  def __iter__(self) -> 'Prefetch':
+    return self
+
+  def __next__(self) -> Any:
+    batch = self._ready.get()
+    if batch is self._DONE:
+      raise StopIteration
+    if isinstance(batch, _Failed):
+      raise batch.error
+    return batch
+
+  def close(self) -> None:
+    """Stops the producer and waits for it."""
+    self._stop.set()
+    self._thread.join()
+
+  def __enter__(self) -> 'Prefetch':
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()

@@ -19,12 +19,12 @@ from jax import lax
 
 from trainer import mix as mix_lib
 from trainer import parallel
+from trainer.keys import EXAMPLE_ID_KEY, MASK_KEY, MIX_LABEL_KEY, MIX_WEIGHT_KEY
 from trainer.data import specs
 from trainer.metrics import EvalMetrics, ScaledTrainMetrics, TrainMetrics
 from trainer.parallel import AXIS_NAME
 from trainer.state import TrainState
 
-EXAMPLE_ID_KEY = 'example_id'  # Added to the batch inside the step: each example's global row.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,8 +128,8 @@ def _loss_fn(state: TrainState, label_smoothing: float) -> Callable:
                          mutable=['batch_stats'] if has_batch_stats else False)
     logits, new_batch_stats = (out[0], out[1]['batch_stats']) if has_batch_stats else (out, None)
     loss = jnp.mean(cross_entropy(logits, batch['label'], label_smoothing,
-                                  batch.get(parallel.MIX_LABEL_KEY),
-                                  batch.get(parallel.MIX_WEIGHT_KEY)))
+                                  batch.get(MIX_LABEL_KEY),
+                                  batch.get(MIX_WEIGHT_KEY)))
     return loss, (logits, new_batch_stats)
 
   return loss_fn
@@ -242,7 +242,7 @@ def eval_step(state: TrainState, batch: dict, *,
                           normalization(batch['image']), train=False)
   mine = EvalMetrics.single_from_model_output(
       logits=logits.astype(jnp.float32), labels=batch['label'],
-      loss=cross_entropy(logits, batch['label']), mask=batch[parallel.MASK_KEY])
+      loss=cross_entropy(logits, batch['label']), mask=batch[MASK_KEY])
   # Every field is a (total, count) sum: the devices' sums add up.
   return jax.tree.map(lambda x: lax.psum(x, AXIS_NAME), mine)
 

@@ -305,7 +305,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   writer = writers.open_session(workdir, start_step, config.to_dict(),
                                 write_files=jax.process_index() == 0)
   session = _Session(run, start, writer, workdir)
-  with metric_writers.ensure_flushes(writer), session.stop:
+  with metric_writers.ensure_flushes(writer), session.stop, session.prefetch:
     try:
       session.train()
     finally:
@@ -332,13 +332,13 @@ class _Session:
                                                step_lib.Normalization.from_config(config))
     self.rstate = layout.put_replicated(start.state)
     self.rng = layout.put_replicated(start.step_rng)
-    self.batches, self.efficiency = self._batches()
+    self.prefetch, self.batches, self.efficiency = self._batches()
     self.hooks = _hooks(config, workdir, writer)
     self.throughput = efficiency.Throughput(config.batch_size, len(layout.devices))
     self.cadence = loop.Cadence.from_config(config)
     # float16 loss scaling expects overflows now and then, and skips those steps itself.
     self.buffer = metrics.TrainMetricsBuffer(
-        layout.fetch, config.skip_nonfinite_steps or config.dtype == 'float16')
+        layout.fetch_series, config.skip_nonfinite_steps or config.dtype == 'float16')
     self.in_flight = parallel.InFlight(layout.devices)
     self.last_saved = start.resume_step
     # Several processes must agree on the step they stop at: there JAX's preemption notice
@@ -347,21 +347,21 @@ class _Session:
     self.stop = signals.StopSignals(install=not multiprocess,
                                     agree=_preemption_sync_point if multiprocess else None)
 
-  def _batches(self) -> tuple[Iterator[Any], efficiency.StepEfficiency]:
-    """This process's rows of each global batch on the devices, prefetched, and the step's
-    efficiency from the FLOPs of the step lowered on the first batch (traced again, not
-    compiled)."""
+  def _batches(self) -> tuple[parallel.Prefetch, Iterator[Any], efficiency.StepEfficiency]:
+    """This process's rows of each global batch on the devices, prefetched by a thread (to
+    be closed), the batches, and the step's efficiency from the FLOPs of the step lowered on
+    the first batch (traced again, not compiled)."""
     layout = self.run.layout
     rows = self.run.data.batches(
         process_index=jax.process_index(), process_count=jax.process_count(),
         start_position=self.start.examples_seen, seed=self.start.data_seed)
-    batches = parallel.prefetch((layout.put_batch(batch) for batch in rows), PREFETCH_BATCHES)
-    first_batch = next(batches)
+    prefetch = parallel.Prefetch((layout.put_batch(batch) for batch in rows), PREFETCH_BATCHES)
+    first_batch = next(prefetch)
     step_efficiency = efficiency.StepEfficiency(
         efficiency.flops_per_device_step(self.p_train_step, self.rstate, first_batch,
                                          self.rng),
         efficiency.peak_flops(layout.devices[0].device_kind))
-    return itertools.chain([first_batch], batches), step_efficiency
+    return prefetch, itertools.chain([first_batch], prefetch), step_efficiency
 
   def train(self) -> None:
     """Steps from `first` to `last`, logging, evaluating and saving on the cadence; raises

@@ -52,7 +52,7 @@ from trainer import efficiency
 from trainer import loop
 from trainer import metrics
 from trainer import optim
-from trainer import parallel
+from trainer import keys
 from trainer import signals
 from trainer import state as state_lib
 from trainer import writers
@@ -149,7 +149,7 @@ def evaluate(model, data: pipeline.EvalData, normalize: step_lib.Normalize,
     for batch in pipeline.eval_batches(data):
       images = normalize(normalize.rows(batch['image']))
       labels = torch.from_numpy(batch['label']).long().to(device)
-      mask = torch.from_numpy(batch[parallel.MASK_KEY]).to(device, torch.float32)
+      mask = torch.from_numpy(batch[keys.MASK_KEY]).to(device, torch.float32)
       with precision.autocast():
         logits = model(images).float()
       losses = torch.nn.functional.cross_entropy(logits, labels, reduction='none')

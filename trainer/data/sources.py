@@ -17,6 +17,7 @@ PNG bytes) except a split held in memory decoded; labels are int32.
 """
 
 import dataclasses
+import functools
 import socket
 import types
 from typing import Any, Optional
@@ -25,7 +26,6 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from trainer import parallel
 from trainer.data import folder as folder_lib
 from trainer.data import specs
 from trainer.errors import UserError
@@ -75,6 +75,16 @@ def _readable(builder, split: str) -> bool:
     return False
 
 
+def _sync_processes(name: str) -> None:
+  """A barrier over the processes of a multi-process JAX run (its distributed runtime
+  started); nothing elsewhere, where no JAX backend is started for it (a pipeline run alone,
+  the DDP twin's ranks)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  if jax.distributed.is_initialized():
+    from trainer import parallel  # pylint: disable=import-outside-toplevel
+    parallel.sync_processes(name)
+
+
 def get_builder(config, *, process_index: int = 0, dataset: Optional[str] = None,
                 split: Optional[str] = None):
   """The TFDS builder of `dataset` (default `config.dataset`) with its data in place,
@@ -109,7 +119,7 @@ def get_builder(config, *, process_index: int = 0, dataset: Optional[str] = None
   if not readable and process_index == 0:
     builder.download_and_prepare()
   # Every process passes here, whatever it found, so that none waits for another forever.
-  parallel.sync_processes(f'prepare {ds_spec.tfds_name}')
+  _sync_processes(f'prepare {ds_spec.tfds_name}')
   if not readable and process_index > 0:
     builder = make_builder()
     if not _readable(builder, split):
@@ -208,13 +218,24 @@ class Source:
 
 @dataclasses.dataclass
 class InMemory(Source):
-  """The split as two tensors (images decoded or encoded, labels), gathered by index."""
+  """The split as two numpy arrays (images decoded or encoded, labels), gathered by index:
+  by numpy (`take`), or by TensorFlow inside a pipeline (`examples`)."""
   images: Any = None
   labels: Any = None
 
+  def take(self, index: np.ndarray) -> dict[str, np.ndarray]:
+    """The examples at `index` (any shape), as numpy arrays."""
+    return {'image': self.images[index], 'label': self.labels[index]}
+
+  @functools.cached_property
+  def _tensors(self) -> tuple[tf.Tensor, tf.Tensor]:
+    with tf.init_scope():  # Eager constants, whichever pipeline function asks first.
+      return tf.constant(self.images), tf.constant(self.labels)
+
   def gather(self, index: tf.Tensor) -> dict:
-    """The examples at `index` (any shape)."""
-    return {'image': tf.gather(self.images, index), 'label': tf.gather(self.labels, index)}
+    """The examples at `index` (any shape), as tensors."""
+    images, labels = self._tensors
+    return {'image': tf.gather(images, index), 'label': tf.gather(labels, index)}
 
   def examples(self, indices):
     return indices.map(lambda element: dict(element, **self.gather(element['index'])),
@@ -326,5 +347,4 @@ def load(config, ds_spec, builder, split, decoded_shape: Optional[tuple[int, int
   chunks = list(tfds.as_numpy(ds.batch(LOAD_CHUNK)))
   images = np.concatenate([c['image'] for c in chunks])
   labels = np.concatenate([c['label'] for c in chunks]).astype(np.int32)
-  return InMemory(len(labels), decoded_shape is None, threads, images=tf.constant(images),
-                  labels=tf.constant(labels))
+  return InMemory(len(labels), decoded_shape is None, threads, images=images, labels=labels)

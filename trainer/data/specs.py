@@ -23,6 +23,9 @@ AUGMENTATIONS = {
     'inception': 'a random-resized crop (8%-100% of the area, aspect 3/4-4/3) to '
                  'image_size, then a flip (ImageNet); evaluation resizes and center-crops',
 }
+# How crops are resized (config.resize_filter; preprocess.resize): area averaging when
+# shrinking, else bilinear; or bilinear with antialiasing (torchvision's filter).
+RESIZE_FILTERS = ('area', 'antialias')
 FOLDER_PREFIX = 'folder:'  # config.dataset='folder:/path/to/root' names an image folder.
 DEFAULT_IMAGE_SIZE = 224  # The crop of datasets whose images vary in size, unless configured.
 

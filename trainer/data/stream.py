@@ -16,6 +16,7 @@ g), so an example is augmented the same way wherever and whenever it is built.
 
 import dataclasses
 
+import numpy as np
 import tensorflow as tf
 
 # The random streams of the data seed. 2 drew Mixup/CutMix on the host before it moved into
@@ -80,6 +81,44 @@ class TrainRows:
 
   def position(self, k: tf.Tensor) -> tf.Tensor:
     """The stream position of this process's `k`-th example of the run (element-wise)."""
-    k = tf.cast(k, tf.int64)
+    return self._position(tf.cast(k, tf.int64))
+
+  def first_position(self, step: int) -> int:
+    """The stream position of this process's first row of the run's batch `step`: its rows
+    of a batch are the `rows` positions from there on."""
+    return int(self._position(step * self.rows))
+
+  def _position(self, k):
     return (self.start_position + (k // self.rows) * self.batch_size +
             self.process_index * self.rows + k % self.rows)
+
+
+class EpochOrders:
+  """`example_index` of runs of consecutive stream positions, in numpy: whole epochs' orders
+  computed by the same op, several epochs of a small split in one call, and kept while the
+  stream is in them."""
+  INDICES_PER_CALL = 1 << 17  # Epochs of a small split are ordered together up to this many.
+
+  def __init__(self, seed: int, num_examples: int):
+    self._seed, self._n, self._orders = seed, num_examples, {}
+
+  def _order(self, epoch: int) -> np.ndarray:
+    if epoch not in self._orders:
+      for done in [e for e in self._orders if e < epoch]:
+        del self._orders[done]
+      count = max(1, self.INDICES_PER_CALL // self._n)
+      epochs = np.repeat(np.arange(epoch, epoch + count, dtype=np.int64), self._n)
+      within = np.tile(np.arange(self._n, dtype=np.int64), count)
+      orders = epoch_order(self._seed, epochs, within, self._n).numpy().reshape(count, -1)
+      self._orders.update(zip(range(epoch, epoch + count), orders))
+    return self._orders[epoch]
+
+  def __call__(self, first: int, count: int) -> np.ndarray:
+    """The split indices of the examples at stream positions first .. first + count - 1."""
+    parts = []
+    while count > 0:
+      epoch, within = divmod(first, self._n)
+      part = self._order(epoch)[within:within + count]
+      parts.append(part)
+      first, count = first + len(part), count - len(part)
+    return np.concatenate(parts) if len(parts) > 1 else parts[0]

@@ -1,0 +1,9 @@
+"""The names of the batch entries beyond 'image' and 'label', in one place and importable
+anywhere (no JAX, TensorFlow or torch here): the input side, both trainers' steps and the
+DDP twin key batches by them."""
+
+MASK_KEY = 'mask'  # Evaluation batches: 1 for a real example, 0 for padding.
+# Mixup/CutMix (trainer/mix.py), added on the device: each row's partner label, and the
+# weight of its own label.
+MIX_LABEL_KEY, MIX_WEIGHT_KEY = 'mix_label', 'mix_weight'
+EXAMPLE_ID_KEY = 'example_id'  # Added in the step: each example's row of the global batch.
