@@ -291,7 +291,9 @@ def _input(setup: _Setup, cores: int) -> dict[str, Any]:
                    ['--side=prepare', f'--count={FLAGS.input_count}', *common])
   runs = {name: [] for name, _ in INPUT_RUNS}
   for index in range(FLAGS.rounds):
-    for name, extra in INPUT_RUNS:
+    # Odd rounds in reverse order: a drift of the machine's speed over a round then favours
+    # neither run of a pair compared.
+    for name, extra in INPUT_RUNS[::1 if index % 2 == 0 else -1]:
       print(f'input: {name}, round {index + 1} of {FLAGS.rounds} ...', flush=True)
       runs[name].append(_run_part(setup, 'input', f'input_{name}_{index}', [*common, *extra]))
   median = lambda name, key: statistics.median(r[key] for r in runs[name])
