@@ -8,7 +8,9 @@
 #       [--project=PROJECT] [--version=tpu-ubuntu2204-base] [--keep] [--dry-run] \
 #       [-- --config.tfds_data_dir=gs://BUCKET/tensorflow_datasets ...]
 #
-# --dry-run prints every command instead of running it. --keep leaves the slice up afterwards.
+# --dry-run prints every command instead of running it. Once the slice is created, the script
+# deletes it however it ends (a failed copy or set-up, a failed run, Ctrl-C); --keep leaves it
+# up and prints one line naming it and the command that deletes it.
 set -euo pipefail
 
 name="" zone="" accelerator_type="" config="" workdir="" project=""
@@ -69,17 +71,31 @@ common=(--zone="$zone")
 trainer_args=" $(quote "--config=$config" "--workdir=$workdir" "$@")"
 archive=/tmp/$name-trainer.tar.gz
 
+delete=(gcloud compute tpus tpu-vm delete "$name" "${common[@]}" --quiet)
+created=0
+# Whatever ends the script after the slice exists, the slice goes (or, with --keep, is named).
+finish() {
+  local status=$?
+  trap - EXIT
+  if [[ $created -eq 1 && $keep -eq 0 ]]; then
+    run "${delete[@]}" || { status=1; echo "error: the slice $name could not be deleted; delete it with: $(quote "${delete[@]}")" >&2; }
+  elif [[ $created -eq 1 ]]; then
+    echo "the slice $name is still running (--keep); delete it with: $(quote "${delete[@]}")" >&2
+  fi
+  exit "$status"
+}
+trap finish EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
 run gcloud compute tpus tpu-vm create "$name" "${common[@]}" \
     --accelerator-type="$accelerator_type" --version="$version"
+created=1
 run git archive --format=tar.gz --output="$archive" HEAD
 run gcloud compute tpus tpu-vm scp "$archive" "$name:~/trainer.tar.gz" "${common[@]}" --worker=all
 run gcloud compute tpus tpu-vm ssh "$name" "${common[@]}" --worker=all \
     --command="mkdir -p ~/trainer && tar -xzf ~/trainer.tar.gz -C ~/trainer && cd ~/trainer && python3 -m pip install -q -e . 'jax[tpu]'"
-# Every worker trains; the output of all of them streams back here until the run ends.
-status=0
+# Every worker trains; the output of all of them streams back here until the run ends (the
+# EXIT trap then deletes the slice, or names it with --keep).
 run gcloud compute tpus tpu-vm ssh "$name" "${common[@]}" --worker=all \
-    --command="cd ~/trainer && python3 -m trainer.main$trainer_args" || status=$?
-if [[ $keep -eq 0 ]]; then
-  run gcloud compute tpus tpu-vm delete "$name" "${common[@]}" --quiet
-fi
-exit "$status"
+    --command="cd ~/trainer && python3 -m trainer.main$trainer_args"

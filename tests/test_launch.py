@@ -1,6 +1,9 @@
 """Launch scripts: the TPU pod commands, and argument errors."""
 
+import os
 import subprocess
+
+import pytest
 
 from trainer import processes
 
@@ -50,3 +53,37 @@ def test_local_launcher_refuses_bad_counts():
   result = _run('launch/local.sh', '--num_processes=0', '--', '--config=configs/default.py')
   assert result.returncode == 2
   assert "must be positive integers, got '0'" in result.stderr
+
+
+FAKE_GCLOUD = '''#!/bin/bash
+echo "$*" >> "$GCLOUD_LOG"
+[[ " $* " == *" $GCLOUD_FAILS "* ]] && exit 1
+exit 0
+'''
+
+
+@pytest.mark.parametrize('fails,keep', [('scp', False), ('ssh', False), ('scp', True)])
+def test_tpu_pod_deletes_the_slice_it_created_whatever_fails(tmp_path, fails, keep):
+  """With a gcloud whose scp (or ssh) fails after the slice is created, the script deletes
+  the slice; with --keep it leaves it and names it with the command that deletes it."""
+  gcloud = tmp_path / 'bin' / 'gcloud'
+  gcloud.parent.mkdir()
+  gcloud.write_text(FAKE_GCLOUD)
+  gcloud.chmod(0o755)
+  log = tmp_path / 'gcloud.log'
+  env = dict(os.environ, PATH=f'{gcloud.parent}:{os.environ["PATH"]}', GCLOUD_LOG=str(log),
+             GCLOUD_FAILS=fails)
+  result = subprocess.run(
+      ['launch/tpu_pod.sh', '--name=t1', '--zone=z', '--accelerator_type=v4-8',
+       '--config=configs/default.py', '--workdir=gs://b/t1', *(['--keep'] if keep else [])],
+      cwd=processes.REPO, env=env, capture_output=True, text=True, timeout=60, check=False)
+  assert result.returncode == 1, result.stderr
+  calls = [line.split()[3] for line in log.read_text().splitlines()]
+  assert calls[0] == 'create' and fails in calls
+  if keep:
+    assert 'delete' not in calls
+    assert result.stderr.strip().splitlines()[-1] == (
+        'the slice t1 is still running (--keep); delete it with: gcloud compute tpus tpu-vm '
+        'delete t1 --zone=z --quiet')
+  else:
+    assert calls[-1] == 'delete'

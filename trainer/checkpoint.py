@@ -13,15 +13,17 @@ directory and renames it when complete, so a save cut short leaves no step direc
 
 import dataclasses
 import os
+import re
 import shutil
-from typing import Any, Optional
+import time
+from typing import Any, NamedTuple, Optional
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
-from trainer.errors import UserError
+from trainer.errors import SaveFailed, UserError
 
 CORRUPT_DIR = 'checkpoints.unreadable'  # Unreadable checkpoints are moved here, never deleted.
 
@@ -86,11 +88,12 @@ META_FORMAT = 2
 
 
 def meta(*, rng, data_seed: int, examples_seen: int, devices: int, processes: int,
-         config: dict) -> dict:
-  """The meta item of a checkpoint (JSON)."""
+         config: dict, window: Optional[dict] = None) -> dict:
+  """The meta item of a checkpoint (JSON); `window`: the train metrics fetched since the
+  last write (`TrainMetricsBuffer.pending`), for the resumed run's first write."""
   return {'format': META_FORMAT, 'rng': np.asarray(rng).tolist(), 'data_seed': data_seed,
           'examples_seen': examples_seen, 'devices': devices, 'processes': processes,
-          'config': config}
+          'config': config, 'window': window}
 
 
 def stream_position(saved: dict, step: int, batch_size: int) -> int:
@@ -133,6 +136,25 @@ def _state_metadata(manager: ocp.CheckpointManager, step: int) -> dict:
   return array_specs(getattr(metadata, 'tree', metadata))
 
 
+class Unreadable(NamedTuple):
+  """A checkpoint that cannot be read, and why (the first line of the error)."""
+  step: int
+  reason: str
+
+
+def _first_line(error: BaseException) -> str:
+  text = str(error).strip().splitlines()
+  return f'{type(error).__name__}: {text[0][:300] if text else ""}'
+
+
+def _os_error(error: BaseException) -> str:
+  """'File too large [errno 27]: ' where a (tensorstore) error names the OS error behind it."""
+  found = re.search(r"os_error_code='(\d+)'", str(error))
+  if found is None:
+    found = re.search(r'\[Errno (\d+)\]', str(error))
+  return f'{os.strerror(int(found.group(1)))} [errno {found.group(1)}]: ' if found else ''
+
+
 class Checkpointer:
   """Async orbax saves of the host state, newest `keep` kept; resume-time checks."""
 
@@ -141,6 +163,7 @@ class Checkpointer:
     self.directory = directory(workdir)
     self._keep = keep
     self._manager: Optional[ocp.CheckpointManager] = None
+    self._pending: Optional[int] = None  # The step of a save that may still be running.
 
   def check_topology(self, batch_size: int, devices: int, processes: int) -> None:
     """Refuses, before anything is written, a resume whose batch cannot be split over the
@@ -166,53 +189,72 @@ class Checkpointer:
         f'process(es)) of this run: resume on a device count that divides {batch_size} '
         f'(e.g. {nearest}), or start a new --workdir')
 
-  def find_restorable(self, target: Any, config: dict) -> tuple[Optional[int], list[int]]:
-    """The newest step that fits `target` and whose metadata reads, and the unreadable ones.
+  def restore_newest(self, target: Any, config: dict) -> tuple[Optional[Restored],
+                                                              list[Unreadable]]:
+    """The newest checkpoint that reads, restored into the structure of `target`, and the
+    newer ones that do not (with why), newest first. Writes nothing.
 
-    Writes nothing. Raises `UserError` if the newest readable checkpoint was written for
-    another model or optimizer: resuming cannot go on, and nothing should be overwritten.
+    A checkpoint that fails to restore is read again whole, without a target: if that works
+    and its arrays are not `target`'s, it was written for another model or optimizer and
+    `UserError` says so (resuming cannot go on, and nothing should be overwritten); if it
+    does not read, it is damaged (missing or truncated array data, metadata or manifest) and
+    the next one is tried. Where none reads, `UserError` lists them and nothing is changed.
     """
     reader = _read_only(self.directory)
     if reader is None:
       return None, []
-    wanted = array_specs(target)
     unreadable = []
     for step in sorted(reader.all_steps(), reverse=True):
       try:
-        saved = _state_metadata(reader, step)
-        saved_config = reader.restore(step, args=ocp.args.Composite(
-            meta=ocp.args.JsonRestore()))['meta'].get('config', {})
+        return self._restore(reader, step, target), unreadable
       except Exception as e:  # pylint: disable=broad-except
-        logging.warning('checkpoint %d in %s is unreadable (%s: %s)', step, self.directory,
-                        type(e).__name__, str(e).splitlines()[0][:200])
-        unreadable.append(step)
-        continue
-      mismatch = describe_mismatch(saved, wanted)
-      if mismatch:
-        changed = _config_differences(saved_config, config)
-        raise UserError(
-            f'the checkpoint at step {step} in {self.directory} does not fit this config '
-            f'({mismatch}{"; config changed: " + changed if changed else ""}); resume with '
-            'the config that wrote it, or pass a new --workdir')
-      return step, unreadable
-    return None, unreadable
+        error = e
+      self._refuse_if_another_config(reader, step, target, config)
+      unreadable.append(Unreadable(step, _first_line(error)))
+      logging.warning('the checkpoint at step %d in %s cannot be read (%s)', step,
+                      self.directory, unreadable[-1].reason)
+    if unreadable:
+      listed = '; '.join(f'{u.step}: {u.reason}' for u in unreadable)
+      raise UserError(f'no checkpoint in {self.directory} can be read ({listed}); nothing was '
+                      'changed: pass a new --workdir to start afresh')
+    return None, []
 
-  def restore(self, step: int, target: Any) -> Restored:
-    """The checkpoint at `step`, its state restored into the structure of `target`."""
-    reader = _read_only(self.directory)
+  def _restore(self, reader: ocp.CheckpointManager, step: int, target: Any) -> Restored:
     restored = reader.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
     return Restored(step=step, state=restored['state'], meta=restored['meta'])
 
-  def set_aside(self, steps: list[int]) -> None:
+  def _refuse_if_another_config(self, reader: ocp.CheckpointManager, step: int, target: Any,
+                                config: dict) -> None:
+    """Raises `UserError` where the checkpoint at `step` reads whole (no target) and holds
+    other arrays than `target`: the config changed, the checkpoint is fine."""
+    try:
+      whole = reader.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+    except Exception:  # pylint: disable=broad-except
+      return  # Damaged: the caller sets it aside.
+    # It reads: its metadata says what it holds.
+    mismatch = describe_mismatch(_state_metadata(reader, step),
+                                 array_specs(jax.eval_shape(lambda tree: tree, target)))
+    if mismatch:
+      changed = _config_differences(whole['meta'].get('config', {}), config)
+      raise UserError(
+          f'the checkpoint at step {step} in {self.directory} does not fit this config '
+          f'({mismatch}{"; config changed: " + changed if changed else ""}); resume with the '
+          'config that wrote it, or pass a new --workdir')
+
+  def set_aside(self, unreadable: list[Unreadable]) -> None:
     """Moves unreadable checkpoints out of the way of new saves (kept, not deleted)."""
     if jax.process_index() != 0:
       return
-    for step in steps:
-      destination = os.path.join(self.workdir, CORRUPT_DIR, str(step))
+    for item in unreadable:
+      destination = os.path.join(self.workdir, CORRUPT_DIR, str(item.step))
       os.makedirs(os.path.dirname(destination), exist_ok=True)
-      shutil.move(os.path.join(self.directory, str(step)), destination)
-      logging.warning('moved unreadable checkpoint %d to %s', step, destination)
+      if os.path.exists(destination):  # One set aside before: keep both.
+        destination += f'.{int(time.time())}'
+      shutil.move(os.path.join(self.directory, str(item.step)), destination)
+      logging.warning('set aside the unreadable checkpoint at step %d in %s', item.step,
+                      destination)
 
   def save(self, step: int, state: Any, meta: dict) -> None:
     """Starts saving host `state` and JSON `meta` at `step` (asynchronously; every process
@@ -224,20 +266,44 @@ class Checkpointer:
                                             item_handlers=_handlers())
     # Host copies: the next pmapped step donates (and so invalidates) the device buffers
     # while the asynchronous save may still be reading them.
-    self._manager.save(step, args=ocp.args.Composite(
+    self._check(self._manager.save, step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(jax.device_get(state)), meta=ocp.args.JsonSave(meta)))
+    self._pending = step
+
+  def check_saved(self) -> None:
+    """Raises `SaveFailed` where the last save failed in the background, once it has ended
+    (it returns at once while a save runs, or when none is pending)."""
+    if self._pending is None or self._manager.is_saving_in_progress():
+      return
+    self._check(self._manager.wait_until_finished)  # Ended: returns at once, or raises.
+    self._pending = None
+
+  def _check(self, call, *args, **kwargs):
+    """`call(*args, **kwargs)` of the manager, an error of a save turned into `SaveFailed`."""
+    try:
+      return call(*args, **kwargs)
+    except Exception as e:  # pylint: disable=broad-except
+      kept = sorted(ocp.path.step.checkpoint_steps(self.directory))
+      raise SaveFailed(
+          f'the checkpoint at step {self._pending} could not be written in {self.directory} '
+          f'({_os_error(e)}{_first_line(e)}); the checkpoints written before it are kept '
+          f'({", ".join(map(str, kept)) or "none yet"}): make room or fix the path, then run '
+          'the same command again to resume') from None
 
   def wait(self) -> None:
-    """Blocks until saves in flight are on disk."""
+    """Blocks until saves in flight are on disk; `SaveFailed` where one failed."""
     if self._manager is not None:
-      self._manager.wait_until_finished()
+      self._check(self._manager.wait_until_finished)
+      self._pending = None
 
   def close(self) -> None:
     """Waits for the saves under way, then releases the checkpoint manager."""
     if self._manager is not None:
-      self._manager.wait_until_finished()
-      self._manager.close()
-      self._manager = None
+      try:
+        self.wait()
+      finally:
+        self._manager.close()
+        self._manager = None
 
 
 def read_state(workdir: str, step: Optional[int] = None) -> dict:

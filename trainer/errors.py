@@ -1,5 +1,14 @@
 """Ways a run ends early that the entry point reports as one line instead of a traceback."""
 
+import errno
+from typing import Optional
+
+# OS errors of storage that is full or will not take writes, and the texts TensorFlow and
+# tensorstore report them with (inside their own exception types).
+_STORAGE_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS)
+_STORAGE_TEXTS = ('No space left on device', 'File too large', 'Disk quota exceeded',
+                  'Read-only file system')
+
 
 class UserError(ValueError):
   """A bad config value, path or dataset. The message names the value and the fix."""
@@ -7,6 +16,25 @@ class UserError(ValueError):
 
 class Diverged(RuntimeError):
   """Loss or gradient norm became NaN/Inf. The message names the steps and the checkpoint."""
+
+
+class SaveFailed(RuntimeError):
+  """A checkpoint could not be written. The message names the step, the path, the error and
+  the checkpoints kept."""
+
+
+def storage_failure(error: BaseException) -> Optional[str]:
+  """What storage refused where `error`, or an error it was raised from, is a full disk, a
+  file-size limit, a quota or a read-only filesystem (e.g. 'File too large: PATH'); else
+  None."""
+  while error is not None:
+    if isinstance(error, OSError) and error.errno in _STORAGE_ERRNOS:
+      return f'{error.strerror}: {error.filename}' if error.filename else error.strerror
+    text = next((t for t in _STORAGE_TEXTS if t in str(error)), None)
+    if text:
+      return f'{text} ({str(error).strip().splitlines()[0][:200]})'
+    error = error.__cause__ or error.__context__
+  return None
 
 
 class Preempted(RuntimeError):

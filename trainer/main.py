@@ -20,7 +20,7 @@ from absl import flags  # pylint: disable=wrong-import-position
 from absl import logging  # pylint: disable=wrong-import-position
 from ml_collections import config_flags  # pylint: disable=wrong-import-position
 
-from trainer.errors import Diverged, Preempted, UserError  # pylint: disable=wrong-import-position
+from trainer.errors import Diverged, Preempted, SaveFailed, UserError, storage_failure  # pylint: disable=wrong-import-position
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('workdir', None, 'Directory for metrics, checkpoints and the config.')
@@ -84,9 +84,24 @@ def _set_up_devices() -> None:
   pipeline.keep_off_accelerators()
 
 
-def _quiet_orbax(record) -> bool:
-  """Drops orbax's INFO lines (several per save); its warnings and errors still show."""
-  return record.levelno >= logging.converter.STANDARD_WARNING or '/orbax/' not in record.pathname
+def _quiet_libraries(record) -> bool:
+  """Log lines of orbax and CLU: orbax's INFO lines (several per save) dropped; the errors
+  of both, which the run reports itself in one line (a save or a write that failed), without
+  their tracebacks."""
+  if '/orbax/' not in record.pathname and '/clu/' not in record.pathname:
+    return True
+  record.exc_info, record.exc_text = None, None
+  return '/clu/' in record.pathname or record.levelno >= logging.converter.STANDARD_WARNING
+
+
+def _quiet_abandoned_reads(unraisable) -> None:
+  """sys.unraisablehook: drops what a checkpoint read abandoned by orbax leaves behind (its
+  outstanding tensorstore reads finish after orbax closed the event loop they report to, and
+  each raises 'Event loop is closed' in a callback); everything else as Python prints it."""
+  error = unraisable.exc_value
+  if isinstance(error, RuntimeError) and str(error) == 'Event loop is closed':
+    return
+  sys.__unraisablehook__(unraisable)
 
 
 def _exit(code: int, message: str) -> None:
@@ -103,7 +118,9 @@ def _exit(code: int, message: str) -> None:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
-  logging.get_absl_handler().addFilter(_quiet_orbax)
+  logging.get_absl_handler().addFilter(_quiet_libraries)
+  # A damaged checkpoint is set aside and the run goes on: its abandoned reads say nothing.
+  sys.unraisablehook = _quiet_abandoned_reads
   from trainer import checks, train  # pylint: disable=import-outside-toplevel
   try:
     _set_up_devices()
@@ -115,11 +132,16 @@ def main(argv):
       train.evaluate_only(config, FLAGS.workdir)
     else:
       train.train_and_evaluate(config, FLAGS.workdir)
-  except (UserError, Diverged) as e:
+  except (UserError, Diverged, SaveFailed) as e:
     _exit(1, f'error: {e}')
   except Preempted as e:
     _exit(e.exit_code, str(e))
-  except Exception:  # pylint: disable=broad-except
+  except Exception as e:  # pylint: disable=broad-except
+    refused = storage_failure(e)
+    if refused:
+      _exit(1, f'error: writing to {FLAGS.workdir} failed: {refused}; the checkpoints written '
+               'before are kept: make room (or fix the path), then run the same command again '
+               'to resume')
     if not jax.distributed.is_initialized():
       raise
     _exit(1, traceback.format_exc())

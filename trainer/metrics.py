@@ -4,6 +4,7 @@ readers are in `trainer.writers`, throughput and memory in `trainer.efficiency`)
 from typing import Callable, Optional, Sequence
 
 import flax
+import jax
 import jax.numpy as jnp
 import numpy as np
 from clu import metrics
@@ -66,15 +67,42 @@ class TrainMetricsBuffer:
   """Per-step metrics: on the devices until fetched, checked finite, then merged for a write.
 
   `fetch` brings a list of device collections to the host (one replica's, in one transfer).
+  The metrics of a window not written yet go into each checkpoint (`pending`) and come back
+  with it (`resume`), so a stopped and resumed run writes the values an uninterrupted run
+  writes.
   """
 
-  def __init__(self, fetch: Callable[[list], list], skip_nonfinite: bool):
+  def __init__(self, fetch: Callable[[list], list], skip_nonfinite: bool,
+               collection: type = TrainMetrics):
     self._fetch = fetch
     self._skip = skip_nonfinite
+    self._collection = collection  # The step's metrics' type, to read `pending` back into.
     self._on_device = []
     self._on_host = []
     self._skipped = 0
     self.first_nonfinite_step: Optional[int] = None
+
+  def pending(self) -> Optional[dict]:
+    """The fetched metrics not written yet (merged) and the steps skipped among them, as
+    JSON data; None where there are none."""
+    if not self._on_host and not self._skipped:
+      return None
+    merged = (flax.serialization.to_state_dict(merge(self._on_host)) if self._on_host
+              else None)
+    return {'metrics': jax.tree.map(lambda x: np.asarray(x).tolist(), merged),
+            'skipped': self._skipped}
+
+  def resume(self, pending: Optional[dict]) -> None:
+    """Takes back what `pending` returned (of a run stopped mid-window) as the start of the
+    current window."""
+    if not pending:
+      return
+    if pending['metrics'] is not None:
+      empty = flax.serialization.to_state_dict(self._collection.empty())
+      values = jax.tree.map(lambda template, value: np.asarray(value, np.asarray(template).dtype),
+                            empty, pending['metrics'])
+      self._on_host = [flax.serialization.from_state_dict(self._collection.empty(), values)]
+    self._skipped = int(pending['skipped'])
 
   def add(self, step: int, step_metrics) -> None:
     """Keeps `step`'s metrics (still on the devices) until the next `fetch`."""

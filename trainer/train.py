@@ -36,6 +36,7 @@ from trainer import parallel
 from trainer import signals
 from trainer import state as state_lib
 from trainer import step as step_lib
+from trainer import workdir as workdir_lib
 from trainer import writers
 from trainer.data import pipeline
 from trainer.data import sources
@@ -128,39 +129,69 @@ class _Start:
   data_seed: int  # Orders the training stream's epochs and draws its augmentation.
   examples_seen: int  # Position in the global training stream: examples already trained on.
   resume_step: Optional[int]  # The checkpoint restored, if any.
+  unreadable: list[checkpoint.Unreadable]  # Newer checkpoints that do not read: set aside.
+  window: Optional[dict] = None  # The train metrics not written yet when it was saved.
 
 
-def _start(run: '_Run', workdir: str) -> _Start:
-  """Restores the newest intact checkpoint, else initializes (from `init_from` if set).
+def _restore_newest(run: '_Run', state: state_lib.TrainState
+                    ) -> tuple[Optional[checkpoint.Restored], list[checkpoint.Unreadable]]:
+  """The newest checkpoint that reads (`Checkpointer.restore_newest`), the same on every
+  process."""
+  restored, unreadable = run.checkpointer.restore_newest(state, run.config.to_dict())
+  if jax.process_count() > 1:
+    steps = multihost_utils.process_allgather(np.int64(-1 if restored is None else
+                                                       restored.step))
+    if len(set(np.asarray(steps).tolist())) > 1:
+      raise UserError(f'the processes read different checkpoints in '
+                      f'{run.checkpointer.directory} (steps {np.asarray(steps).tolist()} by '
+                      'process): every process must see the same workdir (a shared filesystem '
+                      'or bucket)')
+  return restored, unreadable
 
-  Everything up to the first write is checked first (nothing is compiled but the init): a
-  workdir whose checkpoint does not fit the config, or `init_from` weights that do not fit
-  the model, stop the run with the workdir untouched.
-  """
+
+def _start(run: '_Run') -> _Start:
+  """Restores the newest checkpoint that reads, else initializes (from `init_from` if set).
+  Writes nothing: a workdir whose checkpoint does not fit the config, or `init_from` weights
+  that do not fit the model, stop the run with the workdir untouched (nothing is compiled
+  but the init)."""
   config, checkpointer = run.config, run.checkpointer
   _, step_rng = state_lib.seed_rngs(config.seed)
-  resume_step, unreadable = checkpointer.find_restorable(
-      state_lib.abstract_state(config, run.num_classes, run.input_shape), config.to_dict())
   state = state_lib.init_state(config, run.num_classes, run.input_shape)
-  if resume_step is not None and config.init_from:
+  restored, unreadable = _restore_newest(run, state)
+  if restored is not None and config.init_from:
     logging.warning('init_from=%r is not used: this run resumes from its own checkpoint at '
-                    'step %d in %s', config.init_from, resume_step, checkpointer.directory)
-  if resume_step is None and config.init_from:
+                    'step %d in %s', config.init_from, restored.step, checkpointer.directory)
+  if restored is None and config.init_from:
     state, _ = _init_from(config.init_from, config.model, run.model, state)
+  if restored is None:
+    return _Start(state, step_rng, config.seed, 0, None, unreadable)
+  position = checkpoint.stream_position(restored.meta, restored.step, config.batch_size)
+  logging.info('resuming from the checkpoint at step %d (written on %s devices, %s '
+               'process(es)) at example %d of the training stream', restored.step,
+               restored.meta.get('devices', '?'), restored.meta.get('processes', '?'), position)
+  return _Start(restored.state, jnp.asarray(restored.meta['rng'], dtype=jnp.uint32),
+                restored.meta['data_seed'], position, restored.step, unreadable,
+                restored.meta.get('window'))
 
-  # From here on the workdir is written.
+
+def _lock_workdir(workdir: str) -> workdir_lib.WorkdirLock:
+  """The workdir taken for this run by process 0 (creating it), every process told whether
+  it was before anything is written; `UserError` names the run that holds it."""
+  lock = workdir_lib.WorkdirLock(workdir)
+  error = ''
+  if jax.process_index() == 0:
+    try:
+      lock.acquire()
+    except UserError as e:
+      error = str(e)
+  if jax.process_count() > 1:
+    if not multihost_utils.broadcast_one_to_all(np.int32(not error)):
+      raise UserError(error or f'workdir {workdir} is in use by another run (process 0 could '
+                      'not take its lock); wait for it to end, or pass another --workdir')
+  elif error:
+    raise UserError(error)
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
-  checkpointer.set_aside(unreadable)
-  parallel.sync_processes('unreadable checkpoints set aside')
-  if resume_step is not None:
-    restored = checkpointer.restore(resume_step, state)
-    position = checkpoint.stream_position(restored.meta, resume_step, config.batch_size)
-    logging.info('resuming from the checkpoint at step %d (written on %s devices, %s '
-                 'process(es)) at example %d of the training stream', resume_step,
-                 restored.meta.get('devices', '?'), restored.meta.get('processes', '?'), position)
-    return _Start(restored.state, jnp.asarray(restored.meta['rng'], dtype=jnp.uint32),
-                  restored.meta['data_seed'], position, resume_step)
-  return _Start(state, step_rng, config.seed, 0, None)
+  return lock
 
 
 def _init_from(path: str, name: str, model, state: state_lib.TrainState
@@ -258,30 +289,29 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
   Returns the scalars."""
   run = _prepare(config, workdir, devices, training=False)
   config = run.config
-  step, _ = run.checkpointer.find_restorable(
-      state_lib.abstract_state(config, run.num_classes, run.input_shape), config.to_dict())
-  if step is None and not config.init_from:
+  state = state_lib.init_state(config, run.num_classes, run.input_shape)
+  restored, _ = _restore_newest(run, state)
+  if restored is None and not config.init_from:
     raise UserError(f'--eval_only: {run.checkpointer.directory} holds no checkpoint to '
                     'evaluate and no --config.init_from is set; point --workdir at a run\'s '
                     'workdir, or pass --config.init_from=PATH (a checkpoint or a .pth file)')
-  state = state_lib.init_state(config, run.num_classes, run.input_shape)
-  if step is not None:
+  if restored is not None:
     if config.init_from:
       logging.warning('init_from=%r is not evaluated: the workdir has a checkpoint (step %d)',
-                      config.init_from, step)
-    state = run.checkpointer.restore(step, state).state
+                      config.init_from, restored.step)
+    state, step = restored.state, restored.step
     logging.info('evaluating the checkpoint at step %d in %s', step,
                  run.checkpointer.directory)
   else:
     state, step = _init_from(config.init_from, config.model, run.model, state)
-  epath.Path(workdir).mkdir(parents=True, exist_ok=True)
-  writer = writers.create_writer(workdir)
-  with metric_writers.ensure_flushes(writer):
-    scalars = evaluate_all(step_lib.make_eval_step(
-        run.layout, step_lib.Normalization.from_config(config)),
-                           run.layout.put_replicated(state), run.evaluations, run.layout)
-    writer.write_scalars(step, scalars)
-  parallel.sync_processes('evaluate_only done')
+  with _lock_workdir(workdir):
+    writer = writers.create_writer(workdir)
+    with metric_writers.ensure_flushes(writer):
+      scalars = evaluate_all(step_lib.make_eval_step(
+          run.layout, step_lib.Normalization.from_config(config)),
+                             run.layout.put_replicated(state), run.evaluations, run.layout)
+      writer.write_scalars(step, scalars)
+    parallel.sync_processes('evaluate_only done')
   return scalars
 
 
@@ -295,23 +325,27 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   """
   run = _prepare(config, workdir, devices)
   config = run.config
-  start = _start(run, workdir)
+  start = _start(run)
   start_step = int(start.state.step)
   logging.info('%s: %d params; starting at step %d of %d on %d devices (%d process(es))',
                config.model, state_lib.param_count(start.state.params), start_step,
                config.num_train_steps, len(run.layout.devices), jax.process_count())
   for line in run.data.describe(jax.process_count()):
     logging.info('%s', line)
-  writer = writers.open_session(workdir, start_step, config.to_dict(),
-                                write_files=jax.process_index() == 0)
-  session = _Session(run, start, writer, workdir)
-  with metric_writers.ensure_flushes(writer), session.stop, session.prefetch:
-    try:
-      session.train()
-    finally:
-      run.checkpointer.close()
-  # No process leaves while another may still need it for a collective or a save.
-  parallel.sync_processes('train_and_evaluate done')
+  # From here on the workdir is written, by this run alone.
+  with _lock_workdir(workdir):
+    run.checkpointer.set_aside(start.unreadable)
+    parallel.sync_processes('unreadable checkpoints set aside')
+    writer = writers.open_session(workdir, start_step, config.to_dict(),
+                                  write_files=jax.process_index() == 0)
+    session = _Session(run, start, writer, workdir)
+    with metric_writers.ensure_flushes(writer), session.stop, session.prefetch:
+      try:
+        session.train()
+      finally:
+        run.checkpointer.close()
+    # No process leaves while another may still need it for a collective or a save.
+    parallel.sync_processes('train_and_evaluate done')
   return parallel.host_state(run.layout, session.rstate)
 
 
@@ -338,7 +372,9 @@ class _Session:
     self.cadence = loop.Cadence.from_config(config)
     # float16 loss scaling expects overflows now and then, and skips those steps itself.
     self.buffer = metrics.TrainMetricsBuffer(
-        layout.fetch_series, config.skip_nonfinite_steps or config.dtype == 'float16')
+        layout.fetch_series, config.skip_nonfinite_steps or config.dtype == 'float16',
+        metrics.ScaledTrainMetrics if config.dtype == 'float16' else metrics.TrainMetrics)
+    self.buffer.resume(start.window)
     self.in_flight = parallel.InFlight(layout.devices)
     self.last_saved = start.resume_step
     # Several processes must agree on the step they stop at: there JAX's preemption notice
@@ -365,7 +401,8 @@ class _Session:
 
   def train(self) -> None:
     """Steps from `first` to `last`, logging, evaluating and saving on the cadence; raises
-    Diverged on NaN/Inf (unless skipped) and Preempted after a stop request's checkpoint."""
+    Diverged on NaN/Inf (unless skipped), Preempted after a stop request's checkpoint and
+    SaveFailed at the first step after a save that failed."""
     loop_start = time.perf_counter()
     for step in range(self.first, self.last + 1):
       with jax.profiler.StepTraceAnnotation('train', step_num=step):
@@ -373,6 +410,7 @@ class _Session:
                                                       self.rng)
       self.in_flight.add(step_metrics)
       self.buffer.add(step, step_metrics)
+      self.run.checkpointer.check_saved()  # A save that failed stops the run here.
       if step == self.first:
         # Time throughput from the end of the first step: compiling is not training speed.
         jax.block_until_ready(step_metrics)
@@ -420,7 +458,7 @@ class _Session:
         rng=start.step_rng, data_seed=start.data_seed,
         examples_seen=start.examples_seen + (step - self.first + 1) * config.batch_size,
         devices=len(self.run.layout.devices), processes=jax.process_count(),
-        config=config.to_dict()))
+        config=config.to_dict(), window=self.buffer.pending()))
     self.last_saved = step
     self.throughput.start(step)
 

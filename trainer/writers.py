@@ -14,6 +14,7 @@ import time
 
 import jax
 import tensorflow as tf
+from absl import logging
 from clu import metric_writers
 from tensorboard.backend.event_processing import event_file_loader
 from tensorboard.compat.proto import event_pb2
@@ -55,9 +56,20 @@ class JsonLinesWriter(metric_writers.MetricWriter):
 
 
 def read_jsonl(path: str) -> list[dict[str, float]]:
-  """The records of a metrics.jsonl file, in order: {"step", "wall_time", tag: value, ...}."""
-  with open(path, encoding='utf-8') as f:
-    return [json.loads(line) for line in f if line.strip()]
+  """The records of a metrics.jsonl file, in order: {"step", "wall_time", tag: value, ...}.
+  A line that is not whole JSON (the last one cut short by a crash or a full disk) is left
+  out with a warning."""
+  records = []
+  with open(path, encoding='utf-8', errors='replace') as f:
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        records.append(json.loads(line))
+      except json.JSONDecodeError:
+        logging.warning('%s: line %d is not whole (%r), a write cut short; left out', path,
+                        number, line[:80])
+  return records
 
 
 def create_writer(workdir: str, write_files: bool | None = None) -> metric_writers.MetricWriter:

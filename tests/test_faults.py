@@ -1,0 +1,186 @@
+"""Faults that must cost no work and no traceback, each through `python -m trainer.main`:
+damaged checkpoints set aside, a workdir taken by another run, a stale lock, a cut-off
+metrics line, a checkpoint save the disk refuses."""
+
+import glob
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from tests import helpers
+from trainer import checkpoint
+from trainer import processes
+from trainer import train
+from trainer import workdir as workdir_lib
+from trainer import writers
+from trainer.errors import UserError
+
+# A short run that saves every 10 steps and keeps them all.
+RUN = dict(model='mlp', num_train_steps=60, warmup_steps=5, log_every_steps=10,
+           eval_every_steps=60, checkpoint_every_steps=10, keep_checkpoints=6,
+           learning_rate=0.02)
+DEVICES = 2
+
+
+def _command(workdir, tfds_data_dir, **overrides):
+  return [sys.executable, '-m', 'trainer.main', '--config=configs/default.py',
+          f'--workdir={workdir}', f'--cpu_devices={DEVICES}',
+          f'--config.tfds_data_dir={tfds_data_dir}',
+          *(f'--config.{k}={v}' for k, v in {**RUN, **overrides}.items())]
+
+
+def _run(command, **kwargs):
+  return subprocess.run(command, cwd=processes.REPO, env=processes.environment(),
+                        capture_output=True, text=True, timeout=300, check=False, **kwargs)
+
+
+@pytest.fixture(scope='module')
+def finished(tfds_data_dir, tmp_path_factory):
+  """RUN trained to its end on DEVICES devices: the final state and the workdir (tests work
+  on copies)."""
+  from configs import default  # pylint: disable=import-outside-toplevel
+  config = default.get_config()
+  config.update(tfds_data_dir=tfds_data_dir, **RUN)
+  workdir = str(tmp_path_factory.mktemp('finished'))
+  state = train.train_and_evaluate(config, workdir, devices=jax.devices()[:DEVICES])
+  return state, workdir
+
+
+def _largest(step_dir, pattern):
+  return max(glob.glob(os.path.join(step_dir, pattern), recursive=True), key=os.path.getsize)
+
+
+# Each damage, to its own checkpoint (newest first): what a crash, a full disk or a bad copy
+# leaves in the files of a checkpoint.
+DAMAGE = {
+    60: ('array data cut short', lambda d: os.truncate(
+        f := _largest(d, 'state/**/d/*'), os.path.getsize(f) // 2)),
+    50: ('array data missing', lambda d: os.remove(_largest(d, 'state/**/d/*'))),
+    40: ('tree metadata missing', lambda d: os.remove(os.path.join(d, 'state', '_METADATA'))),
+    30: ('manifest cut short', lambda d: os.truncate(os.path.join(d, 'state',
+                                                                  'manifest.ocdbt'), 10)),
+    20: ('run metadata not JSON', lambda d: open(os.path.join(d, 'meta', 'metadata'), 'w',
+                                                 encoding='utf-8').write('{"rng": [1, ')),
+}
+
+
+def test_damaged_checkpoints_are_set_aside_and_the_run_ends_where_it_would_have(
+    finished, tfds_data_dir, tmp_path):
+  """Five checkpoints damaged five ways, and metrics.jsonl's last line cut off: the run
+  sets each aside with one line, resumes from step 10, ends bitwise where the run that
+  was never damaged ended, and prints no traceback."""
+  state, source = finished
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(source, workdir)
+  for step, (_, damage) in DAMAGE.items():
+    damage(os.path.join(checkpoint.directory(workdir), str(step)))
+  jsonl = os.path.join(workdir, writers.JSONL_NAME)
+  with open(jsonl, 'a', encoding='utf-8') as f:
+    f.write('{"step": 70, "wall_time": 17954')  # A write cut short.
+
+  run = _run(_command(workdir, tfds_data_dir))
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert 'Traceback' not in run.stderr
+  for step in DAMAGE:
+    assert run.stderr.count(f'the checkpoint at step {step} in ') == 1, step
+  assert 'resuming from the checkpoint at step 10 ' in run.stderr
+  assert 'is not whole' in run.stderr
+  assert sorted(map(int, os.listdir(os.path.join(workdir, checkpoint.CORRUPT_DIR)))) == sorted(
+      DAMAGE)
+  final = checkpoint.read_state(workdir, 60)
+  for a, b in zip(jax.tree.leaves(final['params']), jax.tree.leaves(state.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  records = writers.read_jsonl(jsonl)  # Whole again: the cut line is gone.
+  assert [r['step'] for r in records if 'train_loss' in r] == [10, 20, 30, 40, 50, 60]
+
+
+def test_where_no_checkpoint_reads_nothing_changes(finished, config, tmp_path):
+  _, source = finished
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(source, workdir)
+  for step in (10, 20, 30, 40, 50, 60):
+    DAMAGE[50][1](os.path.join(checkpoint.directory(workdir), str(step)))
+  before = sorted(glob.glob(f'{workdir}/**', recursive=True))
+  config.update(RUN)
+  with pytest.raises(UserError, match=r'no checkpoint in \S+ can be read \(60: ValueError'
+                                            r'.*; nothing was changed: pass a new --workdir'):
+    train.train_and_evaluate(config, workdir, devices=jax.devices()[:DEVICES])
+  assert sorted(glob.glob(f'{workdir}/**', recursive=True)) == before
+
+
+_HOLD_LOCK = '''
+import sys, time
+from trainer import workdir
+lock = workdir.WorkdirLock(sys.argv[1])
+lock.acquire()
+print('locked', flush=True)
+time.sleep(600)
+'''
+
+
+def test_a_workdir_in_use_is_refused_and_a_dead_runs_lock_is_not(tfds_data_dir, tmp_path):
+  """A run started on a workdir another process holds stops with one line naming the
+  holder, before writing anything; once the holder is killed (kill -9), the same command
+  runs."""
+  workdir = str(tmp_path / 'run')
+  holder = subprocess.Popen([sys.executable, '-c', _HOLD_LOCK, workdir], cwd=processes.REPO,
+                            env=processes.environment(), stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == 'locked'
+    refused = _run(_command(workdir, tfds_data_dir, num_train_steps=10, eval_every_steps=10))
+    assert refused.returncode == 1
+    error = refused.stderr.strip().splitlines()[-1]
+    assert error.startswith(f'error: workdir {workdir} is in use by another run (pid '
+                            f'{holder.pid} on ')
+    assert error.endswith('wait for it to end or stop it, or pass another --workdir')
+    assert os.listdir(workdir) == [workdir_lib.LOCK_FILE]  # Nothing written.
+  finally:
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+  again = _run(_command(workdir, tfds_data_dir, num_train_steps=10, eval_every_steps=10))
+  assert again.returncode == 0, again.stderr[-3000:]
+  with open(os.path.join(workdir, workdir_lib.LOCK_FILE), encoding='utf-8') as f:
+    assert json.load(f)['pid'] != holder.pid  # The new run's.
+
+
+def _file_size_limit(limit: int):
+  return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+def test_a_save_the_disk_refuses_stops_the_run_in_one_line(finished, tfds_data_dir,
+                                                          tmp_path):
+  """Files limited to 100 kB (the checkpoint's arrays need more): the save at step 40 fails
+  in the background, the run stops at the first step boundary after (not at the next save,
+  step 80, where orbax would report it), with one line naming the step, the path and the OS
+  error, and the checkpoints it resumed from stay."""
+  _, source = finished
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(source, workdir)
+  for step in (40, 50, 60):
+    shutil.rmtree(os.path.join(checkpoint.directory(workdir), str(step)))
+  longer = dict(num_train_steps=120, checkpoint_every_steps=40, eval_every_steps=120)
+  run = _run(_command(workdir, tfds_data_dir, **longer),
+             preexec_fn=_file_size_limit(100_000))
+  assert run.returncode == 1
+  assert 'Traceback' not in run.stderr
+  error = run.stderr.strip().splitlines()[-1]
+  assert error.startswith(f'error: the checkpoint at step 40 could not be written in '
+                          f'{checkpoint.directory(workdir)} (File too large [errno 27]: ')
+  assert error.endswith('the checkpoints written before it are kept (10, 20, 30): make room '
+                        'or fix the path, then run the same command again to resume')
+  assert helpers.saved_steps(workdir) == [10, 20, 30]
+  logged = [r['step'] for r in writers.read_jsonl(os.path.join(workdir, writers.JSONL_NAME))
+            if 'train_loss' in r]
+  assert logged[-1] <= 50  # It stopped within steps of the failure.
+  # Room again: the same command resumes and finishes.
+  resumed = _run(_command(workdir, tfds_data_dir, **longer))
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert helpers.saved_steps(workdir)[-1] == 120
