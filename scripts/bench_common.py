@@ -50,8 +50,6 @@ def define_part_flags() -> None:
 def part_config(argv: Sequence[str]):
   """A part process's config: --config with its overrides, checked. Stray arguments in
   `argv` (absl's remainder) or a bad config end the process with one line."""
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   try:
     return checks.command_line_config(flags.FLAGS['config'])
   except UserError as e:

@@ -22,6 +22,7 @@ from absl import flags
 from baselines.torch_ddp import models as torch_models
 from baselines.torch_ddp import step as ddp_step
 from scripts import bench_common
+from trainer import cli
 from trainer import efficiency
 from trainer.data import specs
 
@@ -100,4 +101,4 @@ def main(argv):
 
 if __name__ == '__main__':
   _define_flags()
-  app.run(main)
+  cli.run(main)

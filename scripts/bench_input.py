@@ -35,6 +35,8 @@ import numpy as np
 from absl import app
 from absl import flags
 
+from trainer import cli
+
 from scripts import bench_common
 
 FLAGS = flags.FLAGS
@@ -234,4 +236,4 @@ def main(argv):
 
 if __name__ == '__main__':
   _define_flags()
-  app.run(main)
+  cli.run(main)

@@ -18,6 +18,7 @@ from absl import app
 from absl import flags
 
 from scripts import bench_common
+from trainer import cli
 from trainer import efficiency
 from trainer import optim
 from trainer import parallel
@@ -113,4 +114,4 @@ def main(argv):
 
 if __name__ == '__main__':
   _define_flags()
-  app.run(main)
+  cli.run(main)

@@ -21,6 +21,7 @@ from absl import flags
 from scripts import bench_common
 from scripts import bench_input
 from scripts import bench_limit
+from trainer import cli
 from trainer import efficiency
 from trainer import parallel
 from trainer import train
@@ -152,4 +153,4 @@ def main(argv):
 
 if __name__ == '__main__':
   _define_flags()
-  app.run(main)
+  cli.run(main)

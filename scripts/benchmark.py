@@ -68,6 +68,7 @@ from ml_collections import config_flags
 from baselines.torch_ddp import launch
 from scripts import bench_common
 from scripts import reporting
+from trainer import cli
 from trainer import checks
 from trainer import processes
 from trainer.errors import UserError
@@ -483,10 +484,15 @@ def table(figures: dict) -> str:
   return '\n\n'.join([*map(reporting.plain_table, tables), '\n'.join(_ratio_lines(figures))])
 
 
-def _counts(values: Optional[list[str]], default: list[int]) -> list[int]:
+def _counts(flag: str, values: Optional[list[str]], default: list[int]) -> list[int]:
+  """The positive counts of a comma-separated flag (`default` where unset)."""
   if values is None:
     return default
-  return [int(v) for v in values if v.strip()]
+  counts = [v.strip() for v in values if v.strip()]
+  if not all(v.isdigit() and int(v) > 0 for v in counts):
+    raise UserError(f'--{flag}={",".join(values)}: give positive whole numbers, e.g. '
+                    f'--{flag}=1,2')
+  return [int(v) for v in counts]
 
 
 def _chosen_parts(names: list[str], mock_data: bool) -> list[str]:
@@ -526,13 +532,12 @@ def _check_runs_dir(runs_dir: Optional[str]) -> None:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  del argv  # cli.parse_flags refused stray arguments.
   cores = os.cpu_count()
-  jax_counts = _counts(FLAGS.jax_devices, sorted({1, cores}))
-  ddp_counts = _counts(FLAGS.ddp_ranks, sorted({1, cores}))
   config_path = config_flags.get_config_filename(FLAGS['config'])
   try:
+    jax_counts = _counts('jax_devices', FLAGS.jax_devices, sorted({1, cores}))
+    ddp_counts = _counts('ddp_ranks', FLAGS.ddp_ranks, sorted({1, cores}))
     config = checks.command_line_config(FLAGS['config'])
     parts = _chosen_parts(FLAGS.parts, FLAGS.mock_data)
     overrides = processes.config_overrides(sys.argv[1:])
@@ -554,4 +559,4 @@ def main(argv):
 
 if __name__ == '__main__':
   _define_flags()
-  app.run(main)
+  cli.run(main)

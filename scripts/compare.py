@@ -44,6 +44,7 @@ from baselines.torch_ddp import step as ddp_step
 from baselines.torch_ddp import train as ddp_train
 from models import torch_weights
 from scripts import reporting
+from trainer import cli
 from trainer import checks
 from trainer import efficiency
 from trainer import processes
@@ -371,8 +372,7 @@ def compare(config, config_path: str, overrides: list[str], workdir: str, device
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  del argv  # cli.parse_flags refused stray arguments.
   try:
     report = compare(checks.command_line_config(FLAGS['config']),
                      config_flags.get_config_filename(FLAGS['config']),
@@ -387,4 +387,4 @@ def main(argv):
 
 if __name__ == '__main__':
   _define_flags()
-  app.run(main)
+  cli.run(main)

@@ -9,6 +9,7 @@ from absl import app
 from absl import flags
 
 from scripts import reporting
+from trainer import cli
 from trainer import writers
 
 FLAGS = flags.FLAGS
@@ -47,4 +48,4 @@ def main(argv):
 
 if __name__ == '__main__':
   _define_flags()
-  app.run(main)
+  cli.run(main)

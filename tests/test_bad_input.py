@@ -1,5 +1,6 @@
 """Bad input: one line naming the value and the fix, before any compile or write."""
 
+import os
 import subprocess
 import sys
 
@@ -174,3 +175,50 @@ def test_cli_prints_one_line_and_exits_nonzero(tmp_path, tfds_data_dir, args, me
   assert 'Traceback' not in result.stderr
   assert result.stderr.strip().splitlines()[-1].startswith(message)
   assert not workdir.exists()
+
+
+# Mistakes on the command lines of every entry point: one line, no traceback, nothing written.
+COMMAND_LINE_MISTAKES = [
+    (['trainer.main', '--config=configs/nonexistent.py', '--workdir={workdir}'],
+     "error: --config=configs/nonexistent.py cannot be loaded ([Errno 2] No such file or "
+     "directory: 'configs/nonexistent.py'); give a config file, e.g. "
+     '--config=configs/default.py'),
+    (['trainer.main', '--config=configs/default.py', '--workdir={workdir}',
+      '--config.batch_sise=64'],
+     "error: --config.batch_sise: the config has no field 'batch_sise'; did you mean "
+     '"batch_size"'),
+    (['trainer.main', '--config=configs/default.py', '--workdir={workdir}',
+      '--config.batch_size=big'],
+     "error: flag --config.batch_size=big: invalid literal for int() with base 10: 'big'"),
+    (['trainer.main', '--config=configs/default.py', '--workdir={workdir}', '--epochs=3'],
+     "error: Unknown command line flag 'epochs'"),
+    (['trainer.main', '--config=configs/default.py', '{workdir}'],
+     'error: --workdir is required: '),
+    (['trainer.main', '--config=configs/default.py', '--workdir={workdir}', 'steps=5'],
+     'error: unexpected arguments: steps=5 (flags are --NAME=VALUE; see --helpshort)'),
+    (['scripts.compare', '--config=configs/default.py', '--workdir={workdir}',
+      '--config.nonexistent=1'], "error: --config.nonexistent: the config has no field"),
+    (['scripts.benchmark', '--config=configs/default.py', '--jax_devices=a', '--parts=limit',
+      '--json={workdir}/bench.json'],
+     'error: --jax_devices=a: give positive whole numbers, e.g. --jax_devices=1,2'),
+    (['scripts.show_metrics', '--workdir={workdir}'],
+     "error: no event files with scalars in '{workdir}'"),
+    (['trainer.data.convert', '--dataset=folder:{workdir}', '--out={workdir}/records'],
+     'error: dataset=folder:{workdir}: no such directory'),
+]
+
+
+@pytest.mark.parametrize('args,message', COMMAND_LINE_MISTAKES,
+                         ids=[' '.join(args[:2]) + f' #{i}'
+                              for i, (args, _) in enumerate(COMMAND_LINE_MISTAKES)])
+def test_every_entry_point_answers_a_mistake_in_one_line(tmp_path, args, message):
+  workdir = str(tmp_path / 'run')
+  result = subprocess.run(
+      [sys.executable, '-m', *(a.format(workdir=workdir) for a in args)], cwd=processes.REPO,
+      env=processes.environment(), capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode != 0
+  assert 'Traceback' not in result.stderr
+  lines = [line for line in result.stderr.splitlines() if line.startswith('error: ')]
+  assert len(lines) == 1 and lines[0].startswith(message.format(workdir=workdir)), (
+      result.stderr[-2000:])
+  assert not os.path.exists(workdir)

@@ -8,6 +8,7 @@ import os
 import sys
 import traceback
 
+from trainer import cli
 from trainer import processes
 
 # Before TensorFlow is imported: its C++ start-up chatter stays out of the log.
@@ -116,8 +117,7 @@ def _exit(code: int, message: str) -> None:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  del argv  # cli.parse_flags refused stray arguments.
   logging.get_absl_handler().addFilter(_quiet_libraries)
   # A damaged checkpoint is set aside and the run goes on: its abandoned reads say nothing.
   sys.unraisablehook = _quiet_abandoned_reads
@@ -149,7 +149,7 @@ def main(argv):
 
 def run():
   """Console script `dp-train`."""
-  app.run(main)
+  cli.run(main)
 
 
 if __name__ == '__main__':

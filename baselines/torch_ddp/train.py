@@ -47,6 +47,7 @@ from ml_collections import config_flags
 from baselines.torch_ddp import models as torch_models
 from baselines.torch_ddp import step as step_lib
 from models import torch_weights
+from trainer import cli
 from trainer import checks
 from trainer import efficiency
 from trainer import loop
@@ -55,6 +56,7 @@ from trainer import optim
 from trainer import keys
 from trainer import signals
 from trainer import state as state_lib
+from trainer import workdir as workdir_lib
 from trainer import writers
 from trainer.data import pipeline
 from trainer.data import sources
@@ -131,6 +133,22 @@ def _restore(workdir: str, config) -> Optional[dict]:
     raise UserError(f'{path} was written under another config ({"; ".join(changed)}); use a '
                     'new --workdir, or the config it was written with')
   return saved
+
+
+def _lock_workdir(workdir: str) -> workdir_lib.WorkdirLock:
+  """The workdir taken for this run by rank 0 (`trainer.workdir`), every rank told whether it
+  was before anything is written."""
+  lock, error = workdir_lib.WorkdirLock(workdir), ''
+  if dist.get_rank() == 0:
+    try:
+      lock.acquire()
+    except UserError as e:
+      error = str(e)
+  if _all_reduce([float(bool(error))], step_lib.rank_device())[0]:
+    raise UserError(error or f'workdir {workdir} is in use by another run (rank 0 could not '
+                    'take its lock); wait for it to end, or pass another --workdir')
+  os.makedirs(workdir, exist_ok=True)
+  return lock
 
 
 def _all_reduce(values, device) -> np.ndarray:
@@ -293,7 +311,7 @@ def train(config, workdir: str, parity: bool, init_weights: Optional[str] = None
                     compile_model)
   batches = data.batches(process_index=rank, process_count=world,
                          start_position=training.examples_seen)
-  os.makedirs(workdir, exist_ok=True)
+  lock = _lock_workdir(workdir)
   writer = writers.open_session(workdir, training.start_step, config.to_dict(),
                                 write_files=rank == 0)
   if rank == 0:
@@ -302,7 +320,7 @@ def train(config, workdir: str, parity: bool, init_weights: Optional[str] = None
                  'backend': dist.get_backend(), 'ranks': world,
                  'threads_per_rank': torch.get_num_threads()}, f, indent=1)
   # SIGTERM/SIGINT are recorded; the ranks agree on them at their next log or checkpoint step.
-  with metric_writers.ensure_flushes(writer), signals.StopSignals() as stop:
+  with lock, metric_writers.ensure_flushes(writer), signals.StopSignals() as stop:
     _Session(config, workdir, training, writer, device).train(batches, eval_data, stop)
 
 
@@ -393,8 +411,7 @@ class _Session:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  del argv  # cli.parse_flags refused stray arguments.
   if FLAGS.threads:
     torch.set_num_threads(FLAGS.threads)
   dist.init_process_group('nccl' if torch.cuda.is_available() else 'gloo')
@@ -412,4 +429,4 @@ def main(argv):
 
 if __name__ == '__main__':
   _define_flags()
-  app.run(main)
+  cli.run(main)

@@ -24,6 +24,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from trainer import cli
 from trainer.data import folder as folder_lib
 from trainer.data import specs
 from trainer.errors import UserError
@@ -121,8 +122,7 @@ def convert_folder(root: str, out: str, file_format: str = 'array_record') -> st
 
 
 def main(argv) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  del argv  # cli.parse_flags refused stray arguments.
   try:
     ds_spec = specs.spec(FLAGS.dataset)
     if ds_spec.folder:
@@ -151,7 +151,7 @@ def main(argv) -> None:
 
 def run(_: Optional[list] = None) -> None:
   _define_flags()
-  app.run(main)
+  cli.run(main)
 
 
 if __name__ == '__main__':

@@ -1,0 +1,84 @@
+"""The entry points' command lines: absl's `app.run` with a mistake on the command line
+answered in one line (`error: ...`, exit status 2) instead of a traceback or a usage dump:
+an unknown or malformed flag, a config file that does not load, a `--config.FIELD` the
+config does not have. No JAX, TensorFlow or torch here."""
+
+import re
+import sys
+from typing import Callable, NoReturn, Sequence
+
+from absl import app
+from absl import flags
+
+HELP = 'see --helpshort'
+
+
+def _refuse(message: str) -> NoReturn:
+  print(f'error: {message}', file=sys.stderr)
+  sys.exit(2)
+
+
+def _first_line(error: BaseException) -> str:
+  lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+  return lines[-1] if lines else type(error).__name__
+
+
+def _config_flags() -> list[str]:
+  """The names of the config-file flags (ml_collections' `DEFINE_config_file`)."""
+  return [name for name, flag in flags.FLAGS._flags().items()  # pylint: disable=protected-access
+          if type(flag).__name__ == '_ConfigFlag' and name == flag.name]
+
+
+def _unknown_field(argv: Sequence[str], error: BaseException) -> str:
+  """The line for a `--config.FIELD=VALUE` whose FIELD the config lacks (with ml_collections'
+  suggestion of the nearest field, where it has one)."""
+  while error.args and isinstance(error.args[0], BaseException):  # AttributeError(KeyError(..))
+    error = error.args[0]
+  text = str(error.args[0]) if error.args else str(error)
+  lines = [line.strip() for line in text.splitlines() if line.strip()] or ['']
+  missing = lines[0].strip('"\'')
+  hint = next((line for line in lines[1:] if line.startswith('Did you mean')), '')
+  for arg in argv:
+    name = arg.partition('=')[0]
+    if name.startswith('--') and '.' in name and name.split('.')[-1] == missing:
+      fix = hint[:1].lower() + hint[1:] if hint else ('its fields are in the config file and configs/default.py (each with a '
+                     'comment)')
+      return f'{name}: the config has no field {missing!r}; {fix}'
+  return f'a --config.FIELD override names no field of the config ({_first_line(error)})'
+
+
+def _flag_error(error: flags.Error) -> str:
+  required = re.search(r'Flag --(\w+) must have a value other than None', str(error))
+  if required:
+    name = required.group(1)
+    return f'--{name} is required: {flags.FLAGS[name].help} ({HELP})'
+  return f'{error} ({HELP})'
+
+
+def parse_flags(argv: Sequence[str]) -> list[str]:
+  """absl's parse of `argv`, then each config file loaded: a mistake ends the process with one
+  line."""
+  try:
+    rest = flags.FLAGS(argv)
+  except flags.Error as e:
+    _refuse(_flag_error(e))
+  except (AttributeError, KeyError) as e:  # A config override of a field that is not there.
+    _refuse(_unknown_field(argv, e))
+  except (TypeError, ValueError) as e:
+    _refuse(f'a --config.FIELD override does not fit its field ({_first_line(e)})')
+  for name in _config_flags():
+    value = flags.FLAGS[name].value
+    if type(value).__name__ == '_ErrorConfig':  # ml_collections' stand-in for a failed load.
+      try:
+        value.get('')
+      except Exception as e:  # pylint: disable=broad-except
+        _refuse(f'--{name}={flags.FLAGS[name].config_filename} cannot be loaded '
+                f'({_first_line(e)}); give a config file, e.g. --{name}=configs/default.py')
+  if len(rest) > 1:
+    _refuse(f'unexpected arguments: {" ".join(rest[1:])} (flags are --NAME=VALUE; {HELP})')
+  return rest
+
+
+def run(main: Callable[[list[str]], None]) -> None:
+  """`app.run(main)` with `parse_flags` as its parser."""
+  app.run(main, flags_parser=parse_flags)
