@@ -6,7 +6,7 @@ max-pool pad explicitly and symmetrically as torchvision does (k//2 on each side
 epsilon is torchvision's 1e-5 and flax's momentum 0.9 is torchvision's 0.1 (flax keeps that
 share of the running statistics, torch replaces it). The CIFAR variants are torchvision's
 ResNet with the usual CIFAR stem: a 3x3 stride-1 `conv1` and no max-pool.
-`models.torchvision_weights` maps the variables to torchvision's state dict and back.
+`models.torch_weights` maps the variables to torchvision's state dict and back.
 
 BatchNorm reduces its batch statistics over `axis_name` when set, so N devices each holding
 1/N of the batch compute the statistics of the whole batch, as one device would.

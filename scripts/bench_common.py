@@ -12,7 +12,6 @@ import statistics
 import time
 from typing import Any, Callable, Sequence
 
-from absl import app
 from absl import flags
 from ml_collections import config_flags
 
@@ -35,7 +34,7 @@ def define_measure_flags() -> None:
   the timed and untimed steps of each measurement."""
   config_flags.DEFINE_config_file('config', None, 'Training config file.', lock_config=True)
   flags.DEFINE_integer('steps', 40, 'Timed steps per measurement (after warm-up).')
-  flags.DEFINE_integer('warmup_steps', 5, 'Untimed steps after the first (compiling) one.')
+  flags.DEFINE_integer('timing_warmup_steps', 5, 'Untimed steps after the first (compiling) one.')
   flags.mark_flag_as_required('config')
 
 

@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from absl import app
 from absl import flags
 
 from baselines.torch_ddp import models as torch_models
@@ -93,7 +92,7 @@ def measure_ddp_limit(config, steps: int, warmup: int, compile_model: bool) -> d
 def main(argv):
   config = bench_common.part_config(argv)
   dist.init_process_group('nccl' if torch.cuda.is_available() else 'gloo')
-  result = measure_ddp_limit(config, FLAGS.steps, FLAGS.warmup_steps, FLAGS.torch_compile)
+  result = measure_ddp_limit(config, FLAGS.steps, FLAGS.timing_warmup_steps, FLAGS.torch_compile)
   dist.destroy_process_group()
   if result:
     bench_common.write_result(FLAGS.out, result)

@@ -32,7 +32,6 @@ import time
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
-from absl import app
 from absl import flags
 
 from trainer import cli
@@ -180,7 +179,7 @@ def ours(config, images: str, mode: str, workers: int, process_count: int) -> di
   data = pipeline.open_train_data(config)
   batches = data.batches(process_count=process_count)
   rows = config.batch_size // process_count
-  result = measure(batches, rows, lambda: [os.getpid()], FLAGS.warmup_steps, FLAGS.window,
+  result = measure(batches, rows, lambda: [os.getpid()], FLAGS.timing_warmup_steps, FLAGS.window,
                    FLAGS.seconds)
   return dict(result, side='ours', mode=mode, read_mode=data.mode, workers=workers,
               plan=data.plan().describe(), rows=rows, process_count=process_count)
@@ -216,7 +215,7 @@ def torchvision_side(config, images: str, workers: int, normalize: bool) -> dict
   batches = endless()
   next(batches)  # Starts the workers.
   workers_of = lambda: [os.getpid()] + [w.pid for w in loader._iterator._workers]  # pylint: disable=protected-access
-  result = measure(batches, config.batch_size, workers_of, FLAGS.warmup_steps, FLAGS.window,
+  result = measure(batches, config.batch_size, workers_of, FLAGS.timing_warmup_steps, FLAGS.window,
                    FLAGS.seconds)
   return dict(result, side='torchvision', normalize=normalize, workers=workers)
 

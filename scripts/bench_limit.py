@@ -14,7 +14,6 @@ from typing import Any
 
 import jax
 import numpy as np
-from absl import app
 from absl import flags
 
 from scripts import bench_common
@@ -107,7 +106,7 @@ def main(argv):
   if FLAGS.coordinator_address:
     jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes,
                                FLAGS.process_id)
-  result = limit_part(config, FLAGS.steps, FLAGS.warmup_steps)
+  result = limit_part(config, FLAGS.steps, FLAGS.timing_warmup_steps)
   if jax.process_index() == 0:
     bench_common.write_result(FLAGS.out, result)
 

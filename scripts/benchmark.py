@@ -14,7 +14,7 @@ one after the other; `--parts` chooses them, default all):
                `train_and_evaluate` itself: the real input pipeline, metrics, writers and the
                config's checkpoint cadence; its steady examples/s from its metrics.jsonl
                (`trainer.efficiency.speed_figures`, the figure scripts.compare reports), log
-               windows starting after the first step and `--warmup_steps` more;
+               windows starting after the first step and `--timing_warmup_steps` more;
              then batches/s the input pipeline alone delivers (decode, augment, batch, shard)
   cache      (scripts.bench_trainer) time to first step of a start with an empty persistent
              compilation cache, then of a second start with it filled
@@ -61,16 +61,15 @@ import tempfile
 import time
 from typing import Any, Optional, Sequence
 
-from absl import app
 from absl import flags
 from ml_collections import config_flags
 
 from baselines.torch_ddp import launch
 from scripts import bench_common
+from scripts import processes
 from scripts import reporting
-from trainer import cli
 from trainer import checks
-from trainer import processes
+from trainer import cli
 from trainer.errors import UserError
 
 FLAGS = flags.FLAGS
@@ -131,7 +130,7 @@ class _Setup:
   def part_args(self, out: str) -> list[str]:
     """The flags of every part process: the config, its result file `out`, the steps."""
     return [f'--config={self.config_path}', f'--out={out}', f'--steps={FLAGS.steps}',
-            f'--warmup_steps={FLAGS.warmup_steps}', *self.overrides]
+            f'--timing_warmup_steps={FLAGS.timing_warmup_steps}', *self.overrides]
 
 
 def _run_part(setup: _Setup, part: str, name: str, extra: Sequence[str] = (),
@@ -186,7 +185,7 @@ def _ddp_run(setup: _Setup, ranks: int, cores: int) -> dict[str, Any]:
   # CLU's writers import TensorFlow: read here only, where the twin ran (it reads its data
   # through TensorFlow); the bare-step parts run where TensorFlow is not installed.
   from trainer import writers  # pylint: disable=import-outside-toplevel
-  untimed = 1 + FLAGS.warmup_steps
+  untimed = 1 + FLAGS.timing_warmup_steps
   fields = bench_common.timed_run_fields(setup.config, FLAGS.steps, untimed)
   workdir = os.path.join(setup.runs_dir or setup.scratch, f'ddp_{ranks}ranks')
   threads = max(1, cores // ranks)

@@ -31,7 +31,6 @@ import time
 from importlib import metadata
 from typing import Any, Optional
 
-from absl import app
 from absl import flags
 from matplotlib import figure
 from ml_collections import config_flags
@@ -43,16 +42,16 @@ from baselines.torch_ddp import launch
 from baselines.torch_ddp import step as ddp_step
 from baselines.torch_ddp import train as ddp_train
 from models import torch_weights
+from scripts import processes
 from scripts import reporting
-from trainer import cli
 from trainer import checks
+from trainer import cli
 from trainer import efficiency
-from trainer import processes
+from trainer import state as state_lib
 from trainer import writers
 from trainer.data import pipeline
 from trainer.errors import UserError
 
-RUNS = {'jax': 'JAX (pmap)', 'ddp': 'PyTorch DDP'}
 LAUNCH_FILE = 'launch.json'
 INIT_FILE = 'init_weights.safetensors'
 
@@ -158,6 +157,11 @@ def _fmt(value: Optional[float], digits: int) -> str:
   return reporting.fmt(value, digits, missing='not reached')
 
 
+def titles(report: dict) -> dict[str, str]:
+  """The runs' names in the report and plots, the JAX run's with its step backend."""
+  return {'jax': f'JAX ({report["jax"]["step_backend"]})', 'ddp': 'PyTorch DDP'}
+
+
 def _settings_text(run: dict) -> str:
   """What shaped a run's speed, as the report's header says it."""
   if 'autocast' not in run:  # The JAX run.
@@ -175,7 +179,7 @@ def _table(report: dict) -> str:
   rows = [['run', 'examples/s (steady)', 'time to first step (s)', 'first step (s)',
            f'time to {report["settings"]["target_accuracy"]:g} eval acc. (s)',
            'final eval acc.', 'peak memory (MiB)', 'total (s)']]
-  for key, title in RUNS.items():
+  for key, title in titles(report).items():
     r = report[key]
     rows.append([title, _fmt(r['steady_examples_per_sec'], 0),
                  _fmt(r['time_to_first_step_s'], 2), _fmt(r['first_step_s'], 2),
@@ -187,12 +191,14 @@ def _table(report: dict) -> str:
 def markdown(report: dict) -> str:
   """The report as report.md holds it: the settings, how it was measured, the table."""
   s = report['settings']
+  names = titles(report)
   lines = [
-      f'# {RUNS["jax"]} vs {RUNS["ddp"]}: `{s["config"]}`', '',
+      f'# {names["jax"]} vs {names["ddp"]}: `{s["config"]}`', '',
       f'Overrides: `{" ".join(s["overrides"]) or "none"}`. Model `{s["model"]}`, dataset '
       f'`{s["dataset"]}`, global batch {s["batch_size"]}, {s["num_train_steps"]} steps, '
-      f'{s["optimizer"]}, dtype {s["dtype"]}; both runs read the same TFDS pipeline (rank or '
-      'device r reads part r of the train split, in the same order).', '',
+      f'{s["optimizer"]}, dtype {s["dtype"]}; both runs train on the same global batches: '
+      'batch t of the training stream is a function of the config, the seed and t, and each '
+      'device (JAX) or rank (DDP) takes its consecutive rows of it.', '',
       '**How it was measured.**',
       f'- Devices: JAX runs as 1 process with {s["devices"]} {s["jax_platform"]} devices, XLA\'s '
       f'thread pool over {s["threads"]} cores; DDP runs as {s["devices"]} ranks '
@@ -224,8 +230,8 @@ def markdown(report: dict) -> str:
   return '\n'.join(lines)
 
 
-def _plot_one(runs: dict[str, tuple[list[dict], dict]], quantity: str, axis: str,
-              path: str) -> None:
+def _plot_one(runs: dict[str, tuple[list[dict], dict]], names: dict[str, str],
+              quantity: str, axis: str, path: str) -> None:
   """`quantity` ('loss' or 'accuracy': train lines, eval markers) of both runs against
   `axis` ('step' or 'time', seconds since launch), as a PNG at `path`."""
   fig = figure.Figure(figsize=(7, 4.5))
@@ -236,7 +242,7 @@ def _plot_one(runs: dict[str, tuple[list[dict], dict]], quantity: str, axis: str
       points = [r for r in records if tag in r]
       x = [r['step'] if axis == 'step' else r['wall_time'] - started['launch_time']
            for r in points]
-      ax.plot(x, [r[tag] for r in points], style, color=color, label=f'{RUNS[key]} {split}')
+      ax.plot(x, [r[tag] for r in points], style, color=color, label=f'{names[key]} {split}')
   ax.set_xlabel('step' if axis == 'step' else 'seconds since launch')
   ax.set_ylabel(quantity)
   if quantity == 'loss':
@@ -248,14 +254,15 @@ def _plot_one(runs: dict[str, tuple[list[dict], dict]], quantity: str, axis: str
   fig.savefig(path, dpi=100)
 
 
-def plot(runs: dict[str, tuple[list[dict], dict]], out_dir: str) -> list[str]:
+def plot(runs: dict[str, tuple[list[dict], dict]], names: dict[str, str],
+         out_dir: str) -> list[str]:
   """Loss and accuracy (train lines, eval markers) against step and against wall time, in
   `out_dir`; the paths written."""
   written = []
   for quantity in ('loss', 'accuracy'):
     for axis in ('step', 'time'):
       written.append(os.path.join(out_dir, f'{quantity}_vs_{axis}.png'))
-      _plot_one(runs, quantity, axis, written[-1])
+      _plot_one(runs, names, quantity, axis, written[-1])
   return written
 
 
@@ -278,7 +285,8 @@ def _export_init(config, path: str) -> None:
   DDP run starts from. Preparing the dataset here also spares both runs that work."""
   data = pipeline.open_train_data(config)
   torch_weights.write_state_dict(path, torch_weights.to_state_dict(
-      *ddp_train.jax_initial_variables(config, (1,) + data.spec.input_shape)))
+      *state_lib.initial_variables(config, data.spec.num_classes,
+                                   (1,) + data.spec.input_shape)))
 
 
 def _check(config, devices: int, threads: int, run_dirs: dict[str, str], reuse: bool) -> None:
@@ -339,7 +347,7 @@ def _write_report(report: dict, runs: dict[str, tuple[list[dict], dict]],
     json.dump(report, f, indent=1)
   with open(os.path.join(workdir, 'report.md'), 'w', encoding='utf-8') as f:
     f.write(markdown(report))
-  plot(runs, workdir)
+  plot(runs, titles(report), workdir)
 
 
 def compare(config, config_path: str, overrides: list[str], workdir: str, devices: int,
@@ -348,7 +356,7 @@ def compare(config, config_path: str, overrides: list[str], workdir: str, device
   """Checks everything, trains both runs (unless `reuse`), writes the report and plots;
   returns the report."""
   threads = threads or os.cpu_count()
-  run_dirs = {key: os.path.join(workdir, key) for key in RUNS}
+  run_dirs = {key: os.path.join(workdir, key) for key in ("jax", "ddp")}
   _check(config, devices, threads, run_dirs, reuse)
   if not reuse:
     _train_both(config, config_path, overrides, workdir, devices, threads, same_init,

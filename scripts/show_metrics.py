@@ -5,7 +5,6 @@
 
 import math
 
-from absl import app
 from absl import flags
 
 from scripts import reporting

@@ -8,9 +8,9 @@ import pytest
 
 import models
 
-from trainer.data import sources
-from trainer import processes
+from scripts import processes
 from trainer import train
+from trainer.data import sources
 from trainer.errors import UserError
 
 

@@ -16,7 +16,7 @@ import pytest
 from jax.experimental.compilation_cache import compilation_cache
 
 from scripts import compare
-from trainer import processes
+from scripts import processes
 from trainer import train
 from trainer import writers
 
@@ -43,7 +43,7 @@ def test_smoke_run_writes_every_key(tmp_path, tfds_data_dir):
   runs_dir = tmp_path / 'runs'
   run = subprocess.run(
       [sys.executable, '-m', 'scripts.benchmark', '--config=configs/default.py',
-       f'--json={out}', '--steps=10', '--warmup_steps=1', '--rounds=1', '--jax_devices=2',
+       f'--json={out}', '--steps=10', '--timing_warmup_steps=1', '--rounds=1', '--jax_devices=2',
        '--ddp_ranks=1', '--parts=jax,cache,ddp,multiprocess', '--config.log_every_steps=5',
        f'--config.tfds_data_dir={tfds_data_dir}', f'--runs_dir={runs_dir}'],
       cwd=processes.REPO, env=processes.environment(), capture_output=True, text=True,
@@ -111,7 +111,7 @@ def test_bare_step_parts_run_without_tensorflow(tmp_path):
   out = tmp_path / 'bench.json'
   run = subprocess.run(
       [sys.executable, '-m', 'scripts.benchmark', '--config=configs/default.py',
-       f'--json={out}', '--parts=limit,ddp_limit', '--steps=10', '--warmup_steps=1',
+       f'--json={out}', '--parts=limit,ddp_limit', '--steps=10', '--timing_warmup_steps=1',
        '--jax_devices=1', '--ddp_ranks=1', '--config.dtype=bfloat16', '--config.batch_size=16'],
       cwd=processes.REPO, env=processes.environment(PYTHONPATH=str(hidden)),
       capture_output=True, text=True, timeout=300, check=False)

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing import plugin_event_accumulator
 
+from scripts import processes
 from tests import helpers
 from trainer import checkpoint
-from trainer import processes
 from trainer import train
 from trainer import writers
 from trainer.errors import Diverged, UserError

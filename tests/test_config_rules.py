@@ -7,9 +7,9 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
+from scripts import processes
 from trainer import checks
 from trainer import optim
-from trainer import processes
 from trainer.errors import UserError
 
 

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
+from scripts import processes
 from trainer import checks
-from trainer import writers
 from trainer import optim
-from trainer import processes
 from trainer import train
+from trainer import writers
 
 CONFIG_DIR = os.path.join(processes.REPO, 'configs')
 CONFIGS = sorted(glob.glob(os.path.join(CONFIG_DIR, '[!_]*.py')))

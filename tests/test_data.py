@@ -15,10 +15,10 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 from PIL import Image
 
+from scripts import processes
 from tests import helpers
 from trainer import checkpoint
 from trainer import parallel
-from trainer import processes
 from trainer import train
 from trainer.data import convert
 from trainer.data import folder as folder_lib

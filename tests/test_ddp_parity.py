@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from baselines.torch_ddp import launch
-from trainer import processes
-from trainer import writers
+from scripts import processes
 from trainer import train
+from trainer import writers
 
 
 # Ranks 1, 2 and 4, each against another JAX device count; torchvision's ResNet (at a test

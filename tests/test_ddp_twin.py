@@ -12,8 +12,8 @@ import torch
 from baselines.torch_ddp import launch
 from baselines.torch_ddp import models as torch_models
 from baselines.torch_ddp import train as ddp_train
+from scripts import processes
 from tests import helpers
-from trainer import processes
 from trainer import writers
 
 STEPS = 200

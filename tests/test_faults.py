@@ -15,9 +15,9 @@ import jax
 import numpy as np
 import pytest
 
+from scripts import processes
 from tests import helpers
 from trainer import checkpoint
-from trainer import processes
 from trainer import train
 from trainer import workdir as workdir_lib
 from trainer import writers
@@ -128,7 +128,7 @@ time.sleep(600)
 
 def test_a_workdir_in_use_is_refused_and_a_dead_runs_lock_is_not(tfds_data_dir, tmp_path):
   """A run started on a workdir another process holds stops with one line naming the
-  holder, before writing anything; once the holder is killed (kill -9), the same command
+  holder, before initializing or writing anything; once the holder is killed (kill -9), the same command
   runs."""
   workdir = str(tmp_path / 'run')
   holder = subprocess.Popen([sys.executable, '-c', _HOLD_LOCK, workdir], cwd=processes.REPO,
@@ -142,6 +142,7 @@ def test_a_workdir_in_use_is_refused_and_a_dead_runs_lock_is_not(tfds_data_dir, 
                             f'{holder.pid} on ')
     assert error.endswith('wait for it to end or stop it, or pass another --workdir')
     assert os.listdir(workdir) == [workdir_lib.LOCK_FILE]  # Nothing written.
+    assert 'params; starting at step' not in refused.stderr  # Refused before any init.
   finally:
     holder.send_signal(signal.SIGKILL)
     holder.wait()

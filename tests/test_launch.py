@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from trainer import processes
+from scripts import processes
 
 
 def _run(*args):

@@ -14,11 +14,11 @@ import torch
 import torch.distributed as dist
 
 from baselines.torch_ddp import step as ddp_step
+from scripts import processes
 from tests import helpers
 from trainer import mix
 from trainer import optim
 from trainer import parallel
-from trainer import processes
 from trainer import state as state_lib
 from trainer import step as step_lib
 

@@ -12,11 +12,11 @@ import jax
 import numpy as np
 import pytest
 
+from scripts import processes
 from tests import helpers
 from trainer import checkpoint
-from trainer import processes
-from trainer import writers
 from trainer import train
+from trainer import writers
 
 # A learning rate that keeps float32 rounding from being amplified between topologies.
 RUN = ['--config=configs/default.py', '--config.num_train_steps=40', '--config.warmup_steps=5',

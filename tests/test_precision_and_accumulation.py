@@ -131,6 +131,13 @@ def test_float16_overflow_is_skipped_and_the_scale_halves():
     np.testing.assert_array_equal(a, b)  # The step was skipped.
   assert int(after_overflow.step) == 2
 
+  # Loss scaling scales one batch's gradient: accumulating micro-batches under it is refused
+  # (at trace time), not ignored.
+  accumulating = step_lib.make_train_step(layout, learning_rate_fn=lambda s: 0.1,
+                                          options=step_lib.StepOptions(grad_accum_steps=2))
+  with pytest.raises(ValueError, match='grad_accum_steps=2 cannot be honoured under float16'):
+    accumulating(rstate, layout.put_batch(_batch(shape)), rng)
+
 
 @pytest.mark.parametrize('dtype', ['bfloat16', 'float16'])
 def test_reduced_precision_runs_train_on_digits(config, tmp_path, dtype):

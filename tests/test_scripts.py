@@ -5,8 +5,8 @@ import os
 
 from absl import flags
 
+from scripts import processes
 from scripts import show_metrics
-from trainer import processes
 
 SCRIPTS = sorted(name[:-len('.py')]
                  for name in os.listdir(os.path.join(processes.REPO, 'scripts'))

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 import models
+from scripts import processes
 from tests import helpers
 from trainer import optim
 from trainer import parallel
-from trainer import processes
 from trainer import state as state_lib
 from trainer import step as step_lib
 

@@ -9,11 +9,11 @@ import sys
 import jax
 import pytest
 
+from scripts import processes
 from tests import helpers
 from trainer import checkpoint
-from trainer import processes
-from trainer import writers
 from trainer import train
+from trainer import writers
 
 # Differences in relative L2 norm to the reference run, measured over the whole matrix: params
 # and BatchNorm statistics up to 9.3e-6 (most runs ~1e-8: float32 reduction order, and a ReLU

@@ -3,7 +3,7 @@
 A checkpoint at step N holds two items:
   state: one replica of the `TrainState` (step, params, optimizer state, BatchNorm
          statistics) as host arrays: nothing in it depends on the devices that wrote it;
-  meta:  JSON (`meta()`): the step RNG key, the data seed, the position in the global
+  meta:  JSON (`RunMeta`): the step RNG key, the data seed, the position in the global
          training stream (examples trained on), the topology that wrote it, and the config
          (to explain a mismatch on restart).
 A run resumes on any number of devices and processes that divides its batch, with the
@@ -87,35 +87,47 @@ def _config_differences(saved: dict, current: dict) -> str:
 META_FORMAT = 2
 
 
-def meta(*, rng, data_seed: int, examples_seen: int, devices: int, processes: int,
-         config: dict, window: Optional[dict] = None) -> dict:
-  """The meta item of a checkpoint (JSON); `window`: the train metrics fetched since the
-  last write (`TrainMetricsBuffer.pending`), for the resumed run's first write."""
-  return {'format': META_FORMAT, 'rng': np.asarray(rng).tolist(), 'data_seed': data_seed,
-          'examples_seen': examples_seen, 'devices': devices, 'processes': processes,
-          'config': config, 'window': window}
+@dataclasses.dataclass(frozen=True)
+class RunMeta:
+  """A checkpoint's `meta` item: what a resume needs besides the state, and what explains a
+  refusal. Saved as JSON (`to_json`); `from_json` reads every format this trainer wrote."""
+  rng: Any  # The step RNG key (uint32 words).
+  data_seed: int
+  examples_seen: int  # The position in the global training stream.
+  devices: Optional[int]  # The topology that wrote it (None where not recorded).
+  processes: Optional[int]
+  config: dict  # The config that wrote it, to name what changed.
+  window: Optional[dict] = None  # The train metrics fetched since the last write
+                                 # (`TrainMetricsBuffer.pending`), for the resumed run.
 
+  def to_json(self) -> dict:
+    return {'format': META_FORMAT, 'rng': np.asarray(self.rng).tolist(),
+            'data_seed': self.data_seed, 'examples_seen': self.examples_seen,
+            'devices': self.devices, 'processes': self.processes, 'config': self.config,
+            'window': self.window}
 
-def stream_position(saved: dict, step: int, batch_size: int) -> int:
-  """Where in the global training stream a run resumed from `saved` (a meta item) goes on.
-
-  A checkpoint of format 1 counted examples per device of per-device streams; the global
-  stream takes it up at step x batch (the same place in the epochs, other batches from there
-  on), and says so.
-  """
-  version = saved.get('format', 1)
-  if version == META_FORMAT:
-    return int(saved['examples_seen'])
-  if version == 1:
-    position = step * batch_size
-    logging.warning('the checkpoint at step %d predates the global training stream (meta '
-                    'format 1): the batches from here on are those of the global stream at '
-                    'example %d, not those its per-device streams would have given', step,
-                    position)
-    return position
-  raise UserError(f'the checkpoint at step {step} was written in meta format {version}, newer '
-                  f'than this trainer reads ({META_FORMAT}); resume with the version that '
-                  'wrote it')
+  @classmethod
+  def from_json(cls, saved: dict, step: int, batch_size: int) -> 'RunMeta':
+    """The meta item of the checkpoint at `step`; a format-1 item (per-device streams) is
+    taken up at example step x batch of the global stream, which is said; a newer format is
+    refused."""
+    version = saved.get('format', 1)
+    if version == META_FORMAT:
+      position = int(saved['examples_seen'])
+    elif version == 1:
+      position = step * batch_size
+      logging.warning('the checkpoint at step %d predates the global training stream (meta '
+                      'format 1): the batches from here on are those of the global stream at '
+                      'example %d, not those its per-device streams would have given', step,
+                      position)
+    else:
+      raise UserError(f'the checkpoint at step {step} was written in meta format {version}, '
+                      f'newer than this trainer reads ({META_FORMAT}); resume with the version '
+                      'that wrote it')
+    return cls(rng=np.asarray(saved['rng'], np.uint32), data_seed=int(saved['data_seed']),
+               examples_seen=position, devices=saved.get('devices'),
+               processes=saved.get('processes'), config=saved.get('config', {}),
+               window=saved.get('window'))
 
 
 def _handlers() -> dict:
@@ -256,8 +268,8 @@ class Checkpointer:
       logging.warning('set aside the unreadable checkpoint at step %d in %s', item.step,
                       destination)
 
-  def save(self, step: int, state: Any, meta: dict) -> None:
-    """Starts saving host `state` and JSON `meta` at `step` (asynchronously; every process
+  def save(self, step: int, state: Any, meta: RunMeta) -> None:
+    """Starts saving host `state` and `meta` at `step` (asynchronously; every process
     calls it); the oldest beyond `keep` are deleted once it is complete."""
     if self._manager is None:
       options = ocp.CheckpointManagerOptions(
@@ -267,7 +279,7 @@ class Checkpointer:
     # Host copies: the next pmapped step donates (and so invalidates) the device buffers
     # while the asynchronous save may still be reading them.
     self._check(self._manager.save, step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(jax.device_get(state)), meta=ocp.args.JsonSave(meta)))
+        state=ocp.args.StandardSave(jax.device_get(state)), meta=ocp.args.JsonSave(meta.to_json())))
     self._pending = step
 
   def check_saved(self) -> None:

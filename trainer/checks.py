@@ -34,8 +34,6 @@ _RANGES = {
 }
 # Probabilities: in [0, 1].
 _PROBABILITIES = ('mix_prob', 'mix_switch_prob', 'random_erase_prob')
-# RandAugment's magnitudes: torchvision's 31 bins.
-RANDAUGMENT_MAX_MAGNITUDE = 30
 # What a set duration field must be.
 _DURATION_VALUES = {
     'num_train_steps': (lambda v: isinstance(v, int) and v > 0, 'a positive integer'),
@@ -156,9 +154,9 @@ def _check_randaugment(config) -> None:
   if not isinstance(layers, int) or layers < 0:
     raise UserError(f'randaugment_num_layers={layers!r} must be an integer >= 0; 0 turns '
                     'RandAugment off (--config.randaugment_num_layers=N)')
-  if not isinstance(magnitude, int) or not 0 <= magnitude <= RANDAUGMENT_MAX_MAGNITUDE:
+  if not isinstance(magnitude, int) or not 0 <= magnitude <= specs.RANDAUGMENT_MAX_MAGNITUDE:
     raise UserError(f'randaugment_magnitude={magnitude!r} must be an integer in [0, '
-                    f'{RANDAUGMENT_MAX_MAGNITUDE}] (--config.randaugment_magnitude=M)')
+                    f'{specs.RANDAUGMENT_MAX_MAGNITUDE}] (--config.randaugment_magnitude=M)')
 
 
 def command_line_config(config_flag) -> ml_collections.ConfigDict:

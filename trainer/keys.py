@@ -1,6 +1,8 @@
-"""The names of the batch entries beyond 'image' and 'label', in one place and importable
-anywhere (no JAX, TensorFlow or torch here): the input side, both trainers' steps and the
-DDP twin key batches by them."""
+"""The names the input side, the steps and the DDP twin share, in one place and importable
+anywhere (no JAX, TensorFlow or torch here): the batch entries beyond 'image' and 'label',
+and the device axis."""
+
+AXIS_NAME = 'batch'  # The data-parallel axis of both step layouts (pmean, ppermute over it).
 
 MASK_KEY = 'mask'  # Evaluation batches: 1 for a real example, 0 for padding.
 # Mixup/CutMix (trainer/mix.py), added on the device: each row's partner label, and the

@@ -9,14 +9,11 @@ import sys
 import traceback
 
 from trainer import cli
-from trainer import processes
 
 # Before TensorFlow is imported: its C++ start-up chatter stays out of the log.
-for _name, _value in processes.QUIET_TENSORFLOW.items():
-  os.environ.setdefault(_name, _value)
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 import jax  # pylint: disable=wrong-import-position
-from absl import app  # pylint: disable=wrong-import-position
 from absl import flags  # pylint: disable=wrong-import-position
 from absl import logging  # pylint: disable=wrong-import-position
 from ml_collections import config_flags  # pylint: disable=wrong-import-position
@@ -128,6 +125,8 @@ def main(argv):
                  jax.process_index(), jax.process_count(), jax.local_device_count(),
                  jax.device_count(), jax.default_backend())
     config = checks.command_line_config(FLAGS['config'])
+    if config.compilation_cache_dir:  # Process-wide, so set here, before anything compiles.
+      train.use_compilation_cache(config.compilation_cache_dir)
     if FLAGS.eval_only:
       train.evaluate_only(config, FLAGS.workdir)
     else:

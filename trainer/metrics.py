@@ -104,6 +104,12 @@ class TrainMetricsBuffer:
       self._on_host = [flax.serialization.from_state_dict(self._collection.empty(), values)]
     self._skipped = int(pending['skipped'])
 
+  def diverged_at(self, step: int) -> None:
+    """Records that training broke at `step` (where the metrics could not see it: params
+    found non-finite at a save); `fetch` returns False from now on."""
+    if self.first_nonfinite_step is None:
+      self.first_nonfinite_step = step
+
   def add(self, step: int, step_metrics) -> None:
     """Keeps `step`'s metrics (still on the devices) until the next `fetch`."""
     self._on_device.append((step, step_metrics))

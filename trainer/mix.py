@@ -27,8 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from trainer.keys import MIX_LABEL_KEY, MIX_WEIGHT_KEY
-from trainer.parallel import AXIS_NAME
+from trainer.keys import AXIS_NAME, MIX_LABEL_KEY, MIX_WEIGHT_KEY
 
 # Folded into the step's key for the batch's draw: apart from the 'dropout' keys flax derives.
 MIX_KEY_SALT = 0x6D6978

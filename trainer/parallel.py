@@ -27,10 +27,12 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-# The one name of the device axis. The step's collectives reduce over it, and the arrays
-# handed to a pmap are laid out on a mesh with this axis name: pmap (jit + shard_map) keys its
-# compile cache on the input sharding, so a differently named mesh would compile the step twice.
-AXIS_NAME = 'batch'
+from trainer.keys import AXIS_NAME  # pylint: disable=unused-import  # (re-exported)
+
+# AXIS_NAME is the one name of the device axis. The step's collectives reduce over it, and the
+# arrays handed to a pmap are laid out on a mesh with this axis name: pmap (jit + shard_map)
+# keys its compile cache on the input sharding, so a differently named mesh would compile the
+# step twice.
 
 BACKENDS = ('pmap', 'shard_map')
 # jaxlib 0.10's CPU client deadlocks once about 30 launches of a program with collectives are

@@ -79,10 +79,12 @@ def init_state(config, num_classes: int, input_shape: tuple[int, ...],
   return jax.device_get(init(seed_rngs(config.seed)[0] if rng is None else rng, input_shape))
 
 
-def abstract_state(config, num_classes: int, input_shape: tuple[int, ...]) -> TrainState:
-  """`init_state`'s shapes and dtypes, nothing computed (to check a checkpoint against)."""
-  init = initializer(config, num_classes, optim.learning_rate_schedule(config))
-  return jax.eval_shape(lambda rng: init(rng, input_shape), seed_rngs(config.seed)[0])
+def initial_variables(config, num_classes: int, input_shape: tuple[int, ...]
+                      ) -> tuple[nn.Module, dict]:
+  """(the config's model, the variables `init_state` starts it from): what another framework's
+  twin of a run loads to start where the run starts."""
+  return (model_from_config(config, num_classes),
+          init_state(config, num_classes, input_shape).variables())
 
 
 def param_count(params: Any) -> int:

@@ -203,6 +203,10 @@ def train_step(state: TrainState, batch: dict, rng: jax.Array, *,
   `options.skip_nonfinite`, a step whose loss or gradients are NaN/Inf leaves params,
   optimizer state and BatchNorm statistics unchanged.
   """
+  if state.dynamic_scale is not None and options.grad_accum_steps > 1:
+    raise ValueError(f'grad_accum_steps={options.grad_accum_steps} cannot be honoured under '
+                     'float16 loss scaling (state.dynamic_scale): the scaled gradient is of '
+                     'one batch; use grad_accum_steps=1 or bfloat16')
   rng = jax.random.fold_in(rng, state.step)
   batch = model_inputs(batch, options, rng)
   loss_fn = _loss_fn(state, options.label_smoothing)

@@ -12,7 +12,7 @@
 import dataclasses
 import itertools
 import time
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -165,23 +165,21 @@ def _start(run: '_Run') -> _Start:
     state, _ = _init_from(config.init_from, config.model, run.model, state)
   if restored is None:
     return _Start(state, step_rng, config.seed, 0, None, unreadable)
-  position = checkpoint.stream_position(restored.meta, restored.step, config.batch_size)
+  meta = checkpoint.RunMeta.from_json(restored.meta, restored.step, config.batch_size)
   logging.info('resuming from the checkpoint at step %d (written on %s devices, %s '
                'process(es)) at example %d of the training stream', restored.step,
-               restored.meta.get('devices', '?'), restored.meta.get('processes', '?'), position)
-  return _Start(restored.state, jnp.asarray(restored.meta['rng'], dtype=jnp.uint32),
-                restored.meta['data_seed'], position, restored.step, unreadable,
-                restored.meta.get('window'))
+               meta.devices or '?', meta.processes or '?', meta.examples_seen)
+  return _Start(restored.state, jnp.asarray(meta.rng, dtype=jnp.uint32), meta.data_seed,
+                meta.examples_seen, restored.step, unreadable, meta.window)
 
 
-def _lock_workdir(workdir: str) -> workdir_lib.WorkdirLock:
-  """The workdir taken for this run by process 0 (creating it), every process told whether
-  it was before anything is written; `UserError` names the run that holds it."""
-  lock = workdir_lib.WorkdirLock(workdir)
+def _on_process_0(workdir: str, action: Callable[[], None]) -> None:
+  """`action` (a look at or a take of the workdir's lock) run by process 0, every process told
+  how it went; `UserError` names the run that holds the workdir."""
   error = ''
   if jax.process_index() == 0:
     try:
-      lock.acquire()
+      action()
     except UserError as e:
       error = str(e)
   if jax.process_count() > 1:
@@ -190,6 +188,13 @@ def _lock_workdir(workdir: str) -> workdir_lib.WorkdirLock:
                       'not take its lock); wait for it to end, or pass another --workdir')
   elif error:
     raise UserError(error)
+
+
+def _lock_workdir(workdir: str) -> workdir_lib.WorkdirLock:
+  """The workdir taken for this run by process 0 (creating it), every process told whether
+  it was before anything is written; `UserError` names the run that holds it."""
+  lock = workdir_lib.WorkdirLock(workdir)
+  _on_process_0(workdir, lock.acquire)
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   return lock
 
@@ -227,7 +232,9 @@ def _init_from(path: str, name: str, model, state: state_lib.TrainState
 
 def use_compilation_cache(cache_dir: str) -> None:
   """Turns on JAX's persistent compilation cache in `cache_dir`, for every compiled program
-  (the default thresholds skip programs that compile in under a second)."""
+  (the default thresholds skip programs that compile in under a second). It changes JAX's
+  process-wide config: entry points call it (`trainer.main` for config.compilation_cache_dir),
+  the training functions do not."""
   jax.config.update('jax_compilation_cache_dir', cache_dir)
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
   jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
@@ -264,9 +271,13 @@ def _prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
   else:
     checks.check_config(config, process_count=1, local_device_count=1)
   checks.check_workdir(workdir)
+  _on_process_0(workdir, workdir_lib.WorkdirLock(workdir).check)  # A run there now: say so now.
   layout = parallel.data_parallel(config.step_backend, devices)
-  if config.compilation_cache_dir:
-    use_compilation_cache(config.compilation_cache_dir)
+  if (config.compilation_cache_dir and
+      jax.config.jax_compilation_cache_dir != config.compilation_cache_dir):
+    logging.warning('compilation_cache_dir=%r is not in use: the cache is process-wide and set '
+                    'by the entry point; from Python, call train.use_compilation_cache(%r) '
+                    'before training', config.compilation_cache_dir, config.compilation_cache_dir)
   data = pipeline.open_train_data(config, process_index=jax.process_index())
   config = optim.resolve_durations(config, data.num_examples)
   data = dataclasses.replace(data, config=config)
@@ -451,10 +462,10 @@ class _Session:
     """Saves the state at `step` (all processes), after checking its params are finite."""
     host_state = parallel.host_state(self.run.layout, self.rstate)
     if not _all_finite(host_state.params):
-      self.buffer.first_nonfinite_step = step
+      self.buffer.diverged_at(step)
       raise self._diverged('params')
     config, start = self.run.config, self.start
-    self.run.checkpointer.save(step, host_state, checkpoint.meta(
+    self.run.checkpointer.save(step, host_state, checkpoint.RunMeta(
         rng=start.step_rng, data_seed=start.data_seed,
         examples_seen=start.examples_seen + (step - self.first + 1) * config.batch_size,
         devices=len(self.run.layout.devices), processes=jax.process_count(),

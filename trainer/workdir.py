@@ -45,6 +45,25 @@ class WorkdirLock:
     self.path = os.path.join(workdir, LOCK_FILE)
     self._file: Optional[TextIO] = None
 
+  def check(self) -> None:
+    """Raises `UserError` naming the run that holds the lock, if one does; writes nothing (a
+    first look, before a run spends time on its data and checkpoint)."""
+    if '://' in self.workdir or not os.path.exists(self.path):
+      return
+    with open(self.path, encoding='utf-8') as handle:
+      try:
+        fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+      except BlockingIOError:
+        raise self._in_use() from None
+      except OSError:  # No file locks here: `acquire` says so.
+        return
+      fcntl.flock(handle, fcntl.LOCK_UN)
+
+  def _in_use(self) -> UserError:
+    return UserError(f'workdir {self.workdir} is in use by another run '
+                     f'({_holder(self.path)}); wait for it to end or stop it, or pass another '
+                     '--workdir')
+
   def acquire(self) -> None:
     """Takes the lock, or raises `UserError` naming the run that holds it."""
     if '://' in self.workdir:
@@ -57,8 +76,7 @@ class WorkdirLock:
       fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
       handle.close()
-      raise UserError(f'workdir {self.workdir} is in use by another run ({_holder(self.path)}); '
-                      'wait for it to end or stop it, or pass another --workdir') from None
+      raise self._in_use() from None
     except OSError as e:
       handle.close()
       if e.errno not in _NO_LOCKS:

@@ -1,10 +1,10 @@
 """The DDP twin's command line: `torchrun` on a free loopback port (the rest of starting
-subprocesses is `trainer.processes`)."""
+subprocesses is `scripts.processes`)."""
 
 import sys
 from typing import Sequence
 
-from trainer import processes
+from scripts import processes
 
 
 def torchrun(ranks: int) -> list[str]:

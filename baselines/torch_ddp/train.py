@@ -33,12 +33,10 @@ import time
 from typing import Optional
 
 import numpy as np
-import optax
 import torch
 import torch.distributed as dist
 # Before clu, which imports TensorFlow: torchvision 0.29 segfaults when imported after it.
 import torchvision  # noqa: F401  pylint: disable=unused-import
-from absl import app
 from absl import flags
 from absl import logging
 from clu import metric_writers
@@ -85,15 +83,6 @@ def _define_flags() -> None:
 RESUME_FIELDS = ('dataset', 'model', 'optimizer', 'batch_size', 'num_train_steps', 'seed',
                  'train_split')
 CHECKPOINT_DIR = 'checkpoints'
-
-
-def jax_initial_variables(config, input_shape):
-  """(flax model, variables): the params (and BatchNorm statistics) train.py initializes for
-  this config and seed, through the same init path (the optimizer plays no part in them)."""
-  init_rng, _ = state_lib.seed_rngs(config.seed)
-  model = state_lib.model_from_config(config, specs.spec(config.dataset).num_classes)
-  state = state_lib.create_train_state(model, optax.identity(), init_rng, input_shape)
-  return model, state.variables()
 
 
 def checkpoint_steps(workdir: str) -> list[int]:
@@ -199,7 +188,8 @@ def build_model(config, input_shape, device, precision: step_lib.Precision, pari
     except (RuntimeError, ValueError, OSError) as e:
       raise UserError(f'--init_weights={init_weights}: {str(e).splitlines()[0]}') from None
   elif parity:
-    torch_models.load_flax_variables(model, *jax_initial_variables(config, input_shape))
+    torch_models.load_flax_variables(model, *state_lib.initial_variables(
+        config, specs.spec(config.dataset).num_classes, input_shape))
   return step_lib.place_model(model, device, precision)
 
 

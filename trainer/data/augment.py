@@ -50,11 +50,13 @@ from typing import Sequence, Union
 import numpy as np
 import tensorflow as tf
 
+from trainer.data import specs
+
 RANDAUGMENT_OPS = ('Identity', 'ShearX', 'ShearY', 'TranslateX', 'TranslateY', 'Rotate',
                    'Brightness', 'Color', 'Contrast', 'Sharpness', 'Posterize', 'Solarize',
                    'AutoContrast', 'Equalize')
-NUM_MAGNITUDE_BINS = 31
-MAX_MAGNITUDE = NUM_MAGNITUDE_BINS - 1
+NUM_MAGNITUDE_BINS = specs.RANDAUGMENT_MAGNITUDE_BINS
+MAX_MAGNITUDE = specs.RANDAUGMENT_MAX_MAGNITUDE
 SIGNED_OPS = frozenset({'ShearX', 'ShearY', 'TranslateX', 'TranslateY', 'Rotate', 'Brightness',
                         'Color', 'Contrast', 'Sharpness'})
 

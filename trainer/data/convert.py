@@ -20,7 +20,6 @@ import os
 import sys
 from typing import Optional
 
-from absl import app
 from absl import flags
 from absl import logging
 

@@ -33,7 +33,6 @@ from trainer.errors import UserError
 # Host probed before a download is attempted; TFDS downloads and GCS mirrors live there.
 DOWNLOAD_PROBE = ('storage.googleapis.com', 443)
 IN_MEMORY, ARRAY_RECORD, FILES, SEQUENTIAL = 'in memory', 'array_record', 'files', 'sequential'
-BY_INDEX = (IN_MEMORY, ARRAY_RECORD, FILES)
 ARRAY_RECORD_BLOCK = 64  # Records read per call of the ArrayRecord reader.
 LOAD_CHUNK = 4096  # Examples decoded and batched at a time while loading a split into memory.
 

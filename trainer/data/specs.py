@@ -25,6 +25,9 @@ AUGMENTATIONS = {
 }
 # How crops are resized (config.resize_filter; preprocess.resize): area averaging when
 # shrinking, else bilinear; or bilinear with antialiasing (torchvision's filter).
+# RandAugment's magnitudes are bins 0..30 of torchvision's ranges (`augment.py` maps them).
+RANDAUGMENT_MAGNITUDE_BINS = 31
+RANDAUGMENT_MAX_MAGNITUDE = RANDAUGMENT_MAGNITUDE_BINS - 1
 RESIZE_FILTERS = ('area', 'antialias')
 FOLDER_PREFIX = 'folder:'  # config.dataset='folder:/path/to/root' names an image folder.
 DEFAULT_IMAGE_SIZE = 224  # The crop of datasets whose images vary in size, unless configured.
