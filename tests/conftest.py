@@ -11,6 +11,8 @@ start, which inherit this environment):
 
 import os
 import shutil
+import signal
+import sys
 import tempfile
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
@@ -49,11 +51,49 @@ def pytest_collection_modifyitems(items):
   items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
+# A test process that dies (os.abort, a native crash, the OOM killer) ends the run at once,
+# naming its test: xdist does not replace it (--max-worker-restart=0), and the surviving worker
+# is stopped too rather than left to run the files queued for it. Workers record their pids
+# where the controller finds them (xdist's own channel to a busy worker waits for its test).
+_WORKER_PIDS = 'TESTS_WORKER_PIDS_DIR'
+_CRASHED: list[str] = []
+
+
+def pytest_configure(config):
+  workerinput = getattr(config, 'workerinput', None)
+  if workerinput is None:
+    if _WORKER_PIDS not in os.environ:
+      os.environ[_WORKER_PIDS] = tempfile.mkdtemp(prefix='flax-dp-trainer-workers-')
+  elif os.environ.get(_WORKER_PIDS):
+    with open(os.path.join(os.environ[_WORKER_PIDS], workerinput['workerid']), 'w',
+              encoding='utf-8') as f:
+      f.write(str(os.getpid()))
+
+
+def pytest_handlecrashitem(crashitem, report, sched):
+  """xdist's hook (in the controller) for a test whose worker died."""
+  if _CRASHED:  # A survivor stopped below: its test did not fail, the run stopped.
+    report.outcome = 'skipped'
+    report.longrepr = (crashitem.split('::')[0], 0, 'not finished: the run stopped when the '
+                       f'process running {_CRASHED[0]} died')
+    return
+  _CRASHED.append(crashitem)
+  print(f'\nerror: the test process running {crashitem} died; stopping the run',
+        file=sys.stderr, flush=True)
+  for node in sched.nodes:
+    try:
+      with open(os.path.join(os.environ[_WORKER_PIDS], node.gateway.id), encoding='utf-8') as f:
+        os.kill(int(f.read()), signal.SIGKILL)
+    except (OSError, ValueError):
+      pass
+
+
 def pytest_sessionfinish(session):
   """The process that ran the session (xdist's controller, or the only one) removes the
   cache once every worker is done."""
   if not hasattr(session.config, 'workerinput'):
     shutil.rmtree(COMPILATION_CACHE, ignore_errors=True)
+    shutil.rmtree(os.environ.get(_WORKER_PIDS, ''), ignore_errors=True)
 
 
 @pytest.fixture(scope='session')

@@ -208,6 +208,7 @@ COMMAND_LINE_MISTAKES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('args,message', COMMAND_LINE_MISTAKES,
                          ids=[' '.join(args[:2]) + f' #{i}'
                               for i, (args, _) in enumerate(COMMAND_LINE_MISTAKES)])

@@ -128,6 +128,7 @@ def _assert_curves_like_the_reference(workdir, ref_scalars, exact: bool):
 
 # A SIGTERM (the run saves where it stops) and a kill -9 (it resumes from the last periodic
 # checkpoint and trains the steps after it again); the same command resumes.
+@pytest.mark.slow
 @pytest.mark.parametrize('how', ['SIGTERM', 'SIGKILL'])
 def test_stopped_run_resumes_to_identical_params(reference, stopped_by_sigterm, tfds_data_dir,
                                                  tmp_path, how):
@@ -150,6 +151,7 @@ def test_stopped_run_resumes_to_identical_params(reference, stopped_by_sigterm, 
 
 # Measured: params within 6e-8 (4 devices) and 2.2e-7 (1 device) of the uninterrupted run, in
 # relative L2 norm, after the ~350 steps that follow the resume (float32 reduction order).
+@pytest.mark.slow
 @pytest.mark.parametrize('devices', [4, 1])
 def test_stopped_run_resumes_on_another_device_count(reference, stopped_by_sigterm, config,
                                                      tmp_path, devices):
@@ -166,6 +168,7 @@ def test_stopped_run_resumes_on_another_device_count(reference, stopped_by_sigte
   _assert_curves_like_the_reference(workdir, ref_scalars, exact=False)
 
 
+@pytest.mark.slow
 def test_a_resume_onto_devices_that_cannot_split_the_batch_is_refused(stopped_by_sigterm,
                                                                       config, tmp_path):
   workdir = str(tmp_path / 'run')

@@ -35,6 +35,7 @@ def compared(tmp_path_factory, tfds_data_dir):
   return workdir
 
 
+@pytest.mark.slow
 def test_report_json_and_table_hold_both_runs(compared):
   with open(os.path.join(compared, 'report.json')) as f:
     report = json.load(f)
@@ -83,6 +84,7 @@ def test_report_json_and_table_hold_both_runs(compared):
   assert f'**{report["throughput_ratio_jax_over_ddp"]:.2f}**' in text
 
 
+@pytest.mark.slow
 def test_plots_are_images_with_content(compared):
   for name in ('loss_vs_step', 'accuracy_vs_step', 'loss_vs_time', 'accuracy_vs_time'):
     image = matplotlib.image.imread(os.path.join(compared, f'{name}.png'))
@@ -90,6 +92,7 @@ def test_plots_are_images_with_content(compared):
     assert image[..., :3].std() > 0.05  # Not a blank canvas.
 
 
+@pytest.mark.slow
 def test_reuse_reports_without_training_and_runs_are_never_overwritten(compared,
                                                                        tfds_data_dir):
   logs = {k: os.path.getmtime(os.path.join(compared, k, 'metrics.jsonl')) for k in ('jax', 'ddp')}

@@ -57,6 +57,7 @@ def test_imagenet_deit_recipe_is_deits():
   assert float(schedule(resolved.num_train_steps)) == pytest.approx(1e-5, rel=1e-4)
 
 
+@pytest.mark.slow
 def test_cifar10_resnet18_runs_end_to_end_on_mock_data(tmp_path):
   config = load(os.path.join(CONFIG_DIR, 'cifar10_resnet18.py'))
   config.update(batch_size=16, eval_batch_size=16, num_epochs=-1.0, num_train_steps=4,

@@ -229,7 +229,7 @@ def test_train_stream_resumes_mid_stream_exactly(config, start):
 
 
 @pytest.mark.parametrize('dataset,train_shape', [
-    ('mnist', (28, 28, 1)),
+    pytest.param('mnist', (28, 28, 1), marks=pytest.mark.slow),
     ('cifar10', (32, 32, 3)),
     ('fashion_mnist', (28, 28, 1)),
     ('imagenet2012', (224, 224, 3)),
@@ -275,6 +275,7 @@ def test_cifar_augmentation_crops_and_flips(config):
 STRONG = dict(randaugment_num_layers=2, randaugment_magnitude=9, random_erase_prob=0.5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('dataset,shape,cache', [('fashion_mnist', (28, 28, 1), True),
                                                  ('imagenet2012', (224, 224, 3), False)])
 def test_strong_augmentation_under_mock_data(config, dataset, shape, cache):
@@ -302,6 +303,7 @@ def test_strong_augmentation_under_mock_data(config, dataset, shape, cache):
     np.testing.assert_array_equal(a['image'], b['image'])
 
 
+@pytest.mark.slow
 def test_strong_augmentation_is_the_same_on_any_process_count(config):
   """Four processes' rows, RandAugment and erasing on, are the one-process batches."""
   config.update(batch_size=16, **STRONG)
@@ -443,6 +445,7 @@ def test_a_folder_of_photos_of_many_sizes_is_cropped_to_image_size(config, photo
 # -- through the command line -------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_trainer_main_trains_on_an_array_record_dataset(config, tmp_path):
   """`python -m trainer.main` on digits prepared as ArrayRecord (cache=False): it says it
   reads by index from ArrayRecord files and ends where an in-memory run ends."""

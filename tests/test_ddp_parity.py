@@ -17,9 +17,12 @@ from trainer import writers
 # Ranks 1, 2 and 4, each against another JAX device count; torchvision's ResNet (at a test
 # width) on 1 rank, where torch's BatchNorm sees the whole batch as JAX's does over devices;
 # Mixup/CutMix on 4 ranks, where the twin fetches partner rows from rank 3 - r.
+@pytest.mark.slow
 @pytest.mark.parametrize('model,jax_devices,ddp_ranks,mixing',
-                         [('resnet_tiny', 4, 1, {}), ('cnn', 1, 2, {}),
-                          ('mlp', 2, 4, dict(mixup_alpha=0.4, cutmix_alpha=1.0))])
+                         [('resnet_tiny', 4, 1, {}),
+                          pytest.param('cnn', 1, 2, {}, marks=pytest.mark.slow),
+                          pytest.param('mlp', 2, 4, dict(mixup_alpha=0.4, cutmix_alpha=1.0),
+                                       marks=pytest.mark.slow)])
 def test_first_20_losses_agree(tmp_path, config, model, jax_devices, ddp_ranks, mixing):
   overrides = dict(model=model, num_train_steps=20, warmup_steps=5, log_every_steps=1,
                    dropout_rate=0.0, **mixing)

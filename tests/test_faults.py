@@ -88,7 +88,7 @@ def test_damaged_checkpoints_are_set_aside_and_the_run_ends_where_it_would_have(
 
   run = _run(_command(workdir, tfds_data_dir))
   assert run.returncode == 0, run.stderr[-3000:]
-  assert 'Traceback' not in run.stderr
+  assert 'Traceback' not in run.stderr, _around(run.stderr, 'Traceback')
   for step in DAMAGE:
     assert run.stderr.count(f'the checkpoint at step {step} in ') == 1, step
   assert 'resuming from the checkpoint at step 10 ' in run.stderr
@@ -126,6 +126,7 @@ time.sleep(600)
 '''
 
 
+@pytest.mark.slow
 def test_a_workdir_in_use_is_refused_and_a_dead_runs_lock_is_not(tfds_data_dir, tmp_path):
   """A run started on a workdir another process holds stops with one line naming the
   holder, before initializing or writing anything; once the holder is killed (kill -9), the same command
@@ -152,10 +153,16 @@ def test_a_workdir_in_use_is_refused_and_a_dead_runs_lock_is_not(tfds_data_dir, 
     assert json.load(f)['pid'] != holder.pid  # The new run's.
 
 
+def _around(text: str, what: str) -> str:
+  at = text.find(what)
+  return text[max(0, at - 1500):at + 3000]
+
+
 def _file_size_limit(limit: int):
   return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
 
+@pytest.mark.slow
 def test_a_save_the_disk_refuses_stops_the_run_in_one_line(finished, tfds_data_dir,
                                                           tmp_path):
   """Files limited to 100 kB (the checkpoint's arrays need more): the save at step 40 fails
@@ -171,7 +178,7 @@ def test_a_save_the_disk_refuses_stops_the_run_in_one_line(finished, tfds_data_d
   run = _run(_command(workdir, tfds_data_dir, **longer),
              preexec_fn=_file_size_limit(100_000))
   assert run.returncode == 1
-  assert 'Traceback' not in run.stderr
+  assert 'Traceback' not in run.stderr, _around(run.stderr, 'Traceback')
   error = run.stderr.strip().splitlines()[-1]
   assert error.startswith(f'error: the checkpoint at step 40 could not be written in '
                           f'{checkpoint.directory(workdir)} (File too large [errno 27]: ')

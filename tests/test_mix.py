@@ -156,7 +156,7 @@ def test_the_mixed_loss_is_the_weighted_loss_of_both_labels_in_both_trainers(smo
   assert float(torch_loss) == pytest.approx(float(np.mean(want)), rel=1e-5)
 
 
-@pytest.mark.parametrize('backend', parallel.BACKENDS)
+@pytest.mark.parametrize('backend', ['pmap', pytest.param('shard_map', marks=pytest.mark.slow)])
 def test_mixed_training_is_the_same_on_one_and_four_devices(config, backend):
   """The real step with mixing on: the same losses and params on 1 and 4 devices, and a loss
   that is not the one on the labels alone."""

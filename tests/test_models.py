@@ -41,14 +41,26 @@ PINNED = {
     # same convs; dense (7*7*64)*256+256
     ('cnn', (28, 28, 1), 10): 824_458,
 }
-# The smallest input each model takes for its one-step test.
-STEP_SHAPES = {name: (8, 8, 1) if name in ('mlp', 'cnn') else (32, 32, 3)
-               for name in models.names()}
+# Each registered model -> the model whose one train step covers its code: the same classes
+# and code paths at other depths and widths (which test_param_count pins) compile for tens of
+# seconds each and prove nothing more. resnet18 steps the ImageNet stem and basic blocks,
+# resnet50_cifar the CIFAR stem and bottleneck blocks, vit_test the ViT; the torchvision
+# twins (tests/test_torch_twins.py) run resnet18, resnet50 and vit_b16 themselves.
+STEPPED_BY = {'mlp': 'mlp', 'cnn': 'cnn', 'resnet_tiny': 'resnet_tiny',
+              'resnet18': 'resnet18', 'resnet34': 'resnet18', 'resnet18_cifar': 'resnet50_cifar',
+              'resnet34_cifar': 'resnet50_cifar', 'resnet50': 'resnet50_cifar',
+              'resnet101': 'resnet50_cifar', 'resnet50_cifar': 'resnet50_cifar',
+              'vit_test': 'vit_test', 'vit_ti16': 'vit_test', 'vit_s16': 'vit_test',
+              'vit_b16': 'vit_test'}
+STEPPED = sorted(set(STEPPED_BY.values()))
+# The smallest input each stepped model takes.
+STEP_SHAPES = {name: (8, 8, 1) if name in ('mlp', 'cnn') else (32, 32, 3) for name in STEPPED}
 
 
 def test_every_registered_model_is_pinned_and_stepped():
+  """A model added to the registry without a pinned count or a step that covers it fails."""
   assert sorted({name for name, _, _ in PINNED}) == models.names()
-  assert sorted(STEP_SHAPES) == models.names()
+  assert sorted(STEPPED_BY) == models.names()
 
 
 @pytest.mark.parametrize('name,shape,classes', sorted(PINNED))
@@ -59,7 +71,8 @@ def test_param_count(name, shape, classes):
   assert state_lib.param_count(variables['params']) == PINNED[(name, shape, classes)]
 
 
-@pytest.mark.parametrize('name', models.names())
+@pytest.mark.parametrize('name', [pytest.param(n, marks=pytest.mark.slow) if n == 'resnet50_cifar'
+                                  else n for n in STEPPED])
 def test_one_train_step(name):
   """The real step on random variables: compiling the model's init (as costly as the step for
   the deep ones) is left to test_param_count's abstract init and the training tests."""

@@ -31,6 +31,7 @@ def no_process_left_behind(tmp_path):
     os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_the_local_launcher_trains_as_one_process_of_four(config, tmp_path, tfds_data_dir):
   """launch/local.sh, 2 processes x 2 devices, against the same config trained here on 4
   devices (tests/test_topology.py compares more models and both backends)."""
@@ -84,6 +85,7 @@ def _wait_for_step(process, step):
   raise AssertionError(f'the run ended before step {step}')
 
 
+@pytest.mark.slow
 def test_when_one_process_dies_the_other_stops_within_a_minute(tmp_path, tfds_data_dir):
   port = processes.free_port()
   data = f'--config.tfds_data_dir={tfds_data_dir}'
@@ -109,6 +111,7 @@ def test_when_one_process_dies_the_other_stops_within_a_minute(tmp_path, tfds_da
           'Connection reset by peer' in rest), rest[-2000:]
 
 
+@pytest.mark.slow
 def test_launcher_fails_when_a_process_fails(tmp_path, tfds_data_dir):
   """A process that dies fails the launch, and the launcher stops the other one."""
   workdir = str(tmp_path / 'run')
@@ -152,6 +155,7 @@ def _processes_with_args(*needles):
   return found
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_process_stops_all_at_the_same_step_with_a_checkpoint(
     tmp_path, tfds_data_dir):
   """JAX's preemption sync point: every process saves and stops at one agreed step."""

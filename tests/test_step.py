@@ -217,7 +217,7 @@ def test_each_example_draws_its_own_mask_by_its_id():
                                 model.apply(variables, x, train=False)[1])
 
 
-@pytest.mark.parametrize('model_name', ['cnn', 'resnet_tiny'])
+@pytest.mark.parametrize('model_name', ['cnn', pytest.param('resnet_tiny', marks=pytest.mark.slow)])
 def test_shard_map_backend_equals_pmap(config, model_name):
   """jit + shard_map and pmap run the same step: same params, BatchNorm statistics and
   metrics after a few steps (dropout on, so the per-example RNG keys must agree too)."""

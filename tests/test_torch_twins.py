@@ -100,6 +100,7 @@ TORCHVISION = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name,suffix', [('resnet18', '.pth'), ('resnet50', '.safetensors'),
                                          ('vit_b16', '.pth')])
 def test_random_torchvision_weights_give_torchvisions_logits(tmp_path, name, suffix):
@@ -162,7 +163,7 @@ def test_a_state_dict_of_another_model_is_refused_naming_the_first_mismatches():
                                   resnet18)
 
 
-@pytest.mark.parametrize('name', ['resnet_tiny', 'resnet50'])
+@pytest.mark.parametrize('name', ['resnet_tiny', pytest.param('resnet50', marks=pytest.mark.slow)])
 def test_batchnorm_training_mode_matches(name):
   """Train-mode outputs (batch statistics) and the running-mean update agree, with strided
   convolutions and the max-pool on even and odd sizes.

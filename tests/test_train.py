@@ -92,17 +92,30 @@ def _compiled_step_flops(config, state) -> float:
   return float((cost[0] if isinstance(cost, (list, tuple)) else cost)['flops'])
 
 
-def test_resume_continues_from_the_newest_checkpoint(config, tmp_path):
+@pytest.mark.slow
+def test_a_finished_run_extended_trains_on_as_if_never_stopped(config, tmp_path):
+  """Raising num_train_steps and running again resumes at the newest checkpoint (step 60)
+  with its optimizer state and data position: with a learning rate that does not depend on
+  the run's length (end factor 1), the extended run ends bitwise where a 90-step run ends."""
+  config.end_learning_rate_factor = 1.0
   workdir = str(tmp_path / 'run')
   train.train_and_evaluate(_short(config), workdir)
   config.num_train_steps = 90
   state = train.train_and_evaluate(config, workdir)
+  straight = train.train_and_evaluate(config, str(tmp_path / 'straight'))
   assert int(state.step) == 90
+  for name in ('params', 'opt_state'):
+    for a, b in zip(jax.tree.leaves(getattr(state, name)),
+                    jax.tree.leaves(getattr(straight, name))):
+      np.testing.assert_array_equal(a, b)
   scalars, _ = writers.read_events(workdir)
   assert sorted(scalars['train_loss']) == [20, 40, 60, 80, 90]
   assert sorted(scalars['eval_accuracy']) == [30, 60, 90]
+  records = writers.read_jsonl(os.path.join(workdir, writers.JSONL_NAME))
+  assert [r['step'] for r in records if 'first_step_s' in r] == [1, 61]  # Two sessions.
 
 
+@pytest.mark.slow
 def test_mnist_end_to_end_under_mock_data(config, tmp_path):
   config.dataset = 'mnist'
   config.batch_size = 16
@@ -119,6 +132,7 @@ def test_mnist_end_to_end_under_mock_data(config, tmp_path):
   assert all(np.isfinite(v) for tag in scalars for v in scalars[tag].values())
 
 
+@pytest.mark.slow
 def test_default_config_reaches_95_percent_on_digits(tfds_data_dir, tmp_path):
   config = default.get_config()
   config.tfds_data_dir = tfds_data_dir
@@ -130,6 +144,7 @@ def test_default_config_reaches_95_percent_on_digits(tfds_data_dir, tmp_path):
   assert final >= 0.95
 
 
+@pytest.mark.slow
 def test_digits_with_every_augmentation_still_trains(tfds_data_dir, tmp_path):
   """RandAugment(2, 9), random erasing, Mixup + CutMix and label smoothing together: the
   default model still learns digits (0.925 at 200 steps when measured, 0.967 at 500)."""

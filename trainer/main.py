@@ -82,10 +82,22 @@ def _set_up_devices() -> None:
   pipeline.keep_off_accelerators()
 
 
+def _abandoned_read(record) -> bool:
+  """asyncio's report of a task of an orbax read that failed and that nobody awaited any
+  more: a read of a damaged checkpoint, which the run has set aside in a line of its own."""
+  if record.name != 'asyncio' or not record.exc_info or record.exc_info[2] is None:
+    return False
+  files = [frame.filename for frame in traceback.extract_tb(record.exc_info[2])]
+  text = f'{record.getMessage()} {record.exc_info[1]}'
+  return any('/orbax/' in f or 'tensorstore' in f for f in files) or 'OCDBT' in text
+
+
 def _quiet_libraries(record) -> bool:
   """Log lines of orbax and CLU: orbax's INFO lines (several per save) dropped; the errors
   of both, which the run reports itself in one line (a save or a write that failed), without
-  their tracebacks."""
+  their tracebacks; asyncio's reports of abandoned checkpoint reads dropped."""
+  if _abandoned_read(record):
+    return False
   if '/orbax/' not in record.pathname and '/clu/' not in record.pathname:
     return True
   record.exc_info, record.exc_text = None, None
