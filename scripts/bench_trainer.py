@@ -144,7 +144,8 @@ def main(argv):
       contextlib.nullcontext())
   with mock:
     if FLAGS.part == 'jax':
-      result = jax_part(config, FLAGS.steps, FLAGS.timing_warmup_steps, FLAGS.rounds, FLAGS.runs_dir)
+      result = jax_part(config, FLAGS.steps, FLAGS.timing_warmup_steps, FLAGS.rounds,
+                        FLAGS.runs_dir)
     else:
       result = cache_part(config, FLAGS.runs_dir)
   bench_common.write_result(FLAGS.out, result)

@@ -129,8 +129,8 @@ time.sleep(600)
 @pytest.mark.slow
 def test_a_workdir_in_use_is_refused_and_a_dead_runs_lock_is_not(tfds_data_dir, tmp_path):
   """A run started on a workdir another process holds stops with one line naming the
-  holder, before initializing or writing anything; once the holder is killed (kill -9), the same command
-  runs."""
+  holder, before initializing or writing anything; once the holder is killed (kill -9), the
+  same command runs."""
   workdir = str(tmp_path / 'run')
   holder = subprocess.Popen([sys.executable, '-c', _HOLD_LOCK, workdir], cwd=processes.REPO,
                             env=processes.environment(), stdout=subprocess.PIPE, text=True)

@@ -25,9 +25,9 @@ pytestmark = pytest.mark.slow
 # per global row, 1.3e-3 to 1.7e-3 (cnn).
 TOLERANCE = {'params': 1e-5, 'batch_stats': 1e-5, 'opt_state': 1e-5}
 # Against pmap on 1 device: each backend on a device count that splits the batch in another
-# way (1, 2, 4, 8 devices: 128 down to 16 rows each). Two processes of 2 devices against shard_map on
-# 4 (one of the single-process runs), for the models with cross-device work in the step
-# (Mixup/CutMix partners and dropout; cross-replica BatchNorm).
+# way (1, 2, 4, 8 devices: 128 down to 16 rows each). Two processes of 2 devices against
+# shard_map on 4 (one of the single-process runs), for the models with cross-device work in the
+# step (Mixup/CutMix partners and dropout; cross-replica BatchNorm).
 TOPOLOGIES = [('pmap', 2), ('pmap', 8), ('shard_map', 1), ('shard_map', 4)]
 TWO_PROCESS_RUNS = [(model, backend) for model in ('cnn', 'resnet_tiny')
                     for backend in ('pmap', 'shard_map')]

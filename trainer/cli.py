@@ -18,7 +18,8 @@ def _refuse(message: str) -> NoReturn:
   sys.exit(2)
 
 
-def _first_line(error: BaseException) -> str:
+def _last_line(error: BaseException) -> str:
+  """The error's last non-blank line (where Python and absl put what went wrong)."""
   lines = [line.strip() for line in str(error).splitlines() if line.strip()]
   return lines[-1] if lines else type(error).__name__
 
@@ -41,10 +42,10 @@ def _unknown_field(argv: Sequence[str], error: BaseException) -> str:
   for arg in argv:
     name = arg.partition('=')[0]
     if name.startswith('--') and '.' in name and name.split('.')[-1] == missing:
-      fix = hint[:1].lower() + hint[1:] if hint else ('its fields are in the config file and configs/default.py (each with a '
-                     'comment)')
+      fix = (hint[:1].lower() + hint[1:] if hint else
+             'its fields are in the config file and configs/default.py (each with a comment)')
       return f'{name}: the config has no field {missing!r}; {fix}'
-  return f'a --config.FIELD override names no field of the config ({_first_line(error)})'
+  return f'a --config.FIELD override names no field of the config ({_last_line(error)})'
 
 
 def _flag_error(error: flags.Error) -> str:
@@ -65,7 +66,7 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
   except (AttributeError, KeyError) as e:  # A config override of a field that is not there.
     _refuse(_unknown_field(argv, e))
   except (TypeError, ValueError) as e:
-    _refuse(f'a --config.FIELD override does not fit its field ({_first_line(e)})')
+    _refuse(f'a --config.FIELD override does not fit its field ({_last_line(e)})')
   for name in _config_flags():
     value = flags.FLAGS[name].value
     if type(value).__name__ == '_ErrorConfig':  # ml_collections' stand-in for a failed load.
@@ -73,7 +74,7 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
         value.get('')
       except Exception as e:  # pylint: disable=broad-except
         _refuse(f'--{name}={flags.FLAGS[name].config_filename} cannot be loaded '
-                f'({_first_line(e)}); give a config file, e.g. --{name}=configs/default.py')
+                f'({_last_line(e)}); give a config file, e.g. --{name}=configs/default.py')
   if len(rest) > 1:
     _refuse(f'unexpected arguments: {" ".join(rest[1:])} (flags are --NAME=VALUE; {HELP})')
   return rest

@@ -12,8 +12,8 @@ Rank r of R builds rows r*B/R .. (r+1)*B/R - 1 of every global batch of the trai
 (`TrainData.batches(process_index=r, process_count=R)`), the batches a JAX run of the same
 config and seed trains on with any number of devices; the uint8 images are normalized on the
 rank's device and mixed (Mixup/CutMix) as the JAX step mixes them, partners fetched from
-rank R-1-r (`step.Mixing`); evaluation covers every example of the eval split once. Rank 0 writes the JAX
-trainer's TensorBoard tags and metrics.jsonl (same CLU writers). Checkpoints go to
+rank R-1-r (`step.Mixing`); evaluation covers every example of the eval split once. Rank 0
+writes the JAX trainer's TensorBoard tags and metrics.jsonl (same CLU writers). Checkpoints go to
 WORKDIR/checkpoints/step_N.pt every `checkpoint_every_steps`, at the last step and on
 SIGTERM/SIGINT; the same command resumes from the newest one, data stream included. With
 --parity the model starts from the JAX model's initial variables for the config's seed, with
