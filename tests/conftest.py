@@ -102,6 +102,18 @@ def tfds_data_dir(tmp_path_factory):
   return str(tmp_path_factory.mktemp('tfds'))
 
 
+@pytest.fixture(scope='module')
+def one_rank_group():
+  """A torch process group of this process alone (gloo over loopback): the DDP twin's code
+  run in the test process."""
+  import torch.distributed as dist  # pylint: disable=import-outside-toplevel
+  from scripts import processes  # pylint: disable=import-outside-toplevel
+  dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{processes.free_port()}',
+                          rank=0, world_size=1)
+  yield
+  dist.destroy_process_group()
+
+
 @pytest.fixture
 def config(tfds_data_dir):
   """The default config reading from the session's TFDS data dir."""

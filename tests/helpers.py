@@ -26,11 +26,14 @@ TOPOLOGY_MODELS = {'mlp': dict(model='mlp', dropout_rate=0.0),
                    'resnet_tiny': dict(model='resnet_tiny', dropout_rate=0.0)}
 
 
-def topology_config(tfds_data_dir: str, model: str, backend: str):
-  """The default config for a topology comparison of `model` with `backend`."""
+def topology_config(tfds_data_dir: str, model: str, layout: str):
+  """The default config for a topology comparison of `model` on `layout`: a step backend,
+  and for shard_map a state sharding after a dash ('shard_map-optimizer')."""
   from configs import default  # pylint: disable=import-outside-toplevel
+  backend, _, sharding = layout.partition('-')
   config = default.get_config()
-  config.update(tfds_data_dir=tfds_data_dir, step_backend=backend, **TOPOLOGY_RUN,
+  config.update(tfds_data_dir=tfds_data_dir, step_backend=backend,
+                state_sharding=sharding or 'replicated', **TOPOLOGY_RUN,
                 **TOPOLOGY_MODELS[model])
   return config
 
@@ -68,7 +71,7 @@ def run_steps(layout, state, schedule, batches, options=step_lib.StepOptions()):
   """The real train step over `layout` from `state` on the global `batches`: the final state
   (host), each step's computed metrics, and the final state on the devices."""
   p_train_step = step_lib.make_train_step(layout, learning_rate_fn=schedule, options=options)
-  rstate = layout.put_replicated(state)
+  rstate = layout.put_state(state)
   rng = layout.put_replicated(jax.random.PRNGKey(1))
   values = []
   for batch in batches:

@@ -74,6 +74,13 @@ CASES = {
         'or pass --config.augment=inception'),
     'unknown optimizer': _unknown('optimizer', 'lion', ['adamw', 'lamb', 'lars', 'sgd']),
     'unknown dtype': _unknown('dtype', 'float8', ['bfloat16', 'float16', 'float32']),
+    'unknown state sharding': _unknown('state_sharding', 'zero3',
+                                       ['replicated', 'optimizer', 'full']),
+    'sharded state under pmap': (
+        dict(state_sharding='optimizer'),
+        "state_sharding='optimizer' needs the shard_map step (pmap holds a whole copy of the "
+        'state on every device); pass --config.step_backend=shard_map, or '
+        '--config.state_sharding=replicated'),
     'accumulation does not divide': (
         dict(grad_accum_steps=3),
         'grad_accum_steps=3 does not divide the per-device batch of 16 (batch_size=128 over 8 '

@@ -207,6 +207,34 @@ def test_interrupted_or_corrupt_newest_save_falls_back(reference, config, tmp_pa
   assert sorted(scalars['eval_accuracy']) == [100, 200, 300, 400]
 
 
+def test_a_checkpoint_restores_under_any_state_sharding_and_device_count(config, tmp_path):
+  """Checkpoints hold whole arrays whatever the sharding that wrote them: a run with its
+  optimizer state split over 4 devices resumes with params split too on 2, and ends where it
+  would have; --eval_only on one pmap device and init_from read it as written."""
+  _configure(config, num_train_steps=8, warmup_steps=2, log_every_steps=4, eval_every_steps=4,
+             checkpoint_every_steps=4, step_backend='shard_map', state_sharding='optimizer')
+  first = str(tmp_path / 'optimizer_on_4')
+  straight = train.train_and_evaluate(config, first, devices=jax.devices()[:4])
+  _assert_bitwise_equal(checkpoint.read_state(first, 8)['opt_state'],
+                        jax.device_get(straight.opt_state))
+  resumed_dir = str(tmp_path / 'full_on_2')
+  shutil.copytree(first, resumed_dir)
+  shutil.rmtree(os.path.join(checkpoint.directory(resumed_dir), '8'))
+  config.state_sharding = 'full'
+  resumed = train.train_and_evaluate(config, resumed_dir, devices=jax.devices()[:2])
+  assert int(resumed.step) == 8
+  assert helpers.relative_difference(resumed.params, straight.params) < 1e-6
+  assert helpers.relative_difference(resumed.opt_state, straight.opt_state) < 1e-6
+
+  config.update(step_backend='pmap', state_sharding='replicated')
+  scalars = train.evaluate_only(config, first, devices=jax.devices()[:1])
+  assert scalars['eval_accuracy'] == pytest.approx(
+      writers.read_events(first)[0]['eval_accuracy'][8], rel=1e-6)
+  params, step = checkpoint.load_params(first, jax.device_get(straight.params))
+  assert step == 8
+  _assert_bitwise_equal(params, straight.params)
+
+
 def test_divergence_stops_with_the_last_good_checkpoint(config, tmp_path):
   _configure(config, learning_rate=1e4, warmup_steps=100, log_every_steps=5,
              checkpoint_every_steps=5)

@@ -1,7 +1,6 @@
 """The DDP twin: exact resume after SIGTERM, exact evaluation, the trainer's tags and files."""
 
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -15,6 +14,7 @@ from baselines.torch_ddp import train as ddp_train
 from scripts import processes
 from tests import helpers
 from trainer import writers
+from trainer.errors import UserError
 
 STEPS = 200
 
@@ -108,14 +108,16 @@ def test_tags_evaluation_and_memory(reference, config):
   assert accuracy > 0.9
 
 
-def test_a_workdir_of_another_config_is_refused_untouched(reference, tmp_path, tfds_data_dir):
-  workdir = str(tmp_path / 'copy')
-  shutil.copytree(reference, workdir)
+def test_a_workdir_of_another_config_is_refused_untouched(config, one_rank_group, tmp_path):
+  """A twin run asked to resume a workdir that another model wrote stops before writing."""
+  del one_rank_group
+  workdir = str(tmp_path / 'run')
+  config.update(num_train_steps=2, log_every_steps=1, eval_every_steps=2,
+                checkpoint_every_steps=2, warmup_steps=0)
+  ddp_train.train(config, workdir, parity=False)
   before = {p: os.path.getmtime(os.path.join(workdir, p)) for p in os.listdir(workdir)}
-  command = _command(workdir, tfds_data_dir) + ['--config.model=mlp']
-  run = subprocess.run(command, cwd=processes.REPO, env=processes.environment(),
-                       capture_output=True, text=True, timeout=300, check=False)
-  assert run.returncode != 0
-  assert "written under another config (model: 'cnn' -> 'mlp'); use a new --workdir" in (
-      run.stdout + run.stderr)
+  config.model = 'mlp'
+  with pytest.raises(UserError, match=r"step_2.pt was written under another config "
+                     r"\(model: 'cnn' -> 'mlp'\); use a new --workdir"):
+    ddp_train.train(config, workdir, parity=False)
   assert {p: os.path.getmtime(os.path.join(workdir, p)) for p in os.listdir(workdir)} == before

@@ -11,10 +11,8 @@ import numpy as np
 import optax
 import pytest
 import torch
-import torch.distributed as dist
 
 from baselines.torch_ddp import step as ddp_step
-from scripts import processes
 from tests import helpers
 from trainer import mix
 from trainer import optim
@@ -103,15 +101,6 @@ def test_draws_follow_their_distributions():
   np.testing.assert_allclose(lam[cutmix], 1 - (box[:, 1] - box[:, 0]) * (box[:, 3] - box[:, 2])
                              / 1024, atol=1e-6)
   assert np.all((lam >= 0) & (lam <= 1))
-
-
-@pytest.fixture(scope='module')
-def one_rank_group():
-  """A torch process group of this process alone (gloo over loopback)."""
-  dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{processes.free_port()}',
-                          rank=0, world_size=1)
-  yield
-  dist.destroy_process_group()
 
 
 def test_the_ddp_twin_mixes_as_the_jax_step(config, one_rank_group):

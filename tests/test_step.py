@@ -217,30 +217,64 @@ def test_each_example_draws_its_own_mask_by_its_id():
                                 model.apply(variables, x, train=False)[1])
 
 
+# pmap, and jit + shard_map with the state replicated, its optimizer state split over the
+# devices (ZeRO-1) or its params too (FSDP-style).
+LAYOUTS = {'pmap': ('pmap', 'replicated'), 'shard_map': ('shard_map', 'replicated'),
+           'optimizer': ('shard_map', 'optimizer'), 'full': ('shard_map', 'full')}
+
+
 @pytest.mark.parametrize('model_name', ['cnn', pytest.param('resnet_tiny', marks=pytest.mark.slow)])
-def test_shard_map_backend_equals_pmap(config, model_name):
-  """jit + shard_map and pmap run the same step: same params, BatchNorm statistics and
-  metrics after a few steps (dropout on, so the per-example RNG keys must agree too)."""
+def test_every_layout_runs_the_same_step(config, model_name):
+  """jit + shard_map (the state replicated or sharded) and pmap run the same step: same
+  params, BatchNorm statistics, AdamW state and metrics after a few steps (dropout on, so the
+  per-example RNG keys must agree too), and the same evaluation."""
   devices = jax.devices()[:4]
+  config.optimizer = 'adamw'
   state, schedule = _setup(config, model_name, dropout_rate=0.2)
   eval_batch = dict(_batches(1, seed=5)[0], mask=np.ones(GLOBAL_BATCH, np.float32))
   results = {}
-  for backend in parallel.BACKENDS:
-    layout = parallel.data_parallel(backend, devices)
+  for name, (backend, sharding) in LAYOUTS.items():
+    layout = parallel.data_parallel(backend, devices, sharding)
     got, values, rstate = helpers.run_steps(layout, state, schedule, _batches(3))
+    if sharding != 'replicated':  # The state stayed split: each device holds a quarter of mu.
+      mu = rstate.opt_state[0].mu
+      kernel = mu['Dense_0']['kernel'] if 'Dense_0' in mu else jax.tree.leaves(mu)[-2]
+      assert kernel.addressable_shards[0].data.size * 4 == kernel.size, name
     evaluation = step_lib.make_eval_step(layout)(rstate, layout.put_batch(eval_batch))
-    results[backend] = (got, [float(v['loss']) for v in values],
-                        layout.fetch([evaluation])[0].compute())
-  (pmap_state, pmap_losses, pmap_eval), (sm_state, sm_losses, sm_eval) = (
-      results['pmap'], results['shard_map'])
-  assert int(sm_state.step) == 3
-  _assert_trees_close(sm_state.params, pmap_state.params)
-  _assert_trees_close(sm_state.batch_stats, pmap_state.batch_stats)
-  _assert_trees_close(sm_state.opt_state, pmap_state.opt_state)
-  np.testing.assert_allclose(sm_losses, pmap_losses, rtol=1e-6)
+    results[name] = (got, [float(v['loss']) for v in values],
+                     layout.fetch([evaluation])[0].compute())
+  pmap_state, pmap_losses, pmap_eval = results['pmap']
   assert pmap_losses[0] != pmap_losses[-1]
-  np.testing.assert_allclose(float(sm_eval['loss']), float(pmap_eval['loss']), rtol=1e-6)
-  assert float(sm_eval['accuracy']) == float(pmap_eval['accuracy'])
+  for name, (got, losses, evaluation) in results.items():
+    assert int(got.step) == 3
+    _assert_trees_close(got.params, pmap_state.params, rtol=1e-5, atol=1e-6)
+    _assert_trees_close(got.batch_stats, pmap_state.batch_stats)
+    _assert_trees_close(got.opt_state, pmap_state.opt_state, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(losses, pmap_losses, rtol=1e-6, err_msg=name)
+    np.testing.assert_allclose(float(evaluation['loss']), float(pmap_eval['loss']), rtol=1e-6)
+    assert float(evaluation['accuracy']) == float(pmap_eval['accuracy'])
+
+
+def test_the_optimizer_state_takes_a_device_share_under_optimizer_sharding(config):
+  """Under 'optimizer' each device holds 1/N of every optimizer-state leaf that has a
+  dimension N divides, the whole of the rest; params stay whole; bytes_per_device says so."""
+  config.optimizer = 'adamw'
+  state, _ = _setup(config, 'resnet_tiny')
+  host = jax.device_get(state)
+  for n in (2, 8):
+    layout = parallel.data_parallel('shard_map', jax.devices()[:n], 'optimizer')
+    rstate = layout.put_state(host)
+    held = sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(rstate.opt_state))
+    whole = sum(np.asarray(x).nbytes for x in jax.tree.leaves(host.opt_state))
+    unsplittable = sum(np.asarray(x).nbytes for x in jax.tree.leaves(host.opt_state)
+                       if not any(d % n == 0 for d in np.shape(x)))
+    assert held <= whole / n + unsplittable, (n, held, whole, unsplittable)
+    assert unsplittable < whole / 100  # Only the step counts stay whole here.
+    assert parallel.bytes_per_device(rstate.opt_state) == held
+    assert parallel.bytes_per_device(rstate.params) == sum(
+        np.asarray(x).nbytes for x in jax.tree.leaves(host.params))
+    np.testing.assert_array_equal(jax.device_get(rstate.opt_state[0].mu['conv_init']['kernel']),
+                                  host.opt_state[0].mu['conv_init']['kernel'])
 
 
 # The bare step on a machine without TensorFlow (a typical CUDA host): every import it needs,

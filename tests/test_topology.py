@@ -1,6 +1,7 @@
 """The same training on any topology: 1, 2, 4 or 8 devices, 2 processes x 2 devices, both
-step backends. Every run trains the same global batches with the same random draws, so they
-end at the same params and evaluations up to float32 reduction order."""
+step backends, the state replicated or sharded over the devices. Every run trains the same
+global batches with the same random draws, so they end at the same params and evaluations up
+to float32 reduction order."""
 
 import os
 import subprocess
@@ -27,10 +28,14 @@ TOLERANCE = {'params': 1e-5, 'batch_stats': 1e-5, 'opt_state': 1e-5}
 # Against pmap on 1 device: each backend on a device count that splits the batch in another
 # way (1, 2, 4, 8 devices: 128 down to 16 rows each). Two processes of 2 devices against
 # shard_map on 4 (one of the single-process runs), for the models with cross-device work in the
-# step (Mixup/CutMix partners and dropout; cross-replica BatchNorm).
-TOPOLOGIES = [('pmap', 2), ('pmap', 8), ('shard_map', 1), ('shard_map', 4)]
+# step (Mixup/CutMix partners and dropout; cross-replica BatchNorm). The state shardings
+# ('shard_map-optimizer': momentum split over the devices; '-full': params too) on device
+# counts that split the leaves differently (on 1 device nothing is split).
+TOPOLOGIES = [('pmap', 2), ('pmap', 8), ('shard_map', 1), ('shard_map', 4),
+              ('shard_map-optimizer', 2), ('shard_map-optimizer', 8), ('shard_map-full', 4)]
 TWO_PROCESS_RUNS = [(model, backend) for model in ('cnn', 'resnet_tiny')
-                    for backend in ('pmap', 'shard_map')]
+                    for backend in ('pmap', 'shard_map')] + [
+                        ('cnn', 'shard_map-full'), ('resnet_tiny', 'shard_map-optimizer')]
 
 
 @pytest.fixture(scope='module')

@@ -108,6 +108,11 @@ def check_config(config, *, process_count: int, local_device_count: int) -> None
   _choice('optimizer', config.optimizer, optim.OPTIMIZERS)
   _choice('dtype', config.dtype, DTYPES)
   _choice('step_backend', config.step_backend, parallel.BACKENDS)
+  _choice('state_sharding', config.state_sharding, parallel.STATE_SHARDINGS)
+  if config.state_sharding != 'replicated' and config.step_backend == 'pmap':
+    raise UserError(f'state_sharding={config.state_sharding!r} needs the shard_map step '
+                    '(pmap holds a whole copy of the state on every device); pass '
+                    '--config.step_backend=shard_map, or --config.state_sharding=replicated')
   _choice('resize_filter', config.resize_filter, specs.RESIZE_FILTERS)
   for field, (low, high, note) in _RANGES.items():
     if not low <= config[field] < high:

@@ -35,13 +35,57 @@ def peak_flops(device_kind: str) -> Optional[float]:
   return next((v for k, v in PEAK_FLOPS.items() if device_kind.startswith(k)), None)
 
 
-def flops_per_device_step(step_fn: Callable, *args) -> Optional[float]:
-  """FLOPs of one device's program of `step_fn(*args)` (a `jax.jit` or `jax.pmap` function)
-  by XLA's cost analysis of its lowering; None where XLA gives none."""
-  cost = step_fn.lower(*args).cost_analysis()
+def lowered_flops(lowered) -> Optional[float]:
+  """FLOPs of one device's program by XLA's cost analysis of a lowered step (`fn.lower(...)`
+  of a `jax.jit` or `jax.pmap` function); None where XLA gives none."""
+  cost = lowered.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   flops = float(cost.get('flops', 0.0)) if cost else 0.0
   return flops if flops > 0 else None
+
+
+def flops_per_device_step(step_fn: Callable, *args) -> Optional[float]:
+  """FLOPs of one device's program of `step_fn(*args)` (a `jax.jit` or `jax.pmap` function),
+  lowered (traced, not compiled); None where XLA gives none."""
+  return lowered_flops(step_fn.lower(*args))
+
+
+class StepMemory(NamedTuple):
+  """Bytes a train step needs on each device: the state's parts it holds, and the compiled
+  step's own (XLA's memory analysis)."""
+  params: int  # Params and their EMA.
+  opt_state: int
+  other_state: int  # BatchNorm statistics, the step counter, the loss scale.
+  temporaries: Optional[int]  # Activations, gradients, gathered params: the step's scratch.
+  generated_code: Optional[int]
+
+  def total(self) -> int:
+    return (self.params + self.opt_state + self.other_state + (self.temporaries or 0) +
+            (self.generated_code or 0))
+
+
+def step_memory(state: Any, compiled: Any) -> StepMemory:
+  """The per-device memory of a train step over `state` (device arrays, or
+  `jax.ShapeDtypeStruct`s with shardings), `compiled` its compiled step (None: the step's
+  own memory unknown)."""
+  from trainer import parallel  # pylint: disable=import-outside-toplevel  # (jax)
+  analysis = compiled.memory_analysis() if compiled is not None else None
+  analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
+  params = parallel.bytes_per_device(state.params) + parallel.bytes_per_device(
+      state.ema_params)
+  opt_state = parallel.bytes_per_device(state.opt_state)
+  other = parallel.bytes_per_device(state) - params - opt_state
+  return StepMemory(params, opt_state, other,
+                    getattr(analysis, 'temp_size_in_bytes', None),
+                    getattr(analysis, 'generated_code_size_in_bytes', None))
+
+
+def describe_memory(memory: StepMemory, state_sharding: str) -> str:
+  """One log line of a `StepMemory`."""
+  mib = lambda n: f'{n / 2**20:,.2f} MiB' if n is not None else '?'
+  return (f'per device (state_sharding={state_sharding}): params {mib(memory.params)}, '
+          f'optimizer state {mib(memory.opt_state)}, other state {mib(memory.other_state)}, '
+          f'step temporaries {mib(memory.temporaries)}; {mib(memory.total())} in all')
 
 
 def mfu(flops_per_step: Optional[float], steps_per_sec: float, peak: Optional[float],

@@ -12,6 +12,18 @@ devices (`global_devices`) along one axis, `AXIS_NAME`:
 
 Either way device i of the axis holds rows i*b .. (i+1)*b - 1 of the global batch (b per
 device), the rows its process built for it, and both run the same per-device step body.
+
+Under 'shard_map' the state can be sharded over the same axis (`config.state_sharding`):
+
+  'replicated' every device holds the whole state (as under 'pmap');
+  'optimizer'  each optimizer-state leaf split along one dimension over the devices (ZeRO-1);
+               params, BatchNorm statistics and the loss scale replicated;
+  'full'       params (and their EMA) split too (FSDP-style), gathered for the step.
+
+A leaf is split along its largest dimension that the device count divides (the last such
+on a tie) and replicated where none does (scalars, odd sizes). The step's gradient pass runs
+per device on replicated params; its update runs over the global arrays, each device
+updating its part (`map_train_step`).
 """
 
 import collections
@@ -35,6 +47,10 @@ from trainer.keys import AXIS_NAME  # pylint: disable=unused-import  # (re-expor
 # step twice.
 
 BACKENDS = ('pmap', 'shard_map')
+STATE_SHARDINGS = ('replicated', 'optimizer', 'full')
+# The TrainState fields each state sharding splits over the devices.
+SHARDED_FIELDS = {'replicated': (), 'optimizer': ('opt_state',),
+                  'full': ('opt_state', 'params', 'ema_params')}
 # jaxlib 0.10's CPU client deadlocks once about 30 launches of a program with collectives are
 # queued on its devices (an all-reduce rendezvous that some devices never join; XLA aborts
 # the process after 40 s): scripts/xla_cpu_collective_deadlock.py shows it without this
@@ -75,6 +91,34 @@ def device_sharding(devices: Sequence[jax.Device]) -> NamedSharding:
   return NamedSharding(device_mesh(devices), P(AXIS_NAME))
 
 
+def split_dimension(shape: Sequence[int], num_devices: int) -> Optional[int]:
+  """The dimension a sharded leaf of `shape` is split along over `num_devices`: its largest
+  that `num_devices` divides (the last such on a tie); None where none does (kept whole)."""
+  candidates = [(size, axis) for axis, size in enumerate(shape)
+                if size >= num_devices and size % num_devices == 0]
+  return max(candidates)[1] if candidates and num_devices > 1 else None
+
+
+def split_spec(shape: Sequence[int], num_devices: int) -> P:
+  """The PartitionSpec of a sharded leaf of `shape` (see `split_dimension`)."""
+  axis = split_dimension(shape, num_devices)
+  if axis is None:
+    return P()
+  return P(*([None] * axis + [AXIS_NAME]))
+
+
+def bytes_per_device(tree: Any) -> int:
+  """Bytes a tree of device arrays (or `jax.ShapeDtypeStruct`s with shardings) holds on each
+  of its devices: every leaf's shard (the whole leaf where it is replicated)."""
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    sharding = getattr(leaf, 'sharding', None)
+    # pmap's stacked copies (devices, ...) are split along their first axis: one per device.
+    shape = sharding.shard_shape(leaf.shape) if sharding is not None else leaf.shape
+    total += int(np.prod(shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
+  return total
+
+
 def replicate(tree: Any, devices: Sequence[jax.Device]) -> Any:
   """One copy of every leaf per device, laid out as the pmapped step lays out its outputs."""
   return jax_utils.replicate(tree, devices=devices, axis_name=AXIS_NAME)
@@ -83,6 +127,7 @@ def replicate(tree: Any, devices: Sequence[jax.Device]) -> Any:
 class DataParallel:
   """A data-parallel layout over `devices` (default: `global_devices()`)."""
   backend = ''
+  state_sharding = 'replicated'
 
   def __init__(self, devices: Optional[Sequence[jax.Device]] = None):
     self.devices = list(devices) if devices is not None else global_devices()
@@ -93,9 +138,21 @@ class DataParallel:
     run on every device: takes and returns this layout's arrays."""
     raise NotImplementedError
 
+  def map_train_step(self, gradients: Callable, update: Callable) -> Callable:
+    """The train step `(state, batch, rng) -> (state, metrics)` on every device, the state
+    donated: `update(state, gradients(state, batch, rng))`, where `gradients` is one device's
+    program (it averages over the devices itself) and `update` needs no collective."""
+    return self.map(lambda state, batch, rng: update(state, gradients(state, batch, rng)),
+                    num_args=3, donate_state=True)
+
   def put_replicated(self, tree: Any) -> Any:
     """A host tree (the same on every process) as a replicated device tree."""
     raise NotImplementedError
+
+  def put_state(self, state: Any) -> Any:
+    """A host `TrainState` (the same on every process) on the devices, in this layout's
+    state sharding."""
+    return self.put_replicated(state)
 
   def put_batch(self, rows: Any) -> Any:
     """This process's rows of the global batch, onto its devices."""
@@ -163,11 +220,15 @@ class Pmapped(DataParallel):
 
 
 class ShardMapped(DataParallel):
-  """`jax.jit` of `jax.shard_map` over a mesh of the devices: one global array per leaf."""
+  """`jax.jit` of `jax.shard_map` over a mesh of the devices: one global array per leaf;
+  the state replicated, or sharded over the devices (`state_sharding`)."""
   backend = 'shard_map'
 
-  def __init__(self, devices=None):
+  def __init__(self, devices=None, state_sharding: str = 'replicated'):
     super().__init__(devices)
+    if state_sharding not in STATE_SHARDINGS:
+      raise ValueError(f'state_sharding={state_sharding!r}: choose one of {STATE_SHARDINGS}')
+    self.state_sharding = state_sharding
     self.mesh = device_mesh(self.devices)
     self._replicated = NamedSharding(self.mesh, P())
     self._batched = NamedSharding(self.mesh, P(AXIS_NAME))
@@ -184,11 +245,48 @@ class ShardMapped(DataParallel):
                            out_specs=P(), check_vma=False)
     return jax.jit(mapped, donate_argnums=(0,) if donate_state else ())
 
+  def map_train_step(self, gradients, update):
+    if self.state_sharding == 'replicated':
+      return super().map_train_step(gradients, update)
+    # The gradient pass sees the params whole: under 'full' they are gathered first (XLA
+    # frees the gathered copy after the backward pass). It is given neither the optimizer
+    # state nor the EMA, which stay split.
+    mapped = jax.shard_map(gradients, mesh=self.mesh, in_specs=(P(), P(AXIS_NAME), P()),
+                           out_specs=P(), check_vma=False)
+
+    def step(state, batch, rng):
+      params = jax.lax.with_sharding_constraint(
+          state.params, jax.tree.map(lambda _: self._replicated, state.params))
+      result = mapped(state.replace(params=params, opt_state=None, ema_params=None), batch,
+                      rng)
+      new_state, step_metrics = update(state, result)
+      return jax.lax.with_sharding_constraint(new_state, self.state_shardings(new_state)), (
+          step_metrics)
+
+    return jax.jit(step, donate_argnums=(0,))
+
+  def state_shardings(self, state: Any) -> Any:
+    """The sharding of every leaf of a `TrainState` (of arrays or shapes) in this layout's
+    state sharding: `split_spec` for the fields it splits, replicated for the rest."""
+    split = SHARDED_FIELDS[self.state_sharding]
+
+    def sharding(path, leaf):
+      if getattr(path[0], 'name', None) in split:
+        return NamedSharding(self.mesh, split_spec(leaf.shape, len(self.devices)))
+      return self._replicated
+
+    return jax.tree_util.tree_map_with_path(sharding, state)
+
   def put_replicated(self, tree):
-    def put(x):
-      x = np.asarray(x)
-      return jax.make_array_from_callback(x.shape, self._replicated, lambda index: x[index])
-    return jax.tree.map(put, tree)
+    return jax.tree.map(lambda x: self._put(x, self._replicated), tree)
+
+  def put_state(self, state):
+    return jax.tree.map(self._put, state, self.state_shardings(state))
+
+  @staticmethod
+  def _put(x, sharding: NamedSharding) -> jax.Array:
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
 
   def put_batch(self, rows):
     processes = len(self.devices) // len(self.local_devices)
@@ -197,13 +295,24 @@ class ShardMapped(DataParallel):
             self._batched, x, (x.shape[0] * processes,) + x.shape[1:]), rows)
 
   def _one_replica(self, x):
-    return x.addressable_data(0) if isinstance(x, jax.Array) else np.asarray(x)
+    if not isinstance(x, jax.Array):
+      return np.asarray(x)
+    if x.sharding.is_fully_replicated:
+      return x.addressable_data(0)
+    if x.is_fully_addressable:
+      return x  # A sharded leaf: fetched whole, from every device's part.
+    return multihost_utils.process_allgather(x, tiled=True)
 
 
-def data_parallel(backend: str, devices: Optional[Sequence[jax.Device]] = None
-                  ) -> DataParallel:
-  """The layout of `backend` ('pmap' or 'shard_map') over `devices`."""
-  return {'pmap': Pmapped, 'shard_map': ShardMapped}[backend](devices)
+def data_parallel(backend: str, devices: Optional[Sequence[jax.Device]] = None,
+                  state_sharding: str = 'replicated') -> DataParallel:
+  """The layout of `backend` ('pmap' or 'shard_map') over `devices`; `state_sharding`
+  (`STATE_SHARDINGS`) other than 'replicated' needs 'shard_map'."""
+  if backend == 'pmap':
+    if state_sharding != 'replicated':
+      raise ValueError(f'state_sharding={state_sharding!r} needs the shard_map backend')
+    return Pmapped(devices)
+  return ShardMapped(devices, state_sharding)
 
 
 def host_state(layout: DataParallel, tree: Any) -> Any:

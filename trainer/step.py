@@ -191,18 +191,22 @@ def ema(decay: float, average: Any, params: Any) -> Any:
   return jax.tree.map(lambda a, p: decay * a + (1.0 - decay) * p, average, params)
 
 
-def train_step(state: TrainState, batch: dict, rng: jax.Array, *,
-               learning_rate_fn: optax.Schedule, options: StepOptions = StepOptions()
-               ) -> tuple[TrainState, TrainMetrics]:
-  """One optimizer step on this device's rows of the global batch, gradients averaged over
-  all devices.
+class StepGradients(NamedTuple):
+  """What a step's gradient pass leaves for its update: everything averaged over the
+  devices already, so that the update needs no collective."""
+  grads: Any
+  batch_stats: Any  # BatchNorm statistics after the step (None without BatchNorm).
+  loss: jax.Array  # The global batch's mean loss.
+  accuracy: jax.Array
+  dynamic_scale: Any  # The adjusted float16 loss scale (None without loss scaling).
+  finite: Optional[jax.Array]  # Under loss scaling: whether the gradients are finite.
 
-  `rng` is the same on every device; folded with the step number it is the step's RNG, and
-  each example's draws fold in its global row (see models.layers), so the randomness does not
-  depend on how the batch is split over devices. Under float16 loss scaling, and with
-  `options.skip_nonfinite`, a step whose loss or gradients are NaN/Inf leaves params,
-  optimizer state and BatchNorm statistics unchanged.
-  """
+
+def step_gradients(state: TrainState, batch: dict, rng: jax.Array, *,
+                   options: StepOptions = StepOptions()) -> StepGradients:
+  """The gradient pass of `train_step` on this device's rows (its collectives: the mixing
+  partners, the gradient and metric means). Reads `step`, `params`, `batch_stats` and
+  `dynamic_scale` of `state` only."""
   if state.dynamic_scale is not None and options.grad_accum_steps > 1:
     raise ValueError(f'grad_accum_steps={options.grad_accum_steps} cannot be honoured under '
                      'float16 loss scaling (state.dynamic_scale): the scaled gradient is of '
@@ -217,26 +221,53 @@ def train_step(state: TrainState, batch: dict, rng: jax.Array, *,
     result = accumulated_gradients(loss_fn, state, batch, rng, options.grad_accum_steps)
   else:
     result = plain_gradients(loss_fn, state, batch, rng)
-
-  new_state = state.apply_gradients(grads=result.grads, batch_stats=result.batch_stats)
   accuracy = jnp.mean(jnp.argmax(result.logits, axis=-1) == batch['label'])
   loss, accuracy = lax.pmean((result.loss, accuracy), AXIS_NAME)
+  return StepGradients(result.grads, result.batch_stats, loss, accuracy, dynamic_scale, finite)
+
+
+def apply_gradients(state: TrainState, result: StepGradients, *,
+                    learning_rate_fn: optax.Schedule, options: StepOptions = StepOptions()
+                    ) -> tuple[TrainState, TrainMetrics]:
+  """The update of `train_step` from its gradient pass: the optimizer step, the skip of a
+  non-finite step, the EMA and the metrics. No collective: under `jax.pmap` it runs on each
+  device; with the state sharded over the devices (`parallel.ShardMapped`), over the global
+  arrays, XLA placing each leaf's part on its device."""
+  new_state = state.apply_gradients(grads=result.grads, batch_stats=result.batch_stats)
   grad_norm = optax.global_norm(result.grads)
+  finite = result.finite
   if finite is None and options.skip_nonfinite:
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    finite = jnp.isfinite(result.loss) & jnp.isfinite(grad_norm)
   if finite is not None:
-    new_state = keep_if_finite(finite, new_state, state).replace(dynamic_scale=dynamic_scale)
+    new_state = keep_if_finite(finite, new_state, state).replace(
+        dynamic_scale=result.dynamic_scale)
   if options.ema_decay:
     new_state = new_state.replace(
         ema_params=ema(options.ema_decay, state.ema_params, new_state.params))
 
-  outputs = dict(loss=loss, accuracy=accuracy, grad_norm=grad_norm,
+  outputs = dict(loss=result.loss, accuracy=result.accuracy, grad_norm=grad_norm,
                  param_norm=optax.global_norm(new_state.params),
                  learning_rate=learning_rate_fn(state.step))
-  if dynamic_scale is not None:
+  if result.dynamic_scale is not None:
     return new_state, ScaledTrainMetrics.single_from_model_output(
-        loss_scale=dynamic_scale.scale, **outputs)
+        loss_scale=result.dynamic_scale.scale, **outputs)
   return new_state, TrainMetrics.single_from_model_output(**outputs)
+
+
+def train_step(state: TrainState, batch: dict, rng: jax.Array, *,
+               learning_rate_fn: optax.Schedule, options: StepOptions = StepOptions()
+               ) -> tuple[TrainState, TrainMetrics]:
+  """One optimizer step on this device's rows of the global batch, gradients averaged over
+  all devices: `step_gradients`, then `apply_gradients`.
+
+  `rng` is the same on every device; folded with the step number it is the step's RNG, and
+  each example's draws fold in its global row (see models.layers), so the randomness does not
+  depend on how the batch is split over devices. Under float16 loss scaling, and with
+  `options.skip_nonfinite`, a step whose loss or gradients are NaN/Inf leaves params,
+  optimizer state and BatchNorm statistics unchanged.
+  """
+  return apply_gradients(state, step_gradients(state, batch, rng, options=options),
+                         learning_rate_fn=learning_rate_fn, options=options)
 
 
 def eval_step(state: TrainState, batch: dict, *,
@@ -253,13 +284,17 @@ def eval_step(state: TrainState, batch: dict, *,
 
 def make_train_step(layout: parallel.DataParallel, *, learning_rate_fn: optax.Schedule,
                     options: StepOptions = StepOptions()) -> Callable:
-  """`(state, batch, rng) -> (state, metrics)` over the layout's devices (`train_step` on
-  each); the state's buffers are donated."""
-  body = functools.partial(train_step, learning_rate_fn=learning_rate_fn, options=options)
-  return layout.map(body, num_args=3, donate_state=True)
+  """`(state, batch, rng) -> (state, metrics)` over the layout's devices (`train_step`; with
+  the state sharded, its gradient pass on each device and its update over the sharded
+  state); the state's buffers are donated."""
+  return layout.map_train_step(
+      functools.partial(step_gradients, options=options),
+      functools.partial(apply_gradients, learning_rate_fn=learning_rate_fn, options=options))
 
 
 def make_eval_step(layout: parallel.DataParallel,
                    normalization: Normalization = Normalization()) -> Callable:
-  """`(state, batch) -> EvalMetrics` over the layout's devices."""
-  return layout.map(functools.partial(eval_step, normalization=normalization), num_args=2)
+  """`(state, batch) -> EvalMetrics` over the layout's devices; the optimizer state stays
+  where it is (the step is given the state without it)."""
+  mapped = layout.map(functools.partial(eval_step, normalization=normalization), num_args=2)
+  return lambda state, batch: mapped(state.replace(opt_state=None), batch)

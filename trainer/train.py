@@ -1,7 +1,7 @@
 """The training loop: when to train, log, evaluate, checkpoint and stop.
 
     state   = newest intact checkpoint, else init (or --config.init_from params)  # orbax
-    rstate  = layout.put_replicated(state)          # pmap copies, or P() global arrays
+    rstate  = layout.put_state(state)   # pmap copies, or global arrays (replicated/sharded)
     batches = this process's rows of each global batch -> layout.put_batch -> prefetch
     for step: rstate, metrics = p_train_step(rstate, batch, rng)
         every log_every_steps: fetch metrics, check they are finite -> writer (process 0)
@@ -272,7 +272,7 @@ def _prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
     checks.check_config(config, process_count=1, local_device_count=1)
   checks.check_workdir(workdir)
   _on_process_0(workdir, workdir_lib.WorkdirLock(workdir).check)  # A run there now: say so now.
-  layout = parallel.data_parallel(config.step_backend, devices)
+  layout = parallel.data_parallel(config.step_backend, devices, config.state_sharding)
   if (config.compilation_cache_dir and
       jax.config.jax_compilation_cache_dir != config.compilation_cache_dir):
     logging.warning('compilation_cache_dir=%r is not in use: the cache is process-wide and set '
@@ -320,7 +320,7 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
     with metric_writers.ensure_flushes(writer):
       scalars = evaluate_all(step_lib.make_eval_step(
           run.layout, step_lib.Normalization.from_config(config)),
-                             run.layout.put_replicated(state), run.evaluations, run.layout)
+                             run.layout.put_state(state), run.evaluations, run.layout)
       writer.write_scalars(step, scalars)
     parallel.sync_processes('evaluate_only done')
   return scalars
@@ -375,7 +375,7 @@ class _Session:
         options=step_lib.StepOptions.from_config(config))
     self.p_eval_step = step_lib.make_eval_step(layout,
                                                step_lib.Normalization.from_config(config))
-    self.rstate = layout.put_replicated(start.state)
+    self.rstate = layout.put_state(start.state)
     self.rng = layout.put_replicated(start.step_rng)
     self.prefetch, self.batches, self.efficiency = self._batches()
     self.hooks = _hooks(config, workdir, writer)
@@ -396,18 +396,26 @@ class _Session:
 
   def _batches(self) -> tuple[parallel.Prefetch, Iterator[Any], efficiency.StepEfficiency]:
     """This process's rows of each global batch on the devices, prefetched by a thread (to
-    be closed), the batches, and the step's efficiency from the FLOPs of the step lowered on
-    the first batch (traced again, not compiled)."""
+    be closed), the batches, and the step's efficiency. The step is compiled here, on the
+    first batch: its FLOPs (XLA's cost analysis) and the memory it needs per device are
+    logged before the first step runs."""
     layout = self.run.layout
     rows = self.run.data.batches(
         process_index=jax.process_index(), process_count=jax.process_count(),
         start_position=self.start.examples_seen, seed=self.start.data_seed)
     prefetch = parallel.Prefetch((layout.put_batch(batch) for batch in rows), PREFETCH_BATCHES)
     first_batch = next(prefetch)
+    lowered = self.p_train_step.lower(self.rstate, first_batch, self.rng)
+    compiled = None
+    # A pmap compiled ahead of time takes the global arrays only; a multi-process pmap is
+    # called with each process's, and compiles at its first call (no memory analysis then).
+    if layout.backend != 'pmap' or jax.process_count() == 1:
+      compiled = lowered.compile()
+      self.p_train_step = compiled  # Called from here on: the step is not compiled twice.
+    logging.info('%s', efficiency.describe_memory(efficiency.step_memory(
+        self.rstate, compiled), layout.state_sharding))
     step_efficiency = efficiency.StepEfficiency(
-        efficiency.flops_per_device_step(self.p_train_step, self.rstate, first_batch,
-                                         self.rng),
-        efficiency.peak_flops(layout.devices[0].device_kind))
+        efficiency.lowered_flops(lowered), efficiency.peak_flops(layout.devices[0].device_kind))
     return prefetch, itertools.chain([first_batch], prefetch), step_efficiency
 
   def train(self) -> None:
