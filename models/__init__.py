@@ -33,6 +33,7 @@ _REGISTRY: Dict[str, Callable[..., nn.Module]] = {
     'vit_ti16': vit.ViTTiny16,
     'vit_s16': vit.ViTSmall16,
     'vit_b16': vit.ViTBase16,
+    'vit_g14': vit.ViTGiant14,
 }
 
 

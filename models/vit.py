@@ -74,6 +74,9 @@ ViTSmall16 = functools.partial(ViT, patch_size=16, hidden_size=384, num_layers=1
                                mlp_dim=1536)
 ViTBase16 = functools.partial(ViT, patch_size=16, hidden_size=768, num_layers=12, num_heads=12,
                               mlp_dim=3072)
+# ViT-g/14 (Zhai et al., "Scaling Vision Transformers", 2022): about 1.0B params at 224.
+ViTGiant14 = functools.partial(ViT, patch_size=14, hidden_size=1408, num_layers=40,
+                               num_heads=16, mlp_dim=6144)
 # For tests: 4x4 patches, 2 layers of width 32.
 ViTTest = functools.partial(ViT, patch_size=4, hidden_size=32, num_layers=2, num_heads=2,
                             mlp_dim=64)

@@ -158,8 +158,13 @@ def _fmt(value: Optional[float], digits: int) -> str:
 
 
 def titles(report: dict) -> dict[str, str]:
-  """The runs' names in the report and plots, the JAX run's with its step backend."""
-  return {'jax': f'JAX ({report["jax"]["step_backend"]})', 'ddp': 'PyTorch DDP'}
+  """The runs' names in the report and plots: the JAX run's with its step backend and state
+  sharding, the DDP run's with what wraps its model and optimizer."""
+  sharding = report['jax'].get('state_sharding', 'replicated')
+  jax_title = report['jax']['step_backend'] + (
+      '' if sharding == 'replicated' else f', state_sharding={sharding}')
+  return {'jax': f'JAX ({jax_title})',
+          'ddp': f'PyTorch {report["ddp"].get("wrapper", "DDP")}'}
 
 
 def _settings_text(run: dict) -> str:
@@ -366,7 +371,7 @@ def compare(config, config_path: str, overrides: list[str], workdir: str, device
             for key, (records, started) in runs.items()}
   jax_platform = _jax_platform(run_dirs['jax'])
   report['jax'].update(precision=config.dtype, step_backend=config.step_backend,
-                       platform=jax_platform)
+                       state_sharding=config.state_sharding, platform=jax_platform)
   with open(os.path.join(run_dirs['ddp'], ddp_train.SETTINGS_FILE), encoding='utf-8') as f:
     report['ddp'].update(json.load(f))
   report['throughput_ratio_jax_over_ddp'] = reporting.ratio(

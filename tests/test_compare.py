@@ -1,5 +1,6 @@
 """scripts.compare: both runs in bfloat16 (the mlp: XLA:CPU's bfloat16 convolutions are
-slow), the report, its JSON and the plots; reuse; bad input."""
+slow) with their optimizer state sharded (ZeRO-1 on both sides), the report, its JSON and the
+plots; reuse; bad input."""
 
 import json
 import os
@@ -22,6 +23,7 @@ def _compare(workdir, tfds_data_dir, *extra):
        f'--config.num_train_steps={STEPS}', '--config.log_every_steps=25',
        '--config.eval_every_steps=50', '--config.checkpoint_every_steps=100',
        '--config.dtype=bfloat16', '--config.model=mlp', '--config.step_backend=shard_map',
+       '--config.state_sharding=optimizer',
        f'--config.tfds_data_dir={tfds_data_dir}', *extra],
       cwd=processes.REPO, env=processes.environment(), capture_output=True, text=True,
       timeout=600, check=False)
@@ -64,13 +66,17 @@ def test_report_json_and_table_hold_both_runs(compared):
   assert not report['ddp']['grad_scaler']
   assert report['ddp']['model'] == 'baselines.torch_ddp.models.MLP'
   assert report['jax']['step_backend'] == 'shard_map' and report['jax']['platform'] == 'cpu'
+  assert report['jax']['state_sharding'] == report['ddp']['state_sharding'] == 'optimizer'
+  assert report['ddp']['wrapper'] == 'DDP + ZeroRedundancyOptimizer'
 
   with open(os.path.join(compared, 'report.md')) as f:
     text = f.read()
   number = r'[\d,]+(\.\d+)?'
-  assert text.startswith('# JAX (shard_map) vs PyTorch DDP: `configs/default.py`')
+  jax_title = 'JAX (shard_map, state_sharding=optimizer)'
+  ddp_title = 'PyTorch DDP + ZeroRedundancyOptimizer'
+  assert text.startswith(f'# {jax_title} vs {ddp_title}: `configs/default.py`')
   assert 'both runs train on the same global batches' in text and 'part r' not in text
-  for title, key in (('JAX \\(shard_map\\)', 'jax'), ('PyTorch DDP', 'ddp')):
+  for title, key in ((re.escape(jax_title), 'jax'), (re.escape(ddp_title), 'ddp')):
     row = re.search(rf'^\| {title} \|(.*)\|$', text, re.M)
     assert row, text
     cells = [c.strip() for c in row.group(1).split('|')]

@@ -1,6 +1,7 @@
 """Parity: JAX on D devices and DDP on R ranks read rows of the same global batches from the
 same initial weights, so their losses agree whatever D and R."""
 
+import json
 import os
 import subprocess
 
@@ -9,6 +10,8 @@ import numpy as np
 import pytest
 
 from baselines.torch_ddp import launch
+from baselines.torch_ddp import step as ddp_step
+from baselines.torch_ddp import train as ddp_train
 from scripts import processes
 from trainer import train
 from trainer import writers
@@ -16,16 +19,18 @@ from trainer import writers
 
 # Ranks 1, 2 and 4, each against another JAX device count; torchvision's ResNet (at a test
 # width) on 1 rank, where torch's BatchNorm sees the whole batch as JAX's does over devices;
-# Mixup/CutMix on 4 ranks, where the twin fetches partner rows from rank 3 - r.
+# Mixup/CutMix on 4 ranks, where the twin fetches partner rows from rank 3 - r. The resnet and
+# the mlp with their optimizer state sharded on both sides (ZeroRedundancyOptimizer; the JAX
+# state split over its 4 and 2 devices).
 @pytest.mark.slow
-@pytest.mark.parametrize('model,jax_devices,ddp_ranks,mixing',
-                         [('resnet_tiny', 4, 1, {}),
-                          pytest.param('cnn', 1, 2, {}, marks=pytest.mark.slow),
-                          pytest.param('mlp', 2, 4, dict(mixup_alpha=0.4, cutmix_alpha=1.0),
-                                       marks=pytest.mark.slow)])
-def test_first_20_losses_agree(tmp_path, config, model, jax_devices, ddp_ranks, mixing):
+@pytest.mark.parametrize('model,jax_devices,ddp_ranks,more',
+                         [('resnet_tiny', 4, 1, dict(state_sharding='optimizer')),
+                          ('cnn', 1, 2, {}),
+                          ('mlp', 2, 4, dict(mixup_alpha=0.4, cutmix_alpha=1.0,
+                                             state_sharding='optimizer'))])
+def test_first_20_losses_agree(tmp_path, config, model, jax_devices, ddp_ranks, more):
   overrides = dict(model=model, num_train_steps=20, warmup_steps=5, log_every_steps=1,
-                   dropout_rate=0.0, **mixing)
+                   dropout_rate=0.0, step_backend='shard_map' if more else 'pmap', **more)
   jax_dir, ddp_dir = str(tmp_path / 'jax'), str(tmp_path / 'ddp')
   config.update(**overrides)
   train.train_and_evaluate(config, jax_dir, devices=jax.devices()[:jax_devices])
@@ -36,6 +41,8 @@ def test_first_20_losses_agree(tmp_path, config, model, jax_devices, ddp_ranks, 
       cwd=processes.REPO, env=processes.environment(), capture_output=True, text=True,
       timeout=300, check=False)
   assert ddp_run.returncode == 0, ddp_run.stderr[-2000:]
+  with open(os.path.join(ddp_dir, ddp_train.SETTINGS_FILE), encoding='utf-8') as f:
+    assert json.load(f)['wrapper'] == ddp_step.WRAPPERS[config.state_sharding]
 
   scalars, _ = writers.read_events(jax_dir)
   jax_losses = [scalars['train_loss'][step] for step in range(1, 21)]

@@ -24,6 +24,11 @@ PINNED = {
     ('vit_ti16', IMAGENET, 1000): 5_717_416,
     ('vit_s16', IMAGENET, 1000): 22_050_664,
     ('vit_b16', IMAGENET, 1000): 86_567_656,
+    # 40 blocks x (attention 4 x (1408^2 + 1408) + MLP 2 x 1408 x 6144 + 6144 + 1408 + two LNs
+    # 4 x 1408) + patch conv 14*14*3*1408+1408 + cls 1408 + pos 257*1408 + LN + head 1408*1000+1000.
+    ('vit_g14', IMAGENET, 1000): 40 * (4 * (1408**2 + 1408) + 2 * 1408 * 6144 + 6144 + 1408 +
+                                       4 * 1408) + 829_312 + 1408 + 257 * 1408 + 2816 +
+                                 1_409_000,
     # The CIFAR stem swaps the 7x7x3x64 conv for a 3x3 one: 9408 - 1728 fewer; 10 classes.
     ('resnet18_cifar', (32, 32, 3), 10): 11_173_962,
     ('resnet34_cifar', (32, 32, 3), 10): 21_282_122,
@@ -51,7 +56,7 @@ STEPPED_BY = {'mlp': 'mlp', 'cnn': 'cnn', 'resnet_tiny': 'resnet_tiny',
               'resnet34_cifar': 'resnet50_cifar', 'resnet50': 'resnet50_cifar',
               'resnet101': 'resnet50_cifar', 'resnet50_cifar': 'resnet50_cifar',
               'vit_test': 'vit_test', 'vit_ti16': 'vit_test', 'vit_s16': 'vit_test',
-              'vit_b16': 'vit_test'}
+              'vit_b16': 'vit_test', 'vit_g14': 'vit_test'}
 STEPPED = sorted(set(STEPPED_BY.values()))
 # The smallest input each stepped model takes.
 STEP_SHAPES = {name: (8, 8, 1) if name in ('mlp', 'cnn') else (32, 32, 3) for name in STEPPED}

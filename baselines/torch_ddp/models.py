@@ -147,12 +147,15 @@ def _resnet(name: str) -> Callable[..., nn.Module]:
                            bottleneck=bottleneck)
 
 
+# Flax models without a twin: ViT-g/14 (1B params, configs/imagenet_vit_g14_sharded.py) is
+# the sharded-state recipe, not a comparison; its layers are those of the ViTs that have one.
+NO_TWIN = frozenset({'vit_g14'})
 REGISTRY: Dict[str, Callable[..., nn.Module]] = {
     'mlp': MLP,
     'cnn': CNN,
     **{name: _resnet(name) for name in flax_models.names() if name.startswith('resnet')},
     **{name: _from_flax(name, torchvision_vit, *_VIT_FIELDS)
-       for name in flax_models.names() if name.startswith('vit')},
+       for name in flax_models.names() if name.startswith('vit') and name not in NO_TWIN},
 }
 # The models whose layers are convolutions throughout: they run channels_last.
 CONVNETS = frozenset(name for name in REGISTRY if name == 'cnn' or name.startswith('resnet'))

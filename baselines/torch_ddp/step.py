@@ -17,6 +17,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torchvision
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict,
+                                                     set_optimizer_state_dict)
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from baselines.torch_ddp import models as torch_models
@@ -72,10 +78,17 @@ class Precision:
             'torch_compile': self.compile}
 
 
-def describe(model: torch.nn.Module, precision: Precision) -> dict:
+# What holds the model and optimizer under each `config.state_sharding`.
+WRAPPERS = {'replicated': 'DDP', 'optimizer': 'DDP + ZeroRedundancyOptimizer',
+            'full': 'FSDP2 (fully_shard)'}
+
+
+def describe(model: torch.nn.Module, precision: Precision,
+             state_sharding: str = 'replicated') -> dict:
   """What ran, as the DDP workdir's settings file and the benchmark record it: the precision
-  settings, the model's class and the versions."""
+  settings, the model's class, what wraps it and the versions."""
   return {**precision.settings(), 'model': f'{type(model).__module__}.{type(model).__name__}',
+          'state_sharding': state_sharding, 'wrapper': WRAPPERS[state_sharding],
           'torch': torch.__version__, 'torchvision': torchvision.__version__}
 
 
@@ -121,17 +134,25 @@ def rank_device() -> torch.device:
   return torch.device('cpu')
 
 
-def distributed(model: torch.nn.Module, device: torch.device, compile_model: bool
-                ) -> tuple[torch.nn.Module, torch.nn.Module]:
-  """`model` (placed on `device`) under DDP, and what the train step calls: that, compiled
-  with torch.compile where `compile_model` is set."""
-  ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == 'cuda'
-                                else None)
-  return ddp, torch.compile(ddp) if compile_model else ddp
+def distributed(model: torch.nn.Module, device: torch.device, compile_model: bool,
+                state_sharding: str = 'replicated') -> tuple[torch.nn.Module, torch.nn.Module]:
+  """`model` (placed on `device`) under DDP, or with `state_sharding='full'` sharded in place
+  by FSDP2 (`fully_shard`: params split over the ranks, gathered for each forward and
+  backward); and what the train step calls: that, compiled with torch.compile where
+  `compile_model` is set. Make the optimizer after this: under FSDP2 it takes the sharded
+  params."""
+  if state_sharding == 'full':
+    wrapped = fully_shard(model)
+  else:
+    wrapped = DistributedDataParallel(model, device_ids=[device.index] if device.type == 'cuda'
+                                      else None)
+  return wrapped, torch.compile(wrapped) if compile_model else wrapped
 
 
 def make_optimizer(config, model: torch.nn.Module) -> torch.optim.Optimizer:
-  """The optax chain of trainer/optim.py in torch: decay on kernels only unless asked."""
+  """The optax chain of trainer/optim.py in torch: decay on kernels only unless asked. With
+  `config.state_sharding='optimizer'` it is wrapped in ZeroRedundancyOptimizer (each rank
+  keeps and updates the state of its share of the params, then broadcasts them)."""
   decayed = [p for p in model.parameters() if p.ndim > 1 or config.decay_all_params]
   spared = [p for p in model.parameters() if not (p.ndim > 1 or config.decay_all_params)]
   groups = [{'params': decayed, 'weight_decay': config.weight_decay},
@@ -140,9 +161,52 @@ def make_optimizer(config, model: torch.nn.Module) -> torch.optim.Optimizer:
   if config.optimizer == 'sgd':
     # torch's coupled decay (added to the gradient before momentum) is optax's
     # add_decayed_weights before sgd.
-    return torch.optim.SGD(groups, lr=peak, momentum=config.momentum,
-                           nesterov=config.nesterov and config.momentum > 0)
-  return torch.optim.AdamW(groups, lr=peak, betas=(config.adam_b1, config.adam_b2), eps=1e-8)
+    optimizer_class, options = torch.optim.SGD, dict(
+        lr=peak, momentum=config.momentum, nesterov=config.nesterov and config.momentum > 0)
+  else:
+    optimizer_class, options = torch.optim.AdamW, dict(
+        lr=peak, betas=(config.adam_b1, config.adam_b2), eps=1e-8)
+  if config.state_sharding == 'optimizer':
+    return ZeroRedundancyOptimizer(groups, optimizer_class=optimizer_class, **options)
+  return optimizer_class(groups, **options)
+
+
+def full_tensor(x: torch.Tensor) -> torch.Tensor:
+  """A tensor whole: a DTensor (FSDP2's sharded params and what is computed from them)
+  gathered, any other as it is."""
+  return x.full_tensor() if isinstance(x, DTensor) else x
+
+
+def model_state(model: torch.nn.Module, state_sharding: str) -> dict:
+  """The model's whole state dict (under FSDP2 gathered on rank 0, on the CPU; every rank
+  calls it)."""
+  if state_sharding == 'full':
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                cpu_offload=True))
+  return model.state_dict()
+
+
+def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    state_sharding: str) -> dict:
+  """The optimizer's whole state dict on rank 0 (every rank calls it: under ZeRO and FSDP2
+  the ranks' shares are gathered); {} on the other ranks where they hold a share only."""
+  if state_sharding == 'optimizer':
+    optimizer.consolidate_state_dict(to=0)
+    return optimizer.state_dict() if dist.get_rank() == 0 else {}
+  if state_sharding == 'full':
+    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(
+        full_state_dict=True, cpu_offload=True))
+  return optimizer.state_dict()
+
+
+def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                         saved: dict, state_sharding: str) -> None:
+  """`optimizer_state`'s dict loaded on every rank (each takes its share)."""
+  if state_sharding == 'full':
+    set_optimizer_state_dict(model, optimizer, saved,
+                             options=StateDictOptions(full_state_dict=True))
+  else:
+    optimizer.load_state_dict(saved)
 
 
 def partner_rows(x: torch.Tensor) -> torch.Tensor:
@@ -214,6 +278,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, precisi
   grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
   if grad_clip_norm > 0:
     torch.nn.utils.clip_grads_with_norm_(params, grad_clip_norm, grad_norm)
+  grad_norm = full_tensor(grad_norm)
   if scaler:  # Skips the step (and lowers the scale) when a gradient overflowed.
     scaler.step(optimizer)
     scaler.update()

@@ -80,8 +80,12 @@ def _define_flags() -> None:
   flags.mark_flags_as_required(['config', 'workdir'])
 
 # Fields a checkpoint must agree on with the config it is resumed under.
+# (The optimizer's state is saved whole, but keyed otherwise under FSDP2: the state sharding
+# must agree too.)
 RESUME_FIELDS = ('dataset', 'model', 'optimizer', 'batch_size', 'num_train_steps', 'seed',
-                 'train_split')
+                 'train_split', 'state_sharding')
+# What checkpoints written before a field existed ran under.
+FIELDS_BEFORE = {'state_sharding': 'replicated'}
 CHECKPOINT_DIR = 'checkpoints'
 
 
@@ -116,8 +120,9 @@ def _restore(workdir: str, config) -> Optional[dict]:
   except Exception as e:  # pylint: disable=broad-except
     raise UserError(f'{path} cannot be read ({type(e).__name__}: {e}); move it out of '
                     f'{os.path.dirname(path)} to resume from the one before') from None
-  changed = [f'{k}: {saved["config"][k]!r} -> {config[k]!r}' for k in RESUME_FIELDS
-             if saved['config'].get(k) != config[k]]
+  written = {**FIELDS_BEFORE, **saved['config']}
+  changed = [f'{k}: {written.get(k)!r} -> {config[k]!r}' for k in RESUME_FIELDS
+             if written.get(k) != config[k]]
   if changed:
     raise UserError(f'{path} was written under another config ({"; ".join(changed)}); use a '
                     'new --workdir, or the config it was written with')
@@ -217,18 +222,25 @@ def _build(config, workdir: str, input_shape, device: torch.device, parity: bool
   optimizer and learning-rate schedule, each rank's dropout generator."""
   rank, world = dist.get_rank(), dist.get_world_size()
   saved = _restore(workdir, config)
+  if config.state_sharding == 'full' and channels_last:
+    logging.warning('state_sharding=full: the model keeps the contiguous memory format, not '
+                    'channels_last (FSDP2 splits contiguous params only)')
+    channels_last = False
   precision = step_lib.Precision(config, device, channels_last, compile_model)
   model = build_model(config, input_shape, device, precision, parity and saved is None,
                       init_weights if saved is None else None)
   torch.manual_seed(config.seed * RANK_SEED_STRIDE + rank + 1)
+  if saved is not None:
+    model.load_state_dict(saved['model'])  # Whole, before FSDP2 (if set) splits it.
+  wrapped, step_model = step_lib.distributed(model, device, compile_model,
+                                             config.state_sharding)
   optimizer = step_lib.make_optimizer(config, model)
   schedule = optim.learning_rate_schedule(config)
   peak = optim.peak_learning_rate(config)
   scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: float(schedule(s)) / peak)
   start_step, examples_seen = 0, 0
   if saved is not None:
-    model.load_state_dict(saved['model'])
-    optimizer.load_state_dict(saved['optimizer'])
+    step_lib.load_optimizer_state(model, optimizer, saved['optimizer'], config.state_sharding)
     scheduler.load_state_dict(saved['scheduler'])
     if precision.scaler is not None and 'scaler' in saved:
       precision.scaler.load_state_dict(saved['scaler'])
@@ -241,8 +253,8 @@ def _build(config, workdir: str, input_shape, device: torch.device, parity: bool
     # Checkpoints from before the global stream counted examples per rank.
     examples_seen = saved.get('examples_seen', start_step * config.batch_size)
     logging.info('resuming from %s', _checkpoint_path(workdir, start_step))
-  return _Training(model, *step_lib.distributed(model, device, compile_model), optimizer,
-                   scheduler, precision, start_step, examples_seen)
+  return _Training(model, wrapped, step_model, optimizer, scheduler, precision, start_step,
+                   examples_seen)
 
 
 class _Window:
@@ -306,7 +318,8 @@ def train(config, workdir: str, parity: bool, init_weights: Optional[str] = None
                                 write_files=rank == 0)
   if rank == 0:
     with open(os.path.join(workdir, SETTINGS_FILE), 'w', encoding='utf-8') as f:
-      json.dump({**step_lib.describe(training.model, training.precision),
+      json.dump({**step_lib.describe(training.model, training.precision,
+                                     config.state_sharding),
                  'backend': dist.get_backend(), 'ranks': world,
                  'threads_per_rank': torch.get_num_threads()}, f, indent=1)
   # SIGTERM/SIGINT are recorded; the ranks agree on them at their next log or checkpoint step.
@@ -376,8 +389,8 @@ class _Session:
 
   def _log(self, step: int, learning_rate: float) -> None:
     scalars = self.window.scalars()
-    scalars.update(train_param_norm=float(torch.nn.utils.get_total_norm(
-        list(self.t.model.parameters()))), learning_rate=learning_rate)
+    scalars.update(train_param_norm=float(step_lib.full_tensor(torch.nn.utils.get_total_norm(
+        list(self.t.model.parameters())))), learning_rate=learning_rate)
     if self.t.precision.scaler:
       scalars['train_loss_scale'] = self.t.precision.scaler.get_scale()
     rate = self.throughput.rate(step)
@@ -390,9 +403,12 @@ class _Session:
     t, world = self.t, dist.get_world_size()
     rng_states = [None] * world
     dist.all_gather_object(rng_states, torch.get_rng_state())
+    sharding = self.config.state_sharding
+    model_state = step_lib.model_state(t.model, sharding)  # Collectives: every rank calls.
+    optimizer_state = step_lib.optimizer_state(t.model, t.optimizer, sharding)
     if dist.get_rank() == 0:
       _save(self.workdir, step, {
-          'model': t.model.state_dict(), 'optimizer': t.optimizer.state_dict(),
+          'model': model_state, 'optimizer': optimizer_state,
           'scheduler': t.scheduler.state_dict(), 'rng_states': rng_states, 'step': step,
           **({'scaler': t.precision.scaler.state_dict()} if t.precision.scaler else {}),
           'examples_seen': t.examples_seen + (step - t.start_step) * self.config.batch_size,
