@@ -46,15 +46,18 @@ def _synthetic_rows(config, layout: parallel.DataParallel, spec: specs.DatasetSp
   return layout.put_batch({k: v[jax.process_index() * rows:][:rows] for k, v in batch.items()})
 
 
-def measure_limit(config, backend: str, steps: int, warmup: int) -> dict[str, Any]:
-  """The bare step of `backend` ('pmap' or 'shard_map') over every device of every process,
-  `warmup` untimed steps after the first, then at least `steps` timed ones in chunks.
+def measure_limit(config, backend: str, steps: int, warmup: int,
+                  state_sharding: str = 'replicated') -> dict[str, Any]:
+  """The bare step of `backend` ('pmap' or 'shard_map', the state in `state_sharding`) over
+  every device of every process, `warmup` untimed steps after the first, then at least
+  `steps` timed ones in chunks.
 
   Returns `examples_per_sec` (the median chunk's), `step_s`, `compile_s`, `timed_steps`,
-  `flops_per_step` (over all devices; None where XLA gives no count) and `mfu` (None where
-  the device's peak is unknown).
+  `flops_per_step` (over all devices; None where XLA gives no count), `mfu` (None where
+  the device's peak is unknown) and `memory`: the step's bytes per device
+  (`efficiency.StepMemory`; temporaries None where the step was not compiled ahead).
   """
-  layout = parallel.data_parallel(backend)
+  layout = parallel.data_parallel(backend, state_sharding=state_sharding)
   spec = specs.for_config(config)
   # The schedule's length does not change the speed; the train split's size stands in for
   # the configured split's.
@@ -62,16 +65,22 @@ def measure_limit(config, backend: str, steps: int, warmup: int) -> dict[str, An
   state = state_lib.init_state(config, spec.num_classes, (1,) + spec.input_shape,
                                rng=jax.random.PRNGKey(0))
   batch = _synthetic_rows(config, layout, spec)
-  rstate = layout.put_replicated(state)
+  rstate = layout.put_state(state)
   step_rng = layout.put_replicated(jax.random.PRNGKey(1))
   p_train_step = step_lib.make_train_step(
       layout, learning_rate_fn=optim.learning_rate_schedule(config),
       options=step_lib.StepOptions.from_config(config))
 
   start = time.perf_counter()
-  p_train_step.lower(rstate, batch, step_rng).compile()
+  lowered = p_train_step.lower(rstate, batch, step_rng)
+  compiled = lowered.compile()
   compile_s = time.perf_counter() - start
-  flops = efficiency.flops_per_device_step(p_train_step, rstate, batch, step_rng)
+  flops = efficiency.lowered_flops(lowered)
+  memory = efficiency.step_memory(rstate, compiled)
+  # Timed as compiled (not compiled again), except a multi-process pmap, which takes each
+  # process's arrays only through the pmapped function.
+  if backend != 'pmap' or jax.process_count() == 1:
+    p_train_step = compiled
 
   def run(num_steps):
     nonlocal rstate
@@ -88,15 +97,21 @@ def measure_limit(config, backend: str, steps: int, warmup: int) -> dict[str, An
   return {'examples_per_sec': rate, 'step_s': config.batch_size / rate, 'compile_s': compile_s,
           'timed_steps': bench_common.CHUNK * len(seconds), 'flops_per_step': step_flops,
           'mfu': efficiency.mfu(step_flops, rate / config.batch_size,
-                                efficiency.peak_flops(layout.devices[0].device_kind), devices)}
+                                efficiency.peak_flops(layout.devices[0].device_kind), devices),
+          'memory': memory._asdict()}
 
 
 def limit_part(config, steps: int, warmup: int) -> dict[str, Any]:
   """The bare step of both backends over every device of every process: `processes`,
-  `devices`, and `measure_limit`'s figures under each backend's name."""
-  return {'processes': jax.process_count(), 'devices': jax.device_count(),
-          **{backend: measure_limit(config, backend, steps, warmup)
-             for backend in parallel.BACKENDS}}
+  `devices`, and `measure_limit`'s figures under each backend's name; shard_map's with the
+  state sharded too, under `state_sharding` by sharding ('replicated' is `shard_map`)."""
+  result = {'processes': jax.process_count(), 'devices': jax.device_count(),
+            **{backend: measure_limit(config, backend, steps, warmup)
+               for backend in parallel.BACKENDS}}
+  result['state_sharding'] = {'replicated': result['shard_map'], **{
+      sharding: measure_limit(config, 'shard_map', steps, warmup, sharding)
+      for sharding in parallel.STATE_SHARDINGS if sharding != 'replicated'}}
+  return result
 
 
 def main(argv):

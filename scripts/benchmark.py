@@ -475,9 +475,29 @@ def _ratio_lines(figures: dict) -> list[str]:
   return lines
 
 
+def _memory_rows(figures: dict) -> list[tuple[str, ...]]:
+  """Per limit run and state sharding (shard_map): the step's MiB per device and its time
+  against the replicated state's."""
+  fmt = reporting.fmt
+  mib = lambda n: fmt(n / 2**20, 2) if n is not None else ''
+  rows = [('state_sharding', 'params MiB/dev', 'opt state MiB/dev', 'temporaries MiB/dev',
+           'step vs replicated')]
+  for run in figures.get('limit_runs', []):
+    shardings = run.get('state_sharding', {})
+    base = shardings.get('replicated', {}).get('step_s')
+    for sharding, m in shardings.items():
+      memory = m['memory']
+      rows.append((f'{sharding}, {run["devices"]} dev', mib(memory['params']),
+                   mib(memory['opt_state']), mib(memory['temporaries']),
+                   fmt(m['step_s'] / base, 2) if base else ''))
+  return rows
+
+
 def table(figures: dict) -> str:
   """The figures as the benchmark prints them: a row per measurement, then the ratios."""
   tables = [_rows(figures)] if len(_rows(figures)) > 1 else []
+  if len(_memory_rows(figures)) > 1:
+    tables.append(_memory_rows(figures))
   if 'input_over_torchvision' in figures:
     tables.append(_input_rows(figures))
   return '\n\n'.join([*map(reporting.plain_table, tables), '\n'.join(_ratio_lines(figures))])

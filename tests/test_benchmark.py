@@ -6,6 +6,7 @@ Speed targets are read from the benchmark's output by people, never asserted her
 """
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -117,7 +118,7 @@ def test_bare_step_parts_run_without_tensorflow(tmp_path):
   run = subprocess.run(
       [sys.executable, '-m', 'scripts.benchmark', '--config=configs/default.py',
        f'--json={out}', '--parts=limit,ddp_limit', '--steps=10', '--timing_warmup_steps=1',
-       '--jax_devices=1', '--ddp_ranks=1', '--config.dtype=bfloat16', '--config.batch_size=16'],
+       '--jax_devices=2', '--ddp_ranks=1', '--config.dtype=bfloat16', '--config.batch_size=16'],
       cwd=processes.REPO, env=processes.environment(PYTHONPATH=str(hidden)),
       capture_output=True, text=True, timeout=300, check=False)
   assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
@@ -125,9 +126,19 @@ def test_bare_step_parts_run_without_tensorflow(tmp_path):
   assert figures['parts'] == ['limit', 'ddp_limit']
   assert 'jax_runs' not in figures and 'trainer_over_limit' not in figures
   jax_step = figures['limit_runs'][0]
-  assert jax_step['devices'] == 1
+  assert jax_step['devices'] == 2
   assert figures['step_jax_examples_per_sec'] == max(
       jax_step[b]['examples_per_sec'] for b in ('pmap', 'shard_map'))
+  # The step under each state sharding, with its memory per device: the momentum halved on 2
+  # devices under 'optimizer' (every leaf has an even dimension; the schedule's int32 step
+  # count stays whole), the params too under 'full'.
+  memory = {k: v['memory'] for k, v in jax_step['state_sharding'].items()}
+  assert set(memory) == {'replicated', 'optimizer', 'full'}
+  assert memory['optimizer']['opt_state'] == (memory['replicated']['opt_state'] - 4) / 2 + 4
+  assert memory['optimizer']['params'] == memory['replicated']['params']
+  assert memory['full']['params'] * 2 == memory['replicated']['params']
+  assert all(m['temporaries'] > 0 for m in memory.values())
+  assert re.search(r'^\s*optimizer, 2 dev\s', run.stdout, re.M), run.stdout
   ddp_step = figures['ddp_limit_runs'][0]
   assert ddp_step['ranks'] == 1 and ddp_step['examples_per_sec'] > 0
   assert figures['step_ddp_examples_per_sec'] == ddp_step['examples_per_sec']
