@@ -99,12 +99,15 @@ class RunMeta:
   config: dict  # The config that wrote it, to name what changed.
   window: Optional[dict] = None  # The train metrics fetched since the last write
                                  # (`TrainMetricsBuffer.pending`), for the resumed run.
+  dataset: Optional[dict] = None  # The dataset's spec as trained (`specs.DatasetSpec`
+                                  # fields): what `trainer.load` rebuilds the model and its
+                                  # preprocessing from (None in older checkpoints).
 
   def to_json(self) -> dict:
     return {'format': META_FORMAT, 'rng': np.asarray(self.rng).tolist(),
             'data_seed': self.data_seed, 'examples_seen': self.examples_seen,
             'devices': self.devices, 'processes': self.processes, 'config': self.config,
-            'window': self.window}
+            'window': self.window, 'dataset': self.dataset}
 
   @classmethod
   def from_json(cls, saved: dict, step: int, batch_size: int) -> 'RunMeta':
@@ -127,7 +130,7 @@ class RunMeta:
     return cls(rng=np.asarray(saved['rng'], np.uint32), data_seed=int(saved['data_seed']),
                examples_seen=position, devices=saved.get('devices'),
                processes=saved.get('processes'), config=saved.get('config', {}),
-               window=saved.get('window'))
+               window=saved.get('window'), dataset=saved.get('dataset'))
 
 
 def _handlers() -> dict:
@@ -187,12 +190,12 @@ class Checkpointer:
     if step is None:
       return  # A fresh run: the config check says it.
     try:
-      saved = reader.restore(step, args=ocp.args.Composite(
-          meta=ocp.args.JsonRestore()))['meta']
+      saved = RunMeta.from_json(reader.restore(step, args=ocp.args.Composite(
+          meta=ocp.args.JsonRestore()))['meta'], step, batch_size)
     except Exception:  # pylint: disable=broad-except
       return  # Unreadable: set aside later; the config check says what is wrong.
-    wrote = (f'{saved["devices"]} devices ({saved["processes"]} process(es))'
-             if 'devices' in saved else 'another topology')
+    wrote = (f'{saved.devices} devices ({saved.processes} process(es))'
+             if saved.devices is not None else 'another topology')
     divisors = [n for n in range(1, batch_size + 1) if batch_size % n == 0]
     nearest = min(divisors, key=lambda n: (abs(n - devices), -n))
     raise UserError(
@@ -316,6 +319,22 @@ class Checkpointer:
       finally:
         self._manager.close()
         self._manager = None
+
+
+def read_meta(workdir: str, step: Optional[int] = None) -> tuple[int, RunMeta]:
+  """(step, meta item) of a run's checkpoint (the newest by default); `UserError` where the
+  workdir holds none."""
+  reader = _read_only(directory(workdir))
+  steps = reader.all_steps() if reader is not None else []
+  if not steps:
+    raise UserError(f'{directory(workdir)} holds no checkpoint; point at the --workdir of a '
+                    'run that saved one')
+  step = max(steps) if step is None else step
+  if step not in steps:
+    raise UserError(f'{directory(workdir)} has no checkpoint at step {step}; it has steps '
+                    f'{", ".join(map(str, sorted(steps)))}')
+  saved = reader.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
+  return step, RunMeta.from_json(saved, step, saved.get('config', {}).get('batch_size', 0))
 
 
 def read_state(workdir: str, step: Optional[int] = None) -> dict:

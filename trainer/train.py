@@ -477,7 +477,8 @@ class _Session:
         rng=start.step_rng, data_seed=start.data_seed,
         examples_seen=start.examples_seen + (step - self.first + 1) * config.batch_size,
         devices=len(self.run.layout.devices), processes=jax.process_count(),
-        config=config.to_dict(), window=self.buffer.pending()))
+        config=config.to_dict(), window=self.buffer.pending(),
+        dataset=dataclasses.asdict(self.run.data.spec)))
     self.last_saved = step
     self.throughput.start(step)
 

@@ -1,0 +1,99 @@
+"""A trained model back from its workdir: `trainer.load` predicts what the run evaluated, and
+`scripts.export` writes a state dict that the torch model loads to the same logits."""
+
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+
+import ml_collections
+import numpy as np
+import pytest
+import torch
+
+import trainer
+from baselines.torch_ddp import models as torch_models
+from scripts import export
+from scripts import processes
+from trainer import train
+from trainer import writers
+from trainer.errors import UserError
+
+STEPS = 40
+
+
+@pytest.fixture(scope='module')
+def run(tfds_data_dir, tmp_path_factory):
+  """A short digits run of resnet_tiny (BatchNorm) with an EMA of its params: its workdir."""
+  from configs import default  # pylint: disable=import-outside-toplevel
+  config = default.get_config()
+  config.update(tfds_data_dir=tfds_data_dir, model='resnet_tiny', dropout_rate=0.0,
+                num_train_steps=STEPS, warmup_steps=5, eval_every_steps=STEPS,
+                checkpoint_every_steps=STEPS, log_every_steps=STEPS, ema_decay=0.9)
+  workdir = str(tmp_path_factory.mktemp('trained'))
+  train.train_and_evaluate(config, workdir)
+  return workdir
+
+
+def test_loaded_model_predicts_the_runs_eval_accuracy(run):
+  trained = trainer.load(run)
+  assert trained.step == STEPS and trained.ema and 'batch_stats' in trained.variables
+  images, labels = trained.read_split()
+  assert images.dtype == np.uint8 and images.shape == (360, 8, 8, 1)
+  accuracy = float(np.mean(trained.predict(images) == labels))
+  scalars, _ = writers.read_events(run)
+  assert accuracy == pytest.approx(scalars['eval_accuracy'][STEPS], abs=1e-6)
+  assert accuracy > 0.15  # It trained (the EMA lags the params): a tenth is chance.
+  # Greyscale images without their channel axis are taken too; a wrong size is refused.
+  np.testing.assert_array_equal(trained.predict(images[..., 0]), trained.predict(images))
+  with pytest.raises(UserError, match=r'takes uint8 images of \(8, 8, 1\)'):
+    trained.predict(np.zeros((2, 9, 9, 1), np.uint8))
+
+
+@pytest.mark.parametrize('file_format', ['torchvision', 'safetensors'])
+def test_exported_state_dict_gives_the_same_logits_in_torch(run, tmp_path, file_format):
+  out = str(tmp_path / f'model{export.FORMATS[file_format]}')
+  command = [sys.executable, '-m', 'scripts.export', f'--workdir={run}',
+             f'--format={file_format}', f'--out={out}']
+  done = subprocess.run(command, cwd=processes.REPO, env=processes.environment(),
+                        capture_output=True, text=True, timeout=300, check=False)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert f"baselines.torch_ddp.models.get('resnet_tiny', input_shape=(8, 8, 1), " \
+         'num_classes=10)' in done.stdout
+  assert re.search(r'input: float32 NCHW \(N, 1, 8, 8\)', done.stdout), done.stdout
+  model = torch_models.get('resnet_tiny', input_shape=(8, 8, 1), num_classes=10)
+  if file_format == 'safetensors':
+    from safetensors import torch as safetensors_torch  # pylint: disable=import-outside-toplevel
+    state = safetensors_torch.load_file(out)
+  else:
+    state = torch.load(out)
+  model.load_state_dict(state)
+  model.eval()
+  trained = trainer.load(run)
+  images, _ = trained.read_split(limit=64)
+  x = torch.from_numpy(images.astype(np.float32) / 255.0).permute(0, 3, 1, 2)
+  with torch.no_grad():
+    got = model(x).numpy()
+  np.testing.assert_allclose(got, trained.logits(images), rtol=0, atol=1e-5)
+  # Run again, it refuses to overwrite what it wrote.
+  again = subprocess.run(command, cwd=processes.REPO, env=processes.environment(),
+                         capture_output=True, text=True, timeout=300, check=False)
+  assert again.returncode != 0 and again.stderr.strip().splitlines()[-1] == (
+      f'error: {out} exists; pass another --out (nothing was written)')
+
+
+def test_torchvision_models_are_named_as_torchvision_builds_them(run):
+  """An ImageNet-shaped ResNet loads into torchvision's own class; this run's into the twin."""
+  trained = trainer.load(run)
+  config = ml_collections.ConfigDict(dict(trained.config.to_dict(), model='resnet50'))
+  imagenet = dataclasses.replace(trained, config=config, spec=dataclasses.replace(
+      trained.spec, channels=3, num_classes=1000, image_size=224))
+  assert export.torch_constructor(imagenet) == 'torchvision.models.resnet50(num_classes=1000)'
+  assert export.torch_constructor(trained).startswith('baselines.torch_ddp.models.get(')
+
+
+def test_a_workdir_without_checkpoints_is_refused(tmp_path):
+  with pytest.raises(UserError, match='holds no checkpoint'):
+    trainer.load(str(tmp_path))
+  assert not os.listdir(tmp_path)

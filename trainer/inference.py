@@ -1,0 +1,135 @@
+"""A trained model back from its workdir, to predict with or export:
+
+    import trainer
+    trained = trainer.load('/tmp/digits')           # the newest checkpoint; step=N for another
+    labels = trained.predict(images)                # uint8 images as the dataset stores them
+    logits = trained.logits(images)
+
+`load` rebuilds the model from the config the checkpoint was written with, takes the
+variables evaluation uses (the EMA params where the run kept them, and the BatchNorm
+statistics) and the dataset's evaluation preprocessing: images are resized and center-cropped
+where the dataset's evaluation does that, then normalized on the device exactly as the eval
+step normalizes them (x / 255, less the dataset's mean, over its std). `scripts.export` writes
+the variables as a PyTorch state dict.
+"""
+
+import dataclasses
+import functools
+from typing import Any, Optional, Sequence, Union
+
+import jax
+import ml_collections
+import numpy as np
+
+from trainer import checkpoint
+from trainer import state as state_lib
+from trainer import step as step_lib
+from trainer.data import specs
+from trainer.errors import UserError
+
+Images = Union[np.ndarray, Sequence[np.ndarray], Sequence[bytes]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Trained:
+  """A model and the variables of one checkpoint, with its preprocessing."""
+  model: Any  # The flax module.
+  variables: dict  # {'params': ..., 'batch_stats': ...?}: what evaluation applies.
+  config: ml_collections.ConfigDict  # The config the checkpoint was written with.
+  step: int
+  spec: specs.DatasetSpec  # The dataset as trained (its shapes, classes and statistics).
+  ema: bool  # Whether `variables` holds the EMA of the params.
+
+  @property
+  def input_shape(self) -> tuple[int, int, int]:
+    """(height, width, channels) of one model input, uint8."""
+    return tuple(self.spec.input_shape)
+
+  @property
+  def normalization(self) -> step_lib.Normalization:
+    return step_lib.Normalization(tuple(self.spec.mean), tuple(self.spec.std),
+                                  self.config.dtype)
+
+  def preprocess(self, images: Images) -> np.ndarray:
+    """uint8 model inputs (N, H, W, C) from images as the dataset stores them: an array
+    (N, H, W, C) or a list of (H, W, C) arrays (any size where the evaluation crops), or
+    encoded JPEG/PNG bytes; resized and center-cropped as the evaluation does."""
+    if isinstance(images, np.ndarray) and images.ndim == 3 and self.input_shape[-1] == 1:
+      images = images[..., None]  # (N, H, W) greyscale.
+    if (isinstance(images, np.ndarray) and images.dtype == np.uint8 and
+        images.shape[1:] == self.input_shape):
+      return images
+    encoded = bool(len(images)) and isinstance(images[0], bytes)
+    if not encoded and self.spec.augment != 'inception':
+      shape = images.shape[1:] if isinstance(images, np.ndarray) else (
+          np.shape(images[0]) if len(images) else ())
+      raise UserError(f'images of shape {tuple(shape)} (dtype '
+                      f'{getattr(images, "dtype", type(images[0]).__name__)}): this model '
+                      f'takes uint8 images of {self.input_shape}, as dataset '
+                      f'{self.spec.name!r} stores them')
+    from trainer.data import preprocess  # pylint: disable=import-outside-toplevel  # (TF)
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    plan = preprocess.eval_plan(self.config, self.spec, encoded=encoded)
+    return np.stack([plan(tf.constant(image), 0, self.config.seed).numpy()
+                     for image in images]).astype(np.uint8)
+
+  @functools.cached_property
+  def _apply(self):
+    normalization = self.normalization
+    return jax.jit(lambda variables, images: self.model.apply(
+        variables, normalization(images), train=False).astype(np.float32))
+
+  def logits(self, images: Images, batch_size: int = 256) -> np.ndarray:
+    """float32 logits (N, classes) of `images` (see `preprocess`), in batches."""
+    inputs = self.preprocess(images)
+    out = [np.asarray(self._apply(self.variables, inputs[i:i + batch_size]))
+           for i in range(0, len(inputs), batch_size)]
+    return np.concatenate(out) if out else np.zeros((0, self.spec.num_classes), np.float32)
+
+  def predict(self, images: Images, batch_size: int = 256) -> np.ndarray:
+    """The predicted class of each image (int)."""
+    return np.argmax(self.logits(images, batch_size), axis=-1)
+
+  def read_split(self, split: Optional[str] = None, limit: Optional[int] = None
+                 ) -> tuple[Images, np.ndarray]:
+    """(images, labels) of a split of the run's dataset (default: its eval split), the
+    images as the dataset stores them (a uint8 array where they share one size, else a
+    list), at most `limit` of them; read through TFDS from the config's data dir."""
+    import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+    from trainer.data import sources  # pylint: disable=import-outside-toplevel  # (TF)
+    split = split or self.config.eval_split
+    builder = sources.get_builder(self.config, split=split)
+    images, labels = [], []
+    for example in tfds.as_numpy(builder.as_dataset(split=split).take(limit or -1)):
+      images.append(example['image'])
+      labels.append(example['label'])
+    if len({image.shape for image in images}) == 1:
+      images = np.stack(images)
+    return images, np.asarray(labels)
+
+
+def _spec(meta: checkpoint.RunMeta, config) -> specs.DatasetSpec:
+  """The dataset as the run trained on it: from the checkpoint, else (older checkpoints)
+  from the config."""
+  if meta.dataset is None:
+    return specs.for_config(config)
+  fields = dict(meta.dataset)
+  for name in ('image_shape', 'mean', 'std'):
+    if fields.get(name) is not None:
+      fields[name] = tuple(fields[name])
+  return specs.DatasetSpec(**fields)
+
+
+def load(workdir: str, step: Optional[int] = None) -> Trained:
+  """The model of a run's checkpoint (the newest, or the one at `step`), ready to predict:
+  see the module's docstring. Needs neither the dataset nor any device count."""
+  step, meta = checkpoint.read_meta(workdir, step)
+  config = ml_collections.ConfigDict(meta.config)
+  spec = _spec(meta, config)
+  saved = checkpoint.read_state(workdir, step)
+  ema = saved.get('ema_params') is not None
+  variables = {'params': saved['ema_params'] if ema else saved['params']}
+  if saved.get('batch_stats') is not None:
+    variables['batch_stats'] = saved['batch_stats']
+  model = state_lib.model_from_config(config, spec.num_classes)
+  return Trained(model, jax.tree.map(np.asarray, variables), config, step, spec, ema)
