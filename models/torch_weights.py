@@ -16,8 +16,9 @@ arrays both ways (numpy; torch is needed only to read `.pth` files):
 Nothing here imports the trainer.
 """
 
+import math
 import os
-from typing import Any, Dict, Iterable, Mapping, Tuple
+from typing import Any, Dict, Iterable, Mapping, NamedTuple, Optional, Tuple
 
 import flax.linen as nn
 import jax
@@ -187,13 +188,43 @@ def _head_keys(model: nn.Module) -> Tuple[str, ...]:
   return ('out.weight', 'out.bias')
 
 
+def _input_conv_key(model: nn.Module) -> Optional[str]:
+  """The torch name of the convolution that takes the images (None for the twins)."""
+  if isinstance(model, resnet.ResNet):
+    return 'conv1.weight'
+  if isinstance(model, vit.ViT):
+    return 'conv_proj.weight'
+  return None
+
+
+def adapt_input_channels(weight: np.ndarray, channels: int) -> np.ndarray:
+  """A first convolution's weight (out, in, H, W) for images of `channels` channels: summed
+  over its input channels for one (a grey image is each colour channel at once), else its
+  channels repeated to `channels` and scaled by in / channels (for a multiple of in, the
+  response to an image whose channels are all alike is unchanged)."""
+  given = weight.shape[1]
+  if channels == 1:
+    return weight.sum(axis=1, keepdims=True)
+  repeated = np.tile(weight, (1, math.ceil(channels / given), 1, 1))[:, :channels]
+  return repeated * np.asarray(given / channels, weight.dtype)
+
+
+class FromTorch(NamedTuple):
+  """What `from_state_dict` made of a state dict."""
+  variables: Dict[str, Any]
+  new_head: bool  # The classifier had another number of classes: kept from the template.
+  adapted_input: Optional[Tuple[int, int]]  # (channels given, the model's) where the first
+                                            # convolution was adapted; None otherwise.
+
+
 def from_state_dict(model: nn.Module, variables: Mapping[str, Any],
-                    state_dict: Mapping[str, Any]) -> Tuple[Dict[str, Any], bool]:
-  """(variables, head_reinitialized): `variables` (the model's, e.g. freshly initialized)
-  with every array taken from the torch `state_dict` instead.
+                    state_dict: Mapping[str, Any]) -> FromTorch:
+  """`variables` (the model's, e.g. freshly initialized) with every array taken from the
+  torch `state_dict` instead.
 
   A classifier whose number of classes differs is kept from `variables` (fine-tuning on
-  another label set): the second result says so. Anything else that does not fit raises
+  another label set), and a first convolution made for images of other channels is adapted
+  (`adapt_input_channels`); the result says which. Anything else that does not fit raises
   `WeightsMismatch` naming the first mismatches.
   """
   template = to_state_dict(model, variables)
@@ -205,6 +236,13 @@ def from_state_dict(model: nn.Module, variables: Mapping[str, Any],
                     and given[k].shape[1:] == template[k].shape[1:] for k in head)
   if reinit_head:
     given.update({k: template[k] for k in head})
+  adapted = None
+  first = _input_conv_key(model)
+  if first in given and first in template:
+    have, want = given[first].shape, template[first].shape
+    if have[1] != want[1] and (have[0],) + have[2:] == (want[0],) + want[2:]:
+      given[first] = adapt_input_channels(given[first], want[1])
+      adapted = (have[1], want[1])
   problem = _mismatches(given, template)
   if problem:
     raise WeightsMismatch(problem)
@@ -231,7 +269,7 @@ def from_state_dict(model: nn.Module, variables: Mapping[str, Any],
     out['batch_stats'] = _like(
         {f'{path}/{name}': value for path, layer in stats.items() for name, value in
          layer.items()}, variables['batch_stats'])
-  return out, reinit_head
+  return FromTorch(out, reinit_head, adapted)
 
 
 def _like(flat: Mapping[str, np.ndarray], template: Mapping[str, Any]) -> Dict[str, Any]:

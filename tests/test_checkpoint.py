@@ -320,8 +320,9 @@ def test_init_from_takes_params_only(config, tmp_path):
 
 def test_init_from_a_torchvision_state_dict_fine_tunes_with_a_new_head(config, tmp_path,
                                                                        caplog):
-  """A torchvision ResNet's state dict (here at the test width, 7 classes) starts a digits
-  run (10 classes): every array but the classifier's is the file's; the head is new."""
+  """A torchvision ResNet's state dict (here at the test width, 7 classes, RGB) starts a
+  digits run (10 classes, greyscale): every array but the classifier's is the file's, the
+  first convolution summed over its colour channels; the head is new."""
   import torch  # pylint: disable=import-outside-toplevel
   import torchvision  # pylint: disable=import-outside-toplevel
   import models  # pylint: disable=import-outside-toplevel
@@ -329,7 +330,7 @@ def test_init_from_a_torchvision_state_dict_fine_tunes_with_a_new_head(config, t
   from models import torch_weights  # pylint: disable=import-outside-toplevel
 
   torch.manual_seed(0)
-  source = torch_models.get('resnet_tiny', input_shape=(8, 8, 1), num_classes=7)
+  source = torch_models.get('resnet_tiny', input_shape=(8, 8, 3), num_classes=7)
   with torch.no_grad():
     for norm in (m for m in source.modules() if isinstance(m, torch.nn.BatchNorm2d)):
       norm.weight.uniform_(0.5, 1.5)
@@ -342,6 +343,9 @@ def test_init_from_a_torchvision_state_dict_fine_tunes_with_a_new_head(config, t
   with caplog.at_level('INFO'):
     tuned = train.train_and_evaluate(config, str(tmp_path / 'tuned'))
   assert 'the head is initialized afresh (fine-tuning)' in caplog.text
+  assert 'its first convolution takes 3 input channels, the model 1: summed over them' in (
+      caplog.text)
+  weights['conv1.weight'] = weights['conv1.weight'].sum(axis=1, keepdims=True)
   exported = torch_weights.to_state_dict(
       models.get('resnet_tiny', num_classes=10), {'params': tuned.params})
   for key, value in weights.items():

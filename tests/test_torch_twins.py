@@ -113,7 +113,7 @@ def test_random_torchvision_weights_give_torchvisions_logits(tmp_path, name, suf
   flax_model = models.get(name, num_classes=10)
   template = jax.jit(lambda r: flax_model.init(r, np.zeros((1,) + shape, np.float32),
                                                train=False))(jax.random.PRNGKey(0))
-  variables, new_head = torch_weights.from_state_dict(
+  variables, new_head, _ = torch_weights.from_state_dict(
       flax_model, template, torch_weights.read_state_dict(path))
   assert not new_head
   images = np.random.RandomState(2).randn(2, *shape).astype(np.float32)
@@ -131,7 +131,7 @@ def test_a_classifier_of_another_size_is_initialized_afresh():
   reference = torchvision.models.resnet18(num_classes=1000).state_dict()
   flax_model = models.get('resnet18', num_classes=10)
   template = helpers.random_variables(flax_model, (32, 32, 3), seed=0)
-  variables, new_head = torch_weights.from_state_dict(
+  variables, new_head, _ = torch_weights.from_state_dict(
       flax_model, template, {k: v.numpy() for k, v in reference.items()})
   assert new_head
   np.testing.assert_array_equal(variables['params']['Dense_0']['kernel'],
@@ -140,6 +140,20 @@ def test_a_classifier_of_another_size_is_initialized_afresh():
                                 reference['conv1.weight'].numpy().transpose(2, 3, 1, 0))
   np.testing.assert_array_equal(variables['batch_stats']['bn_init']['var'],
                                 reference['bn1.running_var'].numpy())
+
+
+def test_a_first_convolution_is_adapted_to_the_images_channels():
+  """Summed for grey images; repeated and scaled otherwise: an image whose channels are all
+  alike gives the response the RGB weights give it (for a multiple of 3 channels)."""
+  weight = np.random.RandomState(0).randn(8, 3, 7, 7).astype(np.float32)
+  grey = torch_weights.adapt_input_channels(weight, 1)
+  np.testing.assert_allclose(grey, weight.sum(axis=1, keepdims=True), rtol=1e-6)
+  six = torch_weights.adapt_input_channels(weight, 6)
+  assert six.shape == (8, 6, 7, 7)
+  np.testing.assert_allclose(six.sum(axis=1), weight.sum(axis=1), rtol=1e-5)
+  four = torch_weights.adapt_input_channels(weight, 4)
+  np.testing.assert_allclose(four[:, :3], weight * 0.75, rtol=1e-6)
+  np.testing.assert_allclose(four[:, 3], weight[:, 0] * 0.75, rtol=1e-6)
 
 
 def test_a_state_dict_of_another_model_is_refused_naming_the_first_mismatches():

@@ -180,6 +180,11 @@ class Checkpointer:
     self._manager: Optional[ocp.CheckpointManager] = None
     self._pending: Optional[int] = None  # The step of a save that may still be running.
 
+  def steps(self) -> list[int]:
+    """The steps of the checkpoints in the directory (complete ones), oldest first."""
+    reader = _read_only(self.directory)
+    return sorted(reader.all_steps()) if reader is not None else []
+
   def check_topology(self, batch_size: int, devices: int, processes: int) -> None:
     """Refuses, before anything is written, a resume whose batch cannot be split over the
     devices of this run, naming the devices that wrote the checkpoint."""

@@ -11,6 +11,7 @@
 
 import dataclasses
 import itertools
+import os
 import time
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -162,7 +163,7 @@ def _start(run: '_Run') -> _Start:
     logging.warning('init_from=%r is not used: this run resumes from its own checkpoint at '
                     'step %d in %s', config.init_from, restored.step, checkpointer.directory)
   if restored is None and config.init_from:
-    state, _ = _init_from(config.init_from, config.model, run.model, state)
+    state, _ = _init_from(run, state)
   if restored is None:
     return _Start(state, step_rng, config.seed, 0, None, unreadable)
   meta = checkpoint.RunMeta.from_json(restored.meta, restored.step, config.batch_size)
@@ -199,28 +200,59 @@ def _lock_workdir(workdir: str) -> workdir_lib.WorkdirLock:
   return lock
 
 
-def _init_from(path: str, name: str, model, state: state_lib.TrainState
-               ) -> tuple[state_lib.TrainState, int]:
-  """`state` with the params (and BatchNorm statistics) of `path`: a PyTorch state dict file
-  (torchvision's names) or a flax workdir/checkpoint; the optimizer starts fresh. Also the
-  step the params were saved at (0 for a state dict file)."""
-  from_step = 0
-  if torch_weights.is_weights_file(path):
-    try:
-      variables, new_head = torch_weights.from_state_dict(
-          model, state.variables(), torch_weights.read_state_dict(path))
-    except ImportError as e:
-      raise UserError(f'init_from={path!r}: reading it needs {e.name}; pip install -e '
-                      '".[ddp]"') from None
-    except (torch_weights.WeightsMismatch, OSError, RuntimeError) as e:
-      raise UserError(f'init_from={path!r} does not fit model={name!r} '
-                      f'({str(e).splitlines()[0]}); use a state dict of the same model '
-                      '(torchvision\'s names)') from None
-    if new_head:
+def _read_torch_weights(path: str, name: str, model, input_shape: tuple[int, ...]) -> dict:
+  """The PyTorch state dict of `init_from`, read (progress logged) and checked against the
+  model's shapes before anything is compiled (`UserError` where it does not fit)."""
+  started = time.perf_counter()
+  logging.info('init_from=%r: reading the PyTorch state dict (%.1f MB)', path,
+               os.path.getsize(path) / 1e6)
+  try:
+    state_dict = torch_weights.read_state_dict(path)
+  except ImportError as e:
+    raise UserError(f'init_from={path!r}: reading it needs {e.name}; pip install -e '
+                    '".[ddp]"') from None
+  except (torch_weights.WeightsMismatch, OSError, RuntimeError) as e:
+    raise UserError(f'init_from={path!r} cannot be read as a state dict '
+                    f'({str(e).splitlines()[0]}); pass a .pth or .safetensors file') from None
+  logging.info('init_from=%r: %d tensors read in %.1f s; matching them to model=%r', path,
+               len(state_dict), time.perf_counter() - started, name)
+  shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros(input_shape),
+                                             train=False))  # Traced, not compiled.
+  _from_torch(path, name, model, jax.tree.map(lambda x: np.zeros(x.shape, x.dtype),
+                                              dict(shapes)), state_dict)
+  return state_dict
+
+
+def _from_torch(path: str, name: str, model, variables: dict, state_dict: dict
+                ) -> torch_weights.FromTorch:
+  """`torch_weights.from_state_dict`, a mismatch said in one line."""
+  try:
+    return torch_weights.from_state_dict(model, variables, state_dict)
+  except torch_weights.WeightsMismatch as e:
+    raise UserError(f'init_from={path!r} does not fit model={name!r} '
+                    f'({str(e).splitlines()[0]}); use a state dict of the same model '
+                    '(torchvision\'s names)') from None
+
+
+def _init_from(run: '_Run', state: state_lib.TrainState) -> tuple[state_lib.TrainState, int]:
+  """`state` with the params (and BatchNorm statistics) of `config.init_from`: a PyTorch state
+  dict file (torchvision's names; read and checked by `_prepare`) or a flax
+  workdir/checkpoint; the optimizer starts fresh. Also the step the params were saved at (0
+  for a state dict file)."""
+  path, name, from_step = run.config.init_from, run.config.model, 0
+  if run.torch_weights is not None:
+    loaded = _from_torch(path, name, run.model, state.variables(), run.torch_weights)
+    if loaded.new_head:
       logging.info('init_from=%r: its classifier has another number of classes; the head is '
                    'initialized afresh (fine-tuning)', path)
+    if loaded.adapted_input:
+      given, channels = loaded.adapted_input
+      logging.info('init_from=%r: its first convolution takes %d input channels, the model '
+                   '%d: %s', path, given, channels,
+                   'summed over them' if channels == 1 else
+                   f'repeated to {channels} and scaled by {given}/{channels}')
     logging.info('initializing params from the PyTorch state dict %s', path)
-    params, batch_stats = variables['params'], variables.get('batch_stats')
+    params, batch_stats = loaded.variables['params'], loaded.variables.get('batch_stats')
   else:
     params, from_step = checkpoint.load_params(path, state.params)
     batch_stats = state.batch_stats
@@ -253,6 +285,8 @@ class _Run:
   num_classes: int
   model: object  # The flax module.
   input_shape: tuple[int, ...]
+  # The PyTorch state dict of `init_from`, read and checked, where a fresh run starts from one.
+  torch_weights: Optional[dict] = None
 
 
 def _prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
@@ -289,8 +323,14 @@ def _prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
                  '(%d per batch, padding masked)', config.eval_batch_size, num_devices,
                  eval_per_device, eval_per_device * num_devices)
   num_classes = data.spec.num_classes
-  return _Run(config, layout, data, checkpointer, evaluations, num_classes,
-              state_lib.model_from_config(config, num_classes), (1,) + data.spec.input_shape)
+  model = state_lib.model_from_config(config, num_classes)
+  input_shape = (1,) + data.spec.input_shape
+  weights = None
+  if (config.init_from and torch_weights.is_weights_file(config.init_from) and
+      not checkpointer.steps()):
+    weights = _read_torch_weights(config.init_from, config.model, model, input_shape)
+  return _Run(config, layout, data, checkpointer, evaluations, num_classes, model, input_shape,
+              weights)
 
 
 def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
@@ -314,7 +354,7 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
     logging.info('evaluating the checkpoint at step %d in %s', step,
                  run.checkpointer.directory)
   else:
-    state, step = _init_from(config.init_from, config.model, run.model, state)
+    state, step = _init_from(run, state)
   with _lock_workdir(workdir):
     writer = writers.create_writer(workdir)
     with metric_writers.ensure_flushes(writer):
