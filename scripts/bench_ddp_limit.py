@@ -30,6 +30,7 @@ FLAGS = flags.FLAGS
 
 def _define_flags() -> None:
   bench_common.define_part_flags()
+  flags.adopt_module_key_flags(bench_common)  # Listed under --help.
   flags.DEFINE_bool('torch_compile', False, 'Compile the model with torch.compile.')
 
 

@@ -46,6 +46,7 @@ NUM_CLASSES = 10
 
 def _define_flags() -> None:
   bench_common.define_part_flags()
+  flags.adopt_module_key_flags(bench_common)  # Listed under --help.
   flags.DEFINE_enum('side', None, SIDES, 'What to run.')
   flags.DEFINE_string('images', None, 'The generated images\' directory.')
   flags.DEFINE_integer('count', 2000, 'prepare: JPEGs to generate.')

@@ -30,6 +30,7 @@ FLAGS = flags.FLAGS
 
 def _define_flags() -> None:
   bench_common.define_part_flags()
+  flags.adopt_module_key_flags(bench_common)  # Listed under --help.
   flags.DEFINE_integer('cpu_devices', None, 'CPU devices of this process.')
   flags.DEFINE_string('coordinator_address', None, 'Of a multi-process measurement.')
   flags.DEFINE_integer('num_processes', None, 'Of a multi-process measurement.')

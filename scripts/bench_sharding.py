@@ -38,6 +38,7 @@ FLAGS = flags.FLAGS
 
 def _define_flags() -> None:
   bench_common.define_measure_flags()
+  flags.adopt_module_key_flags(bench_common)  # Listed under --help.
   flags.DEFINE_integer('cpu_devices', None, 'CPU devices of this process.')
   flags.DEFINE_list('optimizers', [], "Optimizers to measure (default: the config's).")
   flags.DEFINE_list('shardings', list(parallel.STATE_SHARDINGS), 'State shardings to measure.')

@@ -33,6 +33,7 @@ PARTS = ('jax', 'cache')
 
 def _define_flags() -> None:
   bench_common.define_part_flags()
+  flags.adopt_module_key_flags(bench_common)  # Listed under --help.
   flags.DEFINE_enum('part', None, PARTS, 'The part to measure.')
   flags.DEFINE_integer('cpu_devices', None, 'CPU devices of this process.')
   flags.DEFINE_integer('rounds', 3, 'Times the limit and the trainer are measured, '

@@ -92,6 +92,7 @@ GPU_IMAGES_PER_SEC = 2500  # What one GPU of a ResNet-50 run eats: the cores-per
 def _define_flags() -> None:
   """The command line's flags (defined when the script runs: importing it defines none)."""
   bench_common.define_measure_flags()
+  flags.adopt_module_key_flags(bench_common)  # Listed under --help.
   flags.DEFINE_string('json', None, 'Write the figures here as JSON.')
   flags.DEFINE_list('jax_devices', None, 'JAX device counts to try (CPU); default: 1 and the '
                     'number of cores.')

@@ -9,7 +9,6 @@ from absl import flags
 
 from scripts import reporting
 from trainer import cli
-from trainer import writers
 
 FLAGS = flags.FLAGS
 
@@ -33,6 +32,7 @@ def table(scalars: dict[str, dict[int, float]], tags: list[str]) -> str:
 
 def main(argv):
   del argv
+  from trainer import writers  # pylint: disable=import-outside-toplevel  # (CLU: TensorFlow)
   scalars, _ = writers.read_events(FLAGS.workdir)
   if not scalars:
     raise SystemExit(f'error: no event files with scalars in {FLAGS.workdir!r}; '

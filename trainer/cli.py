@@ -48,6 +48,12 @@ def _unknown_field(argv: Sequence[str], error: BaseException) -> str:
   return f'a --config.FIELD override names no field of the config ({_last_line(error)})'
 
 
+def require(name: str) -> None:
+  """Ends the process with one line where flag `name` was not given."""
+  if flags.FLAGS[name].value is None:
+    _refuse(f'--{name} is required: {flags.FLAGS[name].help} ({HELP})')
+
+
 def _flag_error(error: flags.Error) -> str:
   required = re.search(r'Flag --(\w+) must have a value other than None', str(error))
   if required:

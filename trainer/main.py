@@ -9,6 +9,7 @@ import sys
 import traceback
 
 from trainer import cli
+from trainer import settings
 
 # Before TensorFlow is imported: its C++ start-up chatter stays out of the log.
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
@@ -41,8 +42,14 @@ flags.DEFINE_bool(
     'Evaluate the newest checkpoint of --workdir (else --config.init_from) on eval_split and '
     'every entry of eval_splits, write the scalars at its step, and stop; no checkpoint is '
     'changed.')
-config_flags.DEFINE_config_file('config', None, 'Training config file.', lock_config=True)
-flags.mark_flags_as_required(['config', 'workdir'])
+config_flags.DEFINE_config_file(
+    'config', None, 'Training config file (configs/*.py; --list=configs). Set any field with '
+    '--config.FIELD=VALUE; --show_config prints every field, its value and what it does.',
+    lock_config=True)
+flags.DEFINE_bool('show_config', False, 'Print every field of --config (after the '
+                  '--config.FIELD overrides) with its value and comment, and exit.')
+flags.DEFINE_enum('list', None, list(settings.LISTS), 'Print the registered models, the named '
+                  'datasets or the shipped configs, and exit.')
 
 
 def _cluster_detected() -> bool:
@@ -125,18 +132,39 @@ def _exit(code: int, message: str) -> None:
   sys.exit(code)
 
 
+def _answer_at_once() -> bool:
+  """--list and --show_config, and a missing required flag: answered (True where done)
+  before TensorFlow is imported or a JAX backend starts."""
+  if FLAGS.list:
+    print(settings.listing(FLAGS.list))
+    return True
+  cli.require('config')
+  if FLAGS.show_config:
+    print(settings.show_config(FLAGS.config, FLAGS['config'].config_filename,
+                               set(FLAGS['config'].override_values)))
+    return True
+  cli.require('workdir')
+  return False
+
+
 def main(argv):
   del argv  # cli.parse_flags refused stray arguments.
+  if _answer_at_once():
+    return
   logging.get_absl_handler().addFilter(_quiet_libraries)
   # A damaged checkpoint is set aside and the run goes on: its abandoned reads say nothing.
   sys.unraisablehook = _quiet_abandoned_reads
-  from trainer import checks, train  # pylint: disable=import-outside-toplevel
+  from trainer import checks  # pylint: disable=import-outside-toplevel  # (no TensorFlow)
   try:
+    config = checks.command_line_config(FLAGS['config'])
+    # What the device count does not decide, checked before TensorFlow or a JAX backend
+    # starts; the rest once the devices are known.
+    checks.check_config(config, process_count=1, local_device_count=1)
+    from trainer import train  # pylint: disable=import-outside-toplevel  # (TensorFlow)
     _set_up_devices()
     logging.info('JAX process %d of %d; %d local and %d global %s devices',
                  jax.process_index(), jax.process_count(), jax.local_device_count(),
                  jax.device_count(), jax.default_backend())
-    config = checks.command_line_config(FLAGS['config'])
     if config.compilation_cache_dir:  # Process-wide, so set here, before anything compiles.
       train.use_compilation_cache(config.compilation_cache_dir)
     if FLAGS.eval_only:

@@ -1,0 +1,79 @@
+"""Every setting discoverable (--show_config, --list), and answered at once: the listings,
+--help and a mistake in the config answer with TensorFlow unimportable and no JAX backend
+startable."""
+
+import glob
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import models
+from configs import default
+from scripts import processes
+from trainer import settings
+
+
+@pytest.fixture(scope='module')
+def no_tensorflow(tmp_path_factory):
+  """The environment of a process where `import tensorflow(_datasets)` fails and any JAX
+  backend fails to start (JAX_PLATFORMS names none that exists)."""
+  hidden = tmp_path_factory.mktemp('hidden')
+  for name in ('tensorflow', 'tensorflow_datasets'):
+    (hidden / name).mkdir()
+    (hidden / name / '__init__.py').write_text(
+        f'raise ModuleNotFoundError("No module named {name!r} (hidden)", name={name!r})\n')
+  return processes.environment(PYTHONPATH=str(hidden), JAX_PLATFORMS='no_such_platform')
+
+
+def _main(env, *args):
+  run = subprocess.run([sys.executable, '-m', 'trainer.main', *args], cwd=processes.REPO,
+                       env=env, capture_output=True, text=True, timeout=120, check=False)
+  assert 'Traceback' not in run.stderr, run.stderr[-3000:]
+  return run
+
+
+def test_every_default_field_has_its_comment():
+  assert set(settings.field_comments(settings.DEFAULT_CONFIG)) == set(default.get_config())
+
+
+def test_show_config_prints_every_field_value_and_comment(no_tensorflow):
+  run = _main(no_tensorflow, '--config=configs/imagenet_vit_g14_sharded.py', '--show_config',
+              '--config.batch_size=1024')
+  assert run.returncode == 0, run.stderr
+  lines = run.stdout.splitlines()
+  fields = dict(re.match(r'^(\w+) = (.*?)(?:\s+# .*)?$', line).groups() for line in lines[1:])
+  assert set(fields) == set(default.get_config())
+  assert fields['model'] == "'vit_g14'" and fields['batch_size'] == '1024'
+  batch = next(line for line in lines if line.startswith('batch_size ='))
+  assert '# [command line] Global training batch in examples' in batch
+  accumulation = next(line for line in lines if line.startswith('grad_accum_steps ='))
+  assert accumulation.endswith('[imagenet_vit_g14_sharded.py: 4096 / 8 devices / 64 = 8 rows '
+                               'per micro-batch.]')
+
+
+def test_listings(no_tensorflow):
+  assert _main(no_tensorflow, '--list=models').stdout.split() == models.names()
+  datasets = _main(no_tensorflow, '--list=datasets').stdout
+  assert re.search(r'^digits\s+10 classes, images 8x8x1, shipped \(offline\)$', datasets, re.M)
+  assert 'folder:/PATH' in datasets
+  configs = _main(no_tensorflow, '--list=configs').stdout.splitlines()
+  assert [line.split()[0] for line in configs] == sorted(
+      f'configs/{os.path.basename(p)}' for p in glob.glob(
+          os.path.join(processes.REPO, 'configs', '[!_]*.py')))
+
+
+@pytest.mark.parametrize('args,line', [
+    (['--config=configs/default.py', '--workdir={tmp}', '--config.model=resnet9'],
+     "error: model='resnet9' is unknown; choose one of: cnn, mlp"),
+    (['--config=configs/default.py', '--workdir={tmp}', '--config.state_sharding=full'],
+     "error: state_sharding='full' needs the shard_map step"),
+    (['--config=configs/default.py'], 'error: --workdir is required'),
+    (['--helpshort'], '--[no]show_config: Print every field of --config'),
+])
+def test_answers_come_before_tensorflow_and_a_jax_backend(no_tensorflow, tmp_path, args, line):
+  run = _main(no_tensorflow, *(a.format(tmp=tmp_path / 'run') for a in args))
+  assert line in run.stdout + run.stderr, run.stdout + run.stderr
+  assert not (tmp_path / 'run').exists()

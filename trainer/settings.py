@@ -1,0 +1,104 @@
+"""Every setting, discoverable from the command line:
+
+  python -m trainer.main --config=configs/default.py --show_config   # fields, values, comments
+  python -m trainer.main --list=models|datasets|configs
+
+The comments are those of the config files themselves (configs/default.py's, overridden by
+the recipe's own where it sets a field). Imports neither JAX nor TensorFlow: it answers at
+once.
+"""
+
+import glob
+import io
+import os
+import tokenize
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG_DIR = os.path.join(REPO, 'configs')
+DEFAULT_CONFIG = os.path.join(CONFIG_DIR, 'default.py')
+LISTS = ('models', 'datasets', 'configs')
+
+
+def field_comments(path: str) -> dict[str, str]:
+  """{field: comment} of a config file: for each `config.FIELD = ...` the comment at the end
+  of its line, else the comment lines right above it."""
+  with open(path, encoding='utf-8') as f:
+    source = f.read()
+  comments: dict[int, str] = {}
+  assignments: dict[int, str] = {}
+  tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+  for i, token in enumerate(tokens):
+    if token.type == tokenize.COMMENT:
+      comments[token.start[0]] = token.string.lstrip('#').strip()
+    elif (token.type == tokenize.NAME and token.string == 'config' and i + 3 < len(tokens) and
+          tokens[i + 1].string == '.' and tokens[i + 2].type == tokenize.NAME and
+          tokens[i + 3].string == '=' and token.start[1] == _indent(source, token.start[0])):
+      assignments[token.start[0]] = tokens[i + 2].string
+  found = {}
+  lines = source.splitlines()
+  for line, field in assignments.items():
+    if line in comments and not lines[line - 1].lstrip().startswith('#'):
+      found[field] = comments[line]
+      continue
+    above, row = [], line - 1
+    while row in comments and lines[row - 1].lstrip().startswith('#'):
+      above.insert(0, comments[row])
+      row -= 1
+    # A section's title ('# Data.') heads the first field's comment after a blank line.
+    if len(above) > 1 and len(above[0].split()) <= 3 and above[0].endswith('.') and (
+        row < 1 or not lines[row - 1].strip()):
+      above = above[1:]
+    if above:
+      found[field] = ' '.join(above)
+  return found
+
+
+def _indent(source: str, line: int) -> int:
+  text = source.splitlines()[line - 1]
+  return len(text) - len(text.lstrip())
+
+
+def show_config(config: Any, path: str, overridden: set[str]) -> str:
+  """Every field of `config` (loaded from `path`) as `field = value  # comment`, those given on
+  the command line marked."""
+  comments = field_comments(DEFAULT_CONFIG)
+  if os.path.abspath(path) != DEFAULT_CONFIG:
+    name = os.path.basename(path)
+    for field, comment in field_comments(path).items():  # The recipe's note beside it.
+      comments[field] = f'{comments.get(field, "")} [{name}: {comment}]'.strip()
+  rows = [(name, repr(value)) for name, value in sorted(config.items())]
+  width = max(len(f'{name} = {value}') for name, value in rows)
+  out = [f'# {os.path.relpath(path, os.getcwd())}: {len(rows)} fields; set any with '
+         '--config.FIELD=VALUE']
+  for name, value in rows:
+    note = comments.get(name, '')
+    if name in overridden:
+      note = f'[command line] {note}'.strip()
+    out.append(f'{f"{name} = {value}":<{width}}  # {note}' if note else f'{name} = {value}')
+  return '\n'.join(out)
+
+
+def listing(what: str) -> str:
+  """The registered models, the named datasets or the shipped config files, one a line."""
+  if what == 'models':
+    import models  # pylint: disable=import-outside-toplevel  # (flax, no backend)
+    return '\n'.join(models.names())
+  if what == 'datasets':
+    from trainer.data import specs  # pylint: disable=import-outside-toplevel
+    rows = []
+    for name in specs.names() + ['imagenet_v2']:
+      s = specs.DATASETS[name]
+      shape = 'x'.join(map(str, s.image_shape)) if s.image_shape else (
+          f'varied (cropped to {s.image_size})')
+      rows.append(f'{name:<14} {s.num_classes:>5} classes, images {shape}'
+                  f'{", shipped (offline)" if s.shipped else ""}'
+                  f'{", evaluation only" if not s.trainable else ""}')
+    rows.append('folder:/PATH   an image folder: PATH/train/CLASS/*.jpg|jpeg|png (and val/)')
+    return '\n'.join(rows)
+  rows = []
+  for path in sorted(glob.glob(os.path.join(CONFIG_DIR, '[!_]*.py'))):
+    with open(path, encoding='utf-8') as f:
+      first = f.read().lstrip().lstrip('"').splitlines()[0].strip()
+    rows.append(f'configs/{os.path.basename(path):<28} {first}')
+  return '\n'.join(rows)
