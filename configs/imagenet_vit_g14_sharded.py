@@ -1,23 +1,32 @@
-"""ViT-g/14 (about 1.01B params) on ImageNet with its state sharded over 8 devices of 16 GB
+"""ViT-g/14 (about 1.01B params) on ImageNet with its state sharded over 8 devices of 16 GiB
 (a TPU v5e-8, or 8 x V100-16GB): the model that does not fit one such device replicated.
 
-  python -m trainer.main --config=configs/imagenet_vit_g14_sharded.py \\
+  python -m trainer.main --config=configs/imagenet_vit_g14_sharded.py \
       --workdir=gs://BUCKET/vit_g14 --config.tfds_data_dir=gs://BUCKET/tensorflow_datasets
 
-The arithmetic, per device, float32 state (1,012,611,432 params x 4 bytes = 4.05 GB):
+The arithmetic, per device, float32 state (1,012,611,432 params x 4 bytes = 3.77 GiB):
 
-  replicated  params 4.05 + gradients 4.05 + AdamW mu and nu 8.10 = 16.2 GB before a single
-              activation: more than the 16 GB of the device.
-  optimizer   params 4.05 + gradients 4.05 + mu and nu / 8 = 1.01  ->  9.1 GB
-  full        params / 8 = 0.51 + mu and nu / 8 = 1.01, and for the step the params gathered
-              (4.05) and their gradients (4.05)  ->  9.6 GB
+  replicated  params 3.77 + AdamW mu and nu 7.54 = 11.3 GiB resident, and for the step the
+              gradients and their running sum over the micro-batches (7.54), a bfloat16 copy
+              of the params and one micro-batch's activations.
+  optimizer   params 3.77 + mu and nu / 8 = 0.94 resident, the same step.
+  full        params / 8 = 0.47 + mu and nu / 8 = 0.94 resident; the step gathers the params
+              (3.77) and holds whole gradients (this trainer gathers for the whole step, not
+              layer by layer as FSDP does).
 
-so 'full' (or 'optimizer') leaves about 6 GB for the activations of the micro-batch:
-batch 4096 over 8 devices is 512 rows a device, taken in 64 micro-batches of 8
-(grad_accum_steps). What XLA's memory analysis of the compiled step says on 8 simulated CPU
-devices (compiled, not trained: `python -m scripts.bench_sharding
---config=configs/imagenet_vit_g14_sharded.py --cpu_devices=8 --compile_only`) is in
-BENCHMARKS.md ("State sharding").
+XLA's memory analysis of the compiled step on 8 simulated CPU devices (compiled, not trained:
+`python -m scripts.bench_sharding --config=configs/imagenet_vit_g14_sharded.py
+--cpu_devices=8 --compile_only`), MiB per device, resident state + the step's temporaries:
+
+  replicated  3,863 + 7,726 + 14,133 = 25,722   does not fit 16 GiB (16,384 MiB)
+  optimizer   3,863 +   966 + 14,133 = 18,962   does not fit
+  full          483 +   966 + 14,134 = 15,582   fits, 802 MiB to spare
+
+The temporaries are mostly the whole gradients and their sum (7,726), the gathered params
+and their bfloat16 copy: one example a device per micro-batch is what fits, so batch 4096
+over 8 devices is 512 rows a device in 512 micro-batches (grad_accum_steps); at 8 rows a
+micro-batch (64 micro-batches) the temporaries are 29,669 MiB. A GPU's or TPU's compiler
+plans memory otherwise (not measured here: no accelerator was lent).
 
 The recipe otherwise follows configs/imagenet_vit_b16.py (AdamW, weight decay 0.3, gradient
 clipping at norm 1, bfloat16 compute, 10k warm-up steps, cosine) at the lower peak rate that
@@ -37,6 +46,6 @@ def get_config() -> ml_collections.ConfigDict:
   config.learning_rate = 1e-3
   config.step_backend = 'shard_map'  # The state shardings need it (pmap replicates).
   config.state_sharding = 'full'
-  config.grad_accum_steps = 64  # 4096 / 8 devices / 64 = 8 rows per micro-batch.
+  config.grad_accum_steps = 512  # 4096 / 8 devices / 512 = 1 row per micro-batch.
   config.eval_batch_size = 1024
   return config
