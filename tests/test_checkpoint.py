@@ -184,6 +184,7 @@ def test_a_resume_onto_devices_that_cannot_split_the_batch_is_refused(stopped_by
   assert _listing(workdir) == before
 
 
+@pytest.mark.slow
 def test_interrupted_or_corrupt_newest_save_falls_back(reference, config, tmp_path):
   ref_state, _, ref_workdir = reference
   _configure(config)

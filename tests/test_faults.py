@@ -72,6 +72,7 @@ DAMAGE = {
 }
 
 
+@pytest.mark.slow
 def test_damaged_checkpoints_are_set_aside_and_the_run_ends_where_it_would_have(
     finished, tfds_data_dir, tmp_path):
   """Five checkpoints damaged five ways, and metrics.jsonl's last line cut off: the run

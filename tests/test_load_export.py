@@ -51,7 +51,8 @@ def test_loaded_model_predicts_the_runs_eval_accuracy(run):
     trained.predict(np.zeros((2, 9, 9, 1), np.uint8))
 
 
-@pytest.mark.parametrize('file_format', ['torchvision', 'safetensors'])
+@pytest.mark.parametrize('file_format', [pytest.param('torchvision', marks=pytest.mark.slow),
+                                         'safetensors'])
 def test_exported_state_dict_gives_the_same_logits_in_torch(run, tmp_path, file_format):
   out = str(tmp_path / f'model{export.FORMATS[file_format]}')
   command = [sys.executable, '-m', 'scripts.export', f'--workdir={run}',

@@ -61,6 +61,7 @@ def _reference(batch, how) -> dict:
           'mix_weight': np.full(BATCH, np.float32(how.lam))}
 
 
+@pytest.mark.slow
 def test_mixed_inputs_equal_a_numpy_reference_on_any_device_count():
   """Every step's draw (from the step key) applied to row pairs (r, B-1-r) of the global
   batch, whichever devices hold them: 1, 2, 3 or 4 devices give the numpy reference."""

@@ -76,8 +76,8 @@ def test_param_count(name, shape, classes):
   assert state_lib.param_count(variables['params']) == PINNED[(name, shape, classes)]
 
 
-@pytest.mark.parametrize('name', [pytest.param(n, marks=pytest.mark.slow) if n == 'resnet50_cifar'
-                                  else n for n in STEPPED])
+@pytest.mark.parametrize('name', [pytest.param(n, marks=pytest.mark.slow)
+                                  if n in ('resnet50_cifar', 'resnet18') else n for n in STEPPED])
 def test_one_train_step(name):
   """The real step on random variables: compiling the model's init (as costly as the step for
   the deep ones) is left to test_param_count's abstract init and the training tests."""

@@ -139,7 +139,8 @@ def test_float16_overflow_is_skipped_and_the_scale_halves():
     accumulating(rstate, layout.put_batch(_batch(shape)), rng)
 
 
-@pytest.mark.parametrize('dtype', ['bfloat16', pytest.param('float16', marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize('dtype', ['bfloat16', 'float16'])
 def test_reduced_precision_runs_train_on_digits(config, tmp_path, dtype):
   config.update(dtype=dtype, num_train_steps=150, warmup_steps=15, log_every_steps=50,
                 eval_every_steps=150, checkpoint_every_steps=150)

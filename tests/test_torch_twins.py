@@ -58,6 +58,7 @@ def test_flax_weights_give_the_same_outputs_in_torch(name, shape):
   _assert_close(got, expected)
 
 
+@pytest.mark.slow
 def test_every_torch_model_has_the_flax_models_parameters():
   """Every ResNet and ViT of the registry, deep ones included: the same arrays, shape for
   shape, under torchvision's names (shapes alone: nothing is computed)."""

@@ -67,11 +67,8 @@ class Trained:
                       f'{getattr(images, "dtype", type(images[0]).__name__)}): this model '
                       f'takes uint8 images of {self.input_shape}, as dataset '
                       f'{self.spec.name!r} stores them')
-    from trainer.data import preprocess  # pylint: disable=import-outside-toplevel  # (TF)
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    plan = preprocess.eval_plan(self.config, self.spec, encoded=encoded)
-    return np.stack([plan(tf.constant(image), 0, self.config.seed).numpy()
-                     for image in images]).astype(np.uint8)
+    from trainer.data import pipeline  # pylint: disable=import-outside-toplevel  # (TF)
+    return pipeline.eval_preprocessed(self.config, self.spec, images, encoded)
 
   @functools.cached_property
   def _apply(self):
@@ -95,17 +92,8 @@ class Trained:
     """(images, labels) of a split of the run's dataset (default: its eval split), the
     images as the dataset stores them (a uint8 array where they share one size, else a
     list), at most `limit` of them; read through TFDS from the config's data dir."""
-    import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
-    from trainer.data import sources  # pylint: disable=import-outside-toplevel  # (TF)
-    split = split or self.config.eval_split
-    builder = sources.get_builder(self.config, split=split)
-    images, labels = [], []
-    for example in tfds.as_numpy(builder.as_dataset(split=split).take(limit or -1)):
-      images.append(example['image'])
-      labels.append(example['label'])
-    if len({image.shape for image in images}) == 1:
-      images = np.stack(images)
-    return images, np.asarray(labels)
+    from trainer.data import pipeline  # pylint: disable=import-outside-toplevel  # (TF)
+    return pipeline.read_examples(self.config, split or self.config.eval_split, limit)
 
 
 def _spec(meta: checkpoint.RunMeta, config) -> specs.DatasetSpec:

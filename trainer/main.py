@@ -59,7 +59,11 @@ def _cluster_detected() -> bool:
   return len([h for h in os.environ.get('TPU_WORKER_HOSTNAMES', '').split(',') if h]) > 1
 
 
-def _start_distributed() -> None:
+def _check_flags() -> None:
+  """The device and process flags, checked before anything starts."""
+  if FLAGS.cpu_devices is not None and FLAGS.cpu_devices <= 0:
+    raise UserError(f'--cpu_devices={FLAGS.cpu_devices} must be a positive device count, '
+                    'e.g. --cpu_devices=8')
   explicit = (FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
   if any(v is not None for v in explicit):
     if any(v is None for v in explicit):
@@ -70,6 +74,11 @@ def _start_distributed() -> None:
     if not 0 <= FLAGS.process_id < FLAGS.num_processes:
       raise UserError(f'--process_id={FLAGS.process_id} must be in 0..{FLAGS.num_processes - 1} '
                       f'for --num_processes={FLAGS.num_processes}')
+
+
+def _start_distributed() -> None:
+  explicit = (FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+  if any(v is not None for v in explicit):
     jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes,
                                FLAGS.process_id,
                                heartbeat_timeout_seconds=FLAGS.heartbeat_timeout_s)
@@ -79,9 +88,6 @@ def _start_distributed() -> None:
 
 def _set_up_devices() -> None:
   if FLAGS.cpu_devices is not None:
-    if FLAGS.cpu_devices <= 0:
-      raise UserError(f'--cpu_devices={FLAGS.cpu_devices} must be a positive device count, '
-                      'e.g. --cpu_devices=8')
     # Must happen before anything asks JAX for its devices.
     jax.config.update('jax_num_cpu_devices', FLAGS.cpu_devices)
   _start_distributed()
@@ -156,6 +162,7 @@ def main(argv):
   sys.unraisablehook = _quiet_abandoned_reads
   from trainer import checks  # pylint: disable=import-outside-toplevel  # (no TensorFlow)
   try:
+    _check_flags()
     config = checks.command_line_config(FLAGS['config'])
     # What the device count does not decide, checked before TensorFlow or a JAX backend
     # starts; the rest once the devices are known.

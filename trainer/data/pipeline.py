@@ -25,7 +25,7 @@ import itertools
 import math
 import os
 import re
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -318,3 +318,25 @@ def eval_batches(data: EvalData) -> Iterator[dict[str, np.ndarray]]:
   for _ in range(count, data.num_batches):
     yield pad_batch(empty, data.batch_size)
 
+
+
+def eval_preprocessed(config, spec: specs.DatasetSpec, images, encoded: bool) -> np.ndarray:
+  """`images` (uint8 arrays of any size, or encoded JPEG/PNG bytes when `encoded`) through
+  the evaluation plan of `spec` (decode; resize and center-crop where it crops): uint8 model
+  inputs (N, H, W, C), for `trainer.load`'s predictions."""
+  plan = preprocess.eval_plan(config, spec, encoded=encoded)
+  return np.stack([plan(tf.constant(image), 0, config.seed).numpy()
+                   for image in images]).astype(np.uint8)
+
+
+def read_examples(config, split: str, limit: Optional[int] = None) -> tuple[Any, np.ndarray]:
+  """(images, labels) of `split` of `config.dataset` as the dataset stores them (a uint8
+  array where they share one size, else a list), at most `limit`."""
+  builder = sources.get_builder(config, split=split)
+  images, labels = [], []
+  for example in tfds.as_numpy(builder.as_dataset(split=split).take(limit or -1)):
+    images.append(example['image'])
+    labels.append(example['label'])
+  if len({image.shape for image in images}) == 1:
+    images = np.stack(images)
+  return images, np.asarray(labels)
