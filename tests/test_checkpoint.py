@@ -234,6 +234,8 @@ def test_a_checkpoint_restores_under_any_state_sharding_and_device_count(config,
   params, step = checkpoint.load_params(first, jax.device_get(straight.params))
   assert step == 8
   _assert_bitwise_equal(params, straight.params)
+  import trainer  # pylint: disable=import-outside-toplevel
+  _assert_bitwise_equal(trainer.load(first).variables['params'], straight.params)
 
 
 def test_divergence_stops_with_the_last_good_checkpoint(config, tmp_path):
