@@ -170,7 +170,10 @@ def _cli(*args):
 
 
 @pytest.mark.parametrize('args,message', [
-    (['--config.batch_size=100'], 'error: batch_size=100 is not divisible by the 8 devices'),
+    # Decided once the devices are known (the slow part: a backend starts).
+    pytest.param(['--config.batch_size=100'],
+                 'error: batch_size=100 is not divisible by the 8 devices',
+                 marks=pytest.mark.slow),
     (['--config.model=resnet9'],
      "error: model='resnet9' is unknown; choose one of: cnn, mlp, resnet101"),
     (['--cpu_devices=0'], 'error: --cpu_devices=0 must be a positive device count'),

@@ -295,6 +295,7 @@ def test_mismatched_workdir_is_refused_and_untouched(config, tmp_path, overrides
   assert _listing(workdir) == before
 
 
+@pytest.mark.slow
 def test_init_from_takes_params_only(config, tmp_path):
   _configure(config, num_train_steps=30)
   source = str(tmp_path / 'source')
