@@ -94,7 +94,7 @@ created=1
 run git archive --format=tar.gz --output="$archive" HEAD
 run gcloud compute tpus tpu-vm scp "$archive" "$name:~/trainer.tar.gz" "${common[@]}" --worker=all
 run gcloud compute tpus tpu-vm ssh "$name" "${common[@]}" --worker=all \
-    --command="mkdir -p ~/trainer && tar -xzf ~/trainer.tar.gz -C ~/trainer && cd ~/trainer && python3 -m pip install -q -e . 'jax[tpu]'"
+    --command="mkdir -p ~/trainer && tar -xzf ~/trainer.tar.gz -C ~/trainer && cd ~/trainer && python3 -m pip install -q -e '.[tpu]'"
 # Every worker trains; the output of all of them streams back here until the run ends (the
 # EXIT trap then deletes the slice, or names it with --keep).
 run gcloud compute tpus tpu-vm ssh "$name" "${common[@]}" --worker=all \

@@ -28,7 +28,7 @@ def test_tpu_pod_dry_run_prints_the_gcloud_commands():
       '--worker=all',
       f"gcloud compute tpus tpu-vm ssh r50 {where} --worker=all '--command=mkdir -p ~/trainer "
       '&& tar -xzf ~/trainer.tar.gz -C ~/trainer && cd ~/trainer && python3 -m pip install -q '
-      "-e . '\\''jax[tpu]'\\'''",
+      "-e '\\''.[tpu]'\\'''",
       f"gcloud compute tpus tpu-vm ssh r50 {where} --worker=all '--command=cd ~/trainer && "
       'python3 -m trainer.main --config=configs/imagenet_resnet50.py '
       "--workdir=gs://bucket/r50 --config.tfds_data_dir=gs://bucket/tfds'",
