@@ -91,6 +91,9 @@ trap 'exit 143' TERM
 run gcloud compute tpus tpu-vm create "$name" "${common[@]}" \
     --accelerator-type="$accelerator_type" --version="$version"
 created=1
+if [[ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]]; then
+  echo "warning: the slice gets the last commit (git archive HEAD); your uncommitted edits are not in it" >&2
+fi
 run git archive --format=tar.gz --output="$archive" HEAD
 run gcloud compute tpus tpu-vm scp "$archive" "$name:~/trainer.tar.gz" "${common[@]}" --worker=all
 run gcloud compute tpus tpu-vm ssh "$name" "${common[@]}" --worker=all \

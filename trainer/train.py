@@ -381,6 +381,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   logging.info('%s: %d params; starting at step %d of %d on %d devices (%d process(es))',
                config.model, state_lib.param_count(start.state.params), start_step,
                config.num_train_steps, len(run.layout.devices), jax.process_count())
+  if start_step >= config.num_train_steps:
+    logging.warning('the run in %s is finished (its checkpoint is at step %d of %d): nothing '
+                    'to train; pass a larger --config.num_train_steps to train on, or '
+                    '--eval_only to evaluate', workdir, start_step, config.num_train_steps)
   for line in run.data.describe(jax.process_count()):
     logging.info('%s', line)
   # From here on the workdir is written, by this run alone.
