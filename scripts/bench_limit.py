@@ -78,9 +78,7 @@ def measure_limit(config, backend: str, steps: int, warmup: int,
   compile_s = time.perf_counter() - start
   flops = efficiency.lowered_flops(lowered)
   memory = efficiency.step_memory(rstate, compiled)
-  # Timed as compiled (not compiled again), except a multi-process pmap, which takes each
-  # process's arrays only through the pmapped function.
-  if backend != 'pmap' or jax.process_count() == 1:
+  if layout.takes_compiled():  # Timed as compiled: not compiled again.
     p_train_step = compiled
 
   def run(num_steps):

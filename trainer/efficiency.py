@@ -22,7 +22,7 @@ import dataclasses
 import resource
 import statistics
 import time
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 # Dense peak FLOP/s per chip (bf16), by the start of the device kind's name.
 PEAK_FLOPS = {'TPU v4': 275e12, 'TPU v5 lite': 197e12, 'TPU v5e': 197e12, 'TPU v5p': 459e12,
@@ -42,12 +42,6 @@ def lowered_flops(lowered) -> Optional[float]:
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   flops = float(cost.get('flops', 0.0)) if cost else 0.0
   return flops if flops > 0 else None
-
-
-def flops_per_device_step(step_fn: Callable, *args) -> Optional[float]:
-  """FLOPs of one device's program of `step_fn(*args)` (a `jax.jit` or `jax.pmap` function),
-  lowered (traced, not compiled); None where XLA gives none."""
-  return lowered_flops(step_fn.lower(*args))
 
 
 class StepMemory(NamedTuple):

@@ -154,6 +154,11 @@ class DataParallel:
     state sharding."""
     return self.put_replicated(state)
 
+  def takes_compiled(self) -> bool:
+    """Whether a step compiled ahead of time (`fn.lower(...).compile()`) can be called with
+    this layout's arrays (and so need not compile again at its first call)."""
+    return True
+
   def put_batch(self, rows: Any) -> Any:
     """This process's rows of the global batch, onto its devices."""
     raise NotImplementedError
@@ -209,6 +214,11 @@ class Pmapped(DataParallel):
 
   def put_batch(self, rows):
     return jax.device_put(shard(rows, len(self.local_devices)), self._batched)
+
+  def takes_compiled(self):
+    # A pmap compiled ahead of time takes the global arrays only; over several processes it
+    # is called with each process's, through the pmapped function.
+    return jax.process_count() == 1
 
   def _one_replica(self, x):
     # The first local device's (1, ...) shard, sliced on the host: slicing it on the device

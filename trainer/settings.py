@@ -27,16 +27,17 @@ def field_comments(path: str) -> dict[str, str]:
     source = f.read()
   comments: dict[int, str] = {}
   assignments: dict[int, str] = {}
+  lines = source.splitlines()
+  indent = lambda row: len(lines[row - 1]) - len(lines[row - 1].lstrip())
   tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
   for i, token in enumerate(tokens):
     if token.type == tokenize.COMMENT:
       comments[token.start[0]] = token.string.lstrip('#').strip()
     elif (token.type == tokenize.NAME and token.string == 'config' and i + 3 < len(tokens) and
           tokens[i + 1].string == '.' and tokens[i + 2].type == tokenize.NAME and
-          tokens[i + 3].string == '=' and token.start[1] == _indent(source, token.start[0])):
+          tokens[i + 3].string == '=' and token.start[1] == indent(token.start[0])):
       assignments[token.start[0]] = tokens[i + 2].string
   found = {}
-  lines = source.splitlines()
   for line, field in assignments.items():
     if line in comments and not lines[line - 1].lstrip().startswith('#'):
       found[field] = comments[line]
@@ -52,11 +53,6 @@ def field_comments(path: str) -> dict[str, str]:
     if above:
       found[field] = ' '.join(above)
   return found
-
-
-def _indent(source: str, line: int) -> int:
-  text = source.splitlines()[line - 1]
-  return len(text) - len(text.lstrip())
 
 
 def show_config(config: Any, path: str, overridden: set[str]) -> str:

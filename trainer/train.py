@@ -450,10 +450,8 @@ class _Session:
     prefetch = parallel.Prefetch((layout.put_batch(batch) for batch in rows), PREFETCH_BATCHES)
     first_batch = next(prefetch)
     lowered = self.p_train_step.lower(self.rstate, first_batch, self.rng)
-    compiled = None
-    # A pmap compiled ahead of time takes the global arrays only; a multi-process pmap is
-    # called with each process's, and compiles at its first call (no memory analysis then).
-    if layout.backend != 'pmap' or jax.process_count() == 1:
+    compiled = None  # Else compiled at its first call (no memory analysis then).
+    if layout.takes_compiled():
       compiled = lowered.compile()
       self.p_train_step = compiled  # Called from here on: the step is not compiled twice.
     logging.info('%s', efficiency.describe_memory(efficiency.step_memory(
