@@ -1,6 +1,6 @@
 """Every setting discoverable (--show_config, --list), and answered at once: the listings,
---help and a mistake in the config answer with TensorFlow unimportable and no JAX backend
-startable."""
+--help and a mistake in the config answer with TensorFlow and torch unimportable and no JAX
+backend startable, from the trainer, scripts.compare, scripts.benchmark and the DDP twin."""
 
 import glob
 import os
@@ -18,18 +18,18 @@ from trainer import settings
 
 @pytest.fixture(scope='module')
 def no_tensorflow(tmp_path_factory):
-  """The environment of a process where `import tensorflow(_datasets)` fails and any JAX
-  backend fails to start (JAX_PLATFORMS names none that exists)."""
+  """The environment of a process where `import tensorflow(_datasets)` and `import torch`
+  fail and any JAX backend fails to start (JAX_PLATFORMS names none that exists)."""
   hidden = tmp_path_factory.mktemp('hidden')
-  for name in ('tensorflow', 'tensorflow_datasets'):
+  for name in ('tensorflow', 'tensorflow_datasets', 'torch'):
     (hidden / name).mkdir()
     (hidden / name / '__init__.py').write_text(
         f'raise ModuleNotFoundError("No module named {name!r} (hidden)", name={name!r})\n')
   return processes.environment(PYTHONPATH=str(hidden), JAX_PLATFORMS='no_such_platform')
 
 
-def _main(env, *args):
-  run = subprocess.run([sys.executable, '-m', 'trainer.main', *args], cwd=processes.REPO,
+def _main(env, *args, module='trainer.main'):
+  run = subprocess.run([sys.executable, '-m', module, *args], cwd=processes.REPO,
                        env=env, capture_output=True, text=True, timeout=120, check=False)
   assert 'Traceback' not in run.stderr, run.stderr[-3000:]
   return run
@@ -65,15 +65,26 @@ def test_listings(no_tensorflow):
           os.path.join(processes.REPO, 'configs', '[!_]*.py')))
 
 
-@pytest.mark.parametrize('args,line', [
-    (['--config=configs/default.py', '--workdir={tmp}', '--config.model=resnet9'],
+@pytest.mark.parametrize('module,args,line', [
+    ('trainer.main', ['--config=configs/default.py', '--workdir={tmp}', '--config.model=resnet9'],
      "error: model='resnet9' is unknown; choose one of: cnn, mlp"),
-    (['--config=configs/default.py', '--workdir={tmp}', '--config.state_sharding=full'],
+    ('trainer.main', ['--config=configs/default.py', '--workdir={tmp}',
+                      '--config.state_sharding=full'],
      "error: state_sharding='full' needs the shard_map step"),
-    (['--config=configs/default.py'], 'error: --workdir is required'),
-    (['--helpshort'], '--[no]show_config: Print every field of --config'),
+    ('trainer.main', ['--config=configs/default.py'], 'error: --workdir is required'),
+    ('trainer.main', ['--helpshort'], '--[no]show_config: Print every field of --config'),
+    ('scripts.compare', ['--helpshort'], '--target_accuracy: Eval accuracy'),
+    ('scripts.compare', ['--config=configs/default.py', '--workdir={tmp}',
+                         '--config.model=resnet9'], "error: model='resnet9' is unknown"),
+    ('scripts.compare', ['--config=configs/default.py', '--workdir={tmp}', '--devices=4',
+                         '--threads=2'], 'error: --devices=4 --threads=2: need at least'),
+    ('scripts.benchmark', ['--helpshort'], '--steps: '),
+    ('baselines.torch_ddp.main', ['--helpshort'], '--[no]parity: Start from the JAX model'),
+    ('baselines.torch_ddp.main', ['--config=configs/default.py', '--workdir={tmp}',
+                                  '--config.dtype=float64'], "error: dtype='float64'"),
 ])
-def test_answers_come_before_tensorflow_and_a_jax_backend(no_tensorflow, tmp_path, args, line):
-  run = _main(no_tensorflow, *(a.format(tmp=tmp_path / 'run') for a in args))
+def test_answers_come_before_tensorflow_torch_and_a_jax_backend(no_tensorflow, tmp_path,
+                                                                 module, args, line):
+  run = _main(no_tensorflow, *(a.format(tmp=tmp_path / 'run') for a in args), module=module)
   assert line in run.stdout + run.stderr, run.stdout + run.stderr
   assert not (tmp_path / 'run').exists()

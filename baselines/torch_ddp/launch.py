@@ -15,9 +15,9 @@ def torchrun(ranks: int) -> list[str]:
 
 
 def command(ranks: int, workdir: str, args: Sequence[str] = (), threads: int = 0) -> list[str]:
-  """`torchrun` of baselines.torch_ddp.train with `ranks` processes; `threads` torch CPU
+  """`torchrun` of baselines.torch_ddp.main with `ranks` processes; `threads` torch CPU
   threads per rank (0: torch's default); `args` are the trainer's flags (--config=...,
   --config.FIELD=VALUE, --parity, ...)."""
-  return [*torchrun(ranks), 'baselines.torch_ddp.train', f'--workdir={workdir}',
+  return [*torchrun(ranks), 'baselines.torch_ddp.main', f'--workdir={workdir}',
           *([f'--threads={threads}'] if threads else []), *args]
 

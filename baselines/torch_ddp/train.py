@@ -1,8 +1,6 @@
-"""The PyTorch DistributedDataParallel baseline, driven by the same config files and data.
-
-  python -m torch.distributed.run --nproc_per_node=2 -m baselines.torch_ddp.train \
-      --config=configs/default.py --workdir=/tmp/ddp [--parity | --init_weights=FILE] \
-      [--nochannels_last] [--torch_compile] [--config.FIELD=VALUE ...]
+"""The PyTorch DistributedDataParallel baseline's training: `train` on the ranks of a process
+group (the command line, `python -m baselines.torch_ddp.main` under torchrun, is
+`main.py`).
 
 The model is torchvision's (ResNets, ViTs) or a small twin (mlp, cnn): `models.py`. The step
 (`step.py`) computes in the config's `dtype`: bfloat16 under `torch.autocast`, float16 with a
@@ -37,15 +35,12 @@ import torch
 import torch.distributed as dist
 # Before clu, which imports TensorFlow: torchvision 0.29 segfaults when imported after it.
 import torchvision  # noqa: F401  pylint: disable=unused-import
-from absl import flags
 from absl import logging
 from clu import metric_writers
-from ml_collections import config_flags
 
 from baselines.torch_ddp import models as torch_models
 from baselines.torch_ddp import step as step_lib
 from models import torch_weights
-from trainer import cli
 from trainer import checks
 from trainer import efficiency
 from trainer import loop
@@ -60,24 +55,6 @@ from trainer.data import pipeline
 from trainer.data import sources
 from trainer.data import specs
 from trainer.errors import Preempted, UserError
-
-FLAGS = flags.FLAGS
-
-
-def _define_flags() -> None:
-  """The command line's flags (defined when run, so that importing this module defines none)."""
-  flags.DEFINE_string('workdir', None, 'Directory for checkpoints, event files and '
-                      'metrics.jsonl.')
-  flags.DEFINE_bool('parity', False, 'Start from the JAX model\'s initial params for the seed.')
-  flags.DEFINE_string('init_weights', None, 'Start from this PyTorch state dict (.pth or '
-                      '.safetensors; scripts/compare.py writes the JAX run\'s initial weights '
-                      'as one).')
-  flags.DEFINE_integer('threads', 0, 'torch CPU threads per rank; 0 = torch\'s default.')
-  flags.DEFINE_bool('channels_last', True, 'Run the convnets (resnet*, cnn) in channels_last '
-                    'memory format, as torchvision\'s reference recipes do.')
-  flags.DEFINE_bool('torch_compile', False, 'Compile the model with torch.compile.')
-  config_flags.DEFINE_config_file('config', None, 'Training config file.', lock_config=True)
-  flags.mark_flags_as_required(['config', 'workdir'])
 
 # Fields a checkpoint must agree on with the config it is resumed under.
 # (The optimizer's state is saved whole, but keyed otherwise under FSDP2: the state sharding
@@ -416,14 +393,16 @@ class _Session:
     dist.barrier()
 
 
-def main(argv):
-  del argv  # cli.parse_flags refused stray arguments.
-  if FLAGS.threads:
-    torch.set_num_threads(FLAGS.threads)
+def run(config, workdir: str, parity: bool, init_weights: Optional[str], channels_last: bool,
+        compile_model: bool, threads: int) -> None:
+  """`train` in a process group of this process's torchrun ranks (`threads` torch CPU threads
+  each, 0: torch's default); a refusal ends the process with its line, a stop with its exit
+  code."""
+  if threads:
+    torch.set_num_threads(threads)
   dist.init_process_group('nccl' if torch.cuda.is_available() else 'gloo')
   try:
-    train(checks.command_line_config(FLAGS['config']), FLAGS.workdir, FLAGS.parity,
-          FLAGS.init_weights, FLAGS.channels_last, FLAGS.torch_compile)
+    train(config, workdir, parity, init_weights, channels_last, compile_model)
   except UserError as e:
     raise SystemExit(f'error: {e}') from None
   except Preempted as e:
@@ -431,8 +410,3 @@ def main(argv):
     raise SystemExit(e.exit_code) from None
   finally:
     dist.destroy_process_group()
-
-
-if __name__ == '__main__':
-  _define_flags()
-  cli.run(main)
