@@ -35,6 +35,8 @@ def _define_flags() -> None:
   flags.DEFINE_string('coordinator_address', None, 'Of a multi-process measurement.')
   flags.DEFINE_integer('num_processes', None, 'Of a multi-process measurement.')
   flags.DEFINE_integer('process_id', None, 'Of a multi-process measurement.')
+  flags.DEFINE_bool('state_shardings', True, 'Also measure shard_map\'s step with the state '
+                    'sharded (each of trainer.parallel.STATE_SHARDINGS).')
 
 
 def _synthetic_rows(config, layout: parallel.DataParallel, spec: specs.DatasetSpec) -> Any:
@@ -100,16 +102,19 @@ def measure_limit(config, backend: str, steps: int, warmup: int,
           'memory': memory._asdict()}
 
 
-def limit_part(config, steps: int, warmup: int) -> dict[str, Any]:
+def limit_part(config, steps: int, warmup: int, state_shardings: bool = True
+               ) -> dict[str, Any]:
   """The bare step of both backends over every device of every process: `processes`,
-  `devices`, and `measure_limit`'s figures under each backend's name; shard_map's with the
-  state sharded too, under `state_sharding` by sharding ('replicated' is `shard_map`)."""
+  `devices`, and `measure_limit`'s figures under each backend's name; where
+  `state_shardings`, shard_map's with the state sharded too, under `state_sharding` by
+  sharding ('replicated' is `shard_map`)."""
   result = {'processes': jax.process_count(), 'devices': jax.device_count(),
             **{backend: measure_limit(config, backend, steps, warmup)
                for backend in parallel.BACKENDS}}
-  result['state_sharding'] = {'replicated': result['shard_map'], **{
-      sharding: measure_limit(config, 'shard_map', steps, warmup, sharding)
-      for sharding in parallel.STATE_SHARDINGS if sharding != 'replicated'}}
+  if state_shardings:
+    result['state_sharding'] = {'replicated': result['shard_map'], **{
+        sharding: measure_limit(config, 'shard_map', steps, warmup, sharding)
+        for sharding in parallel.STATE_SHARDINGS if sharding != 'replicated'}}
   return result
 
 
@@ -120,7 +125,7 @@ def main(argv):
   if FLAGS.coordinator_address:
     jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes,
                                FLAGS.process_id)
-  result = limit_part(config, FLAGS.steps, FLAGS.timing_warmup_steps)
+  result = limit_part(config, FLAGS.steps, FLAGS.timing_warmup_steps, FLAGS.state_shardings)
   if jax.process_index() == 0:
     bench_common.write_result(FLAGS.out, result)
 

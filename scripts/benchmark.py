@@ -55,11 +55,10 @@ import dataclasses
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from absl import flags
 from ml_collections import config_flags
@@ -124,6 +123,8 @@ class _Setup:
   overrides: list[str]  # The --config.FIELD=VALUE arguments, given to every part.
   scratch: str  # The parts' result files and the compilation cache; removed at the end.
   runs_dir: Optional[str]  # Where the timed training runs stay (None: in `scratch`).
+  # Seconds each part's last run took (by part), for the ETA of the next like it.
+  took: dict[str, float] = dataclasses.field(default_factory=dict)
 
   def result_path(self, name: str) -> str:
     return os.path.join(self.scratch, f'{name}.json')
@@ -136,13 +137,18 @@ class _Setup:
 
 def _run_part(setup: _Setup, part: str, name: str, extra: Sequence[str] = (),
               launcher: Sequence[str] = (sys.executable, '-m'),
-              env: Optional[dict[str, str]] = None) -> dict[str, Any]:
+              env: Optional[dict[str, str]] = None,
+              progress: Optional[Callable[[], str]] = None) -> dict[str, Any]:
   """Runs `part`'s module (`bench_common.PART_MODULES`) under `launcher` with the common flags
-  and `extra`; the figures it wrote to the result file `name`."""
+  and `extra`, reporting `progress` (`processes.wait_reporting`); the figures it wrote to the
+  result file `name`."""
   out = setup.result_path(name)
   module = f'scripts.{bench_common.PART_MODULES[part]}'
-  processes.run_checked([*launcher, module, *setup.part_args(out), *extra],
-                        f'the {part} measurement ({" ".join(extra)})', env)
+  start = time.time()
+  processes.run_checked([[*launcher, module, *setup.part_args(out), *extra]],
+                        f'the {part} measurement ({" ".join(extra)})', env,
+                        progress=progress, expected_s=setup.took.get(part))
+  setup.took[part] = time.time() - start
   return bench_common.read_result(out)
 
 
@@ -153,14 +159,25 @@ def _trainer_flags(part: str, runs_dir: Optional[str]) -> list[str]:
           *([f'--runs_dir={runs_dir}'] if runs_dir else [])]
 
 
+def _timed_steps(setup: _Setup) -> int:
+  """The steps of each timed training run (trainer or DDP)."""
+  return bench_common.timed_run_fields(setup.config, FLAGS.steps,
+                                       1 + FLAGS.timing_warmup_steps)['num_train_steps']
+
+
 def _per_device_count(setup: _Setup, part: str, counts: list[int]) -> list[dict[str, Any]]:
-  """The jax or the limit part once per JAX device count."""
+  """The jax or the limit part once per JAX device count (the jax part's training runs in
+  RUNS_DIR, or the scratch directory, where their progress is read)."""
   runs = []
+  runs_dir = setup.runs_dir or os.path.join(setup.scratch, 'runs')
   for n in counts:
     print(f'{part}: {n} devices ...', flush=True)
-    extra = [f'--cpu_devices={n}'] + (_trainer_flags(part, setup.runs_dir) if part == 'jax'
-                                      else [])
-    runs.append(_run_part(setup, part, f'{part}_{n}', extra))
+    extra, progress = [f'--cpu_devices={n}'], None
+    if part == 'jax':
+      extra += _trainer_flags(part, runs_dir)
+      progress = processes.StepProgress(
+          os.path.join(runs_dir, f'trainer_{n}dev_*', 'metrics.jsonl'), _timed_steps(setup))
+    runs.append(_run_part(setup, part, f'{part}_{n}', extra, progress=progress))
   return runs
 
 
@@ -194,8 +211,9 @@ def _ddp_run(setup: _Setup, ranks: int, cores: int) -> dict[str, Any]:
           *(f'--config.{field}={value}' for field, value in fields.items()),
           *(['--torch_compile'] if FLAGS.torch_compile else [])]
   start = time.time()
-  processes.run_checked(launch.command(ranks, workdir, args, threads=threads),
-                        f'the DDP run with {ranks} ranks')
+  processes.run_checked([launch.command(ranks, workdir, args, threads=threads)],
+                        f'the DDP run with {ranks} ranks', progress=processes.StepProgress(
+                            os.path.join(workdir, 'metrics.jsonl'), fields['num_train_steps']))
   records = writers.read_jsonl(os.path.join(workdir, writers.JSONL_NAME))
   return {'ranks': ranks, 'threads_per_rank': threads,
           **bench_common.run_speed(records, start, ranks, setup.config.batch_size, untimed)}
@@ -214,16 +232,13 @@ def _limit_2x2(setup: _Setup, name: str) -> dict[str, Any]:
   """The limit part as 2 processes of 2 CPU devices each, over loopback."""
   out = setup.result_path(name)
   command = [sys.executable, '-m', f'scripts.{bench_common.PART_MODULES["limit"]}',
-             *setup.part_args(out), '--cpu_devices=2', '--num_processes=2',
+             *setup.part_args(out), '--cpu_devices=2', '--nostate_shardings',
+             '--num_processes=2',
              f'--coordinator_address=127.0.0.1:{processes.free_port()}']
-  started = [subprocess.Popen([*command, f'--process_id={index}'], cwd=processes.REPO,
-                              env=processes.environment(), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True) for index in range(2)]
-  errors = [p.communicate()[1] for p in started]
-  for p, error in zip(started, errors):
-    if p.returncode:
-      raise UserError(f'the 2-process limit measurement failed (exit {p.returncode}):\n'
-                      f'{error[-3000:]}')
+  start = time.time()
+  processes.run_checked([[*command, f'--process_id={index}'] for index in range(2)],
+                        'the 2-process limit measurement', expected_s=setup.took.get('2x2'))
+  setup.took['2x2'] = time.time() - start
   return bench_common.read_result(out)
 
 
@@ -234,18 +249,19 @@ def _multiprocess(setup: _Setup) -> dict[str, Any]:
   print('bare step: 2 processes x 2 devices against 1 process x 4 ...', flush=True)
   runs = {'1x4': [], '2x2': []}
   for index in range(FLAGS.rounds):
-    runs['1x4'].append(_run_part(setup, 'limit', f'limit_1x4_{index}', ['--cpu_devices=4']))
+    runs['1x4'].append(_run_part(setup, 'limit', f'limit_1x4_{index}',
+                                 ['--cpu_devices=4', '--nostate_shardings']))
     runs['2x2'].append(_limit_2x2(setup, f'limit_2x2_{index}'))
   figures = {}
   for topology, measured in runs.items():
     for backend in ('pmap', 'shard_map'):
       step_s = statistics.median(m[backend]['step_s'] for m in measured)
       figures[f'{topology}_{backend}_step_ms'] = step_s * 1e3
-  # What pmap's resharding of host-local arrays costs per step across processes, beyond what
-  # going multi-process costs shard_map.
-  figures['pmap_multiprocess_overhead_ms'] = (
-      (figures['2x2_pmap_step_ms'] - figures['1x4_pmap_step_ms']) -
-      (figures['2x2_shard_map_step_ms'] - figures['1x4_shard_map_step_ms']))
+  # What going multi-process costs each backend: pmap also reshards host-local arrays to
+  # global ones and back, shard_map works on global arrays.
+  for backend in ('pmap', 'shard_map'):
+    figures[f'{backend}_2x2_over_1x4'] = (figures[f'2x2_{backend}_step_ms'] /
+                                          figures[f'1x4_{backend}_step_ms'])
   figures['runs'] = runs
   return figures
 
@@ -366,7 +382,7 @@ def headline_figures(runs: dict[str, Any]) -> dict[str, Any]:
   # The bare steps, both sides: the fastest JAX step of any device count and backend (from
   # the jax or the limit part) against the fastest DDP step of any rank count.
   steps = [dict(measured, devices=devices, backend=backend)
-           for backend, devices, measured in _bare_steps(runs)]
+           for _, backend, devices, measured in _bare_steps(runs)]
   if steps:
     best = _fastest(steps)
     figures.update(step_jax_examples_per_sec=best['examples_per_sec'],
@@ -384,11 +400,12 @@ def headline_figures(runs: dict[str, Any]) -> dict[str, Any]:
   return figures
 
 
-def _bare_steps(runs: dict[str, Any]) -> list[tuple[str, int, dict]]:
-  """(backend, devices, figures) of every JAX bare step measured, by the jax and limit parts."""
-  return ([(b, run['devices'], run[f'limit_{b}'])
+def _bare_steps(runs: dict[str, Any]) -> list[tuple[str, str, int, dict]]:
+  """(part, backend, devices, figures) of every JAX bare step measured: by the jax part
+  (beside the trainer, median of the rounds) and by the limit part (alone)."""
+  return ([('jax', b, run['devices'], run[f'limit_{b}'])
            for run in runs.get('jax_runs', []) for b in ('pmap', 'shard_map')] +
-          [(b, run['devices'], run[b])
+          [('limit', b, run['devices'], run[b])
            for run in runs.get('limit_runs', []) for b in ('pmap', 'shard_map')])
 
 
@@ -398,8 +415,8 @@ def _rows(figures: dict) -> list[tuple[str, ...]]:
   limit = figures.get('step_jax_examples_per_sec')
   vs = lambda rate: fmt(rate / limit, 2) if limit else ''
   rows = [('', 'examples/s', 'vs limit', 'first step (s)', 'peak host MiB', 'MFU')]
-  for backend, devices, m in _bare_steps(figures):
-    rows.append((f'limit {backend}, {devices} dev', fmt(m['examples_per_sec']),
+  for part, backend, devices, m in _bare_steps(figures):
+    rows.append((f'limit {backend}, {devices} dev ({part} part)', fmt(m['examples_per_sec']),
                  vs(m['examples_per_sec']), fmt(m['compile_s'], 2) + ' (compile)', '',
                  fmt(m['mfu'], 3)))
   for run in figures.get('jax_runs', []):
@@ -469,10 +486,11 @@ def _ratio_lines(figures: dict) -> list[str]:
   mp = figures.get('multiprocess')
   if mp:
     lines.append(
-        'bare step, ms: 1 process x 4 devices: pmap {:.2f}, shard_map {:.2f}; 2 processes x 2 '
-        'devices: pmap {:.2f}, shard_map {:.2f}; pmap_multiprocess_overhead = {:.2f} ms/step'
-        .format(mp['1x4_pmap_step_ms'], mp['1x4_shard_map_step_ms'], mp['2x2_pmap_step_ms'],
-                mp['2x2_shard_map_step_ms'], mp['pmap_multiprocess_overhead_ms']))
+        'bare step, median ms: 1 process x 4 devices: pmap {:.2f}, shard_map {:.2f}; 2 '
+        'processes x 2 devices: pmap {:.2f}, shard_map {:.2f}; 2x2_over_1x4: pmap {:.2f}, '
+        'shard_map {:.2f}'.format(
+            mp['1x4_pmap_step_ms'], mp['1x4_shard_map_step_ms'], mp['2x2_pmap_step_ms'],
+            mp['2x2_shard_map_step_ms'], mp['pmap_2x2_over_1x4'], mp['shard_map_2x2_over_1x4']))
   return lines
 
 

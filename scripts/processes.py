@@ -1,11 +1,17 @@
 """Starting the repository's programs as subprocesses: where the repository is, a free
 loopback port, the environment they import in, the config overrides to pass on, and a run
-that fails with one line naming what failed. No JAX, TensorFlow or torch here."""
+that fails with one line naming what failed and reports its progress while it lasts. No JAX,
+TensorFlow or torch here."""
 
+import contextlib
+import glob
+import json
 import os
 import socket
 import subprocess
-from typing import Optional, Sequence
+import tempfile
+import time
+from typing import Callable, Optional, Sequence
 
 from trainer.errors import UserError
 
@@ -13,6 +19,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # TensorFlow only feeds data; this keeps its C++ start-up chatter out of every log.
 QUIET_TENSORFLOW = {'TF_CPP_MIN_LOG_LEVEL': '2'}
+
+# The longest a run started here goes without a line saying how far it got.
+PROGRESS_EVERY_S = 30
 
 
 def free_port() -> int:
@@ -39,12 +48,88 @@ def config_overrides(argv: Sequence[str]) -> list[str]:
   return overrides
 
 
-def run_checked(args: Sequence[str], what: str, env: Optional[dict[str, str]] = None
-                ) -> subprocess.CompletedProcess:
-  """Runs `args` in the repository (output captured); a failure raises UserError naming
-  `what`, the exit code and the end of its stderr."""
-  run = subprocess.run(list(args), cwd=REPO, env=env or environment(), capture_output=True,
-                       text=True, check=False)
-  if run.returncode != 0:
-    raise UserError(f'{what} failed (exit {run.returncode}):\n{run.stderr[-3000:]}')
-  return run
+def _last_step(path: str) -> Optional[int]:
+  """The step of the last complete line of a metrics.jsonl (None before the first)."""
+  try:
+    with open(path, 'rb') as f:
+      lines = f.read().splitlines()
+  except OSError:
+    return None
+  for line in reversed(lines):
+    try:
+      return int(json.loads(line)['step'])
+    except (ValueError, KeyError):  # A line being written, or one without a step.
+      continue
+  return None
+
+
+class StepProgress:
+  """How far a training run writing metrics.jsonl files matching `pattern` got (the newest
+  file: one run of several, one after the other): its name (the file's directory), its
+  last logged step of `total`, and an ETA at its rate since the first step seen."""
+
+  def __init__(self, pattern: str, total: int):
+    self.pattern = pattern
+    self.total = total
+    self._first: dict[str, tuple[int, float]] = {}  # path: (step, time) when first seen.
+
+  def __call__(self) -> str:
+    paths = sorted(glob.glob(self.pattern), key=os.path.getmtime)
+    step = _last_step(paths[-1]) if paths else None
+    if step is None:
+      return 'starting: no step logged yet'
+    now = time.time()
+    first_step, first_time = self._first.setdefault(paths[-1], (step, now))
+    line = f'{os.path.basename(os.path.dirname(paths[-1]))} at step {step} of {self.total}'
+    if step > first_step:
+      line += f', ETA {(self.total - step) * (now - first_time) / (step - first_step):.0f} s'
+    return line
+
+
+def wait_reporting(started: Sequence[subprocess.Popen], what: str,
+                   progress: Optional[Callable[[], str]], expected_s: Optional[float]
+                   ) -> list[Optional[int]]:
+  """Waits for every process of `started`, printing at least every PROGRESS_EVERY_S seconds
+  a line with `what`, the time since the call, and `progress()` (the run's step and ETA) or
+  else an ETA from `expected_s` (what a like run took); their exit codes (None for those still
+  running once one failed)."""
+  start = time.time()
+  next_line = start + PROGRESS_EVERY_S
+  while any(process.poll() is None for process in started):
+    if any(process.poll() for process in started):
+      break  # One failed: the others' results are of no use (the caller stops them).
+    time.sleep(0.2)
+    if time.time() >= next_line:
+      elapsed = time.time() - start
+      detail = progress() if progress else (
+          f'ETA {max(0.0, expected_s - elapsed):.0f} s (as the last like run)'
+          if expected_s else 'running')
+      print(f'  {what}: {elapsed:.0f} s in, {detail}', flush=True)
+      next_line += PROGRESS_EVERY_S
+  return [process.poll() for process in started]
+
+
+def run_checked(commands: Sequence[Sequence[str]], what: str,
+                env: Optional[dict[str, str]] = None,
+                progress: Optional[Callable[[], str]] = None,
+                expected_s: Optional[float] = None) -> None:
+  """Runs `commands` at once in the repository (output kept apart), reporting their progress
+  at least every PROGRESS_EVERY_S seconds: `progress()` (the run's step and ETA) or an ETA
+  from `expected_s`, the seconds a like run took. A failure raises UserError naming `what`,
+  the exit code and the end of the first failed process's stderr."""
+  with contextlib.ExitStack() as stack:
+    errors = [stack.enter_context(tempfile.TemporaryFile('w+', encoding='utf-8'))
+              for _ in commands]
+    started = [subprocess.Popen(list(args), cwd=REPO, env=env or environment(),
+                                stdout=subprocess.DEVNULL, stderr=error, text=True)
+               for args, error in zip(commands, errors)]
+    try:
+      codes = wait_reporting(started, what, progress, expected_s)
+    finally:
+      for process in started:
+        if process.poll() is None:
+          process.kill()
+    for code, error in zip(codes, errors):
+      if code:  # Not 0, and not None (a process stopped above once another failed).
+        error.seek(0)
+        raise UserError(f'{what} failed (exit {code}):\n{error.read()[-3000:]}')

@@ -40,19 +40,22 @@ def test_headline_figures_pick_the_fastest_and_divide():
   jax_runs = [
       {'devices': devices, 'platform': 'cpu', 'device_kind': 'cpu', 'peak_host_memory_mb': m,
        'limit_pmap': _measured(pmap), 'limit_shard_map': _measured(shard_map),
-       'trainer': {'examples_per_sec': trainer, 'time_to_first_step_s': 3.0},
+       'trainer': {'examples_per_sec': trainer, 'time_to_first_step_s': 3.0,
+                   'first_step_s': 1.0},
        'input': {'examples_per_sec': 5000.0}, 'trainer_over_limit': trainer / max(pmap,
                                                                                   shard_map)}
       for devices, pmap, shard_map, trainer, m in ((1, 400.0, 500.0, 300.0, 900.0),
                                                    (2, 800.0, 700.0, 600.0, 1000.0))]
   runs = {'jax_runs': jax_runs,
-          'ddp_runs': [{'ranks': 1, 'examples_per_sec': 200.0, 'peak_host_memory_mb': 700.0},
-                       {'ranks': 2, 'examples_per_sec': 250.0, 'peak_host_memory_mb': 800.0}],
+          'ddp_runs': [{'ranks': ranks, 'examples_per_sec': rate, 'peak_host_memory_mb': m,
+                        'threads_per_rank': 1, 'first_step_s': 0.5}
+                       for ranks, rate, m in ((1, 200.0, 700.0), (2, 250.0, 800.0))],
           'cache': {'cold': {'time_to_first_step_s': 10.0, 'first_step_s': 8.0},
                     'warm': {'time_to_first_step_s': 4.0, 'first_step_s': 2.0}},
-          'limit_runs': [{'devices': 4, 'pmap': _measured(900.0),
+          'limit_runs': [{'devices': 2, 'pmap': _measured(900.0),
                           'shard_map': _measured(850.0)}],
-          'ddp_limit_runs': [{'ranks': 2, **_measured(450.0)}]}
+          'ddp_limit_runs': [{'ranks': 2, 'threads_per_rank': 1, 'first_step_s': 0.5,
+                              **_measured(450.0)}]}
   figures = benchmark.headline_figures(runs)
   assert figures['jax_devices'] == 2 and figures['trainer_examples_per_sec'] == 600.0
   assert figures['limit_examples_per_sec'] == 800.0  # The 2-device run's faster backend.
@@ -61,10 +64,14 @@ def test_headline_figures_pick_the_fastest_and_divide():
   assert figures['input_over_step'] == 5000.0 / 800.0
   assert figures['warm_start_over_cold'] == 0.4 and figures['warm_first_step_over_cold'] == 0.25
   assert figures['peak_host_memory_mb'] == 1000.0 and figures['ddp_peak_host_memory_mb'] == 800.0
-  # The bare steps of every part: the limit part's 4 devices are the fastest JAX step.
+  # The bare steps of every part: the limit part's is the fastest JAX step.
   assert (figures['step_jax_examples_per_sec'], figures['step_jax_devices'],
-          figures['step_jax_backend']) == (900.0, 4, 'pmap')
+          figures['step_jax_backend']) == (900.0, 2, 'pmap')
   assert figures['step_jax_over_ddp'] == 2.0
+  # The table's rows: one per measurement, each named once (the jax and limit parts' bare
+  # steps apart).
+  names = [line.split('  ')[0] for line in benchmark.table(figures).split('\n\n')[0].splitlines()]
+  assert len(names) == 1 + 4 + 2 + 2 * 2 + 1 + 2 and len(set(names)) == len(names), names
 
 
 @pytest.mark.slow
@@ -101,7 +108,7 @@ def test_smoke_run_writes_every_key(tmp_path, tfds_data_dir):
   assert sorted(os.listdir(runs_dir)) == ['cache_cold', 'cache_warm', 'ddp_1ranks',
                                           'trainer_2dev_0']
   for line in ('trainer_over_limit =', 'jax_over_ddp =', 'input_over_step =',
-               'warm_start_over_cold =', 'pmap_multiprocess_overhead ='):
+               'warm_start_over_cold =', '2x2_over_1x4: pmap'):
     assert line in run.stdout
 
 

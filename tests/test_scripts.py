@@ -2,11 +2,16 @@
 
 import importlib
 import os
+import re
+import sys
+import time
 
+import pytest
 from absl import flags
 
 from scripts import processes
 from scripts import show_metrics
+from trainer.errors import UserError
 
 SCRIPTS = sorted(name[:-len('.py')]
                  for name in os.listdir(os.path.join(processes.REPO, 'scripts'))
@@ -32,3 +37,29 @@ def test_show_metrics_table_aligns_steps_and_tags():
   assert [line.split() for line in lines] == [
       ['step', 'train_loss', 'eval_accuracy'], ['50', '1.5'], ['100', '0.25', '0.9875']]
   assert len({len(line) for line in lines}) == 1
+
+
+def test_a_long_run_reports_its_step_and_eta_and_a_failure_stops_its_peers(
+    monkeypatch, capsys, tmp_path):
+  monkeypatch.setattr(processes, 'PROGRESS_EVERY_S', 0.4)
+  metrics = tmp_path / 'trainer_2dev_0' / 'metrics.jsonl'
+  logging_run = ('import json, sys, time\n'
+                 'with open(sys.argv[1], "w") as f:\n'
+                 '  for step in (10, 20, 30):\n'
+                 '    f.write(json.dumps({"step": step}) + "\\n"); f.flush(); time.sleep(0.6)\n')
+  metrics.parent.mkdir()
+  processes.run_checked([[sys.executable, '-c', logging_run, str(metrics)]], 'the jax part',
+                        progress=processes.StepProgress(str(tmp_path / '*/metrics.jsonl'), 40))
+  lines = capsys.readouterr().out.splitlines()
+  assert any(re.fullmatch(r'  the jax part: \d+ s in, trainer_2dev_0 at step [23]0 of 40, '
+                          r'ETA \d+ s', line) for line in lines), lines
+
+  started = time.time()
+  with pytest.raises(UserError, match=r'^the pair failed \(exit 3\):\nbad input'):
+    processes.run_checked([[sys.executable, '-c', 'import time; time.sleep(60)'],
+                           [sys.executable, '-c', 'import sys, time; time.sleep(1); '
+                            'sys.stderr.write("bad input"); sys.exit(3)']], 'the pair',
+                          expected_s=100)
+  assert time.time() - started < 30
+  assert re.search(r'the pair: \d+ s in, ETA \d+ s \(as the last like run\)',
+                   capsys.readouterr().out)
