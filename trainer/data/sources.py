@@ -19,6 +19,7 @@ PNG bytes) except a split held in memory decoded; labels are int32.
 import dataclasses
 import functools
 import socket
+import sys
 import types
 from typing import Any, Optional
 
@@ -115,6 +116,10 @@ def get_builder(config, *, process_index: int = 0, dataset: Optional[str] = None
         f'dataset={dataset!r} is not prepared in the TFDS data dir {builder.data_dir} '
         f'and cannot be downloaded (no route to {DOWNLOAD_PROBE[0]}); prepare it there or '
         'point --config.tfds_data_dir at a copy, or train offline with --config.dataset=digits')
+  if not readable and not sys.stderr.isatty():
+    # A log file gets TFDS's log lines, not its terminal progress bars (carriage returns and
+    # cursor moves).
+    tfds.disable_progress_bar()
   if not readable and process_index == 0:
     builder.download_and_prepare()
   # Every process passes here, whatever it found, so that none waits for another forever.
