@@ -11,7 +11,10 @@ import sys
 import matplotlib.image
 import pytest
 
+from configs import default
+from scripts import comparison
 from scripts import processes
+from trainer.errors import UserError
 
 STEPS = 200
 
@@ -98,27 +101,39 @@ def test_plots_are_images_with_content(compared):
     assert image[..., :3].std() > 0.05  # Not a blank canvas.
 
 
+def _config(tfds_data_dir, **fields):
+  """The config `_compare` runs, in this process."""
+  config = default.get_config()
+  config.update(tfds_data_dir=tfds_data_dir, num_train_steps=STEPS, log_every_steps=25,
+                eval_every_steps=50, checkpoint_every_steps=100, dtype='bfloat16', model='mlp',
+                step_backend='shard_map', state_sharding='optimizer', **fields)
+  return config
+
+
+def _compare_here(config, workdir, reuse):
+  return comparison.compare(config, 'configs/default.py', [], str(workdir), devices=2,
+                            threads=os.cpu_count(), target=0.5, warmup_steps=25, reuse=reuse)
+
+
 @pytest.mark.slow
 def test_reuse_reports_without_training_and_runs_are_never_overwritten(compared,
                                                                        tfds_data_dir):
   logs = {k: os.path.getmtime(os.path.join(compared, k, 'metrics.jsonl')) for k in ('jax', 'ddp')}
   with open(os.path.join(compared, 'report.json')) as f:
     before = json.load(f)
-  refused = _compare(compared, tfds_data_dir)
-  assert refused.returncode != 0
-  assert f'{compared}/jax already holds a jax run; pass --reuse' in refused.stderr
-  again = _compare(compared, tfds_data_dir, '--reuse')
-  assert again.returncode == 0, again.stderr[-3000:]
-  with open(os.path.join(compared, 'report.json')) as f:
-    after = json.load(f)
+  config = _config(tfds_data_dir)
+  with pytest.raises(UserError, match=f'^{compared}/jax already holds a jax run; pass --reuse'):
+    _compare_here(config, compared, reuse=False)
+  after = _compare_here(config, compared, reuse=True)
   assert after['jax'] == before['jax'] and after['ddp'] == before['ddp']
+  with open(os.path.join(compared, 'report.json')) as f:
+    assert json.load(f)['jax'] == before['jax']
   assert logs == {k: os.path.getmtime(os.path.join(compared, k, 'metrics.jsonl'))
                   for k in ('jax', 'ddp')}
 
 
 def test_a_config_the_twin_lacks_is_refused_before_any_run(tmp_path, tfds_data_dir):
   workdir = tmp_path / 'bad'
-  run = _compare(str(workdir), tfds_data_dir, '--config.optimizer=lamb')
-  assert run.returncode != 0
-  assert "error: optimizer='lamb' has no DDP twin yet" in run.stderr
+  with pytest.raises(UserError, match="^optimizer='lamb' has no DDP twin yet"):
+    _compare_here(_config(tfds_data_dir, optimizer='lamb'), workdir, reuse=False)
   assert not workdir.exists()

@@ -49,8 +49,10 @@ PINNED = {
 # Each registered model -> the model whose one train step covers its code: the same classes
 # and code paths at other depths and widths (which test_param_count pins) compile for tens of
 # seconds each and prove nothing more. resnet18 steps the ImageNet stem and basic blocks,
-# resnet50_cifar the CIFAR stem and bottleneck blocks, vit_test the ViT; the torchvision
-# twins (tests/test_torch_twins.py) run resnet18, resnet50 and vit_b16 themselves.
+# resnet50_cifar the CIFAR stem and bottleneck blocks (both at STEP_SIZE: two stages, the
+# second strided with a projection, as every deeper stage), vit_test the ViT; the
+# torchvision twins (tests/test_torch_twins.py) run resnet18, resnet50 and vit_b16 at full
+# size themselves.
 STEPPED_BY = {'mlp': 'mlp', 'cnn': 'cnn', 'resnet_tiny': 'resnet_tiny',
               'resnet18': 'resnet18', 'resnet34': 'resnet18', 'resnet18_cifar': 'resnet50_cifar',
               'resnet34_cifar': 'resnet50_cifar', 'resnet50': 'resnet50_cifar',
@@ -60,6 +62,9 @@ STEPPED_BY = {'mlp': 'mlp', 'cnn': 'cnn', 'resnet_tiny': 'resnet_tiny',
 STEPPED = sorted(set(STEPPED_BY.values()))
 # The smallest input each stepped model takes.
 STEP_SHAPES = {name: (8, 8, 1) if name in ('mlp', 'cnn') else (32, 32, 3) for name in STEPPED}
+# The ResNets' blocks and stems at resnet_tiny's size.
+STEP_SIZE = {name: dict(stage_sizes=(1, 1), num_filters=8)
+             for name in ('resnet18', 'resnet50_cifar')}
 
 
 def test_every_registered_model_is_pinned_and_stepped():
@@ -76,14 +81,14 @@ def test_param_count(name, shape, classes):
   assert state_lib.param_count(variables['params']) == PINNED[(name, shape, classes)]
 
 
-@pytest.mark.parametrize('name', [pytest.param(n, marks=pytest.mark.slow)
-                                  if n in ('resnet50_cifar', 'resnet18') else n for n in STEPPED])
+@pytest.mark.parametrize('name', STEPPED)
 def test_one_train_step(name):
   """The real step on random variables: compiling the model's init (as costly as the step for
   the deep ones) is left to test_param_count's abstract init and the training tests."""
   shape = STEP_SHAPES[name]
   layout = parallel.data_parallel('pmap', jax.devices()[:1])
-  model = models.get(name, num_classes=10, axis_name=parallel.AXIS_NAME)
+  model = models.get(name, num_classes=10, axis_name=parallel.AXIS_NAME,
+                     **STEP_SIZE.get(name, {}))
   variables = helpers.random_variables(model, shape, seed=0)
   state = state_lib.TrainState.create(apply_fn=model.apply, params=variables['params'],
                                       tx=optax.sgd(1e-3, momentum=0.9),

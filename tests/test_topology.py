@@ -26,16 +26,22 @@ pytestmark = pytest.mark.slow
 # per global row, 1.3e-3 to 1.7e-3 (cnn).
 TOLERANCE = {'params': 1e-5, 'batch_stats': 1e-5, 'opt_state': 1e-5}
 # Against pmap on 1 device: each backend on a device count that splits the batch in another
-# way (1, 2, 4, 8 devices: 128 down to 16 rows each). Two processes of 2 devices against
-# shard_map on 4 (one of the single-process runs), for the models with cross-device work in the
-# step (Mixup/CutMix partners and dropout; cross-replica BatchNorm). The state shardings
+# way (1, 2, 4, 8 devices: 128 down to 16 rows each), and the state shardings
 # ('shard_map-optimizer': momentum split over the devices; '-full': params too) on device
-# counts that split the leaves differently (on 1 device nothing is split).
+# counts that split the leaves differently (on 1 device nothing is split). The cnn, whose step
+# draws dropout masks and Mixup/CutMix partners across devices, runs on every one; the
+# resnet (cross-replica BatchNorm) on the most devices of each backend and under both
+# shardings; the mlp (nothing across devices but the gradient mean) on one.
 TOPOLOGIES = [('pmap', 2), ('pmap', 8), ('shard_map', 1), ('shard_map', 4),
               ('shard_map-optimizer', 2), ('shard_map-optimizer', 8), ('shard_map-full', 4)]
-TWO_PROCESS_RUNS = [(model, backend) for model in ('cnn', 'resnet_tiny')
-                    for backend in ('pmap', 'shard_map')] + [
-                        ('cnn', 'shard_map-full'), ('resnet_tiny', 'shard_map-optimizer')]
+RUNS = ([('cnn', backend, devices) for backend, devices in TOPOLOGIES] +
+        [('resnet_tiny', backend, devices) for backend, devices in (
+            ('pmap', 8), ('shard_map', 4), ('shard_map-optimizer', 2), ('shard_map-full', 4))] +
+        [('mlp', 'pmap', 2)])
+# Two processes of 2 devices against shard_map on 4 (one of the single-process runs): both
+# backends, both state shardings, each model with cross-device work in the step.
+TWO_PROCESS_RUNS = [('cnn', 'pmap'), ('resnet_tiny', 'pmap'), ('cnn', 'shard_map-full'),
+                    ('resnet_tiny', 'shard_map-optimizer')]
 
 
 @pytest.fixture(scope='module')
@@ -79,8 +85,7 @@ def _assert_same_training(state, evaluation, ref_state, ref_evaluation):
   assert evaluation['eval_loss'] == pytest.approx(ref_evaluation['eval_loss'], rel=1e-5)
 
 
-@pytest.mark.parametrize('model', helpers.TOPOLOGY_MODELS)
-@pytest.mark.parametrize('backend,devices', TOPOLOGIES)
+@pytest.mark.parametrize('model,backend,devices', RUNS)
 def test_the_same_training_on_any_device_count(trained, model, backend, devices):
   state, evaluation = trained(model, backend, devices)
   ref_state, ref_evaluation = trained(model, 'pmap', 1)

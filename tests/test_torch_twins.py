@@ -112,8 +112,7 @@ def test_random_torchvision_weights_give_torchvisions_logits(tmp_path, name, suf
   torch_weights.write_state_dict(path, {k: v.numpy() for k, v in
                                         reference.state_dict().items()})
   flax_model = models.get(name, num_classes=10)
-  template = jax.jit(lambda r: flax_model.init(r, np.zeros((1,) + shape, np.float32),
-                                               train=False))(jax.random.PRNGKey(0))
+  template = helpers.random_variables(flax_model, shape, seed=0)  # Shapes; nothing compiled.
   variables, new_head, _ = torch_weights.from_state_dict(
       flax_model, template, torch_weights.read_state_dict(path))
   assert not new_head
