@@ -116,10 +116,12 @@ def _assert_curves_like_the_reference(workdir, ref_scalars, exact: bool):
     # TensorBoard drops the points a killed run wrote after its last checkpoint too.
     assert [e.step for e in tensorboard.Tensors(tag)] == sorted(ref_scalars[tag]), tag
   # The train metrics too: the window a stop left unwritten came back with the checkpoint.
+  # On other devices float32 reduction order moves them: the gradient norm by up to 1.7e-5
+  # (measured, 4 devices against 2); a resume on the wrong batches moves it by percents.
   for tag in ('eval_accuracy', 'eval_loss', 'learning_rate', 'train_loss', 'train_accuracy',
               'train_grad_norm'):
     for step, value in ref_scalars[tag].items():
-      assert scalars[tag][step] == pytest.approx(value, rel=1e-6 if exact else 1e-5,
+      assert scalars[tag][step] == pytest.approx(value, rel=1e-6 if exact else 1e-4,
                                                  abs=1e-9), (tag, step)
   # metrics.jsonl dropped the lines the killed run wrote after its last checkpoint too.
   records = writers.read_jsonl(os.path.join(workdir, writers.JSONL_NAME))
