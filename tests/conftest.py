@@ -41,9 +41,9 @@ jax.config.update('jax_num_cpu_devices', NUM_DEVICES)
 # The longest files (seconds of one worker each), scheduled first: xdist hands out whole files
 # (--dist loadfile) in collection order, and a long file handed out last leaves the other
 # worker idle while it runs.
-LONGEST_FIRST = ('test_topology.py', 'test_benchmark.py', 'test_models.py',
-                 'test_multiprocess.py', 'test_compare.py', 'test_checkpoint.py',
-                 'test_ddp_twin.py', 'test_ddp_parity.py', 'test_train.py')
+LONGEST_FIRST = ('test_benchmark.py', 'test_topology.py', 'test_checkpoint.py',
+                 'test_multiprocess.py', 'test_ddp_twin.py', 'test_ddp_parity.py', 'test_data.py',
+                 'test_train.py', 'test_faults.py', 'test_install.py', 'test_compare.py')
 
 
 def pytest_collection_modifyitems(items):

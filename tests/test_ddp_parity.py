@@ -17,15 +17,15 @@ from trainer import train
 from trainer import writers
 
 
-# Ranks 1 and 4, each against another JAX device count: torchvision's ResNet (at a test width)
+# Ranks 1 and 2, each against another JAX device count: torchvision's ResNet (at a test width)
 # under plain DDP on 1 rank, where torch's BatchNorm sees the whole batch as JAX's does over
-# its 4 devices; the mlp with Mixup/CutMix on 4 ranks, where the twin fetches partner rows
-# from rank 3 - r, with its optimizer state sharded on both sides (ZeroRedundancyOptimizer;
-# the JAX state split over its 2 devices).
+# its 4 devices; the mlp with Mixup/CutMix on 2 ranks, where the twin fetches partner rows
+# from the other rank (1 - r), with its optimizer state sharded on both sides
+# (ZeroRedundancyOptimizer; the JAX state split over its 4 devices).
 @pytest.mark.slow
 @pytest.mark.parametrize('model,jax_devices,ddp_ranks,more',
                          [('resnet_tiny', 4, 1, {}),
-                          ('mlp', 2, 4, dict(mixup_alpha=0.4, cutmix_alpha=1.0,
+                          ('mlp', 4, 2, dict(mixup_alpha=0.4, cutmix_alpha=1.0,
                                              state_sharding='optimizer'))])
 def test_first_20_losses_agree(tmp_path, config, model, jax_devices, ddp_ranks, more):
   overrides = dict(model=model, num_train_steps=20, warmup_steps=5, log_every_steps=1,
