@@ -1,26 +1,13 @@
-"""The PyTorch DistributedDataParallel baseline, driven by the same config files and data.
+"""The PyTorch DistributedDataParallel baseline's command line, driven by the same config files
+and data as the trainer:
 
   python -m torch.distributed.run --nproc_per_node=2 -m baselines.torch_ddp.main \
       --config=configs/default.py --workdir=/tmp/ddp [--parity | --init_weights=FILE] \
       [--nochannels_last] [--torch_compile] [--config.FIELD=VALUE ...]
 
-The model is torchvision's (ResNets, ViTs) or a small twin (mlp, cnn): `models.py`. The step
-(`step.py`) computes in the config's `dtype`: bfloat16 under `torch.autocast`, float16 with a
-GradScaler as well; convnets run channels_last. WORKDIR/torch_settings.json records them.
-
-Rank r of R builds rows r*B/R .. (r+1)*B/R - 1 of every global batch of the training stream
-(`TrainData.batches(process_index=r, process_count=R)`), the batches a JAX run of the same
-config and seed trains on with any number of devices; the uint8 images are normalized on the
-rank's device and mixed (Mixup/CutMix) as the JAX step mixes them, partners fetched from
-rank R-1-r (`step.Mixing`); evaluation covers every example of the eval split once. Rank 0
-writes the JAX trainer's TensorBoard tags and metrics.jsonl (same CLU writers). Checkpoints go to
-WORKDIR/checkpoints/step_N.pt every `checkpoint_every_steps`, at the last step and on
-SIGTERM/SIGINT; the same command resumes from the newest one, data stream included. With
---parity the model starts from the JAX model's initial variables for the config's seed, with
---init_weights from a state dict file (scripts/compare.py writes the JAX init as one).
-
-gloo on CPU, nccl (one GPU per rank, SyncBatchNorm) where CUDA is present. torch has no
-cross-process BatchNorm on CPU: there each rank normalizes with its own batch's statistics.
+What a run does (models, precision, the data each rank reads, checkpoints, resume) is
+`train.py`'s docstring. This module answers --help and mistakes on the command line before
+torch and TensorFlow load.
 """
 
 import os
