@@ -3,12 +3,14 @@ answered in one line (`error: ...`, exit status 2) instead of a traceback or a u
 an unknown or malformed flag, a config file that does not load, a `--config.FIELD` the
 config does not have. No JAX, TensorFlow or torch here."""
 
+import importlib.util
 import re
 import sys
 from typing import Callable, NoReturn, Sequence
 
 from absl import app
 from absl import flags
+from absl import logging
 
 HELP = 'see --helpshort'
 
@@ -86,6 +88,18 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
   return rest
 
 
+def _absent_tpu(record) -> bool:
+  """False for JAX's line that its TPU backend did not start, on a machine without TPU
+  support installed (no libtpu: not a TPU VM); the trainer logs the platform it uses."""
+  return not ('Unable to initialize backend \'tpu\'' in record.getMessage() and
+              importlib.util.find_spec('libtpu') is None)
+
+
 def run(main: Callable[[list[str]], None]) -> None:
-  """`app.run(main)` with `parse_flags` as its parser."""
-  app.run(main, flags_parser=parse_flags)
+  """`app.run(main)` with `parse_flags` as its parser, and no log line about a TPU backend
+  on a machine that has none."""
+  def main_quietly(argv):
+    logging.get_absl_handler().addFilter(_absent_tpu)
+    main(argv)
+
+  app.run(main_quietly, flags_parser=parse_flags)

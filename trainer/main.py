@@ -4,7 +4,6 @@
       [--config.FIELD=VALUE ...]
 """
 
-import importlib.util
 import os
 import sys
 import traceback
@@ -106,19 +105,11 @@ def _abandoned_read(record) -> bool:
   return any('/orbax/' in f or 'tensorstore' in f for f in files) or 'OCDBT' in text
 
 
-def _absent_tpu(record) -> bool:
-  """JAX's line that its TPU backend did not start, on a machine without TPU support
-  installed (no libtpu: not a TPU VM); the run logs the platform it uses."""
-  return ('Unable to initialize backend \'tpu\'' in record.getMessage() and
-          importlib.util.find_spec('libtpu') is None)
-
-
 def _quiet_libraries(record) -> bool:
   """Log lines of orbax and CLU: orbax's INFO lines (several per save) dropped; the errors
   of both, which the run reports itself in one line (a save or a write that failed), without
-  their tracebacks; asyncio's reports of abandoned checkpoint reads and JAX's of an absent
-  TPU backend dropped."""
-  if _abandoned_read(record) or _absent_tpu(record):
+  their tracebacks; asyncio's reports of abandoned checkpoint reads dropped."""
+  if _abandoned_read(record):
     return False
   if '/orbax/' not in record.pathname and '/clu/' not in record.pathname:
     return True
