@@ -95,9 +95,11 @@ def wait_reporting(started: Sequence[subprocess.Popen], what: str,
   running once one failed)."""
   start = time.time()
   next_line = start + PROGRESS_EVERY_S
-  while any(process.poll() is None for process in started):
-    if any(process.poll() for process in started):
-      break  # One failed: the others' results are of no use (the caller stops them).
+  while True:
+    codes = [process.poll() for process in started]
+    # All ended, or one failed: the others' results are of no use (the caller stops them).
+    if all(code is not None for code in codes) or any(codes):
+      return codes
     time.sleep(0.2)
     if time.time() >= next_line:
       elapsed = time.time() - start
@@ -106,7 +108,6 @@ def wait_reporting(started: Sequence[subprocess.Popen], what: str,
           if expected_s else 'running')
       print(f'  {what}: {elapsed:.0f} s in, {detail}', flush=True)
       next_line += PROGRESS_EVERY_S
-  return [process.poll() for process in started]
 
 
 def run_checked(commands: Sequence[Sequence[str]], what: str,

@@ -17,16 +17,18 @@ from scripts import processes
 from trainer.errors import UserError
 
 STEPS = 200
+# The config both runs train, as --config.FIELD=VALUE overrides of configs/default.py.
+RUN = dict(num_train_steps=STEPS, log_every_steps=25, eval_every_steps=50,
+           checkpoint_every_steps=100, dtype='bfloat16', model='mlp', step_backend='shard_map',
+           state_sharding='optimizer')
+TARGET, WARMUP_STEPS = 0.5, 25
 
 
 def _compare(workdir, tfds_data_dir, *extra):
   return subprocess.run(
       [sys.executable, '-m', 'scripts.compare', '--config=configs/default.py',
-       f'--workdir={workdir}', '--target_accuracy=0.5', '--timing_warmup_steps=25',
-       f'--config.num_train_steps={STEPS}', '--config.log_every_steps=25',
-       '--config.eval_every_steps=50', '--config.checkpoint_every_steps=100',
-       '--config.dtype=bfloat16', '--config.model=mlp', '--config.step_backend=shard_map',
-       '--config.state_sharding=optimizer',
+       f'--workdir={workdir}', f'--target_accuracy={TARGET}',
+       f'--timing_warmup_steps={WARMUP_STEPS}', *(f'--config.{k}={v}' for k, v in RUN.items()),
        f'--config.tfds_data_dir={tfds_data_dir}', *extra],
       cwd=processes.REPO, env=processes.environment(), capture_output=True, text=True,
       timeout=600, check=False)
@@ -104,15 +106,14 @@ def test_plots_are_images_with_content(compared):
 def _config(tfds_data_dir, **fields):
   """The config `_compare` runs, in this process."""
   config = default.get_config()
-  config.update(tfds_data_dir=tfds_data_dir, num_train_steps=STEPS, log_every_steps=25,
-                eval_every_steps=50, checkpoint_every_steps=100, dtype='bfloat16', model='mlp',
-                step_backend='shard_map', state_sharding='optimizer', **fields)
+  config.update(tfds_data_dir=tfds_data_dir, **{**RUN, **fields})
   return config
 
 
 def _compare_here(config, workdir, reuse):
   return comparison.compare(config, 'configs/default.py', [], str(workdir), devices=2,
-                            threads=os.cpu_count(), target=0.5, warmup_steps=25, reuse=reuse)
+                            threads=os.cpu_count(), target=TARGET, warmup_steps=WARMUP_STEPS,
+                            reuse=reuse)
 
 
 @pytest.mark.slow
