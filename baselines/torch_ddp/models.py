@@ -170,8 +170,9 @@ def get(name: str, **kwargs: Any) -> nn.Module:
 
 
 def load_state_dict(model: nn.Module, state: Mapping[str, np.ndarray]) -> None:
-  """Loads a state dict of numpy arrays into `model`, every tensor (strict)."""
-  model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()},
+  """Loads a state dict of numpy arrays into `model`, every tensor (strict). The arrays are
+  copied: those read from JAX arrays are read-only, which torch does not share."""
+  model.load_state_dict({k: torch.from_numpy(np.array(v, order='C')) for k, v in state.items()},
                         strict=True)
 
 
