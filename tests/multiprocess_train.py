@@ -2,7 +2,7 @@
 start (and import TensorFlow and JAX) once for all of them. Used by tests/test_topology.py:
 
   python -m tests.multiprocess_train --coordinator_address=127.0.0.1:PORT --num_processes=2 \
-      --process_id=I --cpu_devices=2 --root=DIR --tfds_data_dir=DIR --runs=mlp:pmap,cnn:shard_map
+      --process_id=I --cpu_devices=2 --root=DIR --tfds_data_dir=DIR --runs=cnn:pmap,resnet_tiny:shard_map
 
 Each run MODEL:BACKEND trains `helpers.topology_config` into ROOT/MODEL_BACKEND.
 """

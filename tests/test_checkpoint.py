@@ -128,22 +128,23 @@ def _assert_curves_like_the_reference(workdir, ref_scalars, exact: bool):
   assert [r['step'] for r in records if 'train_loss' in r] == sorted(ref_scalars['train_loss'])
 
 
-# A SIGTERM (the run saves where it stops) and a kill -9 (it resumes from the last periodic
-# checkpoint and trains the steps after it again); the same command resumes.
+# A SIGTERM (the run saves where it stops; resumed by `train_and_evaluate` here) and a kill -9
+# (it resumes from the last periodic checkpoint and trains the steps after it again; the same
+# command resumes).
 @pytest.mark.slow
 @pytest.mark.parametrize('how', ['SIGTERM', 'SIGKILL'])
-def test_stopped_run_resumes_to_identical_params(reference, stopped_by_sigterm, tfds_data_dir,
+def test_stopped_run_resumes_to_identical_params(reference, stopped_by_sigterm, config,
                                                  tmp_path, how):
   ref_state, ref_scalars, _ = reference
   workdir = str(tmp_path / 'run')
   if how == 'SIGTERM':
     shutil.copytree(stopped_by_sigterm, workdir)
+    train.train_and_evaluate(_configure(config), workdir, devices=jax.devices()[:DEVICES])
   else:
-    _stop(workdir, tfds_data_dir, how, 130)
-
-  resumed = _start(workdir, tfds_data_dir)
-  log = resumed.stderr.read()
-  assert resumed.wait(timeout=300) == 0, log[-3000:]
+    _stop(workdir, config.tfds_data_dir, how, 130)
+    resumed = _start(workdir, config.tfds_data_dir)
+    log = resumed.stderr.read()
+    assert resumed.wait(timeout=300) == 0, log[-3000:]
   final = checkpoint.read_state(workdir)
   assert int(final['step']) == 200
   _assert_bitwise_equal(final['params'], ref_state.params)

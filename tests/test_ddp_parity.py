@@ -18,28 +18,34 @@ from trainer import writers
 
 
 # Ranks 1 and 2, each against another JAX device count: torchvision's ResNet (at a test width)
-# under plain DDP on 1 rank, where torch's BatchNorm sees the whole batch as JAX's does over
-# its 4 devices; the mlp with Mixup/CutMix on 2 ranks, where the twin fetches partner rows
-# from the other rank (1 - r), with its optimizer state sharded on both sides
-# (ZeroRedundancyOptimizer; the JAX state split over its 4 devices).
+# under plain DDP on 1 rank (the twin's training run in the test process, a process group of
+# its own), where torch's BatchNorm sees the whole batch as JAX's does over its 4 devices; the
+# mlp with Mixup/CutMix on 2 ranks under torchrun, where the twin fetches partner rows from the
+# other rank (1 - r), with its optimizer state sharded on both sides (ZeroRedundancyOptimizer;
+# the JAX state split over its 4 devices).
 @pytest.mark.slow
 @pytest.mark.parametrize('model,jax_devices,ddp_ranks,more',
                          [('resnet_tiny', 4, 1, {}),
                           ('mlp', 4, 2, dict(mixup_alpha=0.4, cutmix_alpha=1.0,
                                              state_sharding='optimizer'))])
-def test_first_20_losses_agree(tmp_path, config, model, jax_devices, ddp_ranks, more):
+def test_first_20_losses_agree(tmp_path, config, request, model, jax_devices, ddp_ranks, more):
   overrides = dict(model=model, num_train_steps=20, warmup_steps=5, log_every_steps=1,
                    dropout_rate=0.0, step_backend='shard_map' if more else 'pmap', **more)
   jax_dir, ddp_dir = str(tmp_path / 'jax'), str(tmp_path / 'ddp')
   config.update(**overrides)
   train.train_and_evaluate(config, jax_dir, devices=jax.devices()[:jax_devices])
-  ddp_run = subprocess.run(
-      launch.command(ddp_ranks, ddp_dir, ['--config=configs/default.py', '--parity',
-                                          f'--config.tfds_data_dir={config.tfds_data_dir}',
-                                          *(f'--config.{k}={v}' for k, v in overrides.items())]),
-      cwd=processes.REPO, env=processes.environment(), capture_output=True, text=True,
-      timeout=300, check=False)
-  assert ddp_run.returncode == 0, ddp_run.stderr[-2000:]
+  if ddp_ranks == 1:
+    request.getfixturevalue('one_rank_group')
+    ddp_train.train(config, ddp_dir, parity=True)
+  else:
+    ddp_run = subprocess.run(
+        launch.command(ddp_ranks, ddp_dir, [
+            '--config=configs/default.py', '--parity',
+            f'--config.tfds_data_dir={config.tfds_data_dir}',
+            *(f'--config.{k}={v}' for k, v in overrides.items())]),
+        cwd=processes.REPO, env=processes.environment(), capture_output=True, text=True,
+        timeout=300, check=False)
+    assert ddp_run.returncode == 0, ddp_run.stderr[-2000:]
   with open(os.path.join(ddp_dir, ddp_train.SETTINGS_FILE), encoding='utf-8') as f:
     assert json.load(f)['wrapper'] == ddp_step.WRAPPERS[config.state_sharding]
 
