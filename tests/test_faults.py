@@ -5,7 +5,6 @@ metrics line, a checkpoint save the disk refuses."""
 import glob
 import json
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -159,8 +158,18 @@ def _around(text: str, what: str) -> str:
   return text[max(0, at - 1500):at + 3000]
 
 
-def _file_size_limit(limit: int):
-  return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+# Sets RLIMIT_FSIZE to argv[1] bytes, then becomes the Python command of the arguments after
+# it (a preexec_fn would make subprocess fork this multithreaded test process).
+_WITH_FILE_SIZE_LIMIT = '''
+import os, resource, sys
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]),) * 2)
+os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
+'''
+
+
+def _with_file_size_limit(limit: int, command: list[str]) -> list[str]:
+  assert command[0] == sys.executable
+  return [sys.executable, '-c', _WITH_FILE_SIZE_LIMIT, str(limit), *command[1:]]
 
 
 @pytest.mark.slow
@@ -176,8 +185,7 @@ def test_a_save_the_disk_refuses_stops_the_run_in_one_line(finished, tfds_data_d
   for step in (40, 50, 60):
     shutil.rmtree(os.path.join(checkpoint.directory(workdir), str(step)))
   longer = dict(num_train_steps=120, checkpoint_every_steps=40, eval_every_steps=120)
-  run = _run(_command(workdir, tfds_data_dir, **longer),
-             preexec_fn=_file_size_limit(100_000))
+  run = _run(_with_file_size_limit(100_000, _command(workdir, tfds_data_dir, **longer)))
   assert run.returncode == 1
   assert 'Traceback' not in run.stderr, _around(run.stderr, 'Traceback')
   error = run.stderr.strip().splitlines()[-1]

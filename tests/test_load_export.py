@@ -60,8 +60,8 @@ def test_exported_state_dict_gives_the_same_logits_in_torch(run, tmp_path, file_
   done = subprocess.run(command, cwd=processes.REPO, env=processes.environment(),
                         capture_output=True, text=True, timeout=300, check=False)
   assert done.returncode == 0, done.stderr[-2000:]
-  assert f"baselines.torch_ddp.models.get('resnet_tiny', input_shape=(8, 8, 1), " \
-         'num_classes=10)' in done.stdout
+  assert ("baselines.torch_ddp.models.get('resnet_tiny', input_shape=(8, 8, 1), "
+          'num_classes=10)' in done.stdout)
   assert re.search(r'input: float32 NCHW \(N, 1, 8, 8\)', done.stdout), done.stdout
   model = torch_models.get('resnet_tiny', input_shape=(8, 8, 1), num_classes=10)
   if file_format == 'safetensors':
