@@ -169,10 +169,16 @@ def get(name: str, **kwargs: Any) -> nn.Module:
   return REGISTRY[name](**kwargs)
 
 
+def _shareable(array: np.ndarray) -> np.ndarray:
+  """`array` as torch can share it: C-contiguous and writable (numpy views of JAX arrays are
+  read-only; only those, and strided arrays, are copied)."""
+  array = np.ascontiguousarray(array)
+  return array if array.flags.writeable else array.copy()
+
+
 def load_state_dict(model: nn.Module, state: Mapping[str, np.ndarray]) -> None:
-  """Loads a state dict of numpy arrays into `model`, every tensor (strict). The arrays are
-  copied: those read from JAX arrays are read-only, which torch does not share."""
-  model.load_state_dict({k: torch.from_numpy(np.array(v, order='C')) for k, v in state.items()},
+  """Loads a state dict of numpy arrays into `model`, every tensor (strict)."""
+  model.load_state_dict({k: torch.from_numpy(_shareable(v)) for k, v in state.items()},
                         strict=True)
 
 
