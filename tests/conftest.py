@@ -4,6 +4,9 @@ The suite's time goes mostly to XLA compiles, so for the tests (and the processe
 start, which inherit this environment):
   * LLVM optimizes the compiled code less (`--xla_backend_optimization_level=0`): compiles
     take about a third less, and the tests' small steps run about as fast;
+  * XLA:CPU emits fusions with its older LLVM emitters rather than the MLIR ones
+    (`--xla_cpu_use_fusion_emitters=false`): a train step compiles in under half the CPU time
+    (7.3 to 3.3 CPU-s for four steps); users' runs keep XLA's defaults;
   * compiled programs go to a persistent compilation cache shared by the session's workers
     and subprocesses, so a program that several tests compile (a model's init, an eval step)
     is compiled once.
@@ -17,7 +20,8 @@ import tempfile
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 os.environ['XLA_FLAGS'] = ' '.join(
-    [os.environ.get('XLA_FLAGS', ''), '--xla_backend_optimization_level=0']).strip()
+    [os.environ.get('XLA_FLAGS', ''), '--xla_backend_optimization_level=0',
+     '--xla_cpu_use_fusion_emitters=false']).strip()
 # One cache per test run: xdist gives its workers the run's id.
 COMPILATION_CACHE = os.path.join(
     tempfile.gettempdir(),
