@@ -4,6 +4,7 @@ import glob
 import importlib.util
 import os
 
+import jax
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
@@ -64,8 +65,10 @@ def test_cifar10_resnet18_runs_end_to_end_on_mock_data(tmp_path):
                 warmup_epochs=-1.0, warmup_steps=1, log_every_steps=2, eval_every_steps=4,
                 checkpoint_every_steps=4, shuffle_buffer_size=64)
   workdir = str(tmp_path / 'cifar')
+  # On one device: the config's model and data are under test here, the topology in
+  # tests/test_topology.py (a ResNet-18 step on 8 simulated devices costs half again as much).
   with tfds.testing.mock_data(num_examples=40):
-    state = train.train_and_evaluate(config, workdir)
+    state = train.train_and_evaluate(config, workdir, devices=jax.devices()[:1])
   assert int(state.step) == 4 and state.batch_stats is not None
   scalars, _ = writers.read_events(workdir)
   assert sorted(scalars['train_loss']) == [2, 4]

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 
+import jax
 import ml_collections
 import numpy as np
 import pytest
@@ -32,7 +33,7 @@ def run(tfds_data_dir, tmp_path_factory):
                 num_train_steps=STEPS, warmup_steps=5, eval_every_steps=STEPS,
                 checkpoint_every_steps=STEPS, log_every_steps=STEPS, ema_decay=0.9)
   workdir = str(tmp_path_factory.mktemp('trained'))
-  train.train_and_evaluate(config, workdir)
+  train.train_and_evaluate(config, workdir, devices=jax.devices()[:1])
   return workdir
 
 

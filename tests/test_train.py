@@ -126,7 +126,7 @@ def test_mnist_end_to_end_under_mock_data(config, tmp_path):
   config.eval_batch_size = 24
   workdir = str(tmp_path / 'mnist')
   with tfds.testing.mock_data(num_examples=40):
-    train.train_and_evaluate(_short(config, steps=30), workdir)
+    train.train_and_evaluate(_short(config, steps=30), workdir, devices=jax.devices()[:1])
   scalars, _ = writers.read_events(workdir)
   assert sorted(scalars['train_loss']) == [20, 30]
   assert sorted(scalars['eval_accuracy']) == [30]
@@ -168,7 +168,8 @@ def test_digits_with_every_augmentation_still_trains(tfds_data_dir, tmp_path):
                 mixup_alpha=0.2, cutmix_alpha=1.0, label_smoothing=0.1, num_train_steps=200,
                 eval_every_steps=200, checkpoint_every_steps=200)
   workdir = str(tmp_path / 'augmented')
-  train.train_and_evaluate(config, workdir)
+  # One device trains the same global batches as eight (tests/test_topology.py), for less.
+  train.train_and_evaluate(config, workdir, devices=jax.devices()[:1])
   scalars, _ = writers.read_events(workdir)
   final = scalars['eval_accuracy'][200]
   print(f'every augmentation: eval_accuracy={final:.4f}')
