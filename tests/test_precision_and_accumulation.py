@@ -78,7 +78,7 @@ def test_cross_replica_batchnorm_equals_one_device_on_the_global_batch():
 # gradient that is 0 but for summation-order rounding (~1e-7 relative) moves its param by up
 # to lr either way, so the update here takes eps = 1e-3, which leaves such rounding at
 # ~1e-7 of lr; the accumulated and the whole-batch gradients are what is compared.
-@pytest.mark.parametrize('k', [2, 4])
+@pytest.mark.parametrize('k', [2, pytest.param(4, marks=pytest.mark.slow)])
 @pytest.mark.parametrize('dropout_rate,atol', [(0.0, 1e-7), (0.3, 1e-6)])
 def test_gradient_accumulation_equals_one_big_step(k, dropout_rate, atol):
   shape = (8, 8, 1)

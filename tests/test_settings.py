@@ -65,21 +65,28 @@ def test_listings(no_tensorflow):
           os.path.join(processes.REPO, 'configs', '[!_]*.py')))
 
 
+# The fast tier asks each program once or twice; the slow one asks the rest.
+SLOW = pytest.mark.slow
+
+
 @pytest.mark.parametrize('module,args,line', [
     ('trainer.main', ['--config=configs/default.py', '--workdir={tmp}', '--config.model=resnet9'],
      "error: model='resnet9' is unknown; choose one of: cnn, mlp"),
-    ('trainer.main', ['--config=configs/default.py', '--workdir={tmp}',
-                      '--config.state_sharding=full'],
-     "error: state_sharding='full' needs the shard_map step"),
+    pytest.param('trainer.main', ['--config=configs/default.py', '--workdir={tmp}',
+                                  '--config.state_sharding=full'],
+                 "error: state_sharding='full' needs the shard_map step", marks=SLOW),
     ('trainer.main', ['--config=configs/default.py'], 'error: --workdir is required'),
     ('trainer.main', ['--helpshort'], '--[no]show_config: Print every field of --config'),
-    ('scripts.compare', ['--helpshort'], '--target_accuracy: Eval accuracy'),
-    ('scripts.compare', ['--config=configs/default.py', '--workdir={tmp}',
-                         '--config.model=resnet9'], "error: model='resnet9' is unknown"),
+    pytest.param('scripts.compare', ['--helpshort'], '--target_accuracy: Eval accuracy',
+                 marks=SLOW),
+    pytest.param('scripts.compare', ['--config=configs/default.py', '--workdir={tmp}',
+                                     '--config.model=resnet9'], "error: model='resnet9' is unknown",
+                 marks=SLOW),
     ('scripts.compare', ['--config=configs/default.py', '--workdir={tmp}', '--devices=4',
                          '--threads=2'], 'error: --devices=4 --threads=2: need at least'),
     ('scripts.benchmark', ['--helpshort'], '--steps: '),
-    ('baselines.torch_ddp.main', ['--helpshort'], '--[no]parity: Start from the JAX model'),
+    pytest.param('baselines.torch_ddp.main', ['--helpshort'],
+                 '--[no]parity: Start from the JAX model', marks=SLOW),
     ('baselines.torch_ddp.main', ['--config=configs/default.py', '--workdir={tmp}',
                                   '--config.dtype=float64'], "error: dtype='float64'"),
 ])

@@ -60,7 +60,8 @@ def _assert_trees_close(actual, expected, rtol=1e-6, atol=1e-7):
 
 
 @pytest.mark.parametrize('model_name', ['mlp', 'cnn'])
-@pytest.mark.parametrize('num_devices', [2, 4, 8])
+@pytest.mark.parametrize('num_devices', [pytest.param(2, marks=pytest.mark.slow),
+                                         pytest.param(4, marks=pytest.mark.slow), 8])
 def test_pmap_step_equals_single_device_step(config, model_name, num_devices):
   state, schedule = _setup(config, model_name)
   layout = parallel.data_parallel('pmap', jax.devices()[:num_devices])
