@@ -56,6 +56,6 @@ def test_the_wheel_carries_the_digits_source(tmp_path):
       capture_output=True, text=True, timeout=300, check=False)
   assert run.returncode == 0, run.stderr[-3000:]
   [wheel] = tmp_path.glob('*.whl')
+  data_file = 'trainer/data/datasets/digits/digits.csv.gz'
   with zipfile.ZipFile(wheel) as archive:
-    assert (archive.read('trainer/data/datasets/digits/digits.csv.gz') ==
-            (source / 'trainer/data/datasets/digits/digits.csv.gz').read_bytes())
+    assert archive.read(data_file) == (source / data_file).read_bytes()
