@@ -30,16 +30,20 @@ os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', COMPILATION_CACHE)
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
 
-import jax  # pylint: disable=wrong-import-position
 import pytest  # pylint: disable=wrong-import-position
-# torchvision 0.29.1 crashes the interpreter (SIGSEGV) when imported after TensorFlow 2.21;
-# imported before, both work. A worker runs many test files, some of which load TensorFlow
-# first: import torchvision before any of them.
-import torchvision  # pylint: disable=wrong-import-position,unused-import
 
 NUM_DEVICES = 8
-# Must run before anything asks JAX for devices; conftest is imported before any test module.
-jax.config.update('jax_num_cpu_devices', NUM_DEVICES)
+
+
+def _prepare_test_process() -> None:
+  """What a process that runs tests needs before any test module is imported."""
+  # torchvision 0.29.1 crashes the interpreter (SIGSEGV) when imported after TensorFlow 2.21;
+  # imported before, both work. A worker runs many test files, some of which load TensorFlow
+  # first: import torchvision before any of them.
+  import torchvision  # pylint: disable=import-outside-toplevel,unused-import
+  import jax  # pylint: disable=import-outside-toplevel
+  # Must run before anything asks JAX for devices: test modules are imported after this.
+  jax.config.update('jax_num_cpu_devices', NUM_DEVICES)
 
 
 # The longest files (seconds of one worker each), scheduled first: xdist hands out whole files
@@ -65,6 +69,10 @@ _CRASHED: list[str] = []
 
 def pytest_configure(config):
   workerinput = getattr(config, 'workerinput', None)
+  # xdist's controller runs no test and needs neither (7 CPU-s of imports on a 2-core machine,
+  # while the workers collect).
+  if workerinput is not None or config.getoption('dist', 'no') == 'no':
+    _prepare_test_process()
   if workerinput is None:
     if _WORKER_PIDS not in os.environ:
       os.environ[_WORKER_PIDS] = tempfile.mkdtemp(prefix='flax-dp-trainer-workers-')

@@ -262,6 +262,7 @@ def test_divergence_stops_with_the_last_good_checkpoint(config, tmp_path):
   assert all(np.isfinite(value) for value in losses.values())
 
 
+@pytest.mark.slow
 def test_divergence_can_skip_steps(config, tmp_path):
   _configure(config, learning_rate=1e4, warmup_steps=50, num_train_steps=60,
              skip_nonfinite_steps=True, eval_every_steps=60)

@@ -79,7 +79,8 @@ def test_cross_replica_batchnorm_equals_one_device_on_the_global_batch():
 # to lr either way, so the update here takes eps = 1e-3, which leaves such rounding at
 # ~1e-7 of lr; the accumulated and the whole-batch gradients are what is compared.
 @pytest.mark.parametrize('k', [2, pytest.param(4, marks=pytest.mark.slow)])
-@pytest.mark.parametrize('dropout_rate,atol', [(0.0, 1e-7), (0.3, 1e-6)])
+@pytest.mark.parametrize('dropout_rate,atol', [pytest.param(0.0, 1e-7, marks=pytest.mark.slow),
+                                               (0.3, 1e-6)])
 def test_gradient_accumulation_equals_one_big_step(k, dropout_rate, atol):
   shape = (8, 8, 1)
   model = models.get('cnn', num_classes=10, dropout_rate=dropout_rate)
