@@ -69,9 +69,10 @@ _CRASHED: list[str] = []
 
 def pytest_configure(config):
   workerinput = getattr(config, 'workerinput', None)
-  # xdist's controller runs no test and needs neither (7 CPU-s of imports on a 2-core machine,
-  # while the workers collect).
-  if workerinput is not None or config.getoption('dist', 'no') == 'no':
+  # xdist's controller neither collects nor runs tests, and needs neither import (7 CPU-s on
+  # a 2-core machine, while the workers collect); with --collect-only it collects itself.
+  if (workerinput is not None or config.getoption('dist', 'no') == 'no' or
+      config.getoption('collectonly')):
     _prepare_test_process()
   if workerinput is None:
     if _WORKER_PIDS not in os.environ:
