@@ -71,8 +71,9 @@ def pytest_configure(config):
   workerinput = getattr(config, 'workerinput', None)
   # xdist's controller neither collects nor runs tests, and needs neither import (7 CPU-s on
   # a 2-core machine, while the workers collect); with --collect-only it collects itself.
-  if (workerinput is not None or config.getoption('dist', 'no') == 'no' or
-      config.getoption('collectonly')):
+  # Workers are started where xdist's own test says so: a --dist mode and --tx hosts (-n N).
+  distributing = config.getoption('dist', 'no') != 'no' and bool(config.getoption('tx', None))
+  if workerinput is not None or not distributing or config.getoption('collectonly'):
     _prepare_test_process()
   if workerinput is None:
     if _WORKER_PIDS not in os.environ:
