@@ -63,7 +63,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.mix_switch_prob = 0.5  # With both alphas set: probability of CutMix over Mixup.
 
   # Model.
-  config.model = 'cnn'  # Registered model name: see `models.names()` (README lists them).
+  # Registered model name (--list=models), or your own flax module by import path,
+  # 'pkg.module:Name', imported from the working directory or PYTHONPATH (docs/your_model.md).
+  config.model = 'cnn'
+  # Constructor arguments of a model given by import path; a config file sets its keys
+  # (config.model_kwargs = ml_collections.ConfigDict(dict(width=64))), which the command line
+  # can then override (--config.model_kwargs.width=128). Empty for registered models.
+  config.model_kwargs = ml_collections.ConfigDict()
   config.dropout_rate = 0.1  # Dropout probability in the model's hidden layers; 0 = off.
   # Stochastic depth (resnet*, vit*): probability of dropping the last residual block's branch
   # per example in training, rising linearly from 0 at the first block; 0 = off.
@@ -90,6 +96,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.weight_decay = 5e-4
   config.decay_all_params = False  # False: spare biases and norm params (1-D) from decay.
   config.grad_clip_norm = 0.0  # Clip gradients to this global norm; 0 = no clipping.
+  # Training (and eval_loss) loss: 'softmax_xent', or 'sigmoid_xent' (per-class binary
+  # cross-entropy summed over the classes, big_vision's; docs/your_model.md says how it scales
+  # the learning rate).
+  config.loss = 'softmax_xent'
   config.label_smoothing = 0.0  # Label smoothing of the training loss; 0 = off.
   config.grad_accum_steps = 1  # Micro-batches per step (their gradients are averaged).
   config.ema_decay = 0.0  # Decay of an EMA of params used for evaluation; 0 = no EMA.

@@ -42,8 +42,13 @@ def names() -> list[str]:
   return sorted(_REGISTRY)
 
 
-def get(name: str, **kwargs: Any) -> nn.Module:
-  """Builds the registered model `name` with the given attributes."""
+def factory(name: str) -> Callable[..., nn.Module]:
+  """The constructor of the registered model `name` (a class or a `functools.partial`)."""
   if name not in _REGISTRY:
     raise KeyError(f"model={name!r} is unknown; choose one of: {', '.join(names())}")
-  return _REGISTRY[name](**kwargs)
+  return _REGISTRY[name]
+
+
+def get(name: str, **kwargs: Any) -> nn.Module:
+  """Builds the registered model `name` with the given attributes."""
+  return factory(name)(**kwargs)

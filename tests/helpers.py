@@ -1,6 +1,9 @@
 """Shared test helpers: the real step run over a layout, and a reference evaluation computed
 without the trainer's eval path."""
 
+import os
+import shutil
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,8 +24,12 @@ TOPOLOGY_RUN = dict(num_train_steps=20, warmup_steps=5, log_every_steps=10,
                     eval_every_steps=20, checkpoint_every_steps=20, learning_rate=0.02)
 # The models it compares: with dropout (cnn's default 0.1) and Mixup/CutMix of the global
 # batch (partners on other devices and processes), with BatchNorm.
+# 'user_plain' is a user's module by import path (tests/user_models.py), written with plain
+# nn.Dropout and nn.BatchNorm: the trainer keys its masks per example and reduces its
+# statistics over the devices.
 TOPOLOGY_MODELS = {'cnn': dict(model='cnn', mixup_alpha=0.4, cutmix_alpha=1.0),
-                   'resnet_tiny': dict(model='resnet_tiny', dropout_rate=0.0)}
+                   'resnet_tiny': dict(model='resnet_tiny', dropout_rate=0.0),
+                   'user_plain': dict(model='tests.user_models:PlainNet', dropout_rate=0.3)}
 
 
 def topology_config(tfds_data_dir: str, model: str, layout: str):
@@ -77,6 +84,14 @@ def run_steps(layout, state, schedule, batches, options=step_lib.StepOptions()):
     rstate, step_metrics = p_train_step(rstate, layout.put_batch(batch), rng)
     values.append(layout.fetch([step_metrics])[0].compute())
   return parallel.host_state(layout, rstate), values, rstate
+
+
+def copy_workdir(workdir: str, copy: str, drop_steps=()) -> None:
+  """A copy of a run's workdir without the checkpoints of `drop_steps` (as if they were
+  never written): a run started on the copy resumes from the newest one left."""
+  shutil.copytree(workdir, copy)
+  for step in drop_steps:
+    shutil.rmtree(os.path.join(checkpoint.directory(copy), str(step)))
 
 
 def saved_steps(workdir: str) -> list[int]:

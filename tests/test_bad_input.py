@@ -49,7 +49,10 @@ CASES = {
         dict(num_train_steps=-1, num_epochs=-3.0),
         'num_epochs=-3.0 must be positive (--config.num_epochs=X), or -1 to count in '
         'num_train_steps'),
-    'unknown model': _unknown('model', 'resnet9', models.names()),
+    'unknown model': (
+        dict(model='resnet9'),
+        f"model='resnet9' is unknown; choose one of: {', '.join(models.names())}, or give your "
+        'own module as pkg.module:Name (--config.model=NAME)'),
     'unknown dataset': (
         dict(dataset='imagenet'),
         "dataset='imagenet' is unknown; choose one of: cifar10, cifar100, digits, "

@@ -134,7 +134,7 @@ def test_the_mixed_loss_is_the_weighted_loss_of_both_labels_in_both_trainers(smo
   logits = rng.randn(6, 10).astype(np.float32)
   labels, partners = rng.randint(0, 10, 6), rng.randint(0, 10, 6)
   weights = rng.uniform(size=6).astype(np.float32)
-  got = step_lib.cross_entropy(jnp.asarray(logits), labels, smoothing, partners, weights)
+  got = step_lib.example_losses(jnp.asarray(logits), labels, smoothing, partners, weights)
   smooth = lambda y: optax.smooth_labels(jax.nn.one_hot(y, 10), smoothing)
   want = (weights * optax.softmax_cross_entropy(logits, smooth(labels)) +
           (1 - weights) * optax.softmax_cross_entropy(logits, smooth(partners)))
@@ -164,7 +164,7 @@ def test_mixed_training_is_the_same_on_one_and_four_devices(config, backend):
     runs.append((final, [v['loss'] for v in values]))
   np.testing.assert_allclose(runs[0][1], runs[1][1], rtol=1e-5)
   assert helpers.relative_difference(runs[1][0].params, runs[0][0].params) < 1e-5
-  plain = step_lib.cross_entropy(
+  plain = step_lib.example_losses(
       state.apply_fn({'params': state.params}, batches[0]['image'] / 255.0, train=False),
       batches[0]['label'])
   assert abs(float(jnp.mean(plain)) - runs[0][1][0]) > 1e-3

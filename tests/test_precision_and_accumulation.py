@@ -56,7 +56,7 @@ def test_cross_replica_batchnorm_equals_one_device_on_the_global_batch():
       logits, updates = plain.apply({'params': params, 'batch_stats': state.batch_stats},
                                     _floats(batch['image']), train=True,
                                     mutable=['batch_stats'])
-      return jnp.mean(step_lib.cross_entropy(logits, batch['label'])), updates['batch_stats']
+      return jnp.mean(step_lib.example_losses(logits, batch['label'])), updates['batch_stats']
     grads, batch_stats = jax.grad(loss_fn, has_aux=True)(state.params)
     return state.apply_gradients(grads=grads, batch_stats=batch_stats)
 

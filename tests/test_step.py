@@ -45,7 +45,7 @@ def _reference_step(state, batch):
   def loss_fn(params):
     logits = state.apply_fn({'params': params}, batch['image'].astype(jnp.float32) / 255.0,
                             train=True)
-    return jnp.mean(step_lib.cross_entropy(logits, batch['label'])), logits
+    return jnp.mean(step_lib.example_losses(logits, batch['label'])), logits
 
   (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
   accuracy = jnp.mean(jnp.argmax(logits, -1) == batch['label'])

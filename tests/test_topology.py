@@ -32,18 +32,23 @@ TOLERANCE = {'params': 1e-5, 'batch_stats': 1e-5, 'opt_state': 1e-5}
 # counts that split the leaves differently (on 1 device nothing is split). The cnn, whose step
 # draws dropout masks and Mixup/CutMix partners across devices, runs on every one; the
 # resnet (cross-replica BatchNorm) on the most devices of each backend and under both
-# shardings.
+# shardings; a user's module with plain nn.Dropout and nn.BatchNorm (`user_plain`, by import
+# path) on 2, 4 and 8 devices of both backends. Broken on purpose (the same runs, 20 steps of
+# digits): its nn.Dropout left to draw per device, params 3.2e-2 from 1 device; its
+# nn.BatchNorm left to reduce per device, 5.2e-3 (batch statistics 1.8e-2).
 TOPOLOGIES = [('pmap', 2), ('pmap', 8), ('shard_map', 1), ('shard_map', 4),
               ('shard_map-optimizer', 2), ('shard_map-optimizer', 8), ('shard_map-full', 4)]
 RUNS = ([('cnn', backend, devices) for backend, devices in TOPOLOGIES] +
         [('resnet_tiny', backend, devices) for backend, devices in (
-            ('pmap', 8), ('shard_map', 4), ('shard_map-optimizer', 2), ('shard_map-full', 4))])
+            ('pmap', 8), ('shard_map', 4), ('shard_map-optimizer', 2), ('shard_map-full', 4))] +
+        [('user_plain', backend, devices) for backend, devices in (
+            ('pmap', 2), ('pmap', 8), ('shard_map', 4))])
 # Two processes of 2 devices against shard_map on 4 (one of the single-process runs): both
 # backends (the cnn's dropout keys and Mixup/CutMix partners across processes under pmap),
 # both state shardings (the params split across the processes under 'full', BatchNorm's
 # statistics over both processes' rows under 'optimizer').
 TWO_PROCESS_RUNS = [('cnn', 'pmap'), ('cnn', 'shard_map-full'),
-                    ('resnet_tiny', 'shard_map-optimizer')]
+                    ('resnet_tiny', 'shard_map-optimizer'), ('user_plain', 'pmap')]
 
 
 @pytest.fixture(scope='module')

@@ -2,10 +2,36 @@
 `jax.jit` with `shard_map`) with the gradients averaged by `lax.pmean`, fed the global batches
 of a training stream that depends on the config, the seed and the step alone.
 
-`trainer.load(workdir)` gives a trained model back (`trainer/inference.py`)."""
+From Python (a script or a notebook), with the command line's loop, checkpoints, resume,
+metrics and errors:
+
+    import trainer
+    trainer.fit(config, '/tmp/run', model=MyNet(num_classes=10), loss=my_loss)
+    trainer.evaluate(config, '/tmp/run', model=MyNet(num_classes=10))
+    trained = trainer.load('/tmp/run')              # trainer/inference.py
+
+`model` (optional) is a flax module object, class or function in place of `config.model`;
+`loss` (optional) a function `loss(logits, targets) -> per-example loss` in place of
+`config.loss` (`trainer/losses.py`); `trainer/modeling.py` says what a model must be.
+(`fit`, not `train`: `trainer.train` is the module of the loop.)
+"""
 
 
-def load(workdir: str, step=None):
+def fit(config, workdir: str, *, model=None, loss=None, devices=None):
+  """Trains `config` in `workdir`, resuming from its newest checkpoint; returns the final
+  state (`trainer.train.train_and_evaluate`)."""
+  from trainer import train as train_lib  # pylint: disable=import-outside-toplevel  # (TF)
+  return train_lib.train_and_evaluate(config, workdir, devices=devices, model=model, loss=loss)
+
+
+def evaluate(config, workdir: str, *, model=None, loss=None, devices=None) -> dict:
+  """Evaluates the newest checkpoint of `workdir` on the config's evaluations, writes the
+  scalars at its step and returns them (`trainer.train.evaluate_only`)."""
+  from trainer import train as train_lib  # pylint: disable=import-outside-toplevel  # (TF)
+  return train_lib.evaluate_only(config, workdir, devices=devices, model=model, loss=loss)
+
+
+def load(workdir: str, step=None, *, model=None):
   """The model of a run's checkpoint, ready to predict (`trainer.inference.load`)."""
   from trainer import inference  # pylint: disable=import-outside-toplevel  # (jax)
-  return inference.load(workdir, step)
+  return inference.load(workdir, step, model=model)

@@ -5,7 +5,8 @@ import os
 import ml_collections
 from absl import logging
 
-import models
+from trainer import losses
+from trainer import modeling
 from trainer import optim
 from trainer import parallel
 from trainer.data import specs
@@ -99,7 +100,8 @@ def check_config(config, *, process_count: int, local_device_count: int) -> None
     value = config[field]
     if not isinstance(value, int) or value <= 0:
       raise UserError(f'{field}={value!r} must be a positive integer (--config.{field}=N)')
-  _choice('model', config.model, models.names())
+  modeling.check_name(config.model)
+  _choice('loss', config.loss, tuple(losses.LOSSES))
   if config.dataset in specs.DATASETS and not specs.spec(config.dataset).trainable:
     raise UserError(f'dataset={config.dataset!r} has no train split: it is an evaluation set '
                     f'(--config.eval_splits={config.dataset}:test); train on one of: '
@@ -126,8 +128,8 @@ def check_config(config, *, process_count: int, local_device_count: int) -> None
   if not isinstance(config.data_threads, int) or config.data_threads < 0:
     raise UserError(f'data_threads={config.data_threads!r} must be a whole number >= 0; 0 uses '
                     'every core the process may run on (--config.data_threads=N)')
-  if config.stochastic_depth_rate and not hasattr(models.get(config.model, num_classes=1),
-                                                  'stochastic_depth_rate'):
+  if (config.stochastic_depth_rate and not modeling.is_import_path(config.model) and
+      'stochastic_depth_rate' not in modeling.resolve(config.model).declared):
     raise UserError(f'stochastic_depth_rate={config.stochastic_depth_rate}: '
                     f'model={config.model!r} has no residual blocks; it applies to the resnet* '
                     'and vit* models (--config.stochastic_depth_rate=0)')

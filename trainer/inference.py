@@ -22,7 +22,7 @@ import ml_collections
 import numpy as np
 
 from trainer import checkpoint
-from trainer import state as state_lib
+from trainer import modeling
 from trainer import step as step_lib
 from trainer.data import specs
 from trainer.errors import UserError
@@ -39,6 +39,7 @@ class Trained:
   step: int
   spec: specs.DatasetSpec  # The dataset as trained (its shapes, classes and statistics).
   ema: bool  # Whether `variables` holds the EMA of the params.
+  built: Optional[modeling.Model] = None  # How the trainer applies `model` (NNX included).
 
   @property
   def input_shape(self) -> tuple[int, int, int]:
@@ -73,7 +74,8 @@ class Trained:
   @functools.cached_property
   def _apply(self):
     normalization = self.normalization
-    return jax.jit(lambda variables, images: self.model.apply(
+    built = self.built if self.built is not None else modeling.wrap(self.model)
+    return jax.jit(lambda variables, images: built.apply(
         variables, normalization(images), train=False).astype(np.float32))
 
   def logits(self, images: Images, batch_size: int = 256) -> np.ndarray:
@@ -108,16 +110,24 @@ def _spec(meta: checkpoint.RunMeta, config) -> specs.DatasetSpec:
   return specs.DatasetSpec(**fields)
 
 
-def load(workdir: str, step: Optional[int] = None) -> Trained:
+def load(workdir: str, step: Optional[int] = None, *, model: Any = None) -> Trained:
   """The model of a run's checkpoint (the newest, or the one at `step`), ready to predict:
-  see the module's docstring. Needs neither the dataset nor any device count."""
+  see the module's docstring. Needs neither the dataset nor any device count. `model`: the
+  flax module object, class or function the run was given from Python, where the checkpoint
+  could not record it (one defined in `__main__` or a notebook, or with fields that are not
+  JSON); it must be the model that was trained."""
   step, meta = checkpoint.read_meta(workdir, step)
   config = ml_collections.ConfigDict(meta.config)
+  if model is None and config.model.startswith(modeling.OBJECT_PREFIX):
+    raise UserError(f'the run in {workdir} trained a model given from Python as an object '
+                    f'({config.model[len(modeling.OBJECT_PREFIX):]}), which its checkpoint '
+                    'cannot name: pass the same module, trainer.load(workdir, model=...)')
   spec = _spec(meta, config)
   saved = checkpoint.read_state(workdir, step)
   ema = saved.get('ema_params') is not None
   variables = {'params': saved['ema_params'] if ema else saved['params']}
   if saved.get('batch_stats') is not None:
     variables['batch_stats'] = saved['batch_stats']
-  model = state_lib.model_from_config(config, spec.num_classes)
-  return Trained(model, jax.tree.map(np.asarray, variables), config, step, spec, ema)
+  built = modeling.build(config, spec.num_classes, tuple(spec.input_shape), model=model).model
+  return Trained(built.module, jax.tree.map(np.asarray, variables), config, step, spec, ema,
+                 built)

@@ -174,10 +174,11 @@ def main(argv):
                  jax.device_count(), jax.default_backend())
     if config.compilation_cache_dir:  # Process-wide, so set here, before anything compiles.
       train.use_compilation_cache(config.compilation_cache_dir)
+    command_line = frozenset(FLAGS['config'].override_values)
     if FLAGS.eval_only:
-      train.evaluate_only(config, FLAGS.workdir)
+      train.evaluate_only(config, FLAGS.workdir, command_line=command_line)
     else:
-      train.train_and_evaluate(config, FLAGS.workdir)
+      train.train_and_evaluate(config, FLAGS.workdir, command_line=command_line)
   except (UserError, Diverged, SaveFailed) as e:
     _exit(1, f'error: {e}')
   except Preempted as e:

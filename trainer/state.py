@@ -10,9 +10,8 @@ import optax
 from flax.training import dynamic_scale as dynamic_scale_lib
 from flax.training import train_state
 
-import models
+from trainer import modeling
 from trainer import optim
-from trainer.parallel import AXIS_NAME
 
 
 class TrainState(train_state.TrainState):
@@ -42,10 +41,11 @@ def seed_rngs(seed: int) -> tuple[jax.Array, jax.Array]:
 def create_train_state(model, tx: optax.GradientTransformation, rng: jax.Array,
                        input_shape: tuple[int, ...], *, loss_scaling: bool = False,
                        ema: bool = False) -> TrainState:
-  """Initializes `model` on a dummy batch of `input_shape`; the arrays are on the default
-  device, unreplicated."""
-  variables = jax.jit(lambda r: model.init(r, jnp.zeros(input_shape, jnp.float32), train=False))(
-      rng)
+  """Initializes `model` (a `modeling.Model`, or a linen module) on a dummy batch of
+  `input_shape`; the arrays are on the default device, unreplicated."""
+  if isinstance(model, nn.Module):
+    model = modeling.wrap(model)
+  variables = jax.jit(lambda r: model.init(r, input_shape))(rng)
   params = variables['params']
   return TrainState.create(
       apply_fn=model.apply, params=params, tx=tx, batch_stats=variables.get('batch_stats'),
@@ -53,38 +53,43 @@ def create_train_state(model, tx: optax.GradientTransformation, rng: jax.Array,
       ema_params=jax.tree.map(jnp.copy, params) if ema else None)
 
 
-def model_from_config(config, num_classes: int) -> nn.Module:
-  """The config's model, its device axis named `parallel.AXIS_NAME`."""
-  # Only models with residual blocks take a stochastic depth (checks.py refuses it for others).
-  depth = ({'stochastic_depth_rate': config.stochastic_depth_rate}
-           if config.stochastic_depth_rate else {})
-  return models.get(config.model, num_classes=num_classes, dropout_rate=config.dropout_rate,
-                    dtype=jnp.dtype(config.dtype), axis_name=AXIS_NAME, **depth)
+def model_from_config(config, num_classes: int,
+                      input_shape: Optional[tuple[int, ...]] = None) -> modeling.Model:
+  """The config's model (`modeling.build`), for inputs of `input_shape` (batch first; only
+  NNX modules need it, for their `in_features`)."""
+  return modeling.build(config, num_classes,
+                        None if input_shape is None else tuple(input_shape[1:])).model
 
 
-def initializer(config, num_classes: int,
-                schedule: optax.Schedule) -> Callable[[jax.Array, tuple[int, ...]], TrainState]:
-  """`init(rng, input_shape) -> TrainState` of the config's model and optimizer."""
-  return functools.partial(create_train_state, model_from_config(config, num_classes),
+def initializer(config, num_classes: int, schedule: optax.Schedule,
+                model: Optional[modeling.Model] = None
+                ) -> Callable[[jax.Array, tuple[int, ...]], TrainState]:
+  """`init(rng, input_shape) -> TrainState` of `model` (default: the config's) and the
+  config's optimizer."""
+  return functools.partial(create_train_state,
+                           model if model is not None else model_from_config(config, num_classes),
                            optim.create_optimizer(config, schedule),
                            loss_scaling=config.dtype == 'float16', ema=config.ema_decay > 0)
 
 
 def init_state(config, num_classes: int, input_shape: tuple[int, ...],
-               rng: Optional[jax.Array] = None) -> TrainState:
-  """The config's model and optimizer initialized (on the default device) for `input_shape`
-  (batch first) and fetched to the host, from `rng` (default: the config seed's init key).
-  The one build from a config that every run uses."""
-  init = initializer(config, num_classes, optim.learning_rate_schedule(config))
+               rng: Optional[jax.Array] = None, *,
+               model: Optional[modeling.Model] = None) -> TrainState:
+  """`model` (default: the config's) and the config's optimizer initialized (on the default
+  device) for `input_shape` (batch first) and fetched to the host, from `rng` (default: the
+  config seed's init key). The one build from a config that every run uses."""
+  if model is None:
+    model = model_from_config(config, num_classes, input_shape)
+  init = initializer(config, num_classes, optim.learning_rate_schedule(config), model)
   return jax.device_get(init(seed_rngs(config.seed)[0] if rng is None else rng, input_shape))
 
 
 def initial_variables(config, num_classes: int, input_shape: tuple[int, ...]
                       ) -> tuple[nn.Module, dict]:
-  """(the config's model, the variables `init_state` starts it from): what another framework's
-  twin of a run loads to start where the run starts."""
-  return (model_from_config(config, num_classes),
-          init_state(config, num_classes, input_shape).variables())
+  """(the config's flax module, the variables `init_state` starts it from): what another
+  framework's twin of a run loads to start where the run starts."""
+  model = model_from_config(config, num_classes, input_shape)
+  return model.module, init_state(config, num_classes, input_shape, model=model).variables()
 
 
 def param_count(params: Any) -> int:

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
+from trainer import losses
 from trainer import mix as mix_lib
 from trainer import parallel
 from trainer.keys import EXAMPLE_ID_KEY, MASK_KEY, MIX_LABEL_KEY, MIX_WEIGHT_KEY
@@ -61,33 +62,29 @@ class StepOptions:
   skip_nonfinite: bool = False  # A step with NaN/Inf loss or gradients changes nothing.
   normalization: Normalization = Normalization()
   mix: mix_lib.MixOptions = mix_lib.MixOptions()  # Mixup/CutMix of the global batch.
+  # `loss(logits, targets) -> per-example loss` on dense targets (trainer.losses).
+  loss: losses.Loss = losses.softmax_xent
 
   @classmethod
-  def from_config(cls, config) -> 'StepOptions':
+  def from_config(cls, config, loss: Optional[losses.Loss] = None) -> 'StepOptions':
+    """The config's options; `loss` (a function) in place of `config.loss` where given."""
     return cls(label_smoothing=config.label_smoothing,
                grad_accum_steps=config.grad_accum_steps, ema_decay=config.ema_decay,
                skip_nonfinite=config.skip_nonfinite_steps,
                normalization=Normalization.from_config(config),
-               mix=mix_lib.MixOptions.from_config(config))
+               mix=mix_lib.MixOptions.from_config(config),
+               loss=loss if loss is not None else losses.get(config.loss))
 
 
-def cross_entropy(logits: jax.Array, labels: jax.Array, label_smoothing: float = 0.0,
-                  mix_labels: Optional[jax.Array] = None,
-                  mix_weights: Optional[jax.Array] = None) -> jax.Array:
-  """Per-example softmax cross-entropy against integer labels, optionally smoothed; with
-  `mix_labels` (Mixup/CutMix partners) against the soft targets
-  w * one_hot(labels) + (1 - w) * one_hot(mix_labels), w = `mix_weights`, then smoothed."""
+def example_losses(logits: jax.Array, labels: jax.Array, label_smoothing: float = 0.0,
+                   mix_labels: Optional[jax.Array] = None,
+                   mix_weights: Optional[jax.Array] = None,
+                   loss: losses.Loss = losses.softmax_xent) -> jax.Array:
+  """Per-example `loss` of float32 `logits` against the dense targets of integer `labels`
+  (`losses.targets`: one-hot, mixed with `mix_labels` by `mix_weights`, smoothed)."""
   logits = logits.astype(jnp.float32)
-  if mix_labels is None and not label_smoothing:
-    return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-  targets = jax.nn.one_hot(labels, logits.shape[-1])
-  if mix_labels is not None:
-    weights = mix_weights.astype(jnp.float32)[:, None]
-    targets = weights * targets + (1.0 - weights) * jax.nn.one_hot(mix_labels,
-                                                                   logits.shape[-1])
-  if label_smoothing:
-    targets = optax.smooth_labels(targets, label_smoothing)
-  return optax.softmax_cross_entropy(logits, targets)
+  return loss(logits, losses.targets(labels, logits.shape[-1], label_smoothing, mix_labels,
+                                     mix_weights))
 
 
 def model_inputs(batch: dict, options: StepOptions, step_key: jax.Array) -> dict:
@@ -115,7 +112,7 @@ class Gradients(NamedTuple):
   grads: Any
 
 
-def _loss_fn(state: TrainState, label_smoothing: float) -> Callable:
+def _loss_fn(state: TrainState, options: StepOptions) -> Callable:
   """(params, batch_stats, batch, rng) -> (mean loss, (logits, new batch_stats))."""
   has_batch_stats = state.batch_stats is not None
 
@@ -127,9 +124,9 @@ def _loss_fn(state: TrainState, label_smoothing: float) -> Callable:
                          example_ids=batch[EXAMPLE_ID_KEY], rngs={'dropout': rng},
                          mutable=['batch_stats'] if has_batch_stats else False)
     logits, new_batch_stats = (out[0], out[1]['batch_stats']) if has_batch_stats else (out, None)
-    loss = jnp.mean(cross_entropy(logits, batch['label'], label_smoothing,
-                                  batch.get(MIX_LABEL_KEY),
-                                  batch.get(MIX_WEIGHT_KEY)))
+    loss = jnp.mean(example_losses(logits, batch['label'], options.label_smoothing,
+                                   batch.get(MIX_LABEL_KEY), batch.get(MIX_WEIGHT_KEY),
+                                   options.loss))
     return loss, (logits, new_batch_stats)
 
   return loss_fn
@@ -213,7 +210,7 @@ def step_gradients(state: TrainState, batch: dict, rng: jax.Array, *,
                      'one batch; use grad_accum_steps=1 or bfloat16')
   rng = jax.random.fold_in(rng, state.step)
   batch = model_inputs(batch, options, rng)
-  loss_fn = _loss_fn(state, options.label_smoothing)
+  loss_fn = _loss_fn(state, options)
   dynamic_scale, finite = state.dynamic_scale, None
   if dynamic_scale is not None:
     result, dynamic_scale, finite = scaled_gradients(loss_fn, state, batch, rng)
@@ -271,13 +268,15 @@ def train_step(state: TrainState, batch: dict, rng: jax.Array, *,
 
 
 def eval_step(state: TrainState, batch: dict, *,
-              normalization: Normalization = Normalization()) -> EvalMetrics:
-  """Sums over the real examples of this batch on every device (padding has mask 0)."""
+              normalization: Normalization = Normalization(),
+              loss: losses.Loss = losses.softmax_xent) -> EvalMetrics:
+  """Sums over the real examples of this batch on every device (padding has mask 0); the
+  loss is the run's `loss` against one-hot targets."""
   logits = state.apply_fn(state.variables(state.eval_params()),
                           normalization(batch['image']), train=False)
   mine = EvalMetrics.single_from_model_output(
       logits=logits.astype(jnp.float32), labels=batch['label'],
-      loss=cross_entropy(logits, batch['label']), mask=batch[MASK_KEY])
+      loss=example_losses(logits, batch['label'], loss=loss), mask=batch[MASK_KEY])
   # Every field is a (total, count) sum: the devices' sums add up.
   return jax.tree.map(lambda x: lax.psum(x, AXIS_NAME), mine)
 
@@ -293,8 +292,10 @@ def make_train_step(layout: parallel.DataParallel, *, learning_rate_fn: optax.Sc
 
 
 def make_eval_step(layout: parallel.DataParallel,
-                   normalization: Normalization = Normalization()) -> Callable:
+                   normalization: Normalization = Normalization(),
+                   loss: losses.Loss = losses.softmax_xent) -> Callable:
   """`(state, batch) -> EvalMetrics` over the layout's devices; the optimizer state stays
   where it is (the step is given the state without it)."""
-  mapped = layout.map(functools.partial(eval_step, normalization=normalization), num_args=2)
+  mapped = layout.map(functools.partial(eval_step, normalization=normalization, loss=loss),
+                      num_args=2)
   return lambda state, batch: mapped(state.replace(opt_state=None), batch)

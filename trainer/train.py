@@ -12,6 +12,7 @@
 import dataclasses
 import itertools
 import os
+import socket
 import time
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -31,7 +32,9 @@ from trainer import checkpoint
 from trainer import checks
 from trainer import efficiency
 from trainer import loop
+from trainer import losses
 from trainer import metrics
+from trainer import modeling
 from trainer import optim
 from trainer import parallel
 from trainer import signals
@@ -157,7 +160,7 @@ def _start(run: '_Run') -> _Start:
   but the init)."""
   config, checkpointer = run.config, run.checkpointer
   _, step_rng = state_lib.seed_rngs(config.seed)
-  state = state_lib.init_state(config, run.num_classes, run.input_shape)
+  state = state_lib.init_state(config, run.num_classes, run.input_shape, model=run.model)
   restored, unreadable = _restore_newest(run, state)
   if restored is not None and config.init_from:
     logging.warning('init_from=%r is not used: this run resumes from its own checkpoint at '
@@ -241,7 +244,7 @@ def _init_from(run: '_Run', state: state_lib.TrainState) -> tuple[state_lib.Trai
   for a state dict file)."""
   path, name, from_step = run.config.init_from, run.config.model, 0
   if run.torch_weights is not None:
-    loaded = _from_torch(path, name, run.model, state.variables(), run.torch_weights)
+    loaded = _from_torch(path, name, run.model.module, state.variables(), run.torch_weights)
     if loaded.new_head:
       logging.info('init_from=%r: its classifier has another number of classes; the head is '
                    'initialized afresh (fine-tuning)', path)
@@ -283,17 +286,79 @@ class _Run:
   checkpointer: checkpoint.Checkpointer
   evaluations: Evaluations
   num_classes: int
-  model: object  # The flax module.
+  model: modeling.Model  # The built model (its flax module: `model.module`).
   input_shape: tuple[int, ...]
+  loss: losses.Loss  # The training loss (config.loss, or the function given from Python).
   # The PyTorch state dict of `init_from`, read and checked, where a fresh run starts from one.
   torch_weights: Optional[dict] = None
 
 
+def _on_every_process(action: Callable[[], Any], what: str) -> Any:
+  """`action()` on every process; where it raises `UserError` on any, every process raises
+  one: the process that failed names itself, its host and the error; the others name it and
+  `what`."""
+  error = None
+  try:
+    result = action()
+  except UserError as e:
+    error = e
+  if jax.process_count() == 1:
+    if error is not None:
+      raise error
+    return result
+  host = socket.gethostname()
+  word = np.frombuffer(host.encode()[:64].ljust(64, b' '), np.uint8).astype(np.int32)
+  everyone = np.asarray(multihost_utils.process_allgather(
+      np.concatenate([[int(error is not None)], word]).astype(np.int32)))
+  failed = [i for i in range(everyone.shape[0]) if everyone[i, 0]]
+  if error is not None:
+    raise UserError(f'process {jax.process_index()} on host {host}: {error}')
+  if failed:
+    other = bytes(everyone[failed[0], 1:].astype(np.uint8)).decode(errors='replace').strip()
+    raise UserError(f'process {failed[0]} on host {other} cannot {what} (its log says why); '
+                    'every process stops')
+  return result
+
+
+def _build_model(config, num_classes: int, input_shape: tuple[int, ...], per_device: int, *,
+                 model: Any, command_line) -> modeling.Model:
+  """The run's model built and traced on abstract shapes (`modeling.probe`), what it cannot
+  keep topology-invariant logged, every process agreeing that it builds."""
+
+  def build():
+    built = modeling.build(config, num_classes, input_shape[1:], model=model,
+                           set_on_command_line=command_line)
+    lines = built.notes + modeling.probe(built.model, input_shape[1:], per_device, num_classes,
+                                         config.dtype)
+    return built.model, lines
+
+  built, lines = _on_every_process(build, f'build model={config.model!r}')
+  for line in lines:
+    logging.warning('%s', line)
+  return built
+
+
+def _recorded(config, model: modeling.Model) -> ml_collections.ConfigDict:
+  """`config` as the checkpoints and hparams record it: a model given from Python named by
+  its import path and fields where it has them (`trainer.load` rebuilds it from those), else
+  as 'object:NAME' (`trainer.load` must then be given the module)."""
+  name, kwargs = model.record or (modeling.OBJECT_PREFIX + model.name, {})
+  if name == config.model and kwargs == config.model_kwargs.to_dict():
+    return config
+  recorded = ml_collections.ConfigDict(config.to_dict())
+  recorded.model = name
+  recorded.model_kwargs = ml_collections.ConfigDict(kwargs)
+  recorded.lock()
+  return recorded
+
+
 def _prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
-             training: bool = True) -> _Run:
+             training: bool = True, model: Any = None, loss: Optional[losses.Loss] = None,
+             command_line=frozenset()) -> _Run:
   """Checks the config, workdir and data; the layout over `devices` (default every device of
-  every process), the dataset and the evaluations. Without `training`, the training batch
-  need not split over the devices."""
+  every process), the dataset, the model and the evaluations. Without `training`, the
+  training batch need not split over the devices. `model` and `loss`: given from Python in
+  place of the config's; `command_line`: the config fields the command line set."""
   process_count = jax.process_count()
   devices = list(devices) if devices is not None else parallel.global_devices()
   num_devices = len(devices)
@@ -323,24 +388,31 @@ def _prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
                  '(%d per batch, padding masked)', config.eval_batch_size, num_devices,
                  eval_per_device, eval_per_device * num_devices)
   num_classes = data.spec.num_classes
-  model = state_lib.model_from_config(config, num_classes)
   input_shape = (1,) + data.spec.input_shape
+  per_device = max(1, config.batch_size // num_devices // config.grad_accum_steps)
+  built = _build_model(config, num_classes, input_shape, per_device if training else 1,
+                       model=model, command_line=command_line)
+  config = _recorded(config, built)
+  data = dataclasses.replace(data, config=config)
   weights = None
   if (config.init_from and torch_weights.is_weights_file(config.init_from) and
       not checkpointer.steps()):
-    weights = _read_torch_weights(config.init_from, config.model, model, input_shape)
-  return _Run(config, layout, data, checkpointer, evaluations, num_classes, model, input_shape,
-              weights)
+    weights = _read_torch_weights(config.init_from, config.model, built.module, input_shape)
+  return _Run(config, layout, data, checkpointer, evaluations, num_classes, built, input_shape,
+              loss if loss is not None else losses.get(config.loss), weights)
 
 
 def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
-                  devices: Optional[Sequence[jax.Device]] = None) -> dict[str, float]:
+                  devices: Optional[Sequence[jax.Device]] = None, model: Any = None,
+                  loss: Optional[losses.Loss] = None,
+                  command_line=frozenset()) -> dict[str, float]:
   """Evaluates the newest checkpoint of `workdir` (else `config.init_from`) on every
   configured evaluation and writes the scalars at its step; no checkpoint is changed.
-  Returns the scalars."""
-  run = _prepare(config, workdir, devices, training=False)
+  Returns the scalars. `model`, `loss`, `command_line`: as `train_and_evaluate` takes them."""
+  run = _prepare(config, workdir, devices, training=False, model=model, loss=loss,
+                 command_line=command_line)
   config = run.config
-  state = state_lib.init_state(config, run.num_classes, run.input_shape)
+  state = state_lib.init_state(config, run.num_classes, run.input_shape, model=run.model)
   restored, _ = _restore_newest(run, state)
   if restored is None and not config.init_from:
     raise UserError(f'--eval_only: {run.checkpointer.directory} holds no checkpoint to '
@@ -359,7 +431,7 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
     writer = writers.create_writer(workdir)
     with metric_writers.ensure_flushes(writer):
       scalars = evaluate_all(step_lib.make_eval_step(
-          run.layout, step_lib.Normalization.from_config(config)),
+          run.layout, step_lib.Normalization.from_config(config), run.loss),
                              run.layout.put_state(state), run.evaluations, run.layout)
       writer.write_scalars(step, scalars)
     parallel.sync_processes('evaluate_only done')
@@ -367,19 +439,24 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
-                       devices: Optional[Sequence[jax.Device]] = None
-                       ) -> state_lib.TrainState:
+                       devices: Optional[Sequence[jax.Device]] = None, model: Any = None,
+                       loss: Optional[losses.Loss] = None,
+                       command_line=frozenset()) -> state_lib.TrainState:
   """Trains `config` in `workdir` (resuming from its newest checkpoint); returns the state.
 
   `devices`: the devices to train on, default every device of every process
-  (`parallel.global_devices()`); a single-process run may name fewer.
+  (`parallel.global_devices()`); a single-process run may name fewer. `model`: a flax module
+  object, class or function to train in place of `config.model` (`modeling.from_object`);
+  `loss`: `loss(logits, targets) -> per-example loss` in place of `config.loss`
+  (`trainer.losses`); `command_line`: the config fields set on the command line (a value the
+  model does not take is refused there, and only logged otherwise).
   """
-  run = _prepare(config, workdir, devices)
+  run = _prepare(config, workdir, devices, model=model, loss=loss, command_line=command_line)
   config = run.config
   start = _start(run)
   start_step = int(start.state.step)
   logging.info('%s: %d params; starting at step %d of %d on %d devices (%d process(es))',
-               config.model, state_lib.param_count(start.state.params), start_step,
+               run.model.name, state_lib.param_count(start.state.params), start_step,
                config.num_train_steps, len(run.layout.devices), jax.process_count())
   if start_step >= config.num_train_steps:
     logging.warning('the run in %s is finished (its checkpoint is at step %d of %d): nothing '
@@ -416,9 +493,10 @@ class _Session:
     self.last = config.num_train_steps
     self.p_train_step = step_lib.make_train_step(
         layout, learning_rate_fn=optim.learning_rate_schedule(config),
-        options=step_lib.StepOptions.from_config(config))
+        options=step_lib.StepOptions.from_config(config, run.loss))
     self.p_eval_step = step_lib.make_eval_step(layout,
-                                               step_lib.Normalization.from_config(config))
+                                               step_lib.Normalization.from_config(config),
+                                               run.loss)
     self.rstate = layout.put_state(start.state)
     self.rng = layout.put_replicated(start.step_rng)
     self.prefetch, self.batches, self.efficiency = self._batches()

@@ -1,0 +1,345 @@
+"""A user's own model: a flax module in its own file, trained by import path from the command
+line and from Python, with every guarantee a shipped model has; NNX modules through flax's
+bridge; mistakes answered in one line before anything is compiled or written."""
+
+import re
+import signal
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+
+import trainer
+from scripts import processes
+from tests import helpers
+from tests import user_models
+from trainer import checkpoint
+from trainer import losses
+from trainer import modeling
+from trainer import train
+from trainer import writers
+from trainer.errors import UserError
+
+# A newcomer's file, outside the repository and off the path: a CNN ported from PyTorch with
+# plain nn.Dropout and nn.BatchNorm.
+USER_MODULE = '''
+import flax.linen as nn
+
+
+class Net(nn.Module):
+  num_classes: int
+  width: int = 16
+  dropout_rate: float = 0.0
+
+  @nn.compact
+  def __call__(self, x, train: bool):
+    x = nn.Conv(self.width, (3, 3))(x)
+    x = nn.relu(nn.BatchNorm(use_running_average=not train)(x))
+    x = nn.avg_pool(x, (2, 2), strides=(2, 2))
+    x = x.reshape((x.shape[0], -1))
+    x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
+    return nn.Dense(self.num_classes)(x)
+'''
+# Its config file, beside it: the default config with the model and its arguments.
+USER_CONFIG = '''
+import ml_collections
+
+from configs import default
+
+
+def get_config():
+  config = default.get_config()
+  config.model = 'net:Net'
+  config.model_kwargs = ml_collections.ConfigDict(dict(width=16))
+  config.dropout_rate = 0.2
+  config.num_train_steps = 40
+  config.warmup_steps = 5
+  config.learning_rate = 0.02
+  config.log_every_steps = 10
+  config.eval_every_steps = 40
+  config.checkpoint_every_steps = 10
+  return config
+'''
+STEPS = 40
+
+
+@pytest.fixture(scope='module')
+def user_dir(tmp_path_factory):
+  """A folder holding the user's module and config, as a user's project would."""
+  folder = tmp_path_factory.mktemp('my_project')
+  (folder / 'net.py').write_text(USER_MODULE)
+  (folder / 'my_config.py').write_text(USER_CONFIG)
+  return folder
+
+
+def _cli(user_dir, tfds_data_dir, workdir, *args, devices=8, **popen):
+  """`python -m trainer.main` run from the user's folder, as the guide runs it."""
+  command = [sys.executable, '-m', 'trainer.main', '--config=my_config.py',
+             f'--workdir={workdir}', f'--cpu_devices={devices}',
+             f'--config.tfds_data_dir={tfds_data_dir}', '--config.model_kwargs.width=12', *args]
+  if popen:
+    return subprocess.Popen(command, cwd=user_dir, env=processes.environment(), text=True,
+                            **popen)
+  result = subprocess.run(command, cwd=user_dir, env=processes.environment(),
+                          capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return result
+
+
+def _user_config(user_dir, tfds_data_dir, monkeypatch):
+  """The user's config as the command line above sets it, for runs in this process (the
+  user's folder on the path, as the working directory is for `python -m`)."""
+  monkeypatch.syspath_prepend(str(user_dir))
+  sys.modules.pop('my_config', None)
+  import my_config  # pylint: disable=import-outside-toplevel,import-error
+  config = my_config.get_config()
+  config.tfds_data_dir = tfds_data_dir
+  config.model_kwargs.width = 12
+  return config
+
+
+@pytest.mark.slow
+def test_a_users_module_trains_resumes_evaluates_and_loads_like_a_shipped_one(
+    user_dir, tfds_data_dir, tmp_path, monkeypatch):
+  """One command trains the user's file on 8 devices; 1 device gives the same params; a run
+  killed by kill -9 resumes to bitwise the same params; --eval_only and trainer.load give
+  the run's evaluation."""
+  eight = tmp_path / 'eight'
+  _cli(user_dir, tfds_data_dir, eight)
+  final = checkpoint.read_state(str(eight), STEPS)
+  _, meta = checkpoint.read_meta(str(eight), STEPS)
+  assert meta.config['model'] == 'net:Net' and meta.config['model_kwargs'] == {'width': 12}
+  assert final['params']['Conv_0']['kernel'].shape == (3, 3, 1, 12)
+
+  # The same training on one device, from Python.
+  config = _user_config(user_dir, tfds_data_dir, monkeypatch)
+  one = train.train_and_evaluate(config, str(tmp_path / 'one'), devices=jax.devices()[:1])
+  for name in ('params', 'batch_stats'):
+    difference = helpers.relative_difference(getattr(one, name), final[name])
+    print(f'{name}: 8 devices against 1: {difference:.2g}')
+    assert difference < 1e-5, (name, difference)
+
+  # kill -9 after the checkpoint at step 20 or later, then the same command again.
+  killed = tmp_path / 'killed'
+  process = _cli(user_dir, tfds_data_dir, killed, stderr=subprocess.PIPE,
+                 stdout=subprocess.DEVNULL)
+  for line in process.stderr:
+    if re.search(r'\] \[20\] .*train_loss=', line):
+      break
+  process.send_signal(signal.SIGKILL)
+  process.wait(timeout=60)
+  assert 0 < helpers.saved_steps(str(killed))[-1] < STEPS
+  _cli(user_dir, tfds_data_dir, killed)
+  resumed = checkpoint.read_state(str(killed), STEPS)
+  for a, b in zip(jax.tree.leaves(resumed['params']), jax.tree.leaves(final['params'])):
+    np.testing.assert_array_equal(a, b)
+
+  # --eval_only evaluates the checkpoint as the run did; trainer.load predicts as it did.
+  scalars, _ = writers.read_events(str(eight))
+  accuracy = scalars['eval_accuracy'][STEPS]
+  _cli(user_dir, tfds_data_dir, eight, '--eval_only')
+  again, _ = writers.read_events(str(eight))
+  assert again['eval_accuracy'][STEPS] == pytest.approx(accuracy, abs=1e-9)
+  trained = trainer.load(str(eight))
+  images, labels = trained.read_split(limit=None)
+  assert np.mean(trained.predict(images) == labels) == pytest.approx(accuracy, abs=1e-9)
+
+
+@pytest.fixture(scope='module')
+def nnx_run(tfds_data_dir, tmp_path_factory):
+  """An NNX module trained from Python (`trainer.fit`) on 2 devices with the sigmoid loss,
+  checkpointed at steps 10 and 20: (config, workdir, final state)."""
+  from configs import default  # pylint: disable=import-outside-toplevel
+  config = default.get_config()
+  config.update(tfds_data_dir=tfds_data_dir, num_train_steps=20, warmup_steps=5,
+                learning_rate=0.02, log_every_steps=10, eval_every_steps=20,
+                checkpoint_every_steps=10, dropout_rate=0.3, loss='sigmoid_xent')
+  workdir = str(tmp_path_factory.mktemp('nnx'))
+  state = trainer.fit(config, workdir, model=user_models.NnxNet, devices=jax.devices()[:2])
+  return config, workdir, state
+
+
+@pytest.mark.slow
+def test_an_nnx_module_trains_resumes_and_evaluates_in_eval_mode(nnx_run, tmp_path):
+  config, workdir, state = nnx_run
+  _, meta = checkpoint.read_meta(workdir, 20)
+  assert meta.config['model'] == 'tests.user_models:NnxNet'
+  assert 'batch_stats' in checkpoint.read_state(workdir, 20)
+  # Resume: the checkpoint at step 20 lost, the run goes on from step 10 on 4 devices.
+  copy = str(tmp_path / 'copy')
+  helpers.copy_workdir(workdir, copy, drop_steps=(20,))
+  resumed = trainer.fit(config, copy, model=user_models.NnxNet, devices=jax.devices()[:4])
+  difference = helpers.relative_difference(resumed.params, state.params)
+  print(f'NNX resumed on 4 devices against 2: {difference:.2g}')
+  assert difference < 1e-5
+  # Evaluation runs the module in evaluation mode: no dropout, running statistics, so an
+  # example's logits do not depend on the batch beside it; evaluate() gives the run's value.
+  trained = trainer.load(workdir)
+  images, labels = trained.read_split(limit=64)
+  whole = trained.logits(images)
+  np.testing.assert_allclose(trained.logits(images[:1]), whole[:1], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(trained.logits(images), whole, rtol=0, atol=0)
+  scalars, _ = writers.read_events(workdir)
+  evaluated = trainer.evaluate(config, workdir, model=user_models.NnxNet,
+                               devices=jax.devices()[:1])
+  assert evaluated['eval_accuracy'] == pytest.approx(scalars['eval_accuracy'][20], abs=1e-9)
+  # eval_loss is the run's loss (sigmoid, summed over the classes) against one-hot targets,
+  # over the whole split.
+  images, labels = trained.read_split()
+  want = np.mean(np.sum(np.asarray(optax.sigmoid_binary_cross_entropy(
+      trained.logits(images), jax.nn.one_hot(labels, 10))), -1))
+  assert evaluated['eval_loss'] == pytest.approx(want, rel=1e-5)
+  assert np.mean(trained.predict(images) == labels) == pytest.approx(
+      evaluated['eval_accuracy'], abs=1e-9)
+
+
+def test_standard_layers_are_keyed_per_example_and_reduced_over_the_devices():
+  """The training apply of a module with plain nn.Dropout and nn.BatchNorm, over a device
+  axis: the batch split over 4 devices gives the rows and statistics it gives whole."""
+  built = modeling.build(_config('tests.user_models:PlainNet', dropout_rate=0.5), 10,
+                         (8, 8, 1)).model
+  variables = built.init(jax.random.PRNGKey(0), (1, 8, 8, 1))
+  images = jax.random.normal(jax.random.PRNGKey(1), (8, 8, 8, 1))
+
+  def apply(images, ids):
+    return built.apply(variables, images, train=True, example_ids=ids,
+                       rngs={'dropout': jax.random.PRNGKey(2)}, mutable=['batch_stats'])
+
+  mapped = jax.vmap(apply, axis_name=modeling.AXIS_NAME)
+  whole, whole_stats = mapped(images[None], jnp.arange(8)[None])
+  split, split_stats = mapped(images.reshape(4, 2, 8, 8, 1), jnp.arange(8).reshape(4, 2))
+  np.testing.assert_allclose(split.reshape(8, 10), whole[0], rtol=1e-5, atol=1e-6)
+  for a, b in zip(jax.tree.leaves(split_stats), jax.tree.leaves(whole_stats)):
+    np.testing.assert_allclose(a[0], b[0], rtol=1e-5, atol=1e-6)
+  # Two examples of one batch get different masks.
+  assert not np.allclose(whole[0, 0], whole[0, 1])
+
+
+def test_nnx_layers_are_keyed_per_example_and_reduced_over_the_devices():
+  built = modeling.build(_config('tests.user_models:NnxNet', dropout_rate=0.5), 10,
+                         (8, 8, 1)).model
+  variables = built.init(jax.random.PRNGKey(0), (1, 8, 8, 1))
+  images = jax.random.normal(jax.random.PRNGKey(1), (8, 8, 8, 1))
+
+  def apply(images, ids):
+    return built.apply(variables, images, train=True, example_ids=ids,
+                       rngs={'dropout': jax.random.PRNGKey(2)}, mutable=['batch_stats'])
+
+  mapped = jax.vmap(apply, axis_name=modeling.AXIS_NAME)
+  whole, whole_stats = mapped(images[None], jnp.arange(8)[None])
+  split, split_stats = mapped(images.reshape(4, 2, 8, 8, 1), jnp.arange(8).reshape(4, 2))
+  np.testing.assert_allclose(split.reshape(8, 10), whole[0], rtol=1e-5, atol=1e-6)
+  for a, b in zip(jax.tree.leaves(split_stats), jax.tree.leaves(whole_stats)):
+    np.testing.assert_allclose(a[0], b[0], rtol=1e-5, atol=1e-6)
+  # In evaluation: no dropout, running statistics (each example on its own).
+  one = built.apply(variables, images[:1], train=False)
+  np.testing.assert_allclose(one, built.apply(variables, images, train=False)[:1], rtol=1e-5,
+                             atol=1e-6)
+
+
+def _config(model, **overrides):
+  from configs import default  # pylint: disable=import-outside-toplevel
+  config = default.get_config()
+  config.model = model
+  config.update(overrides)
+  return config
+
+
+def test_what_cannot_be_keyed_per_example_is_said_at_start():
+  built = modeling.build(_config('tests.user_models:OwnNoise', dropout_rate=0.0), 10,
+                         (8, 8, 1))
+  lines = modeling.probe(built.model, (8, 8, 1), 4, 10, 'float32')
+  assert len(lines) == 1
+  assert lines[0].startswith("the model draws random numbers itself ('noise' at the top)")
+
+
+MISTAKES = {
+    'does not import': ('tests.no_such_module:Net', {},
+                        "model='tests.no_such_module:Net': module 'tests.no_such_module' does "
+                        "not import (ModuleNotFoundError: No module named "
+                        "'tests.no_such_module'); it is looked for in the working directory"),
+    'no such name': ('tests.user_models:Missing', {},
+                     "user_models.py has no 'Missing' (the part after the colon names a class "
+                     'or function of the module)'),
+    'not a module': ('tests.user_models:NOT_A_MODULE', {},
+                     "model='tests.user_models:NOT_A_MODULE' is a int, not a flax module"),
+    'unknown argument': ('tests.user_models:PlainNet', {'depth': 3},
+                         "model='tests.user_models:PlainNet' takes no argument 'depth' "
+                         '(model_kwargs.depth=3); it takes: dropout_rate, num_classes, width'),
+    'wrong logits': ('tests.user_models:FixedHead', {},
+                     "model='tests.user_models:FixedHead' returns shape (16, 7) in evaluation"
+                     ' on an input of shape (16, 8, 8, 1) (float32); the trainer needs logits '
+                     'of shape (batch, num_classes) = (16, 10)'),
+    'no train argument': ('tests.user_models:NoTrain', {},
+                          "model='tests.user_models:NoTrain': NoTrain.__call__ takes no `train` "
+                          'argument'),
+    'not an import path': ('my net', {},
+                           "model='my net' is unknown; choose one of: cnn, mlp, resnet101"),
+}
+
+
+@pytest.mark.parametrize('case', sorted(MISTAKES))
+def test_mistakes_are_answered_in_one_line_before_anything_is_written(config, tmp_path, case):
+  model, kwargs, message = MISTAKES[case]
+  config.model = model
+  config.model_kwargs = ml_collections.ConfigDict(kwargs)
+  workdir = tmp_path / 'run'
+  with pytest.raises(UserError) as error:
+    train.train_and_evaluate(config, str(workdir))
+  assert message in str(error.value)
+  assert '\n' not in str(error.value)
+  assert not workdir.exists()
+
+
+def test_a_value_the_model_does_not_take_is_refused_on_the_command_line_only(config, tmp_path):
+  config.model = 'tests.user_models:OwnNoise'
+  config.dropout_rate = 0.3
+  with pytest.raises(UserError, match=r"dropout_rate=0.3 is set on the command line, but "
+                     r"model='tests.user_models:OwnNoise' declares no 'dropout_rate' argument"):
+    train.train_and_evaluate(config, str(tmp_path / 'run'), command_line={'dropout_rate'})
+  assert not (tmp_path / 'run').exists()
+  built = modeling.build(config, 10, (8, 8, 1))  # Set in a file: said, not refused.
+  assert built.notes == ["model='tests.user_models:OwnNoise' declares no argument for "
+                         'dropout_rate=0.3: not passed to it (set on the command line, it would '
+                         'be refused)']
+
+
+def test_a_model_object_is_recorded_by_its_import_path_where_it_has_one():
+  source = modeling.from_object(user_models.PlainNet(num_classes=10, width=4))
+  assert source.record == ('tests.user_models:PlainNet',
+                           {'num_classes': 10, 'width': 4, 'dropout_rate': 0.0})
+  # Fields that are not JSON: nothing to record, trainer.load must be given the module.
+  assert modeling.from_object(user_models.PlainNet(num_classes=10,
+                                                   width=np.int64(4))).record is None
+
+
+@pytest.mark.slow
+def test_a_model_object_without_an_import_path_loads_when_given(config, tmp_path):
+  config.update(num_train_steps=4, warmup_steps=1, log_every_steps=2, eval_every_steps=4,
+                checkpoint_every_steps=4)
+  net = user_models.PlainNet(num_classes=10, width=np.int64(4), dropout_rate=0.1)
+  workdir = str(tmp_path / 'run')
+  trainer.fit(config, workdir, model=net, loss=losses.sigmoid_xent,
+              devices=jax.devices()[:2])
+  _, meta = checkpoint.read_meta(workdir)
+  assert meta.config['model'] == 'object:PlainNet'
+  with pytest.raises(UserError, match=r'pass the same module, trainer.load\(workdir, model=...\)'):
+    trainer.load(workdir)
+  trained = trainer.load(workdir, model=net)
+  images, _ = trained.read_split(limit=8)
+  assert trained.logits(images).shape == (8, 10)
+  # The command line cannot resume it: the config names no importable model.
+  with pytest.raises(UserError, match='was given from Python as a module object'):
+    modeling.check_name(meta.config['model'])
+
+
+def test_the_default_config_declares_model_and_model_kwargs():
+  from configs import default  # pylint: disable=import-outside-toplevel
+  config = default.get_config()
+  assert config.model == 'cnn' and config.model_kwargs.to_dict() == {}
+  assert config.loss == 'softmax_xent'

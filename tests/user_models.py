@@ -1,0 +1,78 @@
+"""Users' own modules, outside `models/`: the tests train them by import path
+(`--config.model=tests.user_models:Name`), as a user's file would be."""
+
+import flax.linen as nn
+import jax
+from flax import nnx
+
+
+class PlainNet(nn.Module):
+  """A freshly ported network: plain nn.Dropout and nn.BatchNorm (no axis name, no example
+  ids), its width a constructor argument."""
+  num_classes: int
+  width: int = 8
+  dropout_rate: float = 0.0
+
+  @nn.compact
+  def __call__(self, x, train: bool):
+    x = nn.Conv(self.width, (3, 3), strides=(2, 2))(x)
+    x = nn.relu(nn.BatchNorm(use_running_average=not train, momentum=0.9)(x))
+    x = x.reshape((x.shape[0], -1))
+    x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
+    x = nn.relu(nn.Dense(32)(x))
+    x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
+    return nn.Dense(self.num_classes)(x)
+
+
+class NnxNet(nnx.Module):
+  """The same kind of network in flax's NNX API: no `train` argument, `.train()`/`.eval()`."""
+
+  def __init__(self, in_features: int, num_classes: int, width: int = 8,
+               dropout_rate: float = 0.0, *, rngs: nnx.Rngs):
+    self.conv = nnx.Conv(in_features, width, (3, 3), strides=(2, 2), rngs=rngs)
+    self.norm = nnx.BatchNorm(width, momentum=0.9, rngs=rngs)
+    self.dropout = nnx.Dropout(dropout_rate, rngs=rngs)
+    self.hidden = nnx.Linear(width * 16, 32, rngs=rngs)
+    self.out = nnx.Linear(32, num_classes, rngs=rngs)
+
+  def __call__(self, x):
+    x = nnx.relu(self.norm(self.conv(x)))
+    x = self.dropout(x.reshape((x.shape[0], -1)))
+    return self.out(self.dropout(nnx.relu(self.hidden(x))))
+
+
+class OwnNoise(nn.Module):
+  """Draws noise itself (`self.make_rng`): the trainer gives it a key and says so."""
+  num_classes: int
+
+  @nn.compact
+  def __call__(self, x, train: bool):
+    x = x.reshape((x.shape[0], -1))
+    if train:
+      x = x + 0.1 * jax.random.normal(self.make_rng('noise'), x.shape)
+    return nn.Dense(self.num_classes)(x)
+
+
+class NoTrain(nn.Module):
+  """A `__call__` without `train`."""
+  num_classes: int
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(self.num_classes)(x.reshape((x.shape[0], -1)))
+
+
+class FixedHead(nn.Module):
+  """Logits of a fixed size (declares no num_classes)."""
+
+  @nn.compact
+  def __call__(self, x, train: bool):
+    return nn.Dense(7)(x.reshape((x.shape[0], -1)))
+
+
+def make_plain_net(num_classes: int, width: int = 8):
+  """A function returning a linen module."""
+  return PlainNet(num_classes=num_classes, width=width)
+
+
+NOT_A_MODULE = 3
