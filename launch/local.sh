@@ -8,6 +8,16 @@
 #
 # Each process's output is prefixed with [pN]. If any process fails, the others are stopped and
 # the launcher exits with that process's status; it exits 0 only when every process did.
+#
+# Every process runs on this machine, in the directory you start the launcher from (it does not
+# change directory), with your environment as it is (PYTHONPATH included; set PYTHON to choose
+# the interpreter). `python -m` looks in that directory first, then on PYTHONPATH, so your own
+# model (--config.model=pkg.module:Name) imports if pkg/ or module.py is in the directory you
+# run from, or its folder is on PYTHONPATH; the trainer must import from there too (installed,
+# pip install -e ., or run from the repository root):
+#
+#   cd ~/src && ~/trainer/launch/local.sh -- --config=$HOME/trainer/configs/default.py \
+#       --workdir=/tmp/mine --config.model=my_models.net:Net   # ~/src/my_models/net.py
 set -u -o pipefail
 
 num_processes=2

@@ -5,18 +5,33 @@
 #
 #   launch/tpu_pod.sh --name=r50 --zone=us-central2-b --accelerator_type=v4-32 \
 #       --config=configs/imagenet_resnet50.py --workdir=gs://BUCKET/r50 \
-#       [--project=PROJECT] [--version=tpu-ubuntu2204-base] [--keep] [--dry-run] \
-#       [-- --config.tfds_data_dir=gs://BUCKET/tensorflow_datasets ...]
+#       [--project=PROJECT] [--version=tpu-ubuntu2204-base] [--extra_files=PATH,...] \
+#       [--keep] [--dry-run] [-- --config.tfds_data_dir=gs://BUCKET/tensorflow_datasets ...]
+#
+# Your own model (--config.model=pkg.module:Name) is imported on every worker, so its module
+# must be there: commit it to this repository (the workers get the last commit), or name its
+# files or folders, comma-separated, with --extra_files. Each is copied, under its own name,
+# into ~/trainer_extra on every worker (one archive, gcloud ... scp --worker=all), and that
+# folder is put first on PYTHONPATH for the trainer. (`python -m` looks in its working
+# directory, the checkout ~/trainer, before PYTHONPATH: a module named like one of the
+# repository's own, e.g. trainer or models, is hidden.) A folder arrives whole, with its name:
+#
+#   launch/tpu_pod.sh --name=mine --zone=us-central2-b --accelerator_type=v4-8 \
+#       --config=configs/default.py --workdir=gs://BUCKET/mine \
+#       --extra_files=~/src/my_models,~/src/extra_layer.py -- --config.model=my_models.net:Net
+#
+# (my_models is a folder holding net.py, on the workers ~/trainer_extra/my_models/net.py.)
+# A path that does not exist is refused before anything is created or copied.
 #
 # --dry-run prints every command instead of running it. Once the slice is created, the script
 # deletes it however it ends (a failed copy or set-up, a failed run, Ctrl-C); --keep leaves it
 # up and prints one line naming it and the command that deletes it.
 set -euo pipefail
 
-name="" zone="" accelerator_type="" config="" workdir="" project=""
+name="" zone="" accelerator_type="" config="" workdir="" project="" extra_files=""
 version="tpu-ubuntu2204-base"
-dry_run=0 keep=0
-usage="usage: $0 --name=NAME --zone=ZONE --accelerator_type=TYPE --config=FILE --workdir=gs://... [--project=P] [--version=V] [--keep] [--dry-run] [-- TRAINER_ARGS...]"
+dry_run=0 keep=0 extra_given=0
+usage="usage: $0 --name=NAME --zone=ZONE --accelerator_type=TYPE --config=FILE --workdir=gs://... [--project=P] [--version=V] [--extra_files=PATH,...] [--keep] [--dry-run] [-- TRAINER_ARGS...]"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --name=*) name="${1#*=}" ;;
@@ -26,6 +41,7 @@ while [[ $# -gt 0 ]]; do
     --workdir=*) workdir="${1#*=}" ;;
     --project=*) project="${1#*=}" ;;
     --version=*) version="${1#*=}" ;;
+    --extra_files=*) extra_files="${1#*=}"; extra_given=1 ;;
     --keep) keep=1 ;;
     --dry-run) dry_run=1 ;;
     --) shift; break ;;
@@ -42,6 +58,38 @@ done
 if [[ "$workdir" != gs://* ]]; then
   echo "error: --workdir=$workdir must be a gs:// path that every worker can write; e.g. --workdir=gs://BUCKET/$name" >&2
   exit 2
+fi
+# --extra_files: every path must exist here, and no two may share a name on the workers (each
+# lands as ~/trainer_extra/BASENAME). tar_sources gets a -C FOLDER BASENAME pair for each.
+tar_sources=() extra_names=() extra_paths=()
+if [[ $extra_given -eq 1 ]]; then
+  IFS=, read -r -a extra_list <<< "$extra_files"
+  for path in "${extra_list[@]+"${extra_list[@]}"}"; do
+    [[ -z "$path" ]] && continue  # a trailing or doubled comma
+    [[ "$path" == "~/"* ]] && path="$HOME/${path#"~/"}"  # the shell leaves ~ after --flag= alone
+    if [[ ! -e "$path" ]]; then
+      echo "error: --extra_files: $path does not exist (looked for from $PWD); name files or folders that exist, comma-separated, e.g. --extra_files=my_models,layers.py" >&2
+      exit 2
+    fi
+    if [[ -d "$path" ]]; then
+      absolute="$(CDPATH='' cd -- "$path" && pwd)"
+    else
+      absolute="$(CDPATH='' cd -- "$(dirname -- "$path")" && pwd)/$(basename -- "$path")"
+    fi
+    base="$(basename -- "$absolute")"
+    for ((i = 0; i < ${#extra_names[@]}; i++)); do
+      if [[ "${extra_names[$i]}" == "$base" ]]; then
+        echo "error: --extra_files: $path and ${extra_paths[$i]} would both be ~/trainer_extra/$base on the workers; rename one, or name their common folder instead" >&2
+        exit 2
+      fi
+    done
+    extra_names+=("$base") extra_paths+=("$path")
+    tar_sources+=(-C "$(dirname -- "$absolute")" "$base")
+  done
+  if [[ ${#tar_sources[@]} -eq 0 ]]; then
+    echo "error: --extra_files names nothing; name files or folders, comma-separated, e.g. --extra_files=my_models,layers.py (or leave the flag out)" >&2
+    exit 2
+  fi
 fi
 
 # Single-quotes an argument unless it is plain, so printed commands can be pasted into a shell.
@@ -70,6 +118,13 @@ common=(--zone="$zone")
 [[ -n "$project" ]] && common+=(--project="$project")
 trainer_args=" $(quote "--config=$config" "--workdir=$workdir" "$@")"
 archive=/tmp/$name-trainer.tar.gz
+extra_archive=/tmp/$name-extra.tar.gz
+setup="mkdir -p ~/trainer && tar -xzf ~/trainer.tar.gz -C ~/trainer"
+train="cd ~/trainer && python3 -m trainer.main$trainer_args"
+if [[ ${#tar_sources[@]} -gt 0 ]]; then
+  setup+=" && mkdir -p ~/trainer_extra && tar -xzf ~/trainer_extra.tar.gz -C ~/trainer_extra"
+  train="cd ~/trainer && PYTHONPATH=\$HOME/trainer_extra\${PYTHONPATH:+:\$PYTHONPATH} python3 -m trainer.main$trainer_args"
+fi
 
 delete=(gcloud compute tpus tpu-vm delete "$name" "${common[@]}" --quiet)
 created=0
@@ -96,9 +151,13 @@ if [[ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]]; then
 fi
 run git archive --format=tar.gz --output="$archive" HEAD
 run gcloud compute tpus tpu-vm scp "$archive" "$name:~/trainer.tar.gz" "${common[@]}" --worker=all
+if [[ ${#tar_sources[@]} -gt 0 ]]; then  # --extra_files, for ~/trainer_extra on every worker
+  run tar -czf "$extra_archive" "${tar_sources[@]}"
+  run gcloud compute tpus tpu-vm scp "$extra_archive" "$name:~/trainer_extra.tar.gz" "${common[@]}" --worker=all
+fi
 run gcloud compute tpus tpu-vm ssh "$name" "${common[@]}" --worker=all \
-    --command="mkdir -p ~/trainer && tar -xzf ~/trainer.tar.gz -C ~/trainer && cd ~/trainer && python3 -m pip install -q -e '.[tpu]'"
+    --command="$setup && cd ~/trainer && python3 -m pip install -q -e '.[tpu]'"
 # Every worker trains; the output of all of them streams back here until the run ends (the
 # EXIT trap then deletes the slice, or names it with --keep).
 run gcloud compute tpus tpu-vm ssh "$name" "${common[@]}" --worker=all \
-    --command="cd ~/trainer && python3 -m trainer.main$trainer_args"
+    --command="$train"

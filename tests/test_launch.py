@@ -1,7 +1,9 @@
-"""Launch scripts: the TPU pod commands, and argument errors."""
+"""Launch scripts: the TPU pod commands, argument errors, and how a user's model module reaches
+the processes."""
 
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -87,3 +89,128 @@ def test_tpu_pod_deletes_the_slice_it_created_whatever_fails(tmp_path, fails, ke
         'delete t1 --zone=z --quiet')
   else:
     assert calls[-1] == 'delete'
+
+
+# A gcloud that plays one worker of the slice: scp copies into WORKER_HOME, ssh runs the command
+# there (HOME=WORKER_HOME) with a python3 that skips pip and, for the trainer, imports the
+# user's model the way `python -m` would (working directory first, then PYTHONPATH).
+WORKER_GCLOUD = '''#!/bin/bash
+echo "$*" >> "$GCLOUD_LOG"
+case "$4" in
+  scp) dest="${6#*:}"; cp "$5" "$WORKER_HOME/${dest#\\~/}" ;;
+  ssh) for arg in "$@"; do [[ "$arg" == --command=* ]] && command="${arg#--command=}"; done
+       HOME="$WORKER_HOME" PATH="$WORKER_BIN:$PATH" bash -c "$command" ;;
+esac
+'''
+WORKER_PYTHON3 = '''#!/bin/bash
+[[ "$1 $2" == "-m pip" ]] && exit 0
+[[ "$1 $2" == "-m trainer.main" ]] || exit 3
+shift 2
+exec "$REAL_PYTHON" -c 'import os, sys
+from my_models.net import Net
+import extra_layer
+print("worker:", os.getcwd(), Net.__module__, sys.modules["my_models.net"].__file__,
+      extra_layer.__file__, *sys.argv[1:])' "$@"
+'''
+
+
+def _executable(path, text):
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(text)
+  path.chmod(0o755)
+
+
+def test_tpu_pod_extra_files_reach_the_workers_and_their_python_path(tmp_path):
+  """--extra_files=FOLDER,FILE: both reach the worker's ~/trainer_extra (one archive, scp
+  --worker=all), and the trainer, started in ~/trainer, imports the model from there."""
+  user = tmp_path / 'user src'  # outside the repository; a space, to check the quoting
+  (user / 'my_models').mkdir(parents=True)
+  (user / 'my_models' / '__init__.py').write_text('')
+  (user / 'my_models' / 'net.py').write_text('class Net:\n  pass\n')
+  (user / 'extra_layer.py').write_text('')
+  worker = tmp_path / 'worker'
+  worker.mkdir()
+  _executable(tmp_path / 'bin' / 'gcloud', WORKER_GCLOUD)
+  _executable(tmp_path / 'worker_bin' / 'python3', WORKER_PYTHON3)
+  log = tmp_path / 'gcloud.log'
+  name = f'xf{os.getpid()}'
+  env = dict(os.environ, PATH=f'{tmp_path / "bin"}:{os.environ["PATH"]}', GCLOUD_LOG=str(log),
+             WORKER_HOME=str(worker), WORKER_BIN=str(tmp_path / 'worker_bin'),
+             REAL_PYTHON=sys.executable, PYTHONPATH='/elsewhere')
+  try:
+    result = subprocess.run(
+        ['launch/tpu_pod.sh', f'--name={name}', '--zone=z', '--accelerator_type=v4-8',
+         '--config=configs/default.py', '--workdir=gs://b/x',
+         f'--extra_files={user / "my_models"}/,{user / "extra_layer.py"},', '--',
+         '--config.model=my_models.net:Net'],
+        cwd=processes.REPO, env=env, capture_output=True, text=True, timeout=60, check=False)
+  finally:
+    for archive in (f'/tmp/{name}-trainer.tar.gz', f'/tmp/{name}-extra.tar.gz'):
+      if os.path.exists(archive):
+        os.remove(archive)
+  assert result.returncode == 0, result.stderr
+  calls = log.read_text().splitlines()
+  assert [call.split()[3] for call in calls] == ['create', 'scp', 'scp', 'ssh', 'ssh', 'delete']
+  assert calls[2] == (f'compute tpus tpu-vm scp /tmp/{name}-extra.tar.gz '
+                      f'{name}:~/trainer_extra.tar.gz --zone=z --worker=all')
+  assert 'PYTHONPATH=$HOME/trainer_extra${PYTHONPATH:+:$PYTHONPATH} python3 -m trainer.main' in (
+      calls[4])
+  extra = worker / 'trainer_extra'
+  assert sorted(str(p.relative_to(extra)) for p in extra.rglob('*')) == [
+      'extra_layer.py', 'my_models', 'my_models/__init__.py', 'my_models/net.py']
+  assert result.stdout.strip().splitlines()[-1] == (
+      f'worker: {worker / "trainer"} my_models.net {extra / "my_models" / "net.py"} '
+      f'{extra / "extra_layer.py"} --config=configs/default.py --workdir=gs://b/x '
+      '--config.model=my_models.net:Net')
+
+
+def test_tpu_pod_extra_files_refuses_a_missing_path_before_any_gcloud_call(tmp_path):
+  _executable(tmp_path / 'bin' / 'gcloud', FAKE_GCLOUD)
+  log = tmp_path / 'gcloud.log'
+  (tmp_path / 'here.py').write_text('')
+  env = dict(os.environ, PATH=f'{tmp_path / "bin"}:{os.environ["PATH"]}', GCLOUD_LOG=str(log),
+             GCLOUD_FAILS='none')
+  args = ['launch/tpu_pod.sh', '--name=t2', '--zone=z', '--accelerator_type=v4-8',
+          '--config=configs/default.py', '--workdir=gs://b/t2']
+  missing = tmp_path / 'nowhere' / 'my_models'
+  result = subprocess.run([*args, f'--extra_files={tmp_path / "here.py"},{missing}'],
+                          cwd=processes.REPO, env=env, capture_output=True, text=True,
+                          timeout=60, check=False)
+  assert result.returncode == 2
+  assert result.stderr.splitlines() == [
+      f'error: --extra_files: {missing} does not exist (looked for from {processes.REPO}); name '
+      'files or folders that exist, comma-separated, e.g. --extra_files=my_models,layers.py']
+  assert not log.exists() and result.stdout == ''
+  twice = subprocess.run([*args, f'--extra_files={tmp_path / "here.py"},{tmp_path}/./here.py'],
+                         cwd=processes.REPO, env=env, capture_output=True, text=True,
+                         timeout=60, check=False)
+  assert twice.returncode == 2 and len(twice.stderr.splitlines()) == 1
+  assert 'would both be ~/trainer_extra/here.py on the workers' in twice.stderr
+  assert not log.exists()
+
+
+# A python for local.sh that reports, for each trainer process, where it runs and whether the
+# user's module in that directory imports (`-c` puts the working directory first, as `-m` does).
+PROBE_PYTHON = '''#!/bin/bash
+[[ "$1" == -c ]] && exec "$REAL_PYTHON" "$@"  # the launcher picking a free port
+exec "$REAL_PYTHON" -c 'import os, sys
+import user_module_here
+print("process", os.getcwd(), user_module_here.__file__, os.environ["PYTHONPATH"])'
+'''
+
+
+def test_local_launcher_runs_processes_where_it_is_started(tmp_path):
+  """local.sh starts every process in the caller's working directory with PYTHONPATH as given,
+  so a user's module there imports."""
+  (tmp_path / 'user_module_here.py').write_text('')
+  _executable(tmp_path / 'bin' / 'python', PROBE_PYTHON)
+  env = dict(os.environ, PYTHON=str(tmp_path / 'bin' / 'python'), REAL_PYTHON=sys.executable,
+             PYTHONPATH='/some/where')
+  result = subprocess.run(
+      [os.path.join(processes.REPO, 'launch/local.sh'), '--num_processes=2', '--',
+       '--config.model=user_module_here:Net'],
+      cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False)
+  assert result.returncode == 0, result.stderr
+  assert sorted(result.stdout.splitlines()) == [
+      f'[p{i}] process {tmp_path} {tmp_path / "user_module_here.py"} /some/where'
+      for i in range(2)]

@@ -57,15 +57,15 @@ def get_config():
   config.model = 'net:Net'
   config.model_kwargs = ml_collections.ConfigDict(dict(width=16))
   config.dropout_rate = 0.2
-  config.num_train_steps = 40
-  config.warmup_steps = 5
+  config.num_train_steps = 200
+  config.warmup_steps = 20
   config.learning_rate = 0.02
-  config.log_every_steps = 10
-  config.eval_every_steps = 40
-  config.checkpoint_every_steps = 10
+  config.log_every_steps = 25
+  config.eval_every_steps = 200
+  config.checkpoint_every_steps = 50
   return config
 '''
-STEPS = 40
+STEPS = 200
 
 
 @pytest.fixture(scope='module')
@@ -124,12 +124,12 @@ def test_a_users_module_trains_resumes_evaluates_and_loads_like_a_shipped_one(
     print(f'{name}: 8 devices against 1: {difference:.2g}')
     assert difference < 1e-5, (name, difference)
 
-  # kill -9 after the checkpoint at step 20 or later, then the same command again.
+  # kill -9 halfway (a checkpoint at step 50 written), then the same command again.
   killed = tmp_path / 'killed'
   process = _cli(user_dir, tfds_data_dir, killed, stderr=subprocess.PIPE,
                  stdout=subprocess.DEVNULL)
   for line in process.stderr:
-    if re.search(r'\] \[20\] .*train_loss=', line):
+    if re.search(r'\] \[100\] .*train_loss=', line):
       break
   process.send_signal(signal.SIGKILL)
   process.wait(timeout=60)
@@ -147,7 +147,8 @@ def test_a_users_module_trains_resumes_evaluates_and_loads_like_a_shipped_one(
   assert again['eval_accuracy'][STEPS] == pytest.approx(accuracy, abs=1e-9)
   trained = trainer.load(str(eight))
   images, labels = trained.read_split(limit=None)
-  assert np.mean(trained.predict(images) == labels) == pytest.approx(accuracy, abs=1e-9)
+  # (The events hold float32: one example of the split is 2.8e-3.)
+  assert np.mean(trained.predict(images) == labels) == pytest.approx(accuracy, abs=1e-6)
 
 
 @pytest.fixture(scope='module')
@@ -187,7 +188,7 @@ def test_an_nnx_module_trains_resumes_and_evaluates_in_eval_mode(nnx_run, tmp_pa
   scalars, _ = writers.read_events(workdir)
   evaluated = trainer.evaluate(config, workdir, model=user_models.NnxNet,
                                devices=jax.devices()[:1])
-  assert evaluated['eval_accuracy'] == pytest.approx(scalars['eval_accuracy'][20], abs=1e-9)
+  assert evaluated['eval_accuracy'] == pytest.approx(scalars['eval_accuracy'][20], abs=1e-6)
   # eval_loss is the run's loss (sigmoid, summed over the classes) against one-hot targets,
   # over the whole split.
   images, labels = trained.read_split()
@@ -195,7 +196,7 @@ def test_an_nnx_module_trains_resumes_and_evaluates_in_eval_mode(nnx_run, tmp_pa
       trained.logits(images), jax.nn.one_hot(labels, 10))), -1))
   assert evaluated['eval_loss'] == pytest.approx(want, rel=1e-5)
   assert np.mean(trained.predict(images) == labels) == pytest.approx(
-      evaluated['eval_accuracy'], abs=1e-9)
+      evaluated['eval_accuracy'], abs=1e-6)
 
 
 def test_standard_layers_are_keyed_per_example_and_reduced_over_the_devices():
