@@ -4,6 +4,7 @@ import glob
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -174,3 +175,36 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step_with_a_checkpoint(
     steps.add(int(stop.group(1)))
   assert len(steps) == 1
   assert helpers.saved_steps(workdir) == [steps.pop()]
+
+
+@pytest.mark.slow
+def test_a_process_that_cannot_import_the_model_stops_every_process(tmp_path, tfds_data_dir):
+  """Process 1 runs where the user's module is not (another working directory): both
+  processes stop with one line, process 1's naming its host and the module, process 0's
+  naming process 1; nothing is written."""
+  module_dir = tmp_path / 'with_module'
+  module_dir.mkdir()
+  (module_dir / 'only_here.py').write_text('from tests.user_models import PlainNet as Net\n')
+  elsewhere = tmp_path / 'elsewhere'
+  elsewhere.mkdir()
+  port = processes.free_port()
+  workdir = tmp_path / 'run'
+  runs = [subprocess.Popen(
+      [sys.executable, '-m', 'trainer.main', '--cpu_devices=2', f'--workdir={workdir}',
+       f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2', f'--process_id={index}',
+       f'--config={os.path.join(processes.REPO, "configs", "default.py")}',
+       f'--config.tfds_data_dir={tfds_data_dir}', '--config.model=only_here:Net'],
+      cwd=cwd, env=processes.environment(), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+      text=True) for index, cwd in enumerate([module_dir, elsewhere])]
+  logs = [run.communicate(timeout=240)[1] for run in runs]
+  errors = [[line for line in log.splitlines() if line.startswith('error: ')] for log in logs]
+  assert [run.returncode for run in runs] == [1, 1], logs[1][-3000:]
+  host = socket.gethostname()
+  assert errors[1] == [f"error: process 1 on host {host}: model='only_here:Net': module "
+                       "'only_here' does not import (ModuleNotFoundError: No module named "
+                       f"'only_here'); it is looked for in the working directory {elsewhere} "
+                       'and on sys.path (add its folder to PYTHONPATH)'], logs[1][-3000:]
+  assert errors[0] == [f"error: process 1 on host {host} cannot build model='only_here:Net' "
+                       '(its log says why); every process stops'], logs[0][-3000:]
+  assert not any('Traceback' in log for log in logs)
+  assert not workdir.exists()
