@@ -55,7 +55,9 @@ def test_show_config_prints_every_field_value_and_comment(no_tensorflow):
 
 
 def test_listings(no_tensorflow):
-  assert _main(no_tensorflow, '--list=models').stdout.split() == models.names()
+  listed = _main(no_tensorflow, '--list=models').stdout.splitlines()
+  assert listed[:-1] == models.names()
+  assert listed[-1].startswith('pkg.module:Name  your own flax module by import path')
   datasets = _main(no_tensorflow, '--list=datasets').stdout
   assert re.search(r'^digits\s+10 classes, images 8x8x1, shipped \(offline\)$', datasets, re.M)
   assert 'folder:/PATH' in datasets

@@ -63,7 +63,8 @@ def show_config(config: Any, path: str, overridden: set[str]) -> str:
     name = os.path.basename(path)
     for field, comment in field_comments(path).items():  # The recipe's note beside it.
       comments[field] = f'{comments.get(field, "")} [{name}: {comment}]'.strip()
-  rows = [(name, repr(value)) for name, value in sorted(config.items())]
+  rows = [(name, repr(value.to_dict() if hasattr(value, 'to_dict') else value))
+          for name, value in sorted(config.items())]
   width = max(len(f'{name} = {value}') for name, value in rows)
   out = [f'# {os.path.relpath(path, os.getcwd())}: {len(rows)} fields; set any with '
          '--config.FIELD=VALUE']
@@ -79,7 +80,8 @@ def listing(what: str) -> str:
   """The registered models, the named datasets or the shipped config files, one a line."""
   if what == 'models':
     import models  # pylint: disable=import-outside-toplevel  # (flax, no backend)
-    return '\n'.join(models.names())
+    return '\n'.join(models.names() + [
+        'pkg.module:Name  your own flax module by import path (docs/your_model.md)'])
   if what == 'datasets':
     from trainer.data import specs  # pylint: disable=import-outside-toplevel
     rows = []
