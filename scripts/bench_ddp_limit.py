@@ -64,7 +64,7 @@ def measure_ddp_limit(config, steps: int, warmup: int, compile_model: bool) -> d
   def run(num_steps):
     for _ in range(num_steps):
       loss, _, _ = ddp_step.train_step(step_model, optimizer, precision, normalize(rows_u8),
-                                       labels)
+                                       labels, loss=config.loss)
     loss.item()  # Waits for the last step.
     if device.type == 'cuda':
       torch.cuda.synchronize(device)
@@ -73,7 +73,8 @@ def measure_ddp_limit(config, steps: int, warmup: int, compile_model: bool) -> d
   run(1)
   first_step_s = time.perf_counter() - start
   # Counted on the uncompiled model (the same arithmetic), one rank's rows.
-  flops = ddp_step.step_flops(ddp, optimizer, precision, normalize(rows_u8), labels)
+  flops = ddp_step.step_flops(ddp, optimizer, precision, normalize(rows_u8), labels,
+                              config.loss)
   run(warmup)
   seconds = bench_common.chunk_seconds(run, steps, before=dist.barrier)
   rate = bench_common.median_rate(seconds, bench_common.CHUNK * config.batch_size)

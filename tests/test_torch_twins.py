@@ -3,14 +3,19 @@ what the flax models compute, with weights carried over in either direction."""
 
 import jax
 import numpy as np
+import optax
 import pytest
 import torch
 import torchvision
 
 import models
 from baselines.torch_ddp import models as torch_models
+from baselines.torch_ddp import step as ddp_step
 from models import torch_weights
 from tests import helpers
+from trainer import losses
+from trainer import step as step_lib
+from trainer.errors import UserError
 
 
 def _assert_close(got, expected, tolerance=1e-5):
@@ -205,3 +210,50 @@ def test_unknown_models_are_refused():
     torch_models.get('vit_h14')
   with pytest.raises(ValueError, match="dropout_rate=0.1: torchvision's ResNet has no dropout"):
     torch_models.get('resnet18', input_shape=(32, 32, 3), num_classes=10, dropout_rate=0.1)
+
+
+# Each loss's optax reference: per-example loss of logits against dense targets.
+OPTAX_LOSSES = {
+    'softmax_xent': optax.softmax_cross_entropy,
+    'sigmoid_xent': lambda logits, t: optax.sigmoid_binary_cross_entropy(logits, t).sum(-1)}
+
+
+@pytest.mark.parametrize('loss', sorted(OPTAX_LOSSES))
+@pytest.mark.parametrize('mixed', [False, True], ids=['one_hot', 'mixed_smoothed'])
+def test_the_twins_losses_are_optaxs(loss, mixed):
+  """The torch twin's training loss (`batch_loss`) and the JAX step's (`example_losses`,
+  averaged) against optax's, for one-hot labels and for Mixup-mixed targets smoothed by 0.1;
+  sigmoid_xent sums over the classes (a mean would be 7 times smaller). And eval's per-example
+  loss against one-hot labels."""
+  rng = np.random.RandomState(0)
+  batch, classes = 6, 7
+  logits = (3 * rng.randn(batch, classes)).astype(np.float32)
+  labels = rng.randint(0, classes, batch)
+  partners, weights = rng.randint(0, classes, batch), rng.uniform(size=batch).astype(np.float32)
+  one_hot = np.eye(classes, dtype=np.float32)
+  dense = one_hot[labels]
+  smoothing = 0.1 if mixed else 0.0
+  if mixed:
+    dense = weights[:, None] * dense + (1 - weights[:, None]) * one_hot[partners]
+  expected = float(OPTAX_LOSSES[loss](logits, optax.smooth_labels(dense, smoothing)).mean())
+
+  got_torch = float(ddp_step.batch_loss(
+      torch.from_numpy(logits), torch.from_numpy(labels), loss=loss,
+      targets=torch.from_numpy(dense) if mixed else None, label_smoothing=smoothing))
+  got_jax = float(step_lib.example_losses(
+      logits, labels, label_smoothing=smoothing, mix_labels=partners if mixed else None,
+      mix_weights=weights if mixed else None, loss=losses.get(loss)).mean())
+  np.testing.assert_allclose([got_torch, got_jax], [expected, expected], rtol=1e-6, atol=1e-6)
+
+  np.testing.assert_allclose(
+      ddp_step.example_losses(torch.from_numpy(logits), torch.from_numpy(labels), loss).numpy(),
+      OPTAX_LOSSES[loss](logits, one_hot[labels]), rtol=1e-6, atol=1e-6)
+
+
+def test_the_twin_refuses_an_unknown_loss():
+  logits, labels = torch.zeros(2, 3), torch.zeros(2, dtype=torch.long)
+  with pytest.raises(UserError, match=r"^loss='l2' has no DDP twin; the twin supports "
+                                      r"'softmax_xent', 'sigmoid_xent'"):
+    ddp_step.batch_loss(logits, labels, loss='l2')
+  with pytest.raises(UserError, match="loss='l2' has no DDP twin"):
+    ddp_step.example_losses(logits, labels, 'l2')

@@ -257,6 +257,22 @@ def test_what_cannot_be_keyed_per_example_is_said_at_start():
   lines = modeling.probe(built.model, (8, 8, 1), 4, 10, 'float32')
   assert len(lines) == 1
   assert lines[0].startswith("the model draws random numbers itself ('noise' at the top)")
+  built = modeling.build(_config('tests.user_models:Awkward', dropout_rate=0.0), 10, (8, 8, 1))
+  lines = modeling.probe(built.model, (8, 8, 1), 4, 10, 'float32')
+  assert lines == [
+      "nn.Dropout at Dropout_0: its input's first axis is not the batch, so its masks are "
+      'drawn per device (the result depends on the device count)',
+      "the model draws random numbers itself ('dropout' at the top): the same key on every "
+      'device, so the result depends on the device count (use nn.Dropout, or take example_ids '
+      "in __call__ and fold each example's id into its key, as models.layers does)"]
+  # Both are trained all the same (the trainer supplies the keys).
+  variables = built.model.init(jax.random.PRNGKey(0), (1, 8, 8, 1))
+  logits = built.model.apply(variables, jnp.ones((4, 8, 8, 1)), train=True,
+                             rngs={'dropout': jax.random.PRNGKey(1)})
+  assert logits.shape == (4, 10)
+  # With nothing it cannot key, nothing is said.
+  built = modeling.build(_config('tests.user_models:PlainNet', dropout_rate=0.3), 10, (8, 8, 1))
+  assert modeling.probe(built.model, (8, 8, 1), 4, 10, 'float32') == []
 
 
 MISTAKES = {

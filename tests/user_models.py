@@ -53,6 +53,20 @@ class OwnNoise(nn.Module):
     return nn.Dense(self.num_classes)(x)
 
 
+class Awkward(nn.Module):
+  """Dropout over an input whose first axis is not the batch, and a mask of its own from the
+  'dropout' stream: neither can be keyed per example, and the trainer says so."""
+  num_classes: int
+
+  @nn.compact
+  def __call__(self, x, train: bool):
+    x = x.reshape((x.shape[0], -1))
+    x = nn.Dropout(0.5, deterministic=not train)(x.T).T
+    if train:
+      x = x * jax.random.bernoulli(self.make_rng('dropout'), 0.9, x.shape)
+    return nn.Dense(self.num_classes)(x)
+
+
 class NoTrain(nn.Module):
   """A `__call__` without `train`."""
   num_classes: int

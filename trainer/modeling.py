@@ -347,9 +347,9 @@ def _dropout(next_fun, module: nn.Dropout, args, kwargs, ids: jax.Array,
   """`nn.Dropout.__call__` (`next_fun`) with each example's mask keyed by its id."""
   bound = inspect.signature(nn.Dropout.__call__).bind(module, *args, **kwargs)
   bound.apply_defaults()
-  x, deterministic, rng = (bound.arguments['inputs'], bound.arguments['deterministic'],
-                           bound.arguments['rng'])
-  deterministic = nn.merge_param('deterministic', module.deterministic, deterministic)
+  x, given, rng = (bound.arguments['inputs'], bound.arguments['deterministic'],
+                   bound.arguments['rng'])
+  deterministic = nn.merge_param('deterministic', module.deterministic, given)
   if module.rate == 0.0 or deterministic or module.rate == 1.0:
     return next_fun(*args, **kwargs)  # No draw.
   if x.ndim == 0 or x.shape[0] != ids.shape[0]:
@@ -357,7 +357,7 @@ def _dropout(next_fun, module: nn.Dropout, args, kwargs, ids: jax.Array,
       notes.add(_DROPOUT_NOT_BATCH, '/'.join(module.scope.path))
     with _trainer_request():  # Said above: not also as the model's own draw.
       key = module.make_rng(module.rng_collection) if rng is None else rng
-    return next_fun(x, deterministic=False, rng=key)
+    return next_fun(x, deterministic=given, rng=key)
   if rng is None:
     with _trainer_request():
       rng = module.make_rng(module.rng_collection)

@@ -257,18 +257,73 @@ class Mixing:
     return x.contiguous(memory_format=normalize.memory_format), targets
 
 
+# `config.loss` names the twin computes (trainer/losses.py's, in torch).
+LOSSES = ('softmax_xent', 'sigmoid_xent')
+
+
+def _unknown_loss(loss: str) -> UserError:
+  return UserError(f'loss={loss!r} has no DDP twin; the twin supports '
+                   f'{", ".join(map(repr, LOSSES))} (--config.loss=...)')
+
+
+def dense_targets(labels: torch.Tensor, num_classes: int, *,
+                  targets: Optional[torch.Tensor] = None,
+                  label_smoothing: float = 0.0) -> torch.Tensor:
+  """(batch, num_classes) float targets as `trainer.losses.targets` makes them: `targets`
+  (Mixup/CutMix's soft targets) where given, else one-hot `labels`; then smoothed as
+  `optax.smooth_labels` smooths: t * (1 - a) + a / num_classes."""
+  dense = (torch.nn.functional.one_hot(labels, num_classes).float() if targets is None
+           else targets.float())
+  if label_smoothing:
+    dense = (1.0 - label_smoothing) * dense + label_smoothing / num_classes
+  return dense
+
+
+def sigmoid_xent(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+  """Per-example binary cross-entropy of every class's logit against dense `targets`, SUMMED
+  over the classes (`trainer.losses.sigmoid_xent`; BCEWithLogitsLoss would average them)."""
+  return torch.nn.functional.binary_cross_entropy_with_logits(
+      logits, targets, reduction='none').sum(-1)
+
+
+def batch_loss(logits: torch.Tensor, labels: torch.Tensor, *, loss: str = 'softmax_xent',
+               targets: Optional[torch.Tensor] = None,
+               label_smoothing: float = 0.0) -> torch.Tensor:
+  """The training loss `loss` (`config.loss`) of float `logits`, averaged over the batch:
+  against `targets` (soft, label smoothing applied on top) where given, else `labels`."""
+  if loss == 'softmax_xent':
+    return torch.nn.functional.cross_entropy(
+        logits, labels if targets is None else targets, label_smoothing=label_smoothing)
+  if loss == 'sigmoid_xent':
+    return sigmoid_xent(logits, dense_targets(labels, logits.shape[-1], targets=targets,
+                                              label_smoothing=label_smoothing)).mean()
+  raise _unknown_loss(loss)
+
+
+def example_losses(logits: torch.Tensor, labels: torch.Tensor,
+                   loss: str = 'softmax_xent') -> torch.Tensor:
+  """Per-example `loss` of float `logits` against one-hot `labels`, unsmoothed (evaluation's
+  eval_loss)."""
+  if loss == 'softmax_xent':
+    return torch.nn.functional.cross_entropy(logits, labels, reduction='none')
+  if loss == 'sigmoid_xent':
+    return sigmoid_xent(logits, dense_targets(labels, logits.shape[-1]))
+  raise _unknown_loss(loss)
+
+
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, precision: Precision,
                images: torch.Tensor, labels: torch.Tensor, *,
                targets: Optional[torch.Tensor] = None, label_smoothing: float = 0.0,
-               grad_clip_norm: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               grad_clip_norm: float = 0.0, loss: str = 'softmax_xent'
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
   """One optimizer step of `model` (DDP averages the gradients over the ranks in backward);
-  (loss, accuracy, gradient norm) as device tensors, nothing synced to the host. The loss is
-  against `targets` (soft, label smoothing applied on top) where given, else `labels`;
-  accuracy is against `labels`."""
+  (loss, accuracy, gradient norm) as device tensors, nothing synced to the host. The loss
+  (`loss`, `config.loss`: see `batch_loss`) is against `targets` (soft, label smoothing
+  applied on top) where given, else `labels`; accuracy is against `labels`."""
   with precision.autocast():
     logits = model(images).float()
-    loss = torch.nn.functional.cross_entropy(
-        logits, labels if targets is None else targets, label_smoothing=label_smoothing)
+    loss = batch_loss(logits, labels, loss=loss, targets=targets,
+                      label_smoothing=label_smoothing)
   optimizer.zero_grad(set_to_none=True)
   scaler = precision.scaler
   (scaler.scale(loss) if scaler else loss).backward()
@@ -289,10 +344,11 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, precisi
 
 
 def step_flops(model: torch.nn.Module, optimizer: torch.optim.Optimizer, precision: Precision,
-               images: torch.Tensor, labels: torch.Tensor) -> Optional[float]:
+               images: torch.Tensor, labels: torch.Tensor,
+               loss: str = 'softmax_xent') -> Optional[float]:
   """FLOPs of one train step (forward and backward), counted by torch's FlopCounterMode."""
   from torch.utils import flop_counter  # pylint: disable=import-outside-toplevel
   counter = flop_counter.FlopCounterMode(display=False)
   with counter:
-    train_step(model, optimizer, precision, images, labels)
+    train_step(model, optimizer, precision, images, labels, loss=loss)
   return float(counter.get_total_flops()) or None

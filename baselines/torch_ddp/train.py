@@ -129,8 +129,9 @@ def _all_reduce(values, device) -> np.ndarray:
 
 
 def evaluate(model, data: pipeline.EvalData, normalize: step_lib.Normalize,
-             precision: step_lib.Precision) -> dict[str, float]:
-  """Loss and accuracy over every example of the eval split, exactly once (padding masked)."""
+             precision: step_lib.Precision, loss: str = 'softmax_xent') -> dict[str, float]:
+  """Loss (`loss`, `config.loss`, against one-hot labels) and accuracy over every example of
+  the eval split, exactly once (padding masked)."""
   model.eval()
   device = normalize.device
   loss_sum = correct = top5 = count = 0.0
@@ -141,7 +142,7 @@ def evaluate(model, data: pipeline.EvalData, normalize: step_lib.Normalize,
       mask = torch.from_numpy(batch[keys.MASK_KEY]).to(device, torch.float32)
       with precision.autocast():
         logits = model(images).float()
-      losses = torch.nn.functional.cross_entropy(logits, labels, reduction='none')
+      losses = step_lib.example_losses(logits, labels, loss)
       loss_sum += float((losses * mask).sum())
       correct += float(((logits.argmax(-1) == labels).float() * mask).sum())
       top = logits.topk(min(metrics.TOP_K, logits.shape[-1]), dim=-1).indices
@@ -337,7 +338,8 @@ class _Session:
       if self.cadence.log(step):
         self._log(step, learning_rate)
       if self.cadence.eval(step):
-        self.writer.write_scalars(step, evaluate(t.ddp, eval_data, self.normalize, t.precision))
+        self.writer.write_scalars(step, evaluate(t.ddp, eval_data, self.normalize, t.precision,
+                                                 self.config.loss))
         self.throughput.start(step)
       if save_now or stopping:
         self._save(step)
@@ -358,7 +360,8 @@ class _Session:
                                   self.normalize)
     loss, accuracy, grad_norm = step_lib.train_step(
         t.step_model, t.optimizer, t.precision, images, labels, targets=targets,
-        label_smoothing=self.config.label_smoothing, grad_clip_norm=self.config.grad_clip_norm)
+        label_smoothing=self.config.label_smoothing, grad_clip_norm=self.config.grad_clip_norm,
+        loss=self.config.loss)
     learning_rate = t.scheduler.get_last_lr()[0]
     t.scheduler.step()
     self.window.add(loss, accuracy, grad_norm)
