@@ -33,9 +33,10 @@ TOLERANCE = {'params': 1e-5, 'batch_stats': 1e-5, 'opt_state': 1e-5}
 # draws dropout masks and Mixup/CutMix partners across devices, runs on every one; the
 # resnet (cross-replica BatchNorm) on the most devices of each backend and under both
 # shardings; a user's module with plain nn.Dropout and nn.BatchNorm (`user_plain`, by import
-# path) on 2, 4 and 8 devices of both backends. Broken on purpose (the same runs, 20 steps of
-# digits): its nn.Dropout left to draw per device, params 3.2e-2 from 1 device; its
-# nn.BatchNorm left to reduce per device, 5.2e-3 (batch statistics 1.8e-2).
+# path) on 2, 4 and 8 devices of both backends. Broken on purpose, these runs measured: its
+# nn.Dropout left to draw per device, params 2.4e-2 from 1 device (pmap on 2) and 3 of its 4
+# runs failed (2 processes x 2 devices split the batch as 4 devices do, and drew alike); its
+# nn.BatchNorm left to reduce per device, 3.0e-3, and all 4 failed.
 TOPOLOGIES = [('pmap', 2), ('pmap', 8), ('shard_map', 1), ('shard_map', 4),
               ('shard_map-optimizer', 2), ('shard_map-optimizer', 8), ('shard_map-full', 4)]
 RUNS = ([('cnn', backend, devices) for backend, devices in TOPOLOGIES] +

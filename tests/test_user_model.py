@@ -330,6 +330,11 @@ def test_a_model_object_is_recorded_by_its_import_path_where_it_has_one():
   source = modeling.from_object(user_models.PlainNet(num_classes=10, width=4))
   assert source.record == ('tests.user_models:PlainNet',
                            {'num_classes': 10, 'width': 4, 'dropout_rate': 0.0})
+  # Its own fields are used: a config value it would otherwise take is said not to be.
+  built = modeling.build(_config('cnn', dropout_rate=0.3), 10, (8, 8, 1),
+                         model=user_models.PlainNet(num_classes=10))
+  assert built.notes == ['model PlainNet was given as a module object: its own fields are '
+                         "used, not the config's dropout_rate=0.3"]
   # Fields that are not JSON: nothing to record, trainer.load must be given the module.
   assert modeling.from_object(user_models.PlainNet(num_classes=10,
                                                    width=np.int64(4))).record is None

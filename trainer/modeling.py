@@ -563,6 +563,12 @@ def build(config, num_classes: int, input_shape: Optional[tuple[int, ...]], *,
     if model_kwargs:
       raise UserError(f'model_kwargs={model_kwargs!r}: the model was given as a module object '
                       '(its fields already set); set them on the object, or give its class')
+    unused = [f'{field}={config[field]!r}' for field, default in (('dropout_rate', 0.0),
+                                                                  ('dtype', 'float32'))
+              if config[field] != default]
+    if unused:
+      lines.append(f'model {source.name} was given as a module object: its own fields are '
+                   f'used, not the config\'s {", ".join(unused)}')
   else:
     kwargs, lines = _constructor_arguments(source, config, num_classes,
                                            input_shape[-1] if input_shape else None,
