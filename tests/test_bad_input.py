@@ -203,6 +203,15 @@ COMMAND_LINE_MISTAKES = [
     (['trainer.main', '--config=configs/default.py', '--workdir={workdir}',
       '--config.batch_size=big'],
      "error: flag --config.batch_size=big: invalid literal for int() with base 10: 'big'"),
+    (['trainer.main', '--config=configs/default.py', '--workdir={workdir}',
+      '--config.model_kwargs.depth=3'],
+     "error: --config.model_kwargs.depth: model_kwargs has no key 'depth'; the command line "
+     'overrides the keys a config file sets: set it there first'),
+    (['trainer.main', '--config=configs/default.py', '--workdir={workdir}', '--cpu_devices=2',
+      '--config.model=my_models.no_such:Net'],
+     "error: model='my_models.no_such:Net': module 'my_models.no_such' does not import "
+     "(ModuleNotFoundError: No module named 'my_models'); it is looked for in the working "
+     'directory'),
     (['trainer.main', '--config=configs/default.py', '--workdir={workdir}', '--epochs=3'],
      "error: Unknown command line flag 'epochs'"),
     (['trainer.main', '--config=configs/default.py', '{workdir}'],

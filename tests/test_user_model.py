@@ -297,6 +297,9 @@ MISTAKES = {
                           'argument'),
     'not an import path': ('my net', {},
                            "model='my net' is unknown; choose one of: cnn, mlp, resnet101"),
+    'a dot for the colon': ('tests.user_models.PlainNet', {},
+                            'for your own module write the colon: '
+                            '--config.model=tests.user_models:PlainNet'),
 }
 
 

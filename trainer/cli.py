@@ -44,6 +44,10 @@ def _unknown_field(argv: Sequence[str], error: BaseException) -> str:
   for arg in argv:
     name = arg.partition('=')[0]
     if name.startswith('--') and '.' in name and name.split('.')[-1] == missing:
+      if name.split('.')[-2] == 'model_kwargs':
+        return (f'{name}: model_kwargs has no key {missing!r}; the command line overrides the '
+                'keys a config file sets: set it there first (config.model_kwargs = '
+                f'ml_collections.ConfigDict(dict({missing}=...)))')
       fix = (hint[:1].lower() + hint[1:] if hint else
              'its fields are in the config file and configs/default.py (each with a comment)')
       return f'{name}: the config has no field {missing!r}; {fix}'

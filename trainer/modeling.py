@@ -104,8 +104,11 @@ def check_name(name: str) -> None:
                       'pkg.module:Name (--config.model=my_models.cnn:Net)')
     return
   if name not in models.names():
+    module_name, _, attribute = name.rpartition('.')
+    guess = (f"; for your own module write the colon: --config.model={module_name}:{attribute}"
+             if module_name and attribute else '')
     raise UserError(f"model={name!r} is unknown; choose one of: {', '.join(models.names())}, "
-                    'or give your own module as pkg.module:Name (--config.model=NAME)')
+                    f'or give your own module as pkg.module:Name (--config.model=NAME){guess}')
 
 
 def _first_line(error: BaseException) -> str:
