@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import ml_collections
 import pytest
 
 import models
@@ -53,6 +54,39 @@ CASES = {
         dict(model='resnet9'),
         f"model='resnet9' is unknown; choose one of: {', '.join(models.names())}, or give your "
         'own module as pkg.module:Name (--config.model=NAME)'),
+    'model: does not import': (
+        dict(model='tests.no_such_module:Net'),
+        "model='tests.no_such_module:Net': module 'tests.no_such_module' does "
+        "not import (ModuleNotFoundError: No module named "
+        "'tests.no_such_module'); it is looked for in the working directory"),
+    'model: no such name': (
+        dict(model='tests.user_models:Missing'),
+        "user_models.py has no 'Missing' (the part after the colon names a class "
+        'or function of the module)'),
+    'model: not a module': (
+        dict(model='tests.user_models:NOT_A_MODULE'),
+        "model='tests.user_models:NOT_A_MODULE' is of type int, not a flax module"),
+    'model: unknown argument': (
+        dict(model='tests.user_models:PlainNet',
+             model_kwargs=ml_collections.ConfigDict({'depth': 3})),
+        "model='tests.user_models:PlainNet' takes no argument 'depth' "
+        '(model_kwargs.depth=3); it takes: dropout_rate, num_classes, width'),
+    'model: wrong logits': (
+        dict(model='tests.user_models:FixedHead'),
+        "model='tests.user_models:FixedHead' returns shape (16, 7) in evaluation"
+        ' on an input of shape (16, 8, 8, 1) (float32); the trainer needs logits '
+        'of shape (batch, num_classes) = (16, 10)'),
+    'model: no train argument': (
+        dict(model='tests.user_models:NoTrain'),
+        "model='tests.user_models:NoTrain': NoTrain.__call__ takes no `train` "
+        'argument'),
+    'model: not an import path': (
+        dict(model='my net'),
+        "model='my net' is unknown; choose one of: cnn, mlp, resnet101"),
+    'model: a dot for the colon': (
+        dict(model='tests.user_models.PlainNet'),
+        'for your own module write the colon: '
+        '--config.model=tests.user_models:PlainNet'),
     'unknown dataset': (
         dict(dataset='imagenet'),
         "dataset='imagenet' is unknown; choose one of: cifar10, cifar100, digits, "
@@ -131,7 +165,8 @@ CASES = {
 @pytest.mark.parametrize('case', sorted(CASES))
 def test_bad_config_is_refused_before_anything_is_written(config, tmp_path, case):
   overrides, message = CASES[case]
-  config.update(overrides)
+  for field, value in overrides.items():  # (A ConfigDict value replaces the field's.)
+    config[field] = value
   workdir = tmp_path / 'run'
   with pytest.raises(UserError) as error:
     train.train_and_evaluate(config, str(workdir))

@@ -222,7 +222,7 @@ def _source(obj: Any, name: str, record: Optional[str]) -> Source:
   if isinstance(obj, nn.Module):
     return Source(name, None, frozenset(), frozenset(), instance=obj)
   if not callable(obj):
-    raise UserError(f'model={name!r} is a {type(obj).__name__}, not a flax module: give a '
+    raise UserError(f'model={name!r} is of type {type(obj).__name__}, not a flax module: give a '
                     'flax.linen.Module or flax.nnx.Module subclass, or a function returning a '
                     'linen module')
   return Source(name, obj, *_parameters(obj), record=None if record is None else (record, {}))
@@ -584,9 +584,9 @@ def build(config, num_classes: int, input_shape: Optional[tuple[int, ...]], *,
       raise UserError(f'model={source.name!r} cannot be built with {_describe(kwargs)} '
                       f'({_first_line(e)})') from None
   if not isinstance(module, nn.Module):
-    raise UserError(f'model={source.name!r} gives a {type(module).__name__}, not a flax '
-                    'module: give a flax.linen.Module or flax.nnx.Module subclass, or a '
-                    'function returning a linen module')
+    raise UserError(f'model={source.name!r} gives an object of type '
+                    f'{type(module).__name__}, not a flax module: give a flax.linen.Module or '
+                    'flax.nnx.Module subclass, or a function returning a linen module')
   takes_train, takes_ids = _call_parameters(type(module))
   if not takes_train:
     raise UserError(f'model={source.name!r}: {type(module).__name__}.__call__ takes no `train` '
