@@ -225,6 +225,21 @@ def test_standard_layers_are_keyed_per_example_and_reduced_over_the_devices(mode
                              atol=1e-6)
 
 
+@pytest.mark.parametrize('model', ['NnxWithTrain', 'NnxWithoutRngs'])
+def test_nnx_modules_that_take_train_or_no_rngs(model):
+  """An NNX `__call__` that declares `train` is given it; a constructor without `rngs` is
+  built without. Evaluation is deterministic; training draws (where there is dropout)."""
+  built = modeling.build(_config(f'tests.user_models:{model}', dropout_rate=0.0), 10,
+                         (8, 8, 1)).model
+  assert modeling.probe(built, (8, 8, 1), 4, 10, 'float32') == []
+  variables = built.init(jax.random.PRNGKey(0), (1, 8, 8, 1))
+  images = jax.random.normal(jax.random.PRNGKey(1), (4, 8, 8, 1))
+  evaluated = built.apply(variables, images, train=False)
+  np.testing.assert_array_equal(evaluated, built.apply(variables, images, train=False))
+  trained = built.apply(variables, images, train=True, rngs={'dropout': jax.random.PRNGKey(2)})
+  assert np.allclose(trained, evaluated) == (model == 'NnxWithoutRngs')
+
+
 def _config(model, **overrides):
   from configs import default  # pylint: disable=import-outside-toplevel
   config = default.get_config()

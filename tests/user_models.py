@@ -90,3 +90,25 @@ def make_plain_net(num_classes: int, width: int = 8):
 
 
 NOT_A_MODULE = 3
+
+
+class NnxWithTrain(nnx.Module):
+  """An NNX module whose `__call__` takes `train` (passed to its Dropout): the trainer passes
+  it."""
+
+  def __init__(self, in_features: int, num_classes: int, *, rngs: nnx.Rngs):
+    self.out = nnx.Linear(64 * in_features, num_classes, rngs=rngs)
+    self.dropout = nnx.Dropout(0.5, rngs=rngs)
+
+  def __call__(self, x, train: bool):
+    return self.out(self.dropout(x.reshape((x.shape[0], -1)), deterministic=not train))
+
+
+class NnxWithoutRngs(nnx.Module):
+  """An NNX module whose constructor takes no `rngs` (no random layer, params it makes)."""
+
+  def __init__(self, num_classes: int):
+    self.weights = nnx.Param(jax.numpy.full((64, num_classes), 0.01))
+
+  def __call__(self, x):
+    return x.reshape((x.shape[0], -1)) @ self.weights

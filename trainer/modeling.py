@@ -166,6 +166,13 @@ def _parameters(factory: Callable) -> tuple[Optional[frozenset], frozenset]:
   return frozenset(declared), frozenset(required - {'parent', 'name'})
 
 
+def _named_call_parameters(cls: type) -> frozenset:
+  try:
+    return frozenset(inspect.signature(cls.__call__).parameters)
+  except (TypeError, ValueError):
+    return frozenset()
+
+
 def _call_parameters(cls: type) -> tuple[bool, bool]:
   """(whether `cls.__call__` takes `train`, whether it takes `example_ids`); a **kwargs
   takes `train` but is not given ids."""
@@ -393,11 +400,11 @@ def _nnx_dropout_class():
   return ExampleDropout
 
 
-def _build_nnx(cls: type, kwargs: dict, train: bool, rngs) -> Any:
+def _build_nnx(cls: type, kwargs: dict, train: bool, rngs=None) -> Any:
   """An NNX module of `cls` in training or evaluation mode, its BatchNorm layers reducing
   over the device axis and its Dropout layers drawing per example."""
   from flax import nnx  # pylint: disable=import-outside-toplevel
-  module = cls(**kwargs, rngs=rngs)
+  module = cls(**kwargs) if rngs is None else cls(**kwargs, rngs=rngs)
   if train:
     module.train()
   else:
@@ -411,13 +418,13 @@ def _build_nnx(cls: type, kwargs: dict, train: bool, rngs) -> Any:
   return module
 
 
-def _nnx_own_streams(cls: type, kwargs: dict) -> list[str]:
+def _nnx_own_streams(cls: type, kwargs: dict, takes_rngs: bool) -> list[str]:
   """The paths of the random streams an NNX module keeps outside its Dropout layers."""
   from flax import nnx  # pylint: disable=import-outside-toplevel
   own = []
 
   def build():
-    module = cls(**kwargs, rngs=nnx.Rngs(0))
+    module = cls(**kwargs, rngs=nnx.Rngs(0)) if takes_rngs else cls(**kwargs)
     dropouts = {path for path, layer in module.iter_modules() if isinstance(layer, nnx.Dropout)}
     for path, node in nnx.iter_graph(module):
       if isinstance(node, (nnx.Rngs, nnx.RngStream)) and not any(
@@ -442,6 +449,9 @@ class Model:
   # What a checkpoint records (config.model, config.model_kwargs); None: a module object
   # that `trainer.load` must be given.
   record: Optional[tuple[str, dict]] = None
+  # NNX: the trainer's arguments its `__call__` declares ('train', 'example_ids'), passed
+  # through the bridge (most NNX modules take neither).
+  nnx_call: tuple[str, ...] = ()
 
   def init(self, rng: jax.Array, input_shape: tuple[int, ...]) -> dict:
     """The variables for inputs of `input_shape` (batch first), initialized in evaluation
@@ -450,8 +460,11 @@ class Model:
     if self.eval_module is None:
       return dict(self.module.init(rng, x, train=False))
     # NNX layers take their streams at construction ('dropout' for nnx.Dropout).
+    extra = {'train': False} if 'train' in self.nnx_call else {}
+    if 'example_ids' in self.nnx_call:
+      extra['example_ids'] = jnp.arange(input_shape[0])
     return dict(self.eval_module.init(
-        {'params': rng, 'dropout': jax.random.fold_in(rng, OTHER_STREAMS_SALT)}, x))
+        {'params': rng, 'dropout': jax.random.fold_in(rng, OTHER_STREAMS_SALT)}, x, **extra))
 
   def apply(self, variables, images: jax.Array, *, train: bool,
             example_ids: Optional[jax.Array] = None, rngs: Optional[dict] = None,
@@ -471,12 +484,17 @@ class Model:
                                mutable=mutable, **extra)
 
   def _apply_nnx(self, variables, images, train, example_ids, rngs, mutable):
+    ids = layers.example_ids_or_rows(images, example_ids)
+    extra = {'train': train} if 'train' in self.nnx_call else {}
+    if 'example_ids' in self.nnx_call:
+      extra['example_ids'] = ids
     if not train:
-      return self.eval_module.apply(variables, images, mutable=mutable)
-    token = _EXAMPLE_IDS.set(layers.example_ids_or_rows(images, example_ids))
+      return self.eval_module.apply(variables, images, mutable=mutable, **extra)
+    token = _EXAMPLE_IDS.set(ids)
     try:
       with _trainer_request():  # The bridge asks for a key of every stream.
-        return self.module.apply(variables, images, rngs=_streams(rngs), mutable=mutable)
+        return self.module.apply(variables, images, rngs=_streams(rngs), mutable=mutable,
+                                 **extra)
     finally:
       _EXAMPLE_IDS.reset(token)
 
@@ -603,10 +621,11 @@ def build(config, num_classes: int, input_shape: Optional[tuple[int, ...]], *,
 def _built_nnx(source: Source, kwargs: dict, lines: list[str]) -> Built:
   from flax.nnx import bridge  # pylint: disable=import-outside-toplevel
   kwargs = {k: v for k, v in kwargs.items() if k != 'rngs'}
+  takes_rngs = source.declared is None or 'rngs' in source.declared
   bridged = lambda train: bridge.ToLinen(
-      functools.partial(_build_nnx, source.factory, kwargs, train))
+      functools.partial(_build_nnx, source.factory, kwargs, train), skip_rng=not takes_rngs)
   try:
-    own = _nnx_own_streams(source.factory, kwargs)
+    own = _nnx_own_streams(source.factory, kwargs, takes_rngs)
   except Exception as e:  # pylint: disable=broad-except  # The user's constructor.
     raise UserError(f'model={source.name!r} cannot be built with {_describe(kwargs)} '
                     f'({_first_line(e)})') from None
@@ -614,8 +633,11 @@ def _built_nnx(source: Source, kwargs: dict, lines: list[str]) -> Built:
     lines.append(_NNX_OWN_RNG.format(', '.join(own)))
   record = None if source.record is None else (source.record[0], {
       k: v for k, v in kwargs.items() if k not in CONFIG_ARGUMENTS and k != 'in_features'})
-  return Built(Model(bridged(True), source.name, False, eval_module=bridged(False),
-                     record=record), lines)
+  takes_train, takes_ids = _call_parameters(source.factory)
+  call = (('train',) if takes_train and 'train' in _named_call_parameters(source.factory)
+          else ()) + (('example_ids',) if takes_ids else ())
+  return Built(Model(bridged(True), source.name, takes_ids, eval_module=bridged(False),
+                     record=record, nnx_call=call), lines)
 
 
 def _describe(kwargs: dict) -> str:
