@@ -281,3 +281,26 @@ def test_every_entry_point_answers_a_mistake_in_one_line(tmp_path, args, message
   assert len(lines) == 1 and lines[0].startswith(message.format(workdir=workdir)), (
       result.stderr[-2000:])
   assert not os.path.exists(workdir)
+
+
+@pytest.mark.parametrize('body,message', [
+    ("  config.model_kwargs = ml_collections.ConfigDict(dict(width=3))\n",
+     "error: the config file does not load: NameError: name 'ml_collections' is not defined "
+     '(my_config.py, line 6); fix it and run again'),
+    ("  config.modle = 'my_net:Net'\n",
+     "error: the config file does not load: the config has no field 'modle'; did you mean "
+     "'model'? (my_config.py, line 6); fix it and run again"),
+])
+def test_a_users_config_file_that_fails_is_answered_in_one_line(tmp_path, body, message):
+  """A bug in a user's own config file (a missing import, a misspelt field) is named with
+  its line, not shown as a traceback through absl and ml_collections."""
+  (tmp_path / 'my_config.py').write_text(
+      'from configs import default\n\n\ndef get_config():\n  config = default.get_config()\n'
+      f'{body}  return config\n')
+  result = subprocess.run(
+      [sys.executable, '-m', 'trainer.main', '--config=my_config.py',
+       f'--workdir={tmp_path / "run"}'], cwd=tmp_path, env=processes.environment(),
+      capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines() == [message]
+  assert not (tmp_path / 'run').exists()

@@ -46,6 +46,7 @@ class Net(nn.Module):
 '''
 # Its config file, beside it: the default config with the model and its arguments.
 USER_CONFIG = '''
+import ml_collections
 
 from configs import default
 

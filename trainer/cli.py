@@ -6,7 +6,8 @@ config does not have. No JAX, TensorFlow or torch here."""
 import importlib.util
 import re
 import sys
-from typing import Callable, NoReturn, Sequence
+import traceback
+from typing import Callable, NoReturn, Optional, Sequence
 
 from absl import app
 from absl import flags
@@ -54,6 +55,33 @@ def _unknown_field(argv: Sequence[str], error: BaseException) -> str:
   return f'a --config.FIELD override names no field of the config ({_last_line(error)})'
 
 
+def _in_config_file(error: BaseException) -> Optional[str]:
+  """'FILE, line N' where a config file's own code (its `get_config`, or what that calls
+  outside the installed libraries) raised `error`; None for the errors of the flags and
+  their overrides."""
+  frames = traceback.extract_tb(error.__traceback__)
+  start = next((i for i, frame in enumerate(frames) if frame.name == 'get_config'), None)
+  if start is None:
+    return None
+  mine = [f for f in frames[start:] if 'site-packages' not in f.filename] or [frames[start]]
+  return f'{mine[-1].filename}, line {mine[-1].lineno}'
+
+
+def _config_file_error(error: BaseException) -> str:
+  """What a config file's code did wrong, in a line: a field the (locked) config does not
+  have is named with ml_collections' suggestion."""
+  inner = error
+  while inner.args and isinstance(inner.args[0], BaseException):  # AttributeError(KeyError)
+    inner = inner.args[0]
+  text = str(inner.args[0]) if inner.args else str(inner)
+  missing = re.search(r'Key "([^"]+)" does not exist and cannot be added', text)
+  if missing:
+    hint = re.search(r'Did you mean "([^"]+)"', text)
+    return (f'the config has no field {missing.group(1)!r}' +
+            (f'; did you mean {hint.group(1)!r}?' if hint else ''))
+  return f'{type(error).__name__}: {_last_line(error)}'
+
+
 def require(name: str) -> None:
   """Ends the process with one line where flag `name` was not given."""
   if flags.FLAGS[name].value is None:
@@ -73,12 +101,18 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
   line."""
   try:
     rest = flags.FLAGS(argv)
-  except flags.Error as e:
-    _refuse(_flag_error(e))
-  except (AttributeError, KeyError) as e:  # A config override of a field that is not there.
-    _refuse(_unknown_field(argv, e))
-  except (TypeError, ValueError) as e:
-    _refuse(f'a --config.FIELD override does not fit its field ({_last_line(e)})')
+  except Exception as e:  # pylint: disable=broad-except  # Answered below, or raised.
+    where = _in_config_file(e)
+    if where:
+      _refuse(f'the config file does not load: {_config_file_error(e)} ({where}); fix it and '
+              'run again')
+    if isinstance(e, flags.Error):
+      _refuse(_flag_error(e))
+    if isinstance(e, (AttributeError, KeyError)):  # An override of a field that is not there.
+      _refuse(_unknown_field(argv, e))
+    if isinstance(e, (TypeError, ValueError)):
+      _refuse(f'a --config.FIELD override does not fit its field ({_last_line(e)})')
+    raise
   for name in _config_flags():
     value = flags.FLAGS[name].value
     if type(value).__name__ == '_ErrorConfig':  # ml_collections' stand-in for a failed load.
