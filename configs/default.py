@@ -13,10 +13,10 @@ def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
 
   # Data.
-  # Name: 'digits' (bundled, offline), a TFDS dataset: 'mnist', 'fashion_mnist', 'cifar10',
-  # 'cifar100', 'imagenet2012' (README lists them), or an image folder 'folder:/PATH' holding
-  # PATH/train/CLASS/*.jpg|jpeg|png and PATH/val/... (or the folder's ArrayRecord copy made by
-  # python -m trainer.data.convert).
+  # Name: 'digits' (bundled, offline); any TFDS image classification dataset as TFDS names it
+  # ('mnist', 'cifar10', 'imagenet2012', 'oxford_flowers102', 'eurosat/rgb', 'mnist:3.0.1';
+  # --list=datasets); or an image folder 'folder:/PATH' holding PATH/train/CLASS/*.jpg|jpeg|png
+  # and PATH/val/... (or the folder's ArrayRecord copy made by python -m trainer.data.convert).
   config.dataset = 'digits'
   # TFDS data dir (path or gs://); '' = $TFDS_DATA_DIR or ~/tensorflow_datasets.
   config.tfds_data_dir = ''
@@ -26,7 +26,8 @@ def get_config() -> ml_collections.ConfigDict:
   # (or validation/), and says so.
   config.eval_split = 'test'
   # More evaluations at each eval step, comma-separated: 'SPLIT' of `dataset`, or
-  # 'DATASET:SPLIT' of another dataset of the same classes (e.g. 'imagenet_v2:test'). Tags:
+  # 'DATASET:SPLIT' of another dataset of the same classes (e.g. 'imagenet_v2:test'; DATASET
+  # as `dataset` names it, the split after its last colon outside brackets). Tags:
   # eval_NAME_accuracy, eval_NAME_top5_accuracy, eval_NAME_loss, NAME the entry with each run
   # of other characters as '_' (e.g. eval_imagenet_v2_test_accuracy); '' = none.
   config.eval_splits = ''

@@ -89,9 +89,10 @@ CASES = {
         '--config.model=tests.user_models:PlainNet'),
     'unknown dataset': (
         dict(dataset='imagenet'),
-        "dataset='imagenet' is unknown; choose one of: cifar10, cifar100, digits, "
-        'fashion_mnist, imagenet2012, mnist, or an image folder (--config.dataset=NAME or '
-        '--config.dataset=folder:/PATH)'),
+        "dataset='imagenet' is not a TFDS dataset (Dataset imagenet not found.); name one of "
+        "TFDS's image classification datasets (NAME, NAME/CONFIG or NAME:VERSION), one of "
+        'cifar10, cifar100, digits, fashion_mnist, imagenet2012, mnist, or an image folder '
+        '(--config.dataset=folder:/PATH)'),
     'negative data threads': (
         dict(data_threads=-2),
         'data_threads=-2 must be a whole number >= 0; 0 uses every core the process may run on '
@@ -149,7 +150,7 @@ CASES = {
         "eval_splits: dataset 'digits' has no split 'validation'; it has: test, train"),
     'eval split of an unknown dataset': (
         dict(eval_splits='imagenet_v3:test'),
-        "eval_splits='imagenet_v3:test': dataset 'imagenet_v3' is unknown; choose one of: "),
+        "eval_splits='imagenet_v3:test': dataset='imagenet_v3' is not a TFDS dataset "),
     'eval split repeated': (
         dict(eval_splits='test'),
         "eval_splits='test': 'test' is evaluated already"),

@@ -44,7 +44,12 @@ def test_show_config_prints_every_field_value_and_comment(no_tensorflow):
               '--config.batch_size=1024')
   assert run.returncode == 0, run.stderr
   lines = run.stdout.splitlines()
-  fields = dict(re.match(r'^(\w+) = (.*?)(?:\s+# .*)?$', line).groups() for line in lines[1:])
+  fields = dict(re.match(r'^(\w+) = (.*?)(?:\s+# .*)?$', line).groups()
+                for line in lines[1:-1])
+  # The last line: what the dataset resolves to (the table's ImageNet needs no TFDS).
+  assert lines[-1].startswith("# dataset 'imagenet2012': 1000 classes, images of varied sizes, "
+                              "3 channel(s), cropped to 224x224; augment 'inception'")
+  assert lines[-1].endswith('splits unknown here (tensorflow_datasets is not installed)')
   assert set(fields) == set(default.get_config())
   assert fields['model'] == "'vit_g14'" and fields['batch_size'] == '1024'
   batch = next(line for line in lines if line.startswith('batch_size ='))

@@ -73,7 +73,37 @@ def show_config(config: Any, path: str, overridden: set[str]) -> str:
     if name in overridden:
       note = f'[command line] {note}'.strip()
     out.append(f'{f"{name} = {value}":<{width}}  # {note}' if note else f'{name} = {value}')
+  out.append(describe_dataset(config))
   return '\n'.join(out)
+
+
+def describe_dataset(config: Any) -> str:
+  """What `config.dataset` resolves to, as a comment line: classes, image shape, the crop and
+  augmentation the config gives it, and the normalization; nothing is prepared or read."""
+  from trainer.data import specs  # pylint: disable=import-outside-toplevel  # (no TensorFlow)
+  from trainer.errors import UserError  # pylint: disable=import-outside-toplevel
+  try:
+    spec = specs.for_config(config)
+  except UserError as e:
+    return f'# dataset {config.dataset!r}: {e}'
+  shape = ('x'.join(map(str, spec.image_shape)) if spec.image_shape else
+           f'of varied sizes, {spec.channels} channel(s)')
+  crop = f', cropped to {spec.image_size}x{spec.image_size}' if spec.image_size else ''
+  keys = ('' if (spec.image_key, spec.label_key) == ('image', 'label') else
+          f'; features {spec.image_key!r} and {spec.label_key!r}')
+  return (f'# dataset {config.dataset!r}: {spec.num_classes} classes, images {shape}{crop}; '
+          f'augment {spec.augment!r}; normalized with mean {tuple(spec.mean)}, std '
+          f'{tuple(spec.std)}{keys}; {_splits(spec, config.tfds_data_dir)}')
+
+
+def _splits(spec: Any, data_dir: str) -> str:
+  """The splits of a TFDS dataset as prepared in `data_dir`, or why they are not known."""
+  from trainer.data import specs  # pylint: disable=import-outside-toplevel  # (no TensorFlow)
+  try:
+    return specs.prepared_splits(spec, data_dir)
+  except ImportError as e:
+    return f'splits unknown here ({e.name} is not installed)'
+
 
 
 def listing(what: str) -> str:
@@ -93,6 +123,9 @@ def listing(what: str) -> str:
                   f'{", shipped (offline)" if s.shipped else ""}'
                   f'{", evaluation only" if not s.trainable else ""}')
     rows.append('folder:/PATH   an image folder: PATH/train/CLASS/*.jpg|jpeg|png (and val/)')
+    rows.append('NAME           any other TFDS image classification dataset, as TFDS names it '
+                '(NAME, NAME/CONFIG, NAME:VERSION: e.g. oxford_flowers102, eurosat/rgb); '
+                '--show_config --config.dataset=NAME shows what it resolves to')
     return '\n'.join(rows)
   rows = []
   for path in sorted(glob.glob(os.path.join(CONFIG_DIR, '[!_]*.py'))):

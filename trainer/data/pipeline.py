@@ -159,7 +159,7 @@ class TrainData:
     batch k // rows. On resume the part's stream is skipped, not decoded, up to this
     process's share of the examples consumed."""
     part = tfds.even_splits(self.split, n=rows.process_count)[rows.process_index]
-    raw = sources.sequential_examples(self.builder, part, options(self.config))
+    raw = sources.sequential_examples(self.builder, self.spec, part, options(self.config))
     part_size = sources.count(self.builder, part, raw)
     start_epoch, offset = divmod(rows.start_position // rows.process_count, part_size)
 
@@ -221,8 +221,8 @@ def eval_sets(config) -> list[EvalSet]:
   for entry in (e.strip() for e in config.eval_splits.split(',')):
     if not entry:
       continue
-    named = re.fullmatch(r'([\w-]+):(.+)', entry)  # 'DATASET:SPLIT', not 'SPLIT[:N]'.
-    dataset, split = named.groups() if named else (config.dataset, entry)
+    dataset, split = specs.dataset_and_split(entry)
+    dataset = dataset or config.dataset
     name = (f'{dataset}_{split}' if dataset != config.dataset else split)
     prefix = 'eval_' + re.sub('[^0-9A-Za-z]+', '_', name).strip('_')
     if (dataset, split) in {(s.dataset, s.split) for s in sets}:
@@ -231,10 +231,10 @@ def eval_sets(config) -> list[EvalSet]:
     if prefix in {s.prefix for s in sets}:
       raise UserError(f'eval_splits={config.eval_splits!r}: {entry!r} would write the tags of '
                       f'an earlier entry ({prefix}_*); list each split once')
-    if dataset not in specs.DATASETS:
-      raise UserError(f'eval_splits={config.eval_splits!r}: dataset {dataset!r} is unknown; '
-                      f'choose one of: {", ".join(sorted(specs.DATASETS))} (DATASET:SPLIT)')
-    other = specs.spec(dataset)
+    try:
+      other = specs.spec(dataset)
+    except UserError as e:
+      raise UserError(f'eval_splits={config.eval_splits!r}: {e}') from None
     if (other.num_classes, other.channels) != (run_spec.num_classes, run_spec.channels):
       raise UserError(f'eval_splits={config.eval_splits!r}: dataset {dataset!r} has '
                       f'{other.num_classes} classes of {other.channels}-channel images, the '
@@ -333,10 +333,11 @@ def read_examples(config, split: str, limit: Optional[int] = None) -> tuple[Any,
   """(images, labels) of `split` of `config.dataset` as the dataset stores them (a uint8
   array where they share one size, else a list), at most `limit`."""
   builder = sources.get_builder(config, split=split)
+  ds_spec = specs.spec(config.dataset)
   images, labels = [], []
   for example in tfds.as_numpy(builder.as_dataset(split=split).take(limit or -1)):
-    images.append(example['image'])
-    labels.append(example['label'])
+    images.append(example[ds_spec.image_key])
+    labels.append(example[ds_spec.label_key])
   if len({image.shape for image in images}) == 1:
     images = np.stack(images)
   return images, np.asarray(labels)

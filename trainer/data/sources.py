@@ -154,6 +154,15 @@ def check_split(config, builder, split: str, field: str, dataset: Optional[str] 
   try:
     builder.info.splits[split]  # pylint: disable=pointless-statement
   except (KeyError, ValueError, AssertionError):
+    base, bracket, rest = split.partition('[')
+    stand_in = next((name for name in folder_lib.EVAL_SPLIT_NAMES
+                     if name in builder.info.splits), None)
+    if field == 'eval_split' and base in folder_lib.EVAL_SPLIT_NAMES and stand_in:
+      from absl import logging  # pylint: disable=import-outside-toplevel
+      logging.warning('%s=%r: dataset %r has no %s split; evaluating its %s split '
+                      '(--config.%s=%s says so)', field, split, builder.name, base, stand_in,
+                      field, stand_in)
+      return stand_in + bracket + rest
     raise UserError(f'{field}: dataset {builder.name!r} has no split {split!r}; it has: '
                     f'{", ".join(sorted(builder.info.splits))} (TFDS slicing such as '
                     f"'train[:90%]' is allowed; --config.{field}=...)") from None
@@ -198,14 +207,17 @@ def describe_read_mode(mode: str, process_count: int) -> str:
           'seed and the step alone, on any number of devices and processes')
 
 
-def _parse_spec(builder) -> dict[str, tf.io.FixedLenFeature]:
+def _parse_spec(builder, ds_spec: specs.DatasetSpec) -> dict[str, tf.io.FixedLenFeature]:
   serialized = builder.info.features.get_serialized_info()
   return {key: tf.io.FixedLenFeature(serialized[key].shape, serialized[key].dtype)
-          for key in ('image', 'label')}
+          for key in (ds_spec.image_key, ds_spec.label_key)}
 
 
-def _labels(example: dict) -> dict:
-  return dict(example, label=tf.cast(example['label'], tf.int32))
+def _image_and_label(example: dict, ds_spec: specs.DatasetSpec) -> dict:
+  """A dataset's example as the trainer's 'image' and int32 'label' (its own feature names
+  may differ: `DatasetSpec.image_key`, `label_key`)."""
+  return {'image': example[ds_spec.image_key],
+          'label': tf.cast(example[ds_spec.label_key], tf.int32)}
 
 
 @dataclasses.dataclass
@@ -253,6 +265,7 @@ class ArrayRecords(Source):
   TensorFlow parses them."""
   data_source: Any = None
   parse_spec: Any = None
+  spec: Any = None  # The dataset's spec (its feature names).
 
   def _read(self, index: np.ndarray) -> np.ndarray:
     return np.array(self.data_source.__getitems__(index.tolist()), dtype=object)
@@ -260,7 +273,8 @@ class ArrayRecords(Source):
   def read_block(self, element: dict) -> dict:
     records = tf.numpy_function(self._read, [element['index']], tf.string, stateful=False)
     records.set_shape(element['index'].shape)
-    return _labels(dict(element, **tf.io.parse_example(records, self.parse_spec)))
+    return dict(element, **_image_and_label(tf.io.parse_example(records, self.parse_spec),
+                                            self.spec))
 
   def examples(self, indices):
     blocks = indices.batch(ARRAY_RECORD_BLOCK)
@@ -281,18 +295,19 @@ class ImageFiles(Source):
     return indices.map(read, num_parallel_calls=self.threads, deterministic=True)
 
 
-def _encoded_tfds(builder, split, options: tf.data.Options) -> tf.data.Dataset:
+def _encoded_tfds(builder, ds_spec: specs.DatasetSpec, split,
+                  options: tf.data.Options) -> tf.data.Dataset:
   """A TFRecord split's examples in file order, images left encoded."""
   ds = builder.as_dataset(split=split, shuffle_files=False,
                           read_config=tfds.ReadConfig(options=options),
-                          decoders={'image': tfds.decode.SkipDecoding()})
-  return ds.map(lambda example: _labels({'image': example['image'],
-                                         'label': example['label']}))
+                          decoders={ds_spec.image_key: tfds.decode.SkipDecoding()})
+  return ds.map(lambda example: _image_and_label(example, ds_spec))
 
 
-def sequential_examples(builder, split, options: tf.data.Options) -> tf.data.Dataset:
+def sequential_examples(builder, ds_spec: specs.DatasetSpec, split,
+                        options: tf.data.Options) -> tf.data.Dataset:
   """A TFDS split read in sequence (TFRecord files), images encoded."""
-  return _encoded_tfds(builder, split, options)
+  return _encoded_tfds(builder, ds_spec, split, options)
 
 
 def indexed(config, ds_spec: specs.DatasetSpec, builder, split, threads: int) -> Source:
@@ -305,7 +320,7 @@ def indexed(config, ds_spec: specs.DatasetSpec, builder, split, threads: int) ->
   data_source = builder.as_data_source(
       split=split, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES)
   return ArrayRecords(len(data_source), True, threads, data_source=data_source,
-                      parse_spec=_parse_spec(builder))
+                      parse_spec=_parse_spec(builder, ds_spec), spec=ds_spec)
 
 
 def split_examples(config, ds_spec, builder, split, threads: int,
@@ -313,7 +328,7 @@ def split_examples(config, ds_spec, builder, split, threads: int,
   """Every example of `split` once, in index order, images encoded; and how many there are.
   Evaluation and loading into memory read a split so."""
   if builder is not None and ARRAY_RECORD not in formats(builder):
-    ds = _encoded_tfds(builder, split, options)
+    ds = _encoded_tfds(builder, ds_spec, split, options)
     return ds, count(builder, split, ds)
   source = indexed(config, ds_spec, builder, split, threads)
   indices = tf.data.Dataset.range(source.num_examples).map(lambda i: {'index': i})

@@ -50,6 +50,9 @@ class DatasetSpec:
   shipped: bool = False  # The builder ships with the trainer and prepares offline.
   trainable: bool = True  # False: an evaluation set only (no train split).
   folder: str = ''  # The root directory of an image folder dataset.
+  # The builder's features holding the image and the class label (its supervised keys).
+  image_key: str = 'image'
+  label_key: str = 'label'
 
   @property
   def input_shape(self) -> tuple[int, int, int]:
@@ -92,8 +95,25 @@ DATASETS = {
 
 
 def names() -> list[str]:
-  """The named datasets a run can train on (besides image folders, `folder:PATH`)."""
+  """The datasets this table describes that a run can train on (besides any other TFDS
+  image classification dataset by name, and image folders, `folder:PATH`)."""
   return sorted(name for name, s in DATASETS.items() if s.trainable)
+
+
+def dataset_and_split(entry: str) -> tuple[Optional[str], str]:
+  """An entry of `eval_splits` as (dataset, split). The split is what follows the entry's
+  last colon outside brackets, the dataset what precedes it: any name `dataset` takes
+  ('imagenet_v2:test', 'eurosat/rgb:test', 'mnist:3.0.1:test', 'folder:/data/pets:val').
+  An entry without such a colon ('test', 'train[:10%]') is a split of the run's dataset
+  (dataset None)."""
+  depth, last = 0, -1
+  for index, char in enumerate(entry):
+    depth += {'[': 1, ']': -1}.get(char, 0)
+    if char == ':' and depth == 0:
+      last = index
+  if last < 0:
+    return None, entry
+  return entry[:last], entry[last + 1:]
 
 
 def is_folder(name: str) -> bool:
@@ -104,25 +124,97 @@ def is_folder(name: str) -> bool:
 @functools.lru_cache(maxsize=None)
 def _folder_spec(name: str) -> DatasetSpec:
   found = folder_lib.scan(name[len(FOLDER_PREFIX):])
-  rgb = found.channels == 3
   return DatasetSpec(
       name, num_classes=len(found.classes), channels=found.channels,
       image_shape=found.image_shape, num_train_examples=found.split_sizes.get('train', 0),
-      # Photographs: torchvision's ImageNet statistics, what its users normalize with.
-      mean=IMAGENET_MEAN if rgb else (0.0,), std=IMAGENET_STD if rgb else (1.0,),
+      **_photo_statistics(found.channels),
       augment='none' if found.image_shape else 'inception',
       image_size=0 if found.image_shape else DEFAULT_IMAGE_SIZE, folder=found.root)
 
 
 def spec(name: str) -> DatasetSpec:
-  """The spec of dataset `name` (config.dataset); an image folder is scanned (once per
-  process); unknown names are refused listing ours."""
+  """The spec of dataset `name` (config.dataset): this module's table, an image folder
+  (scanned once per process), or any other TFDS image classification dataset, read from its
+  builder's metadata (`NAME`, `NAME/CONFIG`, `NAME:VERSION`; nothing is downloaded)."""
   if is_folder(name):
     return _folder_spec(name)
-  if name not in DATASETS:
-    raise UserError(f"dataset={name!r} is unknown; choose one of: {', '.join(names())}, or "
-                    'an image folder (--config.dataset=NAME or --config.dataset=folder:/PATH)')
-  return DATASETS[name]
+  if name in DATASETS:
+    return DATASETS[name]
+  return _tfds_spec(name)
+
+
+def _photo_statistics(channels: int) -> dict:
+  """The normalization of a dataset the table does not list: torchvision's ImageNet
+  statistics for colour photographs (what its users normalize with), [0, 1] otherwise."""
+  rgb = channels == 3
+  return dict(mean=IMAGENET_MEAN if rgb else (0.0,), std=IMAGENET_STD if rgb else (1.0,))
+
+
+@functools.lru_cache(maxsize=None)
+def _tfds_spec(name: str) -> DatasetSpec:
+  """A TFDS dataset's spec from its builder's info: the image and class-label features (its
+  supervised keys, else the first of each kind), the image shape (None where sizes vary),
+  the classes, and the train split's size where the data is prepared in TFDS's default data
+  dir (0 otherwise: the run counts it). Crop, augmentation and normalization follow from
+  the shape as for image folders."""
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel  # (no TF)
+  try:
+    builder = tfds.builder(name)
+  except Exception as e:  # pylint: disable=broad-except  # TFDS's errors for a bad name vary.
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise UserError(f'dataset={name!r} is not a TFDS dataset ({first}); name one of TFDS\'s '
+                    f'image classification datasets (NAME, NAME/CONFIG or NAME:VERSION), one of '
+                    f'{", ".join(names())}, or an image folder (--config.dataset=folder:/PATH); '
+                    'a builder of your own is named once its module is imported') from None
+  features = builder.info.features
+  image_key, label_key = _supervised_keys(name, builder.info)
+  height, width, channels = features[image_key].shape
+  channels = channels or 3
+  shape = (height, width, channels) if height and width else None
+  splits = builder.info.splits
+  train = int(splits['train'].num_examples) if 'train' in splits else 0
+  return DatasetSpec(
+      name, num_classes=int(features[label_key].num_classes), channels=channels,
+      image_shape=shape, num_train_examples=train, **_photo_statistics(channels),
+      augment='none' if shape else 'inception', image_size=0 if shape else DEFAULT_IMAGE_SIZE,
+      tfds_name=name, trainable='train' in splits or not splits, image_key=image_key,
+      label_key=label_key)
+
+
+def prepared_splits(spec: DatasetSpec, data_dir: str) -> str:
+  """The splits of a TFDS dataset prepared in `data_dir` (TFDS's default where ''), with
+  their sizes; or that it is not prepared there (its splits are known once it is)."""
+  if spec.folder:
+    return 'splits: its subfolders'
+  if spec.shipped:
+    return 'splits as it prepares them (offline)'
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel  # (no TF)
+  builder = tfds.builder(spec.tfds_name, data_dir=data_dir or None)
+  if not builder.info.splits:
+    return f'not prepared in {builder.data_dir} (its splits are known once it is)'
+  return 'splits ' + ', '.join(f'{name} ({info.num_examples})'
+                               for name, info in sorted(builder.info.splits.items()))
+
+
+def _supervised_keys(name: str, info) -> tuple[str, str]:
+  """(image feature, class-label feature) of a TFDS dataset: its supervised keys where they
+  are an image and a class label, else the first feature of each kind."""
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  features = info.features
+  is_image = lambda key: isinstance(features[key], tfds.features.Image)
+  is_label = lambda key: isinstance(features[key], tfds.features.ClassLabel)
+  keys = info.supervised_keys
+  if (isinstance(keys, tuple) and len(keys) == 2 and all(isinstance(k, str) for k in keys) and
+      keys[0] in features and keys[1] in features and is_image(keys[0]) and is_label(keys[1])):
+    return keys
+  images = [key for key in features if is_image(key)]
+  labels = [key for key in features if is_label(key)]
+  if not images or not labels:
+    described = ', '.join(f'{key} ({type(feature).__name__})'
+                          for key, feature in features.items())
+    raise UserError(f'dataset={name!r} is not an image classification dataset: the trainer '
+                    f'needs an Image and a ClassLabel feature, and it has {described}')
+  return images[0], labels[0]
 
 
 def for_config(config) -> DatasetSpec:

@@ -1,0 +1,95 @@
+"""Any TFDS image classification dataset by name: its spec read from the builder's metadata
+(image and label features, classes, shape), trained under `tfds.testing.mock_data` (TFDS's
+own builders offline); one grammar for dataset names in `dataset` and `eval_splits`."""
+
+import jax
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+import trainer
+from trainer import checkpoint
+from trainer import train
+from trainer import writers
+from trainer.data import pipeline
+from trainer.data import specs
+from trainer.errors import UserError
+
+# Three datasets the table does not list: a fixed-size RGB one, one of varying sizes, one
+# whose label feature is not 'label' (smallnorb: 'label_category', beside 'image2').
+UNLISTED = {
+    'svhn_cropped': dict(num_classes=10, image_shape=(32, 32, 3), augment='none',
+                         label_key='label'),
+    'oxford_flowers102': dict(num_classes=102, image_shape=None, augment='inception',
+                              label_key='label'),
+    'smallnorb': dict(num_classes=5, image_shape=(96, 96, 1), augment='none',
+                      label_key='label_category'),
+}
+
+
+@pytest.mark.parametrize('name', sorted(UNLISTED))
+def test_an_unlisted_dataset_is_read_from_its_builders_metadata(name):
+  spec = specs.spec(name)
+  for field, value in UNLISTED[name].items():
+    assert getattr(spec, field) == value, field
+  assert spec.tfds_name == name and spec.image_key == 'image'
+  # Colour photographs take ImageNet's statistics (as image folders do), grey ones [0, 1].
+  assert spec.mean == (specs.IMAGENET_MEAN if spec.channels == 3 else (0.0,))
+
+
+def test_names_tfds_takes_and_what_is_not_an_image_classification_dataset():
+  assert specs.spec('eurosat/rgb').num_classes == 10  # NAME/CONFIG
+  assert specs.spec('mnist:3.0.1').image_shape == (28, 28, 1)  # NAME:VERSION
+  with pytest.raises(UserError, match=r"dataset='glue/cola' is not an image classification "
+                     r'dataset: the trainer needs an Image and a ClassLabel feature, and it has '
+                     r'sentence \(Text\), label \(ClassLabel\), idx \(Tensor\)'):
+    specs.spec('glue/cola')
+  with pytest.raises(UserError, match=r"dataset='flowerz' is not a TFDS dataset \(Dataset "
+                     r'flowerz not found.\); name one of'):
+    specs.spec('flowerz')
+
+
+@pytest.mark.parametrize('entry,expected', [
+    ('test', (None, 'test')),
+    ('train[:10%]', (None, 'train[:10%]')),
+    ('imagenet_v2:test', ('imagenet_v2', 'test')),
+    ('eurosat/rgb:test', ('eurosat/rgb', 'test')),
+    ('mnist:3.0.1:test', ('mnist:3.0.1', 'test')),
+    ('mnist:train[:50%]', ('mnist', 'train[:50%]')),
+    ('folder:/data/pets:val', ('folder:/data/pets', 'val')),
+])
+def test_the_grammar_of_an_eval_splits_entry(entry, expected):
+  assert specs.dataset_and_split(entry) == expected
+
+
+def test_eval_splits_name_datasets_as_dataset_does(config):
+  config.dataset = 'eurosat/rgb'
+  config.eval_splits = 'train[:10%],svhn_cropped:test,mnist:3.0.1:test'
+  with pytest.raises(UserError, match=r"dataset 'mnist:3.0.1' has 10 classes of 1-channel "
+                     'images, the model 10 of 3'):
+    pipeline.eval_sets(config)
+  config.eval_splits = 'train[:10%],svhn_cropped:test'
+  assert [(s.prefix, s.dataset, s.split) for s in pipeline.eval_sets(config)] == [
+      ('eval', 'eurosat/rgb', 'test'), ('eval_train_10', 'eurosat/rgb', 'train[:10%]'),
+      ('eval_svhn_cropped_test', 'svhn_cropped', 'test')]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', sorted(UNLISTED))
+def test_an_unlisted_dataset_trains_evaluates_and_loads(config, tmp_path, name):
+  """Under mock_data: 6 steps on 2 devices, evaluated; the checkpoint records the spec, and
+  trainer.load rebuilds the model and its input from it."""
+  config.update(dataset=name, num_train_steps=6, warmup_steps=1, log_every_steps=3,
+                eval_every_steps=6, checkpoint_every_steps=6, batch_size=8, eval_batch_size=8,
+                image_size=16 if UNLISTED[name]['image_shape'] is None else 0)
+  workdir = str(tmp_path / 'run')
+  with tfds.testing.mock_data(num_examples=24):
+    train.train_and_evaluate(config, workdir, devices=jax.devices()[:2])
+  scalars, _ = writers.read_events(workdir)
+  assert 0 <= scalars['eval_accuracy'][6] <= 1 and np.isfinite(scalars['eval_loss'][6])
+  _, meta = checkpoint.read_meta(workdir)
+  assert meta.dataset['num_classes'] == UNLISTED[name]['num_classes']
+  assert meta.dataset['label_key'] == UNLISTED[name]['label_key']
+  trained = trainer.load(workdir)
+  inputs = np.zeros((3,) + trained.input_shape, np.uint8)
+  assert trained.logits(inputs).shape == (3, UNLISTED[name]['num_classes'])
