@@ -18,6 +18,10 @@ def get_config() -> ml_collections.ConfigDict:
   # --list=datasets); or an image folder 'folder:/PATH' holding PATH/train/CLASS/*.jpg|jpeg|png
   # and PATH/val/... (or the folder's ArrayRecord copy made by python -m trainer.data.convert).
   config.dataset = 'digits'
+  # Modules imported before anything is built, comma-separated (e.g. 'my_data.shapes', a
+  # package that registers a TFDS builder of your own, then named by `dataset`), from the
+  # working directory or PYTHONPATH, on every process; '' = none.
+  config.imports = ''
   # TFDS data dir (path or gs://); '' = $TFDS_DATA_DIR or ~/tensorflow_datasets.
   config.tfds_data_dir = ''
   # Split names (TFDS slicing such as 'train[:90%]' allowed; for a folder, its subfolders).

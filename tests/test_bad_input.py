@@ -248,6 +248,11 @@ COMMAND_LINE_MISTAKES = [
      "error: model='my_models.no_such:Net': module 'my_models.no_such' does not import "
      "(ModuleNotFoundError: No module named 'my_models'); it is looked for in the working "
      'directory'),
+    (['trainer.main', '--config=configs/default.py', '--workdir={workdir}',
+      '--config.imports=my_data.builders'],
+     "error: imports='my_data.builders': module 'my_data.builders' does not import "
+     "(ModuleNotFoundError: No module named 'my_data'); it is looked for in the working "
+     'directory'),
     (['trainer.main', '--config=configs/default.py', '--workdir={workdir}', '--epochs=3'],
      "error: Unknown command line flag 'epochs'"),
     (['trainer.main', '--config=configs/default.py', '{workdir}'],

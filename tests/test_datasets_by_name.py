@@ -2,12 +2,18 @@
 (image and label features, classes, shape), trained under `tfds.testing.mock_data` (TFDS's
 own builders offline); one grammar for dataset names in `dataset` and `eval_splits`."""
 
+import glob
+import os
+import subprocess
+import sys
+
 import jax
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
 import trainer
+from scripts import processes
 from trainer import checkpoint
 from trainer import train
 from trainer import writers
@@ -93,3 +99,86 @@ def test_an_unlisted_dataset_trains_evaluates_and_loads(config, tmp_path, name):
   trained = trainer.load(workdir)
   inputs = np.zeros((3,) + trained.input_shape, np.uint8)
   assert trained.logits(inputs).shape == (3, UNLISTED[name]['num_classes'])
+
+
+# A user's own TFDS builder, in a package of their project: it prepares from a local file
+# (no download), names its features 'picture' and 'kind', and has no 'test' split.
+USER_BUILDER = '''
+import os
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+
+class MyShapes(tfds.core.GeneratorBasedBuilder):
+  VERSION = tfds.core.Version('1.0.0')
+
+  def _info(self):
+    return self.dataset_info_from_configs(
+        features=tfds.features.FeaturesDict({
+            'picture': tfds.features.Image(shape=(12, 12, 3)),
+            'kind': tfds.features.ClassLabel(names=['square', 'cross', 'dot'])}),
+        supervised_keys=('picture', 'kind'))
+
+  def _split_generators(self, dl_manager):
+    del dl_manager  # Nothing to download.
+    source = os.path.join(os.path.dirname(__file__), 'shapes.npz')
+    return {'train': self._generate_examples(source, 'train'),
+            'validation': self._generate_examples(source, 'validation')}
+
+  def _generate_examples(self, source, split):
+    data = np.load(source)
+    for index, (image, label) in enumerate(zip(data['x_' + split], data['y_' + split])):
+      yield index, {'picture': image, 'kind': int(label)}
+'''
+
+
+def _shapes(n, rng):
+  """`n` 12x12 RGB pictures of three kinds (a square, a cross, a dot) and their kinds."""
+  images = np.zeros((n, 12, 12, 3), np.uint8)
+  labels = rng.randint(0, 3, n)
+  for image, label in zip(images, labels):
+    colour = rng.randint(64, 256, 3)
+    if label == 0:
+      image[3:9, 3:9] = colour
+    elif label == 1:
+      image[5:7, :] = image[:, 5:7] = colour
+    else:
+      image[5:7, 5:7] = colour
+  return images, labels
+
+
+@pytest.mark.slow
+def test_a_users_own_builder_prepares_offline_and_trains_by_index(tmp_path):
+  """`--config.imports` imports the user's package, which registers its builder; the
+  trainer prepares it (as ArrayRecord, read by index) from local files, reads its own
+  feature names and evaluates its validation split, there being no test split."""
+  package = tmp_path / 'project' / 'my_data'
+  package.mkdir(parents=True)
+  (package / '__init__.py').write_text('')
+  (package / 'shapes.py').write_text(USER_BUILDER)
+  rng = np.random.RandomState(0)
+  x_train, y_train = _shapes(96, rng)
+  x_validation, y_validation = _shapes(30, rng)
+  np.savez(package / 'shapes.npz', x_train=x_train, y_train=y_train, x_validation=x_validation,
+           y_validation=y_validation)
+  workdir, data_dir = tmp_path / 'run', tmp_path / 'tfds'
+  result = subprocess.run(
+      [sys.executable, '-m', 'trainer.main',
+       f'--config={os.path.join(processes.REPO, "configs", "default.py")}',
+       f'--workdir={workdir}', '--cpu_devices=2', '--config.imports=my_data.shapes',
+       '--config.dataset=my_shapes', f'--config.tfds_data_dir={data_dir}',
+       '--config.cache=False', '--config.num_train_steps=40', '--config.warmup_steps=5',
+       '--config.batch_size=16', '--config.eval_batch_size=16', '--config.eval_every_steps=40',
+       '--config.log_every_steps=20', '--config.checkpoint_every_steps=40'],
+      cwd=tmp_path / 'project', env=processes.environment(), capture_output=True, text=True,
+      timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'training data read by index from ArrayRecord files' in result.stderr
+  assert "eval_split='test': dataset 'my_shapes' has no test split; evaluating its " \
+         'validation split' in result.stderr
+  assert glob.glob(str(data_dir / 'my_shapes' / '1.0.0' / '*.array_record*'))
+  scalars, _ = writers.read_events(str(workdir))
+  assert scalars['eval_accuracy'][40] > 0.6  # Three kinds: chance is 1/3.
+  _, meta = checkpoint.read_meta(str(workdir))
+  assert (meta.dataset['image_key'], meta.dataset['label_key']) == ('picture', 'kind')

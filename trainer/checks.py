@@ -9,6 +9,7 @@ from trainer import losses
 from trainer import modeling
 from trainer import optim
 from trainer import parallel
+from trainer import user_imports
 from trainer.data import specs
 from trainer.errors import UserError
 
@@ -94,7 +95,10 @@ def _choice(field: str, value, choices) -> None:
 
 
 def check_config(config, *, process_count: int, local_device_count: int) -> None:
-  """Raises `UserError` naming the first bad value and how to fix it."""
+  """Raises `UserError` naming the first bad value and how to fix it. The modules of
+  `config.imports` are imported first: they may register the datasets and models the config
+  names."""
+  user_imports.import_modules(config)
   _check_durations(config)
   for field in _POSITIVE_FIELDS:
     value = config[field]

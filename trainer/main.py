@@ -59,6 +59,22 @@ def _cluster_detected() -> bool:
   return len([h for h in os.environ.get('TPU_WORKER_HOSTNAMES', '').split(',') if h]) > 1
 
 
+def _several_processes() -> bool:
+  """Whether this process is one of several: started by hand with the process flags, or in a
+  detected cluster."""
+  return FLAGS.coordinator_address is not None or _cluster_detected()
+
+
+def _import_error(config):
+  """The `UserError` of a module of `config.imports` that does not import, else None."""
+  from trainer import user_imports  # pylint: disable=import-outside-toplevel  # (no TF)
+  try:
+    user_imports.import_modules(config)
+  except UserError as e:
+    return e
+  return None
+
+
 def _check_flags() -> None:
   """The device and process flags, checked before anything starts."""
   if FLAGS.cpu_devices is not None and FLAGS.cpu_devices <= 0:
@@ -165,10 +181,19 @@ def main(argv):
     _check_flags()
     config = checks.command_line_config(FLAGS['config'])
     # What the device count does not decide, checked before TensorFlow or a JAX backend
-    # starts; the rest once the devices are known.
-    checks.check_config(config, process_count=1, local_device_count=1)
+    # starts; the rest once the devices are known. A module of config.imports that does not
+    # import on this process of several stops them all, once they are connected.
+    import_error = _import_error(config)
+    if import_error is None:
+      checks.check_config(config, process_count=1, local_device_count=1)
+    elif not _several_processes():
+      raise import_error
     from trainer import train  # pylint: disable=import-outside-toplevel  # (TensorFlow)
     _set_up_devices()
+    if jax.process_count() > 1:
+      from trainer import parallel, user_imports  # pylint: disable=import-outside-toplevel
+      parallel.on_every_process(lambda: user_imports.import_modules(config),
+                                f'import imports={config.imports!r}')
     logging.info('JAX process %d of %d; %d local and %d global %s devices',
                  jax.process_index(), jax.process_count(), jax.local_device_count(),
                  jax.device_count(), jax.default_backend())

@@ -59,7 +59,6 @@ import importlib
 import inspect
 import json
 import os
-import sys
 from typing import Any, Callable, Optional
 
 import flax.linen as nn
@@ -69,6 +68,7 @@ from flax.core import scope as scope_lib
 
 import models
 from models import layers
+from trainer import user_imports
 from trainer.errors import UserError
 from trainer.keys import AXIS_NAME
 
@@ -111,21 +111,14 @@ def check_name(name: str) -> None:
                     f'or give your own module as pkg.module:Name (--config.model=NAME){guess}')
 
 
-def _first_line(error: BaseException) -> str:
-  lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-  return f'{type(error).__name__}: {lines[0]}' if lines else type(error).__name__
-
-
 def _import(name: str) -> Any:
   """The object `pkg.module:Name` names, imported from the working directory and sys.path."""
   module_name, _, attribute = name.partition(':')
-  # `python -m` puts the working directory first on the path; a console script does not.
-  if '' not in sys.path and os.getcwd() not in sys.path:
-    sys.path.insert(0, os.getcwd())
+  user_imports.put_working_directory_on_path()
   try:
     obj = importlib.import_module(module_name)
   except Exception as e:  # pylint: disable=broad-except  # The user's code: any error.
-    raise UserError(f'model={name!r}: module {module_name!r} does not import ({_first_line(e)}); '
+    raise UserError(f'model={name!r}: module {module_name!r} does not import ({user_imports.first_line(e)}); '
                     f'it is looked for in the working directory {os.getcwd()} and on sys.path '
                     '(add its folder to PYTHONPATH)') from None
   where = getattr(obj, '__file__', module_name)
@@ -600,7 +593,7 @@ def build(config, num_classes: int, input_shape: Optional[tuple[int, ...]], *,
       module = source.factory(**kwargs)
     except Exception as e:  # pylint: disable=broad-except  # The user's constructor.
       raise UserError(f'model={source.name!r} cannot be built with {_describe(kwargs)} '
-                      f'({_first_line(e)})') from None
+                      f'({user_imports.first_line(e)})') from None
   if not isinstance(module, nn.Module):
     raise UserError(f'model={source.name!r} gives an object of type '
                     f'{type(module).__name__}, not a flax module: give a flax.linen.Module or '
@@ -628,7 +621,7 @@ def _built_nnx(source: Source, kwargs: dict, lines: list[str]) -> Built:
     own = _nnx_own_streams(source.factory, kwargs, takes_rngs)
   except Exception as e:  # pylint: disable=broad-except  # The user's constructor.
     raise UserError(f'model={source.name!r} cannot be built with {_describe(kwargs)} '
-                    f'({_first_line(e)})') from None
+                    f'({user_imports.first_line(e)})') from None
   if own:
     lines.append(_NNX_OWN_RNG.format(', '.join(own)))
   record = None if source.record is None else (source.record[0], {
@@ -657,7 +650,7 @@ def probe(model: Model, input_shape: tuple[int, ...], batch: int, num_classes: i
     variables = jax.eval_shape(lambda r: model.init(r, (1,) + tuple(input_shape)), key)
   except Exception as e:  # pylint: disable=broad-except  # The user's code.
     raise UserError(f'model={model.name!r} fails to initialize on {where} '
-                    f'({_first_line(e)})') from None
+                    f'({user_imports.first_line(e)})') from None
   _check_logits(model, jax.eval_shape(lambda v, im: model.apply(v, im, train=False),
                                       variables, x), 'evaluation', batch, num_classes, where)
   notes = Notes()
@@ -678,7 +671,7 @@ def probe(model: Model, input_shape: tuple[int, ...], batch: int, num_classes: i
     raise
   except Exception as e:  # pylint: disable=broad-except  # The user's code.
     raise UserError(f'model={model.name!r} fails in training mode on {where} '
-                    f'({_first_line(e)})') from None
+                    f'({user_imports.first_line(e)})') from None
   _check_logits(model, jax.ShapeDtypeStruct(logits.shape[1:], logits.dtype), 'training', batch,
                 num_classes, where)
   return notes.describe()

@@ -28,6 +28,7 @@ updating its part (`map_train_step`).
 
 import collections
 import queue as queue_lib
+import socket
 import threading
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Sequence
 
@@ -39,6 +40,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from trainer.errors import UserError
 from trainer.keys import AXIS_NAME  # pylint: disable=unused-import  # (re-exported)
 
 # AXIS_NAME is the one name of the device axis. The step's collectives reduce over it, and the
@@ -68,6 +70,33 @@ def sync_processes(name: str) -> None:
   """A barrier over every process of a multi-process run; nothing in a single-process one."""
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices(name)
+
+
+def on_every_process(action: Callable[[], Any], what: str) -> Any:
+  """`action()` on every process; where it raises `UserError` on any, every process raises
+  one: the process that failed names itself, its host and the error; the others name it and
+  `what`."""
+  error = None
+  try:
+    result = action()
+  except UserError as e:
+    error = e
+  if jax.process_count() == 1:
+    if error is not None:
+      raise error
+    return result
+  host = socket.gethostname()
+  word = np.frombuffer(host.encode()[:64].ljust(64, b' '), np.uint8).astype(np.int32)
+  everyone = np.asarray(multihost_utils.process_allgather(
+      np.concatenate([[int(error is not None)], word]).astype(np.int32)))
+  failed = [i for i in range(everyone.shape[0]) if everyone[i, 0]]
+  if error is not None:
+    raise UserError(f'process {jax.process_index()} on host {host}: {error}')
+  if failed:
+    other = bytes(everyone[failed[0], 1:].astype(np.uint8)).decode(errors='replace').strip()
+    raise UserError(f'process {failed[0]} on host {other} cannot {what} (its log says why); '
+                    'every process stops')
+  return result
 
 
 def shard(batch: Any, num_devices: int) -> Any:

@@ -12,7 +12,6 @@
 import dataclasses
 import itertools
 import os
-import socket
 import time
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -293,33 +292,6 @@ class _Run:
   torch_weights: Optional[dict] = None
 
 
-def _on_every_process(action: Callable[[], Any], what: str) -> Any:
-  """`action()` on every process; where it raises `UserError` on any, every process raises
-  one: the process that failed names itself, its host and the error; the others name it and
-  `what`."""
-  error = None
-  try:
-    result = action()
-  except UserError as e:
-    error = e
-  if jax.process_count() == 1:
-    if error is not None:
-      raise error
-    return result
-  host = socket.gethostname()
-  word = np.frombuffer(host.encode()[:64].ljust(64, b' '), np.uint8).astype(np.int32)
-  everyone = np.asarray(multihost_utils.process_allgather(
-      np.concatenate([[int(error is not None)], word]).astype(np.int32)))
-  failed = [i for i in range(everyone.shape[0]) if everyone[i, 0]]
-  if error is not None:
-    raise UserError(f'process {jax.process_index()} on host {host}: {error}')
-  if failed:
-    other = bytes(everyone[failed[0], 1:].astype(np.uint8)).decode(errors='replace').strip()
-    raise UserError(f'process {failed[0]} on host {other} cannot {what} (its log says why); '
-                    'every process stops')
-  return result
-
-
 def _build_model(config, num_classes: int, input_shape: tuple[int, ...], per_device: int, *,
                  model: Any, command_line) -> modeling.Model:
   """The run's model built and traced on abstract shapes (`modeling.probe`), what it cannot
@@ -332,7 +304,7 @@ def _build_model(config, num_classes: int, input_shape: tuple[int, ...], per_dev
                                          config.dtype)
     return built.model, lines
 
-  built, lines = _on_every_process(build, f'build model={config.model!r}')
+  built, lines = parallel.on_every_process(build, f'build model={config.model!r}')
   for line in lines:
     logging.warning('%s', line)
   return built

@@ -105,13 +105,16 @@ def get_builder(config, *, process_index: int = 0, dataset: Optional[str] = None
     # Importing the module registers the builder under its name.
     import trainer.data.datasets.digits  # pylint: disable=unused-import,import-outside-toplevel
 
-  def make_builder():
+  def make_builder(**kwargs):
     # A builder reads the data dir's metadata when made: make it again once data is there.
-    return tfds.builder(ds_spec.tfds_name, data_dir=data_dir)
+    return tfds.builder(ds_spec.tfds_name, data_dir=data_dir, **kwargs)
 
   builder = make_builder()
   readable = _readable(builder, split)
-  if not readable and not ds_spec.shipped and not _download_reachable():
+  # TFDS's own builders download; a user's (registered by config.imports) may prepare from
+  # local files, and says itself what it cannot reach.
+  downloads = type(builder).__module__.startswith('tensorflow_datasets.')
+  if not readable and not ds_spec.shipped and downloads and not _download_reachable():
     raise UserError(
         f'dataset={dataset!r} is not prepared in the TFDS data dir {builder.data_dir} '
         f'and cannot be downloaded (no route to {DOWNLOAD_PROBE[0]}); prepare it there or '
@@ -121,14 +124,33 @@ def get_builder(config, *, process_index: int = 0, dataset: Optional[str] = None
     # cursor moves).
     tfds.disable_progress_bar()
   if not readable and process_index == 0:
-    builder.download_and_prepare()
+    _prepare(make_builder(**_PREPARED_FORMAT) if not ds_spec.shipped else builder, dataset)
   # Every process passes here, whatever it found, so that none waits for another forever.
   _sync_processes(f'prepare {ds_spec.tfds_name}')
   if not readable and process_index > 0:
     builder = make_builder()
     if not _readable(builder, split):
-      builder.download_and_prepare()
+      _prepare(make_builder(**_PREPARED_FORMAT) if not ds_spec.shipped else builder, dataset)
+  if not readable:
+    builder = make_builder()  # With the prepared data's metadata.
   return _with_every_format(builder)
+
+
+# What the trainer prepares is written as ArrayRecord: read by index, so the global training
+# stream holds on any topology (a TFRecord-only copy is read in sequence, and a run says so).
+_PREPARED_FORMAT = {'file_format': ARRAY_RECORD}
+
+
+def _prepare(builder, dataset: str) -> None:
+  """`builder.download_and_prepare()`, a failure of the builder's own code said in one
+  line."""
+  try:
+    builder.download_and_prepare()
+  except Exception as e:  # pylint: disable=broad-except  # A builder's code: any error.
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    raise UserError(f'dataset={dataset!r}: preparing it in {builder.data_dir} failed '
+                    f'({type(e).__name__}: {lines[0] if lines else ""}); fix its builder or '
+                    'its source files, then run again') from None
 
 
 def _converted_builder(found: folder_lib.ImageFolder):

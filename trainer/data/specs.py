@@ -162,6 +162,9 @@ def _tfds_spec(name: str) -> DatasetSpec:
     builder = tfds.builder(name)
   except Exception as e:  # pylint: disable=broad-except  # TFDS's errors for a bad name vary.
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if not isinstance(e, tfds.core.registered.DatasetNotFoundError):
+      raise UserError(f'dataset={name!r}: its TFDS builder cannot be made ({type(e).__name__}: '
+                      f'{first}); fix the builder\'s code') from None
     raise UserError(f'dataset={name!r} is not a TFDS dataset ({first}); name one of TFDS\'s '
                     f'image classification datasets (NAME, NAME/CONFIG or NAME:VERSION), one of '
                     f'{", ".join(names())}, or an image folder (--config.dataset=folder:/PATH); '
