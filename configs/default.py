@@ -58,6 +58,12 @@ def get_config() -> ml_collections.ConfigDict:
   # when shrinking and interpolates bilinearly when enlarging; 'antialias' is torchvision's
   # bilinear filter with antialiasing (about twice the CPU time per image).
   config.resize_filter = 'area'
+  # Normalization of the images the model sees, per channel, comma-separated (one value for
+  # all channels, or one each): (x - image_mean) / image_std, x on the [0, 1] scale of uint8
+  # images (or the float images' own scale); '' = the dataset's (README lists them; float
+  # images are otherwise taken as they are).
+  config.image_mean = ''
+  config.image_std = ''  # Per channel, as image_mean; '' = the dataset's.
   config.randaugment_num_layers = 0  # RandAugment ops applied per image; 0 = off.
   config.randaugment_magnitude = 9  # RandAugment magnitude, an integer in [0, 30].
   config.random_erase_prob = 0.0  # Probability of erasing a random box of an image; 0 = off.

@@ -11,24 +11,39 @@ metrics and errors:
     trained = trainer.load('/tmp/run')              # trainer/inference.py
 
 `model` (optional) is a flax module object, class or function in place of `config.model`;
+`data` (optional) numpy images and labels of each split in place of `config.dataset`;
 `loss` (optional) a function `loss(logits, targets) -> per-example loss` in place of
 `config.loss` (`trainer/losses.py`); `trainer/modeling.py` says what a model must be.
 (`fit`, not `train`: `trainer.train` is the module of the loop.)
 """
 
 
-def fit(config, workdir: str, *, model=None, loss=None, devices=None):
+def _with_data(config, data):
+  """`config` reading `data` ({split: (images, labels)} numpy arrays) where given."""
+  if data is None:
+    return config
+  from trainer.data import arrays  # pylint: disable=import-outside-toplevel  # (numpy)
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.dataset = arrays.give(data)
+  return config
+
+
+def fit(config, workdir: str, *, model=None, loss=None, data=None, devices=None):
   """Trains `config` in `workdir`, resuming from its newest checkpoint; returns the final
-  state (`trainer.train.train_and_evaluate`)."""
+  state (`trainer.train.train_and_evaluate`). `data`: {split: (images, labels)} numpy arrays
+  to train on in place of `config.dataset` (`trainer/data/arrays.py`)."""
   from trainer import train as train_lib  # pylint: disable=import-outside-toplevel  # (TF)
-  return train_lib.train_and_evaluate(config, workdir, devices=devices, model=model, loss=loss)
+  return train_lib.train_and_evaluate(_with_data(config, data), workdir, devices=devices,
+                                      model=model, loss=loss)
 
 
-def evaluate(config, workdir: str, *, model=None, loss=None, devices=None) -> dict:
+def evaluate(config, workdir: str, *, model=None, loss=None, data=None, devices=None) -> dict:
   """Evaluates the newest checkpoint of `workdir` on the config's evaluations, writes the
   scalars at its step and returns them (`trainer.train.evaluate_only`)."""
   from trainer import train as train_lib  # pylint: disable=import-outside-toplevel  # (TF)
-  return train_lib.evaluate_only(config, workdir, devices=devices, model=model, loss=loss)
+  return train_lib.evaluate_only(_with_data(config, data), workdir, devices=devices,
+                                 model=model, loss=loss)
 
 
 def load(workdir: str, step=None, *, model=None):

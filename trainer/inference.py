@@ -52,12 +52,13 @@ class Trained:
                                   self.config.dtype)
 
   def preprocess(self, images: Images) -> np.ndarray:
-    """uint8 model inputs (N, H, W, C) from images as the dataset stores them: an array
+    """Model inputs (N, H, W, C), uint8 (float32 for a float dataset), from images as the
+    dataset stores them: an array
     (N, H, W, C) or a list of (H, W, C) arrays (any size where the evaluation crops), or
     encoded JPEG/PNG bytes; resized and center-cropped as the evaluation does."""
     if isinstance(images, np.ndarray) and images.ndim == 3 and self.input_shape[-1] == 1:
       images = images[..., None]  # (N, H, W) greyscale.
-    if (isinstance(images, np.ndarray) and images.dtype == np.uint8 and
+    if (isinstance(images, np.ndarray) and images.dtype == np.dtype(self.spec.dtype) and
         images.shape[1:] == self.input_shape):
       return images
     encoded = bool(len(images)) and isinstance(images[0], bytes)
@@ -66,7 +67,7 @@ class Trained:
           np.shape(images[0]) if len(images) else ())
       raise UserError(f'images of shape {tuple(shape)} (dtype '
                       f'{getattr(images, "dtype", type(images[0]).__name__)}): this model '
-                      f'takes uint8 images of {self.input_shape}, as dataset '
+                      f'takes {self.spec.dtype} images of {self.input_shape}, as dataset '
                       f'{self.spec.name!r} stores them')
     from trainer.data import pipeline  # pylint: disable=import-outside-toplevel  # (TF)
     return pipeline.eval_preprocessed(self.config, self.spec, images, encoded)

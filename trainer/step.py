@@ -30,24 +30,27 @@ from trainer.state import TrainState
 
 @dataclasses.dataclass(frozen=True)
 class Normalization:
-  """uint8 images to the model's input: x / 255, less the dataset's per-channel mean, over
-  its std; then in the compute dtype."""
+  """Images to the model's input: x / 255 for uint8 images (float32 ones as they are), less
+  the dataset's per-channel mean, over its std; then in the compute dtype."""
   mean: tuple[float, ...] = (0.0,)
   std: tuple[float, ...] = (1.0,)
   dtype: str = 'float32'  # The compute dtype (config.dtype).
 
   @classmethod
   def from_config(cls, config) -> 'Normalization':
-    ds_spec = specs.spec(config.dataset)
+    ds_spec = specs.for_config(config)  # The dataset's statistics, or the config's.
     return cls(tuple(ds_spec.mean), tuple(ds_spec.std), config.dtype)
 
   def to_float(self, images: jax.Array) -> jax.Array:
     """float32 normalized images."""
-    if images.dtype != jnp.uint8:
-      raise TypeError(f'the steps take uint8 images (as the input pipeline sends them), got '
-                      f'{images.dtype}')
-    return (images.astype(jnp.float32) / 255.0 - jnp.asarray(self.mean, jnp.float32)) / (
-        jnp.asarray(self.std, jnp.float32))
+    if images.dtype == jnp.uint8:
+      images = images.astype(jnp.float32) / 255.0
+    elif images.dtype == jnp.float32:
+      pass  # Float datasets (arrays) are on their own scale.
+    else:
+      raise TypeError(f'the steps take uint8 or float32 images (as the input pipeline sends '
+                      f'them), got {images.dtype}')
+    return (images - jnp.asarray(self.mean, jnp.float32)) / jnp.asarray(self.std, jnp.float32)
 
   def __call__(self, images: jax.Array) -> jax.Array:
     return self.to_float(images).astype(self.dtype)

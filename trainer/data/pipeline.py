@@ -31,6 +31,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from trainer.data import arrays as arrays_lib
 from trainer.data import folder as folder_lib
 from trainer.data import preprocess
 from trainer.data import sources
@@ -83,6 +84,9 @@ class TrainData:
 
   @functools.cached_property
   def _in_memory(self) -> sources.InMemory:
+    if arrays_lib.is_arrays(self.spec.name):  # In memory already, decoded.
+      return sources.indexed(self.config, self.spec, None, self.split,
+                             data_threads(self.config))
     decoded = None if self.spec.augment == 'inception' else self.spec.image_shape
     return sources.load(self.config, self.spec, self.builder, self.split, decoded,
                         data_threads(self.config), options(self.config))
@@ -95,7 +99,8 @@ class TrainData:
 
   def plan(self) -> preprocess.Plan:
     """What each training example goes through."""
-    encoded = self.mode != sources.IN_MEMORY or self.spec.augment == 'inception'
+    encoded = not arrays_lib.is_arrays(self.spec.name) and (
+        self.mode != sources.IN_MEMORY or self.spec.augment == 'inception')
     return preprocess.train_plan(self.config, self.spec, encoded)
 
   def describe(self, process_count: int) -> list[str]:
@@ -186,7 +191,9 @@ def _gathered(source: sources.InMemory, rows: stream_lib.TrainRows, seed: int
 
 
 def split_size(ds_spec: specs.DatasetSpec, builder, split) -> int:
-  """Examples in `split` (slicing allowed) of a TFDS dataset or an image folder."""
+  """Examples in `split` (slicing allowed) of a TFDS dataset, an image folder or arrays."""
+  if arrays_lib.is_arrays(ds_spec.name):
+    return len(sources.array_selection(ds_spec.name, split)[1])
   if builder is None:
     return len(sources.folder_selection(folder_lib.scan(ds_spec.folder), split)[1])
   return sources.count(builder, split)
@@ -283,7 +290,7 @@ def eval_data(config, builder, *, process_index: int = 0, process_count: int = 1
                                     process_count=process_count)
   threads = data_threads(config)
   ds, _ = sources.split_examples(config, ds_spec, builder, part, threads, options(config))
-  plan = preprocess.eval_plan(config, ds_spec, encoded=True)
+  plan = preprocess.eval_plan(config, ds_spec, encoded=not arrays_lib.is_arrays(ds_spec.name))
   ds = ds.map(lambda e: {'image': plan(e['image'], 0, config.seed), 'label': e['label']},
               num_parallel_calls=threads, deterministic=True)
   ds = ds.batch(per_process, drop_remainder=False)
@@ -332,6 +339,9 @@ def eval_preprocessed(config, spec: specs.DatasetSpec, images, encoded: bool) ->
 def read_examples(config, split: str, limit: Optional[int] = None) -> tuple[Any, np.ndarray]:
   """(images, labels) of `split` of `config.dataset` as the dataset stores them (a uint8
   array where they share one size, else a list), at most `limit`."""
+  if arrays_lib.is_arrays(config.dataset):
+    images, labels = sources.array_selection(config.dataset, split)
+    return images[:limit], labels[:limit]
   builder = sources.get_builder(config, split=split)
   ds_spec = specs.spec(config.dataset)
   images, labels = [], []

@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from trainer.data import arrays as arrays_lib
 from trainer.data import folder as folder_lib
 from trainer.data import specs
 from trainer.errors import UserError
@@ -97,6 +98,8 @@ def get_builder(config, *, process_index: int = 0, dataset: Optional[str] = None
   """
   dataset = dataset or config.dataset
   split = split or config.train_split
+  if arrays_lib.is_arrays(dataset):
+    return None  # Arrays: read from memory.
   ds_spec = specs.spec(dataset)
   if ds_spec.folder:
     return _converted_builder(folder_lib.scan(ds_spec.folder))
@@ -165,6 +168,8 @@ def check_split(config, builder, split: str, field: str, dataset: Optional[str] 
   listing those it has. Builders without split metadata (tfds.testing.mock_data's) are not
   checked."""
   ds_spec = specs.spec(dataset or config.dataset)
+  if arrays_lib.is_arrays(ds_spec.name):
+    return _array_split(ds_spec.name, split, field)
   if ds_spec.folder:
     split, note = folder_lib.scan(ds_spec.folder).split_name(split, field)
     if note:
@@ -191,6 +196,37 @@ def check_split(config, builder, split: str, field: str, dataset: Optional[str] 
   return split
 
 
+def _array_split(name: str, split: str, field: str) -> str:
+  """`split` of an array dataset, checked as `check_split` checks a TFDS one."""
+  sizes = arrays_lib.read(name).split_sizes
+  base, bracket, rest = split.partition('[')
+  if all(part.partition('[')[0] in sizes for part in split.split('+')):
+    return split
+  stand_in = next((n for n in folder_lib.EVAL_SPLIT_NAMES if n in sizes), None)
+  if field == 'eval_split' and base in folder_lib.EVAL_SPLIT_NAMES and stand_in:
+    from absl import logging  # pylint: disable=import-outside-toplevel
+    logging.warning('%s=%r: dataset %r has no %s split; evaluating its %s split '
+                    '(--config.%s=%s says so)', field, split, name, base, stand_in, field,
+                    stand_in)
+    return stand_in + bracket + rest
+  raise UserError(f'{field}: dataset {name!r} has no split {split!r}; it has: '
+                  f'{", ".join(sorted(sizes))} (arrays x_<split>, y_<split>; slicing such as '
+                  f"'train[:90%]' is allowed; --config.{field}=...)")
+
+
+def array_selection(name: str, split) -> tuple[np.ndarray, np.ndarray]:
+  """The images and labels of an array dataset's `split` (a name with TFDS slicing, e.g.
+  'train[:90%]' or 'train+val', or a `tfds.even_splits` part), in order."""
+  found = arrays_lib.read(name)
+  instruction = tfds.core.ReadInstruction.from_spec(split)
+  sizes = {n: types.SimpleNamespace(num_examples=k) for n, k in found.split_sizes.items()}
+  parts = [(found.splits[part.splitname], part.from_, part.to)
+           for part in instruction.to_absolute(sizes)]
+  images = np.concatenate([images[start:stop] for (images, _), start, stop in parts])
+  labels = np.concatenate([labels[start:stop] for (_, labels), start, stop in parts])
+  return images, labels
+
+
 def folder_selection(found: folder_lib.ImageFolder, split) -> tuple[np.ndarray, np.ndarray]:
   """The file paths and labels of a folder's `split` (a split name with TFDS slicing, e.g.
   'train[:90%]' or 'train+val', or a `tfds.even_splits` part), in order."""
@@ -208,7 +244,7 @@ def read_mode(config, builder) -> str:
   """How the training split is read: IN_MEMORY with `config.cache`; else by index from
   ArrayRecord files where the dataset has them, from an image folder's files, or in
   sequence from TFRecord files."""
-  if config.cache:
+  if config.cache or arrays_lib.is_arrays(config.dataset):
     return IN_MEMORY
   if builder is None:
     return FILES
@@ -333,7 +369,11 @@ def sequential_examples(builder, ds_spec: specs.DatasetSpec, split,
 
 
 def indexed(config, ds_spec: specs.DatasetSpec, builder, split, threads: int) -> Source:
-  """`split` read by index, from ArrayRecord files or an image folder's files (not loaded)."""
+  """`split` read by index, from ArrayRecord files or an image folder's files (not loaded),
+  or from memory (arrays)."""
+  if arrays_lib.is_arrays(ds_spec.name):
+    images, labels = array_selection(ds_spec.name, split)
+    return InMemory(len(labels), False, threads, images=images, labels=labels)
   if builder is None:
     paths, labels = folder_selection(folder_lib.scan(ds_spec.folder), split)
     return ImageFiles(len(labels), True, threads, paths=tf.constant(paths),

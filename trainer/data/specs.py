@@ -12,6 +12,7 @@ import dataclasses
 import functools
 from typing import Optional
 
+from trainer.data import arrays as arrays_lib
 from trainer.data import folder as folder_lib
 from trainer.errors import UserError
 
@@ -53,6 +54,7 @@ class DatasetSpec:
   # The builder's features holding the image and the class label (its supervised keys).
   image_key: str = 'image'
   label_key: str = 'label'
+  dtype: str = 'uint8'  # Of the stored images: 'uint8', or 'float32' (arrays only).
 
   @property
   def input_shape(self) -> tuple[int, int, int]:
@@ -138,9 +140,24 @@ def spec(name: str) -> DatasetSpec:
   builder's metadata (`NAME`, `NAME/CONFIG`, `NAME:VERSION`; nothing is downloaded)."""
   if is_folder(name):
     return _folder_spec(name)
+  if arrays_lib.is_arrays(name):
+    return _arrays_spec(name)
   if name in DATASETS:
     return DATASETS[name]
   return _tfds_spec(name)
+
+
+def _arrays_spec(name: str) -> DatasetSpec:
+  """The spec of an .npz file or of arrays given from Python: uint8 images normalized as a
+  folder's are, float32 ones taken as they are."""
+  found = arrays_lib.read(name)
+  channels = found.image_shape[-1]
+  statistics = (_photo_statistics(channels) if found.dtype == 'uint8' else
+                dict(mean=(0.0,), std=(1.0,)))
+  return DatasetSpec(name, num_classes=found.num_classes, channels=channels,
+                     image_shape=found.image_shape,
+                     num_train_examples=found.split_sizes.get('train', 0), **statistics,
+                     trainable='train' in found.splits, dtype=found.dtype)
 
 
 def _photo_statistics(channels: int) -> dict:
@@ -220,10 +237,31 @@ def _supervised_keys(name: str, info) -> tuple[str, str]:
   return images[0], labels[0]
 
 
+def _statistics(config, base: DatasetSpec) -> DatasetSpec:
+  """`base` with the config's normalization (`image_mean`, `image_std`) where set."""
+  for field in ('image_mean', 'image_std'):
+    text = config.get(field, '')
+    if not text:
+      continue
+    try:
+      values = tuple(float(v) for v in text.split(','))
+    except ValueError:
+      values = ()
+    if len(values) not in (1, base.channels) or (field == 'image_std' and min(values) <= 0):
+      scale = ('the [0, 1] scale of uint8 images' if base.dtype == 'uint8' else
+               'the scale of the float images')
+      raise UserError(f'{field}={text!r} must be 1 or {base.channels} comma-separated numbers '
+                      f'(one per channel{", positive" if field == "image_std" else ""}), on '
+                      f'{scale} (--config.{field}=0.5{",0.5" * (base.channels - 1)})')
+    base = dataclasses.replace(base, **{field[len('image_'):]: values})
+  return base
+
+
 def for_config(config) -> DatasetSpec:
-  """The spec of `config.dataset` with the config's augmentation and crop size applied
-  (`augment`, `image_size`; '' and 0 take the dataset's); refuses what cannot run."""
-  base = spec(config.dataset)
+  """The spec of `config.dataset` with the config's augmentation, crop size and
+  normalization applied (`augment`, `image_size`; '' and 0 take the dataset's; `image_mean`,
+  `image_std`); refuses what cannot run."""
+  base = _statistics(config, spec(config.dataset))
   augment = config.augment or base.augment
   if augment not in AUGMENTATIONS:
     raise UserError(f'augment={augment!r} is unknown; choose one of: '
@@ -233,6 +271,15 @@ def for_config(config) -> DatasetSpec:
   if not isinstance(size, int) or size < 0:
     raise UserError(f'image_size={size!r} must be a whole number of pixels >= 0; 0 takes the '
                     'dataset\'s (--config.image_size=N)')
+  if base.dtype != 'uint8':
+    uint8_only = [f'{field}={config[field]!r}' for field in (
+        'randaugment_num_layers', 'random_erase_prob') if config[field]]
+    if augment == 'inception':
+      uint8_only.insert(0, "augment='inception'")
+    if uint8_only:
+      raise UserError(f'{uint8_only[0]} works on uint8 images, and dataset={config.dataset!r} '
+                      f'holds {base.dtype} ones; drop it, or store the images as uint8 '
+                      '(0..255)')
   if augment == 'inception':
     size = size or base.image_size or _square_side(base)
     return dataclasses.replace(base, augment=augment, image_size=size)
