@@ -22,6 +22,10 @@ def get_config() -> ml_collections.ConfigDict:
   # package that registers a TFDS builder of your own, then named by `dataset`), from the
   # working directory or PYTHONPATH, on every process; '' = none.
   config.imports = ''
+  # The dataset's spec as a run recorded it (WORKDIR/dataset_spec.json): taken as it is
+  # instead of the dataset's metadata, on hosts without TensorFlow Datasets (the bare step's
+  # benchmark, the DDP baseline on GPU hosts); '' = read the dataset's.
+  config.dataset_spec = ''
   # TFDS data dir (path or gs://); '' = $TFDS_DATA_DIR or ~/tensorflow_datasets.
   config.tfds_data_dir = ''
   # Split names (TFDS slicing such as 'train[:90%]' allowed; for a folder, its subfolders).
@@ -42,6 +46,10 @@ def get_config() -> ml_collections.ConfigDict:
   # files) and read it by index (the same global batches on any topology); False reads
   # ArrayRecord files (or a folder's image files) by index, else TFRecord files in sequence.
   config.cache = True
+  # Image folders: a file that does not read (not an image, empty, truncated) is left out with
+  # one warning line, and the list is recorded in WORKDIR/left_out_files.json so that every
+  # resume leaves out the same files; False refuses the run, naming them (docs/data.md).
+  config.skip_unreadable_files = True
 
   # Threads that read, decode and augment examples; 0 = every core this process may use.
   config.data_threads = 0

@@ -3,6 +3,7 @@
 own builders offline); one grammar for dataset names in `dataset` and `eval_splits`."""
 
 import glob
+import json
 import os
 import subprocess
 import sys
@@ -99,6 +100,30 @@ def test_an_unlisted_dataset_trains_evaluates_and_loads(config, tmp_path, name):
   trained = trainer.load(workdir)
   inputs = np.zeros((3,) + trained.input_shape, np.uint8)
   assert trained.logits(inputs).shape == (3, UNLISTED[name]['num_classes'])
+  with open(os.path.join(workdir, specs.SPEC_FILE), encoding='utf-8') as f:
+    assert specs.from_json(json.load(f)) == specs.spec(name)
+
+
+def test_a_recorded_spec_serves_a_host_without_tensorflow_datasets(tmp_path):
+  """A run's dataset_spec.json, given as --config.dataset_spec, describes the dataset where
+  TensorFlow Datasets cannot be imported (a GPU host of the DDP baseline or the benchmark)."""
+  path = tmp_path / specs.SPEC_FILE
+  path.write_text(json.dumps(specs.to_json(specs.spec('oxford_flowers102'))))
+  hidden = tmp_path / 'hidden' / 'tensorflow_datasets'
+  hidden.mkdir(parents=True)
+  (hidden / '__init__.py').write_text(
+      'raise ModuleNotFoundError("hidden", name="tensorflow_datasets")\n')
+  code = ('from configs import default; from trainer.data import specs; '
+          'c = default.get_config(); c.dataset = "oxford_flowers102"; c.dataset_spec = {!r}; '
+          'd = specs.for_config(c); print(d.num_classes, d.image_size, d.augment)')
+  env = processes.environment(PYTHONPATH=str(hidden.parent))
+  run = lambda given: subprocess.run([sys.executable, '-c', code.format(given)],
+                                     cwd=processes.REPO, env=env, capture_output=True,
+                                     text=True, timeout=120, check=False)
+  recorded = run(str(path))
+  assert recorded.returncode == 0, recorded.stderr[-2000:]
+  assert recorded.stdout.split() == ['102', '224', 'inception']
+  assert 'tensorflow_datasets' in run('').stderr  # Without it, the metadata is needed.
 
 
 # A user's own TFDS builder, in a package of their project: it prepares from a local file

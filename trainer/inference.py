@@ -104,11 +104,7 @@ def _spec(meta: checkpoint.RunMeta, config) -> specs.DatasetSpec:
   from the config."""
   if meta.dataset is None:
     return specs.for_config(config)
-  fields = dict(meta.dataset)
-  for name in ('image_shape', 'mean', 'std'):
-    if fields.get(name) is not None:
-      fields[name] = tuple(fields[name])
-  return specs.DatasetSpec(**fields)
+  return specs.from_json(meta.dataset)
 
 
 def load(workdir: str, step: Optional[int] = None, *, model: Any = None) -> Trained:

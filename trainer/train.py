@@ -11,6 +11,7 @@
 
 import dataclasses
 import itertools
+import json
 import os
 import time
 from typing import Any, Callable, Iterator, Optional, Sequence
@@ -41,8 +42,10 @@ from trainer import state as state_lib
 from trainer import step as step_lib
 from trainer import workdir as workdir_lib
 from trainer import writers
+from trainer.data import damaged
 from trainer.data import pipeline
 from trainer.data import sources
+from trainer.data import specs
 from trainer.errors import Diverged, Preempted, UserError
 
 PREFETCH_BATCHES = 2  # Batches kept in flight to the devices.
@@ -264,6 +267,13 @@ def _init_from(run: '_Run', state: state_lib.TrainState) -> tuple[state_lib.Trai
                            np.copy, params)), from_step
 
 
+def _write_dataset_spec(workdir: str, config) -> None:
+  """The dataset's spec as this run read it, in `workdir` (`specs.SPEC_FILE`): what
+  `--config.dataset_spec` gives a host without TensorFlow Datasets."""
+  path = epath.Path(workdir) / specs.SPEC_FILE
+  path.write_text(json.dumps(specs.to_json(specs.spec(config.dataset)), indent=1) + '\n')
+
+
 def use_compilation_cache(cache_dir: str) -> None:
   """Turns on JAX's persistent compilation cache in `cache_dir`, for every compiled program
   (the default thresholds skip programs that compile in under a second). It changes JAX's
@@ -349,6 +359,7 @@ def _prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
     logging.warning('compilation_cache_dir=%r is not in use: the cache is process-wide and set '
                     'by the entry point; from Python, call train.use_compilation_cache(%r) '
                     'before training', config.compilation_cache_dir, config.compilation_cache_dir)
+  damaged.settle(config, workdir)  # Image files that do not read: left out (as recorded) or refused.
   data = pipeline.open_train_data(config, process_index=jax.process_index())
   config = optim.resolve_durations(config, data.num_examples)
   data = dataclasses.replace(data, config=config)
@@ -440,6 +451,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   with _lock_workdir(workdir):
     run.checkpointer.set_aside(start.unreadable)
     parallel.sync_processes('unreadable checkpoints set aside')
+    damaged.write_record(workdir, config)  # Before the first step: what every resume leaves out.
+    if jax.process_index() == 0:
+      _write_dataset_spec(workdir, config)
     writer = writers.open_session(workdir, start_step, config.to_dict(),
                                   write_files=jax.process_index() == 0)
     session = _Session(run, start, writer, workdir)
@@ -570,7 +584,7 @@ class _Session:
         examples_seen=start.examples_seen + (step - self.first + 1) * config.batch_size,
         devices=len(self.run.layout.devices), processes=jax.process_count(),
         config=config.to_dict(), window=self.buffer.pending(),
-        dataset=dataclasses.asdict(self.run.data.spec)))
+        dataset=specs.to_json(self.run.data.spec)))
     self.last_saved = step
     self.throughput.start(step)
 

@@ -10,6 +10,7 @@ run.
 
 import dataclasses
 import functools
+import json
 from typing import Optional
 
 from trainer.data import arrays as arrays_lib
@@ -134,10 +135,53 @@ def _folder_spec(name: str) -> DatasetSpec:
       image_size=0 if found.image_shape else DEFAULT_IMAGE_SIZE, folder=found.root)
 
 
+# Specs read from a JSON file a run wrote (config.dataset_spec), by dataset name: taken as
+# they are, without the dataset's metadata (hosts without TensorFlow Datasets).
+_RECORDED: dict[str, DatasetSpec] = {}
+SPEC_FILE = 'dataset_spec.json'  # What a run writes in its workdir.
+
+
+def to_json(ds_spec: DatasetSpec) -> dict:
+  """A spec as JSON values (the checkpoint's meta and `SPEC_FILE` hold it so)."""
+  return dataclasses.asdict(ds_spec)
+
+
+def from_json(fields: dict) -> DatasetSpec:
+  """The spec `to_json` wrote (fields it does not name take their defaults)."""
+  fields = dict(fields)
+  for name in ('image_shape', 'mean', 'std'):
+    if fields.get(name) is not None:
+      fields[name] = tuple(fields[name])
+  known = {f.name for f in dataclasses.fields(DatasetSpec)}
+  return DatasetSpec(**{k: v for k, v in fields.items() if k in known})
+
+
+def use_recorded(config) -> None:
+  """Takes the spec of `config.dataset_spec` (a run's `SPEC_FILE`), where set, as the spec of
+  `config.dataset`; `UserError` where it does not read or names another dataset."""
+  path = config.get('dataset_spec', '')
+  if not path:
+    return
+  try:
+    with open(path, encoding='utf-8') as f:
+      recorded = from_json(json.load(f))
+  except (OSError, ValueError, TypeError) as e:
+    raise UserError(f'dataset_spec={path!r} cannot be read as a dataset spec ({e}); give the '
+                    f'{SPEC_FILE} a run wrote in its workdir') from None
+  if recorded.name != config.dataset:
+    raise UserError(f'dataset_spec={path!r} describes dataset {recorded.name!r}, and the '
+                    f'config trains on dataset={config.dataset!r}; give the spec of that '
+                    'dataset, or drop --config.dataset_spec')
+  _RECORDED[recorded.name] = recorded
+
+
 def spec(name: str) -> DatasetSpec:
   """The spec of dataset `name` (config.dataset): this module's table, an image folder
   (scanned once per process), or any other TFDS image classification dataset, read from its
-  builder's metadata (`NAME`, `NAME/CONFIG`, `NAME:VERSION`; nothing is downloaded)."""
+  builder's metadata (`NAME`, `NAME/CONFIG`, `NAME:VERSION`; nothing is downloaded); or as
+  a run recorded it (`use_recorded`)."""
+  if name in _RECORDED:
+    return _RECORDED[name]
   if is_folder(name):
     return _folder_spec(name)
   if arrays_lib.is_arrays(name):
@@ -261,6 +305,7 @@ def for_config(config) -> DatasetSpec:
   """The spec of `config.dataset` with the config's augmentation, crop size and
   normalization applied (`augment`, `image_size`; '' and 0 take the dataset's; `image_mean`,
   `image_std`); refuses what cannot run."""
+  use_recorded(config)
   base = _statistics(config, spec(config.dataset))
   augment = config.augment or base.augment
   if augment not in AUGMENTATIONS:
