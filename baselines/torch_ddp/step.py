@@ -93,26 +93,30 @@ def describe(model: torch.nn.Module, precision: Precision,
 
 
 class Normalize:
-  """uint8 NHWC images to the normalized float32 NCHW tensors torch's models take, on the
-  device: x / 255, less the dataset's mean, over its std (what the JAX step does)."""
+  """uint8 (or float32) NHWC images to the normalized float32 NCHW tensors torch's models
+  take, on the device: x / 255 for uint8 images, less the dataset's mean (or the config's),
+  over its std (what the JAX step does)."""
 
   def __init__(self, config, device: torch.device, channels_last: bool):
-    ds_spec = specs.spec(config.dataset)
+    ds_spec = specs.for_config(config)
     self.device = device
     self.mean = torch.tensor(ds_spec.mean, dtype=torch.float32, device=device)[:, None, None]
     self.std = torch.tensor(ds_spec.std, dtype=torch.float32, device=device)[:, None, None]
     self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
 
   def rows(self, images: np.ndarray) -> torch.Tensor:
-    """NHWC uint8 numpy images on the device, as they are."""
-    if images.dtype != np.uint8:
-      raise TypeError(f'the twin takes uint8 images, got {images.dtype}')
+    """NHWC uint8 (or float32) numpy images on the device, as they are."""
+    if images.dtype not in (np.uint8, np.float32):
+      raise TypeError(f'the twin takes uint8 or float32 images, got {images.dtype}')
     return torch.from_numpy(images).to(self.device, non_blocking=True)
 
   def __call__(self, images: torch.Tensor) -> torch.Tensor:
-    """NHWC uint8 device images as normalized float NCHW; channels_last keeps NHWC's memory
+    """NHWC device images as normalized float NCHW; channels_last keeps NHWC's memory
     order, else NCHW's."""
-    x = (images.permute(0, 3, 1, 2).float() / 255.0 - self.mean) / self.std
+    x = images.permute(0, 3, 1, 2).float()
+    if images.dtype == torch.uint8:
+      x = x / 255.0
+    x = (x - self.mean) / self.std
     return x.contiguous(memory_format=self.memory_format)
 
 
