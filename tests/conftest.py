@@ -29,6 +29,10 @@ COMPILATION_CACHE = os.path.join(
 os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', COMPILATION_CACHE)
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
+# The image folders' check caches (trainer/data/file_check.py) of the run's generated folders,
+# beside it rather than in the user's ~/.cache.
+FILE_CHECK_CACHE = COMPILATION_CACHE + '-file-checks'
+os.environ.setdefault('FLAX_DP_TRAINER_CACHE_DIR', FILE_CHECK_CACHE)
 
 import pytest  # pylint: disable=wrong-import-position
 
@@ -107,6 +111,7 @@ def pytest_sessionfinish(session):
   cache once every worker is done."""
   if not hasattr(session.config, 'workerinput'):
     shutil.rmtree(COMPILATION_CACHE, ignore_errors=True)
+    shutil.rmtree(FILE_CHECK_CACHE, ignore_errors=True)
     shutil.rmtree(os.environ.get(_WORKER_PIDS, ''), ignore_errors=True)
 
 

@@ -118,9 +118,10 @@ def _import(name: str) -> Any:
   try:
     obj = importlib.import_module(module_name)
   except Exception as e:  # pylint: disable=broad-except  # The user's code: any error.
-    raise UserError(f'model={name!r}: module {module_name!r} does not import ({user_imports.first_line(e)}); '
-                    f'it is looked for in the working directory {os.getcwd()} and on sys.path '
-                    '(add its folder to PYTHONPATH)') from None
+    raise UserError(f'model={name!r}: module {module_name!r} does not import '
+                    f'({user_imports.first_line(e)}); it is looked for in the working '
+                    f'directory {os.getcwd()} and on sys.path (add its folder to PYTHONPATH)'
+                    ) from None
   where = getattr(obj, '__file__', module_name)
   for part in attribute.split('.'):
     if not hasattr(obj, part):

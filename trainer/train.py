@@ -359,7 +359,7 @@ def _prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
     logging.warning('compilation_cache_dir=%r is not in use: the cache is process-wide and set '
                     'by the entry point; from Python, call train.use_compilation_cache(%r) '
                     'before training', config.compilation_cache_dir, config.compilation_cache_dir)
-  damaged.settle(config, workdir)  # Image files that do not read: left out (as recorded) or refused.
+  damaged.settle(config, workdir)  # Image files that do not read: left out as recorded, or refused.
   data = pipeline.open_train_data(config, process_index=jax.process_index())
   config = optim.resolve_durations(config, data.num_examples)
   data = dataclasses.replace(data, config=config)

@@ -6,6 +6,10 @@ TFDS (the metric writers aside, whose CLU module imports TensorFlow itself).
                  DDP twin's synthetic batches read it too)
     folder       image folders (ROOT/SPLIT/CLASS/*.jpg|jpeg|png) scanned into file lists
                  (no TensorFlow)
+    file_check   every file of a folder checked before training: header and last bytes,
+                 threads, a cache by (path, size, modification time) (no TensorFlow)
+    damaged      files that do not read: left out (or refused) once and recorded in the
+                 workdir; a decode failure in training named in one line
     sources      TFDS builders, splits and read modes; the reads by index (held in memory,
                  ArrayRecord records, image files) and in sequence (TFRecord files)
     stream       the global training stream: each epoch's order, the rows of each process,

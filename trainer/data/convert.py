@@ -24,6 +24,7 @@ from absl import flags
 from absl import logging
 
 from trainer import cli
+from trainer.data import damaged
 from trainer.data import folder as folder_lib
 from trainer.data import specs
 from trainer.errors import UserError
@@ -99,6 +100,9 @@ def convert_folder(root: str, out: str, file_format: str = 'array_record') -> st
   if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
     raise UserError(f'--out={out} exists and is not an empty directory; give a new one '
                     '(nothing there is overwritten)')
+  if found.left_out:
+    logging.warning('folder:%s: the records leave out files that do not read, %s', found.root,
+                    damaged.listed(found.left_out))
   shape = found.image_shape or (None, None, found.channels)
   features = tfds.features.FeaturesDict({
       'image': tfds.features.Image(shape=shape),

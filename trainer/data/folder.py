@@ -10,10 +10,15 @@ split. A split's examples are the files ending in .jpg, .jpeg or .png (any case)
 class folders, recursively, sorted by class and then path: example i of a split is the i-th
 file of that list, which is how it is read by index. Other files are ignored.
 
-The image shape comes from the files' headers (Pillow reads them without decoding): where
-every image of every split has one size, that is the dataset's image shape (1 channel where
-all are greyscale, else 3); where sizes differ, the scan stops at the first that does and
-images are cropped to the config's `image_size` (3 channels).
+Every file is checked first (`file_check`: its header read by Pillow, without decoding, and
+its last bytes; cached per folder, so a second run reads none again). A file that does not
+read is left out of its split, before any index is given; which files a run leaves out is
+decided once, by its first session, and recorded in its workdir (`damaged.py`): a resumed run
+`adopt`s that list and reads the folder as the first session did, whatever a check finds now.
+
+The image shape comes from the headers of the files kept: where every image of every split
+has one size, that is the dataset's image shape (1 channel where all are greyscale, else 3);
+where sizes differ, images are cropped to the config's `image_size` (3 channels).
 
 A folder converted by `python -m trainer.data.convert` holds `CONVERTED_FILE` (the classes,
 the shape and the split sizes) and its records as a TFDS dataset; it is read like a TFDS
@@ -26,12 +31,11 @@ import json
 import os
 from typing import Optional
 
+from trainer.data import file_check
 from trainer.errors import UserError
 
 SUFFIXES = ('.jpg', '.jpeg', '.png')
 CONVERTED_FILE = 'image_folder.json'  # Beside the records of a converted folder.
-# Pillow modes of one channel: decoded with channels=1 where every image is one of them.
-_GREY_MODES = frozenset({'1', 'L', 'LA', 'I', 'I;16', 'F'})
 # Evaluation split names that stand in for one another where the folder has only one of them.
 EVAL_SPLIT_NAMES = ('val', 'validation', 'test')
 
@@ -46,6 +50,10 @@ class ImageFolder:
   channels: int
   files: dict = dataclasses.field(default_factory=dict, repr=False)  # Split -> (paths, labels).
   converted: Optional[dict] = None  # CONVERTED_FILE's contents for a converted folder.
+  # The files left out of `files` (paths relative to `root` -> why), and whether that list is
+  # one a workdir recorded (`adopt`) rather than what the check found.
+  left_out: dict = dataclasses.field(default_factory=dict, repr=False)
+  adopted: bool = False
 
   def split_name(self, split: str, field: str) -> tuple[str, str]:
     """The folder split that `split` of config field `field` reads (TFDS slicing kept, e.g.
@@ -74,27 +82,6 @@ def _image_files(directory: str) -> list[str]:
   return sorted(found)
 
 
-def _survey(paths: list[str]) -> tuple[Optional[tuple[int, int, int]], int]:
-  """The one (height, width, channels) of every image in `paths`, or (None, 3) at the first
-  image of another size; read from the headers."""
-  from PIL import Image  # pylint: disable=import-outside-toplevel
-  size, grey = None, True
-  for path in paths:
-    try:
-      with Image.open(path) as image:
-        width, height = image.size
-        grey &= image.mode in _GREY_MODES
-    except (OSError, ValueError) as e:
-      raise UserError(f'{path} is not an image Pillow can read ({e}); remove it from the '
-                      'folder or replace it') from None
-    if size is None:
-      size = (height, width)
-    elif size != (height, width):
-      return None, 3
-  channels = 1 if grey else 3
-  return size + (channels,), channels
-
-
 def _read_converted(root: str) -> ImageFolder:
   path = os.path.join(root, CONVERTED_FILE)
   try:
@@ -108,16 +95,42 @@ def _read_converted(root: str) -> ImageFolder:
                     'again with python -m trainer.data.convert') from None
 
 
-@functools.lru_cache(maxsize=None)
+# The files left out of each folder (absolute root -> ((path relative to it, why), ...)) where
+# a resumed run reads the list its workdir recorded (`adopt`); a folder not here leaves out
+# what its check finds.
+_ADOPTED: dict[str, tuple[tuple[str, str], ...]] = {}
+
+
+def _absolute(root: str) -> str:
+  return os.path.abspath(os.path.expanduser(root))
+
+
+def adopt(root: str, left_out: Optional[dict]) -> None:
+  """Has `scan(root)` leave out the files of `left_out` ({path relative to root: why}, as a
+  workdir recorded them) and no others, whatever the check finds; None: what the check finds.
+  Process-wide, like the scan it changes: the run that reads the folder sets it
+  (`damaged.settle`) before it reads anything."""
+  root = _absolute(root)
+  if left_out is None:
+    _ADOPTED.pop(root, None)
+  else:
+    _ADOPTED[root] = tuple(sorted(left_out.items()))
+
+
 def scan(root: str) -> ImageFolder:
-  """The image folder at `root` (see the module docstring); refuses, in one line, a root
-  that is missing, holds no split of class folders, or an image Pillow cannot read."""
-  root = os.path.abspath(os.path.expanduser(root))
+  """The image folder at `root` (see the module docstring), listed and checked once per
+  process; refuses, in one line, a root that is missing or holds no split of class folders."""
+  root = _absolute(root)
+  return _scanned(root, _ADOPTED.get(root))
+
+
+@functools.lru_cache(maxsize=None)
+def _listed(root: str) -> tuple[dict, dict]:
+  """{split: {class: [paths]}} of the folder at `root`, and {path: file_check.Checked} of
+  every file of it."""
   if not os.path.isdir(root):
     raise UserError(f'dataset=folder:{root}: no such directory; point --config.dataset='
                     'folder:/PATH at a folder holding train/CLASS/*.jpg (and val/...)')
-  if os.path.exists(os.path.join(root, CONVERTED_FILE)):
-    return _read_converted(root)
   by_split = {}
   for split in sorted(os.listdir(root)):
     split_dir = os.path.join(root, split)
@@ -130,13 +143,41 @@ def scan(root: str) -> ImageFolder:
   if not by_split:
     raise UserError(f'dataset=folder:{root} holds no images in the layout SPLIT/CLASS/'
                     f'*.{{{",".join(s[1:] for s in SUFFIXES)}}} (e.g. {root}/train/cat/1.jpg)')
+  checked = file_check.check_files(
+      root, [p for per_class in by_split.values() for paths in per_class.values() for p in paths])
+  return by_split, checked
+
+
+@functools.lru_cache(maxsize=None)
+def _scanned(root: str, adopted: Optional[tuple[tuple[str, str], ...]]) -> ImageFolder:
+  """The folder at `root` without the files `adopted` lists (what `adopt` was given), or,
+  where None, without those its check finds unreadable."""
+  if os.path.exists(os.path.join(root, CONVERTED_FILE)):
+    return _read_converted(root)
+  by_split, checked = _listed(root)
+  prefix = os.path.join(root, '')
+  relative = lambda path: path[len(prefix):]  # Listed under root (not os.path.relpath: 5 us).
+  if adopted is None:
+    left_out = {relative(p): c.reason for p, c in checked.items() if not c.readable}
+  else:
+    left_out = dict(adopted)
   classes = tuple(sorted({c for split in by_split.values() for c in split}))
   label = {name: index for index, name in enumerate(classes)}
   files = {}
   for split, per_class in by_split.items():
-    paths = [p for name in sorted(per_class) for p in per_class[name]]
-    labels = [label[name] for name in sorted(per_class) for _ in per_class[name]]
-    files[split] = (paths, labels)
-  image_shape, channels = _survey([p for paths, _ in files.values() for p in paths])
+    kept = [(p, label[name]) for name in sorted(per_class) for p in per_class[name]
+            if relative(p) not in left_out]
+    if not kept:
+      first = min(p for p in left_out if p.startswith(split + os.sep))
+      raise UserError(f'dataset=folder:{root}: none of the files of {split}/ reads (e.g. '
+                      f'{first}: {left_out[first]}); replace them with images, or move '
+                      f'{split}/ out of the folder')
+    files[split] = ([p for p, _ in kept], [y for _, y in kept])
+  image_shape, channels = file_check.survey(
+      checked[p] for paths, _ in files.values() for p in paths)
+  listed = {relative(p) for per_class in by_split.values() for paths in per_class.values()
+            for p in paths}
   return ImageFolder(root, classes, {s: len(paths) for s, (paths, _) in files.items()},
-                     image_shape, channels, files)
+                     image_shape, channels, files,
+                     left_out={p: why for p, why in left_out.items() if p in listed},
+                     adopted=adopted is not None)

@@ -32,6 +32,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from trainer.data import arrays as arrays_lib
+from trainer.data import damaged
 from trainer.data import folder as folder_lib
 from trainer.data import preprocess
 from trainer.data import sources
@@ -88,8 +89,9 @@ class TrainData:
       return sources.indexed(self.config, self.spec, None, self.split,
                              data_threads(self.config))
     decoded = None if self.spec.augment == 'inception' else self.spec.image_shape
-    return sources.load(self.config, self.spec, self.builder, self.split, decoded,
-                        data_threads(self.config), options(self.config))
+    return damaged.failure_guard(lambda: sources.load(
+        self.config, self.spec, self.builder, self.split, decoded, data_threads(self.config),
+        options(self.config)), self)
 
   def _indexed_source(self) -> sources.Source:
     if self.mode == sources.IN_MEMORY:
@@ -130,13 +132,14 @@ class TrainData:
     to do per example, is gathered by numpy in the calling thread instead (no TensorFlow on
     the way: the same batches, a small fraction of the CPU)."""
     seed = self.config.seed if seed is None else seed
+    rows = stream_lib.TrainRows(self.config.batch_size, process_index, process_count,
+                                start_position)
     if self.mode == sources.IN_MEMORY and not self.plan().steps:
-      rows = stream_lib.TrainRows(self.config.batch_size, process_index, process_count,
-                                  start_position)
       return _gathered(self._in_memory, rows, seed)
-    return iter(tfds.as_numpy(self.dataset(process_index=process_index,
-                                           process_count=process_count,
-                                           start_position=start_position, seed=seed)))
+    # An example that does not decode stops the run in one line naming it, not a traceback.
+    return damaged.named_failures(iter(tfds.as_numpy(self.dataset(
+        process_index=process_index, process_count=process_count,
+        start_position=start_position, seed=seed))), self, rows, seed)
 
   def _by_index(self, rows: stream_lib.TrainRows, seed: int) -> tf.data.Dataset:
     source, plan, n = self._indexed_source(), self.plan(), self.num_examples
@@ -159,12 +162,18 @@ class TrainData:
                   deterministic=True).batch(rows.rows, drop_remainder=True)
 
   def _sequential(self, rows: stream_lib.TrainRows, seed: int) -> tf.data.Dataset:
+    return self._prepare(self.sequential_examples(rows, seed), self.plan(), rows, seed)
+
+  def sequential_examples(self, rows: stream_lib.TrainRows, seed: int,
+                          read=None) -> tf.data.Dataset:
     """This process's part of the split (1/P of it), each epoch in an order drawn from
     (seed, epoch, process) through a shuffle buffer; element k of it is row k % rows of
     batch k // rows. On resume the part's stream is skipped, not decoded, up to this
-    process's share of the examples consumed."""
+    process's share of the examples consumed. `read(part)`: the part's examples in file
+    order, in place of `sources.sequential_examples` (e.g. with TFDS's record ids)."""
     part = tfds.even_splits(self.split, n=rows.process_count)[rows.process_index]
-    raw = sources.sequential_examples(self.builder, self.spec, part, options(self.config))
+    raw = (read(part) if read else
+           sources.sequential_examples(self.builder, self.spec, part, options(self.config)))
     part_size = sources.count(self.builder, part, raw)
     start_epoch, offset = divmod(rows.start_position // rows.process_count, part_size)
 
@@ -179,8 +188,7 @@ class TrainData:
 
     ds = tf.data.Dataset.range(start_epoch, np.iinfo(np.int64).max).flat_map(epoch)
     ds = ds.skip(offset).enumerate()
-    ds = ds.map(lambda k, example: dict(example, position=rows.position(k)))
-    return self._prepare(ds, self.plan(), rows, seed)
+    return ds.map(lambda k, example: dict(example, position=rows.position(k)))
 
 
 def _gathered(source: sources.InMemory, rows: stream_lib.TrainRows, seed: int
@@ -257,6 +265,8 @@ class EvalData:
   dataset: tf.data.Dataset  # This process's batches; the last one may be short.
   num_batches: int  # Batches every process yields, padding included.
   batch_size: int  # Per-process batch after padding.
+  # What names the example of batch k that does not decode (`damaged.eval_culprit`).
+  culprit: Any = None
 
 
 def eval_batch_per_device(config, num_devices: int) -> int:
@@ -299,8 +309,10 @@ def eval_data(config, builder, *, process_index: int = 0, process_count: int = 1
   total = split_size(ds_spec, builder, eval_set.split)
   # even_splits gives every process floor or ceil of total / process_count examples.
   num_batches = math.ceil(math.ceil(total / process_count) / per_process)
+  culprit = functools.partial(damaged.eval_culprit, config, ds_spec, builder, part, plan,
+                              per_process)
   return EvalData(ds.prefetch(PREFETCH_BATCHES).with_options(options(config)), num_batches,
-                  per_process)
+                  per_process, culprit)
 
 
 def pad_batch(batch: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
@@ -317,9 +329,10 @@ def pad_batch(batch: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
 def eval_batches(data: EvalData) -> Iterator[dict[str, np.ndarray]]:
   """`data.num_batches` padded numpy batches with a `mask` (1 for real examples, 0 for pad)."""
   count = 0
-  for batch in tfds.as_numpy(data.dataset):
-    yield pad_batch(batch, data.batch_size)
-    count += 1
+  with damaged.named_eval_failure(data, lambda: count):
+    for batch in tfds.as_numpy(data.dataset):
+      yield pad_batch(batch, data.batch_size)
+      count += 1
   empty = {k: np.zeros((0,) + tuple(s.shape[1:]), s.dtype.as_numpy_dtype)
            for k, s in data.dataset.element_spec.items()}
   for _ in range(count, data.num_batches):

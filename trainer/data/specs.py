@@ -124,7 +124,8 @@ def is_folder(name: str) -> bool:
   return name.startswith(FOLDER_PREFIX)
 
 
-@functools.lru_cache(maxsize=None)
+# Not cached here: `folder.scan` is, and a resumed run's recorded list of files left out
+# (folder.adopt) may change the folder's sizes after a first look.
 def _folder_spec(name: str) -> DatasetSpec:
   found = folder_lib.scan(name[len(FOLDER_PREFIX):])
   return DatasetSpec(
