@@ -145,3 +145,13 @@ def test_float_arrays_from_python_train_as_on_one_device(shapes, config, tmp_pat
   scalars, _ = writers.read_events(str(tmp_path / 'run4'))
   assert np.mean(trained.predict(images) == labels) == pytest.approx(
       scalars['eval_accuracy'][30], abs=1e-6)
+
+
+def test_an_arrays_missing_evaluation_split_is_stood_in_for_or_refused(config, shapes):
+  path, _ = shapes
+  config.dataset = f'npz:{path}'
+  assert sources.check_split(config, None, 'validation[:50%]', 'eval_split') == 'test[:50%]'
+  assert sources.check_split(config, None, 'train+test', 'train_split') == 'train+test'
+  with pytest.raises(UserError, match=r"eval_splits: dataset 'npz:.*shapes.npz' has no split "
+                     r"'validation'; it has: test, train"):
+    sources.check_split(config, None, 'validation', 'eval_splits')

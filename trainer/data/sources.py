@@ -181,34 +181,37 @@ def check_split(config, builder, split: str, field: str, dataset: Optional[str] 
   try:
     builder.info.splits[split]  # pylint: disable=pointless-statement
   except (KeyError, ValueError, AssertionError):
-    base, bracket, rest = split.partition('[')
-    stand_in = next((name for name in folder_lib.EVAL_SPLIT_NAMES
-                     if name in builder.info.splits), None)
-    if field == 'eval_split' and base in folder_lib.EVAL_SPLIT_NAMES and stand_in:
-      from absl import logging  # pylint: disable=import-outside-toplevel
-      logging.warning('%s=%r: dataset %r has no %s split; evaluating its %s split '
-                      '(--config.%s=%s says so)', field, split, builder.name, base, stand_in,
-                      field, stand_in)
-      return stand_in + bracket + rest
+    stand_in = _evaluation_stand_in(split, field, builder.name, builder.info.splits)
+    if stand_in:
+      return stand_in
     raise UserError(f'{field}: dataset {builder.name!r} has no split {split!r}; it has: '
                     f'{", ".join(sorted(builder.info.splits))} (TFDS slicing such as '
                     f"'train[:90%]' is allowed; --config.{field}=...)") from None
   return split
 
 
+def _evaluation_stand_in(split: str, field: str, dataset: str, names) -> Optional[str]:
+  """For `eval_split` naming an evaluation split (`folder.EVAL_SPLIT_NAMES`) the dataset
+  lacks: another of those it has, said in the log (slicing kept); else None."""
+  base, bracket, rest = split.partition('[')
+  stand_in = next((name for name in folder_lib.EVAL_SPLIT_NAMES if name in names), None)
+  if field != 'eval_split' or base not in folder_lib.EVAL_SPLIT_NAMES or not stand_in:
+    return None
+  from absl import logging  # pylint: disable=import-outside-toplevel
+  logging.warning('%s=%r: dataset %r has no %s split; evaluating its %s split '
+                  '(--config.%s=%s says so)', field, split, dataset, base, stand_in, field,
+                  stand_in)
+  return stand_in + bracket + rest
+
+
 def _array_split(name: str, split: str, field: str) -> str:
   """`split` of an array dataset, checked as `check_split` checks a TFDS one."""
   sizes = arrays_lib.read(name).split_sizes
-  base, bracket, rest = split.partition('[')
   if all(part.partition('[')[0] in sizes for part in split.split('+')):
     return split
-  stand_in = next((n for n in folder_lib.EVAL_SPLIT_NAMES if n in sizes), None)
-  if field == 'eval_split' and base in folder_lib.EVAL_SPLIT_NAMES and stand_in:
-    from absl import logging  # pylint: disable=import-outside-toplevel
-    logging.warning('%s=%r: dataset %r has no %s split; evaluating its %s split '
-                    '(--config.%s=%s says so)', field, split, name, base, stand_in, field,
-                    stand_in)
-    return stand_in + bracket + rest
+  stand_in = _evaluation_stand_in(split, field, name, sizes)
+  if stand_in:
+    return stand_in
   raise UserError(f'{field}: dataset {name!r} has no split {split!r}; it has: '
                   f'{", ".join(sorted(sizes))} (arrays x_<split>, y_<split>; slicing such as '
                   f"'train[:90%]' is allowed; --config.{field}=...)")
