@@ -334,14 +334,15 @@ def _intercept(next_fun, args, kwargs, context, *, ids: jax.Array, notes: Option
   module = context.module
   if context.method_name != '__call__':
     return next_fun(*args, **kwargs)
-  if isinstance(module, nn.BatchNorm):
+  if isinstance(module, nn.BatchNorm) and type(module).__call__ is nn.BatchNorm.__call__:
     if module.axis_name == AXIS_NAME:
       return next_fun(*args, **kwargs)
     if module.axis_name is not None and notes is not None:
       notes.add(_BATCHNORM_AXIS, '/'.join(module.scope.path))
     # The same scope: the same params and statistics, reduced over the device axis.
     return module.clone(parent=module.scope, axis_name=AXIS_NAME)(*args, **kwargs)
-  if isinstance(module, nn.Dropout):
+  # Subclasses that keep flax's __call__; one of their own is theirs to key.
+  if isinstance(module, nn.Dropout) and type(module).__call__ is nn.Dropout.__call__:
     return _dropout(next_fun, module, args, kwargs, ids, notes)
   return next_fun(*args, **kwargs)
 
