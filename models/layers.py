@@ -23,7 +23,7 @@ def example_keys(key: jax.Array, example_ids: jax.Array) -> jax.Array:
   return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, example_ids)
 
 
-def _keep_scaled(x: jax.Array, key: jax.Array, example_ids: jax.Array, rate: float,
+def keep_scaled(x: jax.Array, key: jax.Array, example_ids: jax.Array, rate: float,
                  mask_shape: tuple[int, ...]) -> jax.Array:
   """`x` / (1 - rate) where each example's mask (of `mask_shape`, broadcast over the rest of
   the example) drawn from its own key keeps it, 0 elsewhere."""
@@ -49,7 +49,7 @@ class Dropout(nn.Module):
       return x
     if self.rate == 1:
       return jnp.zeros_like(x)
-    return _keep_scaled(x, self.make_rng('dropout'), example_ids, self.rate,
+    return keep_scaled(x, self.make_rng('dropout'), example_ids, self.rate,
                         self._mask_shape(x))
 
 

@@ -10,6 +10,12 @@ _STORAGE_TEXTS = ('No space left on device', 'File too large', 'Disk quota excee
                   'Read-only file system')
 
 
+def first_line(error: BaseException) -> str:
+  """'Type: the first line of its message', for a line that names what went wrong."""
+  lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+  return f'{type(error).__name__}: {lines[0]}' if lines else type(error).__name__
+
+
 class UserError(ValueError):
   """A bad config value, path or dataset. The message names the value and the fix."""
 

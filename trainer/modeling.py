@@ -69,7 +69,7 @@ from flax.core import scope as scope_lib
 import models
 from models import layers
 from trainer import user_imports
-from trainer.errors import UserError
+from trainer.errors import UserError, first_line
 from trainer.keys import AXIS_NAME
 
 # The config values a constructor may declare, each with the config field that sets it (None:
@@ -119,7 +119,7 @@ def _import(name: str) -> Any:
     obj = importlib.import_module(module_name)
   except Exception as e:  # pylint: disable=broad-except  # The user's code: any error.
     raise UserError(f'model={name!r}: module {module_name!r} does not import '
-                    f'({user_imports.first_line(e)}); it is looked for in the working '
+                    f'({first_line(e)}); it is looked for in the working '
                     f'directory {os.getcwd()} and on sys.path (add its folder to PYTHONPATH)'
                     ) from None
   where = getattr(obj, '__file__', module_name)
@@ -160,22 +160,15 @@ def _parameters(factory: Callable) -> tuple[Optional[frozenset], frozenset]:
   return frozenset(declared), frozenset(required - {'parent', 'name'})
 
 
-def _named_call_parameters(cls: type) -> frozenset:
-  try:
-    return frozenset(inspect.signature(cls.__call__).parameters)
-  except (TypeError, ValueError):
-    return frozenset()
-
-
-def _call_parameters(cls: type) -> tuple[bool, bool]:
-  """(whether `cls.__call__` takes `train`, whether it takes `example_ids`); a **kwargs
-  takes `train` but is not given ids."""
+def _call_parameters(cls: type) -> tuple[frozenset, bool]:
+  """(the argument names `cls.__call__` declares, whether it also takes any keyword); a
+  signature that cannot be read counts as taking any keyword."""
   try:
     parameters = inspect.signature(cls.__call__).parameters
   except (TypeError, ValueError):
-    return True, False
-  any_keyword = any(p.kind == p.VAR_KEYWORD for p in parameters.values())
-  return 'train' in parameters or any_keyword, 'example_ids' in parameters
+    return frozenset(), True
+  return (frozenset(parameters),
+          any(p.kind == p.VAR_KEYWORD for p in parameters.values()))
 
 
 def _record(obj: Any) -> Optional[str]:
@@ -286,12 +279,10 @@ def per_example_dropout(x: jax.Array, key: jax.Array, ids: jax.Array, rate: floa
   if 0 in dims:
     shape = [1 if d in dims else n for d, n in enumerate(x.shape)]
     mask = jnp.broadcast_to(jax.random.bernoulli(key, keep, shape), x.shape)
-  else:
-    shape = tuple(1 if d in dims else n for d, n in enumerate(x.shape))[1:]
-    keys = layers.example_keys(key, ids)
-    mask = jax.vmap(lambda k: jax.random.bernoulli(k, keep, shape))(keys)
-    mask = jnp.broadcast_to(mask, x.shape)
-  return jax.lax.select(mask, x / keep, jnp.zeros_like(x))
+    return jax.lax.select(mask, x / keep, jnp.zeros_like(x))
+  # models.layers' per-example masks, of one example's shape with the shared dims as 1.
+  shape = tuple(1 if d in dims else n for d, n in enumerate(x.shape))[1:]
+  return layers.keep_scaled(x, key, ids, rate, shape)
 
 
 # Set while the trainer itself asks flax for a key (a Dropout it keys per example), so that
@@ -369,9 +360,10 @@ def _dropout(next_fun, module: nn.Dropout, args, kwargs, ids: jax.Array,
   return per_example_dropout(x, rng, ids, module.rate, module.broadcast_dims)
 
 
+@functools.cache
 def _nnx_dropout_class():
   """`nnx.Dropout` drawing each example's mask from its key folded with the example's id
-  (`_EXAMPLE_IDS`), along the input's first axis."""
+  (`_EXAMPLE_IDS`), along the input's first axis; made once (NNX is imported for it)."""
   from flax import nnx  # pylint: disable=import-outside-toplevel
 
   class ExampleDropout(nnx.Dropout):
@@ -455,11 +447,14 @@ class Model:
     if self.eval_module is None:
       return dict(self.module.init(rng, x, train=False))
     # NNX layers take their streams at construction ('dropout' for nnx.Dropout).
-    extra = {'train': False} if 'train' in self.nnx_call else {}
-    if 'example_ids' in self.nnx_call:
-      extra['example_ids'] = jnp.arange(input_shape[0])
     return dict(self.eval_module.init(
-        {'params': rng, 'dropout': jax.random.fold_in(rng, OTHER_STREAMS_SALT)}, x, **extra))
+        {'params': rng, 'dropout': jax.random.fold_in(rng, OTHER_STREAMS_SALT)}, x,
+        **self._nnx_arguments(False, jnp.arange(input_shape[0]))))
+
+  def _nnx_arguments(self, train: bool, ids: jax.Array) -> dict:
+    """The trainer's arguments an NNX `__call__` declares (`nnx_call`)."""
+    return {name: value for name, value in (('train', train), ('example_ids', ids))
+            if name in self.nnx_call}
 
   def apply(self, variables, images: jax.Array, *, train: bool,
             example_ids: Optional[jax.Array] = None, rngs: Optional[dict] = None,
@@ -480,9 +475,7 @@ class Model:
 
   def _apply_nnx(self, variables, images, train, example_ids, rngs, mutable):
     ids = layers.example_ids_or_rows(images, example_ids)
-    extra = {'train': train} if 'train' in self.nnx_call else {}
-    if 'example_ids' in self.nnx_call:
-      extra['example_ids'] = ids
+    extra = self._nnx_arguments(train, ids)
     if not train:
       return self.eval_module.apply(variables, images, mutable=mutable, **extra)
     token = _EXAMPLE_IDS.set(ids)
@@ -595,13 +588,13 @@ def build(config, num_classes: int, input_shape: Optional[tuple[int, ...]], *,
       module = source.factory(**kwargs)
     except Exception as e:  # pylint: disable=broad-except  # The user's constructor.
       raise UserError(f'model={source.name!r} cannot be built with {_describe(kwargs)} '
-                      f'({user_imports.first_line(e)})') from None
+                      f'({first_line(e)})') from None
   if not isinstance(module, nn.Module):
     raise UserError(f'model={source.name!r} gives an object of type '
                     f'{type(module).__name__}, not a flax module: give a flax.linen.Module or '
                     'flax.nnx.Module subclass, or a function returning a linen module')
-  takes_train, takes_ids = _call_parameters(type(module))
-  if not takes_train:
+  names, any_keyword = _call_parameters(type(module))
+  if 'train' not in names and not any_keyword:
     raise UserError(f'model={source.name!r}: {type(module).__name__}.__call__ takes no `train` '
                     'argument; the trainer calls it as __call__(x, train=bool) (pass '
                     '`deterministic=not train` to nn.Dropout and `use_running_average=not '
@@ -610,7 +603,7 @@ def build(config, num_classes: int, input_shape: Optional[tuple[int, ...]], *,
   if record is not None and source.instance is None and not source.registered:
     model_kwargs = config.model_kwargs.to_dict() if 'model_kwargs' in config else {}
     record = (record[0], model_kwargs)
-  return Built(Model(module, source.name, takes_ids, record=record), lines)
+  return Built(Model(module, source.name, 'example_ids' in names, record=record), lines)
 
 
 def _built_nnx(source: Source, kwargs: dict, lines: list[str]) -> Built:
@@ -623,16 +616,15 @@ def _built_nnx(source: Source, kwargs: dict, lines: list[str]) -> Built:
     own = _nnx_own_streams(source.factory, kwargs, takes_rngs)
   except Exception as e:  # pylint: disable=broad-except  # The user's constructor.
     raise UserError(f'model={source.name!r} cannot be built with {_describe(kwargs)} '
-                    f'({user_imports.first_line(e)})') from None
+                    f'({first_line(e)})') from None
   if own:
     lines.append(_NNX_OWN_RNG.format(', '.join(own)))
   record = None if source.record is None else (source.record[0], {
       k: v for k, v in kwargs.items() if k not in CONFIG_ARGUMENTS and k != 'in_features'})
-  takes_train, takes_ids = _call_parameters(source.factory)
-  call = (('train',) if takes_train and 'train' in _named_call_parameters(source.factory)
-          else ()) + (('example_ids',) if takes_ids else ())
-  return Built(Model(bridged(True), source.name, takes_ids, eval_module=bridged(False),
-                     record=record, nnx_call=call), lines)
+  names, _ = _call_parameters(source.factory)
+  call = tuple(name for name in ('train', 'example_ids') if name in names)
+  return Built(Model(bridged(True), source.name, 'example_ids' in names,
+                     eval_module=bridged(False), record=record, nnx_call=call), lines)
 
 
 def _describe(kwargs: dict) -> str:
@@ -652,7 +644,7 @@ def probe(model: Model, input_shape: tuple[int, ...], batch: int, num_classes: i
     variables = jax.eval_shape(lambda r: model.init(r, (1,) + tuple(input_shape)), key)
   except Exception as e:  # pylint: disable=broad-except  # The user's code.
     raise UserError(f'model={model.name!r} fails to initialize on {where} '
-                    f'({user_imports.first_line(e)})') from None
+                    f'({first_line(e)})') from None
   _check_logits(model, jax.eval_shape(lambda v, im: model.apply(v, im, train=False),
                                       variables, x), 'evaluation', batch, num_classes, where)
   notes = Notes()
@@ -673,7 +665,7 @@ def probe(model: Model, input_shape: tuple[int, ...], batch: int, num_classes: i
     raise
   except Exception as e:  # pylint: disable=broad-except  # The user's code.
     raise UserError(f'model={model.name!r} fails in training mode on {where} '
-                    f'({user_imports.first_line(e)})') from None
+                    f'({first_line(e)})') from None
   _check_logits(model, jax.ShapeDtypeStruct(logits.shape[1:], logits.dtype), 'training', batch,
                 num_classes, where)
   return notes.describe()
@@ -691,4 +683,4 @@ def _check_logits(model: Model, out: Any, mode: str, batch: int, num_classes: in
 
 def wrap(module: nn.Module) -> Model:
   """A linen module object as the trainer calls it (as built, nothing checked)."""
-  return Model(module, type(module).__name__, _call_parameters(type(module))[1])
+  return Model(module, type(module).__name__, 'example_ids' in _call_parameters(type(module))[0])

@@ -12,7 +12,7 @@ import importlib
 import os
 import sys
 
-from trainer.errors import UserError
+from trainer.errors import UserError, first_line
 
 
 def put_working_directory_on_path() -> None:
@@ -20,12 +20,6 @@ def put_working_directory_on_path() -> None:
   not)."""
   if '' not in sys.path and os.getcwd() not in sys.path:
     sys.path.insert(0, os.getcwd())
-
-
-def first_line(error: BaseException) -> str:
-  """'Type: the first line of its message'."""
-  lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-  return f'{type(error).__name__}: {lines[0]}' if lines else type(error).__name__
 
 
 def names(config) -> list[str]:

@@ -30,6 +30,8 @@ import json
 import os
 from typing import Iterable, Optional, Union
 
+from trainer.errors import first_line
+
 CACHE_VERSION = 1  # Bumped where a check changes: results of another version are not reused.
 CACHE_DIR_VARIABLE = 'FLAX_DP_TRAINER_CACHE_DIR'  # Where the cache files go, where set.
 # Formats tf.io.decode_image decodes; Pillow names others (TIFF, ICO, ...) that it does not.
@@ -58,11 +60,6 @@ class Checked:
     return not self.reason
 
 
-def _first_line(error: BaseException) -> str:
-  text = str(error).strip().splitlines()
-  return f'{type(error).__name__}: {text[0]}' if text else type(error).__name__
-
-
 def _decodes(path: str) -> str:
   """'' where Pillow decodes the whole file, else what it said."""
   from PIL import Image  # pylint: disable=import-outside-toplevel
@@ -71,7 +68,7 @@ def _decodes(path: str) -> str:
       image.load()
     return ''
   except Exception as e:  # pylint: disable=broad-except  # Pillow's decoders raise many kinds.
-    return _first_line(e)
+    return first_line(e)
 
 
 def check(path: str, size: int) -> Checked:
@@ -92,7 +89,7 @@ def check(path: str, size: int) -> Checked:
     signed = ('PNG' if head.startswith(PNG_SIGNATURE) else
               'JPEG' if head.startswith(JPEG_SIGNATURE) else '')
     # Pillow's "cannot identify" names the file object, not what failed: said in words.
-    detail = '' if isinstance(e, Image.UnidentifiedImageError) else f': {_first_line(e)}'
+    detail = '' if isinstance(e, Image.UnidentifiedImageError) else f': {first_line(e)}'
     if signed:  # Pillow tried its parser for the kind and gave up: say what the file is.
       return Checked(reason=f'a {signed} whose header does not read{detail}')
     return Checked(reason=f'its header does not read{detail}' if detail else
@@ -180,7 +177,7 @@ def check_files(root: str, paths: Iterable[str], threads: int = THREADS,
     try:
       stat = os.stat(path)
     except OSError as e:
-      results[path] = Checked(reason=f'it cannot be read: {_first_line(e)}')
+      results[path] = Checked(reason=f'it cannot be read: {first_line(e)}')
       continue
     entry = cached.get(relative)
     if entry and entry[0] == stat.st_size and entry[1] == stat.st_mtime_ns:

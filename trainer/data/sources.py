@@ -30,7 +30,7 @@ import tensorflow_datasets as tfds
 from trainer.data import arrays as arrays_lib
 from trainer.data import folder as folder_lib
 from trainer.data import specs
-from trainer.errors import UserError
+from trainer.errors import UserError, first_line
 
 # Host probed before a download is attempted; TFDS downloads and GCS mirrors live there.
 DOWNLOAD_PROBE = ('storage.googleapis.com', 443)
@@ -150,10 +150,9 @@ def _prepare(builder, dataset: str) -> None:
   try:
     builder.download_and_prepare()
   except Exception as e:  # pylint: disable=broad-except  # A builder's code: any error.
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     raise UserError(f'dataset={dataset!r}: preparing it in {builder.data_dir} failed '
-                    f'({type(e).__name__}: {lines[0] if lines else ""}); fix its builder or '
-                    'its source files, then run again') from None
+                    f'({first_line(e)}); fix its builder or its source files, then run '
+                    'again') from None
 
 
 def _converted_builder(found: folder_lib.ImageFolder):

@@ -15,7 +15,7 @@ from typing import Optional
 
 from trainer.data import arrays as arrays_lib
 from trainer.data import folder as folder_lib
-from trainer.errors import UserError
+from trainer.errors import UserError, first_line
 
 # What a training example goes through besides RandAugment and erasing (`preprocess.py`):
 AUGMENTATIONS = {
@@ -223,11 +223,11 @@ def _tfds_spec(name: str) -> DatasetSpec:
   try:
     builder = tfds.builder(name)
   except Exception as e:  # pylint: disable=broad-except  # TFDS's errors for a bad name vary.
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     if not isinstance(e, tfds.core.registered.DatasetNotFoundError):
-      raise UserError(f'dataset={name!r}: its TFDS builder cannot be made ({type(e).__name__}: '
-                      f'{first}); fix the builder\'s code') from None
-    raise UserError(f'dataset={name!r} is not a TFDS dataset ({first}); name one of TFDS\'s '
+      raise UserError(f'dataset={name!r}: its TFDS builder cannot be made ({first_line(e)}); '
+                      'fix the builder\'s code') from None
+    found = str(e).strip().splitlines()[0]  # 'Dataset NAME not found.'
+    raise UserError(f'dataset={name!r} is not a TFDS dataset ({found}); name one of TFDS\'s '
                     f'image classification datasets (NAME, NAME/CONFIG or NAME:VERSION), one of '
                     f'{", ".join(names())}, or an image folder (--config.dataset=folder:/PATH); '
                     'a builder of your own is named once its module is imported') from None
