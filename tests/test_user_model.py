@@ -249,6 +249,15 @@ def _config(model, **overrides):
   return config
 
 
+@pytest.mark.parametrize('name,shape', [('cnn', (8, 8, 1)), ('vit_test', (16, 16, 3)),
+                                        ('resnet_tiny', (16, 16, 3))])
+def test_the_shipped_models_draw_nothing_the_probe_names(name, shape):
+  """Their dropout and stochastic depth are keyed per example (models.layers): nothing to say."""
+  depth = 0.0 if name == 'cnn' else 0.1  # (cnn has no residual blocks to drop)
+  built = modeling.build(_config(name, dropout_rate=0.1, stochastic_depth_rate=depth), 10, shape)
+  assert modeling.probe(built.model, shape, 4, 10, 'float32') == []
+
+
 def test_what_cannot_be_keyed_per_example_is_said_at_start():
   built = modeling.build(_config('tests.user_models:OwnNoise', dropout_rate=0.0), 10,
                          (8, 8, 1))

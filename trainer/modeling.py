@@ -659,7 +659,9 @@ def probe(model: Model, input_shape: tuple[int, ...], batch: int, num_classes: i
   mapped = jax.vmap(train_apply, in_axes=(None, 0, None), axis_name=AXIS_NAME)
   x1 = jax.ShapeDtypeStruct((1,) + x.shape, x.dtype)
   try:
-    with _own_rng_requests(notes) if model.eval_module is None else contextlib.nullcontext():
+    # A module that takes example_ids keys its own draws by them (as models.layers does).
+    watch = model.eval_module is None and not model.takes_example_ids
+    with _own_rng_requests(notes) if watch else contextlib.nullcontext():
       logits = jax.eval_shape(mapped, variables, x1, key)
   except UserError:
     raise
