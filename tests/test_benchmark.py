@@ -20,6 +20,7 @@ from jax.experimental.compilation_cache import compilation_cache
 from scripts import benchmark
 from scripts import processes
 from trainer import train
+from trainer.data import specs
 
 KEYS = ('limit_examples_per_sec', 'limit_pmap_examples_per_sec',
         'limit_shard_map_examples_per_sec', 'trainer_examples_per_sec', 'input_examples_per_sec',
@@ -115,16 +116,19 @@ def test_smoke_run_writes_every_key(tmp_path, tfds_data_dir):
 @pytest.mark.slow
 def test_bare_step_parts_run_without_tensorflow(tmp_path):
   """`--parts=limit,ddp_limit` on a host without TensorFlow or TFDS (a GPU box): packages of
-  those names that fail on import stand first on every subprocess's path."""
+  those names that fail on import stand first on every subprocess's path; the dataset's spec
+  comes from the dataset_spec.json a run wrote."""
   hidden = tmp_path / 'hidden'
   for name in ('tensorflow', 'tensorflow_datasets'):
     (hidden / name).mkdir(parents=True)
     (hidden / name / '__init__.py').write_text(
         f'raise ModuleNotFoundError("No module named {name!r} (hidden)", name={name!r})\n')
   out = tmp_path / 'bench.json'
+  recorded = tmp_path / specs.SPEC_FILE
+  recorded.write_text(json.dumps(specs.to_json(specs.spec('digits'))))
   run = subprocess.run(
       [sys.executable, '-m', 'scripts.benchmark', '--config=configs/default.py',
-       f'--json={out}', '--parts=limit,ddp_limit', '--steps=10', '--timing_warmup_steps=1',
+       f'--config.dataset_spec={recorded}', f'--json={out}', '--parts=limit,ddp_limit', '--steps=10', '--timing_warmup_steps=1',
        '--jax_devices=2', '--ddp_ranks=1', '--config.dtype=bfloat16', '--config.batch_size=16'],
       cwd=processes.REPO, env=processes.environment(PYTHONPATH=str(hidden)),
       capture_output=True, text=True, timeout=300, check=False)

@@ -4,6 +4,7 @@ uint8 batches, preprocessing plans, image folders, the ArrayRecord converter, ev
 parts, and that nothing outside trainer/data imports TensorFlow."""
 
 import ast
+import dataclasses
 import os
 import pathlib
 import subprocess
@@ -364,8 +365,8 @@ def test_an_image_folder_is_a_dataset_read_by_index(config, digits_folder):
   assert all(by_pixels[bytes(x)] == y for x, y in zip(file_images, file_labels))
   split = sources.check_split(config, None, 'test', 'eval_split')
   assert split == 'val'
-  evaluation = pipeline.eval_data(config, None, eval_set=pipeline.EvalSet(
-      'eval', config.dataset, split))
+  evaluation = pipeline.eval_data(config, None, eval_set=dataclasses.replace(
+      specs.resolve(config).evals[0], split=split))
   seen = [(bytes(x), y) for b in pipeline.eval_batches(evaluation)
           for x, y, m in zip(b['image'], b['label'], b['mask']) if m]
   assert sorted(seen) == sorted((bytes(i), l) for i, l in written['val'].values())

@@ -44,6 +44,52 @@ def test_an_unlisted_dataset_is_read_from_its_builders_metadata(name):
   assert spec.mean == (specs.IMAGENET_MEAN if spec.channels == 3 else (0.0,))
 
 
+# What the trainer's table held before it kept only what TFDS does not say: TFDS's metadata
+# now gives the classes and shapes, the table the normalization and augmentation.
+LISTED = {
+    'digits': (10, (8, 8, 1), 'none', 0, (0.0,)),
+    'mnist': (10, (28, 28, 1), 'none', 0, (0.1307,)),
+    'fashion_mnist': (10, (28, 28, 1), 'none', 0, (0.2860,)),
+    'cifar10': (10, (32, 32, 3), 'crop_flip', 0, (0.4914, 0.4822, 0.4465)),
+    'cifar100': (100, (32, 32, 3), 'crop_flip', 0, (0.5071, 0.4865, 0.4409)),
+    'imagenet2012': (1000, None, 'inception', 224, specs.IMAGENET_MEAN),
+    'imagenet_v2': (1000, None, 'inception', 224, specs.IMAGENET_MEAN),
+}
+
+
+def test_the_listed_datasets_take_tfds_metadata_and_the_tables_statistics():
+  assert set(LISTED) == set(specs.KNOWN)
+  for name, (classes, shape, augment, size, mean) in LISTED.items():
+    spec = specs.spec(name)
+    assert (spec.num_classes, spec.image_shape, spec.augment, spec.image_size, spec.mean) == (
+        classes, shape, augment, size, mean), name
+    assert spec.shipped == (name == 'digits') and spec.trainable == (name != 'imagenet_v2')
+
+
+def test_a_run_resolves_each_of_its_datasets_once(config, tmp_path, monkeypatch):
+  """Training with an evaluation on another dataset: each dataset's spec is derived once,
+  and the pipeline, the evaluations, the step, the checkpoint and trainer.load see it."""
+  np.savez(tmp_path / 'more.npz', x_test=np.full((12, 8, 8, 1), 3, np.uint8),
+           y_test=np.arange(12) % 10)
+  other = f'npz:{tmp_path}/more.npz'
+  config.update(num_train_steps=2, warmup_steps=1, log_every_steps=2, eval_every_steps=2,
+                checkpoint_every_steps=2, batch_size=8, eval_batch_size=8,
+                eval_splits=f'train[:5%],{other}:test', image_mean='0.25')
+  derived = []
+  read = specs.spec
+  monkeypatch.setattr(specs, 'spec', lambda name: derived.append(name) or read(name))
+  workdir = str(tmp_path / 'run')
+  train.train_and_evaluate(config, workdir, devices=jax.devices()[:1])
+  assert sorted(derived) == sorted(['digits', other])
+  scalars, _ = writers.read_events(workdir)
+  assert {'eval_accuracy', 'eval_train_5_accuracy'} <= set(scalars)
+  assert [tag for tag in scalars if tag.endswith('_more_npz_test_accuracy')]
+  _, meta = checkpoint.read_meta(workdir)
+  resolved = specs.resolve(config)
+  assert specs.from_json(meta.dataset) == resolved.train and resolved.train.mean == (0.25,)
+  assert trainer.load(workdir).spec == resolved.train
+
+
 def test_names_tfds_takes_and_what_is_not_an_image_classification_dataset():
   assert specs.spec('eurosat/rgb').num_classes == 10  # NAME/CONFIG
   assert specs.spec('mnist:3.0.1').image_shape == (28, 28, 1)  # NAME:VERSION
@@ -70,15 +116,24 @@ def test_the_grammar_of_an_eval_splits_entry(entry, expected):
 
 
 def test_eval_splits_name_datasets_as_dataset_does(config):
-  config.dataset = 'eurosat/rgb'
+  config.dataset = 'eurosat/rgb'  # 64x64 images; svhn_cropped's are 32x32: crop both.
+  config.update(augment='inception', image_size=32)
   config.eval_splits = 'train[:10%],svhn_cropped:test,mnist:3.0.1:test'
   with pytest.raises(UserError, match=r"dataset 'mnist:3.0.1' has 10 classes of 1-channel "
                      'images, the model 10 of 3'):
-    pipeline.eval_sets(config)
+    specs.resolve(config)
   config.eval_splits = 'train[:10%],svhn_cropped:test'
-  assert [(s.prefix, s.dataset, s.split) for s in pipeline.eval_sets(config)] == [
+  assert [(s.prefix, s.dataset, s.split) for s in specs.resolve(config).evals] == [
       ('eval', 'eurosat/rgb', 'test'), ('eval_train_10', 'eurosat/rgb', 'train[:10%]'),
       ('eval_svhn_cropped_test', 'svhn_cropped', 'test')]
+  # Each evaluation reads its dataset as the model takes it: the run's crop.
+  assert {(s.spec.name, s.spec.augment, s.spec.image_size)
+          for s in specs.resolve(config).evals} == {('eurosat/rgb', 'inception', 32),
+                                                   ('svhn_cropped', 'inception', 32)}
+  config.update(augment='', image_size=0)
+  with pytest.raises(UserError, match=r"dataset 'svhn_cropped' has images of \(32, 32, 3\), "
+                     r'the model takes \(64, 64, 3\)'):
+    specs.resolve(config)
 
 
 @pytest.mark.slow

@@ -16,16 +16,21 @@ from scripts import processes
 from trainer import settings
 
 
-@pytest.fixture(scope='module')
-def no_tensorflow(tmp_path_factory):
-  """The environment of a process where `import tensorflow(_datasets)` and `import torch`
-  fail and any JAX backend fails to start (JAX_PLATFORMS names none that exists)."""
-  hidden = tmp_path_factory.mktemp('hidden')
-  for name in ('tensorflow', 'tensorflow_datasets', 'torch'):
+def _hiding(hidden, names) -> dict:
+  """The environment of a process where importing each of `names` fails and any JAX backend
+  fails to start (JAX_PLATFORMS names none that exists)."""
+  for name in names:
     (hidden / name).mkdir()
     (hidden / name / '__init__.py').write_text(
         f'raise ModuleNotFoundError("No module named {name!r} (hidden)", name={name!r})\n')
   return processes.environment(PYTHONPATH=str(hidden), JAX_PLATFORMS='no_such_platform')
+
+
+@pytest.fixture(scope='module')
+def no_tensorflow(tmp_path_factory):
+  """No TensorFlow, no torch, no JAX backend; TFDS (which reads metadata without TensorFlow)
+  is there."""
+  return _hiding(tmp_path_factory.mktemp('hidden'), ('tensorflow', 'torch'))
 
 
 def _main(env, *args, module='trainer.main'):
@@ -46,10 +51,13 @@ def test_show_config_prints_every_field_value_and_comment(no_tensorflow):
   lines = run.stdout.splitlines()
   fields = dict(re.match(r'^(\w+) = (.*?)(?:\s+# .*)?$', line).groups()
                 for line in lines[1:-1])
-  # The last line: what the dataset resolves to (the table's ImageNet needs no TFDS).
+  # The last line: what the dataset resolves to, from TFDS's metadata without TensorFlow;
+  # ImageNet's normalization is the trainer's table's.
   assert lines[-1].startswith("# dataset 'imagenet2012': 1000 classes, images of varied sizes, "
-                              "3 channel(s), cropped to 224x224; augment 'inception'")
-  assert lines[-1].endswith('splits unknown here (tensorflow_datasets is not installed)')
+                              "3 channel(s), cropped to 224x224; augment 'inception'; "
+                              'normalized with mean (0.485, 0.456, 0.406)')
+  assert re.search(r'not prepared in \S+imagenet2012\S* \(its splits are known once it is\)$',
+                   lines[-1]), lines[-1]
   assert set(fields) == set(default.get_config())
   assert fields['model'] == "'vit_g14'" and fields['batch_size'] == '1024'
   batch = next(line for line in lines if line.startswith('batch_size ='))
@@ -59,13 +67,27 @@ def test_show_config_prints_every_field_value_and_comment(no_tensorflow):
                                'per micro-batch.]')
 
 
+def test_a_host_without_tfds_is_told_how_to_describe_a_dataset(tmp_path):
+  """Without tensorflow_datasets, a TFDS dataset's line says what to install or to give."""
+  env = _hiding(tmp_path, ('tensorflow', 'tensorflow_datasets', 'torch'))
+  run = _main(env, '--config=configs/default.py', '--show_config', '--config.dataset=cifar10')
+  assert run.returncode == 0, run.stderr
+  assert run.stdout.splitlines()[-1] == (
+      "# dataset 'cifar10': dataset='cifar10': its classes and shapes are read from TFDS's "
+      'metadata, and tensorflow_datasets cannot be imported here; install tensorflow-datasets '
+      '(TensorFlow is not needed), or give --config.dataset_spec=PATH, the dataset_spec.json '
+      'a run of this dataset wrote in its workdir')
+
+
 def test_listings(no_tensorflow):
   listed = _main(no_tensorflow, '--list=models').stdout.splitlines()
   assert listed[:-1] == models.names()
   assert listed[-1].startswith('pkg.module:Name  your own flax module by import path')
   datasets = _main(no_tensorflow, '--list=datasets').stdout
-  assert re.search(r'^digits\s+10 classes, images 8x8x1, shipped \(offline\)$', datasets, re.M)
-  assert 'folder:/PATH' in datasets
+  assert re.search(r'^cifar10\s+normalized with mean \(0.4914, 0.4822, 0.4465\), std '
+                   r'\(0.247, 0.2435, 0.2616\); augment crop_flip$', datasets, re.M)
+  assert re.search(r'^digits\s+.*; shipped \(offline\)$', datasets, re.M)
+  assert all(f'\n{way}' in datasets for way in ('NAME ', 'folder:/PATH ', 'npz:/PATH '))
   configs = _main(no_tensorflow, '--list=configs').stdout.splitlines()
   assert [line.split()[0] for line in configs] == sorted(
       f'configs/{os.path.basename(p)}' for p in glob.glob(

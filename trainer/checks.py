@@ -94,10 +94,18 @@ def _choice(field: str, value, choices) -> None:
                     f"(--config.{field}=NAME)")
 
 
-def check_config(config, *, process_count: int, local_device_count: int) -> None:
-  """Raises `UserError` naming the first bad value and how to fix it. The modules of
-  `config.imports` are imported first: they may register the datasets and models the config
-  names."""
+def check_config(config, *, process_count: int, local_device_count: int
+                 ) -> specs.RunDatasets:
+  """Raises `UserError` naming the first bad value and how to fix it; returns the run's
+  datasets as resolved (`specs.resolve`). The modules of `config.imports` are imported
+  first: they may register the datasets and models the config names."""
+  check_fields(config, process_count=process_count, local_device_count=local_device_count)
+  return specs.resolve(config)  # An unknown dataset, augmentation or crop size is refused there.
+
+
+def check_fields(config, *, process_count: int, local_device_count: int) -> None:
+  """`check_config` but for the datasets, which a run resolves once its image folders'
+  files left out are settled (`damaged.settle`)."""
   user_imports.import_modules(config)
   _check_durations(config)
   for field in _POSITIVE_FIELDS:
@@ -106,11 +114,6 @@ def check_config(config, *, process_count: int, local_device_count: int) -> None
       raise UserError(f'{field}={value!r} must be a positive integer (--config.{field}=N)')
   modeling.check_name(config.model)
   _choice('loss', config.loss, tuple(losses.LOSSES))
-  if config.dataset in specs.DATASETS and not specs.spec(config.dataset).trainable:
-    raise UserError(f'dataset={config.dataset!r} has no train split: it is an evaluation set '
-                    f'(--config.eval_splits={config.dataset}:test); train on one of: '
-                    f'{", ".join(specs.names())} (--config.dataset=NAME)')
-  specs.for_config(config)  # An unknown dataset, augmentation or crop size is refused there.
   _choice('optimizer', config.optimizer, optim.OPTIMIZERS)
   _choice('dtype', config.dtype, DTYPES)
   _choice('step_backend', config.step_backend, parallel.BACKENDS)

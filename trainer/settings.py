@@ -115,17 +115,19 @@ def listing(what: str) -> str:
   if what == 'datasets':
     from trainer.data import specs  # pylint: disable=import-outside-toplevel
     rows = []
-    for name in specs.names() + ['imagenet_v2']:
-      s = specs.DATASETS[name]
-      shape = 'x'.join(map(str, s.image_shape)) if s.image_shape else (
-          f'varied (cropped to {s.image_size})')
-      rows.append(f'{name:<14} {s.num_classes:>5} classes, images {shape}'
-                  f'{", shipped (offline)" if s.shipped else ""}'
-                  f'{", evaluation only" if not s.trainable else ""}')
-    rows.append('folder:/PATH   an image folder: PATH/train/CLASS/*.jpg|jpeg|png (and val/)')
+    for name, known in specs.KNOWN.items():
+      augment = f'; augment {known.augment}' if known.augment else ''
+      rows.append(f'{name:<14} normalized with mean {known.mean}, std {known.std}{augment}'
+                  f'{"; shipped (offline)" if name in specs.SHIPPED else ""}'
+                  f'{"; evaluation only" if known.eval_only else ""}')
     rows.append('NAME           any other TFDS image classification dataset, as TFDS names it '
-                '(NAME, NAME/CONFIG, NAME:VERSION: e.g. oxford_flowers102, eurosat/rgb); '
-                '--show_config --config.dataset=NAME shows what it resolves to')
+                '(NAME, NAME/CONFIG, NAME:VERSION: e.g. oxford_flowers102, eurosat/rgb), '
+                'or your own builder once --config.imports registers it')
+    rows.append('folder:/PATH   an image folder: PATH/train/CLASS/*.jpg|jpeg|png (and val/)')
+    rows.append('npz:/PATH      arrays: x_train, y_train, x_test, y_test (docs/data.md)')
+    rows.append('--show_config --config.dataset=NAME says what a dataset resolves to: classes, '
+                'shape, splits, augmentation, normalization (from TFDS\'s metadata; nothing is '
+                'downloaded)')
     return '\n'.join(rows)
   rows = []
   for path in sorted(glob.glob(os.path.join(CONFIG_DIR, '[!_]*.py'))):

@@ -37,9 +37,13 @@ class Normalization:
   dtype: str = 'float32'  # The compute dtype (config.dtype).
 
   @classmethod
+  def of(cls, ds_spec: specs.DatasetSpec, dtype: str) -> 'Normalization':
+    """The statistics of `ds_spec` (the dataset's, or the config's: `specs.for_config`)."""
+    return cls(tuple(ds_spec.mean), tuple(ds_spec.std), dtype)
+
+  @classmethod
   def from_config(cls, config) -> 'Normalization':
-    ds_spec = specs.for_config(config)  # The dataset's statistics, or the config's.
-    return cls(tuple(ds_spec.mean), tuple(ds_spec.std), config.dtype)
+    return cls.of(specs.for_config(config), config.dtype)
 
   def to_float(self, images: jax.Array) -> jax.Array:
     """float32 normalized images."""
@@ -69,12 +73,16 @@ class StepOptions:
   loss: losses.Loss = losses.softmax_xent
 
   @classmethod
-  def from_config(cls, config, loss: Optional[losses.Loss] = None) -> 'StepOptions':
-    """The config's options; `loss` (a function) in place of `config.loss` where given."""
+  def from_config(cls, config, loss: Optional[losses.Loss] = None,
+                  ds_spec: Optional[specs.DatasetSpec] = None) -> 'StepOptions':
+    """The config's options; `loss` (a function) in place of `config.loss` where given; the
+    normalization of `ds_spec` (the run's resolved training spec; by default resolved
+    here)."""
     return cls(label_smoothing=config.label_smoothing,
                grad_accum_steps=config.grad_accum_steps, ema_decay=config.ema_decay,
                skip_nonfinite=config.skip_nonfinite_steps,
-               normalization=Normalization.from_config(config),
+               normalization=Normalization.of(ds_spec or specs.for_config(config),
+                                              config.dtype),
                mix=mix_lib.MixOptions.from_config(config),
                loss=loss if loss is not None else losses.get(config.loss))
 

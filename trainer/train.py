@@ -63,7 +63,7 @@ def evaluate(p_eval_step, rstate, data: pipeline.EvalData,
   return metrics.eval_scalars(metrics.merge(layout.fetch(per_batch)), prefix)
 
 
-Evaluations = list[tuple[pipeline.EvalSet, pipeline.EvalData]]
+Evaluations = list[tuple[specs.EvalSet, pipeline.EvalData]]
 
 
 def evaluate_all(p_eval_step, rstate, evaluations: Evaluations,
@@ -75,17 +75,19 @@ def evaluate_all(p_eval_step, rstate, evaluations: Evaluations,
   return scalars
 
 
-def evaluation_data(config, builder, layout: parallel.DataParallel) -> Evaluations:
-  """This process's part of every configured evaluation, each split checked to exist;
-  `builder` is the run's dataset's (None for an image folder read from its files)."""
+def evaluation_data(config, builder, layout: parallel.DataParallel,
+                    eval_sets: Optional[Sequence[specs.EvalSet]] = None) -> Evaluations:
+  """This process's part of every configured evaluation (`eval_sets`: the run's resolved
+  ones, `specs.resolve(config).evals` by default), each split checked to exist; `builder`
+  is the run's dataset's (None for an image folder read from its files or arrays)."""
   evaluations = []
-  for eval_set in pipeline.eval_sets(config):
+  for eval_set in (eval_sets if eval_sets is not None else specs.resolve(config).evals):
     set_builder = builder
     if eval_set.dataset != config.dataset:
-      set_builder = sources.get_builder(config, process_index=jax.process_index(),
-                                        dataset=eval_set.dataset, split=eval_set.split)
+      set_builder = sources.get_builder(config, eval_set.spec, process_index=jax.process_index(),
+                                        split=eval_set.split)
     eval_set = dataclasses.replace(eval_set, split=sources.check_split(
-        config, set_builder, eval_set.split, eval_set.field, eval_set.dataset))
+        config, set_builder, eval_set.split, eval_set.field, eval_set.spec))
     evaluations.append((eval_set, pipeline.eval_data(
         config, set_builder, process_index=jax.process_index(),
         process_count=jax.process_count(), local_device_count=len(layout.local_devices),
@@ -267,11 +269,12 @@ def _init_from(run: '_Run', state: state_lib.TrainState) -> tuple[state_lib.Trai
                            np.copy, params)), from_step
 
 
-def _write_dataset_spec(workdir: str, config) -> None:
-  """The dataset's spec as this run read it, in `workdir` (`specs.SPEC_FILE`): what
-  `--config.dataset_spec` gives a host without TensorFlow Datasets."""
+def _write_dataset_spec(workdir: str, read: specs.DatasetSpec) -> None:
+  """The dataset's spec as this run read it (`specs.RunDatasets.read`), in `workdir`
+  (`specs.SPEC_FILE`): what `--config.dataset_spec` gives a host without TensorFlow
+  Datasets."""
   path = epath.Path(workdir) / specs.SPEC_FILE
-  path.write_text(json.dumps(specs.to_json(specs.spec(config.dataset)), indent=1) + '\n')
+  path.write_text(json.dumps(specs.to_json(read), indent=1) + '\n')
 
 
 def use_compilation_cache(cache_dir: str) -> None:
@@ -291,6 +294,7 @@ class _Run:
   written."""
   config: ml_collections.ConfigDict  # Durations in epochs resolved to steps.
   layout: parallel.DataParallel
+  datasets: specs.RunDatasets  # Resolved once: the training data's spec and the evaluations.
   data: pipeline.TrainData
   checkpointer: checkpoint.Checkpointer
   evaluations: Evaluations
@@ -347,10 +351,10 @@ def _prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
   checkpointer = checkpoint.Checkpointer(workdir, keep=config.keep_checkpoints)
   if training:
     checkpointer.check_topology(config.batch_size, num_devices, process_count)
-    checks.check_config(config, process_count=process_count,
+    checks.check_fields(config, process_count=process_count,
                         local_device_count=num_devices // process_count)
   else:
-    checks.check_config(config, process_count=1, local_device_count=1)
+    checks.check_fields(config, process_count=1, local_device_count=1)
   checks.check_workdir(workdir)
   _on_process_0(workdir, workdir_lib.WorkdirLock(workdir).check)  # A run there now: say so now.
   layout = parallel.data_parallel(config.step_backend, devices, config.state_sharding)
@@ -360,11 +364,12 @@ def _prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
                     'by the entry point; from Python, call train.use_compilation_cache(%r) '
                     'before training', config.compilation_cache_dir, config.compilation_cache_dir)
   damaged.settle(config, workdir)  # Image files that do not read: left out as recorded, or refused.
-  data = pipeline.open_train_data(config, process_index=jax.process_index())
+  datasets = specs.resolve(config)  # Every dataset of the run, once, as the run reads it.
+  data = pipeline.open_train_data(config, datasets.train, process_index=jax.process_index())
   config = optim.resolve_durations(config, data.num_examples)
   data = dataclasses.replace(data, config=config)
   checks.check_schedule(config)
-  evaluations = evaluation_data(config, data.builder, layout)
+  evaluations = evaluation_data(config, data.builder, layout, datasets.evals)
   eval_per_device = pipeline.eval_batch_per_device(config, num_devices)
   if eval_per_device * num_devices != config.eval_batch_size:
     logging.info('eval_batch_size=%d over %d devices: evaluating %d examples per device '
@@ -381,8 +386,8 @@ def _prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
   if (config.init_from and torch_weights.is_weights_file(config.init_from) and
       not checkpointer.steps()):
     weights = _read_torch_weights(config.init_from, config.model, built.module, input_shape)
-  return _Run(config, layout, data, checkpointer, evaluations, num_classes, built, input_shape,
-              loss if loss is not None else losses.get(config.loss), weights)
+  return _Run(config, layout, datasets, data, checkpointer, evaluations, num_classes, built,
+              input_shape, loss if loss is not None else losses.get(config.loss), weights)
 
 
 def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
@@ -414,7 +419,7 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
     writer = writers.create_writer(workdir)
     with metric_writers.ensure_flushes(writer):
       scalars = evaluate_all(step_lib.make_eval_step(
-          run.layout, step_lib.Normalization.from_config(config), run.loss),
+          run.layout, step_lib.Normalization.of(run.datasets.train, config.dtype), run.loss),
                              run.layout.put_state(state), run.evaluations, run.layout)
       writer.write_scalars(step, scalars)
     parallel.sync_processes('evaluate_only done')
@@ -453,7 +458,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     parallel.sync_processes('unreadable checkpoints set aside')
     damaged.write_record(workdir, config)  # Before the first step: what every resume leaves out.
     if jax.process_index() == 0:
-      _write_dataset_spec(workdir, config)
+      _write_dataset_spec(workdir, run.datasets.read)
     writer = writers.open_session(workdir, start_step, config.to_dict(),
                                   write_files=jax.process_index() == 0)
     session = _Session(run, start, writer, workdir)
@@ -479,9 +484,9 @@ class _Session:
     self.last = config.num_train_steps
     self.p_train_step = step_lib.make_train_step(
         layout, learning_rate_fn=optim.learning_rate_schedule(config),
-        options=step_lib.StepOptions.from_config(config, run.loss))
+        options=step_lib.StepOptions.from_config(config, run.loss, run.datasets.train))
     self.p_eval_step = step_lib.make_eval_step(layout,
-                                               step_lib.Normalization.from_config(config),
+                                               step_lib.Normalization.of(run.datasets.train, config.dtype),
                                                run.loss)
     self.rstate = layout.put_state(start.state)
     self.rng = layout.put_replicated(start.step_rng)

@@ -97,8 +97,9 @@ class Normalize:
   take, on the device: x / 255 for uint8 images, less the dataset's mean (or the config's),
   over its std (what the JAX step does)."""
 
-  def __init__(self, config, device: torch.device, channels_last: bool):
-    ds_spec = specs.for_config(config)
+  def __init__(self, config, device: torch.device, channels_last: bool,
+               ds_spec: Optional[specs.DatasetSpec] = None):
+    ds_spec = ds_spec or specs.for_config(config)  # The run's resolved spec, where given.
     self.device = device
     self.mean = torch.tensor(ds_spec.mean, dtype=torch.float32, device=device)[:, None, None]
     self.std = torch.tensor(ds_spec.std, dtype=torch.float32, device=device)[:, None, None]

@@ -157,13 +157,13 @@ def evaluate(model, data: pipeline.EvalData, normalize: step_lib.Normalize,
 SETTINGS_FILE = 'torch_settings.json'
 
 
-def build_model(config, input_shape, device, precision: step_lib.Precision, parity: bool,
-                init_weights: Optional[str]) -> torch.nn.Module:
+def build_model(config, num_classes: int, input_shape, device, precision: step_lib.Precision,
+                parity: bool, init_weights: Optional[str]) -> torch.nn.Module:
   """The config's torch model on `device`, from the seed's JAX init (`parity`), a state dict
   file (`init_weights`), or torch's own init."""
   torch.manual_seed(config.seed)
   model = torch_models.get(config.model, input_shape=input_shape[1:],
-                          num_classes=specs.spec(config.dataset).num_classes,
+                          num_classes=num_classes,
                           dropout_rate=config.dropout_rate)
   if init_weights:
     try:
@@ -172,7 +172,7 @@ def build_model(config, input_shape, device, precision: step_lib.Precision, pari
       raise UserError(f'--init_weights={init_weights}: {str(e).splitlines()[0]}') from None
   elif parity:
     torch_models.load_flax_variables(model, *state_lib.initial_variables(
-        config, specs.spec(config.dataset).num_classes, input_shape))
+        config, num_classes, input_shape))
   return step_lib.place_model(model, device, precision)
 
 
@@ -194,8 +194,9 @@ class _Training:
   examples_seen: int  # Position in the global training stream at `start_step`.
 
 
-def _build(config, workdir: str, input_shape, device: torch.device, parity: bool,
-           init_weights: Optional[str], channels_last: bool, compile_model: bool) -> _Training:
+def _build(config, workdir: str, num_classes: int, input_shape, device: torch.device,
+           parity: bool, init_weights: Optional[str], channels_last: bool,
+           compile_model: bool) -> _Training:
   """The model (from the newest checkpoint, else `parity`/`init_weights`/torch's init), its
   optimizer and learning-rate schedule, each rank's dropout generator."""
   rank, world = dist.get_rank(), dist.get_world_size()
@@ -205,8 +206,8 @@ def _build(config, workdir: str, input_shape, device: torch.device, parity: bool
                     'channels_last (FSDP2 splits contiguous params only)')
     channels_last = False
   precision = step_lib.Precision(config, device, channels_last, compile_model)
-  model = build_model(config, input_shape, device, precision, parity and saved is None,
-                      init_weights if saved is None else None)
+  model = build_model(config, num_classes, input_shape, device, precision,
+                      parity and saved is None, init_weights if saved is None else None)
   torch.manual_seed(config.seed * RANK_SEED_STRIDE + rank + 1)
   if saved is not None:
     model.load_state_dict(saved['model'])  # Whole, before FSDP2 (if set) splits it.
@@ -271,24 +272,25 @@ def train(config, workdir: str, parity: bool, init_weights: Optional[str] = None
   """Trains `config` in `workdir` on this process group's ranks (resuming from the newest
   checkpoint there); `parity`, `init_weights`: where a fresh run's weights come from."""
   rank, world = dist.get_rank(), dist.get_world_size()
-  checks.check_config(config, process_count=1, local_device_count=world)
+  datasets = checks.check_config(config, process_count=1, local_device_count=world)
   step_lib.check_supported(config)
   device = step_lib.rank_device()
   if rank > 0:
     dist.barrier()  # Rank 0 prepares the dataset first.
-  data = pipeline.open_train_data(config)
+  data = pipeline.open_train_data(config, datasets.train)
   if rank == 0:
     dist.barrier()
   config = optim.resolve_durations(config, data.num_examples)
   data = dataclasses.replace(data, config=config)
   checks.check_schedule(config)
   input_shape = (1,) + data.spec.input_shape
-  eval_split = sources.check_split(config, data.builder, config.eval_split, 'eval_split')
-  eval_data = pipeline.eval_data(
-      config, data.builder, process_index=rank, process_count=world,
-      eval_set=pipeline.EvalSet('eval', config.dataset, eval_split))
-  training = _build(config, workdir, input_shape, device, parity, init_weights, channels_last,
-                    compile_model)
+  evaluation = datasets.evals[0]  # The twin evaluates `eval_split`.
+  evaluation = dataclasses.replace(evaluation, split=sources.check_split(
+      config, data.builder, evaluation.split, evaluation.field, evaluation.spec))
+  eval_data = pipeline.eval_data(config, data.builder, process_index=rank, process_count=world,
+                                 eval_set=evaluation)
+  training = _build(config, workdir, data.spec.num_classes, input_shape, device, parity,
+                    init_weights, channels_last, compile_model)
   batches = data.batches(process_index=rank, process_count=world,
                          start_position=training.examples_seen)
   lock = _lock_workdir(workdir)
@@ -302,21 +304,24 @@ def train(config, workdir: str, parity: bool, init_weights: Optional[str] = None
                  'threads_per_rank': torch.get_num_threads()}, f, indent=1)
   # SIGTERM/SIGINT are recorded; the ranks agree on them at their next log or checkpoint step.
   with lock, metric_writers.ensure_flushes(writer), signals.StopSignals() as stop:
-    _Session(config, workdir, training, writer, device).train(batches, eval_data, stop)
+    _Session(config, workdir, training, writer, device, data.spec).train(batches, eval_data,
+                                                                         stop)
 
 
 class _Session:
   """The training loop of one session, from the checkpoint's step to the last."""
 
-  def __init__(self, config, workdir: str, training: _Training, writer, device: torch.device):
+  def __init__(self, config, workdir: str, training: _Training, writer, device: torch.device,
+               ds_spec: specs.DatasetSpec):
     self.config, self.workdir, self.t, self.writer, self.device = (
         config, workdir, training, writer, device)
     self.throughput = efficiency.Throughput(config.batch_size, dist.get_world_size())
     self.cadence = loop.Cadence.from_config(config)
     self.window = _Window(device)
-    self.normalize = step_lib.Normalize(config, device, training.precision.channels_last)
+    self.normalize = step_lib.Normalize(config, device, training.precision.channels_last,
+                                        ds_spec)
     self.mixing = step_lib.Mixing(config, state_lib.seed_rngs(config.seed)[1],
-                                  specs.spec(config.dataset).num_classes)
+                                  ds_spec.num_classes)
 
   def train(self, batches, eval_data: pipeline.EvalData, stop: signals.StopSignals
             ) -> None:

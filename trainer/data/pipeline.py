@@ -207,56 +207,17 @@ def split_size(ds_spec: specs.DatasetSpec, builder, split) -> int:
   return sources.count(builder, split)
 
 
-def open_train_data(config, *, process_index: int = 0) -> TrainData:
-  """The config's training split: the dataset prepared where it ships with the trainer
+def open_train_data(config, ds_spec: Optional[specs.DatasetSpec] = None, *,
+                    process_index: int = 0) -> TrainData:
+  """The config's training split of `ds_spec` (the run's `specs.resolve(config).train`; by
+  default resolved here): the dataset prepared where it ships with the trainer
   (`sources.get_builder`), the split checked to exist, its read mode and size. The schedule
   (durations in epochs) is the caller's to resolve from `num_examples`."""
-  ds_spec = specs.for_config(config)
-  builder = sources.get_builder(config, process_index=process_index)
-  split = sources.check_split(config, builder, config.train_split, 'train_split')
+  ds_spec = ds_spec or specs.for_config(config)
+  builder = sources.get_builder(config, ds_spec, process_index=process_index)
+  split = sources.check_split(config, builder, config.train_split, 'train_split', ds_spec)
   return TrainData(config, ds_spec, builder, split, sources.read_mode(config, builder),
                    split_size(ds_spec, builder, split))
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalSet:
-  """One evaluation of a run: a split of a dataset and the prefix of its scalars' tags
-  (`PREFIX_loss`, `PREFIX_accuracy`, `PREFIX_top5_accuracy`)."""
-  prefix: str  # 'eval' for `eval_split`; 'eval_NAME' for each entry of `eval_splits`.
-  dataset: str
-  split: str
-  field: str = 'eval_split'  # The config field that names it.
-
-
-def eval_sets(config) -> list[EvalSet]:
-  """`eval_split` of the run's dataset, then each entry of `eval_splits` ('SPLIT' of the
-  run's dataset, or 'DATASET:SPLIT'); refuses entries that repeat or collide in their tags."""
-  sets = [EvalSet('eval', config.dataset, config.eval_split)]
-  run_spec = specs.spec(config.dataset)
-  for entry in (e.strip() for e in config.eval_splits.split(',')):
-    if not entry:
-      continue
-    dataset, split = specs.dataset_and_split(entry)
-    dataset = dataset or config.dataset
-    name = (f'{dataset}_{split}' if dataset != config.dataset else split)
-    prefix = 'eval_' + re.sub('[^0-9A-Za-z]+', '_', name).strip('_')
-    if (dataset, split) in {(s.dataset, s.split) for s in sets}:
-      raise UserError(f'eval_splits={config.eval_splits!r}: {entry!r} is evaluated already '
-                      f'(eval_split={config.eval_split!r} or an earlier entry); drop it')
-    if prefix in {s.prefix for s in sets}:
-      raise UserError(f'eval_splits={config.eval_splits!r}: {entry!r} would write the tags of '
-                      f'an earlier entry ({prefix}_*); list each split once')
-    try:
-      other = specs.spec(dataset)
-    except UserError as e:
-      raise UserError(f'eval_splits={config.eval_splits!r}: {e}') from None
-    if (other.num_classes, other.channels) != (run_spec.num_classes, run_spec.channels):
-      raise UserError(f'eval_splits={config.eval_splits!r}: dataset {dataset!r} has '
-                      f'{other.num_classes} classes of {other.channels}-channel images, the '
-                      f'model {run_spec.num_classes} of {run_spec.channels}; evaluate '
-                      'datasets of the same classes and channels')
-    sets.append(EvalSet(prefix, dataset, split, 'eval_splits'))
-  return sets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,26 +235,15 @@ def eval_batch_per_device(config, num_devices: int) -> int:
   return -(-config.eval_batch_size // num_devices)
 
 
-def eval_spec(config, dataset: str) -> specs.DatasetSpec:
-  """The spec an evaluation of `dataset` reads with: the run's augmentation kind and crop,
-  so that its images come out as the model's input."""
-  run = specs.for_config(config)
-  other = specs.spec(dataset)
-  if run.augment == 'inception':
-    return dataclasses.replace(other, augment='inception', image_size=run.image_size)
-  if other.image_shape != run.image_shape:
-    raise UserError(f'eval_splits: dataset {dataset!r} has images of {other.image_shape}, '
-                    f'the model takes {run.image_shape}; evaluate a dataset of the same size')
-  return dataclasses.replace(other, augment=run.augment, image_size=0)
-
-
 def eval_data(config, builder, *, process_index: int = 0, process_count: int = 1,
-              local_device_count: int = 1, eval_set: Optional[EvalSet] = None) -> EvalData:
-  """This process's part of an eval split (`eval_set`, default the config's `eval_split`,
-  as `sources.check_split` resolved it) in batches of its devices' share of
-  `eval_batch_size` (rounded up to a whole number per device)."""
-  eval_set = eval_set or EvalSet('eval', config.dataset, config.eval_split)
-  ds_spec = eval_spec(config, eval_set.dataset)
+              local_device_count: int = 1,
+              eval_set: Optional[specs.EvalSet] = None) -> EvalData:
+  """This process's part of an eval split (`eval_set`, one of `specs.resolve(config).evals`,
+  its split as `sources.check_split` resolved it; default the config's `eval_split`) in
+  batches of its devices' share of `eval_batch_size` (rounded up to a whole number per
+  device)."""
+  eval_set = eval_set or specs.resolve(config).evals[0]
+  ds_spec = eval_set.spec
   per_process = eval_batch_per_device(config, process_count * local_device_count) * (
       local_device_count)
   part = tfds.split_for_jax_process(eval_set.split, process_index=process_index,
@@ -355,8 +305,8 @@ def read_examples(config, split: str, limit: Optional[int] = None) -> tuple[Any,
   if arrays_lib.is_arrays(config.dataset):
     images, labels = sources.array_selection(config.dataset, split)
     return images[:limit], labels[:limit]
-  builder = sources.get_builder(config, split=split)
   ds_spec = specs.spec(config.dataset)
+  builder = sources.get_builder(config, ds_spec, split=split)
   images, labels = [], []
   for example in tfds.as_numpy(builder.as_dataset(split=split).take(limit or -1)):
     images.append(example[ds_spec.image_key])

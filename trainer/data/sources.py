@@ -86,9 +86,10 @@ def _sync_processes(name: str) -> None:
     parallel.sync_processes(name)
 
 
-def get_builder(config, *, process_index: int = 0, dataset: Optional[str] = None,
-                split: Optional[str] = None):
-  """The TFDS builder of `dataset` (default `config.dataset`) with its data in place,
+def get_builder(config, ds_spec: Optional[specs.DatasetSpec] = None, *,
+                process_index: int = 0, split: Optional[str] = None):
+  """The TFDS builder of the dataset of `ds_spec` (default `config.dataset`'s, as the run
+  resolved it: `specs.resolve`) with its data in place,
   preparing the shipped ones; `split` (default `config.train_split`) is the one it must read.
   An image folder converted to records (`folder.CONVERTED_FILE`) is read as the TFDS
   dataset it holds.
@@ -96,11 +97,11 @@ def get_builder(config, *, process_index: int = 0, dataset: Optional[str] = None
   Process 0 prepares (or downloads) while the others wait; a process that still cannot read
   the data afterwards (a data dir local to its host) prepares its own copy.
   """
-  dataset = dataset or config.dataset
+  ds_spec = ds_spec or specs.spec(config.dataset)
+  dataset = ds_spec.name
   split = split or config.train_split
   if arrays_lib.is_arrays(dataset):
     return None  # Arrays: read from memory.
-  ds_spec = specs.spec(dataset)
   if ds_spec.folder:
     return _converted_builder(folder_lib.scan(ds_spec.folder))
   data_dir = config.tfds_data_dir or None
@@ -161,12 +162,13 @@ def _converted_builder(found: folder_lib.ImageFolder):
   return tfds.builder_from_directory(f'{found.root}/{found.converted["tfds_dir"]}')
 
 
-def check_split(config, builder, split: str, field: str, dataset: Optional[str] = None) -> str:
+def check_split(config, builder, split: str, field: str,
+                ds_spec: Optional[specs.DatasetSpec] = None) -> str:
   """`split` as the dataset reads it (an image folder may read another evaluation split's
   name, and says so); refuses a split (slicing allowed) that the dataset does not have,
   listing those it has. Builders without split metadata (tfds.testing.mock_data's) are not
   checked."""
-  ds_spec = specs.spec(dataset or config.dataset)
+  ds_spec = ds_spec or specs.spec(config.dataset)
   if arrays_lib.is_arrays(ds_spec.name):
     return _array_split(ds_spec.name, split, field)
   if ds_spec.folder:

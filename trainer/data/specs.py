@@ -1,16 +1,18 @@
 """What the trainer knows of each dataset before reading it, without TensorFlow: classes,
 stored image shape, normalization, the default augmentation and the model's input shape.
 
-The input side reads the data through TFDS or from image folders; these facts serve where
-TensorFlow is absent too (the bare step's benchmark and the DDP twin on GPU hosts) and must
-agree with what TFDS reports (a test checks the shipped `digits`). `for_config` applies a
-config's `augment` and `image_size` to a dataset's spec, refusing combinations that cannot
-run.
+A TFDS dataset's classes, shape and features come from its builder's metadata (TFDS reads
+it without TensorFlow); `KNOWN` adds what TFDS does not say (normalization, a recommended
+augmentation). Image folders and arrays are described from their files. A run resolves its
+datasets once (`resolve`: the training spec with the config's `augment`, `image_size` and
+normalization applied, and every evaluation's), refusing combinations that cannot run, and
+hands that object on. Where TFDS is absent, a run's recorded `SPEC_FILE` stands in.
 """
 
 import dataclasses
 import functools
 import json
+import re
 from typing import Optional
 
 from trainer.data import arrays as arrays_lib
@@ -67,40 +69,42 @@ class DatasetSpec:
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-DATASETS = {
+
+
+@dataclasses.dataclass(frozen=True)
+class Known:
+  """What TFDS does not say of a dataset: its normalization and the augmentation its users
+  train with; and that a set is for evaluation only before it is prepared (then its splits
+  say so)."""
+  mean: Optional[tuple[float, ...]] = None  # None: the rule for the channel count.
+  std: Optional[tuple[float, ...]] = None
+  augment: str = ''  # '' : the rule for the shape (none for one size, inception otherwise).
+  eval_only: bool = False
+
+
+# Everything else (classes, image shape, feature names, splits) comes from the builder's
+# metadata, as for any TFDS image classification dataset.
+KNOWN = {
     # digits stays in [0, 1]: its pixels are block counts, not photographs.
-    'digits': DatasetSpec('digits', num_classes=10, channels=1, image_shape=(8, 8, 1),
-                          num_train_examples=1437, tfds_name='digits', shipped=True),
-    'mnist': DatasetSpec('mnist', num_classes=10, channels=1, image_shape=(28, 28, 1),
-                         num_train_examples=60000, mean=(0.1307,), std=(0.3081,),
-                         tfds_name='mnist'),
-    'fashion_mnist': DatasetSpec('fashion_mnist', num_classes=10, channels=1,
-                                 image_shape=(28, 28, 1), num_train_examples=60000,
-                                 mean=(0.2860,), std=(0.3530,), tfds_name='fashion_mnist'),
-    'cifar10': DatasetSpec('cifar10', num_classes=10, channels=3, image_shape=(32, 32, 3),
-                           num_train_examples=50000, mean=(0.4914, 0.4822, 0.4465),
-                           std=(0.2470, 0.2435, 0.2616), augment='crop_flip',
-                           tfds_name='cifar10'),
-    'cifar100': DatasetSpec('cifar100', num_classes=100, channels=3, image_shape=(32, 32, 3),
-                            num_train_examples=50000, mean=(0.5071, 0.4865, 0.4409),
-                            std=(0.2673, 0.2564, 0.2762), augment='crop_flip',
-                            tfds_name='cifar100'),
-    'imagenet2012': DatasetSpec('imagenet2012', num_classes=1000, channels=3, image_shape=None,
-                                num_train_examples=1281167, mean=IMAGENET_MEAN,
-                                std=IMAGENET_STD, augment='inception',
-                                image_size=DEFAULT_IMAGE_SIZE, tfds_name='imagenet2012'),
+    'digits': Known(mean=(0.0,), std=(1.0,)),
+    'mnist': Known(mean=(0.1307,), std=(0.3081,)),
+    'fashion_mnist': Known(mean=(0.2860,), std=(0.3530,)),
+    'cifar10': Known(mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616),
+                     augment='crop_flip'),
+    'cifar100': Known(mean=(0.5071, 0.4865, 0.4409), std=(0.2673, 0.2564, 0.2762),
+                      augment='crop_flip'),
+    'imagenet2012': Known(mean=IMAGENET_MEAN, std=IMAGENET_STD),
     # ImageNet-v2 (matched frequency): 10,000 new test images of ImageNet's 1000 classes.
-    'imagenet_v2': DatasetSpec('imagenet_v2', num_classes=1000, channels=3, image_shape=None,
-                               num_train_examples=0, mean=IMAGENET_MEAN, std=IMAGENET_STD,
-                               augment='inception', image_size=DEFAULT_IMAGE_SIZE,
-                               tfds_name='imagenet_v2', trainable=False),
+    'imagenet_v2': Known(mean=IMAGENET_MEAN, std=IMAGENET_STD, eval_only=True),
 }
+# Builders that ship with the trainer (trainer/data/datasets/) and prepare offline.
+SHIPPED = ('digits',)
 
 
 def names() -> list[str]:
-  """The datasets this table describes that a run can train on (besides any other TFDS
-  image classification dataset by name, and image folders, `folder:PATH`)."""
-  return sorted(name for name, s in DATASETS.items() if s.trainable)
+  """The datasets `KNOWN` describes that a run can train on (besides any other TFDS image
+  classification dataset by name, arrays and image folders)."""
+  return sorted(name for name, known in KNOWN.items() if not known.eval_only)
 
 
 def dataset_and_split(entry: str) -> tuple[Optional[str], str]:
@@ -177,18 +181,16 @@ def use_recorded(config) -> None:
 
 
 def spec(name: str) -> DatasetSpec:
-  """The spec of dataset `name` (config.dataset): this module's table, an image folder
-  (scanned once per process), or any other TFDS image classification dataset, read from its
-  builder's metadata (`NAME`, `NAME/CONFIG`, `NAME:VERSION`; nothing is downloaded); or as
-  a run recorded it (`use_recorded`)."""
+  """The spec of dataset `name` (config.dataset): an image folder (scanned once per
+  process), arrays, or a TFDS image classification dataset read from its builder's metadata
+  (`NAME`, `NAME/CONFIG`, `NAME:VERSION`; nothing is downloaded); or as a run recorded it
+  (`use_recorded`)."""
   if name in _RECORDED:
     return _RECORDED[name]
   if is_folder(name):
     return _folder_spec(name)
   if arrays_lib.is_arrays(name):
     return _arrays_spec(name)
-  if name in DATASETS:
-    return DATASETS[name]
   return _tfds_spec(name)
 
 
@@ -206,7 +208,7 @@ def _arrays_spec(name: str) -> DatasetSpec:
 
 
 def _photo_statistics(channels: int) -> dict:
-  """The normalization of a dataset the table does not list: torchvision's ImageNet
+  """The normalization of a dataset `KNOWN` does not list: torchvision's ImageNet
   statistics for colour photographs (what its users normalize with), [0, 1] otherwise."""
   rgb = channels == 3
   return dict(mean=IMAGENET_MEAN if rgb else (0.0,), std=IMAGENET_STD if rgb else (1.0,))
@@ -217,9 +219,20 @@ def _tfds_spec(name: str) -> DatasetSpec:
   """A TFDS dataset's spec from its builder's info: the image and class-label features (its
   supervised keys, else the first of each kind), the image shape (None where sizes vary),
   the classes, and the train split's size where the data is prepared in TFDS's default data
-  dir (0 otherwise: the run counts it). Crop, augmentation and normalization follow from
-  the shape as for image folders."""
-  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel  # (no TF)
+  dir (0 otherwise: the run counts it). Normalization and augmentation are `KNOWN`'s where
+  it lists the dataset, else they follow from the shape as for image folders. TFDS reads
+  builders' metadata without TensorFlow."""
+  try:
+    import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel  # (no TF)
+  except ImportError as e:
+    raise UserError(f'dataset={name!r}: its classes and shapes are read from TFDS\'s metadata, '
+                    f'and {e.name} cannot be imported here; install tensorflow-datasets '
+                    '(TensorFlow is not needed), or give --config.dataset_spec=PATH, the '
+                    f'{SPEC_FILE} a run of this dataset wrote in its workdir') from None
+  base = name.partition(':')[0]
+  if base in SHIPPED:
+    # Importing the module registers the builder under its name.
+    import trainer.data.datasets.digits  # pylint: disable=unused-import,import-outside-toplevel
   try:
     builder = tfds.builder(name)
   except Exception as e:  # pylint: disable=broad-except  # TFDS's errors for a bad name vary.
@@ -238,12 +251,16 @@ def _tfds_spec(name: str) -> DatasetSpec:
   shape = (height, width, channels) if height and width else None
   splits = builder.info.splits
   train = int(splits['train'].num_examples) if 'train' in splits else 0
+  known = KNOWN.get(base, Known())
+  statistics = _photo_statistics(channels)
   return DatasetSpec(
       name, num_classes=int(features[label_key].num_classes), channels=channels,
-      image_shape=shape, num_train_examples=train, **_photo_statistics(channels),
-      augment='none' if shape else 'inception', image_size=0 if shape else DEFAULT_IMAGE_SIZE,
-      tfds_name=name, trainable='train' in splits or not splits, image_key=image_key,
-      label_key=label_key)
+      image_shape=shape, num_train_examples=train, mean=known.mean or statistics['mean'],
+      std=known.std or statistics['std'],
+      augment=known.augment or ('none' if shape else 'inception'),
+      image_size=0 if shape else DEFAULT_IMAGE_SIZE, tfds_name=name, shipped=base in SHIPPED,
+      trainable='train' in splits or (not splits and not known.eval_only),
+      image_key=image_key, label_key=label_key)
 
 
 def prepared_splits(spec: DatasetSpec, data_dir: str) -> str:
@@ -305,9 +322,14 @@ def _statistics(config, base: DatasetSpec) -> DatasetSpec:
 def for_config(config) -> DatasetSpec:
   """The spec of `config.dataset` with the config's augmentation, crop size and
   normalization applied (`augment`, `image_size`; '' and 0 take the dataset's; `image_mean`,
-  `image_std`); refuses what cannot run."""
+  `image_std`); refuses what cannot run. A run resolves its datasets once (`resolve`); this
+  serves tools that need the training spec alone."""
   use_recorded(config)
-  base = _statistics(config, spec(config.dataset))
+  return _for_config(config, spec(config.dataset))
+
+
+def _for_config(config, base: DatasetSpec) -> DatasetSpec:
+  base = _statistics(config, base)
   augment = config.augment or base.augment
   if augment not in AUGMENTATIONS:
     raise UserError(f'augment={augment!r} is unknown; choose one of: '
@@ -347,3 +369,87 @@ def _square_side(base: DatasetSpec) -> int:
     raise UserError(f'augment=\'inception\' crops to a square: dataset={base.name!r} has '
                     f'{height}x{width} images; give the side with --config.image_size=N')
   return height
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSet:
+  """One evaluation of a run: a split of a dataset and the prefix of its scalars' tags
+  (`PREFIX_loss`, `PREFIX_accuracy`, `PREFIX_top5_accuracy`)."""
+  prefix: str  # 'eval' for `eval_split`; 'eval_NAME' for each entry of `eval_splits`.
+  dataset: str
+  split: str
+  field: str = 'eval_split'  # The config field that names it.
+  # The dataset as the evaluation reads it: the run's augmentation kind and crop, so that its
+  # images come out as the model's input.
+  spec: Optional[DatasetSpec] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunDatasets:
+  """A run's datasets, resolved once from its config (`resolve`) and handed to the checks,
+  the input pipeline, evaluation and the checkpoint's record."""
+  read: DatasetSpec  # config.dataset as read, before the config's settings (`SPEC_FILE`).
+  train: DatasetSpec  # With the config's augmentation, crop and normalization.
+  evals: tuple[EvalSet, ...]  # `eval_split`, then each entry of `eval_splits`.
+
+
+def resolve(config) -> RunDatasets:
+  """The run's datasets: `config.dataset` (as `config.dataset_spec` recorded it, where set)
+  with the config's settings, and every evaluation of `eval_split` and `eval_splits`, each
+  dataset's spec derived once; refuses what cannot run. An image folder's spec holds the
+  files left out as decided for the run (`damaged.settle`, before)."""
+  use_recorded(config)
+  read = spec(config.dataset)
+  if not read.trainable:
+    raise UserError(f'dataset={config.dataset!r} has no train split: it is an evaluation set '
+                    f'(--config.eval_splits={config.dataset}:test); train on a dataset with '
+                    f'one, such as {", ".join(names())} (--config.dataset=NAME)')
+  train = _for_config(config, read)
+  return RunDatasets(read, train, tuple(_eval_sets(config, read, train)))
+
+
+def _eval_sets(config, read: DatasetSpec, train: DatasetSpec) -> list[EvalSet]:
+  """`eval_split` of the run's dataset, then each entry of `eval_splits` ('SPLIT' of the
+  run's dataset, or 'DATASET:SPLIT'); refuses entries that repeat or collide in their tags,
+  and datasets whose classes, channels or image size the model cannot take."""
+  own = _eval_spec(config, config.dataset, read, train)
+  sets = [EvalSet('eval', config.dataset, config.eval_split, spec=own)]
+  others = {config.dataset: own}
+  for entry in (e.strip() for e in config.eval_splits.split(',')):
+    if not entry:
+      continue
+    dataset, split = dataset_and_split(entry)
+    dataset = dataset or config.dataset
+    name = (f'{dataset}_{split}' if dataset != config.dataset else split)
+    prefix = 'eval_' + re.sub('[^0-9A-Za-z]+', '_', name).strip('_')
+    if (dataset, split) in {(s.dataset, s.split) for s in sets}:
+      raise UserError(f'eval_splits={config.eval_splits!r}: {entry!r} is evaluated already '
+                      f'(eval_split={config.eval_split!r} or an earlier entry); drop it')
+    if prefix in {s.prefix for s in sets}:
+      raise UserError(f'eval_splits={config.eval_splits!r}: {entry!r} would write the tags of '
+                      f'an earlier entry ({prefix}_*); list each split once')
+    if dataset not in others:
+      try:
+        other = spec(dataset)
+      except UserError as e:
+        raise UserError(f'eval_splits={config.eval_splits!r}: {e}') from None
+      if (other.num_classes, other.channels) != (read.num_classes, read.channels):
+        raise UserError(f'eval_splits={config.eval_splits!r}: dataset {dataset!r} has '
+                        f'{other.num_classes} classes of {other.channels}-channel images, the '
+                        f'model {read.num_classes} of {read.channels}; evaluate datasets of '
+                        'the same classes and channels')
+      others[dataset] = _eval_spec(config, dataset, other, train)
+    sets.append(EvalSet(prefix, dataset, split, 'eval_splits', others[dataset]))
+  return sets
+
+
+def _eval_spec(config, dataset: str, other: DatasetSpec, train: DatasetSpec) -> DatasetSpec:
+  """`other` (the spec of `dataset`) as an evaluation reads it: the run's augmentation kind
+  and crop, so that its images come out as the model's input."""
+  if train.augment == 'inception':
+    return dataclasses.replace(other, augment='inception', image_size=train.image_size)
+  if other.image_shape != train.image_shape:
+    raise UserError(f'eval_splits={config.eval_splits!r}: dataset {dataset!r} has images of '
+                    f'{other.image_shape}, the model takes {train.image_shape}; evaluate a '
+                    'dataset of the same size')
+  return dataclasses.replace(other, augment=train.augment, image_size=0)
