@@ -1,0 +1,427 @@
+"""Does a flax port compute what its PyTorch original computes? Layer by layer:
+
+  python -m scripts.port_check --flax=pkg.module:FlaxNet --torch=pkg.module:TorchNet \
+      --input_shape=H,W,C [--num_classes=10] [--flax_kwargs='{...}'] [--torch_kwargs='{...}']
+      [--weights=FILE.pth]
+
+Builds both (the flax one as the trainer builds `--config.model`, dropout off), carries the
+torch weights (its own random init, or a state dict file) into the flax variables, layers
+paired in the order a forward pass first uses them (`models.porting`), and runs both on the
+same random batch in eval mode and in train mode (BatchNorm on the batch's statistics,
+dropout off). It prints, in call order, the largest difference of each layer's input and
+output, then the gradients of the same loss per parameter and the BatchNorm running
+statistics after the train-mode step (torch keeps the unbiased variance, flax the biased
+one: compared like for like), and ends with one verdict line: where the two first part
+beyond a tolerance scaled to the values' magnitude, or that the port computes what the
+original computes. Exit status 0 when it does, 1 when it does not.
+"""
+
+import dataclasses
+import json
+import sys
+from typing import Any, Optional
+
+from absl import app
+from absl import flags
+
+from trainer import cli
+from trainer.errors import UserError
+
+FLAGS = flags.FLAGS
+
+
+def _define_flags() -> None:
+  flags.DEFINE_string('flax', None, 'The flax port: pkg.module:Name (a linen module class or a '
+                      'function returning one).', required=True)
+  flags.DEFINE_string('torch', None, 'The PyTorch original: pkg.module:Name (a torch.nn.Module '
+                      'class or a function returning one).', required=True)
+  flags.DEFINE_string('input_shape', None, 'One example: H,W,C (flax takes NHWC, torch NCHW).',
+                      required=True)
+  flags.DEFINE_integer('num_classes', 10, 'Passed to each constructor that declares it.')
+  flags.DEFINE_string('flax_kwargs', '{}', 'JSON: more constructor arguments of the flax port.')
+  flags.DEFINE_string('torch_kwargs', '{}', 'JSON: more constructor arguments of the original.')
+  flags.DEFINE_string('weights', '', 'A state dict file of the original (.pth, .pt, .bin, '
+                      '.safetensors); default: its own random init.')
+  flags.DEFINE_integer('batch', 4, 'Examples in the random batch.')
+  flags.DEFINE_integer('seed', 0, 'Seeds the batch, the labels and both inits.')
+
+
+@dataclasses.dataclass
+class Row:
+  """One layer pair's differences in one mode (None: not comparable, e.g. a raw param)."""
+  flax: str
+  torch: str
+  input: Optional[float]
+  output: Optional[float]
+  input_ok: bool = True
+  output_ok: bool = True
+
+
+@dataclasses.dataclass
+class Report:
+  """What the check found: the rows of each mode, gradients, statistics and the verdict."""
+  rows: dict[str, list[Row]]
+  logits: dict[str, float]
+  gradients: list[tuple[str, float, bool]]
+  statistics: list[tuple[str, float, bool]]
+  verdict: str
+  ok: bool
+
+  def lines(self) -> list[str]:
+    out = []
+    for mode, rows in self.rows.items():
+      out.append(f'{mode} mode: largest |flax - torch| of each layer\'s input and output, in '
+                 'call order')
+      width = max([len(r.flax) for r in rows] + [4])
+      twidth = max([len(r.torch) for r in rows] + [5])
+      out.append(f'  {"flax":<{width}}  {"torch":<{twidth}}  {"input":>9}  {"output":>9}')
+      for r in rows:
+        cells = [_cell(r.input, r.input_ok), _cell(r.output, r.output_ok)]
+        out.append(f'  {r.flax:<{width}}  {r.torch:<{twidth}}  {cells[0]:>9}  {cells[1]:>9}')
+      out.append(f'  logits: {self.logits[mode]:.2e}')
+    if self.gradients:
+      out.append('gradients of the mean cross-entropy, per parameter: '
+                 + ', '.join(f'{n} {_cell(d, ok)}' for n, d, ok in self.gradients))
+    if self.statistics:
+      out.append('BatchNorm running statistics after the train-mode step: '
+                 + ', '.join(f'{n} {_cell(d, ok)}' for n, d, ok in self.statistics))
+    out.append(self.verdict)
+    return out
+
+
+def _cell(value: Optional[float], ok: bool) -> str:
+  if value is None:
+    return '-'
+  return f'{value:.2e}' + ('' if ok else ' !')
+
+
+def build_flax(path: str, kwargs: dict, num_classes: int, input_shape: tuple[int, ...]):
+  """The flax port as the trainer builds a model (`trainer.modeling`), dropout off."""
+  from configs import default  # pylint: disable=import-outside-toplevel
+  from trainer import modeling  # pylint: disable=import-outside-toplevel
+  config = default.get_config()
+  config.model = path
+  config.model_kwargs = kwargs
+  config.dropout_rate = 0.0
+  built = modeling.build(config, num_classes, input_shape).model
+  if built.eval_module is not None:
+    raise UserError(f'--flax={path!r} is an NNX module; the port check takes linen modules '
+                    '(wrap it with flax.nnx.bridge.to_linen)')
+  return built
+
+
+def build_torch(path: str, kwargs: dict, num_classes: int):
+  """The torch original from its import path, `num_classes` (and a dropout rate of 0) where
+  its constructor declares them."""
+  import inspect  # pylint: disable=import-outside-toplevel
+  from trainer import modeling  # pylint: disable=import-outside-toplevel
+  target = modeling.import_object(path, '--torch')
+  try:
+    declared = inspect.signature(target).parameters
+  except (TypeError, ValueError):
+    declared = {}
+  given = dict(kwargs)
+  if 'num_classes' in declared and 'num_classes' not in given:
+    given['num_classes'] = num_classes
+  for rate in ('dropout_rate', 'dropout', 'p_dropout'):
+    if rate in declared and rate not in given:
+      given[rate] = 0.0
+  try:
+    return target(**given)
+  except Exception as e:  # pylint: disable=broad-except  # The user's code.
+    from trainer.errors import first_line  # pylint: disable=import-outside-toplevel
+    raise UserError(f'--torch={path!r} cannot be built with {given} ({first_line(e)})') from None
+
+
+def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int = 4,
+          seed: int = 0, num_classes: Optional[int] = None) -> Report:
+  """Carries `torch_module`'s weights into `flax_model` (a `trainer.modeling.Model`) and
+  compares the two, layer by layer, in eval and train mode."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import torch  # pylint: disable=import-outside-toplevel
+  from models import porting  # pylint: disable=import-outside-toplevel
+  rng = np.random.RandomState(seed)
+  x = rng.standard_normal((batch,) + tuple(input_shape)).astype(np.float32)
+  module = flax_model.module
+  extra = ({'example_ids': np.arange(batch)} if flax_model.takes_example_ids else {})
+  variables = flax_model.init(jax.random.PRNGKey(seed), (1,) + tuple(input_shape))
+
+  def apply_eval(v, images):
+    with _no_dropout(strict=True):
+      return module.apply(v, images, train=False, **extra)
+
+  def apply_train(v, images):
+    with _no_dropout(strict=False):
+      return module.apply(v, images, train=True, mutable=['batch_stats'], **extra)
+
+  try:
+    _dropout_in_eval(apply_eval, variables, x)
+  except _DropoutOn as e:
+    return Report({}, {}, [], [], f'verdict: the port parts from the original {e}', False)
+  try:
+    carried = porting.carry(apply_eval, variables, torch_module, x)
+  except porting.PortMismatch as e:
+    return Report({}, {}, [], [], f'verdict: the layers do not pair up: {e}', False)
+  pairs = carried.pairs
+  torch_x = porting.to_torch(x)
+  rows, logits, first = {}, {}, None
+  with torch.no_grad(), porting.eval_mode(torch_module):
+    torch_eval = porting.capture_torch(torch_module, torch_x, [t for _, t in pairs])
+    torch_logits = porting.to_numpy(torch_module(torch_x))
+  flax_eval = porting.capture_flax(apply_eval, carried.variables, x, [f for f, _ in pairs])
+  flax_logits = np.asarray(apply_eval(carried.variables, x), np.float32)
+  rows['eval'], logits['eval'], first = _compare(pairs, flax_eval, torch_eval, carried.rows,
+                                                 flax_logits, torch_logits, 'eval')
+  # Train mode: one forward of each (BatchNorm on the batch, its statistics updated).
+  labels = rng.randint(0, flax_logits.shape[-1], batch)
+  before = {t.path: {n: v.detach().clone() for n, v in t.module.named_buffers()}
+            for f, t in pairs if t.kind == 'batchnorm'}
+  with _train_without_dropout(torch_module):
+    torch_module.zero_grad()
+    torch_train = {}
+    handles_out = porting.capture_torch(torch_module, torch_x, [t for _, t in pairs])
+    torch_train.update(handles_out)
+  # capture_torch ran one train forward (statistics updated); the gradients come from a
+  # second forward from the same weights, its statistics put back after.
+  with _train_without_dropout(torch_module):
+    after = {t.path: {n: v.detach().clone() for n, v in t.module.named_buffers()}
+             for f, t in pairs if t.kind == 'batchnorm'}
+    out = torch_module(torch_x)
+    loss = torch.nn.functional.cross_entropy(out, torch.from_numpy(labels).long())
+    loss.backward()
+    torch_train_logits = porting.to_numpy(out)
+    for path, buffers in after.items():
+      layer = next(t for _, t in pairs if t.path == path)
+      for n, v in layer.module.named_buffers():
+        v.copy_(buffers[n])
+  flax_train = porting.capture_flax(lambda v, im: apply_train(v, im)[0], carried.variables, x,
+                                    [f for f, _ in pairs])
+  flax_train_logits, updated = apply_train(carried.variables, x)
+  rows['train'], logits['train'], first_train = _compare(
+      pairs, flax_train, torch_train, carried.rows, np.asarray(flax_train_logits, np.float32),
+      torch_train_logits, 'train')
+  first = first or first_train
+  gradients = _gradients(pairs, carried, apply_train, x, labels, torch_module)
+  first = first or next((f'in the gradient of {n} (|flax - torch| up to {d:.2e})'
+                         for n, d, ok in gradients if not ok), None)
+  statistics = _statistics(pairs, updated, before, after, torch_train)
+  first = first or next((f'in the running statistics of BatchNorm {n} after a train-mode step '
+                         f'(|flax - torch| up to {d:.2e}): its momentum is the other '
+                         'convention (torch\'s momentum m is flax\'s 1 - m), or its epsilon '
+                         'differs' for n, d, ok in statistics if not ok), None)
+  if first is None:
+    largest = max([logits['eval'], logits['train']] + [d for _, d, _ in gradients])
+    return Report(rows, logits, gradients, statistics,
+                  f'verdict: the port computes what the original computes: max difference '
+                  f'{largest:.2e}', True)
+  return Report(rows, logits, gradients, statistics, f'verdict: the port parts from the '
+                f'original {first}', False)
+
+
+def _compare(pairs, flax_seen, torch_seen, rows_order, flax_logits, torch_logits, mode):
+  """The rows of one mode and the first place where the sides part (or None)."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from models import porting  # pylint: disable=import-outside-toplevel
+  rows, first, previous = [], None, None
+  for f, t in pairs:
+    if f.path not in flax_seen or t.path not in torch_seen:
+      rows.append(Row(f.path, t.path, None, None))
+      continue
+    diffs = []
+    for index, (a, b) in enumerate(zip(flax_seen[f.path], torch_seen[t.path])):
+      b = porting.as_flax_layout(b, a.shape) if b.shape != a.shape or b.ndim >= 3 else b
+      if b is not None and index == 0 and f.path in rows_order:
+        b = b.reshape(len(b), -1)[:, rows_order[f.path]].reshape(a.shape)
+      if b is None and a.size == np.asarray(torch_seen[t.path][index]).size:
+        b = np.asarray(torch_seen[t.path][index]).reshape(a.shape)
+      diffs.append((float(np.max(np.abs(a - b), initial=0.0)), porting.tolerance(b))
+                   if b is not None else (None, None))
+    (d_in, tol_in), (d_out, tol_out) = diffs
+    row = Row(f.path, t.path, d_in, d_out, d_in is None or d_in <= tol_in,
+              d_out is None or d_out <= tol_out)
+    rows.append(row)
+    if first is None and not row.input_ok:
+      first = (f'in {mode} mode between {previous.flax} and {f.path} (torch {previous.torch} '
+               f'and {t.path}): the output of {previous.flax} matched, the input of {f.path} '
+               f'differs by {d_in:.2e}: what lies between them (an activation, a pooling, a '
+               'reshape) is not the same' if previous is not None else
+               f'in {mode} mode before the first layer {f.path} (torch {t.path}): its input '
+               f'differs by {d_in:.2e}')
+    elif first is None and not row.output_ok:
+      first = (f'in {mode} mode inside {f.path} (torch {t.path}, {t.type_name}): the same '
+               f'input, outputs {d_out:.2e} apart: its arithmetic differs (padding, stride, '
+               'epsilon, a transposed kernel, what it computes)')
+    previous = row
+  d = float(np.max(np.abs(flax_logits - torch_logits), initial=0.0))
+  if first is None and d > porting.tolerance(torch_logits):
+    first = (f'in {mode} mode after the last layer {previous.flax if previous else "?"}: '
+             f'the logits differ by {d:.2e}')
+  return rows, d, first
+
+
+def _gradients(pairs, carried, apply_train, x, labels, torch_module):
+  """Per flax parameter: the largest |flax - torch| gradient of the mean cross-entropy."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import optax  # pylint: disable=import-outside-toplevel
+  from models import porting  # pylint: disable=import-outside-toplevel
+  variables = carried.variables
+
+  def loss(params):
+    logits, _ = apply_train(dict(variables, params=params), x)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+  grads = {'params': jax.tree.map(np.asarray, jax.grad(loss)(variables['params']))}
+  out = []
+  for f, t in pairs:
+    if t.kind == 'param':
+      tensor = dict(torch_module.named_parameters())[t.module]
+      torch_grads = {'value': porting.to_numpy(tensor.grad)}
+    else:
+      torch_grads = {n: porting.to_numpy(p.grad)
+                     for n, p in t.module.named_parameters() if p.grad is not None}
+    converted = porting.to_flax((f, t), torch_grads, carried.rows.get(f.path))
+    mine = porting.layer_arrays(grads, dataclasses.replace(
+        f, shapes={n: s for n, s in f.shapes.items() if not n.startswith('batch_stats/')}))
+    for name, value in mine.items():
+      if name in converted:
+        d = float(np.max(np.abs(value - converted[name]), initial=0.0))
+        where = f.path if f.kind == 'param' else f'{f.path}/{name}'
+        out.append((where, d, d <= porting.tolerance(converted[name])))
+  return out
+
+
+def _statistics(pairs, updated, before, after, torch_train):
+  """Per BatchNorm: the largest |flax - torch| of the running mean and of the variance,
+  torch's unbiased update turned into the biased one flax keeps."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from models import porting  # pylint: disable=import-outside-toplevel
+  out = []
+  stats = {'batch_stats': updated.get('batch_stats', {})}
+  for f, t in pairs:
+    if t.kind != 'batchnorm' or t.module.momentum is None or 'running_mean' not in after[t.path]:
+      continue
+    m = float(t.module.momentum)
+    mean0, var0 = (before[t.path][n].numpy() for n in ('running_mean', 'running_var'))
+    mean1, var1 = (after[t.path][n].numpy() for n in ('running_mean', 'running_var'))
+    inputs = torch_train[t.path][0]
+    count = inputs.size / inputs.shape[1]
+    unbiased = (var1 - (1 - m) * var0) / m
+    expected_var = (1 - m) * var0 + m * unbiased * (count - 1) / count
+    mine = porting.layer_arrays(stats, dataclasses.replace(
+        f, shapes={n: s for n, s in f.shapes.items() if n.startswith('batch_stats/')}))
+    d = max(float(np.max(np.abs(mine['batch_stats/mean'] - mean1))),
+            float(np.max(np.abs(mine['batch_stats/var'] - expected_var))))
+    out.append((f.path, d, d <= porting.tolerance(expected_var)))
+  return out
+
+
+class _DropoutOn(Exception):
+  """A flax Dropout that would draw in eval mode."""
+
+
+class _no_dropout:  # pylint: disable=invalid-name
+  """Flax `nn.Dropout` passes its input through; with `strict`, one that would draw (not
+  deterministic) is refused in one line naming it."""
+
+  def __init__(self, strict: bool):
+    self.strict = strict
+    self.context = None
+
+  def __enter__(self):
+    import flax.linen as nn  # pylint: disable=import-outside-toplevel
+
+    def intercept(next_fun, args, kwargs, context):
+      module = context.module
+      if isinstance(module, nn.Dropout) and context.method_name == '__call__':
+        given = kwargs.get('deterministic', args[1] if len(args) > 1 else None)
+        deterministic = nn.merge_param('deterministic', module.deterministic, given)
+        if self.strict and not deterministic:
+          raise _DropoutOn(f'in eval mode at flax Dropout {"/".join(module.scope.path)}: it '
+                           f'is on (deterministic=False with train=False; rate here '
+                           f'{module.rate}), so evaluation would draw masks; pass it '
+                           'deterministic=not train')
+        return args[0] if args else kwargs['inputs']
+      return next_fun(*args, **kwargs)
+
+    self.context = nn.intercept_methods(intercept)
+    self.context.__enter__()
+
+  def __exit__(self, *exc):
+    return self.context.__exit__(*exc)
+
+
+def _dropout_in_eval(apply_eval, variables, x) -> None:
+  """Traces eval mode once: a Dropout left on is refused before anything is compared."""
+  import jax  # pylint: disable=import-outside-toplevel
+  jax.eval_shape(lambda v: apply_eval(v, x), variables)
+
+
+class _train_without_dropout:  # pylint: disable=invalid-name
+  """The torch module in train mode, its Dropout layers in eval mode (off)."""
+
+  def __init__(self, module):
+    self.module = module
+    self.was_training = module.training
+
+  def __enter__(self):
+    import torch  # pylint: disable=import-outside-toplevel
+    self.module.train()
+    for m in self.module.modules():
+      if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+        m.eval()
+
+  def __exit__(self, *exc):
+    self.module.train(self.was_training)
+
+
+def run(flax_path: str, torch_path: str, input_shape: tuple[int, ...], *, num_classes: int = 10,
+        flax_kwargs: Optional[dict] = None, torch_kwargs: Optional[dict] = None,
+        weights: str = '', batch: int = 4, seed: int = 0) -> Report:
+  """Builds both sides from their import paths and checks them (`check`)."""
+  import torch  # pylint: disable=import-outside-toplevel
+  torch.manual_seed(seed)
+  torch_module = build_torch(torch_path, torch_kwargs or {}, num_classes)
+  if weights:
+    from models import torch_weights  # pylint: disable=import-outside-toplevel
+    state = torch_weights.read_state_dict(weights)
+    try:
+      torch_module.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in state.items()})
+    except RuntimeError as e:
+      raise UserError(f'--weights={weights}: {str(e).splitlines()[0]}') from None
+  flax_model = build_flax(flax_path, flax_kwargs or {}, num_classes, input_shape)
+  return check(flax_model, torch_module, input_shape, batch=batch, seed=seed)
+
+
+def _parse(text: str, flag: str) -> Any:
+  try:
+    value = json.loads(text)
+  except ValueError as e:
+    raise UserError(f'--{flag}={text!r} is not JSON ({e}); e.g. --{flag}=\'{{"width": 64}}\'') \
+        from None
+  if not isinstance(value, dict):
+    raise UserError(f'--{flag}={text!r} must be a JSON object of constructor arguments')
+  return value
+
+
+def main(argv) -> None:
+  del argv
+  try:
+    shape = tuple(int(v) for v in FLAGS.input_shape.split(','))
+  except ValueError:
+    shape = ()
+  if len(shape) not in (1, 3) or min(shape) <= 0:
+    raise UserError(f'--input_shape={FLAGS.input_shape!r} must be H,W,C (or F for a vector), '
+                    'e.g. --input_shape=32,32,3')
+  report = run(FLAGS.flax, FLAGS.torch, shape, num_classes=FLAGS.num_classes,
+               flax_kwargs=_parse(FLAGS.flax_kwargs, 'flax_kwargs'),
+               torch_kwargs=_parse(FLAGS.torch_kwargs, 'torch_kwargs'), weights=FLAGS.weights,
+               batch=FLAGS.batch, seed=FLAGS.seed)
+  print('\n'.join(report.lines()), flush=True)
+  sys.exit(0 if report.ok else 1)
+
+
+if __name__ == '__main__':
+  _define_flags()
+  cli.run(main)

@@ -1,0 +1,123 @@
+"""The port check: torch weights carried into any flax module by call order (the shipped
+converters' results exactly), and a port compared layer by layer, each deliberate break
+named where it is."""
+
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+import torch
+
+from baselines.torch_ddp import models as torch_models
+from configs import default
+from models import porting
+from models import torch_weights
+from scripts import port_check
+from scripts import processes
+from tests import port_pairs
+from trainer import state as state_lib
+
+SLOW = pytest.mark.slow
+# vit_g14 (1.0B parameters) is vit_b16's code at another size: left out for its memory.
+SHIPPED = ['mlp', 'cnn', 'resnet_tiny', 'vit_test'] + [
+    pytest.param(name, marks=SLOW) for name in (
+        'resnet18', 'resnet18_cifar', 'resnet34', 'resnet34_cifar', 'resnet50',
+        'resnet50_cifar', 'resnet101', 'vit_ti16', 'vit_s16', 'vit_b16')]
+
+
+@pytest.mark.parametrize('name', SHIPPED)
+def test_call_order_matching_gives_the_shipped_converters_arrays(name):
+  shape = (8, 8, 1) if name in ('mlp', 'cnn') else (32, 32, 3)
+  config = default.get_config()
+  config.model = name
+  module, variables = state_lib.initial_variables(config, 10, (1,) + shape)
+  torch.manual_seed(0)
+  original = torch_models.get(name, input_shape=shape, num_classes=10, dropout_rate=0.0)
+  state = {k: v.detach().numpy() for k, v in original.state_dict().items()}
+  by_keys = torch_weights.from_state_dict(module, variables, state).variables
+  x = np.random.RandomState(0).rand(2, *shape).astype(np.float32)
+  carried = porting.carry(lambda v, im: module.apply(v, im, train=False), variables, original,
+                          x).variables
+  want = dict(jax.tree_util.tree_flatten_with_path(jax.tree.map(np.asarray, dict(by_keys)))[0])
+  got = dict(jax.tree_util.tree_flatten_with_path(jax.tree.map(np.asarray, dict(carried)))[0])
+  assert set(got) == set(want)
+  for key, value in want.items():
+    np.testing.assert_array_equal(got[key], value, err_msg=str(key))
+
+
+def _check(flax_cls, torch_cls, shape):
+  return port_check.run(f'tests.port_pairs:{flax_cls.__name__}',
+                        f'tests.port_pairs:{torch_cls.__name__}', shape)
+
+
+@pytest.mark.parametrize('pair', sorted(port_pairs.PAIRS))
+def test_a_correct_port_passes_in_both_modes_with_its_gradients(pair):
+  torch_cls, flax_cls, shape = port_pairs.PAIRS[pair]
+  report = _check(flax_cls, torch_cls, shape)
+  assert report.ok, '\n'.join(report.lines())
+  assert report.verdict.startswith('verdict: the port computes what the original computes')
+  assert set(report.rows) == {'eval', 'train'} and max(report.logits.values()) < 1e-5
+  layers = [row.flax for row in report.rows['eval']]
+  assert len(layers) == {'mlp': 3, 'cnn': 5, 'vit': 10, 'raw': 2}[pair]
+  assert report.gradients and all(ok for _, _, ok in report.gradients)
+  if pair == 'cnn':  # The dense layer after the flatten takes its rows in NHWC order.
+    assert [name for name, _, _ in report.statistics] == ['BatchNorm_0', 'BatchNorm_1']
+    assert max(d for _, d, _ in report.statistics) < 1e-5
+  if pair == 'vit':
+    assert 'MultiHeadDotProductAttention_0/out/kernel' in {n for n, _, _ in report.gradients}
+    assert {'cls', 'pos'} <= {n for n, _, _ in report.gradients}
+
+
+@pytest.mark.parametrize('broken,where', [
+    ('no_activation', 'in eval mode between Dense_0 and Dense_1 (torch fc1 and fc2)'),
+    ('transposed_kernel', 'in eval mode inside TransposedDense_0 (torch fc2, Linear)'),
+    ('wrong_padding', 'in eval mode inside Conv_1 (torch conv2, Conv2d)'),
+    ('momentum', 'in the running statistics of BatchNorm BatchNorm_0 after a train-mode step'),
+    ('dropout_on', 'in eval mode at flax Dropout Dropout_0: it is on'),
+])
+def test_a_broken_port_is_named_where_it_breaks(broken, where):
+  pair, flax_cls = port_pairs.BROKEN[broken]
+  torch_cls, _, shape = port_pairs.PAIRS[pair]
+  report = _check(flax_cls, torch_cls, shape)
+  assert not report.ok
+  assert report.verdict.startswith(f'verdict: the port parts from the original {where}'), (
+      report.verdict)
+
+
+def test_layers_that_do_not_pair_are_named_on_both_sides():
+  report = _check(port_pairs.FlaxMLP, port_pairs.TorchCNN, (8, 8, 1))
+  assert not report.ok
+  assert report.verdict == (
+      'verdict: the layers do not pair up: layer 1 in call order: flax Dense_0 (Dense: kernel '
+      '(64, 32), bias (32,)) is a linear layer, torch conv1 (Conv2d: weight (8, 1, 3, 3), bias '
+      "(8,)) a conv one; the port calls its layers in another order, or has a layer the "
+      'original does not')
+
+
+def test_the_command_line_with_a_weights_file(tmp_path):
+  torch.manual_seed(3)
+  original = port_pairs.TorchCNN()
+  with torch.no_grad():
+    for module in original.modules():
+      if isinstance(module, torch.nn.BatchNorm2d):  # Statistics a trained model would have.
+        module.running_mean.uniform_(-1, 1)
+        module.running_var.uniform_(0.5, 2)
+  torch.save(original.state_dict(), tmp_path / 'cnn.pth')
+  args = ['--torch=tests.port_pairs:TorchCNN', '--input_shape=8,8,1',
+          f'--weights={tmp_path / "cnn.pth"}']
+  run = lambda flax_name: subprocess.run(
+      [sys.executable, '-m', 'scripts.port_check', f'--flax=tests.port_pairs:{flax_name}',
+       *args], cwd=processes.REPO, env=processes.environment(), capture_output=True,
+      text=True, timeout=300, check=False)
+  good = run('FlaxCNN')
+  assert good.returncode == 0, good.stdout + good.stderr[-2000:]
+  lines = good.stdout.splitlines()
+  assert lines[0].startswith('eval mode:') and lines[-1].startswith(
+      'verdict: the port computes what the original computes: max difference ')
+  assert 'Traceback' not in good.stderr
+  bad = run('FlaxCNNWrongPadding')
+  assert bad.returncode == 1
+  assert bad.stdout.splitlines()[-1].startswith(
+      'verdict: the port parts from the original in eval mode inside Conv_1 (torch conv2')
