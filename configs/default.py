@@ -89,6 +89,13 @@ def get_config() -> ml_collections.ConfigDict:
   # (config.model_kwargs = ml_collections.ConfigDict(dict(width=64))), which the command line
   # can then override (--config.model_kwargs.width=128). Empty for registered models.
   config.model_kwargs = ml_collections.ConfigDict()
+  # The DDP baseline's PyTorch model when `model` is your own flax port of it: its import
+  # path, 'pkg.module:Name' (a torch.nn.Module class or a function returning one); '' = the
+  # baseline's twin of a registered model. --parity carries the flax init into it, layers
+  # paired by call order (scripts.port_check checks the pair first).
+  config.torch_model = ''
+  # Constructor arguments of `torch_model`, as `model_kwargs` are of `model`.
+  config.torch_model_kwargs = ml_collections.ConfigDict()
   config.dropout_rate = 0.1  # Dropout probability in the model's hidden layers; 0 = off.
   # Stochastic depth (resnet*, vit*): probability of dropping the last residual block's branch
   # per example in training, rising linearly from 0 at the first block; 0 = off.

@@ -376,6 +376,7 @@ class Carried:
   variables: dict
   pairs: list[tuple[Layer, Layer]]
   rows: dict[str, np.ndarray]  # flax path -> the order its kernel's rows were taken in.
+  torch_module: Any = None
 
 
 def carry(apply: Callable[[Any, Any], Any], variables: Any, torch_module, x: np.ndarray
@@ -405,7 +406,7 @@ def carry(apply: Callable[[Any, Any], Any], variables: Any, torch_module, x: np.
     if _close(flax_in, torch_in[:, order]) and not _close(flax_in, torch_in):
       rows[f.path] = order
       variables = set_layer(variables, f, to_flax(pair, torch_arrays(t, torch_module), order))
-  return Carried(variables, pairs, rows)
+  return Carried(variables, pairs, rows, torch_module)
 
 
 def _close(a: np.ndarray, b: np.ndarray) -> bool:
@@ -484,3 +485,71 @@ def as_flax_layout(array: np.ndarray, flax_shape: tuple[int, ...]) -> Optional[n
   if array.size == int(np.prod(flax_shape)) and array.shape[0] == flax_shape[0]:
     return None
   return None
+
+
+# ----- back to torch -----------------------------------------------------------------------
+
+def _to_torch_layout(kind: str, arrays: Arrays, torch_shapes: dict) -> Arrays:
+  """A flax layer's arrays as its torch counterpart names and lays them out (the inverse of
+  `_convert`)."""
+  a = dict(arrays)
+  if kind == 'param':
+    (value,) = a.values()
+    (name,) = torch_shapes
+    return {name: value}
+  if kind == 'attention':
+    return _attention_to_torch(a, torch_shapes)
+  out = {'bias': a.get('bias')}
+  if kind == 'linear':
+    out['weight'] = a['kernel'].T
+  elif kind == 'conv':
+    kernel = a['kernel']
+    out['weight'] = kernel.transpose((kernel.ndim - 1, kernel.ndim - 2) +
+                                     tuple(range(kernel.ndim - 2)))
+  elif kind == 'batchnorm':
+    out.update(weight=a.get('scale'), running_mean=a.get('batch_stats/mean'),
+               running_var=a.get('batch_stats/var'))
+  elif kind == 'norm':
+    out['weight'] = a.get('scale')
+  elif kind == 'embedding':
+    out['weight'] = a['embedding']
+  return {n: v for n, v in out.items() if v is not None and n in torch_shapes}
+
+
+def _attention_to_torch(a: Arrays, torch_shapes: dict) -> Arrays:
+  out = {}
+  kernels = [a[f'{n}/kernel'] for n in ('query', 'key', 'value')]
+  weights = [k.reshape(k.shape[0], -1).T for k in kernels]
+  if 'in_proj_weight' in torch_shapes:
+    out['in_proj_weight'] = np.concatenate(weights)
+  else:
+    out.update({f'{n}_proj_weight': w for n, w in zip('qkv', weights)})
+  if 'in_proj_bias' in torch_shapes:
+    out['in_proj_bias'] = np.concatenate([a[f'{n}/bias'].reshape(-1)
+                                          for n in ('query', 'key', 'value')])
+  kernel = a['out/kernel']
+  out['out_proj.weight'] = kernel.reshape(-1, kernel.shape[-1]).T
+  if 'out_proj.bias' in torch_shapes:
+    out['out_proj.bias'] = a['out/bias']
+  return out
+
+
+def torch_state(carried: Carried, variables: Any) -> Arrays:
+  """Flax `variables` as a state dict of the torch module `carried` paired them with (its
+  keys; `num_batches_tracked` left out): what the torch side starts from to start where
+  the flax side starts."""
+  variables = _plain_dict(variables)
+  state = {}
+  for f, t in carried.pairs:
+    arrays = layer_arrays(variables, f)
+    rows = carried.rows.get(f.path)
+    if rows is not None:
+      arrays['kernel'] = arrays['kernel'][np.argsort(rows)]
+    converted = _to_torch_layout(t.kind, arrays, t.shapes)
+    if t.kind == 'param':
+      state[t.module] = np.array(converted[next(iter(converted))])
+      continue
+    prefix = next(name for name, m in carried.torch_module.named_modules() if m is t.module)
+    for name, value in converted.items():
+      state[f'{prefix}.{name}' if prefix else name] = np.array(value, order='C')
+  return state

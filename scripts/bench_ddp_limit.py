@@ -47,11 +47,11 @@ def measure_ddp_limit(config, steps: int, warmup: int, compile_model: bool) -> d
   rank, world, device = dist.get_rank(), dist.get_world_size(), ddp_step.rank_device()
   spec = specs.for_config(config)
   rows = config.batch_size // world
-  precision = ddp_step.Precision(config, device, compile_model=compile_model)
   torch.manual_seed(0)
-  model = ddp_step.place_model(torch_models.get(
-      config.model, input_shape=spec.input_shape, num_classes=spec.num_classes,
-      dropout_rate=config.dropout_rate), device, precision)
+  model = torch_models.for_config(config, spec.num_classes, spec.input_shape)
+  precision = ddp_step.Precision(config, device, compile_model=compile_model,
+                                 convnet=torch_models.is_convnet(config, model))
+  model = ddp_step.place_model(model, device, precision)
   optimizer = ddp_step.make_optimizer(config, model)
   ddp, step_model = ddp_step.distributed(model, device, compile_model)
   rng = np.random.RandomState(rank)

@@ -19,6 +19,7 @@ from matplotlib import figure
 import torch
 
 from baselines.torch_ddp import launch
+from baselines.torch_ddp import models as torch_models
 from baselines.torch_ddp import step as ddp_step
 from baselines.torch_ddp import train as ddp_train
 from models import torch_weights
@@ -26,7 +27,6 @@ from scripts import processes
 from scripts import reporting
 from trainer import efficiency
 from trainer import optim
-from trainer import state as state_lib
 from trainer import writers
 from trainer.data import pipeline
 from trainer.errors import UserError
@@ -141,6 +141,14 @@ def _settings_text(run: dict) -> str:
           f'{"on" if run["torch_compile"] else "off"}, model `{run["model"]}`')
 
 
+def _models_text(settings: dict) -> str:
+  """The models the runs train: the flax one, and the torch one where it is a user's."""
+  if settings.get('torch_model'):
+    return (f'Models `{settings["model"]}` (JAX) and `{settings["torch_model"]}` (DDP, its '
+            'weights carried from the JAX init by call order)')
+  return f'Model `{settings["model"]}`'
+
+
 def _table(report: dict) -> str:
   """The report's markdown table: a row per run."""
   rows = [['run', 'examples/s (steady)', 'time to first step (s)', 'first step (s)',
@@ -161,7 +169,7 @@ def markdown(report: dict) -> str:
   names = titles(report)
   lines = [
       f'# {names["jax"]} vs {names["ddp"]}: `{s["config"]}`', '',
-      f'Overrides: `{" ".join(s["overrides"]) or "none"}`. Model `{s["model"]}`, dataset '
+      f'Overrides: `{" ".join(s["overrides"]) or "none"}`. {_models_text(s)}, dataset '
       f'`{s["dataset"]}`, global batch {s["batch_size"]}, {s["num_train_steps"]} steps, '
       f'{s["optimizer"]}, dtype {s["dtype"]}; both runs train on the same global batches: '
       'batch t of the training stream is a function of the config, the seed and t, and each '
@@ -249,9 +257,11 @@ def _read_run(run_dir: str) -> tuple[list[dict], dict]:
 
 def _export_init(config, spec, path: str) -> None:
   """The JAX run's initial variables for the config's seed (dataset `spec`), as the PyTorch
-  state dict the DDP run starts from."""
-  torch_weights.write_state_dict(path, torch_weights.to_state_dict(
-      *state_lib.initial_variables(config, spec.num_classes, (1,) + spec.input_shape)))
+  state dict the DDP run starts from (of the twin, or of `config.torch_model`)."""
+  torch.manual_seed(config.seed)
+  model = torch_models.for_config(config, spec.num_classes, spec.input_shape)
+  torch_weights.write_state_dict(path, torch_models.flax_init_state(
+      config, model, spec.num_classes, (1,) + spec.input_shape))
 
 
 def _check(config, run_dirs: dict[str, str], reuse: bool) -> None:
@@ -289,7 +299,8 @@ def _settings(config, config_path: str, overrides: list[str], devices: int, thre
   return {
       'config': os.path.relpath(config_path, processes.REPO) if os.path.isabs(config_path)
                 else config_path,
-      'overrides': overrides, 'model': config.model, 'dataset': config.dataset,
+      'overrides': overrides, 'model': config.model,
+      'torch_model': config.get('torch_model', ''), 'dataset': config.dataset,
       'batch_size': config.batch_size, 'num_train_steps': config.num_train_steps,
       'optimizer': config.optimizer, 'dtype': config.dtype,
       'log_every_steps': config.log_every_steps, 'devices': devices, 'threads': threads,
@@ -298,10 +309,13 @@ def _settings(config, config_path: str, overrides: list[str], devices: int, thre
       'same_init': same_init,
       'machine': f'{platform.machine()}, {os.cpu_count()} cores, {platform.system()}',
       'versions': _versions(),
-      'batchnorm_note': ('BatchNorm: JAX averages batch statistics over the devices; torch '
-                         'has no cross-process BatchNorm on CPU, so each DDP rank uses its '
-                         'own batch\'s statistics.'
-                         if config.model.startswith('resnet') and not cuda else ''),
+      'batchnorm_note': (
+          ('BatchNorm: JAX averages batch statistics over the devices; torch has no '
+           'cross-process BatchNorm on CPU, so each DDP rank uses its own batch\'s statistics'
+           + (' (where the model has BatchNorm: a pair with it matches on one rank).'
+              if config.get('torch_model') else '.'))
+          if (config.model.startswith('resnet') or config.get('torch_model')) and not cuda
+          else ''),
   }
 
 

@@ -110,29 +110,6 @@ def build_flax(path: str, kwargs: dict, num_classes: int, input_shape: tuple[int
   return built
 
 
-def build_torch(path: str, kwargs: dict, num_classes: int):
-  """The torch original from its import path, `num_classes` (and a dropout rate of 0) where
-  its constructor declares them."""
-  import inspect  # pylint: disable=import-outside-toplevel
-  from trainer import modeling  # pylint: disable=import-outside-toplevel
-  target = modeling.import_object(path, '--torch')
-  try:
-    declared = inspect.signature(target).parameters
-  except (TypeError, ValueError):
-    declared = {}
-  given = dict(kwargs)
-  if 'num_classes' in declared and 'num_classes' not in given:
-    given['num_classes'] = num_classes
-  for rate in ('dropout_rate', 'dropout', 'p_dropout'):
-    if rate in declared and rate not in given:
-      given[rate] = 0.0
-  try:
-    return target(**given)
-  except Exception as e:  # pylint: disable=broad-except  # The user's code.
-    from trainer.errors import first_line  # pylint: disable=import-outside-toplevel
-    raise UserError(f'--torch={path!r} cannot be built with {given} ({first_line(e)})') from None
-
-
 def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int = 4,
           seed: int = 0, num_classes: Optional[int] = None) -> Report:
   """Carries `torch_module`'s weights into `flax_model` (a `trainer.modeling.Model`) and
@@ -382,7 +359,9 @@ def run(flax_path: str, torch_path: str, input_shape: tuple[int, ...], *, num_cl
   """Builds both sides from their import paths and checks them (`check`)."""
   import torch  # pylint: disable=import-outside-toplevel
   torch.manual_seed(seed)
-  torch_module = build_torch(torch_path, torch_kwargs or {}, num_classes)
+  from baselines.torch_ddp import models as torch_models  # pylint: disable=import-outside-toplevel
+  torch_module = torch_models.from_path(torch_path, torch_kwargs or {}, num_classes, 0.0,
+                                        field='--torch')
   if weights:
     from models import torch_weights  # pylint: disable=import-outside-toplevel
     state = torch_weights.read_state_dict(weights)

@@ -138,3 +138,31 @@ def test_a_config_the_twin_lacks_is_refused_before_any_run(tmp_path, tfds_data_d
   with pytest.raises(UserError, match="^optimizer='lamb' has no DDP twin yet"):
     _compare_here(_config(tfds_data_dir, optimizer='lamb'), workdir, reuse=False)
   assert not workdir.exists()
+
+
+@pytest.mark.slow
+def test_a_users_pair_is_compared_and_named(tmp_path, tfds_data_dir):
+  """Your flax port as `model`, your torch original as `torch_model` (tests/port_pairs.py):
+  both runs start from the JAX init (carried by call order), and the report names both."""
+  workdir = str(tmp_path / 'pair')
+  run = subprocess.run(
+      [sys.executable, '-m', 'scripts.compare', '--config=configs/default.py',
+       f'--workdir={workdir}', '--target_accuracy=0.3', '--timing_warmup_steps=10',
+       '--config.model=tests.port_pairs:FlaxCNN', '--config.torch_model=tests.port_pairs:TorchCNN',
+       '--config.num_train_steps=40', '--config.log_every_steps=10',
+       '--config.eval_every_steps=40', '--config.checkpoint_every_steps=40',
+       '--config.dropout_rate=0', f'--config.tfds_data_dir={tfds_data_dir}'],
+      cwd=processes.REPO, env=processes.environment(), capture_output=True, text=True,
+      timeout=600, check=False)
+  assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+  with open(os.path.join(workdir, 'report.json')) as f:
+    report = json.load(f)
+  settings = report['settings']
+  assert settings['model'] == 'tests.port_pairs:FlaxCNN'
+  assert settings['torch_model'] == 'tests.port_pairs:TorchCNN'
+  assert report['ddp']['model'] == 'tests.port_pairs.TorchCNN' and report['ddp']['channels_last']
+  assert 'a pair with it matches on one rank' in settings['batchnorm_note']
+  with open(os.path.join(workdir, 'report.md')) as f:
+    text = f.read()
+  assert ('Models `tests.port_pairs:FlaxCNN` (JAX) and `tests.port_pairs:TorchCNN` (DDP, its '
+          'weights carried from the JAX init by call order)') in text

@@ -23,14 +23,28 @@ from trainer import writers
 # mlp with Mixup/CutMix on 2 ranks under torchrun, where the twin fetches partner rows from the
 # other rank (1 - r), with its optimizer state sharded on both sides (ZeroRedundancyOptimizer;
 # the JAX state split over its 4 devices).
+# A user's pair (tests/port_pairs.py: a flax port as `model`, its torch original as
+# `torch_model`), the weights carried by call order: the MLP on 2 ranks, the CNN with
+# BatchNorm (and a flatten before its dense layer) on 1 rank, where torch's BatchNorm sees
+# the whole batch.
+USER_MLP = dict(model='tests.port_pairs:FlaxMLP', torch_model='tests.port_pairs:TorchMLP')
+USER_CNN = dict(model='tests.port_pairs:FlaxCNN', torch_model='tests.port_pairs:TorchCNN')
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('model,jax_devices,ddp_ranks,more',
                          [('resnet_tiny', 4, 1, {}),
                           ('mlp', 4, 2, dict(mixup_alpha=0.4, cutmix_alpha=1.0,
-                                             state_sharding='optimizer'))])
+                                             state_sharding='optimizer')),
+                          (None, 4, 2, USER_MLP),
+                          (None, 2, 1, USER_CNN)],
+                         ids=['resnet_tiny', 'mlp_mixed', 'user_mlp', 'user_cnn'])
 def test_first_20_losses_agree(tmp_path, config, request, model, jax_devices, ddp_ranks, more):
-  overrides = dict(model=model, num_train_steps=20, warmup_steps=5, log_every_steps=1,
-                   dropout_rate=0.0, step_backend='shard_map' if more else 'pmap', **more)
+  user = 'torch_model' in more
+  overrides = dict(num_train_steps=20, warmup_steps=5, log_every_steps=1, dropout_rate=0.0,
+                   step_backend='shard_map' if more and not user else 'pmap', **more)
+  if model:
+    overrides['model'] = model
   jax_dir, ddp_dir = str(tmp_path / 'jax'), str(tmp_path / 'ddp')
   config.update(**overrides)
   train.train_and_evaluate(config, jax_dir, devices=jax.devices()[:jax_devices])

@@ -47,6 +47,23 @@ def test_call_order_matching_gives_the_shipped_converters_arrays(name):
     np.testing.assert_array_equal(got[key], value, err_msg=str(key))
 
 
+@pytest.mark.parametrize('pair', sorted(port_pairs.PAIRS))
+def test_flax_weights_carried_back_give_torch_the_same_logits(pair):
+  """The other way (the DDP twin's --parity for a user's pair): the flax init as the torch
+  module's state dict."""
+  torch_cls, flax_cls, shape = port_pairs.PAIRS[pair]
+  torch.manual_seed(0)
+  original, port = torch_cls(), flax_cls()
+  x = np.random.RandomState(1).standard_normal((3,) + shape).astype(np.float32)
+  variables = port.init(jax.random.PRNGKey(2), x)
+  apply = lambda v, im: port.apply(v, im, train=False)
+  state = porting.torch_state(porting.carry(apply, variables, original, x), variables)
+  original.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=False)
+  with torch.no_grad():
+    logits = original.eval()(porting.to_torch(x)).numpy()
+  np.testing.assert_allclose(logits, np.asarray(apply(variables, x)), atol=1e-5)
+
+
 def _check(flax_cls, torch_cls, shape):
   return port_check.run(f'tests.port_pairs:{flax_cls.__name__}',
                         f'tests.port_pairs:{torch_cls.__name__}', shape)

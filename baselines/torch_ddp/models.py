@@ -8,9 +8,10 @@ BasicBlock at a test width), every ViT is `torchvision.models.VisionTransformer`
 All take images as NCHW tensors. A first layer built for 3 channels is rebuilt for the
 dataset's channels (grayscale digits).
 
-`load_flax_variables` copies flax variables into a model through
-`models.torch_weights.to_state_dict` and `load_state_dict(strict=True)`, so both frameworks
-start from identical weights. Known differences from flax, all outside the forward pass:
+A user's own PyTorch model (`config.torch_model`, a flax port of it as `config.model`) is
+built from its import path (`from_path`); `flax_init_state` carries the flax init into either
+kind: through `models.torch_weights` for the twins, through `models.porting` (layers paired in
+call order) for a user's pair, so both frameworks start from identical weights. Known differences from flax, all outside the forward pass:
 torch updates `running_var` with the unbiased batch variance (flax: biased), and on CPU torch
 has no cross-process BatchNorm (`SyncBatchNorm` needs a GPU), so DDP ranks there normalize with
 their own batch's statistics while the JAX ResNets average them over devices.
@@ -185,3 +186,78 @@ def load_state_dict(model: nn.Module, state: Mapping[str, np.ndarray]) -> None:
 def load_flax_variables(model: nn.Module, flax_model: Any, variables: Mapping[str, Any]) -> None:
   """Copies flax `variables` ({'params', 'batch_stats'?}) of `flax_model` into `model`."""
   load_state_dict(model, torch_weights.to_state_dict(flax_model, variables))
+
+
+def from_path(path: str, kwargs: Mapping[str, Any], num_classes: int, dropout_rate: float,
+              field: str = 'torch_model') -> nn.Module:
+  """A user's torch model from its import path ('pkg.module:Name': a `torch.nn.Module` class
+  or a function returning one), given `num_classes` and the dropout rate where its
+  constructor declares them (as `num_classes`, `dropout_rate`, `dropout` or `p_dropout`) and
+  `kwargs` do not."""
+  import inspect  # pylint: disable=import-outside-toplevel
+  from trainer import modeling  # pylint: disable=import-outside-toplevel
+  from trainer.errors import UserError, first_line  # pylint: disable=import-outside-toplevel
+  target = modeling.import_object(path, field)
+  try:
+    declared = inspect.signature(target).parameters
+  except (TypeError, ValueError):
+    declared = {}
+  given = dict(kwargs)
+  if 'num_classes' in declared and 'num_classes' not in given:
+    given['num_classes'] = num_classes
+  for rate in ('dropout_rate', 'dropout', 'p_dropout'):
+    if rate in declared and rate not in given:
+      given[rate] = dropout_rate
+  try:
+    model = target(**given)
+  except Exception as e:  # pylint: disable=broad-except  # The user's code.
+    raise UserError(f'{field}={path!r} cannot be built with {given} ({first_line(e)})') from None
+  if not isinstance(model, nn.Module):
+    raise UserError(f'{field}={path!r} gives a {type(model).__name__}, not a torch.nn.Module')
+  return model
+
+
+def for_config(config, num_classes: int, input_shape: Sequence[int]) -> nn.Module:
+  """The config's torch model: `torch_model` where set, else the twin of `model`."""
+  if config.get('torch_model'):
+    return from_path(config.torch_model, config.torch_model_kwargs.to_dict(), num_classes,
+                     config.dropout_rate)
+  return get(config.model, input_shape=tuple(input_shape), num_classes=num_classes,
+             dropout_rate=config.dropout_rate)
+
+
+def is_convnet(config, model: nn.Module) -> bool:
+  """Whether the model runs channels_last: the convnet twins, a user's model with 2-d
+  convolutions."""
+  if config.get('torch_model'):
+    return any(isinstance(m, nn.Conv2d) for m in model.modules())
+  return config.model in CONVNETS
+
+
+def has_batchnorm(model: nn.Module) -> bool:
+  return any(isinstance(m, nn.modules.batchnorm._BatchNorm)  # pylint: disable=protected-access
+             for m in model.modules())
+
+
+def flax_init_state(config, model: nn.Module, num_classes: int,
+                    input_shape: Sequence[int]) -> Dict[str, np.ndarray]:
+  """The JAX run's initial variables for the config's seed as a state dict of `model`
+  (`input_shape` batch first): by the twins' key tables, or for a user's pair through
+  `models.porting`."""
+  from models import porting  # pylint: disable=import-outside-toplevel
+  from trainer import state as state_lib  # pylint: disable=import-outside-toplevel
+  from trainer.errors import UserError  # pylint: disable=import-outside-toplevel
+  flax_module, variables = state_lib.initial_variables(config, num_classes, tuple(input_shape))
+  if not config.get('torch_model'):
+    return torch_weights.to_state_dict(flax_module, variables)
+  x = np.random.RandomState(0).standard_normal((2,) + tuple(input_shape[1:])).astype(
+      np.float32)
+  try:
+    carried = porting.carry(lambda v, im: flax_module.apply(v, im, train=False), variables,
+                            model, x)
+  except porting.PortMismatch as e:
+    raise UserError(f'torch_model={config.torch_model!r} and model={config.model!r} do not '
+                    f'pair up: {e} (python -m scripts.port_check says more)') from None
+  state = porting.torch_state(carried, variables)
+  own = model.state_dict()
+  return {k: state.get(k, own[k].numpy()) for k in own}

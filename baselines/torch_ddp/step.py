@@ -41,9 +41,12 @@ def check_supported(config) -> None:
     if config[field] not in values:
       raise UserError(f'{field}={config[field]!r} has no DDP twin yet; the twin supports '
                       f'{", ".join(map(repr, values))} (--config.{field}=...)')
+  if config.get('torch_model'):
+    return  # A user's own torch model (`torch_models.from_path`): built as it is.
   if config.model not in torch_models.REGISTRY:
     raise UserError(f'model={config.model!r} has no PyTorch model in the baseline; it has: '
-                    f'{", ".join(sorted(torch_models.REGISTRY))} (--config.model=NAME)')
+                    f'{", ".join(sorted(torch_models.REGISTRY))} (--config.model=NAME), or '
+                    'give your own torch original with --config.torch_model=pkg.module:Name')
   if config.model.startswith('resnet') and config.dropout_rate:
     raise UserError(f'dropout_rate={config.dropout_rate} with model={config.model!r}: '
                     'torchvision\'s ResNet has no dropout; set --config.dropout_rate=0 to '
@@ -59,10 +62,12 @@ class Precision:
   channels_last for convnets, torch.compile."""
 
   def __init__(self, config, device: torch.device, channels_last: bool = True,
-               compile_model: bool = False):
+               compile_model: bool = False, convnet: Optional[bool] = None):
     self.dtype = config.dtype
     self.device_type = device.type
-    self.channels_last = channels_last and config.model in torch_models.CONVNETS
+    # `convnet`: the model's own answer (`torch_models.is_convnet`); None: the twin's name.
+    convnet = config.model in torch_models.CONVNETS if convnet is None else convnet
+    self.channels_last = channels_last and convnet
     self.compile = compile_model
     self.scaler = torch.amp.GradScaler(device.type) if config.dtype == 'float16' else None
 

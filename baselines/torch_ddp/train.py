@@ -59,10 +59,10 @@ from trainer.errors import Preempted, UserError
 # Fields a checkpoint must agree on with the config it is resumed under.
 # (The optimizer's state is saved whole, but keyed otherwise under FSDP2: the state sharding
 # must agree too.)
-RESUME_FIELDS = ('dataset', 'model', 'optimizer', 'batch_size', 'num_train_steps', 'seed',
-                 'train_split', 'state_sharding')
+RESUME_FIELDS = ('dataset', 'model', 'torch_model', 'optimizer', 'batch_size',
+                 'num_train_steps', 'seed', 'train_split', 'state_sharding')
 # What checkpoints written before a field existed ran under.
-FIELDS_BEFORE = {'state_sharding': 'replicated'}
+FIELDS_BEFORE = {'state_sharding': 'replicated', 'torch_model': ''}
 CHECKPOINT_DIR = 'checkpoints'
 
 
@@ -157,23 +157,21 @@ def evaluate(model, data: pipeline.EvalData, normalize: step_lib.Normalize,
 SETTINGS_FILE = 'torch_settings.json'
 
 
-def build_model(config, num_classes: int, input_shape, device, precision: step_lib.Precision,
-                parity: bool, init_weights: Optional[str]) -> torch.nn.Module:
-  """The config's torch model on `device`, from the seed's JAX init (`parity`), a state dict
-  file (`init_weights`), or torch's own init."""
+def build_model(config, num_classes: int, input_shape, parity: bool,
+                init_weights: Optional[str]) -> torch.nn.Module:
+  """The config's torch model (`torch_model`, or the twin of `model`), from the seed's JAX
+  init (`parity`), a state dict file (`init_weights`), or torch's own init."""
   torch.manual_seed(config.seed)
-  model = torch_models.get(config.model, input_shape=input_shape[1:],
-                          num_classes=num_classes,
-                          dropout_rate=config.dropout_rate)
+  model = torch_models.for_config(config, num_classes, input_shape[1:])
   if init_weights:
     try:
       torch_models.load_state_dict(model, torch_weights.read_state_dict(init_weights))
     except (RuntimeError, ValueError, OSError) as e:
       raise UserError(f'--init_weights={init_weights}: {str(e).splitlines()[0]}') from None
   elif parity:
-    torch_models.load_flax_variables(model, *state_lib.initial_variables(
-        config, num_classes, input_shape))
-  return step_lib.place_model(model, device, precision)
+    torch_models.load_state_dict(model, torch_models.flax_init_state(config, model, num_classes,
+                                                                     input_shape))
+  return model
 
 
 # Rank r of a run seeded s seeds torch's generator (its dropout masks) with
@@ -205,9 +203,11 @@ def _build(config, workdir: str, num_classes: int, input_shape, device: torch.de
     logging.warning('state_sharding=full: the model keeps the contiguous memory format, not '
                     'channels_last (FSDP2 splits contiguous params only)')
     channels_last = False
-  precision = step_lib.Precision(config, device, channels_last, compile_model)
-  model = build_model(config, num_classes, input_shape, device, precision,
-                      parity and saved is None, init_weights if saved is None else None)
+  model = build_model(config, num_classes, input_shape, parity and saved is None,
+                      init_weights if saved is None else None)
+  precision = step_lib.Precision(config, device, channels_last, compile_model,
+                                 convnet=torch_models.is_convnet(config, model))
+  model = step_lib.place_model(model, device, precision)
   torch.manual_seed(config.seed * RANK_SEED_STRIDE + rank + 1)
   if saved is not None:
     model.load_state_dict(saved['model'])  # Whole, before FSDP2 (if set) splits it.
