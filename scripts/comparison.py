@@ -180,7 +180,9 @@ def markdown(report: dict) -> str:
       f'({s["ddp_backend"]}) with {s["ddp_threads_per_rank"]} torch thread(s) each. Machine: '
       f'{s["machine"]}. The runs went one after the other, never at once.',
       '- Initial weights: ' + ('the same in both (the JAX model\'s init for the seed, '
-                               'exported as a torchvision state dict for the DDP run).'
+                               'exported as a state dict of the torch model for the DDP run'
+                               + (', layers paired by call order).' if s.get('torch_model')
+                                  else ').')
                                if s['same_init'] else
                                'each framework\'s own init (--nosame_init).'),
       f'- Steady-state examples/s: median over log windows (every {s["log_every_steps"]} steps) '

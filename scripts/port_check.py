@@ -74,17 +74,24 @@ class Report:
                  'call order')
       width = max([len(r.flax) for r in rows] + [4])
       twidth = max([len(r.torch) for r in rows] + [5])
-      out.append(f'  {"flax":<{width}}  {"torch":<{twidth}}  {"input":>9}  {"output":>9}')
+      out.append(f'  {"flax":<{width}}  {"torch":<{twidth}}  {"input":>10}  {"output":>10}')
       for r in rows:
         cells = [_cell(r.input, r.input_ok), _cell(r.output, r.output_ok)]
-        out.append(f'  {r.flax:<{width}}  {r.torch:<{twidth}}  {cells[0]:>9}  {cells[1]:>9}')
+        out.append(f'  {r.flax:<{width}}  {r.torch:<{twidth}}  {cells[0]:>10}  '
+                   f'{cells[1]:>10}')
       out.append(f'  logits: {self.logits[mode]:.2e}')
     if self.gradients:
-      out.append('gradients of the mean cross-entropy, per parameter: '
-                 + ', '.join(f'{n} {_cell(d, ok)}' for n, d, ok in self.gradients))
+      out.append('gradients of the mean cross-entropy (train mode), per parameter:')
+      by_layer: dict[str, list[str]] = {}
+      for name, d, ok in self.gradients:
+        layer, _, array = name.rpartition('/')
+        by_layer.setdefault(layer or array, []).append(
+            f'{array} {_cell(d, ok)}' if layer else _cell(d, ok))
+      out.extend(f'  {layer}: {", ".join(cells)}' for layer, cells in by_layer.items())
     if self.statistics:
       out.append('BatchNorm running statistics after the train-mode step: '
                  + ', '.join(f'{n} {_cell(d, ok)}' for n, d, ok in self.statistics))
+    out.append('(! marks a difference beyond the tolerance, 1e-4 x (1 + the largest |value|))')
     out.append(self.verdict)
     return out
 

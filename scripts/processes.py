@@ -32,10 +32,13 @@ def free_port() -> int:
 
 
 def environment(**extra: str) -> dict[str, str]:
-  """This process's environment with the repository first on PYTHONPATH, TensorFlow quiet,
-  and the `extra` variables."""
+  """This process's environment with the repository first on PYTHONPATH, then the working
+  directory (where a user's own modules are imported from: `pkg.module:Name`), TensorFlow
+  quiet, and the `extra` variables."""
   env = dict(os.environ, **QUIET_TENSORFLOW, **extra)
-  env['PYTHONPATH'] = os.pathsep.join([REPO] + [p for p in [env.get('PYTHONPATH')] if p])
+  here = [os.getcwd()] if os.path.abspath(os.getcwd()) != os.path.abspath(REPO) else []
+  env['PYTHONPATH'] = os.pathsep.join([REPO] + here +
+                                      [p for p in [env.get('PYTHONPATH')] if p])
   return env
 
 

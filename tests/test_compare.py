@@ -5,6 +5,7 @@ plots; reuse; bad input."""
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -142,27 +143,31 @@ def test_a_config_the_twin_lacks_is_refused_before_any_run(tmp_path, tfds_data_d
 
 @pytest.mark.slow
 def test_a_users_pair_is_compared_and_named(tmp_path, tfds_data_dir):
-  """Your flax port as `model`, your torch original as `torch_model` (tests/port_pairs.py):
-  both runs start from the JAX init (carried by call order), and the report names both."""
+  """Your flax port as `model`, your torch original as `torch_model`, in a file of your
+  project's folder (tests/port_pairs.py copied there), compare run from that folder: both runs
+  import them, start from the JAX init (carried by call order), and the report names both."""
+  project = tmp_path / 'my_project'
+  project.mkdir()
+  shutil.copy(os.path.join(processes.REPO, 'tests', 'port_pairs.py'), project / 'pairs.py')
   workdir = str(tmp_path / 'pair')
   run = subprocess.run(
-      [sys.executable, '-m', 'scripts.compare', '--config=configs/default.py',
+      [sys.executable, '-m', 'scripts.compare',
+       f'--config={processes.REPO}/configs/default.py',
        f'--workdir={workdir}', '--target_accuracy=0.3', '--timing_warmup_steps=10',
-       '--config.model=tests.port_pairs:FlaxCNN', '--config.torch_model=tests.port_pairs:TorchCNN',
+       '--config.model=pairs:FlaxCNN', '--config.torch_model=pairs:TorchCNN',
        '--config.num_train_steps=40', '--config.log_every_steps=10',
        '--config.eval_every_steps=40', '--config.checkpoint_every_steps=40',
        '--config.dropout_rate=0', f'--config.tfds_data_dir={tfds_data_dir}'],
-      cwd=processes.REPO, env=processes.environment(), capture_output=True, text=True,
+      cwd=project, env=processes.environment(), capture_output=True, text=True,
       timeout=600, check=False)
   assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
   with open(os.path.join(workdir, 'report.json')) as f:
     report = json.load(f)
   settings = report['settings']
-  assert settings['model'] == 'tests.port_pairs:FlaxCNN'
-  assert settings['torch_model'] == 'tests.port_pairs:TorchCNN'
-  assert report['ddp']['model'] == 'tests.port_pairs.TorchCNN' and report['ddp']['channels_last']
+  assert settings['model'] == 'pairs:FlaxCNN' and settings['torch_model'] == 'pairs:TorchCNN'
+  assert report['ddp']['model'] == 'pairs.TorchCNN' and report['ddp']['channels_last']
   assert 'a pair with it matches on one rank' in settings['batchnorm_note']
   with open(os.path.join(workdir, 'report.md')) as f:
     text = f.read()
-  assert ('Models `tests.port_pairs:FlaxCNN` (JAX) and `tests.port_pairs:TorchCNN` (DDP, its '
-          'weights carried from the JAX init by call order)') in text
+  assert ('Models `pairs:FlaxCNN` (JAX) and `pairs:TorchCNN` (DDP, its weights carried from '
+          'the JAX init by call order)') in text
