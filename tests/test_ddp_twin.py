@@ -1,6 +1,7 @@
 """The DDP twin: exact resume after SIGTERM, exact evaluation, the trainer's tags and files."""
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -121,3 +122,37 @@ def test_a_workdir_of_another_config_is_refused_untouched(config, one_rank_group
                      r"\(model: 'cnn' -> 'mlp'\); use a new --workdir"):
     ddp_train.train(config, workdir, parity=False)
   assert {p: os.path.getmtime(os.path.join(workdir, p)) for p in os.listdir(workdir)} == before
+
+
+@pytest.mark.slow
+def test_a_users_torch_model_trains_sharded_in_bfloat16_and_resumes_exactly(
+    tmp_path, tfds_data_dir):
+  """A user's pair (`torch_model`) under whole-module FSDP2 in bfloat16 on 2 ranks: 12 steps
+  in one go, and the same run resumed from its step-6 checkpoint, end on the same weights."""
+  def run(workdir, steps):
+    command = launch.command(2, str(workdir), threads=1, args=[
+        '--config=configs/default.py', '--parity',
+        '--config.model=tests.port_pairs:FlaxCNN', '--config.torch_model=tests.port_pairs:TorchCNN',
+        '--config.dropout_rate=0', '--config.dtype=bfloat16', '--config.step_backend=shard_map',
+        '--config.state_sharding=full',
+        f'--config.num_train_steps={steps}', '--config.warmup_steps=2',
+        '--config.log_every_steps=3', '--config.eval_every_steps=6',
+        '--config.checkpoint_every_steps=6', f'--config.tfds_data_dir={tfds_data_dir}'])
+    done = subprocess.run(command, cwd=processes.REPO, env=processes.environment(),
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stderr
+
+  run(tmp_path / 'whole', 12)
+  shutil.copytree(tmp_path / 'whole', tmp_path / 'resumed')
+  os.remove(tmp_path / 'resumed' / 'checkpoints' / 'step_12.pt')  # As if stopped after 6.
+  assert 'resuming from ' + str(tmp_path / 'resumed' / 'checkpoints' / 'step_6.pt') in run(
+      tmp_path / 'resumed', 12)
+  whole, resumed = _load(tmp_path / 'whole', 12), _load(tmp_path / 'resumed', 12)
+  assert whole['model'].keys() == resumed['model'].keys()
+  for key, value in whole['model'].items():
+    assert torch.equal(value, resumed['model'][key]), key
+  with open(os.path.join(tmp_path / 'whole', ddp_train.SETTINGS_FILE), encoding='utf-8') as f:
+    settings = f.read()
+  assert '"model": "tests.port_pairs.TorchCNN"' in settings  # Not FSDP2's own class.
+  assert '"wrapper": "FSDP2 (fully_shard)"' in settings

@@ -92,7 +92,10 @@ def describe(model: torch.nn.Module, precision: Precision,
              state_sharding: str = 'replicated') -> dict:
   """What ran, as the DDP workdir's settings file and the benchmark record it: the precision
   settings, the model's class, what wraps it and the versions."""
-  return {**precision.settings(), 'model': f'{type(model).__module__}.{type(model).__name__}',
+  cls = type(model)
+  if cls.__module__.startswith('torch.distributed.fsdp'):  # fully_shard's class over the model's
+    cls = next(c for c in cls.__mro__[1:] if not c.__module__.startswith('torch.distributed'))
+  return {**precision.settings(), 'model': f'{cls.__module__}.{cls.__name__}',
           'state_sharding': state_sharding, 'wrapper': WRAPPERS[state_sharding],
           'torch': torch.__version__, 'torchvision': torchvision.__version__}
 
