@@ -24,7 +24,7 @@ from trainer import writers
 # other rank (1 - r), with its optimizer state sharded on both sides (ZeroRedundancyOptimizer;
 # the JAX state split over its 4 devices).
 # A user's pair (tests/port_pairs.py: a flax port as `model`, its torch original as
-# `torch_model`), the weights carried by call order: the MLP on 2 ranks, the CNN with
+# `torch_model`), the weights carried by call order: the MLP on 2 ranks and 1, the CNN with
 # BatchNorm (and a flatten before its dense layer) on 1 rank, where torch's BatchNorm sees
 # the whole batch.
 USER_MLP = dict(model='tests.port_pairs:FlaxMLP', torch_model='tests.port_pairs:TorchMLP')
@@ -37,8 +37,10 @@ USER_CNN = dict(model='tests.port_pairs:FlaxCNN', torch_model='tests.port_pairs:
                           ('mlp', 4, 2, dict(mixup_alpha=0.4, cutmix_alpha=1.0,
                                              state_sharding='optimizer')),
                           (None, 4, 2, USER_MLP),
+                          (None, 2, 1, USER_MLP),
                           (None, 2, 1, USER_CNN)],
-                         ids=['resnet_tiny', 'mlp_mixed', 'user_mlp', 'user_cnn'])
+                         ids=['resnet_tiny', 'mlp_mixed', 'user_mlp_2_ranks', 'user_mlp_1_rank',
+                              'user_cnn_1_rank'])
 def test_first_20_losses_agree(tmp_path, config, request, model, jax_devices, ddp_ranks, more):
   user = 'torch_model' in more
   overrides = dict(num_train_steps=20, warmup_steps=5, log_every_steps=1, dropout_rate=0.0,

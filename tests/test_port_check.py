@@ -5,6 +5,7 @@ named where it is."""
 import subprocess
 import sys
 
+import flax.linen as nn
 import jax
 import numpy as np
 import pytest
@@ -62,6 +63,47 @@ def test_flax_weights_carried_back_give_torch_the_same_logits(pair):
   with torch.no_grad():
     logits = original.eval()(porting.to_torch(x)).numpy()
   np.testing.assert_allclose(logits, np.asarray(apply(variables, x)), atol=1e-5)
+
+
+class _GroupedTorch(torch.nn.Module):
+  """A grouped convolution, GroupNorm, an embedding of the class ids, a linear head."""
+
+  def __init__(self):
+    super().__init__()
+    self.conv = torch.nn.Conv2d(4, 8, 3, padding=1, groups=2)
+    self.norm = torch.nn.GroupNorm(2, 8)
+    self.embed = torch.nn.Embedding(10, 8)
+    self.head = torch.nn.Linear(8, 10)
+
+  def forward(self, x):
+    features = self.norm(self.conv(x)).mean((2, 3))
+    return self.head(features) @ self.embed.weight @ features.T[:, :1]
+
+
+class _GroupedFlax(nn.Module):
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    del train
+    features = nn.GroupNorm(num_groups=2, epsilon=1e-5)(
+        nn.Conv(8, (3, 3), padding=((1, 1), (1, 1)), feature_group_count=2)(x)).mean((1, 2))
+    table = nn.Embed(10, 8)
+    head = nn.Dense(10)(features)
+    return head @ table.embedding @ features.T[:, :1]
+
+
+def test_grouped_convolutions_group_norm_and_embeddings_carry():
+  torch.manual_seed(0)
+  original, port = _GroupedTorch(), _GroupedFlax()
+  x = np.random.RandomState(0).standard_normal((2, 6, 6, 4)).astype(np.float32)
+  apply = lambda v, im: port.apply(v, im)
+  carried = porting.carry(apply, port.init(jax.random.PRNGKey(0), x), original, x)
+  assert [(f.kind, t.path) for f, t in carried.pairs] == [
+      ('conv', 'conv'), ('norm', 'norm'), ('linear', 'head'), ('embedding', 'embed')]
+  with torch.no_grad():
+    want = original(porting.to_torch(x)).numpy()
+  np.testing.assert_allclose(np.asarray(apply(carried.variables, x)), want, rtol=1e-5,
+                             atol=1e-5)
 
 
 def _check(flax_cls, torch_cls, shape):
