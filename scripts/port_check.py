@@ -129,7 +129,13 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
   x = rng.standard_normal((batch,) + tuple(input_shape)).astype(np.float32)
   module = flax_model.module
   extra = ({'example_ids': np.arange(batch)} if flax_model.takes_example_ids else {})
-  variables = flax_model.init(jax.random.PRNGKey(seed), (1,) + tuple(input_shape))
+  try:
+    variables = flax_model.init(jax.random.PRNGKey(seed), (1,) + tuple(input_shape))
+  except Exception as e:  # pylint: disable=broad-except  # The user's code.
+    from trainer.errors import first_line  # pylint: disable=import-outside-toplevel
+    raise UserError(f'the flax port {flax_model.name} fails on an NHWC batch of shape '
+                    f'{(1,) + tuple(input_shape)} ({first_line(e)}); give --input_shape of one '
+                    'example both models take') from None
 
   def apply_eval(v, images):
     with _no_dropout(strict=True):
@@ -364,19 +370,36 @@ def run(flax_path: str, torch_path: str, input_shape: tuple[int, ...], *, num_cl
         flax_kwargs: Optional[dict] = None, torch_kwargs: Optional[dict] = None,
         weights: str = '', batch: int = 4, seed: int = 0) -> Report:
   """Builds both sides from their import paths and checks them (`check`)."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
   import torch  # pylint: disable=import-outside-toplevel
+  from models import porting  # pylint: disable=import-outside-toplevel
+  from trainer.errors import first_line  # pylint: disable=import-outside-toplevel
   torch.manual_seed(seed)
   from baselines.torch_ddp import models as torch_models  # pylint: disable=import-outside-toplevel
   torch_module = torch_models.from_path(torch_path, torch_kwargs or {}, num_classes, 0.0,
                                         field='--torch')
   if weights:
     from models import torch_weights  # pylint: disable=import-outside-toplevel
-    state = torch_weights.read_state_dict(weights)
     try:
+      state = torch_weights.read_state_dict(weights)
       torch_module.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in state.items()})
-    except RuntimeError as e:
-      raise UserError(f'--weights={weights}: {str(e).splitlines()[0]}') from None
-  flax_model = build_flax(flax_path, flax_kwargs or {}, num_classes, input_shape)
+    except (OSError, ValueError, RuntimeError) as e:
+      raise UserError(f'--weights={weights}: {first_line(e)}; give a state dict file of the '
+                      'torch model (.pth, .pt, .bin or .safetensors)') from None
+  try:
+    flax_model = build_flax(flax_path, flax_kwargs or {}, num_classes, input_shape)
+  except UserError as e:
+    message = str(e)
+    raise UserError('--flax=' + message[len('model='):] if message.startswith('model=') else
+                    message) from None
+  shape = ','.join(map(str, input_shape))
+  try:
+    with torch.no_grad():
+      torch_module.eval()(porting.to_torch(np.zeros((1,) + tuple(input_shape), np.float32)))
+  except Exception as e:  # pylint: disable=broad-except  # The user's code.
+    raise UserError(f'--input_shape={shape}: --torch={torch_path!r} fails on an NCHW batch of '
+                    f'that shape ({first_line(e)}); give the shape of one example it takes, '
+                    'as H,W,C') from None
   return check(flax_model, torch_module, input_shape, batch=batch, seed=seed)
 
 
@@ -391,19 +414,28 @@ def _parse(text: str, flag: str) -> Any:
   return value
 
 
-def main(argv) -> None:
-  del argv
+def _shape(text: str) -> tuple[int, ...]:
   try:
-    shape = tuple(int(v) for v in FLAGS.input_shape.split(','))
+    shape = tuple(int(v) for v in text.split(','))
   except ValueError:
     shape = ()
   if len(shape) not in (1, 3) or min(shape) <= 0:
-    raise UserError(f'--input_shape={FLAGS.input_shape!r} must be H,W,C (or F for a vector), '
-                    'e.g. --input_shape=32,32,3')
-  report = run(FLAGS.flax, FLAGS.torch, shape, num_classes=FLAGS.num_classes,
-               flax_kwargs=_parse(FLAGS.flax_kwargs, 'flax_kwargs'),
-               torch_kwargs=_parse(FLAGS.torch_kwargs, 'torch_kwargs'), weights=FLAGS.weights,
-               batch=FLAGS.batch, seed=FLAGS.seed)
+    raise UserError(f'--input_shape={text!r} must be H,W,C (or F for a vector), e.g. '
+                    '--input_shape=32,32,3')
+  return shape
+
+
+def main(argv) -> None:
+  del argv
+  try:
+    report = run(FLAGS.flax, FLAGS.torch, _shape(FLAGS.input_shape),
+                 num_classes=FLAGS.num_classes,
+                 flax_kwargs=_parse(FLAGS.flax_kwargs, 'flax_kwargs'),
+                 torch_kwargs=_parse(FLAGS.torch_kwargs, 'torch_kwargs'),
+                 weights=FLAGS.weights, batch=FLAGS.batch, seed=FLAGS.seed)
+  except UserError as e:  # Bad input: exit status 2, apart from a verdict's 0 and 1.
+    print(f'error: {e}', file=sys.stderr, flush=True)
+    sys.exit(2)
   print('\n'.join(report.lines()), flush=True)
   sys.exit(0 if report.ok else 1)
 

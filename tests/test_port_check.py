@@ -180,3 +180,22 @@ def test_the_command_line_with_a_weights_file(tmp_path):
   assert bad.returncode == 1
   assert bad.stdout.splitlines()[-1].startswith(
       'verdict: the port parts from the original in eval mode inside Conv_1 (torch conv2')
+
+
+@pytest.mark.parametrize('args,line', [
+    (['--flax=tests.port_pairs:FlaxCN', '--input_shape=8,8,1'],
+     "error: --flax='tests.port_pairs:FlaxCN': "),
+    pytest.param(['--flax=tests.port_pairs:FlaxCNN', '--input_shape=16,16,3'],
+                 "error: --input_shape=16,16,3: --torch='tests.port_pairs:TorchCNN' fails on an "
+                 'NCHW batch of that shape (RuntimeError: ', marks=SLOW),
+    pytest.param(['--flax=tests.port_pairs:FlaxCNN', '--input_shape=8,8,1',
+                  '--weights=/no/such.pth'],
+                 'error: --weights=/no/such.pth: FileNotFoundError', marks=SLOW),
+])
+def test_bad_input_is_one_line_and_exit_status_2(args, line):
+  run = subprocess.run(
+      [sys.executable, '-m', 'scripts.port_check', '--torch=tests.port_pairs:TorchCNN', *args],
+      cwd=processes.REPO, env=processes.environment(), capture_output=True, text=True,
+      timeout=300, check=False)
+  assert run.returncode == 2 and 'Traceback' not in run.stderr, run.stderr[-2000:]
+  assert run.stderr.strip().splitlines()[-1].startswith(line), run.stderr[-1000:]
