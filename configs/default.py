@@ -97,6 +97,11 @@ def get_config() -> ml_collections.ConfigDict:
   # Constructor arguments of `torch_model`, as `model_kwargs` are of `model`.
   config.torch_model_kwargs = ml_collections.ConfigDict()
   config.dropout_rate = 0.1  # Dropout probability in the model's hidden layers; 0 = off.
+  # Rematerialization of each residual block (resnet*, vit*, and the blocks your module marks
+  # with @models.layers.remat_block): which activations the backward pass keeps, the rest
+  # recomputed. 'none'; 'full' (recompute each block); 'dots' (keep matmul/conv outputs);
+  # 'dots_no_batch' (keep those without a batch dimension). Results are those without.
+  config.remat = 'none'
   # Stochastic depth (resnet*, vit*): probability of dropping the last residual block's branch
   # per example in training, rising linearly from 0 at the first block; 0 = off.
   config.stochastic_depth_rate = 0.0

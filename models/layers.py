@@ -6,6 +6,8 @@ so they do not depend on how the batch is split over devices: 1 device or 64 dra
 masks for the same example, and the masks still differ between examples and steps.
 """
 
+import contextlib
+import contextvars
 from typing import Optional
 
 import flax.linen as nn
@@ -70,3 +72,73 @@ def depth_rates(rate: float, num_blocks: int) -> list[float]:
   if num_blocks == 1:
     return [rate]
   return [rate * i / (num_blocks - 1) for i in range(num_blocks)]
+
+
+# Rematerialization: which of a block's activations the backward pass keeps (the others it
+# recomputes from the block's input). A policy of `jax.checkpoint_policies` by config name.
+REMAT_POLICIES = {
+    'none': None,  # No rematerialization: every activation is kept.
+    'full': jax.checkpoint_policies.nothing_saveable,  # Recompute the whole block.
+    'dots': jax.checkpoint_policies.dots_saveable,  # Keep matmul and conv outputs.
+    # Keep only the matmul outputs without batch dimensions (weight-shaped products).
+    'dots_no_batch': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+_REMAT = contextvars.ContextVar('remat', default='none')
+_MARKED = contextvars.ContextVar('remat_calls', default=0)  # Rematerialized calls traced.
+
+
+def remat_calls() -> int:
+  """How many calls of `remat_block` blocks were traced under a policy in this context."""
+  return _MARKED.get()
+
+
+@contextlib.contextmanager
+def remat_policy(name: str):
+  """Blocks marked with `remat_block` apply policy `name` (REMAT_POLICIES) while inside: the
+  trainer sets it around the training step's forward pass (config.remat)."""
+  if name not in REMAT_POLICIES:
+    raise ValueError(f'remat={name!r} is unknown; choose one of {", ".join(REMAT_POLICIES)}')
+  token = _REMAT.set(name)
+  try:
+    yield
+  finally:
+    _REMAT.reset(token)
+
+
+def _is_array(value) -> bool:
+  return isinstance(value, (jax.Array, jnp.ndarray)) or hasattr(value, 'shape')
+
+
+def remat_block(cls):
+  """Marks a block class (a `flax.linen.Module`) for rematerialization: under a policy other
+  than 'none' (`remat_policy`, config.remat) each call is a `jax.checkpoint` of the block.
+  Its params, names and outputs stay those of the block; its arguments may be arrays or any
+  hashable Python values (a `train` flag), positional or by keyword."""
+
+  class Remat(cls):  # pylint: disable=missing-class-docstring
+
+    def __call__(self, *args, **kwargs):
+      policy = REMAT_POLICIES[_REMAT.get()]
+      if policy is None or self.is_initializing():
+        return super().__call__(*args, **kwargs)
+      arrays = [i for i, a in enumerate(args) if _is_array(a)]
+      keys = [k for k, v in kwargs.items() if _is_array(v)]
+      fixed_args = {i: a for i, a in enumerate(args) if i not in arrays}
+      fixed_kwargs = {k: v for k, v in kwargs.items() if k not in keys}
+      _MARKED.set(_MARKED.get() + 1)
+
+      def body(module, *values):
+        given = iter(values)
+        positional = [fixed_args[i] if i in fixed_args else next(given)
+                      for i in range(len(args))]
+        named = dict(fixed_kwargs, **{k: next(given) for k in keys})
+        return cls.__call__(module, *positional, **named)
+
+      return nn.remat(body, policy=policy)(self, *[args[i] for i in arrays],
+                                           *[kwargs[k] for k in keys])
+
+  Remat.__name__ = cls.__name__  # flax names submodules by class: the same params tree.
+  Remat.__qualname__ = cls.__qualname__
+  Remat.__module__ = cls.__module__
+  Remat.__doc__ = cls.__doc__
+  return Remat

@@ -36,6 +36,7 @@ class _Block(nn.Module):
   drop_rate: float = 0.0  # Stochastic depth: probability of dropping the residual branch.
 
 
+@layers.remat_block
 class BasicBlock(_Block):
   """Two 3x3 convolutions (ResNet-18/34)."""
 
@@ -50,6 +51,7 @@ class BasicBlock(_Block):
     return nn.relu(residual + layers.DropPath(self.drop_rate)(y, ids, deterministic=not train))
 
 
+@layers.remat_block
 class BottleneckBlock(_Block):
   """1x1 -> 3x3 (strided, v1.5) -> 1x1 with 4x expansion (ResNet-50/101)."""
 

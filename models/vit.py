@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from models import layers
 
 
+@layers.remat_block
 class EncoderBlock(nn.Module):
   """Pre-norm Transformer encoder block: attention then MLP, each residual."""
   num_heads: int

@@ -29,7 +29,10 @@ TOPOLOGY_RUN = dict(num_train_steps=20, warmup_steps=5, log_every_steps=10,
 # statistics over the devices.
 TOPOLOGY_MODELS = {'cnn': dict(model='cnn', mixup_alpha=0.4, cutmix_alpha=1.0),
                    'resnet_tiny': dict(model='resnet_tiny', dropout_rate=0.0),
-                   'user_plain': dict(model='tests.user_models:PlainNet', dropout_rate=0.3)}
+                   'user_plain': dict(model='tests.user_models:PlainNet', dropout_rate=0.3),
+                   'vit_test': dict(model='vit_test', dropout_rate=0.1,
+                                    stochastic_depth_rate=0.1),
+                   'user_marked': dict(model='tests.user_models:MarkedNet', dropout_rate=0.3)}
 
 
 def topology_config(tfds_data_dir: str, model: str, layout: str):

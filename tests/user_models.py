@@ -5,6 +5,8 @@ import flax.linen as nn
 import jax
 from flax import nnx
 
+from models import layers
+
 
 class PlainNet(nn.Module):
   """A freshly ported network: plain nn.Dropout and nn.BatchNorm (no axis name, no example
@@ -22,6 +24,34 @@ class PlainNet(nn.Module):
     x = nn.relu(nn.Dense(32)(x))
     x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
     return nn.Dense(self.num_classes)(x)
+
+
+@layers.remat_block
+class MarkedBlock(nn.Module):
+  """A residual block a user marks for rematerialization, with plain nn.Dropout and
+  nn.BatchNorm inside (the trainer's interceptors reach them under jax.checkpoint)."""
+  width: int
+  dropout_rate: float
+
+  @nn.compact
+  def __call__(self, x, train: bool):
+    y = nn.Conv(self.width, (3, 3))(x)
+    y = nn.relu(nn.BatchNorm(use_running_average=not train, momentum=0.9)(y))
+    return x + nn.Dropout(self.dropout_rate, deterministic=not train)(y)
+
+
+class MarkedNet(nn.Module):
+  """Two marked blocks between a stem and a head (`config.remat` applies to them)."""
+  num_classes: int
+  width: int = 8
+  dropout_rate: float = 0.0
+
+  @nn.compact
+  def __call__(self, x, train: bool):
+    x = nn.Conv(self.width, (3, 3), strides=(2, 2))(x)
+    for _ in range(2):
+      x = MarkedBlock(self.width, self.dropout_rate)(x, train)
+    return nn.Dense(self.num_classes)(x.reshape((x.shape[0], -1)))
 
 
 class NnxNet(nnx.Module):

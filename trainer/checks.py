@@ -5,6 +5,7 @@ import os
 import ml_collections
 from absl import logging
 
+from models import layers
 from trainer import losses
 from trainer import modeling
 from trainer import optim
@@ -114,6 +115,7 @@ def check_fields(config, *, process_count: int, local_device_count: int) -> None
       raise UserError(f'{field}={value!r} must be a positive integer (--config.{field}=N)')
   modeling.check_name(config.model)
   _choice('loss', config.loss, tuple(losses.LOSSES))
+  _choice('remat', config.remat, tuple(layers.REMAT_POLICIES))
   _choice('optimizer', config.optimizer, optim.OPTIMIZERS)
   _choice('dtype', config.dtype, DTYPES)
   _choice('step_backend', config.step_backend, parallel.BACKENDS)

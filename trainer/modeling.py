@@ -633,11 +633,12 @@ def _describe(kwargs: dict) -> str:
 
 
 def probe(model: Model, input_shape: tuple[int, ...], batch: int, num_classes: int,
-          dtype: str) -> list[str]:
+          dtype: str, remat: str = 'none') -> list[str]:
   """Traces init, an evaluation apply and a training apply of `model` on abstract shapes
-  (nothing compiled): `UserError` where one fails or the logits are not (batch, num_classes);
-  returns the lines on what the trainer cannot make topology-invariant. `input_shape` is one
-  example's; `batch` the rows one device applies at a time."""
+  (nothing compiled): `UserError` where one fails, the logits are not (batch, num_classes),
+  or `remat` (a policy) finds no block to apply to; returns the lines on what the trainer
+  cannot make topology-invariant. `input_shape` is one example's; `batch` the rows one device
+  applies at a time."""
   x = jax.ShapeDtypeStruct((batch,) + tuple(input_shape), jnp.dtype(dtype))
   key = jax.random.PRNGKey(0)
   where = f'an input of shape {x.shape} ({dtype})'
@@ -662,8 +663,11 @@ def probe(model: Model, input_shape: tuple[int, ...], batch: int, num_classes: i
   try:
     # A module that takes example_ids keys its own draws by them (as models.layers does).
     watch = model.eval_module is None and not model.takes_example_ids
-    with _own_rng_requests(notes) if watch else contextlib.nullcontext():
+    with _own_rng_requests(notes) if watch else contextlib.nullcontext(), \
+        layers.remat_policy(remat):
+      marked = layers.remat_calls()
       logits = jax.eval_shape(mapped, variables, x1, key)
+      marked = layers.remat_calls() - marked
   except UserError:
     raise
   except Exception as e:  # pylint: disable=broad-except  # The user's code.
@@ -671,6 +675,10 @@ def probe(model: Model, input_shape: tuple[int, ...], batch: int, num_classes: i
                     f'({first_line(e)})') from None
   _check_logits(model, jax.ShapeDtypeStruct(logits.shape[1:], logits.dtype), 'training', batch,
                 num_classes, where)
+  if remat != 'none' and not marked:
+    raise UserError(f'remat={remat!r}: model={model.name!r} marks no block to rematerialize; '
+                    'decorate its block classes with @models.layers.remat_block '
+                    '(docs/your_model.md), or drop --config.remat')
   return notes.describe()
 
 

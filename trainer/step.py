@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
+from models import layers
 from trainer import losses
 from trainer import mix as mix_lib
 from trainer import parallel
@@ -71,6 +72,7 @@ class StepOptions:
   mix: mix_lib.MixOptions = mix_lib.MixOptions()  # Mixup/CutMix of the global batch.
   # `loss(logits, targets) -> per-example loss` on dense targets (trainer.losses).
   loss: losses.Loss = losses.softmax_xent
+  remat: str = 'none'  # The blocks' rematerialization policy (models.layers.REMAT_POLICIES).
 
   @classmethod
   def from_config(cls, config, loss: Optional[losses.Loss] = None,
@@ -83,7 +85,7 @@ class StepOptions:
                skip_nonfinite=config.skip_nonfinite_steps,
                normalization=Normalization.of(ds_spec or specs.for_config(config),
                                               config.dtype),
-               mix=mix_lib.MixOptions.from_config(config),
+               mix=mix_lib.MixOptions.from_config(config), remat=config.remat,
                loss=loss if loss is not None else losses.get(config.loss))
 
 
@@ -131,9 +133,10 @@ def _loss_fn(state: TrainState, options: StepOptions) -> Callable:
     variables = {'params': params}
     if has_batch_stats:
       variables['batch_stats'] = batch_stats
-    out = state.apply_fn(variables, batch['image'], train=True,
-                         example_ids=batch[EXAMPLE_ID_KEY], rngs={'dropout': rng},
-                         mutable=['batch_stats'] if has_batch_stats else False)
+    with layers.remat_policy(options.remat):
+      out = state.apply_fn(variables, batch['image'], train=True,
+                           example_ids=batch[EXAMPLE_ID_KEY], rngs={'dropout': rng},
+                           mutable=['batch_stats'] if has_batch_stats else False)
     logits, new_batch_stats = (out[0], out[1]['batch_stats']) if has_batch_stats else (out, None)
     loss = jnp.mean(example_losses(logits, batch['label'], options.label_smoothing,
                                    batch.get(MIX_LABEL_KEY), batch.get(MIX_WEIGHT_KEY),

@@ -315,7 +315,7 @@ def _build_model(config, num_classes: int, input_shape: tuple[int, ...], per_dev
     built = modeling.build(config, num_classes, input_shape[1:], model=model,
                            set_on_command_line=command_line)
     lines = built.notes + modeling.probe(built.model, input_shape[1:], per_device, num_classes,
-                                         config.dtype)
+                                         config.dtype, config.remat)
     return built.model, lines
 
   built, lines = parallel.on_every_process(build, f'build model={config.model!r}')

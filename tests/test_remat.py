@@ -1,0 +1,74 @@
+"""Rematerialization (config.remat): each residual block of the ResNets and ViTs, and the
+blocks a user's module marks with @models.layers.remat_block, recomputed in the backward
+pass; training ends where it ends without, on any device count, up to float32 reduction
+order."""
+
+import jax
+import pytest
+
+from models import layers
+from tests import helpers
+from trainer import modeling
+from trainer import train
+from trainer.errors import UserError
+
+# Relative L2 distance of params and BatchNorm statistics after 20 steps (the topology
+# matrix's tolerance: float32 reduction order).
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope='module')
+def trained(tfds_data_dir, tmp_path_factory):
+  runs = {}
+
+  def get(model, remat, devices):
+    if (model, remat, devices) not in runs:
+      config = helpers.topology_config(tfds_data_dir, model, 'pmap')
+      config.remat = remat
+      workdir = str(tmp_path_factory.mktemp(f'{model}_{remat}_{devices}'))
+      runs[model, remat, devices] = train.train_and_evaluate(config, workdir,
+                                                             devices=jax.devices()[:devices])
+    return runs[model, remat, devices]
+
+  return get
+
+
+@pytest.mark.parametrize('model,remat,devices', [
+    ('vit_test', 'full', 2), ('user_marked', 'full', 8),
+    pytest.param('vit_test', 'dots', 8, marks=pytest.mark.slow),
+    pytest.param('resnet_tiny', 'full', 8, marks=pytest.mark.slow),
+    pytest.param('resnet_tiny', 'dots_no_batch', 2, marks=pytest.mark.slow)])
+def test_remat_trains_what_it_trains_without(trained, model, remat, devices):
+  state, reference = trained(model, remat, devices), trained(model, 'none', 1)
+  for name in ('params', 'batch_stats'):
+    if getattr(reference, name) is not None:
+      difference = helpers.relative_difference(getattr(state, name), getattr(reference, name))
+      assert difference < TOLERANCE, (name, difference)
+
+
+def test_a_policy_is_applied_to_every_marked_block():
+  """The training step's jaxpr holds one rematerialized call per block under a policy, none
+  without."""
+  config = helpers.topology_config('', 'user_marked', 'pmap')
+  built = modeling.build(config, 10, (8, 8, 1)).model
+  variables = built.init(jax.random.PRNGKey(0), (1, 8, 8, 1))
+
+  def grads(policy):
+    def loss(params):
+      with layers.remat_policy(policy):
+        out = built.module.apply(dict(variables, params=params), jax.numpy.ones((4, 8, 8, 1)),
+                                 train=True, mutable=['batch_stats'],
+                                 rngs={'dropout': jax.random.PRNGKey(1)})
+      return out[0].sum()
+    return str(jax.make_jaxpr(jax.grad(loss))(variables['params']))
+
+  assert grads('full').count('remat') == 2 and grads('none').count('remat') == 0
+
+
+def test_remat_for_a_module_that_marks_no_block_is_refused():
+  config = helpers.topology_config('', 'user_plain', 'pmap')
+  built = modeling.build(config, 10, (8, 8, 1)).model
+  with pytest.raises(UserError, match=r"^remat='full': model='tests.user_models:PlainNet' "
+                     'marks no block to rematerialize; decorate its block classes with '
+                     r'@models.layers.remat_block'):
+    modeling.probe(built, (8, 8, 1), 4, 10, 'float32', 'full')
