@@ -149,6 +149,10 @@ def get_config() -> ml_collections.ConfigDict:
   # the same model in torchvision's names (.pth, .safetensors; a classifier of another size
   # is initialized afresh); '' = random init.
   config.init_from = ''
+  # How a ViT position embedding of `init_from` made for another image size is resampled to
+  # the model's grid (fine-tuning at a new resolution; the class token kept): 'bicubic' as
+  # timm does, 'bilinear' as big_vision does.
+  config.pos_embedding_resize = 'bicubic'
   config.skip_nonfinite_steps = False  # Skip NaN/Inf steps instead of stopping the run.
 
   # Misc.

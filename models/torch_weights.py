@@ -215,17 +215,23 @@ class FromTorch(NamedTuple):
   new_head: bool  # The classifier had another number of classes: kept from the template.
   adapted_input: Optional[Tuple[int, int]]  # (channels given, the model's) where the first
                                             # convolution was adapted; None otherwise.
+  # (tokens given, the model's) where a ViT's position embedding was resampled to the
+  # model's grid (fine-tuning at another image size); None otherwise.
+  resampled: Optional[Tuple[int, int]] = None
 
 
 def from_state_dict(model: nn.Module, variables: Mapping[str, Any],
-                    state_dict: Mapping[str, Any]) -> FromTorch:
+                    state_dict: Mapping[str, Any],
+                    pos_embedding_resize: str = 'bicubic') -> FromTorch:
   """`variables` (the model's, e.g. freshly initialized) with every array taken from the
   torch `state_dict` instead.
 
   A classifier whose number of classes differs is kept from `variables` (fine-tuning on
   another label set), and a first convolution made for images of other channels is adapted
   (`adapt_input_channels`); the result says which. Anything else that does not fit raises
-  `WeightsMismatch` naming the first mismatches.
+  `WeightsMismatch` naming the first mismatches. A ViT's position embedding made for another
+  image size is resampled to the model's grid (`vit.resample_pos_embedding` by
+  `pos_embedding_resize`).
   """
   template = to_state_dict(model, variables)
   given = {k[len('module.'):] if k.startswith('module.') else k: np.asarray(v)
@@ -243,6 +249,17 @@ def from_state_dict(model: nn.Module, variables: Mapping[str, Any],
     if have[1] != want[1] and (have[0],) + have[2:] == (want[0],) + want[2:]:
       given[first] = adapt_input_channels(given[first], want[1])
       adapted = (have[1], want[1])
+  resampled = None
+  key = 'encoder.pos_embedding'
+  if key in given and key in template and given[key].shape != template[key].shape and (
+      given[key].shape[::2] == template[key].shape[::2]):
+    tokens = given[key].shape[1]
+    try:
+      given[key] = vit.resample_pos_embedding(given[key], template[key].shape[1],
+                                              pos_embedding_resize)
+      resampled = (tokens, template[key].shape[1])
+    except ValueError:
+      pass  # Not a class token and a square grid: said as a mismatch below.
   problem = _mismatches(given, template)
   if problem:
     raise WeightsMismatch(problem)
@@ -269,7 +286,7 @@ def from_state_dict(model: nn.Module, variables: Mapping[str, Any],
     out['batch_stats'] = _like(
         {f'{path}/{name}': value for path, layer in stats.items() for name, value in
          layer.items()}, variables['batch_stats'])
-  return FromTorch(out, reinit_head, adapted)
+  return FromTorch(out, reinit_head, adapted, resampled)
 
 
 def _like(flat: Mapping[str, np.ndarray], template: Mapping[str, Any]) -> Dict[str, Any]:

@@ -1,10 +1,12 @@
 """Vision Transformer: patch embedding, class token, learned position embedding, pre-LN blocks."""
 
 import functools
+import math
 from typing import Any, Optional
 
 import flax.linen as nn
 import jax.numpy as jnp
+import numpy as np
 
 from models import layers
 
@@ -81,3 +83,53 @@ ViTGiant14 = functools.partial(ViT, patch_size=14, hidden_size=1408, num_layers=
 # For tests: 4x4 patches, 2 layers of width 32.
 ViTTest = functools.partial(ViT, patch_size=4, hidden_size=32, num_layers=2, num_heads=2,
                             mlp_dim=64)
+
+
+# How `resample_pos_embedding` resamples the grid of a position embedding (fine-tuning at
+# another image size): 'bicubic' as timm does (torch's bicubic, antialiased, half-pixel
+# centers), 'bilinear' as big_vision does (jax.image.resize's antialiased linear).
+POS_EMBEDDING_RESIZE = ('bicubic', 'bilinear')
+
+
+def _cubic(x: np.ndarray, a: float = -0.5) -> np.ndarray:
+  x = np.abs(x)
+  return np.where(x <= 1, ((a + 2) * x - (a + 3)) * x * x + 1,
+                  np.where(x < 2, ((x - 5) * x + 8) * x * a - 4 * a, 0.0))
+
+
+def _triangle(x: np.ndarray) -> np.ndarray:
+  return np.maximum(0.0, 1.0 - np.abs(x))
+
+
+def _resize_weights(size_in: int, size_out: int, method: str) -> np.ndarray:
+  """(size_out, size_in) weights of a 1-d antialiased resize with half-pixel centers: the
+  kernel widened by the scale when shrinking, each row normalized (torch's and PIL's way)."""
+  kernel, support = (_cubic, 2.0) if method == 'bicubic' else (_triangle, 1.0)
+  scale = size_in / size_out
+  stretch = max(scale, 1.0)
+  weights = np.zeros((size_out, size_in))
+  for i in range(size_out):
+    center = scale * (i + 0.5)
+    low = max(int(center - support * stretch + 0.5), 0)
+    high = min(int(center + support * stretch + 0.5), size_in)
+    taps = kernel((np.arange(low, high) - center + 0.5) / stretch)
+    weights[i, low:high] = taps / taps.sum()
+  return weights
+
+
+def resample_pos_embedding(embedding: np.ndarray, tokens: int, method: str = 'bicubic'
+                           ) -> np.ndarray:
+  """A ViT position embedding (1, 1 + g*g, width) for `tokens` = 1 + G*G: the class token's
+  row kept, the g x g grid resampled to G x G by `method` (POS_EMBEDDING_RESIZE)."""
+  if method not in POS_EMBEDDING_RESIZE:
+    raise ValueError(f'method={method!r}: choose one of {POS_EMBEDDING_RESIZE}')
+  embedding = np.asarray(embedding)
+  side, new_side = math.isqrt(embedding.shape[1] - 1), math.isqrt(tokens - 1)
+  if side * side != embedding.shape[1] - 1 or new_side * new_side != tokens - 1:
+    raise ValueError(f'position embeddings of {embedding.shape[1]} and {tokens} tokens are not '
+                     'a class token and a square grid each')
+  grid = embedding[0, 1:].reshape(side, side, -1).astype(np.float64)
+  weights = _resize_weights(side, new_side, method)
+  resampled = np.einsum('ai,bj,ijd->abd', weights, weights, grid)
+  return np.concatenate([embedding[:, :1], resampled.reshape(1, new_side * new_side, -1)
+                         .astype(embedding.dtype)], axis=1)

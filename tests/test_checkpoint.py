@@ -234,7 +234,7 @@ def test_a_checkpoint_restores_under_any_state_sharding_and_device_count(config,
   scalars = train.evaluate_only(config, first, devices=jax.devices()[:1])
   assert scalars['eval_accuracy'] == pytest.approx(
       writers.read_events(first)[0]['eval_accuracy'][8], rel=1e-6)
-  params, step = checkpoint.load_params(first, jax.device_get(straight.params))
+  params, step, _ = checkpoint.load_params(first, jax.device_get(straight.params))
   assert step == 8
   _assert_bitwise_equal(params, straight.params)
   import trainer  # pylint: disable=import-outside-toplevel
@@ -306,7 +306,7 @@ def test_init_from_takes_params_only(config, tmp_path):
   source = str(tmp_path / 'source')
   source_state = train.train_and_evaluate(config, source)
   for path in (source, checkpoint.directory(source), os.path.join(source, 'checkpoints', '30')):
-    params, step = checkpoint.load_params(path, source_state.params)
+    params, step, _ = checkpoint.load_params(path, source_state.params)
     assert step == 30
     _assert_bitwise_equal(params, source_state.params)
 

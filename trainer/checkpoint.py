@@ -350,8 +350,11 @@ def read_state(workdir: str, step: Optional[int] = None) -> dict:
   return reader.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))['state']
 
 
-def load_params(path: str, wanted_params: Any) -> tuple[Any, int]:
-  """Params of the newest checkpoint under `path` (a workdir, its checkpoints/ or one step).
+def load_params(path: str, wanted_params: Any, pos_embedding_resize: str = 'bicubic'
+                ) -> tuple[Any, int, Optional[tuple[int, int]]]:
+  """Params of the newest checkpoint under `path` (a workdir, its checkpoints/ or one step),
+  its step, and (tokens saved, the model's) where a ViT position embedding made for another
+  image size was resampled to the model's grid (`pos_embedding_resize`); else None.
 
   For `init_from` (fine-tuning): only params are taken; the optimizer starts fresh.
   """
@@ -374,13 +377,36 @@ def load_params(path: str, wanted_params: Any) -> tuple[Any, int]:
                     'PyTorch state dict file (.pth, .pt, .bin, .safetensors)')
   saved = {k[len('params/'):]: v for k, v in _state_metadata(reader, step).items()
            if k.startswith('params/')}
-  mismatch = describe_mismatch(saved, array_specs(wanted_params))
+  wanted = array_specs(wanted_params)
+  resampled = _resampled_embedding(saved, wanted)
+  mismatch = describe_mismatch({**saved, **({} if resampled is None else
+                                            {resampled: wanted[resampled]})}, wanted)
   if mismatch:
     raise UserError(f'init_from={path!r} (step {step}) has params that do not fit this model '
                     f'({mismatch}); use a checkpoint of the same model')
   restored = reader.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
   by_name = {_path_name(path): leaf for path, leaf in
              jax.tree_util.tree_flatten_with_path(restored['state']['params'])[0]}
+  tokens = None
+  if resampled is not None:
+    from models import vit  # pylint: disable=import-outside-toplevel
+    tokens = (saved[resampled][0][1], wanted[resampled][0][1])
+    by_name[resampled] = vit.resample_pos_embedding(by_name[resampled], tokens[1],
+                                                    pos_embedding_resize)
   params = jax.tree_util.tree_map_with_path(
       lambda path, _: np.asarray(by_name[_path_name(path)]), wanted_params)
-  return params, step
+  return params, step, tokens
+
+
+def _resampled_embedding(saved: dict, wanted: dict) -> Optional[str]:
+  """The name of a ViT position embedding saved for another number of tokens (the same
+  width), where both are a class token and a square grid; else None."""
+  import math  # pylint: disable=import-outside-toplevel
+  for name, (shape, _) in saved.items():
+    if name.split('/')[-1] != 'pos_embedding' or name not in wanted:
+      continue
+    want = wanted[name][0]
+    if len(shape) == 3 == len(want) and shape != want and shape[::2] == want[::2] and all(
+        math.isqrt(n - 1) ** 2 == n - 1 for n in (shape[1], want[1])):
+      return name
+  return None

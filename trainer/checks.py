@@ -6,6 +6,7 @@ import ml_collections
 from absl import logging
 
 from models import layers
+from models import vit
 from trainer import losses
 from trainer import modeling
 from trainer import optim
@@ -116,6 +117,7 @@ def check_fields(config, *, process_count: int, local_device_count: int) -> None
   modeling.check_name(config.model)
   _choice('loss', config.loss, tuple(losses.LOSSES))
   _choice('remat', config.remat, tuple(layers.REMAT_POLICIES))
+  _choice('pos_embedding_resize', config.pos_embedding_resize, vit.POS_EMBEDDING_RESIZE)
   _choice('optimizer', config.optimizer, optim.OPTIMIZERS)
   _choice('dtype', config.dtype, DTYPES)
   _choice('step_backend', config.step_backend, parallel.BACKENDS)

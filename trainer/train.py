@@ -230,15 +230,25 @@ def _read_torch_weights(path: str, name: str, model, input_shape: tuple[int, ...
   return state_dict
 
 
-def _from_torch(path: str, name: str, model, variables: dict, state_dict: dict
-                ) -> torch_weights.FromTorch:
+def _from_torch(path: str, name: str, model, variables: dict, state_dict: dict,
+                pos_embedding_resize: str = 'bicubic') -> torch_weights.FromTorch:
   """`torch_weights.from_state_dict`, a mismatch said in one line."""
   try:
-    return torch_weights.from_state_dict(model, variables, state_dict)
+    return torch_weights.from_state_dict(model, variables, state_dict, pos_embedding_resize)
   except torch_weights.WeightsMismatch as e:
     raise UserError(f'init_from={path!r} does not fit model={name!r} '
                     f'({str(e).splitlines()[0]}); use a state dict of the same model '
                     '(torchvision\'s names)') from None
+
+
+def _said_resampled(path: str, tokens: Optional[tuple[int, int]], method: str) -> None:
+  """The one log line of a position embedding resampled to the model's grid."""
+  if tokens is not None:
+    side = lambda n: int(round((n - 1) ** 0.5))
+    logging.info('init_from=%r: its position embedding (a %dx%d grid) is resampled to the '
+                 "model's %dx%d grid (%s; --config.pos_embedding_resize), the class token kept",
+                 path, side(tokens[0]), side(tokens[0]), side(tokens[1]), side(tokens[1]),
+                 method)
 
 
 def _init_from(run: '_Run', state: state_lib.TrainState) -> tuple[state_lib.TrainState, int]:
@@ -248,10 +258,12 @@ def _init_from(run: '_Run', state: state_lib.TrainState) -> tuple[state_lib.Trai
   for a state dict file)."""
   path, name, from_step = run.config.init_from, run.config.model, 0
   if run.torch_weights is not None:
-    loaded = _from_torch(path, name, run.model.module, state.variables(), run.torch_weights)
+    loaded = _from_torch(path, name, run.model.module, state.variables(), run.torch_weights,
+                         run.config.pos_embedding_resize)
     if loaded.new_head:
       logging.info('init_from=%r: its classifier has another number of classes; the head is '
                    'initialized afresh (fine-tuning)', path)
+    _said_resampled(path, loaded.resampled, run.config.pos_embedding_resize)
     if loaded.adapted_input:
       given, channels = loaded.adapted_input
       logging.info('init_from=%r: its first convolution takes %d input channels, the model '
@@ -261,8 +273,10 @@ def _init_from(run: '_Run', state: state_lib.TrainState) -> tuple[state_lib.Trai
     logging.info('initializing params from the PyTorch state dict %s', path)
     params, batch_stats = loaded.variables['params'], loaded.variables.get('batch_stats')
   else:
-    params, from_step = checkpoint.load_params(path, state.params)
+    params, from_step, resampled = checkpoint.load_params(path, state.params,
+                                                          run.config.pos_embedding_resize)
     batch_stats = state.batch_stats
+    _said_resampled(path, resampled, run.config.pos_embedding_resize)
     logging.info('initializing params from %s (step %d)', path, from_step)
   return state.replace(params=params, batch_stats=batch_stats,
                        ema_params=None if state.ema_params is None else jax.tree.map(

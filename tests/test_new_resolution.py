@@ -1,0 +1,100 @@
+"""Fine-tuning a ViT at another image size: its position embedding resampled over the 2-d
+grid, the class token kept (bicubic as timm does, bilinear as big_vision does), from a run
+of this trainer or a torchvision-named state dict; for --eval_only too."""
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from baselines.torch_ddp import models as torch_models
+from configs import default
+from models import torch_weights
+from models import vit
+from scripts import processes
+from trainer import checkpoint
+from trainer import state as state_lib
+from trainer import writers
+
+
+@pytest.mark.parametrize('side,new_side', [(14, 24), (24, 14), (4, 6), (7, 4)])
+def test_resampling_against_torch_bicubic_and_jax_bilinear(side, new_side):
+  embedding = np.random.RandomState(side).standard_normal((1, 1 + side * side, 8))
+  grid = embedding[0, 1:].reshape(side, side, 8)
+  tokens = 1 + new_side * new_side
+  bicubic = vit.resample_pos_embedding(embedding, tokens, 'bicubic')
+  # timm's resample_abs_pos_embed: torch's bicubic, antialiased, half-pixel centers.
+  want = torch.nn.functional.interpolate(
+      torch.from_numpy(grid).permute(2, 0, 1)[None], size=(new_side, new_side),
+      mode='bicubic', antialias=True, align_corners=False)[0].permute(1, 2, 0).numpy()
+  np.testing.assert_allclose(bicubic[0, 1:].reshape(new_side, new_side, 8), want, atol=1e-12)
+  bilinear = vit.resample_pos_embedding(embedding, tokens, 'bilinear')
+  # big_vision's resample_posemb: jax.image.resize, bilinear (antialiased where it shrinks).
+  want = np.asarray(jax.image.resize(jnp.asarray(grid, jnp.float32), (new_side, new_side, 8),
+                                     'bilinear', antialias=True))
+  np.testing.assert_allclose(bilinear[0, 1:].reshape(new_side, new_side, 8), want, atol=1e-5)
+  for out in (bicubic, bilinear):
+    assert out.shape == (1, tokens, 8)
+    np.testing.assert_array_equal(out[:, :1], embedding[:, :1])  # The class token, kept.
+
+
+def test_a_torchvision_state_dict_of_another_size_is_resampled():
+  config = default.get_config()
+  config.model = 'vit_test'
+  small = torch_models.get('vit_test', input_shape=(16, 16, 3), num_classes=10)
+  module, variables = state_lib.initial_variables(config, 10, (1, 24, 24, 3))
+  state = {k: v.detach().numpy() for k, v in small.state_dict().items()}
+  loaded = torch_weights.from_state_dict(module, variables, state, 'bilinear')
+  assert loaded.resampled == (17, 37)
+  np.testing.assert_allclose(
+      loaded.variables['params']['pos_embedding'],
+      vit.resample_pos_embedding(state['encoder.pos_embedding'], 37, 'bilinear'), rtol=1e-6)
+  np.testing.assert_array_equal(loaded.variables['params']['cls'], state['class_token'])
+
+
+def _main(workdir, tfds_data_dir, *args):
+  return subprocess.run(
+      [sys.executable, '-m', 'trainer.main', '--config=configs/default.py',
+       f'--workdir={workdir}', '--cpu_devices=2', '--config.model=vit_test',
+       '--config.augment=inception', '--config.num_train_steps=4', '--config.warmup_steps=1',
+       '--config.batch_size=16', '--config.eval_batch_size=64', '--config.log_every_steps=2',
+       '--config.eval_every_steps=4', '--config.checkpoint_every_steps=4',
+       f'--config.tfds_data_dir={tfds_data_dir}', *args],
+      cwd=processes.REPO, env=processes.environment(), capture_output=True, text=True,
+      timeout=600, check=False)
+
+
+@pytest.mark.slow
+def test_fine_tuning_and_evaluating_at_a_larger_image_size(tmp_path, tfds_data_dir):
+  """vit_test's geometry at 16 px (a 4x4 grid of patches), then fine-tuned and evaluated at
+  24 px (6x6): the run says so in one line and starts from the resampled embedding."""
+  first, second = tmp_path / 'at16', tmp_path / 'at24'
+  run = _main(first, tfds_data_dir, '--config.image_size=16')
+  assert run.returncode == 0, run.stderr[-3000:]
+  run = _main(second, tfds_data_dir, '--config.image_size=24', f'--config.init_from={first}')
+  assert run.returncode == 0, run.stderr[-3000:]
+  line = (f"init_from='{first}': its position embedding (a 4x4 grid) is resampled to the "
+          "model's 6x6 grid (bicubic; --config.pos_embedding_resize), the class token kept")
+  assert line in run.stderr
+  scalars, _ = writers.read_events(str(second))
+  assert 0 <= scalars['eval_accuracy'][4] <= 1
+  evaluated = _main(tmp_path / 'eval24', tfds_data_dir, '--config.image_size=24', '--eval_only',
+                    f'--config.init_from={first}')
+  assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+  assert line in evaluated.stderr
+  assert 'eval_accuracy' in writers.read_events(str(tmp_path / 'eval24'))[0]
+  # What the fine-tuning started from: the first run's params, the embedding resampled.
+  saved = checkpoint.read_state(str(first))['params']
+  wanted = jax.tree.map(np.zeros_like, saved)
+  wanted['pos_embedding'] = np.zeros((1, 37, saved['pos_embedding'].shape[-1]), np.float32)
+  params, step, tokens = checkpoint.load_params(str(first), wanted)
+  assert (step, tokens) == (4, (17, 37))
+  np.testing.assert_array_equal(params['pos_embedding'], vit.resample_pos_embedding(
+      saved['pos_embedding'], 37, 'bicubic'))
+  np.testing.assert_array_equal(params['embedding']['kernel'], saved['embedding']['kernel'])
+  assert os.path.isdir(second)
