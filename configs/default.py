@@ -62,6 +62,10 @@ def get_config() -> ml_collections.ConfigDict:
   # Side of the square crop of augment='inception' (datasets whose images vary in size);
   # 0 = the dataset's (224 for ImageNet and image folders of varied sizes).
   config.image_size = 0
+  # Resize every image whole to image_size x image_size (before `augment`, and for
+  # evaluation): datasets of one size at another resolution, as fine-tuning CIFAR at 224 or
+  # 384 does. False: image_size applies to augment='inception' only.
+  config.resize_images = False
   # How augment='inception' resizes its crops (and evaluation its images): 'area' averages
   # when shrinking and interpolates bilinearly when enlarging; 'antialias' is torchvision's
   # bilinear filter with antialiasing (about twice the CPU time per image).

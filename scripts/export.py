@@ -66,7 +66,9 @@ def export(workdir: str, step, file_format: str, out) -> tuple[str, list[str]]:
       f'input: float32 NCHW (N, {spec.channels}, {spec.input_shape[0]}, {spec.input_shape[1]}),'
       f' x / 255 less mean {tuple(spec.mean)}, over std {tuple(spec.std)}'
       + (f'; images resized and center-cropped to {spec.image_size} first'
-         if spec.augment == 'inception' else '')]
+         if spec.augment == 'inception' else
+         f'; images resized to {spec.image_size}x{spec.image_size} first'
+         if spec.image_size else '')]
   return out, lines
 
 

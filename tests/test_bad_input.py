@@ -109,7 +109,8 @@ CASES = {
         dict(image_size=32),
         "image_size=32 applies to augment='inception' (crops resized to image_size); "
         "dataset='digits' has images of 8x8 with augment='none': drop --config.image_size, "
-        'or pass --config.augment=inception'),
+        'pass --config.augment=inception, or resize the images whole with '
+        '--config.resize_images=True'),
     'unknown optimizer': _unknown('optimizer', 'lion', ['adamw', 'lamb', 'lars', 'sgd']),
     'unknown dtype': _unknown('dtype', 'float8', ['bfloat16', 'float16', 'float32']),
     'unknown state sharding': _unknown('state_sharding', 'zero3',

@@ -98,3 +98,32 @@ def test_fine_tuning_and_evaluating_at_a_larger_image_size(tmp_path, tfds_data_d
       saved['pos_embedding'], 37, 'bicubic'))
   np.testing.assert_array_equal(params['embedding']['kernel'], saved['embedding']['kernel'])
   assert os.path.isdir(second)
+
+
+def test_fixed_size_images_resized_to_image_size(config):
+  """resize_images: CIFAR's 32x32 images at 24x24 for training (then its crop and flip) and
+  evaluation; refused where it cannot apply."""
+  from trainer.data import pipeline  # pylint: disable=import-outside-toplevel
+  from trainer.data import specs  # pylint: disable=import-outside-toplevel
+  from trainer.errors import UserError  # pylint: disable=import-outside-toplevel
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  config.update(dataset='cifar10', resize_images=True, image_size=24, batch_size=8,
+                eval_batch_size=8)
+  spec = specs.resolve(config).train
+  assert (spec.augment, spec.input_shape) == ('crop_flip', (24, 24, 3))
+  with tfds.testing.mock_data(num_examples=16):
+    data = pipeline.open_train_data(config)
+    assert data.plan().describe().startswith('resize (24x24, area)')
+    batch = next(data.batches())
+    evaluation = pipeline.eval_data(config, data.builder)
+    first = next(pipeline.eval_batches(evaluation))
+  assert batch['image'].shape == (8, 24, 24, 3) and first['image'].shape == (8, 24, 24, 3)
+  for bad, message in ((dict(image_size=0), 'resize_images=True resizes every image'),
+                       (dict(augment='inception'), "augment='inception' already resizes")):
+    broken = config.copy_and_resolve_references()
+    broken.update(**bad)
+    with pytest.raises(UserError, match=message):
+      specs.resolve(broken)
+  config.update(resize_images=False)
+  with pytest.raises(UserError, match='--config.resize_images=True'):
+    specs.resolve(config)

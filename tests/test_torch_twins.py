@@ -118,7 +118,7 @@ def test_random_torchvision_weights_give_torchvisions_logits(tmp_path, name, suf
                                         reference.state_dict().items()})
   flax_model = models.get(name, num_classes=10)
   template = helpers.random_variables(flax_model, shape, seed=0)  # Shapes; nothing compiled.
-  variables, new_head, _ = torch_weights.from_state_dict(
+  variables, new_head, _, _ = torch_weights.from_state_dict(
       flax_model, template, torch_weights.read_state_dict(path))
   assert not new_head
   images = np.random.RandomState(2).randn(2, *shape).astype(np.float32)
@@ -136,7 +136,7 @@ def test_a_classifier_of_another_size_is_initialized_afresh():
   reference = torchvision.models.resnet18(num_classes=1000).state_dict()
   flax_model = models.get('resnet18', num_classes=10)
   template = helpers.random_variables(flax_model, (32, 32, 3), seed=0)
-  variables, new_head, _ = torch_weights.from_state_dict(
+  variables, new_head, _, _ = torch_weights.from_state_dict(
       flax_model, template, {k: v.numpy() for k, v in reference.items()})
   assert new_head
   np.testing.assert_array_equal(variables['params']['Dense_0']['kernel'],

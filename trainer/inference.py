@@ -62,7 +62,7 @@ class Trained:
         images.shape[1:] == self.input_shape):
       return images
     encoded = bool(len(images)) and isinstance(images[0], bytes)
-    if not encoded and self.spec.augment != 'inception':
+    if not encoded and not self.spec.image_size:  # Neither cropped nor resized: as stored.
       shape = images.shape[1:] if isinstance(images, np.ndarray) else (
           np.shape(images[0]) if len(images) else ())
       raise UserError(f'images of shape {tuple(shape)} (dtype '

@@ -88,7 +88,8 @@ def describe_dataset(config: Any) -> str:
     return f'# dataset {config.dataset!r}: {e}'
   shape = ('x'.join(map(str, spec.image_shape)) if spec.image_shape else
            f'of varied sizes, {spec.channels} channel(s)')
-  crop = f', cropped to {spec.image_size}x{spec.image_size}' if spec.image_size else ''
+  crop = (f', {"cropped" if spec.augment == "inception" else "resized"} to '
+          f'{spec.image_size}x{spec.image_size}' if spec.image_size else '')
   keys = ('' if (spec.image_key, spec.label_key) == ('image', 'label') else
           f'; features {spec.image_key!r} and {spec.label_key!r}')
   return (f'# dataset {config.dataset!r}: {spec.num_classes} classes, images {shape}{crop}; '

@@ -79,6 +79,26 @@ class Decode(Step):
 
 
 @dataclasses.dataclass(frozen=True)
+class Resize(Step):
+  """The whole image (decoded first where encoded) resized to size x size: fixed-size images
+  at another resolution (config.resize_images)."""
+  name = 'resize'
+  size: int = 224
+  channels: int = 3
+  encoded: bool = True
+  resize_filter: str = 'area'
+
+  def __call__(self, image, seed):
+    if self.encoded:
+      image = decode(image, self.channels)
+    image = resize(image, self.size, self.size, self.resize_filter)
+    return tf.ensure_shape(image, (self.size, self.size, self.channels))
+
+  def describe(self):
+    return f'resize ({self.size}x{self.size}, {self.resize_filter})'
+
+
+@dataclasses.dataclass(frozen=True)
 class RandomResizedCrop(Step):
   """The inception crop: a window of 8%-100% of the area (aspect ratio 3/4-4/3, covering at
   least 10% of the image, else the whole image) resized to size x size. An encoded JPEG
@@ -232,6 +252,9 @@ def train_plan(config, spec: specs.DatasetSpec, encoded: bool) -> Plan:
   if spec.augment == 'inception':
     steps.append(RandomResizedCrop(size=spec.image_size, channels=spec.channels,
                                    encoded=encoded, resize_filter=config.resize_filter))
+  elif spec.image_size:  # Resized whole (config.resize_images), then augmented at that size.
+    steps.append(Resize(size=spec.image_size, channels=spec.channels, encoded=encoded,
+                        resize_filter=config.resize_filter))
   elif encoded:
     steps.append(Decode(shape=spec.image_shape))
   if spec.augment == 'crop_flip':
@@ -248,8 +271,11 @@ def train_plan(config, spec: specs.DatasetSpec, encoded: bool) -> Plan:
 
 def eval_plan(config, spec: specs.DatasetSpec, encoded: bool) -> Plan:
   """The evaluation plan of `spec`: decode where `encoded`; resize and center-crop for the
-  inception crop."""
+  inception crop; resize whole where images are resized (config.resize_images)."""
   if spec.augment == 'inception':
     return Plan((ResizeCenterCrop(size=spec.image_size, channels=spec.channels,
                                   encoded=encoded, resize_filter=config.resize_filter),))
+  if spec.image_size:
+    return Plan((Resize(size=spec.image_size, channels=spec.channels, encoded=encoded,
+                        resize_filter=config.resize_filter),))
   return Plan((Decode(shape=spec.image_shape),) if encoded else ())

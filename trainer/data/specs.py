@@ -49,7 +49,9 @@ class DatasetSpec:
   mean: tuple[float, ...] = (0.0,)  # Per-channel, on the [0, 1] scale.
   std: tuple[float, ...] = (1.0,)
   augment: str = 'none'  # A key of AUGMENTATIONS: the default, or the config's (for_config).
-  image_size: int = 0  # Side of the square crop 'inception' makes; 0 for the others.
+  # Side of the square crop 'inception' makes, or of the square fixed-size images are resized
+  # to (config.resize_images); 0 for the others.
+  image_size: int = 0
   tfds_name: str = ''  # The TFDS builder's name; '' for image folders.
   shipped: bool = False  # The builder ships with the trainer and prepares offline.
   trainable: bool = True  # False: an evaluation set only (no train split).
@@ -339,9 +341,16 @@ def _for_config(config, base: DatasetSpec) -> DatasetSpec:
   if not isinstance(size, int) or size < 0:
     raise UserError(f'image_size={size!r} must be a whole number of pixels >= 0; 0 takes the '
                     'dataset\'s (--config.image_size=N)')
+  resize = bool(config.get('resize_images', False))
+  if resize and augment == 'inception':
+    raise UserError("resize_images=True: augment='inception' already resizes its crops to "
+                    'image_size; drop --config.resize_images')
+  if resize and not size:
+    raise UserError('resize_images=True resizes every image to image_size x image_size; give '
+                    'the side with --config.image_size=N')
   if base.dtype != 'uint8':
     uint8_only = [f'{field}={config[field]!r}' for field in (
-        'randaugment_num_layers', 'random_erase_prob') if config[field]]
+        'randaugment_num_layers', 'random_erase_prob', 'resize_images') if config.get(field)]
     if augment == 'inception':
       uint8_only.insert(0, "augment='inception'")
     if uint8_only:
@@ -351,15 +360,19 @@ def _for_config(config, base: DatasetSpec) -> DatasetSpec:
   if augment == 'inception':
     size = size or base.image_size or _square_side(base)
     return dataclasses.replace(base, augment=augment, image_size=size)
+  if resize:
+    return dataclasses.replace(base, augment=augment, image_size=size)
   if base.image_shape is None:
     raise UserError(f'augment={augment!r} needs images of one size, and those of '
                     f'dataset={config.dataset!r} vary; crop them with --config.augment='
-                    f'inception (to image_size, default {DEFAULT_IMAGE_SIZE})')
+                    f'inception (to image_size, default {DEFAULT_IMAGE_SIZE}), or resize '
+                    'them whole with --config.resize_images=True --config.image_size=N')
   if size and size != base.image_size:
     raise UserError(f'image_size={size} applies to augment=\'inception\' (crops resized to '
                     f'image_size); dataset={config.dataset!r} has images of '
                     f'{base.image_shape[0]}x{base.image_shape[1]} with augment={augment!r}: '
-                    'drop --config.image_size, or pass --config.augment=inception')
+                    'drop --config.image_size, pass --config.augment=inception, or resize the '
+                    'images whole with --config.resize_images=True')
   return dataclasses.replace(base, augment=augment, image_size=0)
 
 
@@ -446,8 +459,8 @@ def _eval_sets(config, read: DatasetSpec, train: DatasetSpec) -> list[EvalSet]:
 def _eval_spec(config, dataset: str, other: DatasetSpec, train: DatasetSpec) -> DatasetSpec:
   """`other` (the spec of `dataset`) as an evaluation reads it: the run's augmentation kind
   and crop, so that its images come out as the model's input."""
-  if train.augment == 'inception':
-    return dataclasses.replace(other, augment='inception', image_size=train.image_size)
+  if train.augment == 'inception' or train.image_size:  # Cropped or resized to the model's.
+    return dataclasses.replace(other, augment=train.augment, image_size=train.image_size)
   if other.image_shape != train.image_shape:
     raise UserError(f'eval_splits={config.eval_splits!r}: dataset {dataset!r} has images of '
                     f'{other.image_shape}, the model takes {train.image_shape}; evaluate a '
