@@ -141,14 +141,10 @@ class RandomResizedCrop(Step):
 
 
 @dataclasses.dataclass(frozen=True)
-class ResizeCenterCrop(Step):
+class ResizeCenterCrop(Resize):
   """Evaluation's counterpart of the inception crop: the shorter side resized to
   size / 0.875, then the central size x size."""
   name = 'resize and center crop'
-  size: int = 224
-  channels: int = 3
-  encoded: bool = True
-  resize_filter: str = 'area'
 
   def __call__(self, image, seed):
     if self.encoded:
