@@ -103,11 +103,15 @@ def _cell(value: Optional[float], ok: bool) -> str:
 
 
 def build_flax(path: str, kwargs: dict, num_classes: int, input_shape: tuple[int, ...]):
-  """The flax port as the trainer builds a model (`trainer.modeling`), dropout off."""
+  """The flax port as the trainer builds a model (`trainer.modeling`), dropout off, its
+  BatchNorm on one device's batch (no device axis: `axis_name=None` where declared)."""
   from configs import default  # pylint: disable=import-outside-toplevel
   from trainer import modeling  # pylint: disable=import-outside-toplevel
   config = default.get_config()
   config.model = path
+  declared = modeling.resolve(path).declared
+  if (declared is None or 'axis_name' in declared) and 'axis_name' not in kwargs:
+    kwargs = dict(kwargs, axis_name=None)
   config.model_kwargs = kwargs
   config.dropout_rate = 0.0
   built = modeling.build(config, num_classes, input_shape).model

@@ -199,3 +199,14 @@ def test_bad_input_is_one_line_and_exit_status_2(args, line):
       timeout=300, check=False)
   assert run.returncode == 2 and 'Traceback' not in run.stderr, run.stderr[-2000:]
   assert run.stderr.strip().splitlines()[-1].startswith(line), run.stderr[-1000:]
+
+
+@pytest.mark.slow
+def test_torchvisions_own_resnet18_against_the_flax_resnet18():
+  """A torchvision constructor by import path (num_classes through its **kwargs), and a flax
+  module whose BatchNorm names the trainer's device axis (taken off for the check)."""
+  # 64 px: the last stage's BatchNorm sees 2x2 maps (at 32 px its 4 values a channel make the
+  # train-mode gradients too ill-conditioned to compare at float32's tolerance).
+  report = port_check.run('models.resnet:ResNet18', 'torchvision.models:resnet18', (64, 64, 3))
+  assert report.ok, '\n'.join(report.lines())
+  assert len(report.rows['eval']) == 41 and len(report.statistics) == 20

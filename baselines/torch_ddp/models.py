@@ -191,9 +191,9 @@ def load_flax_variables(model: nn.Module, flax_model: Any, variables: Mapping[st
 def from_path(path: str, kwargs: Mapping[str, Any], num_classes: int, dropout_rate: float,
               field: str = 'torch_model') -> nn.Module:
   """A user's torch model from its import path ('pkg.module:Name': a `torch.nn.Module` class
-  or a function returning one), given `num_classes` and the dropout rate where its
-  constructor declares them (as `num_classes`, `dropout_rate`, `dropout` or `p_dropout`) and
-  `kwargs` do not."""
+  or a function returning one, such as `torchvision.models:resnet18`), given `num_classes`
+  where its constructor declares it or takes any keyword, and the dropout rate where it
+  declares one (`dropout_rate`, `dropout` or `p_dropout`), unless `kwargs` set them."""
   import inspect  # pylint: disable=import-outside-toplevel
   from trainer import modeling  # pylint: disable=import-outside-toplevel
   from trainer.errors import UserError, first_line  # pylint: disable=import-outside-toplevel
@@ -203,8 +203,9 @@ def from_path(path: str, kwargs: Mapping[str, Any], num_classes: int, dropout_ra
   except (TypeError, ValueError):
     declared = {}
   given = dict(kwargs)
-  if 'num_classes' in declared and 'num_classes' not in given:
-    given['num_classes'] = num_classes
+  any_keyword = any(p.kind == p.VAR_KEYWORD for p in declared.values())
+  if ('num_classes' in declared or any_keyword) and 'num_classes' not in given:
+    given['num_classes'] = num_classes  # (torchvision's constructors take it as **kwargs)
   for rate in ('dropout_rate', 'dropout', 'p_dropout'):
     if rate in declared and rate not in given:
       given[rate] = dropout_rate
