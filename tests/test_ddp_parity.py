@@ -38,13 +38,16 @@ USER_CNN = dict(model='tests.port_pairs:FlaxCNN', torch_model='tests.port_pairs:
                                              state_sharding='optimizer')),
                           (None, 4, 2, USER_MLP),
                           (None, 2, 1, USER_MLP),
-                          (None, 2, 1, USER_CNN)],
+                          (None, 2, 1, USER_CNN),
+                          ('resnet_tiny', 2, 1, dict(remat='full'))],
                          ids=['resnet_tiny', 'mlp_mixed', 'user_mlp_2_ranks', 'user_mlp_1_rank',
-                              'user_cnn_1_rank'])
+                              'user_cnn_1_rank', 'resnet_tiny_remat'])
 def test_first_20_losses_agree(tmp_path, config, request, model, jax_devices, ddp_ranks, more):
   user = 'torch_model' in more
+  remat = more.get('remat', 'none') != 'none'
   overrides = dict(num_train_steps=20, warmup_steps=5, log_every_steps=1, dropout_rate=0.0,
-                   step_backend='shard_map' if more and not user else 'pmap', **more)
+                   step_backend='shard_map' if more and not (user or remat) else 'pmap',
+                   **more)
   if model:
     overrides['model'] = model
   jax_dir, ddp_dir = str(tmp_path / 'jax'), str(tmp_path / 'ddp')
@@ -63,7 +66,10 @@ def test_first_20_losses_agree(tmp_path, config, request, model, jax_devices, dd
         timeout=300, check=False)
     assert ddp_run.returncode == 0, ddp_run.stderr[-2000:]
   with open(os.path.join(ddp_dir, ddp_train.SETTINGS_FILE), encoding='utf-8') as f:
-    assert json.load(f)['wrapper'] == ddp_step.WRAPPERS[config.state_sharding]
+    settings = json.load(f)
+  assert settings['wrapper'] == ddp_step.WRAPPERS[config.state_sharding]
+  # remat='full': both sides recompute each residual block (resnet_tiny has 2), same losses.
+  assert settings['activation_checkpointed_blocks'] == (2 if remat else 0)
 
   scalars, _ = writers.read_events(jax_dir)
   jax_losses = [scalars['train_loss'][step] for step in range(1, 21)]

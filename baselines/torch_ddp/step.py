@@ -34,7 +34,7 @@ from trainer.errors import UserError
 SUPPORTED = dict(optimizer=('sgd', 'adamw'), dtype=('float32', 'bfloat16', 'float16'),
                  grad_accum_steps=(1,),
                  ema_decay=(0.0,), init_from=('',), skip_nonfinite_steps=(False,),
-                 stochastic_depth_rate=(0.0,), eval_splits=('',))
+                 stochastic_depth_rate=(0.0,), eval_splits=('',), remat=('none', 'full'))
 def check_supported(config) -> None:
   """One line naming the first config value the twin cannot reproduce."""
   for field, values in SUPPORTED.items():
@@ -145,6 +145,27 @@ def rank_device() -> torch.device:
   if torch.cuda.is_available():
     return torch.device('cuda', int(os.environ.get('LOCAL_RANK', 0)))
   return torch.device('cpu')
+
+
+def checkpoint_blocks(config, model: torch.nn.Module) -> int:
+  """torch's activation checkpointing on each residual block (torchvision's BasicBlock,
+  Bottleneck and EncoderBlock), the twin of `config.remat='full'`; returns how many blocks.
+  The wrapper keeps the state dict's names. A model without such blocks is refused."""
+  if config.remat == 'none':
+    return 0
+  # pylint: disable=import-outside-toplevel
+  from torch.distributed.algorithms._checkpoint import checkpoint_wrapper
+  from torchvision.models import resnet as tv_resnet
+  from torchvision.models import vision_transformer
+  blocks = (tv_resnet.BasicBlock, tv_resnet.Bottleneck, vision_transformer.EncoderBlock)
+  count = sum(isinstance(m, blocks) for m in model.modules())
+  if not count:
+    raise UserError(f'remat={config.remat!r}: the torch model {type(model).__name__} has no '
+                    'block the twin checkpoints (torchvision\'s BasicBlock, Bottleneck, '
+                    'EncoderBlock); drop --config.remat for the DDP run')
+  checkpoint_wrapper.apply_activation_checkpointing(model,
+                                                    check_fn=lambda m: isinstance(m, blocks))
+  return count
 
 
 def distributed(model: torch.nn.Module, device: torch.device, compile_model: bool,

@@ -190,6 +190,7 @@ class _Training:
   precision: step_lib.Precision
   start_step: int  # The checkpoint's step; 0 in a fresh workdir.
   examples_seen: int  # Position in the global training stream at `start_step`.
+  checkpointed: int = 0  # Blocks under activation checkpointing (config.remat).
 
 
 def _build(config, workdir: str, num_classes: int, input_shape, device: torch.device,
@@ -211,6 +212,7 @@ def _build(config, workdir: str, num_classes: int, input_shape, device: torch.de
   torch.manual_seed(config.seed * RANK_SEED_STRIDE + rank + 1)
   if saved is not None:
     model.load_state_dict(saved['model'])  # Whole, before FSDP2 (if set) splits it.
+  checkpointed = step_lib.checkpoint_blocks(config, model)
   wrapped, step_model = step_lib.distributed(model, device, compile_model,
                                              config.state_sharding)
   optimizer = step_lib.make_optimizer(config, model)
@@ -233,7 +235,7 @@ def _build(config, workdir: str, num_classes: int, input_shape, device: torch.de
     examples_seen = saved.get('examples_seen', start_step * config.batch_size)
     logging.info('resuming from %s', _checkpoint_path(workdir, start_step))
   return _Training(model, wrapped, step_model, optimizer, scheduler, precision, start_step,
-                   examples_seen)
+                   examples_seen, checkpointed)
 
 
 class _Window:
@@ -300,6 +302,7 @@ def train(config, workdir: str, parity: bool, init_weights: Optional[str] = None
     with open(os.path.join(workdir, SETTINGS_FILE), 'w', encoding='utf-8') as f:
       json.dump({**step_lib.describe(training.model, training.precision,
                                      config.state_sharding),
+                 'activation_checkpointed_blocks': training.checkpointed,
                  'backend': dist.get_backend(), 'ranks': world,
                  'threads_per_rank': torch.get_num_threads()}, f, indent=1)
   # SIGTERM/SIGINT are recorded; the ranks agree on them at their next log or checkpoint step.
