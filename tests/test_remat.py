@@ -66,6 +66,11 @@ def test_a_policy_is_applied_to_every_marked_block():
 
 
 def test_remat_for_a_module_that_marks_no_block_is_refused():
+  config = helpers.topology_config('', 'cnn', 'pmap')
+  built = modeling.build(config, 10, (8, 8, 1)).model
+  with pytest.raises(UserError, match=r"^remat='full': model='cnn' has no residual blocks to "
+                     r'rematerialize \(resnet\* and vit\* have\); drop --config.remat$'):
+    modeling.probe(built, (8, 8, 1), 4, 10, 'float32', 'full')
   config = helpers.topology_config('', 'user_plain', 'pmap')
   built = modeling.build(config, 10, (8, 8, 1)).model
   with pytest.raises(UserError, match=r"^remat='full': model='tests.user_models:PlainNet' "

@@ -675,6 +675,9 @@ def probe(model: Model, input_shape: tuple[int, ...], batch: int, num_classes: i
                     f'({first_line(e)})') from None
   _check_logits(model, jax.ShapeDtypeStruct(logits.shape[1:], logits.dtype), 'training', batch,
                 num_classes, where)
+  if remat != 'none' and not marked and model.name in models.names():
+    raise UserError(f'remat={remat!r}: model={model.name!r} has no residual blocks to '
+                    'rematerialize (resnet* and vit* have); drop --config.remat')
   if remat != 'none' and not marked:
     raise UserError(f'remat={remat!r}: model={model.name!r} marks no block to rematerialize; '
                     'decorate its block classes with @models.layers.remat_block '
