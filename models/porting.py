@@ -104,7 +104,7 @@ def flax_layers(apply: Callable[[Any, Any], Any], variables: Any, x: Any) -> lis
   reads: list = []
   with nn.intercept_methods(record), _variable_reads(reads):
     jax.eval_shape(lambda v: apply(v, x), variables)
-  flat = traverse_util.flatten_dict(_plain(variables))
+  flat = traverse_util.flatten_dict(_plain_dict(variables))
   layers: dict[tuple, Layer] = {}
   for path, col, name in reads:
     if (col, *path, name) not in flat:
@@ -121,10 +121,6 @@ def flax_layers(apply: Callable[[Any, Any], Any], variables: Any, x: Any) -> lis
     inner = '/'.join(path[len(owner):] + (name,))
     layer.shapes[inner if col == 'params' else f'{col}/{inner}'] = flat[(col, *path, name)].shape
   return list(layers.values())
-
-
-def _plain(variables: Any) -> dict:
-  return jax.tree.map(lambda a: a, dict(variables))
 
 
 # ----- the torch side ----------------------------------------------------------------------
@@ -348,26 +344,28 @@ def to_flax(pair: tuple[Layer, Layer], arrays: dict, rows: Optional[np.ndarray])
   return out
 
 
+def _flax_key(layer: Layer, name: str) -> tuple:
+  """The flattened variables' key of array `name` of flax `layer` ('kernel',
+  'batch_stats/mean': params unless the name says its collection)."""
+  parts = tuple(name.split('/'))
+  col, rest = (parts[0], parts[1:]) if parts[0] == 'batch_stats' else ('params', parts)
+  return (col, *layer.module, *rest)
+
+
 def set_layer(variables: dict, layer: Layer, arrays: Arrays) -> dict:
   """`variables` (a nested dict) with `arrays` of flax `layer` in place (dtypes kept)."""
   flat = traverse_util.flatten_dict(variables)
   for name, value in arrays.items():
-    parts = tuple(name.split('/'))
-    col, rest = (parts[0], parts[1:]) if parts[0] == 'batch_stats' else ('params', parts)
-    key = (col, *layer.module, *rest)
+    key = _flax_key(layer, name)
     flat[key] = np.asarray(value, dtype=np.asarray(flat[key]).dtype)
   return traverse_util.unflatten_dict(flat)
 
 
-def layer_arrays(variables: dict, layer: Layer) -> Arrays:
-  """A flax layer's arrays by the names `Layer.shapes` uses."""
+def layer_arrays(variables: dict, layer: Layer, names=None) -> Arrays:
+  """A flax layer's arrays by the names `Layer.shapes` uses (those of `names` where given)."""
   flat = traverse_util.flatten_dict(variables)
-  out = {}
-  for name in layer.shapes:
-    parts = tuple(name.split('/'))
-    col, rest = (parts[0], parts[1:]) if parts[0] == 'batch_stats' else ('params', parts)
-    out[name] = np.asarray(flat[(col, *layer.module, *rest)])
-  return out
+  return {name: np.asarray(flat[_flax_key(layer, name)])
+          for name in (layer.shapes if names is None else names)}
 
 
 @dataclasses.dataclass
@@ -398,9 +396,9 @@ def carry(apply: Callable[[Any, Any], Any], variables: Any, torch_module, x: np.
     c, h, w = t.flatten
     if c * h * w != t.shapes['weight'][1] or h * w == 1 or c == 1:
       continue
-    flax_in = capture_flax(apply, variables, x, [f])[f.path][0]
+    flax_in = capture_flax(apply, variables, x, [f])[0][f.path][0]
     with torch.no_grad(), eval_mode(torch_module):
-      torch_in = capture_torch(torch_module, to_torch(x), [t])[t.path][0]
+      torch_in = capture_torch(torch_module, to_torch(x), [t])[0][t.path][0]
     order = flatten_order(c, h, w)
     flax_in, torch_in = flax_in.reshape(len(x), -1), torch_in.reshape(len(x), -1)
     if _close(flax_in, torch_in[:, order]) and not _close(flax_in, torch_in):
@@ -433,8 +431,9 @@ def to_torch(x: np.ndarray):
 # ----- activations -------------------------------------------------------------------------
 
 def capture_flax(apply: Callable, variables: Any, x: Any, layers: list[Layer]
-                 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-  """(input, output) of the first call of each flax layer of `layers` in `apply`."""
+                 ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], Any]:
+  """(input, output) of the first call of each flax layer of `layers` in `apply`, and what
+  `apply` returned."""
   wanted = {tuple(layer.module): layer.path for layer in layers if layer.kind != 'param'}
   seen: dict[str, tuple] = {}
 
@@ -447,12 +446,14 @@ def capture_flax(apply: Callable, variables: Any, x: Any, layers: list[Layer]
     return out
 
   with nn.intercept_methods(record):
-    apply(variables, x)
-  return seen
+    out = apply(variables, x)
+  return seen, out
 
 
-def capture_torch(module, x, layers: list[Layer]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-  """(input, output) of the first call of each torch layer of `layers` in `module(x)`."""
+def capture_torch(module, x, layers: list[Layer]
+                  ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], Any]:
+  """(input, output) of the first call of each torch layer of `layers` in `module(x)`, and
+  what `module(x)` returned."""
   seen: dict[str, tuple] = {}
   handles = []
   for layer in layers:
@@ -467,11 +468,11 @@ def capture_torch(module, x, layers: list[Layer]) -> dict[str, tuple[np.ndarray,
 
     handles.append(layer.module.register_forward_hook(hook, with_kwargs=True))
   try:
-    module(x)
+    out = module(x)
   finally:
     for handle in handles:
       handle.remove()
-  return seen
+  return seen, out
 
 
 def as_flax_layout(array: np.ndarray, flax_shape: tuple[int, ...]) -> Optional[np.ndarray]:
@@ -480,11 +481,7 @@ def as_flax_layout(array: np.ndarray, flax_shape: tuple[int, ...]) -> Optional[n
     moved = np.moveaxis(array, 1, -1)
     if moved.shape == tuple(flax_shape) and (array.ndim == 4 or array.shape != flax_shape):
       return moved
-  if array.shape == tuple(flax_shape):
-    return array
-  if array.size == int(np.prod(flax_shape)) and array.shape[0] == flax_shape[0]:
-    return None
-  return None
+  return array if array.shape == tuple(flax_shape) else None
 
 
 # ----- back to torch -----------------------------------------------------------------------
@@ -549,7 +546,8 @@ def torch_state(carried: Carried, variables: Any) -> Arrays:
     if t.kind == 'param':
       state[t.module] = np.array(converted[next(iter(converted))])
       continue
-    prefix = next(name for name, m in carried.torch_module.named_modules() if m is t.module)
+    # (A layer that is the whole model is named by its class; its arrays have no prefix.)
+    prefix = '' if t.module is carried.torch_module else t.path
     for name, value in converted.items():
       state[f'{prefix}.{name}' if prefix else name] = np.array(value, order='C')
   return state

@@ -16,12 +16,12 @@ beyond a tolerance scaled to the values' magnitude, or that the port computes wh
 original computes. Exit status 0 when it does, 1 when it does not.
 """
 
+import contextlib
 import dataclasses
 import json
 import sys
 from typing import Any, Optional
 
-from absl import app
 from absl import flags
 
 from trainer import cli
@@ -122,7 +122,7 @@ def build_flax(path: str, kwargs: dict, num_classes: int, input_shape: tuple[int
 
 
 def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int = 4,
-          seed: int = 0, num_classes: Optional[int] = None) -> Report:
+          seed: int = 0) -> Report:
   """Carries `torch_module`'s weights into `flax_model` (a `trainer.modeling.Model`) and
   compares the two, layer by layer, in eval and train mode."""
   import jax  # pylint: disable=import-outside-toplevel
@@ -159,42 +159,31 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
     return Report({}, {}, [], [], f'verdict: the layers do not pair up: {e}', False)
   pairs = carried.pairs
   torch_x = porting.to_torch(x)
+  torch_layers, flax_layers = [t for _, t in pairs], [f for f, _ in pairs]
   rows, logits, first = {}, {}, None
   with torch.no_grad(), porting.eval_mode(torch_module):
-    torch_eval = porting.capture_torch(torch_module, torch_x, [t for _, t in pairs])
-    torch_logits = porting.to_numpy(torch_module(torch_x))
-  flax_eval = porting.capture_flax(apply_eval, carried.variables, x, [f for f, _ in pairs])
-  flax_logits = np.asarray(apply_eval(carried.variables, x), np.float32)
+    torch_eval, torch_logits = porting.capture_torch(torch_module, torch_x, torch_layers)
+  flax_eval, flax_logits = porting.capture_flax(apply_eval, carried.variables, x, flax_layers)
+  flax_logits = np.asarray(flax_logits, np.float32)
   rows['eval'], logits['eval'], first = _compare(pairs, flax_eval, torch_eval, carried.rows,
-                                                 flax_logits, torch_logits, 'eval')
-  # Train mode: one forward of each (BatchNorm on the batch, its statistics updated).
+                                                 flax_logits, porting.to_numpy(torch_logits),
+                                                 'eval')
+  # Train mode: one forward and backward of each (BatchNorm on the batch, its statistics
+  # updated once).
   labels = rng.randint(0, flax_logits.shape[-1], batch)
-  before = {t.path: {n: v.detach().clone() for n, v in t.module.named_buffers()}
-            for f, t in pairs if t.kind == 'batchnorm'}
+  statistics_of = lambda: {t.path: {n: v.detach().clone() for n, v in t.module.named_buffers()}
+                           for t in torch_layers if t.kind == 'batchnorm'}
+  before = statistics_of()
   with _train_without_dropout(torch_module):
     torch_module.zero_grad()
-    torch_train = {}
-    handles_out = porting.capture_torch(torch_module, torch_x, [t for _, t in pairs])
-    torch_train.update(handles_out)
-  # capture_torch ran one train forward (statistics updated); the gradients come from a
-  # second forward from the same weights, its statistics put back after.
-  with _train_without_dropout(torch_module):
-    after = {t.path: {n: v.detach().clone() for n, v in t.module.named_buffers()}
-             for f, t in pairs if t.kind == 'batchnorm'}
-    out = torch_module(torch_x)
-    loss = torch.nn.functional.cross_entropy(out, torch.from_numpy(labels).long())
-    loss.backward()
-    torch_train_logits = porting.to_numpy(out)
-    for path, buffers in after.items():
-      layer = next(t for _, t in pairs if t.path == path)
-      for n, v in layer.module.named_buffers():
-        v.copy_(buffers[n])
-  flax_train = porting.capture_flax(lambda v, im: apply_train(v, im)[0], carried.variables, x,
-                                    [f for f, _ in pairs])
-  flax_train_logits, updated = apply_train(carried.variables, x)
+    torch_train, out = porting.capture_torch(torch_module, torch_x, torch_layers)
+    torch.nn.functional.cross_entropy(out, torch.from_numpy(labels).long()).backward()
+  after = statistics_of()
+  flax_train, (flax_train_logits, updated) = porting.capture_flax(
+      apply_train, carried.variables, x, flax_layers)
   rows['train'], logits['train'], first_train = _compare(
       pairs, flax_train, torch_train, carried.rows, np.asarray(flax_train_logits, np.float32),
-      torch_train_logits, 'train')
+      porting.to_numpy(out), 'train')
   first = first or first_train
   gradients = _gradients(pairs, carried, apply_train, x, labels, torch_module)
   first = first or next((f'in the gradient of {n} (|flax - torch| up to {d:.2e})'
@@ -276,8 +265,8 @@ def _gradients(pairs, carried, apply_train, x, labels, torch_module):
       torch_grads = {n: porting.to_numpy(p.grad)
                      for n, p in t.module.named_parameters() if p.grad is not None}
     converted = porting.to_flax((f, t), torch_grads, carried.rows.get(f.path))
-    mine = porting.layer_arrays(grads, dataclasses.replace(
-        f, shapes={n: s for n, s in f.shapes.items() if not n.startswith('batch_stats/')}))
+    mine = porting.layer_arrays(grads, f, [n for n in f.shapes
+                                           if not n.startswith('batch_stats/')])
     for name, value in mine.items():
       if name in converted:
         d = float(np.max(np.abs(value - converted[name]), initial=0.0))
@@ -303,8 +292,7 @@ def _statistics(pairs, updated, before, after, torch_train):
     count = inputs.size / inputs.shape[1]
     unbiased = (var1 - (1 - m) * var0) / m
     expected_var = (1 - m) * var0 + m * unbiased * (count - 1) / count
-    mine = porting.layer_arrays(stats, dataclasses.replace(
-        f, shapes={n: s for n, s in f.shapes.items() if n.startswith('batch_stats/')}))
+    mine = porting.layer_arrays(stats, f, ['batch_stats/mean', 'batch_stats/var'])
     d = max(float(np.max(np.abs(mine['batch_stats/mean'] - mean1))),
             float(np.max(np.abs(mine['batch_stats/var'] - expected_var))))
     out.append((f.path, d, d <= porting.tolerance(expected_var)))
@@ -315,35 +303,24 @@ class _DropoutOn(Exception):
   """A flax Dropout that would draw in eval mode."""
 
 
-class _no_dropout:  # pylint: disable=invalid-name
-  """Flax `nn.Dropout` passes its input through; with `strict`, one that would draw (not
-  deterministic) is refused in one line naming it."""
+def _no_dropout(strict: bool):
+  """While inside, flax `nn.Dropout` passes its input through; with `strict`, one that would
+  draw (not deterministic) is refused in one line naming it."""
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
 
-  def __init__(self, strict: bool):
-    self.strict = strict
-    self.context = None
+  def intercept(next_fun, args, kwargs, context):
+    module = context.module
+    if isinstance(module, nn.Dropout) and context.method_name == '__call__':
+      given = kwargs.get('deterministic', args[1] if len(args) > 1 else None)
+      deterministic = nn.merge_param('deterministic', module.deterministic, given)
+      if strict and not deterministic:
+        raise _DropoutOn(f'in eval mode at flax Dropout {"/".join(module.scope.path)}: it is '
+                         f'on (deterministic=False with train=False; rate here {module.rate}), '
+                         'so evaluation would draw masks; pass it deterministic=not train')
+      return args[0] if args else kwargs['inputs']
+    return next_fun(*args, **kwargs)
 
-  def __enter__(self):
-    import flax.linen as nn  # pylint: disable=import-outside-toplevel
-
-    def intercept(next_fun, args, kwargs, context):
-      module = context.module
-      if isinstance(module, nn.Dropout) and context.method_name == '__call__':
-        given = kwargs.get('deterministic', args[1] if len(args) > 1 else None)
-        deterministic = nn.merge_param('deterministic', module.deterministic, given)
-        if self.strict and not deterministic:
-          raise _DropoutOn(f'in eval mode at flax Dropout {"/".join(module.scope.path)}: it '
-                           f'is on (deterministic=False with train=False; rate here '
-                           f'{module.rate}), so evaluation would draw masks; pass it '
-                           'deterministic=not train')
-        return args[0] if args else kwargs['inputs']
-      return next_fun(*args, **kwargs)
-
-    self.context = nn.intercept_methods(intercept)
-    self.context.__enter__()
-
-  def __exit__(self, *exc):
-    return self.context.__exit__(*exc)
+  return nn.intercept_methods(intercept)
 
 
 def _dropout_in_eval(apply_eval, variables, x) -> None:
@@ -352,22 +329,20 @@ def _dropout_in_eval(apply_eval, variables, x) -> None:
   jax.eval_shape(lambda v: apply_eval(v, x), variables)
 
 
-class _train_without_dropout:  # pylint: disable=invalid-name
-  """The torch module in train mode, its Dropout layers in eval mode (off)."""
-
-  def __init__(self, module):
-    self.module = module
-    self.was_training = module.training
-
-  def __enter__(self):
-    import torch  # pylint: disable=import-outside-toplevel
-    self.module.train()
-    for m in self.module.modules():
-      if isinstance(m, torch.nn.modules.dropout._DropoutNd):
-        m.eval()
-
-  def __exit__(self, *exc):
-    self.module.train(self.was_training)
+@contextlib.contextmanager
+def _train_without_dropout(module):
+  """The torch module in train mode while inside, its Dropout layers in eval mode (off);
+  then in the mode it had."""
+  import torch  # pylint: disable=import-outside-toplevel
+  was_training = module.training
+  module.train()
+  for m in module.modules():
+    if isinstance(m, torch.nn.modules.dropout._DropoutNd):  # pylint: disable=protected-access
+      m.eval()
+  try:
+    yield module
+  finally:
+    module.train(was_training)
 
 
 def run(flax_path: str, torch_path: str, input_shape: tuple[int, ...], *, num_classes: int = 10,
@@ -385,8 +360,7 @@ def run(flax_path: str, torch_path: str, input_shape: tuple[int, ...], *, num_cl
   if weights:
     from models import torch_weights  # pylint: disable=import-outside-toplevel
     try:
-      state = torch_weights.read_state_dict(weights)
-      torch_module.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in state.items()})
+      torch_models.load_state_dict(torch_module, torch_weights.read_state_dict(weights))
     except (OSError, ValueError, RuntimeError) as e:
       raise UserError(f'--weights={weights}: {first_line(e)}; give a state dict file of the '
                       'torch model (.pth, .pt, .bin or .safetensors)') from None
