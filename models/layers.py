@@ -106,7 +106,8 @@ def remat_policy(name: str):
 
 
 def _is_array(value) -> bool:
-  return isinstance(value, (jax.Array, jnp.ndarray)) or hasattr(value, 'shape')
+  """An argument `jax.checkpoint` traces (a jax or numpy array); others are held static."""
+  return hasattr(value, 'shape')
 
 
 def remat_block(cls):

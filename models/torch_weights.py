@@ -251,15 +251,10 @@ def from_state_dict(model: nn.Module, variables: Mapping[str, Any],
       adapted = (have[1], want[1])
   resampled = None
   key = 'encoder.pos_embedding'
-  if key in given and key in template and given[key].shape != template[key].shape and (
-      given[key].shape[::2] == template[key].shape[::2]):
-    tokens = given[key].shape[1]
-    try:
-      given[key] = vit.resample_pos_embedding(given[key], template[key].shape[1],
-                                              pos_embedding_resize)
-      resampled = (tokens, template[key].shape[1])
-    except ValueError:
-      pass  # Not a class token and a square grid: said as a mismatch below.
+  if key in given and key in template and vit.can_resample(given[key].shape,
+                                                           template[key].shape):
+    resampled = (given[key].shape[1], template[key].shape[1])
+    given[key] = vit.resample_pos_embedding(given[key], resampled[1], pos_embedding_resize)
   problem = _mismatches(given, template)
   if problem:
     raise WeightsMismatch(problem)

@@ -117,6 +117,19 @@ def _resize_weights(size_in: int, size_out: int, method: str) -> np.ndarray:
   return weights
 
 
+def _square_grid(tokens: int) -> bool:
+  return math.isqrt(tokens - 1) ** 2 == tokens - 1 if tokens > 1 else False
+
+
+def can_resample(shape: tuple[int, ...], new_shape: tuple[int, ...]) -> bool:
+  """Whether a position embedding of `shape` resamples to `new_shape`: both (1, tokens,
+  width) of the same width, other token counts, each a class token and a square grid."""
+  shape, new_shape = tuple(shape), tuple(new_shape)
+  return (len(shape) == 3 == len(new_shape) and shape != new_shape and
+          shape[::2] == new_shape[::2] and _square_grid(shape[1]) and
+          _square_grid(new_shape[1]))
+
+
 def resample_pos_embedding(embedding: np.ndarray, tokens: int, method: str = 'bicubic'
                            ) -> np.ndarray:
   """A ViT position embedding (1, 1 + g*g, width) for `tokens` = 1 + G*G: the class token's
@@ -124,10 +137,10 @@ def resample_pos_embedding(embedding: np.ndarray, tokens: int, method: str = 'bi
   if method not in POS_EMBEDDING_RESIZE:
     raise ValueError(f'method={method!r}: choose one of {POS_EMBEDDING_RESIZE}')
   embedding = np.asarray(embedding)
-  side, new_side = math.isqrt(embedding.shape[1] - 1), math.isqrt(tokens - 1)
-  if side * side != embedding.shape[1] - 1 or new_side * new_side != tokens - 1:
+  if not (_square_grid(embedding.shape[1]) and _square_grid(tokens)):
     raise ValueError(f'position embeddings of {embedding.shape[1]} and {tokens} tokens are not '
                      'a class token and a square grid each')
+  side, new_side = math.isqrt(embedding.shape[1] - 1), math.isqrt(tokens - 1)
   grid = embedding[0, 1:].reshape(side, side, -1).astype(np.float64)
   weights = _resize_weights(side, new_side, method)
   resampled = np.einsum('ai,bj,ijd->abd', weights, weights, grid)

@@ -401,12 +401,7 @@ def load_params(path: str, wanted_params: Any, pos_embedding_resize: str = 'bicu
 def _resampled_embedding(saved: dict, wanted: dict) -> Optional[str]:
   """The name of a ViT position embedding saved for another number of tokens (the same
   width), where both are a class token and a square grid; else None."""
-  import math  # pylint: disable=import-outside-toplevel
-  for name, (shape, _) in saved.items():
-    if name.split('/')[-1] != 'pos_embedding' or name not in wanted:
-      continue
-    want = wanted[name][0]
-    if len(shape) == 3 == len(want) and shape != want and shape[::2] == want[::2] and all(
-        math.isqrt(n - 1) ** 2 == n - 1 for n in (shape[1], want[1])):
-      return name
-  return None
+  from models import vit  # pylint: disable=import-outside-toplevel
+  return next((name for name, (shape, _) in saved.items()
+               if name.split('/')[-1] == 'pos_embedding' and name in wanted and
+               vit.can_resample(shape, wanted[name][0])), None)

@@ -42,10 +42,6 @@ class Normalization:
     """The statistics of `ds_spec` (the dataset's, or the config's: `specs.for_config`)."""
     return cls(tuple(ds_spec.mean), tuple(ds_spec.std), dtype)
 
-  @classmethod
-  def from_config(cls, config) -> 'Normalization':
-    return cls.of(specs.for_config(config), config.dtype)
-
   def to_float(self, images: jax.Array) -> jax.Array:
     """float32 normalized images."""
     if images.dtype == jnp.uint8:
