@@ -106,6 +106,11 @@ def get_config() -> ml_collections.ConfigDict:
   # recomputed. 'none'; 'full' (recompute each block); 'dots' (keep matmul/conv outputs);
   # 'dots_no_batch' (keep those without a batch dimension). Results are those without.
   config.remat = 'none'
+  # vit*: the encoder blocks as one nn.scan over params stacked along a layer axis, so that
+  # the step compiles one block, not all (a 40-block model compiles in a fraction of the
+  # time); the same results with dropout off. Checkpoints of either form load into the
+  # other (resume, init_from, trainer.load, export).
+  config.scan_layers = False
   # Stochastic depth (resnet*, vit*): probability of dropping the last residual block's branch
   # per example in training, rising linearly from 0 at the first block; 0 = off.
   config.stochastic_depth_rate = 0.0

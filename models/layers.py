@@ -8,11 +8,15 @@ masks for the same example, and the masks still differ between examples and step
 
 import contextlib
 import contextvars
-from typing import Optional
+import re
+from typing import Any, Optional
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 
 
 def example_ids_or_rows(x: jax.Array, example_ids: Optional[jax.Array]) -> jax.Array:
@@ -33,7 +37,9 @@ def keep_scaled(x: jax.Array, key: jax.Array, example_ids: jax.Array, rate: floa
   keys = example_keys(key, example_ids)
   mask = jax.vmap(lambda k: jax.random.bernoulli(k, keep, mask_shape))(keys)
   mask = mask.reshape(mask.shape + (1,) * (x.ndim - mask.ndim))
-  return jnp.where(mask, x / keep, 0).astype(x.dtype)
+  # A traced rate (a scanned layer's) divides in x's dtype, as a Python float does.
+  scale = keep if isinstance(keep, float) else jnp.asarray(keep).astype(x.dtype)
+  return jnp.where(mask, x / scale, 0).astype(x.dtype)
 
 
 class Dropout(nn.Module):
@@ -45,14 +51,15 @@ class Dropout(nn.Module):
     return x.shape[1:]
 
   @nn.compact
-  def __call__(self, x: jax.Array, example_ids: jax.Array, *, deterministic: bool
-               ) -> jax.Array:
-    if deterministic or self.rate == 0:
+  def __call__(self, x: jax.Array, example_ids: jax.Array, *, deterministic: bool,
+               rate: Optional[jax.Array] = None) -> jax.Array:
+    """`rate`, where given, in place of the field: a traced rate (a scanned layer's)."""
+    if deterministic or (rate is None and self.rate == 0):
       return x
-    if self.rate == 1:
+    if rate is None and self.rate == 1:
       return jnp.zeros_like(x)
-    return keep_scaled(x, self.make_rng('dropout'), example_ids, self.rate,
-                        self._mask_shape(x))
+    return keep_scaled(x, self.make_rng('dropout'), example_ids,
+                        self.rate if rate is None else rate, self._mask_shape(x))
 
 
 class DropPath(Dropout):
@@ -105,6 +112,89 @@ def remat_policy(name: str):
     _REMAT.reset(token)
 
 
+# Layer-by-layer FSDP (state_sharding='fsdp'): inside the sharded step, each marked block
+# gathers its params from the devices' parts just before it runs (again in the backward pass:
+# the gathered copies are never saved for it) and drops them after.
+GATHERED = 'fsdp_gathered'  # The `checkpoint_name` of a block's gathered params.
+
+
+class Gathering:
+  """How the blocks of a sharded step gather their params: `axes`, a tree like the model's
+  params of the dimension each leaf is split along over `axis_name` (None: whole on every
+  device), for the leaves as stored (a scanned stack's with its layer axis first)."""
+
+  def __init__(self, axes: Any, axis_name: str):
+    self.axes = axes
+    self.axis_name = axis_name
+    self.blocks: set[tuple[str, ...]] = set()  # The paths of the blocks (`recording`).
+    self.recording = False
+
+  @contextlib.contextmanager
+  def recording_blocks(self):
+    """While inside, the blocks only note their paths in `blocks` (an abstract pass that
+    finds which params they hold), gathering nothing."""
+    self.recording = True
+    try:
+      yield self
+    finally:
+      self.recording = False
+
+  def block_axes(self, path: tuple[str, ...], scanned: bool) -> Any:
+    """The split dimensions of the params of the block at `path`, as the block sees them
+    (one layer of a scanned stack: its dimensions one lower)."""
+    axes = self.axes
+    for name in path:
+      axes = axes[name]
+    if scanned:
+      return jax.tree.map(lambda a: None if a is None else a - 1, axes,
+                          is_leaf=lambda a: a is None)
+    return axes
+
+  def gather(self, params: Any, axes: Any) -> Any:
+    """`params` (this device's parts) whole: each split leaf all-gathered along its axis."""
+    def whole(axis, x):
+      if axis is None:
+        return x
+      return checkpoint_name(
+          lax.all_gather(x, self.axis_name, axis=axis, tiled=True), GATHERED)
+    return jax.tree.map(whole, axes, params, is_leaf=lambda a: a is None)
+
+  def gather_outside_blocks(self, params: Any) -> Any:
+    """`params` with every split leaf that no block (`blocks`) holds gathered whole: the
+    layers before, between and after the blocks."""
+    def whole(path, axis, x):
+      names = tuple(getattr(k, 'key', getattr(k, 'name', None)) for k in path)
+      if axis is None or any(names[:len(b)] == b for b in self.blocks):
+        return x
+      return lax.all_gather(x, self.axis_name, axis=axis, tiled=True)
+    return jax.tree_util.tree_map_with_path(whole, self.axes, params,
+                                            is_leaf=lambda a: a is None)
+
+
+_GATHERING = contextvars.ContextVar('gathering', default=None)
+_IN_BLOCK = contextvars.ContextVar('in_block', default=False)
+
+
+@contextlib.contextmanager
+def gathering(how: Optional[Gathering]):
+  """Blocks marked with `remat_block` gather their params as `how` says while inside (the
+  sharded step sets it around the model's forward pass)."""
+  token = _GATHERING.set(how)
+  try:
+    yield how
+  finally:
+    _GATHERING.reset(token)
+
+
+@contextlib.contextmanager
+def _inside_block():
+  token = _IN_BLOCK.set(True)
+  try:
+    yield
+  finally:
+    _IN_BLOCK.reset(token)
+
+
 def _is_array(value) -> bool:
   """An argument `jax.checkpoint` traces (a jax or numpy array); others are held static."""
   return hasattr(value, 'shape')
@@ -114,14 +204,27 @@ def remat_block(cls):
   """Marks a block class (a `flax.linen.Module`) for rematerialization: under a policy other
   than 'none' (`remat_policy`, config.remat) each call is a `jax.checkpoint` of the block.
   Its params, names and outputs stay those of the block; its arguments may be arrays or any
-  hashable Python values (a `train` flag), positional or by keyword."""
+  hashable Python values (a `train` flag), positional or by keyword.
+
+  The marked blocks are also the units that layer-by-layer FSDP gathers (`gathering`): a
+  block's params are all-gathered inside its `jax.checkpoint`, so that the backward pass
+  gathers them again rather than keeping them."""
 
   class Remat(cls):  # pylint: disable=missing-class-docstring
 
     def __call__(self, *args, **kwargs):
       policy = REMAT_POLICIES[_REMAT.get()]
-      if policy is None or self.is_initializing():
+      how = None if _IN_BLOCK.get() else _GATHERING.get()
+      if self.is_initializing() or (policy is None and how is None):
         return super().__call__(*args, **kwargs)
+      if how is not None and how.recording:
+        how.blocks.add(tuple(self.scope.path))
+        how = None
+      if how is not None and policy is None:
+        policy = jax.checkpoint_policies.save_anything_except_these_names(GATHERED)
+      if policy is None:
+        with _inside_block():
+          return super().__call__(*args, **kwargs)
       arrays = [i for i, a in enumerate(args) if _is_array(a)]
       keys = [k for k, v in kwargs.items() if _is_array(v)]
       fixed_args = {i: a for i, a in enumerate(args) if i not in arrays}
@@ -133,13 +236,107 @@ def remat_block(cls):
         positional = [fixed_args[i] if i in fixed_args else next(given)
                       for i in range(len(args))]
         named = dict(fixed_kwargs, **{k: next(given) for k in keys})
-        return cls.__call__(module, *positional, **named)
+        with _inside_block():
+          return cls.__call__(module, *positional, **named)
 
-      return nn.remat(body, policy=policy)(self, *[args[i] for i in arrays],
-                                           *[kwargs[k] for k in keys])
+      if how is not None:
+        axes = how.block_axes(tuple(self.scope.path), getattr(self, 'scanned', False))
+        body = nn.map_variables(
+            body, 'params', mutable=False,
+            trans_in_fn=lambda variables: {**variables,
+                                           'params': how.gather(variables['params'], axes)})
+      # Inside a scan the loop already keeps XLA from merging the recomputation with the
+      # forward pass (flax's and big_vision's advice: prevent_cse=False there).
+      return nn.remat(body, policy=policy,
+                      prevent_cse=not getattr(self, 'scanned', False))(
+                          self, *[args[i] for i in arrays], *[kwargs[k] for k in keys])
 
   Remat.__name__ = cls.__name__  # flax names submodules by class: the same params tree.
   Remat.__qualname__ = cls.__qualname__
   Remat.__module__ = cls.__module__
   Remat.__doc__ = cls.__doc__
   return Remat
+
+
+# Scanned layers (a ViT's config.scan_layers): the blocks `NAME_0` .. `NAME_{n-1}` of a params
+# tree stored as one `NAME` whose leaves stack theirs along a new first axis (the layer axis).
+SCANNED = ('encoderblock',)  # The block names whose stacks this trainer knows.
+_LAYER = re.compile(r'^(' + '|'.join(SCANNED) + r')_(\d+)$')
+
+
+def _is_tree(x) -> bool:
+  return isinstance(x, dict) or (hasattr(x, 'keys') and hasattr(x, 'items') and
+                                 not hasattr(x, 'shape'))
+
+
+def _convert(tree: Any, convert_dict) -> Any:
+  """`tree` (any pytree: params, a `TrainState`, a checkpoint as restored) with every dict in
+  it, innermost first, replaced by `convert_dict` of it."""
+  def one(x):
+    if not _is_tree(x):
+      return x
+    return convert_dict({k: _convert(v, convert_dict) for k, v in x.items()})
+  return jax.tree.map(one, tree, is_leaf=_is_tree)
+
+
+def _stack(*xs):
+  if isinstance(xs[0], jax.ShapeDtypeStruct):
+    return jax.ShapeDtypeStruct((len(xs),) + xs[0].shape, xs[0].dtype)
+  if all(isinstance(x, np.ndarray) for x in xs):
+    return np.stack(xs)
+  return jnp.stack(xs)  # Device arrays, or traced (an init under jit).
+
+
+def _layer(x, i: int):
+  if isinstance(x, jax.ShapeDtypeStruct):
+    return jax.ShapeDtypeStruct(x.shape[1:], x.dtype)
+  return x[i]
+
+
+def _stack_dict(tree: dict) -> dict:
+  for name in SCANNED:
+    layers = sorted((int(m.group(2)), k) for k in tree for m in [_LAYER.match(k)]
+                    if m and m.group(1) == name)
+    if layers and [i for i, _ in layers] == list(range(len(layers))) and name not in tree:
+      blocks = [tree.pop(k) for _, k in layers]
+      tree[name] = jax.tree.map(_stack, *blocks)
+  return tree
+
+
+def _unstack_dict(tree: dict) -> dict:
+  for name in SCANNED:
+    if name in tree and _is_tree(tree[name]) and jax.tree.leaves(tree[name]):
+      stack = tree.pop(name)
+      for i in range(jax.tree.leaves(stack)[0].shape[0]):
+        tree[f'{name}_{i}'] = jax.tree.map(lambda x, i=i: _layer(x, i), stack)
+  return tree
+
+
+def stack_layers(tree: Any) -> Any:
+  """`tree` (params, a `TrainState`, a checkpoint: any pytree) with the blocks of every
+  `SCANNED` name stacked: {'encoderblock_0': b0, ..} -> {'encoderblock': the leaves of b0,
+  b1, .. stacked along a new first axis}, in every dict that holds them (the params, the
+  optimizer's moments)."""
+  return _convert(tree, _stack_dict)
+
+
+def unstack_layers(tree: Any) -> Any:
+  """The reverse of `stack_layers`: each stack `NAME` of `SCANNED` as `NAME_0` ..
+  `NAME_{n-1}` (its leaves sliced along their first axis)."""
+  return _convert(tree, _unstack_dict)
+
+
+def layer_form(names) -> Optional[str]:
+  """'scanned' where any of the '/'-joined leaf `names` lies in a stack of `SCANNED`,
+  'unscanned' where any in one of its numbered blocks, else None."""
+  parts = [part for name in names for part in name.split('/')]
+  if any(part in SCANNED for part in parts):
+    return 'scanned'
+  if any(_LAYER.match(part) for part in parts):
+    return 'unscanned'
+  return None
+
+
+def is_stacked(path: tuple[str, ...]) -> bool:
+  """Whether a leaf at `path` (names) lies in a scanned stack (its first axis the layers)."""
+  return any(name in SCANNED for name in path)

@@ -25,6 +25,7 @@ import jax
 import numpy as np
 from flax import traverse_util
 
+from models import layers as stacks
 from models import resnet
 from models import vit
 
@@ -148,8 +149,9 @@ def _modules(params: Mapping[str, Any]) -> Dict[str, Dict[str, Any]]:
 
 
 def to_state_dict(model: nn.Module, variables: Mapping[str, Any]) -> Arrays:
-  """The torch state dict (numpy arrays) holding `variables` ({'params', 'batch_stats'?})."""
-  params = variables['params']
+  """The torch state dict (numpy arrays) holding `variables` ({'params', 'batch_stats'?});
+  a scanned ViT's stacked blocks as torchvision's numbered layers."""
+  params = stacks.unstack_layers(variables['params'])
   keys = state_dict_keys(model, params)
   stats = _layers(variables.get('batch_stats') or {})
   out: Arrays = {}
@@ -233,6 +235,8 @@ def from_state_dict(model: nn.Module, variables: Mapping[str, Any],
   image size is resampled to the model's grid (`vit.resample_pos_embedding` by
   `pos_embedding_resize`).
   """
+  scanned = stacks.layer_form(_layers(variables['params'])) == 'scanned'
+  variables = stacks.unstack_layers(dict(variables))
   template = to_state_dict(model, variables)
   given = {k[len('module.'):] if k.startswith('module.') else k: np.asarray(v)
            for k, v in state_dict.items() if not k.endswith(_BN_COUNTER)}
@@ -281,7 +285,8 @@ def from_state_dict(model: nn.Module, variables: Mapping[str, Any],
     out['batch_stats'] = _like(
         {f'{path}/{name}': value for path, layer in stats.items() for name, value in
          layer.items()}, variables['batch_stats'])
-  return FromTorch(out, reinit_head, adapted, resampled)
+  return FromTorch(stacks.stack_layers(out) if scanned else out, reinit_head, adapted,
+                   resampled)
 
 
 def _like(flat: Mapping[str, np.ndarray], template: Mapping[str, Any]) -> Dict[str, Any]:

@@ -21,9 +21,11 @@ class EncoderBlock(nn.Module):
   drop_rate: float = 0.0  # Stochastic depth: probability of dropping each residual branch.
 
   @nn.compact
-  def __call__(self, x, ids, *, train: bool):
+  def __call__(self, x, ids, *, train: bool, drop_rate=None):
+    """`drop_rate`, where given, in place of the field: a scanned layer's (traced) rate."""
     dropout = lambda y: layers.Dropout(self.dropout_rate)(y, ids, deterministic=not train)
-    drop_path = lambda y: layers.DropPath(self.drop_rate)(y, ids, deterministic=not train)
+    drop_path = lambda y: layers.DropPath(self.drop_rate)(y, ids, deterministic=not train,
+                                                          rate=drop_rate)
     y = nn.LayerNorm(dtype=self.dtype)(x)
     # No dropout on the attention weights (as in vit_jax's and torchvision's ViT-B/16).
     y = nn.MultiHeadDotProductAttention(num_heads=self.num_heads, dtype=self.dtype)(y, y)
@@ -32,6 +34,16 @@ class EncoderBlock(nn.Module):
     y = dropout(nn.gelu(nn.Dense(self.mlp_dim, dtype=self.dtype)(y), approximate=False))
     y = nn.Dense(x.shape[-1], dtype=self.dtype)(y)
     return x + drop_path(dropout(y))
+
+
+class ScannedEncoderBlock(EncoderBlock):
+  """One layer of the scanned encoder (`nn.scan` over the layers): (x, ids, its stochastic
+  depth rate) -> (x, nothing)."""
+  train: bool = False
+  scanned = True  # Read by models.layers: the params it sees are one layer of a stack.
+
+  def __call__(self, x, ids, drop_rate):  # pylint: disable=arguments-differ
+    return super().__call__(x, ids, train=self.train, drop_rate=drop_rate), None
 
 
 class ViT(nn.Module):
@@ -48,6 +60,13 @@ class ViT(nn.Module):
   axis_name: Optional[str] = None  # Unused: ViT has no cross-replica layers.
   # Stochastic depth of the last block (rising linearly from 0 at the first); 0 = off.
   stochastic_depth_rate: float = 0.0
+  # The encoder blocks as one `nn.scan` over their params stacked along a first (layer) axis,
+  # named 'encoderblock' (unscanned: 'encoderblock_0' .. 'encoderblock_{n-1}'): the step
+  # compiles one block, not num_layers. The stochastic-depth rates are a scanned array; the
+  # dropout masks of layer i are drawn from the scan's i-th key, not from 'encoderblock_i''s
+  # (other masks than unscanned, each form the same on any topology). `models.layers.
+  # stack_layers` / `unstack_layers` convert params (and checkpoints) between the forms.
+  scan_layers: bool = False
 
   @nn.compact
   def __call__(self, x, *, train: bool, example_ids=None):
@@ -63,9 +82,17 @@ class ViT(nn.Module):
                           (1, x.shape[1], channels))
     x = layers.Dropout(self.dropout_rate)(x + position.astype(self.dtype), ids,
                                           deterministic=not train)
-    for i, rate in enumerate(layers.depth_rates(self.stochastic_depth_rate, self.num_layers)):
-      x = EncoderBlock(self.num_heads, self.mlp_dim, self.dropout_rate, self.dtype, rate,
-                       name=f'encoderblock_{i}')(x, ids, train=train)
+    rates = layers.depth_rates(self.stochastic_depth_rate, self.num_layers)
+    if self.scan_layers:
+      encoder = nn.scan(ScannedEncoderBlock, variable_axes={'params': 0},
+                        split_rngs={'params': True, 'dropout': True},
+                        in_axes=(nn.broadcast, 0), length=self.num_layers)
+      x, _ = encoder(self.num_heads, self.mlp_dim, self.dropout_rate, self.dtype, train=train,
+                     name='encoderblock')(x, ids, jnp.asarray(rates, jnp.float32))
+    else:
+      for i, rate in enumerate(rates):
+        x = EncoderBlock(self.num_heads, self.mlp_dim, self.dropout_rate, self.dtype, rate,
+                         name=f'encoderblock_{i}')(x, ids, train=train)
     x = nn.LayerNorm(dtype=self.dtype, name='encoder_norm')(x)
     return nn.Dense(self.num_classes, dtype=self.dtype, kernel_init=nn.initializers.zeros,
                     name='head')(x[:, 0])

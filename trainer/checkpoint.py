@@ -240,9 +240,18 @@ class Checkpointer:
     return None, []
 
   def _restore(self, reader: ocp.CheckpointManager, step: int, target: Any) -> Restored:
+    convert = _layer_conversion(_state_metadata(reader, step), target)
+    if convert is not None:
+      logging.info('the checkpoint at step %d in %s holds the encoder blocks %s; restored into '
+                   'this run\'s %s form (config.scan_layers)', step, self.directory,
+                   convert[0], convert[1])
+      target = _to_form(target, convert[0])
     restored = reader.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
-    return Restored(step=step, state=restored['state'], meta=restored['meta'])
+    state = restored['state']
+    if convert is not None:
+      state = _to_form(state, convert[1])
+    return Restored(step=step, state=state, meta=restored['meta'])
 
   def _refuse_if_another_config(self, reader: ocp.CheckpointManager, step: int, target: Any,
                                 config: dict) -> None:
@@ -254,8 +263,11 @@ class Checkpointer:
     except Exception:  # pylint: disable=broad-except
       return  # Damaged: the caller sets it aside.
     # It reads: its metadata says what it holds.
-    mismatch = describe_mismatch(_state_metadata(reader, step),
-                                 array_specs(jax.eval_shape(lambda tree: tree, target)))
+    saved = _state_metadata(reader, step)
+    convert = _layer_conversion(saved, target)
+    if convert is not None:
+      target = _to_form(target, convert[0])
+    mismatch = describe_mismatch(saved, array_specs(jax.eval_shape(lambda tree: tree, target)))
     if mismatch:
       changed = _config_differences(whole['meta'].get('config', {}), config)
       raise UserError(
@@ -377,6 +389,11 @@ def load_params(path: str, wanted_params: Any, pos_embedding_resize: str = 'bicu
                     'PyTorch state dict file (.pth, .pt, .bin, .safetensors)')
   saved = {k[len('params/'):]: v for k, v in _state_metadata(reader, step).items()
            if k.startswith('params/')}
+  convert = _layer_conversion(saved, wanted_params)
+  if convert is not None:  # Saved scanned for an unscanned model, or the reverse.
+    params, step, tokens = load_params(path, _to_form(wanted_params, convert[0]),
+                                       pos_embedding_resize)
+    return _to_form(params, convert[1]), step, tokens
   wanted = array_specs(wanted_params)
   resampled = _resampled_embedding(saved, wanted)
   mismatch = describe_mismatch({**saved, **({} if resampled is None else
@@ -396,6 +413,24 @@ def load_params(path: str, wanted_params: Any, pos_embedding_resize: str = 'bicu
   params = jax.tree_util.tree_map_with_path(
       lambda path, _: np.asarray(by_name[_path_name(path)]), wanted_params)
   return params, step, tokens
+
+
+def _to_form(tree: Any, form: str) -> Any:
+  """`tree` with its encoder blocks in `form` ('scanned' or 'unscanned')."""
+  from models import layers  # pylint: disable=import-outside-toplevel
+  return layers.stack_layers(tree) if form == 'scanned' else layers.unstack_layers(tree)
+
+
+def _layer_conversion(saved: dict, target: Any) -> Optional[tuple[str, str]]:
+  """(the saved form, the target's) where a checkpoint holding arrays named `saved` has its
+  encoder blocks scanned and `target` unscanned or the reverse (`models.layers.
+  stack_layers`); else None."""
+  from models import layers  # pylint: disable=import-outside-toplevel
+  have = layers.layer_form(saved)
+  want = layers.layer_form(array_specs(jax.eval_shape(lambda tree: tree, target)))
+  if have is None or want is None or have == want:
+    return None
+  return have, want
 
 
 def _resampled_embedding(saved: dict, wanted: dict) -> Optional[str]:

@@ -144,6 +144,17 @@ def check_fields(config, *, process_count: int, local_device_count: int) -> None
     raise UserError(f'stochastic_depth_rate={config.stochastic_depth_rate}: '
                     f'model={config.model!r} has no residual blocks; it applies to the resnet* '
                     'and vit* models (--config.stochastic_depth_rate=0)')
+  if config.state_sharding == 'fsdp' and config.dtype == 'float16':
+    raise UserError("state_sharding='fsdp' does not take dtype=float16 (its loss scaling "
+                    'reduces whole gradients); use --config.dtype=bfloat16')
+  if config.scan_layers and config.optimizer in ('lars', 'lamb'):
+    raise UserError(f'scan_layers=True with optimizer={config.optimizer!r}: its trust ratios '
+                    'are per layer, and a scanned stack holds every layer in one array; use '
+                    "--config.optimizer=sgd or adamw, or --config.scan_layers=False")
+  if (config.scan_layers and not modeling.is_import_path(config.model) and
+      'scan_layers' not in modeling.resolve(config.model).declared):
+    raise UserError(f'scan_layers=True: model={config.model!r} has no scanned form; the vit* '
+                    'models scan their encoder blocks (--config.scan_layers=False)')
   if config.grad_accum_steps > 1 and config.dtype == 'float16':
     raise UserError(f'grad_accum_steps={config.grad_accum_steps} with dtype=float16 is not '
                     'supported (the loss scale would change between micro-batches); use '

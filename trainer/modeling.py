@@ -75,7 +75,8 @@ from trainer.keys import AXIS_NAME
 # The config values a constructor may declare, each with the config field that sets it (None:
 # the trainer's own value).
 CONFIG_ARGUMENTS = {'num_classes': None, 'dtype': 'dtype', 'dropout_rate': 'dropout_rate',
-                    'axis_name': None, 'stochastic_depth_rate': 'stochastic_depth_rate'}
+                    'axis_name': None, 'stochastic_depth_rate': 'stochastic_depth_rate',
+                    'scan_layers': 'scan_layers'}
 # Folded into the step's key for every stream other than 'dropout' (flax gives a module's
 # `make_rng(name)` of a stream it was not passed the 'params' key).
 OTHER_STREAMS_SALT = 0x6F7468
@@ -445,6 +446,10 @@ class Model:
     """The variables for inputs of `input_shape` (batch first), initialized in evaluation
     mode."""
     x = jnp.zeros(input_shape, jnp.float32)
+    if getattr(self.module, 'scan_layers', False):
+      # Scanned layers start where the unscanned model does (the same seed, the same params).
+      return layers.stack_layers(dict(self.module.clone(scan_layers=False).init(
+          rng, x, train=False)))
     if self.eval_module is None:
       return dict(self.module.init(rng, x, train=False))
     # NNX layers take their streams at construction ('dropout' for nnx.Dropout).
@@ -521,6 +526,8 @@ def _constructor_arguments(source: Source, config, num_classes: int, channels: O
             'dropout_rate': config.dropout_rate, 'axis_name': AXIS_NAME}
   if config.stochastic_depth_rate:
     values['stochastic_depth_rate'] = config.stochastic_depth_rate
+  if config.get('scan_layers'):
+    values['scan_layers'] = True
   if source.nnx and channels is not None:
     values['in_features'] = channels
   kwargs, not_passed = dict(model_kwargs), []
@@ -539,6 +546,9 @@ def _constructor_arguments(source: Source, config, num_classes: int, channels: O
                       f'model={source.name!r} declares no {argument!r} argument: the value '
                       f'would not be used; drop --config.{field}, or add {argument} to the '
                       'module')
+    if field == 'scan_layers':
+      raise UserError(f'scan_layers=True: model={source.name!r} declares no scan_layers; the '
+                      'vit* models scan their encoder blocks (--config.scan_layers=False)')
     if field == 'stochastic_depth_rate':
       raise UserError(f'stochastic_depth_rate={config.stochastic_depth_rate}: '
                       f'model={source.name!r} declares no stochastic_depth_rate; it applies to '

@@ -6,6 +6,8 @@ import jax
 import ml_collections
 import optax
 
+from models import layers
+
 from trainer.errors import UserError
 
 OPTIMIZERS = ('adamw', 'lamb', 'lars', 'sgd')
@@ -53,8 +55,11 @@ def learning_rate_schedule(config) -> optax.Schedule:
 
 def decay_mask(params):
   """Weight decay (and LARS trust ratios) for kernels only: biases and norm params (1-D) are
-  spared."""
-  return jax.tree.map(lambda p: p.ndim > 1, params)
+  spared; a scanned stack's leaves (`models.layers.stack_layers`) by one layer's dimensions."""
+  def kernel(path, p):
+    names = tuple(getattr(k, 'key', None) for k in path)
+    return p.ndim - int(layers.is_stacked(names)) > 1
+  return jax.tree_util.tree_map_with_path(kernel, params)
 
 
 def create_optimizer(config, schedule: optax.Schedule) -> optax.GradientTransformation:

@@ -18,15 +18,22 @@ Under 'shard_map' the state can be sharded over the same axis (`config.state_sha
   'replicated' every device holds the whole state (as under 'pmap');
   'optimizer'  each optimizer-state leaf split along one dimension over the devices (ZeRO-1);
                params, BatchNorm statistics and the loss scale replicated;
-  'full'       params (and their EMA) split too (FSDP-style), gathered for the step.
+  'full'       params (and their EMA) split too, gathered whole for the step's gradient pass;
+  'fsdp'       split as under 'full', and never whole on a device: each block of the model
+               (`models.layers.remat_block`: the residual blocks of resnet* and vit*)
+               gathers its params just before it runs and again in the backward pass, the
+               layers outside the blocks are gathered at the start; the gradients come out
+               reduce-scattered (the gather's transpose), each device holding its part.
 
 A leaf is split along its largest dimension that the device count divides (the last such
-on a tie) and replicated where none does (scalars, odd sizes). The step's gradient pass runs
-per device on replicated params; its update runs over the global arrays, each device
-updating its part (`map_train_step`).
+on a tie; never the layer axis of a scanned stack) and replicated where none does (scalars,
+odd sizes). Under 'optimizer' and 'full' the step's gradient pass runs per device on
+replicated params; its update runs over the global arrays, each device updating its part
+(`map_train_step`).
 """
 
 import collections
+import functools
 import queue as queue_lib
 import socket
 import threading
@@ -40,6 +47,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from models import layers
 from trainer.errors import UserError
 from trainer.keys import AXIS_NAME  # pylint: disable=unused-import  # (re-exported)
 
@@ -49,10 +57,11 @@ from trainer.keys import AXIS_NAME  # pylint: disable=unused-import  # (re-expor
 # step twice.
 
 BACKENDS = ('pmap', 'shard_map')
-STATE_SHARDINGS = ('replicated', 'optimizer', 'full')
+STATE_SHARDINGS = ('replicated', 'optimizer', 'full', 'fsdp')
 # The TrainState fields each state sharding splits over the devices.
 SHARDED_FIELDS = {'replicated': (), 'optimizer': ('opt_state',),
-                  'full': ('opt_state', 'params', 'ema_params')}
+                  'full': ('opt_state', 'params', 'ema_params'),
+                  'fsdp': ('opt_state', 'params', 'ema_params')}
 # jaxlib 0.10's CPU client deadlocks once about 30 launches of a program with collectives are
 # queued on its devices (an all-reduce rendezvous that some devices never join; XLA aborts
 # the process after 40 s): scripts/xla_cpu_collective_deadlock.py shows it without this
@@ -120,20 +129,39 @@ def device_sharding(devices: Sequence[jax.Device]) -> NamedSharding:
   return NamedSharding(device_mesh(devices), P(AXIS_NAME))
 
 
-def split_dimension(shape: Sequence[int], num_devices: int) -> Optional[int]:
+def split_dimension(shape: Sequence[int], num_devices: int, stacked: bool = False
+                    ) -> Optional[int]:
   """The dimension a sharded leaf of `shape` is split along over `num_devices`: its largest
-  that `num_devices` divides (the last such on a tie); None where none does (kept whole)."""
+  that `num_devices` divides (the last such on a tie); None where none does (kept whole).
+  A `stacked` leaf (a scanned stack of layers) is never split along its first axis."""
   candidates = [(size, axis) for axis, size in enumerate(shape)
-                if size >= num_devices and size % num_devices == 0]
+                if size >= num_devices and size % num_devices == 0 and not (stacked and
+                                                                            axis == 0)]
   return max(candidates)[1] if candidates and num_devices > 1 else None
 
 
-def split_spec(shape: Sequence[int], num_devices: int) -> P:
-  """The PartitionSpec of a sharded leaf of `shape` (see `split_dimension`)."""
-  axis = split_dimension(shape, num_devices)
+def axis_spec(axis: Optional[int]) -> P:
+  """The PartitionSpec of a leaf split along `axis` over the devices (None: whole)."""
   if axis is None:
     return P()
   return P(*([None] * axis + [AXIS_NAME]))
+
+
+def split_spec(shape: Sequence[int], num_devices: int, stacked: bool = False) -> P:
+  """The PartitionSpec of a sharded leaf of `shape` (see `split_dimension`)."""
+  return axis_spec(split_dimension(shape, num_devices, stacked))
+
+
+def _names(path) -> tuple:
+  return tuple(getattr(k, 'key', getattr(k, 'name', None)) for k in path)
+
+
+def param_split_axes(params: Any, num_devices: int) -> Any:
+  """The dimension each leaf of a params tree is split along over `num_devices` (None where
+  it is kept whole), as the sharded state holds it."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: split_dimension(x.shape, num_devices, layers.is_stacked(_names(path))),
+      params)
 
 
 def bytes_per_device(tree: Any) -> int:
@@ -167,10 +195,14 @@ class DataParallel:
     run on every device: takes and returns this layout's arrays."""
     raise NotImplementedError
 
-  def map_train_step(self, gradients: Callable, update: Callable) -> Callable:
+  def map_train_step(self, gradients: Callable, update: Callable,
+                     result_type: Optional[type] = None) -> Callable:
     """The train step `(state, batch, rng) -> (state, metrics)` on every device, the state
     donated: `update(state, gradients(state, batch, rng))`, where `gradients` is one device's
-    program (it averages over the devices itself) and `update` needs no collective."""
+    program (it averages over the devices itself) and `update` needs no collective. Under
+    'fsdp', `gradients` is also given `split_axes` (`param_split_axes`) and the params as
+    each device's part, and returns a `result_type` (a NamedTuple) whose first field holds
+    the gradients, parts like the params; the rest the same on every device."""
     return self.map(lambda state, batch, rng: update(state, gradients(state, batch, rng)),
                     num_args=3, donate_state=True)
 
@@ -284,9 +316,11 @@ class ShardMapped(DataParallel):
                            out_specs=P(), check_vma=False)
     return jax.jit(mapped, donate_argnums=(0,) if donate_state else ())
 
-  def map_train_step(self, gradients, update):
+  def map_train_step(self, gradients, update, result_type=None):
     if self.state_sharding == 'replicated':
       return super().map_train_step(gradients, update)
+    if self.state_sharding == 'fsdp':
+      return self._fsdp_train_step(gradients, update, result_type)
     # The gradient pass sees the params whole: under 'full' they are gathered first (XLA
     # frees the gathered copy after the backward pass). It is given neither the optimizer
     # state nor the EMA, which stay split.
@@ -304,6 +338,25 @@ class ShardMapped(DataParallel):
 
     return jax.jit(step, donate_argnums=(0,))
 
+  def _fsdp_train_step(self, gradients, update, result_type):
+    """'fsdp': the gradient pass takes each device's part of the params (no gather here: the
+    blocks gather theirs as they run) and returns each device's part of the gradients."""
+
+    def step(state, batch, rng):
+      axes = param_split_axes(state.params, len(self.devices))
+      specs = jax.tree.map(axis_spec, axes, is_leaf=lambda a: a is None)
+      given = state.replace(opt_state=None, ema_params=None)
+      state_specs = jax.tree.map(lambda _: P(), given).replace(params=specs)
+      result_specs = result_type(specs, *[P()] * (len(result_type._fields) - 1))
+      mapped = jax.shard_map(functools.partial(gradients, split_axes=axes), mesh=self.mesh,
+                             in_specs=(state_specs, P(AXIS_NAME), P()),
+                             out_specs=result_specs, check_vma=False)
+      new_state, step_metrics = update(state, mapped(given, batch, rng))
+      return jax.lax.with_sharding_constraint(new_state, self.state_shardings(new_state)), (
+          step_metrics)
+
+    return jax.jit(step, donate_argnums=(0,))
+
   def state_shardings(self, state: Any) -> Any:
     """The sharding of every leaf of a `TrainState` (of arrays or shapes) in this layout's
     state sharding: `split_spec` for the fields it splits, replicated for the rest."""
@@ -311,7 +364,8 @@ class ShardMapped(DataParallel):
 
     def sharding(path, leaf):
       if getattr(path[0], 'name', None) in split:
-        return NamedSharding(self.mesh, split_spec(leaf.shape, len(self.devices)))
+        return NamedSharding(self.mesh, split_spec(leaf.shape, len(self.devices),
+                                                   layers.is_stacked(_names(path))))
       return self._replicated
 
     return jax.tree_util.tree_map_with_path(sharding, state)

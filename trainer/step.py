@@ -121,15 +121,20 @@ class Gradients(NamedTuple):
   grads: Any
 
 
-def _loss_fn(state: TrainState, options: StepOptions) -> Callable:
-  """(params, batch_stats, batch, rng) -> (mean loss, (logits, new batch_stats))."""
+def _loss_fn(state: TrainState, options: StepOptions,
+             how: Optional[layers.Gathering] = None) -> Callable:
+  """(params, batch_stats, batch, rng) -> (mean loss, (logits, new batch_stats)). With `how`
+  (layer-by-layer FSDP) `params` are this device's parts: the blocks gather theirs as they
+  run, the other layers' are gathered first."""
   has_batch_stats = state.batch_stats is not None
 
   def loss_fn(params, batch_stats, batch, rng):
+    if how is not None and not how.recording:
+      params = how.gather_outside_blocks(params)
     variables = {'params': params}
     if has_batch_stats:
       variables['batch_stats'] = batch_stats
-    with layers.remat_policy(options.remat):
+    with layers.remat_policy(options.remat), layers.gathering(how):
       out = state.apply_fn(variables, batch['image'], train=True,
                            example_ids=batch[EXAMPLE_ID_KEY], rngs={'dropout': rng},
                            mutable=['batch_stats'] if has_batch_stats else False)
@@ -142,18 +147,24 @@ def _loss_fn(state: TrainState, options: StepOptions) -> Callable:
   return loss_fn
 
 
-def plain_gradients(loss_fn: Callable, state: TrainState, batch: dict, rng: jax.Array
-                    ) -> Gradients:
-  """This device's loss, logits, new BatchNorm statistics and gradients on its whole batch."""
+def device_mean(grads: Any) -> Any:
+  """Gradients averaged over the devices. Every device holds the mean over an equal share of
+  the global batch, so the mean of the device means is the gradient of the global-batch mean
+  loss."""
+  return lax.pmean(grads, AXIS_NAME)
+
+
+def plain_gradients(loss_fn: Callable, state: TrainState, batch: dict, rng: jax.Array,
+                    reduce: Callable = device_mean) -> Gradients:
+  """This device's loss, logits, new BatchNorm statistics and gradients on its whole batch,
+  the gradients averaged over the devices by `reduce`."""
   (loss, (logits, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
       state.params, state.batch_stats, batch, rng)
-  # Every device holds the mean over an equal share of the global batch, so the mean of the
-  # device means is the gradient of the global-batch mean loss.
-  return Gradients(loss, logits, batch_stats, lax.pmean(grads, AXIS_NAME))
+  return Gradients(loss, logits, batch_stats, reduce(grads))
 
 
 def accumulated_gradients(loss_fn: Callable, state: TrainState, batch: dict, rng: jax.Array,
-                          k: int) -> Gradients:
+                          k: int, reduce: Callable = device_mean) -> Gradients:
   """The device's batch as `k` micro-batches in sequence (BatchNorm statistics carried from
   one to the next); their gradients and losses averaged."""
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
@@ -171,7 +182,7 @@ def accumulated_gradients(loss_fn: Callable, state: TrainState, batch: dict, rng
   (grad_sum, loss_sum, batch_stats), logits = lax.scan(accumulate, init, micro_batches)
   grads = jax.tree.map(lambda g: g / k, grad_sum)
   return Gradients(loss_sum / k, logits.reshape((-1,) + logits.shape[2:]), batch_stats,
-                   lax.pmean(grads, AXIS_NAME))
+                   reduce(grads))
 
 
 def scaled_gradients(loss_fn: Callable, state: TrainState, batch: dict, rng: jax.Array
@@ -209,25 +220,57 @@ class StepGradients(NamedTuple):
   finite: Optional[jax.Array]  # Under loss scaling: whether the gradients are finite.
 
 
+def _gathering(state: TrainState, options: StepOptions, split_axes: Any, batch: dict,
+               rng: jax.Array) -> tuple[layers.Gathering, Callable]:
+  """Layer-by-layer FSDP: the blocks' gathering over `split_axes` (the dimension each param
+  leaf is split along; None where whole), and the reduction of the gradients it makes: a
+  split leaf's gradient comes out of the gather's transpose already summed over the devices
+  (reduce-scattered), so it is divided by their count; a whole leaf's is averaged."""
+  how = layers.Gathering(split_axes, AXIS_NAME)
+  devices = lax.axis_size(AXIS_NAME)
+  whole = jax.tree.map(
+      lambda axis, x: jax.ShapeDtypeStruct(
+          x.shape if axis is None else
+          x.shape[:axis] + (x.shape[axis] * devices,) + x.shape[axis + 1:], x.dtype),
+      split_axes, state.params, is_leaf=lambda a: a is None)
+  with how.recording_blocks():  # Which params the blocks hold (an abstract pass).
+    jax.eval_shape(_loss_fn(state, options, how), whole, state.batch_stats, batch, rng)
+
+  def reduce(grads):
+    return jax.tree.map(lambda axis, g: lax.pmean(g, AXIS_NAME) if axis is None else g / devices,
+                        split_axes, grads, is_leaf=lambda a: a is None)
+
+  return how, reduce
+
+
 def step_gradients(state: TrainState, batch: dict, rng: jax.Array, *,
-                   options: StepOptions = StepOptions()) -> StepGradients:
+                   options: StepOptions = StepOptions(), split_axes: Any = None
+                   ) -> StepGradients:
   """The gradient pass of `train_step` on this device's rows (its collectives: the mixing
   partners, the gradient and metric means). Reads `step`, `params`, `batch_stats` and
-  `dynamic_scale` of `state` only."""
+  `dynamic_scale` of `state` only. With `split_axes` (layer-by-layer FSDP, a tree like the
+  params of the dimension each leaf is split along over the devices, None where whole),
+  `state.params` are this device's parts and so are the gradients returned."""
   if state.dynamic_scale is not None and options.grad_accum_steps > 1:
     raise ValueError(f'grad_accum_steps={options.grad_accum_steps} cannot be honoured under '
                      'float16 loss scaling (state.dynamic_scale): the scaled gradient is of '
                      'one batch; use grad_accum_steps=1 or bfloat16')
   rng = jax.random.fold_in(rng, state.step)
   batch = model_inputs(batch, options, rng)
-  loss_fn = _loss_fn(state, options)
+  how, reduce = None, device_mean
+  if split_axes is not None:
+    if state.dynamic_scale is not None:
+      raise ValueError('layer-by-layer FSDP does not take float16 loss scaling; use bfloat16')
+    how, reduce = _gathering(state, options, split_axes, batch, rng)
+  loss_fn = _loss_fn(state, options, how)
   dynamic_scale, finite = state.dynamic_scale, None
   if dynamic_scale is not None:
     result, dynamic_scale, finite = scaled_gradients(loss_fn, state, batch, rng)
   elif options.grad_accum_steps > 1:
-    result = accumulated_gradients(loss_fn, state, batch, rng, options.grad_accum_steps)
+    result = accumulated_gradients(loss_fn, state, batch, rng, options.grad_accum_steps,
+                                   reduce)
   else:
-    result = plain_gradients(loss_fn, state, batch, rng)
+    result = plain_gradients(loss_fn, state, batch, rng, reduce)
   accuracy = jnp.mean(jnp.argmax(result.logits, axis=-1) == batch['label'])
   loss, accuracy = lax.pmean((result.loss, accuracy), AXIS_NAME)
   return StepGradients(result.grads, result.batch_stats, loss, accuracy, dynamic_scale, finite)
@@ -298,7 +341,8 @@ def make_train_step(layout: parallel.DataParallel, *, learning_rate_fn: optax.Sc
   state); the state's buffers are donated."""
   return layout.map_train_step(
       functools.partial(step_gradients, options=options),
-      functools.partial(apply_gradients, learning_rate_fn=learning_rate_fn, options=options))
+      functools.partial(apply_gradients, learning_rate_fn=learning_rate_fn, options=options),
+      StepGradients)
 
 
 def make_eval_step(layout: parallel.DataParallel,

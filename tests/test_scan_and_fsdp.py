@@ -1,0 +1,193 @@
+"""Models that do not fit whole: the ViT's scanned encoder (config.scan_layers) and
+layer-by-layer FSDP (state_sharding='fsdp'), each training what the plain step trains on any
+device count, checkpoints moving between the scanned and unscanned forms, and the per-device
+memory of the sharded step."""
+
+import os
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+import trainer
+from models import layers
+from models import torch_weights
+from models import vit
+from tests import helpers
+from trainer import checkpoint
+from trainer import modeling
+from trainer import optim
+from trainer import parallel
+from trainer import state as state_lib
+from trainer import step as step_lib
+from trainer import train
+from trainer.errors import UserError
+
+# The topology matrix's tolerance (float32 reduction order), on params and optimizer state.
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope='module')
+def trained(tfds_data_dir, tmp_path_factory):
+  """(model, layout, devices, overrides) -> (final state, workdir), each trained once."""
+  runs = {}
+
+  def get(model, layout, devices, **overrides):
+    key = (model, layout, devices, tuple(sorted(overrides.items())))
+    if key not in runs:
+      config = helpers.topology_config(tfds_data_dir, model, layout)
+      config.update(overrides)
+      workdir = str(tmp_path_factory.mktemp(f'{model}_{layout}_{devices}'))
+      state = train.train_and_evaluate(config, workdir, devices=jax.devices()[:devices])
+      runs[key] = jax.device_get(state), workdir
+    return runs[key]
+
+  return get
+
+
+def _assert_close(state, reference, unstack=False):
+  for name in ('params', 'opt_state', 'batch_stats'):
+    got, want = getattr(state, name), getattr(reference, name)
+    if want is None:
+      continue
+    got = layers.unstack_layers(got) if unstack else got
+    difference = helpers.relative_difference(jax.tree.leaves(got), jax.tree.leaves(want))
+    print(f'{name}: {difference:.2g}')
+    assert difference < TOLERANCE, (name, difference)
+
+
+@pytest.mark.parametrize('model,devices,overrides', [
+    ('vit_test', 8, {}),
+    pytest.param('vit_test', 4, dict(remat='full'), marks=pytest.mark.slow),
+    pytest.param('resnet_tiny', 8, dict(remat='dots'), marks=pytest.mark.slow),
+    pytest.param('user_marked', 2, {}, marks=pytest.mark.slow),
+    pytest.param('cnn', 4, {}, marks=pytest.mark.slow)])
+def test_fsdp_trains_what_one_device_trains(trained, model, devices, overrides):
+  """Dropout (vit_test, user_marked, cnn), stochastic depth (vit_test), cross-replica
+  BatchNorm (resnet_tiny, user_marked), Mixup/CutMix partners (cnn: no marked block, every
+  param gathered at the start)."""
+  state, _ = trained(model, 'shard_map-fsdp', devices, **overrides)
+  reference, _ = trained(model, 'pmap', 1)
+  _assert_close(state, reference)
+
+
+def test_scanned_layers_train_what_unscanned_train_with_dropout_off(trained):
+  off = dict(dropout_rate=0.0, stochastic_depth_rate=0.0)
+  state, _ = trained('vit_test', 'shard_map-fsdp', 2, scan_layers=True, remat='full', **off)
+  reference, _ = trained('vit_test', 'pmap', 1, **off)
+  assert 'encoderblock' in state.params and 'encoderblock_0' not in state.params
+  _assert_close(state, reference, unstack=True)
+
+
+@pytest.mark.slow
+def test_scanned_layers_with_dropout_are_the_same_on_any_topology(trained):
+  """Dropout and stochastic depth on: the scanned form draws its own masks (the scan's key
+  per layer), the same on 1 device as on 8 with the params split."""
+  state, _ = trained('vit_test', 'shard_map-fsdp', 8, scan_layers=True, remat='dots')
+  reference, _ = trained('vit_test', 'pmap', 1, scan_layers=True)
+  _assert_close(state, reference)
+  unscanned, _ = trained('vit_test', 'pmap', 1)
+  assert helpers.relative_difference(
+      jax.tree.leaves(layers.unstack_layers(reference.params)),
+      jax.tree.leaves(unscanned.params)) > 1e-4  # Other masks than the unscanned form's.
+
+
+def test_a_scanned_run_resumes_loads_and_exports_unscanned(trained, tfds_data_dir, tmp_path):
+  off = dict(dropout_rate=0.0, stochastic_depth_rate=0.0)
+  scanned, workdir = trained('vit_test', 'shard_map-fsdp', 2, scan_layers=True, remat='full',
+                             **off)
+  # trainer.load and export take the form the run wrote.
+  loaded = trainer.load(workdir)
+  assert 'encoderblock' in loaded.variables['params']
+  exported = torch_weights.to_state_dict(loaded.model, loaded.variables)
+  unscanned_model = vit.ViTTest(num_classes=10)
+  unscanned_params = layers.unstack_layers(scanned.params)
+  assert exported.keys() == torch_weights.to_state_dict(
+      unscanned_model, {'params': unscanned_params}).keys()
+  assert 'encoder.layers.encoder_layer_1.mlp.0.weight' in exported
+  # Restored unscanned: the same arrays (params and optimizer moments), the run goes on.
+  config = helpers.topology_config(tfds_data_dir, 'vit_test', 'pmap')
+  config.update(off, num_train_steps=helpers.TOPOLOGY_RUN['num_train_steps'] + 2)
+  resumed = jax.device_get(train.train_and_evaluate(config, workdir,
+                                                    devices=jax.devices()[:1]))
+  assert 'encoderblock_1' in resumed.params and int(resumed.step) == config.num_train_steps
+  # init_from the scanned run into an unscanned model: its params, unstacked.
+  init = state_lib.init_state(config, 10, (1, 8, 8, 1))
+  params, step, _ = checkpoint.load_params(
+      os.path.join(workdir, 'checkpoints', str(helpers.TOPOLOGY_RUN['num_train_steps'])),
+      init.params)
+  assert step == helpers.TOPOLOGY_RUN['num_train_steps']
+  for got, want in zip(jax.tree.leaves(params), jax.tree.leaves(unscanned_params)):
+    np.testing.assert_array_equal(got, want)
+
+
+def test_converters_round_trip_a_train_state():
+  config = helpers.topology_config('', 'vit_test', 'pmap')
+  config.optimizer = 'adamw'
+  state = state_lib.init_state(config, 10, (1, 8, 8, 1))
+  stacked = layers.stack_layers(state)
+  assert stacked.params['encoderblock']['Dense_0']['kernel'].shape == (2, 32, 64)
+  moments = [x for x in jax.tree.leaves(stacked.opt_state) if x.shape == (2, 32, 64)]
+  assert len(moments) == 2  # AdamW's mu and nu of that kernel, stacked too.
+  back = layers.unstack_layers(stacked)
+  assert jax.tree.structure(back) == jax.tree.structure(state)
+  for got, want in zip(jax.tree.leaves(back), jax.tree.leaves(state)):
+    np.testing.assert_array_equal(got, want)
+  # The same seed starts both forms at the same params.
+  config.scan_layers = True
+  scanned = state_lib.init_state(config, 10, (1, 8, 8, 1))
+  for got, want in zip(jax.tree.leaves(scanned.params), jax.tree.leaves(stacked.params)):
+    np.testing.assert_array_equal(got, want)
+
+
+def test_scan_layers_on_a_model_without_a_scanned_form_is_refused(config):
+  from trainer import checks  # pylint: disable=import-outside-toplevel
+  config.update(model='resnet_tiny', scan_layers=True)
+  with pytest.raises(UserError, match=r"^scan_layers=True: model='resnet_tiny' has no scanned "
+                     r'form; the vit\* models scan their encoder blocks '
+                     r'\(--config.scan_layers=False\)$'):
+    checks.check_config(config, process_count=1, local_device_count=1)
+  config.update(model='vit_test', scan_layers=False, step_backend='shard_map',
+                state_sharding='fsdp', dtype='float16')
+  with pytest.raises(UserError, match=r"^state_sharding='fsdp' does not take dtype=float16"):
+    checks.check_config(config, process_count=1, local_device_count=1)
+
+
+# A ViT whose params outweigh one row's activations: 8 blocks of width 256 (25 MiB of
+# float32 params), 17 tokens a row.
+WIDE = dict(patch_size=4, hidden_size=256, num_layers=8, num_heads=4, mlp_dim=1024)
+
+
+def _compiled_fsdp_step(config, devices):
+  layout = parallel.data_parallel('shard_map', jax.devices()[:devices], 'fsdp')
+  model = modeling.build(config, 10, (16, 16, 1)).model
+  init = state_lib.initializer(config, 10, optim.learning_rate_schedule(config), model)
+  shapes = jax.eval_shape(lambda r: init(r, (1, 16, 16, 1)), jax.random.PRNGKey(0))
+  state = jax.tree.map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype,
+                                                                 sharding=sharding),
+                       shapes, layout.state_shardings(shapes))
+  rows = jax.sharding.NamedSharding(layout.mesh, jax.sharding.PartitionSpec(parallel.AXIS_NAME))
+  batch = {'image': jax.ShapeDtypeStruct((devices, 16, 16, 1), np.uint8, sharding=rows),
+           'label': jax.ShapeDtypeStruct((devices,), np.int32, sharding=rows)}
+  step = step_lib.make_train_step(layout, learning_rate_fn=optim.learning_rate_schedule(config),
+                                  options=step_lib.StepOptions.from_config(config))
+  compiled = step.lower(state, batch, jax.ShapeDtypeStruct((2,), np.uint32)).compile()
+  return compiled.memory_analysis(), sum(x.size * 4 for x in jax.tree.leaves(shapes.params))
+
+
+def test_fsdp_never_holds_the_whole_params(config):
+  """XLA's memory analysis of the 8-device step: each device's arguments are its part of
+  the state, and its temporaries stay under half the whole params (one block gathered at a
+  time). Broken on purpose (the blocks' params gathered at the start of the step), the
+  temporaries rose above the whole params."""
+  config.unlock()
+  config.model_kwargs = ml_collections.ConfigDict(WIDE)
+  config.update(model="models.vit:ViT", dropout_rate=0.0, scan_layers=True, remat='full', batch_size=8, optimizer='sgd',
+                step_backend='shard_map', state_sharding='fsdp')
+  analysis, whole = _compiled_fsdp_step(config, 8)
+  print(f'temporaries {analysis.temp_size_in_bytes / 2**20:.1f} MiB, arguments '
+        f'{analysis.argument_size_in_bytes / 2**20:.1f} MiB, params {whole / 2**20:.1f} MiB')
+  assert analysis.temp_size_in_bytes < whole / 2
+  # Params and SGD momentum split over 8 devices, plus the odd leaves and the batch.
+  assert analysis.argument_size_in_bytes < 2 * whole / 8 * 1.1
