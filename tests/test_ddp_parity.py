@@ -27,6 +27,10 @@ from trainer import writers
 # `torch_model`), the weights carried by call order: the MLP on 2 ranks and 1, the CNN with
 # BatchNorm (and a flatten before its dense layer) on 1 rank, where torch's BatchNorm sees
 # the whole batch.
+# resnet_tiny with its blocks recomputed (remat='full'), and the same under layer-by-layer
+# FSDP (state_sharding='fsdp'): the JAX blocks gather their params one at a time over 2
+# devices, the twin's torchvision blocks are FSDP2 units of their own (`fully_shard` per block,
+# then the root) over their activation checkpointing.
 USER_MLP = dict(model='tests.port_pairs:FlaxMLP', torch_model='tests.port_pairs:TorchMLP')
 USER_CNN = dict(model='tests.port_pairs:FlaxCNN', torch_model='tests.port_pairs:TorchCNN')
 
@@ -39,15 +43,17 @@ USER_CNN = dict(model='tests.port_pairs:FlaxCNN', torch_model='tests.port_pairs:
                           (None, 4, 2, USER_MLP),
                           (None, 2, 1, USER_MLP),
                           (None, 2, 1, USER_CNN),
-                          ('resnet_tiny', 2, 1, dict(remat='full'))],
+                          ('resnet_tiny', 2, 1, dict(remat='full')),
+                          ('resnet_tiny', 2, 1, dict(state_sharding='fsdp', remat='full',
+                                                     step_backend='shard_map'))],
                          ids=['resnet_tiny', 'mlp_mixed', 'user_mlp_2_ranks', 'user_mlp_1_rank',
-                              'user_cnn_1_rank', 'resnet_tiny_remat'])
+                              'user_cnn_1_rank', 'resnet_tiny_remat', 'resnet_tiny_fsdp_remat'])
 def test_first_20_losses_agree(tmp_path, config, request, model, jax_devices, ddp_ranks, more):
   user = 'torch_model' in more
   remat = more.get('remat', 'none') != 'none'
-  overrides = dict(num_train_steps=20, warmup_steps=5, log_every_steps=1, dropout_rate=0.0,
-                   step_backend='shard_map' if more and not (user or remat) else 'pmap',
-                   **more)
+  overrides = {**dict(num_train_steps=20, warmup_steps=5, log_every_steps=1, dropout_rate=0.0,
+                      step_backend='shard_map' if more and not (user or remat) else 'pmap'),
+               **more}
   if model:
     overrides['model'] = model
   jax_dir, ddp_dir = str(tmp_path / 'jax'), str(tmp_path / 'ddp')
@@ -70,6 +76,9 @@ def test_first_20_losses_agree(tmp_path, config, request, model, jax_devices, dd
   assert settings['wrapper'] == ddp_step.WRAPPERS[config.state_sharding]
   # remat='full': both sides recompute each residual block (resnet_tiny has 2), same losses.
   assert settings['activation_checkpointed_blocks'] == (2 if remat else 0)
+  # state_sharding='fsdp': FSDP2 units of their own for those blocks, and one for the root
+  # (the layers outside them), as the JAX side gathers them block by block.
+  assert settings['fsdp_units'] == (3 if config.state_sharding == 'fsdp' else 0)
 
   scalars, _ = writers.read_events(jax_dir)
   jax_losses = [scalars['train_loss'][step] for step in range(1, 21)]

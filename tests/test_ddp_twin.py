@@ -1,5 +1,6 @@
 """The DDP twin: exact resume after SIGTERM, exact evaluation, the trainer's tags and files."""
 
+import json
 import os
 import shutil
 import signal
@@ -124,17 +125,31 @@ def test_a_workdir_of_another_config_is_refused_untouched(config, one_rank_group
   assert {p: os.path.getmtime(os.path.join(workdir, p)) for p in os.listdir(workdir)} == before
 
 
+# (state_sharding, model flags, the settings file's model class, FSDP2 units): a user's pair
+# under whole-module FSDP2; the same under per-block FSDP2, where a model without residual
+# blocks is the root unit alone; torchvision's ResNet under per-block FSDP2 over its
+# activation-checkpointed blocks (2 blocks and the root).
+USER_CNN_FLAGS = ('--config.model=tests.port_pairs:FlaxCNN',
+                  '--config.torch_model=tests.port_pairs:TorchCNN')
+SHARDED_RUNS = [('full', USER_CNN_FLAGS, 'tests.port_pairs.TorchCNN', 1),
+                ('fsdp', USER_CNN_FLAGS, 'tests.port_pairs.TorchCNN', 1),
+                ('fsdp', ('--config.model=resnet_tiny', '--config.remat=full'),
+                 'torchvision.models.resnet.ResNet', 3)]
+
+
 @pytest.mark.slow
-def test_a_users_torch_model_trains_sharded_in_bfloat16_and_resumes_exactly(
-    tmp_path, tfds_data_dir):
-  """A user's pair (`torch_model`) under whole-module FSDP2 in bfloat16 on 2 ranks: 12 steps
-  in one go, and the same run resumed from its step-6 checkpoint, end on the same weights."""
+@pytest.mark.parametrize('sharding,model_flags,model_class,units', SHARDED_RUNS,
+                         ids=['user_cnn_full', 'user_cnn_fsdp', 'resnet_tiny_fsdp_remat'])
+def test_a_sharded_model_trains_in_bfloat16_and_resumes_exactly(
+    tmp_path, tfds_data_dir, sharding, model_flags, model_class, units):
+  """A model under FSDP2 (`state_sharding` 'full': the whole module one unit; 'fsdp': each
+  residual block one, then the root) in bfloat16 on 2 ranks: 12 steps in one go, and the same
+  run resumed from its step-6 checkpoint, end on the same weights."""
   def run(workdir, steps):
     command = launch.command(2, str(workdir), threads=1, args=[
-        '--config=configs/default.py', '--parity',
-        '--config.model=tests.port_pairs:FlaxCNN', '--config.torch_model=tests.port_pairs:TorchCNN',
+        '--config=configs/default.py', '--parity', *model_flags,
         '--config.dropout_rate=0', '--config.dtype=bfloat16', '--config.step_backend=shard_map',
-        '--config.state_sharding=full',
+        f'--config.state_sharding={sharding}',
         f'--config.num_train_steps={steps}', '--config.warmup_steps=2',
         '--config.log_every_steps=3', '--config.eval_every_steps=6',
         '--config.checkpoint_every_steps=6', f'--config.tfds_data_dir={tfds_data_dir}'])
@@ -153,6 +168,8 @@ def test_a_users_torch_model_trains_sharded_in_bfloat16_and_resumes_exactly(
   for key, value in whole['model'].items():
     assert torch.equal(value, resumed['model'][key]), key
   with open(os.path.join(tmp_path / 'whole', ddp_train.SETTINGS_FILE), encoding='utf-8') as f:
-    settings = f.read()
-  assert '"model": "tests.port_pairs.TorchCNN"' in settings  # Not FSDP2's own class.
-  assert '"wrapper": "FSDP2 (fully_shard)"' in settings
+    settings = json.load(f)
+  assert settings['model'] == model_class  # Not FSDP2's own class.
+  assert settings['wrapper'] == {'full': 'FSDP2 (fully_shard)',
+                                 'fsdp': 'FSDP2 (fully_shard per block)'}[sharding]
+  assert settings['fsdp_units'] == units

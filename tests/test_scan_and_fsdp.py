@@ -191,3 +191,35 @@ def test_fsdp_never_holds_the_whole_params(config):
   assert analysis.temp_size_in_bytes < whole / 2
   # Params and SGD momentum split over 8 devices, plus the odd leaves and the batch.
   assert analysis.argument_size_in_bytes < 2 * whole / 8 * 1.1
+
+
+@pytest.mark.slow
+def test_bench_sharding_finds_the_most_rows_that_fit(tmp_path):
+  """The benchmark's bisection, on vit_test at a budget that only some rows fit: every row
+  count it compiled at or under the answer fits, every one above does not, the memory rises
+  with the rows, and the summary keys are written."""
+  import json  # pylint: disable=import-outside-toplevel
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  from scripts import processes  # pylint: disable=import-outside-toplevel
+  out = tmp_path / 'bench.json'
+  budget_gib = 0.0003
+  subprocess.run(
+      [sys.executable, '-m', 'scripts.bench_sharding', '--config=configs/default.py',
+       '--config.model=vit_test', '--config.batch_size=64', '--config.dropout_rate=0',
+       '--cpu_devices=2', '--compile_only', '--shardings=fsdp', '--remats=full',
+       f'--memory_gib={budget_gib}', f'--out={out}'],
+      cwd=processes.REPO, env=processes.environment(), check=True, capture_output=True,
+      timeout=600)
+  result = json.loads(out.read_text())
+  scanned = next(r for r in result['rows'] if r['form'] == 'scanned')
+  most, searched = scanned['max_rows_per_device'], scanned['searched']
+  assert result['max_rows_per_device_16gib'] == most
+  assert 1 <= most < 32, searched
+  budget = budget_gib * 2**30
+  for rows, total in searched.items():
+    assert (total <= budget) == (int(rows) <= most), searched
+  assert any(total > budget for total in searched.values()), searched
+  totals = [searched[r] for r in sorted(searched, key=int)]
+  assert totals == sorted(totals)
+  assert result['scan_compile_over_unrolled'] > 0

@@ -20,7 +20,7 @@ import torchvision
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_optimizer_state_dict,
                                                      set_optimizer_state_dict)
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
@@ -85,7 +85,10 @@ class Precision:
 
 # What holds the model and optimizer under each `config.state_sharding`.
 WRAPPERS = {'replicated': 'DDP', 'optimizer': 'DDP + ZeroRedundancyOptimizer',
-            'full': 'FSDP2 (fully_shard)'}
+            'full': 'FSDP2 (fully_shard)', 'fsdp': 'FSDP2 (fully_shard per block)'}
+# The state shardings under FSDP2: params, gradients and optimizer state split over the ranks
+# (their state dicts gathered and loaded through torch.distributed.checkpoint).
+FSDP2_SHARDINGS = ('full', 'fsdp')
 
 
 def describe(model: torch.nn.Module, precision: Precision,
@@ -147,17 +150,25 @@ def rank_device() -> torch.device:
   return torch.device('cpu')
 
 
+def residual_blocks() -> tuple[type, ...]:
+  """The torch twins of the JAX models' marked blocks (`models.layers.remat_block`): the
+  units that `config.remat` recomputes and `state_sharding='fsdp'` gathers one at a time
+  (torchvision's BasicBlock, Bottleneck and EncoderBlock)."""
+  # pylint: disable=import-outside-toplevel
+  from torchvision.models import resnet as tv_resnet
+  from torchvision.models import vision_transformer
+  return tv_resnet.BasicBlock, tv_resnet.Bottleneck, vision_transformer.EncoderBlock
+
+
 def checkpoint_blocks(config, model: torch.nn.Module) -> int:
-  """torch's activation checkpointing on each residual block (torchvision's BasicBlock,
-  Bottleneck and EncoderBlock), the twin of `config.remat='full'`; returns how many blocks.
-  The wrapper keeps the state dict's names. A model without such blocks is refused."""
+  """torch's activation checkpointing on each residual block (`residual_blocks`), the twin of
+  `config.remat='full'`; returns how many blocks. The wrapper keeps the state dict's names. A
+  model without such blocks is refused."""
   if config.remat == 'none':
     return 0
   # pylint: disable=import-outside-toplevel
   from torch.distributed.algorithms._checkpoint import checkpoint_wrapper
-  from torchvision.models import resnet as tv_resnet
-  from torchvision.models import vision_transformer
-  blocks = (tv_resnet.BasicBlock, tv_resnet.Bottleneck, vision_transformer.EncoderBlock)
+  blocks = residual_blocks()
   count = sum(isinstance(m, blocks) for m in model.modules())
   if not count:
     raise UserError(f'remat={config.remat!r}: the torch model {type(model).__name__} has no '
@@ -168,14 +179,47 @@ def checkpoint_blocks(config, model: torch.nn.Module) -> int:
   return count
 
 
+def shard_blocks(model: torch.nn.Module) -> int:
+  """FSDP2's `fully_shard` on each residual block of `model` (`residual_blocks`, found
+  through any activation-checkpointing wrapper around them: checkpoint first, then shard, as
+  TorchTitan does), each its own unit whose params are gathered just before it runs and
+  freed after, its gradients reduce-scattered; returns how many blocks. The root's
+  `fully_shard` (`distributed`) takes the params left outside them. A model without such
+  blocks (the cnn twin, a user's torch model) gets none here: the root unit alone."""
+  # pylint: disable=import-outside-toplevel
+  from torch.distributed.algorithms._checkpoint import checkpoint_wrapper
+  blocks = residual_blocks()
+  units, inside = [], set()
+  for module in model.modules():  # A wrapper comes before the block it wraps.
+    if isinstance(module, checkpoint_wrapper.ActivationWrapper):
+      inner = module._checkpoint_wrapped_module  # pylint: disable=protected-access
+      if isinstance(inner, blocks):
+        units.append(module)
+        inside.add(id(inner))
+    elif isinstance(module, blocks) and id(module) not in inside:
+      units.append(module)
+  for unit in units:
+    fully_shard(unit)
+  return len(units)
+
+
+def fsdp_units(model: torch.nn.Module) -> int:
+  """How many modules of `model` FSDP2 shards as units of their own (the root included); 0
+  under DDP."""
+  return sum(isinstance(m, FSDPModule) for m in model.modules())
+
+
 def distributed(model: torch.nn.Module, device: torch.device, compile_model: bool,
                 state_sharding: str = 'replicated') -> tuple[torch.nn.Module, torch.nn.Module]:
-  """`model` (placed on `device`) under DDP, or with `state_sharding='full'` sharded in place
-  by FSDP2 (`fully_shard`: params split over the ranks, gathered for each forward and
-  backward); and what the train step calls: that, compiled with torch.compile where
-  `compile_model` is set. Make the optimizer after this: under FSDP2 it takes the sharded
-  params."""
-  if state_sharding == 'full':
+  """`model` (placed on `device`) under DDP, or sharded in place by FSDP2 (`fully_shard`:
+  params split over the ranks, gathered for each forward and backward): with
+  `state_sharding='full'` the model as one unit, with 'fsdp' each residual block its own
+  unit (`shard_blocks`), then the root; and what the train step calls: that, compiled with
+  torch.compile where `compile_model` is set. Make the optimizer after this: under FSDP2 it
+  takes the sharded params."""
+  if state_sharding in FSDP2_SHARDINGS:
+    if state_sharding == 'fsdp':
+      shard_blocks(model)
     wrapped = fully_shard(model)
   else:
     wrapped = DistributedDataParallel(model, device_ids=[device.index] if device.type == 'cuda'
@@ -214,7 +258,7 @@ def full_tensor(x: torch.Tensor) -> torch.Tensor:
 def model_state(model: torch.nn.Module, state_sharding: str) -> dict:
   """The model's whole state dict (under FSDP2 gathered on rank 0, on the CPU; every rank
   calls it)."""
-  if state_sharding == 'full':
+  if state_sharding in FSDP2_SHARDINGS:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
                                                                 cpu_offload=True))
   return model.state_dict()
@@ -227,7 +271,7 @@ def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
   if state_sharding == 'optimizer':
     optimizer.consolidate_state_dict(to=0)
     return optimizer.state_dict() if dist.get_rank() == 0 else {}
-  if state_sharding == 'full':
+  if state_sharding in FSDP2_SHARDINGS:
     return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(
         full_state_dict=True, cpu_offload=True))
   return optimizer.state_dict()
@@ -236,7 +280,7 @@ def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                          saved: dict, state_sharding: str) -> None:
   """`optimizer_state`'s dict loaded on every rank (each takes its share)."""
-  if state_sharding == 'full':
+  if state_sharding in FSDP2_SHARDINGS:
     set_optimizer_state_dict(model, optimizer, saved,
                              options=StateDictOptions(full_state_dict=True))
   else:

@@ -200,9 +200,9 @@ def _build(config, workdir: str, num_classes: int, input_shape, device: torch.de
   optimizer and learning-rate schedule, each rank's dropout generator."""
   rank, world = dist.get_rank(), dist.get_world_size()
   saved = _restore(workdir, config)
-  if config.state_sharding == 'full' and channels_last:
-    logging.warning('state_sharding=full: the model keeps the contiguous memory format, not '
-                    'channels_last (FSDP2 splits contiguous params only)')
+  if config.state_sharding in step_lib.FSDP2_SHARDINGS and channels_last:
+    logging.warning('state_sharding=%s: the model keeps the contiguous memory format, not '
+                    'channels_last (FSDP2 splits contiguous params only)', config.state_sharding)
     channels_last = False
   model = build_model(config, num_classes, input_shape, parity and saved is None,
                       init_weights if saved is None else None)
@@ -303,6 +303,7 @@ def train(config, workdir: str, parity: bool, init_weights: Optional[str] = None
       json.dump({**step_lib.describe(training.model, training.precision,
                                      config.state_sharding),
                  'activation_checkpointed_blocks': training.checkpointed,
+                 'fsdp_units': step_lib.fsdp_units(training.model),
                  'backend': dist.get_backend(), 'ranks': world,
                  'threads_per_rank': torch.get_num_threads()}, f, indent=1)
   # SIGTERM/SIGINT are recorded; the ranks agree on them at their next log or checkpoint step.
