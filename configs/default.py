@@ -169,8 +169,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.profile = False  # Capture a profiler trace of a few steps into the workdir.
   config.step_backend = 'pmap'  # 'pmap' or 'shard_map' (jax.jit + jax.shard_map): same step.
   # Where the state lives (shard_map only): 'replicated' (every device holds all of it),
-  # 'optimizer' (optimizer state split over the devices: ZeRO-1) or 'full' (params split too,
-  # gathered for each step: FSDP-style). The same training either way; see README.
+  # 'optimizer' (optimizer state split over the devices: ZeRO-1), 'full' (params split too,
+  # gathered whole for each step) or 'fsdp' (params, gradients and optimizer state split at
+  # all times, each residual block gathering its params as it runs: docs/large_models.md).
+  # The same training either way; see README.
   config.state_sharding = 'replicated'
   # JAX's persistent compilation cache (path or gs://): a restart loads compiled steps from it
   # instead of compiling again; '' = off.

@@ -32,7 +32,11 @@ TOPOLOGY_MODELS = {'cnn': dict(model='cnn', mixup_alpha=0.4, cutmix_alpha=1.0),
                    'user_plain': dict(model='tests.user_models:PlainNet', dropout_rate=0.3),
                    'vit_test': dict(model='vit_test', dropout_rate=0.1,
                                     stochastic_depth_rate=0.1),
-                   'user_marked': dict(model='tests.user_models:MarkedNet', dropout_rate=0.3)}
+                   'user_marked': dict(model='tests.user_models:MarkedNet', dropout_rate=0.3),
+                   # The scanned encoder, rematerialized, with dropout and stochastic depth.
+                   'vit_scanned': dict(model='vit_test', dropout_rate=0.1,
+                                       stochastic_depth_rate=0.1, scan_layers=True,
+                                       remat='full')}
 
 
 def topology_config(tfds_data_dir: str, model: str, layout: str):

@@ -57,10 +57,10 @@ def test_a_torchvision_state_dict_of_another_size_is_resampled():
   np.testing.assert_array_equal(loaded.variables['params']['cls'], state['class_token'])
 
 
-def _main(workdir, tfds_data_dir, *args):
+def _main(workdir, tfds_data_dir, *args, model='vit_test'):
   return subprocess.run(
       [sys.executable, '-m', 'trainer.main', '--config=configs/default.py',
-       f'--workdir={workdir}', '--cpu_devices=2', '--config.model=vit_test',
+       f'--workdir={workdir}', '--cpu_devices=2', f'--config.model={model}',
        '--config.augment=inception', '--config.num_train_steps=4', '--config.warmup_steps=1',
        '--config.batch_size=16', '--config.eval_batch_size=64', '--config.log_every_steps=2',
        '--config.eval_every_steps=4', '--config.checkpoint_every_steps=4',
@@ -70,32 +70,44 @@ def _main(workdir, tfds_data_dir, *args):
 
 
 @pytest.mark.slow
-def test_fine_tuning_and_evaluating_at_a_larger_image_size(tmp_path, tfds_data_dir):
-  """vit_test's geometry at 16 px (a 4x4 grid of patches), then fine-tuned and evaluated at
-  24 px (6x6): the run says so in one line and starts from the resampled embedding."""
-  first, second = tmp_path / 'at16', tmp_path / 'at24'
-  run = _main(first, tfds_data_dir, '--config.image_size=16')
+@pytest.mark.parametrize('model,small,large,patch,extra', [
+    ('vit_test', 16, 24, 4, ()),
+    # vit_test's width and depth with ViT-B/16's patches: 224 px (14x14) -> 384 px (24x24);
+    # the fine-tuning run scanned.
+    ('tests.user_models:ViTTest16', 224, 384, 16, ())])
+def test_fine_tuning_and_evaluating_at_a_larger_image_size(tmp_path, tfds_data_dir, model,
+                                                           small, large, patch, extra):
+  """A ViT trained at one size, then fine-tuned and evaluated at a larger one: the run says
+  so in one line and starts from the resampled embedding."""
+  first, second = tmp_path / f'at{small}', tmp_path / f'at{large}'
+  grid, new_grid = small // patch, large // patch
+  tokens = (grid * grid + 1, new_grid * new_grid + 1)
+  run = _main(first, tfds_data_dir, f'--config.image_size={small}', *extra, model=model)
   assert run.returncode == 0, run.stderr[-3000:]
-  run = _main(second, tfds_data_dir, '--config.image_size=24', f'--config.init_from={first}')
+  scanned = ('--config.scan_layers=True',) if model != 'vit_test' else ()
+  run = _main(second, tfds_data_dir, f'--config.image_size={large}',
+              f'--config.init_from={first}', *extra, *scanned, model=model)
   assert run.returncode == 0, run.stderr[-3000:]
-  line = (f"init_from='{first}': its position embedding (a 4x4 grid) is resampled to the "
-          "model's 6x6 grid (bicubic; --config.pos_embedding_resize), the class token kept")
+  line = (f"init_from='{first}': its position embedding (a {grid}x{grid} grid) is resampled "
+          f"to the model's {new_grid}x{new_grid} grid (bicubic; --config.pos_embedding_resize), "
+          'the class token kept')
   assert line in run.stderr
   scalars, _ = writers.read_events(str(second))
   assert 0 <= scalars['eval_accuracy'][4] <= 1
-  evaluated = _main(tmp_path / 'eval24', tfds_data_dir, '--config.image_size=24', '--eval_only',
-                    f'--config.init_from={first}')
+  evaluated = _main(tmp_path / f'eval{large}', tfds_data_dir, f'--config.image_size={large}',
+                    '--eval_only', f'--config.init_from={first}', *extra, model=model)
   assert evaluated.returncode == 0, evaluated.stderr[-3000:]
   assert line in evaluated.stderr
-  assert 'eval_accuracy' in writers.read_events(str(tmp_path / 'eval24'))[0]
+  assert 'eval_accuracy' in writers.read_events(str(tmp_path / f'eval{large}'))[0]
   # What the fine-tuning started from: the first run's params, the embedding resampled.
   saved = checkpoint.read_state(str(first))['params']
   wanted = jax.tree.map(np.zeros_like, saved)
-  wanted['pos_embedding'] = np.zeros((1, 37, saved['pos_embedding'].shape[-1]), np.float32)
-  params, step, tokens = checkpoint.load_params(str(first), wanted)
-  assert (step, tokens) == (4, (17, 37))
+  wanted['pos_embedding'] = np.zeros((1, tokens[1], saved['pos_embedding'].shape[-1]),
+                                     np.float32)
+  params, step, resampled = checkpoint.load_params(str(first), wanted)
+  assert (step, resampled) == (4, tokens)
   np.testing.assert_array_equal(params['pos_embedding'], vit.resample_pos_embedding(
-      saved['pos_embedding'], 37, 'bicubic'))
+      saved['pos_embedding'], tokens[1], 'bicubic'))
   np.testing.assert_array_equal(params['embedding']['kernel'], saved['embedding']['kernel'])
   assert os.path.isdir(second)
 

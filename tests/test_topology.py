@@ -46,11 +46,11 @@ RUNS = ([('cnn', backend, devices) for backend, devices in TOPOLOGIES] +
             ('pmap', 2), ('pmap', 8), ('shard_map', 4))])
 # Two processes of 2 devices against shard_map on 4 (one of the single-process runs): both
 # backends (the cnn's dropout keys and Mixup/CutMix partners across processes under pmap),
-# the state shardings (the params split across the processes under 'full', and gathered
-# block by block across them under 'fsdp'; BatchNorm's statistics over both processes' rows
-# under 'optimizer').
+# the state shardings (the params split across the processes under 'full', and under 'fsdp'
+# the scanned ViT's gathered layer by layer across them; BatchNorm's statistics over both
+# processes' rows under 'optimizer').
 TWO_PROCESS_RUNS = [('cnn', 'pmap'), ('cnn', 'shard_map-full'),
-                    ('resnet_tiny', 'shard_map-optimizer'), ('resnet_tiny', 'shard_map-fsdp'),
+                    ('resnet_tiny', 'shard_map-optimizer'), ('vit_scanned', 'shard_map-fsdp'),
                     ('user_plain', 'pmap')]
 
 

@@ -1,11 +1,14 @@
 """Users' own modules, outside `models/`: the tests train them by import path
 (`--config.model=tests.user_models:Name`), as a user's file would be."""
 
+import functools
+
 import flax.linen as nn
 import jax
 from flax import nnx
 
 from models import layers
+from models import vit
 
 
 class PlainNet(nn.Module):
@@ -142,3 +145,9 @@ class NnxWithoutRngs(nnx.Module):
 
   def __call__(self, x):
     return x.reshape((x.shape[0], -1)) @ self.weights
+
+
+# vit_test's width and depth with ViT-B/16's 16x16 patches (by import path: a function that
+# returns the module), for fine-tuning from 224 to 384 px at test cost.
+ViTTest16 = functools.partial(vit.ViT, patch_size=16, hidden_size=32, num_layers=2, num_heads=2,
+                              mlp_dim=64)
