@@ -224,3 +224,24 @@ def test_bench_sharding_finds_the_most_rows_that_fit(tmp_path):
   totals = [searched[r] for r in sorted(searched, key=int)]
   assert totals == sorted(totals)
   assert result['scan_compile_over_unrolled'] > 0
+
+
+def test_torchvision_state_dicts_load_into_either_form():
+  """A torchvision-named state dict (here written from the unscanned model) loads into the
+  scanned model as the unscanned params stacked, and the scanned params write the same state
+  dict."""
+  model, scanned_model = vit.ViTTest(num_classes=10), vit.ViTTest(num_classes=10,
+                                                                   scan_layers=True)
+  variables = jax.tree.map(lambda x: np.asarray(x, np.float32),
+                           helpers.random_variables(model, (16, 16, 3), seed=3))
+  state_dict = torch_weights.to_state_dict(model, variables)
+  stacked = layers.stack_layers(variables)
+  loaded = torch_weights.from_state_dict(scanned_model, jax.tree.map(np.zeros_like, stacked),
+                                         state_dict)
+  assert loaded.variables['params']['encoderblock']['Dense_0']['kernel'].shape == (2, 32, 64)
+  for got, want in zip(jax.tree.leaves(loaded.variables), jax.tree.leaves(stacked)):
+    np.testing.assert_array_equal(got, want)
+  written = torch_weights.to_state_dict(scanned_model, stacked)
+  assert written.keys() == state_dict.keys()
+  for key, value in state_dict.items():
+    np.testing.assert_array_equal(written[key], value)
