@@ -129,19 +129,20 @@ def _resolved(config, spec: specs.DatasetSpec):
   return optim.resolve_durations(config, spec.num_train_examples)
 
 
-def compile_step(config) -> tuple[Any, Any, Any, float, parallel.ShardMapped]:
-  """The config's train step compiled on abstract inputs: (compiled, state, batch, seconds,
-  layout)."""
+def compile_step(config) -> tuple[Any, Any, Any, float, parallel.ShardMapped, Any]:
+  """The config's train step compiled on abstract inputs: (compiled, state, (batch, rng),
+  seconds, layout, the state's `init`: real states for the compiled step come from it)."""
   layout = parallel.data_parallel('shard_map', state_sharding=config.state_sharding)
   spec = specs.for_config(config)
   config = _resolved(config, spec)
-  state, batch, rng = abstract_inputs(config, layout, _initializer(config))
+  init = _initializer(config)
+  state, batch, rng = abstract_inputs(config, layout, init)
   p_train_step = step_lib.make_train_step(
       layout, learning_rate_fn=optim.learning_rate_schedule(config),
       options=step_lib.StepOptions.from_config(config))
   start = time.perf_counter()
   compiled = p_train_step.lower(state, batch, rng).compile()
-  return compiled, state, (batch, rng), time.perf_counter() - start, layout
+  return compiled, state, (batch, rng), time.perf_counter() - start, layout, init
 
 
 def memory_of(compiled, state, inputs) -> dict[str, Any]:
@@ -155,10 +156,10 @@ def memory_of(compiled, state, inputs) -> dict[str, Any]:
           'argument_bound': resident_bound(state, inputs, jax.device_count())}
 
 
-def time_steps(config, compiled, layout, batch, steps: int, warmup: int) -> float:
-  """The median seconds of `steps` steps of `compiled` after 1 + `warmup` untimed ones."""
+def time_steps(config, compiled, layout, init, batch, steps: int, warmup: int) -> float:
+  """The median seconds of `steps` steps of `compiled` (over states of `init`) after
+  1 + `warmup` untimed ones."""
   spec = specs.for_config(config)
-  init = _initializer(_resolved(config, spec))
   real = layout.put_state(jax.device_get(init(jax.random.PRNGKey(0))))
   data = np.random.RandomState(0)
   rows = layout.put_batch({
@@ -183,7 +184,7 @@ def max_rows(config, budget: int, known: dict[int, int]) -> Optional[int]:
 
   def fits(rows: int) -> bool:
     if rows not in known:
-      compiled, state, inputs, _, _ = compile_step(
+      compiled, state, inputs, _, _, _ = compile_step(
           _variant(config, config.state_sharding, config.remat,
                    'scanned' if config.scan_layers else 'unrolled', rows))
       known[rows] = memory_of(compiled, state, inputs)['total']
@@ -207,12 +208,12 @@ def measure(config, sharding: str, remat: str, form: str, steps: int, warmup: in
   """One combination at the config's rows (its memory, compile time and, with `steps`, step
   time), and with `search` the most rows that fit `budget`."""
   variant = _variant(config, sharding, remat, form)
-  compiled, state, inputs, seconds, layout = compile_step(variant)
+  compiled, state, inputs, seconds, layout, init = compile_step(variant)
   rows = variant.batch_size // jax.device_count() // variant.grad_accum_steps
   result = {'sharding': sharding, 'remat': remat, 'form': form, 'rows_per_device': rows,
             'compile_s': seconds, **memory_of(compiled, state, inputs)}
   if steps > 0:
-    result['step_s'] = time_steps(variant, compiled, layout, inputs[0], steps, warmup)
+    result['step_s'] = time_steps(variant, compiled, layout, init, inputs[0], steps, warmup)
   if search:
     known = {rows: result['total']}
     result['max_rows_per_device'] = max_rows(variant, budget, known)
