@@ -1,32 +1,28 @@
-"""ViT-g/14 (about 1.01B params) on ImageNet with its state sharded over 8 devices of 16 GiB
-(a TPU v5e-8, or 8 x V100-16GB): the model that does not fit one such device replicated.
+"""ViT-g/14 (about 1.01B params) on ImageNet over 8 devices of 16 GiB (a TPU v5e-8, or
+8 x V100-16GB): its state split over the devices layer by layer (state_sharding='fsdp'), its
+40 encoder blocks scanned (scan_layers) and rematerialized (remat='full'), at 64 rows per
+device per micro-batch (batch 4096 = 8 devices x 8 micro-batches x 64 rows).
 
   python -m trainer.main --config=configs/imagenet_vit_g14_sharded.py \
       --workdir=gs://BUCKET/vit_g14 --config.tfds_data_dir=gs://BUCKET/tensorflow_datasets
 
-The arithmetic, per device, float32 state (1,012,611,432 params x 4 bytes = 3.77 GiB):
+Per device, float32 state (1,012,611,432 params x 4 bytes = 3.77 GiB): params / 8 = 483 MiB
+and AdamW's mu and nu / 8 = 966 MiB resident, XLA's argument bytes 1,522 MiB, the least they
+can be (every leaf that 8 divides split, the rest whole). In the step each block gathers its
+params just before it runs and again in the backward pass, the gradients come out split
+(reduce-scattered), and only the scanned block's activations are recomputed and held.
 
-  replicated  params 3.77 + AdamW mu and nu 7.54 = 11.3 GiB resident, and for the step the
-              gradients and their running sum over the micro-batches (7.54), a bfloat16 copy
-              of the params and one micro-batch's activations.
-  optimizer   params 3.77 + mu and nu / 8 = 0.94 resident, the same step.
-  full        params / 8 = 0.47 + mu and nu / 8 = 0.94 resident; the step gathers the params
-              (3.77) and holds whole gradients (this trainer gathers for the whole step, not
-              layer by layer as FSDP does).
+XLA's memory analysis of the compiled step on 8 simulated CPU devices, MiB per device (state
++ temporaries; `python -m scripts.bench_sharding --config=configs/imagenet_vit_g14_sharded.py
+--cpu_devices=8 --compile_only`, BENCHMARKS.md has every combination):
 
-XLA's memory analysis of the compiled step on 8 simulated CPU devices (compiled, not trained:
-`python -m scripts.bench_sharding --config=configs/imagenet_vit_g14_sharded.py
---cpu_devices=8 --compile_only`), MiB per device, resident state + the step's temporaries:
+  fsdp, remat full, scanned      64 rows: 10,331   128 rows: 17,807 (does not fit 16,384)
+  fsdp, remat full, scanned       1 row:   2,964
+  full (params gathered whole)    1 row:  15,582 unrolled, 13,564 scanned + remat: 16 rows
+  replicated                      1 row:  25,722 (the state alone is 11,589)
 
-  replicated  3,863 + 7,726 + 14,133 = 25,722   does not fit 16 GiB (16,384 MiB)
-  optimizer   3,863 +   966 + 14,133 = 18,962   does not fit
-  full          483 +   966 + 14,134 = 15,582   fits, 802 MiB to spare
-
-The temporaries are mostly the whole gradients and their sum (7,726), the gathered params
-and their bfloat16 copy: one example a device per micro-batch is what fits, so batch 4096
-over 8 devices is 512 rows a device in 512 micro-batches (grad_accum_steps); at 8 rows a
-micro-batch (64 micro-batches) the temporaries are 29,669 MiB. A GPU's or TPU's compiler
-plans memory otherwise (not measured here: no accelerator was lent).
+The step compiles in 8 s scanned against 165 s unrolled. A GPU's or TPU's compiler plans
+memory otherwise (not measured here: no accelerator was lent).
 
 The recipe otherwise follows configs/imagenet_vit_b16.py (AdamW, weight decay 0.3, gradient
 clipping at norm 1, bfloat16 compute, 10k warm-up steps, cosine) at the lower peak rate that
@@ -45,7 +41,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.model = 'vit_g14'
   config.learning_rate = 1e-3
   config.step_backend = 'shard_map'  # The state shardings need it (pmap replicates).
-  config.state_sharding = 'full'
-  config.grad_accum_steps = 512  # 4096 / 8 devices / 512 = 1 row per micro-batch.
+  config.state_sharding = 'fsdp'
+  config.scan_layers = True
+  config.remat = 'full'
+  config.grad_accum_steps = 8  # 4096 / 8 devices / 8 = 64 rows per micro-batch.
   config.eval_batch_size = 1024
   return config
