@@ -57,7 +57,7 @@ def get_config() -> ml_collections.ConfigDict:
   # Augmentation of the training examples, drawn from the example's position in the training
   # stream: the same on any topology and on resume. `augment`: 'none', 'flip', 'crop_flip'
   # (pad 4 + random crop + flip, CIFAR) or 'inception' (random-resized crop to image_size +
-  # flip, ImageNet; evaluation resizes and center-crops); '' = the dataset's own (README).
+  # flip, ImageNet; evaluation resizes and center-crops); '' = the dataset's own (docs/configs.md).
   config.augment = ''
   # Side of the square crop of augment='inception' (datasets whose images vary in size);
   # 0 = the dataset's (224 for ImageNet and image folders of varied sizes).
@@ -72,7 +72,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.resize_filter = 'area'
   # Normalization of the images the model sees, per channel, comma-separated (one value for
   # all channels, or one each): (x - image_mean) / image_std, x on the [0, 1] scale of uint8
-  # images (or the float images' own scale); '' = the dataset's (README lists them; float
+  # images (or the float images' own scale); '' = the dataset's (docs/data.md lists them; float
   # images are otherwise taken as they are).
   config.image_mean = ''
   config.image_std = ''  # Per channel, as image_mean; '' = the dataset's.
@@ -172,7 +172,7 @@ def get_config() -> ml_collections.ConfigDict:
   # 'optimizer' (optimizer state split over the devices: ZeRO-1), 'full' (params split too,
   # gathered whole for each step) or 'fsdp' (params, gradients and optimizer state split at
   # all times, each residual block gathering its params as it runs: docs/large_models.md).
-  # The same training either way; see README.
+  # The same training either way.
   config.state_sharding = 'replicated'
   # JAX's persistent compilation cache (path or gs://): a restart loads compiled steps from it
   # instead of compiling again; '' = off.
