@@ -323,9 +323,10 @@ def read_state_dict(path: str) -> Arrays:
   """The state dict in a `.safetensors` file or a `torch.save`d file (`.pth`, `.pt`, `.bin`),
   as numpy arrays; a checkpoint holding it under 'state_dict', 'model', ... is unwrapped."""
   if path.endswith('.safetensors'):
-    from safetensors import numpy as safetensors_numpy  # pylint: disable=import-outside-toplevel
+    # pylint: disable-next=import-outside-toplevel
+    from safetensors import numpy as safetensors_numpy  # (optional: the ddp extra)
     return dict(safetensors_numpy.load_file(path))
-  import torch  # pylint: disable=import-outside-toplevel
+  import torch  # pylint: disable=import-outside-toplevel  # (optional: the ddp extra)
   saved = torch.load(path, map_location='cpu', weights_only=True)
   while isinstance(saved, Mapping) and not any(hasattr(v, 'shape') for v in saved.values()):
     nested = [k for k in _NESTED_KEYS if isinstance(saved.get(k), Mapping)]
@@ -346,9 +347,10 @@ def is_weights_file(path: str) -> bool:
 def write_state_dict(path: str, state_dict: Mapping[str, np.ndarray]) -> None:
   """Writes `state_dict` as `.safetensors` or, for any other suffix, with `torch.save`."""
   if path.endswith('.safetensors'):
-    from safetensors import numpy as safetensors_numpy  # pylint: disable=import-outside-toplevel
+    # pylint: disable-next=import-outside-toplevel
+    from safetensors import numpy as safetensors_numpy  # (optional: the ddp extra)
     safetensors_numpy.save_file({k: np.ascontiguousarray(v) for k, v in state_dict.items()},
                                 path)
     return
-  import torch  # pylint: disable=import-outside-toplevel
+  import torch  # pylint: disable=import-outside-toplevel  # (optional: the ddp extra)
   torch.save({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state_dict.items()}, path)

@@ -15,8 +15,8 @@ from typing import Any, Callable, Sequence
 from absl import flags
 from ml_collections import config_flags
 
+from scripts import run_metrics
 from trainer import checks
-from trainer import efficiency
 from trainer.errors import UserError
 
 # The module (`python -m scripts.NAME`) that measures each part in its own process; `ddp`
@@ -25,7 +25,7 @@ from trainer.errors import UserError
 PART_MODULES = {'jax': 'bench_trainer', 'cache': 'bench_trainer', 'limit': 'bench_limit',
                 'ddp_limit': 'bench_ddp_limit', 'input': 'bench_input'}
 
-# Steps per timed chunk: fewer than the CPU client tolerates in flight (parallel.InFlight).
+# Steps per timed chunk: fewer than the CPU client tolerates in flight (dispatch.InFlight).
 CHUNK = 10
 
 
@@ -101,13 +101,13 @@ def timed_run_fields(config, steps: int, untimed_steps: int) -> dict[str, Any]:
 
 def run_speed(records: Sequence[dict[str, Any]], start_time: float, num_devices: int,
               batch_size: int, untimed_steps: int) -> dict[str, Any]:
-  """A training run's speed figures, `efficiency.speed_figures` of its metrics.jsonl
+  """A training run's speed figures, `run_metrics.speed_figures` of its metrics.jsonl
   `records` (its first `untimed_steps` left out), under the benchmark's keys:
   `examples_per_sec` (steady), `windows`, `timed_steps`, `first_step_s`,
   `time_to_first_step_s` (from `start_time`, Unix seconds) and `peak_host_memory_mb`; and
   `span_examples_per_sec`: examples over the wall time from the first train write to the last
   (evaluations and saves in between included)."""
-  speed = efficiency.speed_figures(records, start_time, num_devices, untimed_steps)
+  speed = run_metrics.speed_figures(records, start_time, num_devices, untimed_steps)
   writes = [r for r in records if 'train_loss' in r]
   span_s = writes[-1]['wall_time'] - writes[0]['wall_time'] if writes else 0.0
   span_steps = writes[-1]['step'] - writes[0]['step'] if writes else 0

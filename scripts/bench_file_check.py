@@ -15,11 +15,13 @@ import os
 import time
 
 import numpy as np
+from PIL import Image
+
+from trainer.data import file_check
 
 
 def write_folder(directory: str, count: int) -> list[str]:
   """`count` JPEGs of 48-160 pixels a side (quality 90) in 10 class folders; their paths."""
-  from PIL import Image  # pylint: disable=import-outside-toplevel
   rng = np.random.RandomState(0)
   paths = []
   for i in range(count):
@@ -40,7 +42,6 @@ def main() -> None:
   parser.add_argument('--drop_caches', action='store_true',
                       help='Empty the page cache before each check without the cache (root).')
   args = parser.parse_args()
-  from trainer.data import file_check  # pylint: disable=import-outside-toplevel
   root = os.path.abspath(args.dir)
   paths = write_folder(root, args.count)
   # Its own cache, emptied below.

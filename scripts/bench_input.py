@@ -24,6 +24,10 @@ Each side in its own process: `warmup` batches untimed, then windows of `window`
 sustained rate, not a median batch); `examples_per_cpu_sec` divides them by the CPU seconds of
 the process and its workers over the same span; `peak_pss_mb` is the highest sum of the
 processes' proportional set sizes (/proc/PID/smaps_rollup), sampled every 0.2 s.
+
+Each side imports what it reads with inside its own functions: the torchvision side's
+process never imports TensorFlow (torchvision 0.29 segfaults when imported after it), ours
+never imports torch, and `prepare` alone writes JPEGs (Pillow).
 """
 
 import os
@@ -34,9 +38,8 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 from absl import flags
 
-from trainer import cli
-
 from scripts import bench_common
+from trainer import cli
 
 FLAGS = flags.FLAGS
 SIDES = ('prepare', 'ours', 'torchvision')
@@ -63,7 +66,7 @@ def _define_flags() -> None:
 def generate(directory: str, count: int, seed: int = 0) -> None:
   """`count` JPEGs of 300-500 pixels a side (smooth colour fields under pixel noise, about 5
   bits per pixel at quality 90), spread over NUM_CLASSES class folders of DIRECTORY/train."""
-  from PIL import Image  # pylint: disable=import-outside-toplevel
+  from PIL import Image  # pylint: disable=import-outside-toplevel  # (prepare only)
   rng = np.random.RandomState(seed)
   for index in range(count):
     height, width = rng.randint(300, 501, size=2)
@@ -81,7 +84,7 @@ def generate(directory: str, count: int, seed: int = 0) -> None:
 
 def prepare(images: str, count: int) -> dict[str, Any]:
   """The image folder and its two conversions under `images` (kept where present)."""
-  from trainer.data import convert  # pylint: disable=import-outside-toplevel
+  from trainer.data import convert  # pylint: disable=import-outside-toplevel  # (prepare only)
   folder = os.path.join(images, 'folder')
   if not os.path.isdir(folder):
     generate(folder, count)
@@ -89,7 +92,7 @@ def prepare(images: str, count: int) -> dict[str, Any]:
     out = os.path.join(images, file_format)
     if not os.path.isdir(out):
       convert.convert_folder(folder, out, file_format)
-  from PIL import Image  # pylint: disable=import-outside-toplevel
+  from PIL import Image  # pylint: disable=import-outside-toplevel  # (prepare only)
   paths = [os.path.join(d, f) for d, _, files in os.walk(folder) for f in files]
   sizes = [os.path.getsize(p) for p in paths]
   pixels = []
@@ -175,7 +178,7 @@ def input_config(config, images: str, mode: str, workers: int):
 
 def ours(config, images: str, mode: str, workers: int, process_count: int) -> dict[str, Any]:
   """Our pipeline on the generated images read as `mode`."""
-  from trainer.data import pipeline  # pylint: disable=import-outside-toplevel
+  from trainer.data import pipeline  # pylint: disable=import-outside-toplevel  # (ours only)
   config = input_config(config, images, mode, workers)
   data = pipeline.open_train_data(config)
   batches = data.batches(process_count=process_count)
@@ -189,10 +192,11 @@ def ours(config, images: str, mode: str, workers: int, process_count: int) -> di
 def torchvision_loader(config, images: str, workers: int, normalize: bool):
   """torchvision's ImageFolder + decode_jpeg + v2 transforms in a DataLoader, uint8 out (or
   normalized float32 with `normalize`), and its spec's crop size."""
-  import torch  # pylint: disable=import-outside-toplevel
-  import torchvision  # pylint: disable=import-outside-toplevel
-  from torchvision.transforms import v2  # pylint: disable=import-outside-toplevel
-  from trainer.data import specs  # pylint: disable=import-outside-toplevel
+  # pylint: disable=import-outside-toplevel  # (the torchvision side only)
+  import torch
+  import torchvision
+  from torchvision.transforms import v2
+  from trainer.data import specs
   ds_spec = specs.for_config(input_config(config, images, 'files', workers))
   steps = [v2.RandomResizedCrop(ds_spec.image_size, antialias=True),
            v2.RandomHorizontalFlip()]
@@ -215,7 +219,8 @@ def torchvision_side(config, images: str, workers: int, normalize: bool) -> dict
 
   batches = endless()
   next(batches)  # Starts the workers.
-  workers_of = lambda: [os.getpid()] + [w.pid for w in loader._iterator._workers]  # pylint: disable=protected-access
+  # pylint: disable-next=protected-access
+  workers_of = lambda: [os.getpid()] + [w.pid for w in loader._iterator._workers]
   result = measure(batches, config.batch_size, workers_of, FLAGS.timing_warmup_steps, FLAGS.window,
                    FLAGS.seconds)
   return dict(result, side='torchvision', normalize=normalize, workers=workers)

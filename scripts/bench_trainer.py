@@ -20,8 +20,8 @@ from absl import flags
 from scripts import bench_common
 from scripts import bench_input
 from scripts import bench_limit
+from scripts import run_metrics
 from trainer import cli
-from trainer import efficiency
 from trainer import parallel
 from trainer import train
 from trainer import writers
@@ -133,8 +133,8 @@ def cache_part(config, workdir: Optional[str] = None) -> dict[str, Any]:
   records, start = _train_records(_with_fields(config, {
       'num_train_steps': 2, 'num_epochs': -1.0, 'warmup_epochs': -1.0, 'warmup_steps': 1,
       'log_every_steps': 2, 'eval_every_steps': 2, 'checkpoint_every_steps': 2}), workdir)
-  return {'first_step_s': efficiency.first_step_s(records),
-          'time_to_first_step_s': efficiency.time_to_first_step_s(records, start)}
+  return {'first_step_s': run_metrics.first_step_s(records),
+          'time_to_first_step_s': run_metrics.time_to_first_step_s(records, start)}
 
 
 def main(argv):

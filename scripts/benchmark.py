@@ -13,7 +13,7 @@ one after the other; `--parts` chooses them, default all):
                steps after warm-up;
                `train_and_evaluate` itself: the real input pipeline, metrics, writers and the
                config's checkpoint cadence; its steady examples/s from its metrics.jsonl
-               (`trainer.efficiency.speed_figures`, the figure scripts.compare reports), log
+               (`scripts.run_metrics.speed_figures`, the figure scripts.compare reports), log
                windows starting after the first step and `--timing_warmup_steps` more;
              then batches/s the input pipeline alone delivers (decode, augment, batch, shard)
   cache      (scripts.bench_trainer) time to first step of a start with an empty persistent
@@ -63,7 +63,6 @@ from typing import Any, Callable, Optional, Sequence
 from absl import flags
 from ml_collections import config_flags
 
-from baselines.torch_ddp import launch
 from scripts import bench_common
 from scripts import processes
 from scripts import reporting
@@ -211,7 +210,7 @@ def _ddp_run(setup: _Setup, ranks: int, cores: int) -> dict[str, Any]:
           *(f'--config.{field}={value}' for field, value in fields.items()),
           *(['--torch_compile'] if FLAGS.torch_compile else [])]
   start = time.time()
-  processes.run_checked([launch.command(ranks, workdir, args, threads=threads)],
+  processes.run_checked([processes.ddp_command(ranks, workdir, args, threads=threads)],
                         f'the DDP run with {ranks} ranks', progress=processes.StepProgress(
                             os.path.join(workdir, 'metrics.jsonl'), fields['num_train_steps']))
   records = writers.read_jsonl(os.path.join(workdir, writers.JSONL_NAME))
@@ -224,7 +223,7 @@ def _ddp_limit_run(setup: _Setup, ranks: int, cores: int) -> dict[str, Any]:
   print(f'ddp_limit: {ranks} ranks ...', flush=True)
   return _run_part(setup, 'ddp_limit', f'ddp_limit_{ranks}',
                    ['--torch_compile'] if FLAGS.torch_compile else [],
-                   launcher=launch.torchrun(ranks),
+                   launcher=processes.torchrun(ranks),
                    env=processes.environment(OMP_NUM_THREADS=str(max(1, cores // ranks))))
 
 

@@ -18,14 +18,13 @@ from matplotlib import figure
 # 0.29, which the DDP baseline imports, segfaults when imported after it.
 import torch
 
-from baselines.torch_ddp import launch
 from baselines.torch_ddp import models as torch_models
 from baselines.torch_ddp import step as ddp_step
 from baselines.torch_ddp import train as ddp_train
 from models import torch_weights
 from scripts import processes
 from scripts import reporting
-from trainer import efficiency
+from scripts import run_metrics
 from trainer import optim
 from trainer import writers
 from trainer.data import pipeline
@@ -49,8 +48,8 @@ def commands(config_path: str, overrides: list[str], workdir: str, devices: int,
   return {
       'jax': [sys.executable, '-m', 'trainer.main', f'--workdir={os.path.join(workdir, "jax")}',
               f'--cpu_devices={devices}', *common],
-      'ddp': launch.command(devices, os.path.join(workdir, 'ddp'), [*init, *common],
-                            threads=max(1, threads // devices)),
+      'ddp': processes.ddp_command(devices, os.path.join(workdir, 'ddp'), [*init, *common],
+                                   threads=max(1, threads // devices)),
   }
 
 
@@ -80,14 +79,14 @@ def run_figures(records: list[dict], started: dict, num_devices: int, target: fl
                 warmup_steps: int) -> dict[str, Any]:
   """The report's figures for one run from its metrics.jsonl `records` and `started` (its
   launch.json: `launch_time` and `end_time`, Unix seconds) on `num_devices` devices or ranks:
-  the speed figures of `efficiency.speed_figures` (log windows starting at or after
+  the speed figures of `run_metrics.speed_figures` (log windows starting at or after
   `warmup_steps` counted; times from the launch), the time and steps to the eval accuracy
   `target` (None if never reached), the final losses and accuracy, the run's steps and
   wall time."""
   def last(tag):
     return next((r for r in reversed(records) if tag in r), None)
 
-  speed = efficiency.speed_figures(records, started['launch_time'], num_devices, warmup_steps)
+  speed = run_metrics.speed_figures(records, started['launch_time'], num_devices, warmup_steps)
   reached = next((r for r in records if r.get('eval_accuracy', -1.0) >= target), None)
   return {
       'steady_examples_per_sec': speed['steady_examples_per_sec'],

@@ -17,6 +17,8 @@ import os
 
 from absl import flags
 
+import trainer
+from models import torch_weights
 from trainer import cli
 from trainer.errors import UserError
 
@@ -46,8 +48,6 @@ def torch_constructor(trained) -> str:
 
 def export(workdir: str, step, file_format: str, out) -> tuple[str, list[str]]:
   """Writes the state dict; returns its path and the lines that say how to use it."""
-  from models import torch_weights  # pylint: disable=import-outside-toplevel
-  import trainer  # pylint: disable=import-outside-toplevel
   trained = trainer.load(workdir, step)
   out = out or os.path.join(workdir, 'export',
                             f'{trained.config.model}_step{trained.step}{FORMATS[file_format]}')

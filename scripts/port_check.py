@@ -6,13 +6,13 @@
 
 Builds both (the flax one as the trainer builds `--config.model`, dropout off), carries the
 torch weights (its own random init, or a state dict file) into the flax variables, layers
-paired in the order a forward pass first uses them (`models.porting`), and runs both on the
-same random batch in eval mode and in train mode (BatchNorm on the batch's statistics,
-dropout off). It prints, in call order, the largest difference of each layer's input and
-output, then the gradients of the same loss per parameter and the BatchNorm running
-statistics after the train-mode step (torch keeps the unbiased variance, flax the biased
-one: compared like for like), and ends with one verdict line: where the two first part
-beyond a tolerance scaled to the values' magnitude, or that the port computes what the
+paired in the order a forward pass first uses them (`baselines.torch_ddp.porting`), and runs
+both on the same random batch in eval mode and in train mode (BatchNorm on the batch's
+statistics, dropout off). It prints, in call order, the largest difference of each layer's
+input and output, then the gradients of the same loss per parameter and the BatchNorm
+running statistics after the train-mode step (torch keeps the unbiased variance, flax the
+biased one: compared like for like), and ends with one verdict line: where the two first
+part beyond a tolerance scaled to the values' magnitude, or that the port computes what the
 original computes. Exit status 0 when it does, 1 when it does not.
 """
 
@@ -22,10 +22,20 @@ import json
 import sys
 from typing import Any, Optional
 
+import flax.linen as nn
+import jax
+import numpy as np
+import optax
+import torch
 from absl import flags
 
+from baselines.torch_ddp import models as torch_models
+from baselines.torch_ddp import porting
+from configs import default
+from models import torch_weights
 from trainer import cli
-from trainer.errors import UserError
+from trainer import modeling
+from trainer.errors import UserError, first_line
 
 FLAGS = flags.FLAGS
 
@@ -105,8 +115,6 @@ def _cell(value: Optional[float], ok: bool) -> str:
 def build_flax(path: str, kwargs: dict, num_classes: int, input_shape: tuple[int, ...]):
   """The flax port as the trainer builds a model (`trainer.modeling`), dropout off, its
   BatchNorm on one device's batch (no device axis: `axis_name=None` where declared)."""
-  from configs import default  # pylint: disable=import-outside-toplevel
-  from trainer import modeling  # pylint: disable=import-outside-toplevel
   config = default.get_config()
   config.model = path
   declared = modeling.resolve(path).declared
@@ -125,10 +133,6 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
           seed: int = 0) -> Report:
   """Carries `torch_module`'s weights into `flax_model` (a `trainer.modeling.Model`) and
   compares the two, layer by layer, in eval and train mode."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  import torch  # pylint: disable=import-outside-toplevel
-  from models import porting  # pylint: disable=import-outside-toplevel
   rng = np.random.RandomState(seed)
   x = rng.standard_normal((batch,) + tuple(input_shape)).astype(np.float32)
   module = flax_model.module
@@ -136,7 +140,6 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
   try:
     variables = flax_model.init(jax.random.PRNGKey(seed), (1,) + tuple(input_shape))
   except Exception as e:  # pylint: disable=broad-except  # The user's code.
-    from trainer.errors import first_line  # pylint: disable=import-outside-toplevel
     raise UserError(f'the flax port {flax_model.name} fails on an NHWC batch of shape '
                     f'{(1,) + tuple(input_shape)} ({first_line(e)}); give --input_shape of one '
                     'example both models take') from None
@@ -204,8 +207,6 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
 
 def _compare(pairs, flax_seen, torch_seen, rows_order, flax_logits, torch_logits, mode):
   """The rows of one mode and the first place where the sides part (or None)."""
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  from models import porting  # pylint: disable=import-outside-toplevel
   rows, first, previous = [], None, None
   for f, t in pairs:
     if f.path not in flax_seen or t.path not in torch_seen:
@@ -245,10 +246,6 @@ def _compare(pairs, flax_seen, torch_seen, rows_order, flax_logits, torch_logits
 
 def _gradients(pairs, carried, apply_train, x, labels, torch_module):
   """Per flax parameter: the largest |flax - torch| gradient of the mean cross-entropy."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  import optax  # pylint: disable=import-outside-toplevel
-  from models import porting  # pylint: disable=import-outside-toplevel
   variables = carried.variables
 
   def loss(params):
@@ -278,8 +275,6 @@ def _gradients(pairs, carried, apply_train, x, labels, torch_module):
 def _statistics(pairs, updated, before, after, torch_train):
   """Per BatchNorm: the largest |flax - torch| of the running mean and of the variance,
   torch's unbiased update turned into the biased one flax keeps."""
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  from models import porting  # pylint: disable=import-outside-toplevel
   out = []
   stats = {'batch_stats': updated.get('batch_stats', {})}
   for f, t in pairs:
@@ -306,7 +301,6 @@ class _DropoutOn(Exception):
 def _no_dropout(strict: bool):
   """While inside, flax `nn.Dropout` passes its input through; with `strict`, one that would
   draw (not deterministic) is refused in one line naming it."""
-  import flax.linen as nn  # pylint: disable=import-outside-toplevel
 
   def intercept(next_fun, args, kwargs, context):
     module = context.module
@@ -325,7 +319,6 @@ def _no_dropout(strict: bool):
 
 def _dropout_in_eval(apply_eval, variables, x) -> None:
   """Traces eval mode once: a Dropout left on is refused before anything is compared."""
-  import jax  # pylint: disable=import-outside-toplevel
   jax.eval_shape(lambda v: apply_eval(v, x), variables)
 
 
@@ -333,7 +326,6 @@ def _dropout_in_eval(apply_eval, variables, x) -> None:
 def _train_without_dropout(module):
   """The torch module in train mode while inside, its Dropout layers in eval mode (off);
   then in the mode it had."""
-  import torch  # pylint: disable=import-outside-toplevel
   was_training = module.training
   module.train()
   for m in module.modules():
@@ -349,16 +341,10 @@ def run(flax_path: str, torch_path: str, input_shape: tuple[int, ...], *, num_cl
         flax_kwargs: Optional[dict] = None, torch_kwargs: Optional[dict] = None,
         weights: str = '', batch: int = 4, seed: int = 0) -> Report:
   """Builds both sides from their import paths and checks them (`check`)."""
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  import torch  # pylint: disable=import-outside-toplevel
-  from models import porting  # pylint: disable=import-outside-toplevel
-  from trainer.errors import first_line  # pylint: disable=import-outside-toplevel
   torch.manual_seed(seed)
-  from baselines.torch_ddp import models as torch_models  # pylint: disable=import-outside-toplevel
   torch_module = torch_models.from_path(torch_path, torch_kwargs or {}, num_classes, 0.0,
                                         field='--torch')
   if weights:
-    from models import torch_weights  # pylint: disable=import-outside-toplevel
     try:
       torch_models.load_state_dict(torch_module, torch_weights.read_state_dict(weights))
     except (OSError, ValueError, RuntimeError) as e:

@@ -1,7 +1,10 @@
 """Starting the repository's programs as subprocesses: where the repository is, a free
-loopback port, the environment they import in, the config overrides to pass on, and a run
-that fails with one line naming what failed and reports its progress while it lasts. No JAX,
-TensorFlow or torch here."""
+loopback port, the environment they import in, the config overrides to pass on, the DDP
+twin's `torchrun` command line, and a run that fails with one line naming what failed and
+reports its progress while it lasts. No JAX, TensorFlow or torch here.
+
+Only the scripts and the tests start programs: the DDP twin (baselines/torch_ddp) is started
+from here and imports nothing of scripts/."""
 
 import contextlib
 import glob
@@ -9,13 +12,13 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from typing import Callable, Optional, Sequence
 
 from trainer.errors import UserError
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from trainer.settings import REPO
 
 # TensorFlow only feeds data; this keeps its C++ start-up chatter out of every log.
 QUIET_TENSORFLOW = {'TF_CPP_MIN_LOG_LEVEL': '2'}
@@ -29,6 +32,22 @@ def free_port() -> int:
   with socket.socket() as s:
     s.bind(('127.0.0.1', 0))
     return s.getsockname()[1]
+
+
+def torchrun(ranks: int) -> list[str]:
+  """`python -m torch.distributed.run` of `ranks` processes on this machine, rendezvous on a
+  free loopback port, up to the `-m` that the module to run follows."""
+  return [sys.executable, '-m', 'torch.distributed.run', f'--nproc_per_node={ranks}',
+          f'--master_port={free_port()}', '-m']
+
+
+def ddp_command(ranks: int, workdir: str, args: Sequence[str] = (), threads: int = 0
+                ) -> list[str]:
+  """`torchrun` of baselines.torch_ddp.main with `ranks` processes; `threads` torch CPU
+  threads per rank (0: torch's default); `args` are the trainer's flags (--config=...,
+  --config.FIELD=VALUE, --parity, ...)."""
+  return [*torchrun(ranks), 'baselines.torch_ddp.main', f'--workdir={workdir}',
+          *([f'--threads={threads}'] if threads else []), *args]
 
 
 def environment(**extra: str) -> dict[str, str]:

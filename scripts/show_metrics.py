@@ -8,6 +8,7 @@ import math
 from absl import flags
 
 from scripts import reporting
+from scripts import run_metrics
 from trainer import cli
 
 FLAGS = flags.FLAGS
@@ -32,8 +33,7 @@ def table(scalars: dict[str, dict[int, float]], tags: list[str]) -> str:
 
 def main(argv):
   del argv
-  from trainer import writers  # pylint: disable=import-outside-toplevel  # (CLU: TensorFlow)
-  scalars, _ = writers.read_events(FLAGS.workdir)
+  scalars, _ = run_metrics.read_events(FLAGS.workdir)
   if not scalars:
     raise SystemExit(f'error: no event files with scalars in {FLAGS.workdir!r}; '
                      'pass the --workdir a training run wrote to')

@@ -15,7 +15,7 @@ rendezvous, and after 40 s XLA logs
 
 and aborts the process (SIGABRT), the blocked thread being an AllReduceThunk run by
 xla::cpu::ThunkExecutor on an Eigen pool worker. Waiting for the launch `--in_flight` steps
-back before dispatching the next one (what trainer/parallel.InFlight does) avoids it.
+back before dispatching the next one (what trainer/dispatch.InFlight does) avoids it.
 """
 
 import time

@@ -125,6 +125,7 @@ def tfds_data_dir(tmp_path_factory):
 def one_rank_group():
   """A torch process group of this process alone (gloo over loopback): the DDP twin's code
   run in the test process."""
+  # Imported by the test processes only: xdist's controller loads none (`pytest_configure`).
   import torch.distributed as dist  # pylint: disable=import-outside-toplevel
   from scripts import processes  # pylint: disable=import-outside-toplevel
   dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{processes.free_port()}',
@@ -136,7 +137,7 @@ def one_rank_group():
 @pytest.fixture
 def config(tfds_data_dir):
   """The default config reading from the session's TFDS data dir."""
-  from configs import default  # pylint: disable=import-outside-toplevel
+  from configs import default  # pylint: disable=import-outside-toplevel  # (as above)
   cfg = default.get_config()
   cfg.tfds_data_dir = tfds_data_dir
   return cfg

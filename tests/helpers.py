@@ -10,10 +10,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 import tensorflow_datasets as tfds
 
+from configs import default
 from trainer import checkpoint
-from trainer.data import sources
 from trainer import parallel
 from trainer import step as step_lib
+from trainer.data import sources
 
 
 # A short run on digits for comparing topologies: 60 steps, evaluated and saved at the end.
@@ -42,7 +43,6 @@ TOPOLOGY_MODELS = {'cnn': dict(model='cnn', mixup_alpha=0.4, cutmix_alpha=1.0),
 def topology_config(tfds_data_dir: str, model: str, layout: str):
   """The default config for a topology comparison of `model` on `layout`: a step backend,
   and for shard_map a state sharding after a dash ('shard_map-optimizer')."""
-  from configs import default  # pylint: disable=import-outside-toplevel
   backend, _, sharding = layout.partition('-')
   config = default.get_config()
   config.update(tfds_data_dir=tfds_data_dir, step_backend=backend,

@@ -12,11 +12,11 @@ import tensorflow as tf
 
 import trainer
 from scripts import processes
+from scripts import run_metrics
 from tests import helpers
 from tests.test_datasets_by_name import _shapes
 from trainer import checkpoint
 from trainer import train
-from trainer import writers
 from trainer.data import arrays
 from trainer.data import pipeline
 from trainer.data import sources
@@ -121,7 +121,7 @@ def test_an_npz_file_trains_by_one_command_as_on_one_device(shapes, config, tmp_
                                            one.params)
   print(f'npz, 4 devices against 1: {difference:.2g}')
   assert difference < 1e-5
-  scalars, _ = writers.read_events(str(four))
+  scalars, _ = run_metrics.read_events(str(four))
   trained = trainer.load(str(four))
   images, labels = data['test']
   assert np.mean(trained.predict(images) == labels) == pytest.approx(
@@ -142,7 +142,7 @@ def test_float_arrays_from_python_train_as_on_one_device(shapes, config, tmp_pat
   trained = trainer.load(str(tmp_path / 'run4'))
   assert trained.spec.dtype == 'float32' and trained.spec.mean == (0.2,)
   images, labels = floats['test']
-  scalars, _ = writers.read_events(str(tmp_path / 'run4'))
+  scalars, _ = run_metrics.read_events(str(tmp_path / 'run4'))
   assert np.mean(trained.predict(images) == labels) == pytest.approx(
       scalars['eval_accuracy'][30], abs=1e-6)
 

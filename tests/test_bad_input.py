@@ -114,7 +114,7 @@ CASES = {
     'unknown optimizer': _unknown('optimizer', 'lion', ['adamw', 'lamb', 'lars', 'sgd']),
     'unknown dtype': _unknown('dtype', 'float8', ['bfloat16', 'float16', 'float32']),
     'unknown state sharding': _unknown('state_sharding', 'zero3',
-                                       ['replicated', 'optimizer', 'full']),
+                                       ['replicated', 'optimizer', 'full', 'fsdp']),
     'sharded state under pmap': (
         dict(state_sharding='optimizer'),
         "state_sharding='optimizer' needs the shard_map step (pmap holds a whole copy of the "

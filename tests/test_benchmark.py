@@ -128,7 +128,8 @@ def test_bare_step_parts_run_without_tensorflow(tmp_path):
   recorded.write_text(json.dumps(specs.to_json(specs.spec('digits'))))
   run = subprocess.run(
       [sys.executable, '-m', 'scripts.benchmark', '--config=configs/default.py',
-       f'--config.dataset_spec={recorded}', f'--json={out}', '--parts=limit,ddp_limit', '--steps=10', '--timing_warmup_steps=1',
+       f'--config.dataset_spec={recorded}', f'--json={out}', '--parts=limit,ddp_limit',
+       '--steps=10', '--timing_warmup_steps=1',
        '--jax_devices=2', '--ddp_ranks=1', '--config.dtype=bfloat16', '--config.batch_size=16'],
       cwd=processes.REPO, env=processes.environment(PYTHONPATH=str(hidden)),
       capture_output=True, text=True, timeout=300, check=False)
@@ -144,7 +145,7 @@ def test_bare_step_parts_run_without_tensorflow(tmp_path):
   # devices under 'optimizer' (every leaf has an even dimension; the schedule's int32 step
   # count stays whole), the params too under 'full'.
   memory = {k: v['memory'] for k, v in jax_step['state_sharding'].items()}
-  assert set(memory) == {'replicated', 'optimizer', 'full'}
+  assert set(memory) == {'replicated', 'optimizer', 'full', 'fsdp'}
   assert memory['optimizer']['opt_state'] == (memory['replicated']['opt_state'] - 4) / 2 + 4
   assert memory['optimizer']['params'] == memory['replicated']['params']
   assert memory['full']['params'] * 2 == memory['replicated']['params']

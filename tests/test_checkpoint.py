@@ -12,9 +12,17 @@ import sys
 import jax
 import numpy as np
 import pytest
+import torch
+import torchvision
 from tensorboard.backend.event_processing import plugin_event_accumulator
 
+import models
+import trainer
+from baselines.torch_ddp import models as torch_models
+from configs import default
+from models import torch_weights
 from scripts import processes
+from scripts import run_metrics
 from tests import helpers
 from trainer import checkpoint
 from trainer import train
@@ -50,11 +58,10 @@ DEVICES = 2
 def reference(tfds_data_dir, tmp_path_factory):
   """An uninterrupted run of RUN on DEVICES devices: its final state, its metric curves and its
   workdir (left as the run left it: tests work on copies)."""
-  from configs import default  # pylint: disable=import-outside-toplevel
   config = _configure(default.get_config(), tfds_data_dir=tfds_data_dir)
   workdir = str(tmp_path_factory.mktemp('reference'))
   state = train.train_and_evaluate(config, workdir, devices=jax.devices()[:DEVICES])
-  return state, writers.read_events(workdir)[0], workdir
+  return state, run_metrics.read_events(workdir)[0], workdir
 
 
 def _start(workdir, tfds_data_dir):
@@ -108,7 +115,7 @@ def stopped_by_sigterm(tfds_data_dir, tmp_path_factory):
 
 
 def _assert_curves_like_the_reference(workdir, ref_scalars, exact: bool):
-  scalars, _ = writers.read_events(workdir)
+  scalars, _ = run_metrics.read_events(workdir)
   tensorboard = plugin_event_accumulator.EventAccumulator(workdir)
   tensorboard.Reload()
   for tag in ('train_loss', 'learning_rate', 'eval_accuracy', 'eval_loss'):
@@ -207,7 +214,7 @@ def test_interrupted_or_corrupt_newest_save_falls_back(reference, config, tmp_pa
   # The damaged checkpoint was reported and kept aside, not deleted.
   assert os.path.isdir(os.path.join(workdir, checkpoint.CORRUPT_DIR, '175', 'state'))
   assert sorted(os.listdir(ckpts))[:3] == ['150', '175', '200']
-  scalars, _ = writers.read_events(workdir)
+  scalars, _ = run_metrics.read_events(workdir)
   assert sorted(scalars['eval_accuracy']) == [100, 200]
 
 
@@ -233,11 +240,10 @@ def test_a_checkpoint_restores_under_any_state_sharding_and_device_count(config,
   config.update(step_backend='pmap', state_sharding='replicated')
   scalars = train.evaluate_only(config, first, devices=jax.devices()[:1])
   assert scalars['eval_accuracy'] == pytest.approx(
-      writers.read_events(first)[0]['eval_accuracy'][8], rel=1e-6)
+      run_metrics.read_events(first)[0]['eval_accuracy'][8], rel=1e-6)
   params, step, _ = checkpoint.load_params(first, jax.device_get(straight.params))
   assert step == 8
   _assert_bitwise_equal(params, straight.params)
-  import trainer  # pylint: disable=import-outside-toplevel
   _assert_bitwise_equal(trainer.load(first).variables['params'], straight.params)
 
 
@@ -257,7 +263,7 @@ def test_divergence_stops_with_the_last_good_checkpoint(config, tmp_path):
   newest = checkpoint.read_state(workdir)
   assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(newest))
   # The train curves end at the last finite step, every point of them finite.
-  losses = writers.read_events(workdir)[0]['train_loss']
+  losses = run_metrics.read_events(workdir)[0]['train_loss']
   assert max(losses) == good
   assert all(np.isfinite(value) for value in losses.values())
 
@@ -270,7 +276,7 @@ def test_divergence_can_skip_steps(config, tmp_path):
   state = train.train_and_evaluate(config, workdir)
   assert int(state.step) == 60
   assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(state.params))
-  scalars, _ = writers.read_events(workdir)
+  scalars, _ = run_metrics.read_events(workdir)
   assert sum(scalars['train_skipped_steps'].values()) > 0
 
 
@@ -300,6 +306,32 @@ def test_mismatched_workdir_is_refused_and_untouched(config, tmp_path, overrides
   assert _listing(workdir) == before
 
 
+
+def test_the_meta_format_policy():
+  """The meta item's policy (trainer/checkpoint.py): fields added after the format read with
+  their defaults where a checkpoint lacks them; a format this version does not read (format
+  1, which has no 'format' field, or a newer one) is refused in one line naming it."""
+  meta = checkpoint.RunMeta(rng=np.array([0, 7], np.uint32), data_seed=3, examples_seen=256,
+                            devices=2, processes=1, config={'batch_size': 128},
+                            window={'train_loss': [1.5]}, dataset={'name': 'digits'})
+  saved = meta.to_json()
+  assert saved['format'] == checkpoint.META_FORMAT == 2
+  read = checkpoint.RunMeta.from_json(saved, 2)
+  np.testing.assert_array_equal(read.rng, meta.rng)
+  assert read.rng.dtype == np.uint32
+  assert (read.data_seed, read.examples_seen, read.devices, read.processes, read.config,
+          read.window, read.dataset) == (3, 256, 2, 1, {'batch_size': 128},
+                                         {'train_loss': [1.5]}, {'name': 'digits'})
+  older = {k: v for k, v in saved.items() if k not in ('window', 'dataset')}
+  read = checkpoint.RunMeta.from_json(older, 2)
+  assert (read.window, read.dataset, read.examples_seen) == (None, None, 256)
+  unreleased = {k: v for k, v in saved.items() if k != 'format'}
+  for version, item in [(1, unreleased), (3, dict(saved, format=3))]:
+    with pytest.raises(UserError) as error:
+      checkpoint.RunMeta.from_json(item, 40)
+    assert str(error.value) == (
+        f'the checkpoint at step 40 was written in meta format {version}; this trainer reads '
+        'format 2 only: resume with the version that wrote it, or pass a new --workdir')
 @pytest.mark.slow
 def test_init_from_takes_params_only(config, tmp_path):
   _configure(config, num_train_steps=30)
@@ -332,12 +364,6 @@ def test_init_from_a_torchvision_state_dict_fine_tunes_with_a_new_head(config, t
   """A torchvision ResNet's state dict (here at the test width, 7 classes, RGB) starts a
   digits run (10 classes, greyscale): every array but the classifier's is the file's, the
   first convolution summed over its colour channels; the head is new."""
-  import torch  # pylint: disable=import-outside-toplevel
-  import torchvision  # pylint: disable=import-outside-toplevel
-  import models  # pylint: disable=import-outside-toplevel
-  from baselines.torch_ddp import models as torch_models  # pylint: disable=import-outside-toplevel
-  from models import torch_weights  # pylint: disable=import-outside-toplevel
-
   torch.manual_seed(0)
   source = torch_models.get('resnet_tiny', input_shape=(8, 8, 3), num_classes=7)
   with torch.no_grad():

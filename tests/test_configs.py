@@ -10,10 +10,10 @@ import pytest
 import tensorflow_datasets as tfds
 
 from scripts import processes
+from scripts import run_metrics
 from trainer import checks
 from trainer import optim
 from trainer import train
-from trainer import writers
 
 CONFIG_DIR = os.path.join(processes.REPO, 'configs')
 CONFIGS = sorted(glob.glob(os.path.join(CONFIG_DIR, '[!_]*.py')))
@@ -70,7 +70,7 @@ def test_cifar10_resnet18_runs_end_to_end_on_mock_data(tmp_path):
   with tfds.testing.mock_data(num_examples=40):
     state = train.train_and_evaluate(config, workdir, devices=jax.devices()[:1])
   assert int(state.step) == 4 and state.batch_stats is not None
-  scalars, _ = writers.read_events(workdir)
+  scalars, _ = run_metrics.read_events(workdir)
   assert sorted(scalars['train_loss']) == [2, 4]
   assert 0 <= scalars['eval_accuracy'][4] <= 1
   correct = scalars['eval_accuracy'][4] * 40

@@ -15,9 +15,12 @@ from PIL import Image
 
 from scripts import processes
 from trainer import train
+from trainer.data import convert
 from trainer.data import damaged
 from trainer.data import file_check
 from trainer.data import folder as folder_lib
+from trainer.data import pipeline
+from trainer.data import stream
 from trainer.errors import UserError
 
 
@@ -220,9 +223,6 @@ def _trainer(workdir, root, *args):
 def _expected_position(root, workdir, relative, start, batch_size, seed=0):
   """The first stream position from `start` on that holds the file `relative` of the folder
   as the run reads it (its recorded list of files left out): the global stream's order."""
-  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
-  del tfds  # (TensorFlow is imported with it, once, for the stream's op.)
-  from trainer.data import stream  # pylint: disable=import-outside-toplevel
   with open(os.path.join(workdir, damaged.RECORD_FILE), encoding='utf-8') as f:
     folder_lib.adopt(root, json.load(f)['folders'][root])
   try:
@@ -298,7 +298,6 @@ def body_damaged_folder(tmp_path_factory):
 
 
 def _first_failure(config) -> str:
-  from trainer.data import pipeline  # pylint: disable=import-outside-toplevel
   data = pipeline.open_train_data(config)
   with pytest.raises(UserError) as error:
     batches = data.batches()  # A split held in memory is loaded here.
@@ -337,7 +336,6 @@ def test_a_record_that_does_not_decode_is_named(config, body_damaged_folder, tmp
                                                 file_format, named):
   """The folder converted (its files' bytes as they are): read by index from ArrayRecord
   files, or in sequence from TFRecord files (named by TFDS's record id)."""
-  from trainer.data import convert  # pylint: disable=import-outside-toplevel
   root, _ = body_damaged_folder
   out = str(tmp_path / file_format)
   convert.convert_folder(root, out, file_format)
@@ -348,7 +346,6 @@ def test_a_record_that_does_not_decode_is_named(config, body_damaged_folder, tmp
 
 
 def test_an_evaluation_file_that_does_not_decode_is_named(config, body_damaged_folder):
-  from trainer.data import pipeline  # pylint: disable=import-outside-toplevel
   root, _ = body_damaged_folder
   config.update(dataset=f'folder:{root}', eval_split='val', eval_batch_size=2)
   evaluation = pipeline.eval_data(config, None)

@@ -10,6 +10,7 @@ import pathlib
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -17,6 +18,7 @@ import tensorflow_datasets as tfds
 from PIL import Image
 
 from scripts import processes
+from scripts import run_metrics
 from tests import helpers
 from trainer import checkpoint
 from trainer import parallel
@@ -382,8 +384,7 @@ def test_an_image_folder_trains_and_its_converted_records_give_the_same_stream(
                 checkpoint_every_steps=6, model='mlp')
   state = train.train_and_evaluate(config, str(tmp_path / 'run'))
   assert int(state.step) == 6
-  from trainer import writers  # pylint: disable=import-outside-toplevel
-  scalars, _ = writers.read_events(str(tmp_path / 'run'))
+  scalars, _ = run_metrics.read_events(str(tmp_path / 'run'))
   assert 0 <= scalars['eval_accuracy'][6] <= 1
   out = str(tmp_path / 'records')
   convert.convert_folder(root, out)
@@ -464,7 +465,6 @@ def test_trainer_main_trains_on_an_array_record_dataset(config, tmp_path):
   assert run.returncode == 0, run.stderr[-3000:]
   assert 'training data read by index from ArrayRecord files' in run.stderr
   config.update(**steps)
-  import jax  # pylint: disable=import-outside-toplevel
   in_memory = train.train_and_evaluate(config, str(tmp_path / 'memory'),
                                        devices=jax.devices()[:2])
   saved = checkpoint.read_state(workdir, 8)

@@ -15,10 +15,9 @@ import tensorflow_datasets as tfds
 
 import trainer
 from scripts import processes
+from scripts import run_metrics
 from trainer import checkpoint
 from trainer import train
-from trainer import writers
-from trainer.data import pipeline
 from trainer.data import specs
 from trainer.errors import UserError
 
@@ -81,7 +80,7 @@ def test_a_run_resolves_each_of_its_datasets_once(config, tmp_path, monkeypatch)
   workdir = str(tmp_path / 'run')
   train.train_and_evaluate(config, workdir, devices=jax.devices()[:1])
   assert sorted(derived) == sorted(['digits', other])
-  scalars, _ = writers.read_events(workdir)
+  scalars, _ = run_metrics.read_events(workdir)
   assert {'eval_accuracy', 'eval_train_5_accuracy'} <= set(scalars)
   assert [tag for tag in scalars if tag.endswith('_more_npz_test_accuracy')]
   _, meta = checkpoint.read_meta(workdir)
@@ -147,7 +146,7 @@ def test_an_unlisted_dataset_trains_evaluates_and_loads(config, tmp_path, name):
   workdir = str(tmp_path / 'run')
   with tfds.testing.mock_data(num_examples=24):
     train.train_and_evaluate(config, workdir, devices=jax.devices()[:2])
-  scalars, _ = writers.read_events(workdir)
+  scalars, _ = run_metrics.read_events(workdir)
   assert 0 <= scalars['eval_accuracy'][6] <= 1 and np.isfinite(scalars['eval_loss'][6])
   _, meta = checkpoint.read_meta(workdir)
   assert meta.dataset['num_classes'] == UNLISTED[name]['num_classes']
@@ -258,7 +257,7 @@ def test_a_users_own_builder_prepares_offline_and_trains_by_index(tmp_path):
   assert "eval_split='test': dataset 'my_shapes' has no test split; evaluating its " \
          'validation split' in result.stderr
   assert glob.glob(str(data_dir / 'my_shapes' / '1.0.0' / '*.array_record*'))
-  scalars, _ = writers.read_events(str(workdir))
+  scalars, _ = run_metrics.read_events(str(workdir))
   assert scalars['eval_accuracy'][40] > 0.6  # Three kinds: chance is 1/3.
   _, meta = checkpoint.read_meta(str(workdir))
   assert (meta.dataset['image_key'], meta.dataset['label_key']) == ('picture', 'kind')

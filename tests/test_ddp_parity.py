@@ -9,10 +9,10 @@ import jax
 import numpy as np
 import pytest
 
-from baselines.torch_ddp import launch
 from baselines.torch_ddp import step as ddp_step
 from baselines.torch_ddp import train as ddp_train
 from scripts import processes
+from scripts import run_metrics
 from trainer import train
 from trainer import writers
 
@@ -64,7 +64,7 @@ def test_first_20_losses_agree(tmp_path, config, request, model, jax_devices, dd
     ddp_train.train(config, ddp_dir, parity=True)
   else:
     ddp_run = subprocess.run(
-        launch.command(ddp_ranks, ddp_dir, [
+        processes.ddp_command(ddp_ranks, ddp_dir, [
             '--config=configs/default.py', '--parity',
             f'--config.tfds_data_dir={config.tfds_data_dir}',
             *(f'--config.{k}={v}' for k, v in overrides.items())]),
@@ -80,7 +80,7 @@ def test_first_20_losses_agree(tmp_path, config, request, model, jax_devices, dd
   # (the layers outside them), as the JAX side gathers them block by block.
   assert settings['fsdp_units'] == (3 if config.state_sharding == 'fsdp' else 0)
 
-  scalars, _ = writers.read_events(jax_dir)
+  scalars, _ = run_metrics.read_events(jax_dir)
   jax_losses = [scalars['train_loss'][step] for step in range(1, 21)]
   records = [r for r in writers.read_jsonl(os.path.join(ddp_dir, writers.JSONL_NAME))
              if 'train_loss' in r]

@@ -10,10 +10,10 @@ import time
 import pytest
 import torch
 
-from baselines.torch_ddp import launch
 from baselines.torch_ddp import models as torch_models
 from baselines.torch_ddp import train as ddp_train
 from scripts import processes
+from scripts import run_metrics
 from tests import helpers
 from trainer import writers
 from trainer.errors import UserError
@@ -22,7 +22,7 @@ STEPS = 200
 
 
 def _command(workdir, tfds_data_dir):
-  return launch.command(2, workdir, threads=1, args=[
+  return processes.ddp_command(2, workdir, threads=1, args=[
       '--config=configs/default.py', f'--config.num_train_steps={STEPS}',
       '--config.log_every_steps=10', '--config.eval_every_steps=100',
       '--config.checkpoint_every_steps=100', f'--config.tfds_data_dir={tfds_data_dir}'])
@@ -79,14 +79,14 @@ def test_sigterm_stops_with_a_checkpoint_and_resume_is_exact(reference, tmp_path
                        values['momentum_buffer'])
   # No gaps or duplicates in metrics.jsonl; the evaluations agree.
   assert _train_steps(workdir) == _train_steps(reference) == list(range(10, STEPS + 1, 10))
-  scalars, _ = writers.read_events(workdir)
-  reference_scalars, _ = writers.read_events(reference)
+  scalars, _ = run_metrics.read_events(workdir)
+  reference_scalars, _ = run_metrics.read_events(reference)
   assert scalars['eval_accuracy'] == reference_scalars['eval_accuracy']
 
 
 @pytest.mark.slow
 def test_tags_evaluation_and_memory(reference, config):
-  scalars, plugins = writers.read_events(reference)
+  scalars, plugins = run_metrics.read_events(reference)
   assert 'hparams' in plugins
   for tag in ('train_loss', 'train_accuracy', 'train_grad_norm', 'train_param_norm',
               'learning_rate', 'examples_per_sec_per_device'):
@@ -146,7 +146,7 @@ def test_a_sharded_model_trains_in_bfloat16_and_resumes_exactly(
   residual block one, then the root) in bfloat16 on 2 ranks: 12 steps in one go, and the same
   run resumed from its step-6 checkpoint, end on the same weights."""
   def run(workdir, steps):
-    command = launch.command(2, str(workdir), threads=1, args=[
+    command = processes.ddp_command(2, str(workdir), threads=1, args=[
         '--config=configs/default.py', '--parity', *model_flags,
         '--config.dropout_rate=0', '--config.dtype=bfloat16', '--config.step_backend=shard_map',
         f'--config.state_sharding={sharding}',

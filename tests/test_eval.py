@@ -1,5 +1,7 @@
 """Evaluation covers every example exactly once, whatever the device count."""
 
+import hashlib
+
 import jax
 import numpy as np
 import optax
@@ -8,12 +10,15 @@ import tensorflow_datasets as tfds
 
 import models
 from tests import helpers
-from trainer.data import pipeline
-from trainer.data import sources
+from trainer import checkpoint
+from trainer import metrics
 from trainer import parallel
 from trainer import state as state_lib
 from trainer import step as step_lib
 from trainer import train
+from trainer import writers
+from trainer.data import pipeline
+from trainer.data import sources
 
 EVAL_BATCH = 48  # 360 test examples = 7.5 batches: the last batch is padded.
 
@@ -69,7 +74,6 @@ def test_eval_batches_cover_split_once_per_process_set(config, process_count):
 
 
 def test_top5_accuracy_counts_real_examples_and_is_1_below_5_classes():
-  from trainer import metrics  # pylint: disable=import-outside-toplevel
   logits = np.random.RandomState(0).randn(12, 10).astype(np.float32)
   labels = np.arange(12, dtype=np.int32) % 10
   mask = (np.arange(12) < 9).astype(np.float32)  # The last 3 rows are padding.
@@ -82,7 +86,6 @@ def test_top5_accuracy_counts_real_examples_and_is_1_below_5_classes():
 
 
 def _checksums(directory) -> dict[str, str]:
-  import hashlib  # pylint: disable=import-outside-toplevel
   return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
           for p in sorted(directory.rglob('*')) if p.is_file()}
 
@@ -114,7 +117,6 @@ def test_every_eval_split_is_exact(config, digits_state, num_devices):
 
 def test_eval_only_writes_the_scalars_at_the_checkpoint_and_changes_no_checkpoint(
     config, tmp_path):
-  from trainer import checkpoint, writers  # pylint: disable=import-outside-toplevel
   config.update(model='mlp', dropout_rate=0.0, num_train_steps=6, warmup_steps=1,
                 log_every_steps=3, eval_every_steps=6, checkpoint_every_steps=3)
   workdir = tmp_path / 'run'

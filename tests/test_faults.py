@@ -14,6 +14,7 @@ import jax
 import numpy as np
 import pytest
 
+from configs import default
 from scripts import processes
 from tests import helpers
 from trainer import checkpoint
@@ -45,7 +46,6 @@ def _run(command, **kwargs):
 def finished(tfds_data_dir, tmp_path_factory):
   """RUN trained to its end on DEVICES devices: the final state and the workdir (tests work
   on copies)."""
-  from configs import default  # pylint: disable=import-outside-toplevel
   config = default.get_config()
   config.update(tfds_data_dir=tfds_data_dir, **RUN)
   workdir = str(tmp_path_factory.mktemp('finished'))

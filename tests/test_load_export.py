@@ -12,13 +12,15 @@ import ml_collections
 import numpy as np
 import pytest
 import torch
+from safetensors import torch as safetensors_torch
 
 import trainer
 from baselines.torch_ddp import models as torch_models
+from configs import default
 from scripts import export
 from scripts import processes
+from scripts import run_metrics
 from trainer import train
-from trainer import writers
 from trainer.errors import UserError
 
 STEPS = 40
@@ -27,7 +29,6 @@ STEPS = 40
 @pytest.fixture(scope='module')
 def run(tfds_data_dir, tmp_path_factory):
   """A short digits run of resnet_tiny (BatchNorm) with an EMA of its params: its workdir."""
-  from configs import default  # pylint: disable=import-outside-toplevel
   config = default.get_config()
   config.update(tfds_data_dir=tfds_data_dir, model='resnet_tiny', dropout_rate=0.0,
                 num_train_steps=STEPS, warmup_steps=5, eval_every_steps=STEPS,
@@ -43,7 +44,7 @@ def test_loaded_model_predicts_the_runs_eval_accuracy(run):
   images, labels = trained.read_split()
   assert images.dtype == np.uint8 and images.shape == (360, 8, 8, 1)
   accuracy = float(np.mean(trained.predict(images) == labels))
-  scalars, _ = writers.read_events(run)
+  scalars, _ = run_metrics.read_events(run)
   assert accuracy == pytest.approx(scalars['eval_accuracy'][STEPS], abs=1e-6)
   assert accuracy > 0.15  # It trained (the EMA lags the params): a tenth is chance.
   # Greyscale images without their channel axis are taken too; a wrong size is refused.
@@ -66,7 +67,6 @@ def test_exported_state_dict_gives_the_same_logits_in_torch(run, tmp_path, file_
   assert re.search(r'input: float32 NCHW \(N, 1, 8, 8\)', done.stdout), done.stdout
   model = torch_models.get('resnet_tiny', input_shape=(8, 8, 1), num_classes=10)
   if file_format == 'safetensors':
-    from safetensors import torch as safetensors_torch  # pylint: disable=import-outside-toplevel
     state = safetensors_torch.load_file(out)
   else:
     state = torch.load(out)

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from scripts import processes
+from scripts import run_metrics
 from tests import helpers
 from trainer import checkpoint
 from trainer import train
-from trainer import writers
 
 # A learning rate that keeps float32 rounding from being amplified between topologies.
 RUN = ['--config=configs/default.py', '--config.num_train_steps=40', '--config.warmup_steps=5',
@@ -57,8 +57,8 @@ def test_the_local_launcher_trains_as_one_process_of_four(config, tmp_path, tfds
 
   assert helpers.relative_difference(checkpoint.read_state(multi, 40)['params'],
                                      state.params) < 1e-4
-  multi_scalars, _ = writers.read_events(multi)
-  single_scalars, _ = writers.read_events(single)
+  multi_scalars, _ = run_metrics.read_events(multi)
+  single_scalars, _ = run_metrics.read_events(single)
   for tag in ('eval_accuracy', 'eval_loss', 'train_loss'):
     assert sorted(multi_scalars[tag]) == sorted(single_scalars[tag])
     np.testing.assert_allclose([multi_scalars[tag][s] for s in sorted(multi_scalars[tag])],

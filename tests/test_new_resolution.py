@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import tensorflow_datasets as tfds
 import torch
 
 from baselines.torch_ddp import models as torch_models
@@ -17,9 +18,11 @@ from configs import default
 from models import torch_weights
 from models import vit
 from scripts import processes
+from scripts import run_metrics
 from trainer import checkpoint
-from trainer import state as state_lib
-from trainer import writers
+from trainer.data import pipeline
+from trainer.data import specs
+from trainer.errors import UserError
 
 
 @pytest.mark.parametrize('side,new_side', [(14, 24), (24, 14), (4, 6), (7, 4)])
@@ -47,7 +50,7 @@ def test_a_torchvision_state_dict_of_another_size_is_resampled():
   config = default.get_config()
   config.model = 'vit_test'
   small = torch_models.get('vit_test', input_shape=(16, 16, 3), num_classes=10)
-  module, variables = state_lib.initial_variables(config, 10, (1, 24, 24, 3))
+  module, variables = torch_models.initial_variables(config, 10, (1, 24, 24, 3))
   state = {k: v.detach().numpy() for k, v in small.state_dict().items()}
   loaded = torch_weights.from_state_dict(module, variables, state, 'bilinear')
   assert loaded.resampled == (17, 37)
@@ -92,13 +95,13 @@ def test_fine_tuning_and_evaluating_at_a_larger_image_size(tmp_path, tfds_data_d
           f"to the model's {new_grid}x{new_grid} grid (bicubic; --config.pos_embedding_resize), "
           'the class token kept')
   assert line in run.stderr
-  scalars, _ = writers.read_events(str(second))
+  scalars, _ = run_metrics.read_events(str(second))
   assert 0 <= scalars['eval_accuracy'][4] <= 1
   evaluated = _main(tmp_path / f'eval{large}', tfds_data_dir, f'--config.image_size={large}',
                     '--eval_only', f'--config.init_from={first}', *extra, model=model)
   assert evaluated.returncode == 0, evaluated.stderr[-3000:]
   assert line in evaluated.stderr
-  assert 'eval_accuracy' in writers.read_events(str(tmp_path / f'eval{large}'))[0]
+  assert 'eval_accuracy' in run_metrics.read_events(str(tmp_path / f'eval{large}'))[0]
   # What the fine-tuning started from: the first run's params, the embedding resampled.
   saved = checkpoint.read_state(str(first))['params']
   wanted = jax.tree.map(np.zeros_like, saved)
@@ -115,10 +118,6 @@ def test_fine_tuning_and_evaluating_at_a_larger_image_size(tmp_path, tfds_data_d
 def test_fixed_size_images_resized_to_image_size(config):
   """resize_images: CIFAR's 32x32 images at 24x24 for training (then its crop and flip) and
   evaluation; refused where it cannot apply."""
-  from trainer.data import pipeline  # pylint: disable=import-outside-toplevel
-  from trainer.data import specs  # pylint: disable=import-outside-toplevel
-  from trainer.errors import UserError  # pylint: disable=import-outside-toplevel
-  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
   config.update(dataset='cifar10', resize_images=True, image_size=24, batch_size=8,
                 eval_batch_size=8)
   spec = specs.resolve(config).train

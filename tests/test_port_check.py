@@ -12,13 +12,12 @@ import pytest
 import torch
 
 from baselines.torch_ddp import models as torch_models
+from baselines.torch_ddp import porting
 from configs import default
-from models import porting
 from models import torch_weights
 from scripts import port_check
 from scripts import processes
 from tests import port_pairs
-from trainer import state as state_lib
 
 SLOW = pytest.mark.slow
 # vit_g14 (1.0B parameters) is vit_b16's code at another size: left out for its memory.
@@ -33,7 +32,7 @@ def test_call_order_matching_gives_the_shipped_converters_arrays(name):
   shape = (8, 8, 1) if name in ('mlp', 'cnn') else (32, 32, 3)
   config = default.get_config()
   config.model = name
-  module, variables = state_lib.initial_variables(config, 10, (1,) + shape)
+  module, variables = torch_models.initial_variables(config, 10, (1,) + shape)
   torch.manual_seed(0)
   original = torch_models.get(name, input_shape=shape, num_classes=10, dropout_rate=0.0)
   state = {k: v.detach().numpy() for k, v in original.state_dict().items()}

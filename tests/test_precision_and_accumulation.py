@@ -7,8 +7,8 @@ import optax
 import pytest
 
 import models
+from scripts import run_metrics
 from tests import helpers
-from trainer import writers
 from trainer import parallel
 from trainer import state as state_lib
 from trainer import step as step_lib
@@ -149,7 +149,7 @@ def test_reduced_precision_runs_train_on_digits(config, tmp_path, dtype):
   # One device trains the same global batches as eight (tests/test_topology.py), for less.
   state = train.train_and_evaluate(config, workdir, devices=jax.devices()[:1])
   assert all(leaf.dtype == np.float32 for leaf in jax.tree.leaves(state.params))
-  scalars, _ = writers.read_events(workdir)
+  scalars, _ = run_metrics.read_events(workdir)
   assert scalars['eval_accuracy'][150] > 0.85
   if dtype == 'float16':
     assert scalars['train_loss_scale'][150] > 0

@@ -63,7 +63,7 @@ def test_show_config_prints_every_field_value_and_comment(no_tensorflow):
   batch = next(line for line in lines if line.startswith('batch_size ='))
   assert '# [command line] Global training batch in examples' in batch
   accumulation = next(line for line in lines if line.startswith('grad_accum_steps ='))
-  assert accumulation.endswith('[imagenet_vit_g14_sharded.py: 4096 / 8 devices / 512 = 1 row '
+  assert accumulation.endswith('[imagenet_vit_g14_sharded.py: 4096 / 8 devices / 8 = 64 rows '
                                'per micro-batch.]')
 
 

@@ -8,6 +8,7 @@ import pytest
 import models
 from models import layers
 from tests import helpers
+from trainer import checks
 from trainer.errors import UserError
 
 
@@ -60,7 +61,6 @@ def test_rate_0_is_todays_model_and_a_rate_changes_training_only(name, shape):
 
 
 def test_bad_rates_and_models_without_blocks_are_refused(config):
-  from trainer import checks  # pylint: disable=import-outside-toplevel
   config.update(model='resnet_tiny', stochastic_depth_rate=1.0)
   with pytest.raises(UserError, match=r'stochastic_depth_rate=1\.0 must be in \[0, 1\); 0 '
                                       'turns stochastic depth off'):

@@ -11,10 +11,10 @@ import jax
 import pytest
 
 from scripts import processes
+from scripts import run_metrics
 from tests import helpers
 from trainer import checkpoint
 from trainer import train
-from trainer import writers
 
 # Minutes of training runs: the fast tier's checks of the same are in tests/test_step.py.
 pytestmark = pytest.mark.slow
@@ -73,7 +73,7 @@ def trained(tfds_data_dir, tmp_path_factory):
 
 
 def _last_eval(workdir):
-  scalars, _ = writers.read_events(workdir)
+  scalars, _ = run_metrics.read_events(workdir)
   last = helpers.TOPOLOGY_RUN['num_train_steps']
   return {tag: scalars[tag][last]
           for tag in ('eval_loss', 'eval_accuracy', 'eval_top5_accuracy')}

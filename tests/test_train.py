@@ -13,8 +13,11 @@ import tensorflow_datasets as tfds
 
 from configs import default
 from scripts import processes
+from scripts import run_metrics
 from tests import helpers
 from trainer import optim
+from trainer import parallel
+from trainer import step as step_lib
 from trainer import train
 from trainer import writers
 
@@ -34,7 +37,7 @@ def _short(config, steps=60):
 def test_digits_end_to_end(config, tmp_path):
   workdir = str(tmp_path / 'run')
   state = train.train_and_evaluate(_short(config), workdir)
-  scalars, plugins = writers.read_events(workdir)
+  scalars, plugins = run_metrics.read_events(workdir)
   assert 'hparams' in plugins
   assert TRAIN_TAGS | {'eval_loss', 'eval_accuracy'} <= set(scalars)
   for tag in TRAIN_TAGS:
@@ -83,7 +86,6 @@ def test_digits_end_to_end(config, tmp_path):
 
 def _compiled_step_flops(config, state) -> float:
   """One device's FLOPs of the real train step on 8 devices, compiled."""
-  from trainer import parallel, step as step_lib  # pylint: disable=import-outside-toplevel
   layout = parallel.data_parallel(config.step_backend, jax.devices())
   p_train_step = step_lib.make_train_step(
       layout, learning_rate_fn=optim.learning_rate_schedule(config),
@@ -112,7 +114,7 @@ def test_a_finished_run_extended_trains_on_as_if_never_stopped(config, tmp_path)
     for a, b in zip(jax.tree.leaves(getattr(state, name)),
                     jax.tree.leaves(getattr(straight, name))):
       np.testing.assert_array_equal(a, b)
-  scalars, _ = writers.read_events(workdir)
+  scalars, _ = run_metrics.read_events(workdir)
   assert sorted(scalars['train_loss']) == [20, 40, 60, 80, 90]
   assert sorted(scalars['eval_accuracy']) == [30, 60, 90]
   records = writers.read_jsonl(os.path.join(workdir, writers.JSONL_NAME))
@@ -127,7 +129,7 @@ def test_mnist_end_to_end_under_mock_data(config, tmp_path):
   workdir = str(tmp_path / 'mnist')
   with tfds.testing.mock_data(num_examples=40):
     train.train_and_evaluate(_short(config, steps=30), workdir, devices=jax.devices()[:1])
-  scalars, _ = writers.read_events(workdir)
+  scalars, _ = run_metrics.read_events(workdir)
   assert sorted(scalars['train_loss']) == [20, 30]
   assert sorted(scalars['eval_accuracy']) == [30]
   # 40 examples: the accuracy is a whole number of fortieths.
@@ -153,7 +155,7 @@ def test_the_quick_start_reaches_95_percent_with_a_clean_log(tmp_path):
   assert 'Generating dataset digits' in text  # Prepared in this run.
   assert not re.search(r'[\r\x1b]', text), repr(text[:2000])
   assert "Unable to initialize backend 'tpu'" not in text
-  scalars, _ = writers.read_events(str(workdir))
+  scalars, _ = run_metrics.read_events(str(workdir))
   final = scalars['eval_accuracy'][default.get_config().num_train_steps]
   print(f'default config: eval_accuracy={final:.4f}')
   assert final >= 0.95
@@ -170,7 +172,7 @@ def test_digits_with_every_augmentation_still_trains(tfds_data_dir, tmp_path):
   workdir = str(tmp_path / 'augmented')
   # One device trains the same global batches as eight (tests/test_topology.py), for less.
   train.train_and_evaluate(config, workdir, devices=jax.devices()[:1])
-  scalars, _ = writers.read_events(workdir)
+  scalars, _ = run_metrics.read_events(workdir)
   final = scalars['eval_accuracy'][200]
   print(f'every augmentation: eval_accuracy={final:.4f}')
   assert final >= 0.85

@@ -14,14 +14,15 @@ import optax
 import pytest
 
 import trainer
+from configs import default
 from scripts import processes
+from scripts import run_metrics
 from tests import helpers
 from tests import user_models
 from trainer import checkpoint
 from trainer import losses
 from trainer import modeling
 from trainer import train
-from trainer import writers
 from trainer.errors import UserError
 
 # A newcomer's file, outside the repository and off the path: a CNN ported from PyTorch with
@@ -95,7 +96,7 @@ def _user_config(user_dir, tfds_data_dir, monkeypatch):
   user's folder on the path, as the working directory is for `python -m`)."""
   monkeypatch.syspath_prepend(str(user_dir))
   sys.modules.pop('my_config', None)
-  import my_config  # pylint: disable=import-outside-toplevel,import-error
+  import my_config  # pylint: disable=import-outside-toplevel,import-error  # (the user's file)
   config = my_config.get_config()
   config.tfds_data_dir = tfds_data_dir
   config.model_kwargs.width = 12
@@ -139,10 +140,10 @@ def test_a_users_module_trains_resumes_evaluates_and_loads_like_a_shipped_one(
     np.testing.assert_array_equal(a, b)
 
   # --eval_only evaluates the checkpoint as the run did; trainer.load predicts as it did.
-  scalars, _ = writers.read_events(str(eight))
+  scalars, _ = run_metrics.read_events(str(eight))
   accuracy = scalars['eval_accuracy'][STEPS]
   _cli(user_dir, tfds_data_dir, eight, '--eval_only')
-  again, _ = writers.read_events(str(eight))
+  again, _ = run_metrics.read_events(str(eight))
   assert again['eval_accuracy'][STEPS] == pytest.approx(accuracy, abs=1e-9)
   trained = trainer.load(str(eight))
   images, labels = trained.read_split(limit=None)
@@ -154,7 +155,6 @@ def test_a_users_module_trains_resumes_evaluates_and_loads_like_a_shipped_one(
 def nnx_run(tfds_data_dir, tmp_path_factory):
   """An NNX module trained from Python (`trainer.fit`) on 2 devices with the sigmoid loss,
   checkpointed at steps 10 and 20: (config, workdir, final state)."""
-  from configs import default  # pylint: disable=import-outside-toplevel
   config = default.get_config()
   config.update(tfds_data_dir=tfds_data_dir, num_train_steps=20, warmup_steps=5,
                 learning_rate=0.02, log_every_steps=10, eval_every_steps=20,
@@ -184,7 +184,7 @@ def test_an_nnx_module_trains_resumes_and_evaluates_in_eval_mode(nnx_run, tmp_pa
   whole = trained.logits(images)
   np.testing.assert_allclose(trained.logits(images[:1]), whole[:1], rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(trained.logits(images), whole, rtol=0, atol=0)
-  scalars, _ = writers.read_events(workdir)
+  scalars, _ = run_metrics.read_events(workdir)
   evaluated = trainer.evaluate(config, workdir, model=user_models.NnxNet,
                                devices=jax.devices()[:1])
   assert evaluated['eval_accuracy'] == pytest.approx(scalars['eval_accuracy'][20], abs=1e-6)
@@ -242,7 +242,6 @@ def test_nnx_modules_that_take_train_or_no_rngs(model):
 
 
 def _config(model, **overrides):
-  from configs import default  # pylint: disable=import-outside-toplevel
   config = default.get_config()
   config.model = model
   config.update(overrides)
@@ -330,7 +329,6 @@ def test_a_model_object_without_an_import_path_loads_when_given(config, tmp_path
 
 
 def test_the_default_config_declares_model_and_model_kwargs():
-  from configs import default  # pylint: disable=import-outside-toplevel
   config = default.get_config()
   assert config.model == 'cnn' and config.model_kwargs.to_dict() == {}
   assert config.loss == 'softmax_xent'

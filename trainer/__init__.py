@@ -15,6 +15,10 @@ metrics and errors:
 `loss` (optional) a function `loss(logits, targets) -> per-example loss` in place of
 `config.loss` (`trainer/losses.py`); `trainer/modeling.py` says what a model must be.
 (`fit`, not `train`: `trainer.train` is the module of the loop.)
+
+Every `import trainer.X` runs this file first, so it imports nothing at its top: the modules
+these functions need are imported when they are called (start-up: `trainer.settings` answers
+without JAX, the bare step runs without TensorFlow).
 """
 
 
@@ -22,8 +26,9 @@ def _with_data(config, data):
   """`config` reading `data` ({split: (images, labels)} numpy arrays) where given."""
   if data is None:
     return config
-  from trainer.data import arrays  # pylint: disable=import-outside-toplevel  # (numpy)
-  import ml_collections  # pylint: disable=import-outside-toplevel
+  # pylint: disable=import-outside-toplevel  # (start-up: see the module docstring)
+  import ml_collections
+  from trainer.data import arrays
   config = ml_collections.ConfigDict(config.to_dict())
   config.dataset = arrays.give(data)
   return config
@@ -33,7 +38,7 @@ def fit(config, workdir: str, *, model=None, loss=None, data=None, devices=None)
   """Trains `config` in `workdir`, resuming from its newest checkpoint; returns the final
   state (`trainer.train.train_and_evaluate`). `data`: {split: (images, labels)} numpy arrays
   to train on in place of `config.dataset` (`trainer/data/arrays.py`)."""
-  from trainer import train as train_lib  # pylint: disable=import-outside-toplevel  # (TF)
+  from trainer import train as train_lib  # pylint: disable=import-outside-toplevel  # (start-up)
   return train_lib.train_and_evaluate(_with_data(config, data), workdir, devices=devices,
                                       model=model, loss=loss)
 
@@ -41,12 +46,12 @@ def fit(config, workdir: str, *, model=None, loss=None, data=None, devices=None)
 def evaluate(config, workdir: str, *, model=None, loss=None, data=None, devices=None) -> dict:
   """Evaluates the newest checkpoint of `workdir` on the config's evaluations, writes the
   scalars at its step and returns them (`trainer.train.evaluate_only`)."""
-  from trainer import train as train_lib  # pylint: disable=import-outside-toplevel  # (TF)
+  from trainer import train as train_lib  # pylint: disable=import-outside-toplevel  # (start-up)
   return train_lib.evaluate_only(_with_data(config, data), workdir, devices=devices,
                                  model=model, loss=loss)
 
 
 def load(workdir: str, step=None, *, model=None):
   """The model of a run's checkpoint, ready to predict (`trainer.inference.load`)."""
-  from trainer import inference  # pylint: disable=import-outside-toplevel  # (jax)
+  from trainer import inference  # pylint: disable=import-outside-toplevel  # (start-up)
   return inference.load(workdir, step, model=model)

@@ -9,6 +9,15 @@ A checkpoint at step N holds two items:
 A run resumes on any number of devices and processes that divides its batch, with the
 batches an uninterrupted run would have used. Orbax writes each checkpoint into a temporary
 directory and renames it when complete, so a save cut short leaves no step directory behind.
+
+The meta item's format (`META_FORMAT`, saved in it as 'format'):
+  * a field added by later work is optional: it has a default, and a checkpoint written
+    before it reads with that default (`RunMeta.window` and `dataset` are such fields);
+  * the format number changes only for an incompatible change (a field that changes meaning,
+    or one a resume cannot do without), never for an added optional field;
+  * a checkpoint of a format this version does not read is refused in one line naming its
+    format and the one this version reads (`UserError`). Only released formats are read:
+    format 2 is the first (format 1, without a 'format' field, was never released).
 """
 
 import dataclasses
@@ -23,7 +32,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
-from trainer.errors import SaveFailed, UserError
+from models import layers
+from models import vit
+from trainer.errors import SaveFailed, UserError, first_line
 
 CORRUPT_DIR = 'checkpoints.unreadable'  # Unreadable checkpoints are moved here, never deleted.
 
@@ -82,26 +93,25 @@ def _config_differences(saved: dict, current: dict) -> str:
   return ', '.join(changed)
 
 
-# The meta item's layout. 1 (no 'format' field): the input position was counted per device of
-# per-device data streams (`examples_per_device`), before the global stream existed.
-META_FORMAT = 2
+META_FORMAT = 2  # The meta item's format: see the module docstring.
 
 
 @dataclasses.dataclass(frozen=True)
 class RunMeta:
   """A checkpoint's `meta` item: what a resume needs besides the state, and what explains a
-  refusal. Saved as JSON (`to_json`); `from_json` reads every format this trainer wrote."""
+  refusal. Saved as JSON (`to_json`) and read back by `from_json`."""
   rng: Any  # The step RNG key (uint32 words).
   data_seed: int
   examples_seen: int  # The position in the global training stream.
-  devices: Optional[int]  # The topology that wrote it (None where not recorded).
-  processes: Optional[int]
+  devices: int  # The topology that wrote it.
+  processes: int
   config: dict  # The config that wrote it, to name what changed.
+  # Added after format 2 was first written: optional, None where a checkpoint lacks them.
   window: Optional[dict] = None  # The train metrics fetched since the last write
                                  # (`TrainMetricsBuffer.pending`), for the resumed run.
   dataset: Optional[dict] = None  # The dataset's spec as trained (`specs.DatasetSpec`
                                   # fields): what `trainer.load` rebuilds the model and its
-                                  # preprocessing from (None in older checkpoints).
+                                  # preprocessing from.
 
   def to_json(self) -> dict:
     return {'format': META_FORMAT, 'rng': np.asarray(self.rng).tolist(),
@@ -110,26 +120,17 @@ class RunMeta:
             'window': self.window, 'dataset': self.dataset}
 
   @classmethod
-  def from_json(cls, saved: dict, step: int, batch_size: int) -> 'RunMeta':
-    """The meta item of the checkpoint at `step`; a format-1 item (per-device streams) is
-    taken up at example step x batch of the global stream, which is said; a newer format is
-    refused."""
+  def from_json(cls, saved: dict, step: int) -> 'RunMeta':
+    """The meta item of the checkpoint at `step`; `UserError` where it is of a format this
+    version does not read (a checkpoint without a 'format' field is of format 1)."""
     version = saved.get('format', 1)
-    if version == META_FORMAT:
-      position = int(saved['examples_seen'])
-    elif version == 1:
-      position = step * batch_size
-      logging.warning('the checkpoint at step %d predates the global training stream (meta '
-                      'format 1): the batches from here on are those of the global stream at '
-                      'example %d, not those its per-device streams would have given', step,
-                      position)
-    else:
-      raise UserError(f'the checkpoint at step {step} was written in meta format {version}, '
-                      f'newer than this trainer reads ({META_FORMAT}); resume with the version '
-                      'that wrote it')
+    if version != META_FORMAT:
+      raise UserError(f'the checkpoint at step {step} was written in meta format {version}; '
+                      f'this trainer reads format {META_FORMAT} only: resume with the version '
+                      'that wrote it, or pass a new --workdir')
     return cls(rng=np.asarray(saved['rng'], np.uint32), data_seed=int(saved['data_seed']),
-               examples_seen=position, devices=saved.get('devices'),
-               processes=saved.get('processes'), config=saved.get('config', {}),
+               examples_seen=int(saved['examples_seen']), devices=saved['devices'],
+               processes=saved['processes'], config=saved['config'],
                window=saved.get('window'), dataset=saved.get('dataset'))
 
 
@@ -155,11 +156,6 @@ class Unreadable(NamedTuple):
   """A checkpoint that cannot be read, and why (the first line of the error)."""
   step: int
   reason: str
-
-
-def _first_line(error: BaseException) -> str:
-  text = str(error).strip().splitlines()
-  return f'{type(error).__name__}: {text[0][:300] if text else ""}'
 
 
 def _os_error(error: BaseException) -> str:
@@ -196,11 +192,10 @@ class Checkpointer:
       return  # A fresh run: the config check says it.
     try:
       saved = RunMeta.from_json(reader.restore(step, args=ocp.args.Composite(
-          meta=ocp.args.JsonRestore()))['meta'], step, batch_size)
+          meta=ocp.args.JsonRestore()))['meta'], step)
     except Exception:  # pylint: disable=broad-except
-      return  # Unreadable: set aside later; the config check says what is wrong.
-    wrote = (f'{saved.devices} devices ({saved.processes} process(es))'
-             if saved.devices is not None else 'another topology')
+      return  # Set aside (unreadable) or refused (its format) when it is restored.
+    wrote = f'{saved.devices} devices ({saved.processes} process(es))'
     divisors = [n for n in range(1, batch_size + 1) if batch_size % n == 0]
     nearest = min(divisors, key=lambda n: (abs(n - devices), -n))
     raise UserError(
@@ -230,7 +225,7 @@ class Checkpointer:
       except Exception as e:  # pylint: disable=broad-except
         error = e
       self._refuse_if_another_config(reader, step, target, config)
-      unreadable.append(Unreadable(step, _first_line(error)))
+      unreadable.append(Unreadable(step, first_line(error, limit=300)))
       logging.warning('the checkpoint at step %d in %s cannot be read (%s)', step,
                       self.directory, unreadable[-1].reason)
     if unreadable:
@@ -318,9 +313,9 @@ class Checkpointer:
       kept = sorted(ocp.path.step.checkpoint_steps(self.directory))
       raise SaveFailed(
           f'the checkpoint at step {self._pending} could not be written in {self.directory} '
-          f'({_os_error(e)}{_first_line(e)}); the checkpoints written before it are kept '
-          f'({", ".join(map(str, kept)) or "none yet"}): make room or fix the path, then run '
-          'the same command again to resume') from None
+          f'({_os_error(e)}{first_line(e, limit=300)}); the checkpoints written before it are '
+          f'kept ({", ".join(map(str, kept)) or "none yet"}): make room or fix the path, then '
+          'run the same command again to resume') from None
 
   def wait(self) -> None:
     """Blocks until saves in flight are on disk; `SaveFailed` where one failed."""
@@ -351,7 +346,7 @@ def read_meta(workdir: str, step: Optional[int] = None) -> tuple[int, RunMeta]:
     raise UserError(f'{directory(workdir)} has no checkpoint at step {step}; it has steps '
                     f'{", ".join(map(str, sorted(steps)))}')
   saved = reader.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
-  return step, RunMeta.from_json(saved, step, saved.get('config', {}).get('batch_size', 0))
+  return step, RunMeta.from_json(saved, step)
 
 
 def read_state(workdir: str, step: Optional[int] = None) -> dict:
@@ -406,7 +401,6 @@ def load_params(path: str, wanted_params: Any, pos_embedding_resize: str = 'bicu
              jax.tree_util.tree_flatten_with_path(restored['state']['params'])[0]}
   tokens = None
   if resampled is not None:
-    from models import vit  # pylint: disable=import-outside-toplevel
     tokens = (saved[resampled][0][1], wanted[resampled][0][1])
     by_name[resampled] = vit.resample_pos_embedding(by_name[resampled], tokens[1],
                                                     pos_embedding_resize)
@@ -417,7 +411,6 @@ def load_params(path: str, wanted_params: Any, pos_embedding_resize: str = 'bicu
 
 def _to_form(tree: Any, form: str) -> Any:
   """`tree` with its encoder blocks in `form` ('scanned' or 'unscanned')."""
-  from models import layers  # pylint: disable=import-outside-toplevel
   return layers.stack_layers(tree) if form == 'scanned' else layers.unstack_layers(tree)
 
 
@@ -425,7 +418,6 @@ def _layer_conversion(saved: dict, target: Any) -> Optional[tuple[str, str]]:
   """(the saved form, the target's) where a checkpoint holding arrays named `saved` has its
   encoder blocks scanned and `target` unscanned or the reverse (`models.layers.
   stack_layers`); else None."""
-  from models import layers  # pylint: disable=import-outside-toplevel
   have = layers.layer_form(saved)
   want = layers.layer_form(array_specs(jax.eval_shape(lambda tree: tree, target)))
   if have is None or want is None or have == want:
@@ -436,7 +428,6 @@ def _layer_conversion(saved: dict, target: Any) -> Optional[tuple[str, str]]:
 def _resampled_embedding(saved: dict, wanted: dict) -> Optional[str]:
   """The name of a ViT position embedding saved for another number of tokens (the same
   width), where both are a class token and a square grid; else None."""
-  from models import vit  # pylint: disable=import-outside-toplevel
   return next((name for name, (shape, _) in saved.items()
                if name.split('/')[-1] == 'pos_embedding' and name in wanted and
                vit.can_resample(shape, wanted[name][0])), None)

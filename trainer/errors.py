@@ -10,10 +10,11 @@ _STORAGE_TEXTS = ('No space left on device', 'File too large', 'Disk quota excee
                   'Read-only file system')
 
 
-def first_line(error: BaseException) -> str:
-  """'Type: the first line of its message', for a line that names what went wrong."""
+def first_line(error: BaseException, limit: Optional[int] = None) -> str:
+  """'Type: the first line of its message' (at most `limit` characters of it), for a line
+  that names what went wrong."""
   lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-  return f'{type(error).__name__}: {lines[0]}' if lines else type(error).__name__
+  return f'{type(error).__name__}: {lines[0][:limit]}' if lines else type(error).__name__
 
 
 class UserError(ValueError):

@@ -69,7 +69,8 @@ class Trained:
                       f'{getattr(images, "dtype", type(images[0]).__name__)}): this model '
                       f'takes {self.spec.dtype} images of {self.input_shape}, as dataset '
                       f'{self.spec.name!r} stores them')
-    from trainer.data import pipeline  # pylint: disable=import-outside-toplevel  # (TF)
+    # pylint: disable-next=import-outside-toplevel
+    from trainer.data import pipeline  # (TensorFlow: only reading and decoding need it)
     return pipeline.eval_preprocessed(self.config, self.spec, images, encoded)
 
   @functools.cached_property
@@ -95,7 +96,8 @@ class Trained:
     """(images, labels) of a split of the run's dataset (default: its eval split), the
     images as the dataset stores them (a uint8 array where they share one size, else a
     list), at most `limit` of them; read through TFDS from the config's data dir."""
-    from trainer.data import pipeline  # pylint: disable=import-outside-toplevel  # (TF)
+    # pylint: disable-next=import-outside-toplevel
+    from trainer.data import pipeline  # (TensorFlow: only reading and decoding need it)
     return pipeline.read_examples(self.config, split or self.config.eval_split, limit)
 
 

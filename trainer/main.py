@@ -19,7 +19,10 @@ from absl import flags  # pylint: disable=wrong-import-position
 from absl import logging  # pylint: disable=wrong-import-position
 from ml_collections import config_flags  # pylint: disable=wrong-import-position
 
-from trainer.errors import Diverged, Preempted, SaveFailed, UserError, storage_failure  # pylint: disable=wrong-import-position
+from trainer import multihost  # pylint: disable=wrong-import-position
+from trainer import user_imports  # pylint: disable=wrong-import-position
+from trainer.errors import (  # pylint: disable=wrong-import-position
+    Diverged, Preempted, SaveFailed, UserError, storage_failure)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('workdir', None, 'Directory for metrics, checkpoints and the config.')
@@ -67,7 +70,6 @@ def _several_processes() -> bool:
 
 def _import_error(config):
   """The `UserError` of a module of `config.imports` that does not import, else None."""
-  from trainer import user_imports  # pylint: disable=import-outside-toplevel  # (no TF)
   try:
     user_imports.import_modules(config)
   except UserError as e:
@@ -107,7 +109,8 @@ def _set_up_devices() -> None:
     # Must happen before anything asks JAX for its devices.
     jax.config.update('jax_num_cpu_devices', FLAGS.cpu_devices)
   _start_distributed()
-  from trainer.data import pipeline  # pylint: disable=import-outside-toplevel
+  # pylint: disable-next=import-outside-toplevel
+  from trainer.data import pipeline  # (TensorFlow: --list and --show_config answer without it)
   pipeline.keep_off_accelerators()
 
 
@@ -176,7 +179,8 @@ def main(argv):
   logging.get_absl_handler().addFilter(_quiet_libraries)
   # A damaged checkpoint is set aside and the run goes on: its abandoned reads say nothing.
   sys.unraisablehook = _quiet_abandoned_reads
-  from trainer import checks  # pylint: disable=import-outside-toplevel  # (no TensorFlow)
+  # pylint: disable-next=import-outside-toplevel
+  from trainer import checks  # (flax, optax: --list and --show_config answer without them)
   try:
     _check_flags()
     config = checks.command_line_config(FLAGS['config'])
@@ -188,11 +192,11 @@ def main(argv):
       checks.check_config(config, process_count=1, local_device_count=1)
     elif not _several_processes():
       raise import_error
-    from trainer import train  # pylint: disable=import-outside-toplevel  # (TensorFlow)
+    # pylint: disable-next=import-outside-toplevel
+    from trainer import train  # (TensorFlow: a bad config is refused before it loads)
     _set_up_devices()
     if jax.process_count() > 1:
-      from trainer import parallel, user_imports  # pylint: disable=import-outside-toplevel
-      parallel.on_every_process(lambda: user_imports.import_modules(config),
+      multihost.on_every_process(lambda: user_imports.import_modules(config),
                                 f'import imports={config.imports!r}')
     logging.info('JAX process %d of %d; %d local and %d global %s devices',
                  jax.process_index(), jax.process_count(), jax.local_device_count(),

@@ -27,7 +27,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from trainer.keys import AXIS_NAME, MIX_LABEL_KEY, MIX_WEIGHT_KEY
+from trainer.batch_keys import MIX_LABEL_KEY, MIX_WEIGHT_KEY
+from trainer.parallel import AXIS_NAME
 
 # Folded into the step's key for the batch's draw: apart from the 'dropout' keys flax derives.
 MIX_KEY_SALT = 0x6D6978

@@ -70,7 +70,7 @@ import models
 from models import layers
 from trainer import user_imports
 from trainer.errors import UserError, first_line
-from trainer.keys import AXIS_NAME
+from trainer.parallel import AXIS_NAME
 
 # The config values a constructor may declare, each with the config field that sets it (None:
 # the trainer's own value).
@@ -136,7 +136,7 @@ def import_object(name: str, field: str = 'model') -> Any:
 def _is_nnx_class(obj: Any) -> bool:
   if not isinstance(obj, type):
     return False
-  from flax import nnx  # pylint: disable=import-outside-toplevel  # (only NNX users need it)
+  from flax import nnx  # pylint: disable=import-outside-toplevel  # (start-up: NNX users only)
   return issubclass(obj, nnx.Module)
 
 
@@ -366,7 +366,7 @@ def _dropout(next_fun, module: nn.Dropout, args, kwargs, ids: jax.Array,
 def _nnx_dropout_class():
   """`nnx.Dropout` drawing each example's mask from its key folded with the example's id
   (`_EXAMPLE_IDS`), along the input's first axis; made once (NNX is imported for it)."""
-  from flax import nnx  # pylint: disable=import-outside-toplevel
+  from flax import nnx  # pylint: disable=import-outside-toplevel  # (start-up: NNX users only)
 
   class ExampleDropout(nnx.Dropout):
     """nnx.Dropout, its masks drawn per example (trainer.modeling)."""
@@ -392,7 +392,7 @@ def _nnx_dropout_class():
 def _build_nnx(cls: type, kwargs: dict, train: bool, rngs=None) -> Any:
   """An NNX module of `cls` in training or evaluation mode, its BatchNorm layers reducing
   over the device axis and its Dropout layers drawing per example."""
-  from flax import nnx  # pylint: disable=import-outside-toplevel
+  from flax import nnx  # pylint: disable=import-outside-toplevel  # (start-up: NNX users only)
   module = cls(**kwargs) if rngs is None else cls(**kwargs, rngs=rngs)
   if train:
     module.train()
@@ -409,7 +409,7 @@ def _build_nnx(cls: type, kwargs: dict, train: bool, rngs=None) -> Any:
 
 def _nnx_own_streams(cls: type, kwargs: dict, takes_rngs: bool) -> list[str]:
   """The paths of the random streams an NNX module keeps outside its Dropout layers."""
-  from flax import nnx  # pylint: disable=import-outside-toplevel
+  from flax import nnx  # pylint: disable=import-outside-toplevel  # (start-up: NNX users only)
   own = []
 
   def build():
@@ -618,7 +618,7 @@ def build(config, num_classes: int, input_shape: Optional[tuple[int, ...]], *,
 
 
 def _built_nnx(source: Source, kwargs: dict, lines: list[str]) -> Built:
-  from flax.nnx import bridge  # pylint: disable=import-outside-toplevel
+  from flax.nnx import bridge  # pylint: disable=import-outside-toplevel  # (as nnx above)
   kwargs = {k: v for k, v in kwargs.items() if k != 'rngs'}
   takes_rngs = source.declared is None or 'rngs' in source.declared
   bridged = lambda train: bridge.ToLinen(

@@ -30,14 +30,13 @@ on a tie; never the layer axis of a scanned stack) and replicated where none doe
 odd sizes). Under 'optimizer' and 'full' the step's gradient pass runs per device on
 replicated params; its update runs over the global arrays, each device updating its part
 (`map_train_step`).
+
+Beside this module: how far the host runs ahead of the devices (trainer/dispatch.py), and
+what the processes of a run agree on (trainer/multihost.py).
 """
 
-import collections
 import functools
-import queue as queue_lib
-import socket
-import threading
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -48,13 +47,13 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from models import layers
-from trainer.errors import UserError
-from trainer.keys import AXIS_NAME  # pylint: disable=unused-import  # (re-exported)
 
-# AXIS_NAME is the one name of the device axis. The step's collectives reduce over it, and the
-# arrays handed to a pmap are laid out on a mesh with this axis name: pmap (jit + shard_map)
-# keys its compile cache on the input sharding, so a differently named mesh would compile the
-# step twice.
+# The one name of the device axis, the data-parallel axis of both layouts. The step's
+# collectives reduce over it (pmean, psum, ppermute), BatchNorm averages its statistics over
+# it, and the arrays handed to a pmap are laid out on a mesh with this axis name: pmap (jit +
+# shard_map) keys its compile cache on the input sharding, so a differently named mesh would
+# compile the step twice.
+AXIS_NAME = 'batch'
 
 BACKENDS = ('pmap', 'shard_map')
 STATE_SHARDINGS = ('replicated', 'optimizer', 'full', 'fsdp')
@@ -62,50 +61,12 @@ STATE_SHARDINGS = ('replicated', 'optimizer', 'full', 'fsdp')
 SHARDED_FIELDS = {'replicated': (), 'optimizer': ('opt_state',),
                   'full': ('opt_state', 'params', 'ema_params'),
                   'fsdp': ('opt_state', 'params', 'ema_params')}
-# jaxlib 0.10's CPU client deadlocks once about 30 launches of a program with collectives are
-# queued on its devices (an all-reduce rendezvous that some devices never join; XLA aborts
-# the process after 40 s): scripts/xla_cpu_collective_deadlock.py shows it without this
-# project. On CPU devices the loops keep at most this many steps in flight.
-CPU_MAX_IN_FLIGHT = 8
 
 
 def global_devices() -> list[jax.Device]:
   """Every device of the run, process by process, each process's in its local order: the
   order of the device axis, so that process p's devices hold its rows of the global batch."""
   return [d for p in range(jax.process_count()) for d in jax.local_devices(process_index=p)]
-
-
-def sync_processes(name: str) -> None:
-  """A barrier over every process of a multi-process run; nothing in a single-process one."""
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices(name)
-
-
-def on_every_process(action: Callable[[], Any], what: str) -> Any:
-  """`action()` on every process; where it raises `UserError` on any, every process raises
-  one: the process that failed names itself, its host and the error; the others name it and
-  `what`."""
-  error = None
-  try:
-    result = action()
-  except UserError as e:
-    error = e
-  if jax.process_count() == 1:
-    if error is not None:
-      raise error
-    return result
-  host = socket.gethostname()
-  word = np.frombuffer(host.encode()[:64].ljust(64, b' '), np.uint8).astype(np.int32)
-  everyone = np.asarray(multihost_utils.process_allgather(
-      np.concatenate([[int(error is not None)], word]).astype(np.int32)))
-  failed = [i for i in range(everyone.shape[0]) if everyone[i, 0]]
-  if error is not None:
-    raise UserError(f'process {jax.process_index()} on host {host}: {error}')
-  if failed:
-    other = bytes(everyone[failed[0], 1:].astype(np.uint8)).decode(errors='replace').strip()
-    raise UserError(f'process {failed[0]} on host {other} cannot {what} (its log says why); '
-                    'every process stops')
-  return result
 
 
 def shard(batch: Any, num_devices: int) -> Any:
@@ -411,83 +372,3 @@ def data_parallel(backend: str, devices: Optional[Sequence[jax.Device]] = None,
 def host_state(layout: DataParallel, tree: Any) -> Any:
   """One replica of a replicated device tree, as host arrays."""
   return layout.fetch([tree])[0]
-
-
-class InFlight:
-  """Bounds the launches queued on CPU devices (see CPU_MAX_IN_FLIGHT); no bound elsewhere,
-  where running ahead of the devices is what keeps them busy."""
-
-  def __init__(self, devices: Sequence[jax.Device], limit: int = CPU_MAX_IN_FLIGHT):
-    self._limit = limit if devices[0].platform == 'cpu' else None
-    self._pending = collections.deque()
-
-  def add(self, outputs: Any) -> None:
-    """Registers a launch by its outputs; waits for the oldest once too many are queued."""
-    if self._limit is None:
-      return
-    self._pending.append(outputs)
-    if len(self._pending) > self._limit:
-      jax.block_until_ready(self._pending.popleft())
-
-
-class _Failed(NamedTuple):
-  error: BaseException
-
-
-class Prefetch:
-  """`batches` produced by a thread of their own, at most `size` ahead of the consumer.
-
-  `batches` yields device arrays (gathering each batch on the host and starting its copy to
-  the devices); the thread does that while the training loop waits on the devices, so the
-  loop's own thread only dispatches steps. The order is kept (one producer), an error in the
-  producer is raised in the consumer, and `close` (or leaving a `with` block) stops the
-  thread.
-  """
-  _DONE = object()
-
-  def __init__(self, batches: Iterable[Any], size: int):
-    self._ready = queue_lib.Queue(maxsize=size)
-    self._stop = threading.Event()
-    self._thread = threading.Thread(target=self._produce, args=(iter(batches),),
-                                    name='prefetch', daemon=True)
-    self._thread.start()
-
-  def _put(self, item) -> bool:
-    while not self._stop.is_set():
-      try:
-        self._ready.put(item, timeout=0.1)
-        return True
-      except queue_lib.Full:
-        continue
-    return False
-
-  def _produce(self, batches: Iterator[Any]) -> None:
-    try:
-      for batch in batches:
-        if not self._put(batch):
-          return
-      self._put(self._DONE)
-    except BaseException as e:  # pylint: disable=broad-except
-      self._put(_Failed(e))
-
-  def __iter__(self) -> 'Prefetch':
-    return self
-
-  def __next__(self) -> Any:
-    batch = self._ready.get()
-    if batch is self._DONE:
-      raise StopIteration
-    if isinstance(batch, _Failed):
-      raise batch.error
-    return batch
-
-  def close(self) -> None:
-    """Stops the producer and waits for it."""
-    self._stop.set()
-    self._thread.join()
-
-  def __enter__(self) -> 'Prefetch':
-    return self
-
-  def __exit__(self, *exc) -> None:
-    self.close()

@@ -14,6 +14,9 @@ import os
 import tokenize
 from typing import Any
 
+from trainer.data import specs
+from trainer.errors import UserError
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(REPO, 'configs')
 DEFAULT_CONFIG = os.path.join(CONFIG_DIR, 'default.py')
@@ -80,8 +83,6 @@ def show_config(config: Any, path: str, overridden: set[str]) -> str:
 def describe_dataset(config: Any) -> str:
   """What `config.dataset` resolves to, as a comment line: classes, image shape, the crop and
   augmentation the config gives it, and the normalization; nothing is prepared or read."""
-  from trainer.data import specs  # pylint: disable=import-outside-toplevel  # (no TensorFlow)
-  from trainer.errors import UserError  # pylint: disable=import-outside-toplevel
   try:
     spec = specs.for_config(config)
   except UserError as e:
@@ -99,7 +100,6 @@ def describe_dataset(config: Any) -> str:
 
 def _splits(spec: Any, data_dir: str) -> str:
   """The splits of a TFDS dataset as prepared in `data_dir`, or why they are not known."""
-  from trainer.data import specs  # pylint: disable=import-outside-toplevel  # (no TensorFlow)
   try:
     return specs.prepared_splits(spec, data_dir)
   except ImportError as e:
@@ -110,11 +110,10 @@ def _splits(spec: Any, data_dir: str) -> str:
 def listing(what: str) -> str:
   """The registered models, the named datasets or the shipped config files, one a line."""
   if what == 'models':
-    import models  # pylint: disable=import-outside-toplevel  # (flax, no backend)
+    import models  # pylint: disable=import-outside-toplevel  # (flax: only this list needs it)
     return '\n'.join(models.names() + [
         'pkg.module:Name  your own flax module by import path (docs/your_model.md)'])
   if what == 'datasets':
-    from trainer.data import specs  # pylint: disable=import-outside-toplevel
     rows = []
     for name, known in specs.KNOWN.items():
       augment = f'; augment {known.augment}' if known.augment else ''

@@ -84,14 +84,6 @@ def init_state(config, num_classes: int, input_shape: tuple[int, ...],
   return jax.device_get(init(seed_rngs(config.seed)[0] if rng is None else rng, input_shape))
 
 
-def initial_variables(config, num_classes: int, input_shape: tuple[int, ...]
-                      ) -> tuple[nn.Module, dict]:
-  """(the config's flax module, the variables `init_state` starts it from): what another
-  framework's twin of a run loads to start where the run starts."""
-  model = model_from_config(config, num_classes, input_shape)
-  return model.module, init_state(config, num_classes, input_shape, model=model).variables()
-
-
 def param_count(params: Any) -> int:
   """Number of scalars in a params tree."""
   return sum(x.size for x in jax.tree.leaves(params))

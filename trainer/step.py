@@ -3,8 +3,9 @@
 Batches arrive as uint8 images and int32 labels; the steps normalize the images on the device
 (the dataset's mean and std) and the train step mixes them there (Mixup/CutMix,
 `trainer.mix`) before the model sees them in its compute dtype. Nothing here touches files or
-the host. `make_train_step` / `make_eval_step` map a step over
-the devices of a `parallel.DataParallel` layout (`jax.pmap`, or `jax.jit` + `jax.shard_map`);
+the host. The train step is its gradient pass (`step_gradients`: every collective) and its
+update (`apply_gradients`: none); `make_train_step` / `make_eval_step` map a step over the
+devices of a `parallel.DataParallel` layout (`jax.pmap`, or `jax.jit` + `jax.shard_map`);
 both layouts run the same step body.
 """
 
@@ -21,12 +22,11 @@ from models import layers
 from trainer import losses
 from trainer import mix as mix_lib
 from trainer import parallel
-from trainer.keys import EXAMPLE_ID_KEY, MASK_KEY, MIX_LABEL_KEY, MIX_WEIGHT_KEY
+from trainer.batch_keys import EXAMPLE_ID_KEY, MASK_KEY, MIX_LABEL_KEY, MIX_WEIGHT_KEY
 from trainer.data import specs
 from trainer.metrics import EvalMetrics, ScaledTrainMetrics, TrainMetrics
 from trainer.parallel import AXIS_NAME
 from trainer.state import TrainState
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,11 +246,11 @@ def _gathering(state: TrainState, options: StepOptions, split_axes: Any, batch: 
 def step_gradients(state: TrainState, batch: dict, rng: jax.Array, *,
                    options: StepOptions = StepOptions(), split_axes: Any = None
                    ) -> StepGradients:
-  """The gradient pass of `train_step` on this device's rows (its collectives: the mixing
-  partners, the gradient and metric means). Reads `step`, `params`, `batch_stats` and
-  `dynamic_scale` of `state` only. With `split_axes` (layer-by-layer FSDP, a tree like the
-  params of the dimension each leaf is split along over the devices, None where whole),
-  `state.params` are this device's parts and so are the gradients returned."""
+  """The gradient pass of a train step (`make_train_step`) on this device's rows (its
+  collectives: the mixing partners, the gradient and metric means). Reads `step`, `params`,
+  `batch_stats` and `dynamic_scale` of `state` only. With `split_axes` (layer-by-layer FSDP,
+  a tree like the params of the dimension each leaf is split along over the devices, None
+  where whole), `state.params` are this device's parts and so are the gradients returned."""
   if state.dynamic_scale is not None and options.grad_accum_steps > 1:
     raise ValueError(f'grad_accum_steps={options.grad_accum_steps} cannot be honoured under '
                      'float16 loss scaling (state.dynamic_scale): the scaled gradient is of '
@@ -279,10 +279,11 @@ def step_gradients(state: TrainState, batch: dict, rng: jax.Array, *,
 def apply_gradients(state: TrainState, result: StepGradients, *,
                     learning_rate_fn: optax.Schedule, options: StepOptions = StepOptions()
                     ) -> tuple[TrainState, TrainMetrics]:
-  """The update of `train_step` from its gradient pass: the optimizer step, the skip of a
-  non-finite step, the EMA and the metrics. No collective: under `jax.pmap` it runs on each
-  device; with the state sharded over the devices (`parallel.ShardMapped`), over the global
-  arrays, XLA placing each leaf's part on its device."""
+  """The update of a train step (`make_train_step`) from its gradient pass: the optimizer
+  step, the skip of a non-finite step, the EMA and the metrics. No collective: under
+  `jax.pmap` it runs on each device; with the state sharded over the devices
+  (`parallel.ShardMapped`), over the global arrays, XLA placing each leaf's part on its
+  device."""
   new_state = state.apply_gradients(grads=result.grads, batch_stats=result.batch_stats)
   grad_norm = optax.global_norm(result.grads)
   finite = result.finite
@@ -304,22 +305,6 @@ def apply_gradients(state: TrainState, result: StepGradients, *,
   return new_state, TrainMetrics.single_from_model_output(**outputs)
 
 
-def train_step(state: TrainState, batch: dict, rng: jax.Array, *,
-               learning_rate_fn: optax.Schedule, options: StepOptions = StepOptions()
-               ) -> tuple[TrainState, TrainMetrics]:
-  """One optimizer step on this device's rows of the global batch, gradients averaged over
-  all devices: `step_gradients`, then `apply_gradients`.
-
-  `rng` is the same on every device; folded with the step number it is the step's RNG, and
-  each example's draws fold in its global row (see models.layers), so the randomness does not
-  depend on how the batch is split over devices. Under float16 loss scaling, and with
-  `options.skip_nonfinite`, a step whose loss or gradients are NaN/Inf leaves params,
-  optimizer state and BatchNorm statistics unchanged.
-  """
-  return apply_gradients(state, step_gradients(state, batch, rng, options=options),
-                         learning_rate_fn=learning_rate_fn, options=options)
-
-
 def eval_step(state: TrainState, batch: dict, *,
               normalization: Normalization = Normalization(),
               loss: losses.Loss = losses.softmax_xent) -> EvalMetrics:
@@ -336,9 +321,17 @@ def eval_step(state: TrainState, batch: dict, *,
 
 def make_train_step(layout: parallel.DataParallel, *, learning_rate_fn: optax.Schedule,
                     options: StepOptions = StepOptions()) -> Callable:
-  """`(state, batch, rng) -> (state, metrics)` over the layout's devices (`train_step`; with
-  the state sharded, its gradient pass on each device and its update over the sharded
-  state); the state's buffers are donated."""
+  """`(state, batch, rng) -> (state, metrics)` over the layout's devices: one optimizer step
+  on the global batch, `step_gradients` on each device's rows (the gradients averaged over
+  all devices), then `apply_gradients` (with the state sharded, over the sharded state). The
+  state's buffers are donated.
+
+  `rng` is the same on every device; folded with the step number it is the step's RNG, and
+  each example's draws fold in its global row (see models.layers), so the randomness does not
+  depend on how the batch is split over devices. Under float16 loss scaling, and with
+  `options.skip_nonfinite`, a step whose loss or gradients are NaN/Inf leaves params,
+  optimizer state and BatchNorm statistics unchanged.
+  """
   return layout.map_train_step(
       functools.partial(step_gradients, options=options),
       functools.partial(apply_gradients, learning_rate_fn=learning_rate_fn, options=options),

@@ -14,7 +14,7 @@ import itertools
 import json
 import os
 import time
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -28,13 +28,15 @@ from jax.experimental import multihost_utils
 from jax.experimental.compilation_cache import compilation_cache
 
 from models import torch_weights
+from trainer import cadence
 from trainer import checkpoint
 from trainer import checks
+from trainer import dispatch
 from trainer import efficiency
-from trainer import loop
 from trainer import losses
 from trainer import metrics
 from trainer import modeling
+from trainer import multihost
 from trainer import optim
 from trainer import parallel
 from trainer import signals
@@ -48,14 +50,12 @@ from trainer.data import sources
 from trainer.data import specs
 from trainer.errors import Diverged, Preempted, UserError
 
-PREFETCH_BATCHES = 2  # Batches kept in flight to the devices.
-
 
 def evaluate(p_eval_step, rstate, data: pipeline.EvalData,
              layout: parallel.DataParallel, prefix: str = 'eval') -> dict[str, float]:
   """Loss, accuracy and top-5 accuracy over every example of an eval split, exactly once,
   as `{prefix}_loss` etc."""
-  in_flight = parallel.InFlight(layout.devices)
+  in_flight = dispatch.InFlight(layout.devices)
   per_batch = []
   for batch in pipeline.eval_batches(data):
     per_batch.append(p_eval_step(rstate, layout.put_batch(batch)))
@@ -173,10 +173,10 @@ def _start(run: '_Run') -> _Start:
     state, _ = _init_from(run, state)
   if restored is None:
     return _Start(state, step_rng, config.seed, 0, None, unreadable)
-  meta = checkpoint.RunMeta.from_json(restored.meta, restored.step, config.batch_size)
-  logging.info('resuming from the checkpoint at step %d (written on %s devices, %s '
+  meta = checkpoint.RunMeta.from_json(restored.meta, restored.step)
+  logging.info('resuming from the checkpoint at step %d (written on %d devices, %d '
                'process(es)) at example %d of the training stream', restored.step,
-               meta.devices or '?', meta.processes or '?', meta.examples_seen)
+               meta.devices, meta.processes, meta.examples_seen)
   return _Start(restored.state, jnp.asarray(meta.rng, dtype=jnp.uint32), meta.data_seed,
                 meta.examples_seen, restored.step, unreadable, meta.window)
 
@@ -332,7 +332,7 @@ def _build_model(config, num_classes: int, input_shape: tuple[int, ...], per_dev
                                          config.dtype, config.remat)
     return built.model, lines
 
-  built, lines = parallel.on_every_process(build, f'build model={config.model!r}')
+  built, lines = multihost.on_every_process(build, f'build model={config.model!r}')
   for line in lines:
     logging.warning('%s', line)
   return built
@@ -436,7 +436,7 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
           run.layout, step_lib.Normalization.of(run.datasets.train, config.dtype), run.loss),
                              run.layout.put_state(state), run.evaluations, run.layout)
       writer.write_scalars(step, scalars)
-    parallel.sync_processes('evaluate_only done')
+    multihost.sync_processes('evaluate_only done')
   return scalars
 
 
@@ -469,7 +469,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   # From here on the workdir is written, by this run alone.
   with _lock_workdir(workdir):
     run.checkpointer.set_aside(start.unreadable)
-    parallel.sync_processes('unreadable checkpoints set aside')
+    multihost.sync_processes('unreadable checkpoints set aside')
     damaged.write_record(workdir, config)  # Before the first step: what every resume leaves out.
     if jax.process_index() == 0:
       _write_dataset_spec(workdir, run.datasets.read)
@@ -482,7 +482,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       finally:
         run.checkpointer.close()
     # No process leaves while another may still need it for a collective or a save.
-    parallel.sync_processes('train_and_evaluate done')
+    multihost.sync_processes('train_and_evaluate done')
   return parallel.host_state(run.layout, session.rstate)
 
 
@@ -499,21 +499,23 @@ class _Session:
     self.p_train_step = step_lib.make_train_step(
         layout, learning_rate_fn=optim.learning_rate_schedule(config),
         options=step_lib.StepOptions.from_config(config, run.loss, run.datasets.train))
-    self.p_eval_step = step_lib.make_eval_step(layout,
-                                               step_lib.Normalization.of(run.datasets.train, config.dtype),
-                                               run.loss)
+    self.p_eval_step = step_lib.make_eval_step(
+        layout, step_lib.Normalization.of(run.datasets.train, config.dtype), run.loss)
     self.rstate = layout.put_state(start.state)
     self.rng = layout.put_replicated(start.step_rng)
-    self.prefetch, self.batches, self.efficiency = self._batches()
+    self.prefetch = self._device_batches()
+    first_batch = next(self.prefetch)
+    self.batches = itertools.chain([first_batch], self.prefetch)
+    self.efficiency = self._compile_train_step(first_batch)
     self.hooks = _hooks(config, workdir, writer)
     self.throughput = efficiency.Throughput(config.batch_size, len(layout.devices))
-    self.cadence = loop.Cadence.from_config(config)
+    self.cadence = cadence.Cadence.from_config(config)
     # float16 loss scaling expects overflows now and then, and skips those steps itself.
     self.buffer = metrics.TrainMetricsBuffer(
         layout.fetch_series, config.skip_nonfinite_steps or config.dtype == 'float16',
         metrics.ScaledTrainMetrics if config.dtype == 'float16' else metrics.TrainMetrics)
     self.buffer.resume(start.window)
-    self.in_flight = parallel.InFlight(layout.devices)
+    self.in_flight = dispatch.InFlight(layout.devices)
     self.last_saved = start.resume_step
     # Several processes must agree on the step they stop at: there JAX's preemption notice
     # (which owns SIGTERM) decides at a sync point; alone, the signals are recorded here.
@@ -521,27 +523,31 @@ class _Session:
     self.stop = signals.StopSignals(install=not multiprocess,
                                     agree=_preemption_sync_point if multiprocess else None)
 
-  def _batches(self) -> tuple[parallel.Prefetch, Iterator[Any], efficiency.StepEfficiency]:
-    """This process's rows of each global batch on the devices, prefetched by a thread (to
-    be closed), the batches, and the step's efficiency. The step is compiled here, on the
-    first batch: its FLOPs (XLA's cost analysis) and the memory it needs per device are
-    logged before the first step runs."""
+  def _device_batches(self) -> dispatch.Prefetch:
+    """This process's rows of each global batch from the start's stream position, put on the
+    devices by a thread of their own (to be closed)."""
     layout = self.run.layout
     rows = self.run.data.batches(
         process_index=jax.process_index(), process_count=jax.process_count(),
         start_position=self.start.examples_seen, seed=self.start.data_seed)
-    prefetch = parallel.Prefetch((layout.put_batch(batch) for batch in rows), PREFETCH_BATCHES)
-    first_batch = next(prefetch)
-    lowered = self.p_train_step.lower(self.rstate, first_batch, self.rng)
+    return dispatch.Prefetch((layout.put_batch(batch) for batch in rows),
+                             pipeline.PREFETCH_BATCHES)
+
+  def _compile_train_step(self, batch: Any) -> efficiency.StepEfficiency:
+    """Compiles the train step for `batch` before its first call and, where the layout takes
+    a step compiled ahead of time, calls that one from here on (so it is not compiled
+    twice); logs the memory it needs per device. Returns its efficiency: its FLOPs by XLA's
+    cost analysis, and the devices' peak."""
+    layout = self.run.layout
+    lowered = self.p_train_step.lower(self.rstate, batch, self.rng)
     compiled = None  # Else compiled at its first call (no memory analysis then).
     if layout.takes_compiled():
       compiled = lowered.compile()
       self.p_train_step = compiled  # Called from here on: the step is not compiled twice.
     logging.info('%s', efficiency.describe_memory(efficiency.step_memory(
         self.rstate, compiled), layout.state_sharding))
-    step_efficiency = efficiency.StepEfficiency(
+    return efficiency.StepEfficiency(
         efficiency.lowered_flops(lowered), efficiency.peak_flops(layout.devices[0].device_kind))
-    return prefetch, itertools.chain([first_batch], prefetch), step_efficiency
 
   def train(self) -> None:
     """Steps from `first` to `last`, logging, evaluating and saving on the cadence; raises
@@ -579,14 +585,14 @@ class _Session:
             f'stopped by {self.stop.name} at step {step} of {self.last}; checkpoint saved in '
             f'{self.run.checkpointer.directory}; run the same command again to resume',
             exit_code=128 + self.stop.received)
-    self.writer.write_scalars(self.last, {'peak_rss_mb': _run_peak_rss_mb()})
+    self.writer.write_scalars(self.last, {efficiency.PEAK_MEMORY_TAG: _run_peak_rss_mb()})
 
   def _log(self, step: int) -> None:
     """The train scalars since the last write, the step rate and the FLOP rate."""
     scalars = self.buffer.scalars()
     rate = self.throughput.rate(step)
     if rate is not None:
-      scalars['examples_per_sec_per_device'] = rate
+      scalars[efficiency.RATE_TAG] = rate
       num_devices = len(self.run.layout.devices)
       scalars.update(self.efficiency.scalars(rate * num_devices / self.run.config.batch_size))
     self.writer.write_scalars(step, scalars)

@@ -1,12 +1,12 @@
-"""What a run writes and how it is read back: TensorBoard events, metrics.jsonl and log lines
-(CLU metric writers), the SessionLog START of each start, and readers of both files.
+"""What a run writes: TensorBoard events, metrics.jsonl and log lines (CLU metric writers),
+the SessionLog START of each start; and metrics.jsonl read back (`read_jsonl`: a resumed run
+rewrites it). The event files' scalars and a run's speed figures are read back by the scripts
+(scripts/run_metrics.py).
 
 Kept apart from `trainer.metrics` because CLU's writers import TensorFlow: the step and its
 metric collections run where TensorFlow is not installed.
 """
 
-import collections
-import glob
 import json
 import os
 import socket
@@ -16,7 +16,6 @@ import jax
 import tensorflow as tf
 from absl import logging
 from clu import metric_writers
-from tensorboard.backend.event_processing import event_file_loader
 from tensorboard.compat.proto import event_pb2
 
 
@@ -125,23 +124,3 @@ def mark_session_start(workdir: str, step: int) -> None:
         session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START))
                   .SerializeToString())
 
-
-def read_events(workdir: str) -> tuple[dict[str, dict[int, float]], set[str]]:
-  """Scalars as {tag: {step: value}} from the workdir's event files, and the plugins seen.
-
-  Files are read in name (time) order; a SessionLog START at step s drops the points at steps
-  >= s read so far, as TensorBoard does.
-  """
-  scalars = collections.defaultdict(dict)
-  plugins = set()
-  for path in sorted(glob.glob(os.path.join(workdir, 'events.out.tfevents.*'))):
-    for event in event_file_loader.EventFileLoader(path).Load():
-      if event.session_log.status == event_pb2.SessionLog.START:
-        for points in scalars.values():
-          for stale in [s for s in points if s >= event.step]:
-            del points[stale]
-      for value in event.summary.value:
-        plugins.add(value.metadata.plugin_data.plugin_name)
-        if value.metadata.plugin_data.plugin_name == 'scalars':
-          scalars[value.tag][event.step] = float(tf.make_ndarray(value.tensor))
-  return {tag: points for tag, points in scalars.items() if points}, plugins

@@ -46,7 +46,8 @@ def main(argv):
                         local_device_count=int(os.environ.get('WORLD_SIZE', '1')))
   except UserError as e:
     raise SystemExit(f'error: {e}') from None
-  from baselines.torch_ddp import train  # pylint: disable=import-outside-toplevel
+  # pylint: disable-next=import-outside-toplevel
+  from baselines.torch_ddp import train  # (start-up: a bad config is refused before it loads)
   train.run(config, FLAGS.workdir, FLAGS.parity, FLAGS.init_weights, FLAGS.channels_last,
             FLAGS.torch_compile, FLAGS.threads)
 

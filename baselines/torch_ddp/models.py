@@ -10,14 +10,16 @@ dataset's channels (grayscale digits).
 
 A user's own PyTorch model (`config.torch_model`, a flax port of it as `config.model`) is
 built from its import path (`from_path`); `flax_init_state` carries the flax init into either
-kind: through `models.torch_weights` for the twins, through `models.porting` (layers paired in
-call order) for a user's pair, so both frameworks start from identical weights. Known differences from flax, all outside the forward pass:
-torch updates `running_var` with the unbiased batch variance (flax: biased), and on CPU torch
-has no cross-process BatchNorm (`SyncBatchNorm` needs a GPU), so DDP ranks there normalize with
-their own batch's statistics while the JAX ResNets average them over devices.
+kind: through `models.torch_weights` for the twins, through `porting` (layers paired in call
+order) for a user's pair, so both frameworks start from identical weights. Known differences
+from flax, all outside the forward pass: torch updates `running_var` with the unbiased batch
+variance (flax: biased), and on CPU torch has no cross-process BatchNorm (`SyncBatchNorm`
+needs a GPU), so DDP ranks there normalize with their own batch's statistics while the JAX
+ResNets average them over devices.
 """
 
 import functools
+import inspect
 from typing import Any, Callable, Dict, Mapping, Sequence
 
 import numpy as np
@@ -27,7 +29,11 @@ from torch import nn
 from torchvision.models import resnet as tv_resnet
 
 import models as flax_models
+from baselines.torch_ddp import porting
 from models import torch_weights
+from trainer import modeling
+from trainer import state as state_lib
+from trainer.errors import UserError, first_line
 
 
 class MLP(nn.Module):
@@ -194,9 +200,6 @@ def from_path(path: str, kwargs: Mapping[str, Any], num_classes: int, dropout_ra
   or a function returning one, such as `torchvision.models:resnet18`), given `num_classes`
   where its constructor declares it or takes any keyword, and the dropout rate where it
   declares one (`dropout_rate`, `dropout` or `p_dropout`), unless `kwargs` set them."""
-  import inspect  # pylint: disable=import-outside-toplevel
-  from trainer import modeling  # pylint: disable=import-outside-toplevel
-  from trainer.errors import UserError, first_line  # pylint: disable=import-outside-toplevel
   target = modeling.import_object(path, field)
   try:
     declared = inspect.signature(target).parameters
@@ -235,20 +238,21 @@ def is_convnet(config, model: nn.Module) -> bool:
   return config.model in CONVNETS
 
 
-def has_batchnorm(model: nn.Module) -> bool:
-  return any(isinstance(m, nn.modules.batchnorm._BatchNorm)  # pylint: disable=protected-access
-             for m in model.modules())
+def initial_variables(config, num_classes: int, input_shape: tuple[int, ...]
+                      ) -> tuple[Any, dict]:
+  """(the config's flax module, the variables `trainer.state.init_state` starts it from):
+  what the JAX run starts from, for the twin to start there too."""
+  model = state_lib.model_from_config(config, num_classes, input_shape)
+  return model.module, state_lib.init_state(config, num_classes, input_shape,
+                                            model=model).variables()
 
 
 def flax_init_state(config, model: nn.Module, num_classes: int,
                     input_shape: Sequence[int]) -> Dict[str, np.ndarray]:
   """The JAX run's initial variables for the config's seed as a state dict of `model`
   (`input_shape` batch first): by the twins' key tables, or for a user's pair through
-  `models.porting`."""
-  from models import porting  # pylint: disable=import-outside-toplevel
-  from trainer import state as state_lib  # pylint: disable=import-outside-toplevel
-  from trainer.errors import UserError  # pylint: disable=import-outside-toplevel
-  flax_module, variables = state_lib.initial_variables(config, num_classes, tuple(input_shape))
+  `porting`."""
+  flax_module, variables = initial_variables(config, num_classes, tuple(input_shape))
   if not config.get('torch_model'):
     return torch_weights.to_state_dict(flax_module, variables)
   x = np.random.RandomState(0).standard_normal((2,) + tuple(input_shape[1:])).astype(

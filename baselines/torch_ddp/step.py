@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torchvision
+from torch.distributed.algorithms._checkpoint import checkpoint_wrapper
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_optimizer_state_dict,
                                                      set_optimizer_state_dict)
@@ -24,6 +25,9 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils import flop_counter
+from torchvision.models import resnet as tv_resnet
+from torchvision.models import vision_transformer
 
 from baselines.torch_ddp import models as torch_models
 from trainer import mix as mix_lib
@@ -154,9 +158,6 @@ def residual_blocks() -> tuple[type, ...]:
   """The torch twins of the JAX models' marked blocks (`models.layers.remat_block`): the
   units that `config.remat` recomputes and `state_sharding='fsdp'` gathers one at a time
   (torchvision's BasicBlock, Bottleneck and EncoderBlock)."""
-  # pylint: disable=import-outside-toplevel
-  from torchvision.models import resnet as tv_resnet
-  from torchvision.models import vision_transformer
   return tv_resnet.BasicBlock, tv_resnet.Bottleneck, vision_transformer.EncoderBlock
 
 
@@ -166,8 +167,6 @@ def checkpoint_blocks(config, model: torch.nn.Module) -> int:
   model without such blocks is refused."""
   if config.remat == 'none':
     return 0
-  # pylint: disable=import-outside-toplevel
-  from torch.distributed.algorithms._checkpoint import checkpoint_wrapper
   blocks = residual_blocks()
   count = sum(isinstance(m, blocks) for m in model.modules())
   if not count:
@@ -186,8 +185,6 @@ def shard_blocks(model: torch.nn.Module) -> int:
   freed after, its gradients reduce-scattered; returns how many blocks. The root's
   `fully_shard` (`distributed`) takes the params left outside them. A model without such
   blocks (the cnn twin, a user's torch model) gets none here: the root unit alone."""
-  # pylint: disable=import-outside-toplevel
-  from torch.distributed.algorithms._checkpoint import checkpoint_wrapper
   blocks = residual_blocks()
   units, inside = [], set()
   for module in model.modules():  # A wrapper comes before the block it wraps.
@@ -425,7 +422,6 @@ def step_flops(model: torch.nn.Module, optimizer: torch.optim.Optimizer, precisi
                images: torch.Tensor, labels: torch.Tensor,
                loss: str = 'softmax_xent') -> Optional[float]:
   """FLOPs of one train step (forward and backward), counted by torch's FlopCounterMode."""
-  from torch.utils import flop_counter  # pylint: disable=import-outside-toplevel
   counter = flop_counter.FlopCounterMode(display=False)
   with counter:
     train_step(model, optimizer, precision, images, labels, loss=loss)

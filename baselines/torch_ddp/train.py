@@ -41,12 +41,12 @@ from clu import metric_writers
 from baselines.torch_ddp import models as torch_models
 from baselines.torch_ddp import step as step_lib
 from models import torch_weights
+from trainer import batch_keys
+from trainer import cadence
 from trainer import checks
 from trainer import efficiency
-from trainer import loop
 from trainer import metrics
 from trainer import optim
-from trainer import keys
 from trainer import signals
 from trainer import state as state_lib
 from trainer import workdir as workdir_lib
@@ -139,7 +139,7 @@ def evaluate(model, data: pipeline.EvalData, normalize: step_lib.Normalize,
     for batch in pipeline.eval_batches(data):
       images = normalize(normalize.rows(batch['image']))
       labels = torch.from_numpy(batch['label']).long().to(device)
-      mask = torch.from_numpy(batch[keys.MASK_KEY]).to(device, torch.float32)
+      mask = torch.from_numpy(batch[batch_keys.MASK_KEY]).to(device, torch.float32)
       with precision.autocast():
         logits = model(images).float()
       losses = step_lib.example_losses(logits, labels, loss)
@@ -320,7 +320,7 @@ class _Session:
     self.config, self.workdir, self.t, self.writer, self.device = (
         config, workdir, training, writer, device)
     self.throughput = efficiency.Throughput(config.batch_size, dist.get_world_size())
-    self.cadence = loop.Cadence.from_config(config)
+    self.cadence = cadence.Cadence.from_config(config)
     self.window = _Window(device)
     self.normalize = step_lib.Normalize(config, device, training.precision.channels_last,
                                         ds_spec)
@@ -359,7 +359,7 @@ class _Session:
                         f'{os.path.join(self.workdir, CHECKPOINT_DIR)}; run the same command '
                         'again to resume', exit_code=128 + signum)
     peak_rss = _all_reduce([efficiency.peak_rss_mb()], self.device)[0]
-    self.writer.write_scalars(last, {'peak_rss_mb': peak_rss})
+    self.writer.write_scalars(last, {efficiency.PEAK_MEMORY_TAG: peak_rss})
 
   def _step(self, step: int, batch: dict) -> float:
     """One optimizer step (`step`, from 1) on this rank's rows; the learning rate it used."""
@@ -384,7 +384,7 @@ class _Session:
       scalars['train_loss_scale'] = self.t.precision.scaler.get_scale()
     rate = self.throughput.rate(step)
     if rate is not None:
-      scalars['examples_per_sec_per_device'] = rate
+      scalars[efficiency.RATE_TAG] = rate
     self.writer.write_scalars(step, scalars)
 
   def _save(self, step: int) -> None:

@@ -11,7 +11,9 @@
 
 Shards are converted by TFDS's file adapters (a shard is written under a temporary name and
 renamed when complete; shards already converted are kept), several at a time. Nothing that
-exists is overwritten: a folder's OUT must be new or empty.
+exists is overwritten: a folder's OUT must be new or empty. TensorFlow, TFDS and `sources`
+(which imports them) are imported where a conversion starts, so that a bad flag or folder is
+answered at once.
 """
 
 import concurrent.futures
@@ -20,11 +22,11 @@ import os
 import sys
 from typing import Optional
 
+import ml_collections
 from absl import flags
 from absl import logging
 
 from trainer import cli
-from trainer.data import damaged
 from trainer.data import folder as folder_lib
 from trainer.data import specs
 from trainer.errors import UserError
@@ -49,9 +51,10 @@ def _define_flags() -> None:
 
 
 def _convert_shard(in_path, out_path) -> None:
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  from tensorflow_datasets.core import file_adapters  # pylint: disable=import-outside-toplevel
-  from tensorflow_datasets.core.utils import py_utils  # pylint: disable=import-outside-toplevel
+  # pylint: disable=import-outside-toplevel  # (start-up: see the module docstring)
+  import tensorflow as tf
+  from tensorflow_datasets.core import file_adapters
+  from tensorflow_datasets.core.utils import py_utils
   adapter = file_adapters.ADAPTER_FOR_FORMAT[file_adapters.FileFormat.ARRAY_RECORD]
   records = ((index, record.numpy())
              for index, record in enumerate(tf.data.TFRecordDataset(os.fspath(in_path))))
@@ -63,7 +66,7 @@ def add_array_record(builder, threads: int) -> int:
   """Writes ArrayRecord files beside the TFRecord files of every split of a prepared TFDS
   `builder` and records the format in its dataset_info.json; returns the shards written
   (0 where the dataset has ArrayRecord files already)."""
-  from trainer.data import sources  # pylint: disable=import-outside-toplevel
+  from trainer.data import sources  # pylint: disable=import-outside-toplevel  # (start-up)
   if sources.ARRAY_RECORD in sources.formats(builder):
     return 0
   if 'tfrecord' not in sources.formats(builder):
@@ -92,7 +95,7 @@ def convert_folder(root: str, out: str, file_format: str = 'array_record') -> st
   """Stores the image folder at `root` (see `folder.py`) as a TFDS dataset in `out`, each
   file's bytes as they are and in the folder's order, with `folder.CONVERTED_FILE` beside it;
   returns the dataset's directory."""
-  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel  # (start-up)
   found = folder_lib.scan(root)
   if found.converted is not None:
     raise UserError(f'folder:{found.root} holds converted records already; train on it with '
@@ -102,7 +105,7 @@ def convert_folder(root: str, out: str, file_format: str = 'array_record') -> st
                     '(nothing there is overwritten)')
   if found.left_out:
     logging.warning('folder:%s: the records leave out files that do not read, %s', found.root,
-                    damaged.listed(found.left_out))
+                    folder_lib.listed(found.left_out))
   shape = found.image_shape or (None, None, found.channels)
   features = tfds.features.FeaturesDict({
       'image': tfds.features.Image(shape=shape),
@@ -139,8 +142,7 @@ def main(argv) -> None:
     if FLAGS.out or FLAGS.file_format != 'array_record':
       raise UserError(f'--out and --file_format apply to image folders; {FLAGS.dataset} is '
                       'converted in place, to ArrayRecord: drop them')
-    from trainer.data import sources  # pylint: disable=import-outside-toplevel
-    import ml_collections  # pylint: disable=import-outside-toplevel
+    from trainer.data import sources  # pylint: disable=import-outside-toplevel  # (start-up)
     config = ml_collections.ConfigDict({'dataset': FLAGS.dataset, 'train_split': 'train',
                                         'tfds_data_dir': FLAGS.tfds_data_dir})
     builder = sources.get_builder(config)

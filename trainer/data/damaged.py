@@ -16,6 +16,10 @@ pixel data that the check cannot see, a damaged record) stops the run with one l
 the file or the record, its stream position and what to do, in place of TensorFlow's
 traceback. The failing batch's examples are read and prepared again one at a time, on the
 host, to find it; a failure that none of them repeats alone is raised as it was.
+
+Two imports are made inside the functions that need them: `pipeline`, which imports this
+module (a cycle), and JAX (with `trainer.multihost`), which the input side does not import
+when it is loaded: the DDP twin's ranks and the converter start without it.
 """
 
 import contextlib
@@ -24,14 +28,20 @@ import os
 import re
 from typing import Any, Callable, Iterator, Optional
 
+import numpy as np
+import tensorflow as tf
+import tensorflow_datasets as tfds
 from absl import logging
+from etils import epath
 
 from trainer.data import folder as folder_lib
+from trainer.data import preprocess
+from trainer.data import sources
 from trainer.data import specs
+from trainer.data import stream as stream_lib
 from trainer.errors import UserError
 
 RECORD_FILE = 'left_out_files.json'  # In the workdir: {'folders': {root: {path: why}}}.
-NAMED_IN_A_LINE = 5  # Files a warning or an error names before it says how many more.
 
 
 def folder_roots(config) -> list[str]:
@@ -57,7 +67,6 @@ def record_path(workdir: str) -> str:
 def read_record(workdir: str) -> Optional[dict]:
   """{root: {path relative to root: why}} as the workdir recorded them; None where it holds
   no record (a new run, or one from before records were kept)."""
-  from etils import epath  # pylint: disable=import-outside-toplevel  # (gs:// workdirs)
   path = epath.Path(record_path(workdir))
   if not path.exists():
     return None
@@ -71,36 +80,12 @@ def read_record(workdir: str) -> Optional[dict]:
                     'may then leave out other files)') from None
 
 
-def listed(left_out: dict[str, str]) -> str:
-  """'4 files: a (why), b (why), c (why) and 1 more' (sorted), or 'a file: a (why)'."""
-  paths = sorted(left_out)
-  named = ', '.join(f'{p} ({left_out[p]})' for p in paths[:NAMED_IN_A_LINE])
-  more = len(paths) - NAMED_IN_A_LINE
-  count = f'{len(paths)} files' if len(paths) > 1 else 'a file'
-  return f'{count}: {named} and {more} more' if more > 0 else f'{count}: {named}'
-
-
-def _from_process_0(left_out: dict[str, str]) -> dict[str, str]:
-  """Process 0's `left_out` on every process of a multi-process run (each checked the files
-  itself: a copy of the folder on each host may differ)."""
-  import jax  # pylint: disable=import-outside-toplevel
-  if jax.process_count() == 1:
-    return left_out
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-  data = np.frombuffer(json.dumps(left_out, sort_keys=True).encode(), np.uint8)
-  size = int(multihost_utils.broadcast_one_to_all(np.int32(data.size)))
-  padded = np.zeros(size, np.uint8)
-  padded[:min(size, data.size)] = data[:size]
-  shared = np.asarray(multihost_utils.broadcast_one_to_all(padded)).astype(np.uint8)
-  return json.loads(shared.tobytes().decode())
-
-
 def settle(config, workdir: str) -> None:
   """Decides the files each image folder of the run leaves out (its workdir's record, else
   what the check finds, process 0's for every process) and says so in one warning line a
   folder; refuses them in one line where `config.skip_unreadable_files` is False. Reads
   nothing from the workdir but the record, and writes nothing."""
+  from trainer import multihost  # pylint: disable=import-outside-toplevel  # (no JAX at import)
   recorded = read_record(workdir) or {}
   for root in folder_roots(config):
     if root in recorded:
@@ -108,27 +93,29 @@ def settle(config, workdir: str) -> None:
     else:
       folder_lib.adopt(root, None)
       left_out = folder_lib.scan(root).left_out
-    # Every process takes part, whatever it found: process 0's list is the run's.
-    folder_lib.adopt(root, _from_process_0(left_out))
+    # Every process takes part, whatever it found (a copy of the folder on each host may
+    # differ): process 0's list is the run's.
+    folder_lib.adopt(root, multihost.from_process_0(left_out))
     found = folder_lib.scan(root)
     if not found.left_out:
       continue
     if not config.skip_unreadable_files:
       raise UserError(f'image folder {root} holds files that do not read, '
-                      f'{listed(found.left_out)}; move them out of the folder (or replace '
-                      'them), or pass --config.skip_unreadable_files=True to leave them out')
+                      f'{folder_lib.listed(found.left_out)}; move them out of the folder (or '
+                      'replace them), or pass --config.skip_unreadable_files=True to leave '
+                      'them out')
     source = ('as the run\'s first session found them' if root in recorded else
               'found by the check before the first step')
     logging.warning('image folder %s: left out files that do not read (%s; recorded in %s, '
                     'every resume leaves out the same), %s', root, source,
-                    record_path(workdir), listed(found.left_out))
+                    record_path(workdir), folder_lib.listed(found.left_out))
 
 
 def write_record(workdir: str, config) -> None:
   """Records the files each image folder of the run leaves out (an empty list where none) for
   the folders the workdir's record lacks, by process 0; a folder recorded stays as it is (its
   list was decided once). After `settle`, before the first step."""
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel  # (no JAX at import)
   if jax.process_index() > 0:
     return
   recorded = read_record(workdir) or {}
@@ -139,7 +126,6 @@ def write_record(workdir: str, config) -> None:
       folders[root] = dict(sorted(found.left_out.items()))
   if folders == recorded:
     return
-  from etils import epath  # pylint: disable=import-outside-toplevel
   path = epath.Path(record_path(workdir))
   temporary = epath.Path(f'{path}.tmp')
   temporary.write_text(json.dumps({'folders': folders}, indent=1) + '\n')
@@ -164,6 +150,14 @@ def _step(position: int, batch_size: int) -> int:
   return position // batch_size + 1
 
 
+def _split_examples(config, spec, builder, split):
+  """Every example of `split` once, in index order (`sources.split_examples`), read with the
+  config's threads and options."""
+  from trainer.data import pipeline  # pylint: disable=import-outside-toplevel  # (a cycle)
+  return sources.split_examples(spec, builder, split, pipeline.data_threads(config),
+                                pipeline.options(config))[0]
+
+
 def _example_name(data, index: int) -> tuple[str, str]:
   """What example `index` of the training split is (a file's path, or a record) and how to
   leave it out or mend it."""
@@ -173,7 +167,6 @@ def _example_name(data, index: int) -> tuple[str, str]:
 def _named(spec, builder, split, index: int, what: str = 'record') -> tuple[str, str]:
   """What example `index` of `split` of the dataset of `spec` is, and how to leave it out or
   mend it (`_example_name`)."""
-  from trainer.data import sources  # pylint: disable=import-outside-toplevel
   if spec.folder and builder is None:
     paths, _ = sources.folder_selection(folder_lib.scan(spec.folder), split)
     return f'image file {paths[index]}', (
@@ -191,7 +184,6 @@ def _named(spec, builder, split, index: int, what: str = 'record') -> tuple[str,
 
 def _prepared_alone(plan, element: dict, seed: int) -> Optional[str]:
   """TensorFlow's message where `plan` fails on the example `element`, else None."""
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
   try:
     plan(element['image'], element['position'], seed)
     return None
@@ -202,9 +194,6 @@ def _prepared_alone(plan, element: dict, seed: int) -> Optional[str]:
 def _by_index_culprit(data, rows, seed: int, batch: int) -> Optional[tuple[str, int, str, str]]:
   """The first example of this process's rows of `batch` (of the session) that does not read
   or prepare alone: (its name, stream position, TensorFlow's message, the remedy)."""
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  from trainer.data import stream as stream_lib  # pylint: disable=import-outside-toplevel
   source = data._indexed_source()  # pylint: disable=protected-access  # (the input side's own)
   plan = data.plan()
   positions = np.asarray(rows.positions(batch))
@@ -227,8 +216,7 @@ def _sequential_culprit(data, rows, seed: int, batch: int
                         ) -> Optional[tuple[str, int, str, str]]:
   """As `_by_index_culprit` for a split read in sequence: the session's stream of this process
   read again (not decoded) up to `batch`, its records named by TFDS's ids."""
-  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
-  from trainer.data import pipeline  # pylint: disable=import-outside-toplevel
+  from trainer.data import pipeline  # pylint: disable=import-outside-toplevel  # (a cycle)
   spec = data.spec
 
   def with_ids(part):
@@ -255,8 +243,6 @@ def named_failures(batches: Iterator[Any], data, rows, seed: int) -> Iterator[An
   in TensorFlow because an example does not read or decode, `UserError` naming the first such
   example of the batch, its stream position and step, and what to do. Other failures are
   raised as they are."""
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  from trainer.data import sources  # pylint: disable=import-outside-toplevel
   batch = 0
   while True:
     try:
@@ -278,17 +264,10 @@ def named_failures(batches: Iterator[Any], data, rows, seed: int) -> Iterator[An
 def load_failure(data, error: BaseException) -> BaseException:
   """What to raise where loading the training split into memory failed with `error`: a
   `UserError` naming the first example that does not decode alone, else `error`."""
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  from trainer.data import pipeline  # pylint: disable=import-outside-toplevel
-  from trainer.data import preprocess  # pylint: disable=import-outside-toplevel
-  from trainer.data import sources  # pylint: disable=import-outside-toplevel
   # Loaded decoded where every image has one shape and the crop does not decode (as `load`).
   shape = None if data.spec.augment == 'inception' else data.spec.image_shape
   decode = preprocess.Decode(shape=shape) if shape else (lambda image, seed: image)
-  ds, _ = sources.split_examples(data.config, data.spec, data.builder, data.split,
-                                 pipeline.data_threads(data.config),
-                                 pipeline.options(data.config))
-  examples = iter(ds)
+  examples = iter(_split_examples(data.config, data.spec, data.builder, data.split))
   for index in range(data.num_examples):
     try:
       decode(next(examples)['image'], None)
@@ -306,7 +285,6 @@ def load_failure(data, error: BaseException) -> BaseException:
 
 def failure_guard(make: Callable[[], Any], data) -> Any:
   """`make()` (loading the split into memory), a decode failure named by `load_failure`."""
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
   try:
     return make()
   except tf.errors.OpError as e:
@@ -318,12 +296,8 @@ def eval_culprit(config, spec, builder, part, plan, per_process: int, batch: int
   """The first example of this process's evaluation batch `batch` of `part` (batches of
   `per_process`) that does not read or prepare alone through `plan`: (its name, TensorFlow's
   message, the remedy); None where none fails alone."""
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  from trainer.data import pipeline  # pylint: disable=import-outside-toplevel
-  from trainer.data import sources  # pylint: disable=import-outside-toplevel
-  ds, _ = sources.split_examples(config, spec, builder, part, pipeline.data_threads(config),
-                                 pipeline.options(config))
-  examples = iter(ds.skip(batch * per_process).take(per_process))
+  examples = iter(_split_examples(config, spec, builder, part).skip(batch * per_process).take(
+      per_process))
   for place in range(batch * per_process, (batch + 1) * per_process):
     try:
       plan(next(examples)['image'], 0, config.seed)
@@ -342,7 +316,6 @@ def named_eval_failure(data, batch: Callable[[], int]):
   """Around reading `data` (a `pipeline.EvalData`): an example that does not read or decode
   raised as `UserError` naming it (the failing batch is `batch()`), not TensorFlow's
   traceback."""
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
   try:
     yield
   except tf.errors.OpError:

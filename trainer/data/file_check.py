@@ -62,7 +62,7 @@ class Checked:
 
 def _decodes(path: str) -> str:
   """'' where Pillow decodes the whole file, else what it said."""
-  from PIL import Image  # pylint: disable=import-outside-toplevel
+  from PIL import Image  # pylint: disable=import-outside-toplevel  # (image folders only)
   try:
     with Image.open(path) as image:
       image.load()
@@ -73,7 +73,7 @@ def _decodes(path: str) -> str:
 
 def check(path: str, size: int) -> Checked:
   """The check of the file at `path` of `size` bytes (see the module docstring)."""
-  from PIL import Image  # pylint: disable=import-outside-toplevel
+  from PIL import Image  # pylint: disable=import-outside-toplevel  # (image folders only)
   if size == 0:
     return Checked(reason='an empty file')
   head = b''

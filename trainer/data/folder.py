@@ -38,6 +38,7 @@ SUFFIXES = ('.jpg', '.jpeg', '.png')
 CONVERTED_FILE = 'image_folder.json'  # Beside the records of a converted folder.
 # Evaluation split names that stand in for one another where the folder has only one of them.
 EVAL_SPLIT_NAMES = ('val', 'validation', 'test')
+NAMED_IN_A_LINE = 5  # Files a warning or an error names before it says how many more.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +116,16 @@ def adopt(root: str, left_out: Optional[dict]) -> None:
     _ADOPTED.pop(root, None)
   else:
     _ADOPTED[root] = tuple(sorted(left_out.items()))
+
+
+def listed(left_out: dict[str, str]) -> str:
+  """The files a folder leaves out ({path: why}), as a line names them: '4 files: a (why),
+  b (why), c (why) and 1 more' (sorted), or 'a file: a (why)'."""
+  paths = sorted(left_out)
+  named = ', '.join(f'{p} ({left_out[p]})' for p in paths[:NAMED_IN_A_LINE])
+  more = len(paths) - NAMED_IN_A_LINE
+  count = f'{len(paths)} files' if len(paths) > 1 else 'a file'
+  return f'{count}: {named} and {more} more' if more > 0 else f'{count}: {named}'
 
 
 def scan(root: str) -> ImageFolder:

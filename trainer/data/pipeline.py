@@ -24,13 +24,13 @@ import functools
 import itertools
 import math
 import os
-import re
 from typing import Any, Iterator, Optional
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from trainer.batch_keys import MASK_KEY
 from trainer.data import arrays as arrays_lib
 from trainer.data import damaged
 from trainer.data import folder as folder_lib
@@ -38,10 +38,10 @@ from trainer.data import preprocess
 from trainer.data import sources
 from trainer.data import specs
 from trainer.data import stream as stream_lib
-from trainer.errors import UserError
-from trainer.keys import MASK_KEY
 
-PREFETCH_BATCHES = 2  # Finished batches kept ready ahead of the training loop.
+# Batches made ready ahead of the training loop at each stage: finished uint8 batches on the
+# host (tf.data), and batches on their way to the devices (the loop's `dispatch.Prefetch`).
+PREFETCH_BATCHES = 2
 
 
 def data_threads(config) -> int:
@@ -86,18 +86,16 @@ class TrainData:
   @functools.cached_property
   def _in_memory(self) -> sources.InMemory:
     if arrays_lib.is_arrays(self.spec.name):  # In memory already, decoded.
-      return sources.indexed(self.config, self.spec, None, self.split,
-                             data_threads(self.config))
+      return sources.indexed(self.spec, None, self.split, data_threads(self.config))
     decoded = None if self.spec.augment == 'inception' else self.spec.image_shape
     return damaged.failure_guard(lambda: sources.load(
-        self.config, self.spec, self.builder, self.split, decoded, data_threads(self.config),
+        self.spec, self.builder, self.split, decoded, data_threads(self.config),
         options(self.config)), self)
 
   def _indexed_source(self) -> sources.Source:
     if self.mode == sources.IN_MEMORY:
       return self._in_memory
-    return sources.indexed(self.config, self.spec, self.builder, self.split,
-                           data_threads(self.config))
+    return sources.indexed(self.spec, self.builder, self.split, data_threads(self.config))
 
   def plan(self) -> preprocess.Plan:
     """What each training example goes through."""
@@ -170,10 +168,10 @@ class TrainData:
     (seed, epoch, process) through a shuffle buffer; element k of it is row k % rows of
     batch k // rows. On resume the part's stream is skipped, not decoded, up to this
     process's share of the examples consumed. `read(part)`: the part's examples in file
-    order, in place of `sources.sequential_examples` (e.g. with TFDS's record ids)."""
+    order, in place of `sources.tfrecord_examples` (e.g. with TFDS's record ids)."""
     part = tfds.even_splits(self.split, n=rows.process_count)[rows.process_index]
     raw = (read(part) if read else
-           sources.sequential_examples(self.builder, self.spec, part, options(self.config)))
+           sources.tfrecord_examples(self.builder, self.spec, part, options(self.config)))
     part_size = sources.count(self.builder, part, raw)
     start_epoch, offset = divmod(rows.start_position // rows.process_count, part_size)
 
@@ -249,7 +247,7 @@ def eval_data(config, builder, *, process_index: int = 0, process_count: int = 1
   part = tfds.split_for_jax_process(eval_set.split, process_index=process_index,
                                     process_count=process_count)
   threads = data_threads(config)
-  ds, _ = sources.split_examples(config, ds_spec, builder, part, threads, options(config))
+  ds, _ = sources.split_examples(ds_spec, builder, part, threads, options(config))
   plan = preprocess.eval_plan(config, ds_spec, encoded=not arrays_lib.is_arrays(ds_spec.name))
   ds = ds.map(lambda e: {'image': plan(e['image'], 0, config.seed), 'label': e['label']},
               num_parallel_calls=threads, deterministic=True)

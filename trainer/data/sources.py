@@ -26,9 +26,11 @@ from typing import Any, Optional
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
+from absl import logging
 
 from trainer.data import arrays as arrays_lib
 from trainer.data import folder as folder_lib
+from trainer.data import preprocess
 from trainer.data import specs
 from trainer.errors import UserError, first_line
 
@@ -80,10 +82,11 @@ def _sync_processes(name: str) -> None:
   """A barrier over the processes of a multi-process JAX run (its distributed runtime
   started); nothing elsewhere, where no JAX backend is started for it (a pipeline run alone,
   the DDP twin's ranks)."""
-  import jax  # pylint: disable=import-outside-toplevel
+  # pylint: disable=import-outside-toplevel
+  import jax  # Here only: the input side imports without JAX (the DDP twin's ranks).
   if jax.distributed.is_initialized():
-    from trainer import parallel  # pylint: disable=import-outside-toplevel
-    parallel.sync_processes(name)
+    from trainer import multihost  # (JAX, as above)
+    multihost.sync_processes(name)
 
 
 def get_builder(config, ds_spec: Optional[specs.DatasetSpec] = None, *,
@@ -106,7 +109,7 @@ def get_builder(config, ds_spec: Optional[specs.DatasetSpec] = None, *,
     return _converted_builder(folder_lib.scan(ds_spec.folder))
   data_dir = config.tfds_data_dir or None
   if ds_spec.shipped:
-    # Importing the module registers the builder under its name.
+    # Importing the module registers the builder under its name: here, where it is read.
     import trainer.data.datasets.digits  # pylint: disable=unused-import,import-outside-toplevel
 
   def make_builder(**kwargs):
@@ -174,7 +177,6 @@ def check_split(config, builder, split: str, field: str,
   if ds_spec.folder:
     split, note = folder_lib.scan(ds_spec.folder).split_name(split, field)
     if note:
-      from absl import logging  # pylint: disable=import-outside-toplevel
       logging.warning('%s', note)
     return split
   if not builder.info.splits:
@@ -198,7 +200,6 @@ def _evaluation_stand_in(split: str, field: str, dataset: str, names) -> Optiona
   stand_in = next((name for name in folder_lib.EVAL_SPLIT_NAMES if name in names), None)
   if field != 'eval_split' or base not in folder_lib.EVAL_SPLIT_NAMES or not stand_in:
     return None
-  from absl import logging  # pylint: disable=import-outside-toplevel
   logging.warning('%s=%r: dataset %r has no %s split; evaluating its %s split '
                   '(--config.%s=%s says so)', field, split, dataset, base, stand_in, field,
                   stand_in)
@@ -357,22 +358,17 @@ class ImageFiles(Source):
     return indices.map(read, num_parallel_calls=self.threads, deterministic=True)
 
 
-def _encoded_tfds(builder, ds_spec: specs.DatasetSpec, split,
-                  options: tf.data.Options) -> tf.data.Dataset:
-  """A TFRecord split's examples in file order, images left encoded."""
+def tfrecord_examples(builder, ds_spec: specs.DatasetSpec, split,
+                      options: tf.data.Options) -> tf.data.Dataset:
+  """A TFDS split read in sequence (TFRecord files): its examples in file order, images left
+  encoded."""
   ds = builder.as_dataset(split=split, shuffle_files=False,
                           read_config=tfds.ReadConfig(options=options),
                           decoders={ds_spec.image_key: tfds.decode.SkipDecoding()})
   return ds.map(lambda example: _image_and_label(example, ds_spec))
 
 
-def sequential_examples(builder, ds_spec: specs.DatasetSpec, split,
-                        options: tf.data.Options) -> tf.data.Dataset:
-  """A TFDS split read in sequence (TFRecord files), images encoded."""
-  return _encoded_tfds(builder, ds_spec, split, options)
-
-
-def indexed(config, ds_spec: specs.DatasetSpec, builder, split, threads: int) -> Source:
+def indexed(ds_spec: specs.DatasetSpec, builder, split, threads: int) -> Source:
   """`split` read by index, from ArrayRecord files or an image folder's files (not loaded),
   or from memory (arrays)."""
   if arrays_lib.is_arrays(ds_spec.name):
@@ -382,21 +378,20 @@ def indexed(config, ds_spec: specs.DatasetSpec, builder, split, threads: int) ->
     paths, labels = folder_selection(folder_lib.scan(ds_spec.folder), split)
     return ImageFiles(len(labels), True, threads, paths=tf.constant(paths),
                       labels=tf.constant(labels))
-  del config
   data_source = builder.as_data_source(
       split=split, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES)
   return ArrayRecords(len(data_source), True, threads, data_source=data_source,
                       parse_spec=_parse_spec(builder, ds_spec), spec=ds_spec)
 
 
-def split_examples(config, ds_spec, builder, split, threads: int,
+def split_examples(ds_spec: specs.DatasetSpec, builder, split, threads: int,
                    options: tf.data.Options) -> tuple[tf.data.Dataset, int]:
   """Every example of `split` once, in index order, images encoded; and how many there are.
   Evaluation and loading into memory read a split so."""
   if builder is not None and ARRAY_RECORD not in formats(builder):
-    ds = _encoded_tfds(builder, ds_spec, split, options)
+    ds = tfrecord_examples(builder, ds_spec, split, options)
     return ds, count(builder, split, ds)
-  source = indexed(config, ds_spec, builder, split, threads)
+  source = indexed(ds_spec, builder, split, threads)
   indices = tf.data.Dataset.range(source.num_examples).map(lambda i: {'index': i})
   return source.examples(indices).map(lambda e: {'image': e['image'], 'label': e['label']}), (
       source.num_examples)
@@ -417,13 +412,13 @@ def count(builder, split, ds: Optional[tf.data.Dataset] = None) -> int:
   return n
 
 
-def load(config, ds_spec, builder, split, decoded_shape: Optional[tuple[int, int, int]],
-         threads: int, options: tf.data.Options) -> InMemory:
+def load(ds_spec: specs.DatasetSpec, builder, split,
+         decoded_shape: Optional[tuple[int, int, int]], threads: int,
+         options: tf.data.Options) -> InMemory:
   """`split` loaded into memory in index order: decoded to `decoded_shape` where given,
   else the encoded bytes."""
-  ds, _ = split_examples(config, ds_spec, builder, split, threads, options)
+  ds, _ = split_examples(ds_spec, builder, split, threads, options)
   if decoded_shape is not None:
-    from trainer.data import preprocess  # pylint: disable=import-outside-toplevel
     decode = preprocess.Decode(shape=decoded_shape)
     ds = ds.map(lambda e: dict(e, image=decode(e['image'], None)),
                 num_parallel_calls=threads, deterministic=True)

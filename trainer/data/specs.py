@@ -225,7 +225,7 @@ def _tfds_spec(name: str) -> DatasetSpec:
   it lists the dataset, else they follow from the shape as for image folders. TFDS reads
   builders' metadata without TensorFlow."""
   try:
-    import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel  # (no TF)
+    import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel  # (optional)
   except ImportError as e:
     raise UserError(f'dataset={name!r}: its classes and shapes are read from TFDS\'s metadata, '
                     f'and {e.name} cannot be imported here; install tensorflow-datasets '
@@ -233,7 +233,7 @@ def _tfds_spec(name: str) -> DatasetSpec:
                     f'{SPEC_FILE} a run of this dataset wrote in its workdir') from None
   base = name.partition(':')[0]
   if base in SHIPPED:
-    # Importing the module registers the builder under its name.
+    # Importing the module registers the builder under its name: here, where it is read.
     import trainer.data.datasets.digits  # pylint: disable=unused-import,import-outside-toplevel
   try:
     builder = tfds.builder(name)
@@ -272,7 +272,7 @@ def prepared_splits(spec: DatasetSpec, data_dir: str) -> str:
     return 'splits: its subfolders'
   if spec.shipped:
     return 'splits as it prepares them (offline)'
-  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel  # (no TF)
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel  # (optional)
   builder = tfds.builder(spec.tfds_name, data_dir=data_dir or None)
   if not builder.info.splits:
     return f'not prepared in {builder.data_dir} (its splits are known once it is)'
@@ -283,7 +283,7 @@ def prepared_splits(spec: DatasetSpec, data_dir: str) -> str:
 def _supervised_keys(name: str, info) -> tuple[str, str]:
   """(image feature, class-label feature) of a TFDS dataset: its supervised keys where they
   are an image and a class label, else the first feature of each kind."""
-  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel  # (optional)
   features = info.features
   is_image = lambda key: isinstance(features[key], tfds.features.Image)
   is_label = lambda key: isinstance(features[key], tfds.features.ClassLabel)

@@ -20,7 +20,7 @@ operation (which also sees raw parameters and `MultiheadAttention`'s `out_proj`)
 layer after a flatten may need its rows in another order (NCHW against NHWC): shapes cannot
 tell, so `carry` decides it from the layer's input on both sides.
 
-Nothing here imports the trainer; torch is imported by the functions that need it.
+Nothing here imports the trainer.
 """
 
 import contextlib
@@ -30,8 +30,10 @@ from typing import Any, Callable, Optional
 import flax.linen as nn
 import jax
 import numpy as np
+import torch
 from flax import traverse_util
 from flax.core import scope as scope_lib
+from torch.overrides import TorchFunctionMode
 
 Arrays = dict[str, np.ndarray]
 
@@ -126,7 +128,6 @@ def flax_layers(apply: Callable[[Any, Any], Any], variables: Any, x: Any) -> lis
 # ----- the torch side ----------------------------------------------------------------------
 
 def _torch_kind(module) -> Optional[str]:
-  import torch  # pylint: disable=import-outside-toplevel
   tnn = torch.nn
   if isinstance(module, tnn.MultiheadAttention):
     return 'attention'
@@ -157,8 +158,6 @@ def torch_layers(module, x) -> list[Layer]:
   """The layers of a torch module in the order `module(x)` first uses their tensors (in
   eval mode, without gradients). A linear layer notes the (C, H, W) of the last 4-d
   activation an operation took before it: a flatten may lie between them."""
-  import torch  # pylint: disable=import-outside-toplevel
-  from torch.overrides import TorchFunctionMode  # pylint: disable=import-outside-toplevel
   kinds = {name: m for name, m in module.named_modules() if _torch_kind(m) is not None}
   inside = [name for name, m in kinds.items() if _torch_kind(m) == 'attention']
   kinds = {name: m for name, m in kinds.items()  # out_proj is the attention's own.
@@ -215,7 +214,6 @@ def eval_mode(module):
 
 
 def _tensors(tree) -> list:
-  import torch  # pylint: disable=import-outside-toplevel
   if torch.is_tensor(tree):
     return [tree]
   if isinstance(tree, (list, tuple)):
@@ -382,7 +380,6 @@ def carry(apply: Callable[[Any, Any], Any], variables: Any, torch_module, x: np.
   """The torch module's weights in flax `variables`, layers paired by call order on `x`
   (one NHWC batch; torch sees it as NCHW). A dense layer after a flatten takes its rows in
   the order under which its flax input equals torch's (identity, or NCHW to NHWC)."""
-  import torch  # pylint: disable=import-outside-toplevel
   pairs = match(flax_layers(apply, variables, x), torch_layers(torch_module, to_torch(x)))
   variables = _plain_dict(variables)
   for pair in pairs:
@@ -423,7 +420,6 @@ def _plain_dict(tree: Any) -> dict:
 
 def to_torch(x: np.ndarray):
   """An NHWC numpy batch as the NCHW float tensor torch's layers take."""
-  import torch  # pylint: disable=import-outside-toplevel
   x = np.asarray(x, np.float32)
   return torch.from_numpy(np.ascontiguousarray(np.moveaxis(x, -1, 1) if x.ndim == 4 else x))
 

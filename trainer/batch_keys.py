@@ -1,8 +1,6 @@
-"""The names the input side, the steps and the DDP twin share, in one place and importable
-anywhere (no JAX, TensorFlow or torch here): the batch entries beyond 'image' and 'label',
-and the device axis."""
-
-AXIS_NAME = 'batch'  # The data-parallel axis of both step layouts (pmean, ppermute over it).
+"""The entries of a batch dict beyond 'image' and 'label', named in one place for the input
+side, the steps and the DDP twin, and importable anywhere (no JAX, TensorFlow or torch
+here)."""
 
 MASK_KEY = 'mask'  # Evaluation batches: 1 for a real example, 0 for padding.
 # Mixup/CutMix (trainer/mix.py), added on the device: each row's partner label, and the

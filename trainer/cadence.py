@@ -1,5 +1,5 @@
-"""What the training loops share (the trainer's and the DDP baseline's): when a step logs,
-evaluates and saves."""
+"""When a step logs, evaluates and saves: the cadence both training loops keep (the trainer's
+and the DDP baseline's)."""
 
 import dataclasses
 
