@@ -115,8 +115,9 @@ SLOW_PAGES = sorted({block.page for block in BLOCKS if block.runs and not block.
 def localize(text: str, scratch: str) -> str:
   """A block's text as the test runs it: /tmp is the test's directory, the placeholder of the
   checkout is the repository."""
-  text = text.replace('/path/to/flax-dp-trainer', REPO)
-  return re.sub(r'(?<![\w/.~-])/tmp(?![\w.-])', scratch, text)
+  # The repository's path goes in last: a clone may itself live under /tmp.
+  text = re.sub(r'(?<![\w/.~-])/tmp(?![\w.-])', scratch, text)
+  return text.replace('/path/to/flax-dp-trainer', REPO)
 
 
 def _write_python_wrapper(directory) -> str:
@@ -252,7 +253,7 @@ def test_every_guide_opens_with_a_block_that_runs():
     assert first is not None and first.runs, f'{page}: its first block is not marked `run`'
 
 
-def test_the_collector_reads_fences_and_their_words():
+def test_the_collector_reads_fences_and_their_words(monkeypatch):
   text = ('intro\n'
           '```sh run\n'
           'echo one \\\n'
@@ -274,6 +275,10 @@ def test_the_collector_reads_fences_and_their_words():
   assert blocks[2].fast and blocks[2].status == 2
   assert localize('cd /tmp && ls /tmp/a "/tmp" /tmpx /x/tmp/y', '/S') == (
       'cd /S && ls /S/a "/S" /tmpx /x/tmp/y')
+  # A checkout under /tmp (as CI's may be) keeps its path.
+  monkeypatch.setattr(sys.modules[__name__], 'REPO', '/tmp/ci/repo')
+  assert localize('--config=/path/to/flax-dp-trainer/c.py --workdir=/tmp/w', '/S') == (
+      '--config=/tmp/ci/repo/c.py --workdir=/S/w')
 
 
 def test_the_short_run_replaces_a_commands_durations(tmp_path):
