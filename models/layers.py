@@ -163,7 +163,7 @@ class Gathering:
     """`params` with every split leaf that no block (`blocks`) holds gathered whole: the
     layers before, between and after the blocks."""
     def whole(path, axis, x):
-      names = tuple(getattr(k, 'key', getattr(k, 'name', None)) for k in path)
+      names = path_names(path)
       if axis is None or any(names[:len(b)] == b for b in self.blocks):
         return x
       return lax.all_gather(x, self.axis_name, axis=axis, tiled=True)
@@ -335,6 +335,11 @@ def layer_form(names) -> Optional[str]:
   if any(_LAYER.match(part) for part in parts):
     return 'unscanned'
   return None
+
+
+def path_names(path) -> tuple:
+  """The names along a pytree key path (dict keys, dataclass fields; None for indices)."""
+  return tuple(getattr(k, 'key', getattr(k, 'name', None)) for k in path)
 
 
 def is_stacked(path: tuple[str, ...]) -> bool:

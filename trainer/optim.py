@@ -57,8 +57,7 @@ def decay_mask(params):
   """Weight decay (and LARS trust ratios) for kernels only: biases and norm params (1-D) are
   spared; a scanned stack's leaves (`models.layers.stack_layers`) by one layer's dimensions."""
   def kernel(path, p):
-    names = tuple(getattr(k, 'key', None) for k in path)
-    return p.ndim - int(layers.is_stacked(names)) > 1
+    return p.ndim - int(layers.is_stacked(layers.path_names(path))) > 1
   return jax.tree_util.tree_map_with_path(kernel, params)
 
 

@@ -113,15 +113,12 @@ def split_spec(shape: Sequence[int], num_devices: int, stacked: bool = False) ->
   return axis_spec(split_dimension(shape, num_devices, stacked))
 
 
-def _names(path) -> tuple:
-  return tuple(getattr(k, 'key', getattr(k, 'name', None)) for k in path)
-
-
 def param_split_axes(params: Any, num_devices: int) -> Any:
   """The dimension each leaf of a params tree is split along over `num_devices` (None where
   it is kept whole), as the sharded state holds it."""
   return jax.tree_util.tree_map_with_path(
-      lambda path, x: split_dimension(x.shape, num_devices, layers.is_stacked(_names(path))),
+      lambda path, x: split_dimension(x.shape, num_devices,
+                                      layers.is_stacked(layers.path_names(path))),
       params)
 
 
@@ -326,7 +323,7 @@ class ShardMapped(DataParallel):
     def sharding(path, leaf):
       if getattr(path[0], 'name', None) in split:
         return NamedSharding(self.mesh, split_spec(leaf.shape, len(self.devices),
-                                                   layers.is_stacked(_names(path))))
+                                                   layers.is_stacked(layers.path_names(path))))
       return self._replicated
 
     return jax.tree_util.tree_map_with_path(sharding, state)
