@@ -4,7 +4,7 @@
 # logic without a cluster.
 #
 #   launch/local.sh --num_processes=2 --devices_per_process=2 -- \
-#       --config=configs/default.py --workdir=/tmp/mp
+#       --config=default --workdir=/tmp/mp
 #
 # Each process's output is prefixed with [pN]. If any process fails, the others are stopped and
 # the launcher exits with that process's status; it exits 0 only when every process did.
@@ -53,7 +53,7 @@ trap 'cleanup; exit 130' INT
 trap 'cleanup; exit 143' TERM
 
 for ((i = 0; i < num_processes; i++)); do
-  "$python" -m trainer.main --cpu_devices="$devices_per_process" \
+  "$python" -m flax_dp_trainer --cpu_devices="$devices_per_process" \
       --coordinator_address="127.0.0.1:$port" --num_processes="$num_processes" \
       --process_id="$i" "$@" > >(sed -u "s/^/[p$i] /") 2>&1 &
   pids+=("$!")

@@ -4,7 +4,7 @@
 # them), stream the logs, delete the slice.
 #
 #   launch/tpu_pod.sh --name=r50 --zone=us-central2-b --accelerator_type=v4-32 \
-#       --config=configs/imagenet_resnet50.py --workdir=gs://BUCKET/r50 \
+#       --config=imagenet_resnet50 --workdir=gs://BUCKET/r50 \
 #       [--project=PROJECT] [--version=tpu-ubuntu2204-base] [--extra_files=PATH,...] \
 #       [--keep] [--dry-run] [-- --config.tfds_data_dir=gs://BUCKET/tensorflow_datasets ...]
 #
@@ -17,7 +17,7 @@
 # repository's own, e.g. trainer or models, is hidden.) A folder arrives whole, with its name:
 #
 #   launch/tpu_pod.sh --name=mine --zone=us-central2-b --accelerator_type=v4-8 \
-#       --config=configs/default.py --workdir=gs://BUCKET/mine \
+#       --config=default --workdir=gs://BUCKET/mine \
 #       --extra_files=~/src/my_models,~/src/extra_layer.py -- --config.model=my_models.net:Net
 #
 # (my_models is a folder holding net.py, on the workers ~/trainer_extra/my_models/net.py.)
@@ -117,13 +117,13 @@ run() {
 common=(--zone="$zone")
 [[ -n "$project" ]] && common+=(--project="$project")
 trainer_args=" $(quote "--config=$config" "--workdir=$workdir" "$@")"
-archive=/tmp/$name-trainer.tar.gz
+archive=/tmp/$name-flax_dp_trainer.tar.gz
 extra_archive=/tmp/$name-extra.tar.gz
 setup="mkdir -p ~/trainer && tar -xzf ~/trainer.tar.gz -C ~/trainer"
-train="cd ~/trainer && python3 -m trainer.main$trainer_args"
+train="cd ~/trainer && python3 -m flax_dp_trainer$trainer_args"
 if [[ ${#tar_sources[@]} -gt 0 ]]; then
   setup+=" && mkdir -p ~/trainer_extra && tar -xzf ~/trainer_extra.tar.gz -C ~/trainer_extra"
-  train="cd ~/trainer && PYTHONPATH=\$HOME/trainer_extra\${PYTHONPATH:+:\$PYTHONPATH} python3 -m trainer.main$trainer_args"
+  train="cd ~/trainer && PYTHONPATH=\$HOME/trainer_extra\${PYTHONPATH:+:\$PYTHONPATH} python3 -m flax_dp_trainer$trainer_args"
 fi
 
 delete=(gcloud compute tpus tpu-vm delete "$name" "${common[@]}" --quiet)

@@ -29,7 +29,7 @@ COMPILATION_CACHE = os.path.join(
 os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', COMPILATION_CACHE)
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
-# The image folders' check caches (trainer/data/file_check.py) of the run's generated folders,
+# The image folders' check caches (src/flax_dp_trainer/data/file_check.py) of the run's generated folders,
 # beside it rather than in the user's ~/.cache.
 FILE_CHECK_CACHE = COMPILATION_CACHE + '-file-checks'
 os.environ.setdefault('FLAX_DP_TRAINER_CACHE_DIR', FILE_CHECK_CACHE)
@@ -127,7 +127,7 @@ def one_rank_group():
   run in the test process."""
   # Imported by the test processes only: xdist's controller loads none (`pytest_configure`).
   import torch.distributed as dist  # pylint: disable=import-outside-toplevel
-  from scripts import processes  # pylint: disable=import-outside-toplevel
+  from flax_dp_trainer.runs import processes  # pylint: disable=import-outside-toplevel
   dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{processes.free_port()}',
                           rank=0, world_size=1)
   yield
@@ -137,7 +137,7 @@ def one_rank_group():
 @pytest.fixture
 def config(tfds_data_dir):
   """The default config reading from the session's TFDS data dir."""
-  from configs import default  # pylint: disable=import-outside-toplevel  # (as above)
+  from flax_dp_trainer.configs import default  # pylint: disable=import-outside-toplevel  # (as above)
   cfg = default.get_config()
   cfg.tfds_data_dir = tfds_data_dir
   return cfg

@@ -10,11 +10,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 import tensorflow_datasets as tfds
 
-from configs import default
-from trainer import checkpoint
-from trainer import parallel
-from trainer import step as step_lib
-from trainer.data import sources
+from flax_dp_trainer.configs import default
+from flax_dp_trainer import checkpoint
+from flax_dp_trainer import parallel
+from flax_dp_trainer import step as step_lib
+from flax_dp_trainer.data import sources
 
 
 # A short run on digits for comparing topologies: 60 steps, evaluated and saved at the end.

@@ -14,7 +14,7 @@ from absl import app
 from absl import flags
 
 from tests import helpers
-from trainer import train
+from flax_dp_trainer import train
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('coordinator_address', None, 'host:port of process 0.')

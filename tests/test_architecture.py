@@ -21,18 +21,18 @@ TOP = {
     'tests': set(PACKAGES),
 }
 
-# The rooms of trainer/, each module in one (trainer.data.* all in 'data').
+# The rooms of trainer/, each module in one (flax_dp_trainer.data.* all in 'data').
 ROOMS = {
-    'base': ('trainer.errors', 'trainer.cli', 'trainer.batch_keys', 'trainer.user_imports',
-             'trainer.multihost'),
-    'data': ('trainer.data',),
-    'devices': ('trainer.parallel', 'trainer.dispatch'),
-    'model': ('trainer.modeling', 'trainer.state', 'trainer.optim', 'trainer.losses'),
-    'step': ('trainer.step', 'trainer.mix', 'trainer.metrics'),
-    'checkpoint': ('trainer.checkpoint',),
-    'loop': ('trainer.train', 'trainer.checks', 'trainer.efficiency', 'trainer.writers',
-             'trainer.cadence', 'trainer.signals', 'trainer.workdir'),
-    'entry': ('trainer', 'trainer.main', 'trainer.settings', 'trainer.inference'),
+    'base': ('flax_dp_trainer.errors', 'flax_dp_trainer.cli', 'flax_dp_trainer.batch_keys', 'flax_dp_trainer.user_imports',
+             'flax_dp_trainer.multihost'),
+    'data': ('flax_dp_trainer.data',),
+    'devices': ('flax_dp_trainer.parallel', 'flax_dp_trainer.dispatch'),
+    'model': ('flax_dp_trainer.modeling', 'flax_dp_trainer.state', 'flax_dp_trainer.optim', 'flax_dp_trainer.losses'),
+    'step': ('flax_dp_trainer.step', 'flax_dp_trainer.mix', 'flax_dp_trainer.metrics'),
+    'checkpoint': ('flax_dp_trainer.checkpoint',),
+    'loop': ('flax_dp_trainer.train', 'flax_dp_trainer.checks', 'flax_dp_trainer.efficiency', 'flax_dp_trainer.writers',
+             'flax_dp_trainer.cadence', 'flax_dp_trainer.signals', 'flax_dp_trainer.workdir'),
+    'entry': ('trainer', 'flax_dp_trainer.main', 'flax_dp_trainer.settings', 'flax_dp_trainer.inference'),
 }
 # Room: the other rooms it may import.
 ROOM_IMPORTS = {
@@ -94,7 +94,7 @@ def _imports(name: str) -> list[tuple[str, int, bool]]:
 
 def _room(module: str) -> str:
   for room, members in ROOMS.items():
-    if any(module == m or (m == 'trainer.data' and module.startswith('trainer.data.'))
+    if any(module == m or (m == 'flax_dp_trainer.data' and module.startswith('flax_dp_trainer.data.'))
            for m in members):
       return room
   raise AssertionError(f'{module} is in no room of trainer/: add it to ROOMS here and to '
@@ -104,8 +104,8 @@ def _room(module: str) -> str:
 def test_every_trainer_module_is_in_one_room():
   for name in MODULES:
     if name.split('.')[0] == 'trainer':
-      assert sum(name in members or (name.startswith('trainer.data') and
-                                     members == ('trainer.data',))
+      assert sum(name in members or (name.startswith('flax_dp_trainer.data') and
+                                     members == ('flax_dp_trainer.data',))
                  for members in ROOMS.values()) == 1, name
 
 
@@ -179,10 +179,10 @@ def test_the_data_room_imports_jax_only_inside_functions():
   process index is imported where it is used."""
   wrong = []
   for name, path in MODULES.items():
-    if name.startswith('trainer.data'):
+    if name.startswith('flax_dp_trainer.data'):
       wrong += [f'{path.relative_to(REPO)}:{line} imports {module}'
                 for module, line, nested in _imports(name) + _foreign_imports(path)
-                if not nested and (module.split('.')[0] == 'jax' or module == 'trainer.multihost')]
+                if not nested and (module.split('.')[0] == 'jax' or module == 'flax_dp_trainer.multihost')]
   assert not wrong, '\n'.join(wrong)
 
 
@@ -236,10 +236,10 @@ def _foreign_imports(path: pathlib.Path) -> list[tuple[str, int, bool]]:
 
 
 def test_launch_scripts_start_only_the_entry_point():
-  """launch/ starts `python -m trainer.main` and knows nothing else of the trainer."""
+  """launch/ starts `python -m flax_dp_trainer` and knows nothing else of the trainer."""
   started = set()
   for path in (REPO / 'launch').iterdir():
     if path.suffix in ('.sh', '.sbatch'):
       started |= set(re.findall(r'python3?"?\s+-m\s+([\w.]+)', path.read_text()))
       started |= set(re.findall(r'\$python"?\s+-m\s+([\w.]+)', path.read_text()))
-  assert started - {'pip'} == {'trainer.main'}
+  assert started - {'pip'} == {'flax_dp_trainer.main'}

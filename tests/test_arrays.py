@@ -10,18 +10,19 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import trainer
-from scripts import processes
-from scripts import run_metrics
+import flax_dp_trainer as trainer
+from flax_dp_trainer.runs import processes
+from flax_dp_trainer.runs import run_metrics
 from tests import helpers
 from tests.test_datasets_by_name import _shapes
-from trainer import checkpoint
-from trainer import train
-from trainer.data import arrays
-from trainer.data import pipeline
-from trainer.data import sources
-from trainer.data import specs
-from trainer.errors import UserError
+from flax_dp_trainer import checkpoint
+from flax_dp_trainer import train
+from flax_dp_trainer.data import arrays
+from flax_dp_trainer.data import pipeline
+from flax_dp_trainer.data import sources
+from flax_dp_trainer.data import specs
+from flax_dp_trainer.errors import UserError
+from tests import REPO
 
 SHORT = dict(num_train_steps=30, warmup_steps=5, log_every_steps=10, eval_every_steps=30,
              checkpoint_every_steps=30, batch_size=16, eval_batch_size=16, learning_rate=0.02,
@@ -110,9 +111,9 @@ def test_an_npz_file_trains_by_one_command_as_on_one_device(shapes, config, tmp_
   path, data = shapes
   four = tmp_path / 'four'
   result = subprocess.run(
-      [sys.executable, '-m', 'trainer.main', '--config=configs/default.py',
+      [sys.executable, '-m', 'flax_dp_trainer', '--config=default',
        f'--workdir={four}', '--cpu_devices=4', f'--config.dataset=npz:{path}',
-       *(f'--config.{k}={v}' for k, v in SHORT.items())], cwd=processes.REPO,
+       *(f'--config.{k}={v}' for k, v in SHORT.items())], cwd=REPO,
       env=processes.environment(), capture_output=True, text=True, timeout=300, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
   config.update(dataset=f'npz:{path}', **SHORT)

@@ -7,12 +7,13 @@ import sys
 import ml_collections
 import pytest
 
-import models
+from flax_dp_trainer import zoo
 
-from scripts import processes
-from trainer import train
-from trainer.data import sources
-from trainer.errors import UserError
+from flax_dp_trainer.runs import processes
+from flax_dp_trainer import train
+from flax_dp_trainer.data import sources
+from flax_dp_trainer.errors import UserError
+from tests import REPO
 
 
 def _out_of_range(field, value, rule, placeholder='X', **others):
@@ -52,7 +53,7 @@ CASES = {
         'num_train_steps'),
     'unknown model': (
         dict(model='resnet9'),
-        f"model='resnet9' is unknown; choose one of: {', '.join(models.names())}, or give your "
+        f"model='resnet9' is unknown; choose one of: {', '.join(zoo.names())}, or give your "
         'own module as pkg.module:Name (--config.model=NAME)'),
     'model: does not import': (
         dict(model='tests.no_such_module:Net'),
@@ -204,8 +205,8 @@ def test_eval_only_without_a_checkpoint_is_refused_and_writes_nothing(config, tm
 
 def _cli(*args):
   return subprocess.run(
-      [sys.executable, '-m', 'trainer.main', '--config=configs/default.py', '--cpu_devices=8',
-       *args], cwd=processes.REPO, env=processes.environment(), capture_output=True, text=True,
+      [sys.executable, '-m', 'flax_dp_trainer', '--config=default', '--cpu_devices=8',
+       *args], cwd=REPO, env=processes.environment(), capture_output=True, text=True,
       timeout=300, check=False)
 
 
@@ -229,46 +230,46 @@ def test_cli_prints_one_line_and_exits_nonzero(tmp_path, tfds_data_dir, args, me
 
 # Mistakes on the command lines of every entry point: one line, no traceback, nothing written.
 COMMAND_LINE_MISTAKES = [
-    (['trainer.main', '--config=configs/nonexistent.py', '--workdir={workdir}'],
-     "error: --config=configs/nonexistent.py cannot be loaded ([Errno 2] No such file or "
+    (['flax_dp_trainer.main', '--config=nonexistent', '--workdir={workdir}'],
+     "error: --config=nonexistent cannot be loaded ([Errno 2] No such file or "
      "directory: 'configs/nonexistent.py'); give a config file, e.g. "
-     '--config=configs/default.py'),
-    (['trainer.main', '--config=configs/default.py', '--workdir={workdir}',
+     '--config=default'),
+    (['flax_dp_trainer.main', '--config=default', '--workdir={workdir}',
       '--config.batch_sise=64'],
      "error: --config.batch_sise: the config has no field 'batch_sise'; did you mean "
      '"batch_size"'),
-    (['trainer.main', '--config=configs/default.py', '--workdir={workdir}',
+    (['flax_dp_trainer.main', '--config=default', '--workdir={workdir}',
       '--config.batch_size=big'],
      "error: flag --config.batch_size=big: invalid literal for int() with base 10: 'big'"),
-    (['trainer.main', '--config=configs/default.py', '--workdir={workdir}',
+    (['flax_dp_trainer.main', '--config=default', '--workdir={workdir}',
       '--config.model_kwargs.depth=3'],
      "error: --config.model_kwargs.depth: model_kwargs has no key 'depth'; the command line "
      'overrides the keys a config file sets: set it there first'),
-    (['trainer.main', '--config=configs/default.py', '--workdir={workdir}', '--cpu_devices=2',
+    (['flax_dp_trainer.main', '--config=default', '--workdir={workdir}', '--cpu_devices=2',
       '--config.model=my_models.no_such:Net'],
      "error: model='my_models.no_such:Net': module 'my_models.no_such' does not import "
      "(ModuleNotFoundError: No module named 'my_models'); it is looked for in the working "
      'directory'),
-    (['trainer.main', '--config=configs/default.py', '--workdir={workdir}',
+    (['flax_dp_trainer.main', '--config=default', '--workdir={workdir}',
       '--config.imports=my_data.builders'],
      "error: imports='my_data.builders': module 'my_data.builders' does not import "
      "(ModuleNotFoundError: No module named 'my_data'); it is looked for in the working "
      'directory'),
-    (['trainer.main', '--config=configs/default.py', '--workdir={workdir}', '--epochs=3'],
+    (['flax_dp_trainer.main', '--config=default', '--workdir={workdir}', '--epochs=3'],
      "error: Unknown command line flag 'epochs'"),
-    (['trainer.main', '--config=configs/default.py', '{workdir}'],
+    (['flax_dp_trainer.main', '--config=default', '{workdir}'],
      'error: unexpected arguments: {workdir} (flags are --NAME=VALUE; see --helpshort)'),
-    (['trainer.main', '--config=configs/default.py'], 'error: --workdir is required: '),
-    (['trainer.main', '--config=configs/default.py', '--workdir={workdir}', 'steps=5'],
+    (['flax_dp_trainer.main', '--config=default'], 'error: --workdir is required: '),
+    (['flax_dp_trainer.main', '--config=default', '--workdir={workdir}', 'steps=5'],
      'error: unexpected arguments: steps=5 (flags are --NAME=VALUE; see --helpshort)'),
-    (['scripts.compare', '--config=configs/default.py', '--workdir={workdir}',
+    (['flax_dp_trainer.tools.compare', '--config=default', '--workdir={workdir}',
       '--config.nonexistent=1'], "error: --config.nonexistent: the config has no field"),
-    (['scripts.benchmark', '--config=configs/default.py', '--jax_devices=a', '--parts=limit',
+    (['flax_dp_trainer.tools.benchmark', '--config=default', '--jax_devices=a', '--parts=limit',
       '--json={workdir}/bench.json'],
      'error: --jax_devices=a: give positive whole numbers, e.g. --jax_devices=1,2'),
-    (['scripts.show_metrics', '--workdir={workdir}'],
+    (['flax_dp_trainer.tools.show_metrics', '--workdir={workdir}'],
      "error: no event files with scalars in '{workdir}'"),
-    (['trainer.data.convert', '--dataset=folder:{workdir}', '--out={workdir}/records'],
+    (['flax_dp_trainer.tools.convert', '--dataset=folder:{workdir}', '--out={workdir}/records'],
      'error: dataset=folder:{workdir}: no such directory'),
 ]
 
@@ -280,7 +281,7 @@ COMMAND_LINE_MISTAKES = [
 def test_every_entry_point_answers_a_mistake_in_one_line(tmp_path, args, message):
   workdir = str(tmp_path / 'run')
   result = subprocess.run(
-      [sys.executable, '-m', *(a.format(workdir=workdir) for a in args)], cwd=processes.REPO,
+      [sys.executable, '-m', *(a.format(workdir=workdir) for a in args)], cwd=REPO,
       env=processes.environment(), capture_output=True, text=True, timeout=300, check=False)
   assert result.returncode != 0
   assert 'Traceback' not in result.stderr
@@ -305,7 +306,7 @@ def test_a_users_config_file_that_fails_is_answered_in_one_line(tmp_path, body, 
       'from configs import default\n\n\ndef get_config():\n  config = default.get_config()\n'
       f'{body}  return config\n')
   result = subprocess.run(
-      [sys.executable, '-m', 'trainer.main', '--config=my_config.py',
+      [sys.executable, '-m', 'flax_dp_trainer', '--config=my_config.py',
        f'--workdir={tmp_path / "run"}'], cwd=tmp_path, env=processes.environment(),
       capture_output=True, text=True, timeout=300, check=False)
   assert result.returncode == 2

@@ -1,4 +1,4 @@
-"""scripts.benchmark: the headline figures from the parts' figures (a pure function, on made-up
+"""flax_dp_trainer.tools.benchmark: the headline figures from the parts' figures (a pure function, on made-up
 figures); a smoke run (few steps) runs every part and writes every figure; the bare-step parts
 run without TensorFlow; the compilation cache serves the step.
 
@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 from jax.experimental.compilation_cache import compilation_cache
 
-from scripts import benchmark
-from scripts import processes
-from trainer import train
-from trainer.data import specs
+from flax_dp_trainer.tools import benchmark
+from flax_dp_trainer.runs import processes
+from flax_dp_trainer import train
+from flax_dp_trainer.data import specs
+from tests import REPO
 
 KEYS = ('limit_examples_per_sec', 'limit_pmap_examples_per_sec',
         'limit_shard_map_examples_per_sec', 'trainer_examples_per_sec', 'input_examples_per_sec',
@@ -80,11 +81,11 @@ def test_smoke_run_writes_every_key(tmp_path, tfds_data_dir):
   out = tmp_path / 'bench.json'
   runs_dir = tmp_path / 'runs'
   run = subprocess.run(
-      [sys.executable, '-m', 'scripts.benchmark', '--config=configs/default.py',
+      [sys.executable, '-m', 'flax_dp_trainer.tools.benchmark', '--config=default',
        f'--json={out}', '--steps=10', '--timing_warmup_steps=1', '--rounds=1', '--jax_devices=2',
        '--ddp_ranks=1', '--parts=jax,cache,ddp,multiprocess', '--config.log_every_steps=5',
        f'--config.tfds_data_dir={tfds_data_dir}', f'--runs_dir={runs_dir}'],
-      cwd=processes.REPO, env=processes.environment(), capture_output=True, text=True,
+      cwd=REPO, env=processes.environment(), capture_output=True, text=True,
       timeout=600, check=False)
   assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
   figures = json.loads(out.read_text())
@@ -105,7 +106,7 @@ def test_smoke_run_writes_every_key(tmp_path, tfds_data_dir):
   assert multiprocess['runs']['2x2'][0]['devices'] == 4
   trainer = figures['jax_runs'][0]['trainer']
   assert trainer['timed_steps'] >= 10 and trainer['windows'] >= 2
-  # The runs it timed are kept for scripts.compare and show_metrics to read.
+  # The runs it timed are kept for flax_dp_trainer.tools.compare and show_metrics to read.
   assert sorted(os.listdir(runs_dir)) == ['cache_cold', 'cache_warm', 'ddp_1ranks',
                                           'trainer_2dev_0']
   for line in ('trainer_over_limit =', 'jax_over_ddp =', 'input_over_step =',
@@ -127,11 +128,11 @@ def test_bare_step_parts_run_without_tensorflow(tmp_path):
   recorded = tmp_path / specs.SPEC_FILE
   recorded.write_text(json.dumps(specs.to_json(specs.spec('digits'))))
   run = subprocess.run(
-      [sys.executable, '-m', 'scripts.benchmark', '--config=configs/default.py',
+      [sys.executable, '-m', 'flax_dp_trainer.tools.benchmark', '--config=default',
        f'--config.dataset_spec={recorded}', f'--json={out}', '--parts=limit,ddp_limit',
        '--steps=10', '--timing_warmup_steps=1',
        '--jax_devices=2', '--ddp_ranks=1', '--config.dtype=bfloat16', '--config.batch_size=16'],
-      cwd=processes.REPO, env=processes.environment(PYTHONPATH=str(hidden)),
+      cwd=REPO, env=processes.environment(PYTHONPATH=str(hidden)),
       capture_output=True, text=True, timeout=300, check=False)
   assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
   figures = json.loads(out.read_text())

@@ -16,18 +16,19 @@ import torch
 import torchvision
 from tensorboard.backend.event_processing import plugin_event_accumulator
 
-import models
-import trainer
-from baselines.torch_ddp import models as torch_models
-from configs import default
-from models import torch_weights
-from scripts import processes
-from scripts import run_metrics
+from flax_dp_trainer import zoo
+import flax_dp_trainer as trainer
+from flax_dp_trainer.torch_ddp import models as torch_models
+from flax_dp_trainer.configs import default
+from flax_dp_trainer.zoo import torch_weights
+from flax_dp_trainer.runs import processes
+from flax_dp_trainer.runs import run_metrics
 from tests import helpers
-from trainer import checkpoint
-from trainer import train
-from trainer import writers
-from trainer.errors import Diverged, UserError
+from flax_dp_trainer import checkpoint
+from flax_dp_trainer import train
+from flax_dp_trainer import writers
+from flax_dp_trainer.errors import Diverged, UserError
+from tests import REPO
 
 
 # A run long enough to be stopped mid-way, small enough to take seconds. Its learning rate keeps
@@ -67,10 +68,10 @@ def reference(tfds_data_dir, tmp_path_factory):
 def _start(workdir, tfds_data_dir):
   args = [f'--config.{k}={v}' for k, v in RUN.items()]
   return subprocess.Popen(
-      [sys.executable, '-m', 'trainer.main', '--config=configs/default.py',
+      [sys.executable, '-m', 'flax_dp_trainer', '--config=default',
        f'--cpu_devices={DEVICES}', f'--workdir={workdir}',
        f'--config.tfds_data_dir={tfds_data_dir}', *args],
-      cwd=processes.REPO, env=processes.environment(), stderr=subprocess.PIPE,
+      cwd=REPO, env=processes.environment(), stderr=subprocess.PIPE,
       stdout=subprocess.DEVNULL, text=True)
 
 
@@ -308,7 +309,7 @@ def test_mismatched_workdir_is_refused_and_untouched(config, tmp_path, overrides
 
 
 def test_the_meta_format_policy():
-  """The meta item's policy (trainer/checkpoint.py): fields added after the format read with
+  """The meta item's policy (src/flax_dp_trainer/checkpoint.py): fields added after the format read with
   their defaults where a checkpoint lacks them; a format this version does not read (format
   1, which has no 'format' field, or a newer one) is refused in one line naming it."""
   meta = checkpoint.RunMeta(rng=np.array([0, 7], np.uint32), data_seed=3, examples_seen=256,
@@ -365,7 +366,7 @@ def test_init_from_a_torchvision_state_dict_fine_tunes_with_a_new_head(config, t
   digits run (10 classes, greyscale): every array but the classifier's is the file's, the
   first convolution summed over its colour channels; the head is new."""
   torch.manual_seed(0)
-  source = torch_models.get('resnet_tiny', input_shape=(8, 8, 3), num_classes=7)
+  source = torch_zoo.get('resnet_tiny', input_shape=(8, 8, 3), num_classes=7)
   with torch.no_grad():
     for norm in (m for m in source.modules() if isinstance(m, torch.nn.BatchNorm2d)):
       norm.weight.uniform_(0.5, 1.5)
@@ -382,7 +383,7 @@ def test_init_from_a_torchvision_state_dict_fine_tunes_with_a_new_head(config, t
       caplog.text)
   weights['conv1.weight'] = weights['conv1.weight'].sum(axis=1, keepdims=True)
   exported = torch_weights.to_state_dict(
-      models.get('resnet_tiny', num_classes=10), {'params': tuned.params})
+      zoo.get('resnet_tiny', num_classes=10), {'params': tuned.params})
   for key, value in weights.items():
     if key.startswith('fc.'):
       assert exported[key].shape[0] == 10

@@ -1,4 +1,4 @@
-"""scripts.compare: both runs in bfloat16 (the mlp: XLA:CPU's bfloat16 convolutions are
+"""flax_dp_trainer.tools.compare: both runs in bfloat16 (the mlp: XLA:CPU's bfloat16 convolutions are
 slow) with their optimizer state sharded (ZeRO-1 on both sides), the report, its JSON and the
 plots; reuse; bad input."""
 
@@ -12,10 +12,11 @@ import sys
 import matplotlib.image
 import pytest
 
-from configs import default
-from scripts import comparison
-from scripts import processes
-from trainer.errors import UserError
+from flax_dp_trainer.configs import default
+from flax_dp_trainer.runs import comparison
+from flax_dp_trainer.runs import processes
+from flax_dp_trainer.errors import UserError
+from tests import REPO
 
 STEPS = 200
 # The config both runs train, as --config.FIELD=VALUE overrides of configs/default.py.
@@ -27,11 +28,11 @@ TARGET, WARMUP_STEPS = 0.5, 25
 
 def _compare(workdir, tfds_data_dir, *extra):
   return subprocess.run(
-      [sys.executable, '-m', 'scripts.compare', '--config=configs/default.py',
+      [sys.executable, '-m', 'flax_dp_trainer.tools.compare', '--config=default',
        f'--workdir={workdir}', f'--target_accuracy={TARGET}',
        f'--timing_warmup_steps={WARMUP_STEPS}', *(f'--config.{k}={v}' for k, v in RUN.items()),
        f'--config.tfds_data_dir={tfds_data_dir}', *extra],
-      cwd=processes.REPO, env=processes.environment(), capture_output=True, text=True,
+      cwd=REPO, env=processes.environment(), capture_output=True, text=True,
       timeout=600, check=False)
 
 
@@ -70,7 +71,7 @@ def test_report_json_and_table_hold_both_runs(compared):
   # channels_last is for convnets only; the mlp runs without it.
   assert not report['ddp']['channels_last'] and not report['ddp']['torch_compile']
   assert not report['ddp']['grad_scaler']
-  assert report['ddp']['model'] == 'baselines.torch_ddp.models.MLP'
+  assert report['ddp']['model'] == 'flax_dp_trainer.torch_ddp.models.MLP'
   assert report['jax']['step_backend'] == 'shard_map' and report['jax']['platform'] == 'cpu'
   assert report['jax']['state_sharding'] == report['ddp']['state_sharding'] == 'optimizer'
   assert report['ddp']['wrapper'] == 'DDP + ZeroRedundancyOptimizer'
@@ -92,7 +93,7 @@ def test_report_json_and_table_hold_both_runs(compared):
   assert 'torch 2.14.1' in text and 'torchvision 0.29.1' in text
   assert ('Precision and speed settings: JAX `bfloat16` (bfloat16 compute, float32 params), '
           'shard_map step; DDP `bfloat16` (autocast: torch.autocast(bfloat16), GradScaler off), '
-          'channels_last off, torch.compile off, model `baselines.torch_ddp.models.MLP`') in text
+          'channels_last off, torch.compile off, model `flax_dp_trainer.torch_ddp.models.MLP`') in text
   assert f'**{report["throughput_ratio_jax_over_ddp"]:.2f}**' in text
 
 
@@ -148,11 +149,11 @@ def test_a_users_pair_is_compared_and_named(tmp_path, tfds_data_dir):
   import them, start from the JAX init (carried by call order), and the report names both."""
   project = tmp_path / 'my_project'
   project.mkdir()
-  shutil.copy(os.path.join(processes.REPO, 'tests', 'port_pairs.py'), project / 'pairs.py')
+  shutil.copy(os.path.join(REPO, 'tests', 'port_pairs.py'), project / 'pairs.py')
   workdir = str(tmp_path / 'pair')
   run = subprocess.run(
-      [sys.executable, '-m', 'scripts.compare',
-       f'--config={processes.REPO}/configs/default.py',
+      [sys.executable, '-m', 'flax_dp_trainer.tools.compare',
+       f'--config={REPO}/configs/default.py',
        f'--workdir={workdir}', '--target_accuracy=0.3', '--timing_warmup_steps=10',
        '--config.model=pairs:FlaxCNN', '--config.torch_model=pairs:TorchCNN',
        '--config.num_train_steps=40', '--config.log_every_steps=10',

@@ -7,15 +7,15 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from scripts import processes
-from trainer import checks
-from trainer import optim
-from trainer.errors import UserError
+from flax_dp_trainer import checks
+from flax_dp_trainer import optim
+from flax_dp_trainer.errors import UserError
+from tests import REPO
 
 
 def _flag(config_file, *args):
-  """The config flag as trainer/main.py parses it, with `args` on the command line."""
-  argv = ['prog', f'--config={os.path.join(processes.REPO, "configs", config_file)}', *args]
+  """The config flag as src/flax_dp_trainer/main.py parses it, with `args` on the command line."""
+  argv = ['prog', f'--config={os.path.join(REPO, "configs", config_file)}', *args]
   flag_values = flags.FlagValues()
   config_flags.DEFINE_config_file('config', None, 'Training config file.',
                                   flag_values=flag_values, lock_config=True, sys_argv=argv)

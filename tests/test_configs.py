@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from scripts import processes
-from scripts import run_metrics
-from trainer import checks
-from trainer import optim
-from trainer import train
+from flax_dp_trainer.runs import run_metrics
+from flax_dp_trainer import checks
+from flax_dp_trainer import optim
+from flax_dp_trainer import train
+from flax_dp_trainer import configs
 
-CONFIG_DIR = os.path.join(processes.REPO, 'configs')
+CONFIG_DIR = configs.DIRECTORY
 CONFIGS = sorted(glob.glob(os.path.join(CONFIG_DIR, '[!_]*.py')))
 
 
@@ -32,7 +32,7 @@ def test_config_is_valid_and_documents_its_command(path):
   checks.check_config(config, process_count=1, local_device_count=8)
   assert config.is_locked
   with open(path) as f:
-    assert f'--config=configs/{os.path.basename(path)}' in f.read()
+    assert f'--config={os.path.basename(path)[:-len(".py")]}' in f.read()
 
 
 def test_imagenet_resnet50_recipe_in_steps():

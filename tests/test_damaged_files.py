@@ -1,4 +1,4 @@
-"""Image files that do not read (trainer/data/file_check.py, folder.py, damaged.py): found by
+"""Image files that do not read (src/flax_dp_trainer/data/file_check.py, folder.py, damaged.py): found by
 the check before the first step, left out in one warning line (or refused in one line), the
 list recorded in the workdir and kept by every resume; and a file that fails to decode during
 training, in every read mode, named in one line with its stream position."""
@@ -13,15 +13,16 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from scripts import processes
-from trainer import train
-from trainer.data import convert
-from trainer.data import damaged
-from trainer.data import file_check
-from trainer.data import folder as folder_lib
-from trainer.data import pipeline
-from trainer.data import stream
-from trainer.errors import UserError
+from flax_dp_trainer.runs import processes
+from flax_dp_trainer import train
+from flax_dp_trainer.data import convert
+from flax_dp_trainer.data import damaged
+from flax_dp_trainer.data import file_check
+from flax_dp_trainer.data import folder as folder_lib
+from flax_dp_trainer.data import pipeline
+from flax_dp_trainer.data import stream
+from flax_dp_trainer.errors import UserError
+from tests import REPO
 
 
 def _encoded(pixels: np.ndarray, kind: str, **options) -> bytes:
@@ -214,9 +215,9 @@ def _trainer(workdir, root, *args):
   overrides = [f'--config.{k}={v}' for k, v in steps.items()] + list(args)
   overrides = list({a.split('=')[0]: a for a in overrides}.values())  # Later ones win.
   return subprocess.run(
-      [sys.executable, '-m', 'trainer.main', '--config=configs/default.py',
+      [sys.executable, '-m', 'flax_dp_trainer', '--config=default',
        f'--config.dataset=folder:{root}', f'--workdir={workdir}', '--cpu_devices=2',
-       *overrides], cwd=processes.REPO, env=processes.environment(), capture_output=True,
+       *overrides], cwd=REPO, env=processes.environment(), capture_output=True,
       text=True, timeout=300, check=False)
 
 

@@ -17,19 +17,20 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 from PIL import Image
 
-from scripts import processes
-from scripts import run_metrics
+from flax_dp_trainer.runs import processes
+from flax_dp_trainer.runs import run_metrics
 from tests import helpers
-from trainer import checkpoint
-from trainer import parallel
-from trainer import train
-from trainer.data import convert
-from trainer.data import folder as folder_lib
-from trainer.data import pipeline
-from trainer.data import sources
-from trainer.data import specs
-from trainer.data.datasets import digits
-from trainer.errors import UserError
+from flax_dp_trainer import checkpoint
+from flax_dp_trainer import parallel
+from flax_dp_trainer import train
+from flax_dp_trainer.data import convert
+from flax_dp_trainer.data import folder as folder_lib
+from flax_dp_trainer.data import pipeline
+from flax_dp_trainer.data import sources
+from flax_dp_trainer.data import specs
+from flax_dp_trainer.data.datasets import digits
+from flax_dp_trainer.errors import UserError
+from tests import REPO
 
 
 def _take(data, n, **kwargs):
@@ -450,17 +451,17 @@ def test_a_folder_of_photos_of_many_sizes_is_cropped_to_image_size(config, photo
 
 @pytest.mark.slow
 def test_trainer_main_trains_on_an_array_record_dataset(config, tmp_path):
-  """`python -m trainer.main` on digits prepared as ArrayRecord (cache=False): it says it
+  """`python -m flax_dp_trainer` on digits prepared as ArrayRecord (cache=False): it says it
   reads by index from ArrayRecord files and ends where an in-memory run ends."""
   data_dir, workdir = str(tmp_path / 'tfds'), str(tmp_path / 'run')
   tfds.builder('digits', data_dir=data_dir, file_format='array_record').download_and_prepare()
   steps = dict(num_train_steps=8, warmup_steps=2, log_every_steps=4, eval_every_steps=8,
                checkpoint_every_steps=8, model='mlp', batch_size=32)
   run = subprocess.run(
-      [sys.executable, '-m', 'trainer.main', '--config=configs/default.py',
+      [sys.executable, '-m', 'flax_dp_trainer', '--config=default',
        f'--workdir={workdir}', '--cpu_devices=2', '--config.cache=False',
        f'--config.tfds_data_dir={data_dir}', *(f'--config.{k}={v}' for k, v in steps.items())],
-      cwd=processes.REPO, env=processes.environment(), capture_output=True, text=True,
+      cwd=REPO, env=processes.environment(), capture_output=True, text=True,
       timeout=300, check=False)
   assert run.returncode == 0, run.stderr[-3000:]
   assert 'training data read by index from ArrayRecord files' in run.stderr
@@ -473,12 +474,12 @@ def test_trainer_main_trains_on_an_array_record_dataset(config, tmp_path):
 
 def test_no_module_outside_trainer_data_imports_tensorflow():
   """TensorFlow and TFDS are the input side's: every other module of the project imports
-  neither (trainer/writers.py aside, whose CLU writers import TensorFlow anyway)."""
-  allowed = {pathlib.Path('trainer/writers.py')}
+  neither (src/flax_dp_trainer/writers.py aside, whose CLU writers import TensorFlow anyway)."""
+  allowed = {pathlib.Path('src/flax_dp_trainer/writers.py')}
   offenders = []
   for package in ('trainer', 'models', 'baselines', 'scripts', 'configs'):
-    for path in pathlib.Path(processes.REPO, package).rglob('*.py'):
-      relative = path.relative_to(processes.REPO)
+    for path in pathlib.Path(REPO, package).rglob('*.py'):
+      relative = path.relative_to(REPO)
       if relative.parts[:2] == ('trainer', 'data') or relative in allowed:
         continue
       for node in ast.walk(ast.parse(path.read_text())):
@@ -487,4 +488,4 @@ def test_no_module_outside_trainer_data_imports_tensorflow():
         offenders += [f'{relative}: {n}' for n in names
                       if n.split('.')[0] in ('tensorflow', 'tensorflow_datasets')]
   assert offenders == []
-  assert os.path.isdir(os.path.join(processes.REPO, 'trainer', 'data'))
+  assert os.path.isdir(os.path.join(REPO, 'trainer', 'data'))

@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-import trainer
-from scripts import processes
-from scripts import run_metrics
-from trainer import checkpoint
-from trainer import train
-from trainer.data import specs
-from trainer.errors import UserError
+import flax_dp_trainer as trainer
+from flax_dp_trainer.runs import processes
+from flax_dp_trainer.runs import run_metrics
+from flax_dp_trainer import checkpoint
+from flax_dp_trainer import train
+from flax_dp_trainer.data import specs
+from flax_dp_trainer.errors import UserError
+from tests import REPO
 
 # Three datasets the table does not list: a fixed-size RGB one, one of varying sizes, one
 # whose label feature is not 'label' (smallnorb: 'label_category', beside 'image2').
@@ -167,12 +168,12 @@ def test_a_recorded_spec_serves_a_host_without_tensorflow_datasets(tmp_path):
   hidden.mkdir(parents=True)
   (hidden / '__init__.py').write_text(
       'raise ModuleNotFoundError("hidden", name="tensorflow_datasets")\n')
-  code = ('from configs import default; from trainer.data import specs; '
+  code = ('from configs import default; from flax_dp_trainer.data import specs; '
           'c = default.get_config(); c.dataset = "oxford_flowers102"; c.dataset_spec = {!r}; '
           'd = specs.for_config(c); print(d.num_classes, d.image_size, d.augment)')
   env = processes.environment(PYTHONPATH=str(hidden.parent))
   run = lambda given: subprocess.run([sys.executable, '-c', code.format(given)],
-                                     cwd=processes.REPO, env=env, capture_output=True,
+                                     cwd=REPO, env=env, capture_output=True,
                                      text=True, timeout=120, check=False)
   recorded = run(str(path))
   assert recorded.returncode == 0, recorded.stderr[-2000:]
@@ -243,8 +244,8 @@ def test_a_users_own_builder_prepares_offline_and_trains_by_index(tmp_path):
            y_validation=y_validation)
   workdir, data_dir = tmp_path / 'run', tmp_path / 'tfds'
   result = subprocess.run(
-      [sys.executable, '-m', 'trainer.main',
-       f'--config={os.path.join(processes.REPO, "configs", "default.py")}',
+      [sys.executable, '-m', 'flax_dp_trainer',
+       f'--config={os.path.join(REPO, "configs", "default.py")}',
        f'--workdir={workdir}', '--cpu_devices=2', '--config.imports=my_data.shapes',
        '--config.dataset=my_shapes', f'--config.tfds_data_dir={data_dir}',
        '--config.cache=False', '--config.num_train_steps=40', '--config.warmup_steps=5',

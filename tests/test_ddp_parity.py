@@ -9,12 +9,13 @@ import jax
 import numpy as np
 import pytest
 
-from baselines.torch_ddp import step as ddp_step
-from baselines.torch_ddp import train as ddp_train
-from scripts import processes
-from scripts import run_metrics
-from trainer import train
-from trainer import writers
+from flax_dp_trainer.torch_ddp import step as ddp_step
+from flax_dp_trainer.torch_ddp import train as ddp_train
+from flax_dp_trainer.runs import processes
+from flax_dp_trainer.runs import run_metrics
+from flax_dp_trainer import train
+from flax_dp_trainer import writers
+from tests import REPO
 
 
 # Ranks 1 and 2, each against another JAX device count: torchvision's ResNet (at a test width)
@@ -65,10 +66,10 @@ def test_first_20_losses_agree(tmp_path, config, request, model, jax_devices, dd
   else:
     ddp_run = subprocess.run(
         processes.ddp_command(ddp_ranks, ddp_dir, [
-            '--config=configs/default.py', '--parity',
+            '--config=default', '--parity',
             f'--config.tfds_data_dir={config.tfds_data_dir}',
             *(f'--config.{k}={v}' for k, v in overrides.items())]),
-        cwd=processes.REPO, env=processes.environment(), capture_output=True, text=True,
+        cwd=REPO, env=processes.environment(), capture_output=True, text=True,
         timeout=300, check=False)
     assert ddp_run.returncode == 0, ddp_run.stderr[-2000:]
   with open(os.path.join(ddp_dir, ddp_train.SETTINGS_FILE), encoding='utf-8') as f:

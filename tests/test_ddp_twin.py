@@ -10,26 +10,27 @@ import time
 import pytest
 import torch
 
-from baselines.torch_ddp import models as torch_models
-from baselines.torch_ddp import train as ddp_train
-from scripts import processes
-from scripts import run_metrics
+from flax_dp_trainer.torch_ddp import models as torch_models
+from flax_dp_trainer.torch_ddp import train as ddp_train
+from flax_dp_trainer.runs import processes
+from flax_dp_trainer.runs import run_metrics
 from tests import helpers
-from trainer import writers
-from trainer.errors import UserError
+from flax_dp_trainer import writers
+from flax_dp_trainer.errors import UserError
+from tests import REPO
 
 STEPS = 200
 
 
 def _command(workdir, tfds_data_dir):
   return processes.ddp_command(2, workdir, threads=1, args=[
-      '--config=configs/default.py', f'--config.num_train_steps={STEPS}',
+      '--config=default', f'--config.num_train_steps={STEPS}',
       '--config.log_every_steps=10', '--config.eval_every_steps=100',
       '--config.checkpoint_every_steps=100', f'--config.tfds_data_dir={tfds_data_dir}'])
 
 
 def _run(workdir, tfds_data_dir):
-  run = subprocess.run(_command(workdir, tfds_data_dir), cwd=processes.REPO,
+  run = subprocess.run(_command(workdir, tfds_data_dir), cwd=REPO,
                        env=processes.environment(), capture_output=True, text=True,
                        timeout=300, check=False)
   assert run.returncode == 0, run.stderr[-3000:]
@@ -55,7 +56,7 @@ def _load(workdir, step):
 def test_sigterm_stops_with_a_checkpoint_and_resume_is_exact(reference, tmp_path,
                                                              tfds_data_dir):
   workdir = str(tmp_path / 'run')
-  process = subprocess.Popen(_command(workdir, tfds_data_dir), cwd=processes.REPO,
+  process = subprocess.Popen(_command(workdir, tfds_data_dir), cwd=REPO,
                              env=processes.environment(), stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
   jsonl = os.path.join(workdir, writers.JSONL_NAME)
@@ -147,13 +148,13 @@ def test_a_sharded_model_trains_in_bfloat16_and_resumes_exactly(
   run resumed from its step-6 checkpoint, end on the same weights."""
   def run(workdir, steps):
     command = processes.ddp_command(2, str(workdir), threads=1, args=[
-        '--config=configs/default.py', '--parity', *model_flags,
+        '--config=default', '--parity', *model_flags,
         '--config.dropout_rate=0', '--config.dtype=bfloat16', '--config.step_backend=shard_map',
         f'--config.state_sharding={sharding}',
         f'--config.num_train_steps={steps}', '--config.warmup_steps=2',
         '--config.log_every_steps=3', '--config.eval_every_steps=6',
         '--config.checkpoint_every_steps=6', f'--config.tfds_data_dir={tfds_data_dir}'])
-    done = subprocess.run(command, cwd=processes.REPO, env=processes.environment(),
+    done = subprocess.run(command, cwd=REPO, env=processes.environment(),
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stderr

@@ -11,9 +11,9 @@ block runs when its info string says so (docs/tests.md, "Runnable blocks"):
 
 Every block runs from the repository root, as a reader who cloned it would, with `/tmp` in its
 text standing for a directory of the test's own and `/path/to/flax-dp-trainer` for the
-repository. `python` there is a wrapper that shortens trainings: a command of `trainer.main`,
-`scripts.compare` or `baselines.torch_ddp.main` with a `--config` file gets SHORT_RUN in place
-of its own durations (and `scripts.compare` SHORT_COMPARE).
+repository. `python` there is a wrapper that shortens trainings: a command of `flax_dp_trainer.main`,
+`flax_dp_trainer.tools.compare` or `flax_dp_trainer.torch_ddp` with a `--config` file gets SHORT_RUN in place
+of its own durations (and `flax_dp_trainer.tools.compare` SHORT_COMPARE).
 """
 
 import dataclasses
@@ -41,8 +41,8 @@ SHORT_RUN = ('--config.num_train_steps=20', '--config.warmup_steps=2',
              '--config.log_every_steps=10')
 SHORTENED_FIELDS = ('num_train_steps', 'num_epochs', 'warmup_steps', 'warmup_epochs',
                     'log_every_steps')
-SHORTENED_MODULES = ('trainer.main', 'scripts.compare', 'baselines.torch_ddp.main')
-# scripts.compare times the log windows after its first steps (50 by default): a few, here.
+SHORTENED_MODULES = ('flax_dp_trainer.main', 'flax_dp_trainer.tools.compare', 'flax_dp_trainer.torch_ddp')
+# flax_dp_trainer.tools.compare times the log windows after its first steps (50 by default): a few, here.
 SHORT_COMPARE = ('--timing_warmup_steps=5',)
 LANGUAGES = {'sh': 'bash', 'bash': 'bash', 'python': 'python'}
 BLOCK_TIMEOUT_S = 300
@@ -136,7 +136,7 @@ for arg in "$@"; do
     {modules}) shorten=1 ;;
     --config=*) config=1 ;;
   esac
-  [[ "$arg" == scripts.compare ]] && compare=1
+  [[ "$arg" == flax_dp_trainer.tools.compare ]] && compare=1
 done
 if [[ $shorten -eq 0 || $config -eq 0 ]]; then
   exec "$real" "$@"
@@ -277,7 +277,7 @@ def test_the_collector_reads_fences_and_their_words(monkeypatch):
       'cd /S && ls /S/a "/S" /tmpx /x/tmp/y')
   # A checkout under /tmp (as CI's may be) keeps its path.
   monkeypatch.setattr(sys.modules[__name__], 'REPO', '/tmp/ci/repo')
-  assert localize('--config=/path/to/flax-dp-trainer/c.py --workdir=/tmp/w', '/S') == (
+  assert localize('--config=/path/to/flax-dp-src/flax_dp_trainer/c.py --workdir=/tmp/w', '/S') == (
       '--config=/tmp/ci/repo/c.py --workdir=/S/w')
 
 
@@ -287,15 +287,15 @@ def test_the_short_run_replaces_a_commands_durations(tmp_path):
   argv = lambda *args: subprocess.run(
       [os.path.join(wrapper, 'python'), '-c', show, *args], capture_output=True, text=True,
       timeout=60, check=True).stdout.split()
-  assert argv('-m', 'trainer.main', '--config=c.py', '--config.num_epochs=30',
+  assert argv('-m', 'flax_dp_trainer', '--config=c.py', '--config.num_epochs=30',
               '--config.model=mlp', '--config.warmup_steps=10') == [
-                  '-m', 'trainer.main', '--config=c.py', '--config.model=mlp', *SHORT_RUN]
+                  '-m', 'flax_dp_trainer', '--config=c.py', '--config.model=mlp', *SHORT_RUN]
   # No config file (--list), or another program: untouched.
-  assert argv('-m', 'trainer.main', '--list=models') == ['-m', 'trainer.main', '--list=models']
-  assert argv('-m', 'scripts.compare', '--config=c.py', '--timing_warmup_steps=50') == [
-      '-m', 'scripts.compare', '--config=c.py', *SHORT_COMPARE, *SHORT_RUN]
-  assert argv('-m', 'scripts.export', '--config.num_train_steps=5') == [
-      '-m', 'scripts.export', '--config.num_train_steps=5']
+  assert argv('-m', 'flax_dp_trainer', '--list=models') == ['-m', 'flax_dp_trainer', '--list=models']
+  assert argv('-m', 'flax_dp_trainer.tools.compare', '--config=c.py', '--timing_warmup_steps=50') == [
+      '-m', 'flax_dp_trainer.tools.compare', '--config=c.py', *SHORT_COMPARE, *SHORT_RUN]
+  assert argv('-m', 'flax_dp_trainer.tools.export', '--config.num_train_steps=5') == [
+      '-m', 'flax_dp_trainer.tools.export', '--config.num_train_steps=5']
 
 
 # Links.
@@ -370,7 +370,7 @@ def test_every_relative_link_resolves():
 
 def test_the_slugs_are_githubs():
   text = ('# Resume, preemption and fine-tuning\n'
-          '## What fits: `scripts.bench_sharding`\n'
+          '## What fits: `flax_dp_trainer.tools.bench_sharding`\n'
           "### The input pipeline against torchvision's DataLoader (current)\n"
           '```\n# not a heading\n```\n'
           '## Notes\n## Notes\n')

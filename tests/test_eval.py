@@ -8,24 +8,24 @@ import optax
 import pytest
 import tensorflow_datasets as tfds
 
-import models
+from flax_dp_trainer import zoo
 from tests import helpers
-from trainer import checkpoint
-from trainer import metrics
-from trainer import parallel
-from trainer import state as state_lib
-from trainer import step as step_lib
-from trainer import train
-from trainer import writers
-from trainer.data import pipeline
-from trainer.data import sources
+from flax_dp_trainer import checkpoint
+from flax_dp_trainer import metrics
+from flax_dp_trainer import parallel
+from flax_dp_trainer import state as state_lib
+from flax_dp_trainer import step as step_lib
+from flax_dp_trainer import train
+from flax_dp_trainer import writers
+from flax_dp_trainer.data import pipeline
+from flax_dp_trainer.data import sources
 
 EVAL_BATCH = 48  # 360 test examples = 7.5 batches: the last batch is padded.
 
 
 @pytest.fixture(scope='module')
 def digits_state():
-  model = models.get('cnn', num_classes=10)
+  model = zoo.get('cnn', num_classes=10)
   return state_lib.create_train_state(model, optax.sgd(0.1), jax.random.PRNGKey(3), (1, 8, 8, 1))
 
 

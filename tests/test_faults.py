@@ -1,4 +1,4 @@
-"""Faults that must cost no work and no traceback, each through `python -m trainer.main`:
+"""Faults that must cost no work and no traceback, each through `python -m flax_dp_trainer`:
 damaged checkpoints set aside, a workdir taken by another run, a stale lock, a cut-off
 metrics line, a checkpoint save the disk refuses."""
 
@@ -14,14 +14,15 @@ import jax
 import numpy as np
 import pytest
 
-from configs import default
-from scripts import processes
+from flax_dp_trainer.configs import default
+from flax_dp_trainer.runs import processes
 from tests import helpers
-from trainer import checkpoint
-from trainer import train
-from trainer import workdir as workdir_lib
-from trainer import writers
-from trainer.errors import UserError
+from flax_dp_trainer import checkpoint
+from flax_dp_trainer import train
+from flax_dp_trainer import workdir as workdir_lib
+from flax_dp_trainer import writers
+from flax_dp_trainer.errors import UserError
+from tests import REPO
 
 # A short run that saves every 10 steps and keeps them all.
 RUN = dict(model='mlp', num_train_steps=60, warmup_steps=5, log_every_steps=10,
@@ -31,14 +32,14 @@ DEVICES = 2
 
 
 def _command(workdir, tfds_data_dir, **overrides):
-  return [sys.executable, '-m', 'trainer.main', '--config=configs/default.py',
+  return [sys.executable, '-m', 'flax_dp_trainer', '--config=default',
           f'--workdir={workdir}', f'--cpu_devices={DEVICES}',
           f'--config.tfds_data_dir={tfds_data_dir}',
           *(f'--config.{k}={v}' for k, v in {**RUN, **overrides}.items())]
 
 
 def _run(command, **kwargs):
-  return subprocess.run(command, cwd=processes.REPO, env=processes.environment(),
+  return subprocess.run(command, cwd=REPO, env=processes.environment(),
                         capture_output=True, text=True, timeout=300, check=False, **kwargs)
 
 
@@ -118,7 +119,7 @@ def test_where_no_checkpoint_reads_nothing_changes(finished, config, tmp_path):
 
 _HOLD_LOCK = '''
 import sys, time
-from trainer import workdir
+from flax_dp_trainer import workdir
 lock = workdir.WorkdirLock(sys.argv[1])
 lock.acquire()
 print('locked', flush=True)
@@ -132,7 +133,7 @@ def test_a_workdir_in_use_is_refused_and_a_dead_runs_lock_is_not(tfds_data_dir, 
   holder, before initializing or writing anything; once the holder is killed (kill -9), the
   same command runs."""
   workdir = str(tmp_path / 'run')
-  holder = subprocess.Popen([sys.executable, '-c', _HOLD_LOCK, workdir], cwd=processes.REPO,
+  holder = subprocess.Popen([sys.executable, '-c', _HOLD_LOCK, workdir], cwd=REPO,
                             env=processes.environment(), stdout=subprocess.PIPE, text=True)
   try:
     assert holder.stdout.readline().strip() == 'locked'

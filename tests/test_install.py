@@ -11,7 +11,7 @@ import zipfile
 
 import pytest
 
-from scripts import processes
+from tests import REPO
 
 # An extra -> packages its resolution must bring in.
 EXTRAS = {'cuda12': {'jax-cuda12-plugin', 'nvidia-cudnn-cu12'},
@@ -28,7 +28,7 @@ def test_every_extra_resolves(tmp_path):
   run = subprocess.run(
       [sys.executable, '-m', 'pip', 'install', '--dry-run', '--quiet', '--ignore-installed',
        '--no-build-isolation', '--report', str(report), f'.[{",".join(sorted(EXTRAS))}]'],
-      cwd=processes.REPO, capture_output=True, text=True, timeout=900, check=False)
+      cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
   assert run.returncode == 0, run.stderr[-3000:]
   assert 'does not provide the extra' not in run.stderr, run.stderr[-3000:]
   names = {item['metadata']['name'].lower().replace('_', '-')
@@ -46,9 +46,9 @@ def test_the_wheel_carries_the_digits_source(tmp_path):
   source = tmp_path / 'source'
   source.mkdir()
   for name in ('pyproject.toml', 'setup.cfg', 'README.md'):
-    shutil.copy(os.path.join(processes.REPO, name), source / name)
+    shutil.copy(os.path.join(REPO, name), source / name)
   for package in ('trainer', 'models', 'configs', 'baselines', 'scripts'):
-    shutil.copytree(os.path.join(processes.REPO, package), source / package,
+    shutil.copytree(os.path.join(REPO, package), source / package,
                     ignore=shutil.ignore_patterns('__pycache__'))
   run = subprocess.run(
       [sys.executable, '-m', 'pip', 'wheel', '--quiet', '--no-deps', '--no-build-isolation',

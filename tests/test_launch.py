@@ -7,17 +7,18 @@ import sys
 
 import pytest
 
-from scripts import processes
+from flax_dp_trainer.runs import processes
+from tests import REPO
 
 
 def _run(*args):
-  return subprocess.run(list(args), cwd=processes.REPO, capture_output=True, text=True, timeout=60,
+  return subprocess.run(list(args), cwd=REPO, capture_output=True, text=True, timeout=60,
                         check=False)
 
 
 def test_tpu_pod_dry_run_prints_the_gcloud_commands():
   result = _run('launch/tpu_pod.sh', '--name=r50', '--zone=us-central2-b',
-                '--accelerator_type=v4-32', '--config=configs/imagenet_resnet50.py',
+                '--accelerator_type=v4-32', '--config=imagenet_resnet50',
                 '--workdir=gs://bucket/r50', '--project=proj', '--dry-run', '--',
                 '--config.tfds_data_dir=gs://bucket/tfds')
   assert result.returncode == 0, result.stderr
@@ -25,14 +26,14 @@ def test_tpu_pod_dry_run_prints_the_gcloud_commands():
   assert result.stdout.splitlines() == [
       f'gcloud compute tpus tpu-vm create r50 {where} --accelerator-type=v4-32 '
       '--version=tpu-ubuntu2204-base',
-      'git archive --format=tar.gz --output=/tmp/r50-trainer.tar.gz HEAD',
-      f"gcloud compute tpus tpu-vm scp /tmp/r50-trainer.tar.gz 'r50:~/trainer.tar.gz' {where} "
+      'git archive --format=tar.gz --output=/tmp/r50-flax_dp_trainer.tar.gz HEAD',
+      f"gcloud compute tpus tpu-vm scp /tmp/r50-flax_dp_trainer.tar.gz 'r50:~/trainer.tar.gz' {where} "
       '--worker=all',
       f"gcloud compute tpus tpu-vm ssh r50 {where} --worker=all '--command=mkdir -p ~/trainer "
       '&& tar -xzf ~/trainer.tar.gz -C ~/trainer && cd ~/trainer && python3 -m pip install -q '
       "-e '\\''.[tpu]'\\'''",
       f"gcloud compute tpus tpu-vm ssh r50 {where} --worker=all '--command=cd ~/trainer && "
-      'python3 -m trainer.main --config=configs/imagenet_resnet50.py '
+      'python3 -m flax_dp_trainer --config=imagenet_resnet50 '
       "--workdir=gs://bucket/r50 --config.tfds_data_dir=gs://bucket/tfds'",
       f'gcloud compute tpus tpu-vm delete r50 {where} --quiet',
   ]
@@ -40,11 +41,11 @@ def test_tpu_pod_dry_run_prints_the_gcloud_commands():
 
 def test_tpu_pod_keep_leaves_the_slice_and_bad_arguments_are_refused():
   kept = _run('launch/tpu_pod.sh', '--name=a', '--zone=z', '--accelerator_type=v4-8',
-              '--config=configs/default.py', '--workdir=gs://b/a', '--keep', '--dry-run')
+              '--config=default', '--workdir=gs://b/a', '--keep', '--dry-run')
   assert kept.returncode == 0
   assert not any('delete' in line for line in kept.stdout.splitlines())
   local = _run('launch/tpu_pod.sh', '--name=a', '--zone=z', '--accelerator_type=v4-8',
-               '--config=configs/default.py', '--workdir=/tmp/a', '--dry-run')
+               '--config=default', '--workdir=/tmp/a', '--dry-run')
   assert local.returncode == 2
   assert local.stderr.startswith('error: --workdir=/tmp/a must be a gs:// path')
   missing = _run('launch/tpu_pod.sh', '--zone=z', '--dry-run')
@@ -52,7 +53,7 @@ def test_tpu_pod_keep_leaves_the_slice_and_bad_arguments_are_refused():
 
 
 def test_local_launcher_refuses_bad_counts():
-  result = _run('launch/local.sh', '--num_processes=0', '--', '--config=configs/default.py')
+  result = _run('launch/local.sh', '--num_processes=0', '--', '--config=default')
   assert result.returncode == 2
   assert "must be positive integers, got '0'" in result.stderr
 
@@ -77,8 +78,8 @@ def test_tpu_pod_deletes_the_slice_it_created_whatever_fails(tmp_path, fails, ke
              GCLOUD_FAILS=fails)
   result = subprocess.run(
       ['launch/tpu_pod.sh', '--name=t1', '--zone=z', '--accelerator_type=v4-8',
-       '--config=configs/default.py', '--workdir=gs://b/t1', *(['--keep'] if keep else [])],
-      cwd=processes.REPO, env=env, capture_output=True, text=True, timeout=60, check=False)
+       '--config=default', '--workdir=gs://b/t1', *(['--keep'] if keep else [])],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=False)
   assert result.returncode == 1, result.stderr
   calls = [line.split()[3] for line in log.read_text().splitlines()]
   assert calls[0] == 'create' and fails in calls
@@ -104,7 +105,7 @@ esac
 '''
 WORKER_PYTHON3 = '''#!/bin/bash
 [[ "$1 $2" == "-m pip" ]] && exit 0
-[[ "$1 $2" == "-m trainer.main" ]] || exit 3
+[[ "$1 $2" == "-m flax_dp_trainer" ]] || exit 3
 shift 2
 exec "$REAL_PYTHON" -c 'import os, sys
 from my_models.net import Net
@@ -140,12 +141,12 @@ def test_tpu_pod_extra_files_reach_the_workers_and_their_python_path(tmp_path):
   try:
     result = subprocess.run(
         ['launch/tpu_pod.sh', f'--name={name}', '--zone=z', '--accelerator_type=v4-8',
-         '--config=configs/default.py', '--workdir=gs://b/x',
+         '--config=default', '--workdir=gs://b/x',
          f'--extra_files={user / "my_models"}/,{user / "extra_layer.py"},', '--',
          '--config.model=my_models.net:Net'],
-        cwd=processes.REPO, env=env, capture_output=True, text=True, timeout=60, check=False)
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=False)
   finally:
-    for archive in (f'/tmp/{name}-trainer.tar.gz', f'/tmp/{name}-extra.tar.gz'):
+    for archive in (f'/tmp/{name}-flax_dp_trainer.tar.gz', f'/tmp/{name}-extra.tar.gz'):
       if os.path.exists(archive):
         os.remove(archive)
   assert result.returncode == 0, result.stderr
@@ -153,14 +154,14 @@ def test_tpu_pod_extra_files_reach_the_workers_and_their_python_path(tmp_path):
   assert [call.split()[3] for call in calls] == ['create', 'scp', 'scp', 'ssh', 'ssh', 'delete']
   assert calls[2] == (f'compute tpus tpu-vm scp /tmp/{name}-extra.tar.gz '
                       f'{name}:~/trainer_extra.tar.gz --zone=z --worker=all')
-  assert 'PYTHONPATH=$HOME/trainer_extra${PYTHONPATH:+:$PYTHONPATH} python3 -m trainer.main' in (
+  assert 'PYTHONPATH=$HOME/trainer_extra${PYTHONPATH:+:$PYTHONPATH} python3 -m flax_dp_trainer' in (
       calls[4])
   extra = worker / 'trainer_extra'
   assert sorted(str(p.relative_to(extra)) for p in extra.rglob('*')) == [
       'extra_layer.py', 'my_models', 'my_models/__init__.py', 'my_models/net.py']
   assert result.stdout.strip().splitlines()[-1] == (
       f'worker: {worker / "trainer"} my_models.net {extra / "my_models" / "net.py"} '
-      f'{extra / "extra_layer.py"} --config=configs/default.py --workdir=gs://b/x '
+      f'{extra / "extra_layer.py"} --config=default --workdir=gs://b/x '
       '--config.model=my_models.net:Net')
 
 
@@ -171,18 +172,18 @@ def test_tpu_pod_extra_files_refuses_a_missing_path_before_any_gcloud_call(tmp_p
   env = dict(os.environ, PATH=f'{tmp_path / "bin"}:{os.environ["PATH"]}', GCLOUD_LOG=str(log),
              GCLOUD_FAILS='none')
   args = ['launch/tpu_pod.sh', '--name=t2', '--zone=z', '--accelerator_type=v4-8',
-          '--config=configs/default.py', '--workdir=gs://b/t2']
+          '--config=default', '--workdir=gs://b/t2']
   missing = tmp_path / 'nowhere' / 'my_models'
   result = subprocess.run([*args, f'--extra_files={tmp_path / "here.py"},{missing}'],
-                          cwd=processes.REPO, env=env, capture_output=True, text=True,
+                          cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=60, check=False)
   assert result.returncode == 2
   assert result.stderr.splitlines() == [
-      f'error: --extra_files: {missing} does not exist (looked for from {processes.REPO}); name '
+      f'error: --extra_files: {missing} does not exist (looked for from {REPO}); name '
       'files or folders that exist, comma-separated, e.g. --extra_files=my_models,layers.py']
   assert not log.exists() and result.stdout == ''
   twice = subprocess.run([*args, f'--extra_files={tmp_path / "here.py"},{tmp_path}/./here.py'],
-                         cwd=processes.REPO, env=env, capture_output=True, text=True,
+                         cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=60, check=False)
   assert twice.returncode == 2 and len(twice.stderr.splitlines()) == 1
   assert 'would both be ~/trainer_extra/here.py on the workers' in twice.stderr
@@ -207,7 +208,7 @@ def test_local_launcher_runs_processes_where_it_is_started(tmp_path):
   env = dict(os.environ, PYTHON=str(tmp_path / 'bin' / 'python'), REAL_PYTHON=sys.executable,
              PYTHONPATH='/some/where')
   result = subprocess.run(
-      [os.path.join(processes.REPO, 'launch/local.sh'), '--num_processes=2', '--',
+      [os.path.join(REPO, 'launch/local.sh'), '--num_processes=2', '--',
        '--config.model=user_module_here:Net'],
       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False)
   assert result.returncode == 0, result.stderr

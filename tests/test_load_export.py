@@ -1,5 +1,5 @@
 """A trained model back from its workdir: `trainer.load` predicts what the run evaluated, and
-`scripts.export` writes a state dict that the torch model loads to the same logits."""
+`flax_dp_trainer.tools.export` writes a state dict that the torch model loads to the same logits."""
 
 import dataclasses
 import os
@@ -14,14 +14,15 @@ import pytest
 import torch
 from safetensors import torch as safetensors_torch
 
-import trainer
-from baselines.torch_ddp import models as torch_models
-from configs import default
-from scripts import export
-from scripts import processes
-from scripts import run_metrics
-from trainer import train
-from trainer.errors import UserError
+import flax_dp_trainer as trainer
+from flax_dp_trainer.torch_ddp import models as torch_models
+from flax_dp_trainer.configs import default
+from flax_dp_trainer.tools import export
+from flax_dp_trainer.runs import processes
+from flax_dp_trainer.runs import run_metrics
+from flax_dp_trainer import train
+from flax_dp_trainer.errors import UserError
+from tests import REPO
 
 STEPS = 40
 
@@ -57,12 +58,12 @@ def test_loaded_model_predicts_the_runs_eval_accuracy(run):
                                          'safetensors'])
 def test_exported_state_dict_gives_the_same_logits_in_torch(run, tmp_path, file_format):
   out = str(tmp_path / f'model{export.FORMATS[file_format]}')
-  command = [sys.executable, '-m', 'scripts.export', f'--workdir={run}',
+  command = [sys.executable, '-m', 'flax_dp_trainer.tools.export', f'--workdir={run}',
              f'--format={file_format}', f'--out={out}']
-  done = subprocess.run(command, cwd=processes.REPO, env=processes.environment(),
+  done = subprocess.run(command, cwd=REPO, env=processes.environment(),
                         capture_output=True, text=True, timeout=300, check=False)
   assert done.returncode == 0, done.stderr[-2000:]
-  assert ("baselines.torch_ddp.models.get('resnet_tiny', input_shape=(8, 8, 1), "
+  assert ("flax_dp_trainer.torch_ddp.models.get('resnet_tiny', input_shape=(8, 8, 1), "
           'num_classes=10)' in done.stdout)
   assert re.search(r'input: float32 NCHW \(N, 1, 8, 8\)', done.stdout), done.stdout
   model = torch_models.get('resnet_tiny', input_shape=(8, 8, 1), num_classes=10)
@@ -79,7 +80,7 @@ def test_exported_state_dict_gives_the_same_logits_in_torch(run, tmp_path, file_
     got = model(x).numpy()
   np.testing.assert_allclose(got, trained.logits(images), rtol=0, atol=1e-5)
   # Run again, it refuses to overwrite what it wrote.
-  again = subprocess.run(command, cwd=processes.REPO, env=processes.environment(),
+  again = subprocess.run(command, cwd=REPO, env=processes.environment(),
                          capture_output=True, text=True, timeout=300, check=False)
   assert again.returncode != 0 and again.stderr.strip().splitlines()[-1] == (
       f'error: {out} exists; pass another --out (nothing was written)')
@@ -92,7 +93,7 @@ def test_torchvision_models_are_named_as_torchvision_builds_them(run):
   imagenet = dataclasses.replace(trained, config=config, spec=dataclasses.replace(
       trained.spec, channels=3, num_classes=1000, image_size=224))
   assert export.torch_constructor(imagenet) == 'torchvision.models.resnet50(num_classes=1000)'
-  assert export.torch_constructor(trained).startswith('baselines.torch_ddp.models.get(')
+  assert export.torch_constructor(trained).startswith('flax_dp_trainer.torch_ddp.models.get(')
 
 
 def test_a_workdir_without_checkpoints_is_refused(tmp_path):

@@ -6,11 +6,11 @@ import numpy as np
 import optax
 import pytest
 
-import models
+from flax_dp_trainer import zoo
 from tests import helpers
-from trainer import parallel
-from trainer import state as state_lib
-from trainer import step as step_lib
+from flax_dp_trainer import parallel
+from flax_dp_trainer import state as state_lib
+from flax_dp_trainer import step as step_lib
 
 IMAGENET = (224, 224, 3)
 # (model, input shape, classes) -> parameter count. Published figures where they exist
@@ -69,13 +69,13 @@ STEP_SIZE = {name: dict(stage_sizes=(1, 1), num_filters=8)
 
 def test_every_registered_model_is_pinned_and_stepped():
   """A model added to the registry without a pinned count or a step that covers it fails."""
-  assert sorted({name for name, _, _ in PINNED}) == models.names()
-  assert sorted(STEPPED_BY) == models.names()
+  assert sorted({name for name, _, _ in PINNED}) == zoo.names()
+  assert sorted(STEPPED_BY) == zoo.names()
 
 
 @pytest.mark.parametrize('name,shape,classes', sorted(PINNED))
 def test_param_count(name, shape, classes):
-  model = models.get(name, num_classes=classes)
+  model = zoo.get(name, num_classes=classes)
   variables = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1,) + shape),
                                                 train=False))
   assert state_lib.param_count(variables['params']) == PINNED[(name, shape, classes)]
@@ -87,7 +87,7 @@ def test_one_train_step(name):
   the deep ones) is left to test_param_count's abstract init and the training tests."""
   shape = STEP_SHAPES[name]
   layout = parallel.data_parallel('pmap', jax.devices()[:1])
-  model = models.get(name, num_classes=10, axis_name=parallel.AXIS_NAME,
+  model = zoo.get(name, num_classes=10, axis_name=parallel.AXIS_NAME,
                      **STEP_SIZE.get(name, {}))
   variables = helpers.random_variables(model, shape, seed=0)
   state = state_lib.TrainState.create(apply_fn=model.apply, params=variables['params'],
@@ -115,7 +115,7 @@ def test_one_train_step(name):
 
 
 def test_dropout_uses_rng_only_in_training():
-  model = models.get('cnn', num_classes=10, dropout_rate=0.5)
+  model = zoo.get('cnn', num_classes=10, dropout_rate=0.5)
   x = jax.random.normal(jax.random.PRNGKey(1), (4, 8, 8, 1))
   variables = model.init(jax.random.PRNGKey(0), x, train=False)
   a = model.apply(variables, x, train=True, rngs={'dropout': jax.random.PRNGKey(2)})
@@ -127,4 +127,4 @@ def test_dropout_uses_rng_only_in_training():
 
 def test_unknown_model_lists_choices():
   with pytest.raises(KeyError, match="model='resnet9' is unknown; choose one of: cnn, mlp, "):
-    models.get('resnet9', num_classes=10)
+    zoo.get('resnet9', num_classes=10)

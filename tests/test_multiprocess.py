@@ -13,14 +13,15 @@ import jax
 import numpy as np
 import pytest
 
-from scripts import processes
-from scripts import run_metrics
+from flax_dp_trainer.runs import processes
+from flax_dp_trainer.runs import run_metrics
 from tests import helpers
-from trainer import checkpoint
-from trainer import train
+from flax_dp_trainer import checkpoint
+from flax_dp_trainer import train
+from tests import REPO
 
 # A learning rate that keeps float32 rounding from being amplified between topologies.
-RUN = ['--config=configs/default.py', '--config.num_train_steps=40', '--config.warmup_steps=5',
+RUN = ['--config=default', '--config.num_train_steps=40', '--config.warmup_steps=5',
        '--config.log_every_steps=10', '--config.eval_every_steps=20',
        '--config.checkpoint_every_steps=20', '--config.learning_rate=0.02']
 
@@ -42,7 +43,7 @@ def test_the_local_launcher_trains_as_one_process_of_four(config, tmp_path, tfds
   launched = subprocess.run(
       ['launch/local.sh', '--num_processes=2', '--devices_per_process=2', '--',
        f'--workdir={multi}', *RUN, data],
-      cwd=processes.REPO, env=processes.environment(PYTHON=sys.executable),
+      cwd=REPO, env=processes.environment(PYTHON=sys.executable),
       capture_output=True, text=True, timeout=300, check=False)
   print(f'2 processes x 2 devices: {time.perf_counter() - start:.1f} s')
   assert launched.returncode == 0, launched.stderr[-3000:]
@@ -71,11 +72,11 @@ def test_the_local_launcher_trains_as_one_process_of_four(config, tmp_path, tfds
 
 def _start_process(index, port, workdir, data):
   return subprocess.Popen(
-      [sys.executable, '-m', 'trainer.main', '--cpu_devices=2', f'--workdir={workdir}',
+      [sys.executable, '-m', 'flax_dp_trainer', '--cpu_devices=2', f'--workdir={workdir}',
        f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2', f'--process_id={index}',
        '--heartbeat_timeout_s=10', *RUN, data, '--config.num_train_steps=100000',
        '--config.eval_every_steps=100000', '--config.checkpoint_every_steps=100000'],
-      cwd=processes.REPO, env=processes.environment(), stderr=subprocess.PIPE,
+      cwd=REPO, env=processes.environment(), stderr=subprocess.PIPE,
       stdout=subprocess.DEVNULL, text=True)
 
 
@@ -121,7 +122,7 @@ def test_launcher_fails_when_a_process_fails(tmp_path, tfds_data_dir):
       ['launch/local.sh', '--num_processes=2', '--devices_per_process=2', '--',
        f'--workdir={workdir}', *RUN, f'--config.tfds_data_dir={tfds_data_dir}',
        '--config.num_train_steps=100000', '--heartbeat_timeout_s=10'],
-      cwd=processes.REPO, env=processes.environment(PYTHON=sys.executable),
+      cwd=REPO, env=processes.environment(PYTHON=sys.executable),
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   for line in launched.stdout:
     if re.search(r'\[p1\] .*\] \[20\] .*train_loss=', line):
@@ -151,7 +152,7 @@ def _processes_with_args(*needles):
         cmdline = f.read().decode(errors='replace').split('\0')
     except OSError:
       continue
-    if 'trainer.main' in cmdline and all(any(n in arg for arg in cmdline) for n in needles):
+    if 'flax_dp_trainer.main' in cmdline and all(any(n in arg for arg in cmdline) for n in needles):
       found.append(int(pid))
   return found
 
@@ -190,9 +191,9 @@ def test_a_process_that_cannot_import_the_model_stops_every_process(tmp_path, tf
   port = processes.free_port()
   workdir = tmp_path / 'run'
   runs = [subprocess.Popen(
-      [sys.executable, '-m', 'trainer.main', '--cpu_devices=2', f'--workdir={workdir}',
+      [sys.executable, '-m', 'flax_dp_trainer', '--cpu_devices=2', f'--workdir={workdir}',
        f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2', f'--process_id={index}',
-       f'--config={os.path.join(processes.REPO, "configs", "default.py")}',
+       f'--config={os.path.join(REPO, "configs", "default.py")}',
        f'--config.tfds_data_dir={tfds_data_dir}', '--config.model=only_here:Net'],
       cwd=cwd, env=processes.environment(), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
       text=True) for index, cwd in enumerate([module_dir, elsewhere])]

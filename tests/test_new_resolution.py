@@ -13,16 +13,17 @@ import pytest
 import tensorflow_datasets as tfds
 import torch
 
-from baselines.torch_ddp import models as torch_models
-from configs import default
-from models import torch_weights
-from models import vit
-from scripts import processes
-from scripts import run_metrics
-from trainer import checkpoint
-from trainer.data import pipeline
-from trainer.data import specs
-from trainer.errors import UserError
+from flax_dp_trainer.torch_ddp import models as torch_models
+from flax_dp_trainer.configs import default
+from flax_dp_trainer.zoo import torch_weights
+from flax_dp_trainer.zoo import vit
+from flax_dp_trainer.runs import processes
+from flax_dp_trainer.runs import run_metrics
+from flax_dp_trainer import checkpoint
+from flax_dp_trainer.data import pipeline
+from flax_dp_trainer.data import specs
+from flax_dp_trainer.errors import UserError
+from tests import REPO
 
 
 @pytest.mark.parametrize('side,new_side', [(14, 24), (24, 14), (4, 6), (7, 4)])
@@ -62,13 +63,13 @@ def test_a_torchvision_state_dict_of_another_size_is_resampled():
 
 def _main(workdir, tfds_data_dir, *args, model='vit_test'):
   return subprocess.run(
-      [sys.executable, '-m', 'trainer.main', '--config=configs/default.py',
+      [sys.executable, '-m', 'flax_dp_trainer', '--config=default',
        f'--workdir={workdir}', '--cpu_devices=2', f'--config.model={model}',
        '--config.augment=inception', '--config.num_train_steps=4', '--config.warmup_steps=1',
        '--config.batch_size=16', '--config.eval_batch_size=64', '--config.log_every_steps=2',
        '--config.eval_every_steps=4', '--config.checkpoint_every_steps=4',
        f'--config.tfds_data_dir={tfds_data_dir}', *args],
-      cwd=processes.REPO, env=processes.environment(), capture_output=True, text=True,
+      cwd=REPO, env=processes.environment(), capture_output=True, text=True,
       timeout=600, check=False)
 
 

@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 import torch
 
-from baselines.torch_ddp import models as torch_models
-from baselines.torch_ddp import porting
-from configs import default
-from models import torch_weights
-from scripts import port_check
-from scripts import processes
+from flax_dp_trainer.torch_ddp import models as torch_models
+from flax_dp_trainer.torch_ddp import porting
+from flax_dp_trainer.configs import default
+from flax_dp_trainer.zoo import torch_weights
+from flax_dp_trainer.tools import port_check
+from flax_dp_trainer.runs import processes
 from tests import port_pairs
+from tests import REPO
 
 SLOW = pytest.mark.slow
 # vit_g14 (1.0B parameters) is vit_b16's code at another size: left out for its memory.
@@ -166,8 +167,8 @@ def test_the_command_line_with_a_weights_file(tmp_path):
   args = ['--torch=tests.port_pairs:TorchCNN', '--input_shape=8,8,1',
           f'--weights={tmp_path / "cnn.pth"}']
   run = lambda flax_name: subprocess.run(
-      [sys.executable, '-m', 'scripts.port_check', f'--flax=tests.port_pairs:{flax_name}',
-       *args], cwd=processes.REPO, env=processes.environment(), capture_output=True,
+      [sys.executable, '-m', 'flax_dp_trainer.tools.port_check', f'--flax=tests.port_pairs:{flax_name}',
+       *args], cwd=REPO, env=processes.environment(), capture_output=True,
       text=True, timeout=300, check=False)
   good = run('FlaxCNN')
   assert good.returncode == 0, good.stdout + good.stderr[-2000:]
@@ -193,8 +194,8 @@ def test_the_command_line_with_a_weights_file(tmp_path):
 ])
 def test_bad_input_is_one_line_and_exit_status_2(args, line):
   run = subprocess.run(
-      [sys.executable, '-m', 'scripts.port_check', '--torch=tests.port_pairs:TorchCNN', *args],
-      cwd=processes.REPO, env=processes.environment(), capture_output=True, text=True,
+      [sys.executable, '-m', 'flax_dp_trainer.tools.port_check', '--torch=tests.port_pairs:TorchCNN', *args],
+      cwd=REPO, env=processes.environment(), capture_output=True, text=True,
       timeout=300, check=False)
   assert run.returncode == 2 and 'Traceback' not in run.stderr, run.stderr[-2000:]
   assert run.stderr.strip().splitlines()[-1].startswith(line), run.stderr[-1000:]
@@ -206,6 +207,6 @@ def test_torchvisions_own_resnet18_against_the_flax_resnet18():
   module whose BatchNorm names the trainer's device axis (taken off for the check)."""
   # 64 px: the last stage's BatchNorm sees 2x2 maps (at 32 px its 4 values a channel make the
   # train-mode gradients too ill-conditioned to compare at float32's tolerance).
-  report = port_check.run('models.resnet:ResNet18', 'torchvision.models:resnet18', (64, 64, 3))
+  report = port_check.run('flax_dp_trainer.zoo.resnet:ResNet18', 'torchvision.models:resnet18', (64, 64, 3))
   assert report.ok, '\n'.join(report.lines())
   assert len(report.rows['eval']) == 41 and len(report.statistics) == 20

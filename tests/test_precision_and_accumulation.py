@@ -6,13 +6,13 @@ import numpy as np
 import optax
 import pytest
 
-import models
-from scripts import run_metrics
+from flax_dp_trainer import zoo
+from flax_dp_trainer.runs import run_metrics
 from tests import helpers
-from trainer import parallel
-from trainer import state as state_lib
-from trainer import step as step_lib
-from trainer import train
+from flax_dp_trainer import parallel
+from flax_dp_trainer import state as state_lib
+from flax_dp_trainer import step as step_lib
+from flax_dp_trainer import train
 
 GLOBAL_BATCH = 32
 
@@ -43,12 +43,12 @@ def test_cross_replica_batchnorm_equals_one_device_on_the_global_batch():
   """8 devices x 4 examples == 1 device x 32 examples: params and batch_stats."""
   shape = (32, 32, 3)
   tx = optax.sgd(0.1, momentum=0.9)
-  model = models.get('resnet_tiny', num_classes=10, axis_name=parallel.AXIS_NAME)
+  model = zoo.get('resnet_tiny', num_classes=10, axis_name=parallel.AXIS_NAME)
   state = state_lib.create_train_state(model, tx, jax.random.PRNGKey(0), (1,) + shape)
   batch = _batch(shape)
 
   # Reference: a plain jit step of the same model without any device axis.
-  plain = models.get('resnet_tiny', num_classes=10)
+  plain = zoo.get('resnet_tiny', num_classes=10)
 
   @jax.jit
   def reference(state, batch):
@@ -83,7 +83,7 @@ def test_cross_replica_batchnorm_equals_one_device_on_the_global_batch():
                                                (0.3, 1e-6)])
 def test_gradient_accumulation_equals_one_big_step(k, dropout_rate, atol):
   shape = (8, 8, 1)
-  model = models.get('cnn', num_classes=10, dropout_rate=dropout_rate)
+  model = zoo.get('cnn', num_classes=10, dropout_rate=dropout_rate)
   tx = optax.adamw(1e-3, eps=1e-3)
   state = state_lib.create_train_state(model, tx, jax.random.PRNGKey(0), (1,) + shape)
   layout = parallel.data_parallel('pmap', jax.devices()[:2])
@@ -103,7 +103,7 @@ def test_gradient_accumulation_equals_one_big_step(k, dropout_rate, atol):
 
 def test_float16_overflow_is_skipped_and_the_scale_halves():
   shape = (8, 8, 1)
-  model = models.get('cnn', num_classes=10, dtype=jnp.float16)
+  model = zoo.get('cnn', num_classes=10, dtype=jnp.float16)
   state = state_lib.create_train_state(model, optax.sgd(0.1), jax.random.PRNGKey(0),
                                        (1,) + shape, loss_scaling=True)
   layout = parallel.data_parallel('pmap', jax.devices()[:2])

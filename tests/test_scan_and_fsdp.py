@@ -13,21 +13,22 @@ import ml_collections
 import numpy as np
 import pytest
 
-import trainer
-from models import layers
-from models import torch_weights
-from models import vit
-from scripts import processes
+import flax_dp_trainer as trainer
+from flax_dp_trainer.zoo import layers
+from flax_dp_trainer.zoo import torch_weights
+from flax_dp_trainer.zoo import vit
+from flax_dp_trainer.runs import processes
 from tests import helpers
-from trainer import checkpoint
-from trainer import checks
-from trainer import modeling
-from trainer import optim
-from trainer import parallel
-from trainer import state as state_lib
-from trainer import step as step_lib
-from trainer import train
-from trainer.errors import UserError
+from flax_dp_trainer import checkpoint
+from flax_dp_trainer import checks
+from flax_dp_trainer import modeling
+from flax_dp_trainer import optim
+from flax_dp_trainer import parallel
+from flax_dp_trainer import state as state_lib
+from flax_dp_trainer import step as step_lib
+from flax_dp_trainer import train
+from flax_dp_trainer.errors import UserError
+from tests import REPO
 
 # The topology matrix's tolerance (float32 reduction order), on params and optimizer state.
 TOLERANCE = 1e-5
@@ -188,7 +189,7 @@ def test_fsdp_never_holds_the_whole_params(config):
   block), the temporaries were 56.4 MiB and the test failed."""
   config.unlock()
   config.model_kwargs = ml_collections.ConfigDict(WIDE)
-  config.update(model='models.vit:ViT', dropout_rate=0.0, scan_layers=True, remat='full',
+  config.update(model='flax_dp_trainer.zoo.vit:ViT', dropout_rate=0.0, scan_layers=True, remat='full',
                 batch_size=8, optimizer='sgd', step_backend='shard_map', state_sharding='fsdp')
   analysis, whole = _compiled_fsdp_step(config, 8)
   print(f'temporaries {analysis.temp_size_in_bytes / 2**20:.1f} MiB, arguments '
@@ -206,12 +207,12 @@ def test_bench_sharding_finds_the_most_rows_that_fit(tmp_path):
   out = tmp_path / 'bench.json'
   budget_gib = 0.0003
   subprocess.run(
-      [sys.executable, '-m', 'scripts.bench_sharding', '--config=configs/default.py',
+      [sys.executable, '-m', 'flax_dp_trainer.tools.bench_sharding', '--config=default',
        '--config.model=vit_test', '--config.batch_size=64', '--config.dropout_rate=0',
        '--cpu_devices=2', '--steps=1', '--timing_warmup_steps=0', '--shardings=fsdp',
        '--remats=none,full',
        f'--memory_gib={budget_gib}', f'--out={out}'],
-      cwd=processes.REPO, env=processes.environment(), check=True, capture_output=True,
+      cwd=REPO, env=processes.environment(), check=True, capture_output=True,
       timeout=600)
   result = json.loads(out.read_text())
   scanned = next(r for r in result['rows'] if r['form'] == 'scanned' and r['remat'] == 'full')

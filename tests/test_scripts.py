@@ -1,6 +1,8 @@
-"""The user-facing scripts in scripts/."""
+"""The tools users run: flax_dp_trainer/tools/ (`python -m flax_dp_trainer.tools.NAME`, and
+the console scripts)."""
 
 import importlib
+from importlib import metadata
 import os
 import re
 import sys
@@ -9,26 +11,39 @@ import time
 import pytest
 from absl import flags
 
-from scripts import processes
-from scripts import show_metrics
-from trainer.errors import UserError
+from flax_dp_trainer import tools
+from flax_dp_trainer.runs import processes
+from flax_dp_trainer.tools import show_metrics
+from flax_dp_trainer.errors import UserError
 
-SCRIPTS = sorted(name[:-len('.py')]
-                 for name in os.listdir(os.path.join(processes.REPO, 'scripts'))
-                 if name.endswith('.py') and name != '__init__.py')
+TOOLS_DIR = os.path.dirname(tools.__file__)
+TOOLS = sorted(name[:-len('.py')] for name in os.listdir(TOOLS_DIR)
+               if name.endswith('.py') and name != '__init__.py')
 
 
-def test_scripts_are_modules_that_leave_the_path_and_the_flags_alone():
-  """Each script runs as `python -m scripts.NAME`: none edits sys.path, and importing one (as
-  the tests and the other scripts do) defines no command-line flag."""
-  assert {'benchmark', 'compare', 'show_metrics'} <= set(SCRIPTS)
-  for name in SCRIPTS:
-    with open(os.path.join(processes.REPO, 'scripts', f'{name}.py'), encoding='utf-8') as f:
+def test_tools_are_modules_that_leave_the_path_and_the_flags_alone():
+  """Each tool runs as `python -m flax_dp_trainer.tools.NAME`: none edits sys.path, and
+  importing one (as the tests and the other tools do) defines no command-line flag."""
+  assert set(TOOLS) == {'port_check', 'compare', 'export', 'benchmark', 'bench_sharding',
+                        'bench_file_check', 'show_metrics', 'convert'}
+  for name in TOOLS:
+    with open(os.path.join(TOOLS_DIR, f'{name}.py'), encoding='utf-8') as f:
       assert 'sys.path' not in f.read(), name
-    importlib.import_module(f'scripts.{name}')
+    importlib.import_module(f'flax_dp_trainer.tools.{name}')
   defining = [module for module in flags.FLAGS.flags_by_module_dict()
-              if module.startswith('scripts')]
+              if module.startswith('flax_dp_trainer.tools')]
   assert not defining
+
+
+def test_every_tool_has_its_console_script():
+  """Each tool is a console script `dp-NAME` (its underscores as dashes) of the installed
+  distribution, and the trainer is `dp-train`; each names a function that exists."""
+  scripts = {entry.name: entry for entry in metadata.entry_points(group='console_scripts')
+             if entry.value.startswith('flax_dp_trainer.')}
+  assert set(scripts) == {'dp-train'} | {f'dp-{name.replace("_", "-")}' for name in TOOLS}
+  for name in TOOLS:
+    assert scripts[f'dp-{name.replace("_", "-")}'].module == f'flax_dp_trainer.tools.{name}'
+  assert all(callable(entry.load()) for entry in scripts.values())
 
 
 def test_show_metrics_table_aligns_steps_and_tags():

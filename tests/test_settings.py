@@ -1,6 +1,6 @@
 """Every setting discoverable (--show_config, --list), and answered at once: the listings,
 --help and a mistake in the config answer with TensorFlow and torch unimportable and no JAX
-backend startable, from the trainer, scripts.compare, scripts.benchmark and the DDP twin."""
+backend startable, from the trainer, flax_dp_trainer.tools.compare, flax_dp_trainer.tools.benchmark and the DDP twin."""
 
 import glob
 import os
@@ -10,10 +10,11 @@ import sys
 
 import pytest
 
-import models
-from configs import default
-from scripts import processes
-from trainer import settings
+from flax_dp_trainer import zoo
+from flax_dp_trainer.configs import default
+from flax_dp_trainer.runs import processes
+from flax_dp_trainer import settings
+from tests import REPO
 
 
 def _hiding(hidden, names) -> dict:
@@ -33,8 +34,8 @@ def no_tensorflow(tmp_path_factory):
   return _hiding(tmp_path_factory.mktemp('hidden'), ('tensorflow', 'torch'))
 
 
-def _main(env, *args, module='trainer.main'):
-  run = subprocess.run([sys.executable, '-m', module, *args], cwd=processes.REPO,
+def _main(env, *args, module='flax_dp_trainer.main'):
+  run = subprocess.run([sys.executable, '-m', module, *args], cwd=REPO,
                        env=env, capture_output=True, text=True, timeout=120, check=False)
   assert 'Traceback' not in run.stderr, run.stderr[-3000:]
   return run
@@ -45,7 +46,7 @@ def test_every_default_field_has_its_comment():
 
 
 def test_show_config_prints_every_field_value_and_comment(no_tensorflow):
-  run = _main(no_tensorflow, '--config=configs/imagenet_vit_g14_sharded.py', '--show_config',
+  run = _main(no_tensorflow, '--config=imagenet_vit_g14_sharded', '--show_config',
               '--config.batch_size=1024')
   assert run.returncode == 0, run.stderr
   lines = run.stdout.splitlines()
@@ -70,7 +71,7 @@ def test_show_config_prints_every_field_value_and_comment(no_tensorflow):
 def test_a_host_without_tfds_is_told_how_to_describe_a_dataset(tmp_path):
   """Without tensorflow_datasets, a TFDS dataset's line says what to install or to give."""
   env = _hiding(tmp_path, ('tensorflow', 'tensorflow_datasets', 'torch'))
-  run = _main(env, '--config=configs/default.py', '--show_config', '--config.dataset=cifar10')
+  run = _main(env, '--config=default', '--show_config', '--config.dataset=cifar10')
   assert run.returncode == 0, run.stderr
   assert run.stdout.splitlines()[-1] == (
       "# dataset 'cifar10': dataset='cifar10': its classes and shapes are read from TFDS's "
@@ -81,7 +82,7 @@ def test_a_host_without_tfds_is_told_how_to_describe_a_dataset(tmp_path):
 
 def test_listings(no_tensorflow):
   listed = _main(no_tensorflow, '--list=models').stdout.splitlines()
-  assert listed[:-1] == models.names()
+  assert listed[:-1] == zoo.names()
   assert listed[-1].startswith('pkg.module:Name  your own flax module by import path')
   datasets = _main(no_tensorflow, '--list=datasets').stdout
   assert re.search(r'^cifar10\s+normalized with mean \(0.4914, 0.4822, 0.4465\), std '
@@ -91,7 +92,7 @@ def test_listings(no_tensorflow):
   configs = _main(no_tensorflow, '--list=configs').stdout.splitlines()
   assert [line.split()[0] for line in configs] == sorted(
       f'configs/{os.path.basename(p)}' for p in glob.glob(
-          os.path.join(processes.REPO, 'configs', '[!_]*.py')))
+          os.path.join(REPO, 'configs', '[!_]*.py')))
 
 
 # The fast tier asks each program once or twice; the slow one asks the rest.
@@ -99,24 +100,24 @@ SLOW = pytest.mark.slow
 
 
 @pytest.mark.parametrize('module,args,line', [
-    ('trainer.main', ['--config=configs/default.py', '--workdir={tmp}', '--config.model=resnet9'],
+    ('flax_dp_trainer.main', ['--config=default', '--workdir={tmp}', '--config.model=resnet9'],
      "error: model='resnet9' is unknown; choose one of: cnn, mlp"),
-    pytest.param('trainer.main', ['--config=configs/default.py', '--workdir={tmp}',
+    pytest.param('flax_dp_trainer.main', ['--config=default', '--workdir={tmp}',
                                   '--config.state_sharding=full'],
                  "error: state_sharding='full' needs the shard_map step", marks=SLOW),
-    ('trainer.main', ['--config=configs/default.py'], 'error: --workdir is required'),
-    ('trainer.main', ['--helpshort'], '--[no]show_config: Print every field of --config'),
-    pytest.param('scripts.compare', ['--helpshort'], '--target_accuracy: Eval accuracy',
+    ('flax_dp_trainer.main', ['--config=default'], 'error: --workdir is required'),
+    ('flax_dp_trainer.main', ['--helpshort'], '--[no]show_config: Print every field of --config'),
+    pytest.param('flax_dp_trainer.tools.compare', ['--helpshort'], '--target_accuracy: Eval accuracy',
                  marks=SLOW),
-    pytest.param('scripts.compare', ['--config=configs/default.py', '--workdir={tmp}',
+    pytest.param('flax_dp_trainer.tools.compare', ['--config=default', '--workdir={tmp}',
                                      '--config.model=resnet9'], "error: model='resnet9' is unknown",
                  marks=SLOW),
-    ('scripts.compare', ['--config=configs/default.py', '--workdir={tmp}', '--devices=4',
+    ('flax_dp_trainer.tools.compare', ['--config=default', '--workdir={tmp}', '--devices=4',
                          '--threads=2'], 'error: --devices=4 --threads=2: need at least'),
-    ('scripts.benchmark', ['--helpshort'], '--steps: '),
-    pytest.param('baselines.torch_ddp.main', ['--helpshort'],
+    ('flax_dp_trainer.tools.benchmark', ['--helpshort'], '--steps: '),
+    pytest.param('flax_dp_trainer.torch_ddp', ['--helpshort'],
                  '--[no]parity: Start from the JAX model', marks=SLOW),
-    ('baselines.torch_ddp.main', ['--config=configs/default.py', '--workdir={tmp}',
+    ('flax_dp_trainer.torch_ddp', ['--config=default', '--workdir={tmp}',
                                   '--config.dtype=float64'], "error: dtype='float64'"),
 ])
 def test_answers_come_before_tensorflow_torch_and_a_jax_backend(no_tensorflow, tmp_path,

@@ -10,13 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import models
-from scripts import processes
+from flax_dp_trainer import zoo
 from tests import helpers
-from trainer import optim
-from trainer import parallel
-from trainer import state as state_lib
-from trainer import step as step_lib
+from flax_dp_trainer import optim
+from flax_dp_trainer import parallel
+from flax_dp_trainer import state as state_lib
+from flax_dp_trainer import step as step_lib
+from tests import REPO
 
 GLOBAL_BATCH = 48  # Divisible by 1, 2, 3, 4 and 8 devices.
 
@@ -205,7 +205,7 @@ def test_dropout_masks_come_from_the_step_and_the_global_row(config, backend):
 def test_each_example_draws_its_own_mask_by_its_id():
   """The same image at two rows drops different units; an id means the same mask whatever
   the batch it sits in."""
-  model = models.get('mlp', num_classes=10, dropout_rate=0.5)
+  model = zoo.get('mlp', num_classes=10, dropout_rate=0.5)
   x = jnp.tile(jax.random.normal(jax.random.PRNGKey(1), (1, 8, 8, 1)), (8, 1, 1, 1))
   variables = model.init(jax.random.PRNGKey(0), x, train=False)
   apply = functools.partial(model.apply, variables, train=True,
@@ -294,9 +294,9 @@ import jax
 jax.config.update('jax_num_cpu_devices', 2)
 import numpy as np
 import optax
-import models
-from trainer import metrics, optim, parallel, state as state_lib, step as step_lib
-model = models.get('cnn', num_classes=10, dropout_rate=0.1)
+from flax_dp_trainer import zoo
+from flax_dp_trainer import metrics, optim, parallel, state as state_lib, step as step_lib
+model = zoo.get('cnn', num_classes=10, dropout_rate=0.1)
 params = model.init(jax.random.PRNGKey(0), np.zeros((1, 8, 8, 1), np.float32), train=False)
 state = state_lib.TrainState.create(apply_fn=model.apply, params=params['params'],
                                     tx=optax.sgd(0.1))
@@ -313,7 +313,7 @@ assert 'tensorflow' not in sys.modules and 'tensorflow_datasets' not in sys.modu
 
 
 def test_the_bare_step_runs_without_tensorflow():
-  run = subprocess.run([sys.executable, '-c', _WITHOUT_TENSORFLOW], cwd=processes.REPO,
+  run = subprocess.run([sys.executable, '-c', _WITHOUT_TENSORFLOW], cwd=REPO,
                        capture_output=True, text=True, timeout=300, check=False)
   assert run.returncode == 0, run.stderr[-3000:]
   losses = dict(line.split() for line in run.stdout.splitlines())

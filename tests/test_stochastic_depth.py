@@ -5,11 +5,11 @@ import jax
 import numpy as np
 import pytest
 
-import models
-from models import layers
+from flax_dp_trainer import zoo
+from flax_dp_trainer.zoo import layers
 from tests import helpers
-from trainer import checks
-from trainer.errors import UserError
+from flax_dp_trainer import checks
+from flax_dp_trainer.errors import UserError
 
 
 def test_drop_path_drops_whole_examples_where_their_keys_say_and_never_in_eval():
@@ -42,7 +42,7 @@ def test_rates_rise_linearly_over_the_blocks():
 @pytest.mark.parametrize('name,shape', [('resnet_tiny', (8, 8, 3)), ('vit_test', (8, 8, 3))])
 def test_rate_0_is_todays_model_and_a_rate_changes_training_only(name, shape):
   images = np.random.RandomState(1).rand(16, *shape).astype(np.float32)
-  plain = models.get(name, num_classes=10)
+  plain = zoo.get(name, num_classes=10)
   # Random variables: at init every residual branch of the ResNet ends in a zero scale and
   # the ViT's head is zero, which would hide a dropped branch.
   variables = jax.tree.map(np.float32, helpers.random_variables(plain, shape, seed=0))
@@ -53,9 +53,9 @@ def test_rate_0_is_todays_model_and_a_rate_changes_training_only(name, shape):
                       mutable=['batch_stats'] if train else False)
     return np.asarray(out[0] if train else out)
 
-  zero = models.get(name, num_classes=10, stochastic_depth_rate=0.0)
+  zero = zoo.get(name, num_classes=10, stochastic_depth_rate=0.0)
   np.testing.assert_array_equal(run(zero, True), run(plain, True))
-  deep = models.get(name, num_classes=10, stochastic_depth_rate=0.5)
+  deep = zoo.get(name, num_classes=10, stochastic_depth_rate=0.5)
   np.testing.assert_array_equal(run(deep, False), run(plain, False))
   assert not np.allclose(run(deep, True), run(plain, True))
 

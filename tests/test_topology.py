@@ -10,11 +10,12 @@ import sys
 import jax
 import pytest
 
-from scripts import processes
-from scripts import run_metrics
+from flax_dp_trainer.runs import processes
+from flax_dp_trainer.runs import run_metrics
 from tests import helpers
-from trainer import checkpoint
-from trainer import train
+from flax_dp_trainer import checkpoint
+from flax_dp_trainer import train
+from tests import REPO
 
 # Minutes of training runs: the fast tier's checks of the same are in tests/test_step.py.
 pytestmark = pytest.mark.slow
@@ -114,7 +115,7 @@ def two_processes(tfds_data_dir, tmp_path_factory):
        f'--coordinator_address=127.0.0.1:{port}', f'--process_id={index}', '--cpu_devices=2',
        f'--root={root}', f'--tfds_data_dir={tfds_data_dir}',
        f'--runs={",".join(f"{m}:{b}" for m, b in TWO_PROCESS_RUNS)}'],
-      cwd=processes.REPO, env=processes.environment(), stdout=subprocess.DEVNULL,
+      cwd=REPO, env=processes.environment(), stdout=subprocess.DEVNULL,
       stderr=open(log, 'w', encoding='utf-8')) for index, log in enumerate(logs)]
   try:
     for process, log in zip(workers, logs):

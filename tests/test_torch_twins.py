@@ -8,14 +8,14 @@ import pytest
 import torch
 import torchvision
 
-import models
-from baselines.torch_ddp import models as torch_models
-from baselines.torch_ddp import step as ddp_step
-from models import torch_weights
+from flax_dp_trainer import zoo
+from flax_dp_trainer.torch_ddp import models as torch_models
+from flax_dp_trainer.torch_ddp import step as ddp_step
+from flax_dp_trainer.zoo import torch_weights
 from tests import helpers
-from trainer import losses
-from trainer import step as step_lib
-from trainer.errors import UserError
+from flax_dp_trainer import losses
+from flax_dp_trainer import step as step_lib
+from flax_dp_trainer.errors import UserError
 
 
 def _assert_close(got, expected, tolerance=1e-5):
@@ -36,9 +36,9 @@ def _flax_logits(flax_model, variables, images, train=False):
 
 def _flax_and_torch(name, shape, seed=0):
   """A flax model with random variables, and the baseline's torch model holding them."""
-  flax_model = models.get(name, num_classes=10)
+  flax_model = zoo.get(name, num_classes=10)
   variables = helpers.random_variables(flax_model, shape, seed)
-  torch_model = torch_models.get(name, input_shape=shape, num_classes=10)
+  torch_model = torch_zoo.get(name, input_shape=shape, num_classes=10)
   assert (sum(p.numel() for p in torch_model.parameters()) ==
           sum(x.size for x in jax.tree.leaves(variables['params'])))
   torch_models.load_flax_variables(torch_model, flax_model, variables)
@@ -69,13 +69,13 @@ def test_every_torch_model_has_the_flax_models_parameters():
   shape, under torchvision's names (shapes alone: nothing is computed)."""
   for name in sorted(torch_models.REGISTRY):
     shape = (224, 224, 3) if name in ('vit_ti16', 'vit_s16', 'vit_b16') else (32, 32, 3)
-    flax_model = models.get(name, num_classes=10)
+    flax_model = zoo.get(name, num_classes=10)
     abstract = jax.eval_shape(lambda m=flax_model, s=shape: m.init(
         jax.random.PRNGKey(0), np.zeros((1,) + s, np.float32), train=False))
     zeros = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), dict(abstract))
     expected = {k: tuple(v.shape) for k, v in
                 torch_weights.to_state_dict(flax_model, zeros).items()}
-    got = {k: tuple(v.shape) for k, v in torch_models.get(
+    got = {k: tuple(v.shape) for k, v in torch_zoo.get(
         name, input_shape=shape, num_classes=10).state_dict().items()}
     assert got == expected, name
 
@@ -116,7 +116,7 @@ def test_random_torchvision_weights_give_torchvisions_logits(tmp_path, name, suf
   path = str(tmp_path / f'{name}{suffix}')
   torch_weights.write_state_dict(path, {k: v.numpy() for k, v in
                                         reference.state_dict().items()})
-  flax_model = models.get(name, num_classes=10)
+  flax_model = zoo.get(name, num_classes=10)
   template = helpers.random_variables(flax_model, shape, seed=0)  # Shapes; nothing compiled.
   variables, new_head, _, _ = torch_weights.from_state_dict(
       flax_model, template, torch_weights.read_state_dict(path))
@@ -134,7 +134,7 @@ def test_random_torchvision_weights_give_torchvisions_logits(tmp_path, name, suf
 
 def test_a_classifier_of_another_size_is_initialized_afresh():
   reference = torchvision.models.resnet18(num_classes=1000).state_dict()
-  flax_model = models.get('resnet18', num_classes=10)
+  flax_model = zoo.get('resnet18', num_classes=10)
   template = helpers.random_variables(flax_model, (32, 32, 3), seed=0)
   variables, new_head, _, _ = torch_weights.from_state_dict(
       flax_model, template, {k: v.numpy() for k, v in reference.items()})
@@ -162,7 +162,7 @@ def test_a_first_convolution_is_adapted_to_the_images_channels():
 
 
 def test_a_state_dict_of_another_model_is_refused_naming_the_first_mismatches():
-  flax_model = models.get('resnet50', num_classes=10)
+  flax_model = zoo.get('resnet50', num_classes=10)
   template = helpers.random_variables(flax_model, (32, 32, 3), seed=0)
   resnet18 = {k: v.numpy() for k, v in torchvision.models.resnet18(num_classes=10)
               .state_dict().items()}
@@ -176,8 +176,8 @@ def test_a_state_dict_of_another_model_is_refused_naming_the_first_mismatches():
   resnet18['extra.weight'] = np.zeros(3, np.float32)
   with pytest.raises(torch_weights.WeightsMismatch,
                      match=r'^missing: fc\.bias; unexpected: extra\.weight$'):
-    torch_weights.from_state_dict(models.get('resnet18', num_classes=10),
-                                  helpers.random_variables(models.get(
+    torch_weights.from_state_dict(zoo.get('resnet18', num_classes=10),
+                                  helpers.random_variables(zoo.get(
                                       'resnet18', num_classes=10), (32, 32, 3), seed=0),
                                   resnet18)
 
@@ -207,9 +207,9 @@ def test_batchnorm_training_mode_matches(name):
 def test_unknown_models_are_refused():
   with pytest.raises(KeyError, match="model='vit_h14' has no PyTorch model; the baseline has: "
                                      "cnn, mlp, resnet101"):
-    torch_models.get('vit_h14')
+    torch_zoo.get('vit_h14')
   with pytest.raises(ValueError, match="dropout_rate=0.1: torchvision's ResNet has no dropout"):
-    torch_models.get('resnet18', input_shape=(32, 32, 3), num_classes=10, dropout_rate=0.1)
+    torch_zoo.get('resnet18', input_shape=(32, 32, 3), num_classes=10, dropout_rate=0.1)
 
 
 # Each loss's optax reference: per-example loss of logits against dense targets.

@@ -11,15 +11,16 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from configs import default
-from scripts import processes
-from scripts import run_metrics
+from flax_dp_trainer.configs import default
+from flax_dp_trainer.runs import processes
+from flax_dp_trainer.runs import run_metrics
 from tests import helpers
-from trainer import optim
-from trainer import parallel
-from trainer import step as step_lib
-from trainer import train
-from trainer import writers
+from flax_dp_trainer import optim
+from flax_dp_trainer import parallel
+from flax_dp_trainer import step as step_lib
+from flax_dp_trainer import train
+from flax_dp_trainer import writers
+from tests import REPO
 
 TRAIN_TAGS = {'train_loss', 'train_accuracy', 'train_grad_norm', 'train_param_norm',
               'learning_rate', 'examples_per_sec_per_device', 'train_tflops_per_device'}
@@ -146,9 +147,9 @@ def test_the_quick_start_reaches_95_percent_with_a_clean_log(tmp_path):
   workdir, log = tmp_path / 'default', tmp_path / 'log.txt'
   with open(log, 'w', encoding='utf-8') as out:
     code = subprocess.run(
-        [sys.executable, '-m', 'trainer.main', '--config=configs/default.py',
+        [sys.executable, '-m', 'flax_dp_trainer', '--config=default',
          f'--workdir={workdir}', '--cpu_devices=8', f'--config.tfds_data_dir={tmp_path / "tfds"}'],
-        cwd=processes.REPO, env=processes.environment(), stdout=out, stderr=subprocess.STDOUT,
+        cwd=REPO, env=processes.environment(), stdout=out, stderr=subprocess.STDOUT,
         timeout=300, check=False).returncode
   text = log.read_text(encoding='utf-8')
   assert code == 0, text[-3000:]

@@ -13,17 +13,17 @@ import numpy as np
 import optax
 import pytest
 
-import trainer
-from configs import default
-from scripts import processes
-from scripts import run_metrics
+import flax_dp_trainer as trainer
+from flax_dp_trainer.configs import default
+from flax_dp_trainer.runs import processes
+from flax_dp_trainer.runs import run_metrics
 from tests import helpers
 from tests import user_models
-from trainer import checkpoint
-from trainer import losses
-from trainer import modeling
-from trainer import train
-from trainer.errors import UserError
+from flax_dp_trainer import checkpoint
+from flax_dp_trainer import losses
+from flax_dp_trainer import modeling
+from flax_dp_trainer import train
+from flax_dp_trainer.errors import UserError
 
 # A newcomer's file, outside the repository and off the path: a CNN ported from PyTorch with
 # plain nn.Dropout and nn.BatchNorm.
@@ -49,7 +49,7 @@ class Net(nn.Module):
 USER_CONFIG = '''
 import ml_collections
 
-from configs import default
+from flax_dp_trainer.configs import default
 
 
 def get_config():
@@ -78,8 +78,8 @@ def user_dir(tmp_path_factory):
 
 
 def _cli(user_dir, tfds_data_dir, workdir, *args, devices=8, **popen):
-  """`python -m trainer.main` run from the user's folder, as the guide runs it."""
-  command = [sys.executable, '-m', 'trainer.main', '--config=my_config.py',
+  """`python -m flax_dp_trainer` run from the user's folder, as the guide runs it."""
+  command = [sys.executable, '-m', 'flax_dp_trainer', '--config=my_config.py',
              f'--workdir={workdir}', f'--cpu_devices={devices}',
              f'--config.tfds_data_dir={tfds_data_dir}', '--config.model_kwargs.width=12', *args]
   if popen:
@@ -251,7 +251,7 @@ def _config(model, **overrides):
 @pytest.mark.parametrize('name,shape', [('cnn', (8, 8, 1)), ('vit_test', (16, 16, 3)),
                                         ('resnet_tiny', (16, 16, 3))])
 def test_the_shipped_models_draw_nothing_the_probe_names(name, shape):
-  """Their dropout and stochastic depth are keyed per example (models.layers): nothing to say."""
+  """Their dropout and stochastic depth are keyed per example (flax_dp_trainer.zoo.layers): nothing to say."""
   depth = 0.0 if name == 'cnn' else 0.1  # (cnn has no residual blocks to drop)
   built = modeling.build(_config(name, dropout_rate=0.1, stochastic_depth_rate=depth), 10, shape)
   assert modeling.probe(built.model, shape, 4, 10, 'float32') == []
@@ -270,7 +270,7 @@ def test_what_cannot_be_keyed_per_example_is_said_at_start():
       'drawn per device (the result depends on the device count)',
       "the model draws random numbers itself ('dropout' at the top): the same key on every "
       'device, so the result depends on the device count (use nn.Dropout, or take example_ids '
-      "in __call__ and fold each example's id into its key, as models.layers does)"]
+      "in __call__ and fold each example's id into its key, as flax_dp_trainer.zoo.layers does)"]
   # Both are trained all the same (the trainer supplies the keys).
   variables = built.model.init(jax.random.PRNGKey(0), (1, 8, 8, 1))
   logits = built.model.apply(variables, jnp.ones((4, 8, 8, 1)), train=True,

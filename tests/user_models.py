@@ -7,8 +7,8 @@ import flax.linen as nn
 import jax
 from flax import nnx
 
-from models import layers
-from models import vit
+from flax_dp_trainer.zoo import layers
+from flax_dp_trainer.zoo import vit
 
 
 class PlainNet(nn.Module):

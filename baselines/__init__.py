@@ -1,1 +1,0 @@
-"""Baselines the trainer is compared against."""

@@ -1,1 +1,0 @@
-"""Tools users run from the repository root as modules: `python -m scripts.NAME`."""

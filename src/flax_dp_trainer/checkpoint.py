@@ -1,0 +1,433 @@
+"""Orbax checkpoints under WORKDIR/checkpoints: save, resume, fine-tune from another run.
+
+A checkpoint at step N holds two items:
+  state: one replica of the `TrainState` (step, params, optimizer state, BatchNorm
+         statistics) as host arrays: nothing in it depends on the devices that wrote it;
+  meta:  JSON (`RunMeta`): the step RNG key, the data seed, the position in the global
+         training stream (examples trained on), the topology that wrote it, and the config
+         (to explain a mismatch on restart).
+A run resumes on any number of devices and processes that divides its batch, with the
+batches an uninterrupted run would have used. Orbax writes each checkpoint into a temporary
+directory and renames it when complete, so a save cut short leaves no step directory behind.
+
+The meta item's format (`META_FORMAT`, saved in it as 'format'):
+  * a field added by later work is optional: it has a default, and a checkpoint written
+    before it reads with that default (`RunMeta.window` and `dataset` are such fields);
+  * the format number changes only for an incompatible change (a field that changes meaning,
+    or one a resume cannot do without), never for an added optional field;
+  * a checkpoint of a format this version does not read is refused in one line naming its
+    format and the one this version reads (`UserError`). Only released formats are read:
+    format 2 is the first (format 1, without a 'format' field, was never released).
+"""
+
+import dataclasses
+import os
+import re
+import shutil
+import time
+from typing import Any, NamedTuple, Optional
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from absl import logging
+
+from flax_dp_trainer.zoo import layers
+from flax_dp_trainer.zoo import vit
+from flax_dp_trainer.errors import SaveFailed, UserError, first_line
+
+CORRUPT_DIR = 'checkpoints.unreadable'  # Unreadable checkpoints are moved here, never deleted.
+
+
+def directory(workdir: str) -> str:
+  """Where a workdir's orbax checkpoints live: WORKDIR/checkpoints (absolute)."""
+  return os.path.join(os.path.abspath(workdir), 'checkpoints')
+
+
+@dataclasses.dataclass
+class Restored:
+  """A restored checkpoint: its step, the state (host arrays shaped like the target) and the
+  JSON metadata saved beside it (rng, data_seed, examples_seen, devices, processes, config)."""
+  step: int
+  state: Any
+  meta: dict
+
+
+def _path_name(path) -> str:
+  parts = []
+  for key in path:
+    for attr in ('key', 'idx', 'name'):
+      if hasattr(key, attr):
+        parts.append(str(getattr(key, attr)))
+        break
+  return '/'.join(parts)
+
+
+def array_specs(tree: Any) -> dict[str, tuple[tuple[int, ...], str]]:
+  """{'params/Dense_0/kernel': (shape, dtype), ...} for every array leaf of `tree`."""
+  leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+  return {_path_name(path): (tuple(leaf.shape), np.dtype(leaf.dtype).name)
+          for path, leaf in leaves}
+
+
+def describe_mismatch(saved: dict, wanted: dict, limit: int = 4) -> str:
+  """'' when the two array-spec maps agree, else a short account of the first differences."""
+  problems = []
+  # Params first: they say most plainly which model wrote the checkpoint.
+  for name in sorted(set(saved) | set(wanted), key=lambda n: (not n.startswith('params/'), n)):
+    if name not in wanted:
+      problems.append(f'{name} only in the checkpoint')
+    elif name not in saved:
+      problems.append(f'{name} missing from the checkpoint')
+    elif saved[name] != wanted[name]:
+      problems.append(f'{name} is {saved[name][1]}{list(saved[name][0])} in the checkpoint, '
+                      f'{wanted[name][1]}{list(wanted[name][0])} in this config')
+  if len(problems) > limit:
+    problems = problems[:limit] + [f'and {len(problems) - limit} more']
+  return '; '.join(problems)
+
+
+def _config_differences(saved: dict, current: dict) -> str:
+  changed = [f'{k}: {saved[k]!r} -> {current[k]!r}' for k in sorted(current)
+             if k in saved and saved[k] != current[k]]
+  return ', '.join(changed)
+
+
+META_FORMAT = 2  # The meta item's format: see the module docstring.
+
+
+@dataclasses.dataclass(frozen=True)
+class RunMeta:
+  """A checkpoint's `meta` item: what a resume needs besides the state, and what explains a
+  refusal. Saved as JSON (`to_json`) and read back by `from_json`."""
+  rng: Any  # The step RNG key (uint32 words).
+  data_seed: int
+  examples_seen: int  # The position in the global training stream.
+  devices: int  # The topology that wrote it.
+  processes: int
+  config: dict  # The config that wrote it, to name what changed.
+  # Added after format 2 was first written: optional, None where a checkpoint lacks them.
+  window: Optional[dict] = None  # The train metrics fetched since the last write
+                                 # (`TrainMetricsBuffer.pending`), for the resumed run.
+  dataset: Optional[dict] = None  # The dataset's spec as trained (`specs.DatasetSpec`
+                                  # fields): what `trainer.load` rebuilds the model and its
+                                  # preprocessing from.
+
+  def to_json(self) -> dict:
+    return {'format': META_FORMAT, 'rng': np.asarray(self.rng).tolist(),
+            'data_seed': self.data_seed, 'examples_seen': self.examples_seen,
+            'devices': self.devices, 'processes': self.processes, 'config': self.config,
+            'window': self.window, 'dataset': self.dataset}
+
+  @classmethod
+  def from_json(cls, saved: dict, step: int) -> 'RunMeta':
+    """The meta item of the checkpoint at `step`; `UserError` where it is of a format this
+    version does not read (a checkpoint without a 'format' field is of format 1)."""
+    version = saved.get('format', 1)
+    if version != META_FORMAT:
+      raise UserError(f'the checkpoint at step {step} was written in meta format {version}; '
+                      f'this trainer reads format {META_FORMAT} only: resume with the version '
+                      'that wrote it, or pass a new --workdir')
+    return cls(rng=np.asarray(saved['rng'], np.uint32), data_seed=int(saved['data_seed']),
+               examples_seen=int(saved['examples_seen']), devices=saved['devices'],
+               processes=saved['processes'], config=saved['config'],
+               window=saved.get('window'), dataset=saved.get('dataset'))
+
+
+def _handlers() -> dict:
+  # Named up front so that a manager that did not write a checkpoint can read its metadata.
+  return {'state': ocp.StandardCheckpointHandler(), 'meta': ocp.JsonCheckpointHandler()}
+
+
+def _read_only(path: str) -> Optional[ocp.CheckpointManager]:
+  if not os.path.isdir(path):
+    return None
+  options = ocp.CheckpointManagerOptions(read_only=True, save_interval_steps=0, create=False)
+  return ocp.CheckpointManager(path, options=options,
+                               item_handlers=_handlers())
+
+
+def _state_metadata(manager: ocp.CheckpointManager, step: int) -> dict:
+  metadata = manager.item_metadata(step)['state']
+  return array_specs(getattr(metadata, 'tree', metadata))
+
+
+class Unreadable(NamedTuple):
+  """A checkpoint that cannot be read, and why (the first line of the error)."""
+  step: int
+  reason: str
+
+
+def _os_error(error: BaseException) -> str:
+  """'File too large [errno 27]: ' where a (tensorstore) error names the OS error behind it."""
+  found = re.search(r"os_error_code='(\d+)'", str(error))
+  if found is None:
+    found = re.search(r'\[Errno (\d+)\]', str(error))
+  return f'{os.strerror(int(found.group(1)))} [errno {found.group(1)}]: ' if found else ''
+
+
+class Checkpointer:
+  """Async orbax saves of the host state, newest `keep` kept; resume-time checks."""
+
+  def __init__(self, workdir: str, *, keep: int):
+    self.workdir = os.path.abspath(workdir)
+    self.directory = directory(workdir)
+    self._keep = keep
+    self._manager: Optional[ocp.CheckpointManager] = None
+    self._pending: Optional[int] = None  # The step of a save that may still be running.
+
+  def steps(self) -> list[int]:
+    """The steps of the checkpoints in the directory (complete ones), oldest first."""
+    reader = _read_only(self.directory)
+    return sorted(reader.all_steps()) if reader is not None else []
+
+  def check_topology(self, batch_size: int, devices: int, processes: int) -> None:
+    """Refuses, before anything is written, a resume whose batch cannot be split over the
+    devices of this run, naming the devices that wrote the checkpoint."""
+    if batch_size % devices == 0:
+      return
+    reader = _read_only(self.directory)
+    step = reader.latest_step() if reader else None
+    if step is None:
+      return  # A fresh run: the config check says it.
+    try:
+      saved = RunMeta.from_json(reader.restore(step, args=ocp.args.Composite(
+          meta=ocp.args.JsonRestore()))['meta'], step)
+    except Exception:  # pylint: disable=broad-except
+      return  # Set aside (unreadable) or refused (its format) when it is restored.
+    wrote = f'{saved.devices} devices ({saved.processes} process(es))'
+    divisors = [n for n in range(1, batch_size + 1) if batch_size % n == 0]
+    nearest = min(divisors, key=lambda n: (abs(n - devices), -n))
+    raise UserError(
+        f'the checkpoint at step {step} in {self.directory} trains batch_size={batch_size}, '
+        f'written on {wrote}; it cannot be split over the {devices} devices ({processes} '
+        f'process(es)) of this run: resume on a device count that divides {batch_size} '
+        f'(e.g. {nearest}), or start a new --workdir')
+
+  def restore_newest(self, target: Any, config: dict) -> tuple[Optional[Restored],
+                                                              list[Unreadable]]:
+    """The newest checkpoint that reads, restored into the structure of `target`, and the
+    newer ones that do not (with why), newest first. Writes nothing.
+
+    A checkpoint that fails to restore is read again whole, without a target: if that works
+    and its arrays are not `target`'s, it was written for another model or optimizer and
+    `UserError` says so (resuming cannot go on, and nothing should be overwritten); if it
+    does not read, it is damaged (missing or truncated array data, metadata or manifest) and
+    the next one is tried. Where none reads, `UserError` lists them and nothing is changed.
+    """
+    reader = _read_only(self.directory)
+    if reader is None:
+      return None, []
+    unreadable = []
+    for step in sorted(reader.all_steps(), reverse=True):
+      try:
+        return self._restore(reader, step, target), unreadable
+      except Exception as e:  # pylint: disable=broad-except
+        error = e
+      self._refuse_if_another_config(reader, step, target, config)
+      unreadable.append(Unreadable(step, first_line(error, limit=300)))
+      logging.warning('the checkpoint at step %d in %s cannot be read (%s)', step,
+                      self.directory, unreadable[-1].reason)
+    if unreadable:
+      listed = '; '.join(f'{u.step}: {u.reason}' for u in unreadable)
+      raise UserError(f'no checkpoint in {self.directory} can be read ({listed}); nothing was '
+                      'changed: pass a new --workdir to start afresh')
+    return None, []
+
+  def _restore(self, reader: ocp.CheckpointManager, step: int, target: Any) -> Restored:
+    convert = _layer_conversion(_state_metadata(reader, step), target)
+    if convert is not None:
+      logging.info('the checkpoint at step %d in %s holds the encoder blocks %s; restored into '
+                   'this run\'s %s form (config.scan_layers)', step, self.directory,
+                   convert[0], convert[1])
+      target = _to_form(target, convert[0])
+    restored = reader.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
+    state = restored['state']
+    if convert is not None:
+      state = _to_form(state, convert[1])
+    return Restored(step=step, state=state, meta=restored['meta'])
+
+  def _refuse_if_another_config(self, reader: ocp.CheckpointManager, step: int, target: Any,
+                                config: dict) -> None:
+    """Raises `UserError` where the checkpoint at `step` reads whole (no target) and holds
+    other arrays than `target`: the config changed, the checkpoint is fine."""
+    try:
+      whole = reader.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+    except Exception:  # pylint: disable=broad-except
+      return  # Damaged: the caller sets it aside.
+    # It reads: its metadata says what it holds.
+    saved = _state_metadata(reader, step)
+    convert = _layer_conversion(saved, target)
+    if convert is not None:
+      target = _to_form(target, convert[0])
+    mismatch = describe_mismatch(saved, array_specs(jax.eval_shape(lambda tree: tree, target)))
+    if mismatch:
+      changed = _config_differences(whole['meta'].get('config', {}), config)
+      raise UserError(
+          f'the checkpoint at step {step} in {self.directory} does not fit this config '
+          f'({mismatch}{"; config changed: " + changed if changed else ""}); resume with the '
+          'config that wrote it, or pass a new --workdir')
+
+  def set_aside(self, unreadable: list[Unreadable]) -> None:
+    """Moves unreadable checkpoints out of the way of new saves (kept, not deleted)."""
+    if jax.process_index() != 0:
+      return
+    for item in unreadable:
+      destination = os.path.join(self.workdir, CORRUPT_DIR, str(item.step))
+      os.makedirs(os.path.dirname(destination), exist_ok=True)
+      if os.path.exists(destination):  # One set aside before: keep both.
+        destination += f'.{int(time.time())}'
+      shutil.move(os.path.join(self.directory, str(item.step)), destination)
+      logging.warning('set aside the unreadable checkpoint at step %d in %s', item.step,
+                      destination)
+
+  def save(self, step: int, state: Any, meta: RunMeta) -> None:
+    """Starts saving host `state` and `meta` at `step` (asynchronously; every process
+    calls it); the oldest beyond `keep` are deleted once it is complete."""
+    if self._manager is None:
+      options = ocp.CheckpointManagerOptions(
+          max_to_keep=self._keep, create=True, enable_async_checkpointing=True)
+      self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                            item_handlers=_handlers())
+    # Host copies: the next pmapped step donates (and so invalidates) the device buffers
+    # while the asynchronous save may still be reading them.
+    self._check(self._manager.save, step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(jax.device_get(state)), meta=ocp.args.JsonSave(meta.to_json())))
+    self._pending = step
+
+  def check_saved(self) -> None:
+    """Raises `SaveFailed` where the last save failed in the background, once it has ended
+    (it returns at once while a save runs, or when none is pending)."""
+    if self._pending is None or self._manager.is_saving_in_progress():
+      return
+    self._check(self._manager.wait_until_finished)  # Ended: returns at once, or raises.
+    self._pending = None
+
+  def _check(self, call, *args, **kwargs):
+    """`call(*args, **kwargs)` of the manager, an error of a save turned into `SaveFailed`."""
+    try:
+      return call(*args, **kwargs)
+    except Exception as e:  # pylint: disable=broad-except
+      kept = sorted(ocp.path.step.checkpoint_steps(self.directory))
+      raise SaveFailed(
+          f'the checkpoint at step {self._pending} could not be written in {self.directory} '
+          f'({_os_error(e)}{first_line(e, limit=300)}); the checkpoints written before it are '
+          f'kept ({", ".join(map(str, kept)) or "none yet"}): make room or fix the path, then '
+          'run the same command again to resume') from None
+
+  def wait(self) -> None:
+    """Blocks until saves in flight are on disk; `SaveFailed` where one failed."""
+    if self._manager is not None:
+      self._check(self._manager.wait_until_finished)
+      self._pending = None
+
+  def close(self) -> None:
+    """Waits for the saves under way, then releases the checkpoint manager."""
+    if self._manager is not None:
+      try:
+        self.wait()
+      finally:
+        self._manager.close()
+        self._manager = None
+
+
+def read_meta(workdir: str, step: Optional[int] = None) -> tuple[int, RunMeta]:
+  """(step, meta item) of a run's checkpoint (the newest by default); `UserError` where the
+  workdir holds none."""
+  reader = _read_only(directory(workdir))
+  steps = reader.all_steps() if reader is not None else []
+  if not steps:
+    raise UserError(f'{directory(workdir)} holds no checkpoint; point at the --workdir of a '
+                    'run that saved one')
+  step = max(steps) if step is None else step
+  if step not in steps:
+    raise UserError(f'{directory(workdir)} has no checkpoint at step {step}; it has steps '
+                    f'{", ".join(map(str, sorted(steps)))}')
+  saved = reader.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
+  return step, RunMeta.from_json(saved, step)
+
+
+def read_state(workdir: str, step: Optional[int] = None) -> dict:
+  """The state item of a run's checkpoint (the newest by default) as a tree of host arrays,
+  without a target: for tools and tests that inspect what a run saved."""
+  reader = _read_only(directory(workdir))
+  step = reader.latest_step() if step is None else step
+  return reader.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))['state']
+
+
+def load_params(path: str, wanted_params: Any, pos_embedding_resize: str = 'bicubic'
+                ) -> tuple[Any, int, Optional[tuple[int, int]]]:
+  """Params of the newest checkpoint under `path` (a workdir, its checkpoints/ or one step),
+  its step, and (tokens saved, the model's) where a ViT position embedding made for another
+  image size was resampled to the model's grid (`pos_embedding_resize`); else None.
+
+  For `init_from` (fine-tuning): only params are taken; the optimizer starts fresh.
+  """
+  path = os.path.abspath(path)
+  candidates = [path, os.path.join(path, 'checkpoints')]
+  step = None
+  for candidate in candidates:
+    reader = _read_only(candidate)
+    if reader is not None and reader.latest_step() is not None:
+      step = reader.latest_step()
+      break
+  else:
+    parent, name = os.path.split(path)
+    reader = _read_only(parent)
+    if reader is not None and name.isdigit() and int(name) in reader.all_steps():
+      step = int(name)
+  if step is None:
+    raise UserError(f'init_from={path!r} holds no checkpoint; point --config.init_from at a '
+                    'workdir, its checkpoints/ directory, one step directory in it, or a '
+                    'PyTorch state dict file (.pth, .pt, .bin, .safetensors)')
+  saved = {k[len('params/'):]: v for k, v in _state_metadata(reader, step).items()
+           if k.startswith('params/')}
+  convert = _layer_conversion(saved, wanted_params)
+  if convert is not None:  # Saved scanned for an unscanned model, or the reverse.
+    params, step, tokens = load_params(path, _to_form(wanted_params, convert[0]),
+                                       pos_embedding_resize)
+    return _to_form(params, convert[1]), step, tokens
+  wanted = array_specs(wanted_params)
+  resampled = _resampled_embedding(saved, wanted)
+  mismatch = describe_mismatch({**saved, **({} if resampled is None else
+                                            {resampled: wanted[resampled]})}, wanted)
+  if mismatch:
+    raise UserError(f'init_from={path!r} (step {step}) has params that do not fit this model '
+                    f'({mismatch}); use a checkpoint of the same model')
+  restored = reader.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+  by_name = {_path_name(path): leaf for path, leaf in
+             jax.tree_util.tree_flatten_with_path(restored['state']['params'])[0]}
+  tokens = None
+  if resampled is not None:
+    tokens = (saved[resampled][0][1], wanted[resampled][0][1])
+    by_name[resampled] = vit.resample_pos_embedding(by_name[resampled], tokens[1],
+                                                    pos_embedding_resize)
+  params = jax.tree_util.tree_map_with_path(
+      lambda path, _: np.asarray(by_name[_path_name(path)]), wanted_params)
+  return params, step, tokens
+
+
+def _to_form(tree: Any, form: str) -> Any:
+  """`tree` with its encoder blocks in `form` ('scanned' or 'unscanned')."""
+  return layers.stack_layers(tree) if form == 'scanned' else layers.unstack_layers(tree)
+
+
+def _layer_conversion(saved: dict, target: Any) -> Optional[tuple[str, str]]:
+  """(the saved form, the target's) where a checkpoint holding arrays named `saved` has its
+  encoder blocks scanned and `target` unscanned or the reverse (`flax_dp_trainer.zoo.layers.
+  stack_layers`); else None."""
+  have = layers.layer_form(saved)
+  want = layers.layer_form(array_specs(jax.eval_shape(lambda tree: tree, target)))
+  if have is None or want is None or have == want:
+    return None
+  return have, want
+
+
+def _resampled_embedding(saved: dict, wanted: dict) -> Optional[str]:
+  """The name of a ViT position embedding saved for another number of tokens (the same
+  width), where both are a class token and a square grid; else None."""
+  return next((name for name, (shape, _) in saved.items()
+               if name.split('/')[-1] == 'pos_embedding' and name in wanted and
+               vit.can_resample(shape, wanted[name][0])), None)

@@ -1,0 +1,221 @@
+"""Checks of the config and workdir that run before anything is compiled or written."""
+
+import os
+
+import ml_collections
+from absl import logging
+
+from flax_dp_trainer.zoo import layers
+from flax_dp_trainer.zoo import vit
+from flax_dp_trainer import losses
+from flax_dp_trainer import modeling
+from flax_dp_trainer import optim
+from flax_dp_trainer import parallel
+from flax_dp_trainer import user_imports
+from flax_dp_trainer.data import specs
+from flax_dp_trainer.errors import UserError
+
+_POSITIVE_FIELDS = ('batch_size', 'eval_batch_size', 'log_every_steps', 'eval_every_steps',
+                    'checkpoint_every_steps', 'keep_checkpoints', 'shuffle_buffer_size',
+                    'grad_accum_steps')
+DTYPES = ('bfloat16', 'float16', 'float32')
+UNSET, DURATION_PAIRS, is_set = optim.UNSET, optim.DURATION_PAIRS, optim.is_set
+# Fields that only some optimizers read: set on the command line for another optimizer, they
+# would be ignored.
+OPTIMIZER_FIELDS = {'momentum': ('sgd', 'lars'), 'nesterov': ('sgd', 'lars'),
+                    'adam_b1': ('adamw', 'lamb'), 'adam_b2': ('adamw', 'lamb')}
+# Fields that must lie in [low, high), and what their low end means.
+_RANGES = {
+    'label_smoothing': (0, 1, ''), 'dropout_rate': (0, 1, '; 0 turns dropout off'),
+    'stochastic_depth_rate': (0, 1, '; 0 turns stochastic depth off'),
+    'ema_decay': (0, 1, '; 0 turns EMA off'), 'momentum': (0, 1, '; 0 is plain SGD'),
+    'adam_b1': (0, 1, ''), 'adam_b2': (0, 1, ''),
+    'weight_decay': (0, float('inf'), '; 0 turns it off'),
+    'grad_clip_norm': (0, float('inf'), '; 0 turns clipping off'),
+    'end_learning_rate_factor': (0, float('inf'), ''),
+    'mixup_alpha': (0, float('inf'), '; 0 turns Mixup off'),
+    'cutmix_alpha': (0, float('inf'), '; 0 turns CutMix off'),
+}
+# Probabilities: in [0, 1].
+_PROBABILITIES = ('mix_prob', 'mix_switch_prob', 'random_erase_prob')
+# What a set duration field must be.
+_DURATION_VALUES = {
+    'num_train_steps': (lambda v: isinstance(v, int) and v > 0, 'a positive integer'),
+    'num_epochs': (lambda v: v > 0, 'positive'),
+    'warmup_steps': (lambda v: isinstance(v, int) and v >= 0, 'an integer >= 0'),
+    'warmup_epochs': (lambda v: v >= 0, '>= 0'),
+}
+
+
+def apply_command_line(config, overridden) -> list[str]:
+  """Lets the fields given on the command line win over the fields they shadow.
+
+  `overridden` holds the config fields the command line set. Where both fields of a duration
+  pair are set and exactly one of them came from the command line, the other is cleared
+  (set to UNSET) in `config`; the returned lines say which. Where both came from the command
+  line, `check_config` refuses the pair. A field that only other optimizers read is refused.
+  """
+  cleared = []
+  for pair in DURATION_PAIRS:
+    given = [field for field in pair if field in overridden]
+    if len(given) == 1 and all(is_set(config, field) for field in pair):
+      (mine,) = given
+      (other,) = (field for field in pair if field != mine)
+      cleared.append(f'{mine}={config[mine]!r} is set on the command line: cleared '
+                     f'{other}={config[other]!r} of the config file')
+      config[other] = type(config[other])(UNSET)
+  for field, optimizers in OPTIMIZER_FIELDS.items():
+    if field in overridden and config.optimizer not in optimizers:
+      raise UserError(f'{field}={config[field]!r} has no effect with optimizer='
+                      f'{config.optimizer!r} (only {", ".join(optimizers)} read it); drop '
+                      f'--config.{field} or pass --config.optimizer={optimizers[0]}')
+  return cleared
+
+
+def _check_durations(config) -> None:
+  for steps, epochs in DURATION_PAIRS:
+    if is_set(config, steps) and is_set(config, epochs):
+      raise UserError(
+          f'{steps}={config[steps]!r} and {epochs}={config[epochs]!r} are both set, and a run '
+          f'takes one of them; set the other to {UNSET} (--config.{epochs}={UNSET} to count in '
+          f'steps, or --config.{steps}={UNSET} to count in epochs)')
+    if not is_set(config, steps) and not is_set(config, epochs):
+      raise UserError(f'neither {steps} nor {epochs} is set; give one of them '
+                      f'(--config.{steps}=N or --config.{epochs}=X)')
+  for steps, epochs in DURATION_PAIRS:
+    for field, other in ((steps, epochs), (epochs, steps)):
+      valid, what = _DURATION_VALUES[field]
+      if is_set(config, field) and not valid(config[field]):
+        raise UserError(f'{field}={config[field]!r} must be {what} (--config.{field}='
+                        f'{"N" if field == steps else "X"}), or {UNSET} to count in {other}')
+
+
+def _choice(field: str, value, choices) -> None:
+  if value not in choices:
+    raise UserError(f"{field}={value!r} is unknown; choose one of: {', '.join(choices)} "
+                    f"(--config.{field}=NAME)")
+
+
+def check_config(config, *, process_count: int, local_device_count: int
+                 ) -> specs.RunDatasets:
+  """Raises `UserError` naming the first bad value and how to fix it; returns the run's
+  datasets as resolved (`specs.resolve`). The modules of `config.imports` are imported
+  first: they may register the datasets and models the config names."""
+  check_fields(config, process_count=process_count, local_device_count=local_device_count)
+  return specs.resolve(config)  # An unknown dataset, augmentation or crop size is refused there.
+
+
+def check_fields(config, *, process_count: int, local_device_count: int) -> None:
+  """`check_config` but for the datasets, which a run resolves once its image folders'
+  files left out are settled (`damaged.settle`)."""
+  user_imports.import_modules(config)
+  _check_durations(config)
+  for field in _POSITIVE_FIELDS:
+    value = config[field]
+    if not isinstance(value, int) or value <= 0:
+      raise UserError(f'{field}={value!r} must be a positive integer (--config.{field}=N)')
+  modeling.check_name(config.model)
+  _choice('loss', config.loss, tuple(losses.LOSSES))
+  _choice('remat', config.remat, tuple(layers.REMAT_POLICIES))
+  _choice('pos_embedding_resize', config.pos_embedding_resize, vit.POS_EMBEDDING_RESIZE)
+  _choice('optimizer', config.optimizer, optim.OPTIMIZERS)
+  _choice('dtype', config.dtype, DTYPES)
+  _choice('step_backend', config.step_backend, parallel.BACKENDS)
+  _choice('state_sharding', config.state_sharding, parallel.STATE_SHARDINGS)
+  if config.state_sharding != 'replicated' and config.step_backend == 'pmap':
+    raise UserError(f'state_sharding={config.state_sharding!r} needs the shard_map step '
+                    '(pmap holds a whole copy of the state on every device); pass '
+                    '--config.step_backend=shard_map, or --config.state_sharding=replicated')
+  _choice('resize_filter', config.resize_filter, specs.RESIZE_FILTERS)
+  for field, (low, high, note) in _RANGES.items():
+    if not low <= config[field] < high:
+      bound = f'in [{low}, {high})' if high < float('inf') else f'>= {low}'
+      raise UserError(f'{field}={config[field]!r} must be {bound}{note} (--config.{field}=X)')
+  for field in _PROBABILITIES:
+    if not 0 <= config[field] <= 1:
+      raise UserError(f'{field}={config[field]!r} must be a probability in [0, 1] '
+                      f'(--config.{field}=X)')
+  _check_randaugment(config)
+  if not isinstance(config.data_threads, int) or config.data_threads < 0:
+    raise UserError(f'data_threads={config.data_threads!r} must be a whole number >= 0; 0 uses '
+                    'every core the process may run on (--config.data_threads=N)')
+  if (config.stochastic_depth_rate and not modeling.is_import_path(config.model) and
+      'stochastic_depth_rate' not in modeling.resolve(config.model).declared):
+    raise UserError(f'stochastic_depth_rate={config.stochastic_depth_rate}: '
+                    f'model={config.model!r} has no residual blocks; it applies to the resnet* '
+                    'and vit* models (--config.stochastic_depth_rate=0)')
+  if config.state_sharding == 'fsdp' and config.dtype == 'float16':
+    raise UserError("state_sharding='fsdp' does not take dtype=float16 (its loss scaling "
+                    'reduces whole gradients); use --config.dtype=bfloat16')
+  if config.scan_layers and config.optimizer in ('lars', 'lamb'):
+    raise UserError(f'scan_layers=True with optimizer={config.optimizer!r}: its trust ratios '
+                    'are per layer, and a scanned stack holds every layer in one array; use '
+                    "--config.optimizer=sgd or adamw, or --config.scan_layers=False")
+  if (config.scan_layers and not modeling.is_import_path(config.model) and
+      'scan_layers' not in modeling.resolve(config.model).declared):
+    raise UserError(f'scan_layers=True: model={config.model!r} has no scanned form; the vit* '
+                    'models scan their encoder blocks (--config.scan_layers=False)')
+  if config.grad_accum_steps > 1 and config.dtype == 'float16':
+    raise UserError(f'grad_accum_steps={config.grad_accum_steps} with dtype=float16 is not '
+                    'supported (the loss scale would change between micro-batches); use '
+                    '--config.dtype=bfloat16 or --config.grad_accum_steps=1')
+  if config.learning_rate <= 0:
+    raise UserError(f'learning_rate={config.learning_rate} must be positive '
+                    '(--config.learning_rate=X)')
+  # The training batch is split evenly; the eval batch need not be (evaluation pads).
+  devices = process_count * local_device_count
+  if config.batch_size % devices:
+    suggestion = max(devices, round(config.batch_size / devices) * devices)
+    raise UserError(
+        f'batch_size={config.batch_size} is not divisible by the {devices} devices '
+        f'({process_count} process(es) x {local_device_count} local devices); '
+        f'use a multiple of {devices}, e.g. --config.batch_size={suggestion}')
+  per_device = config.batch_size // devices
+  if per_device % config.grad_accum_steps:
+    raise UserError(
+        f'grad_accum_steps={config.grad_accum_steps} does not divide the per-device batch '
+        f'of {per_device} (batch_size={config.batch_size} over {devices} devices); pick a '
+        'divisor of it (--config.grad_accum_steps=K)')
+
+
+def _check_randaugment(config) -> None:
+  layers, magnitude = config.randaugment_num_layers, config.randaugment_magnitude
+  if not isinstance(layers, int) or layers < 0:
+    raise UserError(f'randaugment_num_layers={layers!r} must be an integer >= 0; 0 turns '
+                    'RandAugment off (--config.randaugment_num_layers=N)')
+  if not isinstance(magnitude, int) or not 0 <= magnitude <= specs.RANDAUGMENT_MAX_MAGNITUDE:
+    raise UserError(f'randaugment_magnitude={magnitude!r} must be an integer in [0, '
+                    f'{specs.RANDAUGMENT_MAX_MAGNITUDE}] (--config.randaugment_magnitude=M)')
+
+
+def command_line_config(config_flag) -> ml_collections.ConfigDict:
+  """The config of an absl config flag, the fields given on the command line winning over
+  those they shadow (`apply_command_line`); logs each field it cleared."""
+  config = config_flag.value
+  for line in apply_command_line(config, set(config_flag.override_values)):
+    logging.warning(line)
+  return config
+
+
+def check_schedule(config) -> None:
+  """Checks of the step counts once durations in epochs are resolved to steps."""
+  if not 0 <= config.warmup_steps < config.num_train_steps:
+    raise UserError(f'warmup_steps={config.warmup_steps} must be >= 0 and below '
+                    f'num_train_steps={config.num_train_steps} (--config.warmup_steps=N or '
+                    '--config.warmup_epochs=X)')
+
+
+def check_workdir(workdir: str) -> None:
+  """Refuses an empty --workdir, or a path that exists and is not a directory (a missing
+  directory is fine: the run creates it; nothing is created here)."""
+  if not workdir:
+    raise UserError('no workdir given; pass --workdir=DIR (created if missing)')
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise UserError(f'workdir {workdir!r} is a file, not a directory; '
+                    'pass --workdir=DIR with a new or existing directory')
+  parent = os.path.dirname(os.path.abspath(workdir))
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise UserError(f'workdir {workdir!r} lies under {parent!r}, which is a file; '
+                    'pass --workdir=DIR under a directory')

@@ -1,0 +1,106 @@
+"""Records read by index: a TFDS dataset's TFRecord files, or an image folder, as ArrayRecord.
+
+    # A TFDS dataset prepared as TFRecord (e.g. imagenet2012): ArrayRecord files written beside
+    # its TFRecord files (the same examples in the same order) and listed in its
+    # dataset_info.json; runs with --config.cache=False then read it by index.
+    python -m flax_dp_trainer.tools.convert --dataset=imagenet2012 --tfds_data_dir=DIR
+
+    # An image folder (ROOT/SPLIT/CLASS/*.jpg): each file's bytes, not re-encoded, in the
+    # folder's order, as a TFDS dataset in OUT; train with --config.dataset=folder:OUT.
+    python -m flax_dp_trainer.tools.convert --dataset=folder:ROOT --out=OUT [--file_format=tfrecord]
+
+`python -m flax_dp_trainer.tools.convert` runs these. Shards are converted by TFDS's file adapters (a shard is written under a temporary name and
+renamed when complete; shards already converted are kept), several at a time. Nothing that
+exists is overwritten: a folder's OUT must be new or empty. TensorFlow, TFDS and `sources`
+(which imports them) are imported where a conversion starts, so that a bad flag or folder is
+answered at once.
+"""
+
+import concurrent.futures
+import json
+import os
+
+from absl import logging
+
+from flax_dp_trainer.data import folder as folder_lib
+from flax_dp_trainer.errors import UserError
+
+FOLDER_DATASET = 'image_folder'  # The TFDS name a converted folder's records are stored under.
+FOLDER_VERSION = '1.0.0'
+
+
+def _convert_shard(in_path, out_path) -> None:
+  # pylint: disable=import-outside-toplevel  # (start-up: see the module docstring)
+  import tensorflow as tf
+  from tensorflow_datasets.core import file_adapters
+  from tensorflow_datasets.core.utils import py_utils
+  adapter = file_adapters.ADAPTER_FOR_FORMAT[file_adapters.FileFormat.ARRAY_RECORD]
+  records = ((index, record.numpy())
+             for index, record in enumerate(tf.data.TFRecordDataset(os.fspath(in_path))))
+  with py_utils.incomplete_file(out_path) as tmp_path:
+    adapter.write_examples(tmp_path, records)
+
+
+def add_array_record(builder, threads: int) -> int:
+  """Writes ArrayRecord files beside the TFRecord files of every split of a prepared TFDS
+  `builder` and records the format in its dataset_info.json; returns the shards written
+  (0 where the dataset has ArrayRecord files already)."""
+  from flax_dp_trainer.data import sources  # pylint: disable=import-outside-toplevel  # (start-up)
+  if sources.ARRAY_RECORD in sources.formats(builder):
+    return 0
+  if 'tfrecord' not in sources.formats(builder):
+    raise UserError(f'{builder.name} in {builder.data_dir} is stored as '
+                    f'{", ".join(sorted(sources.formats(builder)))}: only TFRecord files are '
+                    'converted')
+  pairs = []
+  for split_info in builder.info.splits.values():
+    template = split_info.filename_template
+    out_template = template.replace(filetype_suffix=sources.ARRAY_RECORD)
+    shards = len(split_info.shard_lengths)
+    for index in range(shards):
+      out_path = out_template.sharded_filepath(shard_index=index, num_shards=shards)
+      if not out_path.exists():
+        pairs.append((template.sharded_filepath(shard_index=index, num_shards=shards),
+                      out_path))
+  with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
+    for done, _ in enumerate(pool.map(lambda pair: _convert_shard(*pair), pairs), 1):
+      logging.info('converted %d of %d shards', done, len(pairs))
+  builder.info.add_alternative_file_format(sources.ARRAY_RECORD)
+  builder.info.write_to_directory(builder.data_dir)
+  return len(pairs)
+
+
+def convert_folder(root: str, out: str, file_format: str = 'array_record') -> str:
+  """Stores the image folder at `root` (see `folder.py`) as a TFDS dataset in `out`, each
+  file's bytes as they are and in the folder's order, with `folder.CONVERTED_FILE` beside it;
+  returns the dataset's directory."""
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel  # (start-up)
+  found = folder_lib.scan(root)
+  if found.converted is not None:
+    raise UserError(f'folder:{found.root} holds converted records already; train on it with '
+                    f'--config.dataset=folder:{found.root}')
+  if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+    raise UserError(f'--out={out} exists and is not an empty directory; give a new one '
+                    '(nothing there is overwritten)')
+  if found.left_out:
+    logging.warning('folder:%s: the records leave out files that do not read, %s', found.root,
+                    folder_lib.listed(found.left_out))
+  shape = found.image_shape or (None, None, found.channels)
+  features = tfds.features.FeaturesDict({
+      'image': tfds.features.Image(shape=shape),
+      'label': tfds.features.ClassLabel(names=list(found.classes)),
+  })
+  splits = {split: [(index, {'image': path, 'label': label})
+                    for index, (path, label) in enumerate(zip(*found.files[split]))]
+            for split in found.files}
+  builder = tfds.dataset_builders.store_as_tfds_dataset(
+      name=FOLDER_DATASET, version=FOLDER_VERSION, features=features, split_datasets=splits,
+      data_dir=out, file_format=file_format, disable_shuffling=True,
+      description=f'The image folder {found.root}, converted by flax_dp_trainer.tools.convert.')
+  meta = {'classes': list(found.classes), 'image_shape': found.image_shape,
+          'channels': found.channels, 'split_sizes': found.split_sizes,
+          'file_format': file_format, 'source': found.root,
+          'tfds_dir': os.path.relpath(builder.data_dir, out)}
+  with open(os.path.join(out, folder_lib.CONVERTED_FILE), 'w', encoding='utf-8') as f:
+    json.dump(meta, f, indent=1)
+  return builder.data_dir

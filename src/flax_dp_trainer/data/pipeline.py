@@ -1,0 +1,314 @@
+"""The training batches of one process and the evaluation batches, as numpy uint8 images and
+int32 labels: a source (sources.py) read in the global stream's order (stream.py), each
+example through its plan (preprocess.py), batched, a fixed number of batches ahead.
+
+Training: process p of P builds its rows of every global batch (`stream.TrainRows`). Read by
+index, its k-th example is the one at stream position `rows.position(k)`, index
+`stream.example_index(seed, position, N)` of the split; read in sequence (TFRecord), each
+process shuffles its own 1/P of the split through a shuffle buffer (the order then depends
+on the process count, never on the devices per process). A split held in memory decoded with
+nothing to do per example is gathered a whole batch at a time.
+
+Evaluation batches cover every example of the split exactly once: each process reads its
+contiguous part (`tfds.split_for_jax_process`), the last batch is padded and carries a mask,
+and every process yields the same number of batches (padding with fully masked ones) so the
+cross-device sums of the eval step line up.
+
+Parallelism follows the host: `config.data_threads` threads (0: every core this process may
+run on) decode and augment, and at most `PREFETCH_BATCHES` finished uint8 batches wait for
+the loop; nothing else is buffered beyond the examples being worked on.
+"""
+
+import dataclasses
+import functools
+import itertools
+import math
+import os
+from typing import Any, Iterator, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from flax_dp_trainer.batch_keys import MASK_KEY
+from flax_dp_trainer.data import arrays as arrays_lib
+from flax_dp_trainer.data import damaged
+from flax_dp_trainer.data import folder as folder_lib
+from flax_dp_trainer.data import preprocess
+from flax_dp_trainer.data import sources
+from flax_dp_trainer.data import specs
+from flax_dp_trainer.data import stream as stream_lib
+
+# Batches made ready ahead of the training loop at each stage: finished uint8 batches on the
+# host (tf.data), and batches on their way to the devices (the loop's `dispatch.Prefetch`).
+PREFETCH_BATCHES = 2
+
+
+def data_threads(config) -> int:
+  """`config.data_threads`, or every core this process may run on where it is 0."""
+  return config.data_threads or len(os.sched_getaffinity(0))
+
+
+def options(config) -> tf.data.Options:
+  """tf.data options of every pipeline: deterministic (same seed, same batches), the
+  host's threads, one thread per op (examples in parallel instead), no autotuned buffers."""
+  result = tf.data.Options()
+  result.deterministic = True
+  result.threading.private_threadpool_size = data_threads(config)
+  result.threading.max_intra_op_parallelism = 1
+  # Parallelism and prefetching are set explicitly: autotuning would add buffers of its own.
+  result.autotune.enabled = False
+  result.experimental_optimization.map_fusion = True
+  return result
+
+
+def keep_off_accelerators() -> None:
+  """TensorFlow only reads data: keeps it off the GPUs JAX uses."""
+  tf.config.set_visible_devices([], 'GPU')
+
+
+def mock_data(num_examples: int):
+  """A context in which TFDS datasets read random examples of their shapes (no download)."""
+  return tfds.testing.mock_data(num_examples=num_examples)
+
+
+@dataclasses.dataclass
+class TrainData:
+  """The training split of a config: its spec (augmentation and crop resolved), how it is
+  read and its size. `batches` gives a process's rows of every global batch."""
+  config: object
+  spec: specs.DatasetSpec
+  builder: object  # The TFDS builder; None for an image folder read from its files.
+  split: str  # config.train_split as the dataset reads it.
+  mode: str  # sources.IN_MEMORY, ARRAY_RECORD, FILES or SEQUENTIAL.
+  num_examples: int
+
+  @functools.cached_property
+  def _in_memory(self) -> sources.InMemory:
+    if arrays_lib.is_arrays(self.spec.name):  # In memory already, decoded.
+      return sources.indexed(self.spec, None, self.split, data_threads(self.config))
+    decoded = None if self.spec.augment == 'inception' else self.spec.image_shape
+    return damaged.failure_guard(lambda: sources.load(
+        self.spec, self.builder, self.split, decoded, data_threads(self.config),
+        options(self.config)), self)
+
+  def _indexed_source(self) -> sources.Source:
+    if self.mode == sources.IN_MEMORY:
+      return self._in_memory
+    return sources.indexed(self.spec, self.builder, self.split, data_threads(self.config))
+
+  def plan(self) -> preprocess.Plan:
+    """What each training example goes through."""
+    encoded = not arrays_lib.is_arrays(self.spec.name) and (
+        self.mode != sources.IN_MEMORY or self.spec.augment == 'inception')
+    return preprocess.train_plan(self.config, self.spec, encoded)
+
+  def describe(self, process_count: int) -> list[str]:
+    """Log lines: how the data is read, and each example's preprocessing."""
+    return [sources.describe_read_mode(self.mode, process_count),
+            f'training preprocessing: {self.plan().describe()}; uint8 images to the device '
+            '(normalized in the step)']
+
+  def dataset(self, *, process_index: int = 0, process_count: int = 1,
+              start_position: int = 0, seed: Optional[int] = None) -> tf.data.Dataset:
+    """Endless batches of process `process_index` of `process_count`'s rows of every global
+    batch of `config.batch_size`, from stream position `start_position` (the examples a
+    resumed run has consumed) on. `seed` defaults to `config.seed`."""
+    seed = self.config.seed if seed is None else seed
+    rows = stream_lib.TrainRows(self.config.batch_size, process_index, process_count,
+                                start_position)
+    if self.mode == sources.SEQUENTIAL:
+      ds = self._sequential(rows, seed)
+    else:
+      ds = self._by_index(rows, seed)
+    return ds.prefetch(PREFETCH_BATCHES).with_options(options(self.config))
+
+  def batches(self, *, process_index: int = 0, process_count: int = 1,
+              start_position: int = 0, seed: Optional[int] = None
+              ) -> Iterator[dict[str, np.ndarray]]:
+    """The batches of `dataset` as numpy arrays. A split held in memory decoded, with nothing
+    to do per example, is gathered by numpy in the calling thread instead (no TensorFlow on
+    the way: the same batches, a small fraction of the CPU)."""
+    seed = self.config.seed if seed is None else seed
+    rows = stream_lib.TrainRows(self.config.batch_size, process_index, process_count,
+                                start_position)
+    if self.mode == sources.IN_MEMORY and not self.plan().steps:
+      return _gathered(self._in_memory, rows, seed)
+    # An example that does not decode stops the run in one line naming it, not a traceback.
+    return damaged.named_failures(iter(tfds.as_numpy(self.dataset(
+        process_index=process_index, process_count=process_count,
+        start_position=start_position, seed=seed))), self, rows, seed)
+
+  def _by_index(self, rows: stream_lib.TrainRows, seed: int) -> tf.data.Dataset:
+    source, plan, n = self._indexed_source(), self.plan(), self.num_examples
+    if not plan.steps and isinstance(source, sources.InMemory):
+      # Nothing to do per example: gather each batch's rows at once.
+      return tf.data.Dataset.range(np.iinfo(np.int64).max).map(
+          lambda step: source.gather(stream_lib.example_index(seed, rows.positions(step), n)),
+          num_parallel_calls=2, deterministic=True)
+
+    def indices(k):
+      position = rows.position(k)
+      return {'index': stream_lib.example_index(seed, position, n), 'position': position}
+
+    ds = source.examples(tf.data.Dataset.range(np.iinfo(np.int64).max).map(indices))
+    return self._prepare(ds, plan, rows, seed)
+
+  def _prepare(self, ds, plan: preprocess.Plan, rows, seed: int) -> tf.data.Dataset:
+    prepare = lambda e: {'image': plan(e['image'], e['position'], seed), 'label': e['label']}
+    return ds.map(prepare, num_parallel_calls=data_threads(self.config),
+                  deterministic=True).batch(rows.rows, drop_remainder=True)
+
+  def _sequential(self, rows: stream_lib.TrainRows, seed: int) -> tf.data.Dataset:
+    return self._prepare(self.sequential_examples(rows, seed), self.plan(), rows, seed)
+
+  def sequential_examples(self, rows: stream_lib.TrainRows, seed: int,
+                          read=None) -> tf.data.Dataset:
+    """This process's part of the split (1/P of it), each epoch in an order drawn from
+    (seed, epoch, process) through a shuffle buffer; element k of it is row k % rows of
+    batch k // rows. On resume the part's stream is skipped, not decoded, up to this
+    process's share of the examples consumed. `read(part)`: the part's examples in file
+    order, in place of `sources.tfrecord_examples` (e.g. with TFDS's record ids)."""
+    part = tfds.even_splits(self.split, n=rows.process_count)[rows.process_index]
+    raw = (read(part) if read else
+           sources.tfrecord_examples(self.builder, self.spec, part, options(self.config)))
+    part_size = sources.count(self.builder, part, raw)
+    start_epoch, offset = divmod(rows.start_position // rows.process_count, part_size)
+
+    def epoch(e):
+      # tf.data's shuffle takes one int64 seed: drawn from (seed, ORDER, e x P + p).
+      pair = stream_lib.pair_seed(seed, stream_lib.ORDER_STREAM,
+                                  e * rows.process_count + rows.process_index)
+      shuffle_seed = tf.random.stateless_uniform([], pair, minval=None, maxval=None,
+                                                 dtype=tf.int64)
+      return raw.shuffle(min(self.config.shuffle_buffer_size, part_size), seed=shuffle_seed,
+                         reshuffle_each_iteration=False)
+
+    ds = tf.data.Dataset.range(start_epoch, np.iinfo(np.int64).max).flat_map(epoch)
+    ds = ds.skip(offset).enumerate()
+    return ds.map(lambda k, example: dict(example, position=rows.position(k)))
+
+
+def _gathered(source: sources.InMemory, rows: stream_lib.TrainRows, seed: int
+              ) -> Iterator[dict[str, np.ndarray]]:
+  orders = stream_lib.EpochOrders(seed, source.num_examples)
+  for step in itertools.count():
+    yield source.take(orders(rows.first_position(step), rows.rows))
+
+
+def split_size(ds_spec: specs.DatasetSpec, builder, split) -> int:
+  """Examples in `split` (slicing allowed) of a TFDS dataset, an image folder or arrays."""
+  if arrays_lib.is_arrays(ds_spec.name):
+    return len(sources.array_selection(ds_spec.name, split)[1])
+  if builder is None:
+    return len(sources.folder_selection(folder_lib.scan(ds_spec.folder), split)[1])
+  return sources.count(builder, split)
+
+
+def open_train_data(config, ds_spec: Optional[specs.DatasetSpec] = None, *,
+                    process_index: int = 0) -> TrainData:
+  """The config's training split of `ds_spec` (the run's `specs.resolve(config).train`; by
+  default resolved here): the dataset prepared where it ships with the trainer
+  (`sources.get_builder`), the split checked to exist, its read mode and size. The schedule
+  (durations in epochs) is the caller's to resolve from `num_examples`."""
+  ds_spec = ds_spec or specs.for_config(config)
+  builder = sources.get_builder(config, ds_spec, process_index=process_index)
+  split = sources.check_split(config, builder, config.train_split, 'train_split', ds_spec)
+  return TrainData(config, ds_spec, builder, split, sources.read_mode(config, builder),
+                   split_size(ds_spec, builder, split))
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalData:
+  """One evaluation split, read by this process: padded batches with a mask (`eval_batches`)."""
+  dataset: tf.data.Dataset  # This process's batches; the last one may be short.
+  num_batches: int  # Batches every process yields, padding included.
+  batch_size: int  # Per-process batch after padding.
+  # What names the example of batch k that does not decode (`damaged.eval_culprit`).
+  culprit: Any = None
+
+
+def eval_batch_per_device(config, num_devices: int) -> int:
+  """`eval_batch_size` over `num_devices` devices, rounded up: padding fills the rest."""
+  return -(-config.eval_batch_size // num_devices)
+
+
+def eval_data(config, builder, *, process_index: int = 0, process_count: int = 1,
+              local_device_count: int = 1,
+              eval_set: Optional[specs.EvalSet] = None) -> EvalData:
+  """This process's part of an eval split (`eval_set`, one of `specs.resolve(config).evals`,
+  its split as `sources.check_split` resolved it; default the config's `eval_split`) in
+  batches of its devices' share of `eval_batch_size` (rounded up to a whole number per
+  device)."""
+  eval_set = eval_set or specs.resolve(config).evals[0]
+  ds_spec = eval_set.spec
+  per_process = eval_batch_per_device(config, process_count * local_device_count) * (
+      local_device_count)
+  part = tfds.split_for_jax_process(eval_set.split, process_index=process_index,
+                                    process_count=process_count)
+  threads = data_threads(config)
+  ds, _ = sources.split_examples(ds_spec, builder, part, threads, options(config))
+  plan = preprocess.eval_plan(config, ds_spec, encoded=not arrays_lib.is_arrays(ds_spec.name))
+  ds = ds.map(lambda e: {'image': plan(e['image'], 0, config.seed), 'label': e['label']},
+              num_parallel_calls=threads, deterministic=True)
+  ds = ds.batch(per_process, drop_remainder=False)
+  if config.cache:
+    ds = ds.cache()
+  total = split_size(ds_spec, builder, eval_set.split)
+  # even_splits gives every process floor or ceil of total / process_count examples.
+  num_batches = math.ceil(math.ceil(total / process_count) / per_process)
+  culprit = functools.partial(damaged.eval_culprit, config, ds_spec, builder, part, plan,
+                              per_process)
+  return EvalData(ds.prefetch(PREFETCH_BATCHES).with_options(options(config)), num_batches,
+                  per_process, culprit)
+
+
+def pad_batch(batch: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
+  """Pads every array to `size` rows with zeros and adds a float `mask` (1 real, 0 pad)."""
+  n = len(next(iter(batch.values())))
+  if n > size:
+    raise ValueError(f'batch of {n} is larger than the padded size {size}')
+  padded = {k: np.concatenate([v, np.zeros((size - n,) + v.shape[1:], v.dtype)])
+            for k, v in batch.items()}
+  padded[MASK_KEY] = np.concatenate([np.ones(n, np.float32), np.zeros(size - n, np.float32)])
+  return padded
+
+
+def eval_batches(data: EvalData) -> Iterator[dict[str, np.ndarray]]:
+  """`data.num_batches` padded numpy batches with a `mask` (1 for real examples, 0 for pad)."""
+  count = 0
+  with damaged.named_eval_failure(data, lambda: count):
+    for batch in tfds.as_numpy(data.dataset):
+      yield pad_batch(batch, data.batch_size)
+      count += 1
+  empty = {k: np.zeros((0,) + tuple(s.shape[1:]), s.dtype.as_numpy_dtype)
+           for k, s in data.dataset.element_spec.items()}
+  for _ in range(count, data.num_batches):
+    yield pad_batch(empty, data.batch_size)
+
+
+
+def eval_preprocessed(config, spec: specs.DatasetSpec, images, encoded: bool) -> np.ndarray:
+  """`images` (uint8 arrays of any size, or encoded JPEG/PNG bytes when `encoded`) through
+  the evaluation plan of `spec` (decode; resize and center-crop where it crops): uint8 model
+  inputs (N, H, W, C), for `trainer.load`'s predictions."""
+  plan = preprocess.eval_plan(config, spec, encoded=encoded)
+  return np.stack([plan(tf.constant(image), 0, config.seed).numpy()
+                   for image in images]).astype(np.uint8)
+
+
+def read_examples(config, split: str, limit: Optional[int] = None) -> tuple[Any, np.ndarray]:
+  """(images, labels) of `split` of `config.dataset` as the dataset stores them (a uint8
+  array where they share one size, else a list), at most `limit`."""
+  if arrays_lib.is_arrays(config.dataset):
+    images, labels = sources.array_selection(config.dataset, split)
+    return images[:limit], labels[:limit]
+  ds_spec = specs.spec(config.dataset)
+  builder = sources.get_builder(config, ds_spec, split=split)
+  images, labels = [], []
+  for example in tfds.as_numpy(builder.as_dataset(split=split).take(limit or -1)):
+    images.append(example[ds_spec.image_key])
+    labels.append(example[ds_spec.label_key])
+  if len({image.shape for image in images}) == 1:
+    images = np.stack(images)
+  return images, np.asarray(labels)

@@ -1,0 +1,277 @@
+"""Preprocessing plans: what runs on one example, in order; uint8 images in and out.
+
+A plan is a tuple of steps. `train_plan` builds the training one from the dataset's spec and
+the config (the augmentation, RandAugment, erasing), `eval_plan` the evaluation one; both
+start by decoding where the source hands over encoded images. Normalization and Mixup/CutMix
+are not here: the jitted step does them on the device, on the uint8 images sent there.
+
+Each step maps one uint8 [H, W, C] image (or, first in a plan, an encoded one) and draws its
+randomness, if any, from a stateless seed made of (data seed, the step's `stream`, the
+example's position in the training stream): an example is augmented the same way on any
+topology and again on resume.
+
+To add an augmentation: write a `Step` (a frozen dataclass with `name`, `stream` and
+`__call__(image, seed)`), give it a stream of its own in `stream.py`, and add it to
+`train_plan` where it belongs in the order.
+"""
+
+import dataclasses
+from typing import Optional
+
+import tensorflow as tf
+
+from flax_dp_trainer.data import augment
+from flax_dp_trainer.data import specs
+from flax_dp_trainer.data import stream as stream_lib
+
+CIFAR_PAD = 4  # Pixels of zero padding on each side before the random crop ('crop_flip').
+EVAL_CROP_FRACTION = 0.875  # 'inception' evaluation: resize the shorter side to size / this.
+
+
+def to_uint8(image: tf.Tensor) -> tf.Tensor:
+  """A float image holding 0..255 as uint8, rounded and clipped (torchvision's uint8 resize
+  rounds alike)."""
+  return tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
+
+
+def resize(image: tf.Tensor, height, width, resize_filter: str = 'area') -> tf.Tensor:
+  """`image` (uint8) resized to height x width with `resize_filter` (specs.RESIZE_FILTERS):
+  'area' averages the pixels each output pixel covers where the image shrinks on both sides,
+  else interpolates bilinearly; 'antialias' is bilinear with antialiasing (torchvision's
+  filter), at about twice the CPU time."""
+  size = tf.stack([height, width])
+  if resize_filter == 'antialias':
+    return to_uint8(tf.image.resize(image, size, method='bilinear', antialias=True))
+  shrinks = tf.reduce_all(tf.shape(image)[:2] >= size)
+  return to_uint8(tf.cond(shrinks, lambda: tf.image.resize(image, size, method='area'),
+                          lambda: tf.image.resize(image, size, method='bilinear')))
+
+
+def decode(encoded: tf.Tensor, channels: int) -> tf.Tensor:
+  """A JPEG or PNG as uint8 [H, W, channels] (greyscale made RGB, alpha dropped)."""
+  return tf.io.decode_image(encoded, channels=channels, expand_animations=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+  """One step of a plan; subclasses set `name` and `stream` and define `__call__`."""
+  name = ''
+  stream: Optional[int] = None  # The random stream of stream.py that seeds it; None: none.
+
+  def __call__(self, image: tf.Tensor, seed: Optional[tf.Tensor]) -> tf.Tensor:
+    raise NotImplementedError
+
+  def describe(self) -> str:
+    return self.name
+
+
+@dataclasses.dataclass(frozen=True)
+class Decode(Step):
+  """An encoded image as uint8 of the dataset's one shape (checked)."""
+  name = 'decode'
+  shape: tuple[int, int, int] = (0, 0, 0)
+
+  def __call__(self, image, seed):
+    return tf.ensure_shape(decode(image, self.shape[-1]), self.shape)
+
+  def describe(self):
+    return f'decode ({"x".join(map(str, self.shape))})'
+
+
+@dataclasses.dataclass(frozen=True)
+class Resize(Step):
+  """The whole image (decoded first where encoded) resized to size x size: fixed-size images
+  at another resolution (config.resize_images)."""
+  name = 'resize'
+  size: int = 224
+  channels: int = 3
+  encoded: bool = True
+  resize_filter: str = 'area'
+
+  def __call__(self, image, seed):
+    if self.encoded:
+      image = decode(image, self.channels)
+    image = resize(image, self.size, self.size, self.resize_filter)
+    return tf.ensure_shape(image, (self.size, self.size, self.channels))
+
+  def describe(self):
+    return f'resize ({self.size}x{self.size}, {self.resize_filter})'
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomResizedCrop(Step):
+  """The inception crop: a window of 8%-100% of the area (aspect ratio 3/4-4/3, covering at
+  least 10% of the image, else the whole image) resized to size x size. An encoded JPEG
+  decodes only the window; other images decode whole, then crop."""
+  name = 'random-resized crop'
+  stream: Optional[int] = stream_lib.CROP_STREAM
+  size: int = 224
+  channels: int = 3
+  encoded: bool = True
+  resize_filter: str = 'area'
+
+  def _window(self, shape: tf.Tensor, seed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        shape, tf.zeros([0, 0, 4], tf.float32), seed=seed, min_object_covered=0.1,
+        aspect_ratio_range=(3 / 4, 4 / 3), area_range=(0.08, 1.0), max_attempts=10,
+        use_image_if_no_bounding_boxes=True)
+    return begin, size
+
+  def _from_pixels(self, image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+    begin, size = self._window(tf.shape(image), seed)
+    window = tf.slice(image, begin, size)
+    return resize(window, self.size, self.size, self.resize_filter)
+
+  def _from_jpeg(self, encoded: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+    begin, size = self._window(tf.io.extract_jpeg_shape(encoded), seed)
+    window = tf.io.decode_and_crop_jpeg(encoded, tf.stack([begin[0], begin[1], size[0],
+                                                           size[1]]), channels=self.channels)
+    return resize(window, self.size, self.size, self.resize_filter)
+
+  def __call__(self, image, seed):
+    if self.encoded:
+      image = tf.cond(tf.io.is_jpeg(image), lambda: self._from_jpeg(image, seed),
+                      lambda: self._from_pixels(decode(image, self.channels), seed))
+    else:
+      image = self._from_pixels(image, seed)
+    return tf.ensure_shape(image, (self.size, self.size, self.channels))
+
+  def describe(self):
+    return f'random-resized crop ({self.size}x{self.size}, {self.resize_filter})'
+
+
+@dataclasses.dataclass(frozen=True)
+class ResizeCenterCrop(Resize):
+  """Evaluation's counterpart of the inception crop: the shorter side resized to
+  size / 0.875, then the central size x size."""
+  name = 'resize and center crop'
+
+  def __call__(self, image, seed):
+    if self.encoded:
+      image = decode(image, self.channels)
+    shape = tf.shape(image)
+    scale = (self.size / EVAL_CROP_FRACTION) / tf.cast(tf.minimum(shape[0], shape[1]),
+                                                       tf.float32)
+    new_hw = tf.cast(tf.round(tf.cast(shape[:2], tf.float32) * scale), tf.int32)
+    image = resize(image, new_hw[0], new_hw[1], self.resize_filter)
+    top, left = (new_hw[0] - self.size) // 2, (new_hw[1] - self.size) // 2
+    image = image[top:top + self.size, left:left + self.size]
+    return tf.ensure_shape(image, (self.size, self.size, self.channels))
+
+  def describe(self):
+    return f'resize and center crop ({self.size}x{self.size}, {self.resize_filter})'
+
+
+@dataclasses.dataclass(frozen=True)
+class PadRandomCrop(Step):
+  """A random crop of the image's size from the image zero-padded by `pad` a side."""
+  name = 'padded random crop'
+  stream: Optional[int] = stream_lib.CROP_STREAM
+  pad: int = CIFAR_PAD
+
+  def __call__(self, image, seed):
+    padded = tf.pad(image, [[self.pad, self.pad], [self.pad, self.pad], [0, 0]])
+    return tf.image.stateless_random_crop(padded, tf.shape(image), seed=seed)
+
+  def describe(self):
+    return f'random crop (padded by {self.pad})'
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomFlip(Step):
+  """A horizontal flip with probability 1/2."""
+  name = 'flip'
+  stream: Optional[int] = stream_lib.FLIP_STREAM
+
+  def __call__(self, image, seed):
+    return tf.image.stateless_random_flip_left_right(image, seed=seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class RandAugment(Step):
+  """torchvision's RandAugment (`augment.randaugment`) on the uint8 image."""
+  name = 'RandAugment'
+  stream: Optional[int] = stream_lib.RANDAUGMENT_STREAM
+  num_layers: int = 2
+  magnitude: int = 9
+
+  def __call__(self, image, seed):
+    return augment.randaugment(image, seed, self.num_layers, self.magnitude)
+
+  def describe(self):
+    return f'RandAugment ({self.num_layers} ops, magnitude {self.magnitude})'
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomErase(Step):
+  """torchvision's RandomErasing (`augment.random_erase`), the box filled with `fill` (the
+  dataset's mean pixel, which normalizes to about 0)."""
+  name = 'random erasing'
+  stream: Optional[int] = stream_lib.ERASE_STREAM
+  prob: float = 0.25
+  fill: tuple[int, ...] = (0,)
+
+  def __call__(self, image, seed):
+    return augment.random_erase(image, seed, self.prob, self.fill)
+
+  def describe(self):
+    return f'random erasing (p={self.prob})'
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """The steps one example goes through, in order."""
+  steps: tuple[Step, ...]
+
+  def __call__(self, image: tf.Tensor, position: tf.Tensor, seed: int) -> tf.Tensor:
+    """`image` through every step; the example's stream `position` and the data `seed` key
+    the random ones."""
+    for step in self.steps:
+      step_seed = (None if step.stream is None
+                   else stream_lib.pair_seed(seed, step.stream, position))
+      image = step(image, step_seed)
+    return image
+
+  def describe(self) -> str:
+    return ' -> '.join(step.describe() for step in self.steps) or 'nothing per example'
+
+
+def mean_pixel(spec: specs.DatasetSpec) -> tuple[int, ...]:
+  """The dataset's mean as uint8 values (what normalizes to about 0)."""
+  return tuple(int(round(255 * m)) for m in spec.mean)
+
+
+def train_plan(config, spec: specs.DatasetSpec, encoded: bool) -> Plan:
+  """The training plan of `spec` (resolved by `specs.for_config`) under `config`, for a
+  source that hands over encoded images (`encoded`) or decoded ones."""
+  steps = []
+  if spec.augment == 'inception':
+    steps.append(RandomResizedCrop(size=spec.image_size, channels=spec.channels,
+                                   encoded=encoded, resize_filter=config.resize_filter))
+  elif spec.image_size:  # Resized whole (config.resize_images), then augmented at that size.
+    steps.append(Resize(size=spec.image_size, channels=spec.channels, encoded=encoded,
+                        resize_filter=config.resize_filter))
+  elif encoded:
+    steps.append(Decode(shape=spec.image_shape))
+  if spec.augment == 'crop_flip':
+    steps.append(PadRandomCrop())
+  if spec.augment in ('flip', 'crop_flip', 'inception'):
+    steps.append(RandomFlip())
+  if config.randaugment_num_layers:
+    steps.append(RandAugment(num_layers=config.randaugment_num_layers,
+                             magnitude=config.randaugment_magnitude))
+  if config.random_erase_prob:
+    steps.append(RandomErase(prob=config.random_erase_prob, fill=mean_pixel(spec)))
+  return Plan(tuple(steps))
+
+
+def eval_plan(config, spec: specs.DatasetSpec, encoded: bool) -> Plan:
+  """The evaluation plan of `spec`: decode where `encoded`; resize and center-crop for the
+  inception crop; resize whole where images are resized (config.resize_images)."""
+  if spec.augment == 'inception':
+    return Plan((ResizeCenterCrop(size=spec.image_size, channels=spec.channels,
+                                  encoded=encoded, resize_filter=config.resize_filter),))
+  if spec.image_size:
+    return Plan((Resize(size=spec.image_size, channels=spec.channels, encoded=encoded,
+                        resize_filter=config.resize_filter),))
+  return Plan((Decode(shape=spec.image_shape),) if encoded else ())

@@ -1,0 +1,468 @@
+"""What the trainer knows of each dataset before reading it, without TensorFlow: classes,
+stored image shape, normalization, the default augmentation and the model's input shape.
+
+A TFDS dataset's classes, shape and features come from its builder's metadata (TFDS reads
+it without TensorFlow); `KNOWN` adds what TFDS does not say (normalization, a recommended
+augmentation). Image folders and arrays are described from their files. A run resolves its
+datasets once (`resolve`: the training spec with the config's `augment`, `image_size` and
+normalization applied, and every evaluation's), refusing combinations that cannot run, and
+hands that object on. Where TFDS is absent, a run's recorded `SPEC_FILE` stands in.
+"""
+
+import dataclasses
+import functools
+import json
+import re
+from typing import Optional
+
+from flax_dp_trainer.data import arrays as arrays_lib
+from flax_dp_trainer.data import folder as folder_lib
+from flax_dp_trainer.errors import UserError, first_line
+
+# What a training example goes through besides RandAugment and erasing (`preprocess.py`):
+AUGMENTATIONS = {
+    'none': 'nothing',
+    'flip': 'a random horizontal flip',
+    'crop_flip': 'a random crop of the image zero-padded by 4 pixels a side, then a flip (CIFAR)',
+    'inception': 'a random-resized crop (8%-100% of the area, aspect 3/4-4/3) to '
+                 'image_size, then a flip (ImageNet); evaluation resizes and center-crops',
+}
+# How crops are resized (config.resize_filter; preprocess.resize): area averaging when
+# shrinking, else bilinear; or bilinear with antialiasing (torchvision's filter).
+# RandAugment's magnitudes are bins 0..30 of torchvision's ranges (`augment.py` maps them).
+RANDAUGMENT_MAGNITUDE_BINS = 31
+RANDAUGMENT_MAX_MAGNITUDE = RANDAUGMENT_MAGNITUDE_BINS - 1
+RESIZE_FILTERS = ('area', 'antialias')
+FOLDER_PREFIX = 'folder:'  # config.dataset='folder:/path/to/root' names an image folder.
+DEFAULT_IMAGE_SIZE = 224  # The crop of datasets whose images vary in size, unless configured.
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetSpec:
+  """What the trainer knows of a dataset before reading it."""
+  name: str  # As config.dataset names it.
+  num_classes: int
+  channels: int  # Of the images the model sees (1 or 3).
+  image_shape: Optional[tuple[int, int, int]]  # (height, width, channels) of every stored
+  # image; None where sizes vary (then the images are cropped to `image_size`).
+  num_train_examples: int  # Examples in the 'train' split.
+  mean: tuple[float, ...] = (0.0,)  # Per-channel, on the [0, 1] scale.
+  std: tuple[float, ...] = (1.0,)
+  augment: str = 'none'  # A key of AUGMENTATIONS: the default, or the config's (for_config).
+  # Side of the square crop 'inception' makes, or of the square fixed-size images are resized
+  # to (config.resize_images); 0 for the others.
+  image_size: int = 0
+  tfds_name: str = ''  # The TFDS builder's name; '' for image folders.
+  shipped: bool = False  # The builder ships with the trainer and prepares offline.
+  trainable: bool = True  # False: an evaluation set only (no train split).
+  folder: str = ''  # The root directory of an image folder dataset.
+  # The builder's features holding the image and the class label (its supervised keys).
+  image_key: str = 'image'
+  label_key: str = 'label'
+  dtype: str = 'uint8'  # Of the stored images: 'uint8', or 'float32' (arrays only).
+
+  @property
+  def input_shape(self) -> tuple[int, int, int]:
+    """(height, width, channels) of one model input."""
+    if self.image_size:
+      return (self.image_size, self.image_size, self.channels)
+    return self.image_shape
+
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclasses.dataclass(frozen=True)
+class Known:
+  """What TFDS does not say of a dataset: its normalization and the augmentation its users
+  train with; and that a set is for evaluation only before it is prepared (then its splits
+  say so)."""
+  mean: Optional[tuple[float, ...]] = None  # None: the rule for the channel count.
+  std: Optional[tuple[float, ...]] = None
+  augment: str = ''  # '' : the rule for the shape (none for one size, inception otherwise).
+  eval_only: bool = False
+
+
+# Everything else (classes, image shape, feature names, splits) comes from the builder's
+# metadata, as for any TFDS image classification dataset.
+KNOWN = {
+    # digits stays in [0, 1]: its pixels are block counts, not photographs.
+    'digits': Known(mean=(0.0,), std=(1.0,)),
+    'mnist': Known(mean=(0.1307,), std=(0.3081,)),
+    'fashion_mnist': Known(mean=(0.2860,), std=(0.3530,)),
+    'cifar10': Known(mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616),
+                     augment='crop_flip'),
+    'cifar100': Known(mean=(0.5071, 0.4865, 0.4409), std=(0.2673, 0.2564, 0.2762),
+                      augment='crop_flip'),
+    'imagenet2012': Known(mean=IMAGENET_MEAN, std=IMAGENET_STD),
+    # ImageNet-v2 (matched frequency): 10,000 new test images of ImageNet's 1000 classes.
+    'imagenet_v2': Known(mean=IMAGENET_MEAN, std=IMAGENET_STD, eval_only=True),
+}
+# Builders that ship with the trainer (trainer/data/datasets/) and prepare offline.
+SHIPPED = ('digits',)
+
+
+def names() -> list[str]:
+  """The datasets `KNOWN` describes that a run can train on (besides any other TFDS image
+  classification dataset by name, arrays and image folders)."""
+  return sorted(name for name, known in KNOWN.items() if not known.eval_only)
+
+
+def dataset_and_split(entry: str) -> tuple[Optional[str], str]:
+  """An entry of `eval_splits` as (dataset, split). The split is what follows the entry's
+  last colon outside brackets, the dataset what precedes it: any name `dataset` takes
+  ('imagenet_v2:test', 'eurosat/rgb:test', 'mnist:3.0.1:test', 'folder:/data/pets:val').
+  An entry without such a colon ('test', 'train[:10%]') is a split of the run's dataset
+  (dataset None)."""
+  depth, last = 0, -1
+  for index, char in enumerate(entry):
+    depth += {'[': 1, ']': -1}.get(char, 0)
+    if char == ':' and depth == 0:
+      last = index
+  if last < 0:
+    return None, entry
+  return entry[:last], entry[last + 1:]
+
+
+def is_folder(name: str) -> bool:
+  """Whether `name` (config.dataset) names an image folder."""
+  return name.startswith(FOLDER_PREFIX)
+
+
+# Not cached here: `folder.scan` is, and a resumed run's recorded list of files left out
+# (folder.adopt) may change the folder's sizes after a first look.
+def _folder_spec(name: str) -> DatasetSpec:
+  found = folder_lib.scan(name[len(FOLDER_PREFIX):])
+  return DatasetSpec(
+      name, num_classes=len(found.classes), channels=found.channels,
+      image_shape=found.image_shape, num_train_examples=found.split_sizes.get('train', 0),
+      **_photo_statistics(found.channels),
+      augment='none' if found.image_shape else 'inception',
+      image_size=0 if found.image_shape else DEFAULT_IMAGE_SIZE, folder=found.root)
+
+
+# Specs read from a JSON file a run wrote (config.dataset_spec), by dataset name: taken as
+# they are, without the dataset's metadata (hosts without TensorFlow Datasets).
+_RECORDED: dict[str, DatasetSpec] = {}
+SPEC_FILE = 'dataset_spec.json'  # What a run writes in its workdir.
+
+
+def to_json(ds_spec: DatasetSpec) -> dict:
+  """A spec as JSON values (the checkpoint's meta and `SPEC_FILE` hold it so)."""
+  return dataclasses.asdict(ds_spec)
+
+
+def from_json(fields: dict) -> DatasetSpec:
+  """The spec `to_json` wrote (fields it does not name take their defaults)."""
+  fields = dict(fields)
+  for name in ('image_shape', 'mean', 'std'):
+    if fields.get(name) is not None:
+      fields[name] = tuple(fields[name])
+  known = {f.name for f in dataclasses.fields(DatasetSpec)}
+  return DatasetSpec(**{k: v for k, v in fields.items() if k in known})
+
+
+def use_recorded(config) -> None:
+  """Takes the spec of `config.dataset_spec` (a run's `SPEC_FILE`), where set, as the spec of
+  `config.dataset`; `UserError` where it does not read or names another dataset."""
+  path = config.get('dataset_spec', '')
+  if not path:
+    return
+  try:
+    with open(path, encoding='utf-8') as f:
+      recorded = from_json(json.load(f))
+  except (OSError, ValueError, TypeError) as e:
+    raise UserError(f'dataset_spec={path!r} cannot be read as a dataset spec ({e}); give the '
+                    f'{SPEC_FILE} a run wrote in its workdir') from None
+  if recorded.name != config.dataset:
+    raise UserError(f'dataset_spec={path!r} describes dataset {recorded.name!r}, and the '
+                    f'config trains on dataset={config.dataset!r}; give the spec of that '
+                    'dataset, or drop --config.dataset_spec')
+  _RECORDED[recorded.name] = recorded
+
+
+def spec(name: str) -> DatasetSpec:
+  """The spec of dataset `name` (config.dataset): an image folder (scanned once per
+  process), arrays, or a TFDS image classification dataset read from its builder's metadata
+  (`NAME`, `NAME/CONFIG`, `NAME:VERSION`; nothing is downloaded); or as a run recorded it
+  (`use_recorded`)."""
+  if name in _RECORDED:
+    return _RECORDED[name]
+  if is_folder(name):
+    return _folder_spec(name)
+  if arrays_lib.is_arrays(name):
+    return _arrays_spec(name)
+  return _tfds_spec(name)
+
+
+def _arrays_spec(name: str) -> DatasetSpec:
+  """The spec of an .npz file or of arrays given from Python: uint8 images normalized as a
+  folder's are, float32 ones taken as they are."""
+  found = arrays_lib.read(name)
+  channels = found.image_shape[-1]
+  statistics = (_photo_statistics(channels) if found.dtype == 'uint8' else
+                dict(mean=(0.0,), std=(1.0,)))
+  return DatasetSpec(name, num_classes=found.num_classes, channels=channels,
+                     image_shape=found.image_shape,
+                     num_train_examples=found.split_sizes.get('train', 0), **statistics,
+                     trainable='train' in found.splits, dtype=found.dtype)
+
+
+def _photo_statistics(channels: int) -> dict:
+  """The normalization of a dataset `KNOWN` does not list: torchvision's ImageNet
+  statistics for colour photographs (what its users normalize with), [0, 1] otherwise."""
+  rgb = channels == 3
+  return dict(mean=IMAGENET_MEAN if rgb else (0.0,), std=IMAGENET_STD if rgb else (1.0,))
+
+
+@functools.lru_cache(maxsize=None)
+def _tfds_spec(name: str) -> DatasetSpec:
+  """A TFDS dataset's spec from its builder's info: the image and class-label features (its
+  supervised keys, else the first of each kind), the image shape (None where sizes vary),
+  the classes, and the train split's size where the data is prepared in TFDS's default data
+  dir (0 otherwise: the run counts it). Normalization and augmentation are `KNOWN`'s where
+  it lists the dataset, else they follow from the shape as for image folders. TFDS reads
+  builders' metadata without TensorFlow."""
+  try:
+    import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel  # (optional)
+  except ImportError as e:
+    raise UserError(f'dataset={name!r}: its classes and shapes are read from TFDS\'s metadata, '
+                    f'and {e.name} cannot be imported here; install tensorflow-datasets '
+                    '(TensorFlow is not needed), or give --config.dataset_spec=PATH, the '
+                    f'{SPEC_FILE} a run of this dataset wrote in its workdir') from None
+  base = name.partition(':')[0]
+  if base in SHIPPED:
+    # Importing the module registers the builder under its name: here, where it is read.
+    import flax_dp_trainer.data.datasets.digits  # pylint: disable=unused-import,import-outside-toplevel
+  try:
+    builder = tfds.builder(name)
+  except Exception as e:  # pylint: disable=broad-except  # TFDS's errors for a bad name vary.
+    if not isinstance(e, tfds.core.registered.DatasetNotFoundError):
+      raise UserError(f'dataset={name!r}: its TFDS builder cannot be made ({first_line(e)}); '
+                      'fix the builder\'s code') from None
+    found = str(e).strip().splitlines()[0]  # 'Dataset NAME not found.'
+    raise UserError(f'dataset={name!r} is not a TFDS dataset ({found}); name one of TFDS\'s '
+                    f'image classification datasets (NAME, NAME/CONFIG or NAME:VERSION), one of '
+                    f'{", ".join(names())}, or an image folder (--config.dataset=folder:/PATH); '
+                    'a builder of your own is named once its module is imported') from None
+  features = builder.info.features
+  image_key, label_key = _supervised_keys(name, builder.info)
+  height, width, channels = features[image_key].shape
+  channels = channels or 3
+  shape = (height, width, channels) if height and width else None
+  splits = builder.info.splits
+  train = int(splits['train'].num_examples) if 'train' in splits else 0
+  known = KNOWN.get(base, Known())
+  statistics = _photo_statistics(channels)
+  return DatasetSpec(
+      name, num_classes=int(features[label_key].num_classes), channels=channels,
+      image_shape=shape, num_train_examples=train, mean=known.mean or statistics['mean'],
+      std=known.std or statistics['std'],
+      augment=known.augment or ('none' if shape else 'inception'),
+      image_size=0 if shape else DEFAULT_IMAGE_SIZE, tfds_name=name, shipped=base in SHIPPED,
+      trainable='train' in splits or (not splits and not known.eval_only),
+      image_key=image_key, label_key=label_key)
+
+
+def prepared_splits(spec: DatasetSpec, data_dir: str) -> str:
+  """The splits of a TFDS dataset prepared in `data_dir` (TFDS's default where ''), with
+  their sizes; or that it is not prepared there (its splits are known once it is)."""
+  if spec.folder:
+    return 'splits: its subfolders'
+  if spec.shipped:
+    return 'splits as it prepares them (offline)'
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel  # (optional)
+  builder = tfds.builder(spec.tfds_name, data_dir=data_dir or None)
+  if not builder.info.splits:
+    return f'not prepared in {builder.data_dir} (its splits are known once it is)'
+  return 'splits ' + ', '.join(f'{name} ({info.num_examples})'
+                               for name, info in sorted(builder.info.splits.items()))
+
+
+def _supervised_keys(name: str, info) -> tuple[str, str]:
+  """(image feature, class-label feature) of a TFDS dataset: its supervised keys where they
+  are an image and a class label, else the first feature of each kind."""
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel  # (optional)
+  features = info.features
+  is_image = lambda key: isinstance(features[key], tfds.features.Image)
+  is_label = lambda key: isinstance(features[key], tfds.features.ClassLabel)
+  keys = info.supervised_keys
+  if (isinstance(keys, tuple) and len(keys) == 2 and all(isinstance(k, str) for k in keys) and
+      keys[0] in features and keys[1] in features and is_image(keys[0]) and is_label(keys[1])):
+    return keys
+  images = [key for key in features if is_image(key)]
+  labels = [key for key in features if is_label(key)]
+  if not images or not labels:
+    described = ', '.join(f'{key} ({type(feature).__name__})'
+                          for key, feature in features.items())
+    raise UserError(f'dataset={name!r} is not an image classification dataset: the trainer '
+                    f'needs an Image and a ClassLabel feature, and it has {described}')
+  return images[0], labels[0]
+
+
+def _statistics(config, base: DatasetSpec) -> DatasetSpec:
+  """`base` with the config's normalization (`image_mean`, `image_std`) where set."""
+  for field in ('image_mean', 'image_std'):
+    text = config.get(field, '')
+    if not text:
+      continue
+    try:
+      values = tuple(float(v) for v in text.split(','))
+    except ValueError:
+      values = ()
+    if len(values) not in (1, base.channels) or (field == 'image_std' and min(values) <= 0):
+      scale = ('the [0, 1] scale of uint8 images' if base.dtype == 'uint8' else
+               'the scale of the float images')
+      raise UserError(f'{field}={text!r} must be 1 or {base.channels} comma-separated numbers '
+                      f'(one per channel{", positive" if field == "image_std" else ""}), on '
+                      f'{scale} (--config.{field}=0.5{",0.5" * (base.channels - 1)})')
+    base = dataclasses.replace(base, **{field[len('image_'):]: values})
+  return base
+
+
+def for_config(config) -> DatasetSpec:
+  """The spec of `config.dataset` with the config's augmentation, crop size and
+  normalization applied (`augment`, `image_size`; '' and 0 take the dataset's; `image_mean`,
+  `image_std`); refuses what cannot run. A run resolves its datasets once (`resolve`); this
+  serves tools that need the training spec alone."""
+  use_recorded(config)
+  return _for_config(config, spec(config.dataset))
+
+
+def _for_config(config, base: DatasetSpec) -> DatasetSpec:
+  base = _statistics(config, base)
+  augment = config.augment or base.augment
+  if augment not in AUGMENTATIONS:
+    raise UserError(f'augment={augment!r} is unknown; choose one of: '
+                    f'{", ".join(AUGMENTATIONS)}, or \'\' for the dataset\'s own '
+                    '(--config.augment=NAME)')
+  size = config.image_size
+  if not isinstance(size, int) or size < 0:
+    raise UserError(f'image_size={size!r} must be a whole number of pixels >= 0; 0 takes the '
+                    'dataset\'s (--config.image_size=N)')
+  resize = bool(config.get('resize_images', False))
+  if resize and augment == 'inception':
+    raise UserError("resize_images=True: augment='inception' already resizes its crops to "
+                    'image_size; drop --config.resize_images')
+  if resize and not size:
+    raise UserError('resize_images=True resizes every image to image_size x image_size; give '
+                    'the side with --config.image_size=N')
+  if base.dtype != 'uint8':
+    uint8_only = [f'{field}={config[field]!r}' for field in (
+        'randaugment_num_layers', 'random_erase_prob', 'resize_images') if config.get(field)]
+    if augment == 'inception':
+      uint8_only.insert(0, "augment='inception'")
+    if uint8_only:
+      raise UserError(f'{uint8_only[0]} works on uint8 images, and dataset={config.dataset!r} '
+                      f'holds {base.dtype} ones; drop it, or store the images as uint8 '
+                      '(0..255)')
+  if augment == 'inception':
+    size = size or base.image_size or _square_side(base)
+    return dataclasses.replace(base, augment=augment, image_size=size)
+  if resize:
+    return dataclasses.replace(base, augment=augment, image_size=size)
+  if base.image_shape is None:
+    raise UserError(f'augment={augment!r} needs images of one size, and those of '
+                    f'dataset={config.dataset!r} vary; crop them with --config.augment='
+                    f'inception (to image_size, default {DEFAULT_IMAGE_SIZE}), or resize '
+                    'them whole with --config.resize_images=True --config.image_size=N')
+  if size and size != base.image_size:
+    raise UserError(f'image_size={size} applies to augment=\'inception\' (crops resized to '
+                    f'image_size); dataset={config.dataset!r} has images of '
+                    f'{base.image_shape[0]}x{base.image_shape[1]} with augment={augment!r}: '
+                    'drop --config.image_size, pass --config.augment=inception, or resize the '
+                    'images whole with --config.resize_images=True')
+  return dataclasses.replace(base, augment=augment, image_size=0)
+
+
+def _square_side(base: DatasetSpec) -> int:
+  height, width, _ = base.image_shape
+  if height != width:
+    raise UserError(f'augment=\'inception\' crops to a square: dataset={base.name!r} has '
+                    f'{height}x{width} images; give the side with --config.image_size=N')
+  return height
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSet:
+  """One evaluation of a run: a split of a dataset and the prefix of its scalars' tags
+  (`PREFIX_loss`, `PREFIX_accuracy`, `PREFIX_top5_accuracy`)."""
+  prefix: str  # 'eval' for `eval_split`; 'eval_NAME' for each entry of `eval_splits`.
+  dataset: str
+  split: str
+  field: str = 'eval_split'  # The config field that names it.
+  # The dataset as the evaluation reads it: the run's augmentation kind and crop, so that its
+  # images come out as the model's input.
+  spec: Optional[DatasetSpec] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunDatasets:
+  """A run's datasets, resolved once from its config (`resolve`) and handed to the checks,
+  the input pipeline, evaluation and the checkpoint's record."""
+  read: DatasetSpec  # config.dataset as read, before the config's settings (`SPEC_FILE`).
+  train: DatasetSpec  # With the config's augmentation, crop and normalization.
+  evals: tuple[EvalSet, ...]  # `eval_split`, then each entry of `eval_splits`.
+
+
+def resolve(config) -> RunDatasets:
+  """The run's datasets: `config.dataset` (as `config.dataset_spec` recorded it, where set)
+  with the config's settings, and every evaluation of `eval_split` and `eval_splits`, each
+  dataset's spec derived once; refuses what cannot run. An image folder's spec holds the
+  files left out as decided for the run (`damaged.settle`, before)."""
+  use_recorded(config)
+  read = spec(config.dataset)
+  if not read.trainable:
+    raise UserError(f'dataset={config.dataset!r} has no train split: it is an evaluation set '
+                    f'(--config.eval_splits={config.dataset}:test); train on a dataset with '
+                    f'one, such as {", ".join(names())} (--config.dataset=NAME)')
+  train = _for_config(config, read)
+  return RunDatasets(read, train, tuple(_eval_sets(config, read, train)))
+
+
+def _eval_sets(config, read: DatasetSpec, train: DatasetSpec) -> list[EvalSet]:
+  """`eval_split` of the run's dataset, then each entry of `eval_splits` ('SPLIT' of the
+  run's dataset, or 'DATASET:SPLIT'); refuses entries that repeat or collide in their tags,
+  and datasets whose classes, channels or image size the model cannot take."""
+  own = _eval_spec(config, config.dataset, read, train)
+  sets = [EvalSet('eval', config.dataset, config.eval_split, spec=own)]
+  others = {config.dataset: own}
+  for entry in (e.strip() for e in config.eval_splits.split(',')):
+    if not entry:
+      continue
+    dataset, split = dataset_and_split(entry)
+    dataset = dataset or config.dataset
+    name = (f'{dataset}_{split}' if dataset != config.dataset else split)
+    prefix = 'eval_' + re.sub('[^0-9A-Za-z]+', '_', name).strip('_')
+    if (dataset, split) in {(s.dataset, s.split) for s in sets}:
+      raise UserError(f'eval_splits={config.eval_splits!r}: {entry!r} is evaluated already '
+                      f'(eval_split={config.eval_split!r} or an earlier entry); drop it')
+    if prefix in {s.prefix for s in sets}:
+      raise UserError(f'eval_splits={config.eval_splits!r}: {entry!r} would write the tags of '
+                      f'an earlier entry ({prefix}_*); list each split once')
+    if dataset not in others:
+      try:
+        other = spec(dataset)
+      except UserError as e:
+        raise UserError(f'eval_splits={config.eval_splits!r}: {e}') from None
+      if (other.num_classes, other.channels) != (read.num_classes, read.channels):
+        raise UserError(f'eval_splits={config.eval_splits!r}: dataset {dataset!r} has '
+                        f'{other.num_classes} classes of {other.channels}-channel images, the '
+                        f'model {read.num_classes} of {read.channels}; evaluate datasets of '
+                        'the same classes and channels')
+      others[dataset] = _eval_spec(config, dataset, other, train)
+    sets.append(EvalSet(prefix, dataset, split, 'eval_splits', others[dataset]))
+  return sets
+
+
+def _eval_spec(config, dataset: str, other: DatasetSpec, train: DatasetSpec) -> DatasetSpec:
+  """`other` (the spec of `dataset`) as an evaluation reads it: the run's augmentation kind
+  and crop, so that its images come out as the model's input."""
+  if train.augment == 'inception' or train.image_size:  # Cropped or resized to the model's.
+    return dataclasses.replace(other, augment=train.augment, image_size=train.image_size)
+  if other.image_shape != train.image_shape:
+    raise UserError(f'eval_splits={config.eval_splits!r}: dataset {dataset!r} has images of '
+                    f'{other.image_shape}, the model takes {train.image_shape}; evaluate a '
+                    'dataset of the same size')
+  return dataclasses.replace(other, augment=train.augment, image_size=0)

@@ -1,0 +1,132 @@
+"""A trained model back from its workdir, to predict with or export:
+
+    import flax_dp_trainer as trainer
+    trained = trainer.load('/tmp/digits')           # the newest checkpoint; step=N for another
+    labels = trained.predict(images)                # uint8 images as the dataset stores them
+    logits = trained.logits(images)
+
+`load` rebuilds the model from the config the checkpoint was written with, takes the
+variables evaluation uses (the EMA params where the run kept them, and the BatchNorm
+statistics) and the dataset's evaluation preprocessing: images are resized and center-cropped
+where the dataset's evaluation does that, then normalized on the device exactly as the eval
+step normalizes them (x / 255, less the dataset's mean, over its std). `flax_dp_trainer.tools.export` writes
+the variables as a PyTorch state dict.
+"""
+
+import dataclasses
+import functools
+from typing import Any, Optional, Sequence, Union
+
+import jax
+import ml_collections
+import numpy as np
+
+from flax_dp_trainer import checkpoint
+from flax_dp_trainer import modeling
+from flax_dp_trainer import step as step_lib
+from flax_dp_trainer.data import specs
+from flax_dp_trainer.errors import UserError
+
+Images = Union[np.ndarray, Sequence[np.ndarray], Sequence[bytes]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Trained:
+  """A model and the variables of one checkpoint, with its preprocessing."""
+  model: Any  # The flax module.
+  variables: dict  # {'params': ..., 'batch_stats': ...?}: what evaluation applies.
+  config: ml_collections.ConfigDict  # The config the checkpoint was written with.
+  step: int
+  spec: specs.DatasetSpec  # The dataset as trained (its shapes, classes and statistics).
+  ema: bool  # Whether `variables` holds the EMA of the params.
+  built: Optional[modeling.Model] = None  # How the trainer applies `model` (NNX included).
+
+  @property
+  def input_shape(self) -> tuple[int, int, int]:
+    """(height, width, channels) of one model input, uint8."""
+    return tuple(self.spec.input_shape)
+
+  @property
+  def normalization(self) -> step_lib.Normalization:
+    return step_lib.Normalization(tuple(self.spec.mean), tuple(self.spec.std),
+                                  self.config.dtype)
+
+  def preprocess(self, images: Images) -> np.ndarray:
+    """Model inputs (N, H, W, C), uint8 (float32 for a float dataset), from images as the
+    dataset stores them: an array
+    (N, H, W, C) or a list of (H, W, C) arrays (any size where the evaluation crops), or
+    encoded JPEG/PNG bytes; resized and center-cropped as the evaluation does."""
+    if isinstance(images, np.ndarray) and images.ndim == 3 and self.input_shape[-1] == 1:
+      images = images[..., None]  # (N, H, W) greyscale.
+    if (isinstance(images, np.ndarray) and images.dtype == np.dtype(self.spec.dtype) and
+        images.shape[1:] == self.input_shape):
+      return images
+    encoded = bool(len(images)) and isinstance(images[0], bytes)
+    if not encoded and not self.spec.image_size:  # Neither cropped nor resized: as stored.
+      shape = images.shape[1:] if isinstance(images, np.ndarray) else (
+          np.shape(images[0]) if len(images) else ())
+      raise UserError(f'images of shape {tuple(shape)} (dtype '
+                      f'{getattr(images, "dtype", type(images[0]).__name__)}): this model '
+                      f'takes {self.spec.dtype} images of {self.input_shape}, as dataset '
+                      f'{self.spec.name!r} stores them')
+    # pylint: disable-next=import-outside-toplevel
+    from flax_dp_trainer.data import pipeline  # (TensorFlow: only reading and decoding need it)
+    return pipeline.eval_preprocessed(self.config, self.spec, images, encoded)
+
+  @functools.cached_property
+  def _apply(self):
+    normalization = self.normalization
+    built = self.built if self.built is not None else modeling.wrap(self.model)
+    return jax.jit(lambda variables, images: built.apply(
+        variables, normalization(images), train=False).astype(np.float32))
+
+  def logits(self, images: Images, batch_size: int = 256) -> np.ndarray:
+    """float32 logits (N, classes) of `images` (see `preprocess`), in batches."""
+    inputs = self.preprocess(images)
+    out = [np.asarray(self._apply(self.variables, inputs[i:i + batch_size]))
+           for i in range(0, len(inputs), batch_size)]
+    return np.concatenate(out) if out else np.zeros((0, self.spec.num_classes), np.float32)
+
+  def predict(self, images: Images, batch_size: int = 256) -> np.ndarray:
+    """The predicted class of each image (int)."""
+    return np.argmax(self.logits(images, batch_size), axis=-1)
+
+  def read_split(self, split: Optional[str] = None, limit: Optional[int] = None
+                 ) -> tuple[Images, np.ndarray]:
+    """(images, labels) of a split of the run's dataset (default: its eval split), the
+    images as the dataset stores them (a uint8 array where they share one size, else a
+    list), at most `limit` of them; read through TFDS from the config's data dir."""
+    # pylint: disable-next=import-outside-toplevel
+    from flax_dp_trainer.data import pipeline  # (TensorFlow: only reading and decoding need it)
+    return pipeline.read_examples(self.config, split or self.config.eval_split, limit)
+
+
+def _spec(meta: checkpoint.RunMeta, config) -> specs.DatasetSpec:
+  """The dataset as the run trained on it: from the checkpoint, else (older checkpoints)
+  from the config."""
+  if meta.dataset is None:
+    return specs.for_config(config)
+  return specs.from_json(meta.dataset)
+
+
+def load(workdir: str, step: Optional[int] = None, *, model: Any = None) -> Trained:
+  """The model of a run's checkpoint (the newest, or the one at `step`), ready to predict:
+  see the module's docstring. Needs neither the dataset nor any device count. `model`: the
+  flax module object, class or function the run was given from Python, where the checkpoint
+  could not record it (one defined in `__main__` or a notebook, or with fields that are not
+  JSON); it must be the model that was trained."""
+  step, meta = checkpoint.read_meta(workdir, step)
+  config = ml_collections.ConfigDict(meta.config)
+  if model is None and config.model.startswith(modeling.OBJECT_PREFIX):
+    raise UserError(f'the run in {workdir} trained a model given from Python as an object '
+                    f'({config.model[len(modeling.OBJECT_PREFIX):]}), which its checkpoint '
+                    'cannot name: pass the same module, trainer.load(workdir, model=...)')
+  spec = _spec(meta, config)
+  saved = checkpoint.read_state(workdir, step)
+  ema = saved.get('ema_params') is not None
+  variables = {'params': saved['ema_params'] if ema else saved['params']}
+  if saved.get('batch_stats') is not None:
+    variables['batch_stats'] = saved['batch_stats']
+  built = modeling.build(config, spec.num_classes, tuple(spec.input_shape), model=model).model
+  return Trained(built.module, jax.tree.map(np.asarray, variables), config, step, spec, ema,
+                 built)

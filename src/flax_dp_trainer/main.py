@@ -1,0 +1,228 @@
+"""Entry point: flags, device set-up, then `train.train_and_evaluate`.
+
+  python -m flax_dp_trainer --config=default --workdir=/tmp/run [--cpu_devices=8] \
+      [--config.FIELD=VALUE ...]
+"""
+
+import os
+import sys
+import traceback
+
+from flax_dp_trainer import cli
+from flax_dp_trainer import settings
+
+# Before TensorFlow is imported: its C++ start-up chatter stays out of the log.
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+import jax  # pylint: disable=wrong-import-position
+from absl import flags  # pylint: disable=wrong-import-position
+from absl import logging  # pylint: disable=wrong-import-position
+
+from flax_dp_trainer import multihost  # pylint: disable=wrong-import-position
+from flax_dp_trainer import user_imports  # pylint: disable=wrong-import-position
+from flax_dp_trainer.errors import (  # pylint: disable=wrong-import-position
+    Diverged, Preempted, SaveFailed, UserError, storage_failure)
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string('workdir', None, 'Directory for metrics, checkpoints and the config.')
+flags.DEFINE_integer(
+    'cpu_devices', None,
+    'Number of CPU devices to simulate (for machines without accelerators). Accelerators, '
+    'when present, are still used; this only sizes the CPU backend.')
+flags.DEFINE_string(
+    'coordinator_address', None,
+    'host:port of process 0 for a multi-process run started by hand. Unset: Cloud TPU pods '
+    'and SLURM jobs of several tasks are detected; otherwise the run is single-process.')
+flags.DEFINE_integer('num_processes', None, 'Processes in the run (with --coordinator_address).')
+flags.DEFINE_integer('process_id', None, 'This process\'s index, 0..num_processes-1.')
+flags.DEFINE_integer(
+    'heartbeat_timeout_s', 20,
+    'Seconds without a heartbeat after which the distributed runtime declares a process dead '
+    'and stops the others (multi-process runs).')
+flags.DEFINE_bool(
+    'eval_only', False,
+    'Evaluate the newest checkpoint of --workdir (else --config.init_from) on eval_split and '
+    'every entry of eval_splits, write the scalars at its step, and stop; no checkpoint is '
+    'changed.')
+cli.define_config(
+    'Training config: a shipped config by name (--config=default; --list=configs names them) '
+    'or the path of a config file. Set any field with --config.FIELD=VALUE; --show_config '
+    'prints every field, its value and what it does.')
+flags.DEFINE_bool('show_config', False, 'Print every field of --config (after the '
+                  '--config.FIELD overrides) with its value and comment, and exit.')
+flags.DEFINE_enum('list', None, list(settings.LISTS), 'Print the registered models, the named '
+                  'datasets or the shipped configs, and exit.')
+
+
+def _cluster_detected() -> bool:
+  """A Cloud TPU pod slice or a SLURM job of several tasks: jax.distributed finds its peers."""
+  if int(os.environ.get('SLURM_NTASKS', '1')) > 1:
+    return True
+  return len([h for h in os.environ.get('TPU_WORKER_HOSTNAMES', '').split(',') if h]) > 1
+
+
+def _several_processes() -> bool:
+  """Whether this process is one of several: started by hand with the process flags, or in a
+  detected cluster."""
+  return FLAGS.coordinator_address is not None or _cluster_detected()
+
+
+def _import_error(config):
+  """The `UserError` of a module of `config.imports` that does not import, else None."""
+  try:
+    user_imports.import_modules(config)
+  except UserError as e:
+    return e
+  return None
+
+
+def _check_flags() -> None:
+  """The device and process flags, checked before anything starts."""
+  if FLAGS.cpu_devices is not None and FLAGS.cpu_devices <= 0:
+    raise UserError(f'--cpu_devices={FLAGS.cpu_devices} must be a positive device count, '
+                    'e.g. --cpu_devices=8')
+  explicit = (FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+  if any(v is not None for v in explicit):
+    if any(v is None for v in explicit):
+      raise UserError('a multi-process run started by hand needs all of --coordinator_address, '
+                      '--num_processes and --process_id (got '
+                      f'{FLAGS.coordinator_address!r}, {FLAGS.num_processes!r}, '
+                      f'{FLAGS.process_id!r})')
+    if not 0 <= FLAGS.process_id < FLAGS.num_processes:
+      raise UserError(f'--process_id={FLAGS.process_id} must be in 0..{FLAGS.num_processes - 1} '
+                      f'for --num_processes={FLAGS.num_processes}')
+
+
+def _start_distributed() -> None:
+  explicit = (FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+  if any(v is not None for v in explicit):
+    jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes,
+                               FLAGS.process_id,
+                               heartbeat_timeout_seconds=FLAGS.heartbeat_timeout_s)
+  elif _cluster_detected():
+    jax.distributed.initialize(heartbeat_timeout_seconds=FLAGS.heartbeat_timeout_s)
+
+
+def _set_up_devices() -> None:
+  if FLAGS.cpu_devices is not None:
+    # Must happen before anything asks JAX for its devices.
+    jax.config.update('jax_num_cpu_devices', FLAGS.cpu_devices)
+  _start_distributed()
+  # pylint: disable-next=import-outside-toplevel
+  from flax_dp_trainer.data import pipeline  # (TensorFlow: --list and --show_config answer without it)
+  pipeline.keep_off_accelerators()
+
+
+def _abandoned_read(record) -> bool:
+  """asyncio's report of a task of an orbax read that failed and that nobody awaited any
+  more: a read of a damaged checkpoint, which the run has set aside in a line of its own."""
+  if record.name != 'asyncio' or not record.exc_info or record.exc_info[2] is None:
+    return False
+  files = [frame.filename for frame in traceback.extract_tb(record.exc_info[2])]
+  text = f'{record.getMessage()} {record.exc_info[1]}'
+  return any('/orbax/' in f or 'tensorstore' in f for f in files) or 'OCDBT' in text
+
+
+def _quiet_libraries(record) -> bool:
+  """Log lines of orbax and CLU: orbax's INFO lines (several per save) dropped; the errors
+  of both, which the run reports itself in one line (a save or a write that failed), without
+  their tracebacks; asyncio's reports of abandoned checkpoint reads dropped."""
+  if _abandoned_read(record):
+    return False
+  if '/orbax/' not in record.pathname and '/clu/' not in record.pathname:
+    return True
+  record.exc_info, record.exc_text = None, None
+  return '/clu/' in record.pathname or record.levelno >= logging.converter.STANDARD_WARNING
+
+
+def _quiet_abandoned_reads(unraisable) -> None:
+  """sys.unraisablehook: drops what a checkpoint read abandoned by orbax leaves behind (its
+  outstanding tensorstore reads finish after orbax closed the event loop they report to, and
+  each raises 'Event loop is closed' in a callback); everything else as Python prints it."""
+  error = unraisable.exc_value
+  if isinstance(error, RuntimeError) and str(error) == 'Event loop is closed':
+    return
+  sys.__unraisablehook__(unraisable)
+
+
+def _exit(code: int, message: str) -> None:
+  print(message, file=sys.stderr)
+  if jax.distributed.is_initialized():
+    # At exit jax.distributed waits for every process to shut down; one that failed alone
+    # would wait for the others, and they for it. Leave now: the others' runtime sees the
+    # missing heartbeats and stops them too.
+    sys.stderr.flush()
+    os._exit(code)  # pylint: disable=protected-access
+  sys.exit(code)
+
+
+def _answer_at_once() -> bool:
+  """--list and --show_config, and a missing required flag: answered (True where done)
+  before TensorFlow is imported or a JAX backend starts."""
+  if FLAGS.list:
+    print(settings.listing(FLAGS.list))
+    return True
+  cli.require('config')
+  if FLAGS.show_config:
+    print(settings.show_config(FLAGS.config, cli.config_path(),
+                               set(FLAGS['config'].override_values)))
+    return True
+  cli.require('workdir')
+  return False
+
+
+def main(argv):
+  del argv  # cli.parse_flags refused stray arguments.
+  if _answer_at_once():
+    return
+  logging.get_absl_handler().addFilter(_quiet_libraries)
+  # A damaged checkpoint is set aside and the run goes on: its abandoned reads say nothing.
+  sys.unraisablehook = _quiet_abandoned_reads
+  # pylint: disable-next=import-outside-toplevel
+  from flax_dp_trainer import checks  # (flax, optax: --list and --show_config answer without them)
+  try:
+    _check_flags()
+    config = checks.command_line_config(FLAGS['config'])
+    # What the device count does not decide, checked before TensorFlow or a JAX backend
+    # starts; the rest once the devices are known. A module of config.imports that does not
+    # import on this process of several stops them all, once they are connected.
+    import_error = _import_error(config)
+    if import_error is None:
+      checks.check_config(config, process_count=1, local_device_count=1)
+    elif not _several_processes():
+      raise import_error
+    # pylint: disable-next=import-outside-toplevel
+    from flax_dp_trainer import train  # (TensorFlow: a bad config is refused before it loads)
+    _set_up_devices()
+    if jax.process_count() > 1:
+      multihost.on_every_process(lambda: user_imports.import_modules(config),
+                                f'import imports={config.imports!r}')
+    logging.info('JAX process %d of %d; %d local and %d global %s devices',
+                 jax.process_index(), jax.process_count(), jax.local_device_count(),
+                 jax.device_count(), jax.default_backend())
+    if config.compilation_cache_dir:  # Process-wide, so set here, before anything compiles.
+      train.use_compilation_cache(config.compilation_cache_dir)
+    command_line = frozenset(FLAGS['config'].override_values)
+    if FLAGS.eval_only:
+      train.evaluate_only(config, FLAGS.workdir, command_line=command_line)
+    else:
+      train.train_and_evaluate(config, FLAGS.workdir, command_line=command_line)
+  except (UserError, Diverged, SaveFailed) as e:
+    _exit(1, f'error: {e}')
+  except Preempted as e:
+    _exit(e.exit_code, str(e))
+  except Exception as e:  # pylint: disable=broad-except
+    refused = storage_failure(e)
+    if refused:
+      _exit(1, f'error: writing to {FLAGS.workdir} failed: {refused}; the checkpoints written '
+               'before are kept: make room (or fix the path), then run the same command again '
+               'to resume')
+    if not jax.distributed.is_initialized():
+      raise
+    _exit(1, traceback.format_exc())
+
+
+def run():
+  """`python -m flax_dp_trainer` and the console script `dp-train`."""
+  cli.run(main)
+

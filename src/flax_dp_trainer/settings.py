@@ -1,0 +1,143 @@
+"""Every setting, discoverable from the command line:
+
+  python -m flax_dp_trainer --config=default --show_config   # fields, values, comments
+  python -m flax_dp_trainer --list=models|datasets|configs
+
+The comments are those of the config files themselves (configs/default.py's, overridden by
+the recipe's own where it sets a field). Imports neither JAX nor TensorFlow: it answers at
+once.
+"""
+
+import io
+import os
+import tokenize
+from typing import Any
+
+from flax_dp_trainer import configs
+from flax_dp_trainer.data import specs
+from flax_dp_trainer.errors import UserError
+
+DEFAULT_CONFIG = configs.path('default')
+LISTS = ('models', 'datasets', 'configs')
+
+
+def field_comments(path: str) -> dict[str, str]:
+  """{field: comment} of a config file: for each `config.FIELD = ...` the comment at the end
+  of its line, else the comment lines right above it."""
+  with open(path, encoding='utf-8') as f:
+    source = f.read()
+  comments: dict[int, str] = {}
+  assignments: dict[int, str] = {}
+  lines = source.splitlines()
+  indent = lambda row: len(lines[row - 1]) - len(lines[row - 1].lstrip())
+  tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+  for i, token in enumerate(tokens):
+    if token.type == tokenize.COMMENT:
+      comments[token.start[0]] = token.string.lstrip('#').strip()
+    elif (token.type == tokenize.NAME and token.string == 'config' and i + 3 < len(tokens) and
+          tokens[i + 1].string == '.' and tokens[i + 2].type == tokenize.NAME and
+          tokens[i + 3].string == '=' and token.start[1] == indent(token.start[0])):
+      assignments[token.start[0]] = tokens[i + 2].string
+  found = {}
+  for line, field in assignments.items():
+    if line in comments and not lines[line - 1].lstrip().startswith('#'):
+      found[field] = comments[line]
+      continue
+    above, row = [], line - 1
+    while row in comments and lines[row - 1].lstrip().startswith('#'):
+      above.insert(0, comments[row])
+      row -= 1
+    # A section's title ('# Data.') heads the first field's comment after a blank line.
+    if len(above) > 1 and len(above[0].split()) <= 3 and above[0].endswith('.') and (
+        row < 1 or not lines[row - 1].strip()):
+      above = above[1:]
+    if above:
+      found[field] = ' '.join(above)
+  return found
+
+
+def show_config(config: Any, path: str, overridden: set[str]) -> str:
+  """Every field of `config` (loaded from `path`) as `field = value  # comment`, those given on
+  the command line marked."""
+  comments = field_comments(DEFAULT_CONFIG)
+  if os.path.abspath(path) != DEFAULT_CONFIG:
+    name = os.path.basename(path)
+    for field, comment in field_comments(path).items():  # The recipe's note beside it.
+      comments[field] = f'{comments.get(field, "")} [{name}: {comment}]'.strip()
+  rows = [(name, repr(value.to_dict() if hasattr(value, 'to_dict') else value))
+          for name, value in sorted(config.items())]
+  width = max(len(f'{name} = {value}') for name, value in rows)
+  out = [f'# {_shown(path)}: {len(rows)} fields; set any with --config.FIELD=VALUE']
+  for name, value in rows:
+    note = comments.get(name, '')
+    if name in overridden:
+      note = f'[command line] {note}'.strip()
+    out.append(f'{f"{name} = {value}":<{width}}  # {note}' if note else f'{name} = {value}')
+  out.append(describe_dataset(config))
+  return '\n'.join(out)
+
+
+def describe_dataset(config: Any) -> str:
+  """What `config.dataset` resolves to, as a comment line: classes, image shape, the crop and
+  augmentation the config gives it, and the normalization; nothing is prepared or read."""
+  try:
+    spec = specs.for_config(config)
+  except UserError as e:
+    return f'# dataset {config.dataset!r}: {e}'
+  shape = ('x'.join(map(str, spec.image_shape)) if spec.image_shape else
+           f'of varied sizes, {spec.channels} channel(s)')
+  crop = (f', {"cropped" if spec.augment == "inception" else "resized"} to '
+          f'{spec.image_size}x{spec.image_size}' if spec.image_size else '')
+  keys = ('' if (spec.image_key, spec.label_key) == ('image', 'label') else
+          f'; features {spec.image_key!r} and {spec.label_key!r}')
+  return (f'# dataset {config.dataset!r}: {spec.num_classes} classes, images {shape}{crop}; '
+          f'augment {spec.augment!r}; normalized with mean {tuple(spec.mean)}, std '
+          f'{tuple(spec.std)}{keys}; {_splits(spec, config.tfds_data_dir)}')
+
+
+def _splits(spec: Any, data_dir: str) -> str:
+  """The splits of a TFDS dataset as prepared in `data_dir`, or why they are not known."""
+  try:
+    return specs.prepared_splits(spec, data_dir)
+  except ImportError as e:
+    return f'splits unknown here ({e.name} is not installed)'
+
+
+
+def listing(what: str) -> str:
+  """The registered models, the named datasets or the shipped config files, one a line."""
+  if what == 'models':
+    from flax_dp_trainer import zoo  # pylint: disable=import-outside-toplevel  # (flax: only this list needs it)
+    return '\n'.join(zoo.names() + [
+        'pkg.module:Name  your own flax module by import path (docs/your_model.md)'])
+  if what == 'datasets':
+    rows = []
+    for name, known in specs.KNOWN.items():
+      augment = f'; augment {known.augment}' if known.augment else ''
+      rows.append(f'{name:<14} normalized with mean {known.mean}, std {known.std}{augment}'
+                  f'{"; shipped (offline)" if name in specs.SHIPPED else ""}'
+                  f'{"; evaluation only" if known.eval_only else ""}')
+    rows.append('NAME           any other TFDS image classification dataset, as TFDS names it '
+                '(NAME, NAME/CONFIG, NAME:VERSION: e.g. oxford_flowers102, eurosat/rgb), '
+                'or your own builder once --config.imports registers it')
+    rows.append('folder:/PATH   an image folder: PATH/train/CLASS/*.jpg|jpeg|png (and val/)')
+    rows.append('npz:/PATH      arrays: x_train, y_train, x_test, y_test (docs/data.md)')
+    rows.append('--show_config --config.dataset=NAME says what a dataset resolves to: classes, '
+                'shape, splits, augmentation, normalization (from TFDS\'s metadata; nothing is '
+                'downloaded)')
+    return '\n'.join(rows)
+  rows = []
+  for name in configs.names():
+    with open(configs.path(name), encoding='utf-8') as f:
+      first = f.read().lstrip().lstrip('"').splitlines()[0].strip()
+    rows.append(f'{name:<24} {first}')
+  rows.append('PATH.py                  your own config file (from flax_dp_trainer.configs '
+              'import default; docs/configs.md)')
+  return '\n'.join(rows)
+
+
+def _shown(path: str) -> str:
+  """How the header names a config file: a shipped one by its name, else its path."""
+  if os.path.dirname(os.path.abspath(path)) == configs.DIRECTORY:
+    return f'{os.path.basename(path)[:-len(".py")]} ({path})'
+  return os.path.relpath(path, os.getcwd())

@@ -1,0 +1,604 @@
+"""Measures the trainer against its limit, its input pipeline and the PyTorch DDP baseline.
+
+  python -m flax_dp_trainer.tools.benchmark --config=default [--json=PATH] [--parts=...] \
+      [--jax_devices=1,2] [--ddp_ranks=1,2] [--steps=40] [--runs_dir=DIR] \
+      [--config.FIELD=VALUE ...]
+
+For one config, in one invocation (each part in a fresh process, `python -m flax_dp_trainer.bench.MODULE`,
+one after the other; `--parts` chooses them, default all):
+
+  jax        (flax_dp_trainer.bench.trainer) per JAX device count, alternately `--rounds` times:
+               the bare train step (both backends: pmap and jit + shard_map) on a
+               device-resident synthetic batch; median of per-chunk rates over >= `steps`
+               steps after warm-up;
+               `train_and_evaluate` itself: the real input pipeline, metrics, writers and the
+               config's checkpoint cadence; its steady examples/s from its metrics.jsonl
+               (`flax_dp_trainer.runs.run_metrics.speed_figures`, the figure flax_dp_trainer.tools.compare reports), log
+               windows starting after the first step and `--timing_warmup_steps` more;
+             then batches/s the input pipeline alone delivers (decode, augment, batch, shard)
+  cache      (flax_dp_trainer.bench.trainer) time to first step of a start with an empty persistent
+             compilation cache, then of a second start with it filled
+  ddp        the PyTorch DDP baseline's training run, same model, global batch and cores; its
+             examples/s from its metrics.jsonl as the trainer's
+  multiprocess  (flax_dp_trainer.bench.limit) the bare step of 2 processes x 2 CPU devices (over
+             loopback) against 1 process x 4 devices, both backends
+  limit      (flax_dp_trainer.bench.limit) the bare step alone (both backends), per JAX device count
+  ddp_limit  (flax_dp_trainer.bench.ddp_limit, under torchrun) the torch step under DDP on a
+             device-resident synthetic batch (the mirror of `limit`), per rank count: the
+             config's precision as autocast, channels_last for convnets, `--torch_compile`
+  input      (flax_dp_trainer.bench.input) the training input pipeline alone against torchvision's
+             DataLoader, on the same `--input_count` generated JPEGs of ImageNet-like sizes,
+             ImageNet's preprocessing at the config's image_size (224 unless set), the
+             config's batch, `--input_workers` threads (ours) or worker processes
+             (torchvision), alternately `--rounds` times: ours read from the image files,
+             held in memory, from ArrayRecord and from TFRecord records; torchvision with uint8
+             output (as ours) and normalized; ours as process 0 of 2 with and without
+             Mixup/CutMix. Sustained examples/s over windows, examples per CPU-second
+             (workers included), peak PSS (workers included); `input_over_torchvision`,
+             `input_rss_over_torchvision` (ours from the files / torchvision, uint8), the
+             cores each needs for 2,500 images/s (`cores_per_2500_per_sec_*`)
+
+`limit` and `ddp_limit` import neither TensorFlow nor TFDS (the dataset's shapes come from
+`src/flax_dp_trainer/data/specs.py`), and neither does this process: `--parts=limit,ddp_limit` runs
+on a GPU host that has only jax, flax, optax, orbax, torch and torchvision (plus
+ml_collections and absl).
+
+JAX runs once per count in --jax_devices and DDP once per count in --ddp_ranks; each side's
+fastest is the one compared, and every count's figures are kept in the JSON. Compile time is
+reported apart from the step rates; FLOPs per step come from XLA's cost analysis. With
+--runs_dir the timed training runs stay there: DIR/trainer_<N>dev_<round>,
+DIR/cache_{cold,warm} and DIR/ddp_<R>ranks, each with the metrics.jsonl its figures come
+from.
+"""
+
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Optional, Sequence
+
+from absl import flags
+from ml_collections import config_flags
+
+from flax_dp_trainer.bench import common as bench_common
+from flax_dp_trainer.runs import processes
+from flax_dp_trainer.runs import reporting
+from flax_dp_trainer import checks
+from flax_dp_trainer import cli
+from flax_dp_trainer.errors import UserError
+
+FLAGS = flags.FLAGS
+PARTS = ('jax', 'cache', 'ddp', 'multiprocess', 'limit', 'ddp_limit', 'input')
+# The input part's runs: (name, bench_input flags), measured in this order in each round.
+INPUT_RUNS = (
+    ('ours_files', ['--side=ours', '--mode=files']),
+    ('torchvision', ['--side=torchvision']),
+    ('ours_memory', ['--side=ours', '--mode=memory']),
+    ('ours_array_record', ['--side=ours', '--mode=array_record']),
+    ('ours_tfrecord', ['--side=ours', '--mode=tfrecord']),
+    ('torchvision_normalized', ['--side=torchvision', '--normalize']),
+    ('ours_2proc', ['--side=ours', '--mode=files', '--process_count=2']),
+    ('ours_2proc_mix', ['--side=ours', '--mode=files', '--process_count=2',
+                        '--config.mixup_alpha=0.2', '--config.cutmix_alpha=1.0']),
+)
+GPU_IMAGES_PER_SEC = 2500  # What one GPU of a ResNet-50 run eats: the cores-per-GPU figure.
+
+
+def _define_flags() -> None:
+  """The command line's flags (defined when the script runs: importing it defines none)."""
+  bench_common.define_measure_flags()
+  flags.adopt_module_key_flags(bench_common)  # Listed under --help.
+  flags.DEFINE_string('json', None, 'Write the figures here as JSON.')
+  flags.DEFINE_list('jax_devices', None, 'JAX device counts to try (CPU); default: 1 and the '
+                    'number of cores.')
+  flags.DEFINE_list('ddp_ranks', None, 'DDP rank counts to try; default: 1 and the number of '
+                    'cores. Empty (--ddp_ranks=) skips DDP.')
+  flags.DEFINE_integer('rounds', 3, 'Times the limit and the trainer are measured, alternately; '
+                       'medians are reported.')
+  flags.DEFINE_bool('mock_data', False, 'JAX parts read `tfds.testing.mock_data` (random '
+                    'examples of the dataset\'s shapes: no download). DDP is then skipped.')
+  flags.DEFINE_list('parts', list(PARTS), f'Parts to measure, of: {", ".join(PARTS)}.')
+  flags.DEFINE_bool('torch_compile', False, 'ddp and ddp_limit: compile the model with '
+                    'torch.compile.')
+  flags.DEFINE_string('runs_dir', None, 'Keep the timed training runs\' workdirs here (a new or '
+                      'empty directory): trainer_<N>dev_<round>, cache_cold, cache_warm, '
+                      'ddp_<R>ranks. Default: scratch directories, removed.')
+  flags.DEFINE_string('input_images', None, 'input: the generated images\' directory (made '
+                      'there if missing, kept); default a scratch directory.')
+  flags.DEFINE_integer('input_count', 2000, 'input: JPEGs to generate.')
+  flags.DEFINE_integer('input_workers', 0, 'input: threads (ours) and DataLoader workers '
+                       '(torchvision); 0 = the cores.')
+  flags.DEFINE_float('input_seconds', 15.0, 'input: timed seconds of each run.')
+
+
+@dataclasses.dataclass(frozen=True)
+class _Setup:
+  """What every part of one benchmark shares."""
+  config: Any  # The config, command-line overrides applied.
+  config_path: str
+  overrides: list[str]  # The --config.FIELD=VALUE arguments, given to every part.
+  scratch: str  # The parts' result files and the compilation cache; removed at the end.
+  runs_dir: Optional[str]  # Where the timed training runs stay (None: in `scratch`).
+  # Seconds each part's last run took (by part), for the ETA of the next like it.
+  took: dict[str, float] = dataclasses.field(default_factory=dict)
+
+  def result_path(self, name: str) -> str:
+    return os.path.join(self.scratch, f'{name}.json')
+
+  def part_args(self, out: str) -> list[str]:
+    """The flags of every part process: the config, its result file `out`, the steps."""
+    return [f'--config={self.config_path}', f'--out={out}', f'--steps={FLAGS.steps}',
+            f'--timing_warmup_steps={FLAGS.timing_warmup_steps}', *self.overrides]
+
+
+def _run_part(setup: _Setup, part: str, name: str, extra: Sequence[str] = (),
+              launcher: Sequence[str] = (sys.executable, '-m'),
+              env: Optional[dict[str, str]] = None,
+              progress: Optional[Callable[[], str]] = None) -> dict[str, Any]:
+  """Runs `part`'s module (`bench_common.PART_MODULES`) under `launcher` with the common flags
+  and `extra`, reporting `progress` (`processes.wait_reporting`); the figures it wrote to the
+  result file `name`."""
+  out = setup.result_path(name)
+  module = bench_common.PART_MODULES[part]
+  start = time.time()
+  processes.run_checked([[*launcher, module, *setup.part_args(out), *extra]],
+                        f'the {part} measurement ({" ".join(extra)})', env,
+                        progress=progress, expected_s=setup.took.get(part))
+  setup.took[part] = time.time() - start
+  return bench_common.read_result(out)
+
+
+def _trainer_flags(part: str, runs_dir: Optional[str]) -> list[str]:
+  """flax_dp_trainer.bench.trainer's own flags for `part` ('jax' or 'cache')."""
+  return [f'--part={part}', f'--rounds={FLAGS.rounds}',
+          *(['--mock_data'] if FLAGS.mock_data else []),
+          *([f'--runs_dir={runs_dir}'] if runs_dir else [])]
+
+
+def _timed_steps(setup: _Setup) -> int:
+  """The steps of each timed training run (trainer or DDP)."""
+  return bench_common.timed_run_fields(setup.config, FLAGS.steps,
+                                       1 + FLAGS.timing_warmup_steps)['num_train_steps']
+
+
+def _per_device_count(setup: _Setup, part: str, counts: list[int]) -> list[dict[str, Any]]:
+  """The jax or the limit part once per JAX device count (the jax part's training runs in
+  RUNS_DIR, or the scratch directory, where their progress is read)."""
+  runs = []
+  runs_dir = setup.runs_dir or os.path.join(setup.scratch, 'runs')
+  for n in counts:
+    print(f'{part}: {n} devices ...', flush=True)
+    extra, progress = [f'--cpu_devices={n}'], None
+    if part == 'jax':
+      extra += _trainer_flags(part, runs_dir)
+      progress = processes.StepProgress(
+          os.path.join(runs_dir, f'trainer_{n}dev_*', 'metrics.jsonl'), _timed_steps(setup))
+    runs.append(_run_part(setup, part, f'{part}_{n}', extra, progress=progress))
+  return runs
+
+
+def _cache_starts(setup: _Setup, devices: int) -> dict[str, Any]:
+  """The cache part on `devices` devices: a start with an empty persistent compilation
+  cache ('cold'), then one with it filled ('warm')."""
+  cache_dir = os.path.join(setup.scratch, 'compilation_cache')
+  cache = {}
+  for start in ('cold', 'warm'):
+    print(f'persistent compilation cache: {start} start ...', flush=True)
+    runs_dir = os.path.join(setup.runs_dir, f'cache_{start}') if setup.runs_dir else None
+    cache[start] = _run_part(setup, 'cache', f'cache_{start}', [
+        f'--cpu_devices={devices}', *_trainer_flags('cache', runs_dir),
+        f'--config.compilation_cache_dir={cache_dir}'])
+  return cache
+
+
+def _ddp_run(setup: _Setup, ranks: int, cores: int) -> dict[str, Any]:
+  """The DDP twin's training run with `ranks` ranks sharing `cores` cores, timed as the
+  trainer's: the same run length (`bench_common.timed_run_fields`) and speed figures
+  (`bench_common.run_speed`)."""
+  print(f'ddp: {ranks} ranks ...', flush=True)
+  # CLU's writers import TensorFlow: read here only, where the twin ran (it reads its data
+  # through TensorFlow); the bare-step parts run where TensorFlow is not installed.
+  from flax_dp_trainer import writers  # pylint: disable=import-outside-toplevel
+  untimed = 1 + FLAGS.timing_warmup_steps
+  fields = bench_common.timed_run_fields(setup.config, FLAGS.steps, untimed)
+  workdir = os.path.join(setup.runs_dir or setup.scratch, f'ddp_{ranks}ranks')
+  threads = max(1, cores // ranks)
+  args = [f'--config={setup.config_path}', *setup.overrides,
+          *(f'--config.{field}={value}' for field, value in fields.items()),
+          *(['--torch_compile'] if FLAGS.torch_compile else [])]
+  start = time.time()
+  processes.run_checked([processes.ddp_command(ranks, workdir, args, threads=threads)],
+                        f'the DDP run with {ranks} ranks', progress=processes.StepProgress(
+                            os.path.join(workdir, 'metrics.jsonl'), fields['num_train_steps']))
+  records = writers.read_jsonl(os.path.join(workdir, writers.JSONL_NAME))
+  return {'ranks': ranks, 'threads_per_rank': threads,
+          **bench_common.run_speed(records, start, ranks, setup.config.batch_size, untimed)}
+
+
+def _ddp_limit_run(setup: _Setup, ranks: int, cores: int) -> dict[str, Any]:
+  """The ddp_limit part under torchrun with `ranks` ranks sharing `cores` cores."""
+  print(f'ddp_limit: {ranks} ranks ...', flush=True)
+  return _run_part(setup, 'ddp_limit', f'ddp_limit_{ranks}',
+                   ['--torch_compile'] if FLAGS.torch_compile else [],
+                   launcher=processes.torchrun(ranks),
+                   env=processes.environment(OMP_NUM_THREADS=str(max(1, cores // ranks))))
+
+
+def _limit_2x2(setup: _Setup, name: str) -> dict[str, Any]:
+  """The limit part as 2 processes of 2 CPU devices each, over loopback."""
+  out = setup.result_path(name)
+  command = [sys.executable, '-m', bench_common.PART_MODULES['limit'],
+             *setup.part_args(out), '--cpu_devices=2', '--nostate_shardings',
+             '--num_processes=2',
+             f'--coordinator_address=127.0.0.1:{processes.free_port()}']
+  start = time.time()
+  processes.run_checked([[*command, f'--process_id={index}'] for index in range(2)],
+                        'the 2-process limit measurement', expected_s=setup.took.get('2x2'))
+  setup.took['2x2'] = time.time() - start
+  return bench_common.read_result(out)
+
+
+def _multiprocess(setup: _Setup) -> dict[str, Any]:
+  """Bare steps of 2 processes x 2 devices and of 1 process x 4 devices, alternately
+  `--rounds` times: what pmap's host-local/global round trip costs per step over loopback
+  against shard_map on global arrays."""
+  print('bare step: 2 processes x 2 devices against 1 process x 4 ...', flush=True)
+  runs = {'1x4': [], '2x2': []}
+  for index in range(FLAGS.rounds):
+    runs['1x4'].append(_run_part(setup, 'limit', f'limit_1x4_{index}',
+                                 ['--cpu_devices=4', '--nostate_shardings']))
+    runs['2x2'].append(_limit_2x2(setup, f'limit_2x2_{index}'))
+  figures = {}
+  for topology, measured in runs.items():
+    for backend in ('pmap', 'shard_map'):
+      step_s = statistics.median(m[backend]['step_s'] for m in measured)
+      figures[f'{topology}_{backend}_step_ms'] = step_s * 1e3
+  # What going multi-process costs each backend: pmap also reshards host-local arrays to
+  # global ones and back, shard_map works on global arrays.
+  for backend in ('pmap', 'shard_map'):
+    figures[f'{backend}_2x2_over_1x4'] = (figures[f'2x2_{backend}_step_ms'] /
+                                          figures[f'1x4_{backend}_step_ms'])
+  figures['runs'] = runs
+  return figures
+
+
+def _fastest(measurements: list[dict]) -> dict:
+  return max(measurements, key=lambda m: m['examples_per_sec'])
+
+
+def _fastest_trainer(jax_runs: list[dict]) -> dict:
+  return max(jax_runs, key=lambda r: r['trainer']['examples_per_sec'])
+
+
+def measure_parts(setup: _Setup, parts: list[str], jax_counts: list[int],
+                  ddp_counts: list[int], cores: int) -> dict[str, Any]:
+  """Runs the chosen parts one after the other: each part's figures (see `headline_figures`
+  for the keys)."""
+  runs: dict[str, Any] = {}
+  for part in ('jax', 'limit'):  # Once per JAX device count.
+    if part in parts:
+      runs[f'{part}_runs'] = _per_device_count(setup, part, jax_counts)
+  if 'cache' in parts:
+    runs['cache'] = _cache_starts(setup, _fastest_trainer(runs['jax_runs'])['devices']
+                                  if 'jax_runs' in runs else jax_counts[-1])
+  if 'ddp' in parts:
+    runs['ddp_runs'] = [_ddp_run(setup, ranks, cores) for ranks in ddp_counts]
+  if 'ddp_limit' in parts:
+    runs['ddp_limit_runs'] = [_ddp_limit_run(setup, ranks, cores) for ranks in ddp_counts]
+  if 'multiprocess' in parts:
+    runs['multiprocess'] = _multiprocess(setup)
+  if 'input' in parts:
+    runs['input'] = _input(setup, cores)
+  return runs
+
+
+def _input(setup: _Setup, cores: int) -> dict[str, Any]:
+  """The input part: the images made (or found), then INPUT_RUNS alternately `--rounds`
+  times; each run's figures, their medians and the ratios (module docstring)."""
+  images = FLAGS.input_images or os.path.join(setup.scratch, 'images')
+  print(f'input: {FLAGS.input_count} generated JPEGs and their records in {images} (made '
+        'where missing) ...', flush=True)
+  common = [f'--images={images}', f'--workers={FLAGS.input_workers or cores}',
+            f'--seconds={FLAGS.input_seconds}']
+  made = _run_part(setup, 'input', 'input_prepare',
+                   ['--side=prepare', f'--count={FLAGS.input_count}', *common])
+  runs = {name: [] for name, _ in INPUT_RUNS}
+  for index in range(FLAGS.rounds):
+    # Odd rounds in reverse order: a drift of the machine's speed over a round then favours
+    # neither run of a pair compared.
+    for name, extra in INPUT_RUNS[::1 if index % 2 == 0 else -1]:
+      print(f'input: {name}, round {index + 1} of {FLAGS.rounds} ...', flush=True)
+      runs[name].append(_run_part(setup, 'input', f'input_{name}_{index}', [*common, *extra]))
+  median = lambda name, key: statistics.median(r[key] for r in runs[name])
+  per_round = lambda a, b, key: statistics.median(
+      x[key] / y[key] for x, y in zip(runs[a], runs[b]))
+  figures = {'images': made, 'runs': runs,
+             **{f'{name}_{key}': median(name, key) for name, _ in INPUT_RUNS
+                for key in ('examples_per_sec', 'examples_per_cpu_sec', 'peak_pss_mb')},
+             'input_over_torchvision': per_round('ours_files', 'torchvision',
+                                                 'examples_per_cpu_sec'),
+             'input_over_torchvision_normalized': per_round(
+                 'ours_files', 'torchvision_normalized', 'examples_per_cpu_sec'),
+             'input_rss_over_torchvision': per_round('ours_files', 'torchvision',
+                                                     'peak_pss_mb'),
+             'mix_over_plain_2proc': per_round('ours_2proc_mix', 'ours_2proc',
+                                               'examples_per_sec')}
+  for name in ('ours_files', 'ours_memory', 'ours_array_record', 'ours_tfrecord',
+               'torchvision', 'torchvision_normalized'):
+    figures[f'cores_per_{GPU_IMAGES_PER_SEC}_per_sec_{name}'] = (
+        GPU_IMAGES_PER_SEC / figures[f'{name}_examples_per_cpu_sec'])
+  return figures
+
+
+def _jax_figures(jax_runs: list[dict], ddp_runs: list[dict], cache: Optional[dict]
+                 ) -> dict[str, Any]:
+  """The jax part's figures: the fastest device count's trainer, its limit and input."""
+  best = _fastest_trainer(jax_runs)
+  limit = _fastest([best[f'limit_{b}'] for b in ('pmap', 'shard_map')])
+  ddp_rate = _fastest(ddp_runs)['examples_per_sec'] if ddp_runs else None
+  trainer_rate = best['trainer']['examples_per_sec']
+  return {
+      'jax_devices': best['devices'], 'platform': best['platform'],
+      'device_kind': best['device_kind'],
+      'limit_examples_per_sec': limit['examples_per_sec'],
+      'limit_pmap_examples_per_sec': best['limit_pmap']['examples_per_sec'],
+      'limit_shard_map_examples_per_sec': best['limit_shard_map']['examples_per_sec'],
+      'trainer_examples_per_sec': trainer_rate,
+      'input_examples_per_sec': best['input']['examples_per_sec'],
+      'trainer_over_limit': best['trainer_over_limit'],
+      'jax_over_ddp': reporting.ratio(trainer_rate, ddp_rate),
+      'input_over_step': reporting.ratio(best['input']['examples_per_sec'],
+                                         limit['examples_per_sec']),
+      'compile_s': best['limit_pmap']['compile_s'],
+      'time_to_first_step_s': best['trainer']['time_to_first_step_s'],
+      'flops_per_step': best['limit_pmap']['flops_per_step'],
+      'mfu': best['limit_pmap']['mfu'],
+      'peak_host_memory_mb': best['peak_host_memory_mb'],
+      **({} if cache is None else {
+          # Time to first step from the start of train_and_evaluate (what a restart waits
+          # for), and the first step's own duration (compilation or a cache load).
+          'warm_start_over_cold': reporting.ratio(cache['warm']['time_to_first_step_s'],
+                                                  cache['cold']['time_to_first_step_s']),
+          'warm_first_step_over_cold': reporting.ratio(cache['warm']['first_step_s'],
+                                                       cache['cold']['first_step_s'])}),
+  }
+
+
+def headline_figures(runs: dict[str, Any]) -> dict[str, Any]:
+  """The parts' figures (`runs`, kept whole in the result) and the headline ones: each side's
+  fastest count, the ratios."""
+  figures: dict[str, Any] = dict(runs)
+  ddp_runs = runs.get('ddp_runs', [])
+  if runs.get('jax_runs'):
+    figures.update(_jax_figures(runs['jax_runs'], ddp_runs, runs.get('cache')))
+  if ddp_runs:
+    best = _fastest(ddp_runs)
+    figures.update(ddp_examples_per_sec=best['examples_per_sec'], ddp_ranks=best['ranks'],
+                   ddp_peak_host_memory_mb=best['peak_host_memory_mb'])
+  # The bare steps, both sides: the fastest JAX step of any device count and backend (from
+  # the jax or the limit part) against the fastest DDP step of any rank count.
+  steps = [dict(measured, devices=devices, backend=backend)
+           for _, backend, devices, measured in _bare_steps(runs)]
+  if steps:
+    best = _fastest(steps)
+    figures.update(step_jax_examples_per_sec=best['examples_per_sec'],
+                   step_jax_devices=best['devices'], step_jax_backend=best['backend'],
+                   step_jax_mfu=best['mfu'], step_jax_flops_per_step=best['flops_per_step'])
+  if runs.get('ddp_limit_runs'):
+    best = _fastest(runs['ddp_limit_runs'])
+    figures.update(step_ddp_examples_per_sec=best['examples_per_sec'],
+                   step_ddp_ranks=best['ranks'], step_ddp_mfu=best['mfu'],
+                   step_ddp_flops_per_step=best['flops_per_step'])
+  figures['step_jax_over_ddp'] = reporting.ratio(figures.get('step_jax_examples_per_sec'),
+                                                 figures.get('step_ddp_examples_per_sec'))
+  if runs.get('input'):
+    figures.update({k: v for k, v in runs['input'].items() if k not in ('runs', 'images')})
+  return figures
+
+
+def _bare_steps(runs: dict[str, Any]) -> list[tuple[str, str, int, dict]]:
+  """(part, backend, devices, figures) of every JAX bare step measured: by the jax part
+  (beside the trainer, median of the rounds) and by the limit part (alone)."""
+  return ([('jax', b, run['devices'], run[f'limit_{b}'])
+           for run in runs.get('jax_runs', []) for b in ('pmap', 'shard_map')] +
+          [('limit', b, run['devices'], run[b])
+           for run in runs.get('limit_runs', []) for b in ('pmap', 'shard_map')])
+
+
+def _rows(figures: dict) -> list[tuple[str, ...]]:
+  """One row per measurement: examples/s, against the fastest JAX bare step, first step."""
+  fmt = reporting.fmt
+  limit = figures.get('step_jax_examples_per_sec')
+  vs = lambda rate: fmt(rate / limit, 2) if limit else ''
+  rows = [('', 'examples/s', 'vs limit', 'first step (s)', 'peak host MiB', 'MFU')]
+  for part, backend, devices, m in _bare_steps(figures):
+    rows.append((f'limit {backend}, {devices} dev ({part} part)', fmt(m['examples_per_sec']),
+                 vs(m['examples_per_sec']), fmt(m['compile_s'], 2) + ' (compile)', '',
+                 fmt(m['mfu'], 3)))
+  for run in figures.get('jax_runs', []):
+    n, trainer = run['devices'], run['trainer']
+    rows.append((f'trainer, {n} dev', fmt(trainer['examples_per_sec']),
+                 vs(trainer['examples_per_sec']), fmt(trainer['first_step_s'], 2),
+                 fmt(run['peak_host_memory_mb']), ''))
+    rows.append((f'input, {n} dev', fmt(run['input']['examples_per_sec']), '', '', '', ''))
+  for run in figures.get('ddp_limit_runs', []):
+    rows.append((f'ddp_limit, {run["ranks"]} ranks x {run["threads_per_rank"]} thr',
+                 fmt(run['examples_per_sec']), vs(run['examples_per_sec']),
+                 fmt(run['first_step_s'], 2), '', fmt(run['mfu'], 3)))
+  for run in figures.get('ddp_runs', []):
+    rows.append((f'ddp, {run["ranks"]} ranks x {run["threads_per_rank"]} thr',
+                 fmt(run['examples_per_sec']), vs(run['examples_per_sec']),
+                 fmt(run['first_step_s'], 2), fmt(run['peak_host_memory_mb']), ''))
+  return rows
+
+
+def _input_rows(figures: dict) -> list[tuple[str, ...]]:
+  """The input part's runs, medians over the rounds."""
+  fmt = reporting.fmt
+  rows = [('input pipeline', 'examples/s', 'examples/CPU-s', 'peak PSS MiB',
+           f'cores per {GPU_IMAGES_PER_SEC}/s')]
+  for name, _ in INPUT_RUNS:
+    cores = figures.get(f'cores_per_{GPU_IMAGES_PER_SEC}_per_sec_{name}')
+    rows.append((name, fmt(figures[f'{name}_examples_per_sec']),
+                 fmt(figures[f'{name}_examples_per_cpu_sec']),
+                 fmt(figures[f'{name}_peak_pss_mb']), fmt(cores, 1) if cores else ''))
+  return rows
+
+
+def _ratio_lines(figures: dict) -> list[str]:
+  """The headline ratios of the parts that ran, a line each."""
+  fmt, lines = reporting.fmt, []
+  if 'trainer_over_limit' in figures:
+    lines.append(
+        f'trainer_over_limit = {fmt(figures["trainer_over_limit"], 3)}   '
+        f'jax_over_ddp = {fmt(figures["jax_over_ddp"], 2)} (JAX {figures["jax_devices"]} dev '
+        f'vs DDP {figures.get("ddp_ranks")} ranks)   input_over_step = '
+        f'{fmt(figures["input_over_step"], 1)}')
+    flops = figures['flops_per_step']
+    lines.append(f'FLOPs per step {fmt(flops / 1e9, 2) + " G" if flops else "n/a"}; MFU '
+                 f'{fmt(figures["mfu"], 3, missing="n/a (no known peak)")}')
+  cache = figures.get('cache')
+  if cache and 'warm_start_over_cold' in figures:
+    lines.append(
+        f'persistent cache: time to first step {fmt(cache["cold"]["time_to_first_step_s"], 2)}'
+        f' s cold, {fmt(cache["warm"]["time_to_first_step_s"], 2)} s warm: '
+        f'warm_start_over_cold = {fmt(figures["warm_start_over_cold"], 2)} (the first step '
+        f'alone: {fmt(cache["cold"]["first_step_s"], 2)} s -> '
+        f'{fmt(cache["warm"]["first_step_s"], 2)} s, '
+        f'{fmt(figures["warm_first_step_over_cold"], 2)})')
+  if figures.get('step_ddp_examples_per_sec'):
+    lines.append(
+        f'step_jax_over_ddp = {fmt(figures["step_jax_over_ddp"], 2)} (bare steps: JAX '
+        f'{figures.get("step_jax_backend")} on {figures.get("step_jax_devices")} dev vs DDP '
+        f'{figures["step_ddp_ranks"]} ranks; MFU JAX {fmt(figures.get("step_jax_mfu"), 3)}, '
+        f'DDP {fmt(figures["step_ddp_mfu"], 3)})')
+  if 'input_over_torchvision' in figures:
+    lines.append(
+        f'input_over_torchvision = {fmt(figures["input_over_torchvision"], 2)} (examples per '
+        f'CPU-second, uint8 both; {fmt(figures["input_over_torchvision_normalized"], 2)} '
+        'against torchvision normalizing)   input_rss_over_torchvision = '
+        f'{fmt(figures["input_rss_over_torchvision"], 2)}   mix_over_plain_2proc = '
+        f'{fmt(figures["mix_over_plain_2proc"], 2)}')
+  mp = figures.get('multiprocess')
+  if mp:
+    lines.append(
+        'bare step, median ms: 1 process x 4 devices: pmap {:.2f}, shard_map {:.2f}; 2 '
+        'processes x 2 devices: pmap {:.2f}, shard_map {:.2f}; 2x2_over_1x4: pmap {:.2f}, '
+        'shard_map {:.2f}'.format(
+            mp['1x4_pmap_step_ms'], mp['1x4_shard_map_step_ms'], mp['2x2_pmap_step_ms'],
+            mp['2x2_shard_map_step_ms'], mp['pmap_2x2_over_1x4'], mp['shard_map_2x2_over_1x4']))
+  return lines
+
+
+def _memory_rows(figures: dict) -> list[tuple[str, ...]]:
+  """Per limit run and state sharding (shard_map): the step's MiB per device and its time
+  against the replicated state's."""
+  fmt = reporting.fmt
+  mib = lambda n: fmt(n / 2**20, 2) if n is not None else ''
+  rows = [('state_sharding', 'params MiB/dev', 'opt state MiB/dev', 'temporaries MiB/dev',
+           'step vs replicated')]
+  for run in figures.get('limit_runs', []):
+    shardings = run.get('state_sharding', {})
+    base = shardings.get('replicated', {}).get('step_s')
+    for sharding, m in shardings.items():
+      memory = m['memory']
+      rows.append((f'{sharding}, {run["devices"]} dev', mib(memory['params']),
+                   mib(memory['opt_state']), mib(memory['temporaries']),
+                   fmt(m['step_s'] / base, 2) if base else ''))
+  return rows
+
+
+def table(figures: dict) -> str:
+  """The figures as the benchmark prints them: a row per measurement, then the ratios."""
+  tables = [_rows(figures)] if len(_rows(figures)) > 1 else []
+  if len(_memory_rows(figures)) > 1:
+    tables.append(_memory_rows(figures))
+  if 'input_over_torchvision' in figures:
+    tables.append(_input_rows(figures))
+  return '\n\n'.join([*map(reporting.plain_table, tables), '\n'.join(_ratio_lines(figures))])
+
+
+def _counts(flag: str, values: Optional[list[str]], default: list[int]) -> list[int]:
+  """The positive counts of a comma-separated flag (`default` where unset)."""
+  if values is None:
+    return default
+  counts = [v.strip() for v in values if v.strip()]
+  if not all(v.isdigit() and int(v) > 0 for v in counts):
+    raise UserError(f'--{flag}={",".join(values)}: give positive whole numbers, e.g. '
+                    f'--{flag}=1,2')
+  return [int(v) for v in counts]
+
+
+def _chosen_parts(names: list[str], mock_data: bool) -> list[str]:
+  """The parts named by --parts, checked; `ddp` left out with --mock_data."""
+  parts = [part.strip() for part in names if part.strip()]
+  unknown = sorted(set(parts) - set(PARTS))
+  if unknown or not parts:
+    raise UserError(f'--parts={",".join(names)}: {", ".join(unknown) or "none"} unknown; '
+                    f'choose among {", ".join(PARTS)}')
+  if mock_data and 'ddp' in parts:
+    print('--mock_data: the ddp part reads the real dataset; skipped', flush=True)
+    parts.remove('ddp')
+  return parts
+
+
+def _check(config, parts: list[str], jax_counts: list[int], ddp_counts: list[int]) -> None:
+  """Refuses, before any part starts, a config that a device or rank count measured cannot
+  run, or that the DDP twin lacks."""
+  ddp = bool(ddp_counts and {'ddp', 'ddp_limit'} & set(parts))
+  counts = set(jax_counts) if {'jax', 'cache', 'limit'} & set(parts) else set()
+  counts |= set(ddp_counts) if ddp else set()
+  for n in sorted(counts | ({4} if 'multiprocess' in parts else set())):
+    checks.check_config(config, process_count=1, local_device_count=n)
+  if ddp:
+    # torch only where DDP is measured; imported before anything imports TensorFlow.
+    from flax_dp_trainer.torch_ddp import step as ddp_step  # pylint: disable=import-outside-toplevel
+    ddp_step.check_supported(config)
+
+
+def _check_runs_dir(runs_dir: Optional[str]) -> None:
+  """Refuses a --runs_dir that holds anything: a run there would resume, not start afresh."""
+  if runs_dir and os.path.isdir(runs_dir) and os.listdir(runs_dir):
+    raise UserError(f'--runs_dir={runs_dir} is not empty (a training run there would resume '
+                    'from its checkpoints); give a new or empty directory')
+  if runs_dir:
+    os.makedirs(runs_dir, exist_ok=True)
+
+
+def main(argv):
+  del argv  # cli.parse_flags refused stray arguments.
+  cores = os.cpu_count()
+  config_path = config_flags.get_config_filename(FLAGS['config'])
+  try:
+    jax_counts = _counts('jax_devices', FLAGS.jax_devices, sorted({1, cores}))
+    ddp_counts = _counts('ddp_ranks', FLAGS.ddp_ranks, sorted({1, cores}))
+    config = checks.command_line_config(FLAGS['config'])
+    parts = _chosen_parts(FLAGS.parts, FLAGS.mock_data)
+    overrides = processes.config_overrides(sys.argv[1:])
+    _check(config, parts, jax_counts, ddp_counts)
+    _check_runs_dir(FLAGS.runs_dir)
+    with tempfile.TemporaryDirectory() as scratch:
+      setup = _Setup(config, config_path, overrides, scratch, FLAGS.runs_dir)
+      figures = headline_figures(measure_parts(setup, parts, jax_counts, ddp_counts, cores))
+  except UserError as e:
+    raise SystemExit(f'error: {e}') from None
+  figures.update(parts=parts, config=config_path, cores=cores, runs_dir=FLAGS.runs_dir,
+                 overrides=overrides + (['--mock_data'] if FLAGS.mock_data else []))
+  print(table(figures))
+  if FLAGS.json:
+    with open(FLAGS.json, 'w', encoding='utf-8') as f:
+      json.dump(figures, f, indent=1)
+    print(f'written: {FLAGS.json}')
+
+
+def command() -> None:
+  """`python -m flax_dp_trainer.tools.benchmark` and the console script `dp-benchmark`."""
+  _define_flags()
+  cli.run(main)
+
+
+if __name__ == '__main__':
+  command()

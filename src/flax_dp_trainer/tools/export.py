@@ -1,0 +1,91 @@
+"""Writes a run's trained model as a PyTorch state dict (torchvision's names), and says how to
+load it and what input it takes:
+
+  python -m flax_dp_trainer.tools.export --workdir=/tmp/digits [--step=N] [--format=torchvision|safetensors]
+      [--out=PATH]
+
+`torchvision` writes a `torch.save` file (.pth), `safetensors` a .safetensors file; both hold
+the variables evaluation uses (the EMA params where the run kept them, and the BatchNorm
+statistics). ResNets and ViTs load into torchvision's own classes (`torchvision.models.resnet50(
+num_classes=N)` for the ImageNet-shaped ones), the others into the baseline's twin
+(`flax_dp_trainer.torch_ddp.models.get`). The torch models take float32 NCHW images normalized as
+the trainer normalizes them; the lines printed say which. An existing file is never
+overwritten.
+"""
+
+import os
+
+from absl import flags
+
+from flax_dp_trainer import inference
+from flax_dp_trainer.zoo import torch_weights
+from flax_dp_trainer import cli
+from flax_dp_trainer.errors import UserError
+
+FLAGS = flags.FLAGS
+FORMATS = {'torchvision': '.pth', 'safetensors': '.safetensors'}
+# Registered models that are torchvision's own constructors (ImageNet stem, 3 channels).
+TORCHVISION = {'resnet18': 'resnet18', 'resnet34': 'resnet34', 'resnet50': 'resnet50',
+               'resnet101': 'resnet101', 'vit_b16': 'vit_b_16'}
+
+
+def _define_flags() -> None:
+  flags.DEFINE_string('workdir', None, "The run's --workdir.", required=True)
+  flags.DEFINE_integer('step', None, 'The checkpoint to export (default: the newest).')
+  flags.DEFINE_enum('format', 'torchvision', list(FORMATS), 'File format.')
+  flags.DEFINE_string('out', None, 'Where to write (default: WORKDIR/export/MODEL_stepN.EXT).')
+
+
+def torch_constructor(trained) -> str:
+  """The Python expression that builds the torch model the state dict loads into."""
+  name, spec = trained.config.model, trained.spec
+  if name in TORCHVISION and spec.channels == 3 and (
+      not name.startswith('vit') or tuple(spec.input_shape[:2]) == (224, 224)):
+    return f'torchvision.models.{TORCHVISION[name]}(num_classes={spec.num_classes})'
+  return (f'flax_dp_trainer.torch_ddp.models.get({name!r}, input_shape={tuple(spec.input_shape)}, '
+          f'num_classes={spec.num_classes})')
+
+
+def export(workdir: str, step, file_format: str, out) -> tuple[str, list[str]]:
+  """Writes the state dict; returns its path and the lines that say how to use it."""
+  trained = inference.load(workdir, step)
+  out = out or os.path.join(workdir, 'export',
+                            f'{trained.config.model}_step{trained.step}{FORMATS[file_format]}')
+  if os.path.exists(out):
+    raise UserError(f'{out} exists; pass another --out (nothing was written)')
+  state_dict = torch_weights.to_state_dict(trained.model, trained.variables)
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  torch_weights.write_state_dict(out, state_dict)
+  spec = trained.spec
+  read = (f"safetensors.torch.load_file('{out}')" if file_format == 'safetensors'
+          else f"torch.load('{out}')")
+  lines = [
+      f'wrote {out}: {trained.config.model} at step {trained.step}'
+      f'{" (EMA params)" if trained.ema else ""}, {len(state_dict)} tensors',
+      f'load: model = {torch_constructor(trained)}; model.load_state_dict({read}); model.eval()',
+      f'input: float32 NCHW (N, {spec.channels}, {spec.input_shape[0]}, {spec.input_shape[1]}),'
+      f' x / 255 less mean {tuple(spec.mean)}, over std {tuple(spec.std)}'
+      + (f'; images resized and center-cropped to {spec.image_size} first'
+         if spec.augment == 'inception' else
+         f'; images resized to {spec.image_size}x{spec.image_size} first'
+         if spec.image_size else '')]
+  return out, lines
+
+
+def main(argv):
+  del argv
+  try:
+    _, lines = export(FLAGS.workdir, FLAGS.step, FLAGS.format, FLAGS.out)
+  except UserError as e:
+    raise SystemExit(f'error: {e}') from None
+  print('\n'.join(lines))
+
+
+def command() -> None:
+  """`python -m flax_dp_trainer.tools.export` and the console script `dp-export`."""
+  _define_flags()
+  cli.run(main)
+
+
+if __name__ == '__main__':
+  command()

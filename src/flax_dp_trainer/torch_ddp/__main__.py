@@ -1,0 +1,5 @@
+"""`python -m flax_dp_trainer.torch_ddp` (under torchrun): the PyTorch DDP twin (`main`)."""
+
+from flax_dp_trainer.torch_ddp import main
+
+main.run()

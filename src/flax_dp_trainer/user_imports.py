@@ -1,0 +1,42 @@
+"""The modules a run imports before anything is built (`config.imports`), and where a user's
+module is looked for.
+
+`config.imports` is a comma-separated string of module names, e.g. 'my_data.shapes' for a
+package that defines and registers a TFDS builder (then `--config.dataset=shapes` names it),
+or one that holds models. They are imported as `python -m` imports: from the working
+directory first, then `sys.path` (PYTHONPATH). Every entry point imports them before it checks
+the config (`checks.check_config`), on every process of a multi-process run.
+"""
+
+import importlib
+import os
+import sys
+
+from flax_dp_trainer.errors import UserError, first_line
+
+
+def put_working_directory_on_path() -> None:
+  """The working directory on `sys.path`, as `python -m` puts it (a console script does
+  not)."""
+  if '' not in sys.path and os.getcwd() not in sys.path:
+    sys.path.insert(0, os.getcwd())
+
+
+def names(config) -> list[str]:
+  """The module names of `config.imports`."""
+  return [name.strip() for name in config.get('imports', '').split(',') if name.strip()]
+
+
+def import_modules(config) -> None:
+  """Imports every module of `config.imports`; `UserError` naming the first that fails."""
+  put_working_directory_on_path()
+  for name in names(config):
+    if not all(part.isidentifier() for part in name.split('.')):
+      raise UserError(f'imports={config.imports!r}: {name!r} is not a module name; give '
+                      'comma-separated module names (--config.imports=my_data.shapes)')
+    try:
+      importlib.import_module(name)
+    except Exception as e:  # pylint: disable=broad-except  # The user's code: any error.
+      raise UserError(f'imports={config.imports!r}: module {name!r} does not import '
+                      f'({first_line(e)}); it is looked for in the working directory '
+                      f'{os.getcwd()} and on sys.path (add its folder to PYTHONPATH)') from None

@@ -1,0 +1,53 @@
+"""Small models for the smoke-test datasets (digits, MNIST)."""
+
+from typing import Any, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from flax_dp_trainer.zoo import layers
+
+
+class _Small(nn.Module):
+  """What the small models share: the fields, and a classifier over hidden dense layers."""
+  num_classes: int
+  dropout_rate: float = 0.0
+  dtype: Any = jnp.float32
+  axis_name: Optional[str] = None  # Unused: no cross-replica layers.
+
+  def classify(self, x: jax.Array, widths: Sequence[int], ids: jax.Array, train: bool
+               ) -> jax.Array:
+    """Logits of flat features `x`: a ReLU dense layer of each width, each followed by
+    per-example dropout (`ids`: the examples' ids), then the classifier. Called from the
+    subclass's compact `__call__`, whose layers these are (Dense_0, Dense_1, ...)."""
+    for width in widths:
+      x = nn.relu(nn.Dense(width, dtype=self.dtype)(x))
+      x = layers.Dropout(self.dropout_rate)(x, ids, deterministic=not train)
+    return nn.Dense(self.num_classes, dtype=self.dtype)(x)
+
+
+class MLP(_Small):
+  """Fully connected ReLU network over the flattened image."""
+  hidden_sizes: Sequence[int] = (256, 256)
+
+  @nn.compact
+  def __call__(self, x, *, train: bool, example_ids=None):
+    ids = layers.example_ids_or_rows(x, example_ids)
+    return self.classify(x.reshape((x.shape[0], -1)).astype(self.dtype), self.hidden_sizes,
+                         ids, train)
+
+
+class CNN(_Small):
+  """Two conv + average-pool stages, then a hidden dense layer with dropout."""
+  features: Sequence[int] = (32, 64)
+  hidden_size: int = 256
+
+  @nn.compact
+  def __call__(self, x, *, train: bool, example_ids=None):
+    ids = layers.example_ids_or_rows(x, example_ids)
+    x = x.astype(self.dtype)
+    for width in self.features:
+      x = nn.relu(nn.Conv(width, kernel_size=(3, 3), dtype=self.dtype)(x))
+      x = nn.avg_pool(x, window_shape=(2, 2), strides=(2, 2))
+    return self.classify(x.reshape((x.shape[0], -1)), (self.hidden_size,), ids, train)
