@@ -1,5 +1,5 @@
-"""The direction of imports, as docs/architecture.md states it: between the top folders, and
-between the rooms of trainer/. Every import of every module is read with `ast` (those inside
+"""The direction of imports, as docs/architecture.md states it: between the parts of the
+package (its subpackages, and the rooms of the modules at its top). Every import of every module is read with `ast` (those inside
 functions too) and checked against the tables below; nothing is imported or run."""
 
 import ast
@@ -8,53 +8,62 @@ import pathlib
 import re
 import tokenize
 
+import flax_dp_trainer
+
+PACKAGE = pathlib.Path(flax_dp_trainer.__file__).resolve().parent
 REPO = pathlib.Path(__file__).resolve().parent.parent
-PACKAGES = ('trainer', 'models', 'configs', 'baselines', 'scripts', 'tests')
+ROOT = 'flax_dp_trainer'
 
-# Top folder: the other top folders it may import. tests/ may import any.
-TOP = {
-    'models': set(),
-    'configs': set(),
-    'trainer': {'models'},
-    'baselines': {'trainer', 'models'},
-    'scripts': {'trainer', 'models', 'baselines', 'configs'},
-    'tests': set(PACKAGES),
-}
-
-# The rooms of trainer/, each module in one (flax_dp_trainer.data.* all in 'data').
-ROOMS = {
-    'base': ('flax_dp_trainer.errors', 'flax_dp_trainer.cli', 'flax_dp_trainer.batch_keys', 'flax_dp_trainer.user_imports',
-             'flax_dp_trainer.multihost'),
+# The parts of the package: each module is in the part of its longest prefix here (a
+# subpackage is one part). The rooms of the library are the modules at the package's top.
+PARTS = {
+    'base': ('flax_dp_trainer.errors', 'flax_dp_trainer.cli', 'flax_dp_trainer.batch_keys',
+             'flax_dp_trainer.user_imports', 'flax_dp_trainer.multihost'),
+    'configs': ('flax_dp_trainer.configs',),
+    'zoo': ('flax_dp_trainer.zoo',),
     'data': ('flax_dp_trainer.data',),
     'devices': ('flax_dp_trainer.parallel', 'flax_dp_trainer.dispatch'),
-    'model': ('flax_dp_trainer.modeling', 'flax_dp_trainer.state', 'flax_dp_trainer.optim', 'flax_dp_trainer.losses'),
+    'model': ('flax_dp_trainer.modeling', 'flax_dp_trainer.state', 'flax_dp_trainer.optim',
+              'flax_dp_trainer.losses'),
     'step': ('flax_dp_trainer.step', 'flax_dp_trainer.mix', 'flax_dp_trainer.metrics'),
     'checkpoint': ('flax_dp_trainer.checkpoint',),
-    'loop': ('flax_dp_trainer.train', 'flax_dp_trainer.checks', 'flax_dp_trainer.efficiency', 'flax_dp_trainer.writers',
-             'flax_dp_trainer.cadence', 'flax_dp_trainer.signals', 'flax_dp_trainer.workdir'),
-    'entry': ('trainer', 'flax_dp_trainer.main', 'flax_dp_trainer.settings', 'flax_dp_trainer.inference'),
+    'loop': ('flax_dp_trainer.train', 'flax_dp_trainer.checks', 'flax_dp_trainer.efficiency',
+             'flax_dp_trainer.writers', 'flax_dp_trainer.cadence', 'flax_dp_trainer.signals',
+             'flax_dp_trainer.workdir'),
+    'entry': ('flax_dp_trainer', 'flax_dp_trainer.__main__', 'flax_dp_trainer.main',
+              'flax_dp_trainer.api', 'flax_dp_trainer.settings', 'flax_dp_trainer.inference'),
+    'torch_ddp': ('flax_dp_trainer.torch_ddp',),
+    'runs': ('flax_dp_trainer.runs',),
+    'bench': ('flax_dp_trainer.bench',),
+    'tools': ('flax_dp_trainer.tools',),
 }
-# Room: the other rooms it may import.
-ROOM_IMPORTS = {
-    'base': set(),
+LIBRARY = {'base', 'configs', 'zoo', 'data', 'devices', 'model', 'step', 'checkpoint', 'loop'}
+# Part: the other parts it may import (as docs/architecture.md's tables say).
+PART_IMPORTS = {
+    'configs': set(),
+    'zoo': set(),
+    'base': {'configs'},
     'data': {'base'},
-    'devices': {'base'},
-    'model': {'base', 'devices'},
-    'step': {'base', 'devices', 'model', 'data'},
-    'checkpoint': {'base'},
-    'loop': {'base', 'data', 'devices', 'model', 'step', 'checkpoint'},
-    'entry': {'base', 'data', 'devices', 'model', 'step', 'checkpoint', 'loop'},
+    'devices': {'base', 'zoo'},
+    'model': {'base', 'devices', 'zoo'},
+    'step': {'base', 'devices', 'model', 'data', 'zoo'},
+    'checkpoint': {'base', 'zoo'},
+    'loop': {'base', 'data', 'devices', 'model', 'step', 'checkpoint', 'zoo'},
+    'entry': LIBRARY | {'loop'},
+    'torch_ddp': LIBRARY | {'loop'},
+    'runs': LIBRARY | {'loop', 'torch_ddp'},
+    'bench': LIBRARY | {'loop', 'entry', 'torch_ddp', 'runs'},
+    'tools': LIBRARY | {'loop', 'entry', 'torch_ddp', 'runs', 'bench'},
 }
 
 
 def _module_name(path: pathlib.Path) -> str:
-  parts = path.relative_to(REPO).with_suffix('').parts
+  parts = (ROOT, *path.relative_to(PACKAGE).with_suffix('').parts)
   return '.'.join(parts[:-1] if parts[-1] == '__init__' else parts)
 
 
 def _modules() -> dict[str, pathlib.Path]:
-  return {_module_name(path): path for package in PACKAGES
-          for path in sorted((REPO / package).rglob('*.py'))}
+  return {_module_name(path): path for path in sorted(PACKAGE.rglob('*.py'))}
 
 
 MODULES = _modules()
@@ -89,67 +98,65 @@ def _imports(name: str) -> list[tuple[str, int, bool]]:
 
   visit(tree, False)
   return [(module, line, nested) for module, line, nested in found
-          if module.split('.')[0] in PACKAGES]
+          if module.split('.')[0] == ROOT]
 
 
-def _room(module: str) -> str:
-  for room, members in ROOMS.items():
-    if any(module == m or (m == 'flax_dp_trainer.data' and module.startswith('flax_dp_trainer.data.'))
-           for m in members):
-      return room
-  raise AssertionError(f'{module} is in no room of trainer/: add it to ROOMS here and to '
-                       'docs/architecture.md')
+def _part(module: str) -> str:
+  found = [(len(member), part) for part, members in PARTS.items() for member in members
+           if module == member or module.startswith(f'{member}.')
+           and member != ROOT]
+  if module == ROOT:
+    return 'entry'
+  if not found:
+    raise AssertionError(f'{module} is in no part: add it to PARTS here and to '
+                         'docs/architecture.md')
+  return max(found)[1]
 
 
-def test_every_trainer_module_is_in_one_room():
+def test_every_module_is_in_one_part():
+  assert len(MODULES) > 60
   for name in MODULES:
-    if name.split('.')[0] == 'trainer':
-      assert sum(name in members or (name.startswith('flax_dp_trainer.data') and
-                                     members == ('flax_dp_trainer.data',))
-                 for members in ROOMS.values()) == 1, name
+    _part(name)
 
 
-def test_top_folders_import_only_downwards():
+def test_parts_import_only_downwards():
   wrong = []
   for name in MODULES:
-    top = name.split('.')[0]
+    part = _part(name)
     for module, line, _ in _imports(name):
-      other = module.split('.')[0]
-      if other != top and other not in TOP[top]:
-        wrong.append(f'{MODULES[name].relative_to(REPO)}:{line} imports {module}')
-  assert not wrong, '\n'.join(wrong)
-
-
-def test_rooms_of_trainer_import_only_downwards():
-  wrong = []
-  for name in MODULES:
-    if name.split('.')[0] != 'trainer':
-      continue
-    room = _room(name)
-    for module, line, _ in _imports(name):
-      if module.split('.')[0] != 'trainer':
-        continue
-      other = _room(module)
-      if other != room and other not in ROOM_IMPORTS[room]:
-        wrong.append(f'{MODULES[name].relative_to(REPO)}:{line} ({room}) imports {module} '
+      other = _part(module)
+      if other != part and other not in PART_IMPORTS[part]:
+        wrong.append(f'{MODULES[name].relative_to(PACKAGE)}:{line} ({part}) imports {module} '
                      f'({other})')
   assert not wrong, '\n'.join(wrong)
 
 
-def test_the_room_table_has_no_cycle():
+def test_no_module_imports_the_package_root():
+  """`import flax_dp_trainer.X` runs the root's `__init__`, which imports nothing (its names
+  load lazily); a module that imported the root's names would undo that."""
+  wrong = [f'{MODULES[name].relative_to(PACKAGE)}:{line}' for name in MODULES
+           for module, line, _ in _imports(name) if module == ROOT]
+  assert not wrong, wrong
+  root = ast.parse(MODULES[ROOT].read_text(encoding='utf-8'))
+  assert [node for node in root.body if isinstance(node, (ast.Import, ast.ImportFrom))
+          and not (isinstance(node, ast.Import) and node.names[0].name == 'importlib')] == []
+
+
+def test_the_part_table_has_no_cycle():
   done, visiting = set(), set()
 
-  def visit(room):
-    assert room not in visiting, f'a cycle through {room}'
-    if room not in done:
-      visiting.add(room)
-      for other in ROOM_IMPORTS[room]:
+  def visit(part):
+    assert part not in visiting, f'a cycle through {part}'
+    if part not in done:
+      visiting.add(part)
+      for other in PART_IMPORTS[part]:
         visit(other)
-      visiting.discard(room)
-      done.add(room)
+      visiting.discard(part)
+      done.add(part)
 
-  for room in ROOM_IMPORTS:
-    visit(room)
+  assert set(PART_IMPORTS) == set(PARTS)
+  for part in PART_IMPORTS:
+    visit(part)
 
 
 def test_module_level_imports_form_no_cycle():
@@ -180,7 +187,7 @@ def test_the_data_room_imports_jax_only_inside_functions():
   wrong = []
   for name, path in MODULES.items():
     if name.startswith('flax_dp_trainer.data'):
-      wrong += [f'{path.relative_to(REPO)}:{line} imports {module}'
+      wrong += [f'{path.relative_to(PACKAGE)}:{line} imports {module}'
                 for module, line, nested in _imports(name) + _foreign_imports(path)
                 if not nested and (module.split('.')[0] == 'jax' or module == 'flax_dp_trainer.multihost')]
   assert not wrong, '\n'.join(wrong)
@@ -212,7 +219,7 @@ def test_every_import_inside_a_function_says_why():
         row -= 1
         said = bool(comments.get(row))
       if not said:
-        silent.append(f'{path.relative_to(REPO)}:{line}: {lines[line - 1].strip()}')
+        silent.append(f'{path.relative_to(PACKAGE)}:{line}: {lines[line - 1].strip()}')
   assert not silent, '\n'.join(silent)
 
 
@@ -228,7 +235,7 @@ def _foreign_imports(path: pathlib.Path) -> list[tuple[str, int, bool]]:
         modules = ([a.name for a in child.names] if isinstance(child, ast.Import) else
                    [child.module or ''])
         found.extend((m, child.lineno, nested) for m in modules
-                     if m.split('.')[0] not in PACKAGES)
+                     if m.split('.')[0] != ROOT)
       visit(child, inner)
 
   visit(ast.parse(path.read_text(encoding='utf-8')), False)
@@ -242,4 +249,4 @@ def test_launch_scripts_start_only_the_entry_point():
     if path.suffix in ('.sh', '.sbatch'):
       started |= set(re.findall(r'python3?"?\s+-m\s+([\w.]+)', path.read_text()))
       started |= set(re.findall(r'\$python"?\s+-m\s+([\w.]+)', path.read_text()))
-  assert started - {'pip'} == {'flax_dp_trainer.main'}
+  assert started - {'pip'} == {ROOT}

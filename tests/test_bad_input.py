@@ -230,37 +230,40 @@ def test_cli_prints_one_line_and_exits_nonzero(tmp_path, tfds_data_dir, args, me
 
 # Mistakes on the command lines of every entry point: one line, no traceback, nothing written.
 COMMAND_LINE_MISTAKES = [
-    (['flax_dp_trainer.main', '--config=nonexistent', '--workdir={workdir}'],
-     "error: --config=nonexistent cannot be loaded ([Errno 2] No such file or "
-     "directory: 'configs/nonexistent.py'); give a config file, e.g. "
-     '--config=default'),
-    (['flax_dp_trainer.main', '--config=default', '--workdir={workdir}',
+    (['flax_dp_trainer', '--config=configs/nonexistent.py', '--workdir={workdir}'],
+     "error: --config=configs/nonexistent.py cannot be loaded ([Errno 2] No such file or "
+     "directory: 'configs/nonexistent.py'); give a shipped config by name (--list=configs "
+     'names them), e.g. --config=default, or the path of a config file'),
+    (['flax_dp_trainer', '--config=defualt', '--workdir={workdir}'],
+     "error: flag --config=defualt: no shipped config is named 'defualt' (they are: "
+     'cifar10_resnet18, default, '),
+    (['flax_dp_trainer', '--config=default', '--workdir={workdir}',
       '--config.batch_sise=64'],
      "error: --config.batch_sise: the config has no field 'batch_sise'; did you mean "
      '"batch_size"'),
-    (['flax_dp_trainer.main', '--config=default', '--workdir={workdir}',
+    (['flax_dp_trainer', '--config=default', '--workdir={workdir}',
       '--config.batch_size=big'],
      "error: flag --config.batch_size=big: invalid literal for int() with base 10: 'big'"),
-    (['flax_dp_trainer.main', '--config=default', '--workdir={workdir}',
+    (['flax_dp_trainer', '--config=default', '--workdir={workdir}',
       '--config.model_kwargs.depth=3'],
      "error: --config.model_kwargs.depth: model_kwargs has no key 'depth'; the command line "
      'overrides the keys a config file sets: set it there first'),
-    (['flax_dp_trainer.main', '--config=default', '--workdir={workdir}', '--cpu_devices=2',
+    (['flax_dp_trainer', '--config=default', '--workdir={workdir}', '--cpu_devices=2',
       '--config.model=my_models.no_such:Net'],
      "error: model='my_models.no_such:Net': module 'my_models.no_such' does not import "
      "(ModuleNotFoundError: No module named 'my_models'); it is looked for in the working "
      'directory'),
-    (['flax_dp_trainer.main', '--config=default', '--workdir={workdir}',
+    (['flax_dp_trainer', '--config=default', '--workdir={workdir}',
       '--config.imports=my_data.builders'],
      "error: imports='my_data.builders': module 'my_data.builders' does not import "
      "(ModuleNotFoundError: No module named 'my_data'); it is looked for in the working "
      'directory'),
-    (['flax_dp_trainer.main', '--config=default', '--workdir={workdir}', '--epochs=3'],
+    (['flax_dp_trainer', '--config=default', '--workdir={workdir}', '--epochs=3'],
      "error: Unknown command line flag 'epochs'"),
-    (['flax_dp_trainer.main', '--config=default', '{workdir}'],
+    (['flax_dp_trainer', '--config=default', '{workdir}'],
      'error: unexpected arguments: {workdir} (flags are --NAME=VALUE; see --helpshort)'),
-    (['flax_dp_trainer.main', '--config=default'], 'error: --workdir is required: '),
-    (['flax_dp_trainer.main', '--config=default', '--workdir={workdir}', 'steps=5'],
+    (['flax_dp_trainer', '--config=default'], 'error: --workdir is required: '),
+    (['flax_dp_trainer', '--config=default', '--workdir={workdir}', 'steps=5'],
      'error: unexpected arguments: steps=5 (flags are --NAME=VALUE; see --helpshort)'),
     (['flax_dp_trainer.tools.compare', '--config=default', '--workdir={workdir}',
       '--config.nonexistent=1'], "error: --config.nonexistent: the config has no field"),
@@ -303,7 +306,7 @@ def test_a_users_config_file_that_fails_is_answered_in_one_line(tmp_path, body, 
   """A bug in a user's own config file (a missing import, a misspelt field) is named with
   its line, not shown as a traceback through absl and ml_collections."""
   (tmp_path / 'my_config.py').write_text(
-      'from configs import default\n\n\ndef get_config():\n  config = default.get_config()\n'
+      'from flax_dp_trainer.configs import default\n\n\ndef get_config():\n  config = default.get_config()\n'
       f'{body}  return config\n')
   result = subprocess.run(
       [sys.executable, '-m', 'flax_dp_trainer', '--config=my_config.py',

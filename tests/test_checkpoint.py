@@ -366,7 +366,7 @@ def test_init_from_a_torchvision_state_dict_fine_tunes_with_a_new_head(config, t
   digits run (10 classes, greyscale): every array but the classifier's is the file's, the
   first convolution summed over its colour channels; the head is new."""
   torch.manual_seed(0)
-  source = torch_zoo.get('resnet_tiny', input_shape=(8, 8, 3), num_classes=7)
+  source = torch_models.get('resnet_tiny', input_shape=(8, 8, 3), num_classes=7)
   with torch.no_grad():
     for norm in (m for m in source.modules() if isinstance(m, torch.nn.BatchNorm2d)):
       norm.weight.uniform_(0.5, 1.5)

@@ -1,24 +1,21 @@
 """Durations in steps or epochs: the command line wins over the config file, and says so."""
 
 import logging
-import os
 
 import pytest
 from absl import flags
-from ml_collections import config_flags
 
 from flax_dp_trainer import checks
+from flax_dp_trainer import cli
 from flax_dp_trainer import optim
 from flax_dp_trainer.errors import UserError
-from tests import REPO
 
 
-def _flag(config_file, *args):
-  """The config flag as src/flax_dp_trainer/main.py parses it, with `args` on the command line."""
-  argv = ['prog', f'--config={os.path.join(REPO, "configs", config_file)}', *args]
+def _flag(config_name, *args):
+  """The config flag as the entry point parses it, with `args` on the command line."""
+  argv = ['prog', f'--config={config_name}', *args]
   flag_values = flags.FlagValues()
-  config_flags.DEFINE_config_file('config', None, 'Training config file.',
-                                  flag_values=flag_values, lock_config=True, sys_argv=argv)
+  cli.define_config('Training config.', flag_values=flag_values, sys_argv=argv)
   flag_values(argv)
   return flag_values['config']
 
@@ -32,7 +29,7 @@ def _config(caplog, config_file, *args):
 
 def test_steps_on_the_command_line_clear_the_file_s_epochs(caplog):
   """configs/cifar10_resnet18.py counts 200 epochs; --config.num_train_steps=4 trains 4."""
-  config, log = _config(caplog, 'cifar10_resnet18.py', '--config.num_train_steps=4',
+  config, log = _config(caplog, 'cifar10_resnet18', '--config.num_train_steps=4',
                         '--config.warmup_steps=1')
   assert (config.num_train_steps, config.num_epochs) == (4, -1)
   assert (config.warmup_steps, config.warmup_epochs) == (1, -1)
@@ -44,7 +41,7 @@ def test_steps_on_the_command_line_clear_the_file_s_epochs(caplog):
 
 def test_epochs_on_the_command_line_clear_the_file_s_steps(caplog):
   """configs/default.py counts 500 steps; --config.num_epochs=2 trains two epochs."""
-  config, log = _config(caplog, 'default.py', '--config.num_epochs=2',
+  config, log = _config(caplog, 'default', '--config.num_epochs=2',
                         '--config.warmup_epochs=0.5')
   assert (config.num_train_steps, config.num_epochs) == (-1, 2.0)
   assert (config.warmup_steps, config.warmup_epochs) == (-1, 0.5)
@@ -55,24 +52,24 @@ def test_epochs_on_the_command_line_clear_the_file_s_steps(caplog):
 
 
 def test_a_field_the_file_uses_already_changes_nothing_else(caplog):
-  config, log = _config(caplog, 'cifar10_resnet18.py', '--config.num_epochs=3')
+  config, log = _config(caplog, 'cifar10_resnet18', '--config.num_epochs=3')
   assert (config.num_train_steps, config.num_epochs) == (-1, 3.0)
   assert 'cleared' not in log
 
 
 def test_both_fields_on_the_command_line_are_refused():
-  flag = _flag('default.py', '--config.num_train_steps=4', '--config.num_epochs=2')
+  flag = _flag('default', '--config.num_train_steps=4', '--config.num_epochs=2')
   config = checks.command_line_config(flag)
   with pytest.raises(UserError, match=r'num_train_steps=4 and num_epochs=2.0 are both set'):
     checks.check_config(config, process_count=1, local_device_count=8)
 
 
 def test_a_field_the_optimizer_does_not_read_is_refused():
-  flag = _flag('default.py', '--config.optimizer=adamw', '--config.momentum=0.8')
+  flag = _flag('default', '--config.optimizer=adamw', '--config.momentum=0.8')
   with pytest.raises(UserError) as error:
     checks.command_line_config(flag)
   assert str(error.value) == (
       "momentum=0.8 has no effect with optimizer='adamw' (only sgd, lars read it); drop "
       '--config.momentum or pass --config.optimizer=sgd')
   # From the config file it is no one's choice: the default's SGD momentum stays quietly.
-  checks.command_line_config(_flag('default.py', '--config.optimizer=adamw'))
+  checks.command_line_config(_flag('default', '--config.optimizer=adamw'))

@@ -41,7 +41,7 @@ SHORT_RUN = ('--config.num_train_steps=20', '--config.warmup_steps=2',
              '--config.log_every_steps=10')
 SHORTENED_FIELDS = ('num_train_steps', 'num_epochs', 'warmup_steps', 'warmup_epochs',
                     'log_every_steps')
-SHORTENED_MODULES = ('flax_dp_trainer.main', 'flax_dp_trainer.tools.compare', 'flax_dp_trainer.torch_ddp')
+SHORTENED_MODULES = ('flax_dp_trainer', 'flax_dp_trainer.tools.compare', 'flax_dp_trainer.torch_ddp')
 # flax_dp_trainer.tools.compare times the log windows after its first steps (50 by default): a few, here.
 SHORT_COMPARE = ('--timing_warmup_steps=5',)
 LANGUAGES = {'sh': 'bash', 'bash': 'bash', 'python': 'python'}

@@ -152,7 +152,7 @@ def _processes_with_args(*needles):
         cmdline = f.read().decode(errors='replace').split('\0')
     except OSError:
       continue
-    if 'flax_dp_trainer.main' in cmdline and all(any(n in arg for arg in cmdline) for n in needles):
+    if 'flax_dp_trainer' in cmdline and all(any(n in arg for arg in cmdline) for n in needles):
       found.append(int(pid))
   return found
 

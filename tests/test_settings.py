@@ -2,7 +2,6 @@
 --help and a mistake in the config answer with TensorFlow and torch unimportable and no JAX
 backend startable, from the trainer, flax_dp_trainer.tools.compare, flax_dp_trainer.tools.benchmark and the DDP twin."""
 
-import glob
 import os
 import re
 import subprocess
@@ -10,6 +9,7 @@ import sys
 
 import pytest
 
+from flax_dp_trainer import configs
 from flax_dp_trainer import zoo
 from flax_dp_trainer.configs import default
 from flax_dp_trainer.runs import processes
@@ -34,7 +34,7 @@ def no_tensorflow(tmp_path_factory):
   return _hiding(tmp_path_factory.mktemp('hidden'), ('tensorflow', 'torch'))
 
 
-def _main(env, *args, module='flax_dp_trainer.main'):
+def _main(env, *args, module='flax_dp_trainer'):
   run = subprocess.run([sys.executable, '-m', module, *args], cwd=REPO,
                        env=env, capture_output=True, text=True, timeout=120, check=False)
   assert 'Traceback' not in run.stderr, run.stderr[-3000:]
@@ -89,10 +89,11 @@ def test_listings(no_tensorflow):
                    r'\(0.247, 0.2435, 0.2616\); augment crop_flip$', datasets, re.M)
   assert re.search(r'^digits\s+.*; shipped \(offline\)$', datasets, re.M)
   assert all(f'\n{way}' in datasets for way in ('NAME ', 'folder:/PATH ', 'npz:/PATH '))
-  configs = _main(no_tensorflow, '--list=configs').stdout.splitlines()
-  assert [line.split()[0] for line in configs] == sorted(
-      f'configs/{os.path.basename(p)}' for p in glob.glob(
-          os.path.join(REPO, 'configs', '[!_]*.py')))
+  listed = _main(no_tensorflow, '--list=configs').stdout.splitlines()
+  shipped = sorted(name[:-len('.py')] for name in os.listdir(configs.DIRECTORY)
+                   if name.endswith('.py') and name != '__init__.py')
+  assert [line.split()[0] for line in listed] == [*shipped, 'PATH.py']
+  assert 'default' in shipped and 'imagenet_resnet50' in shipped
 
 
 # The fast tier asks each program once or twice; the slow one asks the rest.
@@ -100,13 +101,13 @@ SLOW = pytest.mark.slow
 
 
 @pytest.mark.parametrize('module,args,line', [
-    ('flax_dp_trainer.main', ['--config=default', '--workdir={tmp}', '--config.model=resnet9'],
+    ('flax_dp_trainer', ['--config=default', '--workdir={tmp}', '--config.model=resnet9'],
      "error: model='resnet9' is unknown; choose one of: cnn, mlp"),
-    pytest.param('flax_dp_trainer.main', ['--config=default', '--workdir={tmp}',
+    pytest.param('flax_dp_trainer', ['--config=default', '--workdir={tmp}',
                                   '--config.state_sharding=full'],
                  "error: state_sharding='full' needs the shard_map step", marks=SLOW),
-    ('flax_dp_trainer.main', ['--config=default'], 'error: --workdir is required'),
-    ('flax_dp_trainer.main', ['--helpshort'], '--[no]show_config: Print every field of --config'),
+    ('flax_dp_trainer', ['--config=default'], 'error: --workdir is required'),
+    ('flax_dp_trainer', ['--helpshort'], '--[no]show_config: Print every field of --config'),
     pytest.param('flax_dp_trainer.tools.compare', ['--helpshort'], '--target_accuracy: Eval accuracy',
                  marks=SLOW),
     pytest.param('flax_dp_trainer.tools.compare', ['--config=default', '--workdir={tmp}',

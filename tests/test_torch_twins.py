@@ -38,7 +38,7 @@ def _flax_and_torch(name, shape, seed=0):
   """A flax model with random variables, and the baseline's torch model holding them."""
   flax_model = zoo.get(name, num_classes=10)
   variables = helpers.random_variables(flax_model, shape, seed)
-  torch_model = torch_zoo.get(name, input_shape=shape, num_classes=10)
+  torch_model = torch_models.get(name, input_shape=shape, num_classes=10)
   assert (sum(p.numel() for p in torch_model.parameters()) ==
           sum(x.size for x in jax.tree.leaves(variables['params'])))
   torch_models.load_flax_variables(torch_model, flax_model, variables)
@@ -75,7 +75,7 @@ def test_every_torch_model_has_the_flax_models_parameters():
     zeros = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), dict(abstract))
     expected = {k: tuple(v.shape) for k, v in
                 torch_weights.to_state_dict(flax_model, zeros).items()}
-    got = {k: tuple(v.shape) for k, v in torch_zoo.get(
+    got = {k: tuple(v.shape) for k, v in torch_models.get(
         name, input_shape=shape, num_classes=10).state_dict().items()}
     assert got == expected, name
 
@@ -207,9 +207,9 @@ def test_batchnorm_training_mode_matches(name):
 def test_unknown_models_are_refused():
   with pytest.raises(KeyError, match="model='vit_h14' has no PyTorch model; the baseline has: "
                                      "cnn, mlp, resnet101"):
-    torch_zoo.get('vit_h14')
+    torch_models.get('vit_h14')
   with pytest.raises(ValueError, match="dropout_rate=0.1: torchvision's ResNet has no dropout"):
-    torch_zoo.get('resnet18', input_shape=(32, 32, 3), num_classes=10, dropout_rate=0.1)
+    torch_models.get('resnet18', input_shape=(32, 32, 3), num_classes=10, dropout_rate=0.1)
 
 
 # Each loss's optax reference: per-example loss of logits against dense targets.

@@ -44,11 +44,15 @@ class _ConfigParser(flags.ArgumentParser):
     return self._files.flag_type()
 
 
-def define_config(help_string: str, name: str = 'config') -> None:
+def define_config(help_string: str, name: str = 'config',
+                  flag_values: flags.FlagValues = flags.FLAGS,
+                  sys_argv: Optional[list[str]] = None) -> None:
   """ml_collections' config-file flag (`--config=FILE`, locked, `--config.FIELD=VALUE`
-  overrides), which also takes a shipped config by name (`--config=default`)."""
-  config_flags.DEFINE_config_file(name, None, help_string, lock_config=True)
-  flags.FLAGS[name].parser = _ConfigParser(flags.FLAGS[name].parser)
+  overrides), which also takes a shipped config by name (`--config=default`). `flag_values`
+  and `sys_argv` as `config_flags.DEFINE_config_file` takes them."""
+  config_flags.DEFINE_config_file(name, None, help_string, flag_values=flag_values,
+                                  lock_config=True, sys_argv=sys_argv)
+  flag_values[name].parser = _ConfigParser(flag_values[name].parser)
 
 
 def config_path(name: str = 'config') -> str:

@@ -21,7 +21,7 @@ from flax_dp_trainer.errors import UserError
 FLAGS = flags.FLAGS
 
 
-def _define_flags() -> None:
+def define_flags() -> None:
   """The command line's flags (defined when run, so that importing this module defines none)."""
   flags.DEFINE_string('workdir', None, 'Directory for checkpoints, event files and '
                       'metrics.jsonl.')
@@ -49,9 +49,3 @@ def main(argv):
   from flax_dp_trainer.torch_ddp import train  # (start-up: a bad config is refused before it loads)
   train.run(config, FLAGS.workdir, FLAGS.parity, FLAGS.init_weights, FLAGS.channels_last,
             FLAGS.torch_compile, FLAGS.threads)
-
-
-def run():
-  """`python -m flax_dp_trainer.torch_ddp`."""
-  _define_flags()
-  cli.run(main)
