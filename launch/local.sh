@@ -13,10 +13,10 @@
 # change directory), with your environment as it is (PYTHONPATH included; set PYTHON to choose
 # the interpreter). `python -m` looks in that directory first, then on PYTHONPATH, so your own
 # model (--config.model=pkg.module:Name) imports if pkg/ or module.py is in the directory you
-# run from, or its folder is on PYTHONPATH; the trainer must import from there too (installed,
-# pip install -e ., or run from the repository root):
+# run from, or its folder is on PYTHONPATH; the trainer is the installed flax_dp_trainer
+# (pip install flax-dp-trainer, or pip install -e . in the checkout):
 #
-#   cd ~/src && ~/trainer/launch/local.sh -- --config=$HOME/trainer/configs/default.py \
+#   cd ~/src && ~/trainer/launch/local.sh -- --config=default \
 #       --workdir=/tmp/mine --config.model=my_models.net:Net   # ~/src/my_models/net.py
 set -u -o pipefail
 

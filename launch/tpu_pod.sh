@@ -13,8 +13,9 @@
 # files or folders, comma-separated, with --extra_files. Each is copied, under its own name,
 # into ~/trainer_extra on every worker (one archive, gcloud ... scp --worker=all), and that
 # folder is put first on PYTHONPATH for the trainer. (`python -m` looks in its working
-# directory, the checkout ~/trainer, before PYTHONPATH: a module named like one of the
-# repository's own, e.g. trainer or models, is hidden.) A folder arrives whole, with its name:
+# directory, the checkout ~/trainer, before PYTHONPATH: a package of yours named `tests`, like
+# the checkout's own folder, is hidden; the trainer itself is the installed flax_dp_trainer.)
+# A folder arrives whole, with its name:
 #
 #   launch/tpu_pod.sh --name=mine --zone=us-central2-b --accelerator_type=v4-8 \
 #       --config=default --workdir=gs://BUCKET/mine \

@@ -9,11 +9,12 @@ block runs when its info string says so (docs/tests.md, "Runnable blocks"):
   ```python run          run as a script
   ```python file=PATH    not run: written to PATH before the page's blocks run
 
-Every block runs from the repository root, as a reader who cloned it would, with `/tmp` in its
-text standing for a directory of the test's own and `/path/to/flax-dp-trainer` for the
-repository. `python` there is a wrapper that shortens trainings: a command of `flax_dp_trainer.main`,
-`flax_dp_trainer.tools.compare` or `flax_dp_trainer.torch_ddp` with a `--config` file gets SHORT_RUN in place
-of its own durations (and `flax_dp_trainer.tools.compare` SHORT_COMPARE).
+Every block runs in a scratch folder of the test's own, not the checkout: a reader who installed
+the package runs it from any folder. `/tmp` in its text stands for that folder, and
+`/path/to/flax-dp-trainer` for the checkout (the launchers in `launch/` live there). `python`
+there is a wrapper that shortens trainings: a command of `flax_dp_trainer`,
+`flax_dp_trainer.tools.compare` or `flax_dp_trainer.torch_ddp` with a `--config` gets
+SHORT_RUN in place of its own durations (and `flax_dp_trainer.tools.compare` SHORT_COMPARE).
 """
 
 import dataclasses
@@ -41,8 +42,9 @@ SHORT_RUN = ('--config.num_train_steps=20', '--config.warmup_steps=2',
              '--config.log_every_steps=10')
 SHORTENED_FIELDS = ('num_train_steps', 'num_epochs', 'warmup_steps', 'warmup_epochs',
                     'log_every_steps')
-SHORTENED_MODULES = ('flax_dp_trainer', 'flax_dp_trainer.tools.compare', 'flax_dp_trainer.torch_ddp')
-# flax_dp_trainer.tools.compare times the log windows after its first steps (50 by default): a few, here.
+SHORTENED_MODULES = ('flax_dp_trainer', 'flax_dp_trainer.tools.compare',
+                     'flax_dp_trainer.torch_ddp')
+# tools.compare times the log windows after its first steps (50 by default): a few, here.
 SHORT_COMPARE = ('--timing_warmup_steps=5',)
 LANGUAGES = {'sh': 'bash', 'bash': 'bash', 'python': 'python'}
 BLOCK_TIMEOUT_S = 300
@@ -163,12 +165,13 @@ exec "$real" "${{args[@]}}" {' '.join(SHORT_RUN)}
 
 @pytest.fixture(scope='module')
 def block_environment(tmp_path_factory, tfds_data_dir):
-  """The environment of a reader's shell: the repository importable, the wrapper first on PATH,
-  and the session's TFDS data dir (digits is prepared there once)."""
+  """The environment of a reader's shell: the installed package (nothing of the checkout on
+  PYTHONPATH), the wrapper first on PATH, and the session's TFDS data dir (digits is prepared
+  there once)."""
   bin_dir = _write_python_wrapper(tmp_path_factory.mktemp('docs-bin'))
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2', TFDS_DATA_DIR=tfds_data_dir)
   env['PATH'] = os.pathsep.join([bin_dir, env.get('PATH', '')])
-  env['PYTHONPATH'] = os.pathsep.join([REPO] + [p for p in [env.get('PYTHONPATH')] if p])
+  env.pop('PYTHONPATH', None)
   return env
 
 
@@ -193,7 +196,7 @@ def _run_block(block: Block, scratch: str, env: dict) -> None:
     command = ['bash', '-e', '-o', 'pipefail', '-c', text]
   # A session of its own, so that a timeout stops what the block started too.
   start = time.monotonic()
-  process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
+  process = subprocess.Popen(command, cwd=scratch, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
   try:
     output, _ = process.communicate(timeout=BLOCK_TIMEOUT_S)
@@ -277,8 +280,8 @@ def test_the_collector_reads_fences_and_their_words(monkeypatch):
       'cd /S && ls /S/a "/S" /tmpx /x/tmp/y')
   # A checkout under /tmp (as CI's may be) keeps its path.
   monkeypatch.setattr(sys.modules[__name__], 'REPO', '/tmp/ci/repo')
-  assert localize('--config=/path/to/flax-dp-src/flax_dp_trainer/c.py --workdir=/tmp/w', '/S') == (
-      '--config=/tmp/ci/repo/c.py --workdir=/S/w')
+  assert localize('/path/to/flax-dp-trainer/launch/local.sh --workdir=/tmp/w', '/S') == (
+      '/tmp/ci/repo/launch/local.sh --workdir=/S/w')
 
 
 def test_the_short_run_replaces_a_commands_durations(tmp_path):
@@ -375,5 +378,5 @@ def test_the_slugs_are_githubs():
           '```\n# not a heading\n```\n'
           '## Notes\n## Notes\n')
   assert anchors(text) == {
-      'resume-preemption-and-fine-tuning', 'what-fits-scriptsbench_sharding',
+      'resume-preemption-and-fine-tuning', 'what-fits-flax_dp_trainertoolsbench_sharding',
       'the-input-pipeline-against-torchvisions-dataloader-current', 'notes', 'notes-1'}
