@@ -115,21 +115,30 @@ def test_smoke_run_writes_every_key(tmp_path, tfds_data_dir):
 
 
 @pytest.mark.slow
-def test_bare_step_parts_run_without_tensorflow(tmp_path):
-  """`--parts=limit,ddp_limit` on a host without TensorFlow or TFDS (a GPU box): packages of
-  those names that fail on import stand first on every subprocess's path; the dataset's spec
-  comes from the dataset_spec.json a run wrote."""
+@pytest.mark.parametrize('tfds_there', [False, True], ids=['no_tfds', 'tfds_without_tensorflow'])
+def test_bare_step_parts_run_without_tensorflow(tmp_path, tfds_there):
+  """`--parts=limit,ddp_limit` on a host without TensorFlow (a GPU box). Without TFDS either,
+  packages of those names that fail on import stand first on every subprocess's path, and the
+  dataset's spec comes from the dataset_spec.json a run wrote. With TFDS, TensorFlow is made
+  unimportable as `sys.modules` does it (a sitecustomize on the path), which leaves TFDS
+  without `tfds.core`: `digits`, shipped, needs neither."""
   hidden = tmp_path / 'hidden'
-  for name in ('tensorflow', 'tensorflow_datasets'):
-    (hidden / name).mkdir(parents=True)
-    (hidden / name / '__init__.py').write_text(
-        f'raise ModuleNotFoundError("No module named {name!r} (hidden)", name={name!r})\n')
+  hidden.mkdir()
+  if tfds_there:
+    (hidden / 'sitecustomize.py').write_text("import sys\nsys.modules['tensorflow'] = None\n")
+  else:
+    for name in ('tensorflow', 'tensorflow_datasets'):
+      (hidden / name).mkdir()
+      (hidden / name / '__init__.py').write_text(
+          f'raise ModuleNotFoundError("No module named {name!r} (hidden)", name={name!r})\n')
   out = tmp_path / 'bench.json'
   recorded = tmp_path / specs.SPEC_FILE
   recorded.write_text(json.dumps(specs.to_json(specs.spec('digits'))))
+  given = ([f'--config.tfds_data_dir={tmp_path / "tfds"}'] if tfds_there else
+           [f'--config.dataset_spec={recorded}'])
   run = subprocess.run(
-      [sys.executable, '-m', 'flax_dp_trainer.tools.benchmark', '--config=default',
-       f'--config.dataset_spec={recorded}', f'--json={out}', '--parts=limit,ddp_limit',
+      [sys.executable, '-m', 'flax_dp_trainer.tools.benchmark', '--config=default', *given,
+       f'--json={out}', '--parts=limit,ddp_limit',
        '--steps=10', '--timing_warmup_steps=1',
        '--jax_devices=2', '--ddp_ranks=1', '--config.dtype=bfloat16', '--config.batch_size=16'],
       cwd=REPO, env=processes.environment(PYTHONPATH=str(hidden)),

@@ -68,6 +68,18 @@ def test_show_config_prints_every_field_value_and_comment(no_tensorflow):
                                'per micro-batch.]')
 
 
+def test_the_shipped_dataset_is_described_where_tensorflow_does_not_import(tmp_path):
+  """TensorFlow made unimportable as `sys.modules` does it leaves TFDS without `tfds.core`;
+  `digits`, shipped, is described from its own facts all the same."""
+  (tmp_path / 'sitecustomize.py').write_text("import sys\nsys.modules['tensorflow'] = None\n")
+  env = processes.environment(PYTHONPATH=str(tmp_path), JAX_PLATFORMS='no_such_platform')
+  run = _main(env, '--config=default', '--show_config')
+  assert run.returncode == 0, run.stderr
+  assert run.stdout.splitlines()[-1] == (
+      "# dataset 'digits': 10 classes, images 8x8x1; augment 'none'; normalized with mean "
+      "(0.0,), std (1.0,); splits as it prepares them (offline)")
+
+
 def test_a_host_without_tfds_is_told_how_to_describe_a_dataset(tmp_path):
   """Without tensorflow_datasets, a TFDS dataset's line says what to install or to give."""
   env = _hiding(tmp_path, ('tensorflow', 'tensorflow_datasets', 'torch'))

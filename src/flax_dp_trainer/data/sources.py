@@ -110,7 +110,8 @@ def get_builder(config, ds_spec: Optional[specs.DatasetSpec] = None, *,
   data_dir = config.tfds_data_dir or None
   if ds_spec.shipped:
     # Importing the module registers the builder under its name: here, where it is read.
-    import flax_dp_trainer.data.datasets.digits  # pylint: disable=unused-import,import-outside-toplevel
+    # pylint: disable-next=unused-import,import-outside-toplevel
+    import flax_dp_trainer.data.datasets.digits.digits  # (start-up: TFDS's builder code)
 
   def make_builder(**kwargs):
     # A builder reads the data dir's metadata when made: make it again once data is there.

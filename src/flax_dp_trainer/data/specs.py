@@ -17,6 +17,7 @@ from typing import Optional
 
 from flax_dp_trainer.data import arrays as arrays_lib
 from flax_dp_trainer.data import folder as folder_lib
+from flax_dp_trainer.data.datasets.digits import source as digits_source
 from flax_dp_trainer.errors import UserError, first_line
 
 # What a training example goes through besides RandAugment and erasing (`preprocess.py`):
@@ -193,7 +194,20 @@ def spec(name: str) -> DatasetSpec:
     return _folder_spec(name)
   if arrays_lib.is_arrays(name):
     return _arrays_spec(name)
+  if name.partition(':')[0] in SHIPPED:
+    return _shipped_spec(name)
   return _tfds_spec(name)
+
+
+def _shipped_spec(name: str) -> DatasetSpec:
+  """The spec of a dataset that ships with the trainer, from its source's facts: neither TFDS
+  nor TensorFlow is imported (the bare step runs on `digits` where neither is installed)."""
+  known = KNOWN[name.partition(':')[0]]
+  return DatasetSpec(
+      name, num_classes=digits_source.NUM_CLASSES, channels=digits_source.SHAPE[-1],
+      image_shape=digits_source.SHAPE, num_train_examples=digits_source.NUM_TRAIN,
+      mean=known.mean, std=known.std, augment=known.augment or 'none', tfds_name=name,
+      shipped=True)
 
 
 def _arrays_spec(name: str) -> DatasetSpec:
@@ -232,9 +246,6 @@ def _tfds_spec(name: str) -> DatasetSpec:
                     '(TensorFlow is not needed), or give --config.dataset_spec=PATH, the '
                     f'{SPEC_FILE} a run of this dataset wrote in its workdir') from None
   base = name.partition(':')[0]
-  if base in SHIPPED:
-    # Importing the module registers the builder under its name: here, where it is read.
-    import flax_dp_trainer.data.datasets.digits  # pylint: disable=unused-import,import-outside-toplevel
   try:
     builder = tfds.builder(name)
   except Exception as e:  # pylint: disable=broad-except  # TFDS's errors for a bad name vary.
@@ -260,7 +271,7 @@ def _tfds_spec(name: str) -> DatasetSpec:
       image_shape=shape, num_train_examples=train, mean=known.mean or statistics['mean'],
       std=known.std or statistics['std'],
       augment=known.augment or ('none' if shape else 'inception'),
-      image_size=0 if shape else DEFAULT_IMAGE_SIZE, tfds_name=name, shipped=base in SHIPPED,
+      image_size=0 if shape else DEFAULT_IMAGE_SIZE, tfds_name=name,
       trainable='train' in splits or (not splits and not known.eval_only),
       image_key=image_key, label_key=label_key)
 
