@@ -47,7 +47,7 @@ PART_IMPORTS = {
     'devices': {'base', 'zoo'},
     'model': {'base', 'devices', 'zoo'},
     'step': {'base', 'devices', 'model', 'data', 'zoo'},
-    'checkpoint': {'base', 'zoo'},
+    'checkpoint': {'base', 'configs', 'zoo'},
     'loop': {'base', 'data', 'devices', 'model', 'step', 'checkpoint', 'zoo'},
     'entry': LIBRARY | {'loop'},
     'torch_ddp': LIBRARY | {'loop'},

@@ -28,10 +28,12 @@ import time
 from typing import Any, NamedTuple, Optional
 
 import jax
+import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
+from flax_dp_trainer.configs import default
 from flax_dp_trainer.zoo import layers
 from flax_dp_trainer.zoo import vit
 from flax_dp_trainer.errors import SaveFailed, UserError, first_line
@@ -130,8 +132,35 @@ class RunMeta:
                       'that wrote it, or pass a new --workdir')
     return cls(rng=np.asarray(saved['rng'], np.uint32), data_seed=int(saved['data_seed']),
                examples_seen=int(saved['examples_seen']), devices=saved['devices'],
-               processes=saved['processes'], config=saved['config'],
+               processes=saved['processes'], config=_current_names(saved['config']),
                window=saved.get('window'), dataset=saved.get('dataset'))
+
+  def full_config(self) -> ml_collections.ConfigDict:
+    """The config that wrote the checkpoint, every field there: a field added after it was
+    written takes the shipped default's value (what the run had, since it had no such
+    setting)."""
+    return ml_collections.ConfigDict({**default.get_config().to_dict(), **self.config})
+
+
+# Shipped modules by the names they had before the package was `flax_dp_trainer` (0.1.0,
+# CHANGELOG.md): a checkpoint's config that names a model by import path names them so.
+_RENAMED_MODULES = {
+    **{f'models.{name}': f'flax_dp_trainer.zoo.{name}'
+       for name in ('resnet', 'vit', 'simple', 'layers')},
+    'baselines.torch_ddp.models': 'flax_dp_trainer.torch_ddp.models',
+}
+
+
+def _current_names(config: dict) -> dict:
+  """`config` (as a checkpoint's meta saved it) with the import paths of shipped models in
+  `model` and `torch_model` under their current module names. A user's own module is kept as
+  it is, though it be named `models.mine`."""
+  renamed = dict(config)
+  for field in ('model', 'torch_model'):
+    module, colon, name = str(config.get(field, '')).partition(':')
+    if colon and module in _RENAMED_MODULES:
+      renamed[field] = f'{_RENAMED_MODULES[module]}:{name}'
+  return renamed
 
 
 def _handlers() -> dict:

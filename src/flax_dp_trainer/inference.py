@@ -116,7 +116,7 @@ def load(workdir: str, step: Optional[int] = None, *, model: Any = None) -> Trai
   could not record it (one defined in `__main__` or a notebook, or with fields that are not
   JSON); it must be the model that was trained."""
   step, meta = checkpoint.read_meta(workdir, step)
-  config = ml_collections.ConfigDict(meta.config)
+  config = meta.full_config()
   if model is None and config.model.startswith(modeling.OBJECT_PREFIX):
     raise UserError(f'the run in {workdir} trained a model given from Python as an object '
                     f'({config.model[len(modeling.OBJECT_PREFIX):]}), which its checkpoint '

@@ -1,0 +1,84 @@
+"""Runs written before the package became `flax_dp_trainer` (0.1.0) load, evaluate and resume
+after it: their checkpoints name shipped models by the module paths of then
+(`models.simple:CNN`), and their configs lack the fields added since. The run is
+tests/data/run_0.1.0 (its README says how 0.1.0 wrote it and what it computed)."""
+
+import os
+import shutil
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+import flax_dp_trainer as fdt
+from flax_dp_trainer import checkpoint
+from flax_dp_trainer.zoo import simple
+from tests import REPO
+
+DATA = os.path.join(REPO, 'tests', 'data', 'run_0.1.0')
+# The run's settings besides the default config's (tests/data/README.md).
+SETTINGS = dict(batch_size=16, eval_batch_size=64, num_train_steps=4, warmup_steps=1,
+                log_every_steps=2, eval_every_steps=4, checkpoint_every_steps=2,
+                keep_checkpoints=2)
+
+
+@pytest.fixture(scope='module')
+def reference():
+  return dict(np.load(os.path.join(DATA, 'reference.npz')))
+
+
+@pytest.fixture
+def old_run(tmp_path):
+  """A copy of the old run's workdir (the one in tests/data is never changed)."""
+  return str(shutil.copytree(os.path.join(DATA, 'run'), tmp_path / 'run'))
+
+
+def _config(config, steps=4):
+  config.update(**dict(SETTINGS, num_train_steps=steps))
+  config.model_kwargs = ml_collections.ConfigDict(dict(features=(4, 8), hidden_size=16))
+  return config
+
+
+def test_an_old_run_loads_and_predicts_as_it_did(old_run, reference):
+  trained = fdt.load(old_run)
+  assert trained.step == 4
+  assert trained.config.model == 'flax_dp_trainer.zoo.simple:CNN'
+  assert isinstance(trained.model, simple.CNN) and trained.model.features == [4, 8]
+  np.testing.assert_allclose(np.asarray(trained.logits(reference['images'])),
+                             reference['logits'], atol=1e-6)
+
+
+def test_an_old_run_evaluates_as_it_did(old_run, reference, config):
+  scalars = fdt.evaluate(_config(config), old_run, model=simple.CNN,
+                         devices=jax.devices()[:2])
+  assert scalars['eval_accuracy'] == pytest.approx(float(reference['eval_accuracy_4']), abs=1e-6)
+  assert scalars['eval_loss'] == pytest.approx(float(reference['eval_loss_4']), rel=1e-5)
+
+
+@pytest.mark.slow
+def test_an_old_run_resumes_as_it_would_have(old_run, reference, config):
+  fdt.fit(_config(config, steps=6), old_run, model=simple.CNN, devices=jax.devices()[:2])
+  resumed = fdt.load(old_run)
+  assert resumed.step == 6
+  np.testing.assert_allclose(np.asarray(resumed.logits(reference['images'])),
+                             reference['resumed_logits_6'], atol=1e-5)
+
+
+def test_old_module_paths_and_missing_fields():
+  """Shipped models' old paths map to the new ones, a user's own `models` package does not;
+  a field the saved config lacks takes the shipped default's value."""
+  step, meta = checkpoint.read_meta(os.path.join(DATA, 'run'))
+  saved = dict(meta.to_json(), config={
+      k: v for k, v in meta.config.items() if k != 'pos_embedding_resize'})
+  saved['config'].update(model='models.resnet:ResNet18',
+                         torch_model='baselines.torch_ddp.models:resnet_tiny')
+  restored = checkpoint.RunMeta.from_json(saved, step)
+  assert restored.config['model'] == 'flax_dp_trainer.zoo.resnet:ResNet18'
+  assert restored.config['torch_model'] == 'flax_dp_trainer.torch_ddp.models:resnet_tiny'
+  assert 'pos_embedding_resize' not in restored.config
+  assert restored.full_config().pos_embedding_resize == 'bicubic'
+  assert restored.full_config().batch_size == 16
+  mine = checkpoint.RunMeta.from_json(dict(saved, config=dict(saved['config'],
+                                                              model='models.mynet:Net')), step)
+  assert mine.config['model'] == 'models.mynet:Net'
