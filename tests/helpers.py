@@ -10,10 +10,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 import tensorflow_datasets as tfds
 
-from flax_dp_trainer.configs import default
 from flax_dp_trainer import checkpoint
 from flax_dp_trainer import parallel
 from flax_dp_trainer import step as step_lib
+from flax_dp_trainer.configs import default
 from flax_dp_trainer.data import sources
 
 

@@ -13,8 +13,8 @@ import jax
 from absl import app
 from absl import flags
 
-from tests import helpers
 from flax_dp_trainer import train
+from tests import helpers
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('coordinator_address', None, 'host:port of process 0.')

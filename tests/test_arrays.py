@@ -11,10 +11,6 @@ import pytest
 import tensorflow as tf
 
 import flax_dp_trainer as trainer
-from flax_dp_trainer.runs import processes
-from flax_dp_trainer.runs import run_metrics
-from tests import helpers
-from tests.test_datasets_by_name import _shapes
 from flax_dp_trainer import checkpoint
 from flax_dp_trainer import train
 from flax_dp_trainer.data import arrays
@@ -22,7 +18,11 @@ from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import sources
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.runs import processes
+from flax_dp_trainer.runs import run_metrics
+from tests import helpers
 from tests import REPO
+from tests.test_datasets_by_name import _shapes
 
 SHORT = dict(num_train_steps=30, warmup_steps=5, log_every_steps=10, eval_every_steps=30,
              checkpoint_every_steps=30, batch_size=16, eval_batch_size=16, learning_rate=0.02,

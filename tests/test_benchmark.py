@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from jax.experimental.compilation_cache import compilation_cache
 
-from flax_dp_trainer.tools import benchmark
-from flax_dp_trainer.runs import processes
 from flax_dp_trainer import train
 from flax_dp_trainer.data import specs
+from flax_dp_trainer.runs import processes
+from flax_dp_trainer.tools import benchmark
 from tests import REPO
 
 KEYS = ('limit_examples_per_sec', 'limit_pmap_examples_per_sec',

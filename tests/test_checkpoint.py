@@ -16,18 +16,18 @@ import torch
 import torchvision
 from tensorboard.backend.event_processing import plugin_event_accumulator
 
-from flax_dp_trainer import zoo
 import flax_dp_trainer as trainer
-from flax_dp_trainer.torch_ddp import models as torch_models
-from flax_dp_trainer.configs import default
-from flax_dp_trainer.zoo import torch_weights
-from flax_dp_trainer.runs import processes
-from flax_dp_trainer.runs import run_metrics
-from tests import helpers
 from flax_dp_trainer import checkpoint
 from flax_dp_trainer import train
 from flax_dp_trainer import writers
+from flax_dp_trainer import zoo
+from flax_dp_trainer.configs import default
 from flax_dp_trainer.errors import Diverged, UserError
+from flax_dp_trainer.runs import processes
+from flax_dp_trainer.runs import run_metrics
+from flax_dp_trainer.torch_ddp import models as torch_models
+from flax_dp_trainer.zoo import torch_weights
+from tests import helpers
 from tests import REPO
 
 

@@ -13,9 +13,9 @@ import matplotlib.image
 import pytest
 
 from flax_dp_trainer.configs import default
+from flax_dp_trainer.errors import UserError
 from flax_dp_trainer.runs import comparison
 from flax_dp_trainer.runs import processes
-from flax_dp_trainer.errors import UserError
 from tests import REPO
 
 STEPS = 200

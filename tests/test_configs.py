@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from flax_dp_trainer.runs import run_metrics
 from flax_dp_trainer import checks
+from flax_dp_trainer import configs
 from flax_dp_trainer import optim
 from flax_dp_trainer import train
-from flax_dp_trainer import configs
+from flax_dp_trainer.runs import run_metrics
 
 CONFIG_DIR = configs.DIRECTORY
 CONFIGS = sorted(glob.glob(os.path.join(CONFIG_DIR, '[!_]*.py')))

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from flax_dp_trainer.runs import processes
 from flax_dp_trainer import train
 from flax_dp_trainer.data import convert
 from flax_dp_trainer.data import damaged
@@ -22,6 +21,7 @@ from flax_dp_trainer.data import folder as folder_lib
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import stream
 from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.runs import processes
 from tests import REPO
 
 

@@ -17,9 +17,6 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 from PIL import Image
 
-from flax_dp_trainer.runs import processes
-from flax_dp_trainer.runs import run_metrics
-from tests import helpers
 import flax_dp_trainer
 from flax_dp_trainer import checkpoint
 from flax_dp_trainer import parallel
@@ -31,6 +28,9 @@ from flax_dp_trainer.data import sources
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data.datasets import digits
 from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.runs import processes
+from flax_dp_trainer.runs import run_metrics
+from tests import helpers
 from tests import REPO
 
 

@@ -14,12 +14,12 @@ import pytest
 import tensorflow_datasets as tfds
 
 import flax_dp_trainer as trainer
-from flax_dp_trainer.runs import processes
-from flax_dp_trainer.runs import run_metrics
 from flax_dp_trainer import checkpoint
 from flax_dp_trainer import train
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.runs import processes
+from flax_dp_trainer.runs import run_metrics
 from tests import REPO
 
 # Three datasets the table does not list: a fixed-size RGB one, one of varying sizes, one

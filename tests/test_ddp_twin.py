@@ -10,13 +10,13 @@ import time
 import pytest
 import torch
 
-from flax_dp_trainer.torch_ddp import models as torch_models
-from flax_dp_trainer.torch_ddp import train as ddp_train
-from flax_dp_trainer.runs import processes
-from flax_dp_trainer.runs import run_metrics
-from tests import helpers
 from flax_dp_trainer import writers
 from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.runs import processes
+from flax_dp_trainer.runs import run_metrics
+from flax_dp_trainer.torch_ddp import models as torch_models
+from flax_dp_trainer.torch_ddp import train as ddp_train
+from tests import helpers
 from tests import REPO
 
 STEPS = 200

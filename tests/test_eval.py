@@ -8,8 +8,6 @@ import optax
 import pytest
 import tensorflow_datasets as tfds
 
-from flax_dp_trainer import zoo
-from tests import helpers
 from flax_dp_trainer import checkpoint
 from flax_dp_trainer import metrics
 from flax_dp_trainer import parallel
@@ -17,8 +15,10 @@ from flax_dp_trainer import state as state_lib
 from flax_dp_trainer import step as step_lib
 from flax_dp_trainer import train
 from flax_dp_trainer import writers
+from flax_dp_trainer import zoo
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import sources
+from tests import helpers
 
 EVAL_BATCH = 48  # 360 test examples = 7.5 batches: the last batch is padded.
 

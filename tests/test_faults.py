@@ -14,14 +14,14 @@ import jax
 import numpy as np
 import pytest
 
-from flax_dp_trainer.configs import default
-from flax_dp_trainer.runs import processes
-from tests import helpers
 from flax_dp_trainer import checkpoint
 from flax_dp_trainer import train
 from flax_dp_trainer import workdir as workdir_lib
 from flax_dp_trainer import writers
+from flax_dp_trainer.configs import default
 from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.runs import processes
+from tests import helpers
 from tests import REPO
 
 # A short run that saves every 10 steps and keeps them all.

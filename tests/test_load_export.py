@@ -15,13 +15,13 @@ import torch
 from safetensors import torch as safetensors_torch
 
 import flax_dp_trainer as trainer
-from flax_dp_trainer.torch_ddp import models as torch_models
+from flax_dp_trainer import train
 from flax_dp_trainer.configs import default
-from flax_dp_trainer.tools import export
+from flax_dp_trainer.errors import UserError
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
-from flax_dp_trainer import train
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.tools import export
+from flax_dp_trainer.torch_ddp import models as torch_models
 from tests import REPO
 
 STEPS = 40

@@ -12,13 +12,13 @@ import optax
 import pytest
 import torch
 
-from flax_dp_trainer.torch_ddp import step as ddp_step
-from tests import helpers
 from flax_dp_trainer import mix
 from flax_dp_trainer import optim
 from flax_dp_trainer import parallel
 from flax_dp_trainer import state as state_lib
 from flax_dp_trainer import step as step_lib
+from flax_dp_trainer.torch_ddp import step as ddp_step
+from tests import helpers
 
 BATCH, SHAPE = 12, (8, 8, 1)
 MIXING = mix.MixOptions(mixup_alpha=0.4, cutmix_alpha=1.0, prob=0.8, switch_prob=0.5)

@@ -6,11 +6,11 @@ import numpy as np
 import optax
 import pytest
 
-from flax_dp_trainer import zoo
-from tests import helpers
 from flax_dp_trainer import parallel
 from flax_dp_trainer import state as state_lib
 from flax_dp_trainer import step as step_lib
+from flax_dp_trainer import zoo
+from tests import helpers
 
 IMAGENET = (224, 224, 3)
 # (model, input shape, classes) -> parameter count. Published figures where they exist

@@ -13,11 +13,11 @@ import jax
 import numpy as np
 import pytest
 
+from flax_dp_trainer import checkpoint
+from flax_dp_trainer import train
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
 from tests import helpers
-from flax_dp_trainer import checkpoint
-from flax_dp_trainer import train
 from tests import REPO
 
 # A learning rate that keeps float32 rounding from being amplified between topologies.

@@ -6,13 +6,13 @@ import numpy as np
 import optax
 import pytest
 
-from flax_dp_trainer import zoo
-from flax_dp_trainer.runs import run_metrics
-from tests import helpers
 from flax_dp_trainer import parallel
 from flax_dp_trainer import state as state_lib
 from flax_dp_trainer import step as step_lib
 from flax_dp_trainer import train
+from flax_dp_trainer import zoo
+from flax_dp_trainer.runs import run_metrics
+from tests import helpers
 
 GLOBAL_BATCH = 32
 

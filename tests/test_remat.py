@@ -1,16 +1,16 @@
 """Rematerialization (config.remat): each residual block of the ResNets and ViTs, and the
-blocks a user's module marks with @flax_dp_trainer.zoo.layers.remat_block, recomputed in the backward
+blocks a user's module marks with @flax_dp_trainer.remat_block, recomputed in the backward
 pass; training ends where it ends without, on any device count, up to float32 reduction
 order."""
 
 import jax
 import pytest
 
-from flax_dp_trainer.zoo import layers
-from tests import helpers
 from flax_dp_trainer import modeling
 from flax_dp_trainer import train
 from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.zoo import layers
+from tests import helpers
 
 # Relative L2 distance of params and BatchNorm statistics after 20 steps (the topology
 # matrix's tolerance: float32 reduction order).
@@ -75,5 +75,5 @@ def test_remat_for_a_module_that_marks_no_block_is_refused():
   built = modeling.build(config, 10, (8, 8, 1)).model
   with pytest.raises(UserError, match=r"^remat='full': model='tests.user_models:PlainNet' "
                      'marks no block to rematerialize; decorate its block classes with '
-                     r'@flax_dp_trainer.zoo.layers.remat_block'):
+                     r'@flax_dp_trainer.remat_block'):
     modeling.probe(built, (8, 8, 1), 4, 10, 'float32', 'full')

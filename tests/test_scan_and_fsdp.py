@@ -14,11 +14,6 @@ import numpy as np
 import pytest
 
 import flax_dp_trainer as trainer
-from flax_dp_trainer.zoo import layers
-from flax_dp_trainer.zoo import torch_weights
-from flax_dp_trainer.zoo import vit
-from flax_dp_trainer.runs import processes
-from tests import helpers
 from flax_dp_trainer import checkpoint
 from flax_dp_trainer import checks
 from flax_dp_trainer import modeling
@@ -28,6 +23,11 @@ from flax_dp_trainer import state as state_lib
 from flax_dp_trainer import step as step_lib
 from flax_dp_trainer import train
 from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.runs import processes
+from flax_dp_trainer.zoo import layers
+from flax_dp_trainer.zoo import torch_weights
+from flax_dp_trainer.zoo import vit
+from tests import helpers
 from tests import REPO
 
 # The topology matrix's tolerance (float32 reduction order), on params and optimizer state.

@@ -12,9 +12,9 @@ import pytest
 from absl import flags
 
 from flax_dp_trainer import tools
+from flax_dp_trainer.errors import UserError
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.tools import show_metrics
-from flax_dp_trainer.errors import UserError
 
 TOOLS_DIR = os.path.dirname(tools.__file__)
 TOOLS = sorted(name[:-len('.py')] for name in os.listdir(TOOLS_DIR)

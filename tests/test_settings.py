@@ -10,10 +10,10 @@ import sys
 import pytest
 
 from flax_dp_trainer import configs
+from flax_dp_trainer import settings
 from flax_dp_trainer import zoo
 from flax_dp_trainer.configs import default
 from flax_dp_trainer.runs import processes
-from flax_dp_trainer import settings
 from tests import REPO
 
 

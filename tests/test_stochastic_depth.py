@@ -5,11 +5,11 @@ import jax
 import numpy as np
 import pytest
 
+from flax_dp_trainer import checks
 from flax_dp_trainer import zoo
+from flax_dp_trainer.errors import UserError
 from flax_dp_trainer.zoo import layers
 from tests import helpers
-from flax_dp_trainer import checks
-from flax_dp_trainer.errors import UserError
 
 
 def test_drop_path_drops_whole_examples_where_their_keys_say_and_never_in_eval():

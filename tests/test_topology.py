@@ -10,11 +10,11 @@ import sys
 import jax
 import pytest
 
+from flax_dp_trainer import checkpoint
+from flax_dp_trainer import train
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
 from tests import helpers
-from flax_dp_trainer import checkpoint
-from flax_dp_trainer import train
 from tests import REPO
 
 # Minutes of training runs: the fast tier's checks of the same are in tests/test_step.py.

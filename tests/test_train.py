@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from flax_dp_trainer.configs import default
-from flax_dp_trainer.runs import processes
-from flax_dp_trainer.runs import run_metrics
-from tests import helpers
 from flax_dp_trainer import optim
 from flax_dp_trainer import parallel
 from flax_dp_trainer import step as step_lib
 from flax_dp_trainer import train
 from flax_dp_trainer import writers
+from flax_dp_trainer.configs import default
+from flax_dp_trainer.runs import processes
+from flax_dp_trainer.runs import run_metrics
+from tests import helpers
 from tests import REPO
 
 TRAIN_TAGS = {'train_loss', 'train_accuracy', 'train_grad_norm', 'train_param_norm',

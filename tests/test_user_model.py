@@ -14,16 +14,16 @@ import optax
 import pytest
 
 import flax_dp_trainer as trainer
-from flax_dp_trainer.configs import default
-from flax_dp_trainer.runs import processes
-from flax_dp_trainer.runs import run_metrics
-from tests import helpers
-from tests import user_models
 from flax_dp_trainer import checkpoint
 from flax_dp_trainer import losses
 from flax_dp_trainer import modeling
 from flax_dp_trainer import train
+from flax_dp_trainer.configs import default
 from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.runs import processes
+from flax_dp_trainer.runs import run_metrics
+from tests import helpers
+from tests import user_models
 
 # A newcomer's file, outside the repository and off the path: a CNN ported from PyTorch with
 # plain nn.Dropout and nn.BatchNorm.

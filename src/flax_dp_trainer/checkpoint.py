@@ -34,9 +34,9 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from flax_dp_trainer.configs import default
+from flax_dp_trainer.errors import SaveFailed, UserError, first_line
 from flax_dp_trainer.zoo import layers
 from flax_dp_trainer.zoo import vit
-from flax_dp_trainer.errors import SaveFailed, UserError, first_line
 
 CORRUPT_DIR = 'checkpoints.unreadable'  # Unreadable checkpoints are moved here, never deleted.
 

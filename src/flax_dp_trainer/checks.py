@@ -5,8 +5,6 @@ import os
 import ml_collections
 from absl import logging
 
-from flax_dp_trainer.zoo import layers
-from flax_dp_trainer.zoo import vit
 from flax_dp_trainer import losses
 from flax_dp_trainer import modeling
 from flax_dp_trainer import optim
@@ -14,6 +12,8 @@ from flax_dp_trainer import parallel
 from flax_dp_trainer import user_imports
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.zoo import layers
+from flax_dp_trainer.zoo import vit
 
 _POSITIVE_FIELDS = ('batch_size', 'eval_batch_size', 'log_every_steps', 'eval_every_steps',
                     'checkpoint_every_steps', 'keep_checkpoints', 'shuffle_buffer_size',

@@ -66,11 +66,11 @@ import jax
 import jax.numpy as jnp
 from flax.core import scope as scope_lib
 
-from flax_dp_trainer import zoo
-from flax_dp_trainer.zoo import layers
 from flax_dp_trainer import user_imports
+from flax_dp_trainer import zoo
 from flax_dp_trainer.errors import UserError, first_line
 from flax_dp_trainer.parallel import AXIS_NAME
+from flax_dp_trainer.zoo import layers
 
 # The config values a constructor may declare, each with the config field that sets it (None:
 # the trainer's own value).
@@ -690,7 +690,7 @@ def probe(model: Model, input_shape: tuple[int, ...], batch: int, num_classes: i
                     'rematerialize (resnet* and vit* have); drop --config.remat')
   if remat != 'none' and not marked:
     raise UserError(f'remat={remat!r}: model={model.name!r} marks no block to rematerialize; '
-                    'decorate its block classes with @flax_dp_trainer.zoo.layers.remat_block '
+                    'decorate its block classes with @flax_dp_trainer.remat_block '
                     '(docs/your_model.md), or drop --config.remat')
   return notes.describe()
 

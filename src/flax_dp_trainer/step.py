@@ -18,7 +18,6 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-from flax_dp_trainer.zoo import layers
 from flax_dp_trainer import losses
 from flax_dp_trainer import mix as mix_lib
 from flax_dp_trainer import parallel
@@ -27,6 +26,7 @@ from flax_dp_trainer.data import specs
 from flax_dp_trainer.metrics import EvalMetrics, ScaledTrainMetrics, TrainMetrics
 from flax_dp_trainer.parallel import AXIS_NAME
 from flax_dp_trainer.state import TrainState
+from flax_dp_trainer.zoo import layers
 
 
 @dataclasses.dataclass(frozen=True)

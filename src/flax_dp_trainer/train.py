@@ -27,7 +27,6 @@ from etils import epath
 from jax.experimental import multihost_utils
 from jax.experimental.compilation_cache import compilation_cache
 
-from flax_dp_trainer.zoo import torch_weights
 from flax_dp_trainer import cadence
 from flax_dp_trainer import checkpoint
 from flax_dp_trainer import checks
@@ -49,6 +48,7 @@ from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import sources
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.errors import Diverged, Preempted, UserError
+from flax_dp_trainer.zoo import torch_weights
 
 
 def evaluate(p_eval_step, rstate, data: pipeline.EvalData,

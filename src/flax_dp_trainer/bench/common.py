@@ -14,10 +14,10 @@ from typing import Any, Callable, Sequence
 
 from absl import flags
 
-from flax_dp_trainer.runs import run_metrics
 from flax_dp_trainer import checks
 from flax_dp_trainer import cli
 from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.runs import run_metrics
 
 # The module (`python -m flax_dp_trainer.bench.NAME`) that measures each part in its own
 # process; `ddp` (the twin's training run) and `multiprocess` (processes of the limit module)

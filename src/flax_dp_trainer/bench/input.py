@@ -38,8 +38,8 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 from absl import flags
 
-from flax_dp_trainer.bench import common as bench_common
 from flax_dp_trainer import cli
+from flax_dp_trainer.bench import common as bench_common
 
 FLAGS = flags.FLAGS
 SIDES = ('prepare', 'ours', 'torchvision')

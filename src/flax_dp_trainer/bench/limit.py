@@ -16,13 +16,13 @@ import jax
 import numpy as np
 from absl import flags
 
-from flax_dp_trainer.bench import common as bench_common
 from flax_dp_trainer import cli
 from flax_dp_trainer import efficiency
 from flax_dp_trainer import optim
 from flax_dp_trainer import parallel
 from flax_dp_trainer import state as state_lib
 from flax_dp_trainer import step as step_lib
+from flax_dp_trainer.bench import common as bench_common
 from flax_dp_trainer.data import specs
 
 FLAGS = flags.FLAGS

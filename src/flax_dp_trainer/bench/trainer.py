@@ -17,15 +17,15 @@ from typing import Any, Optional
 import jax
 from absl import flags
 
-from flax_dp_trainer.bench import common as bench_common
-from flax_dp_trainer.bench import input as bench_input
-from flax_dp_trainer.bench import limit as bench_limit
-from flax_dp_trainer.runs import run_metrics
 from flax_dp_trainer import cli
 from flax_dp_trainer import parallel
 from flax_dp_trainer import train
 from flax_dp_trainer import writers
+from flax_dp_trainer.bench import common as bench_common
+from flax_dp_trainer.bench import input as bench_input
+from flax_dp_trainer.bench import limit as bench_limit
 from flax_dp_trainer.data import pipeline
+from flax_dp_trainer.runs import run_metrics
 
 FLAGS = flags.FLAGS
 PARTS = ('jax', 'cache')

@@ -102,7 +102,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.torch_model_kwargs = ml_collections.ConfigDict()
   config.dropout_rate = 0.1  # Dropout probability in the model's hidden layers; 0 = off.
   # Rematerialization of each residual block (resnet*, vit*, and the blocks your module marks
-  # with @flax_dp_trainer.zoo.layers.remat_block): which activations the backward pass keeps, the rest
+  # with @flax_dp_trainer.remat_block): which activations the backward pass keeps, the rest
   # recomputed. 'none'; 'full' (recompute each block); 'dots' (keep matmul/conv outputs);
   # 'dots_no_batch' (keep those without a batch dimension). Results are those without.
   config.remat = 'none'

@@ -18,17 +18,17 @@ from matplotlib import figure
 # 0.29, which the DDP baseline imports, segfaults when imported after it.
 import torch
 
-from flax_dp_trainer.torch_ddp import models as torch_models
-from flax_dp_trainer.torch_ddp import step as ddp_step
-from flax_dp_trainer.torch_ddp import train as ddp_train
-from flax_dp_trainer.zoo import torch_weights
-from flax_dp_trainer.runs import processes
-from flax_dp_trainer.runs import reporting
-from flax_dp_trainer.runs import run_metrics
 from flax_dp_trainer import optim
 from flax_dp_trainer import writers
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.runs import processes
+from flax_dp_trainer.runs import reporting
+from flax_dp_trainer.runs import run_metrics
+from flax_dp_trainer.torch_ddp import models as torch_models
+from flax_dp_trainer.torch_ddp import step as ddp_step
+from flax_dp_trainer.torch_ddp import train as ddp_train
+from flax_dp_trainer.zoo import torch_weights
 
 LAUNCH_FILE = 'launch.json'
 INIT_FILE = 'init_weights.safetensors'

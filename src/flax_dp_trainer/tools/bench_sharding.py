@@ -37,8 +37,6 @@ from absl import flags
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from flax_dp_trainer.zoo import layers
-from flax_dp_trainer.bench import common as bench_common
 from flax_dp_trainer import cli
 from flax_dp_trainer import efficiency
 from flax_dp_trainer import modeling
@@ -46,7 +44,9 @@ from flax_dp_trainer import optim
 from flax_dp_trainer import parallel
 from flax_dp_trainer import state as state_lib
 from flax_dp_trainer import step as step_lib
+from flax_dp_trainer.bench import common as bench_common
 from flax_dp_trainer.data import specs
+from flax_dp_trainer.zoo import layers
 
 FLAGS = flags.FLAGS
 FORMS = ('unrolled', 'scanned')

@@ -63,12 +63,12 @@ from typing import Any, Callable, Optional, Sequence
 from absl import flags
 from ml_collections import config_flags
 
-from flax_dp_trainer.bench import common as bench_common
-from flax_dp_trainer.runs import processes
-from flax_dp_trainer.runs import reporting
 from flax_dp_trainer import checks
 from flax_dp_trainer import cli
+from flax_dp_trainer.bench import common as bench_common
 from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.runs import processes
+from flax_dp_trainer.runs import reporting
 
 FLAGS = flags.FLAGS
 PARTS = ('jax', 'cache', 'ddp', 'multiprocess', 'limit', 'ddp_limit', 'input')

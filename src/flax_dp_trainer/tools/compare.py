@@ -27,10 +27,10 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
-from flax_dp_trainer.runs import processes
 from flax_dp_trainer import checks
 from flax_dp_trainer import cli
 from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.runs import processes
 
 FLAGS = flags.FLAGS
 

@@ -29,13 +29,13 @@ import optax
 import torch
 from absl import flags
 
-from flax_dp_trainer.torch_ddp import models as torch_models
-from flax_dp_trainer.torch_ddp import porting
-from flax_dp_trainer.configs import default
-from flax_dp_trainer.zoo import torch_weights
 from flax_dp_trainer import cli
 from flax_dp_trainer import modeling
+from flax_dp_trainer.configs import default
 from flax_dp_trainer.errors import UserError, first_line
+from flax_dp_trainer.torch_ddp import models as torch_models
+from flax_dp_trainer.torch_ddp import porting
+from flax_dp_trainer.zoo import torch_weights
 
 FLAGS = flags.FLAGS
 

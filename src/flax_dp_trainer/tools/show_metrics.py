@@ -7,9 +7,9 @@ import math
 
 from absl import flags
 
+from flax_dp_trainer import cli
 from flax_dp_trainer.runs import reporting
 from flax_dp_trainer.runs import run_metrics
-from flax_dp_trainer import cli
 
 FLAGS = flags.FLAGS
 

@@ -28,12 +28,12 @@ import torchvision
 from torch import nn
 from torchvision.models import resnet as tv_resnet
 
-from flax_dp_trainer import zoo as flax_models
-from flax_dp_trainer.torch_ddp import porting
-from flax_dp_trainer.zoo import torch_weights
 from flax_dp_trainer import modeling
 from flax_dp_trainer import state as state_lib
+from flax_dp_trainer import zoo as flax_models
 from flax_dp_trainer.errors import UserError, first_line
+from flax_dp_trainer.torch_ddp import porting
+from flax_dp_trainer.zoo import torch_weights
 
 
 class MLP(nn.Module):

@@ -29,11 +29,11 @@ from torch.utils import flop_counter
 from torchvision.models import resnet as tv_resnet
 from torchvision.models import vision_transformer
 
-from flax_dp_trainer.torch_ddp import models as torch_models
 from flax_dp_trainer import mix as mix_lib
 from flax_dp_trainer import optim
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.torch_ddp import models as torch_models
 
 SUPPORTED = dict(optimizer=('sgd', 'adamw'), dtype=('float32', 'bfloat16', 'float16'),
                  grad_accum_steps=(1,),

@@ -38,9 +38,6 @@ import torchvision  # noqa: F401  pylint: disable=unused-import
 from absl import logging
 from clu import metric_writers
 
-from flax_dp_trainer.torch_ddp import models as torch_models
-from flax_dp_trainer.torch_ddp import step as step_lib
-from flax_dp_trainer.zoo import torch_weights
 from flax_dp_trainer import batch_keys
 from flax_dp_trainer import cadence
 from flax_dp_trainer import checks
@@ -55,6 +52,9 @@ from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import sources
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.errors import Preempted, UserError
+from flax_dp_trainer.torch_ddp import models as torch_models
+from flax_dp_trainer.torch_ddp import step as step_lib
+from flax_dp_trainer.zoo import torch_weights
 
 # Fields a checkpoint must agree on with the config it is resumed under.
 # (The optimizer's state is saved whole, but keyed otherwise under FSDP2: the state sharding
