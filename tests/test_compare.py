@@ -19,7 +19,7 @@ from flax_dp_trainer.runs import processes
 from tests import REPO
 
 STEPS = 200
-# The config both runs train, as --config.FIELD=VALUE overrides of configs/default.py.
+# The config both runs train, as --config.FIELD=VALUE overrides of the shipped default.
 RUN = dict(num_train_steps=STEPS, log_every_steps=25, eval_every_steps=50,
            checkpoint_every_steps=100, dtype='bfloat16', model='mlp', step_backend='shard_map',
            state_sharding='optimizer')
@@ -81,7 +81,7 @@ def test_report_json_and_table_hold_both_runs(compared):
   number = r'[\d,]+(\.\d+)?'
   jax_title = 'JAX (shard_map, state_sharding=optimizer)'
   ddp_title = 'PyTorch DDP + ZeroRedundancyOptimizer'
-  assert text.startswith(f'# {jax_title} vs {ddp_title}: `configs/default.py`')
+  assert text.startswith(f'# {jax_title} vs {ddp_title}: `default`')
   assert 'both runs train on the same global batches' in text and 'part r' not in text
   for title, key in ((re.escape(jax_title), 'jax'), (re.escape(ddp_title), 'ddp')):
     row = re.search(rf'^\| {title} \|(.*)\|$', text, re.M)
@@ -113,7 +113,7 @@ def _config(tfds_data_dir, **fields):
 
 
 def _compare_here(config, workdir, reuse):
-  return comparison.compare(config, 'configs/default.py', [], str(workdir), devices=2,
+  return comparison.compare(config, 'default', [], str(workdir), devices=2,
                             threads=os.cpu_count(), target=TARGET, warmup_steps=WARMUP_STEPS,
                             reuse=reuse)
 
@@ -153,7 +153,7 @@ def test_a_users_pair_is_compared_and_named(tmp_path, tfds_data_dir):
   workdir = str(tmp_path / 'pair')
   run = subprocess.run(
       [sys.executable, '-m', 'flax_dp_trainer.tools.compare',
-       f'--config={REPO}/configs/default.py',
+       '--config=default',
        f'--workdir={workdir}', '--target_accuracy=0.3', '--timing_warmup_steps=10',
        '--config.model=pairs:FlaxCNN', '--config.torch_model=pairs:TorchCNN',
        '--config.num_train_steps=40', '--config.log_every_steps=10',
