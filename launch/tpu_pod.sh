@@ -118,7 +118,7 @@ run() {
 common=(--zone="$zone")
 [[ -n "$project" ]] && common+=(--project="$project")
 trainer_args=" $(quote "--config=$config" "--workdir=$workdir" "$@")"
-archive=/tmp/$name-flax_dp_trainer.tar.gz
+archive=/tmp/$name-trainer.tar.gz
 extra_archive=/tmp/$name-extra.tar.gz
 setup="mkdir -p ~/trainer && tar -xzf ~/trainer.tar.gz -C ~/trainer"
 train="cd ~/trainer && python3 -m flax_dp_trainer$trainer_args"

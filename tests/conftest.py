@@ -29,7 +29,7 @@ COMPILATION_CACHE = os.path.join(
 os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', COMPILATION_CACHE)
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
-# The image folders' check caches (src/flax_dp_trainer/data/file_check.py) of the run's generated folders,
+# The image folders' check caches (data/file_check.py) of the run's generated folders,
 # beside it rather than in the user's ~/.cache.
 FILE_CHECK_CACHE = COMPILATION_CACHE + '-file-checks'
 os.environ.setdefault('FLAX_DP_TRAINER_CACHE_DIR', FILE_CHECK_CACHE)
@@ -137,7 +137,8 @@ def one_rank_group():
 @pytest.fixture
 def config(tfds_data_dir):
   """The default config reading from the session's TFDS data dir."""
-  from flax_dp_trainer.configs import default  # pylint: disable=import-outside-toplevel  # (as above)
+  # pylint: disable-next=import-outside-toplevel
+  from flax_dp_trainer.configs import default  # (as above)
   cfg = default.get_config()
   cfg.tfds_data_dir = tfds_data_dir
   return cfg

@@ -1,6 +1,7 @@
 """The direction of imports, as docs/architecture.md states it: between the parts of the
-package (its subpackages, and the rooms of the modules at its top). Every import of every module is read with `ast` (those inside
-functions too) and checked against the tables below; nothing is imported or run."""
+package (its subpackages, and the rooms of the modules at its top). Every import of every
+module is read with `ast` (those inside functions too) and checked against the tables below;
+nothing of the package is imported or run but its empty root."""
 
 import ast
 import io
@@ -189,7 +190,8 @@ def test_the_data_room_imports_jax_only_inside_functions():
     if name.startswith('flax_dp_trainer.data'):
       wrong += [f'{path.relative_to(PACKAGE)}:{line} imports {module}'
                 for module, line, nested in _imports(name) + _foreign_imports(path)
-                if not nested and (module.split('.')[0] == 'jax' or module == 'flax_dp_trainer.multihost')]
+                if not nested and (module.split('.')[0] == 'jax' or
+                                   module == 'flax_dp_trainer.multihost')]
   assert not wrong, '\n'.join(wrong)
 
 

@@ -1,4 +1,4 @@
-"""RandAugment and random erasing (src/flax_dp_trainer/data/augment.py) against torchvision 0.29's RandAugment:
+"""RandAugment and random erasing (data/augment.py) against torchvision 0.29's RandAugment:
 its magnitude table, and each op applied by torchvision.transforms.functional to the same
 uint8 image (the calls RandAugment makes); determinism and statelessness of the seeded draws."""
 

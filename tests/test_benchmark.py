@@ -1,4 +1,4 @@
-"""flax_dp_trainer.tools.benchmark: the headline figures from the parts' figures (a pure function, on made-up
+"""tools.benchmark: the headline figures from the parts' figures (a pure function, on made-up
 figures); a smoke run (few steps) runs every part and writes every figure; the bare-step parts
 run without TensorFlow; the compilation cache serves the step.
 

@@ -309,7 +309,7 @@ def test_mismatched_workdir_is_refused_and_untouched(config, tmp_path, overrides
 
 
 def test_the_meta_format_policy():
-  """The meta item's policy (src/flax_dp_trainer/checkpoint.py): fields added after the format read with
+  """The meta item's policy (checkpoint.py): fields added after the format read with
   their defaults where a checkpoint lacks them; a format this version does not read (format
   1, which has no 'format' field, or a newer one) is refused in one line naming it."""
   meta = checkpoint.RunMeta(rng=np.array([0, 7], np.uint32), data_seed=3, examples_seen=256,

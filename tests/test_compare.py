@@ -1,4 +1,4 @@
-"""flax_dp_trainer.tools.compare: both runs in bfloat16 (the mlp: XLA:CPU's bfloat16 convolutions are
+"""tools.compare: both runs in bfloat16 (the mlp: XLA:CPU's bfloat16 convolutions are
 slow) with their optimizer state sharded (ZeRO-1 on both sides), the report, its JSON and the
 plots; reuse; bad input."""
 

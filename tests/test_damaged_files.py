@@ -1,4 +1,4 @@
-"""Image files that do not read (src/flax_dp_trainer/data/file_check.py, folder.py, damaged.py): found by
+"""Image files that do not read (data/file_check.py, folder.py, damaged.py): found by
 the check before the first step, left out in one warning line (or refused in one line), the
 list recorded in the workdir and kept by every resume; and a file that fails to decode during
 training, in every read mode, named in one line with its stream position."""

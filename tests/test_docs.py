@@ -294,8 +294,10 @@ def test_the_short_run_replaces_a_commands_durations(tmp_path):
               '--config.model=mlp', '--config.warmup_steps=10') == [
                   '-m', 'flax_dp_trainer', '--config=c.py', '--config.model=mlp', *SHORT_RUN]
   # No config file (--list), or another program: untouched.
-  assert argv('-m', 'flax_dp_trainer', '--list=models') == ['-m', 'flax_dp_trainer', '--list=models']
-  assert argv('-m', 'flax_dp_trainer.tools.compare', '--config=c.py', '--timing_warmup_steps=50') == [
+  assert argv('-m', 'flax_dp_trainer', '--list=models') == [
+      '-m', 'flax_dp_trainer', '--list=models']
+  assert argv('-m', 'flax_dp_trainer.tools.compare', '--config=c.py',
+              '--timing_warmup_steps=50') == [
       '-m', 'flax_dp_trainer.tools.compare', '--config=c.py', *SHORT_COMPARE, *SHORT_RUN]
   assert argv('-m', 'flax_dp_trainer.tools.export', '--config.num_train_steps=5') == [
       '-m', 'flax_dp_trainer.tools.export', '--config.num_train_steps=5']

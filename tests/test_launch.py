@@ -26,8 +26,8 @@ def test_tpu_pod_dry_run_prints_the_gcloud_commands():
   assert result.stdout.splitlines() == [
       f'gcloud compute tpus tpu-vm create r50 {where} --accelerator-type=v4-32 '
       '--version=tpu-ubuntu2204-base',
-      'git archive --format=tar.gz --output=/tmp/r50-flax_dp_trainer.tar.gz HEAD',
-      f"gcloud compute tpus tpu-vm scp /tmp/r50-flax_dp_trainer.tar.gz 'r50:~/trainer.tar.gz' {where} "
+      'git archive --format=tar.gz --output=/tmp/r50-trainer.tar.gz HEAD',
+      f"gcloud compute tpus tpu-vm scp /tmp/r50-trainer.tar.gz 'r50:~/trainer.tar.gz' {where} "
       '--worker=all',
       f"gcloud compute tpus tpu-vm ssh r50 {where} --worker=all '--command=mkdir -p ~/trainer "
       '&& tar -xzf ~/trainer.tar.gz -C ~/trainer && cd ~/trainer && python3 -m pip install -q '
@@ -146,7 +146,7 @@ def test_tpu_pod_extra_files_reach_the_workers_and_their_python_path(tmp_path):
          '--config.model=my_models.net:Net'],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=False)
   finally:
-    for archive in (f'/tmp/{name}-flax_dp_trainer.tar.gz', f'/tmp/{name}-extra.tar.gz'):
+    for archive in (f'/tmp/{name}-trainer.tar.gz', f'/tmp/{name}-extra.tar.gz'):
       if os.path.exists(archive):
         os.remove(archive)
   assert result.returncode == 0, result.stderr

@@ -167,7 +167,8 @@ def test_the_command_line_with_a_weights_file(tmp_path):
   args = ['--torch=tests.port_pairs:TorchCNN', '--input_shape=8,8,1',
           f'--weights={tmp_path / "cnn.pth"}']
   run = lambda flax_name: subprocess.run(
-      [sys.executable, '-m', 'flax_dp_trainer.tools.port_check', f'--flax=tests.port_pairs:{flax_name}',
+      [sys.executable, '-m', 'flax_dp_trainer.tools.port_check',
+       f'--flax=tests.port_pairs:{flax_name}',
        *args], cwd=REPO, env=processes.environment(), capture_output=True,
       text=True, timeout=300, check=False)
   good = run('FlaxCNN')
@@ -194,7 +195,8 @@ def test_the_command_line_with_a_weights_file(tmp_path):
 ])
 def test_bad_input_is_one_line_and_exit_status_2(args, line):
   run = subprocess.run(
-      [sys.executable, '-m', 'flax_dp_trainer.tools.port_check', '--torch=tests.port_pairs:TorchCNN', *args],
+      [sys.executable, '-m', 'flax_dp_trainer.tools.port_check',
+       '--torch=tests.port_pairs:TorchCNN', *args],
       cwd=REPO, env=processes.environment(), capture_output=True, text=True,
       timeout=300, check=False)
   assert run.returncode == 2 and 'Traceback' not in run.stderr, run.stderr[-2000:]
@@ -207,6 +209,7 @@ def test_torchvisions_own_resnet18_against_the_flax_resnet18():
   module whose BatchNorm names the trainer's device axis (taken off for the check)."""
   # 64 px: the last stage's BatchNorm sees 2x2 maps (at 32 px its 4 values a channel make the
   # train-mode gradients too ill-conditioned to compare at float32's tolerance).
-  report = port_check.run('flax_dp_trainer.zoo.resnet:ResNet18', 'torchvision.models:resnet18', (64, 64, 3))
+  report = port_check.run('flax_dp_trainer.zoo.resnet:ResNet18', 'torchvision.models:resnet18',
+                          (64, 64, 3))
   assert report.ok, '\n'.join(report.lines())
   assert len(report.rows['eval']) == 41 and len(report.statistics) == 20

@@ -1,6 +1,6 @@
 """Every setting discoverable (--show_config, --list), and answered at once: the listings,
 --help and a mistake in the config answer with TensorFlow and torch unimportable and no JAX
-backend startable, from the trainer, flax_dp_trainer.tools.compare, flax_dp_trainer.tools.benchmark and the DDP twin."""
+backend startable, from the trainer, tools.compare, tools.benchmark and the DDP twin."""
 
 import os
 import re

@@ -251,7 +251,7 @@ def _config(model, **overrides):
 @pytest.mark.parametrize('name,shape', [('cnn', (8, 8, 1)), ('vit_test', (16, 16, 3)),
                                         ('resnet_tiny', (16, 16, 3))])
 def test_the_shipped_models_draw_nothing_the_probe_names(name, shape):
-  """Their dropout and stochastic depth are keyed per example (flax_dp_trainer.zoo.layers): nothing to say."""
+  """Their dropout and stochastic depth are keyed per example (zoo.layers): nothing to say."""
   depth = 0.0 if name == 'cnn' else 0.1  # (cnn has no residual blocks to drop)
   built = modeling.build(_config(name, dropout_rate=0.1, stochastic_depth_rate=depth), 10, shape)
   assert modeling.probe(built.model, shape, 4, 10, 'float32') == []

@@ -16,10 +16,10 @@ From Python (a script or a notebook):
     fdt.evaluate(config, '/tmp/run', model=MyNet(num_classes=10))
     trained = fdt.load('/tmp/run')       # .predict(images), .logits(images)
 
-`fit` and `evaluate` are `api`'s, `load` is `inference`'s; `remat_block` (`zoo.layers`) marks a block of your
-model that `config.remat` recomputes. Every `import flax_dp_trainer.X` runs this file first, so
-it imports nothing: these names load when first used (PEP 562), and `import flax_dp_trainer.X`
-pulls in neither JAX nor TensorFlow that X does not need.
+`fit` and `evaluate` are `api`'s, `load` is `inference`'s; `remat_block` (`zoo.layers`)
+marks a block of your model that `config.remat` recomputes. Every `import flax_dp_trainer.X`
+runs this file first, so it imports nothing: these names load when first used (PEP 562), and
+`import flax_dp_trainer.X` pulls in neither JAX nor TensorFlow that X does not need.
 """
 
 import importlib

@@ -3,7 +3,7 @@
 
 JAX dispatches asynchronously: a step call returns once its launch is queued, and the loop
 goes on to the next. Both pieces here keep that going where it helps and stop it where it
-hurts; neither knows the device layouts (src/flax_dp_trainer/parallel.py).
+hurts; neither knows the device layouts (parallel.py).
 """
 
 import collections

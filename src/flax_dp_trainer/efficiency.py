@@ -11,7 +11,7 @@ peak where it is known (no entry for CPUs).
 
 While a run trains, `Throughput` times its steps (the logged `examples_per_sec_per_device`
 and `first_step_s`) and `peak_rss_mb` reads its memory; the tags they are logged under are
-read back by src/flax_dp_trainer/runs/run_metrics.py.
+read back by runs/run_metrics.py.
 """
 
 import dataclasses
@@ -105,7 +105,7 @@ class StepEfficiency:
 
 
 # The tags of metrics.jsonl that carry the speed figures: the trainer and the DDP twin write
-# them alike, src/flax_dp_trainer/runs/run_metrics.py reads them back.
+# them alike, runs/run_metrics.py reads them back.
 RATE_TAG = 'examples_per_sec_per_device'
 FIRST_STEP_TAG = 'first_step_s'
 PEAK_MEMORY_TAG = 'peak_rss_mb'

@@ -9,7 +9,7 @@
 variables evaluation uses (the EMA params where the run kept them, and the BatchNorm
 statistics) and the dataset's evaluation preprocessing: images are resized and center-cropped
 where the dataset's evaluation does that, then normalized on the device exactly as the eval
-step normalizes them (x / 255, less the dataset's mean, over its std). `flax_dp_trainer.tools.export` writes
+step normalizes them (x / 255, less the dataset's mean, over its std). `tools.export` writes
 the variables as a PyTorch state dict.
 """
 

@@ -109,7 +109,7 @@ def _set_up_devices() -> None:
     jax.config.update('jax_num_cpu_devices', FLAGS.cpu_devices)
   _start_distributed()
   # pylint: disable-next=import-outside-toplevel
-  from flax_dp_trainer.data import pipeline  # (TensorFlow: --list and --show_config answer without it)
+  from flax_dp_trainer.data import pipeline  # (TensorFlow: --list, --show_config need none)
   pipeline.keep_off_accelerators()
 
 

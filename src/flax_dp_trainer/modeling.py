@@ -264,7 +264,7 @@ _DROPOUT_NOT_BATCH = ('nn.Dropout at {}: its input\'s first axis is not the batc
                       'are drawn per device (the result depends on the device count)')
 _OWN_RNG = ('the model draws random numbers itself ({}): the same key on every device, so '
             'the result depends on the device count (use nn.Dropout, or take example_ids in '
-            '__call__ and fold each example\'s id into its key, as flax_dp_trainer.zoo.layers does)')
+            '__call__ and fold each example\'s id into its key, as zoo.layers does)')
 _NNX_OWN_RNG = ('the NNX model keeps random streams of its own ({}): their draws are the same '
                 'on every device, so the result depends on the device count')
 _BATCHNORM_AXIS = ('nn.BatchNorm at {} reduced over another axis_name: it now reduces over the '
@@ -671,7 +671,7 @@ def probe(model: Model, input_shape: tuple[int, ...], batch: int, num_classes: i
   mapped = jax.vmap(train_apply, in_axes=(None, 0, None), axis_name=AXIS_NAME)
   x1 = jax.ShapeDtypeStruct((1,) + x.shape, x.dtype)
   try:
-    # A module that takes example_ids keys its own draws by them (as flax_dp_trainer.zoo.layers does).
+    # A module that takes example_ids keys its own draws by them (as zoo.layers does).
     watch = model.eval_module is None and not model.takes_example_ids
     with _own_rng_requests(notes) if watch else contextlib.nullcontext(), \
         layers.remat_policy(remat):

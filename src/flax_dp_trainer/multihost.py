@@ -3,7 +3,7 @@ error on one process stopping every process (`on_every_process`), and process 0'
 shared with the others (`from_process_0`). In a single-process run there is nothing to agree
 on, and none of these runs a collective.
 
-No device layouts here (src/flax_dp_trainer/parallel.py): the data layer calls these too.
+No device layouts here (parallel.py): the data layer calls these too.
 """
 
 import json

@@ -55,7 +55,7 @@ def learning_rate_schedule(config) -> optax.Schedule:
 
 def decay_mask(params):
   """Weight decay (and LARS trust ratios) for kernels only: biases and norm params (1-D) are
-  spared; a scanned stack's leaves (`flax_dp_trainer.zoo.layers.stack_layers`) by one layer's dimensions."""
+  spared; a scanned stack's leaves (`zoo.layers.stack_layers`) by one layer's dimensions."""
   def kernel(path, p):
     return p.ndim - int(layers.is_stacked(layers.path_names(path))) > 1
   return jax.tree_util.tree_map_with_path(kernel, params)

@@ -31,8 +31,8 @@ odd sizes). Under 'optimizer' and 'full' the step's gradient pass runs per devic
 replicated params; its update runs over the global arrays, each device updating its part
 (`map_train_step`).
 
-Beside this module: how far the host runs ahead of the devices (src/flax_dp_trainer/dispatch.py), and
-what the processes of a run agree on (src/flax_dp_trainer/multihost.py).
+Beside this module: how far the host runs ahead of the devices (dispatch.py), and
+what the processes of a run agree on (multihost.py).
 """
 
 import functools

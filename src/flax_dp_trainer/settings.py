@@ -107,7 +107,8 @@ def _splits(spec: Any, data_dir: str) -> str:
 def listing(what: str) -> str:
   """The registered models, the named datasets or the shipped config files, one a line."""
   if what == 'models':
-    from flax_dp_trainer import zoo  # pylint: disable=import-outside-toplevel  # (flax: only this list needs it)
+    # pylint: disable-next=import-outside-toplevel
+    from flax_dp_trainer import zoo  # (flax: only this list needs it)
     return '\n'.join(zoo.names() + [
         'pkg.module:Name  your own flax module by import path (docs/your_model.md)'])
   if what == 'datasets':

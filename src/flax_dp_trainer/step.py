@@ -2,7 +2,7 @@
 
 Batches arrive as uint8 images and int32 labels; the steps normalize the images on the device
 (the dataset's mean and std) and the train step mixes them there (Mixup/CutMix,
-`flax_dp_trainer.mix`) before the model sees them in its compute dtype. Nothing here touches files or
+`mix`) before the model sees them in its compute dtype. Nothing here touches files or
 the host. The train step is its gradient pass (`step_gradients`: every collective) and its
 update (`apply_gradients`: none); `make_train_step` / `make_eval_step` map a step over the
 devices of a `parallel.DataParallel` layout (`jax.pmap`, or `jax.jit` + `jax.shard_map`);
@@ -68,7 +68,7 @@ class StepOptions:
   mix: mix_lib.MixOptions = mix_lib.MixOptions()  # Mixup/CutMix of the global batch.
   # `loss(logits, targets) -> per-example loss` on dense targets (flax_dp_trainer.losses).
   loss: losses.Loss = losses.softmax_xent
-  remat: str = 'none'  # The blocks' rematerialization policy (flax_dp_trainer.zoo.layers.REMAT_POLICIES).
+  remat: str = 'none'  # The blocks' rematerialization policy (zoo.layers.REMAT_POLICIES).
 
   @classmethod
   def from_config(cls, config, loss: Optional[losses.Loss] = None,
@@ -327,7 +327,7 @@ def make_train_step(layout: parallel.DataParallel, *, learning_rate_fn: optax.Sc
   state's buffers are donated.
 
   `rng` is the same on every device; folded with the step number it is the step's RNG, and
-  each example's draws fold in its global row (see flax_dp_trainer.zoo.layers), so the randomness does not
+  each example's draws fold in its global row (see zoo.layers), so the randomness does not
   depend on how the batch is split over devices. Under float16 loss scaling, and with
   `options.skip_nonfinite`, a step whose loss or gradients are NaN/Inf leaves params,
   optimizer state and BatchNorm statistics unchanged.

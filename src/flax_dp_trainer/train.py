@@ -294,7 +294,7 @@ def _write_dataset_spec(workdir: str, read: specs.DatasetSpec) -> None:
 def use_compilation_cache(cache_dir: str) -> None:
   """Turns on JAX's persistent compilation cache in `cache_dir`, for every compiled program
   (the default thresholds skip programs that compile in under a second). It changes JAX's
-  process-wide config: entry points call it (`flax_dp_trainer.main` for config.compilation_cache_dir),
+  process-wide config: entry points call it (`main` for config.compilation_cache_dir),
   the training functions do not."""
   jax.config.update('jax_compilation_cache_dir', cache_dir)
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)

@@ -1,7 +1,7 @@
 """What a run writes: TensorBoard events, metrics.jsonl and log lines (CLU metric writers),
 the SessionLog START of each start; and metrics.jsonl read back (`read_jsonl`: a resumed run
 rewrites it). The event files' scalars and a run's speed figures are read back by the scripts
-(src/flax_dp_trainer/runs/run_metrics.py).
+(runs/run_metrics.py).
 
 Kept apart from `flax_dp_trainer.metrics` because CLU's writers import TensorFlow: the step and its
 metric collections run where TensorFlow is not installed.

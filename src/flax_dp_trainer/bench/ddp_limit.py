@@ -1,5 +1,5 @@
 """The benchmark's `ddp_limit` part: the torch step under DDP on one synthetic batch kept on
-the device (this rank's rows of the global batch), the mirror of `flax_dp_trainer.bench.limit`. Run by
+the device (this rank's rows of the global batch), the mirror of `bench.limit`. Run by
 `flax_dp_trainer.tools.benchmark` under torchrun, one process per rank:
 
   python -m torch.distributed.run --nproc_per_node=R -m flax_dp_trainer.bench.ddp_limit \

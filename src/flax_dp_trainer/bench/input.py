@@ -84,7 +84,8 @@ def generate(directory: str, count: int, seed: int = 0) -> None:
 
 def prepare(images: str, count: int) -> dict[str, Any]:
   """The image folder and its two conversions under `images` (kept where present)."""
-  from flax_dp_trainer.data import convert  # pylint: disable=import-outside-toplevel  # (prepare only)
+  # pylint: disable-next=import-outside-toplevel
+  from flax_dp_trainer.data import convert  # (prepare only)
   folder = os.path.join(images, 'folder')
   if not os.path.isdir(folder):
     generate(folder, count)
@@ -178,7 +179,8 @@ def input_config(config, images: str, mode: str, workers: int):
 
 def ours(config, images: str, mode: str, workers: int, process_count: int) -> dict[str, Any]:
   """Our pipeline on the generated images read as `mode`."""
-  from flax_dp_trainer.data import pipeline  # pylint: disable=import-outside-toplevel  # (ours only)
+  # pylint: disable-next=import-outside-toplevel
+  from flax_dp_trainer.data import pipeline  # (ours only)
   config = input_config(config, images, mode, workers)
   data = pipeline.open_train_data(config)
   batches = data.batches(process_count=process_count)

@@ -1,11 +1,11 @@
 """The benchmark's `limit` part: the JAX bare train step (both backends) on one synthetic batch
-kept on the devices, the most the training loop can reach. Run by `flax_dp_trainer.tools.benchmark` as
+kept on the devices, the most the training loop can reach. Run by `tools.benchmark` as
 
   python -m flax_dp_trainer.bench.limit --config=FILE --out=RESULT.json [--cpu_devices=N] \
       [--coordinator_address=HOST:PORT --num_processes=P --process_id=I] [--config.F=V ...]
 
 Imports neither TensorFlow nor TFDS: the dataset's shapes come from
-`src/flax_dp_trainer/data/specs.py`, so this part runs on GPU hosts without them. `measure_limit` is
+`data/specs.py`, so this part runs on GPU hosts without them. `measure_limit` is
 also the jax part's limit (`flax_dp_trainer.bench.trainer`).
 """
 

@@ -1,5 +1,5 @@
 """The benchmark's `jax` and `cache` parts: `train_and_evaluate` as users run it, its limit
-(`flax_dp_trainer.bench.limit`) and the input pipeline alone. Run by `flax_dp_trainer.tools.benchmark` as
+(`bench.limit`) and the input pipeline alone. Run by `tools.benchmark` as
 
   python -m flax_dp_trainer.bench.trainer --part=jax|cache --config=FILE --out=RESULT.json \
       [--cpu_devices=N] [--rounds=3] [--mock_data] [--runs_dir=DIR] [--config.F=V ...]

@@ -16,7 +16,7 @@ def get_config() -> ml_collections.ConfigDict:
   # Name: 'digits' (bundled, offline); any TFDS image classification dataset as TFDS names it
   # ('mnist', 'cifar10', 'imagenet2012', 'oxford_flowers102', 'eurosat/rgb', 'mnist:3.0.1';
   # --list=datasets); or an image folder 'folder:/PATH' holding PATH/train/CLASS/*.jpg|jpeg|png
-  # and PATH/val/... (or the folder's ArrayRecord copy made by python -m flax_dp_trainer.tools.convert).
+  # and PATH/val/... (or the folder's ArrayRecord copy made by flax_dp_trainer.tools.convert).
   config.dataset = 'digits'
   # Modules imported before anything is built, comma-separated (e.g. 'my_data.shapes', a
   # package that registers a TFDS builder of your own, then named by `dataset`), from the

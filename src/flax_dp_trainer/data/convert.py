@@ -9,8 +9,9 @@
     # folder's order, as a TFDS dataset in OUT; train with --config.dataset=folder:OUT.
     python -m flax_dp_trainer.tools.convert --dataset=folder:ROOT --out=OUT [--file_format=tfrecord]
 
-`python -m flax_dp_trainer.tools.convert` runs these. Shards are converted by TFDS's file adapters (a shard is written under a temporary name and
-renamed when complete; shards already converted are kept), several at a time. Nothing that
+`tools.convert` runs these. Shards are converted by TFDS's file adapters (a shard is written
+under a temporary name and renamed when complete; shards already converted are kept), several
+at a time. Nothing that
 exists is overwritten: a folder's OUT must be new or empty. TensorFlow, TFDS and `sources`
 (which imports them) are imported where a conversion starts, so that a bad flag or folder is
 answered at once.

@@ -85,7 +85,8 @@ def settle(config, workdir: str) -> None:
   what the check finds, process 0's for every process) and says so in one warning line a
   folder; refuses them in one line where `config.skip_unreadable_files` is False. Reads
   nothing from the workdir but the record, and writes nothing."""
-  from flax_dp_trainer import multihost  # pylint: disable=import-outside-toplevel  # (no JAX at import)
+  # pylint: disable-next=import-outside-toplevel
+  from flax_dp_trainer import multihost  # (no JAX at import)
   recorded = read_record(workdir) or {}
   for root in folder_roots(config):
     if root in recorded:

@@ -15,7 +15,7 @@ results are kept in a cache file per folder (`cache_path`), keyed by each file's
 modification time: a second run, or a resume, stats the files and reads only those that are
 new or changed.
 
-Measured (python -m flax_dp_trainer.tools.bench_file_check: 4,000 JPEGs of 48-160 px, a 2-core VM with a
+Measured (tools.bench_file_check: 4,000 JPEGs of 48-160 px, a 2-core VM with a
 local disk): 7,000-10,000 files/s checked from storage (page cache dropped; 100-140 us a
 file), about 9,000 files/s from the page cache with THREADS threads (25,000 with one: the
 threads are for network storage, where each read waits milliseconds), about 300,000 files/s

@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 # The random streams of the data seed. 2 drew Mixup/CutMix on the host before it moved into
-# the step (src/flax_dp_trainer/mix.py, keyed by the step's RNG); it stays unused.
+# the step (mix.py, keyed by the step's RNG); it stays unused.
 ORDER_STREAM, CROP_STREAM, RANDAUGMENT_STREAM, ERASE_STREAM, FLIP_STREAM = 0, 1, 3, 4, 5
 
 

@@ -1,4 +1,4 @@
-"""The work of `src/flax_dp_trainer/tools/compare.py`: both runs trained one after the other, their figures,
+"""The work of `tools/compare.py`: both runs trained one after the other, their figures,
 the report and the plots. Imports torch and TensorFlow, which the command line does not need
 to answer --help or a mistake.
 """
@@ -332,7 +332,7 @@ def compare(config, config_path: str, overrides: list[str], workdir: str, device
             threads: int, target: float, warmup_steps: int, reuse: bool,
             same_init: bool = True, torch_compile: bool = False) -> dict:
   """Trains both runs (unless `reuse`) with `threads` CPU threads each, writes the report and
-  plots; returns the report. `flax_dp_trainer.tools.compare.check_command_line` has accepted the arguments."""
+  plots; returns the report. `tools.compare.check_command_line` has accepted the arguments."""
   run_dirs = {key: os.path.join(workdir, key) for key in ("jax", "ddp")}
   _check(config, run_dirs, reuse)
   if not reuse:

@@ -2,7 +2,7 @@
 event files (`read_events`), and its speed figures from its metrics.jsonl records (the JAX
 trainer's and the DDP twin's, which write the same tags, `flax_dp_trainer.efficiency`): steady
 examples/s, the first step's duration, the time to the first step, peak memory
-(`speed_figures`). src/flax_dp_trainer/tools/compare.py and src/flax_dp_trainer/tools/benchmark.py both report these, through
+(`speed_figures`). tools/compare.py and tools/benchmark.py both report these, through
 these functions only.
 
 None of it imports TensorFlow or JAX; only `read_events` imports TensorBoard (the benchmark's

@@ -1,9 +1,10 @@
-"""The cost of checking an image folder's files before training (src/flax_dp_trainer/data/file_check.py):
+"""The cost of checking an image folder's files before training (data/file_check.py):
 COUNT small JPEGs of varied sizes written to DIR/train/CLASS/, then checked with an empty
 cache (every file opened) and again from the cache (every file stat'ed), by 1 and by
 `file_check.THREADS` threads; one line of files/s each.
 
-  python -m flax_dp_trainer.tools.bench_file_check --dir=/tmp/check_bench [--count=3000] [--drop_caches]
+  python -m flax_dp_trainer.tools.bench_file_check --dir=/tmp/check_bench [--count=3000] \
+      [--drop_caches]
 
 Without --drop_caches the files are in the page cache when checked (just written): that
 measures the check's own CPU time. --drop_caches (root only) empties the page cache before

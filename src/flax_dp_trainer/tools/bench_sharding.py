@@ -17,7 +17,7 @@ combination without remat:
 
 The state is built abstractly (jax.eval_shape) for the compile, so a model too big for this
 host's memory is still compiled and measured (--compile_only). The dataset's shapes come from
-`src/flax_dp_trainer/data/specs.py`: neither TensorFlow nor TFDS is imported. The JSON holds every row,
+`data/specs.py`: neither TensorFlow nor TFDS is imported. The JSON holds every row,
 and: `max_rows_per_device_16gib` (the most rows of the best combination: the one that fits
 the most, the least memory on a tie), `best` (that combination), `scan_compile_over_unrolled`
 (the median over the combinations of the scanned step's compile time over the unrolled

@@ -4,7 +4,8 @@
       [--jax_devices=1,2] [--ddp_ranks=1,2] [--steps=40] [--runs_dir=DIR] \
       [--config.FIELD=VALUE ...]
 
-For one config, in one invocation (each part in a fresh process, `python -m flax_dp_trainer.bench.MODULE`,
+For one config, in one invocation (each part in a fresh process, `python -m
+flax_dp_trainer.bench.MODULE`,
 one after the other; `--parts` chooses them, default all):
 
   jax        (flax_dp_trainer.bench.trainer) per JAX device count, alternately `--rounds` times:
@@ -13,7 +14,7 @@ one after the other; `--parts` chooses them, default all):
                steps after warm-up;
                `train_and_evaluate` itself: the real input pipeline, metrics, writers and the
                config's checkpoint cadence; its steady examples/s from its metrics.jsonl
-               (`flax_dp_trainer.runs.run_metrics.speed_figures`, the figure flax_dp_trainer.tools.compare reports), log
+               (`runs.run_metrics.speed_figures`, the figure tools.compare reports), log
                windows starting after the first step and `--timing_warmup_steps` more;
              then batches/s the input pipeline alone delivers (decode, augment, batch, shard)
   cache      (flax_dp_trainer.bench.trainer) time to first step of a start with an empty persistent
@@ -39,7 +40,7 @@ one after the other; `--parts` chooses them, default all):
              cores each needs for 2,500 images/s (`cores_per_2500_per_sec_*`)
 
 `limit` and `ddp_limit` import neither TensorFlow nor TFDS (the dataset's shapes come from
-`src/flax_dp_trainer/data/specs.py`), and neither does this process: `--parts=limit,ddp_limit` runs
+`data/specs.py`), and neither does this process: `--parts=limit,ddp_limit` runs
 on a GPU host that has only jax, flax, optax, orbax, torch and torchvision (plus
 ml_collections and absl).
 
@@ -555,7 +556,8 @@ def _check(config, parts: list[str], jax_counts: list[int], ddp_counts: list[int
     checks.check_config(config, process_count=1, local_device_count=n)
   if ddp:
     # torch only where DDP is measured; imported before anything imports TensorFlow.
-    from flax_dp_trainer.torch_ddp import step as ddp_step  # pylint: disable=import-outside-toplevel
+    # pylint: disable-next=import-outside-toplevel
+    from flax_dp_trainer.torch_ddp import step as ddp_step
     ddp_step.check_supported(config)
 
 

@@ -1,7 +1,8 @@
 """Writes a run's trained model as a PyTorch state dict (torchvision's names), and says how to
 load it and what input it takes:
 
-  python -m flax_dp_trainer.tools.export --workdir=/tmp/digits [--step=N] [--format=torchvision|safetensors]
+  python -m flax_dp_trainer.tools.export --workdir=/tmp/digits [--step=N] \
+      [--format=torchvision|safetensors]
       [--out=PATH]
 
 `torchvision` writes a `torch.save` file (.pth), `safetensors` a .safetensors file; both hold

@@ -27,13 +27,14 @@ def define_flags() -> None:
                       'metrics.jsonl.')
   flags.DEFINE_bool('parity', False, 'Start from the JAX model\'s initial params for the seed.')
   flags.DEFINE_string('init_weights', None, 'Start from this PyTorch state dict (.pth or '
-                      '.safetensors; src/flax_dp_trainer/tools/compare.py writes the JAX run\'s initial weights '
+                      '.safetensors; tools/compare.py writes the JAX run\'s initial weights '
                       'as one).')
   flags.DEFINE_integer('threads', 0, 'torch CPU threads per rank; 0 = torch\'s default.')
   flags.DEFINE_bool('channels_last', True, 'Run the convnets (resnet*, cnn) in channels_last '
                     'memory format, as torchvision\'s reference recipes do.')
   flags.DEFINE_bool('torch_compile', False, 'Compile the model with torch.compile.')
-  cli.define_config('Training config: a shipped config\'s name (--config=default) or a file\'s path.')
+  cli.define_config('Training config: a shipped config\'s name (--config=default) or a '
+                    'file\'s path.')
   flags.mark_flags_as_required(['config', 'workdir'])
 
 

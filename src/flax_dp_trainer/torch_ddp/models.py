@@ -3,14 +3,14 @@
 Every ResNet is `torchvision.models.resnet18/34/50/101` (the CIFAR variants with the usual
 CIFAR stem: a 3x3 stride-1 `conv1` and no max-pool; `resnet_tiny` is torchvision's ResNet and
 BasicBlock at a test width), every ViT is `torchvision.models.VisionTransformer` (`vit_b16` is
-`vit_b_16`); the flax models compute exactly what these compute (`src/flax_dp_trainer/zoo/resnet.py`,
-`src/flax_dp_trainer/zoo/vit.py`). `mlp` and `cnn` have no torchvision counterpart and keep small twins here.
+`vit_b_16`); the flax models compute exactly what these compute (`zoo/resnet.py`,
+`zoo/vit.py`). `mlp` and `cnn` have no torchvision counterpart and keep small twins here.
 All take images as NCHW tensors. A first layer built for 3 channels is rebuilt for the
 dataset's channels (grayscale digits).
 
 A user's own PyTorch model (`config.torch_model`, a flax port of it as `config.model`) is
 built from its import path (`from_path`); `flax_init_state` carries the flax init into either
-kind: through `flax_dp_trainer.zoo.torch_weights` for the twins, through `porting` (layers paired in call
+kind: through `zoo.torch_weights` for the twins, through `porting` (layers paired in call
 order) for a user's pair, so both frameworks start from identical weights. Known differences
 from flax, all outside the forward pass: torch updates `running_var` with the unbiased batch
 variance (flax: biased), and on CPU torch has no cross-process BatchNorm (`SyncBatchNorm`
@@ -55,7 +55,7 @@ class MLP(nn.Module):
 
 
 class CNN(nn.Module):
-  """Twin of flax_dp_trainer.zoo.simple.CNN: (3x3 conv, ReLU, 2x2 average pool) x 2, dense, dropout."""
+  """Twin of zoo.simple.CNN: (3x3 conv, ReLU, 2x2 average pool) x 2, dense, dropout."""
 
   def __init__(self, input_shape: Sequence[int], num_classes: int,
                features: Sequence[int] = (32, 64), hidden_size: int = 256,
@@ -262,7 +262,7 @@ def flax_init_state(config, model: nn.Module, num_classes: int,
                             model, x)
   except porting.PortMismatch as e:
     raise UserError(f'torch_model={config.torch_model!r} and model={config.model!r} do not '
-                    f'pair up: {e} (python -m flax_dp_trainer.tools.port_check says more)') from None
+                    f'pair up: {e} (tools.port_check says more)') from None
   state = porting.torch_state(carried, variables)
   own = model.state_dict()
   return {k: state.get(k, own[k].numpy()) for k in own}

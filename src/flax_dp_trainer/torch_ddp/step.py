@@ -4,8 +4,8 @@ Mixup/CutMix of the global batch with rows exchanged between ranks r and R-1-r).
 
 Imports neither TensorFlow nor TFDS (it does import jax, flax and optax, for the optimizer's
 schedule and the mixing draw it shares with the JAX trainer), so that the bare step runs (and
-is benchmarked) on GPU hosts without TensorFlow: `src/flax_dp_trainer/torch_ddp/train.py` feeds it the
-trainer's global batches, `src/flax_dp_trainer/tools/benchmark.py --parts=ddp_limit` a synthetic batch kept on
+is benchmarked) on GPU hosts without TensorFlow: `torch_ddp/train.py` feeds it the
+trainer's global batches, `tools/benchmark.py --parts=ddp_limit` a synthetic batch kept on
 the device.
 """
 
@@ -155,7 +155,7 @@ def rank_device() -> torch.device:
 
 
 def residual_blocks() -> tuple[type, ...]:
-  """The torch twins of the JAX models' marked blocks (`flax_dp_trainer.zoo.layers.remat_block`): the
+  """The torch twins of the JAX models' marked blocks (`remat_block`): the
   units that `config.remat` recomputes and `state_sharding='fsdp'` gathers one at a time
   (torchvision's BasicBlock, Bottleneck and EncoderBlock)."""
   return tv_resnet.BasicBlock, tv_resnet.Bottleneck, vision_transformer.EncoderBlock
@@ -225,7 +225,7 @@ def distributed(model: torch.nn.Module, device: torch.device, compile_model: boo
 
 
 def make_optimizer(config, model: torch.nn.Module) -> torch.optim.Optimizer:
-  """The optax chain of src/flax_dp_trainer/optim.py in torch: decay on kernels only unless asked. With
+  """The optax chain of optim.py in torch: decay on kernels only unless asked. With
   `config.state_sharding='optimizer'` it is wrapped in ZeroRedundancyOptimizer (each rank
   keeps and updates the state of its share of the params, then broadcasts them)."""
   decayed = [p for p in model.parameters() if p.ndim > 1 or config.decay_all_params]
@@ -332,7 +332,7 @@ class Mixing:
     return x.contiguous(memory_format=normalize.memory_format), targets
 
 
-# `config.loss` names the twin computes (src/flax_dp_trainer/losses.py's, in torch).
+# `config.loss` names the twin computes (losses.py's, in torch).
 LOSSES = ('softmax_xent', 'sigmoid_xent')
 
 

@@ -15,7 +15,7 @@ writes the JAX trainer's TensorBoard tags and metrics.jsonl (same CLU writers). 
 WORKDIR/checkpoints/step_N.pt every `checkpoint_every_steps`, at the last step and on
 SIGTERM/SIGINT; the same command resumes from the newest one, data stream included. With
 --parity the model starts from the JAX model's initial variables for the config's seed, with
---init_weights from a state dict file (src/flax_dp_trainer/tools/compare.py writes the JAX init as one).
+--init_weights from a state dict file (tools/compare.py writes the JAX init as one).
 
 gloo on CPU, nccl (one GPU per rank, SyncBatchNorm) where CUDA is present. torch has no
 cross-process BatchNorm on CPU: there each rank normalizes with its own batch's statistics.
@@ -107,7 +107,7 @@ def _restore(workdir: str, config) -> Optional[dict]:
 
 
 def _lock_workdir(workdir: str) -> workdir_lib.WorkdirLock:
-  """The workdir taken for this run by rank 0 (`flax_dp_trainer.workdir`), every rank told whether it
+  """The workdir taken for this run by rank 0 (`workdir`), every rank told whether it
   was before anything is written."""
   lock, error = workdir_lib.WorkdirLock(workdir), ''
   if dist.get_rank() == 0:
