@@ -245,7 +245,7 @@ def test_a_users_own_builder_prepares_offline_and_trains_by_index(tmp_path):
   workdir, data_dir = tmp_path / 'run', tmp_path / 'tfds'
   result = subprocess.run(
       [sys.executable, '-m', 'flax_dp_trainer',
-       f'--config={os.path.join(REPO, "configs", "default.py")}',
+       '--config=default',
        f'--workdir={workdir}', '--cpu_devices=2', '--config.imports=my_data.shapes',
        '--config.dataset=my_shapes', f'--config.tfds_data_dir={data_dir}',
        '--config.cache=False', '--config.num_train_steps=40', '--config.warmup_steps=5',

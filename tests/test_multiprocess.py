@@ -193,9 +193,10 @@ def test_a_process_that_cannot_import_the_model_stops_every_process(tmp_path, tf
   runs = [subprocess.Popen(
       [sys.executable, '-m', 'flax_dp_trainer', '--cpu_devices=2', f'--workdir={workdir}',
        f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2', f'--process_id={index}',
-       f'--config={os.path.join(REPO, "configs", "default.py")}',
+       '--config=default',
        f'--config.tfds_data_dir={tfds_data_dir}', '--config.model=only_here:Net'],
-      cwd=cwd, env=processes.environment(), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+      cwd=cwd, env=processes.environment(PYTHONPATH=REPO), stderr=subprocess.PIPE,
+      stdout=subprocess.DEVNULL,
       text=True) for index, cwd in enumerate([module_dir, elsewhere])]
   logs = [run.communicate(timeout=240)[1] for run in runs]
   errors = [[line for line in log.splitlines() if line.startswith('error: ')] for log in logs]

@@ -2,6 +2,8 @@
 converters' results exactly), and a port compared layer by layer, each deliberate break
 named where it is."""
 
+import json
+import os
 import subprocess
 import sys
 
@@ -208,8 +210,22 @@ def test_torchvisions_own_resnet18_against_the_flax_resnet18():
   """A torchvision constructor by import path (num_classes through its **kwargs), and a flax
   module whose BatchNorm names the trainer's device axis (taken off for the check)."""
   # 64 px: the last stage's BatchNorm sees 2x2 maps (at 32 px its 4 values a channel make the
-  # train-mode gradients too ill-conditioned to compare at float32's tolerance).
-  report = port_check.run('flax_dp_trainer.zoo.resnet:ResNet18', 'torchvision.models:resnet18',
-                          (64, 64, 3))
-  assert report.ok, '\n'.join(report.lines())
-  assert len(report.rows['eval']) == 41 and len(report.statistics) == 20
+  # train-mode gradients too ill-conditioned to compare at float32's tolerance). In a process
+  # of its own, with XLA's default optimization: under the suite's
+  # --xla_backend_optimization_level=0 (tests/conftest.py) XLA:CPU's gradient of the stem's
+  # convolution differed from torch's by 2.3e-2 on some machines, against 9e-6 at the default.
+  code = ('import json, sys\n'
+          'from flax_dp_trainer.tools import port_check\n'
+          'report = port_check.run("flax_dp_trainer.zoo.resnet:ResNet18", '
+          '"torchvision.models:resnet18", (64, 64, 3))\n'
+          'print(json.dumps(dict(ok=report.ok, lines=report.lines(), '
+          'eval_rows=len(report.rows["eval"]), statistics=len(report.statistics))))\n')
+  flags = ' '.join(flag for flag in os.environ.get('XLA_FLAGS', '').split()
+                   if not flag.startswith('--xla_backend_optimization_level'))
+  run = subprocess.run([sys.executable, '-c', code], cwd=REPO,
+                       env=processes.environment(XLA_FLAGS=flags), capture_output=True,
+                       text=True, timeout=300, check=False)
+  assert run.returncode == 0, run.stderr[-3000:]
+  report = json.loads(run.stdout.splitlines()[-1])
+  assert report['ok'], '\n'.join(report['lines'])
+  assert report['eval_rows'] == 41 and report['statistics'] == 20

@@ -13,10 +13,11 @@ import time
 from importlib import metadata
 from typing import Any, Optional
 
-from matplotlib import figure
+import torch
 # Before anything that imports TensorFlow (flax_dp_trainer.data, CLU's writers): torchvision
 # 0.29, which the DDP baseline imports, segfaults when imported after it.
-import torch
+import torchvision  # noqa: F401  pylint: disable=unused-import
+from matplotlib import figure
 
 from flax_dp_trainer import optim
 from flax_dp_trainer import writers
