@@ -44,7 +44,11 @@ class _ConfigParser(flags.ArgumentParser):
     return self._files.flag_type()
 
 
-def define_config(help_string: str, name: str = 'config',
+CONFIG_HELP = ("Training config: a shipped config's name (--config=default) or a config "
+               "file's path.")
+
+
+def define_config(help_string: str = CONFIG_HELP, name: str = 'config',
                   flag_values: flags.FlagValues = flags.FLAGS,
                   sys_argv: Optional[list[str]] = None) -> None:
   """ml_collections' config-file flag (`--config=FILE`, locked, `--config.FIELD=VALUE`

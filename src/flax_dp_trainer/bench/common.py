@@ -33,8 +33,7 @@ CHUNK = 10
 def define_measure_flags() -> None:
   """The flags of the benchmark and of each of its part processes: the config (required),
   the timed and untimed steps of each measurement."""
-  cli.define_config('Training config: a shipped config\'s name (--config=default) or a '
-                    'file\'s path.')
+  cli.define_config()
   flags.DEFINE_integer('steps', 40, 'Timed steps per measurement (after warm-up).')
   flags.DEFINE_integer('timing_warmup_steps', 5, 'Untimed steps after the first (compiling) one.')
   flags.mark_flag_as_required('config')

@@ -49,8 +49,7 @@ def _define_flags() -> None:
   flags.DEFINE_bool('same_init', True, 'Start DDP from the JAX run\'s initial weights (exported '
                     'as a PyTorch state dict into --workdir before either run starts).')
   flags.DEFINE_bool('torch_compile', False, 'Compile the DDP run\'s model with torch.compile.')
-  cli.define_config('Training config: a shipped config\'s name (--config=default) or a '
-                    'file\'s path.')
+  cli.define_config()
   flags.mark_flags_as_required(['config', 'workdir'])
 
 

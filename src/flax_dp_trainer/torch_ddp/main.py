@@ -33,8 +33,7 @@ def define_flags() -> None:
   flags.DEFINE_bool('channels_last', True, 'Run the convnets (resnet*, cnn) in channels_last '
                     'memory format, as torchvision\'s reference recipes do.')
   flags.DEFINE_bool('torch_compile', False, 'Compile the model with torch.compile.')
-  cli.define_config('Training config: a shipped config\'s name (--config=default) or a '
-                    'file\'s path.')
+  cli.define_config()
   flags.mark_flags_as_required(['config', 'workdir'])
 
 
