@@ -264,7 +264,8 @@ _DROPOUT_NOT_BATCH = ('nn.Dropout at {}: its input\'s first axis is not the batc
                       'are drawn per device (the result depends on the device count)')
 _OWN_RNG = ('the model draws random numbers itself ({}): the same key on every device, so '
             'the result depends on the device count (use nn.Dropout, or take example_ids in '
-            '__call__ and fold each example\'s id into its key, as zoo.layers does)')
+            '__call__ and fold each example\'s id into its key, as '
+            'flax_dp_trainer.zoo.layers does)')
 _NNX_OWN_RNG = ('the NNX model keeps random streams of its own ({}): their draws are the same '
                 'on every device, so the result depends on the device count')
 _BATCHNORM_AXIS = ('nn.BatchNorm at {} reduced over another axis_name: it now reduces over the '

@@ -262,7 +262,8 @@ def flax_init_state(config, model: nn.Module, num_classes: int,
                             model, x)
   except porting.PortMismatch as e:
     raise UserError(f'torch_model={config.torch_model!r} and model={config.model!r} do not '
-                    f'pair up: {e} (tools.port_check says more)') from None
+                    f'pair up: {e} (python -m flax_dp_trainer.tools.port_check says more)'
+                    ) from None
   state = porting.torch_state(carried, variables)
   own = model.state_dict()
   return {k: state.get(k, own[k].numpy()) for k in own}
