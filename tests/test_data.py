@@ -5,7 +5,6 @@ parts, and that nothing outside trainer/data imports TensorFlow."""
 
 import ast
 import dataclasses
-import os
 import pathlib
 import subprocess
 import sys

@@ -7,7 +7,6 @@ import sys
 
 import pytest
 
-from flax_dp_trainer.runs import processes
 from tests import REPO
 
 

@@ -46,7 +46,6 @@ from flax_dp_trainer import state as state_lib
 from flax_dp_trainer import step as step_lib
 from flax_dp_trainer.bench import common as bench_common
 from flax_dp_trainer.data import specs
-from flax_dp_trainer.zoo import layers
 
 FLAGS = flags.FLAGS
 FORMS = ('unrolled', 'scanned')
