@@ -104,10 +104,7 @@ def _imports(name: str) -> list[tuple[str, int, bool]]:
 
 def _part(module: str) -> str:
   found = [(len(member), part) for part, members in PARTS.items() for member in members
-           if module == member or module.startswith(f'{member}.')
-           and member != ROOT]
-  if module == ROOT:
-    return 'entry'
+           if module == member or (member != ROOT and module.startswith(f'{member}.'))]
   if not found:
     raise AssertionError(f'{module} is in no part: add it to PARTS here and to '
                          'docs/architecture.md')

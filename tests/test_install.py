@@ -25,6 +25,7 @@ EXTRAS = {'cuda12': {'jax-cuda12-plugin', 'nvidia-cudnn-cu12'},
           'tpu': {'libtpu'},
           'ddp': {'torch', 'torchvision', 'safetensors', 'matplotlib'}}
 DIGITS_SOURCE = 'flax_dp_trainer/data/datasets/digits/digits.csv.gz'
+REPO_SRC = pathlib.Path(REPO, 'src')
 
 
 @pytest.mark.slow
@@ -83,8 +84,6 @@ def test_the_wheel_holds_one_package_and_passes_twine(dist):
     entry_points = archive.read(f'{wheel.name.split("-py3")[0]}.dist-info/entry_points.txt')
   assert b'dp-train = flax_dp_trainer.main:run' in entry_points
 
-
-REPO_SRC = pathlib.Path(REPO, 'src')
 
 # A user's project, laid out as many PyTorch repositories are: packages named like the
 # trainer's old top-level ones, a model of its own and a config that builds on the shipped one.

@@ -293,7 +293,7 @@ class Checkpointer:
       target = _to_form(target, convert[0])
     mismatch = describe_mismatch(saved, array_specs(jax.eval_shape(lambda tree: tree, target)))
     if mismatch:
-      changed = _config_differences(whole['meta'].get('config', {}), config)
+      changed = _config_differences(_current_names(whole['meta'].get('config', {})), config)
       raise UserError(
           f'the checkpoint at step {step} in {self.directory} does not fit this config '
           f'({mismatch}{"; config changed: " + changed if changed else ""}); resume with the '

@@ -87,7 +87,7 @@ def _unknown_field(argv: Sequence[str], error: BaseException) -> str:
                 'keys a config file sets: set it there first (config.model_kwargs = '
                 f'ml_collections.ConfigDict(dict({missing}=...)))')
       fix = (hint[:1].lower() + hint[1:] if hint else
-             'its fields are in the config file and configs/default.py (each with a comment)')
+             'its fields and what each does: --show_config')
       return f'{name}: the config has no field {missing!r}; {fix}'
   return f'a --config.FIELD override names no field of the config ({_last_line(error)})'
 

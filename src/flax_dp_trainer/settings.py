@@ -3,7 +3,7 @@
   python -m flax_dp_trainer --config=default --show_config   # fields, values, comments
   python -m flax_dp_trainer --list=models|datasets|configs
 
-The comments are those of the config files themselves (configs/default.py's, overridden by
+The comments are those of the config files themselves (the `default` config's, overridden by
 the recipe's own where it sets a field). Imports neither JAX nor TensorFlow: it answers at
 once.
 """

@@ -16,8 +16,8 @@ torchvision's ResNet-50 IMAGENET1K_V1 weights (90 epochs, batch 256 on 8 GPUs, s
 the learning rate); NVIDIA's DeepLearningExamples ResNet-50 v1.5 recipe, the closest to this
 one (cosine, label smoothing 0.1, 90 epochs, 8 GPUs, mixed precision), reports about 77%.
 The stronger recipes that reach 80.9% (torchvision's IMAGENET1K_V2: 600 epochs, TrivialAugment,
-Mixup 0.2, CutMix 1.0, random erasing 0.1, EMA) add the augmentation fields of
-configs/default.py on top of this.
+Mixup 0.2, CutMix 1.0, random erasing 0.1, EMA) add the augmentation fields of the
+`default` config on top of this.
 """
 
 import ml_collections

@@ -1,10 +1,10 @@
-"""Starting the repository's programs as subprocesses: where the repository is, a free
-loopback port, the environment they import in, the config overrides to pass on, the DDP
-twin's `torchrun` command line, and a run that fails with one line naming what failed and
-reports its progress while it lasts. No JAX, TensorFlow or torch here.
+"""Starting the package's programs as subprocesses: a free loopback port, the environment
+they import in, the config overrides to pass on, the DDP twin's `torchrun` command line, and a
+run that fails with one line naming what failed and reports its progress while it lasts. No
+JAX, TensorFlow or torch here.
 
-Only the scripts and the tests start programs: the DDP twin (baselines/torch_ddp) is started
-from here and imports nothing of scripts/."""
+Only the tools and the tests start programs: the DDP twin (`torch_ddp`) is started from here
+and imports nothing of `runs/` or `tools/`."""
 
 import contextlib
 import glob
