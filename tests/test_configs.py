@@ -58,6 +58,19 @@ def test_imagenet_deit_recipe_is_deits():
   assert float(schedule(resolved.num_train_steps)) == pytest.approx(1e-5, rel=1e-4)
 
 
+@pytest.mark.parametrize('name', ['imagenet_resnet50.py', 'imagenet_vit_b16.py'])
+def test_timed_step_takes_a_schedule_where_the_split_size_is_unknown(name):
+  """The bare step's benchmark on a host where the data is not prepared (the split's size
+  0): epoch-long durations stand in as steps, and the schedule still builds."""
+  config = load(os.path.join(CONFIG_DIR, name))
+  resolved = optim.timing_durations(config, 0)
+  assert (resolved.num_train_steps, resolved.warmup_steps) == (100_000, 10_000)
+  assert float(optim.learning_rate_schedule(resolved)(10_000)) == pytest.approx(
+      optim.peak_learning_rate(config))
+  known = optim.timing_durations(config, 1_281_167)  # Known: as the run would have it.
+  assert known.num_train_steps == optim.resolve_durations(config, 1_281_167).num_train_steps
+
+
 @pytest.mark.slow
 def test_cifar10_resnet18_runs_end_to_end_on_mock_data(tmp_path):
   config = load(os.path.join(CONFIG_DIR, 'cifar10_resnet18.py'))

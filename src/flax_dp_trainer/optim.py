@@ -35,6 +35,18 @@ def resolve_durations(config, num_train_examples: int) -> ml_collections.ConfigD
   return resolved
 
 
+def timing_durations(config, num_train_examples: int) -> ml_collections.ConfigDict:
+  """`resolve_durations` for a step that is timed, not trained: the schedule changes neither
+  the step's time nor its memory. Where the train split's size is unknown (0: not prepared on
+  this host) an epoch-long run stands in as 100k steps, its warm-up as 10k."""
+  if not num_train_examples and is_set(config, 'num_epochs'):
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.num_train_steps, config.num_epochs = 100_000, UNSET
+    if is_set(config, 'warmup_epochs'):
+      config.warmup_steps, config.warmup_epochs = 10_000, UNSET
+  return resolve_durations(config, num_train_examples)
+
+
 def peak_learning_rate(config) -> float:
   """`learning_rate`, times batch_size / 256 where `scale_learning_rate` is set."""
   scale = config.batch_size / REFERENCE_BATCH if config.scale_learning_rate else 1.0

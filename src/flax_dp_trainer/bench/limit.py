@@ -62,9 +62,7 @@ def measure_limit(config, backend: str, steps: int, warmup: int,
   """
   layout = parallel.data_parallel(backend, state_sharding=state_sharding)
   spec = specs.for_config(config)
-  # The schedule's length does not change the speed; the train split's size stands in for
-  # the configured split's.
-  config = optim.resolve_durations(config, spec.num_train_examples)
+  config = optim.timing_durations(config, spec.num_train_examples)
   state = state_lib.init_state(config, spec.num_classes, (1,) + spec.input_shape,
                                rng=jax.random.PRNGKey(0))
   batch = _synthetic_rows(config, layout, spec)

@@ -116,24 +116,12 @@ def _variant(config, sharding: str, remat: str, form: str, rows: Optional[int] =
   return config
 
 
-def _resolved(config, spec: specs.DatasetSpec):
-  """`config` with its durations in steps. Where the dataset's size is unknown (not prepared
-  on this host) an epoch-long run is taken as 100k steps: the schedule changes neither the
-  step's memory nor its time."""
-  if not spec.num_train_examples and optim.is_set(config, 'num_epochs'):
-    config = config.copy_and_resolve_references()
-    config.num_train_steps, config.num_epochs = 100_000, optim.UNSET
-    if optim.is_set(config, 'warmup_epochs'):
-      config.warmup_steps, config.warmup_epochs = 10_000, optim.UNSET
-  return optim.resolve_durations(config, spec.num_train_examples)
-
-
 def compile_step(config) -> tuple[Any, Any, Any, float, parallel.ShardMapped, Any]:
   """The config's train step compiled on abstract inputs: (compiled, state, (batch, rng),
   seconds, layout, the state's `init`: real states for the compiled step come from it)."""
   layout = parallel.data_parallel('shard_map', state_sharding=config.state_sharding)
   spec = specs.for_config(config)
-  config = _resolved(config, spec)
+  config = optim.timing_durations(config, spec.num_train_examples)
   init = _initializer(config)
   state, batch, rng = abstract_inputs(config, layout, init)
   p_train_step = step_lib.make_train_step(
