@@ -10,9 +10,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 import tensorflow_datasets as tfds
 
-from flax_dp_trainer import checkpoint
-from flax_dp_trainer import parallel
-from flax_dp_trainer import step as step_lib
+from flax_dp_trainer.checkpoint import checkpointer as checkpoint
+from flax_dp_trainer.parallel import layouts as parallel
+from flax_dp_trainer.step import steps as step_lib
 from flax_dp_trainer.configs import default
 from flax_dp_trainer.data import sources
 

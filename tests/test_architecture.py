@@ -1,6 +1,6 @@
-"""The direction of imports, as docs/architecture.md states it: between the parts of the
-package (its subpackages, and the rooms of the modules at its top). Every import of every
-module is read with `ast` (those inside functions too) and checked against the tables below;
+"""The direction of imports, as docs/architecture.md states it: between the layers of the
+package (its subpackages, and the entry modules at its top). Every import of every module is
+read with `ast` (those inside functions too) and checked against that page's table of layers;
 nothing of the package is imported or run but its empty root."""
 
 import ast
@@ -15,47 +15,28 @@ PACKAGE = pathlib.Path(flax_dp_trainer.__file__).resolve().parent
 REPO = pathlib.Path(__file__).resolve().parent.parent
 ROOT = 'flax_dp_trainer'
 
-# The parts of the package: each module is in the part of its longest prefix here (a
-# subpackage is one part). The rooms of the library are the modules at the package's top.
-PARTS = {
-    'base': ('flax_dp_trainer.errors', 'flax_dp_trainer.cli', 'flax_dp_trainer.batch_keys',
-             'flax_dp_trainer.user_imports', 'flax_dp_trainer.multihost'),
-    'configs': ('flax_dp_trainer.configs',),
-    'zoo': ('flax_dp_trainer.zoo',),
-    'data': ('flax_dp_trainer.data',),
-    'devices': ('flax_dp_trainer.parallel', 'flax_dp_trainer.dispatch'),
-    'model': ('flax_dp_trainer.modeling', 'flax_dp_trainer.state', 'flax_dp_trainer.optim',
-              'flax_dp_trainer.losses'),
-    'step': ('flax_dp_trainer.step', 'flax_dp_trainer.mix', 'flax_dp_trainer.metrics'),
-    'checkpoint': ('flax_dp_trainer.checkpoint',),
-    'loop': ('flax_dp_trainer.train', 'flax_dp_trainer.checks', 'flax_dp_trainer.efficiency',
-             'flax_dp_trainer.writers', 'flax_dp_trainer.cadence', 'flax_dp_trainer.signals',
-             'flax_dp_trainer.workdir'),
-    'entry': ('flax_dp_trainer', 'flax_dp_trainer.__main__', 'flax_dp_trainer.main',
-              'flax_dp_trainer.api', 'flax_dp_trainer.settings', 'flax_dp_trainer.inference'),
-    'torch_ddp': ('flax_dp_trainer.torch_ddp',),
-    'runs': ('flax_dp_trainer.runs',),
-    'bench': ('flax_dp_trainer.bench',),
-    'tools': ('flax_dp_trainer.tools',),
-}
-LIBRARY = {'base', 'configs', 'zoo', 'data', 'devices', 'model', 'step', 'checkpoint', 'loop'}
-# Part: the other parts it may import (as docs/architecture.md's tables say).
-PART_IMPORTS = {
-    'configs': set(),
-    'zoo': set(),
-    'base': {'configs'},
-    'data': {'base'},
-    'devices': {'base', 'zoo'},
-    'model': {'base', 'devices', 'zoo'},
-    'step': {'base', 'devices', 'model', 'data', 'zoo'},
-    'checkpoint': {'base', 'configs', 'zoo'},
-    'loop': {'base', 'data', 'devices', 'model', 'step', 'checkpoint', 'zoo'},
-    'entry': LIBRARY | {'loop'},
-    'torch_ddp': LIBRARY | {'loop'},
-    'runs': LIBRARY | {'loop', 'torch_ddp'},
-    'bench': LIBRARY | {'loop', 'entry', 'torch_ddp', 'runs'},
-    'tools': LIBRARY | {'loop', 'entry', 'torch_ddp', 'runs', 'bench'},
-}
+ENTRY = 'entry'  # The modules at the package's top: the ways in.
+ARCHITECTURE = REPO / 'docs' / 'architecture.md'
+
+
+def _layer_table() -> dict[str, set[str]]:
+  """docs/architecture.md's table of layers: {layer: the layers it may import}."""
+  text = ARCHITECTURE.read_text(encoding='utf-8')
+  table = text[text.index('## The layers of the package'):]
+  rows = {}
+  for line in table.splitlines():
+    cells = [cell.strip() for cell in line.strip().strip('|').split('|')]
+    if len(cells) != 3 or not line.startswith('|') or cells[0] in ('layer', '---'):
+      if rows and not line.startswith('|'):
+        break
+      continue
+    layer = cells[0].strip('`').rstrip('/')
+    rows[layer] = set(re.findall(r'`(\w+)`', cells[2]))
+  return rows
+
+
+# Layer: the layers it may import (docs/architecture.md's table).
+LAYER_IMPORTS = _layer_table()
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -102,31 +83,40 @@ def _imports(name: str) -> list[tuple[str, int, bool]]:
           if module.split('.')[0] == ROOT]
 
 
-def _part(module: str) -> str:
-  found = [(len(member), part) for part, members in PARTS.items() for member in members
-           if module == member or (member != ROOT and module.startswith(f'{member}.'))]
-  if not found:
-    raise AssertionError(f'{module} is in no part: add it to PARTS here and to '
-                         'docs/architecture.md')
-  return max(found)[1]
+def _layer(module: str) -> str:
+  """The layer of `module`: its subpackage, or the entry for the modules at the top."""
+  parts = module.split('.')
+  if len(parts) > 1 and (PACKAGE / parts[1]).is_dir():
+    return parts[1]
+  return ENTRY
 
 
-def test_every_module_is_in_one_part():
+def test_every_module_is_in_a_layer_of_the_table():
   assert len(MODULES) > 60
-  for name in MODULES:
-    _part(name)
+  assert len(LAYER_IMPORTS) >= 15
+  missing = {_layer(name) for name in MODULES} - set(LAYER_IMPORTS)
+  assert not missing, f'layers missing from docs/architecture.md\'s table: {sorted(missing)}'
+  for layer in LAYER_IMPORTS:
+    if layer != ENTRY:
+      assert (PACKAGE / layer / '__init__.py').is_file(), layer
 
 
-def test_parts_import_only_downwards():
+def test_layers_import_only_the_layers_below_them():
   wrong = []
   for name in MODULES:
-    part = _part(name)
+    layer = _layer(name)
     for module, line, _ in _imports(name):
-      other = _part(module)
-      if other != part and other not in PART_IMPORTS[part]:
-        wrong.append(f'{MODULES[name].relative_to(PACKAGE)}:{line} ({part}) imports {module} '
+      other = _layer(module)
+      if other != layer and other not in LAYER_IMPORTS[layer]:
+        wrong.append(f'{MODULES[name].relative_to(PACKAGE)}:{line} ({layer}) imports {module} '
                      f'({other})')
   assert not wrong, '\n'.join(wrong)
+
+
+def test_each_layer_says_its_job_in_its_init():
+  silent = [layer for layer in LAYER_IMPORTS if layer != ENTRY and
+            not ast.get_docstring(ast.parse((PACKAGE / layer / '__init__.py').read_text()))]
+  assert not silent, silent
 
 
 def test_no_module_imports_the_package_root():
@@ -140,27 +130,26 @@ def test_no_module_imports_the_package_root():
           and not (isinstance(node, ast.Import) and node.names[0].name == 'importlib')] == []
 
 
-def test_the_part_table_has_no_cycle():
+def test_the_layer_table_has_no_cycle():
   done, visiting = set(), set()
 
   def visit(part):
     assert part not in visiting, f'a cycle through {part}'
     if part not in done:
       visiting.add(part)
-      for other in PART_IMPORTS[part]:
+      for other in LAYER_IMPORTS[part]:
         visit(other)
       visiting.discard(part)
       done.add(part)
 
-  assert set(PART_IMPORTS) == set(PARTS)
-  for part in PART_IMPORTS:
+  for part in LAYER_IMPORTS:
     visit(part)
 
 
-def test_module_level_imports_form_no_cycle():
-  """An import that closes a cycle is made inside the function that needs it (and says so)."""
-  graph = {name: {module for module, _, nested in _imports(name)
-                  if not nested and module in MODULES and module != name}
+def test_imports_form_no_cycle():
+  """No import closes a cycle between modules, at module level or inside a function."""
+  graph = {name: {module for module, _, _ in _imports(name)
+                  if module in MODULES and module != name}
            for name in MODULES}
   done, path = set(), []
 
@@ -188,7 +177,7 @@ def test_the_data_room_imports_jax_only_inside_functions():
       wrong += [f'{path.relative_to(PACKAGE)}:{line} imports {module}'
                 for module, line, nested in _imports(name) + _foreign_imports(path)
                 if not nested and (module.split('.')[0] == 'jax' or
-                                   module == 'flax_dp_trainer.multihost')]
+                                   module == 'flax_dp_trainer.base.multihost')]
   assert not wrong, '\n'.join(wrong)
 
 

@@ -11,13 +11,13 @@ import pytest
 import tensorflow as tf
 
 import flax_dp_trainer as trainer
-from flax_dp_trainer import checkpoint
-from flax_dp_trainer import train
+from flax_dp_trainer.checkpoint import checkpointer as checkpoint
+from flax_dp_trainer.loop import train
 from flax_dp_trainer.data import arrays
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import sources
 from flax_dp_trainer.data import specs
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
 from tests import helpers

@@ -9,9 +9,9 @@ import pytest
 
 from flax_dp_trainer import zoo
 
-from flax_dp_trainer import train
+from flax_dp_trainer.loop import train
 from flax_dp_trainer.data import sources
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 from tests import REPO
 

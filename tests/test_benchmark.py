@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from jax.experimental.compilation_cache import compilation_cache
 
-from flax_dp_trainer import train
+from flax_dp_trainer.loop import train
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.tools import benchmark

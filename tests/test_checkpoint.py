@@ -17,12 +17,12 @@ import torchvision
 from tensorboard.backend.event_processing import plugin_event_accumulator
 
 import flax_dp_trainer as trainer
-from flax_dp_trainer import checkpoint
-from flax_dp_trainer import train
-from flax_dp_trainer import writers
+from flax_dp_trainer.checkpoint import checkpointer as checkpoint
+from flax_dp_trainer.loop import train
+from flax_dp_trainer.loop import writers
 from flax_dp_trainer import zoo
 from flax_dp_trainer.configs import default
-from flax_dp_trainer.errors import Diverged, UserError
+from flax_dp_trainer.base.errors import Diverged, UserError
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
 from flax_dp_trainer.torch_ddp import models as torch_models

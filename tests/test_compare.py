@@ -13,7 +13,7 @@ import matplotlib.image
 import pytest
 
 from flax_dp_trainer.configs import default
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import comparison
 from flax_dp_trainer.runs import processes
 from tests import REPO

@@ -5,10 +5,10 @@ import logging
 import pytest
 from absl import flags
 
-from flax_dp_trainer import checks
-from flax_dp_trainer import cli
-from flax_dp_trainer import optim
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.loop import checks
+from flax_dp_trainer.base import cli
+from flax_dp_trainer.step import optim
+from flax_dp_trainer.base.errors import UserError
 
 
 def _flag(config_name, *args):

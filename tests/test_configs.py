@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from flax_dp_trainer import checks
+from flax_dp_trainer.loop import checks
 from flax_dp_trainer import configs
-from flax_dp_trainer import optim
-from flax_dp_trainer import train
+from flax_dp_trainer.step import optim
+from flax_dp_trainer.loop import train
 from flax_dp_trainer.runs import run_metrics
 
 CONFIG_DIR = configs.DIRECTORY

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from flax_dp_trainer import train
+from flax_dp_trainer.loop import train
 from flax_dp_trainer.data import convert
 from flax_dp_trainer.data import damaged
 from flax_dp_trainer.data import file_check
 from flax_dp_trainer.data import folder as folder_lib
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import stream
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 from tests import REPO
 

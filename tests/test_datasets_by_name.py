@@ -14,10 +14,10 @@ import pytest
 import tensorflow_datasets as tfds
 
 import flax_dp_trainer as trainer
-from flax_dp_trainer import checkpoint
-from flax_dp_trainer import train
+from flax_dp_trainer.checkpoint import checkpointer as checkpoint
+from flax_dp_trainer.loop import train
 from flax_dp_trainer.data import specs
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
 from tests import REPO

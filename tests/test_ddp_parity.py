@@ -9,8 +9,8 @@ import jax
 import numpy as np
 import pytest
 
-from flax_dp_trainer import train
-from flax_dp_trainer import writers
+from flax_dp_trainer.loop import train
+from flax_dp_trainer.loop import writers
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
 from flax_dp_trainer.torch_ddp import step as ddp_step

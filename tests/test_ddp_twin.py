@@ -10,8 +10,8 @@ import time
 import pytest
 import torch
 
-from flax_dp_trainer import writers
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.loop import writers
+from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
 from flax_dp_trainer.torch_ddp import models as torch_models

@@ -8,13 +8,13 @@ import optax
 import pytest
 import tensorflow_datasets as tfds
 
-from flax_dp_trainer import checkpoint
-from flax_dp_trainer import metrics
-from flax_dp_trainer import parallel
-from flax_dp_trainer import state as state_lib
-from flax_dp_trainer import step as step_lib
-from flax_dp_trainer import train
-from flax_dp_trainer import writers
+from flax_dp_trainer.checkpoint import checkpointer as checkpoint
+from flax_dp_trainer.step import metrics
+from flax_dp_trainer.parallel import layouts as parallel
+from flax_dp_trainer.step import state as state_lib
+from flax_dp_trainer.step import steps as step_lib
+from flax_dp_trainer.loop import train
+from flax_dp_trainer.loop import writers
 from flax_dp_trainer import zoo
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import sources

@@ -14,12 +14,12 @@ import jax
 import numpy as np
 import pytest
 
-from flax_dp_trainer import checkpoint
-from flax_dp_trainer import train
-from flax_dp_trainer import workdir as workdir_lib
-from flax_dp_trainer import writers
+from flax_dp_trainer.checkpoint import checkpointer as checkpoint
+from flax_dp_trainer.loop import train
+from flax_dp_trainer.loop import workdir as workdir_lib
+from flax_dp_trainer.loop import writers
 from flax_dp_trainer.configs import default
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 from tests import helpers
 from tests import REPO
@@ -119,7 +119,7 @@ def test_where_no_checkpoint_reads_nothing_changes(finished, config, tmp_path):
 
 _HOLD_LOCK = '''
 import sys, time
-from flax_dp_trainer import workdir
+from flax_dp_trainer.loop import workdir
 lock = workdir.WorkdirLock(sys.argv[1])
 lock.acquire()
 print('locked', flush=True)

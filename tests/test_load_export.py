@@ -15,9 +15,9 @@ import torch
 from safetensors import torch as safetensors_torch
 
 import flax_dp_trainer as trainer
-from flax_dp_trainer import train
+from flax_dp_trainer.loop import train
 from flax_dp_trainer.configs import default
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
 from flax_dp_trainer.tools import export

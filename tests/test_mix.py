@@ -12,11 +12,11 @@ import optax
 import pytest
 import torch
 
-from flax_dp_trainer import mix
-from flax_dp_trainer import optim
-from flax_dp_trainer import parallel
-from flax_dp_trainer import state as state_lib
-from flax_dp_trainer import step as step_lib
+from flax_dp_trainer.step import mix
+from flax_dp_trainer.step import optim
+from flax_dp_trainer.parallel import layouts as parallel
+from flax_dp_trainer.step import state as state_lib
+from flax_dp_trainer.step import steps as step_lib
 from flax_dp_trainer.torch_ddp import step as ddp_step
 from tests import helpers
 

@@ -6,9 +6,9 @@ import numpy as np
 import optax
 import pytest
 
-from flax_dp_trainer import parallel
-from flax_dp_trainer import state as state_lib
-from flax_dp_trainer import step as step_lib
+from flax_dp_trainer.parallel import layouts as parallel
+from flax_dp_trainer.step import state as state_lib
+from flax_dp_trainer.step import steps as step_lib
 from flax_dp_trainer import zoo
 from tests import helpers
 

@@ -13,8 +13,8 @@ import jax
 import numpy as np
 import pytest
 
-from flax_dp_trainer import checkpoint
-from flax_dp_trainer import train
+from flax_dp_trainer.checkpoint import checkpointer as checkpoint
+from flax_dp_trainer.loop import train
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
 from tests import helpers

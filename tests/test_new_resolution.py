@@ -13,11 +13,11 @@ import pytest
 import tensorflow_datasets as tfds
 import torch
 
-from flax_dp_trainer import checkpoint
+from flax_dp_trainer.checkpoint import checkpointer as checkpoint
 from flax_dp_trainer.configs import default
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import specs
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
 from flax_dp_trainer.torch_ddp import models as torch_models

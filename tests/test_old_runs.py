@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import flax_dp_trainer as fdt
-from flax_dp_trainer import checkpoint
+from flax_dp_trainer.checkpoint import checkpointer as checkpoint
 from flax_dp_trainer.zoo import simple
 from tests import REPO
 

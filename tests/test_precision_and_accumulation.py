@@ -6,10 +6,10 @@ import numpy as np
 import optax
 import pytest
 
-from flax_dp_trainer import parallel
-from flax_dp_trainer import state as state_lib
-from flax_dp_trainer import step as step_lib
-from flax_dp_trainer import train
+from flax_dp_trainer.parallel import layouts as parallel
+from flax_dp_trainer.step import state as state_lib
+from flax_dp_trainer.step import steps as step_lib
+from flax_dp_trainer.loop import train
 from flax_dp_trainer import zoo
 from flax_dp_trainer.runs import run_metrics
 from tests import helpers

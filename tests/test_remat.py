@@ -6,9 +6,9 @@ order."""
 import jax
 import pytest
 
-from flax_dp_trainer import modeling
-from flax_dp_trainer import train
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.model import modeling
+from flax_dp_trainer.loop import train
+from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.zoo import layers
 from tests import helpers
 

@@ -14,15 +14,15 @@ import numpy as np
 import pytest
 
 import flax_dp_trainer as trainer
-from flax_dp_trainer import checkpoint
-from flax_dp_trainer import checks
-from flax_dp_trainer import modeling
-from flax_dp_trainer import optim
-from flax_dp_trainer import parallel
-from flax_dp_trainer import state as state_lib
-from flax_dp_trainer import step as step_lib
-from flax_dp_trainer import train
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.checkpoint import checkpointer as checkpoint
+from flax_dp_trainer.loop import checks
+from flax_dp_trainer.model import modeling
+from flax_dp_trainer.step import optim
+from flax_dp_trainer.parallel import layouts as parallel
+from flax_dp_trainer.step import state as state_lib
+from flax_dp_trainer.step import steps as step_lib
+from flax_dp_trainer.loop import train
+from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.zoo import layers
 from flax_dp_trainer.zoo import torch_weights

@@ -12,7 +12,7 @@ import pytest
 from absl import flags
 
 from flax_dp_trainer import tools
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.tools import show_metrics
 

@@ -10,10 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flax_dp_trainer import optim
-from flax_dp_trainer import parallel
-from flax_dp_trainer import state as state_lib
-from flax_dp_trainer import step as step_lib
+from flax_dp_trainer.step import optim
+from flax_dp_trainer.parallel import layouts as parallel
+from flax_dp_trainer.step import state as state_lib
+from flax_dp_trainer.step import steps as step_lib
 from flax_dp_trainer import zoo
 from tests import helpers
 from tests import REPO
@@ -294,7 +294,11 @@ import jax
 jax.config.update('jax_num_cpu_devices', 2)
 import numpy as np
 import optax
-from flax_dp_trainer import metrics, optim, parallel, state as state_lib, step as step_lib
+from flax_dp_trainer.step import metrics
+from flax_dp_trainer.step import optim
+from flax_dp_trainer.parallel import layouts as parallel
+from flax_dp_trainer.step import state as state_lib
+from flax_dp_trainer.step import steps as step_lib
 from flax_dp_trainer import zoo
 model = zoo.get('cnn', num_classes=10, dropout_rate=0.1)
 params = model.init(jax.random.PRNGKey(0), np.zeros((1, 8, 8, 1), np.float32), train=False)

@@ -5,9 +5,9 @@ import jax
 import numpy as np
 import pytest
 
-from flax_dp_trainer import checks
+from flax_dp_trainer.loop import checks
 from flax_dp_trainer import zoo
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.zoo import layers
 from tests import helpers
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 import torchvision
 
-from flax_dp_trainer import losses
-from flax_dp_trainer import step as step_lib
+from flax_dp_trainer.step import losses
+from flax_dp_trainer.step import steps as step_lib
 from flax_dp_trainer import zoo
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.torch_ddp import models as torch_models
 from flax_dp_trainer.torch_ddp import step as ddp_step
 from flax_dp_trainer.zoo import torch_weights

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from flax_dp_trainer import optim
-from flax_dp_trainer import parallel
-from flax_dp_trainer import step as step_lib
-from flax_dp_trainer import train
-from flax_dp_trainer import writers
+from flax_dp_trainer.step import optim
+from flax_dp_trainer.parallel import layouts as parallel
+from flax_dp_trainer.step import steps as step_lib
+from flax_dp_trainer.loop import train
+from flax_dp_trainer.loop import writers
 from flax_dp_trainer.configs import default
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics

@@ -14,12 +14,12 @@ import optax
 import pytest
 
 import flax_dp_trainer as trainer
-from flax_dp_trainer import checkpoint
-from flax_dp_trainer import losses
-from flax_dp_trainer import modeling
-from flax_dp_trainer import train
+from flax_dp_trainer.checkpoint import checkpointer as checkpoint
+from flax_dp_trainer.step import losses
+from flax_dp_trainer.model import modeling
+from flax_dp_trainer.loop import train
 from flax_dp_trainer.configs import default
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
 from tests import helpers

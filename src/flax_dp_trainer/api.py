@@ -5,12 +5,12 @@ loop, checkpoints, resume, metrics and errors (the package's root exports them).
 `data` (optional) numpy images and labels of each split in place of `config.dataset`;
 `loss` (optional) a function `loss(logits, targets) -> per-example loss` in place of
 `config.loss` (`losses.py`); `modeling.py` says what a model must be. (`fit`, not `train`:
-`flax_dp_trainer.train` is the module of the loop.)
+`flax_dp_trainer.loop.train` is the module of the loop.)
 """
 
 import ml_collections
 
-from flax_dp_trainer import train as train_lib
+from flax_dp_trainer.loop import train as train_lib
 from flax_dp_trainer.data import arrays
 
 

@@ -21,11 +21,11 @@ import jax
 import ml_collections
 import numpy as np
 
-from flax_dp_trainer import checkpoint
-from flax_dp_trainer import modeling
-from flax_dp_trainer import step as step_lib
+from flax_dp_trainer.checkpoint import checkpointer as checkpoint
+from flax_dp_trainer.model import modeling
+from flax_dp_trainer.step import steps as step_lib
 from flax_dp_trainer.data import specs
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.base.errors import UserError
 
 Images = Union[np.ndarray, Sequence[np.ndarray], Sequence[bytes]]
 

@@ -8,7 +8,7 @@ import os
 import sys
 import traceback
 
-from flax_dp_trainer import cli
+from flax_dp_trainer.base import cli
 from flax_dp_trainer import settings
 
 # Before TensorFlow is imported: its C++ start-up chatter stays out of the log.
@@ -18,9 +18,9 @@ import jax  # pylint: disable=wrong-import-position
 from absl import flags  # pylint: disable=wrong-import-position
 from absl import logging  # pylint: disable=wrong-import-position
 
-from flax_dp_trainer import multihost  # pylint: disable=wrong-import-position
-from flax_dp_trainer import user_imports  # pylint: disable=wrong-import-position
-from flax_dp_trainer.errors import (  # pylint: disable=wrong-import-position
+from flax_dp_trainer.base import multihost  # pylint: disable=wrong-import-position
+from flax_dp_trainer.base import user_imports  # pylint: disable=wrong-import-position
+from flax_dp_trainer.base.errors import (  # pylint: disable=wrong-import-position
     Diverged, Preempted, SaveFailed, UserError, storage_failure)
 
 FLAGS = flags.FLAGS
@@ -179,7 +179,7 @@ def main(argv):
   # A damaged checkpoint is set aside and the run goes on: its abandoned reads say nothing.
   sys.unraisablehook = _quiet_abandoned_reads
   # pylint: disable-next=import-outside-toplevel
-  from flax_dp_trainer import checks  # (flax, optax: --list and --show_config answer without them)
+  from flax_dp_trainer.loop import checks  # (flax, optax: --list and --show_config answer without them)
   try:
     _check_flags()
     config = checks.command_line_config(FLAGS['config'])
@@ -192,7 +192,7 @@ def main(argv):
     elif not _several_processes():
       raise import_error
     # pylint: disable-next=import-outside-toplevel
-    from flax_dp_trainer import train  # (TensorFlow: a bad config is refused before it loads)
+    from flax_dp_trainer.loop import train  # (TensorFlow: a bad config is refused before it loads)
     _set_up_devices()
     if jax.process_count() > 1:
       multihost.on_every_process(lambda: user_imports.import_modules(config),

@@ -15,7 +15,7 @@ from typing import Any
 
 from flax_dp_trainer import configs
 from flax_dp_trainer.data import specs
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.base.errors import UserError
 
 DEFAULT_CONFIG = configs.path('default')
 LISTS = ('models', 'datasets', 'configs')

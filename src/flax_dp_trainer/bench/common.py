@@ -2,7 +2,7 @@
 step timing, the config of a timed training run, a run's speed figures under the benchmark's
 keys, the flags they take and the JSON files the parts write their figures to.
 
-Imports neither TensorFlow nor torch, and JAX only through `flax_dp_trainer.checks` (no backend
+Imports neither TensorFlow nor torch, and JAX only through `flax_dp_trainer.loop.checks` (no backend
 configured): the `limit` and `ddp_limit` parts use it where neither TensorFlow nor TFDS is
 installed, and the torch ranks of `ddp_limit` use it too.
 """
@@ -14,9 +14,9 @@ from typing import Any, Callable, Sequence
 
 from absl import flags
 
-from flax_dp_trainer import checks
-from flax_dp_trainer import cli
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.loop import checks
+from flax_dp_trainer.base import cli
+from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import run_metrics
 
 # The module (`python -m flax_dp_trainer.bench.NAME`) that measures each part in its own

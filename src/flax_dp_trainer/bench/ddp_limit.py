@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 from absl import flags
 
-from flax_dp_trainer import cli
-from flax_dp_trainer import efficiency
+from flax_dp_trainer.base import cli
+from flax_dp_trainer.loop import efficiency
 from flax_dp_trainer.bench import common as bench_common
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.torch_ddp import models as torch_models

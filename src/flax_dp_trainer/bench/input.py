@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 from absl import flags
 
-from flax_dp_trainer import cli
+from flax_dp_trainer.base import cli
 from flax_dp_trainer.bench import common as bench_common
 
 FLAGS = flags.FLAGS

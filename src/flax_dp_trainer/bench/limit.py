@@ -16,12 +16,12 @@ import jax
 import numpy as np
 from absl import flags
 
-from flax_dp_trainer import cli
-from flax_dp_trainer import efficiency
-from flax_dp_trainer import optim
-from flax_dp_trainer import parallel
-from flax_dp_trainer import state as state_lib
-from flax_dp_trainer import step as step_lib
+from flax_dp_trainer.base import cli
+from flax_dp_trainer.loop import efficiency
+from flax_dp_trainer.step import optim
+from flax_dp_trainer.parallel import layouts as parallel
+from flax_dp_trainer.step import state as state_lib
+from flax_dp_trainer.step import steps as step_lib
 from flax_dp_trainer.bench import common as bench_common
 from flax_dp_trainer.data import specs
 
@@ -36,7 +36,7 @@ def _define_flags() -> None:
   flags.DEFINE_integer('num_processes', None, 'Of a multi-process measurement.')
   flags.DEFINE_integer('process_id', None, 'Of a multi-process measurement.')
   flags.DEFINE_bool('state_shardings', True, 'Also measure shard_map\'s step with the state '
-                    'sharded (each of flax_dp_trainer.parallel.STATE_SHARDINGS).')
+                    'sharded (each of flax_dp_trainer.parallel.layouts.STATE_SHARDINGS).')
 
 
 def _synthetic_rows(config, layout: parallel.DataParallel, spec: specs.DatasetSpec) -> Any:

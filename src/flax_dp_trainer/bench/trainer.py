@@ -17,10 +17,10 @@ from typing import Any, Optional
 import jax
 from absl import flags
 
-from flax_dp_trainer import cli
-from flax_dp_trainer import parallel
-from flax_dp_trainer import train
-from flax_dp_trainer import writers
+from flax_dp_trainer.base import cli
+from flax_dp_trainer.parallel import layouts as parallel
+from flax_dp_trainer.loop import train
+from flax_dp_trainer.loop import writers
 from flax_dp_trainer.bench import common as bench_common
 from flax_dp_trainer.bench import input as bench_input
 from flax_dp_trainer.bench import limit as bench_limit

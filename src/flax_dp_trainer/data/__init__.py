@@ -23,7 +23,7 @@ TFDS (the metric writers aside, whose CLU module imports TensorFlow itself).
     datasets/    TFDS builders shipped with the trainer (`digits`)
 
 Batches leave here as numpy uint8 images and int32 labels; the train and eval steps normalize
-them on the device (`flax_dp_trainer.step`), and Mixup/CutMix mixes the global batch there
-(`flax_dp_trainer.mix`). A new augmentation is one `preprocess.Step` and one line in
+them on the device (`flax_dp_trainer.step.steps`), and Mixup/CutMix mixes the global batch there
+(`flax_dp_trainer.step.mix`). A new augmentation is one `preprocess.Step` and one line in
 `preprocess.train_plan`.
 """

@@ -14,7 +14,7 @@ import functools
 import zipfile
 import numpy as np
 
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.base.errors import UserError
 
 NPZ_PREFIX = 'npz:'  # config.dataset='npz:/path/data.npz'.
 GIVEN_PREFIX = 'arrays:'  # config.dataset of arrays given from Python ('arrays:NAME').

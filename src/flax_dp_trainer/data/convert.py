@@ -24,7 +24,7 @@ import os
 from absl import logging
 
 from flax_dp_trainer.data import folder as folder_lib
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.base.errors import UserError
 
 FOLDER_DATASET = 'image_folder'  # The TFDS name a converted folder's records are stored under.
 FOLDER_VERSION = '1.0.0'

@@ -17,9 +17,10 @@ the file or the record, its stream position and what to do, in place of TensorFl
 traceback. The failing batch's examples are read and prepared again one at a time, on the
 host, to find it; a failure that none of them repeats alone is raised as it was.
 
-Two imports are made inside the functions that need them: `pipeline`, which imports this
-module (a cycle), and JAX (with `flax_dp_trainer.multihost`), which the input side does not import
-when it is loaded: the DDP twin's ranks and the converter start without it.
+JAX (with `flax_dp_trainer.base.multihost`) is imported inside the function that needs it:
+the input side does not import it when it is loaded (the DDP twin's ranks and the converter
+start without it). What it reads of a pipeline comes as arguments (the `TrainData` or
+`EvalData` it diagnoses) or from `tf_options`.
 """
 
 import contextlib
@@ -39,7 +40,8 @@ from flax_dp_trainer.data import preprocess
 from flax_dp_trainer.data import sources
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import stream as stream_lib
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.data import tf_options
+from flax_dp_trainer.base.errors import UserError
 
 RECORD_FILE = 'left_out_files.json'  # In the workdir: {'folders': {root: {path: why}}}.
 
@@ -86,7 +88,7 @@ def settle(config, workdir: str) -> None:
   folder; refuses them in one line where `config.skip_unreadable_files` is False. Reads
   nothing from the workdir but the record, and writes nothing."""
   # pylint: disable-next=import-outside-toplevel
-  from flax_dp_trainer import multihost  # (no JAX at import)
+  from flax_dp_trainer.base import multihost  # (no JAX at import)
   recorded = read_record(workdir) or {}
   for root in folder_roots(config):
     if root in recorded:
@@ -154,9 +156,8 @@ def _step(position: int, batch_size: int) -> int:
 def _split_examples(config, spec, builder, split):
   """Every example of `split` once, in index order (`sources.split_examples`), read with the
   config's threads and options."""
-  from flax_dp_trainer.data import pipeline  # pylint: disable=import-outside-toplevel  # (a cycle)
-  return sources.split_examples(spec, builder, split, pipeline.data_threads(config),
-                                pipeline.options(config))[0]
+  return sources.split_examples(spec, builder, split, tf_options.data_threads(config),
+                                tf_options.options(config))[0]
 
 
 def _example_name(data, index: int) -> tuple[str, str]:
@@ -195,7 +196,7 @@ def _prepared_alone(plan, element: dict, seed: int) -> Optional[str]:
 def _by_index_culprit(data, rows, seed: int, batch: int) -> Optional[tuple[str, int, str, str]]:
   """The first example of this process's rows of `batch` (of the session) that does not read
   or prepare alone: (its name, stream position, TensorFlow's message, the remedy)."""
-  source = data._indexed_source()  # pylint: disable=protected-access  # (the input side's own)
+  source = data.indexed_source()
   plan = data.plan()
   positions = np.asarray(rows.positions(batch))
   indices = np.asarray(stream_lib.example_index(seed, positions, data.num_examples))
@@ -217,13 +218,12 @@ def _sequential_culprit(data, rows, seed: int, batch: int
                         ) -> Optional[tuple[str, int, str, str]]:
   """As `_by_index_culprit` for a split read in sequence: the session's stream of this process
   read again (not decoded) up to `batch`, its records named by TFDS's ids."""
-  from flax_dp_trainer.data import pipeline  # pylint: disable=import-outside-toplevel  # (a cycle)
   spec = data.spec
 
   def with_ids(part):
     ds = data.builder.as_dataset(
         split=part, shuffle_files=False,
-        read_config=tfds.ReadConfig(options=pipeline.options(data.config), add_tfds_id=True),
+        read_config=tfds.ReadConfig(options=tf_options.options(data.config), add_tfds_id=True),
         decoders={spec.image_key: tfds.decode.SkipDecoding()})
     return ds.map(lambda e: {'image': e[spec.image_key], 'label': e[spec.label_key],
                              'tfds_id': e['tfds_id']})

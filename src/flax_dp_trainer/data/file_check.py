@@ -30,7 +30,7 @@ import json
 import os
 from typing import Iterable, Optional, Union
 
-from flax_dp_trainer.errors import first_line
+from flax_dp_trainer.base.errors import first_line
 
 CACHE_VERSION = 1  # Bumped where a check changes: results of another version are not reused.
 CACHE_DIR_VARIABLE = 'FLAX_DP_TRAINER_CACHE_DIR'  # Where the cache files go, where set.

@@ -32,7 +32,7 @@ import os
 from typing import Optional
 
 from flax_dp_trainer.data import file_check
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.base.errors import UserError
 
 SUFFIXES = ('.jpg', '.jpeg', '.png')
 CONVERTED_FILE = 'image_folder.json'  # Beside the records of a converted folder.

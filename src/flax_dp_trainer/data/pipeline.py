@@ -23,14 +23,13 @@ import dataclasses
 import functools
 import itertools
 import math
-import os
 from typing import Any, Iterator, Optional
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from flax_dp_trainer.batch_keys import MASK_KEY
+from flax_dp_trainer.base.batch_keys import MASK_KEY
 from flax_dp_trainer.data import arrays as arrays_lib
 from flax_dp_trainer.data import damaged
 from flax_dp_trainer.data import folder as folder_lib
@@ -38,28 +37,11 @@ from flax_dp_trainer.data import preprocess
 from flax_dp_trainer.data import sources
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import stream as stream_lib
+from flax_dp_trainer.data.tf_options import data_threads, options
 
 # Batches made ready ahead of the training loop at each stage: finished uint8 batches on the
 # host (tf.data), and batches on their way to the devices (the loop's `dispatch.Prefetch`).
 PREFETCH_BATCHES = 2
-
-
-def data_threads(config) -> int:
-  """`config.data_threads`, or every core this process may run on where it is 0."""
-  return config.data_threads or len(os.sched_getaffinity(0))
-
-
-def options(config) -> tf.data.Options:
-  """tf.data options of every pipeline: deterministic (same seed, same batches), the
-  host's threads, one thread per op (examples in parallel instead), no autotuned buffers."""
-  result = tf.data.Options()
-  result.deterministic = True
-  result.threading.private_threadpool_size = data_threads(config)
-  result.threading.max_intra_op_parallelism = 1
-  # Parallelism and prefetching are set explicitly: autotuning would add buffers of its own.
-  result.autotune.enabled = False
-  result.experimental_optimization.map_fusion = True
-  return result
 
 
 def keep_off_accelerators() -> None:
@@ -92,7 +74,7 @@ class TrainData:
         self.spec, self.builder, self.split, decoded, data_threads(self.config),
         options(self.config)), self)
 
-  def _indexed_source(self) -> sources.Source:
+  def indexed_source(self) -> sources.Source:
     if self.mode == sources.IN_MEMORY:
       return self._in_memory
     return sources.indexed(self.spec, self.builder, self.split, data_threads(self.config))
@@ -140,7 +122,7 @@ class TrainData:
         start_position=start_position, seed=seed))), self, rows, seed)
 
   def _by_index(self, rows: stream_lib.TrainRows, seed: int) -> tf.data.Dataset:
-    source, plan, n = self._indexed_source(), self.plan(), self.num_examples
+    source, plan, n = self.indexed_source(), self.plan(), self.num_examples
     if not plan.steps and isinstance(source, sources.InMemory):
       # Nothing to do per example: gather each batch's rows at once.
       return tf.data.Dataset.range(np.iinfo(np.int64).max).map(

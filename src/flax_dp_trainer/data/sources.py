@@ -32,7 +32,7 @@ from flax_dp_trainer.data import arrays as arrays_lib
 from flax_dp_trainer.data import folder as folder_lib
 from flax_dp_trainer.data import preprocess
 from flax_dp_trainer.data import specs
-from flax_dp_trainer.errors import UserError, first_line
+from flax_dp_trainer.base.errors import UserError, first_line
 
 # Host probed before a download is attempted; TFDS downloads and GCS mirrors live there.
 DOWNLOAD_PROBE = ('storage.googleapis.com', 443)
@@ -85,7 +85,7 @@ def _sync_processes(name: str) -> None:
   # pylint: disable=import-outside-toplevel
   import jax  # Here only: the input side imports without JAX (the DDP twin's ranks).
   if jax.distributed.is_initialized():
-    from flax_dp_trainer import multihost  # (JAX, as above)
+    from flax_dp_trainer.base import multihost  # (JAX, as above)
     multihost.sync_processes(name)
 
 

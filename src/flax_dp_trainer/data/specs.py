@@ -18,7 +18,7 @@ from typing import Optional
 from flax_dp_trainer.data import arrays as arrays_lib
 from flax_dp_trainer.data import folder as folder_lib
 from flax_dp_trainer.data.datasets.digits import source as digits_source
-from flax_dp_trainer.errors import UserError, first_line
+from flax_dp_trainer.base.errors import UserError, first_line
 
 # What a training example goes through besides RandAugment and erasing (`preprocess.py`):
 AUGMENTATIONS = {

@@ -19,10 +19,10 @@ import torch
 import torchvision  # noqa: F401  pylint: disable=unused-import
 from matplotlib import figure
 
-from flax_dp_trainer import optim
-from flax_dp_trainer import writers
+from flax_dp_trainer.step import optim
+from flax_dp_trainer.loop import writers
 from flax_dp_trainer.data import pipeline
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import reporting
 from flax_dp_trainer.runs import run_metrics

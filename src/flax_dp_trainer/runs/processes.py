@@ -17,7 +17,7 @@ import tempfile
 import time
 from typing import Callable, Optional, Sequence
 
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.base.errors import UserError
 
 # TensorFlow only feeds data; this keeps its C++ start-up chatter out of every log.
 QUIET_TENSORFLOW = {'TF_CPP_MIN_LOG_LEVEL': '2'}

@@ -1,6 +1,6 @@
 """What a run wrote, read back for the scripts and the tests: the scalars of its TensorBoard
 event files (`read_events`), and its speed figures from its metrics.jsonl records (the JAX
-trainer's and the DDP twin's, which write the same tags, `flax_dp_trainer.efficiency`): steady
+trainer's and the DDP twin's, which write the same tags, `flax_dp_trainer.loop.efficiency`): steady
 examples/s, the first step's duration, the time to the first step, peak memory
 (`speed_figures`). tools/compare.py and tools/benchmark.py both report these, through
 these functions only.
@@ -15,7 +15,7 @@ import os
 import statistics
 from typing import Any, NamedTuple, Optional, Sequence
 
-from flax_dp_trainer.efficiency import FIRST_STEP_TAG, PEAK_MEMORY_TAG, RATE_TAG
+from flax_dp_trainer.loop.efficiency import FIRST_STEP_TAG, PEAK_MEMORY_TAG, RATE_TAG
 
 
 def read_events(workdir: str) -> tuple[dict[str, dict[int, float]], set[str]]:

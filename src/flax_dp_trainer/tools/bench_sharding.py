@@ -37,13 +37,13 @@ from absl import flags
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from flax_dp_trainer import cli
-from flax_dp_trainer import efficiency
-from flax_dp_trainer import modeling
-from flax_dp_trainer import optim
-from flax_dp_trainer import parallel
-from flax_dp_trainer import state as state_lib
-from flax_dp_trainer import step as step_lib
+from flax_dp_trainer.base import cli
+from flax_dp_trainer.loop import efficiency
+from flax_dp_trainer.model import modeling
+from flax_dp_trainer.step import optim
+from flax_dp_trainer.parallel import layouts as parallel
+from flax_dp_trainer.step import state as state_lib
+from flax_dp_trainer.step import steps as step_lib
 from flax_dp_trainer.bench import common as bench_common
 from flax_dp_trainer.data import specs
 

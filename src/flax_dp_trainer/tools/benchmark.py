@@ -64,10 +64,10 @@ from typing import Any, Callable, Optional, Sequence
 from absl import flags
 from ml_collections import config_flags
 
-from flax_dp_trainer import checks
-from flax_dp_trainer import cli
+from flax_dp_trainer.loop import checks
+from flax_dp_trainer.base import cli
 from flax_dp_trainer.bench import common as bench_common
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import reporting
 
@@ -202,7 +202,7 @@ def _ddp_run(setup: _Setup, ranks: int, cores: int) -> dict[str, Any]:
   print(f'ddp: {ranks} ranks ...', flush=True)
   # CLU's writers import TensorFlow: read here only, where the twin ran (it reads its data
   # through TensorFlow); the bare-step parts run where TensorFlow is not installed.
-  from flax_dp_trainer import writers  # pylint: disable=import-outside-toplevel
+  from flax_dp_trainer.loop import writers  # pylint: disable=import-outside-toplevel
   untimed = 1 + FLAGS.timing_warmup_steps
   fields = bench_common.timed_run_fields(setup.config, FLAGS.steps, untimed)
   workdir = os.path.join(setup.runs_dir or setup.scratch, f'ddp_{ranks}ranks')

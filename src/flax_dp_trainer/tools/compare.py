@@ -27,9 +27,9 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
-from flax_dp_trainer import checks
-from flax_dp_trainer import cli
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.loop import checks
+from flax_dp_trainer.base import cli
+from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 
 FLAGS = flags.FLAGS

@@ -16,10 +16,10 @@ import sys
 import ml_collections
 from absl import flags
 
-from flax_dp_trainer import cli
+from flax_dp_trainer.base import cli
 from flax_dp_trainer.data import convert
 from flax_dp_trainer.data import specs
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.base.errors import UserError
 
 FLAGS = flags.FLAGS
 

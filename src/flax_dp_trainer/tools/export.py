@@ -18,9 +18,9 @@ import os
 
 from absl import flags
 
-from flax_dp_trainer import cli
+from flax_dp_trainer.base import cli
 from flax_dp_trainer import inference
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.zoo import torch_weights
 
 FLAGS = flags.FLAGS

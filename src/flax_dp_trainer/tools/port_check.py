@@ -6,7 +6,7 @@
 
 Builds both (the flax one as the trainer builds `--config.model`, dropout off), carries the
 torch weights (its own random init, or a state dict file) into the flax variables, layers
-paired in the order a forward pass first uses them (`flax_dp_trainer.torch_ddp.porting`), and runs
+paired in the order a forward pass first uses them (`flax_dp_trainer.port.porting`), and runs
 both on the same random batch in eval mode and in train mode (BatchNorm on the batch's
 statistics, dropout off). It prints, in call order, the largest difference of each layer's
 input and output, then the gradients of the same loss per parameter and the BatchNorm
@@ -29,12 +29,12 @@ import optax
 import torch
 from absl import flags
 
-from flax_dp_trainer import cli
-from flax_dp_trainer import modeling
+from flax_dp_trainer.base import cli
+from flax_dp_trainer.model import modeling
 from flax_dp_trainer.configs import default
-from flax_dp_trainer.errors import UserError, first_line
+from flax_dp_trainer.base.errors import UserError, first_line
 from flax_dp_trainer.torch_ddp import models as torch_models
-from flax_dp_trainer.torch_ddp import porting
+from flax_dp_trainer.port import porting
 from flax_dp_trainer.zoo import torch_weights
 
 FLAGS = flags.FLAGS
@@ -113,7 +113,7 @@ def _cell(value: Optional[float], ok: bool) -> str:
 
 
 def build_flax(path: str, kwargs: dict, num_classes: int, input_shape: tuple[int, ...]):
-  """The flax port as the trainer builds a model (`flax_dp_trainer.modeling`), dropout off, its
+  """The flax port as the trainer builds a model (`flax_dp_trainer.model.modeling`), dropout off, its
   BatchNorm on one device's batch (no device axis: `axis_name=None` where declared)."""
   config = default.get_config()
   config.model = path
@@ -131,7 +131,7 @@ def build_flax(path: str, kwargs: dict, num_classes: int, input_shape: tuple[int
 
 def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int = 4,
           seed: int = 0) -> Report:
-  """Carries `torch_module`'s weights into `flax_model` (a `flax_dp_trainer.modeling.Model`) and
+  """Carries `torch_module`'s weights into `flax_model` (a `flax_dp_trainer.model.modeling.Model`) and
   compares the two, layer by layer, in eval and train mode."""
   rng = np.random.RandomState(seed)
   x = rng.standard_normal((batch,) + tuple(input_shape)).astype(np.float32)

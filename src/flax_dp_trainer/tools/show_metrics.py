@@ -8,7 +8,7 @@ import math
 
 from absl import flags
 
-from flax_dp_trainer import cli
+from flax_dp_trainer.base import cli
 from flax_dp_trainer.runs import reporting
 from flax_dp_trainer.runs import run_metrics
 

@@ -2,7 +2,7 @@
 
 from absl import flags
 
-from flax_dp_trainer import cli
+from flax_dp_trainer.base import cli
 from flax_dp_trainer.torch_ddp import main
 
 main.define_flags()

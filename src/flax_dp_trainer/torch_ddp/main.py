@@ -14,9 +14,9 @@ import os
 
 from absl import flags
 
-from flax_dp_trainer import checks
-from flax_dp_trainer import cli
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.loop import checks
+from flax_dp_trainer.base import cli
+from flax_dp_trainer.base.errors import UserError
 
 FLAGS = flags.FLAGS
 

@@ -28,11 +28,11 @@ import torchvision
 from torch import nn
 from torchvision.models import resnet as tv_resnet
 
-from flax_dp_trainer import modeling
-from flax_dp_trainer import state as state_lib
+from flax_dp_trainer.model import modeling
+from flax_dp_trainer.step import state as state_lib
 from flax_dp_trainer import zoo as flax_models
-from flax_dp_trainer.errors import UserError, first_line
-from flax_dp_trainer.torch_ddp import porting
+from flax_dp_trainer.base.errors import UserError, first_line
+from flax_dp_trainer.port import porting
 from flax_dp_trainer.zoo import torch_weights
 
 
@@ -240,7 +240,7 @@ def is_convnet(config, model: nn.Module) -> bool:
 
 def initial_variables(config, num_classes: int, input_shape: tuple[int, ...]
                       ) -> tuple[Any, dict]:
-  """(the config's flax module, the variables `flax_dp_trainer.state.init_state` starts it from):
+  """(the config's flax module, the variables `flax_dp_trainer.step.state.init_state` starts it from):
   what the JAX run starts from, for the twin to start there too."""
   model = state_lib.model_from_config(config, num_classes, input_shape)
   return model.module, state_lib.init_state(config, num_classes, input_shape,

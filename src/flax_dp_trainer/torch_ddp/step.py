@@ -29,10 +29,10 @@ from torch.utils import flop_counter
 from torchvision.models import resnet as tv_resnet
 from torchvision.models import vision_transformer
 
-from flax_dp_trainer import mix as mix_lib
-from flax_dp_trainer import optim
+from flax_dp_trainer.step import mix as mix_lib
+from flax_dp_trainer.step import optim
 from flax_dp_trainer.data import specs
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.torch_ddp import models as torch_models
 
 SUPPORTED = dict(optimizer=('sgd', 'adamw'), dtype=('float32', 'bfloat16', 'float16'),
@@ -300,7 +300,7 @@ def partner_rows(x: torch.Tensor) -> torch.Tensor:
 
 class Mixing:
   """Mixup/CutMix of the global batch as the JAX step mixes it: the same draw
-  (`flax_dp_trainer.mix.draw`, from the same key: the run's step RNG folded with the step) and the
+  (`flax_dp_trainer.step.mix.draw`, from the same key: the run's step RNG folded with the step) and the
   same pairs, the partners' rows fetched from rank R-1-r."""
 
   def __init__(self, config, step_rng: jax.Array, num_classes: int):
@@ -344,7 +344,7 @@ def _unknown_loss(loss: str) -> UserError:
 def dense_targets(labels: torch.Tensor, num_classes: int, *,
                   targets: Optional[torch.Tensor] = None,
                   label_smoothing: float = 0.0) -> torch.Tensor:
-  """(batch, num_classes) float targets as `flax_dp_trainer.losses.targets` makes them: `targets`
+  """(batch, num_classes) float targets as `flax_dp_trainer.step.losses.targets` makes them: `targets`
   (Mixup/CutMix's soft targets) where given, else one-hot `labels`; then smoothed as
   `optax.smooth_labels` smooths: t * (1 - a) + a / num_classes."""
   dense = (torch.nn.functional.one_hot(labels, num_classes).float() if targets is None
@@ -356,7 +356,7 @@ def dense_targets(labels: torch.Tensor, num_classes: int, *,
 
 def sigmoid_xent(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
   """Per-example binary cross-entropy of every class's logit against dense `targets`, SUMMED
-  over the classes (`flax_dp_trainer.losses.sigmoid_xent`; BCEWithLogitsLoss would average them)."""
+  over the classes (`flax_dp_trainer.step.losses.sigmoid_xent`; BCEWithLogitsLoss would average them)."""
   return torch.nn.functional.binary_cross_entropy_with_logits(
       logits, targets, reduction='none').sum(-1)
 

@@ -38,20 +38,20 @@ import torchvision  # noqa: F401  pylint: disable=unused-import
 from absl import logging
 from clu import metric_writers
 
-from flax_dp_trainer import batch_keys
-from flax_dp_trainer import cadence
-from flax_dp_trainer import checks
-from flax_dp_trainer import efficiency
-from flax_dp_trainer import metrics
-from flax_dp_trainer import optim
-from flax_dp_trainer import signals
-from flax_dp_trainer import state as state_lib
-from flax_dp_trainer import workdir as workdir_lib
-from flax_dp_trainer import writers
+from flax_dp_trainer.base import batch_keys
+from flax_dp_trainer.loop import cadence
+from flax_dp_trainer.loop import checks
+from flax_dp_trainer.loop import efficiency
+from flax_dp_trainer.step import metrics
+from flax_dp_trainer.step import optim
+from flax_dp_trainer.loop import signals
+from flax_dp_trainer.step import state as state_lib
+from flax_dp_trainer.loop import workdir as workdir_lib
+from flax_dp_trainer.loop import writers
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import sources
 from flax_dp_trainer.data import specs
-from flax_dp_trainer.errors import Preempted, UserError
+from flax_dp_trainer.base.errors import Preempted, UserError
 from flax_dp_trainer.torch_ddp import models as torch_models
 from flax_dp_trainer.torch_ddp import step as step_lib
 from flax_dp_trainer.zoo import torch_weights

@@ -66,10 +66,10 @@ import jax
 import jax.numpy as jnp
 from flax.core import scope as scope_lib
 
-from flax_dp_trainer import user_imports
+from flax_dp_trainer.base import user_imports
 from flax_dp_trainer import zoo
-from flax_dp_trainer.errors import UserError, first_line
-from flax_dp_trainer.parallel import AXIS_NAME
+from flax_dp_trainer.base.errors import UserError, first_line
+from flax_dp_trainer.parallel.layouts import AXIS_NAME
 from flax_dp_trainer.zoo import layers
 
 # The config values a constructor may declare, each with the config field that sets it (None:
@@ -370,7 +370,7 @@ def _nnx_dropout_class():
   from flax import nnx  # pylint: disable=import-outside-toplevel  # (start-up: NNX users only)
 
   class ExampleDropout(nnx.Dropout):
-    """nnx.Dropout, its masks drawn per example (flax_dp_trainer.modeling)."""
+    """nnx.Dropout, its masks drawn per example (flax_dp_trainer.model.modeling)."""
 
     def __call__(self, inputs, *, deterministic=None, rngs=None):
       ids = _EXAMPLE_IDS.get()

@@ -10,8 +10,8 @@ import optax
 from flax.training import dynamic_scale as dynamic_scale_lib
 from flax.training import train_state
 
-from flax_dp_trainer import modeling
-from flax_dp_trainer import optim
+from flax_dp_trainer.model import modeling
+from flax_dp_trainer.step import optim
 
 
 class TrainState(train_state.TrainState):

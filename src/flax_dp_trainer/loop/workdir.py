@@ -18,7 +18,7 @@ from typing import Optional, TextIO
 
 from absl import logging
 
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.base.errors import UserError
 
 LOCK_FILE = 'run.lock'
 # flock's errors on filesystems without locks (NFS without a lock manager, FUSE mounts).

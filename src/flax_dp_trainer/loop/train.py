@@ -27,27 +27,27 @@ from etils import epath
 from jax.experimental import multihost_utils
 from jax.experimental.compilation_cache import compilation_cache
 
-from flax_dp_trainer import cadence
-from flax_dp_trainer import checkpoint
-from flax_dp_trainer import checks
-from flax_dp_trainer import dispatch
-from flax_dp_trainer import efficiency
-from flax_dp_trainer import losses
-from flax_dp_trainer import metrics
-from flax_dp_trainer import modeling
-from flax_dp_trainer import multihost
-from flax_dp_trainer import optim
-from flax_dp_trainer import parallel
-from flax_dp_trainer import signals
-from flax_dp_trainer import state as state_lib
-from flax_dp_trainer import step as step_lib
-from flax_dp_trainer import workdir as workdir_lib
-from flax_dp_trainer import writers
+from flax_dp_trainer.loop import cadence
+from flax_dp_trainer.checkpoint import checkpointer as checkpoint
+from flax_dp_trainer.loop import checks
+from flax_dp_trainer.parallel import dispatch
+from flax_dp_trainer.loop import efficiency
+from flax_dp_trainer.step import losses
+from flax_dp_trainer.step import metrics
+from flax_dp_trainer.model import modeling
+from flax_dp_trainer.base import multihost
+from flax_dp_trainer.step import optim
+from flax_dp_trainer.parallel import layouts as parallel
+from flax_dp_trainer.loop import signals
+from flax_dp_trainer.step import state as state_lib
+from flax_dp_trainer.step import steps as step_lib
+from flax_dp_trainer.loop import workdir as workdir_lib
+from flax_dp_trainer.loop import writers
 from flax_dp_trainer.data import damaged
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import sources
 from flax_dp_trainer.data import specs
-from flax_dp_trainer.errors import Diverged, Preempted, UserError
+from flax_dp_trainer.base.errors import Diverged, Preempted, UserError
 from flax_dp_trainer.zoo import torch_weights
 
 
@@ -450,7 +450,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   (`parallel.global_devices()`); a single-process run may name fewer. `model`: a flax module
   object, class or function to train in place of `config.model` (`modeling.from_object`);
   `loss`: `loss(logits, targets) -> per-example loss` in place of `config.loss`
-  (`flax_dp_trainer.losses`); `command_line`: the config fields set on the command line (a value the
+  (`flax_dp_trainer.step.losses`); `command_line`: the config fields set on the command line (a value the
   model does not take is refused there, and only logged otherwise).
   """
   run = _prepare(config, workdir, devices, model=model, loss=loss, command_line=command_line)

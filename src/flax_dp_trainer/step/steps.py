@@ -18,14 +18,14 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-from flax_dp_trainer import losses
-from flax_dp_trainer import mix as mix_lib
-from flax_dp_trainer import parallel
-from flax_dp_trainer.batch_keys import EXAMPLE_ID_KEY, MASK_KEY, MIX_LABEL_KEY, MIX_WEIGHT_KEY
+from flax_dp_trainer.step import losses
+from flax_dp_trainer.step import mix as mix_lib
+from flax_dp_trainer.parallel import layouts as parallel
+from flax_dp_trainer.base.batch_keys import EXAMPLE_ID_KEY, MASK_KEY, MIX_LABEL_KEY, MIX_WEIGHT_KEY
 from flax_dp_trainer.data import specs
-from flax_dp_trainer.metrics import EvalMetrics, ScaledTrainMetrics, TrainMetrics
-from flax_dp_trainer.parallel import AXIS_NAME
-from flax_dp_trainer.state import TrainState
+from flax_dp_trainer.step.metrics import EvalMetrics, ScaledTrainMetrics, TrainMetrics
+from flax_dp_trainer.parallel.layouts import AXIS_NAME
+from flax_dp_trainer.step.state import TrainState
 from flax_dp_trainer.zoo import layers
 
 
@@ -66,7 +66,7 @@ class StepOptions:
   skip_nonfinite: bool = False  # A step with NaN/Inf loss or gradients changes nothing.
   normalization: Normalization = Normalization()
   mix: mix_lib.MixOptions = mix_lib.MixOptions()  # Mixup/CutMix of the global batch.
-  # `loss(logits, targets) -> per-example loss` on dense targets (flax_dp_trainer.losses).
+  # `loss(logits, targets) -> per-example loss` on dense targets (flax_dp_trainer.step.losses).
   loss: losses.Loss = losses.softmax_xent
   remat: str = 'none'  # The blocks' rematerialization policy (zoo.layers.REMAT_POLICIES).
 

@@ -34,7 +34,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from flax_dp_trainer.configs import default
-from flax_dp_trainer.errors import SaveFailed, UserError, first_line
+from flax_dp_trainer.base.errors import SaveFailed, UserError, first_line
 from flax_dp_trainer.zoo import layers
 from flax_dp_trainer.zoo import vit
 

@@ -12,7 +12,7 @@ import importlib
 import os
 import sys
 
-from flax_dp_trainer.errors import UserError, first_line
+from flax_dp_trainer.base.errors import UserError, first_line
 
 
 def put_working_directory_on_path() -> None:

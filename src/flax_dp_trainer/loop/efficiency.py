@@ -60,7 +60,7 @@ def step_memory(state: Any, compiled: Any) -> StepMemory:
   `jax.ShapeDtypeStruct`s with shardings), `compiled` its compiled step (None: the step's
   own memory unknown)."""
   # pylint: disable-next=import-outside-toplevel
-  from flax_dp_trainer import parallel  # (JAX: the readers of the tags above import none)
+  from flax_dp_trainer.parallel import layouts as parallel  # (JAX: the readers of the tags above import none)
   analysis = compiled.memory_analysis() if compiled is not None else None
   analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
   params = parallel.bytes_per_device(state.params) + parallel.bytes_per_device(

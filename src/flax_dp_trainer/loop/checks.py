@@ -5,13 +5,13 @@ import os
 import ml_collections
 from absl import logging
 
-from flax_dp_trainer import losses
-from flax_dp_trainer import modeling
-from flax_dp_trainer import optim
-from flax_dp_trainer import parallel
-from flax_dp_trainer import user_imports
+from flax_dp_trainer.step import losses
+from flax_dp_trainer.model import modeling
+from flax_dp_trainer.step import optim
+from flax_dp_trainer.parallel import layouts as parallel
+from flax_dp_trainer.base import user_imports
 from flax_dp_trainer.data import specs
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.zoo import layers
 from flax_dp_trainer.zoo import vit
 

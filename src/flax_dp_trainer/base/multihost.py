@@ -14,7 +14,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.base.errors import UserError
 
 
 def sync_processes(name: str) -> None:

@@ -27,8 +27,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from flax_dp_trainer.batch_keys import MIX_LABEL_KEY, MIX_WEIGHT_KEY
-from flax_dp_trainer.parallel import AXIS_NAME
+from flax_dp_trainer.base.batch_keys import MIX_LABEL_KEY, MIX_WEIGHT_KEY
+from flax_dp_trainer.parallel.layouts import AXIS_NAME
 
 # Folded into the step's key for the batch's draw: apart from the 'dropout' keys flax derives.
 MIX_KEY_SALT = 0x6D6978

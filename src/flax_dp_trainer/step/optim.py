@@ -8,7 +8,7 @@ import optax
 
 from flax_dp_trainer.zoo import layers
 
-from flax_dp_trainer.errors import UserError
+from flax_dp_trainer.base.errors import UserError
 
 OPTIMIZERS = ('adamw', 'lamb', 'lars', 'sgd')
 REFERENCE_BATCH = 256  # Linear scaling rule: the peak rate is given for this global batch.

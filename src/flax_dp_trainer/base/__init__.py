@@ -1,0 +1,3 @@
+"""What every layer may use: the error types, command-line helpers (a config flag that
+takes a shipped config's name), the batch dict's key names, a user's `config.imports`, what
+the processes of a run agree on. Imports `configs` only."""

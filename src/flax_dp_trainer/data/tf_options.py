@@ -1,0 +1,24 @@
+"""The tf.data options every pipeline of the input side reads with (the training and
+evaluation pipelines, and the damaged-files diagnosis that reads a split again)."""
+
+import os
+
+import tensorflow as tf
+
+
+def data_threads(config) -> int:
+  """`config.data_threads`, or every core this process may run on where it is 0."""
+  return config.data_threads or len(os.sched_getaffinity(0))
+
+
+def options(config) -> tf.data.Options:
+  """tf.data options of every pipeline: deterministic (same seed, same batches), the
+  host's threads, one thread per op (examples in parallel instead), no autotuned buffers."""
+  result = tf.data.Options()
+  result.deterministic = True
+  result.threading.private_threadpool_size = data_threads(config)
+  result.threading.max_intra_op_parallelism = 1
+  # Parallelism and prefetching are set explicitly: autotuning would add buffers of its own.
+  result.autotune.enabled = False
+  result.experimental_optimization.map_fusion = True
+  return result
