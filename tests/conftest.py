@@ -50,17 +50,15 @@ def _prepare_test_process() -> None:
   jax.config.update('jax_num_cpu_devices', NUM_DEVICES)
 
 
-# The longest files (seconds of one worker each), scheduled first: xdist hands out whole files
-# (--dist loadfile) in collection order, and a long file handed out last leaves the other
-# worker idle while it runs.
-LONGEST_FIRST = ('test_benchmark.py', 'test_topology.py', 'test_checkpoint.py',
-                 'test_multiprocess.py', 'test_ddp_twin.py', 'test_ddp_parity.py', 'test_data.py',
-                 'test_train.py', 'test_faults.py', 'test_install.py', 'test_compare.py')
-
-
 def pytest_collection_modifyitems(items):
-  rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
-  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+  """The files with the most `slow` tests (whole runs, subprocess jobs) first: xdist hands out
+  whole files (--dist loadfile) in collection order, and a long file handed out last leaves
+  the other worker idle while it runs. Within a file, collection order."""
+  slow = {}
+  for item in items:
+    slow[item.path] = slow.get(item.path, 0) + int(item.get_closest_marker('slow') is not None)
+  order = {path: rank for rank, path in enumerate(sorted(slow, key=lambda p: -slow[p]))}
+  items.sort(key=lambda item: order[item.path])
 
 
 # A test process that dies (os.abort, a native crash, the OOM killer) ends the run at once,

@@ -1,5 +1,5 @@
 """Trains several topology-comparison runs in one multi-process job, so that the processes
-start (and import TensorFlow and JAX) once for all of them. Used by tests/test_topology.py:
+start (and import TensorFlow and JAX) once for all of them. Used by tests/parallel/test_topology.py:
 
   python -m tests.multiprocess_train --coordinator_address=127.0.0.1:PORT --num_processes=2 \
       --process_id=I --cpu_devices=2 --root=DIR --tfds_data_dir=DIR --runs=cnn:pmap,resnet_tiny:shard_map

@@ -4,7 +4,7 @@ loop, checkpoints, resume, metrics and errors (the package's root exports them).
 `model` (optional) is a flax module object, class or function in place of `config.model`;
 `data` (optional) numpy images and labels of each split in place of `config.dataset`;
 `loss` (optional) a function `loss(logits, targets) -> per-example loss` in place of
-`config.loss` (`losses.py`); `modeling.py` says what a model must be. (`fit`, not `train`:
+`config.loss` (`losses.py`); `model/` says what a model must be. (`fit`, not `train`:
 `flax_dp_trainer.loop.train` is the module of the loop.)
 """
 

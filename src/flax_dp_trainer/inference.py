@@ -23,6 +23,8 @@ import numpy as np
 
 from flax_dp_trainer.checkpoint import checkpointer as checkpoint
 from flax_dp_trainer.model import modeling
+from flax_dp_trainer.model import adapter
+from flax_dp_trainer.model import source as model_source
 from flax_dp_trainer.step import steps as step_lib
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.base.errors import UserError
@@ -39,7 +41,7 @@ class Trained:
   step: int
   spec: specs.DatasetSpec  # The dataset as trained (its shapes, classes and statistics).
   ema: bool  # Whether `variables` holds the EMA of the params.
-  built: Optional[modeling.Model] = None  # How the trainer applies `model` (NNX included).
+  built: Optional[adapter.Model] = None  # How the trainer applies `model` (NNX included).
 
   @property
   def input_shape(self) -> tuple[int, int, int]:
@@ -76,7 +78,7 @@ class Trained:
   @functools.cached_property
   def _apply(self):
     normalization = self.normalization
-    built = self.built if self.built is not None else modeling.wrap(self.model)
+    built = self.built if self.built is not None else adapter.wrap(self.model)
     return jax.jit(lambda variables, images: built.apply(
         variables, normalization(images), train=False).astype(np.float32))
 
@@ -117,9 +119,9 @@ def load(workdir: str, step: Optional[int] = None, *, model: Any = None) -> Trai
   JSON); it must be the model that was trained."""
   step, meta = checkpoint.read_meta(workdir, step)
   config = meta.full_config()
-  if model is None and config.model.startswith(modeling.OBJECT_PREFIX):
+  if model is None and config.model.startswith(model_source.OBJECT_PREFIX):
     raise UserError(f'the run in {workdir} trained a model given from Python as an object '
-                    f'({config.model[len(modeling.OBJECT_PREFIX):]}), which its checkpoint '
+                    f'({config.model[len(model_source.OBJECT_PREFIX):]}), which its checkpoint '
                     'cannot name: pass the same module, trainer.load(workdir, model=...)')
   spec = _spec(meta, config)
   saved = checkpoint.read_state(workdir, step)

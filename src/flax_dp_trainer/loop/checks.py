@@ -6,7 +6,7 @@ import ml_collections
 from absl import logging
 
 from flax_dp_trainer.step import losses
-from flax_dp_trainer.model import modeling
+from flax_dp_trainer.model import source as model_source
 from flax_dp_trainer.step import optim
 from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.base import user_imports
@@ -114,7 +114,7 @@ def check_fields(config, *, process_count: int, local_device_count: int) -> None
     value = config[field]
     if not isinstance(value, int) or value <= 0:
       raise UserError(f'{field}={value!r} must be a positive integer (--config.{field}=N)')
-  modeling.check_name(config.model)
+  model_source.check_name(config.model)
   _choice('loss', config.loss, tuple(losses.LOSSES))
   _choice('remat', config.remat, tuple(layers.REMAT_POLICIES))
   _choice('pos_embedding_resize', config.pos_embedding_resize, vit.POS_EMBEDDING_RESIZE)
@@ -139,8 +139,8 @@ def check_fields(config, *, process_count: int, local_device_count: int) -> None
   if not isinstance(config.data_threads, int) or config.data_threads < 0:
     raise UserError(f'data_threads={config.data_threads!r} must be a whole number >= 0; 0 uses '
                     'every core the process may run on (--config.data_threads=N)')
-  if (config.stochastic_depth_rate and not modeling.is_import_path(config.model) and
-      'stochastic_depth_rate' not in modeling.resolve(config.model).declared):
+  if (config.stochastic_depth_rate and not model_source.is_import_path(config.model) and
+      'stochastic_depth_rate' not in model_source.resolve(config.model).declared):
     raise UserError(f'stochastic_depth_rate={config.stochastic_depth_rate}: '
                     f'model={config.model!r} has no residual blocks; it applies to the resnet* '
                     'and vit* models (--config.stochastic_depth_rate=0)')
@@ -151,8 +151,8 @@ def check_fields(config, *, process_count: int, local_device_count: int) -> None
     raise UserError(f'scan_layers=True with optimizer={config.optimizer!r}: its trust ratios '
                     'are per layer, and a scanned stack holds every layer in one array; use '
                     "--config.optimizer=sgd or adamw, or --config.scan_layers=False")
-  if (config.scan_layers and not modeling.is_import_path(config.model) and
-      'scan_layers' not in modeling.resolve(config.model).declared):
+  if (config.scan_layers and not model_source.is_import_path(config.model) and
+      'scan_layers' not in model_source.resolve(config.model).declared):
     raise UserError(f'scan_layers=True: model={config.model!r} has no scanned form; the vit* '
                     'models scan their encoder blocks (--config.scan_layers=False)')
   if config.grad_accum_steps > 1 and config.dtype == 'float16':

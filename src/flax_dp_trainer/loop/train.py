@@ -35,6 +35,9 @@ from flax_dp_trainer.loop import efficiency
 from flax_dp_trainer.step import losses
 from flax_dp_trainer.step import metrics
 from flax_dp_trainer.model import modeling
+from flax_dp_trainer.model import adapter
+from flax_dp_trainer.model import probe
+from flax_dp_trainer.model import source as model_source
 from flax_dp_trainer.base import multihost
 from flax_dp_trainer.step import optim
 from flax_dp_trainer.parallel import layouts as parallel
@@ -313,7 +316,7 @@ class _Run:
   checkpointer: checkpoint.Checkpointer
   evaluations: Evaluations
   num_classes: int
-  model: modeling.Model  # The built model (its flax module: `model.module`).
+  model: adapter.Model  # The built model (its flax module: `model.module`).
   input_shape: tuple[int, ...]
   loss: losses.Loss  # The training loss (config.loss, or the function given from Python).
   # The PyTorch state dict of `init_from`, read and checked, where a fresh run starts from one.
@@ -321,14 +324,14 @@ class _Run:
 
 
 def _build_model(config, num_classes: int, input_shape: tuple[int, ...], per_device: int, *,
-                 model: Any, command_line) -> modeling.Model:
-  """The run's model built and traced on abstract shapes (`modeling.probe`), what it cannot
+                 model: Any, command_line) -> adapter.Model:
+  """The run's model built and traced on abstract shapes (`probe.probe`), what it cannot
   keep topology-invariant logged, every process agreeing that it builds."""
 
   def build():
     built = modeling.build(config, num_classes, input_shape[1:], model=model,
                            set_on_command_line=command_line)
-    lines = built.notes + modeling.probe(built.model, input_shape[1:], per_device, num_classes,
+    lines = built.notes + probe.probe(built.model, input_shape[1:], per_device, num_classes,
                                          config.dtype, config.remat)
     return built.model, lines
 
@@ -338,11 +341,11 @@ def _build_model(config, num_classes: int, input_shape: tuple[int, ...], per_dev
   return built
 
 
-def _recorded(config, model: modeling.Model) -> ml_collections.ConfigDict:
+def _recorded(config, model: adapter.Model) -> ml_collections.ConfigDict:
   """`config` as the checkpoints and hparams record it: a model given from Python named by
   its import path and fields where it has them (`trainer.load` rebuilds it from those), else
   as 'object:NAME' (`trainer.load` must then be given the module)."""
-  name, kwargs = model.record or (modeling.OBJECT_PREFIX + model.name, {})
+  name, kwargs = model.record or (model_source.OBJECT_PREFIX + model.name, {})
   if name == config.model and kwargs == config.model_kwargs.to_dict():
     return config
   recorded = ml_collections.ConfigDict(config.to_dict())
@@ -448,7 +451,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 
   `devices`: the devices to train on, default every device of every process
   (`parallel.global_devices()`); a single-process run may name fewer. `model`: a flax module
-  object, class or function to train in place of `config.model` (`modeling.from_object`);
+  object, class or function to train in place of `config.model` (`model_source.from_object`);
   `loss`: `loss(logits, targets) -> per-example loss` in place of `config.loss`
   (`flax_dp_trainer.step.losses`); `command_line`: the config fields set on the command line (a value the
   model does not take is refused there, and only logged otherwise).

@@ -11,6 +11,7 @@ from flax.training import dynamic_scale as dynamic_scale_lib
 from flax.training import train_state
 
 from flax_dp_trainer.model import modeling
+from flax_dp_trainer.model import adapter
 from flax_dp_trainer.step import optim
 
 
@@ -41,10 +42,10 @@ def seed_rngs(seed: int) -> tuple[jax.Array, jax.Array]:
 def create_train_state(model, tx: optax.GradientTransformation, rng: jax.Array,
                        input_shape: tuple[int, ...], *, loss_scaling: bool = False,
                        ema: bool = False) -> TrainState:
-  """Initializes `model` (a `modeling.Model`, or a linen module) on a dummy batch of
+  """Initializes `model` (a `adapter.Model`, or a linen module) on a dummy batch of
   `input_shape`; the arrays are on the default device, unreplicated."""
   if isinstance(model, nn.Module):
-    model = modeling.wrap(model)
+    model = adapter.wrap(model)
   variables = jax.jit(lambda r: model.init(r, input_shape))(rng)
   params = variables['params']
   return TrainState.create(
@@ -54,7 +55,7 @@ def create_train_state(model, tx: optax.GradientTransformation, rng: jax.Array,
 
 
 def model_from_config(config, num_classes: int,
-                      input_shape: Optional[tuple[int, ...]] = None) -> modeling.Model:
+                      input_shape: Optional[tuple[int, ...]] = None) -> adapter.Model:
   """The config's model (`modeling.build`), for inputs of `input_shape` (batch first; only
   NNX modules need it, for their `in_features`)."""
   return modeling.build(config, num_classes,
@@ -62,7 +63,7 @@ def model_from_config(config, num_classes: int,
 
 
 def initializer(config, num_classes: int, schedule: optax.Schedule,
-                model: Optional[modeling.Model] = None
+                model: Optional[adapter.Model] = None
                 ) -> Callable[[jax.Array, tuple[int, ...]], TrainState]:
   """`init(rng, input_shape) -> TrainState` of `model` (default: the config's) and the
   config's optimizer."""
@@ -74,7 +75,7 @@ def initializer(config, num_classes: int, schedule: optax.Schedule,
 
 def init_state(config, num_classes: int, input_shape: tuple[int, ...],
                rng: Optional[jax.Array] = None, *,
-               model: Optional[modeling.Model] = None) -> TrainState:
+               model: Optional[adapter.Model] = None) -> TrainState:
   """`model` (default: the config's) and the config's optimizer initialized (on the default
   device) for `input_shape` (batch first) and fetched to the host, from `rng` (default: the
   config seed's init key). The one build from a config that every run uses."""

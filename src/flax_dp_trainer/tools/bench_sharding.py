@@ -39,7 +39,7 @@ from jax.sharding import PartitionSpec as P
 
 from flax_dp_trainer.base import cli
 from flax_dp_trainer.loop import efficiency
-from flax_dp_trainer.model import modeling
+from flax_dp_trainer.model import source as model_source
 from flax_dp_trainer.step import optim
 from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.step import state as state_lib
@@ -263,7 +263,7 @@ def main(argv):
   if unknown:
     raise SystemExit(f'error: --forms={",".join(FLAGS.forms)}: {unknown[0]!r} is none of '
                      f'{", ".join(FORMS)}')
-  scannable = 'scan_layers' in (modeling.resolve(config.model).declared or ())
+  scannable = 'scan_layers' in (model_source.resolve(config.model).declared or ())
   forms = [f for f in FLAGS.forms if scannable or f == 'unrolled'] or ['unrolled']
   budget = int(FLAGS.memory_gib * 2**30)
   rows = []

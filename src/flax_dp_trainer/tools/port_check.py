@@ -31,6 +31,7 @@ from absl import flags
 
 from flax_dp_trainer.base import cli
 from flax_dp_trainer.model import modeling
+from flax_dp_trainer.model import source as model_source
 from flax_dp_trainer.configs import default
 from flax_dp_trainer.base.errors import UserError, first_line
 from flax_dp_trainer.torch_ddp import models as torch_models
@@ -117,7 +118,7 @@ def build_flax(path: str, kwargs: dict, num_classes: int, input_shape: tuple[int
   BatchNorm on one device's batch (no device axis: `axis_name=None` where declared)."""
   config = default.get_config()
   config.model = path
-  declared = modeling.resolve(path).declared
+  declared = model_source.resolve(path).declared
   if (declared is None or 'axis_name' in declared) and 'axis_name' not in kwargs:
     kwargs = dict(kwargs, axis_name=None)
   config.model_kwargs = kwargs
@@ -131,7 +132,7 @@ def build_flax(path: str, kwargs: dict, num_classes: int, input_shape: tuple[int
 
 def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int = 4,
           seed: int = 0) -> Report:
-  """Carries `torch_module`'s weights into `flax_model` (a `flax_dp_trainer.model.modeling.Model`) and
+  """Carries `torch_module`'s weights into `flax_model` (a `flax_dp_trainer.model.adapter.Model`) and
   compares the two, layer by layer, in eval and train mode."""
   rng = np.random.RandomState(seed)
   x = rng.standard_normal((batch,) + tuple(input_shape)).astype(np.float32)

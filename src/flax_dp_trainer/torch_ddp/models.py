@@ -28,7 +28,7 @@ import torchvision
 from torch import nn
 from torchvision.models import resnet as tv_resnet
 
-from flax_dp_trainer.model import modeling
+from flax_dp_trainer.model import source as model_source
 from flax_dp_trainer.step import state as state_lib
 from flax_dp_trainer import zoo as flax_models
 from flax_dp_trainer.base.errors import UserError, first_line
@@ -200,7 +200,7 @@ def from_path(path: str, kwargs: Mapping[str, Any], num_classes: int, dropout_ra
   or a function returning one, such as `torchvision.models:resnet18`), given `num_classes`
   where its constructor declares it or takes any keyword, and the dropout rate where it
   declares one (`dropout_rate`, `dropout` or `p_dropout`), unless `kwargs` set them."""
-  target = modeling.import_object(path, field)
+  target = model_source.import_object(path, field)
   try:
     declared = inspect.signature(target).parameters
   except (TypeError, ValueError):

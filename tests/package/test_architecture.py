@@ -11,8 +11,10 @@ import tokenize
 
 import flax_dp_trainer
 
+import tests
+
 PACKAGE = pathlib.Path(flax_dp_trainer.__file__).resolve().parent
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(tests.REPO)
 ROOT = 'flax_dp_trainer'
 
 ENTRY = 'entry'  # The modules at the package's top: the ways in.

@@ -17,7 +17,7 @@ from flax_dp_trainer.runs import run_metrics
 from tests import helpers
 from tests import REPO
 
-# Minutes of training runs: the fast tier's checks of the same are in tests/test_step.py.
+# Minutes of training runs: the fast tier's checks of the same are in tests/step/test_step.py.
 pytestmark = pytest.mark.slow
 
 # Differences in relative L2 norm to the reference run after 20 steps, measured over the

@@ -228,7 +228,7 @@ def test_every_layout_runs_the_same_step(config, model_name='cnn'):
   """jit + shard_map (the state replicated or sharded) and pmap run the same step: same
   params, AdamW state and metrics after a few steps (dropout on, so the per-example RNG keys
   must agree too), and the same evaluation. (BatchNorm's statistics under every layout:
-  tests/test_topology.py's resnet runs.)"""
+  tests/parallel/test_topology.py's resnet runs.)"""
   devices = jax.devices()[:4]
   config.optimizer = 'adamw'
   state, schedule = _setup(config, model_name, dropout_rate=0.2)

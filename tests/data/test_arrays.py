@@ -22,7 +22,7 @@ from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
 from tests import helpers
 from tests import REPO
-from tests.test_datasets_by_name import _shapes
+from tests.data.test_datasets_by_name import _shapes
 
 SHORT = dict(num_train_steps=30, warmup_steps=5, log_every_steps=10, eval_every_steps=30,
              checkpoint_every_steps=30, batch_size=16, eval_batch_size=16, learning_rate=0.02,

@@ -28,7 +28,8 @@ import time
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests import REPO
+
 DOCS = os.path.join(REPO, 'docs')
 PAGES = ['README.md'] + sorted(
     f'docs/{name}' for name in os.listdir(DOCS) if name.endswith('.md'))
@@ -127,7 +128,7 @@ def _write_python_wrapper(directory) -> str:
   fields = '|'.join(f'--config.{name}=*' for name in SHORTENED_FIELDS)
   modules = '|'.join(SHORTENED_MODULES)
   script = f"""#!/usr/bin/env bash
-# `python` for the documentation's runnable blocks (tests/test_docs.py): a training command
+# `python` for the documentation's runnable blocks (tests/package/test_docs.py): a training command
 # trains the short run instead of its own durations.
 real={shlex.quote(sys.executable)}
 shorten=0

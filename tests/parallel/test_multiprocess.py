@@ -36,7 +36,7 @@ def no_process_left_behind(tmp_path):
 @pytest.mark.slow
 def test_the_local_launcher_trains_as_one_process_of_four(config, tmp_path, tfds_data_dir):
   """launch/local.sh, 2 processes x 2 devices, against the same config trained here on 4
-  devices (tests/test_topology.py compares more models and both backends)."""
+  devices (tests/parallel/test_topology.py compares more models and both backends)."""
   data = f'--config.tfds_data_dir={tfds_data_dir}'
   multi, single = str(tmp_path / 'multi'), str(tmp_path / 'single')
   start = time.perf_counter()

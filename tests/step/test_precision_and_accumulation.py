@@ -146,7 +146,7 @@ def test_reduced_precision_runs_train_on_digits(config, tmp_path, dtype):
   config.update(dtype=dtype, num_train_steps=150, warmup_steps=15, log_every_steps=50,
                 eval_every_steps=150, checkpoint_every_steps=150)
   workdir = str(tmp_path / dtype)
-  # One device trains the same global batches as eight (tests/test_topology.py), for less.
+  # One device trains the same global batches as eight (tests/parallel/test_topology.py), for less.
   state = train.train_and_evaluate(config, workdir, devices=jax.devices()[:1])
   assert all(leaf.dtype == np.float32 for leaf in jax.tree.leaves(state.params))
   scalars, _ = run_metrics.read_events(workdir)

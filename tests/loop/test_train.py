@@ -171,7 +171,7 @@ def test_digits_with_every_augmentation_still_trains(tfds_data_dir, tmp_path):
                 mixup_alpha=0.2, cutmix_alpha=1.0, label_smoothing=0.1, num_train_steps=200,
                 eval_every_steps=200, checkpoint_every_steps=200)
   workdir = str(tmp_path / 'augmented')
-  # One device trains the same global batches as eight (tests/test_topology.py), for less.
+  # One device trains the same global batches as eight (tests/parallel/test_topology.py), for less.
   train.train_and_evaluate(config, workdir, devices=jax.devices()[:1])
   scalars, _ = run_metrics.read_events(workdir)
   final = scalars['eval_accuracy'][200]

@@ -7,6 +7,7 @@ import jax
 import pytest
 
 from flax_dp_trainer.model import modeling
+from flax_dp_trainer.model import probe
 from flax_dp_trainer.loop import train
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.zoo import layers
@@ -70,10 +71,10 @@ def test_remat_for_a_module_that_marks_no_block_is_refused():
   built = modeling.build(config, 10, (8, 8, 1)).model
   with pytest.raises(UserError, match=r"^remat='full': model='cnn' has no residual blocks to "
                      r'rematerialize \(resnet\* and vit\* have\); drop --config.remat$'):
-    modeling.probe(built, (8, 8, 1), 4, 10, 'float32', 'full')
+    probe.probe(built, (8, 8, 1), 4, 10, 'float32', 'full')
   config = helpers.topology_config('', 'user_plain', 'pmap')
   built = modeling.build(config, 10, (8, 8, 1)).model
   with pytest.raises(UserError, match=r"^remat='full': model='tests.user_models:PlainNet' "
                      'marks no block to rematerialize; decorate its block classes with '
                      r'@flax_dp_trainer.remat_block'):
-    modeling.probe(built, (8, 8, 1), 4, 10, 'float32', 'full')
+    probe.probe(built, (8, 8, 1), 4, 10, 'float32', 'full')

@@ -1,7 +1,7 @@
 """Runs written before the package became `flax_dp_trainer` (0.1.0) load, evaluate and resume
 after it: their checkpoints name shipped models by the module paths of then
 (`models.simple:CNN`), and their configs lack the fields added since. The run is
-tests/data/run_0.1.0 (its README says how 0.1.0 wrote it and what it computed)."""
+tests/fixtures/run_0.1.0 (its README says how 0.1.0 wrote it and what it computed)."""
 
 import os
 import shutil
@@ -16,8 +16,8 @@ from flax_dp_trainer.checkpoint import checkpointer as checkpoint
 from flax_dp_trainer.zoo import simple
 from tests import REPO
 
-DATA = os.path.join(REPO, 'tests', 'data', 'run_0.1.0')
-# The run's settings besides the default config's (tests/data/README.md).
+DATA = os.path.join(REPO, 'tests', 'fixtures', 'run_0.1.0')
+# The run's settings besides the default config's (tests/fixtures/README.md).
 SETTINGS = dict(batch_size=16, eval_batch_size=64, num_train_steps=4, warmup_steps=1,
                 log_every_steps=2, eval_every_steps=4, checkpoint_every_steps=2,
                 keep_checkpoints=2)
@@ -30,7 +30,7 @@ def reference():
 
 @pytest.fixture
 def old_run(tmp_path):
-  """A copy of the old run's workdir (the one in tests/data is never changed)."""
+  """A copy of the old run's workdir (the one in tests/fixtures is never changed)."""
   return str(shutil.copytree(os.path.join(DATA, 'run'), tmp_path / 'run'))
 
 

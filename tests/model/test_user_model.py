@@ -17,6 +17,9 @@ import flax_dp_trainer as trainer
 from flax_dp_trainer.checkpoint import checkpointer as checkpoint
 from flax_dp_trainer.step import losses
 from flax_dp_trainer.model import modeling
+from flax_dp_trainer.model import probe
+from flax_dp_trainer.model import source as model_source
+from flax_dp_trainer.parallel.layouts import AXIS_NAME
 from flax_dp_trainer.loop import train
 from flax_dp_trainer.configs import default
 from flax_dp_trainer.base.errors import UserError
@@ -212,7 +215,7 @@ def test_standard_layers_are_keyed_per_example_and_reduced_over_the_devices(mode
     return built.apply(variables, images, train=True, example_ids=ids,
                        rngs={'dropout': jax.random.PRNGKey(2)}, mutable=['batch_stats'])
 
-  mapped = jax.vmap(apply, axis_name=modeling.AXIS_NAME)
+  mapped = jax.vmap(apply, axis_name=AXIS_NAME)
   whole, whole_stats = mapped(images[None], jnp.arange(8)[None])
   split, split_stats = mapped(images.reshape(4, 2, 8, 8, 1), jnp.arange(8).reshape(4, 2))
   np.testing.assert_allclose(split.reshape(8, 10), whole[0], rtol=1e-5, atol=1e-6)
@@ -232,7 +235,7 @@ def test_nnx_modules_that_take_train_or_no_rngs(model):
   built without. Evaluation is deterministic; training draws (where there is dropout)."""
   built = modeling.build(_config(f'tests.user_models:{model}', dropout_rate=0.0), 10,
                          (8, 8, 1)).model
-  assert modeling.probe(built, (8, 8, 1), 4, 10, 'float32') == []
+  assert probe.probe(built, (8, 8, 1), 4, 10, 'float32') == []
   variables = built.init(jax.random.PRNGKey(0), (1, 8, 8, 1))
   images = jax.random.normal(jax.random.PRNGKey(1), (4, 8, 8, 1))
   evaluated = built.apply(variables, images, train=False)
@@ -254,17 +257,17 @@ def test_the_shipped_models_draw_nothing_the_probe_names(name, shape):
   """Their dropout and stochastic depth are keyed per example (zoo.layers): nothing to say."""
   depth = 0.0 if name == 'cnn' else 0.1  # (cnn has no residual blocks to drop)
   built = modeling.build(_config(name, dropout_rate=0.1, stochastic_depth_rate=depth), 10, shape)
-  assert modeling.probe(built.model, shape, 4, 10, 'float32') == []
+  assert probe.probe(built.model, shape, 4, 10, 'float32') == []
 
 
 def test_what_cannot_be_keyed_per_example_is_said_at_start():
   built = modeling.build(_config('tests.user_models:OwnNoise', dropout_rate=0.0), 10,
                          (8, 8, 1))
-  lines = modeling.probe(built.model, (8, 8, 1), 4, 10, 'float32')
+  lines = probe.probe(built.model, (8, 8, 1), 4, 10, 'float32')
   assert len(lines) == 1
   assert lines[0].startswith("the model draws random numbers itself ('noise' at the top)")
   built = modeling.build(_config('tests.user_models:Awkward', dropout_rate=0.0), 10, (8, 8, 1))
-  lines = modeling.probe(built.model, (8, 8, 1), 4, 10, 'float32')
+  lines = probe.probe(built.model, (8, 8, 1), 4, 10, 'float32')
   assert lines == [
       "nn.Dropout at Dropout_0: its input's first axis is not the batch, so its masks are "
       'drawn per device (the result depends on the device count)',
@@ -278,7 +281,7 @@ def test_what_cannot_be_keyed_per_example_is_said_at_start():
   assert logits.shape == (4, 10)
   # With nothing it cannot key, nothing is said.
   built = modeling.build(_config('tests.user_models:PlainNet', dropout_rate=0.3), 10, (8, 8, 1))
-  assert modeling.probe(built.model, (8, 8, 1), 4, 10, 'float32') == []
+  assert probe.probe(built.model, (8, 8, 1), 4, 10, 'float32') == []
 
 
 def test_a_value_the_model_does_not_take_is_refused_on_the_command_line_only(config, tmp_path):
@@ -295,7 +298,7 @@ def test_a_value_the_model_does_not_take_is_refused_on_the_command_line_only(con
 
 
 def test_a_model_object_is_recorded_by_its_import_path_where_it_has_one():
-  source = modeling.from_object(user_models.PlainNet(num_classes=10, width=4))
+  source = model_source.from_object(user_models.PlainNet(num_classes=10, width=4))
   assert source.record == ('tests.user_models:PlainNet',
                            {'num_classes': 10, 'width': 4, 'dropout_rate': 0.0})
   # Its own fields are used: a config value it would otherwise take is said not to be.
@@ -304,7 +307,7 @@ def test_a_model_object_is_recorded_by_its_import_path_where_it_has_one():
   assert built.notes == ['model PlainNet was given as a module object: its own fields are '
                          "used, not the config's dropout_rate=0.3"]
   # Fields that are not JSON: nothing to record, trainer.load must be given the module.
-  assert modeling.from_object(user_models.PlainNet(num_classes=10,
+  assert model_source.from_object(user_models.PlainNet(num_classes=10,
                                                    width=np.int64(4))).record is None
 
 
@@ -325,7 +328,7 @@ def test_a_model_object_without_an_import_path_loads_when_given(config, tmp_path
   assert trained.logits(images).shape == (8, 10)
   # The command line cannot resume it: the config names no importable model.
   with pytest.raises(UserError, match='was given from Python as a module object'):
-    modeling.check_name(meta.config['model'])
+    model_source.check_name(meta.config['model'])
 
 
 def test_the_default_config_declares_model_and_model_kwargs():

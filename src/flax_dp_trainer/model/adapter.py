@@ -1,0 +1,112 @@
+"""A built model as the trainer calls it (`Model`): `init` and `apply`, whatever the module's
+kind.
+
+The call: `module.apply(variables, x, train=bool)`, plus `example_ids=` where `__call__`
+declares it (each example's row in the global batch, for layers that key their own
+randomness per example, as `flax_dp_trainer.zoo.layers.Dropout` does). `x` is a float batch
+(batch, height, width, channels), NHWC, normalized by the dataset's mean and std, in the
+compute dtype; the result is the logits, (batch, num_classes). A linen `__call__` must take
+`train`; NNX modules take `x` alone and are switched with `.train()`/`.eval()`.
+
+Randomness: the 'dropout' stream, the same key on every device and step-dependent; a stream
+of another name gets a key too (flax falls back to the one the trainer passes as 'params'),
+the same on every device.
+"""
+
+import dataclasses
+import functools
+from typing import Any, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from flax_dp_trainer.model import intercept
+from flax_dp_trainer.model import nnx_layers
+from flax_dp_trainer.model import source as model_source
+from flax_dp_trainer.zoo import layers
+
+
+# Folded into the step's key for every stream other than 'dropout' (flax gives a module's
+# `make_rng(name)` of a stream it was not passed the 'params' key).
+OTHER_STREAMS_SALT = 0x6F7468
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Model:
+  """A built model as the trainer calls it: `init` and `apply` (the train state's
+  `apply_fn`), whatever the module's kind. Hashed by identity (a static field of the
+  state)."""
+  module: Any  # The linen module (for NNX: the bridge's, in training mode).
+  name: str
+  takes_example_ids: bool
+  eval_module: Any = None  # NNX: the bridge's module in evaluation mode.
+  # What a checkpoint records (config.model, config.model_kwargs); None: a module object
+  # that `trainer.load` must be given.
+  record: Optional[tuple[str, dict]] = None
+  # NNX: the trainer's arguments its `__call__` declares ('train', 'example_ids'), passed
+  # through the bridge (most NNX modules take neither).
+  nnx_call: tuple[str, ...] = ()
+
+  def init(self, rng: jax.Array, input_shape: tuple[int, ...]) -> dict:
+    """The variables for inputs of `input_shape` (batch first), initialized in evaluation
+    mode."""
+    x = jnp.zeros(input_shape, jnp.float32)
+    if getattr(self.module, 'scan_layers', False):
+      # Scanned layers start where the unscanned model does (the same seed, the same params).
+      return layers.stack_layers(dict(self.module.clone(scan_layers=False).init(
+          rng, x, train=False)))
+    if self.eval_module is None:
+      return dict(self.module.init(rng, x, train=False))
+    # NNX layers take their streams at construction ('dropout' for nnx.Dropout).
+    return dict(self.eval_module.init(
+        {'params': rng, 'dropout': jax.random.fold_in(rng, OTHER_STREAMS_SALT)}, x,
+        **self._nnx_arguments(False, jnp.arange(input_shape[0]))))
+
+  def _nnx_arguments(self, train: bool, ids: jax.Array) -> dict:
+    """The trainer's arguments an NNX `__call__` declares (`nnx_call`)."""
+    return {name: value for name, value in (('train', train), ('example_ids', ids))
+            if name in self.nnx_call}
+
+  def apply(self, variables, images: jax.Array, *, train: bool,
+            example_ids: Optional[jax.Array] = None, rngs: Optional[dict] = None,
+            mutable=False, notes: Optional[intercept.Notes] = None):
+    """Logits of `images` (and the updated collections where `mutable`); in training,
+    `rngs['dropout']` keys the draws and `example_ids` (default: the rows of `images`) name
+    each example's row of the global batch."""
+    if self.eval_module is not None:
+      return self._apply_nnx(variables, images, train, example_ids, rngs, mutable)
+    if not train:
+      return self.module.apply(variables, images, train=False, mutable=mutable)
+    ids = layers.example_ids_or_rows(images, example_ids)
+    extra = {'example_ids': ids} if self.takes_example_ids else {}
+    interceptor = functools.partial(intercept.intercept, ids=ids, notes=notes)
+    with nn.intercept_methods(interceptor):
+      return self.module.apply(variables, images, train=True, rngs=streams(rngs),
+                               mutable=mutable, **extra)
+
+  def _apply_nnx(self, variables, images, train, example_ids, rngs, mutable):
+    ids = layers.example_ids_or_rows(images, example_ids)
+    extra = self._nnx_arguments(train, ids)
+    if not train:
+      return self.eval_module.apply(variables, images, mutable=mutable, **extra)
+    token = nnx_layers.EXAMPLE_IDS.set(ids)
+    try:
+      with intercept.trainer_request():  # The bridge asks for a key of every stream.
+        return self.module.apply(variables, images, rngs=streams(rngs), mutable=mutable,
+                                 **extra)
+    finally:
+      nnx_layers.EXAMPLE_IDS.reset(token)
+
+
+def streams(rngs: Optional[dict]) -> Optional[dict]:
+  """The training apply's keys: 'dropout', and one for any other stream a module asks for."""
+  if not rngs or 'dropout' not in rngs or 'params' in rngs:
+    return rngs
+  return dict(rngs, params=jax.random.fold_in(rngs['dropout'], OTHER_STREAMS_SALT))
+
+
+def wrap(module: nn.Module) -> Model:
+  """A linen module object as the trainer calls it (as built, nothing checked)."""
+  names, _ = model_source.call_parameters(type(module))
+  return Model(module, type(module).__name__, 'example_ids' in names)

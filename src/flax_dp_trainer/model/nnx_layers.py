@@ -1,0 +1,87 @@
+"""NNX modules as the trainer trains them (through `flax.nnx.bridge.ToLinen`): built in
+training or evaluation mode, each `nnx.BatchNorm` given the device axis, each `nnx.Dropout`
+drawing per example. NNX has no method interceptors, so those Dropout layers are switched to a
+subclass that does, and the streams a module keeps for itself are found to be said at start.
+`flax.nnx` is imported inside the functions: runs of linen models start without it.
+"""
+
+import contextvars
+import functools
+from typing import Any
+
+import jax
+
+from flax_dp_trainer.model import intercept
+from flax_dp_trainer.parallel.layouts import AXIS_NAME
+
+
+NNX_OWN_RNG = ('the NNX model keeps random streams of its own ({}): their draws are the same '
+                'on every device, so the result depends on the device count')
+
+
+# The example ids of the batch being applied, for NNX Dropout layers (no interceptors there).
+EXAMPLE_IDS = contextvars.ContextVar('example_ids', default=None)
+
+
+@functools.cache
+def _nnx_dropout_class():
+  """`nnx.Dropout` drawing each example's mask from its key folded with the example's id
+  (`EXAMPLE_IDS`), along the input's first axis; made once (NNX is imported for it)."""
+  from flax import nnx  # pylint: disable=import-outside-toplevel  # (start-up: NNX users only)
+
+  class ExampleDropout(nnx.Dropout):
+    """nnx.Dropout, its masks drawn per example (flax_dp_trainer.model.nnx_layers)."""
+
+    def __call__(self, inputs, *, deterministic=None, rngs=None):
+      ids = EXAMPLE_IDS.get()
+      deterministic = self.deterministic if deterministic is None else deterministic
+      if (ids is None or deterministic or self.rate in (0.0, 1.0) or inputs.ndim == 0 or
+          inputs.shape[0] != ids.shape[0]):
+        return super().__call__(inputs, deterministic=deterministic, rngs=rngs)
+      rngs = self.rngs if rngs is None else rngs
+      if isinstance(rngs, nnx.Rngs):
+        key = rngs[self.rng_collection]()
+      elif isinstance(rngs, nnx.RngStream):
+        key = rngs()
+      else:
+        key = rngs
+      return intercept.per_example_dropout(inputs, key, ids, self.rate, self.broadcast_dims)
+
+  return ExampleDropout
+
+
+def build_nnx(cls: type, kwargs: dict, train: bool, rngs=None) -> Any:
+  """An NNX module of `cls` in training or evaluation mode, its BatchNorm layers reducing
+  over the device axis and its Dropout layers drawing per example."""
+  from flax import nnx  # pylint: disable=import-outside-toplevel  # (start-up: NNX users only)
+  module = cls(**kwargs) if rngs is None else cls(**kwargs, rngs=rngs)
+  if train:
+    module.train()
+  else:
+    module.eval()
+  example_dropout = _nnx_dropout_class()
+  for _, layer in module.iter_modules():
+    if isinstance(layer, nnx.BatchNorm) and layer.axis_name is None:
+      layer.axis_name = AXIS_NAME
+    if type(layer) is nnx.Dropout:  # pylint: disable=unidiomatic-typecheck
+      layer.__class__ = example_dropout
+  return module
+
+
+def nnx_own_streams(cls: type, kwargs: dict, takes_rngs: bool) -> list[str]:
+  """The paths of the random streams an NNX module keeps outside its Dropout layers."""
+  from flax import nnx  # pylint: disable=import-outside-toplevel  # (start-up: NNX users only)
+  own = []
+
+  def build():
+    module = cls(**kwargs, rngs=nnx.Rngs(0)) if takes_rngs else cls(**kwargs)
+    dropouts = {path for path, layer in module.iter_modules() if isinstance(layer, nnx.Dropout)}
+    for path, node in nnx.iter_graph(module):
+      if isinstance(node, (nnx.Rngs, nnx.RngStream)) and not any(
+          tuple(path[:len(d)]) == tuple(d) for d in dropouts):
+        own.append('/'.join(map(str, path)))
+    return 0
+
+  jax.eval_shape(build)
+  # A stream is reached through its Rngs too: name each place once.
+  return [p for p in own if not any(p != q and p.startswith(q + '/') for q in own)]
