@@ -22,6 +22,7 @@ import ml_collections
 import numpy as np
 
 from flax_dp_trainer.checkpoint import checkpointer as checkpoint
+from flax_dp_trainer.checkpoint import meta as run_meta
 from flax_dp_trainer.model import modeling
 from flax_dp_trainer.model import adapter
 from flax_dp_trainer.model import source as model_source
@@ -103,7 +104,7 @@ class Trained:
     return pipeline.read_examples(self.config, split or self.config.eval_split, limit)
 
 
-def _spec(meta: checkpoint.RunMeta, config) -> specs.DatasetSpec:
+def _spec(meta: run_meta.RunMeta, config) -> specs.DatasetSpec:
   """The dataset as the run trained on it: from the checkpoint, else (older checkpoints)
   from the config."""
   if meta.dataset is None:

@@ -193,6 +193,7 @@ def main(argv):
       raise import_error
     # pylint: disable-next=import-outside-toplevel
     from flax_dp_trainer.loop import train  # (TensorFlow: a bad config is refused before it loads)
+    from flax_dp_trainer.loop import setup
     _set_up_devices()
     if jax.process_count() > 1:
       multihost.on_every_process(lambda: user_imports.import_modules(config),
@@ -201,7 +202,7 @@ def main(argv):
                  jax.process_index(), jax.process_count(), jax.local_device_count(),
                  jax.device_count(), jax.default_backend())
     if config.compilation_cache_dir:  # Process-wide, so set here, before anything compiles.
-      train.use_compilation_cache(config.compilation_cache_dir)
+      setup.use_compilation_cache(config.compilation_cache_dir)
     command_line = frozenset(FLAGS['config'].override_values)
     if FLAGS.eval_only:
       train.evaluate_only(config, FLAGS.workdir, command_line=command_line)

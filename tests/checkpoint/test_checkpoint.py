@@ -18,6 +18,8 @@ from tensorboard.backend.event_processing import plugin_event_accumulator
 
 import flax_dp_trainer as trainer
 from flax_dp_trainer.checkpoint import checkpointer as checkpoint
+from flax_dp_trainer.checkpoint import meta as run_meta
+from flax_dp_trainer.checkpoint import init_from
 from flax_dp_trainer.loop import train
 from flax_dp_trainer.loop import writers
 from flax_dp_trainer import zoo
@@ -242,7 +244,7 @@ def test_a_checkpoint_restores_under_any_state_sharding_and_device_count(config,
   scalars = train.evaluate_only(config, first, devices=jax.devices()[:1])
   assert scalars['eval_accuracy'] == pytest.approx(
       run_metrics.read_events(first)[0]['eval_accuracy'][8], rel=1e-6)
-  params, step, _ = checkpoint.load_params(first, jax.device_get(straight.params))
+  params, step, _ = init_from.load_params(first, jax.device_get(straight.params))
   assert step == 8
   _assert_bitwise_equal(params, straight.params)
   _assert_bitwise_equal(trainer.load(first).variables['params'], straight.params)
@@ -312,24 +314,24 @@ def test_the_meta_format_policy():
   """The meta item's policy (checkpoint.py): fields added after the format read with
   their defaults where a checkpoint lacks them; a format this version does not read (format
   1, which has no 'format' field, or a newer one) is refused in one line naming it."""
-  meta = checkpoint.RunMeta(rng=np.array([0, 7], np.uint32), data_seed=3, examples_seen=256,
+  meta = run_meta.RunMeta(rng=np.array([0, 7], np.uint32), data_seed=3, examples_seen=256,
                             devices=2, processes=1, config={'batch_size': 128},
                             window={'train_loss': [1.5]}, dataset={'name': 'digits'})
   saved = meta.to_json()
-  assert saved['format'] == checkpoint.META_FORMAT == 2
-  read = checkpoint.RunMeta.from_json(saved, 2)
+  assert saved['format'] == run_meta.META_FORMAT == 2
+  read = run_meta.RunMeta.from_json(saved, 2)
   np.testing.assert_array_equal(read.rng, meta.rng)
   assert read.rng.dtype == np.uint32
   assert (read.data_seed, read.examples_seen, read.devices, read.processes, read.config,
           read.window, read.dataset) == (3, 256, 2, 1, {'batch_size': 128},
                                          {'train_loss': [1.5]}, {'name': 'digits'})
   older = {k: v for k, v in saved.items() if k not in ('window', 'dataset')}
-  read = checkpoint.RunMeta.from_json(older, 2)
+  read = run_meta.RunMeta.from_json(older, 2)
   assert (read.window, read.dataset, read.examples_seen) == (None, None, 256)
   unreleased = {k: v for k, v in saved.items() if k != 'format'}
   for version, item in [(1, unreleased), (3, dict(saved, format=3))]:
     with pytest.raises(UserError) as error:
-      checkpoint.RunMeta.from_json(item, 40)
+      run_meta.RunMeta.from_json(item, 40)
     assert str(error.value) == (
         f'the checkpoint at step 40 was written in meta format {version}; this trainer reads '
         'format 2 only: resume with the version that wrote it, or pass a new --workdir')
@@ -339,7 +341,7 @@ def test_init_from_takes_params_only(config, tmp_path):
   source = str(tmp_path / 'source')
   source_state = train.train_and_evaluate(config, source)
   for path in (source, checkpoint.directory(source), os.path.join(source, 'checkpoints', '30')):
-    params, step, _ = checkpoint.load_params(path, source_state.params)
+    params, step, _ = init_from.load_params(path, source_state.params)
     assert step == 30
     _assert_bitwise_equal(params, source_state.params)
 

@@ -14,6 +14,7 @@ import tensorflow_datasets as tfds
 import torch
 
 from flax_dp_trainer.checkpoint import checkpointer as checkpoint
+from flax_dp_trainer.checkpoint import init_from
 from flax_dp_trainer.configs import default
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import specs
@@ -108,7 +109,7 @@ def test_fine_tuning_and_evaluating_at_a_larger_image_size(tmp_path, tfds_data_d
   wanted = jax.tree.map(np.zeros_like, saved)
   wanted['pos_embedding'] = np.zeros((1, tokens[1], saved['pos_embedding'].shape[-1]),
                                      np.float32)
-  params, step, resampled = checkpoint.load_params(str(first), wanted)
+  params, step, resampled = init_from.load_params(str(first), wanted)
   assert (step, resampled) == (4, tokens)
   np.testing.assert_array_equal(params['pos_embedding'], vit.resample_pos_embedding(
       saved['pos_embedding'], tokens[1], 'bicubic'))

@@ -13,6 +13,7 @@ import pytest
 
 import flax_dp_trainer as fdt
 from flax_dp_trainer.checkpoint import checkpointer as checkpoint
+from flax_dp_trainer.checkpoint import meta as run_meta
 from flax_dp_trainer.zoo import simple
 from tests import REPO
 
@@ -73,12 +74,12 @@ def test_old_module_paths_and_missing_fields():
       k: v for k, v in meta.config.items() if k != 'pos_embedding_resize'})
   saved['config'].update(model='models.resnet:ResNet18',
                          torch_model='baselines.torch_ddp.models:resnet_tiny')
-  restored = checkpoint.RunMeta.from_json(saved, step)
+  restored = run_meta.RunMeta.from_json(saved, step)
   assert restored.config['model'] == 'flax_dp_trainer.zoo.resnet:ResNet18'
   assert restored.config['torch_model'] == 'flax_dp_trainer.torch_ddp.models:resnet_tiny'
   assert 'pos_embedding_resize' not in restored.config
   assert restored.full_config().pos_embedding_resize == 'bicubic'
   assert restored.full_config().batch_size == 16
-  mine = checkpoint.RunMeta.from_json(dict(saved, config=dict(saved['config'],
+  mine = run_meta.RunMeta.from_json(dict(saved, config=dict(saved['config'],
                                                               model='models.mynet:Net')), step)
   assert mine.config['model'] == 'models.mynet:Net'

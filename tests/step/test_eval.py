@@ -14,6 +14,7 @@ from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.step import state as state_lib
 from flax_dp_trainer.step import steps as step_lib
 from flax_dp_trainer.loop import train
+from flax_dp_trainer.loop import evaluation
 from flax_dp_trainer.loop import writers
 from flax_dp_trainer import zoo
 from flax_dp_trainer.data import pipeline
@@ -43,7 +44,7 @@ def test_eval_is_exact(config, digits_state, num_devices, eval_batch):
   assert sum(int(mask.sum()) for mask in masks) == num_examples == 360
   assert data.batch_size == -(-config.eval_batch_size // num_devices) * num_devices
   layout = parallel.data_parallel('pmap', devices)
-  got = train.evaluate(step_lib.make_eval_step(layout), layout.put_replicated(digits_state),
+  got = evaluation.evaluate(step_lib.make_eval_step(layout), layout.put_replicated(digits_state),
                        data, layout)
   assert got['eval_accuracy'] == pytest.approx(ref_accuracy, abs=1e-7)
   # An untrained model: top-5 is far from both 1 and top-1, so it bites.
@@ -101,9 +102,9 @@ def test_every_eval_split_is_exact(config, digits_state, num_devices):
   """eval_split and each of eval_splits, each padded and masked, against a plain pass."""
   config.update(eval_batch_size=EVAL_BATCH, eval_splits='train[:100], train[1000:]')
   layout = parallel.data_parallel('pmap', jax.devices()[:num_devices])
-  evaluations = train.evaluation_data(config, sources.get_builder(config), layout)
+  evaluations = evaluation.evaluation_data(config, sources.get_builder(config), layout)
   assert [s.prefix for s, _ in evaluations] == ['eval', 'eval_train_100', 'eval_train_1000']
-  got = train.evaluate_all(step_lib.make_eval_step(layout),
+  got = evaluation.evaluate_all(step_lib.make_eval_step(layout),
                            layout.put_replicated(digits_state), evaluations, layout)
   for prefix, split, size in (('eval', 'test', 360), ('eval_train_100', 'train[:100]', 100),
                               ('eval_train_1000', 'train[1000:]', 437)):

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from jax.experimental.compilation_cache import compilation_cache
 
-from flax_dp_trainer.loop import train
+from flax_dp_trainer.loop import setup
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.tools import benchmark
@@ -190,7 +190,7 @@ def test_compilation_cache_stores_and_serves_the_step(tmp_path):
 
   previous = jax.config.jax_compilation_cache_dir  # The test session's own cache.
   try:
-    train.use_compilation_cache(str(cache_dir))
+    setup.use_compilation_cache(str(cache_dir))
     jax.jit(cached_step)(x).block_until_ready()
     written = step_entries()
     assert len(written) == 1, sorted(p.name for p in cache_dir.iterdir())

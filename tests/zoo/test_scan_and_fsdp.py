@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import flax_dp_trainer as trainer
-from flax_dp_trainer.checkpoint import checkpointer as checkpoint
+from flax_dp_trainer.checkpoint import init_from
 from flax_dp_trainer.loop import checks
 from flax_dp_trainer.model import modeling
 from flax_dp_trainer.step import optim
@@ -120,7 +120,7 @@ def test_a_scanned_run_resumes_loads_and_exports_unscanned(trained, tfds_data_di
   assert 'encoderblock_1' in resumed.params and int(resumed.step) == config.num_train_steps
   # init_from the scanned run into an unscanned model: its params, unstacked.
   init = state_lib.init_state(config, 10, (1, 8, 8, 1))
-  params, step, _ = checkpoint.load_params(
+  params, step, _ = init_from.load_params(
       os.path.join(workdir, 'checkpoints', str(helpers.TOPOLOGY_RUN['num_train_steps'])),
       init.params)
   assert step == helpers.TOPOLOGY_RUN['num_train_steps']

@@ -10,14 +10,7 @@ A run resumes on any number of devices and processes that divides its batch, wit
 batches an uninterrupted run would have used. Orbax writes each checkpoint into a temporary
 directory and renames it when complete, so a save cut short leaves no step directory behind.
 
-The meta item's format (`META_FORMAT`, saved in it as 'format'):
-  * a field added by later work is optional: it has a default, and a checkpoint written
-    before it reads with that default (`RunMeta.window` and `dataset` are such fields);
-  * the format number changes only for an incompatible change (a field that changes meaning,
-    or one a resume cannot do without), never for an added optional field;
-  * a checkpoint of a format this version does not read is refused in one line naming its
-    format and the one this version reads (`UserError`). Only released formats are read:
-    format 2 is the first (format 1, without a 'format' field, was never released).
+`meta` holds the meta item's format; `init_from` reads params from another run.
 """
 
 import dataclasses
@@ -27,16 +20,17 @@ import shutil
 import time
 from typing import Any, NamedTuple, Optional
 
+from absl import logging
 import jax
-import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
-from absl import logging
 
-from flax_dp_trainer.configs import default
-from flax_dp_trainer.base.errors import SaveFailed, UserError, first_line
+from flax_dp_trainer.base.errors import first_line
+from flax_dp_trainer.base.errors import SaveFailed
+from flax_dp_trainer.base.errors import UserError
+from flax_dp_trainer.checkpoint import meta as run_meta
 from flax_dp_trainer.zoo import layers
-from flax_dp_trainer.zoo import vit
+
 
 CORRUPT_DIR = 'checkpoints.unreadable'  # Unreadable checkpoints are moved here, never deleted.
 
@@ -55,7 +49,7 @@ class Restored:
   meta: dict
 
 
-def _path_name(path) -> str:
+def path_name(path) -> str:
   parts = []
   for key in path:
     for attr in ('key', 'idx', 'name'):
@@ -68,7 +62,7 @@ def _path_name(path) -> str:
 def array_specs(tree: Any) -> dict[str, tuple[tuple[int, ...], str]]:
   """{'params/Dense_0/kernel': (shape, dtype), ...} for every array leaf of `tree`."""
   leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
-  return {_path_name(path): (tuple(leaf.shape), np.dtype(leaf.dtype).name)
+  return {path_name(path): (tuple(leaf.shape), np.dtype(leaf.dtype).name)
           for path, leaf in leaves}
 
 
@@ -95,80 +89,12 @@ def _config_differences(saved: dict, current: dict) -> str:
   return ', '.join(changed)
 
 
-META_FORMAT = 2  # The meta item's format: see the module docstring.
-
-
-@dataclasses.dataclass(frozen=True)
-class RunMeta:
-  """A checkpoint's `meta` item: what a resume needs besides the state, and what explains a
-  refusal. Saved as JSON (`to_json`) and read back by `from_json`."""
-  rng: Any  # The step RNG key (uint32 words).
-  data_seed: int
-  examples_seen: int  # The position in the global training stream.
-  devices: int  # The topology that wrote it.
-  processes: int
-  config: dict  # The config that wrote it, to name what changed.
-  # Added after format 2 was first written: optional, None where a checkpoint lacks them.
-  window: Optional[dict] = None  # The train metrics fetched since the last write
-                                 # (`TrainMetricsBuffer.pending`), for the resumed run.
-  dataset: Optional[dict] = None  # The dataset's spec as trained (`specs.DatasetSpec`
-                                  # fields): what `trainer.load` rebuilds the model and its
-                                  # preprocessing from.
-
-  def to_json(self) -> dict:
-    return {'format': META_FORMAT, 'rng': np.asarray(self.rng).tolist(),
-            'data_seed': self.data_seed, 'examples_seen': self.examples_seen,
-            'devices': self.devices, 'processes': self.processes, 'config': self.config,
-            'window': self.window, 'dataset': self.dataset}
-
-  @classmethod
-  def from_json(cls, saved: dict, step: int) -> 'RunMeta':
-    """The meta item of the checkpoint at `step`; `UserError` where it is of a format this
-    version does not read (a checkpoint without a 'format' field is of format 1)."""
-    version = saved.get('format', 1)
-    if version != META_FORMAT:
-      raise UserError(f'the checkpoint at step {step} was written in meta format {version}; '
-                      f'this trainer reads format {META_FORMAT} only: resume with the version '
-                      'that wrote it, or pass a new --workdir')
-    return cls(rng=np.asarray(saved['rng'], np.uint32), data_seed=int(saved['data_seed']),
-               examples_seen=int(saved['examples_seen']), devices=saved['devices'],
-               processes=saved['processes'], config=_current_names(saved['config']),
-               window=saved.get('window'), dataset=saved.get('dataset'))
-
-  def full_config(self) -> ml_collections.ConfigDict:
-    """The config that wrote the checkpoint, every field there: a field added after it was
-    written takes the shipped default's value (what the run had, since it had no such
-    setting)."""
-    return ml_collections.ConfigDict({**default.get_config().to_dict(), **self.config})
-
-
-# Shipped modules by the names they had before the package was `flax_dp_trainer` (0.1.0,
-# CHANGELOG.md): a checkpoint's config that names a model by import path names them so.
-_RENAMED_MODULES = {
-    **{f'models.{name}': f'flax_dp_trainer.zoo.{name}'
-       for name in ('resnet', 'vit', 'simple', 'layers')},
-    'baselines.torch_ddp.models': 'flax_dp_trainer.torch_ddp.models',
-}
-
-
-def _current_names(config: dict) -> dict:
-  """`config` (as a checkpoint's meta saved it) with the import paths of shipped models in
-  `model` and `torch_model` under their current module names. A user's own module is kept as
-  it is, though it be named `models.mine`."""
-  renamed = dict(config)
-  for field in ('model', 'torch_model'):
-    module, colon, name = str(config.get(field, '')).partition(':')
-    if colon and module in _RENAMED_MODULES:
-      renamed[field] = f'{_RENAMED_MODULES[module]}:{name}'
-  return renamed
-
-
 def _handlers() -> dict:
   # Named up front so that a manager that did not write a checkpoint can read its metadata.
   return {'state': ocp.StandardCheckpointHandler(), 'meta': ocp.JsonCheckpointHandler()}
 
 
-def _read_only(path: str) -> Optional[ocp.CheckpointManager]:
+def read_only(path: str) -> Optional[ocp.CheckpointManager]:
   if not os.path.isdir(path):
     return None
   options = ocp.CheckpointManagerOptions(read_only=True, save_interval_steps=0, create=False)
@@ -176,7 +102,7 @@ def _read_only(path: str) -> Optional[ocp.CheckpointManager]:
                                item_handlers=_handlers())
 
 
-def _state_metadata(manager: ocp.CheckpointManager, step: int) -> dict:
+def state_metadata(manager: ocp.CheckpointManager, step: int) -> dict:
   metadata = manager.item_metadata(step)['state']
   return array_specs(getattr(metadata, 'tree', metadata))
 
@@ -207,7 +133,7 @@ class Checkpointer:
 
   def steps(self) -> list[int]:
     """The steps of the checkpoints in the directory (complete ones), oldest first."""
-    reader = _read_only(self.directory)
+    reader = read_only(self.directory)
     return sorted(reader.all_steps()) if reader is not None else []
 
   def check_topology(self, batch_size: int, devices: int, processes: int) -> None:
@@ -215,12 +141,12 @@ class Checkpointer:
     devices of this run, naming the devices that wrote the checkpoint."""
     if batch_size % devices == 0:
       return
-    reader = _read_only(self.directory)
+    reader = read_only(self.directory)
     step = reader.latest_step() if reader else None
     if step is None:
       return  # A fresh run: the config check says it.
     try:
-      saved = RunMeta.from_json(reader.restore(step, args=ocp.args.Composite(
+      saved = run_meta.RunMeta.from_json(reader.restore(step, args=ocp.args.Composite(
           meta=ocp.args.JsonRestore()))['meta'], step)
     except Exception:  # pylint: disable=broad-except
       return  # Set aside (unreadable) or refused (its format) when it is restored.
@@ -244,7 +170,7 @@ class Checkpointer:
     does not read, it is damaged (missing or truncated array data, metadata or manifest) and
     the next one is tried. Where none reads, `UserError` lists them and nothing is changed.
     """
-    reader = _read_only(self.directory)
+    reader = read_only(self.directory)
     if reader is None:
       return None, []
     unreadable = []
@@ -264,17 +190,17 @@ class Checkpointer:
     return None, []
 
   def _restore(self, reader: ocp.CheckpointManager, step: int, target: Any) -> Restored:
-    convert = _layer_conversion(_state_metadata(reader, step), target)
+    convert = layer_conversion(state_metadata(reader, step), target)
     if convert is not None:
       logging.info('the checkpoint at step %d in %s holds the encoder blocks %s; restored into '
                    'this run\'s %s form (config.scan_layers)', step, self.directory,
                    convert[0], convert[1])
-      target = _to_form(target, convert[0])
+      target = to_form(target, convert[0])
     restored = reader.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
     state = restored['state']
     if convert is not None:
-      state = _to_form(state, convert[1])
+      state = to_form(state, convert[1])
     return Restored(step=step, state=state, meta=restored['meta'])
 
   def _refuse_if_another_config(self, reader: ocp.CheckpointManager, step: int, target: Any,
@@ -287,13 +213,13 @@ class Checkpointer:
     except Exception:  # pylint: disable=broad-except
       return  # Damaged: the caller sets it aside.
     # It reads: its metadata says what it holds.
-    saved = _state_metadata(reader, step)
-    convert = _layer_conversion(saved, target)
+    saved = state_metadata(reader, step)
+    convert = layer_conversion(saved, target)
     if convert is not None:
-      target = _to_form(target, convert[0])
+      target = to_form(target, convert[0])
     mismatch = describe_mismatch(saved, array_specs(jax.eval_shape(lambda tree: tree, target)))
     if mismatch:
-      changed = _config_differences(_current_names(whole['meta'].get('config', {})), config)
+      changed = _config_differences(run_meta.current_names(whole['meta'].get('config', {})), config)
       raise UserError(
           f'the checkpoint at step {step} in {self.directory} does not fit this config '
           f'({mismatch}{"; config changed: " + changed if changed else ""}); resume with the '
@@ -312,7 +238,7 @@ class Checkpointer:
       logging.warning('set aside the unreadable checkpoint at step %d in %s', item.step,
                       destination)
 
-  def save(self, step: int, state: Any, meta: RunMeta) -> None:
+  def save(self, step: int, state: Any, meta: run_meta.RunMeta) -> None:
     """Starts saving host `state` and `meta` at `step` (asynchronously; every process
     calls it); the oldest beyond `keep` are deleted once it is complete."""
     if self._manager is None:
@@ -362,10 +288,10 @@ class Checkpointer:
         self._manager = None
 
 
-def read_meta(workdir: str, step: Optional[int] = None) -> tuple[int, RunMeta]:
+def read_meta(workdir: str, step: Optional[int] = None) -> tuple[int, run_meta.RunMeta]:
   """(step, meta item) of a run's checkpoint (the newest by default); `UserError` where the
   workdir holds none."""
-  reader = _read_only(directory(workdir))
+  reader = read_only(directory(workdir))
   steps = reader.all_steps() if reader is not None else []
   if not steps:
     raise UserError(f'{directory(workdir)} holds no checkpoint; point at the --workdir of a '
@@ -375,75 +301,23 @@ def read_meta(workdir: str, step: Optional[int] = None) -> tuple[int, RunMeta]:
     raise UserError(f'{directory(workdir)} has no checkpoint at step {step}; it has steps '
                     f'{", ".join(map(str, sorted(steps)))}')
   saved = reader.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
-  return step, RunMeta.from_json(saved, step)
+  return step, run_meta.RunMeta.from_json(saved, step)
 
 
 def read_state(workdir: str, step: Optional[int] = None) -> dict:
   """The state item of a run's checkpoint (the newest by default) as a tree of host arrays,
   without a target: for tools and tests that inspect what a run saved."""
-  reader = _read_only(directory(workdir))
+  reader = read_only(directory(workdir))
   step = reader.latest_step() if step is None else step
   return reader.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))['state']
 
 
-def load_params(path: str, wanted_params: Any, pos_embedding_resize: str = 'bicubic'
-                ) -> tuple[Any, int, Optional[tuple[int, int]]]:
-  """Params of the newest checkpoint under `path` (a workdir, its checkpoints/ or one step),
-  its step, and (tokens saved, the model's) where a ViT position embedding made for another
-  image size was resampled to the model's grid (`pos_embedding_resize`); else None.
-
-  For `init_from` (fine-tuning): only params are taken; the optimizer starts fresh.
-  """
-  path = os.path.abspath(path)
-  candidates = [path, os.path.join(path, 'checkpoints')]
-  step = None
-  for candidate in candidates:
-    reader = _read_only(candidate)
-    if reader is not None and reader.latest_step() is not None:
-      step = reader.latest_step()
-      break
-  else:
-    parent, name = os.path.split(path)
-    reader = _read_only(parent)
-    if reader is not None and name.isdigit() and int(name) in reader.all_steps():
-      step = int(name)
-  if step is None:
-    raise UserError(f'init_from={path!r} holds no checkpoint; point --config.init_from at a '
-                    'workdir, its checkpoints/ directory, one step directory in it, or a '
-                    'PyTorch state dict file (.pth, .pt, .bin, .safetensors)')
-  saved = {k[len('params/'):]: v for k, v in _state_metadata(reader, step).items()
-           if k.startswith('params/')}
-  convert = _layer_conversion(saved, wanted_params)
-  if convert is not None:  # Saved scanned for an unscanned model, or the reverse.
-    params, step, tokens = load_params(path, _to_form(wanted_params, convert[0]),
-                                       pos_embedding_resize)
-    return _to_form(params, convert[1]), step, tokens
-  wanted = array_specs(wanted_params)
-  resampled = _resampled_embedding(saved, wanted)
-  mismatch = describe_mismatch({**saved, **({} if resampled is None else
-                                            {resampled: wanted[resampled]})}, wanted)
-  if mismatch:
-    raise UserError(f'init_from={path!r} (step {step}) has params that do not fit this model '
-                    f'({mismatch}); use a checkpoint of the same model')
-  restored = reader.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-  by_name = {_path_name(path): leaf for path, leaf in
-             jax.tree_util.tree_flatten_with_path(restored['state']['params'])[0]}
-  tokens = None
-  if resampled is not None:
-    tokens = (saved[resampled][0][1], wanted[resampled][0][1])
-    by_name[resampled] = vit.resample_pos_embedding(by_name[resampled], tokens[1],
-                                                    pos_embedding_resize)
-  params = jax.tree_util.tree_map_with_path(
-      lambda path, _: np.asarray(by_name[_path_name(path)]), wanted_params)
-  return params, step, tokens
-
-
-def _to_form(tree: Any, form: str) -> Any:
+def to_form(tree: Any, form: str) -> Any:
   """`tree` with its encoder blocks in `form` ('scanned' or 'unscanned')."""
   return layers.stack_layers(tree) if form == 'scanned' else layers.unstack_layers(tree)
 
 
-def _layer_conversion(saved: dict, target: Any) -> Optional[tuple[str, str]]:
+def layer_conversion(saved: dict, target: Any) -> Optional[tuple[str, str]]:
   """(the saved form, the target's) where a checkpoint holding arrays named `saved` has its
   encoder blocks scanned and `target` unscanned or the reverse (`flax_dp_trainer.zoo.layers.
   stack_layers`); else None."""
@@ -452,11 +326,3 @@ def _layer_conversion(saved: dict, target: Any) -> Optional[tuple[str, str]]:
   if have is None or want is None or have == want:
     return None
   return have, want
-
-
-def _resampled_embedding(saved: dict, wanted: dict) -> Optional[str]:
-  """The name of a ViT position embedding saved for another number of tokens (the same
-  width), where both are a class token and a square grid; else None."""
-  return next((name for name, (shape, _) in saved.items()
-               if name.split('/')[-1] == 'pos_embedding' and name in wanted and
-               vit.can_resample(shape, wanted[name][0])), None)

@@ -1,0 +1,154 @@
+"""A run's first params from another run (`config.init_from`): a PyTorch state dict
+(torchvision's names, `zoo.torch_weights`) or a flax workdir or checkpoint (`load_params`),
+read and checked before anything is compiled; the optimizer starts fresh."""
+
+import os
+import time
+from typing import Any, Optional
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+from flax_dp_trainer.base.errors import UserError
+from flax_dp_trainer.checkpoint import checkpointer
+from flax_dp_trainer.zoo import torch_weights
+from flax_dp_trainer.zoo import vit
+
+
+def read_torch_weights(path: str, name: str, model, input_shape: tuple[int, ...]) -> dict:
+  """The PyTorch state dict of `init_from`, read (progress logged) and checked against the
+  model's shapes before anything is compiled (`UserError` where it does not fit)."""
+  started = time.perf_counter()
+  logging.info('init_from=%r: reading the PyTorch state dict (%.1f MB)', path,
+               os.path.getsize(path) / 1e6)
+  try:
+    state_dict = torch_weights.read_state_dict(path)
+  except ImportError as e:
+    raise UserError(f'init_from={path!r}: reading it needs {e.name}; pip install -e '
+                    '".[ddp]"') from None
+  except (torch_weights.WeightsMismatch, OSError, RuntimeError) as e:
+    raise UserError(f'init_from={path!r} cannot be read as a state dict '
+                    f'({str(e).splitlines()[0]}); pass a .pth or .safetensors file') from None
+  logging.info('init_from=%r: %d tensors read in %.1f s; matching them to model=%r', path,
+               len(state_dict), time.perf_counter() - started, name)
+  shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros(input_shape),
+                                             train=False))  # Traced, not compiled.
+  _from_torch(path, name, model, jax.tree.map(lambda x: np.zeros(x.shape, x.dtype),
+                                              dict(shapes)), state_dict)
+  return state_dict
+
+
+def _from_torch(path: str, name: str, model, variables: dict, state_dict: dict,
+                pos_embedding_resize: str = 'bicubic') -> torch_weights.FromTorch:
+  """`torch_weights.from_state_dict`, a mismatch said in one line."""
+  try:
+    return torch_weights.from_state_dict(model, variables, state_dict, pos_embedding_resize)
+  except torch_weights.WeightsMismatch as e:
+    raise UserError(f'init_from={path!r} does not fit model={name!r} '
+                    f'({str(e).splitlines()[0]}); use a state dict of the same model '
+                    '(torchvision\'s names)') from None
+
+
+def _said_resampled(path: str, tokens: Optional[tuple[int, int]], method: str) -> None:
+  """The one log line of a position embedding resampled to the model's grid."""
+  if tokens is not None:
+    side = lambda n: int(round((n - 1) ** 0.5))
+    logging.info('init_from=%r: its position embedding (a %dx%d grid) is resampled to the '
+                 "model's %dx%d grid (%s; --config.pos_embedding_resize), the class token kept",
+                 path, side(tokens[0]), side(tokens[0]), side(tokens[1]), side(tokens[1]),
+                 method)
+
+
+def init_from(config, module, state, state_dict: Optional[dict]) -> tuple[Any, int]:
+  """`state` (a `TrainState`) with the params (and BatchNorm statistics) of
+  `config.init_from`: a PyTorch state dict file (torchvision's names; `state_dict`, read and
+  checked by `read_torch_weights`) for the flax `module`, or a flax workdir/checkpoint; the
+  optimizer starts fresh. Also the step the params were saved at (0 for a state dict file)."""
+  path, name, from_step = config.init_from, config.model, 0
+  if state_dict is not None:
+    loaded = _from_torch(path, name, module, state.variables(), state_dict,
+                         config.pos_embedding_resize)
+    if loaded.new_head:
+      logging.info('init_from=%r: its classifier has another number of classes; the head is '
+                   'initialized afresh (fine-tuning)', path)
+    _said_resampled(path, loaded.resampled, config.pos_embedding_resize)
+    if loaded.adapted_input:
+      given, channels = loaded.adapted_input
+      logging.info('init_from=%r: its first convolution takes %d input channels, the model '
+                   '%d: %s', path, given, channels,
+                   'summed over them' if channels == 1 else
+                   f'repeated to {channels} and scaled by {given}/{channels}')
+    logging.info('initializing params from the PyTorch state dict %s', path)
+    params, batch_stats = loaded.variables['params'], loaded.variables.get('batch_stats')
+  else:
+    params, from_step, resampled = load_params(path, state.params,
+                                                            config.pos_embedding_resize)
+    batch_stats = state.batch_stats
+    _said_resampled(path, resampled, config.pos_embedding_resize)
+    logging.info('initializing params from %s (step %d)', path, from_step)
+  return state.replace(params=params, batch_stats=batch_stats,
+                       ema_params=None if state.ema_params is None else jax.tree.map(
+                           np.copy, params)), from_step
+
+
+def load_params(path: str, wanted_params: Any, pos_embedding_resize: str = 'bicubic'
+                ) -> tuple[Any, int, Optional[tuple[int, int]]]:
+  """Params of the newest checkpoint under `path` (a workdir, its checkpoints/ or one step),
+  its step, and (tokens saved, the model's) where a ViT position embedding made for another
+  image size was resampled to the model's grid (`pos_embedding_resize`); else None.
+
+  For `init_from` (fine-tuning): only params are taken; the optimizer starts fresh.
+  """
+  path = os.path.abspath(path)
+  candidates = [path, os.path.join(path, 'checkpoints')]
+  step = None
+  for candidate in candidates:
+    reader = checkpointer.read_only(candidate)
+    if reader is not None and reader.latest_step() is not None:
+      step = reader.latest_step()
+      break
+  else:
+    parent, name = os.path.split(path)
+    reader = checkpointer.read_only(parent)
+    if reader is not None and name.isdigit() and int(name) in reader.all_steps():
+      step = int(name)
+  if step is None:
+    raise UserError(f'init_from={path!r} holds no checkpoint; point --config.init_from at a '
+                    'workdir, its checkpoints/ directory, one step directory in it, or a '
+                    'PyTorch state dict file (.pth, .pt, .bin, .safetensors)')
+  saved = {k[len('params/'):]: v for k, v in checkpointer.state_metadata(reader, step).items()
+           if k.startswith('params/')}
+  convert = checkpointer.layer_conversion(saved, wanted_params)
+  if convert is not None:  # Saved scanned for an unscanned model, or the reverse.
+    params, step, tokens = load_params(path, checkpointer.to_form(wanted_params, convert[0]),
+                                       pos_embedding_resize)
+    return checkpointer.to_form(params, convert[1]), step, tokens
+  wanted = checkpointer.array_specs(wanted_params)
+  resampled = _resampled_embedding(saved, wanted)
+  mismatch = checkpointer.describe_mismatch({**saved, **({} if resampled is None else
+                                            {resampled: wanted[resampled]})}, wanted)
+  if mismatch:
+    raise UserError(f'init_from={path!r} (step {step}) has params that do not fit this model '
+                    f'({mismatch}); use a checkpoint of the same model')
+  restored = reader.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+  by_name = {checkpointer.path_name(path): leaf for path, leaf in
+             jax.tree_util.tree_flatten_with_path(restored['state']['params'])[0]}
+  tokens = None
+  if resampled is not None:
+    tokens = (saved[resampled][0][1], wanted[resampled][0][1])
+    by_name[resampled] = vit.resample_pos_embedding(by_name[resampled], tokens[1],
+                                                    pos_embedding_resize)
+  params = jax.tree_util.tree_map_with_path(
+      lambda path, _: np.asarray(by_name[checkpointer.path_name(path)]), wanted_params)
+  return params, step, tokens
+
+
+def _resampled_embedding(saved: dict, wanted: dict) -> Optional[str]:
+  """The name of a ViT position embedding saved for another number of tokens (the same
+  width), where both are a class token and a square grid; else None."""
+  return next((name for name, (shape, _) in saved.items()
+               if name.split('/')[-1] == 'pos_embedding' and name in wanted and
+               vit.can_resample(shape, wanted[name][0])), None)

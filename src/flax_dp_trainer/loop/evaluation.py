@@ -1,0 +1,59 @@
+"""Evaluation in the loop: every configured eval split (`eval_split`, then `eval_splits`)
+read by this process, each example exactly once (the last batch padded and masked), its
+scalars reduced over the devices."""
+
+import dataclasses
+from typing import Optional, Sequence
+
+import jax
+
+from flax_dp_trainer.data import pipeline
+from flax_dp_trainer.data import sources
+from flax_dp_trainer.data import specs
+from flax_dp_trainer.parallel import dispatch
+from flax_dp_trainer.parallel import layouts as parallel
+from flax_dp_trainer.step import metrics
+
+
+def evaluate(p_eval_step, rstate, data: pipeline.EvalData,
+             layout: parallel.DataParallel, prefix: str = 'eval') -> dict[str, float]:
+  """Loss, accuracy and top-5 accuracy over every example of an eval split, exactly once,
+  as `{prefix}_loss` etc."""
+  in_flight = dispatch.InFlight(layout.devices)
+  per_batch = []
+  for batch in pipeline.eval_batches(data):
+    per_batch.append(p_eval_step(rstate, layout.put_batch(batch)))
+    in_flight.add(per_batch[-1])
+  return metrics.eval_scalars(metrics.merge(layout.fetch(per_batch)), prefix)
+
+
+Evaluations = list[tuple[specs.EvalSet, pipeline.EvalData]]
+
+
+def evaluate_all(p_eval_step, rstate, evaluations: Evaluations,
+                 layout: parallel.DataParallel) -> dict[str, float]:
+  """The scalars of every configured evaluation (`eval_split`, then `eval_splits`)."""
+  scalars = {}
+  for eval_set, data in evaluations:
+    scalars.update(evaluate(p_eval_step, rstate, data, layout, eval_set.prefix))
+  return scalars
+
+
+def evaluation_data(config, builder, layout: parallel.DataParallel,
+                    eval_sets: Optional[Sequence[specs.EvalSet]] = None) -> Evaluations:
+  """This process's part of every configured evaluation (`eval_sets`: the run's resolved
+  ones, `specs.resolve(config).evals` by default), each split checked to exist; `builder`
+  is the run's dataset's (None for an image folder read from its files or arrays)."""
+  evaluations = []
+  for eval_set in (eval_sets if eval_sets is not None else specs.resolve(config).evals):
+    set_builder = builder
+    if eval_set.dataset != config.dataset:
+      set_builder = sources.get_builder(config, eval_set.spec, process_index=jax.process_index(),
+                                        split=eval_set.split)
+    eval_set = dataclasses.replace(eval_set, split=sources.check_split(
+        config, set_builder, eval_set.split, eval_set.field, eval_set.spec))
+    evaluations.append((eval_set, pipeline.eval_data(
+        config, set_builder, process_index=jax.process_index(),
+        process_count=jax.process_count(), local_device_count=len(layout.local_devices),
+        eval_set=eval_set)))
+  return evaluations

@@ -1,0 +1,239 @@
+"""A run's setup, all checked before anything is compiled or written (`prepare`): the config,
+the workdir, the layout, the data, the model built and probed, the evaluations; and where
+training begins (`start`): the newest checkpoint that reads, else a fresh init or
+`config.init_from`. Also the process-wide compilation cache an entry point turns on."""
+
+import dataclasses
+import json
+from typing import Any, Callable, Optional, Sequence
+
+from absl import logging
+from etils import epath
+import jax
+from jax.experimental import multihost_utils
+from jax.experimental.compilation_cache import compilation_cache
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from flax_dp_trainer.base import multihost
+from flax_dp_trainer.base.errors import UserError
+from flax_dp_trainer.checkpoint import checkpointer as checkpoint
+from flax_dp_trainer.checkpoint import meta as run_meta
+from flax_dp_trainer.checkpoint import init_from
+from flax_dp_trainer.data import damaged
+from flax_dp_trainer.data import pipeline
+from flax_dp_trainer.data import specs
+from flax_dp_trainer.loop import checks
+from flax_dp_trainer.loop import evaluation
+from flax_dp_trainer.loop import workdir as workdir_lib
+from flax_dp_trainer.model import adapter
+from flax_dp_trainer.model import modeling
+from flax_dp_trainer.model import probe
+from flax_dp_trainer.model import source as model_source
+from flax_dp_trainer.parallel import layouts as parallel
+from flax_dp_trainer.step import losses
+from flax_dp_trainer.step import optim
+from flax_dp_trainer.step import state as state_lib
+from flax_dp_trainer.zoo import torch_weights
+
+
+def on_process_0(workdir: str, action: Callable[[], None]) -> None:
+  """`action` (a look at or a take of the workdir's lock) run by process 0, every process told
+  how it went; `UserError` names the run that holds the workdir."""
+  error = ''
+  if jax.process_index() == 0:
+    try:
+      action()
+    except UserError as e:
+      error = str(e)
+  if jax.process_count() > 1:
+    if not multihost_utils.broadcast_one_to_all(np.int32(not error)):
+      raise UserError(error or f'workdir {workdir} is in use by another run (process 0 could '
+                      'not take its lock); wait for it to end, or pass another --workdir')
+  elif error:
+    raise UserError(error)
+
+
+def lock_workdir(workdir: str) -> workdir_lib.WorkdirLock:
+  """The workdir taken for this run by process 0 (creating it), every process told whether
+  it was before anything is written; `UserError` names the run that holds it."""
+  lock = workdir_lib.WorkdirLock(workdir)
+  on_process_0(workdir, lock.acquire)
+  epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+  return lock
+
+
+@dataclasses.dataclass
+class Start:
+  """Where training begins: a checkpoint's state and bookkeeping, or a fresh init."""
+  state: state_lib.TrainState
+  step_rng: jax.Array  # Folded with the step inside the step.
+  data_seed: int  # Orders the training stream's epochs and draws its augmentation.
+  examples_seen: int  # Position in the global training stream: examples already trained on.
+  resume_step: Optional[int]  # The checkpoint restored, if any.
+  unreadable: list[checkpoint.Unreadable]  # Newer checkpoints that do not read: set aside.
+  window: Optional[dict] = None  # The train metrics not written yet when it was saved.
+
+
+def restore_newest(run: 'Run', state: state_lib.TrainState
+                    ) -> tuple[Optional[checkpoint.Restored], list[checkpoint.Unreadable]]:
+  """The newest checkpoint that reads (`Checkpointer.restore_newest`), the same on every
+  process."""
+  restored, unreadable = run.checkpointer.restore_newest(state, run.config.to_dict())
+  if jax.process_count() > 1:
+    steps = multihost_utils.process_allgather(np.int64(-1 if restored is None else
+                                                       restored.step))
+    if len(set(np.asarray(steps).tolist())) > 1:
+      raise UserError(f'the processes read different checkpoints in '
+                      f'{run.checkpointer.directory} (steps {np.asarray(steps).tolist()} by '
+                      'process): every process must see the same workdir (a shared filesystem '
+                      'or bucket)')
+  return restored, unreadable
+
+
+def start(run: 'Run') -> Start:
+  """Restores the newest checkpoint that reads, else initializes (from `init_from` if set).
+  Writes nothing: a workdir whose checkpoint does not fit the config, or `init_from` weights
+  that do not fit the model, stop the run with the workdir untouched (nothing is compiled
+  but the init)."""
+  config, checkpointer = run.config, run.checkpointer
+  _, step_rng = state_lib.seed_rngs(config.seed)
+  state = state_lib.init_state(config, run.num_classes, run.input_shape, model=run.model)
+  restored, unreadable = restore_newest(run, state)
+  if restored is not None and config.init_from:
+    logging.warning('init_from=%r is not used: this run resumes from its own checkpoint at '
+                    'step %d in %s', config.init_from, restored.step, checkpointer.directory)
+  if restored is None and config.init_from:
+    state, _ = init_from.init_from(run.config, run.model.module, state,
+                                       run.torch_weights)
+  if restored is None:
+    return Start(state, step_rng, config.seed, 0, None, unreadable)
+  meta = run_meta.RunMeta.from_json(restored.meta, restored.step)
+  logging.info('resuming from the checkpoint at step %d (written on %d devices, %d '
+               'process(es)) at example %d of the training stream', restored.step,
+               meta.devices, meta.processes, meta.examples_seen)
+  return Start(restored.state, jnp.asarray(meta.rng, dtype=jnp.uint32), meta.data_seed,
+                meta.examples_seen, restored.step, unreadable, meta.window)
+
+
+def use_compilation_cache(cache_dir: str) -> None:
+  """Turns on JAX's persistent compilation cache in `cache_dir`, for every compiled program
+  (the default thresholds skip programs that compile in under a second). It changes JAX's
+  process-wide config: entry points call it (`main` for config.compilation_cache_dir),
+  the training functions do not."""
+  jax.config.update('jax_compilation_cache_dir', cache_dir)
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
+  jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
+  compilation_cache.reset_cache()  # Takes the directory even if something compiled before.
+
+
+@dataclasses.dataclass
+class Run:
+  """What training and evaluating-only share, all checked before anything is compiled or
+  written."""
+  config: ml_collections.ConfigDict  # Durations in epochs resolved to steps.
+  layout: parallel.DataParallel
+  datasets: specs.RunDatasets  # Resolved once: the training data's spec and the evaluations.
+  data: pipeline.TrainData
+  checkpointer: checkpoint.Checkpointer
+  evaluations: evaluation.Evaluations
+  num_classes: int
+  model: adapter.Model  # The built model (its flax module: `model.module`).
+  input_shape: tuple[int, ...]
+  loss: losses.Loss  # The training loss (config.loss, or the function given from Python).
+  # The PyTorch state dict of `init_from`, read and checked, where a fresh run starts from one.
+  torch_weights: Optional[dict] = None
+
+
+def build_model(config, num_classes: int, input_shape: tuple[int, ...], per_device: int, *,
+                 model: Any, command_line) -> adapter.Model:
+  """The run's model built and traced on abstract shapes (`probe.probe`), what it cannot
+  keep topology-invariant logged, every process agreeing that it builds."""
+
+  def build():
+    built = modeling.build(config, num_classes, input_shape[1:], model=model,
+                           set_on_command_line=command_line)
+    lines = built.notes + probe.probe(built.model, input_shape[1:], per_device, num_classes,
+                                         config.dtype, config.remat)
+    return built.model, lines
+
+  built, lines = multihost.on_every_process(build, f'build model={config.model!r}')
+  for line in lines:
+    logging.warning('%s', line)
+  return built
+
+
+def _recorded(config, model: adapter.Model) -> ml_collections.ConfigDict:
+  """`config` as the checkpoints and hparams record it: a model given from Python named by
+  its import path and fields where it has them (`trainer.load` rebuilds it from those), else
+  as 'object:NAME' (`trainer.load` must then be given the module)."""
+  name, kwargs = model.record or (model_source.OBJECT_PREFIX + model.name, {})
+  if name == config.model and kwargs == config.model_kwargs.to_dict():
+    return config
+  recorded = ml_collections.ConfigDict(config.to_dict())
+  recorded.model = name
+  recorded.model_kwargs = ml_collections.ConfigDict(kwargs)
+  recorded.lock()
+  return recorded
+
+
+def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
+             training: bool = True, model: Any = None, loss: Optional[losses.Loss] = None,
+             command_line=frozenset()) -> Run:
+  """Checks the config, workdir and data; the layout over `devices` (default every device of
+  every process), the dataset, the model and the evaluations. Without `training`, the
+  training batch need not split over the devices. `model` and `loss`: given from Python in
+  place of the config's; `command_line`: the config fields the command line set."""
+  process_count = jax.process_count()
+  devices = list(devices) if devices is not None else parallel.global_devices()
+  num_devices = len(devices)
+  checkpointer = checkpoint.Checkpointer(workdir, keep=config.keep_checkpoints)
+  if training:
+    checkpointer.check_topology(config.batch_size, num_devices, process_count)
+    checks.check_fields(config, process_count=process_count,
+                        local_device_count=num_devices // process_count)
+  else:
+    checks.check_fields(config, process_count=1, local_device_count=1)
+  checks.check_workdir(workdir)
+  on_process_0(workdir, workdir_lib.WorkdirLock(workdir).check)  # A run there now: say so now.
+  layout = parallel.data_parallel(config.step_backend, devices, config.state_sharding)
+  if (config.compilation_cache_dir and
+      jax.config.jax_compilation_cache_dir != config.compilation_cache_dir):
+    logging.warning('compilation_cache_dir=%r is not in use: the cache is process-wide and set '
+                    'by the entry point; from Python, call '
+                    'flax_dp_trainer.loop.setup.use_compilation_cache(%r) before training',
+                    config.compilation_cache_dir, config.compilation_cache_dir)
+  damaged.settle(config, workdir)  # Image files that do not read: left out as recorded, or refused.
+  datasets = specs.resolve(config)  # Every dataset of the run, once, as the run reads it.
+  data = pipeline.open_train_data(config, datasets.train, process_index=jax.process_index())
+  config = optim.resolve_durations(config, data.num_examples)
+  data = dataclasses.replace(data, config=config)
+  checks.check_schedule(config)
+  evaluations = evaluation.evaluation_data(config, data.builder, layout, datasets.evals)
+  eval_per_device = pipeline.eval_batch_per_device(config, num_devices)
+  if eval_per_device * num_devices != config.eval_batch_size:
+    logging.info('eval_batch_size=%d over %d devices: evaluating %d examples per device '
+                 '(%d per batch, padding masked)', config.eval_batch_size, num_devices,
+                 eval_per_device, eval_per_device * num_devices)
+  num_classes = data.spec.num_classes
+  input_shape = (1,) + data.spec.input_shape
+  per_device = max(1, config.batch_size // num_devices // config.grad_accum_steps)
+  built = build_model(config, num_classes, input_shape, per_device if training else 1,
+                       model=model, command_line=command_line)
+  config = _recorded(config, built)
+  data = dataclasses.replace(data, config=config)
+  weights = None
+  if (config.init_from and torch_weights.is_weights_file(config.init_from) and
+      not checkpointer.steps()):
+    weights = init_from.read_torch_weights(config.init_from, config.model, built.module, input_shape)
+  return Run(config, layout, datasets, data, checkpointer, evaluations, num_classes, built,
+              input_shape, loss if loss is not None else losses.get(config.loss), weights)
+
+
+def write_dataset_spec(workdir: str, read: specs.DatasetSpec) -> None:
+  """The dataset's spec as this run read it (`specs.RunDatasets.read`), in `workdir`
+  (`specs.SPEC_FILE`): what `--config.dataset_spec` gives a host without TensorFlow
+  Datasets."""
+  path = epath.Path(workdir) / specs.SPEC_FILE
+  path.write_text(json.dumps(specs.to_json(read), indent=1) + '\n')
