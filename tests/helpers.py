@@ -14,7 +14,7 @@ from flax_dp_trainer.checkpoint import checkpointer as checkpoint
 from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.step import steps as step_lib
 from flax_dp_trainer.configs import default
-from flax_dp_trainer.data import sources
+from flax_dp_trainer.data import builders
 
 
 # A short run on digits for comparing topologies: 60 steps, evaluated and saved at the end.
@@ -116,7 +116,7 @@ def reference_eval(state, config) -> tuple[int, float, float, float]:
 
 def reference_eval_of(logits_fn, config) -> tuple[int, float, float, float]:
   """reference_eval for any function of a float32 image batch (digits) to logits."""
-  builder = sources.get_builder(config)
+  builder = builders.get_builder(config)
   data = tfds.as_numpy(builder.as_dataset(split=config.eval_split, batch_size=-1))
   images = data['image'].astype(np.float32) / 255.0
   logits = np.asarray(logits_fn(images), np.float64)

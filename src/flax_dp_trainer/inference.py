@@ -28,6 +28,7 @@ from flax_dp_trainer.model import adapter
 from flax_dp_trainer.model import source as model_source
 from flax_dp_trainer.step import steps as step_lib
 from flax_dp_trainer.data import specs
+from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.base.errors import UserError
 
 Images = Union[np.ndarray, Sequence[np.ndarray], Sequence[bytes]]
@@ -108,7 +109,7 @@ def _spec(meta: run_meta.RunMeta, config) -> specs.DatasetSpec:
   """The dataset as the run trained on it: from the checkpoint, else (older checkpoints)
   from the config."""
   if meta.dataset is None:
-    return specs.for_config(config)
+    return run_datasets.for_config(config)
   return specs.from_json(meta.dataset)
 
 

@@ -17,7 +17,7 @@ from flax_dp_trainer.checkpoint import checkpointer as checkpoint
 from flax_dp_trainer.checkpoint import init_from
 from flax_dp_trainer.configs import default
 from flax_dp_trainer.data import pipeline
-from flax_dp_trainer.data import specs
+from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
@@ -122,7 +122,7 @@ def test_fixed_size_images_resized_to_image_size(config):
   evaluation; refused where it cannot apply."""
   config.update(dataset='cifar10', resize_images=True, image_size=24, batch_size=8,
                 eval_batch_size=8)
-  spec = specs.resolve(config).train
+  spec = run_datasets.resolve(config).train
   assert (spec.augment, spec.input_shape) == ('crop_flip', (24, 24, 3))
   with tfds.testing.mock_data(num_examples=16):
     data = pipeline.open_train_data(config)
@@ -136,7 +136,7 @@ def test_fixed_size_images_resized_to_image_size(config):
     broken = config.copy_and_resolve_references()
     broken.update(**bad)
     with pytest.raises(UserError, match=message):
-      specs.resolve(broken)
+      run_datasets.resolve(broken)
   config.update(resize_images=False)
   with pytest.raises(UserError, match='--config.resize_images=True'):
-    specs.resolve(config)
+    run_datasets.resolve(config)

@@ -16,7 +16,9 @@ from flax_dp_trainer.loop import train
 from flax_dp_trainer.data import arrays
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import sources
+from flax_dp_trainer.data import builders
 from flax_dp_trainer.data import specs
+from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
@@ -77,15 +79,15 @@ def test_float_images_refuse_uint8_augmentations_and_take_the_configs_statistics
   config.randaugment_num_layers = 2
   with pytest.raises(UserError, match=r"randaugment_num_layers=2 works on uint8 images, and "
                      r"dataset='arrays:floats' holds float32 ones"):
-    specs.for_config(config)
+    run_datasets.for_config(config)
   config.randaugment_num_layers = 0
   config.image_mean, config.image_std = '0.5', '0.1,0.2,0.3'
-  spec = specs.for_config(config)
+  spec = run_datasets.for_config(config)
   assert (spec.mean, spec.std) == ((0.5,), (0.1, 0.2, 0.3))
   config.image_std = '0.1,0.2'
   with pytest.raises(UserError, match=r"image_std='0.1,0.2' must be 1 or 3 comma-separated "
                      'numbers'):
-    specs.for_config(config)
+    run_datasets.for_config(config)
 
 
 def test_arrays_are_read_in_the_global_streams_order(config, shapes):
@@ -151,8 +153,8 @@ def test_float_arrays_from_python_train_as_on_one_device(shapes, config, tmp_pat
 def test_an_arrays_missing_evaluation_split_is_stood_in_for_or_refused(config, shapes):
   path, _ = shapes
   config.dataset = f'npz:{path}'
-  assert sources.check_split(config, None, 'validation[:50%]', 'eval_split') == 'test[:50%]'
-  assert sources.check_split(config, None, 'train+test', 'train_split') == 'train+test'
+  assert builders.check_split(config, None, 'validation[:50%]', 'eval_split') == 'test[:50%]'
+  assert builders.check_split(config, None, 'train+test', 'train_split') == 'train+test'
   with pytest.raises(UserError, match=r"eval_splits: dataset 'npz:.*shapes.npz' has no split "
                      r"'validation'; it has: test, train"):
-    sources.check_split(config, None, 'validation', 'eval_splits')
+    builders.check_split(config, None, 'validation', 'eval_splits')

@@ -24,7 +24,9 @@ from flax_dp_trainer.data import convert
 from flax_dp_trainer.data import folder as folder_lib
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import sources
+from flax_dp_trainer.data import builders
 from flax_dp_trainer.data import specs
+from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.data.datasets import digits
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
@@ -51,7 +53,7 @@ def _open(config):
 
 
 def test_digits_splits_are_the_documented_fixed_split(config):
-  builder = sources.get_builder(config)
+  builder = builders.get_builder(config)
   assert builder.info.splits['train'].num_examples == digits.NUM_TRAIN == 1437
   assert builder.info.splits['test'].num_examples == digits.NUM_TEST == 360
   assert specs.spec('digits').num_train_examples == 1437
@@ -126,7 +128,7 @@ def test_processes_build_their_rows_of_the_same_global_batches(config, process_c
 
 
 def test_eval_parts_of_processes_are_disjoint_and_cover(config):
-  builder = sources.get_builder(config)
+  builder = builders.get_builder(config)
   full = _split_in_file_order(builder, 'test')['image']
   config.eval_batch_size = 4
   seen = []
@@ -147,7 +149,7 @@ def test_array_record_prepared_by_tfds_gives_the_stream_held_in_memory(config, t
   config.update(cache=False, tfds_data_dir=str(tmp_path))
   tfds.builder('digits', data_dir=str(tmp_path), file_format='array_record').download_and_prepare()
   data = _open(config)
-  assert sources.formats(data.builder) == {'array_record'}
+  assert builders.formats(data.builder) == {'array_record'}
   assert data.mode == sources.ARRAY_RECORD and data.num_examples == 1437
   assert data.plan().describe() == 'decode (8x8x1)'
   from_files = _stream(data, 40, start_position=96)
@@ -164,12 +166,12 @@ def test_converted_tfds_dataset_is_read_by_index_from_its_array_record_files(con
   reports both formats, the ArrayRecord ones are read by index, and the stream is the one
   held in memory. Converting again writes nothing."""
   config.update(batch_size=32, tfds_data_dir=str(tmp_path))
-  builder = sources.get_builder(config)
-  assert sources.formats(builder) == {'tfrecord'}
+  builder = builders.get_builder(config)
+  assert builders.formats(builder) == {'tfrecord'}
   assert convert.add_array_record(builder, threads=2) == 2
   config.cache = False
   data = _open(config)
-  assert sources.formats(data.builder) == {'tfrecord', 'array_record'}
+  assert builders.formats(data.builder) == {'tfrecord', 'array_record'}
   assert data.mode == sources.ARRAY_RECORD
   assert 'read by index from ArrayRecord files' in data.describe(1)[0]
   config.cache = True
@@ -200,11 +202,11 @@ def test_tfrecord_files_are_read_in_sequence_per_process(config):
 
 def test_missing_dataset_without_network_fails_fast(config, tmp_path, monkeypatch):
   # A closed loopback port: the probe is refused at once, as with no route to the host.
-  monkeypatch.setattr(sources, 'DOWNLOAD_PROBE', ('127.0.0.1', 9))
+  monkeypatch.setattr(builders, 'DOWNLOAD_PROBE', ('127.0.0.1', 9))
   config.dataset = 'mnist'
   config.tfds_data_dir = str(tmp_path / 'empty')
   with pytest.raises(UserError) as error:
-    sources.get_builder(config)
+    builders.get_builder(config)
   message = str(error.value)
   assert "dataset='mnist' is not prepared" in message
   assert str(tmp_path / 'empty') in message
@@ -366,10 +368,10 @@ def test_an_image_folder_is_a_dataset_read_by_index(config, digits_folder):
   # Every example is one of the written images with its folder's label.
   by_pixels = {bytes(image): label for image, label in written['train'].values()}
   assert all(by_pixels[bytes(x)] == y for x, y in zip(file_images, file_labels))
-  split = sources.check_split(config, None, 'test', 'eval_split')
+  split = builders.check_split(config, None, 'test', 'eval_split')
   assert split == 'val'
   evaluation = pipeline.eval_data(config, None, eval_set=dataclasses.replace(
-      specs.resolve(config).evals[0], split=split))
+      run_datasets.resolve(config).evals[0], split=split))
   seen = [(bytes(x), y) for b in pipeline.eval_batches(evaluation)
           for x, y, m in zip(b['image'], b['label'], b['mask']) if m]
   assert sorted(seen) == sorted((bytes(i), l) for i, l in written['val'].values())
@@ -425,7 +427,7 @@ def photo_folder(tmp_path_factory):
 def test_a_folder_of_photos_of_many_sizes_is_cropped_to_image_size(config, photo_folder):
   config.update(dataset=f'folder:{photo_folder}', image_size=32, batch_size=6,
                 eval_batch_size=4, cache=False, eval_split='val')
-  ds_spec = specs.for_config(config)
+  ds_spec = run_datasets.for_config(config)
   assert (ds_spec.augment, ds_spec.image_shape, ds_spec.input_shape) == (
       'inception', None, (32, 32, 3))
   assert ds_spec.mean == specs.IMAGENET_MEAN
@@ -443,7 +445,7 @@ def test_a_folder_of_photos_of_many_sizes_is_cropped_to_image_size(config, photo
   assert all(b['image'].shape == (4, 32, 32, 3) for b in batches)
   config.augment = 'crop_flip'
   with pytest.raises(UserError, match="augment='crop_flip' needs images of one size"):
-    specs.for_config(config)
+    run_datasets.for_config(config)
 
 
 # -- through the command line -------------------------------------------------------------

@@ -17,6 +17,7 @@ import flax_dp_trainer as trainer
 from flax_dp_trainer.checkpoint import checkpointer as checkpoint
 from flax_dp_trainer.loop import train
 from flax_dp_trainer.data import specs
+from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
@@ -85,7 +86,7 @@ def test_a_run_resolves_each_of_its_datasets_once(config, tmp_path, monkeypatch)
   assert {'eval_accuracy', 'eval_train_5_accuracy'} <= set(scalars)
   assert [tag for tag in scalars if tag.endswith('_more_npz_test_accuracy')]
   _, meta = checkpoint.read_meta(workdir)
-  resolved = specs.resolve(config)
+  resolved = run_datasets.resolve(config)
   assert specs.from_json(meta.dataset) == resolved.train and resolved.train.mean == (0.25,)
   assert trainer.load(workdir).spec == resolved.train
 
@@ -112,7 +113,7 @@ def test_names_tfds_takes_and_what_is_not_an_image_classification_dataset():
     ('folder:/data/pets:val', ('folder:/data/pets', 'val')),
 ])
 def test_the_grammar_of_an_eval_splits_entry(entry, expected):
-  assert specs.dataset_and_split(entry) == expected
+  assert run_datasets.dataset_and_split(entry) == expected
 
 
 def test_eval_splits_name_datasets_as_dataset_does(config):
@@ -121,19 +122,19 @@ def test_eval_splits_name_datasets_as_dataset_does(config):
   config.eval_splits = 'train[:10%],svhn_cropped:test,mnist:3.0.1:test'
   with pytest.raises(UserError, match=r"dataset 'mnist:3.0.1' has 10 classes of 1-channel "
                      'images, the model 10 of 3'):
-    specs.resolve(config)
+    run_datasets.resolve(config)
   config.eval_splits = 'train[:10%],svhn_cropped:test'
-  assert [(s.prefix, s.dataset, s.split) for s in specs.resolve(config).evals] == [
+  assert [(s.prefix, s.dataset, s.split) for s in run_datasets.resolve(config).evals] == [
       ('eval', 'eurosat/rgb', 'test'), ('eval_train_10', 'eurosat/rgb', 'train[:10%]'),
       ('eval_svhn_cropped_test', 'svhn_cropped', 'test')]
   # Each evaluation reads its dataset as the model takes it: the run's crop.
   assert {(s.spec.name, s.spec.augment, s.spec.image_size)
-          for s in specs.resolve(config).evals} == {('eurosat/rgb', 'inception', 32),
+          for s in run_datasets.resolve(config).evals} == {('eurosat/rgb', 'inception', 32),
                                                    ('svhn_cropped', 'inception', 32)}
   config.update(augment='', image_size=0)
   with pytest.raises(UserError, match=r"dataset 'svhn_cropped' has images of \(32, 32, 3\), "
                      r'the model takes \(64, 64, 3\)'):
-    specs.resolve(config)
+    run_datasets.resolve(config)
 
 
 @pytest.mark.slow
@@ -168,9 +169,9 @@ def test_a_recorded_spec_serves_a_host_without_tensorflow_datasets(tmp_path):
   hidden.mkdir(parents=True)
   (hidden / '__init__.py').write_text(
       'raise ModuleNotFoundError("hidden", name="tensorflow_datasets")\n')
-  code = ('from flax_dp_trainer.configs import default; from flax_dp_trainer.data import specs; '
+  code = ('from flax_dp_trainer.configs import default; from flax_dp_trainer.data import run_datasets; '
           'c = default.get_config(); c.dataset = "oxford_flowers102"; c.dataset_spec = {!r}; '
-          'd = specs.for_config(c); print(d.num_classes, d.image_size, d.augment)')
+          'd = run_datasets.for_config(c); print(d.num_classes, d.image_size, d.augment)')
   env = processes.environment(PYTHONPATH=str(hidden.parent))
   run = lambda given: subprocess.run([sys.executable, '-c', code.format(given)],
                                      cwd=REPO, env=env, capture_output=True,

@@ -10,7 +10,7 @@ import pytest
 from flax_dp_trainer import zoo
 
 from flax_dp_trainer.loop import train
-from flax_dp_trainer.data import sources
+from flax_dp_trainer.data import builders
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 from tests import REPO
@@ -187,7 +187,7 @@ def test_workdir_that_is_a_file_is_refused_and_kept(config, tmp_path):
 
 
 def test_unavailable_dataset_is_refused_before_the_workdir(config, tmp_path, monkeypatch):
-  monkeypatch.setattr(sources, 'DOWNLOAD_PROBE', ('127.0.0.1', 9))
+  monkeypatch.setattr(builders, 'DOWNLOAD_PROBE', ('127.0.0.1', 9))
   config.dataset = 'mnist'
   config.tfds_data_dir = str(tmp_path / 'tfds')
   with pytest.raises(UserError, match='train offline with --config.dataset=digits'):

@@ -18,7 +18,7 @@ from flax_dp_trainer.loop import evaluation
 from flax_dp_trainer.loop import writers
 from flax_dp_trainer import zoo
 from flax_dp_trainer.data import pipeline
-from flax_dp_trainer.data import sources
+from flax_dp_trainer.data import builders
 from tests import helpers
 
 EVAL_BATCH = 48  # 360 test examples = 7.5 batches: the last batch is padded.
@@ -38,7 +38,7 @@ def test_eval_is_exact(config, digits_state, num_devices, eval_batch):
   devices = jax.devices()[:num_devices]
   num_examples, ref_loss, ref_accuracy, ref_top5 = helpers.reference_eval(digits_state, config)
   assert num_examples % config.eval_batch_size != 0
-  data = pipeline.eval_data(config, sources.get_builder(config),
+  data = pipeline.eval_data(config, builders.get_builder(config),
                                   local_device_count=num_devices)
   masks = [batch['mask'] for batch in pipeline.eval_batches(data)]
   assert sum(int(mask.sum()) for mask in masks) == num_examples == 360
@@ -57,7 +57,7 @@ def test_eval_is_exact(config, digits_state, num_devices, eval_batch):
 def test_eval_batches_cover_split_once_per_process_set(config, process_count):
   """Each process's padded batches hold its share; together every example, once."""
   config.eval_batch_size = 24 * process_count
-  builder = sources.get_builder(config)
+  builder = builders.get_builder(config)
   seen, counts = [], set()
   for index in range(process_count):
     data = pipeline.eval_data(config, builder, process_index=index,
@@ -102,7 +102,7 @@ def test_every_eval_split_is_exact(config, digits_state, num_devices):
   """eval_split and each of eval_splits, each padded and masked, against a plain pass."""
   config.update(eval_batch_size=EVAL_BATCH, eval_splits='train[:100], train[1000:]')
   layout = parallel.data_parallel('pmap', jax.devices()[:num_devices])
-  evaluations = evaluation.evaluation_data(config, sources.get_builder(config), layout)
+  evaluations = evaluation.evaluation_data(config, builders.get_builder(config), layout)
   assert [s.prefix for s, _ in evaluations] == ['eval', 'eval_train_100', 'eval_train_1000']
   got = evaluation.evaluate_all(step_lib.make_eval_step(layout),
                            layout.put_replicated(digits_state), evaluations, layout)

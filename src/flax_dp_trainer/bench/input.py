@@ -198,8 +198,8 @@ def torchvision_loader(config, images: str, workers: int, normalize: bool):
   import torch
   import torchvision
   from torchvision.transforms import v2
-  from flax_dp_trainer.data import specs
-  ds_spec = specs.for_config(input_config(config, images, 'files', workers))
+  from flax_dp_trainer.data import run_datasets
+  ds_spec = run_datasets.for_config(input_config(config, images, 'files', workers))
   steps = [v2.RandomResizedCrop(ds_spec.image_size, antialias=True),
            v2.RandomHorizontalFlip()]
   if normalize:

@@ -24,6 +24,7 @@ from flax_dp_trainer.step import state as state_lib
 from flax_dp_trainer.step import steps as step_lib
 from flax_dp_trainer.bench import common as bench_common
 from flax_dp_trainer.data import specs
+from flax_dp_trainer.data import run_datasets
 
 FLAGS = flags.FLAGS
 
@@ -61,7 +62,7 @@ def measure_limit(config, backend: str, steps: int, warmup: int,
   (`efficiency.StepMemory`; temporaries None where the step was not compiled ahead).
   """
   layout = parallel.data_parallel(backend, state_sharding=state_sharding)
-  spec = specs.for_config(config)
+  spec = run_datasets.for_config(config)
   config = optim.timing_durations(config, spec.num_train_examples)
   state = state_lib.init_state(config, spec.num_classes, (1,) + spec.input_shape,
                                rng=jax.random.PRNGKey(0))

@@ -47,11 +47,12 @@ def add_array_record(builder, threads: int) -> int:
   `builder` and records the format in its dataset_info.json; returns the shards written
   (0 where the dataset has ArrayRecord files already)."""
   from flax_dp_trainer.data import sources  # pylint: disable=import-outside-toplevel  # (start-up)
-  if sources.ARRAY_RECORD in sources.formats(builder):
+  from flax_dp_trainer.data import builders
+  if sources.ARRAY_RECORD in builders.formats(builder):
     return 0
-  if 'tfrecord' not in sources.formats(builder):
+  if 'tfrecord' not in builders.formats(builder):
     raise UserError(f'{builder.name} in {builder.data_dir} is stored as '
-                    f'{", ".join(sorted(sources.formats(builder)))}: only TFRecord files are '
+                    f'{", ".join(sorted(builders.formats(builder)))}: only TFRecord files are '
                     'converted')
   pairs = []
   for split_info in builder.info.splits.values():

@@ -39,6 +39,7 @@ from flax_dp_trainer.data import folder as folder_lib
 from flax_dp_trainer.data import preprocess
 from flax_dp_trainer.data import sources
 from flax_dp_trainer.data import specs
+from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.data import stream as stream_lib
 from flax_dp_trainer.data import tf_options
 from flax_dp_trainer.base.errors import UserError
@@ -52,7 +53,7 @@ def folder_roots(config) -> list[str]:
   names = [config.dataset]
   for entry in (e.strip() for e in config.eval_splits.split(',')):
     if entry:
-      names.append(specs.dataset_and_split(entry)[0] or config.dataset)
+      names.append(run_datasets.dataset_and_split(entry)[0] or config.dataset)
   roots = []
   for name in names:
     if specs.is_folder(name):

@@ -35,7 +35,9 @@ from flax_dp_trainer.data import damaged
 from flax_dp_trainer.data import folder as folder_lib
 from flax_dp_trainer.data import preprocess
 from flax_dp_trainer.data import sources
+from flax_dp_trainer.data import builders
 from flax_dp_trainer.data import specs
+from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.data import stream as stream_lib
 from flax_dp_trainer.data.tf_options import data_threads, options
 
@@ -189,13 +191,13 @@ def split_size(ds_spec: specs.DatasetSpec, builder, split) -> int:
 
 def open_train_data(config, ds_spec: Optional[specs.DatasetSpec] = None, *,
                     process_index: int = 0) -> TrainData:
-  """The config's training split of `ds_spec` (the run's `specs.resolve(config).train`; by
+  """The config's training split of `ds_spec` (the run's `run_datasets.resolve(config).train`; by
   default resolved here): the dataset prepared where it ships with the trainer
-  (`sources.get_builder`), the split checked to exist, its read mode and size. The schedule
+  (`builders.get_builder`), the split checked to exist, its read mode and size. The schedule
   (durations in epochs) is the caller's to resolve from `num_examples`."""
-  ds_spec = ds_spec or specs.for_config(config)
-  builder = sources.get_builder(config, ds_spec, process_index=process_index)
-  split = sources.check_split(config, builder, config.train_split, 'train_split', ds_spec)
+  ds_spec = ds_spec or run_datasets.for_config(config)
+  builder = builders.get_builder(config, ds_spec, process_index=process_index)
+  split = builders.check_split(config, builder, config.train_split, 'train_split', ds_spec)
   return TrainData(config, ds_spec, builder, split, sources.read_mode(config, builder),
                    split_size(ds_spec, builder, split))
 
@@ -217,12 +219,12 @@ def eval_batch_per_device(config, num_devices: int) -> int:
 
 def eval_data(config, builder, *, process_index: int = 0, process_count: int = 1,
               local_device_count: int = 1,
-              eval_set: Optional[specs.EvalSet] = None) -> EvalData:
-  """This process's part of an eval split (`eval_set`, one of `specs.resolve(config).evals`,
-  its split as `sources.check_split` resolved it; default the config's `eval_split`) in
+              eval_set: Optional[run_datasets.EvalSet] = None) -> EvalData:
+  """This process's part of an eval split (`eval_set`, one of `run_datasets.resolve(config).evals`,
+  its split as `builders.check_split` resolved it; default the config's `eval_split`) in
   batches of its devices' share of `eval_batch_size` (rounded up to a whole number per
   device)."""
-  eval_set = eval_set or specs.resolve(config).evals[0]
+  eval_set = eval_set or run_datasets.resolve(config).evals[0]
   ds_spec = eval_set.spec
   per_process = eval_batch_per_device(config, process_count * local_device_count) * (
       local_device_count)
@@ -285,8 +287,8 @@ def read_examples(config, split: str, limit: Optional[int] = None) -> tuple[Any,
   if arrays_lib.is_arrays(config.dataset):
     images, labels = sources.array_selection(config.dataset, split)
     return images[:limit], labels[:limit]
-  ds_spec = specs.spec(config.dataset)
-  builder = sources.get_builder(config, ds_spec, split=split)
+  ds_spec = specs.of_config(config)
+  builder = builders.get_builder(config, ds_spec, split=split)
   images, labels = [], []
   for example in tfds.as_numpy(builder.as_dataset(split=split).take(limit or -1)):
     images.append(example[ds_spec.image_key])

@@ -242,7 +242,7 @@ def mean_pixel(spec: specs.DatasetSpec) -> tuple[int, ...]:
 
 
 def train_plan(config, spec: specs.DatasetSpec, encoded: bool) -> Plan:
-  """The training plan of `spec` (resolved by `specs.for_config`) under `config`, for a
+  """The training plan of `spec` (resolved by `run_datasets.for_config`) under `config`, for a
   source that hands over encoded images (`encoded`) or decoded ones."""
   steps = []
   if spec.augment == 'inception':

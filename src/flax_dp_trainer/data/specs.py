@@ -3,22 +3,22 @@ stored image shape, normalization, the default augmentation and the model's inpu
 
 A TFDS dataset's classes, shape and features come from its builder's metadata (TFDS reads
 it without TensorFlow); `KNOWN` adds what TFDS does not say (normalization, a recommended
-augmentation). Image folders and arrays are described from their files. A run resolves its
-datasets once (`resolve`: the training spec with the config's `augment`, `image_size` and
-normalization applied, and every evaluation's), refusing combinations that cannot run, and
-hands that object on. Where TFDS is absent, a run's recorded `SPEC_FILE` stands in.
+augmentation). Image folders and arrays are described from their files. Where TFDS is
+absent, a run's recorded `SPEC_FILE` stands in (`of_config`). `run_datasets` applies the
+config to these specs.
 """
 
 import dataclasses
 import functools
 import json
-import re
 from typing import Optional
 
+from flax_dp_trainer.base.errors import first_line
+from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.data import arrays as arrays_lib
 from flax_dp_trainer.data import folder as folder_lib
 from flax_dp_trainer.data.datasets.digits import source as digits_source
-from flax_dp_trainer.base.errors import UserError, first_line
+
 
 # What a training example goes through besides RandAugment and erasing (`preprocess.py`):
 AUGMENTATIONS = {
@@ -28,13 +28,23 @@ AUGMENTATIONS = {
     'inception': 'a random-resized crop (8%-100% of the area, aspect 3/4-4/3) to '
                  'image_size, then a flip (ImageNet); evaluation resizes and center-crops',
 }
+
+
 # How crops are resized (config.resize_filter; preprocess.resize): area averaging when
 # shrinking, else bilinear; or bilinear with antialiasing (torchvision's filter).
 # RandAugment's magnitudes are bins 0..30 of torchvision's ranges (`augment.py` maps them).
 RANDAUGMENT_MAGNITUDE_BINS = 31
+
+
 RANDAUGMENT_MAX_MAGNITUDE = RANDAUGMENT_MAGNITUDE_BINS - 1
+
+
 RESIZE_FILTERS = ('area', 'antialias')
+
+
 FOLDER_PREFIX = 'folder:'  # config.dataset='folder:/path/to/root' names an image folder.
+
+
 DEFAULT_IMAGE_SIZE = 224  # The crop of datasets whose images vary in size, unless configured.
 
 
@@ -71,6 +81,8 @@ class DatasetSpec:
 
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
+
+
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
@@ -100,6 +112,8 @@ KNOWN = {
     # ImageNet-v2 (matched frequency): 10,000 new test images of ImageNet's 1000 classes.
     'imagenet_v2': Known(mean=IMAGENET_MEAN, std=IMAGENET_STD, eval_only=True),
 }
+
+
 # Builders that ship with the trainer (trainer/data/datasets/) and prepare offline.
 SHIPPED = ('digits',)
 
@@ -108,22 +122,6 @@ def names() -> list[str]:
   """The datasets `KNOWN` describes that a run can train on (besides any other TFDS image
   classification dataset by name, arrays and image folders)."""
   return sorted(name for name, known in KNOWN.items() if not known.eval_only)
-
-
-def dataset_and_split(entry: str) -> tuple[Optional[str], str]:
-  """An entry of `eval_splits` as (dataset, split). The split is what follows the entry's
-  last colon outside brackets, the dataset what precedes it: any name `dataset` takes
-  ('imagenet_v2:test', 'eurosat/rgb:test', 'mnist:3.0.1:test', 'folder:/data/pets:val').
-  An entry without such a colon ('test', 'train[:10%]') is a split of the run's dataset
-  (dataset None)."""
-  depth, last = 0, -1
-  for index, char in enumerate(entry):
-    depth += {'[': 1, ']': -1}.get(char, 0)
-    if char == ':' and depth == 0:
-      last = index
-  if last < 0:
-    return None, entry
-  return entry[:last], entry[last + 1:]
 
 
 def is_folder(name: str) -> bool:
@@ -143,9 +141,6 @@ def _folder_spec(name: str) -> DatasetSpec:
       image_size=0 if found.image_shape else DEFAULT_IMAGE_SIZE, folder=found.root)
 
 
-# Specs read from a JSON file a run wrote (config.dataset_spec), by dataset name: taken as
-# they are, without the dataset's metadata (hosts without TensorFlow Datasets).
-_RECORDED: dict[str, DatasetSpec] = {}
 SPEC_FILE = 'dataset_spec.json'  # What a run writes in its workdir.
 
 
@@ -164,32 +159,37 @@ def from_json(fields: dict) -> DatasetSpec:
   return DatasetSpec(**{k: v for k, v in fields.items() if k in known})
 
 
-def use_recorded(config) -> None:
-  """Takes the spec of `config.dataset_spec` (a run's `SPEC_FILE`), where set, as the spec of
-  `config.dataset`; `UserError` where it does not read or names another dataset."""
+def recorded(config) -> Optional[DatasetSpec]:
+  """The spec `config.dataset_spec` (a run's `SPEC_FILE`) records, where set, taken as it is
+  (hosts without TensorFlow Datasets); `UserError` where it does not read or names another
+  dataset than `config.dataset`."""
   path = config.get('dataset_spec', '')
   if not path:
-    return
+    return None
   try:
     with open(path, encoding='utf-8') as f:
-      recorded = from_json(json.load(f))
+      found = from_json(json.load(f))
   except (OSError, ValueError, TypeError) as e:
     raise UserError(f'dataset_spec={path!r} cannot be read as a dataset spec ({e}); give the '
                     f'{SPEC_FILE} a run wrote in its workdir') from None
-  if recorded.name != config.dataset:
-    raise UserError(f'dataset_spec={path!r} describes dataset {recorded.name!r}, and the '
+  if found.name != config.dataset:
+    raise UserError(f'dataset_spec={path!r} describes dataset {found.name!r}, and the '
                     f'config trains on dataset={config.dataset!r}; give the spec of that '
                     'dataset, or drop --config.dataset_spec')
-  _RECORDED[recorded.name] = recorded
+  return found
+
+
+def of_config(config) -> DatasetSpec:
+  """The spec of `config.dataset` as stored: as `config.dataset_spec` records it where set,
+  else from the dataset itself (`spec`)."""
+  return recorded(config) or spec(config.dataset)
 
 
 def spec(name: str) -> DatasetSpec:
   """The spec of dataset `name` (config.dataset): an image folder (scanned once per
   process), arrays, or a TFDS image classification dataset read from its builder's metadata
-  (`NAME`, `NAME/CONFIG`, `NAME:VERSION`; nothing is downloaded); or as a run recorded it
-  (`use_recorded`)."""
-  if name in _RECORDED:
-    return _RECORDED[name]
+  (`NAME`, `NAME/CONFIG`, `NAME:VERSION`; nothing is downloaded). A run's recorded spec:
+  `of_config`."""
   if is_folder(name):
     return _folder_spec(name)
   if arrays_lib.is_arrays(name):
@@ -310,170 +310,3 @@ def _supervised_keys(name: str, info) -> tuple[str, str]:
     raise UserError(f'dataset={name!r} is not an image classification dataset: the trainer '
                     f'needs an Image and a ClassLabel feature, and it has {described}')
   return images[0], labels[0]
-
-
-def _statistics(config, base: DatasetSpec) -> DatasetSpec:
-  """`base` with the config's normalization (`image_mean`, `image_std`) where set."""
-  for field in ('image_mean', 'image_std'):
-    text = config.get(field, '')
-    if not text:
-      continue
-    try:
-      values = tuple(float(v) for v in text.split(','))
-    except ValueError:
-      values = ()
-    if len(values) not in (1, base.channels) or (field == 'image_std' and min(values) <= 0):
-      scale = ('the [0, 1] scale of uint8 images' if base.dtype == 'uint8' else
-               'the scale of the float images')
-      raise UserError(f'{field}={text!r} must be 1 or {base.channels} comma-separated numbers '
-                      f'(one per channel{", positive" if field == "image_std" else ""}), on '
-                      f'{scale} (--config.{field}=0.5{",0.5" * (base.channels - 1)})')
-    base = dataclasses.replace(base, **{field[len('image_'):]: values})
-  return base
-
-
-def for_config(config) -> DatasetSpec:
-  """The spec of `config.dataset` with the config's augmentation, crop size and
-  normalization applied (`augment`, `image_size`; '' and 0 take the dataset's; `image_mean`,
-  `image_std`); refuses what cannot run. A run resolves its datasets once (`resolve`); this
-  serves tools that need the training spec alone."""
-  use_recorded(config)
-  return _for_config(config, spec(config.dataset))
-
-
-def _for_config(config, base: DatasetSpec) -> DatasetSpec:
-  base = _statistics(config, base)
-  augment = config.augment or base.augment
-  if augment not in AUGMENTATIONS:
-    raise UserError(f'augment={augment!r} is unknown; choose one of: '
-                    f'{", ".join(AUGMENTATIONS)}, or \'\' for the dataset\'s own '
-                    '(--config.augment=NAME)')
-  size = config.image_size
-  if not isinstance(size, int) or size < 0:
-    raise UserError(f'image_size={size!r} must be a whole number of pixels >= 0; 0 takes the '
-                    'dataset\'s (--config.image_size=N)')
-  resize = bool(config.get('resize_images', False))
-  if resize and augment == 'inception':
-    raise UserError("resize_images=True: augment='inception' already resizes its crops to "
-                    'image_size; drop --config.resize_images')
-  if resize and not size:
-    raise UserError('resize_images=True resizes every image to image_size x image_size; give '
-                    'the side with --config.image_size=N')
-  if base.dtype != 'uint8':
-    uint8_only = [f'{field}={config[field]!r}' for field in (
-        'randaugment_num_layers', 'random_erase_prob', 'resize_images') if config.get(field)]
-    if augment == 'inception':
-      uint8_only.insert(0, "augment='inception'")
-    if uint8_only:
-      raise UserError(f'{uint8_only[0]} works on uint8 images, and dataset={config.dataset!r} '
-                      f'holds {base.dtype} ones; drop it, or store the images as uint8 '
-                      '(0..255)')
-  if augment == 'inception':
-    size = size or base.image_size or _square_side(base)
-    return dataclasses.replace(base, augment=augment, image_size=size)
-  if resize:
-    return dataclasses.replace(base, augment=augment, image_size=size)
-  if base.image_shape is None:
-    raise UserError(f'augment={augment!r} needs images of one size, and those of '
-                    f'dataset={config.dataset!r} vary; crop them with --config.augment='
-                    f'inception (to image_size, default {DEFAULT_IMAGE_SIZE}), or resize '
-                    'them whole with --config.resize_images=True --config.image_size=N')
-  if size and size != base.image_size:
-    raise UserError(f'image_size={size} applies to augment=\'inception\' (crops resized to '
-                    f'image_size); dataset={config.dataset!r} has images of '
-                    f'{base.image_shape[0]}x{base.image_shape[1]} with augment={augment!r}: '
-                    'drop --config.image_size, pass --config.augment=inception, or resize the '
-                    'images whole with --config.resize_images=True')
-  return dataclasses.replace(base, augment=augment, image_size=0)
-
-
-def _square_side(base: DatasetSpec) -> int:
-  height, width, _ = base.image_shape
-  if height != width:
-    raise UserError(f'augment=\'inception\' crops to a square: dataset={base.name!r} has '
-                    f'{height}x{width} images; give the side with --config.image_size=N')
-  return height
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalSet:
-  """One evaluation of a run: a split of a dataset and the prefix of its scalars' tags
-  (`PREFIX_loss`, `PREFIX_accuracy`, `PREFIX_top5_accuracy`)."""
-  prefix: str  # 'eval' for `eval_split`; 'eval_NAME' for each entry of `eval_splits`.
-  dataset: str
-  split: str
-  field: str = 'eval_split'  # The config field that names it.
-  # The dataset as the evaluation reads it: the run's augmentation kind and crop, so that its
-  # images come out as the model's input.
-  spec: Optional[DatasetSpec] = None
-
-
-@dataclasses.dataclass(frozen=True)
-class RunDatasets:
-  """A run's datasets, resolved once from its config (`resolve`) and handed to the checks,
-  the input pipeline, evaluation and the checkpoint's record."""
-  read: DatasetSpec  # config.dataset as read, before the config's settings (`SPEC_FILE`).
-  train: DatasetSpec  # With the config's augmentation, crop and normalization.
-  evals: tuple[EvalSet, ...]  # `eval_split`, then each entry of `eval_splits`.
-
-
-def resolve(config) -> RunDatasets:
-  """The run's datasets: `config.dataset` (as `config.dataset_spec` recorded it, where set)
-  with the config's settings, and every evaluation of `eval_split` and `eval_splits`, each
-  dataset's spec derived once; refuses what cannot run. An image folder's spec holds the
-  files left out as decided for the run (`damaged.settle`, before)."""
-  use_recorded(config)
-  read = spec(config.dataset)
-  if not read.trainable:
-    raise UserError(f'dataset={config.dataset!r} has no train split: it is an evaluation set '
-                    f'(--config.eval_splits={config.dataset}:test); train on a dataset with '
-                    f'one, such as {", ".join(names())} (--config.dataset=NAME)')
-  train = _for_config(config, read)
-  return RunDatasets(read, train, tuple(_eval_sets(config, read, train)))
-
-
-def _eval_sets(config, read: DatasetSpec, train: DatasetSpec) -> list[EvalSet]:
-  """`eval_split` of the run's dataset, then each entry of `eval_splits` ('SPLIT' of the
-  run's dataset, or 'DATASET:SPLIT'); refuses entries that repeat or collide in their tags,
-  and datasets whose classes, channels or image size the model cannot take."""
-  own = _eval_spec(config, config.dataset, read, train)
-  sets = [EvalSet('eval', config.dataset, config.eval_split, spec=own)]
-  others = {config.dataset: own}
-  for entry in (e.strip() for e in config.eval_splits.split(',')):
-    if not entry:
-      continue
-    dataset, split = dataset_and_split(entry)
-    dataset = dataset or config.dataset
-    name = (f'{dataset}_{split}' if dataset != config.dataset else split)
-    prefix = 'eval_' + re.sub('[^0-9A-Za-z]+', '_', name).strip('_')
-    if (dataset, split) in {(s.dataset, s.split) for s in sets}:
-      raise UserError(f'eval_splits={config.eval_splits!r}: {entry!r} is evaluated already '
-                      f'(eval_split={config.eval_split!r} or an earlier entry); drop it')
-    if prefix in {s.prefix for s in sets}:
-      raise UserError(f'eval_splits={config.eval_splits!r}: {entry!r} would write the tags of '
-                      f'an earlier entry ({prefix}_*); list each split once')
-    if dataset not in others:
-      try:
-        other = spec(dataset)
-      except UserError as e:
-        raise UserError(f'eval_splits={config.eval_splits!r}: {e}') from None
-      if (other.num_classes, other.channels) != (read.num_classes, read.channels):
-        raise UserError(f'eval_splits={config.eval_splits!r}: dataset {dataset!r} has '
-                        f'{other.num_classes} classes of {other.channels}-channel images, the '
-                        f'model {read.num_classes} of {read.channels}; evaluate datasets of '
-                        'the same classes and channels')
-      others[dataset] = _eval_spec(config, dataset, other, train)
-    sets.append(EvalSet(prefix, dataset, split, 'eval_splits', others[dataset]))
-  return sets
-
-
-def _eval_spec(config, dataset: str, other: DatasetSpec, train: DatasetSpec) -> DatasetSpec:
-  """`other` (the spec of `dataset`) as an evaluation reads it: the run's augmentation kind
-  and crop, so that its images come out as the model's input."""
-  if train.augment == 'inception' or train.image_size:  # Cropped or resized to the model's.
-    return dataclasses.replace(other, augment=train.augment, image_size=train.image_size)
-  if other.image_shape != train.image_shape:
-    raise UserError(f'eval_splits={config.eval_splits!r}: dataset {dataset!r} has images of '
-                    f'{other.image_shape}, the model takes {train.image_shape}; evaluate a '
-                    'dataset of the same size')
-  return dataclasses.replace(other, augment=train.augment, image_size=0)

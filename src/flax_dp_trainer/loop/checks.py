@@ -11,6 +11,7 @@ from flax_dp_trainer.step import optim
 from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.base import user_imports
 from flax_dp_trainer.data import specs
+from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.zoo import layers
 from flax_dp_trainer.zoo import vit
@@ -97,12 +98,12 @@ def _choice(field: str, value, choices) -> None:
 
 
 def check_config(config, *, process_count: int, local_device_count: int
-                 ) -> specs.RunDatasets:
+                 ) -> run_datasets.RunDatasets:
   """Raises `UserError` naming the first bad value and how to fix it; returns the run's
-  datasets as resolved (`specs.resolve`). The modules of `config.imports` are imported
+  datasets as resolved (`run_datasets.resolve`). The modules of `config.imports` are imported
   first: they may register the datasets and models the config names."""
   check_fields(config, process_count=process_count, local_device_count=local_device_count)
-  return specs.resolve(config)  # An unknown dataset, augmentation or crop size is refused there.
+  return run_datasets.resolve(config)  # An unknown dataset, augmentation or crop size is refused there.
 
 
 def check_fields(config, *, process_count: int, local_device_count: int) -> None:

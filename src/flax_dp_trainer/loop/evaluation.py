@@ -8,8 +8,8 @@ from typing import Optional, Sequence
 import jax
 
 from flax_dp_trainer.data import pipeline
-from flax_dp_trainer.data import sources
-from flax_dp_trainer.data import specs
+from flax_dp_trainer.data import builders
+from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.parallel import dispatch
 from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.step import metrics
@@ -27,7 +27,7 @@ def evaluate(p_eval_step, rstate, data: pipeline.EvalData,
   return metrics.eval_scalars(metrics.merge(layout.fetch(per_batch)), prefix)
 
 
-Evaluations = list[tuple[specs.EvalSet, pipeline.EvalData]]
+Evaluations = list[tuple[run_datasets.EvalSet, pipeline.EvalData]]
 
 
 def evaluate_all(p_eval_step, rstate, evaluations: Evaluations,
@@ -40,17 +40,17 @@ def evaluate_all(p_eval_step, rstate, evaluations: Evaluations,
 
 
 def evaluation_data(config, builder, layout: parallel.DataParallel,
-                    eval_sets: Optional[Sequence[specs.EvalSet]] = None) -> Evaluations:
+                    eval_sets: Optional[Sequence[run_datasets.EvalSet]] = None) -> Evaluations:
   """This process's part of every configured evaluation (`eval_sets`: the run's resolved
-  ones, `specs.resolve(config).evals` by default), each split checked to exist; `builder`
+  ones, `run_datasets.resolve(config).evals` by default), each split checked to exist; `builder`
   is the run's dataset's (None for an image folder read from its files or arrays)."""
   evaluations = []
-  for eval_set in (eval_sets if eval_sets is not None else specs.resolve(config).evals):
+  for eval_set in (eval_sets if eval_sets is not None else run_datasets.resolve(config).evals):
     set_builder = builder
     if eval_set.dataset != config.dataset:
-      set_builder = sources.get_builder(config, eval_set.spec, process_index=jax.process_index(),
+      set_builder = builders.get_builder(config, eval_set.spec, process_index=jax.process_index(),
                                         split=eval_set.split)
-    eval_set = dataclasses.replace(eval_set, split=sources.check_split(
+    eval_set = dataclasses.replace(eval_set, split=builders.check_split(
         config, set_builder, eval_set.split, eval_set.field, eval_set.spec))
     evaluations.append((eval_set, pipeline.eval_data(
         config, set_builder, process_index=jax.process_index(),

@@ -24,6 +24,7 @@ from flax_dp_trainer.checkpoint import init_from
 from flax_dp_trainer.data import damaged
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import specs
+from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.loop import checks
 from flax_dp_trainer.loop import evaluation
 from flax_dp_trainer.loop import workdir as workdir_lib
@@ -134,7 +135,7 @@ class Run:
   written."""
   config: ml_collections.ConfigDict  # Durations in epochs resolved to steps.
   layout: parallel.DataParallel
-  datasets: specs.RunDatasets  # Resolved once: the training data's spec and the evaluations.
+  datasets: run_datasets.RunDatasets  # Resolved once: the training data's spec and the evaluations.
   data: pipeline.TrainData
   checkpointer: checkpoint.Checkpointer
   evaluations: evaluation.Evaluations
@@ -205,7 +206,7 @@ def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
                     'flax_dp_trainer.loop.setup.use_compilation_cache(%r) before training',
                     config.compilation_cache_dir, config.compilation_cache_dir)
   damaged.settle(config, workdir)  # Image files that do not read: left out as recorded, or refused.
-  datasets = specs.resolve(config)  # Every dataset of the run, once, as the run reads it.
+  datasets = run_datasets.resolve(config)  # Every dataset of the run, once, as the run reads it.
   data = pipeline.open_train_data(config, datasets.train, process_index=jax.process_index())
   config = optim.resolve_durations(config, data.num_examples)
   data = dataclasses.replace(data, config=config)
@@ -232,7 +233,7 @@ def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
 
 
 def write_dataset_spec(workdir: str, read: specs.DatasetSpec) -> None:
-  """The dataset's spec as this run read it (`specs.RunDatasets.read`), in `workdir`
+  """The dataset's spec as this run read it (`run_datasets.RunDatasets.read`), in `workdir`
   (`specs.SPEC_FILE`): what `--config.dataset_spec` gives a host without TensorFlow
   Datasets."""
   path = epath.Path(workdir) / specs.SPEC_FILE

@@ -1,3 +1,3 @@
-"""Pairing a torch module's layers with a flax module's by the order they are called: torch
-weights into any flax module, the port check's pairing. torch is imported inside its
-functions. Imports `base`."""
+"""Torch weights into any flax module of the same architecture, without a key table: each
+side's layers in call order (`layers`), their arrays between layouts (`layouts`), paired and
+carried, their outputs captured (`porting`). Imports `base`."""

@@ -23,6 +23,7 @@ from flax_dp_trainer.step import mix as mix_lib
 from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.base.batch_keys import EXAMPLE_ID_KEY, MASK_KEY, MIX_LABEL_KEY, MIX_WEIGHT_KEY
 from flax_dp_trainer.data import specs
+from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.step.metrics import EvalMetrics, ScaledTrainMetrics, TrainMetrics
 from flax_dp_trainer.parallel.layouts import AXIS_NAME
 from flax_dp_trainer.step.state import TrainState
@@ -39,7 +40,7 @@ class Normalization:
 
   @classmethod
   def of(cls, ds_spec: specs.DatasetSpec, dtype: str) -> 'Normalization':
-    """The statistics of `ds_spec` (the dataset's, or the config's: `specs.for_config`)."""
+    """The statistics of `ds_spec` (the dataset's, or the config's: `run_datasets.for_config`)."""
     return cls(tuple(ds_spec.mean), tuple(ds_spec.std), dtype)
 
   def to_float(self, images: jax.Array) -> jax.Array:
@@ -79,7 +80,7 @@ class StepOptions:
     return cls(label_smoothing=config.label_smoothing,
                grad_accum_steps=config.grad_accum_steps, ema_decay=config.ema_decay,
                skip_nonfinite=config.skip_nonfinite_steps,
-               normalization=Normalization.of(ds_spec or specs.for_config(config),
+               normalization=Normalization.of(ds_spec or run_datasets.for_config(config),
                                               config.dtype),
                mix=mix_lib.MixOptions.from_config(config), remat=config.remat,
                loss=loss if loss is not None else losses.get(config.loss))

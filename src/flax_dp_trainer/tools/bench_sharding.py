@@ -45,7 +45,7 @@ from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.step import state as state_lib
 from flax_dp_trainer.step import steps as step_lib
 from flax_dp_trainer.bench import common as bench_common
-from flax_dp_trainer.data import specs
+from flax_dp_trainer.data import run_datasets
 
 FLAGS = flags.FLAGS
 FORMS = ('unrolled', 'scanned')
@@ -71,7 +71,7 @@ def _define_flags() -> None:
 
 def _initializer(config):
   """`init(rng) -> TrainState` of the config's model and optimizer on its dataset's shapes."""
-  spec = specs.for_config(config)
+  spec = run_datasets.for_config(config)
   init = state_lib.initializer(config, spec.num_classes, optim.learning_rate_schedule(config))
   return functools.partial(init, input_shape=(1,) + spec.input_shape)
 
@@ -79,7 +79,7 @@ def _initializer(config):
 def abstract_inputs(config, layout: parallel.ShardMapped, init) -> tuple[Any, Any, Any]:
   """(state, batch, rng) of the config's step (the state `init`'s) as
   `jax.ShapeDtypeStruct`s laid out as the layout lays them out: nothing allocated."""
-  spec = specs.for_config(config)
+  spec = run_datasets.for_config(config)
   shapes = jax.eval_shape(init, jax.random.PRNGKey(0))
   state = jax.tree.map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype,
                                                                  sharding=sharding),
@@ -120,7 +120,7 @@ def compile_step(config) -> tuple[Any, Any, Any, float, parallel.ShardMapped, An
   """The config's train step compiled on abstract inputs: (compiled, state, (batch, rng),
   seconds, layout, the state's `init`: real states for the compiled step come from it)."""
   layout = parallel.data_parallel('shard_map', state_sharding=config.state_sharding)
-  spec = specs.for_config(config)
+  spec = run_datasets.for_config(config)
   config = optim.timing_durations(config, spec.num_train_examples)
   init = _initializer(config)
   state, batch, rng = abstract_inputs(config, layout, init)
@@ -146,7 +146,7 @@ def memory_of(compiled, state, inputs) -> dict[str, Any]:
 def time_steps(config, compiled, layout, init, batch, steps: int, warmup: int) -> float:
   """The median seconds of `steps` steps of `compiled` (over states of `init`) after
   1 + `warmup` untimed ones."""
-  spec = specs.for_config(config)
+  spec = run_datasets.for_config(config)
   real = layout.put_state(jax.device_get(init(jax.random.PRNGKey(0))))
   data = np.random.RandomState(0)
   rows = layout.put_batch({

@@ -54,10 +54,10 @@ def main(argv) -> None:
       raise UserError(f'--out and --file_format apply to image folders; {FLAGS.dataset} is '
                       'converted in place, to ArrayRecord: drop them')
     # pylint: disable-next=import-outside-toplevel
-    from flax_dp_trainer.data import sources  # (start-up: TensorFlow once the flags are good)
+    from flax_dp_trainer.data import builders  # (start-up: TensorFlow once the flags are good)
     config = ml_collections.ConfigDict({'dataset': FLAGS.dataset, 'train_split': 'train',
                                         'tfds_data_dir': FLAGS.tfds_data_dir})
-    builder = sources.get_builder(config)
+    builder = builders.get_builder(config)
     shards = convert.add_array_record(builder, len(os.sched_getaffinity(0)))
     print(f'{builder.name}: {shards} ArrayRecord shards written in {builder.data_dir}'
           if shards else f'{builder.name} in {builder.data_dir} has ArrayRecord files already')

@@ -36,6 +36,8 @@ from flax_dp_trainer.configs import default
 from flax_dp_trainer.base.errors import UserError, first_line
 from flax_dp_trainer.torch_ddp import models as torch_models
 from flax_dp_trainer.port import porting
+from flax_dp_trainer.port import layers as port_layers
+from flax_dp_trainer.port import layouts as port_layouts
 from flax_dp_trainer.zoo import torch_weights
 
 FLAGS = flags.FLAGS
@@ -159,18 +161,18 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
     return Report({}, {}, [], [], f'verdict: the port parts from the original {e}', False)
   try:
     carried = porting.carry(apply_eval, variables, torch_module, x)
-  except porting.PortMismatch as e:
+  except port_layers.PortMismatch as e:
     return Report({}, {}, [], [], f'verdict: the layers do not pair up: {e}', False)
   pairs = carried.pairs
   torch_x = porting.to_torch(x)
   torch_layers, flax_layers = [t for _, t in pairs], [f for f, _ in pairs]
   rows, logits, first = {}, {}, None
-  with torch.no_grad(), porting.eval_mode(torch_module):
+  with torch.no_grad(), port_layers.eval_mode(torch_module):
     torch_eval, torch_logits = porting.capture_torch(torch_module, torch_x, torch_layers)
   flax_eval, flax_logits = porting.capture_flax(apply_eval, carried.variables, x, flax_layers)
   flax_logits = np.asarray(flax_logits, np.float32)
   rows['eval'], logits['eval'], first = _compare(pairs, flax_eval, torch_eval, carried.rows,
-                                                 flax_logits, porting.to_numpy(torch_logits),
+                                                 flax_logits, port_layouts.to_numpy(torch_logits),
                                                  'eval')
   # Train mode: one forward and backward of each (BatchNorm on the batch, its statistics
   # updated once).
@@ -187,7 +189,7 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
       apply_train, carried.variables, x, flax_layers)
   rows['train'], logits['train'], first_train = _compare(
       pairs, flax_train, torch_train, carried.rows, np.asarray(flax_train_logits, np.float32),
-      porting.to_numpy(out), 'train')
+      port_layouts.to_numpy(out), 'train')
   first = first or first_train
   gradients = _gradients(pairs, carried, apply_train, x, labels, torch_module)
   first = first or next((f'in the gradient of {n} (|flax - torch| up to {d:.2e})'
@@ -215,7 +217,7 @@ def _compare(pairs, flax_seen, torch_seen, rows_order, flax_logits, torch_logits
       continue
     diffs = []
     for index, (a, b) in enumerate(zip(flax_seen[f.path], torch_seen[t.path])):
-      b = porting.as_flax_layout(b, a.shape) if b.shape != a.shape or b.ndim >= 3 else b
+      b = port_layouts.as_flax_layout(b, a.shape) if b.shape != a.shape or b.ndim >= 3 else b
       if b is not None and index == 0 and f.path in rows_order:
         b = b.reshape(len(b), -1)[:, rows_order[f.path]].reshape(a.shape)
       if b is None and a.size == np.asarray(torch_seen[t.path][index]).size:
@@ -258,12 +260,12 @@ def _gradients(pairs, carried, apply_train, x, labels, torch_module):
   for f, t in pairs:
     if t.kind == 'param':
       tensor = dict(torch_module.named_parameters())[t.module]
-      torch_grads = {'value': porting.to_numpy(tensor.grad)}
+      torch_grads = {'value': port_layouts.to_numpy(tensor.grad)}
     else:
-      torch_grads = {n: porting.to_numpy(p.grad)
+      torch_grads = {n: port_layouts.to_numpy(p.grad)
                      for n, p in t.module.named_parameters() if p.grad is not None}
-    converted = porting.to_flax((f, t), torch_grads, carried.rows.get(f.path))
-    mine = porting.layer_arrays(grads, f, [n for n in f.shapes
+    converted = port_layouts.to_flax((f, t), torch_grads, carried.rows.get(f.path))
+    mine = port_layouts.layer_arrays(grads, f, [n for n in f.shapes
                                            if not n.startswith('batch_stats/')])
     for name, value in mine.items():
       if name in converted:
@@ -288,7 +290,7 @@ def _statistics(pairs, updated, before, after, torch_train):
     count = inputs.size / inputs.shape[1]
     unbiased = (var1 - (1 - m) * var0) / m
     expected_var = (1 - m) * var0 + m * unbiased * (count - 1) / count
-    mine = porting.layer_arrays(stats, f, ['batch_stats/mean', 'batch_stats/var'])
+    mine = port_layouts.layer_arrays(stats, f, ['batch_stats/mean', 'batch_stats/var'])
     d = max(float(np.max(np.abs(mine['batch_stats/mean'] - mean1))),
             float(np.max(np.abs(mine['batch_stats/var'] - expected_var))))
     out.append((f.path, d, d <= porting.tolerance(expected_var)))

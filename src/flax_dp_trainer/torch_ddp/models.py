@@ -33,6 +33,7 @@ from flax_dp_trainer.step import state as state_lib
 from flax_dp_trainer import zoo as flax_models
 from flax_dp_trainer.base.errors import UserError, first_line
 from flax_dp_trainer.port import porting
+from flax_dp_trainer.port import layers as port_layers
 from flax_dp_trainer.zoo import torch_weights
 
 
@@ -260,7 +261,7 @@ def flax_init_state(config, model: nn.Module, num_classes: int,
   try:
     carried = porting.carry(lambda v, im: flax_module.apply(v, im, train=False), variables,
                             model, x)
-  except porting.PortMismatch as e:
+  except port_layers.PortMismatch as e:
     raise UserError(f'torch_model={config.torch_model!r} and model={config.model!r} do not '
                     f'pair up: {e} (python -m flax_dp_trainer.tools.port_check says more)'
                     ) from None

@@ -32,6 +32,7 @@ from torchvision.models import vision_transformer
 from flax_dp_trainer.step import mix as mix_lib
 from flax_dp_trainer.step import optim
 from flax_dp_trainer.data import specs
+from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.torch_ddp import models as torch_models
 
@@ -114,7 +115,7 @@ class Normalize:
 
   def __init__(self, config, device: torch.device, channels_last: bool,
                ds_spec: Optional[specs.DatasetSpec] = None):
-    ds_spec = ds_spec or specs.for_config(config)  # The run's resolved spec, where given.
+    ds_spec = ds_spec or run_datasets.for_config(config)  # The run's resolved spec, where given.
     self.device = device
     self.mean = torch.tensor(ds_spec.mean, dtype=torch.float32, device=device)[:, None, None]
     self.std = torch.tensor(ds_spec.std, dtype=torch.float32, device=device)[:, None, None]

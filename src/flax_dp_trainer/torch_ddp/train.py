@@ -49,7 +49,7 @@ from flax_dp_trainer.step import state as state_lib
 from flax_dp_trainer.loop import workdir as workdir_lib
 from flax_dp_trainer.loop import writers
 from flax_dp_trainer.data import pipeline
-from flax_dp_trainer.data import sources
+from flax_dp_trainer.data import builders
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.base.errors import Preempted, UserError
 from flax_dp_trainer.torch_ddp import models as torch_models
@@ -287,7 +287,7 @@ def train(config, workdir: str, parity: bool, init_weights: Optional[str] = None
   checks.check_schedule(config)
   input_shape = (1,) + data.spec.input_shape
   evaluation = datasets.evals[0]  # The twin evaluates `eval_split`.
-  evaluation = dataclasses.replace(evaluation, split=sources.check_split(
+  evaluation = dataclasses.replace(evaluation, split=builders.check_split(
       config, data.builder, evaluation.split, evaluation.field, evaluation.spec))
   eval_data = pipeline.eval_data(config, data.builder, process_index=rank, process_count=world,
                                  eval_set=evaluation)

@@ -1,0 +1,193 @@
+"""A run's datasets resolved once (`resolve`): the training spec with the config's `augment`,
+`image_size` and normalization applied (`for_config`), and every evaluation's
+(`eval_split`, `eval_splits`: a split of the run's dataset or of another), refusing
+combinations that cannot run. The run hands the `RunDatasets` on."""
+
+import dataclasses
+import re
+from typing import Optional
+
+from flax_dp_trainer.base.errors import UserError
+from flax_dp_trainer.data import specs
+
+
+def dataset_and_split(entry: str) -> tuple[Optional[str], str]:
+  """An entry of `eval_splits` as (dataset, split). The split is what follows the entry's
+  last colon outside brackets, the dataset what precedes it: any name `dataset` takes
+  ('imagenet_v2:test', 'eurosat/rgb:test', 'mnist:3.0.1:test', 'folder:/data/pets:val').
+  An entry without such a colon ('test', 'train[:10%]') is a split of the run's dataset
+  (dataset None)."""
+  depth, last = 0, -1
+  for index, char in enumerate(entry):
+    depth += {'[': 1, ']': -1}.get(char, 0)
+    if char == ':' and depth == 0:
+      last = index
+  if last < 0:
+    return None, entry
+  return entry[:last], entry[last + 1:]
+
+
+def _statistics(config, base: specs.DatasetSpec) -> specs.DatasetSpec:
+  """`base` with the config's normalization (`image_mean`, `image_std`) where set."""
+  for field in ('image_mean', 'image_std'):
+    text = config.get(field, '')
+    if not text:
+      continue
+    try:
+      values = tuple(float(v) for v in text.split(','))
+    except ValueError:
+      values = ()
+    if len(values) not in (1, base.channels) or (field == 'image_std' and min(values) <= 0):
+      scale = ('the [0, 1] scale of uint8 images' if base.dtype == 'uint8' else
+               'the scale of the float images')
+      raise UserError(f'{field}={text!r} must be 1 or {base.channels} comma-separated numbers '
+                      f'(one per channel{", positive" if field == "image_std" else ""}), on '
+                      f'{scale} (--config.{field}=0.5{",0.5" * (base.channels - 1)})')
+    base = dataclasses.replace(base, **{field[len('image_'):]: values})
+  return base
+
+
+def for_config(config) -> specs.DatasetSpec:
+  """The spec of `config.dataset` with the config's augmentation, crop size and
+  normalization applied (`augment`, `image_size`; '' and 0 take the dataset's; `image_mean`,
+  `image_std`); refuses what cannot run. A run resolves its datasets once (`resolve`); this
+  serves tools that need the training spec alone."""
+  return _for_config(config, specs.of_config(config))
+
+
+def _for_config(config, base: specs.DatasetSpec) -> specs.DatasetSpec:
+  base = _statistics(config, base)
+  augment = config.augment or base.augment
+  if augment not in specs.AUGMENTATIONS:
+    raise UserError(f'augment={augment!r} is unknown; choose one of: '
+                    f'{", ".join(specs.AUGMENTATIONS)}, or \'\' for the dataset\'s own '
+                    '(--config.augment=NAME)')
+  size = config.image_size
+  if not isinstance(size, int) or size < 0:
+    raise UserError(f'image_size={size!r} must be a whole number of pixels >= 0; 0 takes the '
+                    'dataset\'s (--config.image_size=N)')
+  resize = bool(config.get('resize_images', False))
+  if resize and augment == 'inception':
+    raise UserError("resize_images=True: augment='inception' already resizes its crops to "
+                    'image_size; drop --config.resize_images')
+  if resize and not size:
+    raise UserError('resize_images=True resizes every image to image_size x image_size; give '
+                    'the side with --config.image_size=N')
+  if base.dtype != 'uint8':
+    uint8_only = [f'{field}={config[field]!r}' for field in (
+        'randaugment_num_layers', 'random_erase_prob', 'resize_images') if config.get(field)]
+    if augment == 'inception':
+      uint8_only.insert(0, "augment='inception'")
+    if uint8_only:
+      raise UserError(f'{uint8_only[0]} works on uint8 images, and dataset={config.dataset!r} '
+                      f'holds {base.dtype} ones; drop it, or store the images as uint8 '
+                      '(0..255)')
+  if augment == 'inception':
+    size = size or base.image_size or _square_side(base)
+    return dataclasses.replace(base, augment=augment, image_size=size)
+  if resize:
+    return dataclasses.replace(base, augment=augment, image_size=size)
+  if base.image_shape is None:
+    raise UserError(f'augment={augment!r} needs images of one size, and those of '
+                    f'dataset={config.dataset!r} vary; crop them with --config.augment='
+                    f'inception (to image_size, default {specs.DEFAULT_IMAGE_SIZE}), or resize '
+                    'them whole with --config.resize_images=True --config.image_size=N')
+  if size and size != base.image_size:
+    raise UserError(f'image_size={size} applies to augment=\'inception\' (crops resized to '
+                    f'image_size); dataset={config.dataset!r} has images of '
+                    f'{base.image_shape[0]}x{base.image_shape[1]} with augment={augment!r}: '
+                    'drop --config.image_size, pass --config.augment=inception, or resize the '
+                    'images whole with --config.resize_images=True')
+  return dataclasses.replace(base, augment=augment, image_size=0)
+
+
+def _square_side(base: specs.DatasetSpec) -> int:
+  height, width, _ = base.image_shape
+  if height != width:
+    raise UserError(f'augment=\'inception\' crops to a square: dataset={base.name!r} has '
+                    f'{height}x{width} images; give the side with --config.image_size=N')
+  return height
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSet:
+  """One evaluation of a run: a split of a dataset and the prefix of its scalars' tags
+  (`PREFIX_loss`, `PREFIX_accuracy`, `PREFIX_top5_accuracy`)."""
+  prefix: str  # 'eval' for `eval_split`; 'eval_NAME' for each entry of `eval_splits`.
+  dataset: str
+  split: str
+  field: str = 'eval_split'  # The config field that names it.
+  # The dataset as the evaluation reads it: the run's augmentation kind and crop, so that its
+  # images come out as the model's input.
+  spec: Optional[specs.DatasetSpec] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunDatasets:
+  """A run's datasets, resolved once from its config (`resolve`) and handed to the checks,
+  the input pipeline, evaluation and the checkpoint's record."""
+  read: specs.DatasetSpec  # config.dataset as read, before the config's settings (`SPEC_FILE`).
+  train: specs.DatasetSpec  # With the config's augmentation, crop and normalization.
+  evals: tuple[EvalSet, ...]  # `eval_split`, then each entry of `eval_splits`.
+
+
+def resolve(config) -> RunDatasets:
+  """The run's datasets: `config.dataset` (as `config.dataset_spec` recorded it, where set)
+  with the config's settings, and every evaluation of `eval_split` and `eval_splits`, each
+  dataset's spec derived once; refuses what cannot run. An image folder's spec holds the
+  files left out as decided for the run (`damaged.settle`, before)."""
+  read = specs.of_config(config)
+  if not read.trainable:
+    raise UserError(f'dataset={config.dataset!r} has no train split: it is an evaluation set '
+                    f'(--config.eval_splits={config.dataset}:test); train on a dataset with '
+                    f'one, such as {", ".join(specs.names())} (--config.dataset=NAME)')
+  train = _for_config(config, read)
+  return RunDatasets(read, train, tuple(_eval_sets(config, read, train)))
+
+
+def _eval_sets(config, read: specs.DatasetSpec, train: specs.DatasetSpec) -> list[EvalSet]:
+  """`eval_split` of the run's dataset, then each entry of `eval_splits` ('SPLIT' of the
+  run's dataset, or 'DATASET:SPLIT'); refuses entries that repeat or collide in their tags,
+  and datasets whose classes, channels or image size the model cannot take."""
+  own = _eval_spec(config, config.dataset, read, train)
+  sets = [EvalSet('eval', config.dataset, config.eval_split, spec=own)]
+  others = {config.dataset: own}
+  for entry in (e.strip() for e in config.eval_splits.split(',')):
+    if not entry:
+      continue
+    dataset, split = dataset_and_split(entry)
+    dataset = dataset or config.dataset
+    name = (f'{dataset}_{split}' if dataset != config.dataset else split)
+    prefix = 'eval_' + re.sub('[^0-9A-Za-z]+', '_', name).strip('_')
+    if (dataset, split) in {(s.dataset, s.split) for s in sets}:
+      raise UserError(f'eval_splits={config.eval_splits!r}: {entry!r} is evaluated already '
+                      f'(eval_split={config.eval_split!r} or an earlier entry); drop it')
+    if prefix in {s.prefix for s in sets}:
+      raise UserError(f'eval_splits={config.eval_splits!r}: {entry!r} would write the tags of '
+                      f'an earlier entry ({prefix}_*); list each split once')
+    if dataset not in others:
+      try:
+        other = specs.spec(dataset)
+      except UserError as e:
+        raise UserError(f'eval_splits={config.eval_splits!r}: {e}') from None
+      if (other.num_classes, other.channels) != (read.num_classes, read.channels):
+        raise UserError(f'eval_splits={config.eval_splits!r}: dataset {dataset!r} has '
+                        f'{other.num_classes} classes of {other.channels}-channel images, the '
+                        f'model {read.num_classes} of {read.channels}; evaluate datasets of '
+                        'the same classes and channels')
+      others[dataset] = _eval_spec(config, dataset, other, train)
+    sets.append(EvalSet(prefix, dataset, split, 'eval_splits', others[dataset]))
+  return sets
+
+
+def _eval_spec(config, dataset: str, other: specs.DatasetSpec,
+               train: specs.DatasetSpec) -> specs.DatasetSpec:
+  """`other` (the spec of `dataset`) as an evaluation reads it: the run's augmentation kind
+  and crop, so that its images come out as the model's input."""
+  if train.augment == 'inception' or train.image_size:  # Cropped or resized to the model's.
+    return dataclasses.replace(other, augment=train.augment, image_size=train.image_size)
+  if other.image_shape != train.image_shape:
+    raise UserError(f'eval_splits={config.eval_splits!r}: dataset {dataset!r} has images of '
+                    f'{other.image_shape}, the model takes {train.image_shape}; evaluate a '
+                    'dataset of the same size')
+  return dataclasses.replace(other, augment=train.augment, image_size=0)

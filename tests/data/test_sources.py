@@ -1,0 +1,58 @@
+"""Where examples come from and how a split is read (`flax_dp_trainer.data.sources`), and the
+splits a run names checked against a dataset's (`flax_dp_trainer.data.builders`), on arrays
+in an .npz file."""
+
+import ml_collections
+import numpy as np
+import pytest
+
+from flax_dp_trainer.base.errors import UserError
+from flax_dp_trainer.data import builders
+from flax_dp_trainer.data import sources
+
+
+@pytest.fixture(scope='module')
+def npz(tmp_path_factory):
+  path = tmp_path_factory.mktemp('sources') / 'data.npz'
+  images = np.arange(10 * 4 * 4, dtype=np.uint8).reshape(10, 4, 4, 1)
+  np.savez(path, x_train=images, y_train=np.arange(10) % 3,
+           x_validation=images[:4], y_validation=np.arange(4) % 3)
+  return f'npz:{path}'
+
+
+@pytest.mark.parametrize('split, labels', [
+    ('train[:50%]', [0, 1, 2, 0, 1]),
+    ('train[8:]+validation[:1]', [2, 0, 0]),
+])
+def test_an_array_split_is_selected_with_tfds_slicing(npz, split, labels):
+  images, got = sources.array_selection(npz, split)
+  np.testing.assert_array_equal(got, labels)
+  assert images.shape == (len(labels), 4, 4, 1)
+
+
+def test_a_split_the_arrays_lack_is_refused_naming_those_they_have(npz):
+  config = ml_collections.ConfigDict({'dataset': npz, 'dataset_spec': ''})
+  assert builders.check_split(config, None, 'train[:90%]', 'train_split') == 'train[:90%]'
+  with pytest.raises(UserError, match="train_split: dataset .* has no split 'tain'; it has: "
+                     'train, validation'):
+    builders.check_split(config, None, 'tain', 'train_split')
+  # An evaluation split of another common name is read from the one the dataset has.
+  assert builders.check_split(config, None, 'test[:2]', 'eval_split') == 'validation[:2]'
+
+
+@pytest.mark.parametrize('cache, dataset, builder, mode', [
+    (True, 'digits', object(), sources.IN_MEMORY),
+    (False, 'npz:/x.npz', None, sources.IN_MEMORY),
+    (False, 'folder:/pets', None, sources.FILES),
+])
+def test_the_read_mode_follows_the_config_and_the_storage(cache, dataset, builder, mode):
+  config = ml_collections.ConfigDict({'cache': cache, 'dataset': dataset})
+  assert sources.read_mode(config, builder) == mode
+
+
+def test_each_read_mode_says_what_the_batches_depend_on():
+  sequential = sources.describe_read_mode(sources.SEQUENTIAL, 4)
+  assert 'each of the 4 processes shuffles its own part' in sequential
+  for mode in (sources.IN_MEMORY, sources.ARRAY_RECORD, sources.FILES):
+    assert 'depends on the config, the seed and the step alone' in (
+        sources.describe_read_mode(mode, 4))
