@@ -20,7 +20,7 @@ from jax.experimental.compilation_cache import compilation_cache
 from flax_dp_trainer.loop import setup
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.runs import processes
-from flax_dp_trainer.tools import benchmark
+from flax_dp_trainer.bench import figures as bench_figures
 from tests import REPO
 
 KEYS = ('limit_examples_per_sec', 'limit_pmap_examples_per_sec',
@@ -58,7 +58,7 @@ def test_headline_figures_pick_the_fastest_and_divide():
                           'shard_map': _measured(850.0)}],
           'ddp_limit_runs': [{'ranks': 2, 'threads_per_rank': 1, 'first_step_s': 0.5,
                               **_measured(450.0)}]}
-  figures = benchmark.headline_figures(runs)
+  figures = bench_figures.headline_figures(runs)
   assert figures['jax_devices'] == 2 and figures['trainer_examples_per_sec'] == 600.0
   assert figures['limit_examples_per_sec'] == 800.0  # The 2-device run's faster backend.
   assert figures['trainer_over_limit'] == 0.75
@@ -72,7 +72,7 @@ def test_headline_figures_pick_the_fastest_and_divide():
   assert figures['step_jax_over_ddp'] == 2.0
   # The table's rows: one per measurement, each named once (the jax and limit parts' bare
   # steps apart).
-  names = [line.split('  ')[0] for line in benchmark.table(figures).split('\n\n')[0].splitlines()]
+  names = [line.split('  ')[0] for line in bench_figures.table(figures).split('\n\n')[0].splitlines()]
   assert len(names) == 1 + 4 + 2 + 2 * 2 + 1 + 2 and len(set(names)) == len(names), names
 
 

@@ -67,27 +67,12 @@ from ml_collections import config_flags
 from flax_dp_trainer.loop import checks
 from flax_dp_trainer.base import cli
 from flax_dp_trainer.bench import common as bench_common
+from flax_dp_trainer.bench import figures as bench_figures
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
-from flax_dp_trainer.runs import reporting
 
 FLAGS = flags.FLAGS
 PARTS = ('jax', 'cache', 'ddp', 'multiprocess', 'limit', 'ddp_limit', 'input')
-# The input part's runs: (name, bench_input flags), measured in this order in each round.
-INPUT_RUNS = (
-    ('ours_files', ['--side=ours', '--mode=files']),
-    ('torchvision', ['--side=torchvision']),
-    ('ours_memory', ['--side=ours', '--mode=memory']),
-    ('ours_array_record', ['--side=ours', '--mode=array_record']),
-    ('ours_tfrecord', ['--side=ours', '--mode=tfrecord']),
-    ('torchvision_normalized', ['--side=torchvision', '--normalize']),
-    ('ours_2proc', ['--side=ours', '--mode=files', '--process_count=2']),
-    ('ours_2proc_mix', ['--side=ours', '--mode=files', '--process_count=2',
-                        '--config.mixup_alpha=0.2', '--config.cutmix_alpha=1.0']),
-)
-GPU_IMAGES_PER_SEC = 2500  # What one GPU of a ResNet-50 run eats: the cores-per-GPU figure.
-
-
 def _define_flags() -> None:
   """The command line's flags (defined when the script runs: importing it defines none)."""
   bench_common.define_measure_flags()
@@ -266,14 +251,6 @@ def _multiprocess(setup: _Setup) -> dict[str, Any]:
   return figures
 
 
-def _fastest(measurements: list[dict]) -> dict:
-  return max(measurements, key=lambda m: m['examples_per_sec'])
-
-
-def _fastest_trainer(jax_runs: list[dict]) -> dict:
-  return max(jax_runs, key=lambda r: r['trainer']['examples_per_sec'])
-
-
 def measure_parts(setup: _Setup, parts: list[str], jax_counts: list[int],
                   ddp_counts: list[int], cores: int) -> dict[str, Any]:
   """Runs the chosen parts one after the other: each part's figures (see `headline_figures`
@@ -283,7 +260,7 @@ def measure_parts(setup: _Setup, parts: list[str], jax_counts: list[int],
     if part in parts:
       runs[f'{part}_runs'] = _per_device_count(setup, part, jax_counts)
   if 'cache' in parts:
-    runs['cache'] = _cache_starts(setup, _fastest_trainer(runs['jax_runs'])['devices']
+    runs['cache'] = _cache_starts(setup, bench_figures.fastest_trainer(runs['jax_runs'])['devices']
                                   if 'jax_runs' in runs else jax_counts[-1])
   if 'ddp' in parts:
     runs['ddp_runs'] = [_ddp_run(setup, ranks, cores) for ranks in ddp_counts]
@@ -297,7 +274,7 @@ def measure_parts(setup: _Setup, parts: list[str], jax_counts: list[int],
 
 
 def _input(setup: _Setup, cores: int) -> dict[str, Any]:
-  """The input part: the images made (or found), then INPUT_RUNS alternately `--rounds`
+  """The input part: the images made (or found), then bench_figures.INPUT_RUNS alternately `--rounds`
   times; each run's figures, their medians and the ratios (module docstring)."""
   images = FLAGS.input_images or os.path.join(setup.scratch, 'images')
   print(f'input: {FLAGS.input_count} generated JPEGs and their records in {images} (made '
@@ -306,18 +283,18 @@ def _input(setup: _Setup, cores: int) -> dict[str, Any]:
             f'--seconds={FLAGS.input_seconds}']
   made = _run_part(setup, 'input', 'input_prepare',
                    ['--side=prepare', f'--count={FLAGS.input_count}', *common])
-  runs = {name: [] for name, _ in INPUT_RUNS}
+  runs = {name: [] for name, _ in bench_figures.INPUT_RUNS}
   for index in range(FLAGS.rounds):
     # Odd rounds in reverse order: a drift of the machine's speed over a round then favours
     # neither run of a pair compared.
-    for name, extra in INPUT_RUNS[::1 if index % 2 == 0 else -1]:
+    for name, extra in bench_figures.INPUT_RUNS[::1 if index % 2 == 0 else -1]:
       print(f'input: {name}, round {index + 1} of {FLAGS.rounds} ...', flush=True)
       runs[name].append(_run_part(setup, 'input', f'input_{name}_{index}', [*common, *extra]))
   median = lambda name, key: statistics.median(r[key] for r in runs[name])
   per_round = lambda a, b, key: statistics.median(
       x[key] / y[key] for x, y in zip(runs[a], runs[b]))
   figures = {'images': made, 'runs': runs,
-             **{f'{name}_{key}': median(name, key) for name, _ in INPUT_RUNS
+             **{f'{name}_{key}': median(name, key) for name, _ in bench_figures.INPUT_RUNS
                 for key in ('examples_per_sec', 'examples_per_cpu_sec', 'peak_pss_mb')},
              'input_over_torchvision': per_round('ours_files', 'torchvision',
                                                  'examples_per_cpu_sec'),
@@ -329,197 +306,9 @@ def _input(setup: _Setup, cores: int) -> dict[str, Any]:
                                                'examples_per_sec')}
   for name in ('ours_files', 'ours_memory', 'ours_array_record', 'ours_tfrecord',
                'torchvision', 'torchvision_normalized'):
-    figures[f'cores_per_{GPU_IMAGES_PER_SEC}_per_sec_{name}'] = (
-        GPU_IMAGES_PER_SEC / figures[f'{name}_examples_per_cpu_sec'])
+    figures[f'cores_per_{bench_figures.GPU_IMAGES_PER_SEC}_per_sec_{name}'] = (
+        bench_figures.GPU_IMAGES_PER_SEC / figures[f'{name}_examples_per_cpu_sec'])
   return figures
-
-
-def _jax_figures(jax_runs: list[dict], ddp_runs: list[dict], cache: Optional[dict]
-                 ) -> dict[str, Any]:
-  """The jax part's figures: the fastest device count's trainer, its limit and input."""
-  best = _fastest_trainer(jax_runs)
-  limit = _fastest([best[f'limit_{b}'] for b in ('pmap', 'shard_map')])
-  ddp_rate = _fastest(ddp_runs)['examples_per_sec'] if ddp_runs else None
-  trainer_rate = best['trainer']['examples_per_sec']
-  return {
-      'jax_devices': best['devices'], 'platform': best['platform'],
-      'device_kind': best['device_kind'],
-      'limit_examples_per_sec': limit['examples_per_sec'],
-      'limit_pmap_examples_per_sec': best['limit_pmap']['examples_per_sec'],
-      'limit_shard_map_examples_per_sec': best['limit_shard_map']['examples_per_sec'],
-      'trainer_examples_per_sec': trainer_rate,
-      'input_examples_per_sec': best['input']['examples_per_sec'],
-      'trainer_over_limit': best['trainer_over_limit'],
-      'jax_over_ddp': reporting.ratio(trainer_rate, ddp_rate),
-      'input_over_step': reporting.ratio(best['input']['examples_per_sec'],
-                                         limit['examples_per_sec']),
-      'compile_s': best['limit_pmap']['compile_s'],
-      'time_to_first_step_s': best['trainer']['time_to_first_step_s'],
-      'flops_per_step': best['limit_pmap']['flops_per_step'],
-      'mfu': best['limit_pmap']['mfu'],
-      'peak_host_memory_mb': best['peak_host_memory_mb'],
-      **({} if cache is None else {
-          # Time to first step from the start of train_and_evaluate (what a restart waits
-          # for), and the first step's own duration (compilation or a cache load).
-          'warm_start_over_cold': reporting.ratio(cache['warm']['time_to_first_step_s'],
-                                                  cache['cold']['time_to_first_step_s']),
-          'warm_first_step_over_cold': reporting.ratio(cache['warm']['first_step_s'],
-                                                       cache['cold']['first_step_s'])}),
-  }
-
-
-def headline_figures(runs: dict[str, Any]) -> dict[str, Any]:
-  """The parts' figures (`runs`, kept whole in the result) and the headline ones: each side's
-  fastest count, the ratios."""
-  figures: dict[str, Any] = dict(runs)
-  ddp_runs = runs.get('ddp_runs', [])
-  if runs.get('jax_runs'):
-    figures.update(_jax_figures(runs['jax_runs'], ddp_runs, runs.get('cache')))
-  if ddp_runs:
-    best = _fastest(ddp_runs)
-    figures.update(ddp_examples_per_sec=best['examples_per_sec'], ddp_ranks=best['ranks'],
-                   ddp_peak_host_memory_mb=best['peak_host_memory_mb'])
-  # The bare steps, both sides: the fastest JAX step of any device count and backend (from
-  # the jax or the limit part) against the fastest DDP step of any rank count.
-  steps = [dict(measured, devices=devices, backend=backend)
-           for _, backend, devices, measured in _bare_steps(runs)]
-  if steps:
-    best = _fastest(steps)
-    figures.update(step_jax_examples_per_sec=best['examples_per_sec'],
-                   step_jax_devices=best['devices'], step_jax_backend=best['backend'],
-                   step_jax_mfu=best['mfu'], step_jax_flops_per_step=best['flops_per_step'])
-  if runs.get('ddp_limit_runs'):
-    best = _fastest(runs['ddp_limit_runs'])
-    figures.update(step_ddp_examples_per_sec=best['examples_per_sec'],
-                   step_ddp_ranks=best['ranks'], step_ddp_mfu=best['mfu'],
-                   step_ddp_flops_per_step=best['flops_per_step'])
-  figures['step_jax_over_ddp'] = reporting.ratio(figures.get('step_jax_examples_per_sec'),
-                                                 figures.get('step_ddp_examples_per_sec'))
-  if runs.get('input'):
-    figures.update({k: v for k, v in runs['input'].items() if k not in ('runs', 'images')})
-  return figures
-
-
-def _bare_steps(runs: dict[str, Any]) -> list[tuple[str, str, int, dict]]:
-  """(part, backend, devices, figures) of every JAX bare step measured: by the jax part
-  (beside the trainer, median of the rounds) and by the limit part (alone)."""
-  return ([('jax', b, run['devices'], run[f'limit_{b}'])
-           for run in runs.get('jax_runs', []) for b in ('pmap', 'shard_map')] +
-          [('limit', b, run['devices'], run[b])
-           for run in runs.get('limit_runs', []) for b in ('pmap', 'shard_map')])
-
-
-def _rows(figures: dict) -> list[tuple[str, ...]]:
-  """One row per measurement: examples/s, against the fastest JAX bare step, first step."""
-  fmt = reporting.fmt
-  limit = figures.get('step_jax_examples_per_sec')
-  vs = lambda rate: fmt(rate / limit, 2) if limit else ''
-  rows = [('', 'examples/s', 'vs limit', 'first step (s)', 'peak host MiB', 'MFU')]
-  for part, backend, devices, m in _bare_steps(figures):
-    rows.append((f'limit {backend}, {devices} dev ({part} part)', fmt(m['examples_per_sec']),
-                 vs(m['examples_per_sec']), fmt(m['compile_s'], 2) + ' (compile)', '',
-                 fmt(m['mfu'], 3)))
-  for run in figures.get('jax_runs', []):
-    n, trainer = run['devices'], run['trainer']
-    rows.append((f'trainer, {n} dev', fmt(trainer['examples_per_sec']),
-                 vs(trainer['examples_per_sec']), fmt(trainer['first_step_s'], 2),
-                 fmt(run['peak_host_memory_mb']), ''))
-    rows.append((f'input, {n} dev', fmt(run['input']['examples_per_sec']), '', '', '', ''))
-  for run in figures.get('ddp_limit_runs', []):
-    rows.append((f'ddp_limit, {run["ranks"]} ranks x {run["threads_per_rank"]} thr',
-                 fmt(run['examples_per_sec']), vs(run['examples_per_sec']),
-                 fmt(run['first_step_s'], 2), '', fmt(run['mfu'], 3)))
-  for run in figures.get('ddp_runs', []):
-    rows.append((f'ddp, {run["ranks"]} ranks x {run["threads_per_rank"]} thr',
-                 fmt(run['examples_per_sec']), vs(run['examples_per_sec']),
-                 fmt(run['first_step_s'], 2), fmt(run['peak_host_memory_mb']), ''))
-  return rows
-
-
-def _input_rows(figures: dict) -> list[tuple[str, ...]]:
-  """The input part's runs, medians over the rounds."""
-  fmt = reporting.fmt
-  rows = [('input pipeline', 'examples/s', 'examples/CPU-s', 'peak PSS MiB',
-           f'cores per {GPU_IMAGES_PER_SEC}/s')]
-  for name, _ in INPUT_RUNS:
-    cores = figures.get(f'cores_per_{GPU_IMAGES_PER_SEC}_per_sec_{name}')
-    rows.append((name, fmt(figures[f'{name}_examples_per_sec']),
-                 fmt(figures[f'{name}_examples_per_cpu_sec']),
-                 fmt(figures[f'{name}_peak_pss_mb']), fmt(cores, 1) if cores else ''))
-  return rows
-
-
-def _ratio_lines(figures: dict) -> list[str]:
-  """The headline ratios of the parts that ran, a line each."""
-  fmt, lines = reporting.fmt, []
-  if 'trainer_over_limit' in figures:
-    lines.append(
-        f'trainer_over_limit = {fmt(figures["trainer_over_limit"], 3)}   '
-        f'jax_over_ddp = {fmt(figures["jax_over_ddp"], 2)} (JAX {figures["jax_devices"]} dev '
-        f'vs DDP {figures.get("ddp_ranks")} ranks)   input_over_step = '
-        f'{fmt(figures["input_over_step"], 1)}')
-    flops = figures['flops_per_step']
-    lines.append(f'FLOPs per step {fmt(flops / 1e9, 2) + " G" if flops else "n/a"}; MFU '
-                 f'{fmt(figures["mfu"], 3, missing="n/a (no known peak)")}')
-  cache = figures.get('cache')
-  if cache and 'warm_start_over_cold' in figures:
-    lines.append(
-        f'persistent cache: time to first step {fmt(cache["cold"]["time_to_first_step_s"], 2)}'
-        f' s cold, {fmt(cache["warm"]["time_to_first_step_s"], 2)} s warm: '
-        f'warm_start_over_cold = {fmt(figures["warm_start_over_cold"], 2)} (the first step '
-        f'alone: {fmt(cache["cold"]["first_step_s"], 2)} s -> '
-        f'{fmt(cache["warm"]["first_step_s"], 2)} s, '
-        f'{fmt(figures["warm_first_step_over_cold"], 2)})')
-  if figures.get('step_ddp_examples_per_sec'):
-    lines.append(
-        f'step_jax_over_ddp = {fmt(figures["step_jax_over_ddp"], 2)} (bare steps: JAX '
-        f'{figures.get("step_jax_backend")} on {figures.get("step_jax_devices")} dev vs DDP '
-        f'{figures["step_ddp_ranks"]} ranks; MFU JAX {fmt(figures.get("step_jax_mfu"), 3)}, '
-        f'DDP {fmt(figures["step_ddp_mfu"], 3)})')
-  if 'input_over_torchvision' in figures:
-    lines.append(
-        f'input_over_torchvision = {fmt(figures["input_over_torchvision"], 2)} (examples per '
-        f'CPU-second, uint8 both; {fmt(figures["input_over_torchvision_normalized"], 2)} '
-        'against torchvision normalizing)   input_rss_over_torchvision = '
-        f'{fmt(figures["input_rss_over_torchvision"], 2)}   mix_over_plain_2proc = '
-        f'{fmt(figures["mix_over_plain_2proc"], 2)}')
-  mp = figures.get('multiprocess')
-  if mp:
-    lines.append(
-        'bare step, median ms: 1 process x 4 devices: pmap {:.2f}, shard_map {:.2f}; 2 '
-        'processes x 2 devices: pmap {:.2f}, shard_map {:.2f}; 2x2_over_1x4: pmap {:.2f}, '
-        'shard_map {:.2f}'.format(
-            mp['1x4_pmap_step_ms'], mp['1x4_shard_map_step_ms'], mp['2x2_pmap_step_ms'],
-            mp['2x2_shard_map_step_ms'], mp['pmap_2x2_over_1x4'], mp['shard_map_2x2_over_1x4']))
-  return lines
-
-
-def _memory_rows(figures: dict) -> list[tuple[str, ...]]:
-  """Per limit run and state sharding (shard_map): the step's MiB per device and its time
-  against the replicated state's."""
-  fmt = reporting.fmt
-  mib = lambda n: fmt(n / 2**20, 2) if n is not None else ''
-  rows = [('state_sharding', 'params MiB/dev', 'opt state MiB/dev', 'temporaries MiB/dev',
-           'step vs replicated')]
-  for run in figures.get('limit_runs', []):
-    shardings = run.get('state_sharding', {})
-    base = shardings.get('replicated', {}).get('step_s')
-    for sharding, m in shardings.items():
-      memory = m['memory']
-      rows.append((f'{sharding}, {run["devices"]} dev', mib(memory['params']),
-                   mib(memory['opt_state']), mib(memory['temporaries']),
-                   fmt(m['step_s'] / base, 2) if base else ''))
-  return rows
-
-
-def table(figures: dict) -> str:
-  """The figures as the benchmark prints them: a row per measurement, then the ratios."""
-  tables = [_rows(figures)] if len(_rows(figures)) > 1 else []
-  if len(_memory_rows(figures)) > 1:
-    tables.append(_memory_rows(figures))
-  if 'input_over_torchvision' in figures:
-    tables.append(_input_rows(figures))
-  return '\n\n'.join([*map(reporting.plain_table, tables), '\n'.join(_ratio_lines(figures))])
 
 
 def _counts(flag: str, values: Optional[list[str]], default: list[int]) -> list[int]:
@@ -584,12 +373,12 @@ def main(argv):
     _check_runs_dir(FLAGS.runs_dir)
     with tempfile.TemporaryDirectory() as scratch:
       setup = _Setup(config, config_path, overrides, scratch, FLAGS.runs_dir)
-      figures = headline_figures(measure_parts(setup, parts, jax_counts, ddp_counts, cores))
+      figures = bench_figures.headline_figures(measure_parts(setup, parts, jax_counts, ddp_counts, cores))
   except UserError as e:
     raise SystemExit(f'error: {e}') from None
   figures.update(parts=parts, config=config_path, cores=cores, runs_dir=FLAGS.runs_dir,
                  overrides=overrides + (['--mock_data'] if FLAGS.mock_data else []))
-  print(table(figures))
+  print(bench_figures.table(figures))
   if FLAGS.json:
     with open(FLAGS.json, 'w', encoding='utf-8') as f:
       json.dump(figures, f, indent=1)
