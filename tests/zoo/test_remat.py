@@ -3,6 +3,7 @@ blocks a user's module marks with @flax_dp_trainer.remat_block, recomputed in th
 pass; training ends where it ends without, on any device count, up to float32 reduction
 order."""
 
+import flax.linen as nn
 import jax
 import pytest
 
@@ -64,6 +65,36 @@ def test_a_policy_is_applied_to_every_marked_block():
     return str(jax.make_jaxpr(jax.grad(loss))(variables['params']))
 
   assert grads('full').count('remat') == 2 and grads('none').count('remat') == 0
+
+
+@layers.remat_block
+class _Inner(nn.Module):
+
+  @nn.compact
+  def __call__(self, x, train: bool):
+    return x + nn.relu(nn.Dense(4)(x))
+
+
+@layers.remat_block
+class _Outer(nn.Module):
+  """A marked block made of marked blocks (a stage of a user's network)."""
+
+  @nn.compact
+  def __call__(self, x, train: bool):
+    return _Inner()(_Inner()(x, train), train)
+
+
+def test_a_marked_block_inside_a_marked_block_is_part_of_it():
+  """Under layer-by-layer FSDP the outermost marked blocks are the units that gather their
+  params: a block inside one is part of it (its params come gathered), never a unit of its
+  own that would gather them again."""
+  outer = _Outer()
+  x = jax.numpy.ones((2, 4))
+  params = outer.init(jax.random.PRNGKey(0), x, train=False)['params']
+  how = layers.Gathering(jax.tree.map(lambda _: None, params), 'devices')
+  with layers.gathering(how), how.recording_blocks():
+    outer.apply({'params': params}, x, train=True)
+  assert how.blocks == {()}  # The outer block alone (the root here), not its two inner ones.
 
 
 def test_remat_for_a_module_that_marks_no_block_is_refused():

@@ -73,7 +73,9 @@ def per_example_dropout(x: jax.Array, key: jax.Array, ids: jax.Array, rate: floa
 
 
 # Set while the trainer itself asks flax for a key (a Dropout it keys per example), so that
-# the probe tells those requests from the model's own.
+# the probe tells those requests from the model's own: flax's `make_rng` takes no argument
+# that could say who asks (without it, test_user_model.py's
+# test_what_cannot_be_keyed_per_example_is_said_at_start fails).
 _TRAINER_REQUEST = contextvars.ContextVar('trainer_request', default=False)
 
 
@@ -90,7 +92,8 @@ def trainer_request():
 def own_rng_requests(notes: Notes):
   """While tracing the probe: every `make_rng` a module makes itself goes into `notes`. flax
   has no hook for key requests, so its scope's method is wrapped for the probe alone (no
-  training step is traced under it)."""
+  training step is traced under it; without it, test_user_model.py's
+  test_what_cannot_be_keyed_per_example_is_said_at_start fails)."""
   original = scope_lib.Scope.make_rng
 
   def make_rng(scope, name='params'):

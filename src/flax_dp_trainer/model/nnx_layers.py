@@ -19,7 +19,9 @@ NNX_OWN_RNG = ('the NNX model keeps random streams of its own ({}): their draws 
                 'on every device, so the result depends on the device count')
 
 
-# The example ids of the batch being applied, for NNX Dropout layers (no interceptors there).
+# The example ids of the batch being applied, for NNX Dropout layers: NNX has no method
+# interceptors, and the user's module calls its Dropout with its own arguments (without it,
+# test_user_model.py's per-example test of NnxNet fails).
 EXAMPLE_IDS = contextvars.ContextVar('example_ids', default=None)
 
 
@@ -64,6 +66,8 @@ def build_nnx(cls: type, kwargs: dict, train: bool, rngs=None) -> Any:
     if isinstance(layer, nnx.BatchNorm) and layer.axis_name is None:
       layer.axis_name = AXIS_NAME
     if type(layer) is nnx.Dropout:  # pylint: disable=unidiomatic-typecheck
+      # The only way in without editing the user's module (no NNX interceptors); without it,
+      # test_user_model.py's per-example test of NnxNet fails.
       layer.__class__ = example_dropout
   return module
 

@@ -90,6 +90,9 @@ REMAT_POLICIES = {
     # Keep only the matmul outputs without batch dimensions (weight-shaped products).
     'dots_no_batch': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
+# Context, not arguments: the policy reaches a user's marked blocks only through
+# `remat_block`'s __call__, whose arguments are the user's own (without them,
+# tests/zoo/test_remat.py's remat runs and the probe's count of marked blocks fail).
 _REMAT = contextvars.ContextVar('remat', default='none')
 _MARKED = contextvars.ContextVar('remat_calls', default=0)  # Rematerialized calls traced.
 
@@ -171,6 +174,9 @@ class Gathering:
                                             is_leaf=lambda a: a is None)
 
 
+# Context, not arguments, as for the remat policy: the sharded step's gathering reaches the
+# marked blocks through `remat_block` alone (without them, test_scan_and_fsdp.py's
+# test_fsdp_never_holds_the_whole_params and test_remat.py's nested-block test fail).
 _GATHERING = contextvars.ContextVar('gathering', default=None)
 _IN_BLOCK = contextvars.ContextVar('in_block', default=False)
 
