@@ -8,31 +8,37 @@ loop, checkpoints, resume, metrics and errors (the package's root exports them).
 `flax_dp_trainer.loop.train` is the module of the loop.)
 """
 
+from typing import Optional
+
 import ml_collections
 
 from flax_dp_trainer.loop import train as train_lib
 from flax_dp_trainer.data import arrays
 
 
-def _with_data(config, data):
-  """`config` reading `data` ({split: (images, labels)} numpy arrays) where given."""
+def _with_data(config, data) -> tuple[ml_collections.ConfigDict, Optional[arrays.Arrays]]:
+  """`config` naming `data` ({split: (images, labels)} numpy arrays) where given, and the
+  arrays the run is given."""
   if data is None:
-    return config
+    return config, None
+  given = arrays.from_python(data)
   config = ml_collections.ConfigDict(config.to_dict())
-  config.dataset = arrays.give(data)
-  return config
+  config.dataset = given.name
+  return config, given
 
 
 def fit(config, workdir: str, *, model=None, loss=None, data=None, devices=None):
   """Trains `config` in `workdir`, resuming from its newest checkpoint; returns the final
   state (`train.train_and_evaluate`). `data`: {split: (images, labels)} numpy arrays to train
   on in place of `config.dataset` (`data/arrays.py`)."""
-  return train_lib.train_and_evaluate(_with_data(config, data), workdir, devices=devices,
-                                      model=model, loss=loss)
+  config, given = _with_data(config, data)
+  return train_lib.train_and_evaluate(config, workdir, devices=devices, model=model, loss=loss,
+                                      data=given)
 
 
 def evaluate(config, workdir: str, *, model=None, loss=None, data=None, devices=None) -> dict:
   """Evaluates the newest checkpoint of `workdir` on the config's evaluations, writes the
   scalars at its step and returns them (`train.evaluate_only`)."""
-  return train_lib.evaluate_only(_with_data(config, data), workdir, devices=devices,
-                                 model=model, loss=loss)
+  config, given = _with_data(config, data)
+  return train_lib.evaluate_only(config, workdir, devices=devices, model=model, loss=loss,
+                                 data=given)

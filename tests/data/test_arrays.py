@@ -74,19 +74,25 @@ def test_arrays_that_do_not_fit_are_refused_in_one_line(tmp_path, saved, message
 
 
 def test_float_images_refuse_uint8_augmentations_and_take_the_configs_statistics(config):
-  config.dataset = arrays.give({'train': (np.zeros((4, 6, 6, 3), np.float32), np.arange(4))},
-                               name='floats')
+  given = arrays.from_python({'train': (np.zeros((4, 6, 6, 3), np.float32), np.arange(4))},
+                             name='floats')
+  config.dataset = given.name
   config.randaugment_num_layers = 2
   with pytest.raises(UserError, match=r"randaugment_num_layers=2 works on uint8 images, and "
                      r"dataset='arrays:floats' holds float32 ones"):
-    run_datasets.for_config(config)
+    run_datasets.for_config(config, given)
   config.randaugment_num_layers = 0
   config.image_mean, config.image_std = '0.5', '0.1,0.2,0.3'
-  spec = run_datasets.for_config(config)
+  spec = run_datasets.for_config(config, given)
   assert (spec.mean, spec.std) == ((0.5,), (0.1, 0.2, 0.3))
+  assert spec.arrays is given and 'arrays' not in specs.to_json(spec)
   config.image_std = '0.1,0.2'
   with pytest.raises(UserError, match=r"image_std='0.1,0.2' must be 1 or 3 comma-separated "
                      'numbers'):
+    run_datasets.for_config(config, given)
+  # Nothing is kept: without the arrays, the name alone reads none.
+  with pytest.raises(UserError, match="names arrays given from Python, and this run was given "
+                     'none'):
     run_datasets.for_config(config)
 
 

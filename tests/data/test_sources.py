@@ -9,6 +9,7 @@ import pytest
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.data import builders
 from flax_dp_trainer.data import sources
+from flax_dp_trainer.data import specs
 
 
 @pytest.fixture(scope='module')
@@ -25,7 +26,7 @@ def npz(tmp_path_factory):
     ('train[8:]+validation[:1]', [2, 0, 0]),
 ])
 def test_an_array_split_is_selected_with_tfds_slicing(npz, split, labels):
-  images, got = sources.array_selection(npz, split)
+  images, got = sources.array_selection(specs.spec(npz), split)
   np.testing.assert_array_equal(got, labels)
   assert images.shape == (len(labels), 4, 4, 1)
 

@@ -1,5 +1,5 @@
 """Images and labels as numpy arrays: an `.npz` file (`--config.dataset=npz:/path/data.npz`)
-or arrays given from Python (`trainer.fit(config, workdir, data={'train': (x, y), ...})`).
+or arrays given from Python (`flax_dp_trainer.fit(config, workdir, data={'train': (x, y), ...})`).
 
 An `.npz` file holds `x_<split>` (images, NHWC or NHW) and `y_<split>` (integer labels) for
 each split, e.g. `x_train`, `y_train`, `x_test`, `y_test`. Images are uint8 (0..255, normalized
@@ -20,18 +20,15 @@ NPZ_PREFIX = 'npz:'  # config.dataset='npz:/path/data.npz'.
 GIVEN_PREFIX = 'arrays:'  # config.dataset of arrays given from Python ('arrays:NAME').
 DTYPES = ('uint8', 'float32')
 
-# Arrays given from Python, by name: {split: (images, labels)}.
-_GIVEN: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
-
-
 def is_arrays(name: str) -> bool:
   """Whether `name` (config.dataset) names arrays: an .npz file or arrays from Python."""
   return name.startswith((NPZ_PREFIX, GIVEN_PREFIX))
 
 
-def give(data: dict, name: str = 'python') -> str:
-  """Holds `data` ({split: (images, labels)}) for this process's runs; the dataset name
-  (`arrays:NAME`) that reads them. Checked as an .npz file's arrays are."""
+def from_python(data: dict, name: str = 'python') -> 'Arrays':
+  """`data` ({split: (images, labels)}) as a run's arrays, named `arrays:NAME` (the run's
+  `config.dataset`); checked as an .npz file's arrays are. The run is given them as an
+  argument (`flax_dp_trainer.fit(..., data=...)`): nothing is kept here."""
   if not isinstance(data, dict) or not data:
     raise UserError('data must be a dict of splits, {"train": (images, labels), "test": '
                     f'(images, labels)}}; got {type(data).__name__}')
@@ -40,9 +37,7 @@ def give(data: dict, name: str = 'python') -> str:
     if not isinstance(pair, (tuple, list)) or len(pair) != 2:
       raise UserError(f'data[{split!r}] must be (images, labels), two arrays')
     splits[str(split)] = (np.asarray(pair[0]), np.asarray(pair[1]))
-  _GIVEN[name] = splits
-  read.cache_clear()
-  return GIVEN_PREFIX + name
+  return _checked(GIVEN_PREFIX + name, splits)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,14 +115,11 @@ def _checked(name: str, splits: dict) -> Arrays:
 
 @functools.lru_cache(maxsize=4)
 def read(name: str) -> Arrays:
-  """The arrays `name` (config.dataset) names, loaded (an .npz file once per process) and
-  checked."""
+  """The arrays of the .npz file `name` (config.dataset) names, loaded (once per process)
+  and checked; arrays given from Python come with the run's spec (`DatasetSpec.arrays`)."""
   if name.startswith(NPZ_PREFIX):
     return _checked(name, _npz_splits(name[len(NPZ_PREFIX):]))
-  given = name[len(GIVEN_PREFIX):]
-  if given not in _GIVEN:
-    raise UserError(f'dataset={name!r} names arrays given from Python, and this process was '
-                    'given none: pass them, trainer.fit(config, workdir, data={"train": '
-                    '(images, labels), ...}), or save them as an .npz file '
-                    '(--config.dataset=npz:/path/data.npz)')
-  return _checked(name, _GIVEN[given])
+  raise UserError(f'dataset={name!r} names arrays given from Python, and this run was given '
+                  'none: pass them, flax_dp_trainer.fit(config, workdir, data={"train": '
+                  '(images, labels), ...}), or save them as an .npz file '
+                  '(--config.dataset=npz:/path/data.npz)')

@@ -157,7 +157,7 @@ def check_split(config, builder, split: str, field: str,
   checked."""
   ds_spec = ds_spec or specs.of_config(config)
   if arrays_lib.is_arrays(ds_spec.name):
-    return _array_split(ds_spec.name, split, field)
+    return _array_split(ds_spec, split, field)
   if ds_spec.folder:
     split, note = folder_lib.scan(ds_spec.folder).split_name(split, field)
     if note:
@@ -190,9 +190,11 @@ def _evaluation_stand_in(split: str, field: str, dataset: str, names) -> Optiona
   return stand_in + bracket + rest
 
 
-def _array_split(name: str, split: str, field: str) -> str:
+def _array_split(ds_spec: specs.DatasetSpec, split: str, field: str) -> str:
   """`split` of an array dataset, checked as `check_split` checks a TFDS one."""
-  sizes = arrays_lib.read(name).split_sizes
+  name = ds_spec.name
+  found = ds_spec.arrays if ds_spec.arrays is not None else arrays_lib.read(name)
+  sizes = found.split_sizes
   if all(part.partition('[')[0] in sizes for part in split.split('+')):
     return split
   stand_in = _evaluation_stand_in(split, field, name, sizes)

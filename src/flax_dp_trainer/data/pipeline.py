@@ -183,7 +183,7 @@ def _gathered(source: sources.InMemory, rows: stream_lib.TrainRows, seed: int
 def split_size(ds_spec: specs.DatasetSpec, builder, split) -> int:
   """Examples in `split` (slicing allowed) of a TFDS dataset, an image folder or arrays."""
   if arrays_lib.is_arrays(ds_spec.name):
-    return len(sources.array_selection(ds_spec.name, split)[1])
+    return len(sources.array_selection(ds_spec, split)[1])
   if builder is None:
     return len(sources.folder_selection(folder_lib.scan(ds_spec.folder), split)[1])
   return sources.count(builder, split)
@@ -284,10 +284,10 @@ def eval_preprocessed(config, spec: specs.DatasetSpec, images, encoded: bool) ->
 def read_examples(config, split: str, limit: Optional[int] = None) -> tuple[Any, np.ndarray]:
   """(images, labels) of `split` of `config.dataset` as the dataset stores them (a uint8
   array where they share one size, else a list), at most `limit`."""
-  if arrays_lib.is_arrays(config.dataset):
-    images, labels = sources.array_selection(config.dataset, split)
-    return images[:limit], labels[:limit]
   ds_spec = specs.of_config(config)
+  if arrays_lib.is_arrays(config.dataset):
+    images, labels = sources.array_selection(ds_spec, split)
+    return images[:limit], labels[:limit]
   builder = builders.get_builder(config, ds_spec, split=split)
   images, labels = [], []
   for example in tfds.as_numpy(builder.as_dataset(split=split).take(limit or -1)):

@@ -8,6 +8,7 @@ import re
 from typing import Optional
 
 from flax_dp_trainer.base.errors import UserError
+from flax_dp_trainer.data import arrays as arrays_lib
 from flax_dp_trainer.data import specs
 
 
@@ -47,12 +48,12 @@ def _statistics(config, base: specs.DatasetSpec) -> specs.DatasetSpec:
   return base
 
 
-def for_config(config) -> specs.DatasetSpec:
+def for_config(config, given: Optional[arrays_lib.Arrays] = None) -> specs.DatasetSpec:
   """The spec of `config.dataset` with the config's augmentation, crop size and
   normalization applied (`augment`, `image_size`; '' and 0 take the dataset's; `image_mean`,
   `image_std`); refuses what cannot run. A run resolves its datasets once (`resolve`); this
-  serves tools that need the training spec alone."""
-  return _for_config(config, specs.of_config(config))
+  serves tools that need the training spec alone. `given`: the run's arrays from Python."""
+  return _for_config(config, specs.of_config(config, given))
 
 
 def _for_config(config, base: specs.DatasetSpec) -> specs.DatasetSpec:
@@ -131,12 +132,13 @@ class RunDatasets:
   evals: tuple[EvalSet, ...]  # `eval_split`, then each entry of `eval_splits`.
 
 
-def resolve(config) -> RunDatasets:
+def resolve(config, given: Optional[arrays_lib.Arrays] = None) -> RunDatasets:
   """The run's datasets: `config.dataset` (as `config.dataset_spec` recorded it, where set)
   with the config's settings, and every evaluation of `eval_split` and `eval_splits`, each
   dataset's spec derived once; refuses what cannot run. An image folder's spec holds the
-  files left out as decided for the run (`damaged.settle`, before)."""
-  read = specs.of_config(config)
+  files left out as decided for the run (`damaged.settle`, before). `given`: the arrays
+  given from Python that `config.dataset` names (`arrays.from_python`), where it does."""
+  read = specs.of_config(config, given)
   if not read.trainable:
     raise UserError(f'dataset={config.dataset!r} has no train split: it is an evaluation set '
                     f'(--config.eval_splits={config.dataset}:test); train on a dataset with '

@@ -42,10 +42,10 @@ ARRAY_RECORD_BLOCK = 64  # Records read per call of the ArrayRecord reader.
 LOAD_CHUNK = 4096  # Examples decoded and batched at a time while loading a split into memory.
 
 
-def array_selection(name: str, split) -> tuple[np.ndarray, np.ndarray]:
+def array_selection(ds_spec: specs.DatasetSpec, split) -> tuple[np.ndarray, np.ndarray]:
   """The images and labels of an array dataset's `split` (a name with TFDS slicing, e.g.
   'train[:90%]' or 'train+val', or a `tfds.even_splits` part), in order."""
-  found = arrays_lib.read(name)
+  found = ds_spec.arrays if ds_spec.arrays is not None else arrays_lib.read(ds_spec.name)
   instruction = tfds.core.ReadInstruction.from_spec(split)
   sizes = {n: types.SimpleNamespace(num_examples=k) for n, k in found.split_sizes.items()}
   parts = [(found.splits[part.splitname], part.from_, part.to)
@@ -196,7 +196,7 @@ def indexed(ds_spec: specs.DatasetSpec, builder, split, threads: int) -> Source:
   """`split` read by index, from ArrayRecord files or an image folder's files (not loaded),
   or from memory (arrays)."""
   if arrays_lib.is_arrays(ds_spec.name):
-    images, labels = array_selection(ds_spec.name, split)
+    images, labels = array_selection(ds_spec, split)
     return InMemory(len(labels), False, threads, images=images, labels=labels)
   if builder is None:
     paths, labels = folder_selection(folder_lib.scan(ds_spec.folder), split)

@@ -71,6 +71,10 @@ class DatasetSpec:
   image_key: str = 'image'
   label_key: str = 'label'
   dtype: str = 'uint8'  # Of the stored images: 'uint8', or 'float32' (arrays only).
+  # Arrays only: the images and labels themselves (an .npz file's, or those given from
+  # Python), travelling with the spec to what reads them; never written (`to_json`).
+  arrays: Optional[arrays_lib.Arrays] = dataclasses.field(default=None, compare=False,
+                                                          repr=False)
 
   @property
   def input_shape(self) -> tuple[int, int, int]:
@@ -146,7 +150,8 @@ SPEC_FILE = 'dataset_spec.json'  # What a run writes in its workdir.
 
 def to_json(ds_spec: DatasetSpec) -> dict:
   """A spec as JSON values (the checkpoint's meta and `SPEC_FILE` hold it so)."""
-  return dataclasses.asdict(ds_spec)
+  return {field.name: getattr(ds_spec, field.name) for field in dataclasses.fields(ds_spec)
+          if field.name != 'arrays'}
 
 
 def from_json(fields: dict) -> DatasetSpec:
@@ -179,9 +184,12 @@ def recorded(config) -> Optional[DatasetSpec]:
   return found
 
 
-def of_config(config) -> DatasetSpec:
-  """The spec of `config.dataset` as stored: as `config.dataset_spec` records it where set,
-  else from the dataset itself (`spec`)."""
+def of_config(config, given: Optional[arrays_lib.Arrays] = None) -> DatasetSpec:
+  """The spec of `config.dataset` as stored: of the arrays `given` from Python where the run
+  has them, as `config.dataset_spec` records it where set, else from the dataset itself
+  (`spec`)."""
+  if given is not None and config.dataset == given.name:
+    return _arrays_spec(given)
   return recorded(config) or spec(config.dataset)
 
 
@@ -193,7 +201,7 @@ def spec(name: str) -> DatasetSpec:
   if is_folder(name):
     return _folder_spec(name)
   if arrays_lib.is_arrays(name):
-    return _arrays_spec(name)
+    return _arrays_spec(arrays_lib.read(name))
   if name.partition(':')[0] in SHIPPED:
     return _shipped_spec(name)
   return _tfds_spec(name)
@@ -210,17 +218,16 @@ def _shipped_spec(name: str) -> DatasetSpec:
       shipped=True)
 
 
-def _arrays_spec(name: str) -> DatasetSpec:
-  """The spec of an .npz file or of arrays given from Python: uint8 images normalized as a
-  folder's are, float32 ones taken as they are."""
-  found = arrays_lib.read(name)
+def _arrays_spec(found: arrays_lib.Arrays) -> DatasetSpec:
+  """The spec of an .npz file's arrays or of arrays given from Python, holding them: uint8
+  images normalized as a folder's are, float32 ones taken as they are."""
   channels = found.image_shape[-1]
   statistics = (_photo_statistics(channels) if found.dtype == 'uint8' else
                 dict(mean=(0.0,), std=(1.0,)))
-  return DatasetSpec(name, num_classes=found.num_classes, channels=channels,
+  return DatasetSpec(found.name, num_classes=found.num_classes, channels=channels,
                      image_shape=found.image_shape,
                      num_train_examples=found.split_sizes.get('train', 0), **statistics,
-                     trainable='train' in found.splits, dtype=found.dtype)
+                     trainable='train' in found.splits, dtype=found.dtype, arrays=found)
 
 
 def _photo_statistics(channels: int) -> dict:

@@ -21,6 +21,7 @@ from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.checkpoint import checkpointer as checkpoint
 from flax_dp_trainer.checkpoint import meta as run_meta
 from flax_dp_trainer.checkpoint import init_from
+from flax_dp_trainer.data import arrays as arrays_lib
 from flax_dp_trainer.data import damaged
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import specs
@@ -181,11 +182,12 @@ def _recorded(config, model: adapter.Model) -> ml_collections.ConfigDict:
 
 def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
              training: bool = True, model: Any = None, loss: Optional[losses.Loss] = None,
-             command_line=frozenset()) -> Run:
+             data: Optional[arrays_lib.Arrays] = None, command_line=frozenset()) -> Run:
   """Checks the config, workdir and data; the layout over `devices` (default every device of
   every process), the dataset, the model and the evaluations. Without `training`, the
-  training batch need not split over the devices. `model` and `loss`: given from Python in
-  place of the config's; `command_line`: the config fields the command line set."""
+  training batch need not split over the devices. `model`, `loss` and `data` (the arrays
+  `config.dataset` names): given from Python in place of the config's; `command_line`: the
+  config fields the command line set."""
   process_count = jax.process_count()
   devices = list(devices) if devices is not None else parallel.global_devices()
   num_devices = len(devices)
@@ -206,7 +208,8 @@ def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
                     'flax_dp_trainer.loop.setup.use_compilation_cache(%r) before training',
                     config.compilation_cache_dir, config.compilation_cache_dir)
   damaged.settle(config, workdir)  # Image files that do not read: left out as recorded, or refused.
-  datasets = run_datasets.resolve(config)  # Every dataset of the run, once, as the run reads it.
+  # Every dataset of the run, once, as the run reads it.
+  datasets = run_datasets.resolve(config, data)
   data = pipeline.open_train_data(config, datasets.train, process_index=jax.process_index())
   config = optim.resolve_durations(config, data.num_examples)
   data = dataclasses.replace(data, config=config)

@@ -81,13 +81,14 @@ def _run_peak_rss_mb() -> float:
 
 def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
                   devices: Optional[Sequence[jax.Device]] = None, model: Any = None,
-                  loss: Optional[losses.Loss] = None,
+                  loss: Optional[losses.Loss] = None, data: Any = None,
                   command_line=frozenset()) -> dict[str, float]:
   """Evaluates the newest checkpoint of `workdir` (else `config.init_from`) on every
   configured evaluation and writes the scalars at its step; no checkpoint is changed.
-  Returns the scalars. `model`, `loss`, `command_line`: as `train_and_evaluate` takes them."""
+  Returns the scalars. `model`, `loss`, `data`, `command_line`: as `train_and_evaluate`
+  takes them."""
   run = setup.prepare(config, workdir, devices, training=False, model=model, loss=loss,
-                 command_line=command_line)
+                      data=data, command_line=command_line)
   config = run.config
   state = state_lib.init_state(config, run.num_classes, run.input_shape, model=run.model)
   restored, _ = setup.restore_newest(run, state)
@@ -118,7 +119,7 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                        devices: Optional[Sequence[jax.Device]] = None, model: Any = None,
-                       loss: Optional[losses.Loss] = None,
+                       loss: Optional[losses.Loss] = None, data: Any = None,
                        command_line=frozenset()) -> state_lib.TrainState:
   """Trains `config` in `workdir` (resuming from its newest checkpoint); returns the state.
 
@@ -126,10 +127,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   (`parallel.global_devices()`); a single-process run may name fewer. `model`: a flax module
   object, class or function to train in place of `config.model` (`model_source.from_object`);
   `loss`: `loss(logits, targets) -> per-example loss` in place of `config.loss`
-  (`flax_dp_trainer.step.losses`); `command_line`: the config fields set on the command line (a value the
-  model does not take is refused there, and only logged otherwise).
+  (`flax_dp_trainer.step.losses`); `data`: the arrays given from Python that
+  `config.dataset` names (`data.arrays.from_python`); `command_line`: the config fields set
+  on the command line (a value the model does not take is refused there, and only logged
+  otherwise).
   """
-  run = setup.prepare(config, workdir, devices, model=model, loss=loss, command_line=command_line)
+  run = setup.prepare(config, workdir, devices, model=model, loss=loss, data=data,
+                      command_line=command_line)
   config = run.config
   start = setup.start(run)
   start_step = int(start.state.step)
