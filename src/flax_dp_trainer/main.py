@@ -178,8 +178,9 @@ def main(argv):
   logging.get_absl_handler().addFilter(_quiet_libraries)
   # A damaged checkpoint is set aside and the run goes on: its abandoned reads say nothing.
   sys.unraisablehook = _quiet_abandoned_reads
+  # (flax, optax: --list and --show_config answer without them)
   # pylint: disable-next=import-outside-toplevel
-  from flax_dp_trainer.loop import checks  # (flax, optax: --list and --show_config answer without them)
+  from flax_dp_trainer.loop import checks
   try:
     _check_flags()
     config = checks.command_line_config(FLAGS['config'])

@@ -79,7 +79,8 @@ def test_cifar10_resnet18_runs_end_to_end_on_mock_data(tmp_path):
                 checkpoint_every_steps=4, shuffle_buffer_size=64)
   workdir = str(tmp_path / 'cifar')
   # On one device: the config's model and data are under test here, the topology in
-  # tests/parallel/test_topology.py (a ResNet-18 step on 8 simulated devices costs half again as much).
+  # tests/parallel/test_topology.py (a ResNet-18 step on 8 simulated devices costs half again as
+  # much).
   with tfds.testing.mock_data(num_examples=40):
     state = train.train_and_evaluate(config, workdir, devices=jax.devices()[:1])
   assert int(state.step) == 4 and state.batch_stats is not None

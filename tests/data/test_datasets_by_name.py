@@ -169,7 +169,8 @@ def test_a_recorded_spec_serves_a_host_without_tensorflow_datasets(tmp_path):
   hidden.mkdir(parents=True)
   (hidden / '__init__.py').write_text(
       'raise ModuleNotFoundError("hidden", name="tensorflow_datasets")\n')
-  code = ('from flax_dp_trainer.configs import default; from flax_dp_trainer.data import run_datasets; '
+  code = ('from flax_dp_trainer.configs import default; '
+          'from flax_dp_trainer.data import run_datasets; '
           'c = default.get_config(); c.dataset = "oxford_flowers102"; c.dataset_spec = {!r}; '
           'd = run_datasets.for_config(c); print(d.num_classes, d.image_size, d.augment)')
   env = processes.environment(PYTHONPATH=str(hidden.parent))

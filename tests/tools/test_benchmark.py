@@ -72,7 +72,8 @@ def test_headline_figures_pick_the_fastest_and_divide():
   assert figures['step_jax_over_ddp'] == 2.0
   # The table's rows: one per measurement, each named once (the jax and limit parts' bare
   # steps apart).
-  names = [line.split('  ')[0] for line in bench_figures.table(figures).split('\n\n')[0].splitlines()]
+  first_table = bench_figures.table(figures).split('\n\n')[0]
+  names = [line.split('  ')[0] for line in first_table.splitlines()]
   assert len(names) == 1 + 4 + 2 + 2 * 2 + 1 + 2 and len(set(names)) == len(names), names
 
 

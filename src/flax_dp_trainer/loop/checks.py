@@ -103,7 +103,8 @@ def check_config(config, *, process_count: int, local_device_count: int
   datasets as resolved (`run_datasets.resolve`). The modules of `config.imports` are imported
   first: they may register the datasets and models the config names."""
   check_fields(config, process_count=process_count, local_device_count=local_device_count)
-  return run_datasets.resolve(config)  # An unknown dataset, augmentation or crop size is refused there.
+  # An unknown dataset, augmentation or crop size is refused there.
+  return run_datasets.resolve(config)
 
 
 def check_fields(config, *, process_count: int, local_device_count: int) -> None:

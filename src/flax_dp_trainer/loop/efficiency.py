@@ -59,8 +59,9 @@ def step_memory(state: Any, compiled: Any) -> StepMemory:
   """The per-device memory of a train step over `state` (device arrays, or
   `jax.ShapeDtypeStruct`s with shardings), `compiled` its compiled step (None: the step's
   own memory unknown)."""
+  # (JAX: the readers of the tags above import none)
   # pylint: disable-next=import-outside-toplevel
-  from flax_dp_trainer.parallel import layouts as parallel  # (JAX: the readers of the tags above import none)
+  from flax_dp_trainer.parallel import layouts as parallel
   analysis = compiled.memory_analysis() if compiled is not None else None
   analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
   params = parallel.bytes_per_device(state.params) + parallel.bytes_per_device(

@@ -230,7 +230,8 @@ def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
   weights = None
   if (config.init_from and torch_weights.is_weights_file(config.init_from) and
       not checkpointer.steps()):
-    weights = init_from.read_torch_weights(config.init_from, config.model, built.module, input_shape)
+    weights = init_from.read_torch_weights(config.init_from, config.model, built.module,
+                                           input_shape)
   return Run(config, layout, datasets, data, checkpointer, evaluations, num_classes, built,
               input_shape, loss if loss is not None else losses.get(config.loss), weights)
 

@@ -3,8 +3,8 @@ the SessionLog START of each start; and metrics.jsonl read back (`read_jsonl`: a
 rewrites it). The event files' scalars and a run's speed figures are read back by the scripts
 (runs/run_metrics.py).
 
-Kept apart from `flax_dp_trainer.step.metrics` because CLU's writers import TensorFlow: the step and its
-metric collections run where TensorFlow is not installed.
+Kept apart from `flax_dp_trainer.step.metrics` because CLU's writers import TensorFlow: the step
+and its metric collections run where TensorFlow is not installed.
 """
 
 import json

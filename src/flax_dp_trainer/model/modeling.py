@@ -108,7 +108,8 @@ def build(config, num_classes: int, input_shape: Optional[tuple[int, ...]], *,
   `config.model`; built with its constructor arguments and checked. `input_shape` is one
   example's (height, width, channels); None where unknown (an NNX module's `in_features`
   is then not passed)."""
-  source = model_source.from_object(model) if model is not None else model_source.resolve(config.model)
+  source = (model_source.from_object(model) if model is not None else
+            model_source.resolve(config.model))
   if source.instance is not None:
     module, lines = source.instance, []
     model_kwargs = config.model_kwargs.to_dict() if 'model_kwargs' in config else {}

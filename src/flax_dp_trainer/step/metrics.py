@@ -1,5 +1,6 @@
 """CLU metric collections and the per-step metrics buffer; no TensorFlow (the writers and
-readers are in `flax_dp_trainer.loop.writers`, throughput and memory in `flax_dp_trainer.loop.efficiency`)."""
+readers are in `flax_dp_trainer.loop.writers`, throughput and memory in
+`flax_dp_trainer.loop.efficiency`)."""
 
 from typing import Callable, Optional, Sequence
 

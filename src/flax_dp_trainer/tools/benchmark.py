@@ -274,8 +274,8 @@ def measure_parts(setup: _Setup, parts: list[str], jax_counts: list[int],
 
 
 def _input(setup: _Setup, cores: int) -> dict[str, Any]:
-  """The input part: the images made (or found), then bench_figures.INPUT_RUNS alternately `--rounds`
-  times; each run's figures, their medians and the ratios (module docstring)."""
+  """The input part: the images made (or found), then bench_figures.INPUT_RUNS alternately
+  `--rounds` times; each run's figures, their medians and the ratios (module docstring)."""
   images = FLAGS.input_images or os.path.join(setup.scratch, 'images')
   print(f'input: {FLAGS.input_count} generated JPEGs and their records in {images} (made '
         'where missing) ...', flush=True)
@@ -373,7 +373,8 @@ def main(argv):
     _check_runs_dir(FLAGS.runs_dir)
     with tempfile.TemporaryDirectory() as scratch:
       setup = _Setup(config, config_path, overrides, scratch, FLAGS.runs_dir)
-      figures = bench_figures.headline_figures(measure_parts(setup, parts, jax_counts, ddp_counts, cores))
+      figures = bench_figures.headline_figures(
+          measure_parts(setup, parts, jax_counts, ddp_counts, cores))
   except UserError as e:
     raise SystemExit(f'error: {e}') from None
   figures.update(parts=parts, config=config_path, cores=cores, runs_dir=FLAGS.runs_dir,

@@ -116,8 +116,8 @@ def _cell(value: Optional[float], ok: bool) -> str:
 
 
 def build_flax(path: str, kwargs: dict, num_classes: int, input_shape: tuple[int, ...]):
-  """The flax port as the trainer builds a model (`flax_dp_trainer.model.modeling`), dropout off, its
-  BatchNorm on one device's batch (no device axis: `axis_name=None` where declared)."""
+  """The flax port as the trainer builds a model (`flax_dp_trainer.model.modeling`), dropout off,
+  its BatchNorm on one device's batch (no device axis: `axis_name=None` where declared)."""
   config = default.get_config()
   config.model = path
   declared = model_source.resolve(path).declared
@@ -134,8 +134,8 @@ def build_flax(path: str, kwargs: dict, num_classes: int, input_shape: tuple[int
 
 def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int = 4,
           seed: int = 0) -> Report:
-  """Carries `torch_module`'s weights into `flax_model` (a `flax_dp_trainer.model.adapter.Model`) and
-  compares the two, layer by layer, in eval and train mode."""
+  """Carries `torch_module`'s weights into `flax_model` (a `flax_dp_trainer.model.adapter.Model`)
+  and compares the two, layer by layer, in eval and train mode."""
   rng = np.random.RandomState(seed)
   x = rng.standard_normal((batch,) + tuple(input_shape)).astype(np.float32)
   module = flax_model.module

@@ -241,8 +241,8 @@ def is_convnet(config, model: nn.Module) -> bool:
 
 def initial_variables(config, num_classes: int, input_shape: tuple[int, ...]
                       ) -> tuple[Any, dict]:
-  """(the config's flax module, the variables `flax_dp_trainer.step.state.init_state` starts it from):
-  what the JAX run starts from, for the twin to start there too."""
+  """(the config's flax module, the variables `flax_dp_trainer.step.state.init_state` starts it
+  from): what the JAX run starts from, for the twin to start there too."""
   model = state_lib.model_from_config(config, num_classes, input_shape)
   return model.module, state_lib.init_state(config, num_classes, input_shape,
                                             model=model).variables()

@@ -301,8 +301,8 @@ def partner_rows(x: torch.Tensor) -> torch.Tensor:
 
 class Mixing:
   """Mixup/CutMix of the global batch as the JAX step mixes it: the same draw
-  (`flax_dp_trainer.step.mix.draw`, from the same key: the run's step RNG folded with the step) and the
-  same pairs, the partners' rows fetched from rank R-1-r."""
+  (`flax_dp_trainer.step.mix.draw`, from the same key: the run's step RNG folded with the step) and
+  the same pairs, the partners' rows fetched from rank R-1-r."""
 
   def __init__(self, config, step_rng: jax.Array, num_classes: int):
     self.options = mix_lib.MixOptions.from_config(config)
@@ -345,8 +345,8 @@ def _unknown_loss(loss: str) -> UserError:
 def dense_targets(labels: torch.Tensor, num_classes: int, *,
                   targets: Optional[torch.Tensor] = None,
                   label_smoothing: float = 0.0) -> torch.Tensor:
-  """(batch, num_classes) float targets as `flax_dp_trainer.step.losses.targets` makes them: `targets`
-  (Mixup/CutMix's soft targets) where given, else one-hot `labels`; then smoothed as
+  """(batch, num_classes) float targets as `flax_dp_trainer.step.losses.targets` makes them:
+  `targets` (Mixup/CutMix's soft targets) where given, else one-hot `labels`; then smoothed as
   `optax.smooth_labels` smooths: t * (1 - a) + a / num_classes."""
   dense = (torch.nn.functional.one_hot(labels, num_classes).float() if targets is None
            else targets.float())
@@ -357,7 +357,8 @@ def dense_targets(labels: torch.Tensor, num_classes: int, *,
 
 def sigmoid_xent(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
   """Per-example binary cross-entropy of every class's logit against dense `targets`, SUMMED
-  over the classes (`flax_dp_trainer.step.losses.sigmoid_xent`; BCEWithLogitsLoss would average them)."""
+  over the classes (`flax_dp_trainer.step.losses.sigmoid_xent`; BCEWithLogitsLoss would average
+  them)."""
   return torch.nn.functional.binary_cross_entropy_with_logits(
       logits, targets, reduction='none').sum(-1)
 
