@@ -177,3 +177,40 @@ def test_digits_with_every_augmentation_still_trains(tfds_data_dir, tmp_path):
   final = scalars['eval_accuracy'][200]
   print(f'every augmentation: eval_accuracy={final:.4f}')
   assert final >= 0.85
+
+
+def test_a_log_is_written_when_the_step_after_it_fails(config, tmp_path, monkeypatch):
+  """A log step's write waits for the next step's dispatch; a failure there still writes
+  it, once, in order."""
+  workdir = str(tmp_path / 'run')
+  device_batches = train._Session._device_batches
+
+  def failing_at_21(session):
+    batches = device_batches(session)
+    counted = (batch for _, batch in zip(range(20), batches))  # Step 21's batch fails.
+    real_close = batches.close
+
+    class Failing:
+      def __iter__(self):
+        return self
+
+      def __next__(self):
+        try:
+          return next(counted)
+        except StopIteration:
+          raise RuntimeError('input failed') from None
+
+      def __enter__(self):
+        return self
+
+      def __exit__(self, *exc):
+        real_close()
+
+    return Failing()
+
+  monkeypatch.setattr(train._Session, '_device_batches', failing_at_21)
+  with pytest.raises(RuntimeError, match='input failed'):
+    train.train_and_evaluate(_short(config), workdir)
+  records = writers.read_jsonl(os.path.join(workdir, writers.JSONL_NAME))
+  assert [r['step'] for r in records if 'train_loss' in r] == [20]
+  assert [r['step'] for r in records if 'examples_per_sec_per_device' in r] == [20]

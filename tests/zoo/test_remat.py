@@ -11,6 +11,7 @@ from flax_dp_trainer.model import modeling
 from flax_dp_trainer.model import probe
 from flax_dp_trainer.loop import train
 from flax_dp_trainer.base.errors import UserError
+from flax_dp_trainer.parallel import fsdp
 from flax_dp_trainer.zoo import layers
 from tests import helpers
 
@@ -91,7 +92,7 @@ def test_a_marked_block_inside_a_marked_block_is_part_of_it():
   outer = _Outer()
   x = jax.numpy.ones((2, 4))
   params = outer.init(jax.random.PRNGKey(0), x, train=False)['params']
-  how = layers.Gathering(jax.tree.map(lambda _: None, params), 'devices')
+  how = fsdp.Gathering(jax.tree.map(lambda _: None, params), 'devices')
   with layers.gathering(how), how.recording_blocks():
     outer.apply({'params': params}, x, train=True)
   assert how.blocks == {()}  # The outer block alone (the root here), not its two inner ones.

@@ -11,7 +11,7 @@
 
 import itertools
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from absl import logging
 from clu import metric_writers
@@ -232,50 +232,71 @@ class _Session:
   def train(self) -> None:
     """Steps from `first` to `last`, logging, evaluating and saving on the cadence; raises
     Diverged on NaN/Inf (unless skipped), Preempted after a stop request's checkpoint and
-    SaveFailed at the first step after a save that failed."""
+    SaveFailed at the first step after a save that failed.
+
+    A log step that neither evaluates nor saves (nor stops) checks its window's metrics and
+    takes its rate at once, and merges and writes them once the next step is dispatched: the
+    devices run that step meanwhile instead of waiting on the host's merge and writes."""
     loop_start = time.perf_counter()
-    for step in range(self.first, self.last + 1):
-      with jax.profiler.StepTraceAnnotation('train', step_num=step):
-        self.rstate, step_metrics = self.p_train_step(self.rstate, next(self.batches),
-                                                      self.rng)
-      self.in_flight.add(step_metrics)
-      self.buffer.add(step, step_metrics)
-      self.run.checkpointer.check_saved()  # A save that failed stops the run here.
-      if step == self.first:
-        # Time throughput from the end of the first step: compiling is not training speed.
-        jax.block_until_ready(step_metrics)
-        self.writer.write_scalars(step, self.throughput.first_step_done(step, loop_start))
-      for hook in self.hooks:
-        hook(step)
-      stopping = self.stop.requested(step) and step < self.last
-      save_now = self.cadence.save(step) or stopping
-      if (self.cadence.log(step) or save_now) and not self.buffer.fetch():
-        raise self._diverged()
-      if self.cadence.log(step):
-        self._log(step)
-      if self.cadence.eval(step):
-        self.writer.write_scalars(step, evaluation.evaluate_all(
-            self.p_eval_step, self.rstate, self.run.evaluations, self.run.layout))
-        self.throughput.start(step)
-      if save_now:
-        self._save(step)
-      if stopping:
-        self.run.checkpointer.wait()
-        raise Preempted(
-            f'stopped by {self.stop.name} at step {step} of {self.last}; checkpoint saved in '
-            f'{self.run.checkpointer.directory}; run the same command again to resume',
-            exit_code=128 + self.stop.received)
+    write_log = None  # The last step's log, to write once this step is dispatched.
+    try:
+      for step in range(self.first, self.last + 1):
+        with jax.profiler.StepTraceAnnotation('train', step_num=step):
+          self.rstate, step_metrics = self.p_train_step(self.rstate, next(self.batches),
+                                                        self.rng)
+        self.in_flight.add(step_metrics)
+        self.buffer.add(step, step_metrics)
+        if write_log is not None:
+          write_log, pending = None, write_log
+          pending()
+        self.run.checkpointer.check_saved()  # A save that failed stops the run here.
+        if step == self.first:
+          # Time throughput from the end of the first step: compiling is not training speed.
+          jax.block_until_ready(step_metrics)
+          self.writer.write_scalars(step, self.throughput.first_step_done(step, loop_start))
+        for hook in self.hooks:
+          hook(step)
+        stopping = self.stop.requested(step) and step < self.last
+        save_now = self.cadence.save(step) or stopping
+        if (self.cadence.log(step) or save_now) and not self.buffer.fetch():
+          raise self._diverged()
+        if self.cadence.log(step):
+          write_log = self._log(step)
+          if save_now or self.cadence.eval(step):  # The devices wait for these anyway.
+            write_log, pending = None, write_log
+            pending()
+        if self.cadence.eval(step):
+          self.writer.write_scalars(step, evaluation.evaluate_all(
+              self.p_eval_step, self.rstate, self.run.evaluations, self.run.layout))
+          self.throughput.start(step)
+        if save_now:
+          self._save(step)
+        if stopping:
+          self.run.checkpointer.wait()
+          raise Preempted(
+              f'stopped by {self.stop.name} at step {step} of {self.last}; checkpoint saved '
+              f'in {self.run.checkpointer.directory}; run the same command again to resume',
+              exit_code=128 + self.stop.received)
+    finally:
+      if write_log is not None:  # The step after a log failed: the log is still written.
+        write_log()
     self.writer.write_scalars(self.last, {efficiency.PEAK_MEMORY_TAG: _run_peak_rss_mb()})
 
-  def _log(self, step: int) -> None:
-    """The train scalars since the last write, the step rate and the FLOP rate."""
-    scalars = self.buffer.scalars()
+  def _log(self, step: int) -> Callable[[], None]:
+    """Takes the step rate since the last write now (the window's steps are done: their
+    metrics are fetched); returns the write of the train scalars since the last write, the
+    step rate and the FLOP rate, which can wait for the next step's dispatch."""
     rate = self.throughput.rate(step)
-    if rate is not None:
-      scalars[efficiency.RATE_TAG] = rate
-      num_devices = len(self.run.layout.devices)
-      scalars.update(self.efficiency.scalars(rate * num_devices / self.run.config.batch_size))
-    self.writer.write_scalars(step, scalars)
+
+    def write() -> None:
+      scalars = self.buffer.scalars()
+      if rate is not None:
+        scalars[efficiency.RATE_TAG] = rate
+        num_devices = len(self.run.layout.devices)
+        scalars.update(self.efficiency.scalars(rate * num_devices / self.run.config.batch_size))
+      self.writer.write_scalars(step, scalars)
+
+    return write
 
   def _save(self, step: int) -> None:
     """Saves the state at `step` (all processes), after checking its params are finite."""

@@ -1,3 +1,4 @@
-"""The device axis and the layouts over it (`pmap`; `jit` + `shard_map` with the state
-replicated or sharded), and how far the host runs ahead of the devices. Imports `base`
-and `zoo`."""
+"""The device axis and the layouts over it (`layouts`: `pmap`; `jit` + `shard_map` with the
+state replicated or sharded), layer-by-layer FSDP's gathering (`fsdp`), and how far the host
+runs ahead of the devices (`dispatch`). Imports `base` and `zoo` (the names of a scanned
+stack's leaves, and the hook by which a marked block asks to be gathered)."""

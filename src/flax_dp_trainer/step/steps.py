@@ -25,6 +25,7 @@ from flax_dp_trainer.base.batch_keys import EXAMPLE_ID_KEY, MASK_KEY, MIX_LABEL_
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.step.metrics import EvalMetrics, ScaledTrainMetrics, TrainMetrics
+from flax_dp_trainer.parallel import fsdp
 from flax_dp_trainer.parallel.layouts import AXIS_NAME
 from flax_dp_trainer.step.state import TrainState
 from flax_dp_trainer.zoo import layers
@@ -123,7 +124,7 @@ class Gradients(NamedTuple):
 
 
 def _loss_fn(state: TrainState, options: StepOptions,
-             how: Optional[layers.Gathering] = None) -> Callable:
+             how: Optional[fsdp.Gathering] = None) -> Callable:
   """(params, batch_stats, batch, rng) -> (mean loss, (logits, new batch_stats)). With `how`
   (layer-by-layer FSDP) `params` are this device's parts: the blocks gather theirs as they
   run, the other layers' are gathered first."""
@@ -222,12 +223,12 @@ class StepGradients(NamedTuple):
 
 
 def _gathering(state: TrainState, options: StepOptions, split_axes: Any, batch: dict,
-               rng: jax.Array) -> tuple[layers.Gathering, Callable]:
+               rng: jax.Array) -> tuple[fsdp.Gathering, Callable]:
   """Layer-by-layer FSDP: the blocks' gathering over `split_axes` (the dimension each param
   leaf is split along; None where whole), and the reduction of the gradients it makes: a
   split leaf's gradient comes out of the gather's transpose already summed over the devices
   (reduce-scattered), so it is divided by their count; a whole leaf's is averaged."""
-  how = layers.Gathering(split_axes, AXIS_NAME)
+  how = fsdp.Gathering(split_axes, AXIS_NAME)
   devices = lax.axis_size(AXIS_NAME)
   whole = jax.tree.map(
       lambda axis, x: jax.ShapeDtypeStruct(

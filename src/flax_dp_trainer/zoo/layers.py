@@ -15,8 +15,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
-from jax.ad_checkpoint import checkpoint_name
 
 
 def example_ids_or_rows(x: jax.Array, example_ids: Optional[jax.Array]) -> jax.Array:
@@ -117,61 +115,9 @@ def remat_policy(name: str):
 
 # Layer-by-layer FSDP (state_sharding='fsdp'): inside the sharded step, each marked block
 # gathers its params from the devices' parts just before it runs (again in the backward pass:
-# the gathered copies are never saved for it) and drops them after.
+# the gathered copies are never saved for it) and drops them after. How it gathers is the
+# parallel layer's (`flax_dp_trainer.parallel.fsdp.Gathering`); a block only asks.
 GATHERED = 'fsdp_gathered'  # The `checkpoint_name` of a block's gathered params.
-
-
-class Gathering:
-  """How the blocks of a sharded step gather their params: `axes`, a tree like the model's
-  params of the dimension each leaf is split along over `axis_name` (None: whole on every
-  device), for the leaves as stored (a scanned stack's with its layer axis first)."""
-
-  def __init__(self, axes: Any, axis_name: str):
-    self.axes = axes
-    self.axis_name = axis_name
-    self.blocks: set[tuple[str, ...]] = set()  # The paths of the blocks (`recording`).
-    self.recording = False
-
-  @contextlib.contextmanager
-  def recording_blocks(self):
-    """While inside, the blocks only note their paths in `blocks` (an abstract pass that
-    finds which params they hold), gathering nothing."""
-    self.recording = True
-    try:
-      yield self
-    finally:
-      self.recording = False
-
-  def block_axes(self, path: tuple[str, ...], scanned: bool) -> Any:
-    """The split dimensions of the params of the block at `path`, as the block sees them
-    (one layer of a scanned stack: its dimensions one lower)."""
-    axes = self.axes
-    for name in path:
-      axes = axes[name]
-    if scanned:
-      return jax.tree.map(lambda a: None if a is None else a - 1, axes,
-                          is_leaf=lambda a: a is None)
-    return axes
-
-  def gather(self, params: Any, axes: Any) -> Any:
-    """`params` (this device's parts) whole: each split leaf all-gathered along its axis."""
-    def whole(axis, x):
-      if axis is None:
-        return x
-      return checkpoint_name(
-          lax.all_gather(x, self.axis_name, axis=axis, tiled=True), GATHERED)
-    return jax.tree.map(whole, axes, params, is_leaf=lambda a: a is None)
-
-  def gather_outside_blocks(self, params: Any) -> Any:
-    """`params` with every split leaf that no block (`blocks`) holds gathered whole: the
-    layers before, between and after the blocks."""
-    def whole(path, axis, x):
-      names = path_names(path)
-      if axis is None or any(names[:len(b)] == b for b in self.blocks):
-        return x
-      return lax.all_gather(x, self.axis_name, axis=axis, tiled=True)
-    return jax.tree_util.tree_map_with_path(whole, self.axes, params,
-                                            is_leaf=lambda a: a is None)
 
 
 # Context, not arguments, as for the remat policy: the sharded step's gathering reaches the
@@ -182,9 +128,10 @@ _IN_BLOCK = contextvars.ContextVar('in_block', default=False)
 
 
 @contextlib.contextmanager
-def gathering(how: Optional[Gathering]):
-  """Blocks marked with `remat_block` gather their params as `how` says while inside (the
-  sharded step sets it around the model's forward pass)."""
+def gathering(how: Optional[Any]):
+  """Blocks marked with `remat_block` gather their params as `how` (a
+  `flax_dp_trainer.parallel.fsdp.Gathering`) says while inside (the sharded step sets it
+  around the model's forward pass)."""
   token = _GATHERING.set(how)
   try:
     yield how
