@@ -24,7 +24,7 @@ from flax_dp_trainer.step import steps as step_lib
 from flax_dp_trainer.loop import train
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
-from flax_dp_trainer.zoo import layers
+from flax_dp_trainer.zoo import scanning
 from flax_dp_trainer.zoo import torch_weights
 from flax_dp_trainer.zoo import vit
 from tests import helpers
@@ -57,7 +57,7 @@ def _assert_close(state, reference, unstack=False):
     got, want = getattr(state, name), getattr(reference, name)
     if want is None:
       continue
-    got = layers.unstack_layers(got) if unstack else got
+    got = scanning.unstack_layers(got) if unstack else got
     difference = helpers.relative_difference(jax.tree.leaves(got), jax.tree.leaves(want))
     print(f'{name}: {difference:.2g}')
     assert difference < TOLERANCE, (name, difference)
@@ -95,7 +95,7 @@ def test_scanned_layers_with_dropout_are_the_same_on_any_topology(trained):
   _assert_close(state, reference)
   unscanned, _ = trained('vit_test', 'pmap', 1)
   assert helpers.relative_difference(
-      jax.tree.leaves(layers.unstack_layers(reference.params)),
+      jax.tree.leaves(scanning.unstack_layers(reference.params)),
       jax.tree.leaves(unscanned.params)) > 1e-4  # Other masks than the unscanned form's.
 
 
@@ -108,7 +108,7 @@ def test_a_scanned_run_resumes_loads_and_exports_unscanned(trained, tfds_data_di
   assert 'encoderblock' in loaded.variables['params']
   exported = torch_weights.to_state_dict(loaded.model, loaded.variables)
   unscanned_model = vit.ViTTest(num_classes=10)
-  unscanned_params = layers.unstack_layers(scanned.params)
+  unscanned_params = scanning.unstack_layers(scanned.params)
   assert exported.keys() == torch_weights.to_state_dict(
       unscanned_model, {'params': unscanned_params}).keys()
   assert 'encoder.layers.encoder_layer_1.mlp.0.weight' in exported
@@ -132,11 +132,11 @@ def test_converters_round_trip_a_train_state():
   config = helpers.topology_config('', 'vit_test', 'pmap')
   config.optimizer = 'adamw'
   state = state_lib.init_state(config, 10, (1, 8, 8, 1))
-  stacked = layers.stack_layers(state)
+  stacked = scanning.stack_layers(state)
   assert stacked.params['encoderblock']['Dense_0']['kernel'].shape == (2, 32, 64)
   moments = [x for x in jax.tree.leaves(stacked.opt_state) if x.shape == (2, 32, 64)]
   assert len(moments) == 2  # AdamW's mu and nu of that kernel, stacked too.
-  back = layers.unstack_layers(stacked)
+  back = scanning.unstack_layers(stacked)
   assert jax.tree.structure(back) == jax.tree.structure(state)
   for got, want in zip(jax.tree.leaves(back), jax.tree.leaves(state)):
     np.testing.assert_array_equal(got, want)
@@ -238,7 +238,7 @@ def test_torchvision_state_dicts_load_into_either_form():
   variables = jax.tree.map(lambda x: np.asarray(x, np.float32),
                            helpers.random_variables(model, (16, 16, 3), seed=3))
   state_dict = torch_weights.to_state_dict(model, variables)
-  stacked = layers.stack_layers(variables)
+  stacked = scanning.stack_layers(variables)
   loaded = torch_weights.from_state_dict(scanned_model, jax.tree.map(np.zeros_like, stacked),
                                          state_dict)
   assert loaded.variables['params']['encoderblock']['Dense_0']['kernel'].shape == (2, 32, 64)

@@ -29,7 +29,7 @@ from flax_dp_trainer.base.errors import first_line
 from flax_dp_trainer.base.errors import SaveFailed
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.checkpoint import meta as run_meta
-from flax_dp_trainer.zoo import layers
+from flax_dp_trainer.zoo import scanning
 
 
 CORRUPT_DIR = 'checkpoints.unreadable'  # Unreadable checkpoints are moved here, never deleted.
@@ -314,15 +314,15 @@ def read_state(workdir: str, step: Optional[int] = None) -> dict:
 
 def to_form(tree: Any, form: str) -> Any:
   """`tree` with its encoder blocks in `form` ('scanned' or 'unscanned')."""
-  return layers.stack_layers(tree) if form == 'scanned' else layers.unstack_layers(tree)
+  return scanning.stack_layers(tree) if form == 'scanned' else scanning.unstack_layers(tree)
 
 
 def layer_conversion(saved: dict, target: Any) -> Optional[tuple[str, str]]:
   """(the saved form, the target's) where a checkpoint holding arrays named `saved` has its
   encoder blocks scanned and `target` unscanned or the reverse (`flax_dp_trainer.zoo.layers.
   stack_layers`); else None."""
-  have = layers.layer_form(saved)
-  want = layers.layer_form(array_specs(jax.eval_shape(lambda tree: tree, target)))
+  have = scanning.layer_form(saved)
+  want = scanning.layer_form(array_specs(jax.eval_shape(lambda tree: tree, target)))
   if have is None or want is None or have == want:
     return None
   return have, want

@@ -25,6 +25,7 @@ from flax_dp_trainer.model import intercept
 from flax_dp_trainer.model import nnx_layers
 from flax_dp_trainer.model import source as model_source
 from flax_dp_trainer.zoo import layers
+from flax_dp_trainer.zoo import scanning
 
 
 # Folded into the step's key for every stream other than 'dropout' (flax gives a module's
@@ -54,7 +55,7 @@ class Model:
     x = jnp.zeros(input_shape, jnp.float32)
     if getattr(self.module, 'scan_layers', False):
       # Scanned layers start where the unscanned model does (the same seed, the same params).
-      return layers.stack_layers(dict(self.module.clone(scan_layers=False).init(
+      return scanning.stack_layers(dict(self.module.clone(scan_layers=False).init(
           rng, x, train=False)))
     if self.eval_module is None:
       return dict(self.module.init(rng, x, train=False))

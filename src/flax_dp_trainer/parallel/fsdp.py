@@ -13,7 +13,7 @@ from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
 from flax_dp_trainer.zoo.layers import GATHERED
-from flax_dp_trainer.zoo.layers import path_names
+from flax_dp_trainer.zoo.scanning import path_names
 
 
 class Gathering:

@@ -46,7 +46,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from flax_dp_trainer.zoo import layers
+from flax_dp_trainer.zoo import scanning
 
 # The one name of the device axis, the data-parallel axis of both layouts. The step's
 # collectives reduce over it (pmean, psum, ppermute), BatchNorm averages its statistics over
@@ -118,7 +118,7 @@ def param_split_axes(params: Any, num_devices: int) -> Any:
   it is kept whole), as the sharded state holds it."""
   return jax.tree_util.tree_map_with_path(
       lambda path, x: split_dimension(x.shape, num_devices,
-                                      layers.is_stacked(layers.path_names(path))),
+                                      scanning.is_stacked(scanning.path_names(path))),
       params)
 
 
@@ -323,7 +323,7 @@ class ShardMapped(DataParallel):
     def sharding(path, leaf):
       if getattr(path[0], 'name', None) in split:
         return NamedSharding(self.mesh, split_spec(leaf.shape, len(self.devices),
-                                                   layers.is_stacked(layers.path_names(path))))
+                                                   scanning.is_stacked(scanning.path_names(path))))
       return self._replicated
 
     return jax.tree_util.tree_map_with_path(sharding, state)

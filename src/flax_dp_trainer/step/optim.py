@@ -6,7 +6,7 @@ import jax
 import ml_collections
 import optax
 
-from flax_dp_trainer.zoo import layers
+from flax_dp_trainer.zoo import scanning
 
 from flax_dp_trainer.base.errors import UserError
 
@@ -69,7 +69,7 @@ def decay_mask(params):
   """Weight decay (and LARS trust ratios) for kernels only: biases and norm params (1-D) are
   spared; a scanned stack's leaves (`zoo.layers.stack_layers`) by one layer's dimensions."""
   def kernel(path, p):
-    return p.ndim - int(layers.is_stacked(layers.path_names(path))) > 1
+    return p.ndim - int(scanning.is_stacked(scanning.path_names(path))) > 1
   return jax.tree_util.tree_map_with_path(kernel, params)
 
 

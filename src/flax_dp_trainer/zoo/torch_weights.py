@@ -25,7 +25,7 @@ import jax
 import numpy as np
 from flax import traverse_util
 
-from flax_dp_trainer.zoo import layers as stacks
+from flax_dp_trainer.zoo import scanning
 from flax_dp_trainer.zoo import resnet
 from flax_dp_trainer.zoo import vit
 
@@ -151,7 +151,7 @@ def _modules(params: Mapping[str, Any]) -> Dict[str, Dict[str, Any]]:
 def to_state_dict(model: nn.Module, variables: Mapping[str, Any]) -> Arrays:
   """The torch state dict (numpy arrays) holding `variables` ({'params', 'batch_stats'?});
   a scanned ViT's stacked blocks as torchvision's numbered layers."""
-  params = stacks.unstack_layers(variables['params'])
+  params = scanning.unstack_layers(variables['params'])
   keys = state_dict_keys(model, params)
   stats = _layers(variables.get('batch_stats') or {})
   out: Arrays = {}
@@ -235,8 +235,8 @@ def from_state_dict(model: nn.Module, variables: Mapping[str, Any],
   image size is resampled to the model's grid (`vit.resample_pos_embedding` by
   `pos_embedding_resize`).
   """
-  scanned = stacks.layer_form(_layers(variables['params'])) == 'scanned'
-  variables = stacks.unstack_layers(dict(variables))
+  scanned = scanning.layer_form(_layers(variables['params'])) == 'scanned'
+  variables = scanning.unstack_layers(dict(variables))
   template = to_state_dict(model, variables)
   given = {k[len('module.'):] if k.startswith('module.') else k: np.asarray(v)
            for k, v in state_dict.items() if not k.endswith(_BN_COUNTER)}
@@ -285,7 +285,7 @@ def from_state_dict(model: nn.Module, variables: Mapping[str, Any],
     out['batch_stats'] = _like(
         {f'{path}/{name}': value for path, layer in stats.items() for name, value in
          layer.items()}, variables['batch_stats'])
-  return FromTorch(stacks.stack_layers(out) if scanned else out, reinit_head, adapted,
+  return FromTorch(scanning.stack_layers(out) if scanned else out, reinit_head, adapted,
                    resampled)
 
 
