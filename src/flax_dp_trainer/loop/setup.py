@@ -210,29 +210,30 @@ def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
   damaged.settle(config, workdir)  # Image files that do not read: left out as recorded, or refused.
   # Every dataset of the run, once, as the run reads it.
   datasets = run_datasets.resolve(config, data)
-  data = pipeline.open_train_data(config, datasets.train, process_index=jax.process_index())
-  config = optim.resolve_durations(config, data.num_examples)
-  data = dataclasses.replace(data, config=config)
+  # Its config is read for the batches alone, which neither the durations resolved below nor
+  # the model's record changes.
+  train_data = pipeline.open_train_data(config, datasets.train,
+                                        process_index=jax.process_index())
+  config = optim.resolve_durations(config, train_data.num_examples)
   checks.check_schedule(config)
-  evaluations = evaluation.evaluation_data(config, data.builder, layout, datasets.evals)
+  evaluations = evaluation.evaluation_data(config, train_data.builder, layout, datasets.evals)
   eval_per_device = pipeline.eval_batch_per_device(config, num_devices)
   if eval_per_device * num_devices != config.eval_batch_size:
     logging.info('eval_batch_size=%d over %d devices: evaluating %d examples per device '
                  '(%d per batch, padding masked)', config.eval_batch_size, num_devices,
                  eval_per_device, eval_per_device * num_devices)
-  num_classes = data.spec.num_classes
-  input_shape = (1,) + data.spec.input_shape
+  num_classes = train_data.spec.num_classes
+  input_shape = (1,) + train_data.spec.input_shape
   per_device = max(1, config.batch_size // num_devices // config.grad_accum_steps)
   built = build_model(config, num_classes, input_shape, per_device if training else 1,
                        model=model, command_line=command_line)
   config = _recorded(config, built)
-  data = dataclasses.replace(data, config=config)
   weights = None
   if (config.init_from and torch_weights.is_weights_file(config.init_from) and
       not checkpointer.steps()):
     weights = init_from.read_torch_weights(config.init_from, config.model, built.module,
                                            input_shape)
-  return Run(config, layout, datasets, data, checkpointer, evaluations, num_classes, built,
+  return Run(config, layout, datasets, train_data, checkpointer, evaluations, num_classes, built,
               input_shape, loss if loss is not None else losses.get(config.loss), weights)
 
 
