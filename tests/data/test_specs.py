@@ -1,5 +1,6 @@
-"""What the trainer knows of a dataset before reading it (`flax_dp_trainer.data.specs`), and
-the config applied to it (`flax_dp_trainer.data.run_datasets`): without TensorFlow."""
+"""What the trainer knows of a dataset before reading it (`flax_dp_trainer.data.specs`),
+without TensorFlow: the shipped dataset, the names a run trains on, a recorded spec. (The
+config applied to a spec, and eval_splits' grammar: test_datasets_by_name.py.)"""
 
 import json
 
@@ -7,21 +8,7 @@ import ml_collections
 import pytest
 
 from flax_dp_trainer.base.errors import UserError
-from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.data import specs
-
-
-@pytest.mark.parametrize('entry, parsed', [
-    ('test', (None, 'test')),
-    ('train[:10%]', (None, 'train[:10%]')),
-    ('imagenet_v2:test', ('imagenet_v2', 'test')),
-    ('eurosat/rgb:test', ('eurosat/rgb', 'test')),
-    ('mnist:3.0.1:test', ('mnist:3.0.1', 'test')),
-    ('folder:/data/pets:val', ('folder:/data/pets', 'val')),
-    ('cifar10:train[:1%]', ('cifar10', 'train[:1%]')),
-])
-def test_an_eval_splits_entry_reads_as_dataset_and_split(entry, parsed):
-  assert run_datasets.dataset_and_split(entry) == parsed
 
 
 def test_the_shipped_dataset_is_described_from_its_source():
