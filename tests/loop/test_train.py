@@ -14,6 +14,7 @@ import tensorflow_datasets as tfds
 from flax_dp_trainer.step import optim
 from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.step import steps as step_lib
+from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.loop import train
 from flax_dp_trainer.loop import writers
 from flax_dp_trainer.configs import default
@@ -90,7 +91,7 @@ def _compiled_step_flops(config, state) -> float:
   layout = parallel.data_parallel(config.step_backend, jax.devices())
   p_train_step = step_lib.make_train_step(
       layout, learning_rate_fn=optim.learning_rate_schedule(config),
-      options=step_lib.StepOptions.from_config(config))
+      options=step_lib.StepOptions.from_config(config, run_datasets.for_config(config)))
   rows = {'image': np.zeros((config.batch_size, 8, 8, 1), np.uint8),
           'label': np.zeros(config.batch_size, np.int32)}
   compiled = p_train_step.lower(layout.put_replicated(state), layout.put_batch(rows),

@@ -17,6 +17,7 @@ from flax_dp_trainer.step import optim
 from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.step import state as state_lib
 from flax_dp_trainer.step import steps as step_lib
+from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.torch_ddp import step as ddp_step
 from tests import helpers
 
@@ -112,7 +113,7 @@ def test_the_ddp_twin_mixes_as_the_jax_step(config, one_rank_group):
   step_rng = state_lib.seed_rngs(config.seed)[1]
   mixing = ddp_step.Mixing(config, step_rng, num_classes=10)
   normalize = ddp_step.Normalize(config, torch.device('cpu'), channels_last=False)
-  options = step_lib.StepOptions.from_config(config)
+  options = step_lib.StepOptions.from_config(config, run_datasets.for_config(config))
   run = jax.pmap(lambda batch, key: step_lib.model_inputs(batch, options, key),
                  axis_name=parallel.AXIS_NAME, in_axes=(0, None), devices=jax.devices()[:2])
   for step in range(1, 9):
@@ -156,11 +157,11 @@ def test_mixed_training_is_the_same_on_one_and_four_devices(config, backend):
   state = jax.device_get(state_lib.initializer(config, 10, schedule)(
       jax.random.PRNGKey(0), (1,) + SHAPE))
   batches = [_batch(seed) for seed in range(6)]
+  options = step_lib.StepOptions.from_config(config, run_datasets.for_config(config))
   runs = []
   for devices in (1, 4):
     layout = parallel.data_parallel(backend, jax.devices()[:devices])
-    final, values, _ = helpers.run_steps(layout, state, schedule, batches,
-                                         step_lib.StepOptions.from_config(config))
+    final, values, _ = helpers.run_steps(layout, state, schedule, batches, options)
     runs.append((final, [v['loss'] for v in values]))
   np.testing.assert_allclose(runs[0][1], runs[1][1], rtol=1e-5)
   assert helpers.relative_difference(runs[1][0].params, runs[0][0].params) < 1e-5

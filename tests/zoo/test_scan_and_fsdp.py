@@ -21,6 +21,7 @@ from flax_dp_trainer.step import optim
 from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.step import state as state_lib
 from flax_dp_trainer.step import steps as step_lib
+from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.loop import train
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
@@ -175,8 +176,9 @@ def _compiled_fsdp_step(config, devices):
   rows = jax.sharding.NamedSharding(layout.mesh, jax.sharding.PartitionSpec(parallel.AXIS_NAME))
   batch = {'image': jax.ShapeDtypeStruct((devices, 16, 16, 1), np.uint8, sharding=rows),
            'label': jax.ShapeDtypeStruct((devices,), np.int32, sharding=rows)}
+  options = step_lib.StepOptions.from_config(config, run_datasets.for_config(config))
   step = step_lib.make_train_step(layout, learning_rate_fn=optim.learning_rate_schedule(config),
-                                  options=step_lib.StepOptions.from_config(config))
+                                  options=options)
   compiled = step.lower(state, batch, jax.ShapeDtypeStruct((2,), np.uint32)).compile()
   return compiled.memory_analysis(), sum(x.size * 4 for x in jax.tree.leaves(shapes.params))
 

@@ -71,7 +71,7 @@ def measure_limit(config, backend: str, steps: int, warmup: int,
   step_rng = layout.put_replicated(jax.random.PRNGKey(1))
   p_train_step = step_lib.make_train_step(
       layout, learning_rate_fn=optim.learning_rate_schedule(config),
-      options=step_lib.StepOptions.from_config(config))
+      options=step_lib.StepOptions.from_config(config, spec))
 
   start = time.perf_counter()
   lowered = p_train_step.lower(rstate, batch, step_rng)

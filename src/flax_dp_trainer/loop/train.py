@@ -178,7 +178,7 @@ class _Session:
     self.last = config.num_train_steps
     self.p_train_step = step_lib.make_train_step(
         layout, learning_rate_fn=optim.learning_rate_schedule(config),
-        options=step_lib.StepOptions.from_config(config, run.loss, run.datasets.train))
+        options=step_lib.StepOptions.from_config(config, run.datasets.train, run.loss))
     self.p_eval_step = step_lib.make_eval_step(
         layout, step_lib.Normalization.of(run.datasets.train, config.dtype), run.loss)
     self.rstate = layout.put_state(start.state)

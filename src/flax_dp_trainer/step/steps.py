@@ -23,7 +23,6 @@ from flax_dp_trainer.step import mix as mix_lib
 from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.base.batch_keys import EXAMPLE_ID_KEY, MASK_KEY, MIX_LABEL_KEY, MIX_WEIGHT_KEY
 from flax_dp_trainer.data import specs
-from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.step.metrics import EvalMetrics, ScaledTrainMetrics, TrainMetrics
 from flax_dp_trainer.parallel import fsdp
 from flax_dp_trainer.parallel.layouts import AXIS_NAME
@@ -41,7 +40,7 @@ class Normalization:
 
   @classmethod
   def of(cls, ds_spec: specs.DatasetSpec, dtype: str) -> 'Normalization':
-    """The statistics of `ds_spec` (the dataset's, or the config's: `run_datasets.for_config`)."""
+    """The statistics of `ds_spec` (the dataset's, or the config's: `data.run_datasets`)."""
     return cls(tuple(ds_spec.mean), tuple(ds_spec.std), dtype)
 
   def to_float(self, images: jax.Array) -> jax.Array:
@@ -73,16 +72,14 @@ class StepOptions:
   remat: str = 'none'  # The blocks' rematerialization policy (zoo.layers.REMAT_POLICIES).
 
   @classmethod
-  def from_config(cls, config, loss: Optional[losses.Loss] = None,
-                  ds_spec: Optional[specs.DatasetSpec] = None) -> 'StepOptions':
-    """The config's options; `loss` (a function) in place of `config.loss` where given; the
-    normalization of `ds_spec` (the run's resolved training spec; by default resolved
-    here)."""
+  def from_config(cls, config, ds_spec: specs.DatasetSpec,
+                  loss: Optional[losses.Loss] = None) -> 'StepOptions':
+    """The config's options, with the normalization of `ds_spec` (the run's resolved training
+    spec, `data.run_datasets`); `loss` (a function) in place of `config.loss` where given."""
     return cls(label_smoothing=config.label_smoothing,
                grad_accum_steps=config.grad_accum_steps, ema_decay=config.ema_decay,
                skip_nonfinite=config.skip_nonfinite_steps,
-               normalization=Normalization.of(ds_spec or run_datasets.for_config(config),
-                                              config.dtype),
+               normalization=Normalization.of(ds_spec, config.dtype),
                mix=mix_lib.MixOptions.from_config(config), remat=config.remat,
                loss=loss if loss is not None else losses.get(config.loss))
 

@@ -126,7 +126,7 @@ def compile_step(config) -> tuple[Any, Any, Any, float, parallel.ShardMapped, An
   state, batch, rng = abstract_inputs(config, layout, init)
   p_train_step = step_lib.make_train_step(
       layout, learning_rate_fn=optim.learning_rate_schedule(config),
-      options=step_lib.StepOptions.from_config(config))
+      options=step_lib.StepOptions.from_config(config, spec))
   start = time.perf_counter()
   compiled = p_train_step.lower(state, batch, rng).compile()
   return compiled, state, (batch, rng), time.perf_counter() - start, layout, init
