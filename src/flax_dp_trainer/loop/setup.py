@@ -182,10 +182,10 @@ def _recorded(config, model: adapter.Model) -> ml_collections.ConfigDict:
 
 def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
              training: bool = True, model: Any = None, loss: Optional[losses.Loss] = None,
-             data: Optional[arrays_lib.Arrays] = None, command_line=frozenset()) -> Run:
+             arrays: Optional[arrays_lib.Arrays] = None, command_line=frozenset()) -> Run:
   """Checks the config, workdir and data; the layout over `devices` (default every device of
   every process), the dataset, the model and the evaluations. Without `training`, the
-  training batch need not split over the devices. `model`, `loss` and `data` (the arrays
+  training batch need not split over the devices. `model`, `loss` and `arrays` (those
   `config.dataset` names): given from Python in place of the config's; `command_line`: the
   config fields the command line set."""
   process_count = jax.process_count()
@@ -209,7 +209,7 @@ def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
                     config.compilation_cache_dir, config.compilation_cache_dir)
   damaged.settle(config, workdir)  # Image files that do not read: left out as recorded, or refused.
   # Every dataset of the run, once, as the run reads it.
-  datasets = run_datasets.resolve(config, data)
+  datasets = run_datasets.resolve(config, arrays)
   # Its config is read for the batches alone, which neither the durations resolved below nor
   # the model's record changes.
   train_data = pipeline.open_train_data(config, datasets.train,

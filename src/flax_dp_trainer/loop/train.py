@@ -88,7 +88,7 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
   Returns the scalars. `model`, `loss`, `data`, `command_line`: as `train_and_evaluate`
   takes them."""
   run = setup.prepare(config, workdir, devices, training=False, model=model, loss=loss,
-                      data=data, command_line=command_line)
+                      arrays=data, command_line=command_line)
   config = run.config
   state = state_lib.init_state(config, run.num_classes, run.input_shape, model=run.model)
   restored, _ = setup.restore_newest(run, state)
@@ -132,7 +132,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   on the command line (a value the model does not take is refused there, and only logged
   otherwise).
   """
-  run = setup.prepare(config, workdir, devices, model=model, loss=loss, data=data,
+  run = setup.prepare(config, workdir, devices, model=model, loss=loss, arrays=data,
                       command_line=command_line)
   config = run.config
   start = setup.start(run)
