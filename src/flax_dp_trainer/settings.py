@@ -104,7 +104,6 @@ def _splits(spec: Any, data_dir: str) -> str:
     return f'splits unknown here ({e.name} is not installed)'
 
 
-
 def listing(what: str) -> str:
   """The registered models, the named datasets or the shipped config files, one a line."""
   if what == 'models':

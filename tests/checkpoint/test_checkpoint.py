@@ -309,7 +309,6 @@ def test_mismatched_workdir_is_refused_and_untouched(config, tmp_path, overrides
   assert _listing(workdir) == before
 
 
-
 def test_the_meta_format_policy():
   """The meta item's policy (checkpoint.py): fields added after the format read with
   their defaults where a checkpoint lacks them; a format this version does not read (format

@@ -271,7 +271,6 @@ def eval_batches(data: EvalData) -> Iterator[dict[str, np.ndarray]]:
     yield pad_batch(empty, data.batch_size)
 
 
-
 def eval_preprocessed(config, spec: specs.DatasetSpec, images, encoded: bool) -> np.ndarray:
   """`images` (uint8 arrays of any size, or encoded JPEG/PNG bytes when `encoded`) through
   the evaluation plan of `spec` (decode; resize and center-crop where it crops): uint8 model
