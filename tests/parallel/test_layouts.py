@@ -68,3 +68,25 @@ def test_a_batch_goes_to_the_devices_split_by_rows():
 def test_pmap_keeps_the_state_replicated():
   with pytest.raises(ValueError, match="state_sharding='fsdp' needs the shard_map backend"):
     layouts.data_parallel('pmap', jax.devices()[:2], 'fsdp')
+
+
+@pytest.mark.parametrize('backend', ['pmap', 'shard_map'])
+def test_a_step_compiled_for_device_batches_takes_the_host_batch_alike(backend):
+  """On CPU devices of one process the loop hands the step host arrays (`step_batch`); the
+  step compiled for `put_batch`'s arrays sees the same rows on the same devices."""
+  devices = jax.devices()[:4]
+  layout = layouts.data_parallel(backend, devices)
+  assert layout.takes_host_batches()
+  rows = {'label': np.arange(8, dtype=np.int32)}
+  fed = layout.step_batch(rows)
+  assert not isinstance(fed['label'], jax.Array)  # Copied by the step's call, not before.
+  # Every device's rows as the step sees them (100 x the device's index added), gathered.
+  step = layout.map(lambda _, batch: jax.lax.all_gather(
+      jax.lax.axis_index(layouts.AXIS_NAME) * 100 + batch['label'], layouts.AXIS_NAME),
+                    num_args=2)
+  state = layout.put_replicated(np.float32(0))
+  compiled = step.lower(state, layout.on_devices(fed)).compile()
+  expected = np.arange(8).reshape(4, 2) + 100 * np.arange(4)[:, None]
+  for batch in (fed, layout.put_batch(rows)):
+    seen = np.asarray(compiled(state, batch)).reshape(-1, 4, 2)[0]  # pmap: one per device.
+    np.testing.assert_array_equal(seen, expected)

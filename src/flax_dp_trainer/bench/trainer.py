@@ -100,28 +100,43 @@ def jax_part(config, steps: int, warmup: int, rounds: int,
              runs_dir: Optional[str] = None) -> dict[str, Any]:
   """Limit (both backends) and trainer measured alternately `rounds` times, then the input.
 
-  This machine's speed drifts by 10-20% over minutes (shared hosts); each round's
-  trainer/limit ratio compares measurements taken seconds apart, and the median over rounds
-  is reported. `peak_host_memory_mb` is the trainer's own figure (its metrics.jsonl), the
-  highest of the rounds.
+  This machine's speed drifts by 10-20% over minutes (shared hosts), so each round brackets
+  the trainer with its own backend's limit (`config.step_backend`), measured just before
+  and just after it: the round's `trainer_over_limit` is the trainer's rate over the mean of
+  the two, like for like (the loop's cost, with the step it runs), and the median over
+  rounds is reported. The other backend's limit is measured once per round, for the record
+  and for `trainer_over_best_limit` (the trainer over the faster backend's limit of the
+  round: what choosing the other backend could add). `peak_host_memory_mb` is the trainer's
+  own figure (its metrics.jsonl), the highest of the rounds.
   """
   devices = jax.local_device_count()
   result = {'devices': devices, 'platform': jax.default_backend(),
-            'device_kind': jax.local_devices()[0].device_kind}
+            'device_kind': jax.local_devices()[0].device_kind,
+            'step_backend': config.step_backend}
+  own = config.step_backend
   limits = {backend: [] for backend in parallel.BACKENDS}
-  trainers, ratios = [], []
+  trainers, ratios, best_ratios = [], [], []
   for index in range(rounds):
+    before = bench_limit.measure_limit(config, own, steps, warmup)
     for backend in parallel.BACKENDS:
-      limits[backend].append(bench_limit.measure_limit(config, backend, steps, warmup))
+      if backend != own:
+        limits[backend].append(bench_limit.measure_limit(config, backend, steps, warmup))
     workdir = os.path.join(runs_dir, f'trainer_{devices}dev_{index}') if runs_dir else None
     trainers.append(measure_trainer(config, steps, warmup, workdir))
-    best_limit = max(limits[b][-1]['examples_per_sec'] for b in parallel.BACKENDS)
-    ratios.append(trainers[-1]['examples_per_sec'] / best_limit)
+    after = bench_limit.measure_limit(config, own, steps, warmup)
+    limits[own].extend([before, after])
+    rate = trainers[-1]['examples_per_sec']
+    own_limit = (before['examples_per_sec'] + after['examples_per_sec']) / 2
+    ratios.append(rate / own_limit)
+    best_ratios.append(rate / max([own_limit] + [limits[b][-1]['examples_per_sec']
+                                                 for b in parallel.BACKENDS if b != own]))
   for backend in parallel.BACKENDS:
     result[f'limit_{backend}'] = _median_of(limits[backend])
   result['trainer'] = _median_of(trainers)
   result['trainer_over_limit_rounds'] = ratios
   result['trainer_over_limit'] = statistics.median(ratios)
+  result['trainer_over_best_limit_rounds'] = best_ratios
+  result['trainer_over_best_limit'] = statistics.median(best_ratios)
   result['input'] = measure_input(config, steps, warmup)
   result['peak_host_memory_mb'] = max(t['peak_host_memory_mb'] for t in trainers)
   return result

@@ -2,7 +2,7 @@
 
     state   = newest intact checkpoint, else init (or --config.init_from params)  # orbax
     rstate  = layout.put_state(state)   # pmap copies, or global arrays (replicated/sharded)
-    batches = this process's rows of each global batch -> layout.put_batch -> prefetch
+    batches = this process's rows of each global batch -> layout.step_batch -> prefetch
     for step: rstate, metrics = p_train_step(rstate, batch, rng)
         every log_every_steps: fetch metrics, check they are finite -> writer (process 0)
         every eval_every_steps: evaluate (padded + masked)
@@ -203,15 +203,19 @@ class _Session:
     self.stop = signals.StopSignals(install=not multiprocess,
                                     agree=_preemption_sync_point if multiprocess else None)
 
-  def _device_batches(self) -> dispatch.Prefetch:
-    """This process's rows of each global batch from the start's stream position, put on the
-    devices by a thread of their own (to be closed)."""
+  def _device_batches(self) -> dispatch.Prefetch | dispatch.Inline:
+    """This process's rows of each global batch from the start's stream position, as the
+    step takes them (to be closed): put on the devices by a thread of their own, or handed
+    over as host arrays by the loop's thread where the layout `takes_host_batches` (the
+    pipeline's own threads still read ahead)."""
     layout = self.run.layout
     rows = self.run.data.batches(
         process_index=jax.process_index(), process_count=jax.process_count(),
         start_position=self.start.examples_seen, seed=self.start.data_seed)
-    return dispatch.Prefetch((layout.put_batch(batch) for batch in rows),
-                             pipeline.PREFETCH_BATCHES)
+    batches = (layout.step_batch(batch) for batch in rows)
+    if layout.takes_host_batches():
+      return dispatch.Inline(batches)
+    return dispatch.Prefetch(batches, pipeline.PREFETCH_BATCHES)
 
   def _compile_train_step(self, batch: Any) -> efficiency.StepEfficiency:
     """Compiles the train step for `batch` before its first call and, where the layout takes
@@ -219,7 +223,7 @@ class _Session:
     twice); logs the memory it needs per device. Returns its efficiency: its FLOPs by XLA's
     cost analysis, and the devices' peak."""
     layout = self.run.layout
-    lowered = self.p_train_step.lower(self.rstate, batch, self.rng)
+    lowered = self.p_train_step.lower(self.rstate, layout.on_devices(batch), self.rng)
     compiled = None  # Else compiled at its first call (no memory analysis then).
     if layout.takes_compiled():
       compiled = lowered.compile()

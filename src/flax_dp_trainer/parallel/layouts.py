@@ -182,6 +182,29 @@ class DataParallel:
     """This process's rows of the global batch, onto its devices."""
     raise NotImplementedError
 
+  def takes_host_batches(self) -> bool:
+    """Whether a step compiled for `put_batch`'s arrays is handed each batch as host arrays
+    (`step_batch`): on CPU devices of a single process. There the devices' cores are the
+    host's, a copy to them is a host copy that the step's call makes for a small part of
+    `device_put`'s host time, and every host microsecond is taken from the devices
+    (BENCHMARKS.md, "The loop's host time")."""
+    return self.local_devices[0].platform == 'cpu' and jax.process_count() == 1
+
+  def step_batch(self, rows: Any) -> Any:
+    """This process's rows of the global batch as a step compiled for `put_batch`'s arrays
+    is called with: host arrays in `put_batch`'s shapes where `takes_host_batches`, else
+    `put_batch(rows)`."""
+    return self._host_batch(rows) if self.takes_host_batches() else self.put_batch(rows)
+
+  def on_devices(self, batch: Any) -> Any:
+    """A `step_batch` on the devices, as `put_batch` lays it out (no copy where it is there
+    already): what the step is compiled for."""
+    return jax.device_put(batch, self._batched)
+
+  def _host_batch(self, rows: Any) -> Any:
+    """`put_batch(rows)`'s shapes on the host (a single process)."""
+    raise NotImplementedError
+
   def fetch(self, trees: Sequence[Any]) -> list[Any]:
     """Host copies of replicated device trees (one replica's), in one transfer."""
     leaves, treedef = jax.tree.flatten(list(trees))
@@ -232,7 +255,10 @@ class Pmapped(DataParallel):
     return replicate(tree, self.local_devices)
 
   def put_batch(self, rows):
-    return jax.device_put(shard(rows, len(self.local_devices)), self._batched)
+    return jax.device_put(self._host_batch(rows), self._batched)
+
+  def _host_batch(self, rows):
+    return shard(rows, len(self.local_devices))
 
   def takes_compiled(self):
     # A pmap compiled ahead of time takes the global arrays only; over several processes it
@@ -344,6 +370,9 @@ class ShardMapped(DataParallel):
     return jax.tree.map(
         lambda x: jax.make_array_from_process_local_data(
             self._batched, x, (x.shape[0] * processes,) + x.shape[1:]), rows)
+
+  def _host_batch(self, rows):
+    return rows  # The global batch already: a single process's rows.
 
   def _one_replica(self, x):
     if not isinstance(x, jax.Array):
