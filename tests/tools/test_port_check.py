@@ -229,3 +229,55 @@ def test_torchvisions_own_resnet18_against_the_flax_resnet18():
   report = json.loads(run.stdout.splitlines()[-1])
   assert report['ok'], '\n'.join(report['lines'])
   assert report['eval_rows'] == 41 and report['statistics'] == 20
+
+
+def test_every_padding_mistake_of_a_resnet_port_is_named_with_its_cause_in_one_run():
+  """A ResNet written as flax's example writes it (BatchNorm over axis 'batch', a partial
+  factory) with 'SAME' paddings, against torchvision's resnet18: the stem, the max pool and
+  the three strided stages, each with its cause, and nothing downstream of them."""
+  report = port_check.run('tests.ports.resnet:ResNet18', 'torchvision.models:resnet18',
+                          (32, 32, 3), flax_kwargs={'max_pool_padding': 'SAME',
+                                                    'strided_padding': 'SAME'})
+  lines = report.verdict.splitlines()
+  assert not report.ok and lines[0] == (
+      'verdict: the port parts from the original in 5 places, in call order:'), report.verdict
+  assert lines[1] == (
+      "  1. in eval mode inside conv_init (torch conv1, Conv2d): flax's padding='SAME' pads "
+      "(2, 3), (2, 3) here (stride (2, 2) on (32, 32)), torch's padding=(3, 3) pads (3, 3), "
+      '(3, 3): use padding=((3, 3), (3, 3))')
+  assert lines[2].startswith(
+      '  2. in eval mode between bn_init and BasicBlock_0/Conv_0 (torch bn1 and '
+      "layer1.0.conv1): flax's nn.max_pool pads (0, 1), (0, 1) here ('SAME'), torch's "
+      'MaxPool2d(padding=1) pads (1, 1), (1, 1)')
+  for line, (block, layer, size) in zip(lines[3:], [(2, 2, 8), (4, 3, 4), (6, 4, 2)]):
+    assert line.endswith(
+        f'in eval mode inside BasicBlock_{block}/Conv_0 (torch layer{layer}.0.conv1, Conv2d): '
+        f"flax's padding='SAME' pads (0, 1), (0, 1) here (stride (2, 2) on ({size}, {size})), "
+        "torch's padding=(1, 1) pads (1, 1), (1, 1): use padding=((1, 1), (1, 1))"), line
+
+
+def test_each_convention_is_named_as_its_cause():
+  """Four conventions wrong at once, each named where it is; a factory taking **kwargs is
+  given only what it declares."""
+  report = port_check.run('tests.ports.small:small_factory', 'tests.ports.small:TorchSmall',
+                          (8, 8, 3), flax_kwargs={'gelu_approximate': True, 'ln_epsilon': 1e-6,
+                                                  'bn_momentum': 0.1, 'count_include_pad': True})
+  lines = report.verdict.splitlines()
+  assert lines[0] == 'verdict: the port parts from the original in 4 places, in call order:'
+  assert lines[1:] == [
+      '  1. in eval mode between BatchNorm_0 and LayerNorm_0 (torch bn and norm): flax\'s '
+      'nn.avg_pool counts the padding in each mean (count_include_pad=True), torch\'s '
+      'AvgPool2d(count_include_pad=False) does not: use nn.avg_pool(x, ..., '
+      'count_include_pad=False)',
+      '  2. in eval mode inside LayerNorm_0 (torch norm, LayerNorm): flax\'s LayerNorm epsilon '
+      'is 1e-06, torch\'s LayerNorm eps 1e-05: use epsilon=1e-05',
+      '  3. in eval mode between Dense_0 and Dense_1 (torch fc1 and fc2): flax\'s gelu is the '
+      'tanh approximation, torch\'s GELU() is exact: use nn.gelu(x, approximate=False)',
+      lines[4]]
+  assert lines[4].startswith('  4. in the running statistics of BatchNorm BatchNorm_0 after a '
+                             'train-mode step') and lines[4].endswith(
+      "flax's BatchNorm momentum is 0.1 (the share of the old statistics kept), torch's "
+      "momentum 0.1 (the share of the batch's taken): use momentum=0.9")
+  good = port_check.run('tests.ports.small:small_factory', 'tests.ports.small:TorchSmall',
+                        (8, 8, 3))
+  assert good.ok, good.verdict

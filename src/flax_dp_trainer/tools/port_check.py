@@ -35,6 +35,8 @@ from flax_dp_trainer.model import source as model_source
 from flax_dp_trainer.configs import default
 from flax_dp_trainer.base.errors import UserError, first_line
 from flax_dp_trainer.torch_ddp import models as torch_models
+from flax_dp_trainer.port import causes
+from flax_dp_trainer.port import forcing
 from flax_dp_trainer.port import porting
 from flax_dp_trainer.port import layers as port_layers
 from flax_dp_trainer.port import layouts as port_layouts
@@ -121,7 +123,10 @@ def build_flax(path: str, kwargs: dict, num_classes: int, input_shape: tuple[int
   config = default.get_config()
   config.model = path
   declared = model_source.resolve(path).declared
-  if (declared is None or 'axis_name' in declared) and 'axis_name' not in kwargs:
+  # A BatchNorm's axis name is taken off where the constructor names it, and by
+  # `_one_device` in train mode wherever it is set (a constructor taking **kwargs is given
+  # only what it declares).
+  if declared is not None and 'axis_name' in declared and 'axis_name' not in kwargs:
     kwargs = dict(kwargs, axis_name=None)
   config.model_kwargs = kwargs
   config.dropout_rate = 0.0
@@ -152,7 +157,7 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
       return module.apply(v, images, train=False, **extra)
 
   def apply_train(v, images):
-    with _no_dropout(strict=False):
+    with _no_dropout(strict=False), nn.intercept_methods(_one_device):
       return module.apply(v, images, train=True, mutable=['batch_stats'], **extra)
 
   try:
@@ -174,6 +179,23 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
   rows['eval'], logits['eval'], first = _compare(pairs, flax_eval, torch_eval, carried.rows,
                                                  flax_logits, port_layouts.to_numpy(torch_logits),
                                                  'eval')
+  # Each layer on its own (teacher forcing): every place where the two part, with its cause.
+  places, swaps = {}, {}
+  for _ in range(4):  # Until no new convention explains a place between layers.
+    with torch.no_grad(), port_layers.eval_mode(torch_module):
+      record = forcing.record_torch(torch_module, torch_x, torch_layers, swaps)
+    forced = forcing.force_flax(apply_eval, carried.variables, x, pairs, record, carried.rows)
+    found = _places(pairs, forced, record, carried.rows)
+    # A place explained before stays with its cause; the torch side now runs it as the
+    # port does, so that it does not reappear downstream through a skip connection.
+    places = {**{k: v for k, v in found.items() if k not in places}, **places}
+    new = {k: v for k, v in found.items() if v[1] is not None and v[1][0] not in swaps}
+    if not new:
+      places = dict(sorted({**found, **{k: v for k, v in places.items()
+                                         if v[1] is not None}}.items()))
+      break
+    swaps.update(dict(v[1] for v in new.values()))
+  places = [text for text, _ in places.values()]
   # Train mode: one forward and backward of each (BatchNorm on the batch, its statistics
   # updated once).
   labels = rng.randint(0, flax_logits.shape[-1], batch)
@@ -195,17 +217,74 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
   first = first or next((f'in the gradient of {n} (|flax - torch| up to {d:.2e})'
                          for n, d, ok in gradients if not ok), None)
   statistics = _statistics(pairs, updated, before, after, torch_train)
+  modules = {path: f.module for path, f in forced.items()}
+  torch_of = {f.path: t for f, t in pairs}
+  for n, d, ok in statistics:
+    # Named by its cause; a difference alone may come from a place before it (below).
+    why = causes.momentum(modules.get(n), torch_of[n].module)
+    if why:
+      places.append(f'in the running statistics of BatchNorm {n} after a train-mode step '
+                    f'(|flax - torch| up to {d:.2e}): {why}')
   first = first or next((f'in the running statistics of BatchNorm {n} after a train-mode step '
                          f'(|flax - torch| up to {d:.2e}): its momentum is the other '
                          'convention (torch\'s momentum m is flax\'s 1 - m), or its epsilon '
                          'differs' for n, d, ok in statistics if not ok), None)
-  if first is None:
+  if not places and first is not None:
+    places = [first]
+  if not places:
     largest = max([logits['eval'], logits['train']] + [d for _, d, _ in gradients])
     return Report(rows, logits, gradients, statistics,
                   f'verdict: the port computes what the original computes: max difference '
                   f'{largest:.2e}', True)
-  return Report(rows, logits, gradients, statistics, f'verdict: the port parts from the '
-                f'original {first}', False)
+  if len(places) == 1:
+    return Report(rows, logits, gradients, statistics, f'verdict: the port parts from the '
+                  f'original {places[0]}', False)
+  return Report(rows, logits, gradients, statistics, '\n'.join(
+      [f'verdict: the port parts from the original in {len(places)} places, in call order:']
+      + [f'  {i}. {place}' for i, place in enumerate(places, 1)]), False)
+
+
+def _places(pairs, forced: dict[str, forcing.Forced], record: forcing.TorchRecord,
+            rows_order: dict[str, np.ndarray]) -> dict[tuple[int, int], tuple]:
+  """Every place where the port parts in eval mode, each layer judged on its own input
+  (`forcing`): what lies before each layer, and the layer itself, with the cause where a
+  convention explains it (`causes`). By (layer in call order, 0 before / 1 inside): what it
+  says, and for a place between layers that a torch call's other convention explains, that
+  call's index and the function it runs as in the port's convention (else None)."""
+  places, previous = {}, None
+  for order, (f, t) in enumerate(pairs):
+    got, seen = forced.get(f.path), record.seen.get(t.path)
+    if f.kind == 'param' or got is None or seen is None:
+      continue
+    torch_in = forcing.as_flax(seen[0], got.produced.shape, rows_order.get(f.path))
+    if (torch_in is not None and t.flatten is not None and f.path not in rows_order and
+        int(np.prod(t.flatten)) == torch_in[0].size):
+      # A flatten in the other order (NHWC against NCHW): the kernel's rows take it.
+      nhwc = seen[0].reshape(len(seen[0]), -1)[:, port_layouts.flatten_order(*t.flatten)]
+      if causes.close(got.produced, nhwc.reshape(got.produced.shape)):
+        torch_in = nhwc.reshape(got.produced.shape)
+    if torch_in is not None:
+      d = float(np.max(np.abs(got.produced - torch_in), initial=0.0))
+      explained = (causes.between(record, t.path, got.produced, rows_order.get(f.path))
+                   if not causes.close(got.produced, torch_in, 1e-6) else None)
+      if explained or d > porting.tolerance(torch_in):
+        where = (f'in eval mode between {previous[0]} and {f.path} (torch {previous[1]} and '
+                 f'{t.path})' if previous else
+                 f'in eval mode before the first layer {f.path} (torch {t.path})')
+        places[order, 0] = (f'{where}: ' + (explained[0] if explained else (
+            f'given torch\'s outputs of the layers before it, the port hands {f.path} an '
+            f'input {d:.2e} apart: what lies between them (an activation, a pooling, a '
+            'reshape) is not the same')), explained[1:] if explained else None)
+    torch_out = forcing.as_flax(seen[1], got.own.shape, None)
+    if torch_out is not None:
+      d = float(np.max(np.abs(got.own - torch_out), initial=0.0))
+      why = causes.inside(got.module, t.module, seen[0], got.own)
+      if why or d > porting.tolerance(torch_out):
+        places[order, 1] = (f'in eval mode inside {f.path} (torch {t.path}, {t.type_name}): ' + (
+            why or f'the same input, outputs {d:.2e} apart: its arithmetic differs (padding, '
+            'stride, epsilon, a transposed kernel, what it computes)'), None)
+    previous = (f.path, t.path)
+  return places
 
 
 def _compare(pairs, flax_seen, torch_seen, rows_order, flax_logits, torch_logits, mode):
@@ -295,6 +374,16 @@ def _statistics(pairs, updated, before, after, torch_train):
             float(np.max(np.abs(mine['batch_stats/var'] - expected_var))))
     out.append((f.path, d, d <= porting.tolerance(expected_var)))
   return out
+
+
+def _one_device(next_fun, args, kwargs, context):
+  """A BatchNorm that reduces over a device axis runs as a clone of itself without one (the
+  check runs on one device; the trainer gives it its own axis)."""
+  module = context.module
+  if (isinstance(module, nn.BatchNorm) and context.method_name == '__call__' and
+      module.axis_name is not None):
+    return module.clone(parent=module.scope, axis_name=None)(*args, **kwargs)
+  return next_fun(*args, **kwargs)
 
 
 class _DropoutOn(Exception):
