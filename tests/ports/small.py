@@ -45,3 +45,13 @@ class FlaxSmall(nn.Module):
 def small_factory(num_classes, **kwargs):
   """A factory taking **kwargs, as big_vision's `Model(num_classes, *, variant, **kw)`."""
   return FlaxSmall(num_classes=num_classes, **kwargs)
+
+
+class FailsInTraining(FlaxSmall):
+  """Evaluates, and fails in train mode: the check says so in one line."""
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    if train:
+      raise ValueError('this port has no train mode yet')
+    return super().__call__(x, train)

@@ -205,6 +205,19 @@ def test_bad_input_is_one_line_and_exit_status_2(args, line):
   assert run.stderr.strip().splitlines()[-1].startswith(line), run.stderr[-1000:]
 
 
+def test_a_failure_inside_the_check_is_one_line_and_exit_status_2():
+  run = subprocess.run(
+      [sys.executable, '-m', 'flax_dp_trainer.tools.port_check',
+       '--flax=tests.ports.small:FailsInTraining', '--torch=tests.ports.small:TorchSmall',
+       '--input_shape=8,8,3'],
+      cwd=REPO, env=processes.environment(), capture_output=True, text=True,
+      timeout=300, check=False)
+  assert run.returncode == 2 and 'Traceback' not in run.stderr, run.stderr[-2000:]
+  assert run.stderr.strip().splitlines()[-1] == (
+      'error: the check stopped while running the two models (ValueError: this port has no '
+      'train mode yet); run each on its own to see where, or report it with this command')
+
+
 @pytest.mark.slow
 def test_torchvisions_own_resnet18_against_the_flax_resnet18():
   """A torchvision constructor by import path (num_classes through its **kwargs), and a flax
@@ -254,6 +267,33 @@ def test_every_padding_mistake_of_a_resnet_port_is_named_with_its_cause_in_one_r
         f'in eval mode inside BasicBlock_{block}/Conv_0 (torch layer{layer}.0.conv1, Conv2d): '
         f"flax's padding='SAME' pads (0, 1), (0, 1) here (stride (2, 2) on ({size}, {size})), "
         "torch's padding=(1, 1) pads (1, 1), (1, 1): use padding=((1, 1), (1, 1))"), line
+
+
+@SLOW
+def test_resnet_ports_with_torchs_paddings_pass_and_with_same_exit_1():
+  """torchvision's resnet18 and resnet50 against the port written as flax's example writes
+  it: with torch's paddings it computes what torchvision computes, each layer judged on its
+  own in both modes and its gradients given torch's; the command line with 'SAME' paddings
+  names the stem, the max pool and the strided stages in one run, and exits 1."""
+  for name in ('ResNet18', 'ResNet50'):
+    report = port_check.run(f'tests.ports.resnet:{name}',
+                            f'torchvision.models:{name.lower()}', (32, 32, 3))
+    assert report.ok, report.verdict
+  run = subprocess.run(
+      [sys.executable, '-m', 'flax_dp_trainer.tools.port_check',
+       '--flax=tests.ports.resnet:ResNet50', '--torch=torchvision.models:resnet50',
+       '--input_shape=32,32,3',
+       '--flax_kwargs={"max_pool_padding": "SAME", "strided_padding": "SAME"}'],
+      cwd=REPO, env=processes.environment(), capture_output=True, text=True, timeout=600,
+      check=False)
+  assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
+  verdict = run.stdout[run.stdout.index('verdict: '):].splitlines()
+  assert verdict[0] == 'verdict: the port parts from the original in 5 places, in call order:'
+  assert ["flax's nn.max_pool pads (0, 1), (0, 1) here ('SAME')" in line
+          for line in verdict[1:]] == [False, True, False, False, False]
+  assert [line.split(' (torch ')[1].split(',')[0] for line in verdict[1:] if 'inside' in line
+          ] == ['conv1', 'layer2.0.conv2', 'layer3.0.conv2', 'layer4.0.conv2']
+  assert all("torch's padding=" in line for line in verdict[1:] if 'inside' in line)
 
 
 def test_each_convention_is_named_as_its_cause():

@@ -21,6 +21,7 @@ import dataclasses
 from typing import Any, Callable, Optional
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -49,6 +50,7 @@ class TorchRecord:
   inputs: dict[str, int]  # layer path -> id() of the tensor it was given.
   before: dict[str, tuple[int, int]]  # layer path -> the calls [start, end) before it.
   keep: list  # The tensors the ids name, kept alive so that no id is reused.
+  output: Optional[np.ndarray] = None  # What the module returned (its first tensor).
 
 
 def _map_tensors(tree, fn):
@@ -126,11 +128,12 @@ def record_torch(module, x, layers: list[Layer],
     handles.append(layer.module.register_forward_hook(post, with_kwargs=True))
   try:
     with Calls():
-      module(x)
+      out = _tensors(module(x))
   finally:
     for handle in handles:
       handle.remove()
-  return TorchRecord(seen, calls, inputs, before, keep)
+  return TorchRecord(seen, calls, inputs, before, keep,
+                     port_layouts.to_numpy(out[0]) if out else None)
 
 
 def replay(record: TorchRecord, path: str, swap: Optional[tuple[int, Callable]] = None
@@ -174,33 +177,72 @@ def as_flax(array: np.ndarray, shape: tuple[int, ...], rows: Optional[np.ndarray
   return converted
 
 
-def force_flax(apply: Callable, variables: Any, x: Any, pairs: list[tuple[Layer, Layer]],
-               record: TorchRecord, rows: dict[str, np.ndarray]) -> dict[str, Forced]:
-  """Runs `apply(variables, x)` with each paired flax layer's first call given its torch
-  twin's input (in the flax layout) and answered with its twin's output."""
+def _forcing(pairs: list[tuple[Layer, Layer]], seen: dict, rows: dict[str, np.ndarray],
+             on_layer: Callable[[str, str, Any, Any, Any], None]) -> Callable:
+  """The interceptor of a forced run: each paired flax layer's first call given its torch
+  twin's input (`seen`, in the flax layout) and answered with its twin's output;
+  `on_layer(path, torch_path, produced, own, module)` sees each such call."""
   twins = {tuple(f.module): (f.path, t.path) for f, t in pairs if f.kind != 'param'}
-  forced: dict[str, Forced] = {}
+  done: set = set()
 
   def force(next_fun, args, kwargs, context):
     found = twins.get(tuple(context.module.scope.path))
-    if found is None or context.method_name != '__call__' or found[0] in forced or not args:
+    if found is None or context.method_name != '__call__' or found[0] in done or not args:
       return next_fun(*args, **kwargs)
     path, torch_path = found
-    if torch_path not in record.seen:
+    if torch_path not in seen:
       return next_fun(*args, **kwargs)
     produced = args[0]
-    torch_in, torch_out = record.seen[torch_path]
+    torch_in, torch_out = seen[torch_path]
     given = as_flax(torch_in, produced.shape, rows.get(path))
     if given is None:
       return next_fun(*args, **kwargs)
+    done.add(path)
     given = jnp.asarray(given, produced.dtype)
     # Attention given the same array as queries and keys gets the torch input as both.
     own = next_fun(given, *[given if a is produced else a for a in args[1:]], **kwargs)
-    forced[path] = Forced(np.asarray(produced, np.float32), np.asarray(own, np.float32),
-                          context.module)
+    on_layer(path, torch_path, produced, own, context.module)
     answer = as_flax(torch_out, own.shape, None)
     return own if answer is None else jnp.asarray(answer, own.dtype)
 
-  with nn.intercept_methods(force):
-    apply(variables, x)
-  return forced
+  return force
+
+
+def force_flax(apply: Callable, variables: Any, x: Any, pairs: list[tuple[Layer, Layer]],
+               seen: dict, rows: dict[str, np.ndarray]) -> tuple[dict[str, Forced], Any]:
+  """Runs `apply(variables, x)` with each paired flax layer's first call given its torch
+  twin's input (`seen`: the torch layers' (input, output), torch layout) and answered with
+  its twin's output: each layer's call, and what `apply` returned."""
+  forced: dict[str, Forced] = {}
+
+  def on_layer(path, _, produced, own, module):
+    forced[path] = Forced(np.asarray(produced, np.float32), np.asarray(own, np.float32),
+                          module)
+
+  with nn.intercept_methods(_forcing(pairs, seen, rows, on_layer)):
+    out = apply(variables, x)
+  return forced, out
+
+
+def layer_gradients(apply: Callable, variables: Any, x: Any, pairs: list[tuple[Layer, Layer]],
+                    seen: dict, output_gradients: dict[str, np.ndarray],
+                    rows: dict[str, np.ndarray]) -> Any:
+  """The gradient of each paired flax layer's params given its torch twin's input and the
+  gradient torch's backward pass brought to its twin's output (`output_gradients`, torch
+  layout): each layer judged on its own, no difference carried from one to the next (the
+  sum of <gradient, output> over the forced layers, differentiated)."""
+
+  def surrogate(params):
+    terms = []
+
+    def on_layer(_, torch_path, __, own, ___):
+      gradient = output_gradients.get(torch_path)
+      gradient = None if gradient is None else as_flax(gradient, own.shape, None)
+      if gradient is not None:
+        terms.append(jnp.vdot(jnp.asarray(gradient, own.dtype), own))
+
+    with nn.intercept_methods(_forcing(pairs, seen, rows, on_layer)):
+      apply(dict(variables, params=params), x)
+    return sum(terms, jnp.zeros(()))
+
+  return jax.grad(surrogate)(variables['params'])

@@ -11,7 +11,7 @@ Nothing here imports the trainer.
 """
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import flax.linen as nn
 import numpy as np
@@ -125,10 +125,12 @@ def capture_flax(apply: Callable, variables: Any, x: Any, layers: list[Layer]
   return seen, out
 
 
-def capture_torch(module, x, layers: list[Layer]
+def capture_torch(module, x, layers: list[Layer], gradients: Optional[dict] = None
                   ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], Any]:
   """(input, output) of the first call of each torch layer of `layers` in `module(x)`, and
-  what `module(x)` returned."""
+  what `module(x)` returned. `gradients`: filled by a backward pass after it with the
+  gradient of each layer's output (of its value as the layer returned it, before any
+  in-place change)."""
   seen: dict[str, tuple] = {}
   handles = []
   for layer in layers:
@@ -140,6 +142,12 @@ def capture_torch(module, x, layers: list[Layer]
         first = args[0] if args else next(iter(kwargs.values()))
         out = output[0] if isinstance(output, tuple) else output
         seen[path] = (port_layouts.to_numpy(first), port_layouts.to_numpy(out))
+        if gradients is not None and out.requires_grad:
+
+          def keep(gradient, path=path):
+            gradients.setdefault(path, port_layouts.to_numpy(gradient))
+
+          out.register_hook(keep)
 
     handles.append(layer.module.register_forward_hook(hook, with_kwargs=True))
   try:

@@ -25,7 +25,6 @@ from typing import Any, Optional
 import flax.linen as nn
 import jax
 import numpy as np
-import optax
 import torch
 from absl import flags
 
@@ -37,6 +36,7 @@ from flax_dp_trainer.base.errors import UserError, first_line
 from flax_dp_trainer.torch_ddp import models as torch_models
 from flax_dp_trainer.port import causes
 from flax_dp_trainer.port import forcing
+from flax_dp_trainer.port import judging
 from flax_dp_trainer.port import porting
 from flax_dp_trainer.port import layers as port_layers
 from flax_dp_trainer.port import layouts as port_layouts
@@ -62,20 +62,9 @@ def _define_flags() -> None:
 
 
 @dataclasses.dataclass
-class Row:
-  """One layer pair's differences in one mode (None: not comparable, e.g. a raw param)."""
-  flax: str
-  torch: str
-  input: Optional[float]
-  output: Optional[float]
-  input_ok: bool = True
-  output_ok: bool = True
-
-
-@dataclasses.dataclass
 class Report:
   """What the check found: the rows of each mode, gradients, statistics and the verdict."""
-  rows: dict[str, list[Row]]
+  rows: dict[str, list[judging.Row]]
   logits: dict[str, float]
   gradients: list[tuple[str, float, bool]]
   statistics: list[tuple[str, float, bool]]
@@ -176,7 +165,7 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
     torch_eval, torch_logits = porting.capture_torch(torch_module, torch_x, torch_layers)
   flax_eval, flax_logits = porting.capture_flax(apply_eval, carried.variables, x, flax_layers)
   flax_logits = np.asarray(flax_logits, np.float32)
-  rows['eval'], logits['eval'], first = _compare(pairs, flax_eval, torch_eval, carried.rows,
+  rows['eval'], logits['eval'], _ = judging.compare_rows(pairs, flax_eval, torch_eval, carried.rows,
                                                  flax_logits, port_layouts.to_numpy(torch_logits),
                                                  'eval')
   # Each layer on its own (teacher forcing): every place where the two part, with its cause.
@@ -184,8 +173,9 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
   for _ in range(4):  # Until no new convention explains a place between layers.
     with torch.no_grad(), port_layers.eval_mode(torch_module):
       record = forcing.record_torch(torch_module, torch_x, torch_layers, swaps)
-    forced = forcing.force_flax(apply_eval, carried.variables, x, pairs, record, carried.rows)
-    found = _places(pairs, forced, record, carried.rows)
+    forced, forced_logits = forcing.force_flax(apply_eval, carried.variables, x, pairs,
+                                               record.seen, carried.rows)
+    found = judging.places(pairs, forced, record, carried.rows)
     # A place explained before stays with its cause; the torch side now runs it as the
     # port does, so that it does not reappear downstream through a skip connection.
     places = {**{k: v for k, v in found.items() if k not in places}, **places}
@@ -196,27 +186,58 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
       break
     swaps.update(dict(v[1] for v in new.values()))
   places = [text for text, _ in places.values()]
+  # What lies after the last layer, given torch's output of it (as the last forced run's
+  # torch side computed it).
+  reference = record.output
+  d = (float(np.max(np.abs(np.asarray(forced_logits, np.float32) - reference), initial=0.0))
+       if reference is not None and reference.shape == np.shape(forced_logits) else 0.0)
+  last = next((p for p in reversed(pairs) if p[0].kind != 'param'), None)
+  if last is not None and reference is not None and d > porting.tolerance(reference):
+    places.append(f'in eval mode after the last layer {last[0].path} (torch {last[1].path}): '
+                  f'given torch\'s output of it, the logits differ by {d:.2e}')
   # Train mode: one forward and backward of each (BatchNorm on the batch, its statistics
   # updated once).
   labels = rng.randint(0, flax_logits.shape[-1], batch)
   statistics_of = lambda: {t.path: {n: v.detach().clone() for n, v in t.module.named_buffers()}
                            for t in torch_layers if t.kind == 'batchnorm'}
   before = statistics_of()
+  output_gradients: dict[str, np.ndarray] = {}
   with _train_without_dropout(torch_module):
     torch_module.zero_grad()
-    torch_train, out = porting.capture_torch(torch_module, torch_x, torch_layers)
+    torch_train, out = porting.capture_torch(torch_module, torch_x, torch_layers,
+                                             output_gradients)
     torch.nn.functional.cross_entropy(out, torch.from_numpy(labels).long()).backward()
   after = statistics_of()
-  flax_train, (flax_train_logits, updated) = porting.capture_flax(
+  # The whole forward as it runs (shown), then each layer on its own: its output on its
+  # twin's input (BatchNorm on that batch's statistics), and its params' gradient given
+  # the gradient torch brought to its twin's output. Judged layer by layer, float32's
+  # rounding does not add up over a deep network's train-mode pass.
+  flax_train, (flax_train_logits, _) = porting.capture_flax(
       apply_train, carried.variables, x, flax_layers)
-  rows['train'], logits['train'], first_train = _compare(
+  rows['train'], logits['train'], _ = judging.compare_rows(
       pairs, flax_train, torch_train, carried.rows, np.asarray(flax_train_logits, np.float32),
       port_layouts.to_numpy(out), 'train')
-  first = first or first_train
-  gradients = _gradients(pairs, carried, apply_train, x, labels, torch_module)
-  first = first or next((f'in the gradient of {n} (|flax - torch| up to {d:.2e})'
-                         for n, d, ok in gradients if not ok), None)
-  statistics = _statistics(pairs, updated, before, after, torch_train)
+  forced_train, (_, updated) = forcing.force_flax(apply_train, carried.variables, x, pairs,
+                                                  torch_train, carried.rows)
+  named = {text.split(' (torch ')[0] for text in places}
+  for f, t in pairs:
+    got = forced_train.get(f.path)
+    if got is None or f'in eval mode inside {f.path}' in named:
+      continue
+    torch_out = forcing.as_flax(torch_train[t.path][1], got.own.shape, None)
+    d = float(np.max(np.abs(got.own - torch_out), initial=0.0)) if torch_out is not None else 0.0
+    if torch_out is not None and d > porting.tolerance(torch_out):
+      places.append(f'in train mode inside {f.path} (torch {t.path}, {t.type_name}): the '
+                    f'same input, outputs {d:.2e} apart: its arithmetic differs (the batch '
+                    'statistics, epsilon, what it computes)')
+  layer_grads = forcing.layer_gradients(apply_train, carried.variables, x, pairs, torch_train,
+                                        output_gradients, carried.rows)
+  gradients = judging.gradient_rows(pairs, carried, apply_train, x, labels, torch_module, layer_grads)
+  named = {text.split(' (torch ')[0].rpartition(' ')[2] for text in places}
+  places.extend(f'in the gradient of {n} (|flax - torch| up to {d:.2e})'
+                for n, d, ok in gradients
+                if not ok and n.rpartition('/')[0] not in named and n not in named)
+  statistics = judging.statistics_rows(pairs, updated, before, after, torch_train)
   modules = {path: f.module for path, f in forced.items()}
   torch_of = {f.path: t for f, t in pairs}
   for n, d, ok in statistics:
@@ -225,10 +246,12 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
     if why:
       places.append(f'in the running statistics of BatchNorm {n} after a train-mode step '
                     f'(|flax - torch| up to {d:.2e}): {why}')
-  first = first or next((f'in the running statistics of BatchNorm {n} after a train-mode step '
+  first = next((f'in the running statistics of BatchNorm {n} after a train-mode step '
                          f'(|flax - torch| up to {d:.2e}): its momentum is the other '
                          'convention (torch\'s momentum m is flax\'s 1 - m), or its epsilon '
                          'differs' for n, d, ok in statistics if not ok), None)
+  # (The whole forward pass as it runs is shown, not judged: in a deep network float32's
+  # rounding adds up along it, and each layer judged on its own covers what it would find.)
   if not places and first is not None:
     places = [first]
   if not places:
@@ -242,138 +265,6 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
   return Report(rows, logits, gradients, statistics, '\n'.join(
       [f'verdict: the port parts from the original in {len(places)} places, in call order:']
       + [f'  {i}. {place}' for i, place in enumerate(places, 1)]), False)
-
-
-def _places(pairs, forced: dict[str, forcing.Forced], record: forcing.TorchRecord,
-            rows_order: dict[str, np.ndarray]) -> dict[tuple[int, int], tuple]:
-  """Every place where the port parts in eval mode, each layer judged on its own input
-  (`forcing`): what lies before each layer, and the layer itself, with the cause where a
-  convention explains it (`causes`). By (layer in call order, 0 before / 1 inside): what it
-  says, and for a place between layers that a torch call's other convention explains, that
-  call's index and the function it runs as in the port's convention (else None)."""
-  places, previous = {}, None
-  for order, (f, t) in enumerate(pairs):
-    got, seen = forced.get(f.path), record.seen.get(t.path)
-    if f.kind == 'param' or got is None or seen is None:
-      continue
-    torch_in = forcing.as_flax(seen[0], got.produced.shape, rows_order.get(f.path))
-    if (torch_in is not None and t.flatten is not None and f.path not in rows_order and
-        int(np.prod(t.flatten)) == torch_in[0].size):
-      # A flatten in the other order (NHWC against NCHW): the kernel's rows take it.
-      nhwc = seen[0].reshape(len(seen[0]), -1)[:, port_layouts.flatten_order(*t.flatten)]
-      if causes.close(got.produced, nhwc.reshape(got.produced.shape)):
-        torch_in = nhwc.reshape(got.produced.shape)
-    if torch_in is not None:
-      d = float(np.max(np.abs(got.produced - torch_in), initial=0.0))
-      explained = (causes.between(record, t.path, got.produced, rows_order.get(f.path))
-                   if not causes.close(got.produced, torch_in, 1e-6) else None)
-      if explained or d > porting.tolerance(torch_in):
-        where = (f'in eval mode between {previous[0]} and {f.path} (torch {previous[1]} and '
-                 f'{t.path})' if previous else
-                 f'in eval mode before the first layer {f.path} (torch {t.path})')
-        places[order, 0] = (f'{where}: ' + (explained[0] if explained else (
-            f'given torch\'s outputs of the layers before it, the port hands {f.path} an '
-            f'input {d:.2e} apart: what lies between them (an activation, a pooling, a '
-            'reshape) is not the same')), explained[1:] if explained else None)
-    torch_out = forcing.as_flax(seen[1], got.own.shape, None)
-    if torch_out is not None:
-      d = float(np.max(np.abs(got.own - torch_out), initial=0.0))
-      why = causes.inside(got.module, t.module, seen[0], got.own)
-      if why or d > porting.tolerance(torch_out):
-        places[order, 1] = (f'in eval mode inside {f.path} (torch {t.path}, {t.type_name}): ' + (
-            why or f'the same input, outputs {d:.2e} apart: its arithmetic differs (padding, '
-            'stride, epsilon, a transposed kernel, what it computes)'), None)
-    previous = (f.path, t.path)
-  return places
-
-
-def _compare(pairs, flax_seen, torch_seen, rows_order, flax_logits, torch_logits, mode):
-  """The rows of one mode and the first place where the sides part (or None)."""
-  rows, first, previous = [], None, None
-  for f, t in pairs:
-    if f.path not in flax_seen or t.path not in torch_seen:
-      rows.append(Row(f.path, t.path, None, None))
-      continue
-    diffs = []
-    for index, (a, b) in enumerate(zip(flax_seen[f.path], torch_seen[t.path])):
-      b = port_layouts.as_flax_layout(b, a.shape) if b.shape != a.shape or b.ndim >= 3 else b
-      if b is not None and index == 0 and f.path in rows_order:
-        b = b.reshape(len(b), -1)[:, rows_order[f.path]].reshape(a.shape)
-      if b is None and a.size == np.asarray(torch_seen[t.path][index]).size:
-        b = np.asarray(torch_seen[t.path][index]).reshape(a.shape)
-      diffs.append((float(np.max(np.abs(a - b), initial=0.0)), porting.tolerance(b))
-                   if b is not None else (None, None))
-    (d_in, tol_in), (d_out, tol_out) = diffs
-    row = Row(f.path, t.path, d_in, d_out, d_in is None or d_in <= tol_in,
-              d_out is None or d_out <= tol_out)
-    rows.append(row)
-    if first is None and not row.input_ok:
-      first = (f'in {mode} mode between {previous.flax} and {f.path} (torch {previous.torch} '
-               f'and {t.path}): the output of {previous.flax} matched, the input of {f.path} '
-               f'differs by {d_in:.2e}: what lies between them (an activation, a pooling, a '
-               'reshape) is not the same' if previous is not None else
-               f'in {mode} mode before the first layer {f.path} (torch {t.path}): its input '
-               f'differs by {d_in:.2e}')
-    elif first is None and not row.output_ok:
-      first = (f'in {mode} mode inside {f.path} (torch {t.path}, {t.type_name}): the same '
-               f'input, outputs {d_out:.2e} apart: its arithmetic differs (padding, stride, '
-               'epsilon, a transposed kernel, what it computes)')
-    previous = row
-  d = float(np.max(np.abs(flax_logits - torch_logits), initial=0.0))
-  if first is None and d > porting.tolerance(torch_logits):
-    first = (f'in {mode} mode after the last layer {previous.flax if previous else "?"}: '
-             f'the logits differ by {d:.2e}')
-  return rows, d, first
-
-
-def _gradients(pairs, carried, apply_train, x, labels, torch_module):
-  """Per flax parameter: the largest |flax - torch| gradient of the mean cross-entropy."""
-  variables = carried.variables
-
-  def loss(params):
-    logits, _ = apply_train(dict(variables, params=params), x)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-
-  grads = {'params': jax.tree.map(np.asarray, jax.grad(loss)(variables['params']))}
-  out = []
-  for f, t in pairs:
-    if t.kind == 'param':
-      tensor = dict(torch_module.named_parameters())[t.module]
-      torch_grads = {'value': port_layouts.to_numpy(tensor.grad)}
-    else:
-      torch_grads = {n: port_layouts.to_numpy(p.grad)
-                     for n, p in t.module.named_parameters() if p.grad is not None}
-    converted = port_layouts.to_flax((f, t), torch_grads, carried.rows.get(f.path))
-    mine = port_layouts.layer_arrays(grads, f, [n for n in f.shapes
-                                           if not n.startswith('batch_stats/')])
-    for name, value in mine.items():
-      if name in converted:
-        d = float(np.max(np.abs(value - converted[name]), initial=0.0))
-        where = f.path if f.kind == 'param' else f'{f.path}/{name}'
-        out.append((where, d, d <= porting.tolerance(converted[name])))
-  return out
-
-
-def _statistics(pairs, updated, before, after, torch_train):
-  """Per BatchNorm: the largest |flax - torch| of the running mean and of the variance,
-  torch's unbiased update turned into the biased one flax keeps."""
-  out = []
-  stats = {'batch_stats': updated.get('batch_stats', {})}
-  for f, t in pairs:
-    if t.kind != 'batchnorm' or t.module.momentum is None or 'running_mean' not in after[t.path]:
-      continue
-    m = float(t.module.momentum)
-    mean0, var0 = (before[t.path][n].numpy() for n in ('running_mean', 'running_var'))
-    mean1, var1 = (after[t.path][n].numpy() for n in ('running_mean', 'running_var'))
-    inputs = torch_train[t.path][0]
-    count = inputs.size / inputs.shape[1]
-    unbiased = (var1 - (1 - m) * var0) / m
-    expected_var = (1 - m) * var0 + m * unbiased * (count - 1) / count
-    mine = port_layouts.layer_arrays(stats, f, ['batch_stats/mean', 'batch_stats/var'])
-    d = max(float(np.max(np.abs(mine['batch_stats/mean'] - mean1))),
-            float(np.max(np.abs(mine['batch_stats/var'] - expected_var))))
-    out.append((f.path, d, d <= porting.tolerance(expected_var)))
-  return out
 
 
 def _one_device(next_fun, args, kwargs, context):
@@ -491,6 +382,11 @@ def main(argv) -> None:
                  weights=FLAGS.weights, batch=FLAGS.batch, seed=FLAGS.seed)
   except UserError as e:  # Bad input: exit status 2, apart from a verdict's 0 and 1.
     print(f'error: {e}', file=sys.stderr, flush=True)
+    sys.exit(2)
+  except Exception as e:  # pylint: disable=broad-except  # The models' code, or the check's.
+    print(f'error: the check stopped while running the two models ({first_line(e)}); run '
+          'each on its own to see where, or report it with this command', file=sys.stderr,
+          flush=True)
     sys.exit(2)
   print('\n'.join(report.lines()), flush=True)
   sys.exit(0 if report.ok else 1)
