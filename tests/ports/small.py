@@ -1,6 +1,6 @@
 """A small convolutional net and its flax port, with switches for the conventions porters get
 wrong: GELU's tanh approximation, LayerNorm's epsilon, BatchNorm's momentum, average
-pooling's `count_include_pad`. With the defaults the port computes what the original
+pooling's `count_include_pad`, a dense layer without its bias. With the defaults the port computes what the original
 computes."""
 
 import flax.linen as nn
@@ -30,6 +30,7 @@ class FlaxSmall(nn.Module):
   ln_epsilon: float = 1e-5
   bn_momentum: float = 0.9
   count_include_pad: bool = False
+  fc1_bias: bool = True
 
   @nn.compact
   def __call__(self, x, train: bool = False):
@@ -38,7 +39,7 @@ class FlaxSmall(nn.Module):
                              epsilon=1e-5)(x))
     x = nn.avg_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)),
                     count_include_pad=self.count_include_pad).mean((1, 2))
-    x = nn.Dense(16)(nn.LayerNorm(epsilon=self.ln_epsilon)(x))
+    x = nn.Dense(16, use_bias=self.fc1_bias)(nn.LayerNorm(epsilon=self.ln_epsilon)(x))
     return nn.Dense(self.num_classes)(nn.gelu(x, approximate=self.gelu_approximate))
 
 

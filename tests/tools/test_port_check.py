@@ -124,6 +124,8 @@ def test_a_correct_port_passes_in_both_modes_with_its_gradients(pair):
   assert len(layers) == {'mlp': 3, 'cnn': 5, 'vit': 10, 'raw': 2}[pair]
   assert report.gradients and all(ok for _, _, ok in report.gradients)
   if pair == 'cnn':  # The dense layer after the flatten takes its rows in NHWC order.
+    assert report.notes == ['note: Dense_0 takes its input flattened in NHWC order, torch\'s '
+                            'fc in NCHW: its kernel\'s rows were carried in that order']
     assert [name for name, _, _ in report.statistics] == ['BatchNorm_0', 'BatchNorm_1']
     assert max(d for _, d, _ in report.statistics) < 1e-5
   if pair == 'vit':
@@ -321,3 +323,9 @@ def test_each_convention_is_named_as_its_cause():
   good = port_check.run('tests.ports.small:small_factory', 'tests.ports.small:TorchSmall',
                         (8, 8, 3))
   assert good.ok, good.verdict
+  no_bias = port_check.run('tests.ports.small:FlaxSmall', 'tests.ports.small:TorchSmall',
+                           (8, 8, 3), flax_kwargs={'fc1_bias': False})
+  assert no_bias.verdict == (
+      'verdict: the layers do not pair up: layer 4 in call order: flax Dense_0 (Dense: kernel '
+      '(8, 16)) and torch fc1 (Linear: weight (16, 8), bias (16,)): only torch\'s has a bias; '
+      'give the flax layer use_bias=True')

@@ -35,7 +35,14 @@ def match(flax_side: list[Layer], torch_side: list[Layer]) -> list[tuple[Layer, 
     zeros = {n: np.zeros(s, np.float32) for n, s in t.shapes.items()}
     converted = port_layouts.convert(t.kind, zeros, f.shapes)
     got = {n: a.shape for n, a in converted.items()} if converted is not None else None
-    if got != {n: tuple(s) for n, s in f.shapes.items()}:
+    want = {n: tuple(s) for n, s in f.shapes.items()}
+    if got != want:
+      if got is not None and set(got) ^ set(want) == {'bias'} and all(
+          got[n] == want[n] for n in set(got) & set(want)):
+        has = 'torch' if 'bias' in got else 'flax'
+        raise PortMismatch(
+            f'{where}: flax {f.describe()} and torch {t.describe()}: only {has}\'s has a '
+            f'bias; give the flax layer use_bias={"True" if has == "torch" else "False"}')
       raise PortMismatch(f'{where}: flax {f.describe()} does not take the arrays of torch '
                          f'{t.describe()}; give them the same sizes')
     pairs.append((f, t))

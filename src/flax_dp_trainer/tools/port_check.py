@@ -70,6 +70,7 @@ class Report:
   statistics: list[tuple[str, float, bool]]
   verdict: str
   ok: bool
+  notes: list[str] = dataclasses.field(default_factory=list)  # Said before the verdict.
 
   def lines(self) -> list[str]:
     out = []
@@ -96,6 +97,7 @@ class Report:
       out.append('BatchNorm running statistics after the train-mode step: '
                  + ', '.join(f'{n} {_cell(d, ok)}' for n, d, ok in self.statistics))
     out.append('(! marks a difference beyond the tolerance, 1e-4 x (1 + the largest |value|))')
+    out.extend(self.notes)
     out.append(self.verdict)
     return out
 
@@ -254,17 +256,21 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
   # rounding adds up along it, and each layer judged on its own covers what it would find.)
   if not places and first is not None:
     places = [first]
+  # A flatten in the other order is the port's own way, taken by the kernel's rows.
+  notes = [f'note: {f.path} takes its input flattened in NHWC order, torch\'s {t.path} in '
+           'NCHW: its kernel\'s rows were carried in that order' for f, t in pairs
+           if f.path in carried.rows]
   if not places:
     largest = max([logits['eval'], logits['train']] + [d for _, d, _ in gradients])
     return Report(rows, logits, gradients, statistics,
                   f'verdict: the port computes what the original computes: max difference '
-                  f'{largest:.2e}', True)
+                  f'{largest:.2e}', True, notes)
   if len(places) == 1:
     return Report(rows, logits, gradients, statistics, f'verdict: the port parts from the '
-                  f'original {places[0]}', False)
+                  f'original {places[0]}', False, notes)
   return Report(rows, logits, gradients, statistics, '\n'.join(
       [f'verdict: the port parts from the original in {len(places)} places, in call order:']
-      + [f'  {i}. {place}' for i, place in enumerate(places, 1)]), False)
+      + [f'  {i}. {place}' for i, place in enumerate(places, 1)]), False, notes)
 
 
 def _one_device(next_fun, args, kwargs, context):
