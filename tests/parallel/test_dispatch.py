@@ -29,15 +29,16 @@ def test_a_finite_stream_ends(feed):
     assert list(batches) == [0, 1, 2]
 
 
+def _counted(made: list):
+  """Endless batches 0, 1, ..., each noted in `made` as it is read."""
+  for i in itertools.count():
+    made.append(i)
+    yield i
+
+
 def test_prefetch_runs_at_most_its_size_ahead_and_stops_when_closed():
   made = []
-
-  def endless():
-    for i in itertools.count():
-      made.append(i)
-      yield i
-
-  prefetch = dispatch.Prefetch(endless(), 2)
+  prefetch = dispatch.Prefetch(_counted(made), 2)
   assert next(prefetch) == 0
   thread = prefetch._thread  # pylint: disable=protected-access
   prefetch.close()
@@ -48,13 +49,7 @@ def test_prefetch_runs_at_most_its_size_ahead_and_stops_when_closed():
 
 def test_inline_reads_only_what_is_asked():
   made = []
-
-  def endless():
-    for i in itertools.count():
-      made.append(i)
-      yield i
-
-  with dispatch.Inline(endless()) as batches:
+  with dispatch.Inline(_counted(made)) as batches:
     assert [next(batches), next(batches)] == [0, 1]
   assert made == [0, 1]
 

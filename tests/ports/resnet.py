@@ -19,7 +19,18 @@ def _pads(kernel: int, padding: str):
   return 'SAME' if padding == 'SAME' else ((kernel // 2, kernel // 2),) * 2
 
 
-class BasicBlock(nn.Module):
+def _shortcut(block: nn.Module, x, y):
+  """The block's input, projected (a strided 1x1 convolution and a BatchNorm, called after the
+  main path as torchvision's `downsample` is) where its shape is not the output's."""
+  if x.shape == y.shape:
+    return x
+  x = block.conv(y.shape[-1], (1, 1), (block.strides,) * 2, padding='VALID',
+                 name='conv_proj')(x)
+  return block.norm(name='norm_proj')(x)
+
+
+class _Block(nn.Module):
+  """A residual block's settings, and its strided 3x3 convolution."""
   filters: int
   conv: Callable
   norm: Callable
@@ -27,42 +38,28 @@ class BasicBlock(nn.Module):
   strides: int = 1
   strided_padding: str = 'torch'
 
-  @nn.compact
-  def __call__(self, x):
-    residual = x
-    y = self.conv(self.filters, (3, 3), (self.strides,) * 2,
-                  padding=_pads(3, self.strided_padding if self.strides > 1 else 'torch'))(x)
-    y = self.act(self.norm()(y))
-    y = self.conv(self.filters, (3, 3), padding=((1, 1), (1, 1)))(y)
-    y = self.norm()(y)
-    if residual.shape != y.shape:
-      residual = self.conv(self.filters, (1, 1), (self.strides,) * 2, padding='VALID',
-                           name='conv_proj')(residual)
-      residual = self.norm(name='norm_proj')(residual)
-    return self.act(residual + y)
+  def strided_conv(self, x):
+    return self.conv(self.filters, (3, 3), (self.strides,) * 2, padding=_pads(
+        3, self.strided_padding if self.strides > 1 else 'torch'))(x)
 
 
-class Bottleneck(nn.Module):
-  filters: int
-  conv: Callable
-  norm: Callable
-  act: Callable
-  strides: int = 1
-  strided_padding: str = 'torch'
+class BasicBlock(_Block):
 
   @nn.compact
   def __call__(self, x):
-    residual = x
+    y = self.act(self.norm()(self.strided_conv(x)))
+    y = self.norm()(self.conv(self.filters, (3, 3), padding=((1, 1), (1, 1)))(y))
+    return self.act(_shortcut(self, x, y) + y)
+
+
+class Bottleneck(_Block):
+
+  @nn.compact
+  def __call__(self, x):
     y = self.act(self.norm()(self.conv(self.filters, (1, 1), padding='VALID')(x)))
-    y = self.conv(self.filters, (3, 3), (self.strides,) * 2,
-                  padding=_pads(3, self.strided_padding if self.strides > 1 else 'torch'))(y)
-    y = self.act(self.norm()(y))
+    y = self.act(self.norm()(self.strided_conv(y)))
     y = self.norm()(self.conv(self.filters * 4, (1, 1), padding='VALID')(y))
-    if residual.shape != y.shape:
-      residual = self.conv(self.filters * 4, (1, 1), (self.strides,) * 2, padding='VALID',
-                           name='conv_proj')(residual)
-      residual = self.norm(name='norm_proj')(residual)
-    return self.act(residual + y)
+    return self.act(_shortcut(self, x, y) + y)
 
 
 class ResNet(nn.Module):
