@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from flax_dp_trainer.port import forcing
+from flax_dp_trainer.port import porting
 
 Pads = tuple[tuple[int, int], ...]
 
@@ -106,7 +107,7 @@ def _conv(flax_module: nn.Conv, torch_module, torch_in: np.ndarray, own: np.ndar
     recomputed = F.conv2d(F.pad(torch.from_numpy(torch_in), flat), torch_module.weight,
                           torch_module.bias, torch_module.stride, 0, torch_module.dilation,
                           torch_module.groups).numpy()
-  if recomputed.shape != np.moveaxis(own, -1, 1).shape or not close(
+  if recomputed.shape != np.moveaxis(own, -1, 1).shape or not porting.close(
       np.moveaxis(own, -1, 1), recomputed):
     return None
   return (f'flax\'s padding={flax_module.padding!r} pads {_pads_text(mine)} here (stride '
@@ -123,12 +124,6 @@ def momentum(flax_module: Any, torch_module: Any) -> Optional[str]:
   return (f'flax\'s BatchNorm momentum is {flax_m:g} (the share of the old statistics '
           f'kept), torch\'s momentum {torch_m:g} (the share of the batch\'s taken): use '
           f'momentum={1 - torch_m:g}')
-
-
-def close(a: np.ndarray, b: np.ndarray, scale: float = 1e-4) -> bool:
-  """Within what float32 arithmetic in another order may change (`scale` per unit)."""
-  return a.shape == b.shape and float(np.max(np.abs(a - b), initial=0.0)) <= scale * (
-      1.0 + float(np.max(np.abs(b), initial=0.0)))
 
 
 def _argument(call: forcing.Call, index: int, name: str, default: Any) -> Any:
@@ -229,6 +224,6 @@ def between(record: forcing.TorchRecord, path: str, produced: np.ndarray,
       if replayed is None:
         continue
       candidate = forcing.as_flax(replayed.numpy(), produced.shape, rows)
-      if candidate is not None and close(produced, candidate, 1e-5):
+      if candidate is not None and porting.close(produced, candidate, 1e-5):
         return text, index, run
   return None

@@ -29,7 +29,6 @@ class Row:
   output_ok: bool = True
 
 
-
 def places(pairs, forced: dict[str, forcing.Forced], record: forcing.TorchRecord,
             rows_order: dict[str, np.ndarray]) -> dict[tuple[int, int], tuple]:
   """Every place where the port parts in eval mode, each layer judged on its own input
@@ -47,12 +46,12 @@ def places(pairs, forced: dict[str, forcing.Forced], record: forcing.TorchRecord
         int(np.prod(t.flatten)) == torch_in[0].size):
       # A flatten in the other order (NHWC against NCHW): the kernel's rows take it.
       nhwc = seen[0].reshape(len(seen[0]), -1)[:, port_layouts.flatten_order(*t.flatten)]
-      if causes.close(got.produced, nhwc.reshape(got.produced.shape)):
+      if porting.close(got.produced, nhwc.reshape(got.produced.shape)):
         torch_in = nhwc.reshape(got.produced.shape)
     if torch_in is not None:
       d = float(np.max(np.abs(got.produced - torch_in), initial=0.0))
       explained = (causes.between(record, t.path, got.produced, rows_order.get(f.path))
-                   if not causes.close(got.produced, torch_in, 1e-6) else None)
+                   if not porting.close(got.produced, torch_in, 1e-6) else None)
       if explained or d > porting.tolerance(torch_in):
         where = (f'in eval mode between {previous[0]} and {f.path} (torch {previous[1]} and '
                  f'{t.path})' if previous else
@@ -73,9 +72,11 @@ def places(pairs, forced: dict[str, forcing.Forced], record: forcing.TorchRecord
   return places
 
 
-def compare_rows(pairs, flax_seen, torch_seen, rows_order, flax_logits, torch_logits, mode):
-  """The rows of one mode and the first place where the sides part (or None)."""
-  rows, first, previous = [], None, None
+def compare_rows(pairs, flax_seen, torch_seen, rows_order, flax_logits, torch_logits
+                 ) -> tuple[list[Row], float]:
+  """The rows of one mode, the whole forward pass as it runs (shown, not judged), and the
+  largest difference of the logits."""
+  rows = []
   for f, t in pairs:
     if f.path not in flax_seen or t.path not in torch_seen:
       rows.append(Row(f.path, t.path, None, None))
@@ -90,26 +91,9 @@ def compare_rows(pairs, flax_seen, torch_seen, rows_order, flax_logits, torch_lo
       diffs.append((float(np.max(np.abs(a - b), initial=0.0)), porting.tolerance(b))
                    if b is not None else (None, None))
     (d_in, tol_in), (d_out, tol_out) = diffs
-    row = Row(f.path, t.path, d_in, d_out, d_in is None or d_in <= tol_in,
-              d_out is None or d_out <= tol_out)
-    rows.append(row)
-    if first is None and not row.input_ok:
-      first = (f'in {mode} mode between {previous.flax} and {f.path} (torch {previous.torch} '
-               f'and {t.path}): the output of {previous.flax} matched, the input of {f.path} '
-               f'differs by {d_in:.2e}: what lies between them (an activation, a pooling, a '
-               'reshape) is not the same' if previous is not None else
-               f'in {mode} mode before the first layer {f.path} (torch {t.path}): its input '
-               f'differs by {d_in:.2e}')
-    elif first is None and not row.output_ok:
-      first = (f'in {mode} mode inside {f.path} (torch {t.path}, {t.type_name}): the same '
-               f'input, outputs {d_out:.2e} apart: its arithmetic differs (padding, stride, '
-               'epsilon, a transposed kernel, what it computes)')
-    previous = row
-  d = float(np.max(np.abs(flax_logits - torch_logits), initial=0.0))
-  if first is None and d > porting.tolerance(torch_logits):
-    first = (f'in {mode} mode after the last layer {previous.flax if previous else "?"}: '
-             f'the logits differ by {d:.2e}')
-  return rows, d, first
+    rows.append(Row(f.path, t.path, d_in, d_out, d_in is None or d_in <= tol_in,
+                    d_out is None or d_out <= tol_out))
+  return rows, float(np.max(np.abs(flax_logits - torch_logits), initial=0.0))
 
 
 def gradient_rows(pairs, carried, apply_train, x, labels, torch_module, layer_grads):

@@ -90,20 +90,22 @@ def carry(apply: Callable[[Any, Any], Any], variables: Any, torch_module, x: np.
       torch_in = capture_torch(torch_module, to_torch(x), [t])[0][t.path][0]
     order = port_layouts.flatten_order(c, h, w)
     flax_in, torch_in = flax_in.reshape(len(x), -1), torch_in.reshape(len(x), -1)
-    if _close(flax_in, torch_in[:, order]) and not _close(flax_in, torch_in):
+    if close(flax_in, torch_in[:, order]) and not close(flax_in, torch_in):
       rows[f.path] = order
       arrays = port_layouts.torch_arrays(t, torch_module)
       variables = port_layouts.set_layer(variables, f, port_layouts.to_flax(pair, arrays, order))
   return Carried(variables, pairs, rows, torch_module)
 
 
-def _close(a: np.ndarray, b: np.ndarray) -> bool:
-  return a.shape == b.shape and float(np.max(np.abs(a - b), initial=0.0)) <= tolerance(b)
+def close(a: np.ndarray, b: np.ndarray, scale: float = 1e-4) -> bool:
+  """`a` and `b` agree within `tolerance(b, scale)`."""
+  return a.shape == b.shape and float(np.max(np.abs(a - b), initial=0.0)) <= tolerance(b, scale)
 
 
-def tolerance(reference: np.ndarray) -> float:
-  """What float32 arithmetic in another order may change in values of this magnitude."""
-  return 1e-4 * (1.0 + float(np.max(np.abs(reference), initial=0.0)))
+def tolerance(reference: np.ndarray, scale: float = 1e-4) -> float:
+  """What float32 arithmetic in another order may change in values of this magnitude
+  (`scale` per unit)."""
+  return scale * (1.0 + float(np.max(np.abs(reference), initial=0.0)))
 
 
 def to_torch(x: np.ndarray):

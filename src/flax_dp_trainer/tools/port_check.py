@@ -162,32 +162,35 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
   pairs = carried.pairs
   torch_x = porting.to_torch(x)
   torch_layers, flax_layers = [t for _, t in pairs], [f for f, _ in pairs]
-  rows, logits, first = {}, {}, None
+  rows, logits = {}, {}
   with torch.no_grad(), port_layers.eval_mode(torch_module):
     torch_eval, torch_logits = porting.capture_torch(torch_module, torch_x, torch_layers)
   flax_eval, flax_logits = porting.capture_flax(apply_eval, carried.variables, x, flax_layers)
   flax_logits = np.asarray(flax_logits, np.float32)
-  rows['eval'], logits['eval'], _ = judging.compare_rows(pairs, flax_eval, torch_eval, carried.rows,
-                                                 flax_logits, port_layouts.to_numpy(torch_logits),
-                                                 'eval')
+  rows['eval'], logits['eval'] = judging.compare_rows(
+      pairs, flax_eval, torch_eval, carried.rows, flax_logits,
+      port_layouts.to_numpy(torch_logits))
   # Each layer on its own (teacher forcing): every place where the two part, with its cause.
-  places, swaps = {}, {}
+  explained, swaps = {}, {}
   for _ in range(4):  # Until no new convention explains a place between layers.
     with torch.no_grad(), port_layers.eval_mode(torch_module):
       record = forcing.record_torch(torch_module, torch_x, torch_layers, swaps)
     forced, forced_logits = forcing.force_flax(apply_eval, carried.variables, x, pairs,
                                                record.seen, carried.rows)
     found = judging.places(pairs, forced, record, carried.rows)
-    # A place explained before stays with its cause; the torch side now runs it as the
-    # port does, so that it does not reappear downstream through a skip connection.
-    places = {**{k: v for k, v in found.items() if k not in places}, **places}
+    # A place explained stays with its cause; the torch side then runs it as the port
+    # does, so that it does not reappear downstream through a skip connection.
     new = {k: v for k, v in found.items() if v[1] is not None and v[1][0] not in swaps}
     if not new:
-      places = dict(sorted({**found, **{k: v for k, v in places.items()
-                                         if v[1] is not None}}.items()))
       break
+    explained.update(new)
     swaps.update(dict(v[1] for v in new.values()))
-  places = [text for text, _ in places.values()]
+  found = dict(sorted({**found, **explained}.items()))
+  places = [text for text, _ in found.values()]
+  # The flax layers named so far: a difference after them (in train mode, in their
+  # gradients) is theirs already.
+  eval_inside = {pairs[order][0].path for order, where in found if where == 1}
+  named = {pairs[order][0].path for order, _ in found}
   # What lies after the last layer, given torch's output of it (as the last forced run's
   # torch side computed it).
   reference = record.output
@@ -195,6 +198,7 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
        if reference is not None and reference.shape == np.shape(forced_logits) else 0.0)
   last = next((p for p in reversed(pairs) if p[0].kind != 'param'), None)
   if last is not None and reference is not None and d > porting.tolerance(reference):
+    named.add(last[0].path)
     places.append(f'in eval mode after the last layer {last[0].path} (torch {last[1].path}): '
                   f'given torch\'s output of it, the logits differ by {d:.2e}')
   # Train mode: one forward and backward of each (BatchNorm on the batch, its statistics
@@ -216,26 +220,25 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
   # rounding does not add up over a deep network's train-mode pass.
   flax_train, (flax_train_logits, _) = porting.capture_flax(
       apply_train, carried.variables, x, flax_layers)
-  rows['train'], logits['train'], _ = judging.compare_rows(
+  rows['train'], logits['train'] = judging.compare_rows(
       pairs, flax_train, torch_train, carried.rows, np.asarray(flax_train_logits, np.float32),
-      port_layouts.to_numpy(out), 'train')
+      port_layouts.to_numpy(out))
   forced_train, (_, updated) = forcing.force_flax(apply_train, carried.variables, x, pairs,
                                                   torch_train, carried.rows)
-  named = {text.split(' (torch ')[0] for text in places}
   for f, t in pairs:
     got = forced_train.get(f.path)
-    if got is None or f'in eval mode inside {f.path}' in named:
+    if got is None or f.path in eval_inside:
       continue
     torch_out = forcing.as_flax(torch_train[t.path][1], got.own.shape, None)
     d = float(np.max(np.abs(got.own - torch_out), initial=0.0)) if torch_out is not None else 0.0
     if torch_out is not None and d > porting.tolerance(torch_out):
+      named.add(f.path)
       places.append(f'in train mode inside {f.path} (torch {t.path}, {t.type_name}): the '
                     f'same input, outputs {d:.2e} apart: its arithmetic differs (the batch '
                     'statistics, epsilon, what it computes)')
   layer_grads = forcing.layer_gradients(apply_train, carried.variables, x, pairs, torch_train,
                                         output_gradients, carried.rows)
   gradients = judging.gradient_rows(pairs, carried, apply_train, x, labels, torch_module, layer_grads)
-  named = {text.split(' (torch ')[0].rpartition(' ')[2] for text in places}
   places.extend(f'in the gradient of {n} (|flax - torch| up to {d:.2e})'
                 for n, d, ok in gradients
                 if not ok and n.rpartition('/')[0] not in named and n not in named)
