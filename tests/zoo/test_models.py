@@ -128,3 +128,15 @@ def test_dropout_uses_rng_only_in_training():
 def test_unknown_model_lists_choices():
   with pytest.raises(KeyError, match="model='resnet9' is unknown; choose one of: cnn, mlp, "):
     zoo.get('resnet9', num_classes=10)
+
+
+def test_the_vits_fused_attention_computes_flax_attention():
+  from flax_dp_trainer.zoo import vit
+  import flax.linen as nn
+  q, k, v = (jax.random.normal(jax.random.key(i), (2, 5, 3, 8)) for i in range(3))
+  mask = jnp.tril(jnp.ones((5, 5), bool))[None, None]
+  for kwargs in ({}, {'mask': mask}):
+    np.testing.assert_allclose(vit.fused_attention(q, k, v, **kwargs),
+                               nn.dot_product_attention(q, k, v, **kwargs), atol=1e-6)
+  with pytest.raises(ValueError, match='dropout_rate=0.1'):
+    vit.fused_attention(q, k, v, dropout_rate=0.1, deterministic=False)
