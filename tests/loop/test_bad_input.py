@@ -74,9 +74,25 @@ CASES = {
         '(model_kwargs.depth=3); it takes: dropout_rate, num_classes, width'),
     'model: wrong logits': (
         dict(model='tests.user_models:FixedHead'),
-        "model='tests.user_models:FixedHead' returns shape (16, 7) in evaluation"
+        "model='tests.user_models:FixedHead' gives logits of shape (16, 7) in evaluation"
         ' on an input of shape (16, 8, 8, 1) (float32); the trainer needs logits '
         'of shape (batch, num_classes) = (16, 10)'),
+    'model: a dict and no model_logits': (
+        dict(model='tests.ports.small:FlaxSmall',
+             model_kwargs=ml_collections.ConfigDict(dict(returns='dict'))),
+        "model='tests.ports.small:FlaxSmall' in evaluation on an input of shape (16, 8, 8, 1) "
+        "(float32) returns a dict with keys ['features', 'logits']: name the logits' entry "
+        'with --config.model_logits=KEY'),
+    'model: model_logits not among its keys': (
+        dict(model='tests.ports.small:FlaxSmall', model_logits='out',
+             model_kwargs=ml_collections.ConfigDict(dict(returns='dict'))),
+        "returns a dict with keys ['features', 'logits'], none of them model_logits='out': "
+        'give one of those keys'),
+    'model: model_logits for a tuple': (
+        dict(model='tests.ports.small:FlaxSmall', model_logits='logits',
+             model_kwargs=ml_collections.ConfigDict(dict(returns='tuple'))),
+        "returns a tuple of 2, not a dict: model_logits='logits' names an entry of a dict; "
+        'drop --config.model_logits'),
     'model: no train argument': (
         dict(model='tests.user_models:NoTrain'),
         "model='tests.user_models:NoTrain': NoTrain.__call__ takes no `train` "

@@ -9,6 +9,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 import pytest
@@ -282,6 +283,42 @@ def test_what_cannot_be_keyed_per_example_is_said_at_start():
   # With nothing it cannot key, nothing is said.
   built = modeling.build(_config('tests.user_models:PlainNet', dropout_rate=0.3), 10, (8, 8, 1))
   assert probe.probe(built.model, (8, 8, 1), 4, 10, 'float32') == []
+
+
+@pytest.mark.slow
+def test_a_module_returning_a_tuple_or_a_dict_trains_on_its_logits(config, tmp_path):
+  """The first element of a tuple, or the entry of a dict that model_logits names: the same
+  training, evaluation and loaded logits as the module returning its logits alone, and one
+  line at start says which."""
+  config.update(model='tests.ports.small:FlaxSmall', num_train_steps=3, warmup_steps=1,
+                log_every_steps=3, eval_every_steps=3, checkpoint_every_steps=3)
+  runs = {}
+  for returns, key in (('logits', ''), ('tuple', ''), ('dict', 'logits')):
+    config.model_kwargs = ml_collections.ConfigDict(dict(returns=returns))
+    config.model_logits = key
+    runs[returns] = trainer.fit(config, str(tmp_path / returns), devices=jax.devices()[:2])
+  loaded = {returns: trainer.load(str(tmp_path / returns)) for returns in runs}
+  images, _ = loaded['logits'].read_split(limit=4)
+  for returns in ('tuple', 'dict'):
+    assert helpers.relative_difference(runs[returns].params, runs['logits'].params) == 0
+    np.testing.assert_array_equal(loaded[returns].logits(images),
+                                  loaded['logits'].logits(images))
+
+
+def test_what_a_module_returns_beside_its_logits_is_said_at_start():
+  said = {}
+  for returns, key in (('logits', ''), ('tuple', ''), ('dict', 'logits')):
+    config = _config('tests.ports.small:FlaxSmall', model_logits=key)
+    config.model_kwargs = ml_collections.ConfigDict(dict(returns=returns))
+    built = modeling.build(config, 10, (8, 8, 1))
+    said[returns] = probe.probe(built.model, (8, 8, 1), 4, 10, 'float32')
+  assert said == {
+      'logits': [],
+      'tuple': ["model='tests.ports.small:FlaxSmall' returns a tuple of 2: its logits are the "
+                'first element, an array of shape (4, 10); the rest is not used'],
+      'dict': ["model='tests.ports.small:FlaxSmall' returns a dict with keys ['features', "
+               "'logits']: its logits are entry 'logits' (--config.model_logits); the rest is "
+               'not used']}
 
 
 def test_a_value_the_model_does_not_take_is_refused_on_the_command_line_only(config, tmp_path):

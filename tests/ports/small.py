@@ -1,7 +1,8 @@
 """A small convolutional net and its flax port, with switches for the conventions porters get
 wrong: GELU's tanh approximation, LayerNorm's epsilon, BatchNorm's momentum, average
-pooling's `count_include_pad`, a dense layer without its bias. With the defaults the port computes what the original
-computes."""
+pooling's `count_include_pad`, a dense layer without its bias. With the defaults the port
+computes what the original computes. `returns`: its logits alone, or with its features as a
+tuple (logits first) or a dict."""
 
 import flax.linen as nn
 import torch
@@ -31,6 +32,7 @@ class FlaxSmall(nn.Module):
   bn_momentum: float = 0.9
   count_include_pad: bool = False
   fc1_bias: bool = True
+  returns: str = 'logits'  # 'logits', 'tuple' or 'dict'.
 
   @nn.compact
   def __call__(self, x, train: bool = False):
@@ -40,7 +42,10 @@ class FlaxSmall(nn.Module):
     x = nn.avg_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)),
                     count_include_pad=self.count_include_pad).mean((1, 2))
     x = nn.Dense(16, use_bias=self.fc1_bias)(nn.LayerNorm(epsilon=self.ln_epsilon)(x))
-    return nn.Dense(self.num_classes)(nn.gelu(x, approximate=self.gelu_approximate))
+    logits = nn.Dense(self.num_classes)(nn.gelu(x, approximate=self.gelu_approximate))
+    if self.returns == 'tuple':
+      return logits, x
+    return {'features': x, 'logits': logits} if self.returns == 'dict' else logits
 
 
 def small_factory(num_classes, **kwargs):

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.configs import default
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.tools import port_check
@@ -329,3 +330,25 @@ def test_each_convention_is_named_as_its_cause():
       'verdict: the layers do not pair up: layer 4 in call order: flax Dense_0 (Dense: kernel '
       '(8, 16)) and torch fc1 (Linear: weight (16, 8), bias (16,)): only torch\'s has a bias; '
       'give the flax layer use_bias=True')
+
+
+def test_a_port_returning_a_tuple_or_a_dict_is_checked_on_its_logits():
+  """The trainer's rule: a tuple's first element, a dict's --model_logits entry, said in a
+  note; a dict without it is bad input."""
+  tupled = port_check.run('tests.ports.small:FlaxSmall', 'tests.ports.small:TorchSmall',
+                          (8, 8, 3), flax_kwargs={'returns': 'tuple', 'gelu_approximate': True})
+  assert tupled.notes == [
+      "note: model='tests.ports.small:FlaxSmall' returns a tuple of 2: its logits are the first "
+      'element, an array of shape (4, 10); the rest is not used']
+  assert tupled.verdict.endswith("flax's gelu is the tanh approximation, torch's GELU() is "
+                                 'exact: use nn.gelu(x, approximate=False)'), tupled.verdict
+  keyed = port_check.run('tests.ports.small:FlaxSmall', 'tests.ports.small:TorchSmall',
+                         (8, 8, 3), flax_kwargs={'returns': 'dict'}, model_logits='logits')
+  assert keyed.ok, keyed.verdict
+  assert keyed.notes[0].endswith("its logits are entry 'logits' (--model_logits); the rest is "
+                                 'not used')
+  with pytest.raises(UserError, match=r"^the flax port tests.ports.small:FlaxSmall returns a "
+                     r"dict with keys \['features', 'logits'\]: name the logits' entry with "
+                     r'--model_logits=KEY$'):
+    port_check.run('tests.ports.small:FlaxSmall', 'tests.ports.small:TorchSmall', (8, 8, 3),
+                   flax_kwargs={'returns': 'dict'})

@@ -93,6 +93,9 @@ def get_config() -> ml_collections.ConfigDict:
   # (config.model_kwargs = ml_collections.ConfigDict(dict(width=64))), which the command line
   # can then override (--config.model_kwargs.width=128). Empty for registered models.
   config.model_kwargs = ml_collections.ConfigDict()
+  # Where the model returns a dict: the entry that holds its logits. A model returning a tuple
+  # gives its first element; one returning one array, that array (docs/your_model.md).
+  config.model_logits = ''
   # The DDP baseline's PyTorch model when `model` is your own flax port of it: its import
   # path, 'pkg.module:Name' (a torch.nn.Module class or a function returning one); '' = the
   # baseline's twin of a registered model. --parity carries the flax init into it, layers

@@ -5,8 +5,9 @@ The call: `module.apply(variables, x, train=bool)`, plus `example_ids=` where `_
 declares it (each example's row in the global batch, for layers that key their own
 randomness per example, as `flax_dp_trainer.zoo.layers.Dropout` does). `x` is a float batch
 (batch, height, width, channels), NHWC, normalized by the dataset's mean and std, in the
-compute dtype; the result is the logits, (batch, num_classes). A linen `__call__` must take
-`train`; NNX modules take `x` alone and are switched with `.train()`/`.eval()`.
+compute dtype; its logits, (batch, num_classes), are what it returns or part of it (the rule
+of `flax_dp_trainer.model.outputs`). A linen `__call__` must take `train`; NNX modules take `x`
+alone and are switched with `.train()`/`.eval()`.
 
 Randomness: the 'dropout' stream, the same key on every device and step-dependent; a stream
 of another name gets a key too (flax falls back to the one the trainer passes as 'params'),
@@ -23,6 +24,7 @@ import jax.numpy as jnp
 
 from flax_dp_trainer.model import intercept
 from flax_dp_trainer.model import nnx_layers
+from flax_dp_trainer.model import outputs
 from flax_dp_trainer.model import source as model_source
 from flax_dp_trainer.zoo import layers
 from flax_dp_trainer.zoo import scanning
@@ -48,6 +50,8 @@ class Model:
   # NNX: the trainer's arguments its `__call__` declares ('train', 'example_ids'), passed
   # through the bridge (most NNX modules take neither).
   nnx_call: tuple[str, ...] = ()
+  # config.model_logits: the logits' entry where the module returns a dict.
+  logits_key: str = ''
 
   def init(self, rng: jax.Array, input_shape: tuple[int, ...]) -> dict:
     """The variables for inputs of `input_shape` (batch first), initialized in evaluation
@@ -71,10 +75,19 @@ class Model:
 
   def apply(self, variables, images: jax.Array, *, train: bool,
             example_ids: Optional[jax.Array] = None, rngs: Optional[dict] = None,
-            mutable=False, notes: Optional[intercept.Notes] = None):
+            mutable=False, notes: Optional[intercept.Notes] = None, whole: bool = False):
     """Logits of `images` (and the updated collections where `mutable`); in training,
     `rngs['dropout']` keys the draws and `example_ids` (default: the rows of `images`) name
-    each example's row of the global batch."""
+    each example's row of the global batch. `whole`: all the module returns, not only its
+    logits."""
+    out = self._apply(variables, images, train, example_ids, rngs, mutable, notes)
+    if whole:
+      return out
+    if mutable:
+      return outputs.logits(out[0], self.logits_key), out[1]
+    return outputs.logits(out, self.logits_key)
+
+  def _apply(self, variables, images, train, example_ids, rngs, mutable, notes):
     if self.eval_module is not None:
       return self._apply_nnx(variables, images, train, example_ids, rngs, mutable)
     if not train:

@@ -127,7 +127,7 @@ def build(config, num_classes: int, input_shape: Optional[tuple[int, ...]], *,
                                            input_shape[-1] if input_shape else None,
                                            frozenset(set_on_command_line))
     if source.nnx:
-      return _built_nnx(source, kwargs, lines)
+      return _built_nnx(source, kwargs, lines, config.get('model_logits', ''))
     try:
       module = source.factory(**kwargs)
     except Exception as e:  # pylint: disable=broad-except  # The user's constructor.
@@ -147,10 +147,12 @@ def build(config, num_classes: int, input_shape: Optional[tuple[int, ...]], *,
   if record is not None and source.instance is None and not source.registered:
     model_kwargs = config.model_kwargs.to_dict() if 'model_kwargs' in config else {}
     record = (record[0], model_kwargs)
-  return Built(adapter.Model(module, source.name, 'example_ids' in names, record=record), lines)
+  return Built(adapter.Model(module, source.name, 'example_ids' in names, record=record,
+                             logits_key=config.get('model_logits', '')), lines)
 
 
-def _built_nnx(source: model_source.Source, kwargs: dict, lines: list[str]) -> Built:
+def _built_nnx(source: model_source.Source, kwargs: dict, lines: list[str],
+               logits_key: str) -> Built:
   from flax.nnx import bridge  # pylint: disable=import-outside-toplevel  # (as nnx above)
   kwargs = {k: v for k, v in kwargs.items() if k != 'rngs'}
   takes_rngs = source.declared is None or 'rngs' in source.declared
@@ -169,7 +171,8 @@ def _built_nnx(source: model_source.Source, kwargs: dict, lines: list[str]) -> B
   names, _ = model_source.call_parameters(source.factory)
   call = tuple(name for name in ('train', 'example_ids') if name in names)
   return Built(adapter.Model(bridged(True), source.name, 'example_ids' in names,
-                     eval_module=bridged(False), record=record, nnx_call=call), lines)
+                             eval_module=bridged(False), record=record, nnx_call=call,
+                             logits_key=logits_key), lines)
 
 
 def describe(kwargs: dict) -> str:

@@ -15,6 +15,7 @@ from flax_dp_trainer import zoo
 from flax_dp_trainer.base.errors import UserError, first_line
 from flax_dp_trainer.model import adapter
 from flax_dp_trainer.model import intercept
+from flax_dp_trainer.model import outputs
 from flax_dp_trainer.parallel.layouts import AXIS_NAME
 from flax_dp_trainer.zoo import layers
 
@@ -34,14 +35,17 @@ def probe(model: adapter.Model, input_shape: tuple[int, ...], batch: int, num_cl
   except Exception as e:  # pylint: disable=broad-except  # The user's code.
     raise UserError(f'model={model.name!r} fails to initialize on {where} '
                     f'({first_line(e)})') from None
-  _check_logits(model, jax.eval_shape(lambda v, im: model.apply(v, im, train=False),
-                                      variables, x), 'evaluation', batch, num_classes, where)
+  whole = jax.eval_shape(lambda v, im: model.apply(v, im, train=False, whole=True),
+                         variables, x)
+  _check_logits(model, _logits(model, whole, 'evaluation', where), 'evaluation', batch,
+                num_classes, where)
+  said = outputs.note(model.name, whole, model.logits_key)
   notes = intercept.Notes()
   mutable = ['batch_stats'] if 'batch_stats' in variables else False
 
   def train_apply(v, im, rng):
     out = model.apply(v, im, train=True, example_ids=jnp.arange(batch), rngs={'dropout': rng},
-                      mutable=mutable, notes=notes)
+                      mutable=mutable, notes=notes, whole=True)
     return out[0] if mutable else out
 
   # One device of a device axis, as the step runs it (BatchNorm reduces over the axis).
@@ -53,13 +57,14 @@ def probe(model: adapter.Model, input_shape: tuple[int, ...], batch: int, num_cl
     with intercept.own_rng_requests(notes) if watch else contextlib.nullcontext(), \
         layers.remat_policy(remat):
       marked = layers.remat_calls()
-      logits = jax.eval_shape(mapped, variables, x1, key)
+      whole = jax.eval_shape(mapped, variables, x1, key)
       marked = layers.remat_calls() - marked
   except UserError:
     raise
   except Exception as e:  # pylint: disable=broad-except  # The user's code.
     raise UserError(f'model={model.name!r} fails in training mode on {where} '
                     f'({first_line(e)})') from None
+  logits = _logits(model, whole, 'training', where)
   _check_logits(model, jax.ShapeDtypeStruct(logits.shape[1:], logits.dtype), 'training', batch,
                 num_classes, where)
   if remat != 'none' and not marked and model.name in zoo.names():
@@ -69,14 +74,26 @@ def probe(model: adapter.Model, input_shape: tuple[int, ...], batch: int, num_cl
     raise UserError(f'remat={remat!r}: model={model.name!r} marks no block to rematerialize; '
                     'decorate its block classes with @flax_dp_trainer.remat_block '
                     '(docs/your_model.md), or drop --config.remat')
-  return notes.describe()
+  return ([said] if said else []) + notes.describe()
+
+
+def _logits(model: adapter.Model, whole: Any, mode: str, where: str) -> Any:
+  """The logits of what the module returned (`outputs.logits`), or the one line why not."""
+  try:
+    return outputs.logits(whole, model.logits_key)
+  except ValueError as e:
+    raise UserError(f'model={model.name!r} in {mode} on {where} {e}') from None
 
 
 def _check_logits(model: adapter.Model, out: Any, mode: str, batch: int, num_classes: int,
                   where: str) -> None:
   shape = getattr(out, 'shape', None)
+  if shape is None or len(shape) != 2:
+    raise UserError(f'model={model.name!r} gives {outputs.kind(out)} as its logits in {mode} on '
+                    f'{where}; the trainer needs logits of shape (batch, num_classes) = '
+                    f'({batch}, {num_classes}): return them, alone or first in a tuple')
   if shape != (batch, num_classes):
-    got = f'shape {tuple(shape)}' if shape is not None else f'a {type(out).__name__}'
-    raise UserError(f'model={model.name!r} returns {got} in {mode} on {where}; the trainer '
-                    f'needs logits of shape (batch, num_classes) = ({batch}, {num_classes}) '
-                    '(declare num_classes in the constructor, or set it in model_kwargs)')
+    raise UserError(f'model={model.name!r} gives logits of shape {tuple(shape)} in {mode} on '
+                    f'{where}; the trainer needs logits of shape (batch, num_classes) = '
+                    f'({batch}, {num_classes}) (declare num_classes in the constructor, or set '
+                    'it in model_kwargs)')

@@ -30,6 +30,7 @@ from absl import flags
 
 from flax_dp_trainer.base import cli
 from flax_dp_trainer.model import modeling
+from flax_dp_trainer.model import outputs
 from flax_dp_trainer.model import source as model_source
 from flax_dp_trainer.configs import default
 from flax_dp_trainer.base.errors import UserError, first_line
@@ -59,6 +60,8 @@ def _define_flags() -> None:
                       '.safetensors); default: its own random init.')
   flags.DEFINE_integer('batch', 4, 'Examples in the random batch.')
   flags.DEFINE_integer('seed', 0, 'Seeds the batch, the labels and both inits.')
+  flags.DEFINE_string('model_logits', '', 'Where the flax port returns a dict: the entry that '
+                      'holds its logits (as --config.model_logits of a run).')
 
 
 @dataclasses.dataclass
@@ -108,7 +111,8 @@ def _cell(value: Optional[float], ok: bool) -> str:
   return f'{value:.2e}' + ('' if ok else ' !')
 
 
-def build_flax(path: str, kwargs: dict, num_classes: int, input_shape: tuple[int, ...]):
+def build_flax(path: str, kwargs: dict, num_classes: int, input_shape: tuple[int, ...],
+               model_logits: str = ''):
   """The flax port as the trainer builds a model (`flax_dp_trainer.model.modeling`), dropout off,
   its BatchNorm on one device's batch (no device axis: `axis_name=None` where declared)."""
   config = default.get_config()
@@ -121,6 +125,7 @@ def build_flax(path: str, kwargs: dict, num_classes: int, input_shape: tuple[int
     kwargs = dict(kwargs, axis_name=None)
   config.model_kwargs = kwargs
   config.dropout_rate = 0.0
+  config.model_logits = model_logits
   built = modeling.build(config, num_classes, input_shape).model
   if built.eval_module is not None:
     raise UserError(f'--flax={path!r} is an NNX module; the port check takes linen modules '
@@ -143,13 +148,25 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
                     f'{(1,) + tuple(input_shape)} ({first_line(e)}); give --input_shape of one '
                     'example both models take') from None
 
+  # The port's logits by the trainer's rule (`flax_dp_trainer.model.outputs`).
   def apply_eval(v, images):
     with _no_dropout(strict=True):
-      return module.apply(v, images, train=False, **extra)
+      return outputs.logits(module.apply(v, images, train=False, **extra),
+                            flax_model.logits_key)
 
   def apply_train(v, images):
     with _no_dropout(strict=False), nn.intercept_methods(_one_device):
-      return module.apply(v, images, train=True, mutable=['batch_stats'], **extra)
+      out, updated = module.apply(v, images, train=True, mutable=['batch_stats'], **extra)
+      return outputs.logits(out, flax_model.logits_key), updated
+
+  whole = jax.eval_shape(lambda v, im: module.apply(v, im, train=False, **extra), variables, x)
+  try:
+    outputs.logits(whole, flax_model.logits_key)
+  except ValueError as e:
+    raise UserError(f'the flax port {flax_model.name} {e}'.replace('--config.model_logits',
+                                                                   '--model_logits')) from None
+  said = outputs.note(flax_model.name, whole, flax_model.logits_key)
+  said = [f'note: {said}'.replace('--config.model_logits', '--model_logits')] if said else []
 
   try:
     _dropout_in_eval(apply_eval, variables, x)
@@ -260,7 +277,7 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
   if not places and first is not None:
     places = [first]
   # A flatten in the other order is the port's own way, taken by the kernel's rows.
-  notes = [f'note: {f.path} takes its input flattened in NHWC order, torch\'s {t.path} in '
+  notes = said + [f'note: {f.path} takes its input flattened in NHWC order, torch\'s {t.path} in '
            'NCHW: its kernel\'s rows were carried in that order' for f, t in pairs
            if f.path in carried.rows]
   if not places:
@@ -331,7 +348,7 @@ def _train_without_dropout(module):
 
 def run(flax_path: str, torch_path: str, input_shape: tuple[int, ...], *, num_classes: int = 10,
         flax_kwargs: Optional[dict] = None, torch_kwargs: Optional[dict] = None,
-        weights: str = '', batch: int = 4, seed: int = 0) -> Report:
+        weights: str = '', batch: int = 4, seed: int = 0, model_logits: str = '') -> Report:
   """Builds both sides from their import paths and checks them (`check`)."""
   torch.manual_seed(seed)
   torch_module = torch_models.from_path(torch_path, torch_kwargs or {}, num_classes, 0.0,
@@ -343,7 +360,8 @@ def run(flax_path: str, torch_path: str, input_shape: tuple[int, ...], *, num_cl
       raise UserError(f'--weights={weights}: {first_line(e)}; give a state dict file of the '
                       'torch model (.pth, .pt, .bin or .safetensors)') from None
   try:
-    flax_model = build_flax(flax_path, flax_kwargs or {}, num_classes, input_shape)
+    flax_model = build_flax(flax_path, flax_kwargs or {}, num_classes, input_shape,
+                            model_logits)
   except UserError as e:
     message = str(e)
     raise UserError('--flax=' + message[len('model='):] if message.startswith('model=') else
@@ -388,7 +406,8 @@ def main(argv) -> None:
                  num_classes=FLAGS.num_classes,
                  flax_kwargs=_parse(FLAGS.flax_kwargs, 'flax_kwargs'),
                  torch_kwargs=_parse(FLAGS.torch_kwargs, 'torch_kwargs'),
-                 weights=FLAGS.weights, batch=FLAGS.batch, seed=FLAGS.seed)
+                 weights=FLAGS.weights, batch=FLAGS.batch, seed=FLAGS.seed,
+                 model_logits=FLAGS.model_logits)
   except UserError as e:  # Bad input: exit status 2, apart from a verdict's 0 and 1.
     print(f'error: {e}', file=sys.stderr, flush=True)
     sys.exit(2)
