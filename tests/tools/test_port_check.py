@@ -352,3 +352,36 @@ def test_a_port_returning_a_tuple_or_a_dict_is_checked_on_its_logits():
                      r'--model_logits=KEY$'):
     port_check.run('tests.ports.small:FlaxSmall', 'tests.ports.small:TorchSmall', (8, 8, 3),
                    flax_kwargs={'returns': 'dict'})
+
+
+def test_timms_vit_against_a_port_written_as_big_vision_writes_it():
+  """timm's fused qkv Linear pairs with flax's attention, with and without the class token;
+  big_vision's token order is carried with the training caveat said; a tanh GELU and
+  LayerNorm's epsilon are named as their cause."""
+  check = lambda torch_kwargs=None, **flax_kwargs: port_check.run(
+      'tests.ports.vit:ViT', 'tests.ports.vit:timm_vit', (32, 32, 3), flax_kwargs=flax_kwargs,
+      torch_kwargs=torch_kwargs)
+  good = check()
+  assert good.ok and not good.notes, good.verdict
+  attention = [r for r in good.rows['eval'] if 'MultiHeadDotProductAttention' in r.flax]
+  assert [r.torch for r in attention] == ['blocks.0.attn', 'blocks.1.attn']
+  pooled = check({'class_token': False, 'global_pool': 'avg'}, class_token=False)
+  assert pooled.ok, pooled.verdict
+  reordered = check(token_first=False)
+  assert reordered.ok, reordered.verdict
+  assert reordered.notes == [
+      'note: the port adds pos_embedding to the patches, then prepends cls; the original '
+      'prepends cls_token, then adds pos_embed of 17 rows. Carried as pos_embedding = '
+      'pos_embed[:, 1:] and cls = cls_token + pos_embed[:, :1], the forward passes are the '
+      'same; training is not (the original trains the token and that row apart, the port '
+      'their sum): for the same training, prepend the token first and add an embedding of 17 '
+      'rows']
+  tanh = check(gelu_approximate=True, ln_epsilon=1e-5).verdict.splitlines()
+  assert tanh[0] == 'verdict: the port parts from the original in 7 places, in call order:'
+  assert tanh[3] == (
+      '  3. in eval mode between encoderblock_0/MlpBlock_0/Dense_0 and encoderblock_0/'
+      'MlpBlock_0/Dense_1 (torch blocks.0.mlp.fc1 and blocks.0.mlp.fc2): flax\'s gelu is the '
+      'tanh approximation, torch\'s GELU() is exact: use nn.gelu(x, approximate=False)')
+  assert tanh[1] == (
+      "  1. in eval mode inside encoderblock_0/LayerNorm_0 (torch blocks.0.norm1, LayerNorm): "
+      "flax's LayerNorm epsilon is 1e-05, torch's LayerNorm eps 1e-06: use epsilon=1e-06")

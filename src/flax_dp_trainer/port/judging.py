@@ -114,7 +114,7 @@ def gradient_rows(pairs, carried, apply_train, x, labels, torch_module, layer_gr
     grads = whole if f.kind == 'param' else per_layer
     if t.kind == 'param':
       tensor = dict(torch_module.named_parameters())[t.module]
-      torch_grads = {'value': port_layouts.to_numpy(tensor.grad)}
+      torch_grads = {'value': port_layouts.fold(t, port_layouts.to_numpy(tensor.grad))}
     else:
       torch_grads = {n: port_layouts.to_numpy(p.grad)
                      for n, p in t.module.named_parameters() if p.grad is not None}

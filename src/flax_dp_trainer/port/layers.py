@@ -10,7 +10,9 @@ statistics), or a parameter a module made itself (`self.param`, `nn.Parameter`):
   batchnorm   BatchNorm                      BatchNorm1d/2d/3d
   norm        LayerNorm, GroupNorm           LayerNorm, GroupNorm
   embedding   Embed                          Embedding
-  attention   MultiHeadDotProductAttention   MultiheadAttention
+  attention   MultiHeadDotProductAttention   MultiheadAttention, or a module of two Linears
+                                             alone: q, k and v fused (d -> 3d), then the
+                                             output (d -> d), as timm's `Attention`
   param       self.param                     nn.Parameter
 
 The order is each side's own: flax's variable reads during `apply` (not its params dict,
@@ -49,6 +51,10 @@ class Layer:
   module: Any = None
   flatten: Optional[tuple[int, int, int]] = None  # linear, torch side: (C, H, W) of the
   # activation flattened into it, where its rows may be ordered otherwise.
+  # param, torch side, where the two sides order a class token and a position embedding
+  # otherwise (`flax_dp_trainer.port.porting.token_order`): 'tail' (the embedding's rows
+  # after the first), or the path of the embedding whose first row is added ('plus:PATH').
+  fold: Optional[str] = None
 
   def describe(self) -> str:
     shapes = ', '.join(f'{n} {tuple(s)}' for n, s in self.shapes.items())
@@ -119,9 +125,30 @@ def flax_layers(apply: Callable[[Any, Any], Any], variables: Any, x: Any) -> lis
   return list(layers.values())
 
 
+def fused_attention(module) -> Optional[tuple[str, str]]:
+  """The names of the fused q, k, v Linear and the output Linear where `module`'s parameters
+  are those two alone (timm's `Attention`: `qkv` of (3d, d) then `proj` of (d, d)); else
+  None."""
+  if isinstance(module, torch.nn.Linear):
+    return None
+  linears = [(n, m) for n, m in module.named_modules()
+             if n and isinstance(m, torch.nn.Linear)]
+  if len(linears) != 2:
+    return None
+  (qkv_name, qkv), (out_name, out) = linears
+  owned = {f'{qkv_name}.{n}' for n, _ in qkv.named_parameters()} | {
+      f'{out_name}.{n}' for n, _ in out.named_parameters()}
+  if {n for n, _ in module.named_parameters()} != owned:
+    return None
+  d = qkv.in_features
+  if qkv.out_features != 3 * d or (out.in_features, out.out_features) != (d, d):
+    return None
+  return qkv_name, out_name
+
+
 def _torch_kind(module) -> Optional[str]:
   tnn = torch.nn
-  if isinstance(module, tnn.MultiheadAttention):
+  if isinstance(module, tnn.MultiheadAttention) or fused_attention(module):
     return 'attention'
   if isinstance(module, tnn.Linear):
     return 'linear'

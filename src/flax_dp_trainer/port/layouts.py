@@ -50,12 +50,38 @@ def convert(kind: str, arrays: dict, flax_shapes: dict) -> Optional[Arrays]:
   return {n: v for n, v in out.items() if v is not None}
 
 
+def fused_names(names) -> Optional[tuple[str, str]]:
+  """A fused attention's two Linears by the names of its arrays ('qkv.weight' and
+  'proj.weight': ('qkv', 'proj')), the fused one first; None for `nn.MultiheadAttention`."""
+  if 'in_proj_weight' in names or 'q_proj_weight' in names:
+    return None
+  prefixes = [n[:-len('.weight')] for n in names if n.endswith('.weight')]
+  return (prefixes[0], prefixes[1]) if len(prefixes) == 2 else None
+
+
+def _fused_as_in_proj(a: dict) -> dict:
+  """A fused attention's arrays under `nn.MultiheadAttention`'s names (q, k and v split
+  along the fused Linear's output, as timm reshapes it into (3, heads, head_dim))."""
+  names = fused_names(a)
+  if names is None:
+    return a
+  qkv, out = names
+  if a[f'{qkv}.weight'].shape[0] != 3 * a[f'{out}.weight'].shape[0]:
+    qkv, out = out, qkv
+  renamed = {'in_proj_weight': a[f'{qkv}.weight'], 'out_proj.weight': a[f'{out}.weight']}
+  renamed.update({new: a[old] for old, new in ((f'{qkv}.bias', 'in_proj_bias'),
+                                               (f'{out}.bias', 'out_proj.bias')) if old in a})
+  return renamed
+
+
 def _attention(a: dict, flax_shapes: dict) -> Optional[Arrays]:
-  """`nn.MultiheadAttention`'s arrays as flax's MultiHeadDotProductAttention holds them:
-  query/key/value kernels (features, heads, head_dim), out kernel (heads, head_dim, out)."""
+  """`nn.MultiheadAttention`'s arrays (or a fused attention's) as flax's
+  MultiHeadDotProductAttention holds them: query/key/value kernels (features, heads,
+  head_dim), out kernel (heads, head_dim, out)."""
   if 'query/kernel' not in flax_shapes or len(flax_shapes['query/kernel']) != 3:
     return None
   _, heads, head_dim = flax_shapes['query/kernel']
+  a = _fused_as_in_proj(a)
   if 'in_proj_weight' in a:
     weights = np.split(a['in_proj_weight'], 3)
   else:
@@ -90,8 +116,21 @@ def to_numpy(tensor) -> np.ndarray:
 def torch_arrays(layer: Layer, module) -> Arrays:
   """The arrays of a torch layer (a raw parameter: from `module`, the whole model)."""
   if layer.kind == 'param':
-    return {'value': to_numpy(dict(module.named_parameters())[layer.module])}
+    parameters = dict(module.named_parameters())
+    return {'value': fold(layer, to_numpy(parameters[layer.module]), parameters)}
   return {n: to_numpy(t) for n, t in port_layers.module_arrays(layer.module).items()}
+
+
+def fold(layer: Layer, value: np.ndarray, parameters: Optional[dict] = None) -> np.ndarray:
+  """A torch parameter's value (or gradient) as its folded layer pairs it
+  (`flax_dp_trainer.port.porting.token_order`): the rows after the first, or, given the
+  module's `parameters`, plus the first row of the embedding it names (a gradient, given
+  none, is the same for the sum)."""
+  if layer.fold == 'tail':
+    return value[:, 1:]
+  if layer.fold and parameters is not None:
+    return value + to_numpy(parameters[layer.fold[len('plus:'):]])[:, :1]
+  return value
 
 
 def to_flax(pair: tuple[Layer, Layer], arrays: dict, rows: Optional[np.ndarray]) -> Arrays:
@@ -165,6 +204,21 @@ def to_torch_layout(kind: str, arrays: Arrays, torch_shapes: dict) -> Arrays:
 
 
 def _attention_to_torch(a: Arrays, torch_shapes: dict) -> Arrays:
+  names = fused_names(torch_shapes)
+  if names is not None:
+    qkv, proj = names
+    if len(torch_shapes[f'{qkv}.weight']) == 2 and torch_shapes[f'{qkv}.weight'][0] != (
+        3 * torch_shapes[f'{proj}.weight'][0]):
+      qkv, proj = proj, qkv
+    shapes = {new: torch_shapes[old] for old, new in (
+        (f'{qkv}.weight', 'in_proj_weight'), (f'{qkv}.bias', 'in_proj_bias'),
+        (f'{proj}.weight', 'out_proj.weight'), (f'{proj}.bias', 'out_proj.bias'))
+              if old in torch_shapes}
+    renamed = _attention_to_torch(a, shapes)
+    return {old: renamed[new] for old, new in (
+        (f'{qkv}.weight', 'in_proj_weight'), (f'{qkv}.bias', 'in_proj_bias'),
+        (f'{proj}.weight', 'out_proj.weight'), (f'{proj}.bias', 'out_proj.bias'))
+            if new in renamed}
   out = {}
   kernels = [a[f'{n}/kernel'] for n in ('query', 'key', 'value')]
   weights = [k.reshape(k.shape[0], -1).T for k in kernels]

@@ -22,9 +22,50 @@ from flax_dp_trainer.port.layers import Arrays, Layer, PortMismatch
 from flax_dp_trainer.port import layouts as port_layouts
 
 
+def token_order(flax_side: list[Layer], torch_side: list[Layer]) -> list[Layer]:
+  """`torch_side` with a class token and a position embedding of 1 + N rows (timm's
+  order: the token prepended, then the embedding added) reordered and folded to pair with a
+  port that adds an N-row embedding to the patches before it prepends the token (big_vision's
+  order): the port's embedding takes the rows after the first, its token the token plus the
+  first row. The two then compute the same forward pass (not the same training: the
+  original trains the token and that row as two parameters, the port their sum)."""
+  torch_side = list(torch_side)
+  for i in range(min(len(flax_side), len(torch_side)) - 1):
+    (f_pos, f_cls), (t_cls, t_pos) = flax_side[i:i + 2], torch_side[i:i + 2]
+    if {f_pos.kind, f_cls.kind, t_cls.kind, t_pos.kind} != {'param'}:
+      continue
+    (fp,), (fc,), (tc,), (tp,) = (list(l.shapes.values()) for l in (f_pos, f_cls, t_cls, t_pos))
+    if not (len(fp) == len(tp) == 3 and fc == tc == (1, 1, fp[2]) and
+            tp == (fp[0], fp[1] + 1, fp[2])):
+      continue
+    (name,) = t_pos.shapes
+    torch_side[i:i + 2] = [
+        dataclasses.replace(t_pos, shapes={name: fp}, fold='tail'),
+        dataclasses.replace(t_cls, fold=f'plus:{t_pos.module}')]
+  return torch_side
+
+
+def folded(pairs: list[tuple[Layer, Layer]]) -> Optional[str]:
+  """The line a check says where `token_order` folded a class token (None where not)."""
+  token = next(((f, t) for f, t in pairs if t.fold and t.fold.startswith('plus:')), None)
+  if token is None:
+    return None
+  (f_cls, t_cls), embedding = token, token[1].fold[len('plus:'):]
+  f_pos = next(f for f, t in pairs if t.module == embedding)
+  rows = next(iter(f_pos.shapes.values()))[1] + 1
+  return (f'note: the port adds {f_pos.path} to the patches, then prepends {f_cls.path}; the '
+          f'original prepends {t_cls.path}, then adds {embedding} of {rows} rows. Carried as '
+          f'{f_pos.path} = {embedding}[:, 1:] and {f_cls.path} = {t_cls.path} + '
+          f'{embedding}[:, :1], the forward passes are the same; training is not (the '
+          'original trains the token and that row apart, the port their sum): for the same '
+          f'training, prepend the token first and add an embedding of {rows} rows')
+
+
 def match(flax_side: list[Layer], torch_side: list[Layer]) -> list[tuple[Layer, Layer]]:
-  """The layers of both sides paired in call order; `PortMismatch` naming the first pair
-  whose kinds or shapes differ, or the first layer one side has beyond the other."""
+  """The layers of both sides paired in call order (a class token's order folded,
+  `token_order`); `PortMismatch` naming the first pair whose kinds or shapes differ, or the
+  first layer one side has beyond the other."""
+  torch_side = token_order(flax_side, torch_side)
   pairs = []
   for index, (f, t) in enumerate(zip(flax_side, torch_side)):
     where = f'layer {index + 1} in call order'
@@ -180,7 +221,10 @@ def torch_state(carried: Carried, variables: Any) -> Arrays:
       arrays['kernel'] = arrays['kernel'][np.argsort(rows)]
     converted = port_layouts.to_torch_layout(t.kind, arrays, t.shapes)
     if t.kind == 'param':
-      state[t.module] = np.array(converted[next(iter(converted))])
+      value = np.array(converted[next(iter(converted))])
+      if t.fold == 'tail':  # (The token takes the first row: `token_order`.)
+        value = np.concatenate([np.zeros_like(value[:, :1]), value], axis=1)
+      state[t.module] = value
       continue
     # (A layer that is the whole model is named by its class; its arrays have no prefix.)
     prefix = '' if t.module is carried.torch_module else t.path

@@ -256,9 +256,13 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
   layer_grads = forcing.layer_gradients(apply_train, carried.variables, x, pairs, torch_train,
                                         output_gradients, carried.rows)
   gradients = judging.gradient_rows(pairs, carried, apply_train, x, labels, torch_module, layer_grads)
+  # A parameter a module made itself is judged through the whole backward pass: a place
+  # named before it explains its gradient too.
+  param_paths = {f.path for f, _ in pairs if f.kind == 'param'}
   places.extend(f'in the gradient of {n} (|flax - torch| up to {d:.2e})'
                 for n, d, ok in gradients
-                if not ok and n.rpartition('/')[0] not in named and n not in named)
+                if not ok and n.rpartition('/')[0] not in named and n not in named
+                and not (n in param_paths and places))
   statistics = judging.statistics_rows(pairs, updated, before, after, torch_train)
   modules = {path: f.module for path, f in forced.items()}
   torch_of = {f.path: t for f, t in pairs}
@@ -277,7 +281,8 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
   if not places and first is not None:
     places = [first]
   # A flatten in the other order is the port's own way, taken by the kernel's rows.
-  notes = said + [f'note: {f.path} takes its input flattened in NHWC order, torch\'s {t.path} in '
+  token = porting.folded(pairs)
+  notes = said + ([token] if token else []) + [f'note: {f.path} takes its input flattened in NHWC order, torch\'s {t.path} in '
            'NCHW: its kernel\'s rows were carried in that order' for f, t in pairs
            if f.path in carried.rows]
   if not places:

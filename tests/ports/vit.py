@@ -1,0 +1,81 @@
+"""A ViT written the way big_vision writes its `models/vit.py` (patch conv, learned position
+embedding, pre-LN blocks of `nn.MultiHeadDotProductAttention` and a GELU MLP), as a port of
+timm's `VisionTransformer`, with switches for what porters get wrong: GELU's tanh
+approximation, LayerNorm's epsilon, and the order of the class token and the position
+embedding (`token_first=False`: big_vision's, the embedding added to the patches before the
+token is prepended; timm prepends the token, then adds an embedding of 1 + N rows).
+`class_token=False`: timm's `class_token=False, global_pool='avg'` (the tokens' mean, then a
+LayerNorm)."""
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+
+class MlpBlock(nn.Module):
+  mlp_dim: int
+  gelu_approximate: bool
+
+  @nn.compact
+  def __call__(self, x):
+    y = nn.Dense(self.mlp_dim)(x)
+    return nn.Dense(x.shape[-1])(nn.gelu(y, approximate=self.gelu_approximate))
+
+
+class Encoder1DBlock(nn.Module):
+  num_heads: int
+  mlp_dim: int
+  gelu_approximate: bool
+  ln_epsilon: float
+
+  @nn.compact
+  def __call__(self, x):
+    y = nn.LayerNorm(epsilon=self.ln_epsilon)(x)
+    x = x + nn.MultiHeadDotProductAttention(num_heads=self.num_heads)(y, y)
+    y = nn.LayerNorm(epsilon=self.ln_epsilon)(x)
+    return x + MlpBlock(self.mlp_dim, self.gelu_approximate)(y)
+
+
+class ViT(nn.Module):
+  num_classes: int = 10
+  patch_size: int = 8
+  width: int = 192
+  depth: int = 2
+  num_heads: int = 3
+  mlp_dim: int = 768
+  gelu_approximate: bool = False
+  ln_epsilon: float = 1e-6
+  token_first: bool = True
+  class_token: bool = True
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    p = self.patch_size
+    x = nn.Conv(self.width, (p, p), strides=(p, p), padding='VALID', name='embedding')(x)
+    n, h, w, c = x.shape
+    x = x.reshape(n, h * w, c)
+    posemb = lambda rows: self.param('pos_embedding', nn.initializers.normal(0.02),
+                                     (1, rows, c))
+    token = lambda: jnp.tile(self.param('cls', nn.initializers.zeros, (1, 1, c)), (n, 1, 1))
+    if self.class_token and self.token_first:
+      x = jnp.concatenate([token(), x], axis=1)
+      x = x + posemb(x.shape[1])
+    else:
+      x = x + posemb(x.shape[1])
+      if self.class_token:
+        x = jnp.concatenate([token(), x], axis=1)
+    for i in range(self.depth):
+      x = Encoder1DBlock(self.num_heads, self.mlp_dim, self.gelu_approximate, self.ln_epsilon,
+                         name=f'encoderblock_{i}')(x)
+    if self.class_token:
+      x = nn.LayerNorm(epsilon=self.ln_epsilon, name='encoder_norm')(x)[:, 0]
+    else:
+      x = nn.LayerNorm(epsilon=self.ln_epsilon, name='fc_norm')(x.mean(axis=1))
+    return nn.Dense(self.num_classes, name='head')(x)
+
+
+def timm_vit(num_classes: int = 10, **kwargs):
+  """timm's ViT-Ti/16 at 32x32 with 8x8 patches and 2 blocks (a test's size); `kwargs` as
+  `timm.create_model` takes them (class_token=False, global_pool='avg')."""
+  import timm  # pylint: disable=import-outside-toplevel
+  return timm.create_model('vit_tiny_patch16_224', pretrained=False, num_classes=num_classes,
+                           img_size=32, patch_size=8, depth=2, **kwargs)
