@@ -91,3 +91,13 @@ class ResNet(nn.Module):
 
 ResNet18 = functools.partial(ResNet, stage_sizes=[2, 2, 2, 2], block_cls=BasicBlock)
 ResNet50 = functools.partial(ResNet, stage_sizes=[3, 4, 6, 3], block_cls=Bottleneck)
+
+
+def torchvision_resnet18(num_classes: int = 1000, in_chans: int = 3):
+  """torchvision's `resnet18`, its first convolution taking `in_chans` channels."""
+  import torch  # pylint: disable=import-outside-toplevel
+  import torchvision  # pylint: disable=import-outside-toplevel
+  model = torchvision.models.resnet18(num_classes=num_classes)
+  if in_chans != 3:
+    model.conv1 = torch.nn.Conv2d(in_chans, 64, 7, stride=2, padding=3, bias=False)
+  return model

@@ -74,8 +74,8 @@ class ViT(nn.Module):
 
 
 def timm_vit(num_classes: int = 10, **kwargs):
-  """timm's ViT-Ti/16 at 32x32 with 8x8 patches and 2 blocks (a test's size); `kwargs` as
-  `timm.create_model` takes them (class_token=False, global_pool='avg')."""
+  """timm's ViT-Ti/16 at 32x32 with 8x8 patches and 2 blocks (a test's size) unless `kwargs`
+  say otherwise, as `timm.create_model` takes them (class_token=False, global_pool='avg')."""
   import timm  # pylint: disable=import-outside-toplevel
   return timm.create_model('vit_tiny_patch16_224', pretrained=False, num_classes=num_classes,
-                           img_size=32, patch_size=8, depth=2, **kwargs)
+                           **dict(dict(img_size=32, patch_size=8, depth=2), **kwargs))

@@ -1,5 +1,5 @@
-"""The modules a run imports before anything is built (`config.imports`), and where a user's
-module is looked for.
+"""The modules a run imports before anything is built (`config.imports`), where a user's
+module is looked for, and a user's object by its import path (`import_object`).
 
 `config.imports` is a comma-separated string of module names, e.g. 'my_data.shapes' for a
 package that defines and registers a TFDS builder (then `--config.dataset=shapes` names it),
@@ -11,6 +11,7 @@ the config (`checks.check_config`), on every process of a multi-process run.
 import importlib
 import os
 import sys
+from typing import Any
 
 from flax_dp_trainer.base.errors import UserError, first_line
 
@@ -40,3 +41,24 @@ def import_modules(config) -> None:
       raise UserError(f'imports={config.imports!r}: module {name!r} does not import '
                       f'({first_line(e)}); it is looked for in the working directory '
                       f'{os.getcwd()} and on sys.path (add its folder to PYTHONPATH)') from None
+
+
+def import_object(name: str, field: str = 'model') -> Any:
+  """The object `pkg.module:Name` names, imported from the working directory and sys.path;
+  `field` (the config field or flag that gave it) names it in a refusal."""
+  module_name, _, attribute = name.partition(':')
+  put_working_directory_on_path()
+  try:
+    obj = importlib.import_module(module_name)
+  except Exception as e:  # pylint: disable=broad-except  # The user's code: any error.
+    raise UserError(f'{field}={name!r}: module {module_name!r} does not import '
+                    f'({first_line(e)}); it is looked for in the working '
+                    f'directory {os.getcwd()} and on sys.path (add its folder to PYTHONPATH)'
+                    ) from None
+  where = getattr(obj, '__file__', module_name)
+  for part in attribute.split('.'):
+    if not hasattr(obj, part):
+      raise UserError(f'{field}={name!r}: {where} has no {part!r} (the part after the colon '
+                      'names a class or function of the module)')
+    obj = getattr(obj, part)
+  return obj

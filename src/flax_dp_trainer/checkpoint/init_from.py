@@ -7,6 +7,7 @@ import time
 from typing import Any, Optional
 
 from absl import logging
+from flax import traverse_util
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,9 +19,9 @@ from flax_dp_trainer.zoo import torch_weights
 from flax_dp_trainer.zoo import vit
 
 
-def read_torch_weights(path: str, name: str, model, input_shape: tuple[int, ...]) -> dict:
-  """The PyTorch state dict of `init_from`, read (progress logged) and checked against the
-  model's shapes before anything is compiled (`UserError` where it does not fit)."""
+def read_state_dict(path: str) -> dict:
+  """The PyTorch state dict file of `init_from`, read (progress logged); `UserError` in one
+  line where it does not read as one."""
   started = time.perf_counter()
   logging.info('init_from=%r: reading the PyTorch state dict (%.1f MB)', path,
                os.path.getsize(path) / 1e6)
@@ -29,11 +30,20 @@ def read_torch_weights(path: str, name: str, model, input_shape: tuple[int, ...]
   except ImportError as e:
     raise UserError(f'init_from={path!r}: reading it needs {e.name}; pip install -e '
                     '".[ddp]"') from None
-  except (torch_weights.WeightsMismatch, OSError, RuntimeError) as e:
+  except Exception as e:  # pylint: disable=broad-except  # Any file: any error of its reader.
     raise UserError(f'init_from={path!r} cannot be read as a state dict '
-                    f'({str(e).splitlines()[0]}); pass a .pth or .safetensors file') from None
-  logging.info('init_from=%r: %d tensors read in %.1f s; matching them to model=%r', path,
-               len(state_dict), time.perf_counter() - started, name)
+                    f'({type(e).__name__}: {(str(e).splitlines() or [""])[0]}); pass a .pth, '
+                    '.pt, .bin or .safetensors file of a torch model\'s state dict') from None
+  logging.info('init_from=%r: %d tensors read in %.1f s', path, len(state_dict),
+               time.perf_counter() - started)
+  return state_dict
+
+
+def read_torch_weights(path: str, name: str, model, input_shape: tuple[int, ...]) -> dict:
+  """The PyTorch state dict of `init_from` for a shipped model (torchvision's names), read
+  and checked against the model's shapes before anything is compiled (`UserError` where it
+  does not fit)."""
+  state_dict = read_state_dict(path)
   shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros(input_shape),
                                              train=False))  # Traced, not compiled.
   _from_torch(path, name, model, jax.tree.map(lambda x: np.zeros(x.shape, x.dtype),
@@ -62,13 +72,26 @@ def _said_resampled(path: str, tokens: Optional[tuple[int, int]], method: str) -
                  method)
 
 
-def init_from(config, module, state, state_dict: Optional[dict]) -> tuple[Any, int]:
+def init_from(config, module, state, state_dict: Optional[dict],
+              port: Optional[Any] = None) -> tuple[Any, int]:
   """`state` (a `TrainState`) with the params (and BatchNorm statistics) of
   `config.init_from`: a PyTorch state dict file (torchvision's names; `state_dict`, read and
-  checked by `read_torch_weights`) for the flax `module`, or a flax workdir/checkpoint; the
+  checked by `read_torch_weights`) for the flax `module`, its arrays carried into a user's
+  port (`port`, a `flax_dp_trainer.port.weights.Carried`), or a flax workdir/checkpoint; the
   optimizer starts fresh. Also the step the params were saved at (0 for a state dict file)."""
   path, name, from_step = config.init_from, config.model, 0
-  if state_dict is not None:
+  if port is not None:
+    flat, fresh = traverse_util.flatten_dict(dict(state.variables())), set(port.fresh_head)
+    flat.update({k: np.asarray(v, np.asarray(flat[k]).dtype)
+                 for k, v in traverse_util.flatten_dict(port.variables).items()
+                 if k in flat and k not in fresh})
+    carried = traverse_util.unflatten_dict(flat)
+    for line in port.notes:
+      logging.info('init_from=%r: %s', path, line)
+    logging.info('initializing params from the PyTorch state dict %s, carried into '
+                 'model=%r by call order from torch_model=%r', path, name, config.torch_model)
+    params, batch_stats = carried['params'], carried.get('batch_stats')
+  elif state_dict is not None:
     loaded = _from_torch(path, name, module, state.variables(), state_dict,
                          config.pos_embedding_resize)
     if loaded.new_head:

@@ -37,6 +37,7 @@ from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.step import losses
 from flax_dp_trainer.step import optim
 from flax_dp_trainer.step import state as state_lib
+from flax_dp_trainer import zoo
 from flax_dp_trainer.zoo import torch_weights
 
 
@@ -108,7 +109,7 @@ def start(run: 'Run') -> Start:
                     'step %d in %s', config.init_from, restored.step, checkpointer.directory)
   if restored is None and config.init_from:
     state, _ = init_from.init_from(run.config, run.model.module, state,
-                                       run.torch_weights)
+                                       run.torch_weights, run.port_weights)
   if restored is None:
     return Start(state, step_rng, config.seed, 0, None, unreadable)
   meta = run_meta.RunMeta.from_json(restored.meta, restored.step)
@@ -146,6 +147,9 @@ class Run:
   loss: losses.Loss  # The training loss (config.loss, or the function given from Python).
   # The PyTorch state dict of `init_from`, read and checked, where a fresh run starts from one.
   torch_weights: Optional[dict] = None
+  # Where that state dict is the original's of a port (config.torch_model): its arrays carried
+  # into the port (a `flax_dp_trainer.port.weights.Carried`).
+  port_weights: Optional[Any] = None
 
 
 def build_model(config, num_classes: int, input_shape: tuple[int, ...], per_device: int, *,
@@ -228,13 +232,51 @@ def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
   built = build_model(config, num_classes, input_shape, per_device if training else 1,
                        model=model, command_line=command_line)
   config = _recorded(config, built)
-  weights = None
+  weights, port = None, None
   if (config.init_from and torch_weights.is_weights_file(config.init_from) and
       not checkpointer.steps()):
-    weights = init_from.read_torch_weights(config.init_from, config.model, built.module,
-                                           input_shape)
+    if config.torch_model:
+      port = port_weights(config, built, num_classes, input_shape)
+    elif config.model not in zoo.names():
+      raise UserError(f'init_from={config.init_from!r} is a PyTorch state dict, and '
+                      f'model={config.model!r} is not a shipped model: name the torch model it '
+                      'is a port of with --config.torch_model=pkg.module:Name (the layers pair '
+                      'by call order, as tools.port_check pairs them)')
+    else:
+      weights = init_from.read_torch_weights(config.init_from, config.model, built.module,
+                                             input_shape)
   return Run(config, layout, datasets, train_data, checkpointer, evaluations, num_classes, built,
-              input_shape, loss if loss is not None else losses.get(config.loss), weights)
+              input_shape, loss if loss is not None else losses.get(config.loss), weights, port)
+
+
+def port_weights(config, model: adapter.Model, num_classes: int,
+                 input_shape: tuple[int, ...]) -> Any:
+  """The state dict file of `init_from` loaded into `config.torch_model` and carried into
+  the port by call order (`flax_dp_trainer.port.weights`), before anything is compiled or
+  written; `UserError` in one line where it does not fit."""
+  # (Imported here: torch, for runs that start from a torch state dict only.)
+  # pylint: disable=import-outside-toplevel
+  from flax_dp_trainer.port import layers as port_layers
+  from flax_dp_trainer.port import originals
+  from flax_dp_trainer.port import weights as port_lib
+  # pylint: enable=import-outside-toplevel
+  state_dict = init_from.read_state_dict(config.init_from)
+  original = originals.from_path(config.torch_model, config.torch_model_kwargs.to_dict(),
+                                 num_classes, config.dropout_rate)
+  variables = model.init(jax.random.PRNGKey(config.seed), input_shape)
+  x = np.random.RandomState(0).standard_normal((2,) + tuple(input_shape[1:])).astype(
+      np.float32)
+  try:
+    return port_lib.into_port(lambda v, im: model.apply(v, im, train=False), variables,
+                              original, state_dict, x)
+  except port_lib.StateMismatch as e:
+    raise UserError(f'init_from={config.init_from!r} does not fit '
+                    f'torch_model={config.torch_model!r}: {e}; use a state dict of that model '
+                    '(with its --config.torch_model_kwargs)') from None
+  except port_layers.PortMismatch as e:
+    raise UserError(f'torch_model={config.torch_model!r} and model={config.model!r} do not '
+                    f'pair up: {e} (python -m flax_dp_trainer.tools.port_check says more)'
+                    ) from None
 
 
 def write_dataset_spec(workdir: str, read: specs.DatasetSpec) -> None:

@@ -105,7 +105,7 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
                  run.checkpointer.directory)
   else:
     state, step = init_from.init_from(run.config, run.model.module, state,
-                                       run.torch_weights)
+                                       run.torch_weights, run.port_weights)
   with setup.lock_workdir(workdir):
     writer = writers.create_writer(workdir)
     with metric_writers.ensure_flushes(writer):

@@ -17,7 +17,6 @@ import dataclasses
 import importlib
 import inspect
 import json
-import os
 from typing import Any, Callable, Optional
 
 import flax.linen as nn
@@ -57,27 +56,6 @@ def check_name(name: str) -> None:
              if module_name and attribute else '')
     raise UserError(f"model={name!r} is unknown; choose one of: {', '.join(zoo.names())}, "
                     f'or give your own module as pkg.module:Name (--config.model=NAME){guess}')
-
-
-def import_object(name: str, field: str = 'model') -> Any:
-  """The object `pkg.module:Name` names, imported from the working directory and sys.path;
-  `field` (the config field or flag that gave it) names it in a refusal."""
-  module_name, _, attribute = name.partition(':')
-  user_imports.put_working_directory_on_path()
-  try:
-    obj = importlib.import_module(module_name)
-  except Exception as e:  # pylint: disable=broad-except  # The user's code: any error.
-    raise UserError(f'{field}={name!r}: module {module_name!r} does not import '
-                    f'({first_line(e)}); it is looked for in the working '
-                    f'directory {os.getcwd()} and on sys.path (add its folder to PYTHONPATH)'
-                    ) from None
-  where = getattr(obj, '__file__', module_name)
-  for part in attribute.split('.'):
-    if not hasattr(obj, part):
-      raise UserError(f'{field}={name!r}: {where} has no {part!r} (the part after the colon '
-                      'names a class or function of the module)')
-    obj = getattr(obj, part)
-  return obj
 
 
 def is_nnx_class(obj: Any) -> bool:
@@ -154,7 +132,7 @@ def resolve(name: str) -> Source:
   if not is_import_path(name):
     factory = zoo.factory(name)
     return Source(name, factory, *parameters(factory), registered=True, record=(name, {}))
-  return _source(import_object(name), name, record=name)
+  return _source(user_imports.import_object(name), name, record=name)
 
 
 def _source(obj: Any, name: str, record: Optional[str]) -> Source:

@@ -1,3 +1,5 @@
 """Torch weights into any flax module of the same architecture, without a key table: each
 side's layers in call order (`layers`), their arrays between layouts (`layouts`), paired and
-carried, their outputs captured (`porting`). Imports `base`."""
+carried, their outputs captured (`porting`); a torch original built from its import path
+(`originals`) and a state dict carried into a port (`weights`); the port check's teacher
+forcing (`forcing`), causes (`causes`) and judging (`judging`). Imports `base` and `zoo`."""

@@ -70,9 +70,10 @@ def match(flax_side: list[Layer], torch_side: list[Layer]) -> list[tuple[Layer, 
   for index, (f, t) in enumerate(zip(flax_side, torch_side)):
     where = f'layer {index + 1} in call order'
     if f.kind != t.kind:
-      raise PortMismatch(f'{where}: flax {f.describe()} is a {f.kind} layer, torch '
-                         f'{t.describe()} a {t.kind} one; the port calls its layers in '
-                         'another order, or has a layer the original does not')
+      article = lambda kind: 'an' if kind[0] in 'aeiou' else 'a'
+      raise PortMismatch(f'{where}: flax {f.describe()} is {article(f.kind)} {f.kind} layer, '
+                         f'torch {t.describe()} {article(t.kind)} {t.kind} one; the port calls '
+                         'its layers in another order, or has a layer the original does not')
     zeros = {n: np.zeros(s, np.float32) for n, s in t.shapes.items()}
     converted = port_layouts.convert(t.kind, zeros, f.shapes)
     got = {n: a.shape for n, a in converted.items()} if converted is not None else None

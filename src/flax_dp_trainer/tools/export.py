@@ -1,5 +1,5 @@
-"""Writes a run's trained model as a PyTorch state dict (torchvision's names), and says how to
-load it and what input it takes:
+"""Writes a run's trained model as a PyTorch state dict (torchvision's names; a port's, its
+original's, `config.torch_model`), and says how to load it and what input it takes:
 
   python -m flax_dp_trainer.tools.export --workdir=/tmp/digits [--step=N] \
       [--format=torchvision|safetensors]
@@ -21,6 +21,7 @@ from absl import flags
 from flax_dp_trainer.base import cli
 from flax_dp_trainer import inference
 from flax_dp_trainer.base.errors import UserError
+from flax_dp_trainer.model import adapter
 from flax_dp_trainer.zoo import torch_weights
 
 FLAGS = flags.FLAGS
@@ -40,6 +41,10 @@ def _define_flags() -> None:
 def torch_constructor(trained) -> str:
   """The Python expression that builds the torch model the state dict loads into."""
   name, spec = trained.config.model, trained.spec
+  if trained.config.get('torch_model'):
+    module, _, attribute = trained.config.torch_model.partition(':')
+    kwargs = dict(trained.config.torch_model_kwargs.to_dict(), num_classes=spec.num_classes)
+    return (f'{attribute}(' + ', '.join(f'{k}={v!r}' for k, v in kwargs.items()) + ')')
   if name in TORCHVISION and spec.channels == 3 and (
       not name.startswith('vit') or tuple(spec.input_shape[:2]) == (224, 224)):
     return f'torchvision.models.{TORCHVISION[name]}(num_classes={spec.num_classes})'
@@ -47,14 +52,49 @@ def torch_constructor(trained) -> str:
           f'num_classes={spec.num_classes})')
 
 
+def _import_line(trained) -> str:
+  """What `torch_constructor`'s expression needs imported first ('' where nothing)."""
+  if not trained.config.get('torch_model'):
+    return ''
+  module, _, attribute = trained.config.torch_model.partition(':')
+  return f'from {module} import {attribute}; '
+
+
+def _port_state_dict(trained) -> dict:
+  """A port's variables as a state dict of its original (`config.torch_model`), its layers
+  paired by call order."""
+  # pylint: disable=import-outside-toplevel  # (torch: for ports only)
+  import numpy as np
+  from flax_dp_trainer.port import layers as port_layers
+  from flax_dp_trainer.port import originals
+  from flax_dp_trainer.port import weights as port_weights
+  # pylint: enable=import-outside-toplevel
+  config, spec = trained.config, trained.spec
+  original = originals.from_path(config.torch_model, config.torch_model_kwargs.to_dict(),
+                                 spec.num_classes, 0.0)
+  x = np.random.RandomState(0).standard_normal((2,) + tuple(spec.input_shape)).astype(
+      np.float32)
+  built = trained.built if trained.built is not None else adapter.wrap(trained.model)
+  try:
+    return port_weights.from_port(lambda v, im: built.apply(v, im, train=False),
+                                  trained.variables, original, x)
+  except port_layers.PortMismatch as e:
+    raise UserError(f'torch_model={config.torch_model!r} and model={config.model!r} do not '
+                    f'pair up: {e} (nothing was written)') from None
+
+
 def export(workdir: str, step, file_format: str, out) -> tuple[str, list[str]]:
   """Writes the state dict; returns its path and the lines that say how to use it."""
   trained = inference.load(workdir, step)
   out = out or os.path.join(workdir, 'export',
-                            f'{trained.config.model}_step{trained.step}{FORMATS[file_format]}')
+                            f'{trained.config.model.replace(":", "_")}_step{trained.step}'
+                            f'{FORMATS[file_format]}')
   if os.path.exists(out):
     raise UserError(f'{out} exists; pass another --out (nothing was written)')
-  state_dict = torch_weights.to_state_dict(trained.model, trained.variables)
+  if trained.config.get('torch_model'):
+    state_dict = _port_state_dict(trained)
+  else:
+    state_dict = torch_weights.to_state_dict(trained.model, trained.variables)
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   torch_weights.write_state_dict(out, state_dict)
   spec = trained.spec
@@ -63,7 +103,8 @@ def export(workdir: str, step, file_format: str, out) -> tuple[str, list[str]]:
   lines = [
       f'wrote {out}: {trained.config.model} at step {trained.step}'
       f'{" (EMA params)" if trained.ema else ""}, {len(state_dict)} tensors',
-      f'load: model = {torch_constructor(trained)}; model.load_state_dict({read}); model.eval()',
+      f'load: {_import_line(trained)}model = {torch_constructor(trained)}; '
+      f'model.load_state_dict({read}); model.eval()',
       f'input: float32 NCHW (N, {spec.channels}, {spec.input_shape[0]}, {spec.input_shape[1]}),'
       f' x / 255 less mean {tuple(spec.mean)}, over std {tuple(spec.std)}'
       + (f'; images resized and center-cropped to {spec.image_size} first'

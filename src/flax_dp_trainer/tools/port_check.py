@@ -38,6 +38,7 @@ from flax_dp_trainer.torch_ddp import models as torch_models
 from flax_dp_trainer.port import causes
 from flax_dp_trainer.port import forcing
 from flax_dp_trainer.port import judging
+from flax_dp_trainer.port import originals
 from flax_dp_trainer.port import porting
 from flax_dp_trainer.port import layers as port_layers
 from flax_dp_trainer.port import layouts as port_layouts
@@ -356,7 +357,7 @@ def run(flax_path: str, torch_path: str, input_shape: tuple[int, ...], *, num_cl
         weights: str = '', batch: int = 4, seed: int = 0, model_logits: str = '') -> Report:
   """Builds both sides from their import paths and checks them (`check`)."""
   torch.manual_seed(seed)
-  torch_module = torch_models.from_path(torch_path, torch_kwargs or {}, num_classes, 0.0,
+  torch_module = originals.from_path(torch_path, torch_kwargs or {}, num_classes, 0.0,
                                         field='--torch')
   if weights:
     try:

@@ -9,7 +9,7 @@ All take images as NCHW tensors. A first layer built for 3 channels is rebuilt f
 dataset's channels (grayscale digits).
 
 A user's own PyTorch model (`config.torch_model`, a flax port of it as `config.model`) is
-built from its import path (`from_path`); `flax_init_state` carries the flax init into either
+built from its import path (`flax_dp_trainer.port.originals.from_path`); `flax_init_state` carries the flax init into either
 kind: through `zoo.torch_weights` for the twins, through `porting` (layers paired in call
 order) for a user's pair, so both frameworks start from identical weights. Known differences
 from flax, all outside the forward pass: torch updates `running_var` with the unbiased batch
@@ -19,7 +19,6 @@ ResNets average them over devices.
 """
 
 import functools
-import inspect
 from typing import Any, Callable, Dict, Mapping, Sequence
 
 import numpy as np
@@ -28,10 +27,10 @@ import torchvision
 from torch import nn
 from torchvision.models import resnet as tv_resnet
 
-from flax_dp_trainer.model import source as model_source
 from flax_dp_trainer.step import state as state_lib
 from flax_dp_trainer import zoo as flax_models
-from flax_dp_trainer.base.errors import UserError, first_line
+from flax_dp_trainer.base.errors import UserError
+from flax_dp_trainer.port import originals
 from flax_dp_trainer.port import porting
 from flax_dp_trainer.port import layers as port_layers
 from flax_dp_trainer.zoo import torch_weights
@@ -195,37 +194,10 @@ def load_flax_variables(model: nn.Module, flax_model: Any, variables: Mapping[st
   load_state_dict(model, torch_weights.to_state_dict(flax_model, variables))
 
 
-def from_path(path: str, kwargs: Mapping[str, Any], num_classes: int, dropout_rate: float,
-              field: str = 'torch_model') -> nn.Module:
-  """A user's torch model from its import path ('pkg.module:Name': a `torch.nn.Module` class
-  or a function returning one, such as `torchvision.models:resnet18`), given `num_classes`
-  where its constructor declares it or takes any keyword, and the dropout rate where it
-  declares one (`dropout_rate`, `dropout` or `p_dropout`), unless `kwargs` set them."""
-  target = model_source.import_object(path, field)
-  try:
-    declared = inspect.signature(target).parameters
-  except (TypeError, ValueError):
-    declared = {}
-  given = dict(kwargs)
-  any_keyword = any(p.kind == p.VAR_KEYWORD for p in declared.values())
-  if ('num_classes' in declared or any_keyword) and 'num_classes' not in given:
-    given['num_classes'] = num_classes  # (torchvision's constructors take it as **kwargs)
-  for rate in ('dropout_rate', 'dropout', 'p_dropout'):
-    if rate in declared and rate not in given:
-      given[rate] = dropout_rate
-  try:
-    model = target(**given)
-  except Exception as e:  # pylint: disable=broad-except  # The user's code.
-    raise UserError(f'{field}={path!r} cannot be built with {given} ({first_line(e)})') from None
-  if not isinstance(model, nn.Module):
-    raise UserError(f'{field}={path!r} gives a {type(model).__name__}, not a torch.nn.Module')
-  return model
-
-
 def for_config(config, num_classes: int, input_shape: Sequence[int]) -> nn.Module:
   """The config's torch model: `torch_model` where set, else the twin of `model`."""
   if config.get('torch_model'):
-    return from_path(config.torch_model, config.torch_model_kwargs.to_dict(), num_classes,
+    return originals.from_path(config.torch_model, config.torch_model_kwargs.to_dict(), num_classes,
                      config.dropout_rate)
   return get(config.model, input_shape=tuple(input_shape), num_classes=num_classes,
              dropout_rate=config.dropout_rate)

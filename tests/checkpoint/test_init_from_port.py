@@ -1,0 +1,129 @@
+"""A PyTorch state dict into a user's port (`--config.init_from` with `--config.torch_model`),
+its layers paired with the original's by call order, and a trained port exported back as a
+state dict of its original."""
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+import torch
+
+import flax_dp_trainer as trainer
+from flax_dp_trainer.base.errors import UserError
+from flax_dp_trainer.loop import setup
+from flax_dp_trainer.loop import train
+from flax_dp_trainer.port import originals
+from flax_dp_trainer.tools import export
+
+# name -> (the port, its arguments, the original, its arguments) on digits (8x8, 1 channel).
+PAIRS = {
+    'timm_vit': ('tests.ports.vit:ViT', {'patch_size': 4}, 'tests.ports.vit:timm_vit',
+                 {'img_size': 8, 'patch_size': 4}),
+    'torchvision_resnet18': ('tests.ports.resnet:ResNet18', {},
+                             'tests.ports.resnet:torchvision_resnet18', {}),
+}
+X = np.random.RandomState(1).standard_normal((4, 8, 8, 1)).astype(np.float32)
+
+
+def _original(name: str, num_classes: int = 10, in_chans: int = 1):
+  """The original of pair `name`, its BatchNorm statistics made up (carried too)."""
+  torch.manual_seed(0)
+  _, _, path, kwargs = PAIRS[name]
+  model = originals.from_path(path, dict(kwargs, in_chans=in_chans), num_classes, 0.0).eval()
+  for module in model.modules():
+    if isinstance(module, torch.nn.BatchNorm2d):
+      module.running_mean.uniform_(-0.5, 0.5)
+      module.running_var.uniform_(0.5, 2.0)
+  return model
+
+
+def _config(config, name: str, init_from: str):
+  port, port_kwargs, path, kwargs = PAIRS[name]
+  config.model, config.torch_model, config.init_from = port, path, init_from
+  config.model_kwargs = ml_collections.ConfigDict(port_kwargs)
+  config.torch_model_kwargs = ml_collections.ConfigDict(dict(kwargs, in_chans=1))
+  config.dropout_rate = 0.0
+  return config
+
+
+def _logits(original, x=X):
+  with torch.no_grad():
+    return original(torch.from_numpy(np.moveaxis(x, -1, 1).copy())).numpy()
+
+
+@pytest.mark.parametrize('name', list(PAIRS))
+def test_a_state_dict_of_the_original_gives_the_port_its_logits(config, tmp_path, name):
+  original = _original(name)
+  torch.save(original.state_dict(), tmp_path / 'original.pth')
+  run = setup.prepare(_config(config, name, str(tmp_path / 'original.pth')),
+                      str(tmp_path / 'run'), jax.devices()[:1])
+  state = setup.start(run).state
+  got = np.asarray(run.model.apply(state.variables(), X, train=False))
+  want = _logits(original)
+  np.testing.assert_allclose(got, want, atol=1e-4 * (1 + np.abs(want).max()))
+
+
+def test_another_class_count_keeps_the_ports_head_and_adapts_the_first_conv(config, tmp_path):
+  """timm's ViT saved for 1000 classes of RGB images, into the port on digits."""
+  torch.save(_original('timm_vit', num_classes=1000, in_chans=3).state_dict(),
+             tmp_path / 'imagenet.pth')
+  run = setup.prepare(_config(config, 'timm_vit', str(tmp_path / 'imagenet.pth')),
+                      str(tmp_path / 'run'), jax.devices()[:1])
+  assert run.port_weights.notes == [
+      'its first convolution patch_embed.proj takes 3 input channels, the original as built '
+      '1: summed over them',
+      "its classifier head has another number of classes: the port's head keeps its own init "
+      '(fine-tuning)']
+  state = setup.start(run).state
+  config.init_from = ''
+  fresh = setup.start(setup.prepare(config, str(tmp_path / 'fresh'), jax.devices()[:1])).state
+  np.testing.assert_array_equal(state.params['head']['kernel'], fresh.params['head']['kernel'])
+  assert not np.allclose(state.params['embedding']['kernel'],
+                         fresh.params['embedding']['kernel'])
+
+
+def test_what_does_not_fit_is_one_line_before_anything_is_written(config, tmp_path):
+  text = tmp_path / 'notes.pth'
+  text.write_text('not a state dict')
+  resnet = tmp_path / 'resnet.pth'
+  torch.save(_original('torchvision_resnet18').state_dict(), resnet)
+  cases = [
+      (text, r"^init_from='.*notes.pth' cannot be read as a state dict \(UnpicklingError: "),
+      (resnet, r"^init_from='.*resnet.pth' does not fit torch_model='tests.ports.vit:timm_vit': "
+       r'missing cls_token, pos_embed, patch_embed.proj.weight; unexpected conv1.weight, '
+       r'bn1.weight, bn1.bias \(32 missing, 102 unexpected keys\); use a state dict of that '
+       r'model'),
+  ]
+  for path, message in cases:
+    with pytest.raises(UserError, match=message) as error:
+      train.train_and_evaluate(_config(config, 'timm_vit', str(path)), str(tmp_path / 'run'))
+    assert '\n' not in str(error.value)
+  config.torch_model = ''
+  with pytest.raises(UserError, match=r"model='tests.ports.vit:ViT' is not a shipped model: "
+                     r'name the torch model it is a port of with --config.torch_model='):
+    train.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert not (tmp_path / 'run').exists()
+
+
+@pytest.mark.slow
+def test_a_port_trained_from_the_originals_weights_exports_back_as_its_state_dict(
+    config, tmp_path):
+  torch.save(_original('timm_vit').state_dict(), tmp_path / 'original.pth')
+  _config(config, 'timm_vit', str(tmp_path / 'original.pth'))
+  config.update(num_train_steps=2, warmup_steps=1, log_every_steps=2, eval_every_steps=2,
+                checkpoint_every_steps=2)
+  workdir = str(tmp_path / 'run')
+  trainer.fit(config, workdir, devices=jax.devices()[:2])
+  out, lines = export.export(workdir, None, 'torchvision', str(tmp_path / 'trained.pth'))
+  assert lines[1] == (
+      'load: from tests.ports.vit import timm_vit; model = timm_vit(img_size=8, in_chans=1, '
+      f"patch_size=4, num_classes=10); model.load_state_dict(torch.load('{out}')); model.eval()")
+  original = _original('timm_vit')
+  original.load_state_dict(torch.load(out))
+  trained = trainer.load(workdir)
+  images = np.random.RandomState(2).randint(0, 256, (3, 8, 8, 1)).astype(np.uint8)
+  want = np.asarray(trained.logits(images))
+  spec = trained.spec  # As the export's lines say: x / 255 less mean, over std.
+  normalized = ((images / 255 - np.asarray(spec.mean)) / np.asarray(spec.std)).astype(np.float32)
+  got = _logits(original.eval(), normalized)
+  np.testing.assert_allclose(got, want, atol=1e-4 * (1 + np.abs(want).max()))
