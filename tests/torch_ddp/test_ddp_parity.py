@@ -6,6 +6,7 @@ import os
 import subprocess
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 
@@ -34,6 +35,11 @@ from tests import REPO
 # then the root) over their activation checkpointing.
 USER_MLP = dict(model='tests.port_pairs:FlaxMLP', torch_model='tests.port_pairs:TorchMLP')
 USER_CNN = dict(model='tests.port_pairs:FlaxCNN', torch_model='tests.port_pairs:TorchCNN')
+# timm's ViT (fused qkv attention, the class token first, exact GELU) beside a port written as
+# big_vision writes its ViT, at 4x4 patches of digits and 2 blocks.
+TIMM_VIT = dict(model='tests.ports.vit:ViT', torch_model='tests.ports.vit:timm_vit',
+                model_kwargs={'patch_size': 4},
+                torch_model_kwargs={'img_size': 8, 'patch_size': 4, 'in_chans': 1})
 
 
 @pytest.mark.slow
@@ -44,11 +50,12 @@ USER_CNN = dict(model='tests.port_pairs:FlaxCNN', torch_model='tests.port_pairs:
                           (None, 4, 2, USER_MLP),
                           (None, 2, 1, USER_MLP),
                           (None, 2, 1, USER_CNN),
+                          (None, 2, 1, TIMM_VIT),
                           ('resnet_tiny', 2, 1, dict(remat='full')),
                           ('resnet_tiny', 2, 1, dict(state_sharding='fsdp', remat='full',
                                                      step_backend='shard_map'))],
                          ids=['resnet_tiny', 'mlp_mixed', 'user_mlp_2_ranks', 'user_mlp_1_rank',
-                              'user_cnn_1_rank', 'resnet_tiny_remat', 'resnet_tiny_fsdp_remat'])
+                              'user_cnn_1_rank', 'timm_vit_1_rank', 'resnet_tiny_remat', 'resnet_tiny_fsdp_remat'])
 def test_first_20_losses_agree(tmp_path, config, request, model, jax_devices, ddp_ranks, more):
   user = 'torch_model' in more
   remat = more.get('remat', 'none') != 'none'
@@ -58,7 +65,11 @@ def test_first_20_losses_agree(tmp_path, config, request, model, jax_devices, dd
   if model:
     overrides['model'] = model
   jax_dir, ddp_dir = str(tmp_path / 'jax'), str(tmp_path / 'ddp')
+  kwargs = {k: overrides.pop(k) for k in ('model_kwargs', 'torch_model_kwargs')
+            if k in overrides}
   config.update(**overrides)
+  for field, value in kwargs.items():  # (Assigned whole: the default's dicts are empty.)
+    config[field] = ml_collections.ConfigDict(value)
   train.train_and_evaluate(config, jax_dir, devices=jax.devices()[:jax_devices])
   if ddp_ranks == 1:
     request.getfixturevalue('one_rank_group')
