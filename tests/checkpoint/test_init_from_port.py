@@ -14,6 +14,7 @@ from flax_dp_trainer.loop import setup
 from flax_dp_trainer.loop import train
 from flax_dp_trainer.port import originals
 from flax_dp_trainer.tools import export
+from flax_dp_trainer.tools import port_check
 
 # name -> (the port, its arguments, the original, its arguments) on digits (8x8, 1 channel).
 PAIRS = {
@@ -127,3 +128,31 @@ def test_a_port_trained_from_the_originals_weights_exports_back_as_its_state_dic
   normalized = ((images / 255 - np.asarray(spec.mean)) / np.asarray(spec.std)).astype(np.float32)
   got = _logits(original.eval(), normalized)
   np.testing.assert_allclose(got, want, atol=1e-4 * (1 + np.abs(want).max()))
+
+
+def test_the_port_checks_verified_variables_start_a_run(config, tmp_path):
+  """`port_check --save`: the variables the check carried and verified, as a checkpoint
+  `init_from` takes; refused where the port parts or the directory holds files."""
+  port, port_kwargs, path, kwargs = PAIRS['timm_vit']
+  torch_kwargs = dict(kwargs, in_chans=1)
+  report = port_check.run(port, path, (8, 8, 1), flax_kwargs=port_kwargs,
+                          torch_kwargs=torch_kwargs)
+  assert report.ok, report.verdict
+  saved = str(tmp_path / 'verified')
+  assert port_check.save(report, port, port_kwargs, 10, (8, 8, 1), saved) == (
+      f"saved: {saved}, the port's variables as carried from the original; train from them "
+      f'with --config.init_from={saved}')
+  with pytest.raises(UserError, match=r'verified is not empty; give a new directory'):
+    port_check.save(report, port, port_kwargs, 10, (8, 8, 1), saved)
+  parts = port_check.run(port, path, (8, 8, 1), flax_kwargs=dict(port_kwargs, ln_epsilon=1e-5),
+                         torch_kwargs=torch_kwargs)
+  with pytest.raises(UserError, match=r'nothing was written, the port parts from the original'):
+    port_check.save(parts, port, port_kwargs, 10, (8, 8, 1), str(tmp_path / 'other'))
+  assert not (tmp_path / 'other').exists()
+  config.model, config.init_from = port, saved
+  config.model_kwargs = ml_collections.ConfigDict(port_kwargs)
+  config.dropout_rate = 0.0
+  run = setup.prepare(config, str(tmp_path / 'run'), jax.devices()[:1])
+  state = setup.start(run).state
+  for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(report.variables['params'])):
+    np.testing.assert_array_equal(got, want)

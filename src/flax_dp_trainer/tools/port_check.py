@@ -19,6 +19,7 @@ original computes. Exit status 0 when it does, 1 when it does not.
 import contextlib
 import dataclasses
 import json
+import os
 import sys
 from typing import Any, Optional
 
@@ -27,6 +28,7 @@ import jax
 import numpy as np
 import torch
 from absl import flags
+from absl import logging
 
 from flax_dp_trainer.base import cli
 from flax_dp_trainer.model import modeling
@@ -61,6 +63,9 @@ def _define_flags() -> None:
                       '.safetensors); default: its own random init.')
   flags.DEFINE_integer('batch', 4, 'Examples in the random batch.')
   flags.DEFINE_integer('seed', 0, 'Seeds the batch, the labels and both inits.')
+  flags.DEFINE_string('save', '', 'Where the port passes: write its variables as carried from '
+                      'the original to this new directory, a checkpoint --config.init_from '
+                      'takes.')
   flags.DEFINE_string('model_logits', '', 'Where the flax port returns a dict: the entry that '
                       'holds its logits (as --config.model_logits of a run).')
 
@@ -75,6 +80,7 @@ class Report:
   verdict: str
   ok: bool
   notes: list[str] = dataclasses.field(default_factory=list)  # Said before the verdict.
+  variables: Optional[dict] = None  # The port's variables as carried from the original.
 
   def lines(self) -> list[str]:
     out = []
@@ -290,7 +296,7 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
     largest = max([logits['eval'], logits['train']] + [d for _, d, _ in gradients])
     return Report(rows, logits, gradients, statistics,
                   f'verdict: the port computes what the original computes: max difference '
-                  f'{largest:.2e}', True, notes)
+                  f'{largest:.2e}', True, notes, carried.variables)
   if len(places) == 1:
     return Report(rows, logits, gradients, statistics, f'verdict: the port parts from the '
                   f'original {places[0]}', False, notes)
@@ -383,6 +389,37 @@ def run(flax_path: str, torch_path: str, input_shape: tuple[int, ...], *, num_cl
   return check(flax_model, torch_module, input_shape, batch=batch, seed=seed)
 
 
+def save(report: Report, flax_path: str, flax_kwargs: dict, num_classes: int,
+         input_shape: tuple[int, ...], directory: str) -> str:
+  """Writes the variables the check verified as a checkpoint (step 0) in `directory` (new
+  or empty), which `--config.init_from` takes for the same model; the line that says so."""
+  # pylint: disable=import-outside-toplevel  # (orbax and the train state: --save only)
+  from flax_dp_trainer.checkpoint import checkpointer
+  from flax_dp_trainer.checkpoint import meta as run_meta
+  from flax_dp_trainer.step import state as state_lib
+  # pylint: enable=import-outside-toplevel
+  if not report.ok:
+    raise UserError(f'--save={directory}: nothing was written, the port parts from the '
+                    'original (the verdict above)')
+  if os.path.exists(directory) and os.listdir(directory):
+    raise UserError(f'--save={directory} is not empty; give a new directory (nothing was '
+                    'written)')
+  model = build_flax(flax_path, flax_kwargs, num_classes, input_shape)
+  config = default.get_config()
+  config.model, config.model_kwargs = flax_path, flax_kwargs
+  state = state_lib.init_state(config, num_classes, (1,) + tuple(input_shape), model=model)
+  variables = report.variables
+  state = state.replace(params=variables['params'],
+                        batch_stats=variables.get('batch_stats', state.batch_stats))
+  saver = checkpointer.Checkpointer(directory, keep=1)
+  saver.save(0, state, run_meta.RunMeta(rng=[0, 0], data_seed=0, examples_seen=0, devices=1,
+                                        processes=1, config=config.to_dict()))
+  saver.wait()
+  saver.close()
+  return (f'saved: {directory}, the port\'s variables as carried from the original; train from '
+          f'them with --config.init_from={directory}')
+
+
 def _parse(text: str, flag: str) -> Any:
   try:
     value = json.loads(text)
@@ -423,6 +460,14 @@ def main(argv) -> None:
           flush=True)
     sys.exit(2)
   print('\n'.join(report.lines()), flush=True)
+  if FLAGS.save:
+    logging.set_verbosity(logging.WARNING)  # (orbax's progress lines)
+    try:
+      print(save(report, FLAGS.flax, _parse(FLAGS.flax_kwargs, 'flax_kwargs'),
+                 FLAGS.num_classes, _shape(FLAGS.input_shape), FLAGS.save), flush=True)
+    except UserError as e:
+      print(f'error: {e}', file=sys.stderr, flush=True)
+      sys.exit(2 if report.ok else 1)
   sys.exit(0 if report.ok else 1)
 
 
