@@ -5,7 +5,7 @@ approximation, LayerNorm's epsilon, and the order of the class token and the pos
 embedding (`token_first=False`: big_vision's, the embedding added to the patches before the
 token is prepended; timm prepends the token, then adds an embedding of 1 + N rows).
 `class_token=False`: timm's `class_token=False, global_pool='avg'` (the tokens' mean, then a
-LayerNorm)."""
+LayerNorm). `fused_qkv`: the attention written as timm writes it, one Dense for q, k and v."""
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -26,11 +26,13 @@ class Encoder1DBlock(nn.Module):
   mlp_dim: int
   gelu_approximate: bool
   ln_epsilon: float
+  fused_qkv: bool = False
 
   @nn.compact
   def __call__(self, x):
     y = nn.LayerNorm(epsilon=self.ln_epsilon)(x)
-    x = x + nn.MultiHeadDotProductAttention(num_heads=self.num_heads)(y, y)
+    x = x + (FusedAttention(self.num_heads)(y) if self.fused_qkv else
+             nn.MultiHeadDotProductAttention(num_heads=self.num_heads)(y, y))
     y = nn.LayerNorm(epsilon=self.ln_epsilon)(x)
     return x + MlpBlock(self.mlp_dim, self.gelu_approximate)(y)
 
@@ -46,6 +48,7 @@ class ViT(nn.Module):
   ln_epsilon: float = 1e-6
   token_first: bool = True
   class_token: bool = True
+  fused_qkv: bool = False  # q, k and v as one Dense, as timm's `qkv`.
 
   @nn.compact
   def __call__(self, x, train: bool = False):
@@ -65,7 +68,7 @@ class ViT(nn.Module):
         x = jnp.concatenate([token(), x], axis=1)
     for i in range(self.depth):
       x = Encoder1DBlock(self.num_heads, self.mlp_dim, self.gelu_approximate, self.ln_epsilon,
-                         name=f'encoderblock_{i}')(x)
+                         self.fused_qkv, name=f'encoderblock_{i}')(x)
     if self.class_token:
       x = nn.LayerNorm(epsilon=self.ln_epsilon, name='encoder_norm')(x)[:, 0]
     else:
@@ -79,3 +82,16 @@ def timm_vit(num_classes: int = 10, **kwargs):
   import timm  # pylint: disable=import-outside-toplevel
   return timm.create_model('vit_tiny_patch16_224', pretrained=False, num_classes=num_classes,
                            **dict(dict(img_size=32, patch_size=8, depth=2), **kwargs))
+
+
+class FusedAttention(nn.Module):
+  """timm's attention written with one `nn.Dense(3 * dim)` for q, k and v, then `proj`."""
+  num_heads: int
+
+  @nn.compact
+  def __call__(self, x):
+    n, length, dim = x.shape
+    qkv = nn.Dense(3 * dim, name='qkv')(x).reshape(n, length, 3, self.num_heads, -1)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    y = nn.dot_product_attention(q, k, v).reshape(n, length, dim)
+    return nn.Dense(dim, name='proj')(y)

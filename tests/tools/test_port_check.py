@@ -355,7 +355,8 @@ def test_a_port_returning_a_tuple_or_a_dict_is_checked_on_its_logits():
 
 
 def test_timms_vit_against_a_port_written_as_big_vision_writes_it():
-  """timm's fused qkv Linear pairs with flax's attention, with and without the class token;
+  """timm's fused qkv Linear pairs with flax's attention (or a Dense of the same fusion),
+  with and without the class token;
   big_vision's token order is carried with the training caveat said; a tanh GELU and
   LayerNorm's epsilon are named as their cause."""
   check = lambda torch_kwargs=None, **flax_kwargs: port_check.run(
@@ -365,6 +366,10 @@ def test_timms_vit_against_a_port_written_as_big_vision_writes_it():
   assert good.ok and not good.notes, good.verdict
   attention = [r for r in good.rows['eval'] if 'MultiHeadDotProductAttention' in r.flax]
   assert [r.torch for r in attention] == ['blocks.0.attn', 'blocks.1.attn']
+  fused = check(fused_qkv=True)  # q, k and v as one Dense, as timm writes them.
+  assert fused.ok, fused.verdict
+  assert [r.torch for r in fused.rows['eval'] if r.flax.endswith('/qkv')] == [
+      'blocks.0.attn.qkv', 'blocks.1.attn.qkv']
   pooled = check({'class_token': False, 'global_pool': 'avg'}, class_token=False)
   assert pooled.ok, pooled.verdict
   reordered = check(token_first=False)

@@ -45,6 +45,26 @@ def token_order(flax_side: list[Layer], torch_side: list[Layer]) -> list[Layer]:
   return torch_side
 
 
+def split_fused(flax_side: list[Layer], torch_side: list[Layer]) -> list[Layer]:
+  """`torch_side` with each fused attention (timm's `Attention`: `qkv` then `proj`) that
+  meets a flax dense layer split back into its two Linears: a port that writes the fused
+  `qkv` as one `nn.Dense(3 * dim)` pairs Linear with Dense."""
+  torch_side = list(torch_side)
+  i = 0
+  while i < min(len(flax_side), len(torch_side)):
+    t = torch_side[i]
+    names = (port_layers.fused_attention(t.module)
+             if flax_side[i].kind == 'linear' and t.kind == 'attention' else None)
+    if names:
+      modules = dict(t.module.named_modules())
+      torch_side[i:i + 1] = [
+          Layer(f'{t.path}.{name}', 'linear',
+                {n: tuple(a.shape) for n, a in port_layers.module_arrays(modules[name]).items()},
+                'Linear', module=modules[name]) for name in names]
+    i += 1
+  return torch_side
+
+
 def folded(pairs: list[tuple[Layer, Layer]]) -> Optional[str]:
   """The line a check says where `token_order` folded a class token (None where not)."""
   token = next(((f, t) for f, t in pairs if t.fold and t.fold.startswith('plus:')), None)
@@ -65,7 +85,7 @@ def match(flax_side: list[Layer], torch_side: list[Layer]) -> list[tuple[Layer, 
   """The layers of both sides paired in call order (a class token's order folded,
   `token_order`); `PortMismatch` naming the first pair whose kinds or shapes differ, or the
   first layer one side has beyond the other."""
-  torch_side = token_order(flax_side, torch_side)
+  torch_side = split_fused(flax_side, token_order(flax_side, torch_side))
   pairs = []
   for index, (f, t) in enumerate(zip(flax_side, torch_side)):
     where = f'layer {index + 1} in call order'
