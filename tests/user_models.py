@@ -2,6 +2,7 @@
 (`--config.model=tests.user_models:Name`), as a user's file would be."""
 
 import functools
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -151,3 +152,25 @@ class NnxWithoutRngs(nnx.Module):
 # returns the module), for fine-tuning from 224 to 384 px at test cost.
 ViTTest16 = functools.partial(vit.ViT, patch_size=16, hidden_size=32, num_layers=2, num_heads=2,
                               mlp_dim=64)
+
+
+class ConvBlock(nn.Module):
+  """A block a network takes as a class (flax's ResNet takes `block_cls=ResNetBlock`)."""
+  features: int
+  strides: int = 1
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Conv(self.features, (3, 3), strides=(self.strides, self.strides))(x)
+
+
+class BlockNet(nn.Module):
+  """A network whose block and activation are constructor arguments that are Python objects."""
+  num_classes: int
+  block_cls: Any = ConvBlock
+  activation: Callable = nn.relu
+
+  @nn.compact
+  def __call__(self, x, train: bool):
+    x = self.activation(self.block_cls(4)(x))
+    return nn.Dense(self.num_classes)(x.reshape((x.shape[0], -1)))

@@ -8,12 +8,16 @@ loop, checkpoints, resume, metrics and errors (the package's root exports them).
 `flax_dp_trainer.loop.train` is the module of the loop.)
 """
 
-from typing import Optional
+import dataclasses
+from typing import Any, Callable, Optional, Sequence
 
 import ml_collections
 
-from flax_dp_trainer.loop import train as train_lib
+from flax_dp_trainer import logs
 from flax_dp_trainer.data import arrays
+from flax_dp_trainer.loop import train as train_lib
+from flax_dp_trainer.loop import writers
+from flax_dp_trainer.parallel import simulated
 
 
 def _with_data(config, data) -> tuple[ml_collections.ConfigDict, Optional[arrays.Arrays]]:
@@ -27,18 +31,46 @@ def _with_data(config, data) -> tuple[ml_collections.ConfigDict, Optional[arrays
   return config, given
 
 
-def fit(config, workdir: str, *, model=None, loss=None, data=None, devices=None):
-  """Trains `config` in `workdir`, resuming from its newest checkpoint; returns the final
-  state (`train.train_and_evaluate`). `data`: {split: (images, labels)} numpy arrays to train
-  on in place of `config.dataset` (`data/arrays.py`)."""
-  config, given = _with_data(config, data)
-  return train_lib.train_and_evaluate(config, workdir, devices=devices, model=model, loss=loss,
-                                      data=given)
+@dataclasses.dataclass
+class FitResult:
+  """What `fit` gives back."""
+  state: Any  # The final train state (host arrays): .params, .batch_stats, .step, ...
+  workdir: str
+  step: int  # The last step trained.
+  # Each scalar the run logged, in all its sessions (train_loss, eval_accuracy, ...): a list of
+  # (step, value), ready to plot. Empty on processes other than 0 (they write no files).
+  history: dict[str, list[tuple[int, float]]]
 
 
-def evaluate(config, workdir: str, *, model=None, loss=None, data=None, devices=None) -> dict:
+def fit(config, workdir: str, *, model=None, loss=None, data=None, devices=None,
+        cpu_devices: Optional[int] = None,
+        callbacks: Sequence[Callable[[int, dict], None]] = (),
+        verbosity: str = 'info') -> FitResult:
+  """Trains `config` in `workdir`, resuming from its newest checkpoint
+  (`train.train_and_evaluate`); returns a `FitResult`. `data`: {split: (images, labels)}
+  numpy arrays to train on in place of `config.dataset` (`data/arrays.py`). `cpu_devices`:
+  that many simulated CPU devices, as the command line's `--cpu_devices` (before JAX starts
+  in this process). `callbacks`: each called on process 0 as `callback(step, {tag: value})`
+  with every log step's training metrics and every evaluation's, as they are written.
+  `verbosity`: 'info' shows the command line's lines (progress, evaluations, checkpoints),
+  'warning' and 'error' less."""
+  with logs.shown(verbosity):
+    if cpu_devices is not None:
+      simulated.use_cpu_devices(cpu_devices)
+    config, given = _with_data(config, data)
+    state = train_lib.train_and_evaluate(config, workdir, devices=devices, model=model,
+                                         loss=loss, data=given, callbacks=callbacks)
+  return FitResult(state, workdir, int(state.step), writers.history(workdir))
+
+
+def evaluate(config, workdir: str, *, model=None, loss=None, data=None, devices=None,
+             cpu_devices: Optional[int] = None, verbosity: str = 'info') -> dict:
   """Evaluates the newest checkpoint of `workdir` on the config's evaluations, writes the
-  scalars at its step and returns them (`train.evaluate_only`)."""
-  config, given = _with_data(config, data)
-  return train_lib.evaluate_only(config, workdir, devices=devices, model=model, loss=loss,
-                                 data=given)
+  scalars at its step and returns them (`train.evaluate_only`); `cpu_devices` and
+  `verbosity` as `fit` takes them."""
+  with logs.shown(verbosity):
+    if cpu_devices is not None:
+      simulated.use_cpu_devices(cpu_devices)
+    config, given = _with_data(config, data)
+    return train_lib.evaluate_only(config, workdir, devices=devices, model=model, loss=loss,
+                                   data=given)

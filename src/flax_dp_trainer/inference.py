@@ -23,6 +23,7 @@ import numpy as np
 
 from flax_dp_trainer.checkpoint import checkpointer as checkpoint
 from flax_dp_trainer.checkpoint import meta as run_meta
+from flax_dp_trainer import logs
 from flax_dp_trainer.model import modeling
 from flax_dp_trainer.model import adapter
 from flax_dp_trainer.model import source as model_source
@@ -113,12 +114,19 @@ def _spec(meta: run_meta.RunMeta, config) -> specs.DatasetSpec:
   return specs.from_json(meta.dataset)
 
 
-def load(workdir: str, step: Optional[int] = None, *, model: Any = None) -> Trained:
+def load(workdir: str, step: Optional[int] = None, *, model: Any = None,
+         verbosity: str = 'warning') -> Trained:
   """The model of a run's checkpoint (the newest, or the one at `step`), ready to predict:
   see the module's docstring. Needs neither the dataset nor any device count. `model`: the
   flax module object, class or function the run was given from Python, where the checkpoint
   could not record it (one defined in `__main__` or a notebook, or with fields that are not
-  JSON); it must be the model that was trained."""
+  JSON); it must be the model that was trained: its variables' shapes are checked against
+  the checkpoint's. `verbosity`: as `fit` takes it."""
+  with logs.shown(verbosity):
+    return _load(workdir, step, model)
+
+
+def _load(workdir: str, step: Optional[int], model: Any) -> Trained:
   step, meta = checkpoint.read_meta(workdir, step)
   config = meta.full_config()
   if model is None and config.model.startswith(model_source.OBJECT_PREFIX):
@@ -131,6 +139,19 @@ def load(workdir: str, step: Optional[int] = None, *, model: Any = None) -> Trai
   variables = {'params': saved['ema_params'] if ema else saved['params']}
   if saved.get('batch_stats') is not None:
     variables['batch_stats'] = saved['batch_stats']
-  built = modeling.build(config, spec.num_classes, tuple(spec.input_shape), model=model).model
+  given = config
+  if model is not None:  # The module object holds its fields: the recorded ones are not passed.
+    given = ml_collections.ConfigDict(config.to_dict())
+    given.model_kwargs = ml_collections.ConfigDict()
+  built = modeling.build(given, spec.num_classes, tuple(spec.input_shape), model=model).model
+  if model is not None:
+    wanted = jax.eval_shape(lambda: built.init(jax.random.PRNGKey(0),
+                                               (1,) + tuple(spec.input_shape)))
+    mismatch = checkpoint.describe_mismatch(checkpoint.array_specs(variables),
+                                            checkpoint.array_specs(dict(wanted)), limit=1)
+    if mismatch:
+      raise UserError(f'model={built.name!r} is not the model the run in {workdir} trained: '
+                      f'{mismatch.replace("in this config", "in the model given")}; pass the '
+                      'module with the fields it was trained with')
   return Trained(built.module, jax.tree.map(np.asarray, variables), config, step, spec, ema,
                  built)

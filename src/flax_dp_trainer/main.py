@@ -9,6 +9,7 @@ import sys
 import traceback
 
 from flax_dp_trainer.base import cli
+from flax_dp_trainer import logs
 from flax_dp_trainer import settings
 
 # Before TensorFlow is imported: its C++ start-up chatter stays out of the log.
@@ -113,38 +114,6 @@ def _set_up_devices() -> None:
   pipeline.keep_off_accelerators()
 
 
-def _abandoned_read(record) -> bool:
-  """asyncio's report of a task of an orbax read that failed and that nobody awaited any
-  more: a read of a damaged checkpoint, which the run has set aside in a line of its own."""
-  if record.name != 'asyncio' or not record.exc_info or record.exc_info[2] is None:
-    return False
-  files = [frame.filename for frame in traceback.extract_tb(record.exc_info[2])]
-  text = f'{record.getMessage()} {record.exc_info[1]}'
-  return any('/orbax/' in f or 'tensorstore' in f for f in files) or 'OCDBT' in text
-
-
-def _quiet_libraries(record) -> bool:
-  """Log lines of orbax and CLU: orbax's INFO lines (several per save) dropped; the errors
-  of both, which the run reports itself in one line (a save or a write that failed), without
-  their tracebacks; asyncio's reports of abandoned checkpoint reads dropped."""
-  if _abandoned_read(record):
-    return False
-  if '/orbax/' not in record.pathname and '/clu/' not in record.pathname:
-    return True
-  record.exc_info, record.exc_text = None, None
-  return '/clu/' in record.pathname or record.levelno >= logging.converter.STANDARD_WARNING
-
-
-def _quiet_abandoned_reads(unraisable) -> None:
-  """sys.unraisablehook: drops what a checkpoint read abandoned by orbax leaves behind (its
-  outstanding tensorstore reads finish after orbax closed the event loop they report to, and
-  each raises 'Event loop is closed' in a callback); everything else as Python prints it."""
-  error = unraisable.exc_value
-  if isinstance(error, RuntimeError) and str(error) == 'Event loop is closed':
-    return
-  sys.__unraisablehook__(unraisable)
-
-
 def _exit(code: int, message: str) -> None:
   print(message, file=sys.stderr)
   if jax.distributed.is_initialized():
@@ -175,9 +144,9 @@ def main(argv):
   del argv  # cli.parse_flags refused stray arguments.
   if _answer_at_once():
     return
-  logging.get_absl_handler().addFilter(_quiet_libraries)
+  logging.get_absl_handler().addFilter(logs.quiet_libraries)
   # A damaged checkpoint is set aside and the run goes on: its abandoned reads say nothing.
-  sys.unraisablehook = _quiet_abandoned_reads
+  sys.unraisablehook = logs.quiet_abandoned_reads
   # (flax, optax: --list and --show_config answer without them)
   # pylint: disable-next=import-outside-toplevel
   from flax_dp_trainer.loop import checks

@@ -86,6 +86,13 @@ def test_float_images_refuse_uint8_augmentations_and_take_the_configs_statistics
   spec = run_datasets.for_config(config, given)
   assert (spec.mean, spec.std) == ((0.5,), (0.1, 0.2, 0.3))
   assert spec.arrays is given and 'arrays' not in specs.to_json(spec)
+  # The log says what the images reach the device as.
+  assert pipeline.open_train_data(config, spec).describe(1)[1].endswith(
+      'float32 images to the device (less mean (0.5,), over std (0.1, 0.2, 0.3) in the step)')
+  config.image_mean, config.image_std = '', ''
+  assert pipeline.open_train_data(config, run_datasets.for_config(config, given)).describe(
+      1)[1].endswith('float32 images to the device, to the model as they are')
+  config.image_mean, config.image_std = '0.5', '0.1,0.2,0.3'
   config.image_std = '0.1,0.2'
   with pytest.raises(UserError, match=r"image_std='0.1,0.2' must be 1 or 3 comma-separated "
                      'numbers'):
@@ -103,6 +110,9 @@ def test_arrays_are_read_in_the_global_streams_order(config, shapes):
   config.update(dataset=f'npz:{path}', batch_size=16, seed=7, augment='none')
   train_data = pipeline.open_train_data(config)
   assert train_data.mode == sources.IN_MEMORY
+  assert train_data.describe(1)[1] == (
+      'training preprocessing: nothing per example; uint8 images to the device (x / 255, less '
+      'mean (0.485, 0.456, 0.406), over std (0.229, 0.224, 0.225) in the step)')
   batches = train_data.batches()
   labels = np.concatenate([next(batches)['label'] for _ in range(20)])  # 2.7 epochs.
   _, expected = data['train']
@@ -144,7 +154,7 @@ def test_float_arrays_from_python_train_as_on_one_device(shapes, config, tmp_pat
             for split, (images, labels) in data.items()}
   config.update(image_mean='0.2', image_std='0.3', **SHORT)
   states = [trainer.fit(config, str(tmp_path / f'run{n}'), data=floats,
-                        devices=jax.devices()[:n]) for n in (1, 4)]
+                        devices=jax.devices()[:n]).state for n in (1, 4)]
   difference = helpers.relative_difference(states[1].params, states[0].params)
   print(f'float32 arrays, 4 devices against 1: {difference:.2g}')
   assert difference < 1e-5

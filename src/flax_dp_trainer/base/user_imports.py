@@ -11,7 +11,7 @@ the config (`checks.check_config`), on every process of a multi-process run.
 import importlib
 import os
 import sys
-from typing import Any
+from typing import Any, Optional
 
 from flax_dp_trainer.base.errors import UserError, first_line
 
@@ -62,3 +62,19 @@ def import_object(name: str, field: str = 'model') -> Any:
                       'names a class or function of the module)')
     obj = getattr(obj, part)
   return obj
+
+
+def import_path(obj: Any) -> Optional[str]:
+  """The import path of a class or function ('pkg.module:Name'), where importing it gives it
+  back (`import_object`); None where it has none (a lambda, or one defined in `__main__`, a
+  notebook or a function)."""
+  module_name, qualname = getattr(obj, '__module__', None), getattr(obj, '__qualname__', '')
+  if not module_name or module_name == '__main__' or '<' in qualname:
+    return None
+  try:
+    found = importlib.import_module(module_name)
+    for part in qualname.split('.'):
+      found = getattr(found, part)
+  except Exception:  # pylint: disable=broad-except
+    return None
+  return f'{module_name}:{qualname}' if found is obj else None

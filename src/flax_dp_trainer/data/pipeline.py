@@ -90,8 +90,16 @@ class TrainData:
   def describe(self, process_count: int) -> list[str]:
     """Log lines: how the data is read, and each example's preprocessing."""
     return [sources.describe_read_mode(self.mode, process_count),
-            f'training preprocessing: {self.plan().describe()}; uint8 images to the device '
-            '(normalized in the step)']
+            f'training preprocessing: {self.plan().describe()}; {self._to_device()}']
+
+  def _to_device(self) -> str:
+    """What the images reach the device as, and what the step makes of them."""
+    statistics = f'less mean {tuple(self.spec.mean)}, over std {tuple(self.spec.std)}'
+    if self.spec.dtype == 'float32':
+      plain = all(m == 0 for m in self.spec.mean) and all(v == 1 for v in self.spec.std)
+      return ('float32 images to the device, to the model as they are' if plain else
+              f'float32 images to the device ({statistics} in the step)')
+    return f'uint8 images to the device (x / 255, {statistics} in the step)'
 
   def dataset(self, *, process_index: int = 0, process_count: int = 1,
               start_position: int = 0, seed: Optional[int] = None) -> tf.data.Dataset:

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from flax_dp_trainer.base import arguments
 from flax_dp_trainer.base import multihost
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.checkpoint import checkpointer as checkpoint
@@ -184,6 +185,21 @@ def _recorded(config, model: adapter.Model) -> ml_collections.ConfigDict:
   return recorded
 
 
+def _encoded(config) -> ml_collections.ConfigDict:
+  """`config` with the classes, functions and partials among its constructor arguments by
+  their import paths (`base.arguments`), as the checkpoints, hparams and a resume record them;
+  `UserError` in one line, before anything is written, where one has none."""
+  fields = {field: arguments.encode(config[field].to_dict(), field)
+            for field in ('model_kwargs', 'torch_model_kwargs') if field in config}
+  if all(value == config[field].to_dict() for field, value in fields.items()):
+    return config
+  encoded = ml_collections.ConfigDict(config.to_dict())
+  for field, value in fields.items():
+    encoded[field] = ml_collections.ConfigDict(value)
+  encoded.lock()
+  return encoded
+
+
 def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
              training: bool = True, model: Any = None, loss: Optional[losses.Loss] = None,
              arrays: Optional[arrays_lib.Arrays] = None, command_line=frozenset()) -> Run:
@@ -192,6 +208,7 @@ def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
   training batch need not split over the devices. `model`, `loss` and `arrays` (those
   `config.dataset` names): given from Python in place of the config's; `command_line`: the
   config fields the command line set."""
+  config = _encoded(config)
   process_count = jax.process_count()
   devices = list(devices) if devices is not None else parallel.global_devices()
   num_devices = len(devices)

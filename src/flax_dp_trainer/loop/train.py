@@ -120,7 +120,7 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                        devices: Optional[Sequence[jax.Device]] = None, model: Any = None,
                        loss: Optional[losses.Loss] = None, data: Any = None,
-                       command_line=frozenset()) -> state_lib.TrainState:
+                       command_line=frozenset(), callbacks=()) -> state_lib.TrainState:
   """Trains `config` in `workdir` (resuming from its newest checkpoint); returns the state.
 
   `devices`: the devices to train on, default every device of every process
@@ -130,7 +130,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   (`flax_dp_trainer.step.losses`); `data`: the arrays given from Python that
   `config.dataset` names (`data.arrays.from_python`); `command_line`: the config fields set
   on the command line (a value the model does not take is refused there, and only logged
-  otherwise).
+  otherwise); `callbacks`: called on process 0 as `callback(step, {tag: value})` with each
+  write of scalars (`writers.CallbackWriter`).
   """
   run = setup.prepare(config, workdir, devices, model=model, loss=loss, arrays=data,
                       command_line=command_line)
@@ -154,7 +155,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     if jax.process_index() == 0:
       setup.write_dataset_spec(workdir, run.datasets.read)
     writer = writers.open_session(workdir, start_step, config.to_dict(),
-                                  write_files=jax.process_index() == 0)
+                                  write_files=jax.process_index() == 0, callbacks=callbacks)
     session = _Session(run, start, writer, workdir)
     with metric_writers.ensure_flushes(writer), session.stop, session.prefetch:
       try:

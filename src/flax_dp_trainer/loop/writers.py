@@ -54,6 +54,46 @@ class JsonLinesWriter(metric_writers.MetricWriter):
     self._file.close()
 
 
+class CallbackWriter(metric_writers.MetricWriter):
+  """Each write of scalars handed to callbacks, as `callback(step, {tag: value})`, in the
+  loop's thread as it writes (a log step's training metrics, an evaluation's): what a
+  notebook plots while the run trains (`flax_dp_trainer.fit(..., callbacks=...)`)."""
+
+  def __init__(self, callbacks):
+    self._callbacks = list(callbacks)
+
+  def write_scalars(self, step: int, scalars) -> None:
+    values = {tag: float(value) for tag, value in scalars.items()}
+    for callback in self._callbacks:
+      callback(int(step), dict(values))
+
+  def _not_scalars(self, *args, **kwargs) -> None:
+    del args, kwargs
+
+  write_summaries = write_images = write_videos = write_audios = _not_scalars
+  write_texts = write_histograms = write_hparams = _not_scalars
+
+  def flush(self) -> None:
+    pass
+
+  def close(self) -> None:
+    pass
+
+
+def history(workdir: str) -> dict[str, list[tuple[int, float]]]:
+  """Every scalar a run wrote to its metrics.jsonl (all its sessions), by tag: a list of
+  (step, value) in step order, ready to plot; {} where the workdir has none."""
+  path = os.path.join(workdir, JSONL_NAME)
+  out: dict[str, list[tuple[int, float]]] = {}
+  if not os.path.exists(path):
+    return out
+  for record in read_jsonl(path):
+    for tag, value in record.items():
+      if tag not in ('step', 'wall_time'):
+        out.setdefault(tag, []).append((int(record['step']), float(value)))
+  return out
+
+
 def read_jsonl(path: str) -> list[dict[str, float]]:
   """The records of a metrics.jsonl file, in order: {"step", "wall_time", tag: value, ...}.
   A line that is not whole JSON (the last one cut short by a crash or a full disk) is left
@@ -71,9 +111,10 @@ def read_jsonl(path: str) -> list[dict[str, float]]:
   return records
 
 
-def create_writer(workdir: str, write_files: bool | None = None) -> metric_writers.MetricWriter:
-  """TensorBoard events, metrics.jsonl and log lines where `write_files` (default: on process
-  0); log lines only elsewhere."""
+def create_writer(workdir: str, write_files: bool | None = None,
+                  callbacks=()) -> metric_writers.MetricWriter:
+  """TensorBoard events, metrics.jsonl, log lines and `callbacks` (`CallbackWriter`) where
+  `write_files` (default: on process 0); log lines only elsewhere."""
   if write_files is None:
     write_files = jax.process_index() == 0
   default = metric_writers.create_default_writer(
@@ -81,17 +122,18 @@ def create_writer(workdir: str, write_files: bool | None = None) -> metric_write
   if not write_files:
     return default
   return metric_writers.MultiWriter(
-      [default, JsonLinesWriter(os.path.join(workdir, JSONL_NAME))])
+      [default, JsonLinesWriter(os.path.join(workdir, JSONL_NAME))] +
+      ([CallbackWriter(callbacks)] if callbacks else []))
 
 
-def open_session(workdir: str, start_step: int, hparams: dict, write_files: bool
-                 ) -> metric_writers.MetricWriter:
+def open_session(workdir: str, start_step: int, hparams: dict, write_files: bool,
+                 callbacks=()) -> metric_writers.MetricWriter:
   """The writer of a run (first or resumed) that starts after `start_step`: where
   `write_files`, the session's START is recorded first (`mark_session_start`); a fresh run
-  (`start_step` 0) writes `hparams`."""
+  (`start_step` 0) writes `hparams`. `callbacks`: see `CallbackWriter`."""
   if write_files:
     mark_session_start(workdir, start_step + 1)
-  writer = create_writer(workdir, write_files=write_files)
+  writer = create_writer(workdir, write_files=write_files, callbacks=callbacks)
   if start_step == 0:
     writer.write_hparams(hparams)
   return writer

@@ -17,6 +17,7 @@ from typing import Any, Optional
 import flax.linen as nn
 import jax.numpy as jnp
 
+from flax_dp_trainer.base import arguments
 from flax_dp_trainer.base.errors import UserError, first_line
 from flax_dp_trainer.model import adapter
 from flax_dp_trainer.model import nnx_layers
@@ -41,8 +42,10 @@ class Built:
 def _constructor_arguments(source: model_source.Source, config, num_classes: int,
                            channels: Optional[int],
                            set_on_command_line: frozenset) -> tuple[dict, list[str]]:
-  """The keyword arguments of the constructor, and the lines on config values not passed."""
-  model_kwargs = config.model_kwargs.to_dict() if 'model_kwargs' in config else {}
+  """The keyword arguments of the constructor (classes and functions recorded by import
+path imported back: `base.arguments`), and the lines on config values not passed."""
+  model_kwargs = (arguments.decode(config.model_kwargs.to_dict()) if 'model_kwargs' in config
+                  else {})
   declared = source.declared
   if source.registered and model_kwargs:
     raise UserError(f'model_kwargs={model_kwargs!r}: the registered model {source.name!r} '

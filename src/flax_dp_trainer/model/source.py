@@ -14,7 +14,6 @@ class or a callable (see `from_object`).
 """
 
 import dataclasses
-import importlib
 import inspect
 import json
 from typing import Any, Callable, Optional
@@ -22,6 +21,7 @@ from typing import Any, Callable, Optional
 import flax.linen as nn
 
 from flax_dp_trainer import zoo
+from flax_dp_trainer.base import arguments
 from flax_dp_trainer.base import user_imports
 from flax_dp_trainer.base.errors import UserError, first_line
 
@@ -98,20 +98,6 @@ def call_parameters(cls: type) -> tuple[frozenset, bool]:
           any(p.kind == p.VAR_KEYWORD for p in parameters.values()))
 
 
-def _record(obj: Any) -> Optional[str]:
-  """The import path of a class or function, where importing it gives it back."""
-  module_name, qualname = getattr(obj, '__module__', None), getattr(obj, '__qualname__', '')
-  if not module_name or module_name == '__main__' or '<' in qualname:
-    return None
-  try:
-    found = importlib.import_module(module_name)
-    for part in qualname.split('.'):
-      found = getattr(found, part)
-  except Exception:  # pylint: disable=broad-except
-    return None
-  return f'{module_name}:{qualname}' if found is obj else None
-
-
 @dataclasses.dataclass(frozen=True)
 class Source:
   """What a run's model is before it is built."""
@@ -157,14 +143,14 @@ def from_object(obj: Any) -> Source:
     cls = type(obj)
     fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)
               if f.init and f.name not in ('parent', 'name')}
-    path = _record(cls)
+    path = user_imports.import_path(cls)
     record = None
     if path is not None:
-      try:
-        json.dumps(fields)
-        record = (path, fields)
-      except TypeError:
+      try:  # (A class or function among its fields by its import path.)
+        record = (path, arguments.encode(fields, 'field'))
+        json.dumps(record[1])
+      except (TypeError, UserError):
         record = None
     return dataclasses.replace(_source(obj, cls.__name__, None), record=record)
-  path = _record(obj)
+  path = user_imports.import_path(obj)
   return _source(obj, getattr(obj, '__name__', type(obj).__name__), path)

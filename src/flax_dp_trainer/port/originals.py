@@ -7,6 +7,7 @@ from typing import Any, Mapping
 
 import torch
 
+from flax_dp_trainer.base import arguments
 from flax_dp_trainer.base import user_imports
 from flax_dp_trainer.base.errors import UserError, first_line
 
@@ -23,7 +24,7 @@ def from_path(path: str, kwargs: Mapping[str, Any], num_classes: int, dropout_ra
     declared = inspect.signature(target).parameters
   except (TypeError, ValueError):
     declared = {}
-  given = dict(kwargs)
+  given = arguments.decode(dict(kwargs))
   any_keyword = any(p.kind == p.VAR_KEYWORD for p in declared.values())
   if ('num_classes' in declared or any_keyword) and 'num_classes' not in given:
     given['num_classes'] = num_classes  # (torchvision's constructors take it as **kwargs)

@@ -1,0 +1,105 @@
+"""From a script or a notebook as from the command line: `fit` shows the command line's
+progress, takes simulated CPU devices, returns a history and calls callbacks as it writes;
+`load` checks the module it is given."""
+
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import flax_dp_trainer as trainer
+from flax_dp_trainer.base.errors import UserError
+from flax_dp_trainer.loop import writers
+from flax_dp_trainer.runs import processes
+from flax_dp_trainer.runs import run_metrics
+from tests import REPO
+from tests import user_models
+
+
+def test_fit_returns_the_history_and_calls_back_every_write(config, tmp_path):
+  config.update(num_train_steps=6, warmup_steps=1, log_every_steps=2, eval_every_steps=3,
+                checkpoint_every_steps=6)
+  seen = []
+  workdir = str(tmp_path / 'run')
+  result = trainer.fit(config, workdir, model=user_models.PlainNet(num_classes=10, width=4),
+                       devices=jax.devices()[:2], callbacks=[lambda s, m: seen.append((s, m))],
+                       verbosity='error')
+  assert (result.workdir, result.step, int(result.state.step)) == (workdir, 6, 6)
+  assert [s for s, m in seen if 'train_loss' in m] == [2, 4, 6]
+  assert [s for s, m in seen if 'eval_accuracy' in m] == [3, 6]
+  assert result.history == writers.history(workdir)
+  assert result.history['train_loss'] == [(s, m['train_loss']) for s, m in seen
+                                          if 'train_loss' in m]
+  scalars, _ = run_metrics.read_events(workdir)
+  assert [s for s, _ in result.history['eval_accuracy']] == [3, 6]
+  np.testing.assert_allclose([v for _, v in result.history['eval_accuracy']],
+                             [scalars['eval_accuracy'][s] for s in (3, 6)], rtol=1e-6)
+  # The module it was trained with, and another one.
+  assert trainer.load(workdir, model=user_models.PlainNet(num_classes=10, width=4)).step == 6
+  with pytest.raises(UserError, match=r"^model='PlainNet' is not the model the run in .* "
+                     r'trained: params/BatchNorm_0/bias is float32\[4\] in the checkpoint, '
+                     r'float32\[8\] in the model given; and \d+ more; pass the module with the '
+                     r'fields it was trained with$'):
+    trainer.load(workdir, model=user_models.PlainNet(num_classes=10, width=8))
+
+
+SCRIPT = '''
+import sys
+import flax_dp_trainer as fdt
+from flax_dp_trainer.configs import default
+
+config = default.get_config()
+config.num_train_steps = 20
+config.log_every_steps = 10
+config.eval_every_steps = 20
+config.tfds_data_dir = sys.argv[1]
+result = fdt.fit(config, sys.argv[2], cpu_devices=int(sys.argv[3]), **eval(sys.argv[4]))
+import jax
+print('devices', len(jax.devices()), 'accuracy', result.history['eval_accuracy'][-1][1])
+from flax_dp_trainer.base.errors import UserError
+try:
+  fdt.fit(config, sys.argv[2] + '_again', cpu_devices=3)
+except UserError as e:
+  print('refused:', e)
+'''
+
+
+def _script(tmp_path, tfds_data_dir, name: str, cpu_devices: int, extra: str = '{}'):
+  return subprocess.run([sys.executable, '-c', SCRIPT, tfds_data_dir, str(tmp_path / name),
+                         str(cpu_devices), extra], cwd=REPO, env=processes.environment(),
+                        capture_output=True, text=True, timeout=600, check=False)
+
+
+@pytest.mark.slow
+def test_a_script_shows_progress_on_8_devices_as_the_command_line(tmp_path, tfds_data_dir):
+  """The script's lines are the command line's; 8 simulated devices train as 1 does, and as
+  the command line's run of the same config."""
+  eight = _script(tmp_path, tfds_data_dir, 'eight', 8)
+  assert eight.returncode == 0, eight.stderr[-3000:]
+  lines = eight.stdout.splitlines()
+  assert lines[0].startswith('devices 8 accuracy ')
+  assert lines[1] == ('refused: cpu_devices=3: JAX has already started in this process with 8 '
+                      'CPU device(s), and the count cannot change; restart the kernel (or the '
+                      'script) and pass cpu_devices=3 to the first fit or evaluate, before '
+                      'anything else uses JAX')
+  for shown in ('starting at step 0 of 20 on 8 devices', '[10] train_loss=',
+                '[20] eval_accuracy='):
+    assert shown in eight.stderr, shown
+  one = _script(tmp_path, tfds_data_dir, 'one', 1, "{'verbosity': 'warning'}")
+  assert one.returncode == 0, one.stderr[-3000:]
+  assert '[10] train_loss=' not in one.stderr
+  cli = subprocess.run([sys.executable, '-m', 'flax_dp_trainer', '--config=default',
+                        f'--workdir={tmp_path / "cli"}', '--cpu_devices=8',
+                        f'--config.tfds_data_dir={tfds_data_dir}',
+                        '--config.num_train_steps=20', '--config.log_every_steps=10',
+                        '--config.eval_every_steps=20'], cwd=REPO,
+                       env=processes.environment(), capture_output=True, text=True,
+                       timeout=600, check=False)
+  assert cli.returncode == 0, cli.stderr[-3000:]
+  accuracy = float(lines[0].split()[-1])
+  scalars, _ = run_metrics.read_events(str(tmp_path / 'cli'))
+  assert accuracy == pytest.approx(scalars['eval_accuracy'][20], abs=1e-6)
+  assert one.stdout.split()[:2] == ['devices', '1']
+  assert float(one.stdout.split()[3]) == pytest.approx(accuracy, abs=1e-6)
