@@ -3,3 +3,7 @@ side's layers in call order (`layers`), their arrays between layouts (`layouts`)
 carried, their outputs captured (`porting`); a torch original built from its import path
 (`originals`) and a state dict carried into a port (`weights`); the port check's teacher
 forcing (`forcing`), causes (`causes`) and judging (`judging`). Imports `base` and `zoo`."""
+
+from flax_dp_trainer.base import torch_import
+
+torch_import.keep_triton_out_after_tensorflow()  # Before a user's torch model imports torchvision.

@@ -2,7 +2,6 @@
 build it."""
 
 import inspect
-import sys
 from typing import Any, Mapping
 
 import torch
@@ -18,7 +17,6 @@ def from_path(path: str, kwargs: Mapping[str, Any], num_classes: int, dropout_ra
   or a function returning one, such as `torchvision.models:resnet18`), given `num_classes`
   where its constructor declares it or takes any keyword, and the dropout rate where it
   declares one (`dropout_rate`, `dropout` or `p_dropout`), unless `kwargs` set them."""
-  _no_triton_after_tensorflow()
   target = user_imports.import_object(path, field)
   try:
     declared = inspect.signature(target).parameters
@@ -38,12 +36,3 @@ def from_path(path: str, kwargs: Mapping[str, Any], num_classes: int, dropout_ra
   if not isinstance(model, torch.nn.Module):
     raise UserError(f'{field}={path!r} gives a {type(model).__name__}, not a torch.nn.Module')
   return model
-
-
-def _no_triton_after_tensorflow() -> None:
-  """torchvision (which timm imports) imports triton through `torch._dynamo`, and triton
-  crashes the interpreter (SIGSEGV) when imported after TensorFlow; in a process that already
-  holds TensorFlow (a run from Python that starts from a torch state dict) it is made
-  unimportable instead, and torch runs without it, as it does where triton is missing."""
-  if 'tensorflow' in sys.modules and 'triton' not in sys.modules:
-    sys.modules['triton'] = None

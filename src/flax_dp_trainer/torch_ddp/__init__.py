@@ -4,3 +4,7 @@ and `cnn`) trained on the trainer's global batches, for side-by-side comparisons
 Installed with the `ddp` extra (`pip install -e ".[ddp]"`); the trainer itself never imports
 torch (except to read a `.pth` file given as `--config.init_from`).
 """
+
+from flax_dp_trainer.base import torch_import
+
+torch_import.keep_triton_out_after_tensorflow()  # Before any module here imports torchvision.
