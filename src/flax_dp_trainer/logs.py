@@ -57,6 +57,11 @@ def shown(verbosity: str = 'info'):
     raise ValueError(f'verbosity={verbosity!r} is unknown; choose one of: '
                      f'{", ".join(VERBOSITY)}')
   handler, root = logging.get_absl_handler(), py_logging.getLogger()
+  # absl's fallback (`logging.basicConfig()` where no handler was set, done by the first
+  # absl line a library logs on import) would print each line a second time: set aside.
+  fallback = [h for h in root.handlers if _is_fallback(h)]
+  for h in fallback:
+    root.removeHandler(h)
   added = handler not in root.handlers
   if added:
     root.addHandler(handler)
@@ -75,3 +80,12 @@ def shown(verbosity: str = 'info'):
       handler.removeFilter(quiet_libraries)
     if added:
       root.removeHandler(handler)
+    for h in fallback:
+      root.addHandler(h)
+
+
+def _is_fallback(handler) -> bool:
+  """Whether `handler` is `logging.basicConfig()`'s with its defaults (stderr, its format)."""
+  return (type(handler) is py_logging.StreamHandler and  # pylint: disable=unidiomatic-typecheck
+          handler.stream is sys.stderr and handler.formatter is not None and
+          handler.formatter._fmt == py_logging.BASIC_FORMAT)  # pylint: disable=protected-access

@@ -52,6 +52,7 @@ from flax_dp_trainer.configs import default
 
 config = default.get_config()
 config.num_train_steps = 20
+config.warmup_steps = 5
 config.log_every_steps = 10
 config.eval_every_steps = 20
 config.tfds_data_dir = sys.argv[1]
@@ -78,28 +79,29 @@ def test_a_script_shows_progress_on_8_devices_as_the_command_line(tmp_path, tfds
   the command line's run of the same config."""
   eight = _script(tmp_path, tfds_data_dir, 'eight', 8)
   assert eight.returncode == 0, eight.stderr[-3000:]
-  lines = eight.stdout.splitlines()
+  lines = eight.stdout.splitlines()[-2:]  # (After TFDS's lines on preparing digits.)
   assert lines[0].startswith('devices 8 accuracy ')
   assert lines[1] == ('refused: cpu_devices=3: JAX has already started in this process with 8 '
                       'CPU device(s), and the count cannot change; restart the kernel (or the '
                       'script) and pass cpu_devices=3 to the first fit or evaluate, before '
                       'anything else uses JAX')
-  for shown in ('starting at step 0 of 20 on 8 devices', '[10] train_loss=',
-                '[20] eval_accuracy='):
+  for shown in ('starting at step 0 of 20 on 8 devices', '50.0% (10/20), ETA',
+                'train_loss=', '[20] eval_accuracy='):
     assert shown in eight.stderr, shown
   one = _script(tmp_path, tfds_data_dir, 'one', 1, "{'verbosity': 'warning'}")
   assert one.returncode == 0, one.stderr[-3000:]
-  assert '[10] train_loss=' not in one.stderr
+  assert 'train_loss=' not in one.stderr and 'ETA' not in one.stderr
   cli = subprocess.run([sys.executable, '-m', 'flax_dp_trainer', '--config=default',
                         f'--workdir={tmp_path / "cli"}', '--cpu_devices=8',
                         f'--config.tfds_data_dir={tfds_data_dir}',
-                        '--config.num_train_steps=20', '--config.log_every_steps=10',
-                        '--config.eval_every_steps=20'], cwd=REPO,
+                        '--config.num_train_steps=20', '--config.warmup_steps=5',
+                        '--config.log_every_steps=10', '--config.eval_every_steps=20'], cwd=REPO,
                        env=processes.environment(), capture_output=True, text=True,
                        timeout=600, check=False)
   assert cli.returncode == 0, cli.stderr[-3000:]
   accuracy = float(lines[0].split()[-1])
   scalars, _ = run_metrics.read_events(str(tmp_path / 'cli'))
   assert accuracy == pytest.approx(scalars['eval_accuracy'][20], abs=1e-6)
-  assert one.stdout.split()[:2] == ['devices', '1']
-  assert float(one.stdout.split()[3]) == pytest.approx(accuracy, abs=1e-6)
+  last = one.stdout.splitlines()[-2].split()
+  assert last[:2] == ['devices', '1']
+  assert float(last[3]) == pytest.approx(accuracy, abs=1e-6)
