@@ -64,6 +64,7 @@ def test_a_state_dict_of_the_original_gives_the_port_its_logits(config, tmp_path
   np.testing.assert_allclose(got, want, atol=1e-4 * (1 + np.abs(want).max()))
 
 
+@pytest.mark.slow
 def test_another_class_count_keeps_the_ports_head_and_adapts_the_first_conv(config, tmp_path):
   """timm's ViT saved for 1000 classes of RGB images, into the port on digits."""
   torch.save(_original('timm_vit', num_classes=1000, in_chans=3).state_dict(),
@@ -130,6 +131,7 @@ def test_a_port_trained_from_the_originals_weights_exports_back_as_its_state_dic
   np.testing.assert_allclose(got, want, atol=1e-4 * (1 + np.abs(want).max()))
 
 
+@pytest.mark.slow
 def test_the_port_checks_verified_variables_start_a_run(config, tmp_path):
   """`port_check --save`: the variables the check carried and verified, as a checkpoint
   `init_from` takes; refused where the port parts or the directory holds files."""

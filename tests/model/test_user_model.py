@@ -309,6 +309,7 @@ def test_a_module_returning_a_tuple_or_a_dict_trains_on_its_logits(config, tmp_p
                                   loaded['logits'].logits(images))
 
 
+@pytest.mark.slow
 def test_classes_and_functions_in_model_kwargs_are_recorded_by_import_path(config, tmp_path):
   """A class, a partial and a function as constructor arguments: recorded by import path in
   the checkpoint and the hparams, rebuilt by `load`; a lambda is refused in one line before
