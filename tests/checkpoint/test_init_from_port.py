@@ -52,7 +52,8 @@ def _logits(original, x=X):
     return original(torch.from_numpy(np.moveaxis(x, -1, 1).copy())).numpy()
 
 
-@pytest.mark.parametrize('name', list(PAIRS))
+@pytest.mark.parametrize('name', ['timm_vit', pytest.param('torchvision_resnet18',
+                                                            marks=pytest.mark.slow)])
 def test_a_state_dict_of_the_original_gives_the_port_its_logits(config, tmp_path, name):
   original = _original(name)
   torch.save(original.state_dict(), tmp_path / 'original.pth')

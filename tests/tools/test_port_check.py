@@ -354,6 +354,7 @@ def test_a_port_returning_a_tuple_or_a_dict_is_checked_on_its_logits():
                    flax_kwargs={'returns': 'dict'})
 
 
+@pytest.mark.slow
 def test_timms_vit_against_a_port_written_as_big_vision_writes_it():
   """timm's fused qkv Linear pairs with flax's attention (or a Dense of the same fusion),
   with and without the class token;
