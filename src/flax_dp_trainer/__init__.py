@@ -12,7 +12,8 @@ From Python (a script or a notebook):
     from flax_dp_trainer.configs import default
 
     config = default.get_config()
-    fdt.fit(config, '/tmp/run', model=MyNet(num_classes=10), loss=my_loss)
+    result = fdt.fit(config, '/tmp/run', model=MyNet(num_classes=10), loss=my_loss,
+                     cpu_devices=8)     # .state, .step, .history (to plot)
     fdt.evaluate(config, '/tmp/run', model=MyNet(num_classes=10))
     trained = fdt.load('/tmp/run')       # .predict(images), .logits(images)
 
