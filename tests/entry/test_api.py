@@ -74,9 +74,9 @@ def _script(tmp_path, tfds_data_dir, name: str, cpu_devices: int, extra: str = '
 
 
 @pytest.mark.slow
-def test_a_script_shows_progress_on_8_devices_as_the_command_line(tmp_path, tfds_data_dir):
-  """The script's lines are the command line's; 8 simulated devices train as 1 does, and as
-  the command line's run of the same config."""
+def test_a_script_shows_progress_and_trains_on_8_devices_as_on_1(tmp_path, tfds_data_dir):
+  """The script's lines are the command line's; 8 simulated devices train as 1 does (the
+  notebook's test compares a run from Python with the command line's)."""
   eight = _script(tmp_path, tfds_data_dir, 'eight', 8)
   assert eight.returncode == 0, eight.stderr[-3000:]
   lines = eight.stdout.splitlines()[-2:]  # (After TFDS's lines on preparing digits.)
@@ -91,17 +91,7 @@ def test_a_script_shows_progress_on_8_devices_as_the_command_line(tmp_path, tfds
   one = _script(tmp_path, tfds_data_dir, 'one', 1, "{'verbosity': 'warning'}")
   assert one.returncode == 0, one.stderr[-3000:]
   assert 'train_loss=' not in one.stderr and 'ETA' not in one.stderr
-  cli = subprocess.run([sys.executable, '-m', 'flax_dp_trainer', '--config=default',
-                        f'--workdir={tmp_path / "cli"}', '--cpu_devices=8',
-                        f'--config.tfds_data_dir={tfds_data_dir}',
-                        '--config.num_train_steps=20', '--config.warmup_steps=5',
-                        '--config.log_every_steps=10', '--config.eval_every_steps=20'], cwd=REPO,
-                       env=processes.environment(), capture_output=True, text=True,
-                       timeout=600, check=False)
-  assert cli.returncode == 0, cli.stderr[-3000:]
   accuracy = float(lines[0].split()[-1])
-  scalars, _ = run_metrics.read_events(str(tmp_path / 'cli'))
-  assert accuracy == pytest.approx(scalars['eval_accuracy'][20], abs=1e-6)
   last = one.stdout.splitlines()[-2].split()
   assert last[:2] == ['devices', '1']
   assert float(last[3]) == pytest.approx(accuracy, abs=1e-6)
