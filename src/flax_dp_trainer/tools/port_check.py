@@ -16,7 +16,6 @@ part beyond a tolerance scaled to the values' magnitude, or that the port comput
 original computes. Exit status 0 when it does, 1 when it does not.
 """
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -40,6 +39,7 @@ from flax_dp_trainer.torch_ddp import models as torch_models
 from flax_dp_trainer.port import causes
 from flax_dp_trainer.port import forcing
 from flax_dp_trainer.port import judging
+from flax_dp_trainer.port import modes
 from flax_dp_trainer.port import originals
 from flax_dp_trainer.port import porting
 from flax_dp_trainer.port import layers as port_layers
@@ -126,7 +126,7 @@ def build_flax(path: str, kwargs: dict, num_classes: int, input_shape: tuple[int
   config.model = path
   declared = model_source.resolve(path).declared
   # A BatchNorm's axis name is taken off where the constructor names it, and by
-  # `_one_device` in train mode wherever it is set (a constructor taking **kwargs is given
+  # `modes.one_device` in train mode wherever it is set (a constructor taking **kwargs is given
   # only what it declares).
   if declared is not None and 'axis_name' in declared and 'axis_name' not in kwargs:
     kwargs = dict(kwargs, axis_name=None)
@@ -157,12 +157,12 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
 
   # The port's logits by the trainer's rule (`flax_dp_trainer.model.outputs`).
   def apply_eval(v, images):
-    with _no_dropout(strict=True):
+    with modes.no_dropout(strict=True):
       return outputs.logits(module.apply(v, images, train=False, **extra),
                             flax_model.logits_key)
 
   def apply_train(v, images):
-    with _no_dropout(strict=False), nn.intercept_methods(_one_device):
+    with modes.no_dropout(strict=False), nn.intercept_methods(modes.one_device):
       out, updated = module.apply(v, images, train=True, mutable=['batch_stats'], **extra)
       return outputs.logits(out, flax_model.logits_key), updated
 
@@ -176,8 +176,8 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
   said = [f'note: {said}'.replace('--config.model_logits', '--model_logits')] if said else []
 
   try:
-    _dropout_in_eval(apply_eval, variables, x)
-  except _DropoutOn as e:
+    modes.dropout_in_eval(apply_eval, variables, x)
+  except modes.DropoutOn as e:
     return Report({}, {}, [], [], f'verdict: the port parts from the original {e}', False)
   try:
     carried = porting.carry(apply_eval, variables, torch_module, x)
@@ -232,7 +232,7 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
                            for t in torch_layers if t.kind == 'batchnorm'}
   before = statistics_of()
   output_gradients: dict[str, np.ndarray] = {}
-  with _train_without_dropout(torch_module):
+  with modes.train_without_dropout(torch_module):
     torch_module.zero_grad()
     torch_train, out = porting.capture_torch(torch_module, torch_x, torch_layers,
                                              output_gradients)
@@ -303,59 +303,6 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
   return Report(rows, logits, gradients, statistics, '\n'.join(
       [f'verdict: the port parts from the original in {len(places)} places, in call order:']
       + [f'  {i}. {place}' for i, place in enumerate(places, 1)]), False, notes)
-
-
-def _one_device(next_fun, args, kwargs, context):
-  """A BatchNorm that reduces over a device axis runs as a clone of itself without one (the
-  check runs on one device; the trainer gives it its own axis)."""
-  module = context.module
-  if (isinstance(module, nn.BatchNorm) and context.method_name == '__call__' and
-      module.axis_name is not None):
-    return module.clone(parent=module.scope, axis_name=None)(*args, **kwargs)
-  return next_fun(*args, **kwargs)
-
-
-class _DropoutOn(Exception):
-  """A flax Dropout that would draw in eval mode."""
-
-
-def _no_dropout(strict: bool):
-  """While inside, flax `nn.Dropout` passes its input through; with `strict`, one that would
-  draw (not deterministic) is refused in one line naming it."""
-
-  def intercept(next_fun, args, kwargs, context):
-    module = context.module
-    if isinstance(module, nn.Dropout) and context.method_name == '__call__':
-      given = kwargs.get('deterministic', args[1] if len(args) > 1 else None)
-      deterministic = nn.merge_param('deterministic', module.deterministic, given)
-      if strict and not deterministic:
-        raise _DropoutOn(f'in eval mode at flax Dropout {"/".join(module.scope.path)}: it is '
-                         f'on (deterministic=False with train=False; rate here {module.rate}), '
-                         'so evaluation would draw masks; pass it deterministic=not train')
-      return args[0] if args else kwargs['inputs']
-    return next_fun(*args, **kwargs)
-
-  return nn.intercept_methods(intercept)
-
-
-def _dropout_in_eval(apply_eval, variables, x) -> None:
-  """Traces eval mode once: a Dropout left on is refused before anything is compared."""
-  jax.eval_shape(lambda v: apply_eval(v, x), variables)
-
-
-@contextlib.contextmanager
-def _train_without_dropout(module):
-  """The torch module in train mode while inside, its Dropout layers in eval mode (off);
-  then in the mode it had."""
-  was_training = module.training
-  module.train()
-  for m in module.modules():
-    if isinstance(m, torch.nn.modules.dropout._DropoutNd):  # pylint: disable=protected-access
-      m.eval()
-  try:
-    yield module
-  finally:
-    module.train(was_training)
 
 
 def run(flax_path: str, torch_path: str, input_shape: tuple[int, ...], *, num_classes: int = 10,
