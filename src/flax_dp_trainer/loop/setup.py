@@ -281,11 +281,9 @@ def port_weights(config, model: adapter.Model, num_classes: int,
   original = originals.from_path(config.torch_model, config.torch_model_kwargs.to_dict(),
                                  num_classes, config.dropout_rate)
   variables = model.init(jax.random.PRNGKey(config.seed), input_shape)
-  x = np.random.RandomState(0).standard_normal((2,) + tuple(input_shape[1:])).astype(
-      np.float32)
   try:
     return port_lib.into_port(lambda v, im: model.apply(v, im, train=False), variables,
-                              original, state_dict, x)
+                              original, state_dict, input_shape[1:])
   except port_lib.StateMismatch as e:
     raise UserError(f'init_from={config.init_from!r} does not fit '
                     f'torch_model={config.torch_model!r}: {e}; use a state dict of that model '

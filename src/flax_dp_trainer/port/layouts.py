@@ -50,28 +50,21 @@ def convert(kind: str, arrays: dict, flax_shapes: dict) -> Optional[Arrays]:
   return {n: v for n, v in out.items() if v is not None}
 
 
-def fused_names(names) -> Optional[tuple[str, str]]:
-  """A fused attention's two Linears by the names of its arrays ('qkv.weight' and
-  'proj.weight': ('qkv', 'proj')), the fused one first; None for `nn.MultiheadAttention`."""
-  if 'in_proj_weight' in names or 'q_proj_weight' in names:
+def fused_renames(shapes: dict) -> Optional[dict[str, str]]:
+  """A fused attention's array names (its two Linears', as timm's `qkv.weight`, `proj.bias`)
+  -> `nn.MultiheadAttention`'s (`in_proj_weight`, `out_proj.bias`), by their `shapes` (the
+  fused Linear is the one of 3x the other's outputs); None for `nn.MultiheadAttention`'s own
+  names."""
+  if 'in_proj_weight' in shapes or 'q_proj_weight' in shapes:
     return None
-  prefixes = [n[:-len('.weight')] for n in names if n.endswith('.weight')]
-  return (prefixes[0], prefixes[1]) if len(prefixes) == 2 else None
-
-
-def _fused_as_in_proj(a: dict) -> dict:
-  """A fused attention's arrays under `nn.MultiheadAttention`'s names (q, k and v split
-  along the fused Linear's output, as timm reshapes it into (3, heads, head_dim))."""
-  names = fused_names(a)
-  if names is None:
-    return a
-  qkv, out = names
-  if a[f'{qkv}.weight'].shape[0] != 3 * a[f'{out}.weight'].shape[0]:
+  prefixes = [n[:-len('.weight')] for n in shapes if n.endswith('.weight')]
+  if len(prefixes) != 2:
+    return None
+  qkv, out = prefixes
+  if shapes[f'{qkv}.weight'][0] != 3 * shapes[f'{out}.weight'][0]:
     qkv, out = out, qkv
-  renamed = {'in_proj_weight': a[f'{qkv}.weight'], 'out_proj.weight': a[f'{out}.weight']}
-  renamed.update({new: a[old] for old, new in ((f'{qkv}.bias', 'in_proj_bias'),
-                                               (f'{out}.bias', 'out_proj.bias')) if old in a})
-  return renamed
+  return {f'{qkv}.weight': 'in_proj_weight', f'{qkv}.bias': 'in_proj_bias',
+          f'{out}.weight': 'out_proj.weight', f'{out}.bias': 'out_proj.bias'}
 
 
 def _attention(a: dict, flax_shapes: dict) -> Optional[Arrays]:
@@ -81,7 +74,9 @@ def _attention(a: dict, flax_shapes: dict) -> Optional[Arrays]:
   if 'query/kernel' not in flax_shapes or len(flax_shapes['query/kernel']) != 3:
     return None
   _, heads, head_dim = flax_shapes['query/kernel']
-  a = _fused_as_in_proj(a)
+  renames = fused_renames({n: v.shape for n, v in a.items()})
+  if renames is not None:  # (q, k and v split along the fused Linear's output, as timm does.)
+    a = {renames[n]: v for n, v in a.items()}
   if 'in_proj_weight' in a:
     weights = np.split(a['in_proj_weight'], 3)
   else:
@@ -204,21 +199,10 @@ def to_torch_layout(kind: str, arrays: Arrays, torch_shapes: dict) -> Arrays:
 
 
 def _attention_to_torch(a: Arrays, torch_shapes: dict) -> Arrays:
-  names = fused_names(torch_shapes)
-  if names is not None:
-    qkv, proj = names
-    if len(torch_shapes[f'{qkv}.weight']) == 2 and torch_shapes[f'{qkv}.weight'][0] != (
-        3 * torch_shapes[f'{proj}.weight'][0]):
-      qkv, proj = proj, qkv
-    shapes = {new: torch_shapes[old] for old, new in (
-        (f'{qkv}.weight', 'in_proj_weight'), (f'{qkv}.bias', 'in_proj_bias'),
-        (f'{proj}.weight', 'out_proj.weight'), (f'{proj}.bias', 'out_proj.bias'))
-              if old in torch_shapes}
-    renamed = _attention_to_torch(a, shapes)
-    return {old: renamed[new] for old, new in (
-        (f'{qkv}.weight', 'in_proj_weight'), (f'{qkv}.bias', 'in_proj_bias'),
-        (f'{proj}.weight', 'out_proj.weight'), (f'{proj}.bias', 'out_proj.bias'))
-            if new in renamed}
+  renames = fused_renames(torch_shapes)
+  if renames is not None:
+    arrays = _attention_to_torch(a, {renames[n]: shape for n, shape in torch_shapes.items()})
+    return {n: arrays[renames[n]] for n in torch_shapes}
   out = {}
   kernels = [a[f'{n}/kernel'] for n in ('query', 'key', 'value')]
   weights = [k.reshape(k.shape[0], -1).T for k in kernels]

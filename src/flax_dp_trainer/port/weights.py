@@ -27,16 +27,24 @@ class StateMismatch(ValueError):
 class Carried:
   """The port's variables from a state dict, and what was made of it."""
   variables: dict
-  # Flattened keys of the port's head, to be kept from its own init (None: taken).
+  # Flattened keys of the port's head, to be kept from its own init (empty: none kept).
   fresh_head: list[tuple] = dataclasses.field(default_factory=list)
   notes: list[str] = dataclasses.field(default_factory=list)  # What was adapted, one line each.
 
 
+def example_batch(input_shape) -> np.ndarray:
+  """Two random examples of `input_shape` (one example's, NHWC): what the two sides run to
+  pair their layers in call order."""
+  return np.random.RandomState(0).standard_normal((2,) + tuple(input_shape)).astype(np.float32)
+
+
 def into_port(apply: Callable[[Any, Any], Any], variables: Any, original, state_dict: dict,
-              x: np.ndarray) -> Carried:
+              input_shape) -> Carried:
   """`variables` (the port's) with the arrays of `state_dict` loaded into `original` (the torch
-  module the port was made from) and carried by call order on `x` (one NHWC batch).
-  `StateMismatch` or `port_layers.PortMismatch`, in one line, where they do not fit."""
+  module the port was made from) and carried by call order (`example_batch` of
+  `input_shape`). `StateMismatch` or `port_layers.PortMismatch`, in one line, where they do
+  not fit."""
+  x = example_batch(input_shape)
   own = {k: v for k, v in original.state_dict().items() if not k.endswith(_COUNTER)}
   given = {(k[len('module.'):] if k.startswith('module.') else k): np.asarray(v)
            for k, v in state_dict.items() if not k.endswith(_COUNTER)}
@@ -88,11 +96,12 @@ def into_port(apply: Callable[[Any, Any], Any], variables: Any, original, state_
 
 
 def from_port(apply: Callable[[Any, Any], Any], variables: Any, original,
-              x: np.ndarray) -> dict:
+              input_shape) -> dict:
   """The port's `variables` as a state dict of `original` (numpy arrays under its keys),
-  layers paired by call order on `x` as `into_port` pairs them: what a trained port exports
-  back. Arrays the port has no counterpart of (BatchNorm's counter) are the original's own."""
-  carried = porting.carry(apply, variables, original, x)
+  layers paired by call order as `into_port` pairs them: what a trained port exports back,
+  and what the DDP twin starts from. Arrays the port has no counterpart of (BatchNorm's
+  counter) are the original's own. `port_layers.PortMismatch` where they do not pair up."""
+  carried = porting.carry(apply, variables, original, example_batch(input_shape))
   state = porting.torch_state(carried, variables)
   own = original.state_dict()
   return {k: state[k] if k in state else own[k].numpy() for k in own}

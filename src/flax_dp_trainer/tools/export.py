@@ -42,7 +42,7 @@ def torch_constructor(trained) -> str:
   """The Python expression that builds the torch model the state dict loads into."""
   name, spec = trained.config.model, trained.spec
   if trained.config.get('torch_model'):
-    module, _, attribute = trained.config.torch_model.partition(':')
+    attribute = trained.config.torch_model.partition(':')[2]
     kwargs = dict(trained.config.torch_model_kwargs.to_dict(), num_classes=spec.num_classes)
     return (f'{attribute}(' + ', '.join(f'{k}={v!r}' for k, v in kwargs.items()) + ')')
   if name in TORCHVISION and spec.channels == 3 and (
@@ -64,7 +64,6 @@ def _port_state_dict(trained) -> dict:
   """A port's variables as a state dict of its original (`config.torch_model`), its layers
   paired by call order."""
   # pylint: disable=import-outside-toplevel  # (torch: for ports only)
-  import numpy as np
   from flax_dp_trainer.port import layers as port_layers
   from flax_dp_trainer.port import originals
   from flax_dp_trainer.port import weights as port_weights
@@ -72,12 +71,10 @@ def _port_state_dict(trained) -> dict:
   config, spec = trained.config, trained.spec
   original = originals.from_path(config.torch_model, config.torch_model_kwargs.to_dict(),
                                  spec.num_classes, 0.0)
-  x = np.random.RandomState(0).standard_normal((2,) + tuple(spec.input_shape)).astype(
-      np.float32)
   built = trained.built if trained.built is not None else adapter.wrap(trained.model)
   try:
     return port_weights.from_port(lambda v, im: built.apply(v, im, train=False),
-                                  trained.variables, original, x)
+                                  trained.variables, original, spec.input_shape)
   except port_layers.PortMismatch as e:
     raise UserError(f'torch_model={config.torch_model!r} and model={config.model!r} do not '
                     f'pair up: {e} (nothing was written)') from None

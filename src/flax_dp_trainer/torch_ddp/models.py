@@ -31,7 +31,7 @@ from flax_dp_trainer.step import state as state_lib
 from flax_dp_trainer import zoo as flax_models
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.port import originals
-from flax_dp_trainer.port import porting
+from flax_dp_trainer.port import weights as port_weights
 from flax_dp_trainer.port import layers as port_layers
 from flax_dp_trainer.zoo import torch_weights
 
@@ -224,19 +224,14 @@ def flax_init_state(config, model: nn.Module, num_classes: int,
                     input_shape: Sequence[int]) -> Dict[str, np.ndarray]:
   """The JAX run's initial variables for the config's seed as a state dict of `model`
   (`input_shape` batch first): by the twins' key tables, or for a user's pair through
-  `porting`."""
+  `port.weights.from_port`."""
   flax_module, variables = initial_variables(config, num_classes, tuple(input_shape))
   if not config.get('torch_model'):
     return torch_weights.to_state_dict(flax_module, variables)
-  x = np.random.RandomState(0).standard_normal((2,) + tuple(input_shape[1:])).astype(
-      np.float32)
   try:
-    carried = porting.carry(lambda v, im: flax_module.apply(v, im, train=False), variables,
-                            model, x)
+    return port_weights.from_port(lambda v, im: flax_module.apply(v, im, train=False),
+                                  variables, model, input_shape[1:])
   except port_layers.PortMismatch as e:
     raise UserError(f'torch_model={config.torch_model!r} and model={config.model!r} do not '
                     f'pair up: {e} (python -m flax_dp_trainer.tools.port_check says more)'
                     ) from None
-  state = porting.torch_state(carried, variables)
-  own = model.state_dict()
-  return {k: state.get(k, own[k].numpy()) for k in own}
