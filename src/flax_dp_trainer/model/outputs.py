@@ -20,20 +20,24 @@ def kind(out: Any) -> str:
   return f'an array of shape {tuple(shape)}' if shape is not None else f'a {type(out).__name__}'
 
 
-def logits(out: Any, key: str = '') -> Any:
+# How a run names the field that `key` below comes from (the port check: its own flag).
+FLAG = '--config.model_logits'
+
+
+def logits(out: Any, key: str = '', flag: str = FLAG) -> Any:
   """The logits of what a model returned (`out`), by the rule above; `key`:
-  `config.model_logits`. ValueError, in one line naming the fix, where the rule finds none."""
+  `config.model_logits` (set by `flag`). ValueError, in one line naming the fix, where the
+  rule finds none."""
   if isinstance(out, Mapping):
     if not key:
-      raise ValueError(f'returns {kind(out)}: name the logits\' entry with '
-                       '--config.model_logits=KEY')
+      raise ValueError(f'returns {kind(out)}: name the logits\' entry with {flag}=KEY')
     if key not in out:
       raise ValueError(f'returns {kind(out)}, none of them model_logits={key!r}: give one of '
                        'those keys')
     return out[key]
   if key:
     raise ValueError(f'returns {kind(out)}, not a dict: model_logits={key!r} names an entry of '
-                     'a dict; drop --config.model_logits')
+                     f'a dict; drop {flag}')
   if isinstance(out, (tuple, list)):
     if not out:
       raise ValueError(f'returns {kind(out)}: the trainer needs the logits')
@@ -41,12 +45,12 @@ def logits(out: Any, key: str = '') -> Any:
   return out
 
 
-def note(name: str, out: Any, key: str = '') -> Optional[str]:
+def note(name: str, out: Any, key: str = '', flag: str = FLAG) -> Optional[str]:
   """The one line a run says at start where the logits are not all the model returns (None
   where they are)."""
   if isinstance(out, Mapping):
-    return (f'model={name!r} returns {kind(out)}: its logits are entry {key!r} '
-            '(--config.model_logits); the rest is not used')
+    return (f'model={name!r} returns {kind(out)}: its logits are entry {key!r} ({flag}); the '
+            'rest is not used')
   if isinstance(out, (tuple, list)):
     return (f'model={name!r} returns {kind(out)}: its logits are the first element, '
             f'{kind(out[0])}; the rest is not used')

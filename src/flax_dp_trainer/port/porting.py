@@ -73,7 +73,7 @@ def folded(pairs: list[tuple[Layer, Layer]]) -> Optional[str]:
   (f_cls, t_cls), embedding = token, token[1].fold[len('plus:'):]
   f_pos = next(f for f, t in pairs if t.module == embedding)
   rows = next(iter(f_pos.shapes.values()))[1] + 1
-  return (f'note: the port adds {f_pos.path} to the patches, then prepends {f_cls.path}; the '
+  return (f'the port adds {f_pos.path} to the patches, then prepends {f_cls.path}; the '
           f'original prepends {t_cls.path}, then adds {embedding} of {rows} rows. Carried as '
           f'{f_pos.path} = {embedding}[:, 1:] and {f_cls.path} = {t_cls.path} + '
           f'{embedding}[:, :1], the forward passes are the same; training is not (the '

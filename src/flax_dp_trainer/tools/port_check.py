@@ -168,12 +168,10 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
 
   whole = jax.eval_shape(lambda v, im: module.apply(v, im, train=False, **extra), variables, x)
   try:
-    outputs.logits(whole, flax_model.logits_key)
+    outputs.logits(whole, flax_model.logits_key, '--model_logits')
   except ValueError as e:
-    raise UserError(f'the flax port {flax_model.name} {e}'.replace('--config.model_logits',
-                                                                   '--model_logits')) from None
-  said = outputs.note(flax_model.name, whole, flax_model.logits_key)
-  said = [f'note: {said}'.replace('--config.model_logits', '--model_logits')] if said else []
+    raise UserError(f'the flax port {flax_model.name} {e}') from None
+  said = outputs.note(flax_model.name, whole, flax_model.logits_key, '--model_logits')
 
   try:
     modes.dropout_in_eval(apply_eval, variables, x)
@@ -288,10 +286,10 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
   if not places and first is not None:
     places = [first]
   # A flatten in the other order is the port's own way, taken by the kernel's rows.
-  token = porting.folded(pairs)
-  notes = said + ([token] if token else []) + [f'note: {f.path} takes its input flattened in NHWC order, torch\'s {t.path} in '
-           'NCHW: its kernel\'s rows were carried in that order' for f, t in pairs
-           if f.path in carried.rows]
+  notes = [f'note: {line}' for line in (said, porting.folded(pairs)) if line]
+  notes += [f'note: {f.path} takes its input flattened in NHWC order, torch\'s {t.path} in '
+            'NCHW: its kernel\'s rows were carried in that order' for f, t in pairs
+            if f.path in carried.rows]
   if not places:
     largest = max([logits['eval'], logits['train']] + [d for _, d, _ in gradients])
     return Report(rows, logits, gradients, statistics,
