@@ -8,6 +8,7 @@ loop, checkpoints, resume, metrics and errors (the package's root exports them).
 `flax_dp_trainer.loop.train` is the module of the loop.)
 """
 
+import contextlib
 import dataclasses
 from typing import Any, Callable, Optional, Sequence
 
@@ -29,6 +30,16 @@ def _with_data(config, data) -> tuple[ml_collections.ConfigDict, Optional[arrays
   config = ml_collections.ConfigDict(config.to_dict())
   config.dataset = given.name
   return config, given
+
+
+@contextlib.contextmanager
+def _started(config, data, cpu_devices: Optional[int], verbosity: str):
+  """What `fit` and `evaluate` run inside: the log lines shown at `verbosity`, the simulated
+  CPU devices asked for, and (config, arrays) as `_with_data` gives them."""
+  with logs.shown(verbosity):
+    if cpu_devices is not None:
+      simulated.use_cpu_devices(cpu_devices)
+    yield _with_data(config, data)
 
 
 @dataclasses.dataclass
@@ -54,10 +65,7 @@ def fit(config, workdir: str, *, model=None, loss=None, data=None, devices=None,
   with every log step's training metrics and every evaluation's, as they are written.
   `verbosity`: 'info' shows the command line's lines (progress, evaluations, checkpoints),
   'warning' and 'error' less."""
-  with logs.shown(verbosity):
-    if cpu_devices is not None:
-      simulated.use_cpu_devices(cpu_devices)
-    config, given = _with_data(config, data)
+  with _started(config, data, cpu_devices, verbosity) as (config, given):
     state = train_lib.train_and_evaluate(config, workdir, devices=devices, model=model,
                                          loss=loss, data=given, callbacks=callbacks)
   return FitResult(state, workdir, int(state.step), writers.history(workdir))
@@ -68,9 +76,6 @@ def evaluate(config, workdir: str, *, model=None, loss=None, data=None, devices=
   """Evaluates the newest checkpoint of `workdir` on the config's evaluations, writes the
   scalars at its step and returns them (`train.evaluate_only`); `cpu_devices` and
   `verbosity` as `fit` takes them."""
-  with logs.shown(verbosity):
-    if cpu_devices is not None:
-      simulated.use_cpu_devices(cpu_devices)
-    config, given = _with_data(config, data)
+  with _started(config, data, cpu_devices, verbosity) as (config, given):
     return train_lib.evaluate_only(config, workdir, devices=devices, model=model, loss=loss,
                                    data=given)

@@ -26,8 +26,9 @@ def _abandoned_read(record) -> bool:
 
 def quiet_libraries(record) -> bool:
   """Log lines of orbax and CLU: orbax's INFO lines (several per save) and its notes that a
-  directory is read only dropped; the errors of both, which the run reports itself in one line (a save or a write that failed), without
-  their tracebacks; asyncio's reports of abandoned checkpoint reads dropped."""
+  directory is read only dropped; the errors of both, which the run reports itself in one
+  line (a save or a write that failed), without their tracebacks; asyncio's reports of
+  abandoned checkpoint reads dropped."""
   if _abandoned_read(record):
     return False
   if '/orbax/' not in record.pathname and '/clu/' not in record.pathname:
