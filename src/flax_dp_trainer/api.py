@@ -16,6 +16,7 @@ import ml_collections
 
 from flax_dp_trainer import logs
 from flax_dp_trainer.data import arrays
+from flax_dp_trainer.loop import progress as bars
 from flax_dp_trainer.loop import train as train_lib
 from flax_dp_trainer.loop import writers
 from flax_dp_trainer.parallel import simulated
@@ -42,6 +43,11 @@ def _started(config, data, cpu_devices: Optional[int], verbosity: str):
     yield _with_data(config, data)
 
 
+def _show_bars(progress: Optional[bool]) -> bool:
+  """`progress` as `fit` takes it: None shows bars in a notebook only."""
+  return bars.in_notebook() if progress is None else bool(progress)
+
+
 @dataclasses.dataclass
 class FitResult:
   """What `fit` gives back."""
@@ -56,7 +62,7 @@ class FitResult:
 def fit(config, workdir: str, *, model=None, loss=None, data=None, devices=None,
         cpu_devices: Optional[int] = None,
         callbacks: Sequence[Callable[[int, dict], None]] = (),
-        verbosity: str = 'info') -> FitResult:
+        verbosity: str = 'info', progress: Optional[bool] = None) -> FitResult:
   """Trains `config` in `workdir`, resuming from its newest checkpoint
   (`train.train_and_evaluate`); returns a `FitResult`. `data`: {split: (images, labels)}
   numpy arrays to train on in place of `config.dataset` (`data/arrays.py`). `cpu_devices`:
@@ -64,18 +70,22 @@ def fit(config, workdir: str, *, model=None, loss=None, data=None, devices=None,
   in this process). `callbacks`: each called on process 0 as `callback(step, {tag: value})`
   with every log step's training metrics and every evaluation's, as they are written.
   `verbosity`: 'info' shows the command line's lines (progress, evaluations, checkpoints),
-  'warning' and 'error' less."""
+  'warning' and 'error' less. `progress`: a progress bar for the run, with its latest
+  metrics, and one for each evaluation (a live widget in a notebook, text elsewhere);
+  default: in a notebook (a Jupyter kernel) only."""
   with _started(config, data, cpu_devices, verbosity) as (config, given):
     state = train_lib.train_and_evaluate(config, workdir, devices=devices, model=model,
-                                         loss=loss, data=given, callbacks=callbacks)
+                                         loss=loss, data=given, callbacks=callbacks,
+                                         show_bars=_show_bars(progress))
   return FitResult(state, workdir, int(state.step), writers.history(workdir))
 
 
 def evaluate(config, workdir: str, *, model=None, loss=None, data=None, devices=None,
-             cpu_devices: Optional[int] = None, verbosity: str = 'info') -> dict:
+             cpu_devices: Optional[int] = None, verbosity: str = 'info',
+             progress: Optional[bool] = None) -> dict:
   """Evaluates the newest checkpoint of `workdir` on the config's evaluations, writes the
-  scalars at its step and returns them (`train.evaluate_only`); `cpu_devices` and
-  `verbosity` as `fit` takes them."""
+  scalars at its step and returns them (`train.evaluate_only`); `cpu_devices`, `verbosity`
+  and `progress` (a bar for each evaluation) as `fit` takes them."""
   with _started(config, data, cpu_devices, verbosity) as (config, given):
     return train_lib.evaluate_only(config, workdir, devices=devices, model=model, loss=loss,
-                                   data=given)
+                                   data=given, show_bars=_show_bars(progress))

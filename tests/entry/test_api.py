@@ -88,9 +88,14 @@ def test_a_script_shows_progress_and_trains_on_8_devices_as_on_1(tmp_path, tfds_
   for shown in ('starting at step 0 of 20 on 8 devices', '50.0% (10/20), ETA',
                 'train_loss=', '[20] eval_accuracy='):
     assert shown in eight.stderr, shown
-  one = _script(tmp_path, tfds_data_dir, 'one', 1, "{'verbosity': 'warning'}")
+  assert 'train:' not in eight.stderr  # Bars: in a notebook, or where asked for.
+  one = _script(tmp_path, tfds_data_dir, 'one', 1, "{'verbosity': 'warning', 'progress': True}")
   assert one.returncode == 0, one.stderr[-3000:]
-  assert 'train_loss=' not in one.stderr and 'ETA' not in one.stderr
+  assert 'ETA' not in one.stderr and '] train_loss=' not in one.stderr
+  shown = one.stderr.replace('\r', '\n').splitlines()  # tqdm's text bars, as drawn.
+  assert any(line.startswith('eval:') and '/3 [' in line for line in shown)
+  bar = [line for line in shown if line.startswith('train: 100%|')][-1]
+  assert ' 20/20 [' in bar and 'train_loss=' in bar and 'eval_accuracy=' in bar, bar
   accuracy = float(lines[0].split()[-1])
   last = one.stdout.splitlines()[-2].split()
   assert last[:2] == ['devices', '1']

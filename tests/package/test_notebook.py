@@ -17,6 +17,22 @@ from tests import REPO
 NOTEBOOK = os.path.join(REPO, 'docs', 'quickstart.ipynb')
 
 
+def _bars(notebook, cell) -> list[tuple[float, float, str]]:
+  """The progress bars `cell` displayed (tqdm's notebook widgets, as the kernel left them):
+  (value, max, the text beside the bar) of each."""
+  state = notebook.metadata.widgets['application/vnd.jupyter.widget-state+json']['state']
+  bars = []
+  for output in cell.outputs:
+    view = output.get('data', {}).get('application/vnd.jupyter.widget-view+json')
+    if view is None:
+      continue
+    parts = [state[child.removeprefix('IPY_MODEL_')]['state']
+             for child in state[view['model_id']]['state']['children']]
+    bar = next(p for p in parts if 'max' in p)
+    bars.append((bar['value'], bar['max'], parts[-1]['value'].replace('\u2007', ' ')))
+  return bars
+
+
 def _text(cell) -> str:
   return ''.join(output.get('text', '') for output in cell.outputs
                  if output.get('output_type') == 'stream' and output.get('name') == 'stdout')
@@ -36,6 +52,11 @@ def test_the_quickstart_notebook_runs_and_matches_the_command_line(tmp_path, tfd
   assert _text(code[0]).splitlines()[-1] == 'trained to step 200'
   assert any('image/png' in output.get('data', {}) for output in code[1].outputs)
   accuracy = float(_text(code[1]).split()[-1])
+  # Live bars: the run's, full, its latest metrics beside it; one per evaluation (2 x 3 batches).
+  bars = _bars(notebook, code[0])
+  assert bars[0][:2] == (200, 200), bars
+  assert f'eval_accuracy={accuracy:.4g}' in bars[0][2], bars
+  assert [bar[:2] for bar in bars[1:]] == [(3, 3), (3, 3)], bars
   assert _text(code[2]).splitlines()[0] == 'callbacks saw steps [1, 50, 100, 150, 200]'
   assert float(_text(code[3]).split()[-1]) > 0.9
   verdicts = _text(code[4]).splitlines()

@@ -10,18 +10,23 @@ import jax
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import builders
 from flax_dp_trainer.data import run_datasets
+from flax_dp_trainer.loop import progress
 from flax_dp_trainer.parallel import dispatch
 from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.step import metrics
 
 
 def evaluate(p_eval_step, rstate, data: pipeline.EvalData,
-             layout: parallel.DataParallel, prefix: str = 'eval') -> dict[str, float]:
+             layout: parallel.DataParallel, prefix: str = 'eval',
+             bars: Optional[progress.Bars] = None) -> dict[str, float]:
   """Loss, accuracy and top-5 accuracy over every example of an eval split, exactly once,
-  as `{prefix}_loss` etc."""
+  as `{prefix}_loss` etc.; counted by a bar of `bars` where given."""
   in_flight = dispatch.InFlight(layout.devices)
   per_batch = []
-  for batch in pipeline.eval_batches(data):
+  batches = pipeline.eval_batches(data)
+  if bars is not None:
+    batches = bars.evaluation(batches, prefix, data.num_batches)
+  for batch in batches:
     per_batch.append(p_eval_step(rstate, layout.put_batch(batch)))
     in_flight.add(per_batch[-1])
   return metrics.eval_scalars(metrics.merge(layout.fetch(per_batch)), prefix)
@@ -31,11 +36,13 @@ Evaluations = list[tuple[run_datasets.EvalSet, pipeline.EvalData]]
 
 
 def evaluate_all(p_eval_step, rstate, evaluations: Evaluations,
-                 layout: parallel.DataParallel) -> dict[str, float]:
-  """The scalars of every configured evaluation (`eval_split`, then `eval_splits`)."""
+                 layout: parallel.DataParallel,
+                 bars: Optional[progress.Bars] = None) -> dict[str, float]:
+  """The scalars of every configured evaluation (`eval_split`, then `eval_splits`), each
+  counted by a bar of `bars` where given."""
   scalars = {}
   for eval_set, data in evaluations:
-    scalars.update(evaluate(p_eval_step, rstate, data, layout, eval_set.prefix))
+    scalars.update(evaluate(p_eval_step, rstate, data, layout, eval_set.prefix, bars))
   return scalars
 
 

@@ -9,6 +9,7 @@
         every checkpoint_every_steps, and on SIGTERM/SIGINT: save (all processes)
 """
 
+import contextlib
 import itertools
 import time
 from typing import Any, Callable, Optional, Sequence
@@ -33,6 +34,7 @@ from flax_dp_trainer.data import specs
 from flax_dp_trainer.loop import cadence
 from flax_dp_trainer.loop import efficiency
 from flax_dp_trainer.loop import evaluation
+from flax_dp_trainer.loop import progress
 from flax_dp_trainer.loop import setup
 from flax_dp_trainer.loop import signals
 from flax_dp_trainer.loop import writers
@@ -45,11 +47,13 @@ from flax_dp_trainer.step import state as state_lib
 from flax_dp_trainer.step import steps as step_lib
 
 
-def _hooks(config, workdir: str, writer) -> list:
+def _hooks(config, workdir: str, writer, bars: Optional[progress.Bars]) -> list:
   if jax.process_index() > 0:
     return []
   hooks = [periodic_actions.ReportProgress(
       num_train_steps=config.num_train_steps, writer=writer, every_steps=config.log_every_steps)]
+  if bars is not None:
+    hooks.append(bars.step)
   if config.profile:
     hooks.append(periodic_actions.Profile(
         logdir=workdir, num_profile_steps=5, profile_duration_ms=None,
@@ -71,6 +75,11 @@ def _all_finite(tree) -> bool:
              if np.issubdtype(np.asarray(leaf).dtype, np.inexact))
 
 
+def _bars(show: bool, last: int, first: Optional[int] = None) -> Optional[progress.Bars]:
+  """The progress bars of this process where `show` (process 0 only), else None."""
+  return progress.Bars(last, first) if show and jax.process_index() == 0 else None
+
+
 def _run_peak_rss_mb() -> float:
   """Peak resident memory summed over the run's processes (each at its own peak), MiB."""
   mine = np.float64(efficiency.peak_rss_mb())
@@ -82,11 +91,11 @@ def _run_peak_rss_mb() -> float:
 def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
                   devices: Optional[Sequence[jax.Device]] = None, model: Any = None,
                   loss: Optional[losses.Loss] = None, data: Any = None,
-                  command_line=frozenset()) -> dict[str, float]:
+                  command_line=frozenset(), show_bars: bool = False) -> dict[str, float]:
   """Evaluates the newest checkpoint of `workdir` (else `config.init_from`) on every
   configured evaluation and writes the scalars at its step; no checkpoint is changed.
-  Returns the scalars. `model`, `loss`, `data`, `command_line`: as `train_and_evaluate`
-  takes them."""
+  Returns the scalars. `model`, `loss`, `data`, `command_line`, `show_bars`: as
+  `train_and_evaluate` takes them."""
   run = setup.prepare(config, workdir, devices, training=False, model=model, loss=loss,
                       arrays=data, command_line=command_line)
   config = run.config
@@ -108,10 +117,11 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
                                        run.torch_weights, run.port_weights)
   with setup.lock_workdir(workdir):
     writer = writers.create_writer(workdir)
+    bars = _bars(show_bars, step)
     with metric_writers.ensure_flushes(writer):
       scalars = evaluation.evaluate_all(step_lib.make_eval_step(
           run.layout, step_lib.Normalization.of(run.datasets.train, config.dtype), run.loss),
-                             run.layout.put_state(state), run.evaluations, run.layout)
+                             run.layout.put_state(state), run.evaluations, run.layout, bars)
       writer.write_scalars(step, scalars)
     multihost.sync_processes('evaluate_only done')
   return scalars
@@ -120,7 +130,8 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                        devices: Optional[Sequence[jax.Device]] = None, model: Any = None,
                        loss: Optional[losses.Loss] = None, data: Any = None,
-                       command_line=frozenset(), callbacks=()) -> state_lib.TrainState:
+                       command_line=frozenset(), callbacks=(),
+                       show_bars: bool = False) -> state_lib.TrainState:
   """Trains `config` in `workdir` (resuming from its newest checkpoint); returns the state.
 
   `devices`: the devices to train on, default every device of every process
@@ -131,7 +142,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   `config.dataset` names (`data.arrays.from_python`); `command_line`: the config fields set
   on the command line (a value the model does not take is refused there, and only logged
   otherwise); `callbacks`: called on process 0 as `callback(step, {tag: value})` with each
-  write of scalars (`writers.CallbackWriter`).
+  write of scalars (`writers.CallbackWriter`); `show_bars`: progress bars for the run and
+  each evaluation on process 0 (`progress.Bars`), beside the log lines.
   """
   run = setup.prepare(config, workdir, devices, model=model, loss=loss, arrays=data,
                       command_line=command_line)
@@ -154,10 +166,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     damaged.write_record(workdir, config)  # Before the first step: what every resume leaves out.
     if jax.process_index() == 0:
       setup.write_dataset_spec(workdir, run.datasets.read)
+    bars = _bars(show_bars, config.num_train_steps, start_step + 1)
+    if bars is not None:
+      callbacks = [*callbacks, bars.scalars]
     writer = writers.open_session(workdir, start_step, config.to_dict(),
                                   write_files=jax.process_index() == 0, callbacks=callbacks)
-    session = _Session(run, start, writer, workdir)
-    with metric_writers.ensure_flushes(writer), session.stop, session.prefetch:
+    session = _Session(run, start, writer, workdir, bars)
+    with metric_writers.ensure_flushes(writer), session.stop, session.prefetch, (
+        bars or contextlib.nullcontext()):
       try:
         session.train()
       finally:
@@ -172,9 +188,10 @@ class _Session:
   the training stream from the start's position, the metrics and when to log, evaluate,
   save and stop."""
 
-  def __init__(self, run: setup.Run, start: setup.Start, writer, workdir: str):
+  def __init__(self, run: setup.Run, start: setup.Start, writer, workdir: str,
+               bars: Optional[progress.Bars] = None):
     config, layout = run.config, run.layout
-    self.run, self.start, self.writer = run, start, writer
+    self.run, self.start, self.writer, self.bars = run, start, writer, bars
     self.first = int(start.state.step) + 1
     self.last = config.num_train_steps
     self.p_train_step = step_lib.make_train_step(
@@ -188,7 +205,7 @@ class _Session:
     first_batch = next(self.prefetch)
     self.batches = itertools.chain([first_batch], self.prefetch)
     self.efficiency = self._compile_train_step(first_batch)
-    self.hooks = _hooks(config, workdir, writer)
+    self.hooks = _hooks(config, workdir, writer, bars)
     self.throughput = efficiency.Throughput(config.batch_size, len(layout.devices))
     self.cadence = cadence.Cadence.from_config(config)
     # float16 loss scaling expects overflows now and then, and skips those steps itself.
@@ -272,7 +289,7 @@ class _Session:
             pending()
         if self.cadence.eval(step):
           self.writer.write_scalars(step, evaluation.evaluate_all(
-              self.p_eval_step, self.rstate, self.run.evaluations, self.run.layout))
+              self.p_eval_step, self.rstate, self.run.evaluations, self.run.layout, self.bars))
           self.throughput.start(step)
         if save_now:
           self._save(step)
