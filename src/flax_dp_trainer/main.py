@@ -23,6 +23,8 @@ from flax_dp_trainer.base import multihost  # pylint: disable=wrong-import-posit
 from flax_dp_trainer.base import user_imports  # pylint: disable=wrong-import-position
 from flax_dp_trainer.base.errors import (  # pylint: disable=wrong-import-position
     Diverged, Preempted, SaveFailed, UserError, storage_failure)
+from flax_dp_trainer.elastic import faults  # pylint: disable=wrong-import-position
+from flax_dp_trainer.elastic import timeline as timeline_lib  # pylint: disable=wrong-import-position
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('workdir', None, 'Directory for metrics, checkpoints and the config.')
@@ -40,6 +42,12 @@ flags.DEFINE_integer(
     'heartbeat_timeout_s', 20,
     'Seconds without a heartbeat after which the distributed runtime declares a process dead '
     'and stops the others (multi-process runs).')
+flags.DEFINE_bool(
+    'resume_with_changes', False,
+    'Resume a checkpoint whose config differs in what defines the training stream or the '
+    'model (batch size, seed, dataset, split, model); the log says where the stream '
+    'continues. Without it such a resume is refused.')
+flags.DEFINE_string('debug_fault', '', faults.FLAG_HELP)
 flags.DEFINE_bool(
     'eval_only', False,
     'Evaluate the newest checkpoint of --workdir (else --config.init_from) on eval_split and '
@@ -114,7 +122,19 @@ def _set_up_devices() -> None:
   pipeline.keep_off_accelerators()
 
 
+def _timeline() -> timeline_lib.Timeline:
+  """This process's timeline from its start, before JAX knows the process index: the one
+  given (--process_id, SLURM's), else 0."""
+  index = FLAGS.process_id
+  if index is None:
+    index = int(os.environ.get('SLURM_PROCID', '0'))
+  return timeline_lib.Timeline(FLAGS.workdir, index, faults.parse(FLAGS.debug_fault),
+                               started=timeline_lib.process_started(), writes=index == 0)
+
+
 def _exit(code: int, message: str) -> None:
+  """Ends the process with `message` (a line 'error: ...' for what a restart does not cure:
+  the launcher stops there)."""
   print(message, file=sys.stderr)
   if jax.distributed.is_initialized():
     # At exit jax.distributed waits for every process to shut down; one that failed alone
@@ -152,6 +172,7 @@ def main(argv):
   from flax_dp_trainer.loop import checks
   try:
     _check_flags()
+    timeline = _timeline()
     config = checks.command_line_config(FLAGS['config'])
     # What the device count does not decide, checked before TensorFlow or a JAX backend
     # starts; the rest once the devices are known. A module of config.imports that does not
@@ -177,7 +198,9 @@ def main(argv):
     if FLAGS.eval_only:
       train.evaluate_only(config, FLAGS.workdir, command_line=command_line)
     else:
-      train.train_and_evaluate(config, FLAGS.workdir, command_line=command_line)
+      train.train_and_evaluate(config, FLAGS.workdir, command_line=command_line,
+                               timeline=timeline,
+                               resume_with_changes=FLAGS.resume_with_changes)
   except (UserError, Diverged, SaveFailed) as e:
     _exit(1, f'error: {e}')
   except Preempted as e:

@@ -156,6 +156,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.log_every_steps = 50  # Steps between writes of train metrics (one host sync each).
   config.eval_every_steps = 250  # Steps between evaluations; the last step always evaluates.
   config.checkpoint_every_steps = 250  # Steps between checkpoints; the last step always saves.
+  # Also a checkpoint once this many seconds have passed since the last one, checked at log
+  # steps (process 0 decides, every process saves); 0 = by steps only.
+  config.checkpoint_every_seconds = 0.0
   config.keep_checkpoints = 3  # Newest checkpoints kept on disk.
   # Initial params: a workdir or checkpoint of this trainer, or a PyTorch state dict file of
   # the same model in torchvision's names (.pth, .safetensors; a classifier of another size

@@ -36,6 +36,7 @@ _RANGES = {
     'end_learning_rate_factor': (0, float('inf'), ''),
     'mixup_alpha': (0, float('inf'), '; 0 turns Mixup off'),
     'cutmix_alpha': (0, float('inf'), '; 0 turns CutMix off'),
+    'checkpoint_every_seconds': (0, float('inf'), '; 0 saves by steps only'),
 }
 # Probabilities: in [0, 1].
 _PROBABILITIES = ('mix_prob', 'mix_switch_prob', 'random_erase_prob')

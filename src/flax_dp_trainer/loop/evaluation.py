@@ -3,7 +3,7 @@ read by this process, each example exactly once (the last batch padded and maske
 scalars reduced over the devices."""
 
 import dataclasses
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import jax
 
@@ -18,9 +18,11 @@ from flax_dp_trainer.step import metrics
 
 def evaluate(p_eval_step, rstate, data: pipeline.EvalData,
              layout: parallel.DataParallel, prefix: str = 'eval',
-             bars: Optional[progress.Bars] = None) -> dict[str, float]:
+             bars: Optional[progress.Bars] = None,
+             beat: Callable[[], None] = lambda: None) -> dict[str, float]:
   """Loss, accuracy and top-5 accuracy over every example of an eval split, exactly once,
-  as `{prefix}_loss` etc.; counted by a bar of `bars` where given."""
+  as `{prefix}_loss` etc.; counted by a bar of `bars` where given, `beat()` after each batch
+  (the progress file: `elastic.timeline`)."""
   in_flight = dispatch.InFlight(layout.devices)
   per_batch = []
   batches = pipeline.eval_batches(data)
@@ -29,6 +31,7 @@ def evaluate(p_eval_step, rstate, data: pipeline.EvalData,
   for batch in batches:
     per_batch.append(p_eval_step(rstate, layout.put_batch(batch)))
     in_flight.add(per_batch[-1])
+    beat()
   return metrics.eval_scalars(metrics.merge(layout.fetch(per_batch)), prefix)
 
 
@@ -37,12 +40,13 @@ Evaluations = list[tuple[run_datasets.EvalSet, pipeline.EvalData]]
 
 def evaluate_all(p_eval_step, rstate, evaluations: Evaluations,
                  layout: parallel.DataParallel,
-                 bars: Optional[progress.Bars] = None) -> dict[str, float]:
+                 bars: Optional[progress.Bars] = None,
+                 beat: Callable[[], None] = lambda: None) -> dict[str, float]:
   """The scalars of every configured evaluation (`eval_split`, then `eval_splits`), each
-  counted by a bar of `bars` where given."""
+  counted by a bar of `bars` where given; `beat` as `evaluate` takes it."""
   scalars = {}
   for eval_set, data in evaluations:
-    scalars.update(evaluate(p_eval_step, rstate, data, layout, eval_set.prefix, bars))
+    scalars.update(evaluate(p_eval_step, rstate, data, layout, eval_set.prefix, bars, beat))
   return scalars
 
 

@@ -96,11 +96,52 @@ def restore_newest(run: 'Run', state: state_lib.TrainState
   return restored, unreadable
 
 
-def start(run: 'Run') -> Start:
+# What defines the training stream (which example each step trains on) and the model: a
+# resume that changes one continues another run than the checkpoint's.
+STREAM_FIELDS = ('batch_size', 'seed', 'dataset', 'dataset_spec', 'train_split', 'model',
+                 'model_kwargs')
+
+
+def _stream_changes(run: 'Run', meta: run_meta.RunMeta) -> list[str]:
+  """'field: checkpoint's value -> this run's' for each field of STREAM_FIELDS (and the steps
+  per epoch) where the run differs from the config that wrote the checkpoint."""
+  saved, config = meta.full_config(), run.config
+  changes = [f'{field} {saved[field]!r} -> {config[field]!r}' for field in STREAM_FIELDS
+             if _plain(saved[field]) != _plain(config[field])]
+  before = (meta.dataset or {}).get('num_train_examples')
+  now = run.data.num_examples
+  if before and before != now:
+    changes.append(f'the training split\'s size {before} -> {now} examples')
+  return changes
+
+
+def _plain(value):
+  return value.to_dict() if isinstance(value, ml_collections.ConfigDict) else value
+
+
+def _check_resume(run: 'Run', meta: run_meta.RunMeta, step: int, allowed: bool) -> None:
+  """Refuses (`UserError`, nothing written) a resume whose config changes what defines the
+  training stream or the model, unless `allowed`; then says where the stream continues."""
+  changes = _stream_changes(run, meta)
+  if not changes:
+    return
+  where = f'{run.checkpointer.directory} (step {step})'
+  if not allowed:
+    raise UserError(f'the checkpoint in {where} was trained with another stream or model: '
+                    f'{"; ".join(changes)}; run with the checkpoint\'s values, pass another '
+                    '--workdir, or pass --resume_with_changes to continue this run so')
+  epoch = meta.examples_seen / max(run.data.num_examples, 1)
+  logging.warning('resuming %s with changes (--resume_with_changes): %s; the training stream '
+                  'continues at example %d (epoch %.2f) in batches of %d', where,
+                  '; '.join(changes), meta.examples_seen, epoch, run.config.batch_size)
+
+
+def start(run: 'Run', resume_with_changes: bool = False) -> Start:
   """Restores the newest checkpoint that reads, else initializes (from `init_from` if set).
   Writes nothing: a workdir whose checkpoint does not fit the config, or `init_from` weights
   that do not fit the model, stop the run with the workdir untouched (nothing is compiled
-  but the init)."""
+  but the init). A checkpoint trained on another stream or model (`STREAM_FIELDS`) is
+  refused unless `resume_with_changes`."""
   config, checkpointer = run.config, run.checkpointer
   _, step_rng = state_lib.seed_rngs(config.seed)
   state = state_lib.init_state(config, run.num_classes, run.input_shape, model=run.model)
@@ -114,6 +155,7 @@ def start(run: 'Run') -> Start:
   if restored is None:
     return Start(state, step_rng, config.seed, 0, None, unreadable)
   meta = run_meta.RunMeta.from_json(restored.meta, restored.step)
+  _check_resume(run, meta, restored.step, resume_with_changes)
   logging.info('resuming from the checkpoint at step %d (written on %d devices, %d '
                'process(es)) at example %d of the training stream', restored.step,
                meta.devices, meta.processes, meta.examples_seen)

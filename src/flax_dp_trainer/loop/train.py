@@ -31,6 +31,7 @@ from flax_dp_trainer.checkpoint import init_from
 from flax_dp_trainer.data import damaged
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import specs
+from flax_dp_trainer.elastic import timeline as timeline_lib
 from flax_dp_trainer.loop import cadence
 from flax_dp_trainer.loop import efficiency
 from flax_dp_trainer.loop import evaluation
@@ -131,7 +132,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                        devices: Optional[Sequence[jax.Device]] = None, model: Any = None,
                        loss: Optional[losses.Loss] = None, data: Any = None,
                        command_line=frozenset(), callbacks=(),
-                       show_bars: bool = False) -> state_lib.TrainState:
+                       show_bars: bool = False,
+                       timeline: Optional[timeline_lib.Timeline] = None,
+                       resume_with_changes: bool = False) -> state_lib.TrainState:
   """Trains `config` in `workdir` (resuming from its newest checkpoint); returns the state.
 
   `devices`: the devices to train on, default every device of every process
@@ -143,12 +146,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   on the command line (a value the model does not take is refused there, and only logged
   otherwise); `callbacks`: called on process 0 as `callback(step, {tag: value})` with each
   write of scalars (`writers.CallbackWriter`); `show_bars`: progress bars for the run and
-  each evaluation on process 0 (`progress.Bars`), beside the log lines.
+  each evaluation on process 0 (`progress.Bars`), beside the log lines; `timeline`: where
+  the session's time goes, its progress file and faults (`elastic.timeline`; default one
+  that starts now); `resume_with_changes`: resume a checkpoint whose config differs in what
+  defines the training stream or the model (`setup.start`).
   """
+  if timeline is None:
+    timeline = timeline_lib.Timeline(workdir, writes=jax.process_index() == 0)
   run = setup.prepare(config, workdir, devices, model=model, loss=loss, arrays=data,
                       command_line=command_line)
   config = run.config
-  start = setup.start(run)
+  timeline.enter('restore')
+  start = setup.start(run, resume_with_changes)
+  timeline.restored(start.resume_step is not None)
   start_step = int(start.state.step)
   logging.info('%s: %d params; starting at step %d of %d on %d devices (%d process(es))',
                run.model.name, state_lib.param_count(start.state.params), start_step,
@@ -171,15 +181,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       callbacks = [*callbacks, bars.scalars]
     writer = writers.open_session(workdir, start_step, config.to_dict(),
                                   write_files=jax.process_index() == 0, callbacks=callbacks)
-    session = _Session(run, start, writer, workdir, bars)
+    timeline.begin(start_step)
+    session = _Session(run, start, writer, workdir, timeline, bars)
     with metric_writers.ensure_flushes(writer), session.stop, session.prefetch, (
         bars or contextlib.nullcontext()):
       try:
         session.train()
       finally:
-        run.checkpointer.close()
+        with timeline.phase('save'):
+          run.checkpointer.close()
+    timeline.enter('other')
     # No process leaves while another may still need it for a collective or a save.
     multihost.sync_processes('train_and_evaluate done')
+    final = timeline.snapshot(final=True)
+    if final:
+      writer.write_scalars(config.num_train_steps, final)
+      writer.flush()
   return parallel.host_state(run.layout, session.rstate)
 
 
@@ -189,9 +206,11 @@ class _Session:
   save and stop."""
 
   def __init__(self, run: setup.Run, start: setup.Start, writer, workdir: str,
-               bars: Optional[progress.Bars] = None):
+               timeline: timeline_lib.Timeline, bars: Optional[progress.Bars] = None):
     config, layout = run.config, run.layout
     self.run, self.start, self.writer, self.bars = run, start, writer, bars
+    self.timeline = timeline
+    timeline.enter('compile')
     self.first = int(start.state.step) + 1
     self.last = config.num_train_steps
     self.p_train_step = step_lib.make_train_step(
@@ -215,6 +234,7 @@ class _Session:
     self.buffer.resume(start.window)
     self.in_flight = dispatch.InFlight(layout.devices)
     self.last_saved = start.resume_step
+    self.saved_at = time.time()  # For config.checkpoint_every_seconds.
     # Several processes must agree on the step they stop at: there JAX's preemption notice
     # (which owns SIGTERM) decides at a sync point; alone, the signals are recorded here.
     multiprocess = jax.process_count() > 1
@@ -263,9 +283,12 @@ class _Session:
     write_log = None  # The last step's log, to write once this step is dispatched.
     try:
       for step in range(self.first, self.last + 1):
+        if step > self.first:  # (The first one's time is the compile's.)
+          self.timeline.step(step)
+        with self.timeline.phase('input'):
+          batch = next(self.batches)
         with jax.profiler.StepTraceAnnotation('train', step_num=step):
-          self.rstate, step_metrics = self.p_train_step(self.rstate, next(self.batches),
-                                                        self.rng)
+          self.rstate, step_metrics = self.p_train_step(self.rstate, batch, self.rng)
         self.in_flight.add(step_metrics)
         self.buffer.add(step, step_metrics)
         if write_log is not None:
@@ -276,10 +299,11 @@ class _Session:
           # Time throughput from the end of the first step: compiling is not training speed.
           jax.block_until_ready(step_metrics)
           self.writer.write_scalars(step, self.throughput.first_step_done(step, loop_start))
+          self.timeline.step(step)
         for hook in self.hooks:
           hook(step)
         stopping = self.stop.requested(step) and step < self.last
-        save_now = self.cadence.save(step) or stopping
+        save_now = self.cadence.save(step) or stopping or self._time_to_save(step)
         if (self.cadence.log(step) or save_now) and not self.buffer.fetch():
           raise self._diverged()
         if self.cadence.log(step):
@@ -288,13 +312,17 @@ class _Session:
             write_log, pending = None, write_log
             pending()
         if self.cadence.eval(step):
-          self.writer.write_scalars(step, evaluation.evaluate_all(
-              self.p_eval_step, self.rstate, self.run.evaluations, self.run.layout, self.bars))
+          with self.timeline.phase('evaluation'):
+            self.writer.write_scalars(step, evaluation.evaluate_all(
+                self.p_eval_step, self.rstate, self.run.evaluations, self.run.layout,
+                self.bars, self.timeline.beat))
           self.throughput.start(step)
         if save_now:
-          self._save(step)
+          with self.timeline.phase('save'):
+            self._save(step)
         if stopping:
-          self.run.checkpointer.wait()
+          with self.timeline.phase('save'):
+            self.run.checkpointer.wait()
           raise Preempted(
               f'stopped by {self.stop.name} at step {step} of {self.last}; checkpoint saved '
               f'in {self.run.checkpointer.directory}; run the same command again to resume',
@@ -316,9 +344,18 @@ class _Session:
         scalars[efficiency.RATE_TAG] = rate
         num_devices = len(self.run.layout.devices)
         scalars.update(self.efficiency.scalars(rate * num_devices / self.run.config.batch_size))
+      scalars.update(self.timeline.snapshot())
       self.writer.write_scalars(step, scalars)
 
     return write
+
+  def _time_to_save(self, step: int) -> bool:
+    """Whether `config.checkpoint_every_seconds` have passed since the last save, at a log
+    step, as process 0 finds it (every process saves at the same step)."""
+    every = self.run.config.checkpoint_every_seconds
+    if not every or not self.cadence.log(step):
+      return False
+    return bool(multihost.from_process_0(time.time() - self.saved_at >= every))
 
   def _save(self, step: int) -> None:
     """Saves the state at `step` (all processes), after checking its params are finite."""
@@ -333,7 +370,7 @@ class _Session:
         devices=len(self.run.layout.devices), processes=jax.process_count(),
         config=config.to_dict(), window=self.buffer.pending(),
         dataset=specs.to_json(self.run.data.spec)))
-    self.last_saved = step
+    self.last_saved, self.saved_at = step, time.time()
     self.throughput.start(step)
 
   def _diverged(self, what: str = 'loss or gradient norm') -> Diverged:
