@@ -192,7 +192,7 @@ def test_tpu_pod_extra_files_refuses_a_missing_path_before_any_gcloud_call(tmp_p
 # A python for local.sh that reports, for each trainer process, where it runs and whether the
 # user's module in that directory imports (`-c` puts the working directory first, as `-m` does).
 PROBE_PYTHON = '''#!/bin/bash
-[[ "$1" == -c ]] && exec "$REAL_PYTHON" "$@"  # the launcher picking a free port
+[[ "$1" == -m && "$2" == flax_dp_trainer.launch ]] && exec "$REAL_PYTHON" "$@"  # the launcher
 exec "$REAL_PYTHON" -c 'import os, sys
 import user_module_here
 print("process", os.getcwd(), user_module_here.__file__, os.environ["PYTHONPATH"])'

@@ -14,6 +14,7 @@ import dataclasses
 import os
 import signal
 import time
+from typing import Callable
 
 from flax_dp_trainer.base.errors import UserError
 
@@ -62,14 +63,17 @@ def fired(elastic_dir: str) -> set[str]:
 class Trigger:
   """The faults of one process: `at(step)` fires those due at `step` on this process."""
 
-  def __init__(self, faults: tuple[Fault, ...], process_index: int, elastic_dir: str):
+  def __init__(self, faults: tuple[Fault, ...], process_index: int, elastic_dir: str,
+               before: Callable[[int], None] = lambda step: None):
     self._due = {f.step: f for f in faults if f.process == process_index}
     self._dir = elastic_dir
+    self._before = before  # Called with the step before a fault fires (its last progress).
 
   def at(self, step: int) -> None:
     fault = self._due.get(step)
     if fault is None:
       return
+    self._before(step)
     os.makedirs(fired_dir(self._dir), exist_ok=True)
     with open(os.path.join(fired_dir(self._dir), str(fault)), 'w', encoding='utf-8') as f:
       f.write(f'{time.time()}\n')

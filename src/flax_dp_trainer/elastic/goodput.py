@@ -1,13 +1,16 @@
 """Where a run's wall time went, across its sessions and restarts: each session's process 0
-keeps WORKDIR/goodput/session_T.json (T: the session's start), rewritten at every log step and
-at its end, with its seconds by cause (`Timeline` keeps them); the time between a session that
-failed (no final record) and the next start is `restart`. `breakdown` adds them up for
-`tools.goodput`, and `goodput` is the productive steps' share of the wall time."""
+keeps WORKDIR/goodput/session_T.json (T: the session's start), rewritten every few seconds,
+at every log step and at its end, with its seconds by cause (`Timeline` keeps them); the time
+between a session that failed (no final record) and the next start is `restart`. A launcher
+(`supervisor`) records its own start and end (launch_T.json): the time of a launch that no
+session accounts for (the launcher's start, the processes' exits) is `other`. `breakdown`
+adds them up for `tools.goodput`; `goodput` is the productive steps' share of the wall
+time."""
 
 import dataclasses
 import json
 import os
-from typing import Optional
+from typing import Optional, Sequence
 
 from etils import epath
 
@@ -24,7 +27,7 @@ CAUSES = {
     'evaluation': 'evaluation',
     'recomputed': 'steps recomputed after a restart',
     'restart': 'between a failure and the restart',
-    'other': 'other (log writes, process syncs, the end)',
+    'other': 'other (logs, syncs, the launcher, process exits)',
 }
 RESTARTS_FILE = 'restarts.jsonl'
 
@@ -47,18 +50,25 @@ def write_session(workdir: str, record: dict) -> None:
   os.replace(tmp, path)
 
 
-def sessions(workdir: str) -> list[dict]:
-  """Every session's last record, oldest first."""
+def write_launch(workdir: str, start: float, end: float) -> None:
+  """A launcher's record of its start and end (unix times)."""
+  folder = directory(workdir)
+  folder.mkdir(parents=True, exist_ok=True)
+  (folder / f'launch_{start:.3f}.json').write_text(json.dumps({'start': start, 'end': end}))
+
+
+def sessions(workdir: str, kind: str = 'session') -> list[dict]:
+  """Every session's last record (`kind` 'launch': every launch's), oldest first."""
   folder = directory(workdir)
   if not folder.exists():
     return []
   records = []
-  for path in folder.glob('session_*.json'):
+  for path in folder.glob(f'{kind}_*.json'):
     try:
       records.append(json.loads(path.read_text()))
     except (OSError, ValueError):
       continue
-  return sorted(records, key=lambda r: r['session'])
+  return sorted(records, key=lambda r: r.get('session', r.get('start')))
 
 
 def restarts(workdir: str) -> list[dict]:
@@ -87,9 +97,11 @@ class Breakdown:
             'goodput': self.goodput}
 
 
-def breakdown(records: list[dict], current: Optional[dict] = None) -> Breakdown:
+def breakdown(records: list[dict], current: Optional[dict] = None,
+              launches: Sequence[dict] = ()) -> Breakdown:
   """The sum over session records (`sessions`), and `current` (this session's, not yet
-  written) after them."""
+  written) after them; the time of each of `launches` that its sessions leave out is
+  `other`."""
   records = sorted([*records, *([current] if current else [])], key=lambda r: r['session'])
   seconds = {c: 0.0 for c in CAUSES}
   wall, reached, previous = 0.0, 0, None
@@ -103,6 +115,13 @@ def breakdown(records: list[dict], current: Optional[dict] = None) -> Breakdown:
       wall += gap
     reached = max(reached, record.get('step', 0))
     previous = record
+  for launch in launches:
+    inside = [r for r in records if launch['start'] <= r['session'] <= launch['end']]
+    if inside:
+      covered = inside[-1]['time'] - inside[0]['session']
+      rest = max(0.0, launch['end'] - launch['start'] - covered)
+      seconds['other'] += rest
+      wall += rest
   return Breakdown(seconds, wall, len(records), reached)
 
 
@@ -111,18 +130,18 @@ def reached_step(workdir: str) -> int:
   progress files of its processes (`liveness`: the steps since its last record) say."""
   steps = [r.get('step', 0) for r in sessions(workdir)]
   steps += [r.get('reached_step', 0) for r in restarts(workdir)]
-  steps += [record.get('step', 0) for record in liveness.read_all(liveness.directory(workdir))]
+  steps += [record.get('step', 0) - 1 for record in liveness.read_all(liveness.directory(workdir))]
   return max(steps, default=0)
 
 
 def table(workdir: str) -> str:
   """The breakdown of `workdir`, one cause a line with its seconds, the wall time, the
   restarts, and last `goodput=F`."""
-  result = breakdown(sessions(workdir))
+  result = breakdown(sessions(workdir), launches=sessions(workdir, 'launch'))
   width = max(len(v) for v in CAUSES.values())
-  lines = [f'{text:<{width}}  {result.seconds.get(c, 0.0):10.1f} s'
+  lines = [f'{text:<{width}}  {result.seconds.get(c, 0.0):10.2f} s'
            for c, text in CAUSES.items()]
-  lines.append(f'{"wall time":<{width}}  {result.wall:10.1f} s  ({result.sessions} '
+  lines.append(f'{"wall time":<{width}}  {result.wall:10.2f} s  ({result.sessions} '
                f'session(s), {len(restarts(workdir))} restart(s), step {result.reached_step})')
   lines.append(f'goodput={result.goodput:.3f}')
   return '\n'.join(lines)

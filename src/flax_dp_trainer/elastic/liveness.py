@@ -38,14 +38,14 @@ class Liveness:
     """The run has taken its workdir: progress is written from now on."""
     self._started = True
 
-  def beat(self, phase: str, step: Optional[int] = None) -> None:
-    """Progress in `phase` (at `step`): written where the phase changed or a second has
-    passed."""
+  def beat(self, phase: str, step: Optional[int] = None, force: bool = False) -> None:
+    """Progress in `phase` (at `step`, the step the process is at: not done yet): written
+    where the phase changed, a second has passed or `force`."""
     if step is not None:
       self.step = step
     now = time.time()
     if not self._started or self._path is None or (
-        phase == self._last[0] and now - self._last[1] < INTERVAL_S):
+        phase == self._last[0] and now - self._last[1] < INTERVAL_S and not force):
       return
     self._last = (phase, now)
     record = {'phase': phase, 'step': self.step, 'time': now, 'pid': os.getpid(),

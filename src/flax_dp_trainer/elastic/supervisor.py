@@ -25,6 +25,7 @@ from typing import Callable, Optional, Sequence, TextIO
 from flax_dp_trainer.elastic import faults as faults_lib
 from flax_dp_trainer.elastic import goodput
 from flax_dp_trainer.elastic import liveness
+from flax_dp_trainer.elastic import timeline
 
 
 @dataclasses.dataclass
@@ -191,6 +192,14 @@ class Launch:
     return liveness.directory(self.plan.workdir)
 
   def run(self) -> int:
+    started = timeline.process_started()  # (The launcher's own start-up counts.)
+    try:
+      return self._run()
+    finally:
+      if self.elastic_dir:
+        goodput.write_launch(self.plan.workdir, started, time.time())
+
+  def _run(self) -> int:
     if self.elastic_dir:  # This launch's faults fire afresh.
       for name in faults_lib.fired(self.elastic_dir):
         os.remove(os.path.join(faults_lib.fired_dir(self.elastic_dir), name))
@@ -326,11 +335,10 @@ class Launch:
               hosts: Optional[int]) -> None:
     """The restart's line, and its record in WORKDIR/restarts.jsonl."""
     checkpoint = newest_checkpoint(self.plan.workdir)
-    # A step is done when every process has done it: the one furthest behind says how far
-    # the run got (the others may have dispatched steps that wait for it).
-    steps = [r['step'] for r in (self._progress(i, self._started) for i in range(self.count))
-             if r is not None]
-    reached = min(steps, default=failure.step)
+    # A step is done when every process has done it: the process that failed (at a step it
+    # has not done) says how far the run got; the others may have dispatched steps that wait
+    # for it.
+    reached = max(0, failure.step - 1)
     now = time.time()
     ckpt_step = checkpoint[0] if checkpoint else 0
     lost_s = now - checkpoint[1] if checkpoint else None

@@ -44,8 +44,9 @@ class Timeline:
     self.seconds = {cause: 0.0 for cause in goodput.CAUSES}
     self._cause, self._since = 'startup', self.session
     self._liveness = liveness.Liveness(workdir, process_index)
-    self._trigger = faults_lib.Trigger(tuple(faults), process_index,
-                                       liveness.directory(workdir))
+    self._trigger = faults_lib.Trigger(
+        tuple(faults), process_index, liveness.directory(workdir),
+        before=lambda step: self._liveness.beat('step', step, force=True))
     self._writes = writes
     self._earlier: list[dict] = []
     self._recorded = 0.0  # When the session was last recorded.

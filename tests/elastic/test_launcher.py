@@ -1,0 +1,168 @@
+"""The elastic launcher (`python -m flax_dp_trainer.launch`, launch/local.sh) around a
+stand-in trainer (stand_in_trainer.py: the package's progress files and faults, sleeps for
+steps): restarts on the processes that remain, hangs, stopped processes, spent restarts,
+errors that a restart does not cure, and the restart records. The real trainer's restarts are
+tests/parallel/test_elastic.py's."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from flax_dp_trainer.elastic import supervisor
+from tests import REPO
+
+STAND_IN = os.path.join(os.path.dirname(__file__), 'stand_in_trainer.py')
+# `python` for the launcher's processes: the stand-in for `-m flax_dp_trainer`.
+PYTHON = '''#!/bin/bash
+if [[ "$1" == -m && "$2" == flax_dp_trainer ]]; then shift 2; exec "$REAL_PYTHON" "$STAND_IN_TRAINER" "$@"; fi
+exec "$REAL_PYTHON" "$@"
+'''
+
+
+def _executable(path, text):
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(text)
+  path.chmod(0o755)
+  return path
+
+
+@pytest.fixture
+def stand_in(tmp_path):
+  """(environment, log path): the launcher's processes are the stand-in trainer."""
+  python = _executable(tmp_path / 'bin' / 'python', PYTHON)
+  log = tmp_path / 'starts.log'
+  env = dict(os.environ, PYTHON=str(python), REAL_PYTHON=sys.executable,
+             STAND_IN_TRAINER=STAND_IN, STAND_IN_LOG=str(log), PYTHONPATH=REPO)
+  return env, log
+
+
+def _launch(env, workdir, *flags, behaviour='', timeout=60):
+  start = time.perf_counter()
+  result = subprocess.run(
+      [os.path.join(REPO, 'launch', 'local.sh'), *flags, '--stop_grace_s=1', '--',
+       '--config=default', f'--workdir={workdir}', '--config.batch_size=24',
+       '--config.num_train_steps=40'],
+      env=dict(env, STAND_IN=behaviour), capture_output=True, text=True, timeout=timeout,
+      check=False)
+  return result, time.perf_counter() - start
+
+
+def _starts(log):
+  """'process P of N from step S' of each start, sorted."""
+  return sorted(' '.join(line.split()[:7]) for line in log.read_text().splitlines())
+
+
+def _restarts(workdir):
+  with open(os.path.join(workdir, 'restarts.jsonl'), encoding='utf-8') as f:
+    return [json.loads(line) for line in f]
+
+
+def test_a_lost_host_and_a_stall_restart_on_the_processes_that_remain(stand_in, tmp_path):
+  env, log = stand_in
+  workdir = str(tmp_path / 'run')
+  result, _ = _launch(env, workdir, '--num_processes=4', '--devices_per_process=1',
+                      '--max_restarts=2', '--min_processes=2', '--hang_timeout_s=2',
+                      '--debug_fault=lose@15:3,stall@30:1')
+  assert result.returncode == 0, result.stderr
+  assert _starts(log) == sorted(
+      [f'process {i} of 4 from step 1' for i in range(4)] +
+      [f'process {i} of 3 from step 11' for i in range(3)] +
+      [f'process {i} of 3 from step 21' for i in range(3)]), log.read_text()
+  # Each fault fires once: the second start is told of the stall only, the third of none.
+  told = {line.split(' args ')[0].split(' from ')[1]: [
+      a for a in json.loads(line.split(' args ', 1)[1]) if a.startswith('--debug_fault')]
+          for line in log.read_text().splitlines()}
+  assert told == {'step 1': ['--debug_fault=lose@15:3,stall@30:1'],
+                  'step 11': ['--debug_fault=stall@30:1'], 'step 21': []}
+  first, second = _restarts(workdir)
+  assert first['cause'] == 'exit' and first['process'] == 3 and first['status'] == -9
+  assert first['lost_host'] and (first['processes'], first['next_processes']) == (4, 3)
+  assert (first['checkpoint_step'], first['reached_step'], first['steps_to_recompute']) == (
+      10, 14, 4)
+  # Every process waits at step 30 (for process 1, in the step's collective): the one named
+  # is one of them.
+  assert second['cause'] == 'hang' and second['phase'] == 'step'
+  assert (second['checkpoint_step'], second['steps_to_recompute']) == (20, 9)
+  assert not second['lost_host']
+  assert 'launch: restart 1 of 2: process 3 exited with signal SIGKILL' in result.stderr
+  assert re.search(r'launch: restart 2 of 2: process \d made no progress for 2 s \(phase step, '
+                   r'step 30; limit 2 s\); restarting from the checkpoint at step 20, written '
+                   r'[\d.]+ s ago, on 3 process\(es\) \(9 step\(s\) to recompute\)',
+                   result.stderr), result.stderr
+  assert '[p3] --debug_fault lose@15:3: process 3 dies at step 15' in result.stdout
+
+
+def test_the_batch_decides_how_many_processes_restart(stand_in, tmp_path):
+  """3 of 4 remain, and batch 24 over 3 x 3 devices does not divide: 2 processes go on."""
+  env, log = stand_in
+  result, _ = _launch(env, str(tmp_path / 'run'), '--num_processes=4',
+                      '--devices_per_process=3', '--max_restarts=1', '--min_processes=2',
+                      '--debug_fault=lose@5:0')
+  assert result.returncode == 0, result.stderr
+  assert _starts(log) == sorted([f'process {i} of 4 from step 1' for i in range(4)] +
+                                [f'process {i} of 2 from step 1' for i in range(2)])
+  assert ('launch: 3 process(es) remain; batch_size=24 does not divide over their devices: '
+          'restarting on 2') in result.stderr
+
+
+def test_a_stopped_process_does_not_hold_the_launcher_and_spent_restarts_end_it(
+    stand_in, tmp_path):
+  """A SIGSTOPped process (its peers abort on the missing heartbeats): the launcher stops
+  them all, SIGKILL included, and with its restarts spent exits non-zero naming the cause."""
+  env, _ = stand_in
+  result, took = _launch(env, str(tmp_path / 'run'), '--num_processes=2',
+                         '--devices_per_process=1', '--max_restarts=0',
+                         behaviour='stop@12:1')
+  assert result.returncode == 134, result.stderr
+  assert took < 30
+  assert ('launch: giving up after 0 restart(s) (--max_restarts=0); the last cause: process 0 '
+          'exited with status 134 (phase step, step 12)') in result.stderr, result.stderr
+  assert not supervisor_processes(tmp_path)
+
+
+def supervisor_processes(tmp_path):
+  """Processes still running with the workdir under `tmp_path` in their command line."""
+  found = []
+  for pid in filter(str.isdigit, os.listdir('/proc')):
+    try:
+      with open(f'/proc/{pid}/cmdline', 'rb') as f:
+        if str(tmp_path).encode() in f.read():
+          found.append(pid)
+    except OSError:
+      continue
+  return found
+
+
+def test_an_error_line_ends_the_launch_without_a_restart(stand_in, tmp_path):
+  env, log = stand_in
+  result, _ = _launch(env, str(tmp_path / 'run'), '--num_processes=2',
+                      '--devices_per_process=1', '--max_restarts=3', behaviour='error@1')
+  assert result.returncode == 1
+  assert len(_starts(log)) == 2
+  assert ('launch: process 1 exited with status 1 (phase startup, step 0) with an error line; '
+          'a restart would fail the same way, so the launch ends') in result.stderr
+
+
+def test_the_process_count_that_a_restart_takes():
+  plan = supervisor.Plan(num_processes=4, devices_per_process=1, trainer_args=[],
+                         min_processes=2, batch_size=24)
+  assert supervisor.choose_hosts(3, plan) == (3, '')
+  plan.batch_size = 16
+  assert supervisor.choose_hosts(3, plan) == (2, '')
+  assert supervisor.choose_hosts(1, plan) == (None, '1 process(es) remain, fewer than '
+                                              '--min_processes=2')
+  plan.batch_size = 9
+  assert supervisor.choose_hosts(2, plan)[1].startswith('batch_size=9 divides over none of '
+                                                        '2..2 process(es)')
+  # Hosts of several processes (SLURM nodes of 2 tasks): 2 nodes, 4 processes, divide 24.
+  plan = supervisor.Plan(num_processes=6, devices_per_process=1, trainer_args=[],
+                         processes_per_host=2, batch_size=24)
+  assert supervisor.choose_hosts(3, plan) == (3, '') and supervisor.choose_hosts(2, plan) == (
+      2, '')
+  plan.batch_size = 8
+  assert supervisor.choose_hosts(3, plan) == (2, '')
