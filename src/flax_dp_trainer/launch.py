@@ -17,33 +17,39 @@ import os
 import signal
 import sys
 
-from absl import app
 from absl import flags
 
+from flax_dp_trainer.base import cli
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.elastic import faults
 from flax_dp_trainer.elastic import supervisor
 from flax_dp_trainer.elastic import slurm
 
-FLAGS = flags.FLAGS
-flags.DEFINE_integer('num_processes', 2, 'Trainer processes to start.')
-flags.DEFINE_integer('devices_per_process', 2, 'Simulated CPU devices of each process (local).')
-flags.DEFINE_integer('port', None, 'The coordinator\'s port (default: a free one per start).')
+# The launcher's own flags, apart from absl's global ones (the trainer's share some names).
+FLAGS = flags.FlagValues()
+flags.DEFINE_integer('num_processes', 2, 'Trainer processes to start.', flag_values=FLAGS)
+flags.DEFINE_integer('devices_per_process', 2, 'Simulated CPU devices of each process '
+                     '(local).', flag_values=FLAGS)
+flags.DEFINE_integer('port', None, 'The coordinator\'s port (default: a free one per start).',
+                     flag_values=FLAGS)
 flags.DEFINE_integer('max_restarts', 0, 'Restarts from the newest checkpoint before the '
-                     'launch gives up.')
-flags.DEFINE_integer('min_processes', 1, 'The fewest processes a restart may run on.')
+                     'launch gives up.', flag_values=FLAGS)
+flags.DEFINE_integer('min_processes', 1, 'The fewest processes a restart may run on.',
+                     flag_values=FLAGS)
 flags.DEFINE_float('hang_timeout_s', 0, 'Seconds without progress (a step, an evaluation '
                    'batch, a save) after which a process counts as hung; 0: no hang '
-                   'detection.')
+                   'detection.', flag_values=FLAGS)
 flags.DEFINE_float('startup_timeout_s', 900, 'The same limit while a process starts, '
-                   'restores or compiles.')
+                   'restores or compiles.', flag_values=FLAGS)
 flags.DEFINE_float('stop_grace_s', 10, 'Seconds between SIGTERM and SIGKILL when the '
-                   'processes are stopped.')
-flags.DEFINE_string('debug_fault', '', faults.FLAG_HELP)
+                   'processes are stopped.', flag_values=FLAGS)
+flags.DEFINE_string('debug_fault', '', faults.FLAG_HELP, flag_values=FLAGS)
 flags.DEFINE_enum('starter', 'local', ['local', 'srun'], 'How the processes start: on this '
                   'machine, or with srun on the nodes of a SLURM allocation (--num_processes '
-                  'is then the allocation\'s nodes times --tasks_per_node).')
-flags.DEFINE_integer('tasks_per_node', 1, 'Trainer processes per node (srun: one per GPU).')
+                  'is then the allocation\'s nodes times --tasks_per_node).', flag_values=FLAGS)
+flags.DEFINE_integer('tasks_per_node', 1, 'Trainer processes per node (srun: one per GPU).',
+                     flag_values=FLAGS)
+flags.DEFINE_bool('help', False, 'Show this help and exit.', flag_values=FLAGS)
 
 USAGE = ('usage: python -m flax_dp_trainer.launch [--num_processes=P] [--devices_per_process=D] '
          '[--port=N] [--max_restarts=N] [--min_processes=M] [--hang_timeout_s=S] '
@@ -64,8 +70,6 @@ def _trainer_setting(args: list[str], name: str):
 def _batch_rule(args: list[str]) -> tuple[int | None, int]:
   """(batch_size, grad_accum_steps) of the trainer's config, from its --config and
   --config.FIELD arguments; (None, 1) where it does not load here (the trainer says why)."""
-  # (ml_collections only: no JAX or TensorFlow in the launcher)
-  from flax_dp_trainer.base import cli  # pylint: disable=import-outside-toplevel
   values = flags.FlagValues()
   given = [a for a in args if a.startswith('--config=') or a.startswith('--config.')]
   try:
@@ -101,8 +105,8 @@ def plan_from_flags(trainer_args: list[str]) -> supervisor.Plan:
       workdir=_trainer_setting(trainer_args, 'workdir'))
 
 
-def main(argv: list[str]) -> int:
-  trainer_args = argv[1:]
+def main(trainer_args: list[str]) -> int:
+  """Launches the trainer with `trainer_args` as FLAGS say; returns the exit status."""
   plan = plan_from_flags(trainer_args)
   python = os.environ.get('PYTHON') or sys.executable
   if FLAGS.starter == 'srun':
@@ -125,25 +129,29 @@ def main(argv: list[str]) -> int:
 
 
 def _parse(argv: list[str]) -> list[str]:
-  """The launcher's flags before `--`; everything after it is the trainer's."""
+  """The launcher's flags before `--` parsed into FLAGS; returns the trainer's, after it."""
   if '--' in argv:
     cut = argv.index('--')
     mine, theirs = argv[:cut], argv[cut + 1:]
   else:
     mine, theirs = argv, []
   for arg in mine[1:]:
-    name = arg.lstrip('-').split('=', 1)[0]
-    if not arg.startswith('--') or name not in FLAGS:
+    if not arg.startswith('--') or arg.lstrip('-').split('=', 1)[0] not in FLAGS:
       _refuse(f"unknown launcher argument '{arg}'; {USAGE}")
   try:
     FLAGS(mine)
   except flags.Error as e:
     _refuse(f'{e}; {USAGE}')
-  return [mine[0], *theirs]
+  return theirs
 
 
 def run() -> None:
-  app.run(main, flags_parser=_parse)
+  """`python -m flax_dp_trainer.launch` and the console script `dp-launch`."""
+  trainer_args = _parse(sys.argv)
+  if FLAGS.help:
+    print(f'{__doc__}\n{USAGE}\n\n{FLAGS.get_help()}')
+    sys.exit(0)
+  sys.exit(main(trainer_args))
 
 
 if __name__ == '__main__':

@@ -233,10 +233,11 @@ def _foreign_imports(path: pathlib.Path) -> list[tuple[str, int, bool]]:
 
 
 def test_launch_scripts_start_only_the_entry_point():
-  """launch/ starts `python -m flax_dp_trainer` and knows nothing else of the trainer."""
+  """launch/ starts `python -m flax_dp_trainer` or its launcher, `python -m
+  flax_dp_trainer.launch`, and knows nothing else of the trainer."""
   started = set()
   for path in (REPO / 'launch').iterdir():
     if path.suffix in ('.sh', '.sbatch'):
       started |= set(re.findall(r'python3?"?\s+-m\s+([\w.]+)', path.read_text()))
       started |= set(re.findall(r'\$python"?\s+-m\s+([\w.]+)', path.read_text()))
-  assert started - {'pip'} == {ROOT}
+  assert started - {'pip'} == {ROOT, f'{ROOT}.launch'}

@@ -25,7 +25,7 @@ def test_tools_are_modules_that_leave_the_path_and_the_flags_alone():
   """Each tool runs as `python -m flax_dp_trainer.tools.NAME`: none edits sys.path, and
   importing one (as the tests and the other tools do) defines no command-line flag."""
   assert set(TOOLS) == {'port_check', 'compare', 'export', 'benchmark', 'bench_sharding',
-                        'bench_file_check', 'show_metrics', 'convert'}
+                        'bench_file_check', 'show_metrics', 'convert', 'goodput'}
   for name in TOOLS:
     with open(os.path.join(TOOLS_DIR, f'{name}.py'), encoding='utf-8') as f:
       assert 'sys.path' not in f.read(), name
@@ -37,10 +37,12 @@ def test_tools_are_modules_that_leave_the_path_and_the_flags_alone():
 
 def test_every_tool_has_its_console_script():
   """Each tool is a console script `dp-NAME` (its underscores as dashes) of the installed
-  distribution, and the trainer is `dp-train`; each names a function that exists."""
+  distribution, the trainer is `dp-train` and its launcher `dp-launch`; each names a function
+  that exists."""
   scripts = {entry.name: entry for entry in metadata.entry_points(group='console_scripts')
              if entry.value.startswith('flax_dp_trainer.')}
-  assert set(scripts) == {'dp-train'} | {f'dp-{name.replace("_", "-")}' for name in TOOLS}
+  assert set(scripts) == {'dp-train', 'dp-launch'} | {f'dp-{name.replace("_", "-")}'
+                                                      for name in TOOLS}
   for name in TOOLS:
     assert scripts[f'dp-{name.replace("_", "-")}'].module == f'flax_dp_trainer.tools.{name}'
   assert all(callable(entry.load()) for entry in scripts.values())

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -121,9 +122,10 @@ class LocalStarter:
 
 
 def _free_port() -> int:
-  # (runs/processes imports nothing heavy either; its port is the same kind)
-  from flax_dp_trainer.runs import processes  # pylint: disable=import-outside-toplevel
-  return processes.free_port()
+  """A TCP port nothing listens on now on 127.0.0.1, for the coordinator."""
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
 
 
 def choose_hosts(remaining: int, plan: Plan) -> tuple[Optional[int], str]:

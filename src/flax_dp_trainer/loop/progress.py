@@ -14,6 +14,7 @@ def in_notebook() -> bool:
   """Whether this process is a Jupyter kernel (IPython with a kernel: a notebook, JupyterLab,
   Colab, VS Code's notebooks), where `fit` and `evaluate` show bars by default."""
   try:
+    # (IPython is there only where a notebook or an IPython shell runs this process)
     from IPython import get_ipython  # pylint: disable=import-outside-toplevel
   except ImportError:
     return False
@@ -32,6 +33,7 @@ class Bars:
   the first step this session trains (None: no run bar, evaluations only)."""
 
   def __init__(self, last: int, first: Optional[int] = None):
+    # (tqdm.auto looks for ipywidgets on import: only where bars are shown)
     from tqdm import auto  # pylint: disable=import-outside-toplevel
     self._tqdm = auto.tqdm
     self._latest: dict[str, float] = {}
