@@ -6,7 +6,15 @@
 #   launch/tpu_pod.sh --name=r50 --zone=us-central2-b --accelerator_type=v4-32 \
 #       --config=imagenet_resnet50 --workdir=gs://BUCKET/r50 \
 #       [--project=PROJECT] [--version=tpu-ubuntu2204-base] [--extra_files=PATH,...] \
-#       [--keep] [--dry-run] [-- --config.tfds_data_dir=gs://BUCKET/tensorflow_datasets ...]
+#       [--max_restarts=N] [--keep] [--dry-run] \
+#       [-- --config.tfds_data_dir=gs://BUCKET/tensorflow_datasets ...]
+#
+# --max_restarts=N: when the training fails (a worker lost, the slice preempted), the script
+# asks for the slice's state; a slice that is not READY is deleted and created again (copy and
+# set-up included), and the training starts again on it from the newest checkpoint in the
+# gs:// workdir, up to N times. On a READY slice the training is started again as it is. Each
+# restart is one line naming the cause. Queued resources are not managed: a slice that cannot
+# be created ends the script.
 #
 # Your own model (--config.model=pkg.module:Name) is imported on every worker, so its module
 # must be there: commit it to this repository (the workers get the last commit), or name its
@@ -31,8 +39,8 @@ set -euo pipefail
 
 name="" zone="" accelerator_type="" config="" workdir="" project="" extra_files=""
 version="tpu-ubuntu2204-base"
-dry_run=0 keep=0 extra_given=0
-usage="usage: $0 --name=NAME --zone=ZONE --accelerator_type=TYPE --config=FILE --workdir=gs://... [--project=P] [--version=V] [--extra_files=PATH,...] [--keep] [--dry-run] [-- TRAINER_ARGS...]"
+dry_run=0 keep=0 extra_given=0 max_restarts=0
+usage="usage: $0 --name=NAME --zone=ZONE --accelerator_type=TYPE --config=FILE --workdir=gs://... [--project=P] [--version=V] [--extra_files=PATH,...] [--max_restarts=N] [--keep] [--dry-run] [-- TRAINER_ARGS...]"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --name=*) name="${1#*=}" ;;
@@ -43,6 +51,7 @@ while [[ $# -gt 0 ]]; do
     --project=*) project="${1#*=}" ;;
     --version=*) version="${1#*=}" ;;
     --extra_files=*) extra_files="${1#*=}"; extra_given=1 ;;
+    --max_restarts=*) max_restarts="${1#*=}" ;;
     --keep) keep=1 ;;
     --dry-run) dry_run=1 ;;
     --) shift; break ;;
@@ -56,6 +65,10 @@ for required in name zone accelerator_type config workdir; do
     exit 2
   fi
 done
+if ! [[ "$max_restarts" =~ ^[0-9]+$ ]]; then
+  echo "error: --max_restarts=$max_restarts must be a whole number, e.g. --max_restarts=3" >&2
+  exit 2
+fi
 if [[ "$workdir" != gs://* ]]; then
   echo "error: --workdir=$workdir must be a gs:// path that every worker can write; e.g. --workdir=gs://BUCKET/$name" >&2
   exit 2
@@ -144,21 +157,46 @@ trap finish EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-run gcloud compute tpus tpu-vm create "$name" "${common[@]}" \
-    --accelerator-type="$accelerator_type" --version="$version"
-created=1
-if [[ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]]; then
-  echo "warning: the slice gets the last commit (git archive HEAD); your uncommitted edits are not in it" >&2
-fi
-run git archive --format=tar.gz --output="$archive" HEAD
-run gcloud compute tpus tpu-vm scp "$archive" "$name:~/trainer.tar.gz" "${common[@]}" --worker=all
-if [[ ${#tar_sources[@]} -gt 0 ]]; then  # --extra_files, for ~/trainer_extra on every worker
-  run tar -czf "$extra_archive" "${tar_sources[@]}"
-  run gcloud compute tpus tpu-vm scp "$extra_archive" "$name:~/trainer_extra.tar.gz" "${common[@]}" --worker=all
-fi
-run gcloud compute tpus tpu-vm ssh "$name" "${common[@]}" --worker=all \
-    --command="$setup && cd ~/trainer && python3 -m pip install -q -e '.[tpu]'"
+# Creates the slice, puts this checkout (and --extra_files) on every worker and sets it up.
+bring_up() {
+  run gcloud compute tpus tpu-vm create "$name" "${common[@]}" \
+      --accelerator-type="$accelerator_type" --version="$version"
+  created=1
+  if [[ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]]; then
+    echo "warning: the slice gets the last commit (git archive HEAD); your uncommitted edits are not in it" >&2
+  fi
+  run git archive --format=tar.gz --output="$archive" HEAD
+  run gcloud compute tpus tpu-vm scp "$archive" "$name:~/trainer.tar.gz" "${common[@]}" --worker=all
+  if [[ ${#tar_sources[@]} -gt 0 ]]; then  # --extra_files, for ~/trainer_extra on every worker
+    run tar -czf "$extra_archive" "${tar_sources[@]}"
+    run gcloud compute tpus tpu-vm scp "$extra_archive" "$name:~/trainer_extra.tar.gz" "${common[@]}" --worker=all
+  fi
+  run gcloud compute tpus tpu-vm ssh "$name" "${common[@]}" --worker=all \
+      --command="$setup && cd ~/trainer && python3 -m pip install -q -e '.[tpu]'"
+}
+
+bring_up
 # Every worker trains; the output of all of them streams back here until the run ends (the
-# EXIT trap then deletes the slice, or names it with --keep).
-run gcloud compute tpus tpu-vm ssh "$name" "${common[@]}" --worker=all \
-    --command="$train"
+# EXIT trap then deletes the slice, or names it with --keep). A failed run is started again,
+# on a slice created again where it is not READY, up to --max_restarts times.
+restarts=0
+while true; do
+  status=0
+  run gcloud compute tpus tpu-vm ssh "$name" "${common[@]}" --worker=all \
+      --command="$train" || status=$?
+  [[ $status -eq 0 ]] && break
+  if [[ $restarts -ge $max_restarts ]]; then
+    echo "error: the training failed (status $status) after $restarts restart(s) (--max_restarts=$max_restarts)" >&2
+    exit "$status"
+  fi
+  restarts=$((restarts + 1))
+  state="$(gcloud compute tpus tpu-vm describe "$name" "${common[@]}" --format='value(state)' 2>/dev/null || true)"
+  if [[ "$state" == READY ]]; then
+    echo "launch/tpu_pod.sh: restart $restarts of $max_restarts: the training exited with status $status on a READY slice; starting it again from the newest checkpoint in $workdir" >&2
+  else
+    echo "launch/tpu_pod.sh: restart $restarts of $max_restarts: the training exited with status $status and the slice $name is ${state:-gone}; creating it again, then resuming from the newest checkpoint in $workdir" >&2
+    run "${delete[@]}" || true
+    created=0
+    bring_up
+  fi
+done

@@ -88,9 +88,6 @@ def plan_from_flags(trainer_args: list[str]) -> supervisor.Plan:
               f"'{FLAGS[name].value}' (--{name}); {USAGE}")
   if FLAGS.max_restarts < 0:
     _refuse(f'--max_restarts={FLAGS.max_restarts} must be >= 0')
-  if FLAGS.min_processes > FLAGS.num_processes:
-    _refuse(f'--min_processes={FLAGS.min_processes} is more than --num_processes='
-            f'{FLAGS.num_processes}')
   try:
     planned = faults.parse(FLAGS.debug_fault)
   except UserError as e:
@@ -117,6 +114,9 @@ def main(trainer_args: list[str]) -> int:
     launch = supervisor.Launch(plan, starter, hosts=nodes)
   else:
     launch = supervisor.Launch(plan, supervisor.LocalStarter(python, FLAGS.port))
+  if plan.min_processes > plan.num_processes:
+    _refuse(f'--min_processes={plan.min_processes} is more than the {plan.num_processes} '
+            'process(es) of the first start')
 
   def stopped(signum, frame):
     del frame

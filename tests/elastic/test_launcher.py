@@ -11,34 +11,9 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 from flax_dp_trainer.elastic import supervisor
 from tests import REPO
-
-STAND_IN = os.path.join(os.path.dirname(__file__), 'stand_in_trainer.py')
-# `python` for the launcher's processes: the stand-in for `-m flax_dp_trainer`.
-PYTHON = '''#!/bin/bash
-if [[ "$1" == -m && "$2" == flax_dp_trainer ]]; then shift 2; exec "$REAL_PYTHON" "$STAND_IN_TRAINER" "$@"; fi
-exec "$REAL_PYTHON" "$@"
-'''
-
-
-def _executable(path, text):
-  path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(text)
-  path.chmod(0o755)
-  return path
-
-
-@pytest.fixture
-def stand_in(tmp_path):
-  """(environment, log path): the launcher's processes are the stand-in trainer."""
-  python = _executable(tmp_path / 'bin' / 'python', PYTHON)
-  log = tmp_path / 'starts.log'
-  env = dict(os.environ, PYTHON=str(python), REAL_PYTHON=sys.executable,
-             STAND_IN_TRAINER=STAND_IN, STAND_IN_LOG=str(log), PYTHONPATH=REPO)
-  return env, log
+from tests.elastic import launching
 
 
 def _launch(env, workdir, *flags, behaviour='', timeout=60):
@@ -50,11 +25,6 @@ def _launch(env, workdir, *flags, behaviour='', timeout=60):
       env=dict(env, STAND_IN=behaviour), capture_output=True, text=True, timeout=timeout,
       check=False)
   return result, time.perf_counter() - start
-
-
-def _starts(log):
-  """'process P of N from step S' of each start, sorted."""
-  return sorted(' '.join(line.split()[:7]) for line in log.read_text().splitlines())
 
 
 def _restarts(workdir):
@@ -69,7 +39,7 @@ def test_a_lost_host_and_a_stall_restart_on_the_processes_that_remain(stand_in, 
                       '--max_restarts=2', '--min_processes=2', '--hang_timeout_s=2',
                       '--debug_fault=lose@15:3,stall@30:1')
   assert result.returncode == 0, result.stderr
-  assert _starts(log) == sorted(
+  assert launching.starts(log) == sorted(
       [f'process {i} of 4 from step 1' for i in range(4)] +
       [f'process {i} of 3 from step 11' for i in range(3)] +
       [f'process {i} of 3 from step 21' for i in range(3)]), log.read_text()
@@ -104,7 +74,7 @@ def test_the_batch_decides_how_many_processes_restart(stand_in, tmp_path):
                       '--devices_per_process=3', '--max_restarts=1', '--min_processes=2',
                       '--debug_fault=lose@5:0')
   assert result.returncode == 0, result.stderr
-  assert _starts(log) == sorted([f'process {i} of 4 from step 1' for i in range(4)] +
+  assert launching.starts(log) == sorted([f'process {i} of 4 from step 1' for i in range(4)] +
                                 [f'process {i} of 2 from step 1' for i in range(2)])
   assert ('launch: 3 process(es) remain; batch_size=24 does not divide over their devices: '
           'restarting on 2') in result.stderr
@@ -143,7 +113,7 @@ def test_an_error_line_ends_the_launch_without_a_restart(stand_in, tmp_path):
   result, _ = _launch(env, str(tmp_path / 'run'), '--num_processes=2',
                       '--devices_per_process=1', '--max_restarts=3', behaviour='error@1')
   assert result.returncode == 1
-  assert len(_starts(log)) == 2
+  assert len(launching.starts(log)) == 2
   assert ('launch: process 1 exited with status 1 (phase startup, step 0) with an error line; '
           'a restart would fail the same way, so the launch ends') in result.stderr
 
