@@ -88,8 +88,12 @@ def plan_from_flags(trainer_args: list[str]) -> supervisor.Plan:
               f"'{FLAGS[name].value}' (--{name}); {USAGE}")
   if FLAGS.max_restarts < 0:
     _refuse(f'--max_restarts={FLAGS.max_restarts} must be >= 0')
+  # A --debug_fault among the trainer's arguments is the launch's: the launcher hands each
+  # start the faults that have not fired yet.
+  given = [a for a in trainer_args if a.startswith('--debug_fault=')]
+  trainer_args = [a for a in trainer_args if not a.startswith('--debug_fault=')]
   try:
-    planned = faults.parse(FLAGS.debug_fault)
+    planned = faults.parse(','.join([FLAGS.debug_fault] + [a.split('=', 1)[1] for a in given]))
   except UserError as e:
     _refuse(str(e))
   batch_size, accum = _batch_rule(trainer_args)

@@ -16,12 +16,12 @@ from tests import REPO
 from tests.elastic import launching
 
 
-def _launch(env, workdir, *flags, behaviour='', timeout=60):
+def _launch(env, workdir, *flags, behaviour='', timeout=60, trainer=()):
   start = time.perf_counter()
   result = subprocess.run(
       [os.path.join(REPO, 'launch', 'local.sh'), *flags, '--stop_grace_s=1', '--',
        '--config=default', f'--workdir={workdir}', '--config.batch_size=24',
-       '--config.num_train_steps=40'],
+       '--config.num_train_steps=40', *trainer],
       env=dict(env, STAND_IN=behaviour), capture_output=True, text=True, timeout=timeout,
       check=False)
   return result, time.perf_counter() - start
@@ -68,11 +68,12 @@ def test_a_lost_host_and_a_stall_restart_on_the_processes_that_remain(stand_in, 
 
 
 def test_the_batch_decides_how_many_processes_restart(stand_in, tmp_path):
-  """3 of 4 remain, and batch 24 over 3 x 3 devices does not divide: 2 processes go on."""
+  """3 of 4 remain, and batch 24 over 3 x 3 devices does not divide: 2 processes go on. (The
+  fault given among the trainer's flags is the launch's too.)"""
   env, log = stand_in
   result, _ = _launch(env, str(tmp_path / 'run'), '--num_processes=4',
                       '--devices_per_process=3', '--max_restarts=1', '--min_processes=2',
-                      '--debug_fault=lose@5:0')
+                      trainer=['--debug_fault=lose@5:0'])
   assert result.returncode == 0, result.stderr
   assert launching.starts(log) == sorted([f'process {i} of 4 from step 1' for i in range(4)] +
                                 [f'process {i} of 2 from step 1' for i in range(2)])
@@ -136,3 +137,14 @@ def test_the_process_count_that_a_restart_takes():
       2, '')
   plan.batch_size = 8
   assert supervisor.choose_hosts(3, plan) == (2, '')
+
+
+def test_a_fault_fires_once_in_a_workdir(stand_in, tmp_path):
+  """Started by hand twice on one workdir, a process dies at its fault the first time only."""
+  env, log = stand_in
+  run = [sys.executable, launching.STAND_IN, f'--workdir={tmp_path / "run"}',
+         '--config.num_train_steps=5', '--debug_fault=kill@3:0']
+  first = subprocess.run(run, env=env, capture_output=True, text=True, timeout=60, check=False)
+  again = subprocess.run(run, env=env, capture_output=True, text=True, timeout=60, check=False)
+  assert (first.returncode, again.returncode) == (-9, 0), again.stdout
+  assert launching.starts(log) == ['process 0 of 1 from step 1'] * 2

@@ -61,11 +61,14 @@ def fired(elastic_dir: str) -> set[str]:
 
 
 class Trigger:
-  """The faults of one process: `at(step)` fires those due at `step` on this process."""
+  """The faults of one process: `at(step)` fires those due at `step` on this process; one
+  already marked fired in `elastic_dir` (by an earlier start) does not fire again."""
 
   def __init__(self, faults: tuple[Fault, ...], process_index: int, elastic_dir: str,
                before: Callable[[int], None] = lambda step: None):
-    self._due = {f.step: f for f in faults if f.process == process_index}
+    done = fired(elastic_dir)
+    self._due = {f.step: f for f in faults
+                 if f.process == process_index and str(f) not in done}
     self._dir = elastic_dir
     self._before = before  # Called with the step before a fault fires (its last progress).
 
