@@ -148,3 +148,19 @@ def test_a_fault_fires_once_in_a_workdir(stand_in, tmp_path):
   again = subprocess.run(run, env=env, capture_output=True, text=True, timeout=60, check=False)
   assert (first.returncode, again.returncode) == (-9, 0), again.stdout
   assert launching.starts(log) == ['process 0 of 1 from step 1'] * 2
+
+
+def test_no_process_outlives_a_launcher_killed_with_sigkill(stand_in, tmp_path):
+  env, log = stand_in
+  launcher = subprocess.Popen(
+      [os.path.join(REPO, 'launch', 'local.sh'), '--num_processes=2', '--',
+       f'--workdir={tmp_path / "run"}', '--config.num_train_steps=100000'], env=env,
+      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  deadline = time.time() + 30
+  while time.time() < deadline and not (log.exists() and len(launching.starts(log)) == 2):
+    time.sleep(0.1)
+  assert len(supervisor_processes(tmp_path)) >= 2
+  launcher.kill()
+  launcher.wait()
+  time.sleep(1)
+  assert not supervisor_processes(tmp_path)

@@ -70,6 +70,10 @@ def get_config() -> ml_collections.ConfigDict:
   # when shrinking and interpolates bilinearly when enlarging; 'antialias' is torchvision's
   # bilinear filter with antialiasing (about twice the CPU time per image).
   config.resize_filter = 'area'
+  # JPEGs whose crop (or, for evaluation, whole image) shrinks 2x or more are decoded at
+  # 1/2, 1/4 or 1/8 scale (libjpeg's DCT scaling), the window's exact position kept: the same
+  # windows and flips, a fraction of the decode's CPU time (docs/data.md). False: decoded whole.
+  config.scaled_decode = True
   # Normalization of the images the model sees, per channel, comma-separated (one value for
   # all channels, or one each): (x - image_mean) / image_std, x on the [0, 1] scale of uint8
   # images (or the float images' own scale); '' = the dataset's (docs/data.md lists them; float

@@ -21,6 +21,7 @@ from typing import Optional
 import tensorflow as tf
 
 from flax_dp_trainer.data import augment
+from flax_dp_trainer.data import scaled_decode
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import stream as stream_lib
 
@@ -102,13 +103,15 @@ class Resize(Step):
 class RandomResizedCrop(Step):
   """The inception crop: a window of 8%-100% of the area (aspect ratio 3/4-4/3, covering at
   least 10% of the image, else the whole image) resized to size x size. An encoded JPEG
-  decodes only the window; other images decode whole, then crop."""
+  decodes only the window, at the DCT scale the output needs where `scaled_decode`
+  (`scaled_decode.window`); other images decode whole, then crop."""
   name = 'random-resized crop'
   stream: Optional[int] = stream_lib.CROP_STREAM
   size: int = 224
   channels: int = 3
   encoded: bool = True
   resize_filter: str = 'area'
+  scaled_decode: bool = False
 
   def _window(self, shape: tf.Tensor, seed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
@@ -124,9 +127,21 @@ class RandomResizedCrop(Step):
 
   def _from_jpeg(self, encoded: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
     begin, size = self._window(tf.io.extract_jpeg_shape(encoded), seed)
-    window = tf.io.decode_and_crop_jpeg(encoded, tf.stack([begin[0], begin[1], size[0],
-                                                           size[1]]), channels=self.channels)
-    return resize(window, self.size, self.size, self.resize_filter)
+    return self.crop_jpeg(encoded, begin, size)
+
+  def crop_jpeg(self, encoded: tf.Tensor, begin: tf.Tensor, size: tf.Tensor) -> tf.Tensor:
+    """The window `begin` (y, x, 0) / `size` (h, w, -1) of a JPEG at size x size: what
+    this step makes of it (the quality benchmark gives it the stream's windows)."""
+
+    def full():
+      window = tf.io.decode_and_crop_jpeg(encoded, tf.stack([begin[0], begin[1], size[0],
+                                                             size[1]]), channels=self.channels)
+      return resize(window, self.size, self.size, self.resize_filter)
+
+    if not self.scaled_decode:
+      return full()
+    return scaled_decode.window(encoded, begin[:2], size[:2], self.size, self.channels,
+                                self.resize_filter, full)
 
   def __call__(self, image, seed):
     if self.encoded:
@@ -137,7 +152,8 @@ class RandomResizedCrop(Step):
     return tf.ensure_shape(image, (self.size, self.size, self.channels))
 
   def describe(self):
-    return f'random-resized crop ({self.size}x{self.size}, {self.resize_filter})'
+    scaled = ', JPEGs decoded at 1/2-1/8 scale where shrunk 2x+' if self.scaled_decode else ''
+    return f'random-resized crop ({self.size}x{self.size}, {self.resize_filter}{scaled})'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,21 +161,37 @@ class ResizeCenterCrop(Resize):
   """Evaluation's counterpart of the inception crop: the shorter side resized to
   size / 0.875, then the central size x size."""
   name = 'resize and center crop'
+  scaled_decode: bool = False
 
   def __call__(self, image, seed):
-    if self.encoded:
-      image = decode(image, self.channels)
+    if self.encoded and self.scaled_decode:
+      image = tf.cond(tf.io.is_jpeg(image), lambda: self._from_jpeg(image),
+                      lambda: self._resized(decode(image, self.channels)))
+    else:
+      image = self._resized(decode(image, self.channels) if self.encoded else image)
     shape = tf.shape(image)
-    scale = (self.size / EVAL_CROP_FRACTION) / tf.cast(tf.minimum(shape[0], shape[1]),
-                                                       tf.float32)
-    new_hw = tf.cast(tf.round(tf.cast(shape[:2], tf.float32) * scale), tf.int32)
-    image = resize(image, new_hw[0], new_hw[1], self.resize_filter)
-    top, left = (new_hw[0] - self.size) // 2, (new_hw[1] - self.size) // 2
+    top, left = (shape[0] - self.size) // 2, (shape[1] - self.size) // 2
     image = image[top:top + self.size, left:left + self.size]
     return tf.ensure_shape(image, (self.size, self.size, self.channels))
 
+  def _new_hw(self, shape: tf.Tensor) -> tf.Tensor:
+    """The resized height and width: the shorter side size / 0.875."""
+    scale = (self.size / EVAL_CROP_FRACTION) / tf.cast(tf.minimum(shape[0], shape[1]),
+                                                       tf.float32)
+    return tf.cast(tf.round(tf.cast(shape[:2], tf.float32) * scale), tf.int32)
+
+  def _resized(self, image: tf.Tensor) -> tf.Tensor:
+    new_hw = self._new_hw(tf.shape(image))
+    return resize(image, new_hw[0], new_hw[1], self.resize_filter)
+
+  def _from_jpeg(self, encoded: tf.Tensor) -> tf.Tensor:
+    new_hw = self._new_hw(tf.io.extract_jpeg_shape(encoded))
+    return scaled_decode.whole(encoded, new_hw, self.channels, self.resize_filter,
+                               lambda: self._resized(decode(encoded, self.channels)))
+
   def describe(self):
-    return f'resize and center crop ({self.size}x{self.size}, {self.resize_filter})'
+    scaled = ', JPEGs decoded at 1/2-1/8 scale where shrunk 2x+' if self.scaled_decode else ''
+    return f'resize and center crop ({self.size}x{self.size}, {self.resize_filter}{scaled})'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,7 +279,8 @@ def train_plan(config, spec: specs.DatasetSpec, encoded: bool) -> Plan:
   steps = []
   if spec.augment == 'inception':
     steps.append(RandomResizedCrop(size=spec.image_size, channels=spec.channels,
-                                   encoded=encoded, resize_filter=config.resize_filter))
+                                   encoded=encoded, resize_filter=config.resize_filter,
+                                   scaled_decode=config.scaled_decode))
   elif spec.image_size:  # Resized whole (config.resize_images), then augmented at that size.
     steps.append(Resize(size=spec.image_size, channels=spec.channels, encoded=encoded,
                         resize_filter=config.resize_filter))
@@ -270,7 +303,8 @@ def eval_plan(config, spec: specs.DatasetSpec, encoded: bool) -> Plan:
   inception crop; resize whole where images are resized (config.resize_images)."""
   if spec.augment == 'inception':
     return Plan((ResizeCenterCrop(size=spec.image_size, channels=spec.channels,
-                                  encoded=encoded, resize_filter=config.resize_filter),))
+                                  encoded=encoded, resize_filter=config.resize_filter,
+                                  scaled_decode=config.scaled_decode),))
   if spec.image_size:
     return Plan((Resize(size=spec.image_size, channels=spec.channels, encoded=encoded,
                         resize_filter=config.resize_filter),))

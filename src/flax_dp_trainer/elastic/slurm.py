@@ -9,6 +9,8 @@ import random
 import shlex
 import subprocess
 
+from flax_dp_trainer.elastic import supervisor
+
 # How long a node may take to run `true` through srun before it counts as gone.
 PROBE_TIMEOUT_S = 60
 
@@ -39,7 +41,8 @@ class SrunStarter:
                '--kill-on-bad-exit=1', '--label', 'bash', '-c', trainer, 'trainer',
                *plan.trainer_args, *extra_args]
     return [('', subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  start_new_session=True))]
+                                  start_new_session=True,
+                                  preexec_fn=supervisor.die_with_parent))]
 
   def answering(self, hosts: list) -> list:
     """The nodes of `hosts` that run `true` through srun within PROBE_TIMEOUT_S."""

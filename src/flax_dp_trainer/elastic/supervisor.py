@@ -12,6 +12,7 @@ launch, since a restart would fail the same way.
 Processes are started by a `Starter`: on this machine (`LocalStarter`, over loopback) or, in a
 SLURM allocation, by `srun` (`SrunStarter`)."""
 
+import ctypes
 import dataclasses
 import json
 import os
@@ -109,7 +110,8 @@ class LocalStarter:
         [self.python, '-m', 'flax_dp_trainer', f'--cpu_devices={plan.devices_per_process}',
          f'--coordinator_address=127.0.0.1:{port}', f'--num_processes={count}',
          f'--process_id={index}', *plan.trainer_args, *extra_args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True))
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        preexec_fn=die_with_parent))
             for index in range(count)]
 
   def answering(self, hosts: list) -> list:
@@ -119,6 +121,15 @@ class LocalStarter:
   def too_few(self, why: str) -> None:
     """Nothing to do here when too few hosts remain (a cluster requeues)."""
     del why
+
+
+def die_with_parent() -> None:
+  """In a child before it runs (Linux): SIGKILL when the launcher dies, however it dies, so
+  that no trainer process outlives it (they run in sessions of their own)."""
+  try:
+    ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+  except (OSError, AttributeError):
+    pass
 
 
 def _free_port() -> int:
