@@ -24,7 +24,7 @@ from flax_dp_trainer.runs import run_metrics
 # are started by the orchestrator itself.
 PART_MODULES = {part: f'flax_dp_trainer.bench.{name}' for part, name in (
     ('jax', 'trainer'), ('cache', 'trainer'), ('limit', 'limit'), ('ddp_limit', 'ddp_limit'),
-    ('input', 'input'))}
+    ('input', 'input'), ('quality', 'quality'))}
 
 # Steps per timed chunk: fewer than the CPU client tolerates in flight (dispatch.InFlight).
 CHUNK = 10

@@ -11,6 +11,8 @@ from flax_dp_trainer.runs import reporting
 INPUT_RUNS = (
     ('ours_files', ['--side=ours', '--mode=files']),
     ('torchvision', ['--side=torchvision']),
+    ('ours_files_antialias', ['--side=ours', '--mode=files', '--config.resize_filter=antialias']),
+    ('ours_files_unscaled', ['--side=ours', '--mode=files', '--config.scaled_decode=False']),
     ('ours_memory', ['--side=ours', '--mode=memory']),
     ('ours_array_record', ['--side=ours', '--mode=array_record']),
     ('ours_tfrecord', ['--side=ours', '--mode=tfrecord']),
@@ -20,6 +22,9 @@ INPUT_RUNS = (
                         '--config.mixup_alpha=0.2', '--config.cutmix_alpha=1.0']),
 )
 GPU_IMAGES_PER_SEC = 2500  # What one GPU of a ResNet-50 run eats: the cores-per-GPU figure.
+DEFAULT_QUALITY_ROW = 'ours_area_scaled'  # bench.quality's row of the default settings.
+# The runs repeated on camera-sized JPEGs (--image_sizes).
+HIGHRES_RUNS = ('ours_files', 'ours_files_antialias', 'ours_files_unscaled', 'torchvision')
 
 
 def fastest(measurements: list[dict]) -> dict:
@@ -147,6 +152,28 @@ def _input_rows(figures: dict) -> list[tuple[str, ...]]:
   return rows
 
 
+def _highres_rows(figures: dict) -> list[tuple[str, ...]]:
+  """The input runs on camera-sized JPEGs (--image_sizes), medians over the rounds."""
+  made = figures['images_highres']
+  rows = [(f'input, {made["images"]} JPEGs of {made["mean_pixels"] / 1e6:.1f} MP on average',
+           'examples/CPU-s')]
+  for name in HIGHRES_RUNS:
+    rows.append((name, reporting.fmt(figures[f'{name}_examples_per_cpu_sec_highres'])))
+  return rows
+
+
+def _quality_rows(quality: dict) -> list[tuple[str, ...]]:
+  """bench.quality's rows: mean PSNR and SSIM of the training crops and evaluation's."""
+  fmt = reporting.fmt
+  side = f', photos of {quality["long_side"]} px' if quality['long_side'] else ''
+  rows = [(f'crop quality ({quality["windows"]} windows{side})', 'PSNR dB', 'SSIM',
+           'eval PSNR dB', 'eval SSIM')]
+  for name, row in quality['rows'].items():
+    rows.append((name, fmt(row['psnr_db'], 2), fmt(row['ssim'], 4), fmt(row['eval_psnr_db'], 2),
+                 fmt(row['eval_ssim'], 4)))
+  return rows
+
+
 def _ratio_lines(figures: dict) -> list[str]:
   """The headline ratios of the parts that ran, a line each."""
   fmt, lines = reporting.fmt, []
@@ -182,6 +209,15 @@ def _ratio_lines(figures: dict) -> list[str]:
         'against torchvision normalizing)   input_rss_over_torchvision = '
         f'{fmt(figures["input_rss_over_torchvision"], 2)}   mix_over_plain_2proc = '
         f'{fmt(figures["mix_over_plain_2proc"], 2)}')
+  for suffix, what in (('', 'photos as shipped'), ('_highres', 'photos enlarged')):
+    if f'input_psnr_db{suffix}' in figures:
+      speed = (f'input_over_torchvision{suffix} = '
+               f'{fmt(figures[f"input_over_torchvision{suffix}"], 2)}   ' if suffix else '')
+      lines.append(
+          f'{speed}input_psnr_db{suffix} = {fmt(figures[f"input_psnr_db{suffix}"], 2)} (SSIM '
+          f'{fmt(figures[f"input_ssim{suffix}"], 4)}), torchvision_psnr_db{suffix} = '
+          f'{fmt(figures[f"torchvision_psnr_db{suffix}"], 2)} (SSIM '
+          f'{fmt(figures[f"torchvision_ssim{suffix}"], 4)}) ({what})')
   mp = figures.get('multiprocess')
   if mp:
     lines.append(
@@ -218,4 +254,9 @@ def table(figures: dict) -> str:
     tables.append(_memory_rows(figures))
   if 'input_over_torchvision' in figures:
     tables.append(_input_rows(figures))
+  if 'images_highres' in figures:
+    tables.append(_highres_rows(figures))
+  for suffix in ('', '_highres'):
+    if f'quality{suffix}' in figures:
+      tables.append(_quality_rows(figures[f'quality{suffix}']))
   return '\n\n'.join([*map(reporting.plain_table, tables), '\n'.join(_ratio_lines(figures))])

@@ -7,9 +7,10 @@ DataLoader, on the same generated JPEGs. Run by `flax_dp_trainer.tools.benchmark
   python -m flax_dp_trainer.bench.input --side=torchvision --images=DIR --workers=N --config=FILE \
       --out=RESULT.json [--normalize]
 
-`prepare` writes COUNT JPEGs of ImageNet-like sizes (300-500 pixels a side, quality 90) as an
-image folder DIR/folder/train/CLASS/*.jpg, and converts it (flax_dp_trainer.tools.convert) into
-DIR/array_record and DIR/tfrecord. `ours` reads one of them through `TrainData.batches` with
+`prepare` writes COUNT JPEGs of ImageNet-like sizes (300-500 pixels a side, quality 90; another
+range with --image_sizes=MIN,MAX, e.g. 1500,4000 for camera-sized photos) as an image folder
+DIR/folder/train/CLASS/*.jpg, and converts it (flax_dp_trainer.tools.convert) into
+DIR/array_record and DIR/tfrecord (not with --noconvert). `ours` reads one of them through `TrainData.batches` with
 the config's batch and preprocessing (ImageNet's: random-resized crop to image_size + flip,
 uint8 out), `data_threads` = WORKERS: `files` (the folder's JPEGs by index), `memory` (the
 folder's JPEGs held in memory), `array_record` or `tfrecord` (the converted records);
@@ -53,6 +54,10 @@ def _define_flags() -> None:
   flags.DEFINE_enum('side', None, SIDES, 'What to run.')
   flags.DEFINE_string('images', None, 'The generated images\' directory.')
   flags.DEFINE_integer('count', 2000, 'prepare: JPEGs to generate.')
+  flags.DEFINE_list('image_sizes', ['300', '500'], 'prepare: the least and the largest side '
+                    'of the generated JPEGs, in pixels.')
+  flags.DEFINE_bool('convert', True, 'prepare: also convert the folder to ArrayRecord and '
+                    'TFRecord.')
   flags.DEFINE_enum('mode', 'files', MODES, 'ours: what is read.')
   flags.DEFINE_integer('workers', 0, 'Threads (ours) or worker processes (torchvision); '
                        '0 = the cores.')
@@ -63,33 +68,42 @@ def _define_flags() -> None:
   flags.mark_flags_as_required(['side', 'images'])
 
 
-def generate(directory: str, count: int, seed: int = 0) -> None:
-  """`count` JPEGs of 300-500 pixels a side (smooth colour fields under pixel noise, about 5
-  bits per pixel at quality 90), spread over NUM_CLASSES class folders of DIRECTORY/train."""
+def generate(directory: str, count: int, seed: int = 0,
+             sizes: tuple[int, int] = (300, 500)) -> None:
+  """`count` JPEGs of `sizes[0]`-`sizes[1]` pixels a side (smooth colour fields under pixel
+  noise, about 5 bits per pixel at quality 90 at ImageNet's sizes; the fields' frequencies
+  and the noise scale with the size, as a camera's photo of the same scene), spread over
+  NUM_CLASSES class folders of DIRECTORY/train."""
   from PIL import Image  # pylint: disable=import-outside-toplevel  # (prepare only)
   rng = np.random.RandomState(seed)
   for index in range(count):
-    height, width = rng.randint(300, 501, size=2)
-    rows, cols = np.mgrid[0:height, 0:width].astype(np.float32)
+    height, width = rng.randint(sizes[0], sizes[1] + 1, size=2)
+    scale = 400 / max(height, width)
+    rows = np.arange(height, dtype=np.float32)[:, None] * scale
+    cols = np.arange(width, dtype=np.float32)[None, :] * scale
     image = np.zeros((height, width, 3), np.float32)
     for channel in range(3):
       for _ in range(3):
         fy, fx, phase = rng.uniform(0.002, 0.05), rng.uniform(0.002, 0.05), rng.uniform(0, 6.3)
-        image[..., channel] += 40 * np.sin(fy * rows + fx * cols + phase)
-    image += 128 + rng.normal(0, 28, image.shape)
+        # sin(a + b) as products of a column and a row: no full-size sine per term.
+        a, b = fy * rows + phase, fx * cols
+        image[..., channel] += 40 * (np.sin(a) * np.cos(b) + np.cos(a) * np.sin(b))
+    image += 128 + rng.normal(0, 28 * min(1.0, scale ** 0.5), image.shape).astype(np.float32)
     path = os.path.join(directory, 'train', f'class_{index % NUM_CLASSES}', f'{index:05d}.jpg')
     os.makedirs(os.path.dirname(path), exist_ok=True)
     Image.fromarray(np.clip(image, 0, 255).astype(np.uint8)).save(path, quality=90)
 
 
-def prepare(images: str, count: int) -> dict[str, Any]:
-  """The image folder and its two conversions under `images` (kept where present)."""
+def prepare(images: str, count: int, sizes: tuple[int, int] = (300, 500),
+            formats: Sequence[str] = ('array_record', 'tfrecord')) -> dict[str, Any]:
+  """The image folder and its conversions to `formats` under `images` (kept where
+  present)."""
   # pylint: disable-next=import-outside-toplevel
   from flax_dp_trainer.data import convert  # (prepare only)
   folder = os.path.join(images, 'folder')
   if not os.path.isdir(folder):
-    generate(folder, count)
-  for file_format in ('array_record', 'tfrecord'):
+    generate(folder, count, sizes=sizes)
+  for file_format in formats:
     out = os.path.join(images, file_format)
     if not os.path.isdir(out):
       convert.convert_folder(folder, out, file_format)
@@ -207,7 +221,11 @@ def torchvision_loader(config, images: str, workers: int, normalize: bool):
   decode = lambda path: torchvision.io.decode_jpeg(torchvision.io.read_file(path))
   dataset = torchvision.datasets.ImageFolder(os.path.join(images, 'folder', 'train'),
                                              transform=v2.Compose(steps), loader=decode)
-  return torch.utils.data.DataLoader(dataset, batch_size=config.batch_size, shuffle=True,
+  # Shuffled epochs, and full batches where the folder holds fewer images than a batch (a
+  # few camera-sized photos): the sampler draws permutations one after the other.
+  sampler = torch.utils.data.RandomSampler(
+      dataset, num_samples=max(len(dataset), 4 * config.batch_size))
+  return torch.utils.data.DataLoader(dataset, batch_size=config.batch_size, sampler=sampler,
                                      num_workers=workers, persistent_workers=True,
                                      drop_last=True)
 
@@ -230,7 +248,13 @@ def torchvision_side(config, images: str, workers: int, normalize: bool) -> dict
 
 def main(argv):
   if FLAGS.side == 'prepare':
-    bench_common.write_result(FLAGS.out, prepare(FLAGS.images, FLAGS.count))
+    sizes = [int(v) for v in FLAGS.image_sizes]
+    if len(sizes) != 2 or not 0 < sizes[0] <= sizes[1]:
+      raise SystemExit(f'error: --image_sizes={",".join(FLAGS.image_sizes)}: give the least '
+                       'and the largest side, e.g. --image_sizes=1500,4000')
+    bench_common.write_result(FLAGS.out, prepare(
+        FLAGS.images, FLAGS.count, tuple(sizes),
+        ('array_record', 'tfrecord') if FLAGS.convert else ()))
     return
   config = bench_common.part_config(argv)
   workers = FLAGS.workers or len(os.sched_getaffinity(0))

@@ -1,8 +1,8 @@
 """The benchmark's quality figure: what the training crops look like, beside how fast they
 come. Run by `flax_dp_trainer.tools.benchmark --parts=input` as
 
-  python -m flax_dp_trainer.bench.quality --side=ours --out=RESULT.json [--size=224]
-      [--windows=512] [--long_side=0]
+  python -m flax_dp_trainer.bench.quality --side=ours --out=RESULT.json --config=FILE
+      [--size=224] [--windows=512] [--long_side=0]
   python -m flax_dp_trainer.bench.quality --side=torchvision --plan=PLAN.json --out=CROPS.npz
 
 The photographs are the natural ones matplotlib ships (`PHOTOS`), as JPEGs (quality 95);
@@ -33,6 +33,7 @@ import numpy as np
 from absl import flags
 
 from flax_dp_trainer.base import cli
+from flax_dp_trainer.bench import common as bench_common
 
 FLAGS = flags.FLAGS
 PHOTOS = ('grace_hopper.jpg', 'Minduka_Present_Blue_Pack.png')
@@ -40,14 +41,14 @@ SETTINGS = tuple((f, s) for f in ('area', 'antialias') for s in (True, False))
 
 
 def _define_flags() -> None:
+  bench_common.define_part_flags()  # (--out: the JSON result; torchvision: the .npz crops)
+  flags.adopt_module_key_flags(bench_common)
   flags.DEFINE_enum('side', 'ours', ['ours', 'torchvision'], 'What to run.')
-  flags.DEFINE_string('out', None, 'Where the result goes (JSON; torchvision: .npz crops).')
   flags.DEFINE_string('plan', None, 'torchvision: the photos and windows to crop (JSON).')
   flags.DEFINE_integer('size', 224, 'The crops\' side.')
   flags.DEFINE_integer('windows', 512, 'Windows of the stream scored.')
   flags.DEFINE_integer('long_side', 0, 'Enlarge each photo to this longer side first; 0: as '
                        'shipped.')
-  flags.mark_flags_as_required(['out'])
 
 
 def photos(long_side: int = 0) -> list[bytes]:
@@ -160,7 +161,8 @@ def _torchvision_rows(encoded, windows, size, references, eval_references) -> di
       json.dump({'photos': paths, 'windows': windows, 'size': size}, f)
     out = os.path.join(scratch, 'crops.npz')
     subprocess.run([sys.executable, '-m', 'flax_dp_trainer.bench.quality',
-                    '--side=torchvision', f'--plan={plan}', f'--out={out}'], check=True)
+                    '--side=torchvision', f'--plan={plan}', f'--out={out}',
+                    f'--config={FLAGS["config"].config_filename}'], check=True)
     crops = np.load(out)
     return {**_score(crops['train'], references),
             **{f'eval_{k}': v for k, v in _score(crops['eval'], eval_references).items()}}
@@ -195,8 +197,7 @@ def main(argv):
   windows = stream_windows(encoded, FLAGS.windows, FLAGS.size)
   result = {'photos': list(PHOTOS), 'long_side': FLAGS.long_side, 'windows': FLAGS.windows,
             'size': FLAGS.size, 'rows': ours(encoded, windows, FLAGS.size)}
-  with open(FLAGS.out, 'w', encoding='utf-8') as f:
-    json.dump(result, f, indent=1)
+  bench_common.write_result(FLAGS.out, result)
   width = max(len(name) for name in result['rows'])
   print(f'{"":<{width}}  train PSNR  SSIM   eval PSNR  SSIM')
   for name, row in result['rows'].items():

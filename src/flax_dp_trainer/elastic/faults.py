@@ -56,7 +56,7 @@ def fired(elastic_dir: str) -> set[str]:
   """The faults marked fired in `elastic_dir` (as `str(Fault)`)."""
   try:
     return set(os.listdir(fired_dir(elastic_dir)))
-  except FileNotFoundError:
+  except OSError:  # None yet, or a workdir that is not a directory (refused later).
     return set()
 
 

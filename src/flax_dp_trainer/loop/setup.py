@@ -116,7 +116,10 @@ def _stream_changes(run: 'Run', meta: run_meta.RunMeta) -> list[str]:
 
 
 def _plain(value):
-  return value.to_dict() if isinstance(value, ml_collections.ConfigDict) else value
+  """`value` as JSON holds it: a checkpoint's config was JSON (tuples read back as lists)."""
+  if isinstance(value, ml_collections.ConfigDict):
+    value = value.to_dict()
+  return json.loads(json.dumps(value, sort_keys=True, default=str))
 
 
 def _check_resume(run: 'Run', meta: run_meta.RunMeta, step: int, allowed: bool) -> None:

@@ -152,7 +152,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   defines the training stream or the model (`setup.start`).
   """
   if timeline is None:
-    timeline = timeline_lib.Timeline(workdir, writes=jax.process_index() == 0)
+    timeline = timeline_lib.Timeline(workdir, jax.process_index(),
+                                     writes=jax.process_index() == 0)
   run = setup.prepare(config, workdir, devices, model=model, loss=loss, arrays=data,
                       command_line=command_line)
   config = run.config

@@ -37,7 +37,10 @@ one after the other; `--parts` chooses them, default all):
              Mixup/CutMix. Sustained examples/s over windows, examples per CPU-second
              (workers included), peak PSS (workers included); `input_over_torchvision`,
              `input_rss_over_torchvision` (ours from the files / torchvision, uint8), the
-             cores each needs for 2,500 images/s (`cores_per_2500_per_sec_*`)
+             cores each needs for 2,500 images/s (`cores_per_2500_per_sec_*`); the crops'
+             quality (flax_dp_trainer.bench.quality: `input_psnr_db`, `torchvision_psnr_db`).
+             `--image_sizes=1500,4000`: ours (files) and torchvision again on JPEGs of those
+             sides, and the quality on photos enlarged to their middle (`*_highres`)
 
 `limit` and `ddp_limit` import neither TensorFlow nor TFDS (the dataset's shapes come from
 `data/specs.py`), and neither does this process: `--parts=limit,ddp_limit` runs
@@ -98,6 +101,8 @@ def _define_flags() -> None:
   flags.DEFINE_integer('input_workers', 0, 'input: threads (ours) and DataLoader workers '
                        '(torchvision); 0 = the cores.')
   flags.DEFINE_float('input_seconds', 15.0, 'input: timed seconds of each run.')
+  flags.DEFINE_list('image_sizes', [], 'input: also JPEGs of sides MIN,MAX (e.g. 1500,4000).')
+  flags.DEFINE_integer('input_highres_count', 64, 'input: JPEGs of --image_sizes to make.')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,6 +313,55 @@ def _input(setup: _Setup, cores: int) -> dict[str, Any]:
                'torchvision', 'torchvision_normalized'):
     figures[f'cores_per_{bench_figures.GPU_IMAGES_PER_SEC}_per_sec_{name}'] = (
         bench_figures.GPU_IMAGES_PER_SEC / figures[f'{name}_examples_per_cpu_sec'])
+  print('input: the crops\' quality (PSNR, SSIM) on matplotlib\'s photographs ...', flush=True)
+  figures.update(_quality(_run_part(setup, 'quality', 'input_quality'), ''))
+  if FLAGS.image_sizes:
+    figures.update(_highres(setup, images, common))
+  return figures
+
+
+def _quality(result: dict[str, Any], suffix: str) -> dict[str, Any]:
+  """The quality run's rows, and the headline figures: ours at the defaults, torchvision."""
+  rows = result['rows']
+  ours = rows[bench_figures.DEFAULT_QUALITY_ROW]
+  return {f'quality{suffix}': result,
+          f'input_psnr_db{suffix}': ours['psnr_db'], f'input_ssim{suffix}': ours['ssim'],
+          f'torchvision_psnr_db{suffix}': rows['torchvision']['psnr_db'],
+          f'torchvision_ssim{suffix}': rows['torchvision']['ssim']}
+
+
+def _highres(setup: _Setup, images: str, common: list[str]) -> dict[str, Any]:
+  """The speed of ours (files) and torchvision on JPEGs of --image_sizes, `--rounds` times,
+  and the quality on the photographs enlarged to the middle of that range."""
+  sizes = _counts('image_sizes', FLAGS.image_sizes, [])
+  if len(sizes) != 2 or sizes[0] > sizes[1]:
+    raise UserError(f'--image_sizes={",".join(FLAGS.image_sizes)}: give the least and the '
+                    'largest side, e.g. --image_sizes=1500,4000')
+  folder = f'{images}_{sizes[0]}_{sizes[1]}'
+  common = [f'--images={folder}', *common[1:]]
+  print(f'input: {FLAGS.input_highres_count} JPEGs of {sizes[0]}-{sizes[1]} px in {folder} '
+        '...', flush=True)
+  made = _run_part(setup, 'input', 'input_prepare_highres', [
+      '--side=prepare', f'--count={FLAGS.input_highres_count}',
+      f'--image_sizes={sizes[0]},{sizes[1]}', '--noconvert', *common])
+  runs = {name: [] for name in bench_figures.HIGHRES_RUNS}
+  extras = dict(bench_figures.INPUT_RUNS)
+  for index in range(FLAGS.rounds):
+    for name in list(runs)[::1 if index % 2 == 0 else -1]:
+      print(f'input: {name} on {sizes[0]}-{sizes[1]} px, round {index + 1} of {FLAGS.rounds} '
+            '...', flush=True)
+      runs[name].append(_run_part(setup, 'input', f'input_highres_{name}_{index}',
+                                  [*common, *extras[name]]))
+  figures = {'images_highres': made, 'runs_highres': runs,
+             'input_over_torchvision_highres': statistics.median(
+                 x['examples_per_cpu_sec'] / y['examples_per_cpu_sec']
+                 for x, y in zip(runs['ours_files'], runs['torchvision'])),
+             **{f'{name}_examples_per_cpu_sec_highres': statistics.median(
+                 r['examples_per_cpu_sec'] for r in runs[name]) for name in runs}}
+  print(f'input: the crops\' quality on the photographs enlarged to {sum(sizes) // 2} px ...',
+        flush=True)
+  figures.update(_quality(_run_part(setup, 'quality', 'input_quality_highres',
+                                    [f'--long_side={sum(sizes) // 2}']), '_highres'))
   return figures
 
 
