@@ -78,7 +78,7 @@ def generate(directory: str, count: int, seed: int = 0,
   rng = np.random.RandomState(seed)
   for index in range(count):
     height, width = rng.randint(sizes[0], sizes[1] + 1, size=2)
-    scale = 400 / max(height, width)
+    scale = min(1.0, 500 / max(height, width))
     rows = np.arange(height, dtype=np.float32)[:, None] * scale
     cols = np.arange(width, dtype=np.float32)[None, :] * scale
     image = np.zeros((height, width, 3), np.float32)
