@@ -16,7 +16,8 @@ from flax_dp_trainer.elastic import liveness
 # a session that dies leaves its time up to then accounted for.
 SNAPSHOT_EVERY_S = 5.0
 # The progress file's phase of each cause.
-_PHASES = {'steps': 'step', 'recomputed': 'step', 'evaluation': 'evaluation'}
+# (Waiting for a batch is part of a step: the file is not rewritten twice a step.)
+_PHASES = {'steps': 'step', 'recomputed': 'step', 'input': 'step'}
 
 
 def process_started() -> float:
@@ -72,8 +73,7 @@ class Timeline:
   def restored(self, resumed: bool) -> None:
     """After the restore phase: where nothing was restored, its time was start-up."""
     if not resumed:
-      self.seconds['startup'] += self.seconds['restore'] + time.time() - self._since
-      self.seconds['restore'], self._since = 0.0, time.time()
+      self._cause = 'startup'  # (The phase's time goes to start-up.)
     self.enter('startup')
 
   def begin(self, start_step: int) -> None:
