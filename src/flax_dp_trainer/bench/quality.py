@@ -73,83 +73,27 @@ def photos(long_side: int = 0) -> list[bytes]:
   return encoded
 
 
-def stream_windows(encoded: list[bytes], count: int, size: int, seed: int = 0) -> list[dict]:
-  """The random-resized crop's windows of examples 0..count-1 of the stream at `seed` (the
-  seeds the training plan gives them), example k on photo k mod len(encoded)."""
-  # pylint: disable=import-outside-toplevel  # (TensorFlow: the ours side only)
-  import tensorflow as tf
-  from flax_dp_trainer.data import preprocess
-  from flax_dp_trainer.data import stream as stream_lib
-  crop = preprocess.RandomResizedCrop(size=size)
-  windows = []
-  for position in range(count):
-    photo = position % len(encoded)
-    shape = tf.io.extract_jpeg_shape(encoded[photo])
-    seed_pair = stream_lib.pair_seed(seed, crop.stream, tf.constant(position, tf.int64))
-    begin, extent = crop._window(shape, seed_pair)  # pylint: disable=protected-access
-    windows.append({'photo': photo, 'top': int(begin[0]), 'left': int(begin[1]),
-                    'height': int(extent[0]), 'width': int(extent[1])})
-  return windows
+def ours(encoded: list[bytes], count: int, size: int) -> dict[str, Any]:
+  """The stream's first `count` windows cropped by ours at each setting and by torchvision,
+  and evaluation's crops, scored against the references."""
+  # pylint: disable-next=import-outside-toplevel
+  from flax_dp_trainer.data import crop_quality  # (TensorFlow: the ours side only)
+  windows = crop_quality.stream_windows(encoded, count, size)
+  train_refs, eval_refs = crop_quality.references(encoded, windows, size)
 
+  def row(train, evals) -> dict[str, float]:
+    return {**crop_quality.score(train, train_refs),
+            **{f'eval_{k}': v for k, v in crop_quality.score(evals, eval_refs).items()}}
 
-def _score(crops: np.ndarray, references: np.ndarray) -> dict[str, float]:
-  """Mean PSNR (dB) and SSIM of uint8 `crops` against float `references` (N, S, S, C)."""
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel  # (as above)
-  crops = crops.astype(np.float64)
-  mse = np.mean((crops - references) ** 2, axis=(1, 2, 3))
-  psnr = 10 * np.log10(255.0 ** 2 / np.maximum(mse, 1e-10))
-  ssim = tf.image.ssim(tf.constant(crops, tf.float32), tf.constant(references, tf.float32),
-                       max_val=255.0).numpy()
-  return {'psnr_db': float(np.mean(psnr)), 'ssim': float(np.mean(ssim))}
-
-
-def _references(encoded, windows, size) -> tuple[np.ndarray, np.ndarray]:
-  """The Lanczos references of the training windows and of evaluation's crops."""
-  # pylint: disable=import-outside-toplevel  # (as above)
-  import tensorflow as tf
-  from flax_dp_trainer.data import preprocess
-  decoded = [tf.io.decode_jpeg(e, channels=3) for e in encoded]
-  lanczos = lambda image, hw: tf.image.resize(tf.cast(image, tf.float32), hw,
-                                              method='lanczos3', antialias=True)
-  train = np.stack([lanczos(decoded[w['photo']][w['top']:w['top'] + w['height'],
-                                                w['left']:w['left'] + w['width']],
-                            [size, size]).numpy() for w in windows])
-  evals = []
-  for image in decoded:
-    center = preprocess.ResizeCenterCrop(size=size, encoded=False)
-    new_hw = center._new_hw(tf.shape(image))  # pylint: disable=protected-access
-    resized = lanczos(image, new_hw)
-    top, left = (int(new_hw[0]) - size) // 2, (int(new_hw[1]) - size) // 2
-    evals.append(resized[top:top + size, left:left + size].numpy())
-  return train, np.stack(evals)
-
-
-def ours(encoded: list[bytes], windows: list[dict], size: int) -> dict[str, Any]:
-  """Our crops at each setting, and evaluation's, scored."""
-  # pylint: disable=import-outside-toplevel  # (as above)
-  import tensorflow as tf
-  from flax_dp_trainer.data import preprocess
-  references, eval_references = _references(encoded, windows, size)
-  rows = {}
-  for resize_filter, scaled in SETTINGS:
-    crop = preprocess.RandomResizedCrop(size=size, resize_filter=resize_filter,
-                                        scaled_decode=scaled)
-    center = preprocess.ResizeCenterCrop(size=size, resize_filter=resize_filter,
-                                         scaled_decode=scaled)
-    crops = np.stack([crop.crop_jpeg(
-        tf.constant(encoded[w['photo']]), tf.constant([w['top'], w['left'], 0]),
-        tf.constant([w['height'], w['width'], -1])).numpy() for w in windows])
-    evals = np.stack([center(tf.constant(e), None).numpy() for e in encoded])
-    name = f'ours_{resize_filter}{"_scaled" if scaled else ""}'
-    rows[name] = {**_score(crops, references),
-                  **{f'eval_{k}': v for k, v in _score(evals, eval_references).items()}}
-  rows['torchvision'] = _torchvision_rows(encoded, windows, size, references,
-                                          eval_references)
+  rows = {f'ours_{f}{"_scaled" if scaled else ""}': row(*crop_quality.crops(
+      encoded, windows, size, f, scaled)) for f, scaled in SETTINGS}
+  rows['torchvision'] = row(*_torchvision_crops(encoded, windows, size))
   return rows
 
 
-def _torchvision_rows(encoded, windows, size, references, eval_references) -> dict:
-  """torchvision's crops of the same windows, made in a process of its own, scored."""
+def _torchvision_crops(encoded, windows, size) -> tuple[np.ndarray, np.ndarray]:
+  """torchvision's crops of the same windows and its evaluation crops, made in a process of
+  its own."""
   with tempfile.TemporaryDirectory() as scratch:
     plan = os.path.join(scratch, 'plan.json')
     paths = []
@@ -164,8 +108,7 @@ def _torchvision_rows(encoded, windows, size, references, eval_references) -> di
                     '--side=torchvision', f'--plan={plan}', f'--out={out}',
                     f'--config={FLAGS["config"].config_filename}'], check=True)
     crops = np.load(out)
-    return {**_score(crops['train'], references),
-            **{f'eval_{k}': v for k, v in _score(crops['eval'], eval_references).items()}}
+    return crops['train'], crops['eval']
 
 
 def torchvision_crops(plan_path: str, out: str) -> None:
@@ -194,9 +137,8 @@ def main(argv):
     torchvision_crops(FLAGS.plan, FLAGS.out)
     return
   encoded = photos(FLAGS.long_side)
-  windows = stream_windows(encoded, FLAGS.windows, FLAGS.size)
   result = {'photos': list(PHOTOS), 'long_side': FLAGS.long_side, 'windows': FLAGS.windows,
-            'size': FLAGS.size, 'rows': ours(encoded, windows, FLAGS.size)}
+            'size': FLAGS.size, 'rows': ours(encoded, FLAGS.windows, FLAGS.size)}
   bench_common.write_result(FLAGS.out, result)
   width = max(len(name) for name in result['rows'])
   print(f'{"":<{width}}  train PSNR  SSIM   eval PSNR  SSIM')
