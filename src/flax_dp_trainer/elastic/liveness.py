@@ -37,6 +37,8 @@ class Liveness:
   def start(self) -> None:
     """The run has taken its workdir: progress is written from now on."""
     self._started = True
+    if self._path is not None:
+      os.makedirs(os.path.dirname(self._path), exist_ok=True)
 
   def beat(self, phase: str, step: Optional[int] = None, force: bool = False) -> None:
     """Progress in `phase` (at `step`, the step the process is at: not done yet): written
@@ -50,7 +52,6 @@ class Liveness:
     self._last = (phase, now)
     record = {'phase': phase, 'step': self.step, 'time': now, 'pid': os.getpid(),
               'host': socket.gethostname()}
-    os.makedirs(os.path.dirname(self._path), exist_ok=True)
     with open(self._path + '.tmp', 'w', encoding='utf-8') as f:
       json.dump(record, f)
     os.replace(self._path + '.tmp', self._path)
@@ -71,6 +72,7 @@ def read_all(elastic_dir: str) -> list[dict]:
     names = os.listdir(elastic_dir)
   except OSError:
     return []
-  indices = [int(n[len('process_'):-len('.json')]) for n in names
-             if n.startswith('process_') and n.endswith('.json') and n[8:-5].isdigit()]
+  numbers = [n.removeprefix('process_').removesuffix('.json') for n in names
+             if n.startswith('process_') and n.endswith('.json')]
+  indices = [int(n) for n in numbers if n.isdigit()]
   return [r for r in (read(elastic_dir, i) for i in sorted(indices)) if r is not None]
