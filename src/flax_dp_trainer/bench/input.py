@@ -24,7 +24,7 @@ Each side in its own process: `warmup` batches untimed, then windows of `window`
 `seconds`; `examples_per_sec` is the examples of the timed windows over their seconds (the
 sustained rate, not a median batch); `examples_per_cpu_sec` divides them by the CPU seconds of
 the process and its workers over the same span; `peak_pss_mb` is the highest sum of the
-processes' proportional set sizes (/proc/PID/smaps_rollup), sampled every 0.2 s.
+processes' proportional set sizes, sampled from a process of its own (`bench.memory`).
 
 Each side imports what it reads with inside its own functions: the torchvision side's
 process never imports TensorFlow (torchvision 0.29 segfaults when imported after it), ours
@@ -32,15 +32,16 @@ never imports torch, and `prepare` alone writes JPEGs (Pillow).
 """
 
 import os
-import threading
 import time
 from typing import Any, Callable, Iterator, Sequence
 
-import numpy as np
 from absl import flags
+import numpy as np
 
 from flax_dp_trainer.base import cli
 from flax_dp_trainer.bench import common as bench_common
+from flax_dp_trainer.bench import memory as bench_memory
+
 
 FLAGS = flags.FLAGS
 SIDES = ('prepare', 'ours', 'torchvision')
@@ -119,17 +120,6 @@ def prepare(images: str, count: int, sizes: tuple[int, int] = (300, 500),
           'bits_per_pixel': float(8 * np.sum(sizes) / np.sum(pixels))}
 
 
-def _pss_mb(pid: int) -> float:
-  try:
-    with open(f'/proc/{pid}/smaps_rollup', encoding='ascii') as f:
-      for line in f:
-        if line.startswith('Pss:'):
-          return int(line.split()[1]) / 1024
-  except OSError:
-    pass
-  return 0.0
-
-
 def _cpu_s(pid: int) -> float:
   """User + system CPU seconds of process `pid` (all its threads) so far."""
   with open(f'/proc/{pid}/stat', encoding='ascii') as f:
@@ -137,29 +127,11 @@ def _cpu_s(pid: int) -> float:
   return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
 
 
-class _PeakMemory:
-  """Samples the summed PSS of `pids()` every 0.2 s in a thread; `peak_mb` the highest."""
-
-  def __init__(self, pids: Callable[[], Sequence[int]]):
-    self._pids, self.peak_mb, self._stop = pids, 0.0, threading.Event()
-    self._thread = threading.Thread(target=self._run, daemon=True)
-    self._thread.start()
-
-  def _run(self):
-    while not self._stop.wait(0.2):
-      self.peak_mb = max(self.peak_mb, sum(_pss_mb(p) for p in self._pids()))
-
-  def stop(self) -> float:
-    self._stop.set()
-    self._thread.join()
-    return self.peak_mb
-
-
 def measure(batches: Iterator[Any], batch_size: int, pids: Callable[[], Sequence[int]],
             warmup: int, window: int, seconds: float, min_batches: int = 0) -> dict[str, Any]:
   """Times `batches` as the module docstring says, for `seconds` and at least `min_batches`;
   `pids()` are the processes doing the work (this one first)."""
-  memory = _PeakMemory(pids)
+  memory = bench_memory.PeakMemory(pids())
   for _ in range(warmup):
     next(batches)
   cpu_start = sum(_cpu_s(p) for p in pids())
@@ -212,6 +184,7 @@ def torchvision_loader(config, images: str, workers: int, normalize: bool):
   import torch
   import torchvision
   from torchvision.transforms import v2
+
   from flax_dp_trainer.data import run_datasets
   ds_spec = run_datasets.for_config(input_config(config, images, 'files', workers))
   steps = [v2.RandomResizedCrop(ds_spec.image_size, antialias=True),

@@ -21,31 +21,14 @@ from typing import Optional
 import tensorflow as tf
 
 from flax_dp_trainer.data import augment
+from flax_dp_trainer.data import resize as resize_lib
 from flax_dp_trainer.data import scaled_decode
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import stream as stream_lib
 
+
 CIFAR_PAD = 4  # Pixels of zero padding on each side before the random crop ('crop_flip').
 EVAL_CROP_FRACTION = 0.875  # 'inception' evaluation: resize the shorter side to size / this.
-
-
-def to_uint8(image: tf.Tensor) -> tf.Tensor:
-  """A float image holding 0..255 as uint8, rounded and clipped (torchvision's uint8 resize
-  rounds alike)."""
-  return tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
-
-
-def resize(image: tf.Tensor, height, width, resize_filter: str = 'area') -> tf.Tensor:
-  """`image` (uint8) resized to height x width with `resize_filter` (specs.RESIZE_FILTERS):
-  'area' averages the pixels each output pixel covers where the image shrinks on both sides,
-  else interpolates bilinearly; 'antialias' is bilinear with antialiasing (torchvision's
-  filter), at about twice the CPU time."""
-  size = tf.stack([height, width])
-  if resize_filter == 'antialias':
-    return to_uint8(tf.image.resize(image, size, method='bilinear', antialias=True))
-  shrinks = tf.reduce_all(tf.shape(image)[:2] >= size)
-  return to_uint8(tf.cond(shrinks, lambda: tf.image.resize(image, size, method='area'),
-                          lambda: tf.image.resize(image, size, method='bilinear')))
 
 
 def decode(encoded: tf.Tensor, channels: int) -> tf.Tensor:
@@ -92,7 +75,7 @@ class Resize(Step):
   def __call__(self, image, seed):
     if self.encoded:
       image = decode(image, self.channels)
-    image = resize(image, self.size, self.size, self.resize_filter)
+    image = resize_lib.resize(image, self.size, self.size, self.resize_filter)
     return tf.ensure_shape(image, (self.size, self.size, self.channels))
 
   def describe(self):
@@ -123,7 +106,7 @@ class RandomResizedCrop(Step):
   def _from_pixels(self, image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
     begin, size = self._window(tf.shape(image), seed)
     window = tf.slice(image, begin, size)
-    return resize(window, self.size, self.size, self.resize_filter)
+    return resize_lib.resize(window, self.size, self.size, self.resize_filter)
 
   def _from_jpeg(self, encoded: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
     begin, size = self._window(tf.io.extract_jpeg_shape(encoded), seed)
@@ -136,7 +119,7 @@ class RandomResizedCrop(Step):
     def full():
       window = tf.io.decode_and_crop_jpeg(encoded, tf.stack([begin[0], begin[1], size[0],
                                                              size[1]]), channels=self.channels)
-      return resize(window, self.size, self.size, self.resize_filter)
+      return resize_lib.resize(window, self.size, self.size, self.resize_filter)
 
     if not self.scaled_decode:
       return full()
@@ -182,7 +165,7 @@ class ResizeCenterCrop(Resize):
 
   def _resized(self, image: tf.Tensor) -> tf.Tensor:
     new_hw = self._new_hw(tf.shape(image))
-    return resize(image, new_hw[0], new_hw[1], self.resize_filter)
+    return resize_lib.resize(image, new_hw[0], new_hw[1], self.resize_filter)
 
   def _from_jpeg(self, encoded: tf.Tensor) -> tf.Tensor:
     new_hw = self._new_hw(tf.io.extract_jpeg_shape(encoded))

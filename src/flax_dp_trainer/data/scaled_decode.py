@@ -6,17 +6,14 @@ there with its exact position kept: the window's sub-pixel offset and extent in 
 image go to `ScaleAndTranslate`, so the crop covers what the full decode's crop covers. Only
 the pixels' decoding changes; which window, and the flip after it, stay the stream's.
 
-What resamples the rest (less than 2x) depends on `resize_filter`: 'antialias' keeps its
-kernel (the triangle with antialiasing: tf.image.resize's bilinear with antialias);
-'area' takes Keys' cubic, antialiased. The scaled decode has already averaged each r x r
-block, and a second box over the rest blurs twice: on matplotlib's grace_hopper.jpg, 64-px
-crops of 40 windows against the Lanczos reference (`bench.quality`), box 29.6 dB, cubic
-36.1 dB, the full decode's area resize 35.5 dB."""
+What resamples the rest (less than 2x) is `resize.resample`'s kernel for `resize_filter`."""
 
 import tensorflow as tf
 
+from flax_dp_trainer.data import resize
+
+
 RATIOS = (8, 4, 2)  # The DCT scales, as divisors of each side, largest first.
-KERNELS = {'area': 'keyscubic', 'antialias': 'triangle'}
 
 
 def ratio(short_side: tf.Tensor, size) -> tf.Tensor:
@@ -35,23 +32,6 @@ def _by_ratio(r: tf.Tensor, full, at):
   branches = [full] + [at(scale) for scale in reversed(RATIOS)]
   index = tf.cast(tf.round(tf.math.log(tf.cast(r, tf.float32)) / tf.math.log(2.0)), tf.int32)
   return tf.switch_case(index, branches)
-
-
-def _to_uint8(image: tf.Tensor) -> tf.Tensor:
-  return tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
-
-
-def resample(image: tf.Tensor, out_hw, offset, extent, resize_filter: str) -> tf.Tensor:
-  """uint8 `out_hw` of the region of `image` that starts at `offset` (y, x; float pixels)
-  and spans `extent` (float pixels), with the filter's kernel (antialiased)."""
-  out_hw = tf.cast(out_hw, tf.int32)
-  extent = tf.cast(extent, tf.float32)
-  scale = tf.cast(out_hw, tf.float32) / extent
-  translation = -tf.cast(offset, tf.float32) * scale
-  resized = tf.raw_ops.ScaleAndTranslate(
-      images=tf.cast(image, tf.float32)[None], size=out_hw, scale=scale,
-      translation=translation, kernel_type=KERNELS[resize_filter], antialias=True)
-  return _to_uint8(resized[0])
 
 
 def _decoded_window(encoded, begin, size, r: int, channels: int):
@@ -76,7 +56,7 @@ def window(encoded: tf.Tensor, begin: tf.Tensor, size: tf.Tensor, out_size: int,
   def at(scale):
     def decode():
       crop, offset, extent = _decoded_window(encoded, begin, size, scale, channels)
-      return resample(crop, [out_size, out_size], offset, extent, resize_filter)
+      return resize.resample(crop, [out_size, out_size], offset, extent, resize_filter)
     return decode
 
   return _by_ratio(ratio(tf.minimum(size[0], size[1]), out_size), full, at)
@@ -91,7 +71,7 @@ def whole(encoded: tf.Tensor, out_hw: tf.Tensor, channels: int, resize_filter: s
   def at(scale):
     def decode():
       image = tf.io.decode_jpeg(encoded, channels=channels, ratio=scale)
-      return resample(image, out_hw, tf.zeros([2]), tf.cast(shape, tf.float32) / scale,
+      return resize.resample(image, out_hw, tf.zeros([2]), tf.cast(shape, tf.float32) / scale,
                       resize_filter)
     return decode
 

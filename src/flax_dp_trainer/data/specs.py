@@ -30,7 +30,7 @@ AUGMENTATIONS = {
 }
 
 
-# How crops are resized (config.resize_filter; preprocess.resize): area averaging when
+# How crops are resized (config.resize_filter; data/resize.py): area averaging when
 # shrinking, else bilinear; or bilinear with antialiasing (torchvision's filter).
 # RandAugment's magnitudes are bins 0..30 of torchvision's ranges (`augment.py` maps them).
 RANDAUGMENT_MAGNITUDE_BINS = 31
