@@ -197,7 +197,9 @@ def test_a_save_the_disk_refuses_stops_the_run_in_one_line(finished, tfds_data_d
   assert helpers.saved_steps(workdir) == [10, 20, 30]
   logged = [r['step'] for r in writers.read_jsonl(os.path.join(workdir, writers.JSONL_NAME))
             if 'train_loss' in r]
-  assert logged[-1] <= 50  # It stopped within steps of the failure.
+  # It stopped before the next save (step 80), where orbax would have reported the failure
+  # (within 10-20 steps of it; how many depends on how long the write takes to fail).
+  assert logged[-1] < 80
   # Room again: the same command resumes and finishes.
   resumed = _run(_command(workdir, tfds_data_dir, **longer))
   assert resumed.returncode == 0, resumed.stderr[-3000:]

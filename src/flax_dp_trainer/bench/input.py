@@ -185,6 +185,7 @@ def torchvision_loader(config, images: str, workers: int, normalize: bool):
   import torchvision
   from torchvision.transforms import v2
 
+  # (the torchvision side only)
   from flax_dp_trainer.data import run_datasets
   ds_spec = run_datasets.for_config(input_config(config, images, 'files', workers))
   steps = [v2.RandomResizedCrop(ds_spec.image_size, antialias=True),
