@@ -18,9 +18,9 @@ def test_the_peak_counts_what_the_processes_hold_and_the_sampler_is_not_one_of_t
     holder.stdout.readline()  # Its pages are touched.
   alone = memory.pss_mb(holders[0].pid)
   sampler = memory.PeakMemory([h.pid for h in holders])
-  children = lambda: {int(p) for p in open(f'/proc/{os.getpid()}/task/{os.getpid()}/children',
-                                               encoding='ascii').read().split()}
-  assert sampler._sampler.pid in children()  # pylint: disable=protected-access
+  with open(f'/proc/{os.getpid()}/task/{os.getpid()}/children', encoding='ascii') as f:
+    children = {int(pid) for pid in f.read().split()}
+  assert sampler._sampler.pid in children  # pylint: disable=protected-access
   time.sleep(0.5)
   peak = sampler.stop()
   for holder in holders:
