@@ -28,8 +28,11 @@ def resize(image: tf.Tensor, height, width, resize_filter: str = 'area') -> tf.T
   if resize_filter == 'antialias':
     return resample(image, size, tf.zeros([2]), tf.shape(image)[:2], resize_filter)
   shrinks = tf.reduce_all(tf.shape(image)[:2] >= size)
-  return to_uint8(tf.cond(shrinks, lambda: tf.image.resize(image, size, method='area'),
-                          lambda: tf.image.resize(image, size, method='bilinear')))
+  resized = tf.cond(shrinks, lambda: tf.image.resize(image, size, method='area'),
+                    lambda: tf.image.resize(image, size, method='bilinear'))
+  # Both average pixels with weights that sum to 1: rounded, within 0..255 (to_uint8's clip,
+  # a pass over the crop, has nothing to do).
+  return tf.cast(tf.round(resized), tf.uint8)
 
 
 def _along_rows(image: tf.Tensor, size, scale, translation, kernel: str) -> tf.Tensor:
