@@ -20,6 +20,7 @@ from flax_dp_trainer.data import file_check
 from flax_dp_trainer.data import folder as folder_lib
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import stream
+from flax_dp_trainer.data import tf_options
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 from tests import REPO
@@ -326,6 +327,23 @@ def test_a_file_that_does_not_decode_is_named_in_each_folder_read_mode(
   assert message.endswith('move it out of the folder (or replace it with a readable copy) and '
                           'run the same command again: the run resumes from its last '
                           'checkpoint')
+
+
+def test_a_file_is_named_where_its_chunk_fails_a_batch_before_its_own(config,
+                                                                    body_damaged_folder):
+  """Examples are prepared EXAMPLES_PER_CALL at a time: a chunk that fails, fails the first
+  batch that reads it, which need not hold the damaged file (batches of 2 here)."""
+  root, path = body_damaged_folder
+  config.update(dataset=f'folder:{root}', batch_size=2, cache=False, seed=2)
+  paths, _ = folder_lib.scan(root).files['train']
+  positions = np.arange(4 * len(paths))
+  order = stream.example_index(2, positions, len(paths)).numpy()
+  position = int(positions[np.flatnonzero(order == paths.index(path))[0]])
+  first_reader = position // tf_options.EXAMPLES_PER_CALL * tf_options.EXAMPLES_PER_CALL // 2
+  assert first_reader < position // 2  # What the test is about.
+  message = _first_failure(config)
+  assert message.startswith(f'image file {path} {FAILED}'), message
+  assert f'at stream position {position} (step {position // 2 + 1})' in message, message
 
 
 @pytest.mark.slow

@@ -194,12 +194,21 @@ def _prepared_alone(plan, element: dict, seed: int) -> Optional[str]:
     return tf_message(e)
 
 
+def _searched(first: int, count: int) -> range:
+  """Where the failure of the batch of examples first..first + count - 1 (of a session's
+  pipeline) may come from: those, and the rest of the chunk that holds the last of them (a
+  chunk fails whole, in the first batch that reads it; `tf_options.EXAMPLES_PER_CALL`)."""
+  chunk = tf_options.EXAMPLES_PER_CALL
+  return range(first, -(-(first + count) // chunk) * chunk)
+
+
 def _by_index_culprit(data, rows, seed: int, batch: int) -> Optional[tuple[str, int, str, str]]:
-  """The first example of this process's rows of `batch` (of the session) that does not read
-  or prepare alone: (its name, stream position, TensorFlow's message, the remedy)."""
+  """The first example that does not read or prepare alone of those this process's rows of
+  `batch` (of the session) may have failed on (`_searched`): (its name, stream position,
+  TensorFlow's message, the remedy)."""
   source = data.indexed_source()
   plan = data.plan()
-  positions = np.asarray(rows.positions(batch))
+  positions = np.asarray(rows.position(np.array(_searched(batch * rows.rows, rows.rows))))
   indices = np.asarray(stream_lib.example_index(seed, positions, data.num_examples))
   for position, index in zip(positions.tolist(), indices.tolist()):
     one = tf.data.Dataset.from_tensors({'index': tf.constant(index, tf.int64),
@@ -231,7 +240,8 @@ def _sequential_culprit(data, rows, seed: int, batch: int
 
   plan = data.plan()
   examples = data.sequential_examples(rows, seed, read=with_ids)
-  for element in examples.skip(batch * rows.rows).take(rows.rows):
+  searched = _searched(batch * rows.rows, rows.rows)
+  for element in examples.skip(searched.start).take(len(searched)):
     message = _prepared_alone(plan, element, seed)
     if message is not None:
       record = element['tfds_id'].numpy().decode()
@@ -294,13 +304,15 @@ def failure_guard(make: Callable[[], Any], data) -> Any:
 
 
 def eval_culprit(config, spec, builder, part, plan, per_process: int, batch: int
-                 ) -> Optional[tuple[str, str, str]]:
-  """The first example of this process's evaluation batch `batch` of `part` (batches of
-  `per_process`) that does not read or prepare alone through `plan`: (its name, TensorFlow's
-  message, the remedy); None where none fails alone."""
-  examples = iter(_split_examples(config, spec, builder, part).skip(batch * per_process).take(
-      per_process))
-  for place in range(batch * per_process, (batch + 1) * per_process):
+                 ) -> Optional[tuple[str, str, str, int]]:
+  """The first example that does not read or prepare alone through `plan` of those this
+  process's evaluation batch `batch` of `part` (batches of `per_process`) may have failed on
+  (`_searched`): (its name, TensorFlow's message, the remedy, the batch it is in); None where
+  none fails alone."""
+  searched = _searched(batch * per_process, per_process)
+  examples = iter(_split_examples(config, spec, builder, part).skip(searched.start).take(
+      len(searched)))
+  for place in searched:
     try:
       plan(next(examples)['image'], 0, config.seed)
       continue
@@ -309,7 +321,7 @@ def eval_culprit(config, spec, builder, part, plan, per_process: int, batch: int
     except StopIteration:
       return None
     name, remedy = _named(spec, builder, part, place, 'example')
-    return name, message, remedy
+    return name, message, remedy, place // per_process
   return None
 
 
@@ -324,6 +336,6 @@ def named_eval_failure(data, batch: Callable[[], int]):
     found = data.culprit(batch()) if data.culprit is not None else None
     if found is None:
       raise
-    name, message, remedy = found
+    name, message, remedy, in_batch = found
     raise UserError(f'{name} does not decode ({message}) in evaluation (this process\'s batch '
-                    f'{batch()}); {remedy}') from None
+                    f'{in_batch}); {remedy}') from None

@@ -15,15 +15,16 @@ and every process yields the same number of batches (padding with fully masked o
 cross-device sums of the eval step line up.
 
 Parallelism follows the host: `config.data_threads` threads (0: every core this process may
-run on) decode and augment, and at most `PREFETCH_BATCHES` finished uint8 batches wait for
-the loop; nothing else is buffered beyond the examples being worked on.
+run on) read, decode and augment, each a chunk of `EXAMPLES_PER_CALL` examples at a time (one
+after the other), and at most `PREFETCH_BATCHES` finished uint8 batches wait for the loop;
+nothing else is buffered beyond the chunks being worked on.
 """
 
 import dataclasses
 import functools
 import itertools
 import math
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -39,7 +40,7 @@ from flax_dp_trainer.data import builders
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.data import stream as stream_lib
-from flax_dp_trainer.data.tf_options import data_threads, options
+from flax_dp_trainer.data.tf_options import EXAMPLES_PER_CALL, data_threads, options
 
 # Batches made ready ahead of the training loop at each stage: finished uint8 batches on the
 # host (tf.data), and batches on their way to the devices (the loop's `dispatch.Prefetch`).
@@ -139,20 +140,22 @@ class TrainData:
           lambda step: source.gather(stream_lib.example_index(seed, rows.positions(step), n)),
           num_parallel_calls=2, deterministic=True)
 
-    def indices(k):
-      position = rows.position(k)
+    def indices(first):  # This process's examples first .. first + EXAMPLES_PER_CALL - 1.
+      position = rows.position(first + tf.range(EXAMPLES_PER_CALL, dtype=tf.int64))
       return {'index': stream_lib.example_index(seed, position, n), 'position': position}
 
-    ds = source.examples(tf.data.Dataset.range(np.iinfo(np.int64).max).map(indices))
-    return self._prepare(ds, plan, rows, seed)
+    chunks = tf.data.Dataset.range(0, np.iinfo(np.int64).max, EXAMPLES_PER_CALL).map(indices)
+    return self._prepare(chunks, plan, rows, seed, source.read)
 
-  def _prepare(self, ds, plan: preprocess.Plan, rows, seed: int) -> tf.data.Dataset:
+  def _prepare(self, chunks, plan: preprocess.Plan, rows, seed: int,
+               read=None) -> tf.data.Dataset:
     prepare = lambda e: {'image': plan(e['image'], e['position'], seed), 'label': e['label']}
-    return ds.map(prepare, num_parallel_calls=data_threads(self.config),
-                  deterministic=True).batch(rows.rows, drop_remainder=True)
+    return prepared(chunks, prepare, data_threads(self.config), read).batch(
+        rows.rows, drop_remainder=True)
 
   def _sequential(self, rows: stream_lib.TrainRows, seed: int) -> tf.data.Dataset:
-    return self._prepare(self.sequential_examples(rows, seed), self.plan(), rows, seed)
+    chunks = self.sequential_examples(rows, seed).batch(EXAMPLES_PER_CALL)
+    return self._prepare(chunks, self.plan(), rows, seed)
 
   def sequential_examples(self, rows: stream_lib.TrainRows, seed: int,
                           read=None) -> tf.data.Dataset:
@@ -179,6 +182,25 @@ class TrainData:
     ds = tf.data.Dataset.range(start_epoch, np.iinfo(np.int64).max).flat_map(epoch)
     ds = ds.skip(offset).enumerate()
     return ds.map(lambda k, example: dict(example, position=rows.position(k)))
+
+
+def prepared(chunks: tf.data.Dataset, prepare: Callable[[dict], dict], threads: int,
+             read: Optional[Callable[[dict], dict]] = None) -> tf.data.Dataset:
+  """One element an example: each of `chunks` (elements of up to EXAMPLES_PER_CALL examples,
+  every value a vector) read by `read` where given, then its examples through `prepare` (one
+  example's values to its {'image', 'label'}) one after the other; `threads` chunks at a
+  time, in order."""
+
+  def one_call(chunk):
+    chunk = read(chunk) if read else chunk
+    example = {k: tf.TensorSpec(v.shape[1:], v.dtype) for k, v in chunk.items()}
+    outputs = tf.function(prepare, autograph=False).get_concrete_function(
+        example).structured_outputs
+    return tf.map_fn(prepare, chunk, parallel_iterations=1,
+                     fn_output_signature={k: tf.TensorSpec(v.shape, v.dtype)
+                                          for k, v in outputs.items()})
+
+  return chunks.map(one_call, num_parallel_calls=threads, deterministic=True).unbatch()
 
 
 def _gathered(source: sources.InMemory, rows: stream_lib.TrainRows, seed: int
@@ -241,8 +263,9 @@ def eval_data(config, builder, *, process_index: int = 0, process_count: int = 1
   threads = data_threads(config)
   ds, _ = sources.split_examples(ds_spec, builder, part, threads, options(config))
   plan = preprocess.eval_plan(config, ds_spec, encoded=not arrays_lib.is_arrays(ds_spec.name))
-  ds = ds.map(lambda e: {'image': plan(e['image'], 0, config.seed), 'label': e['label']},
-              num_parallel_calls=threads, deterministic=True)
+  ds = prepared(ds.batch(EXAMPLES_PER_CALL),
+                lambda e: {'image': plan(e['image'], 0, config.seed), 'label': e['label']},
+                threads)
   ds = ds.batch(per_process, drop_remainder=False)
   if config.cache:
     ds = ds.cache()

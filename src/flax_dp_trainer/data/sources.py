@@ -110,12 +110,17 @@ def _image_and_label(example: dict, ds_spec: specs.DatasetSpec) -> dict:
 @dataclasses.dataclass
 class Source:
   """A split read by index: `examples` maps a dataset of {'index': int64, ...} elements to the
-  examples at those indices ({'image', 'label'}, the other keys kept), in order."""
+  examples at those indices ({'image', 'label'}, the other keys kept), in order; `read` does
+  it for one element whose 'index' is a vector (a chunk of examples, inside a pipeline's
+  function)."""
   num_examples: int
   encoded: bool  # Images as JPEG/PNG bytes (else decoded uint8).
   threads: int  # Reads in parallel.
 
   def examples(self, indices: tf.data.Dataset) -> tf.data.Dataset:
+    raise NotImplementedError
+
+  def read(self, chunk: dict) -> dict:
     raise NotImplementedError
 
 
@@ -140,9 +145,11 @@ class InMemory(Source):
     images, labels = self._tensors
     return {'image': tf.gather(images, index), 'label': tf.gather(labels, index)}
 
+  def read(self, chunk):
+    return dict(chunk, **self.gather(chunk['index']))
+
   def examples(self, indices):
-    return indices.map(lambda element: dict(element, **self.gather(element['index'])),
-                       num_parallel_calls=self.threads, deterministic=True)
+    return indices.map(self.read, num_parallel_calls=self.threads, deterministic=True)
 
 
 @dataclasses.dataclass
@@ -163,6 +170,9 @@ class ArrayRecords(Source):
     return dict(element, **_image_and_label(tf.io.parse_example(records, self.parse_spec),
                                             self.spec))
 
+  def read(self, chunk):
+    return self.read_block(chunk)
+
   def examples(self, indices):
     blocks = indices.batch(ARRAY_RECORD_BLOCK)
     return blocks.map(self.read_block, num_parallel_calls=max(1, self.threads // 4),
@@ -174,6 +184,11 @@ class ImageFiles(Source):
   """An image folder's files, read by index (one tf.io.read_file each)."""
   paths: Any = None
   labels: Any = None
+
+  def read(self, chunk):
+    paths = tf.gather(self.paths, chunk['index'])
+    return dict(chunk, image=tf.map_fn(tf.io.read_file, paths, parallel_iterations=1),
+                label=tf.gather(self.labels, chunk['index']))
 
   def examples(self, indices):
     def read(element):
