@@ -68,7 +68,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.resize_images = False
   # How augment='inception' resizes its crops (and evaluation its images): 'area' averages
   # when shrinking and interpolates bilinearly when enlarging; 'antialias' is torchvision's
-  # bilinear filter with antialiasing (about 1.35x the CPU time per image).
+  # bilinear filter with antialiasing (about 1.3-1.5x the CPU time per image).
   config.resize_filter = 'area'
   # JPEGs whose crop (or, for evaluation, whole image) shrinks 2x or more are decoded at
   # 1/2, 1/4 or 1/8 scale (libjpeg's DCT scaling), the window's exact position kept: the same
