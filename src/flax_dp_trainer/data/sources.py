@@ -34,6 +34,7 @@ from flax_dp_trainer.data.builders import ARRAY_RECORD
 from flax_dp_trainer.data.builders import FILES
 from flax_dp_trainer.data.builders import IN_MEMORY
 from flax_dp_trainer.data.builders import SEQUENTIAL
+from flax_dp_trainer.data.tf_options import EXAMPLES_PER_CALL
 
 
 ARRAY_RECORD_BLOCK = 64  # Records read per call of the ArrayRecord reader.
@@ -109,19 +110,20 @@ def _image_and_label(example: dict, ds_spec: specs.DatasetSpec) -> dict:
 
 @dataclasses.dataclass
 class Source:
-  """A split read by index: `examples` maps a dataset of {'index': int64, ...} elements to the
-  examples at those indices ({'image', 'label'}, the other keys kept), in order; `read` does
-  it for one element whose 'index' is a vector (a chunk of examples, inside a pipeline's
-  function)."""
+  """A split read by index: `read` adds to an element whose 'index' is a vector (a chunk of
+  examples) the examples at those indices ({'image', 'label'} vectors, the other keys kept);
+  `examples` maps a dataset of {'index': int64, ...} elements to the examples at those
+  indices, in order, reading them in chunks."""
   num_examples: int
   encoded: bool  # Images as JPEG/PNG bytes (else decoded uint8).
   threads: int  # Reads in parallel.
 
-  def examples(self, indices: tf.data.Dataset) -> tf.data.Dataset:
-    raise NotImplementedError
-
   def read(self, chunk: dict) -> dict:
     raise NotImplementedError
+
+  def examples(self, indices: tf.data.Dataset) -> tf.data.Dataset:
+    return indices.batch(EXAMPLES_PER_CALL).map(
+        self.read, num_parallel_calls=self.threads, deterministic=True).unbatch()
 
 
 @dataclasses.dataclass
@@ -148,9 +150,6 @@ class InMemory(Source):
   def read(self, chunk):
     return dict(chunk, **self.gather(chunk['index']))
 
-  def examples(self, indices):
-    return indices.map(self.read, num_parallel_calls=self.threads, deterministic=True)
-
 
 @dataclasses.dataclass
 class ArrayRecords(Source):
@@ -164,18 +163,15 @@ class ArrayRecords(Source):
   def _read(self, index: np.ndarray) -> np.ndarray:
     return np.array(self.data_source.__getitems__(index.tolist()), dtype=object)
 
-  def read_block(self, element: dict) -> dict:
-    records = tf.numpy_function(self._read, [element['index']], tf.string, stateful=False)
-    records.set_shape(element['index'].shape)
-    return dict(element, **_image_and_label(tf.io.parse_example(records, self.parse_spec),
-                                            self.spec))
-
   def read(self, chunk):
-    return self.read_block(chunk)
+    records = tf.numpy_function(self._read, [chunk['index']], tf.string, stateful=False)
+    records.set_shape(chunk['index'].shape)
+    return dict(chunk, **_image_and_label(tf.io.parse_example(records, self.parse_spec),
+                                            self.spec))
 
   def examples(self, indices):
     blocks = indices.batch(ARRAY_RECORD_BLOCK)
-    return blocks.map(self.read_block, num_parallel_calls=max(1, self.threads // 4),
+    return blocks.map(self.read, num_parallel_calls=max(1, self.threads // 4),
                       deterministic=True).unbatch()
 
 
@@ -189,12 +185,6 @@ class ImageFiles(Source):
     paths = tf.gather(self.paths, chunk['index'])
     return dict(chunk, image=tf.map_fn(tf.io.read_file, paths, parallel_iterations=1),
                 label=tf.gather(self.labels, chunk['index']))
-
-  def examples(self, indices):
-    def read(element):
-      return dict(element, image=tf.io.read_file(tf.gather(self.paths, element['index'])),
-                  label=tf.gather(self.labels, element['index']))
-    return indices.map(read, num_parallel_calls=self.threads, deterministic=True)
 
 
 def tfrecord_examples(builder, ds_spec: specs.DatasetSpec, split,
