@@ -125,8 +125,8 @@ def one_rank_group():
   run in the test process."""
   # Imported by the test processes only: xdist's controller loads none (`pytest_configure`).
   import torch.distributed as dist  # pylint: disable=import-outside-toplevel
-  from flax_dp_trainer.runs import processes  # pylint: disable=import-outside-toplevel
-  dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{processes.free_port()}',
+  from flax_dp_trainer.base import ports  # pylint: disable=import-outside-toplevel
+  dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{ports.free_port()}',
                           rank=0, world_size=1)
   yield
   dist.destroy_process_group()

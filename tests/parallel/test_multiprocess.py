@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from flax_dp_trainer.base import ports
 from flax_dp_trainer.runs import processes
 from tests import helpers
 from tests import REPO
@@ -47,7 +48,7 @@ def _wait_for_step(process, step):
 
 @pytest.mark.slow
 def test_when_one_process_dies_the_other_stops_within_a_minute(tmp_path, tfds_data_dir):
-  port = processes.free_port()
+  port = ports.free_port()
   data = f'--config.tfds_data_dir={tfds_data_dir}'
   survivor = _start_process(0, port, str(tmp_path / 'run'), data)
   victim = _start_process(1, port, str(tmp_path / 'run'), data)
@@ -95,7 +96,7 @@ def _processes_with_args(*needles):
 def test_sigterm_to_one_process_stops_all_at_the_same_step_with_a_checkpoint(
     tmp_path, tfds_data_dir):
   """JAX's preemption sync point: every process saves and stops at one agreed step."""
-  port = processes.free_port()
+  port = ports.free_port()
   data = f'--config.tfds_data_dir={tfds_data_dir}'
   workdir = str(tmp_path / 'run')
   workers = [_start_process(i, port, workdir, data) for i in range(2)]
@@ -122,7 +123,7 @@ def test_a_process_that_cannot_import_the_model_stops_every_process(tmp_path, tf
   (module_dir / 'only_here.py').write_text('from tests.user_models import PlainNet as Net\n')
   elsewhere = tmp_path / 'elsewhere'
   elsewhere.mkdir()
-  port = processes.free_port()
+  port = ports.free_port()
   workdir = tmp_path / 'run'
   runs = [subprocess.Popen(
       [sys.executable, '-m', 'flax_dp_trainer', '--cpu_devices=2', f'--workdir={workdir}',

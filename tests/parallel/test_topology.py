@@ -12,6 +12,7 @@ import pytest
 
 from flax_dp_trainer.checkpoint import checkpointer as checkpoint
 from flax_dp_trainer.loop import train
+from flax_dp_trainer.base import ports
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
 from tests import helpers
@@ -107,7 +108,7 @@ def test_the_same_training_on_any_device_count(trained, model, backend, devices)
 def two_processes(tfds_data_dir, tmp_path_factory):
   """Every run of TWO_PROCESS_RUNS as one job of 2 processes x 2 devices: its root dir."""
   root = tmp_path_factory.mktemp('two_processes')
-  port = processes.free_port()
+  port = ports.free_port()
   logs = [root / f'process_{index}.log' for index in range(2)]
   # Logs go to files: a pipe that fills up stops its process, and with it the other one.
   workers = [subprocess.Popen(

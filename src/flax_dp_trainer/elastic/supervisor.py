@@ -17,13 +17,13 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from typing import Callable, Optional, Sequence, TextIO
 
+from flax_dp_trainer.base import ports
 from flax_dp_trainer.elastic import faults as faults_lib
 from flax_dp_trainer.elastic import goodput
 from flax_dp_trainer.elastic import liveness
@@ -104,7 +104,7 @@ class LocalStarter:
 
   def start(self, hosts: list, plan: Plan, extra_args: list[str]
             ) -> list[tuple[str, subprocess.Popen]]:
-    port = self.port or _free_port()
+    port = self.port or ports.free_port()
     count = len(hosts)
     return [(f'[p{index}] ', subprocess.Popen(
         [self.python, '-m', 'flax_dp_trainer', f'--cpu_devices={plan.devices_per_process}',
@@ -130,13 +130,6 @@ def die_with_parent() -> None:
     ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
   except (OSError, AttributeError):
     pass
-
-
-def _free_port() -> int:
-  """A TCP port nothing listens on now on 127.0.0.1, for the coordinator."""
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
 
 
 def choose_hosts(remaining: int, plan: Plan) -> tuple[Optional[int], str]:

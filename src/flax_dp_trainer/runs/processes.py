@@ -1,7 +1,7 @@
-"""Starting the package's programs as subprocesses: a free loopback port, the environment
-they import in, the config overrides to pass on, the DDP twin's `torchrun` command line, and a
-run that fails with one line naming what failed and reports its progress while it lasts. No
-JAX, TensorFlow or torch here.
+"""Starting the package's programs as subprocesses: the environment they import in, the config
+overrides to pass on, the DDP twin's `torchrun` command line, and a run that fails with one
+line naming what failed and reports its progress while it lasts. No JAX, TensorFlow or torch
+here.
 
 Only the tools and the tests start programs: the DDP twin (`torch_ddp`) is started from here
 and imports nothing of `runs/` or `tools/`."""
@@ -10,7 +10,6 @@ import contextlib
 import glob
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,19 +17,13 @@ import time
 from typing import Callable, Optional, Sequence
 
 from flax_dp_trainer.base.errors import UserError
+from flax_dp_trainer.base.ports import free_port
 
 # TensorFlow only feeds data; this keeps its C++ start-up chatter out of every log.
 QUIET_TENSORFLOW = {'TF_CPP_MIN_LOG_LEVEL': '2'}
 
 # The longest a run started here goes without a line saying how far it got.
 PROGRESS_EVERY_S = 30
-
-
-def free_port() -> int:
-  """A TCP port nothing listens on now on 127.0.0.1 (for a coordinator or a rendezvous)."""
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
 
 
 def torchrun(ranks: int) -> list[str]:

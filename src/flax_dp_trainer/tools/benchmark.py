@@ -69,6 +69,7 @@ from ml_collections import config_flags
 
 from flax_dp_trainer.loop import checks
 from flax_dp_trainer.base import cli
+from flax_dp_trainer.base import ports
 from flax_dp_trainer.bench import common as bench_common
 from flax_dp_trainer.bench import figures as bench_figures
 from flax_dp_trainer.base.errors import UserError
@@ -224,7 +225,7 @@ def _limit_2x2(setup: _Setup, name: str) -> dict[str, Any]:
   command = [sys.executable, '-m', bench_common.PART_MODULES['limit'],
              *setup.part_args(out), '--cpu_devices=2', '--nostate_shardings',
              '--num_processes=2',
-             f'--coordinator_address=127.0.0.1:{processes.free_port()}']
+             f'--coordinator_address=127.0.0.1:{ports.free_port()}']
   start = time.time()
   processes.run_checked([[*command, f'--process_id={index}'] for index in range(2)],
                         'the 2-process limit measurement', expected_s=setup.took.get('2x2'))
