@@ -286,6 +286,12 @@ COMMAND_LINE_MISTAKES = [
     (['flax_dp_trainer.tools.benchmark', '--config=default', '--jax_devices=a', '--parts=limit',
       '--json={workdir}/bench.json'],
      'error: --jax_devices=a: give positive whole numbers, e.g. --jax_devices=1,2'),
+    # Refused before the first input run writes its images, not after it.
+    (['flax_dp_trainer.tools.benchmark', '--config=default', '--parts=input',
+      '--image_sizes=4000,1500', '--input_images={workdir}/images', '--input_count=4',
+      '--rounds=1', '--input_seconds=1'],
+     'error: --image_sizes=4000,1500: give the least and the largest side, e.g. '
+     '--image_sizes=1500,4000'),
     (['flax_dp_trainer.tools.show_metrics', '--workdir={workdir}'],
      "error: no event files with scalars in '{workdir}'"),
     (['flax_dp_trainer.tools.convert', '--dataset=folder:{workdir}', '--out={workdir}/records'],

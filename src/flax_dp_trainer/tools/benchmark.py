@@ -55,14 +55,13 @@ DIR/cache_{cold,warm} and DIR/ddp_<R>ranks, each with the metrics.jsonl its figu
 from.
 """
 
-import dataclasses
 import json
 import os
 import statistics
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional
 
 from absl import flags
 from ml_collections import config_flags
@@ -72,11 +71,15 @@ from flax_dp_trainer.base import cli
 from flax_dp_trainer.base import ports
 from flax_dp_trainer.bench import common as bench_common
 from flax_dp_trainer.bench import figures as bench_figures
+from flax_dp_trainer.bench import input_part
+from flax_dp_trainer.bench import runner
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 
 FLAGS = flags.FLAGS
 PARTS = ('jax', 'cache', 'ddp', 'multiprocess', 'limit', 'ddp_limit', 'input')
+
+
 def _define_flags() -> None:
   """The command line's flags (defined when the script runs: importing it defines none)."""
   bench_common.define_measure_flags()
@@ -106,43 +109,6 @@ def _define_flags() -> None:
   flags.DEFINE_integer('input_highres_count', 64, 'input: JPEGs of --image_sizes to make.')
 
 
-@dataclasses.dataclass(frozen=True)
-class _Setup:
-  """What every part of one benchmark shares."""
-  config: Any  # The config, command-line overrides applied.
-  config_path: str
-  overrides: list[str]  # The --config.FIELD=VALUE arguments, given to every part.
-  scratch: str  # The parts' result files and the compilation cache; removed at the end.
-  runs_dir: Optional[str]  # Where the timed training runs stay (None: in `scratch`).
-  # Seconds each part's last run took (by part), for the ETA of the next like it.
-  took: dict[str, float] = dataclasses.field(default_factory=dict)
-
-  def result_path(self, name: str) -> str:
-    return os.path.join(self.scratch, f'{name}.json')
-
-  def part_args(self, out: str) -> list[str]:
-    """The flags of every part process: the config, its result file `out`, the steps."""
-    return [f'--config={self.config_path}', f'--out={out}', f'--steps={FLAGS.steps}',
-            f'--timing_warmup_steps={FLAGS.timing_warmup_steps}', *self.overrides]
-
-
-def _run_part(setup: _Setup, part: str, name: str, extra: Sequence[str] = (),
-              launcher: Sequence[str] = (sys.executable, '-m'),
-              env: Optional[dict[str, str]] = None,
-              progress: Optional[Callable[[], str]] = None) -> dict[str, Any]:
-  """Runs `part`'s module (`bench_common.PART_MODULES`) under `launcher` with the common flags
-  and `extra`, reporting `progress` (`processes.wait_reporting`); the figures it wrote to the
-  result file `name`."""
-  out = setup.result_path(name)
-  module = bench_common.PART_MODULES[part]
-  start = time.time()
-  processes.run_checked([[*launcher, module, *setup.part_args(out), *extra]],
-                        f'the {part} measurement ({" ".join(extra)})', env,
-                        progress=progress, expected_s=setup.took.get(part))
-  setup.took[part] = time.time() - start
-  return bench_common.read_result(out)
-
-
 def _trainer_flags(part: str, runs_dir: Optional[str]) -> list[str]:
   """flax_dp_trainer.bench.trainer's own flags for `part` ('jax' or 'cache')."""
   return [f'--part={part}', f'--rounds={FLAGS.rounds}',
@@ -150,13 +116,13 @@ def _trainer_flags(part: str, runs_dir: Optional[str]) -> list[str]:
           *([f'--runs_dir={runs_dir}'] if runs_dir else [])]
 
 
-def _timed_steps(setup: _Setup) -> int:
+def _timed_steps(setup: runner.Setup) -> int:
   """The steps of each timed training run (trainer or DDP)."""
-  return bench_common.timed_run_fields(setup.config, FLAGS.steps,
-                                       1 + FLAGS.timing_warmup_steps)['num_train_steps']
+  return bench_common.timed_run_fields(setup.config, setup.steps,
+                                       1 + setup.warmup_steps)['num_train_steps']
 
 
-def _per_device_count(setup: _Setup, part: str, counts: list[int]) -> list[dict[str, Any]]:
+def _per_device_count(setup: runner.Setup, part: str, counts: list[int]) -> list[dict[str, Any]]:
   """The jax or the limit part once per JAX device count (the jax part's training runs in
   RUNS_DIR, or the scratch directory, where their progress is read)."""
   runs = []
@@ -168,11 +134,11 @@ def _per_device_count(setup: _Setup, part: str, counts: list[int]) -> list[dict[
       extra += _trainer_flags(part, runs_dir)
       progress = processes.StepProgress(
           os.path.join(runs_dir, f'trainer_{n}dev_*', 'metrics.jsonl'), _timed_steps(setup))
-    runs.append(_run_part(setup, part, f'{part}_{n}', extra, progress=progress))
+    runs.append(runner.run_part(setup, part, f'{part}_{n}', extra, progress=progress))
   return runs
 
 
-def _cache_starts(setup: _Setup, devices: int) -> dict[str, Any]:
+def _cache_starts(setup: runner.Setup, devices: int) -> dict[str, Any]:
   """The cache part on `devices` devices: a start with an empty persistent compilation
   cache ('cold'), then one with it filled ('warm')."""
   cache_dir = os.path.join(setup.scratch, 'compilation_cache')
@@ -180,13 +146,13 @@ def _cache_starts(setup: _Setup, devices: int) -> dict[str, Any]:
   for start in ('cold', 'warm'):
     print(f'persistent compilation cache: {start} start ...', flush=True)
     runs_dir = os.path.join(setup.runs_dir, f'cache_{start}') if setup.runs_dir else None
-    cache[start] = _run_part(setup, 'cache', f'cache_{start}', [
+    cache[start] = runner.run_part(setup, 'cache', f'cache_{start}', [
         f'--cpu_devices={devices}', *_trainer_flags('cache', runs_dir),
         f'--config.compilation_cache_dir={cache_dir}'])
   return cache
 
 
-def _ddp_run(setup: _Setup, ranks: int, cores: int) -> dict[str, Any]:
+def _ddp_run(setup: runner.Setup, ranks: int, cores: int) -> dict[str, Any]:
   """The DDP twin's training run with `ranks` ranks sharing `cores` cores, timed as the
   trainer's: the same run length (`bench_common.timed_run_fields`) and speed figures
   (`bench_common.run_speed`)."""
@@ -194,8 +160,8 @@ def _ddp_run(setup: _Setup, ranks: int, cores: int) -> dict[str, Any]:
   # CLU's writers import TensorFlow: read here only, where the twin ran (it reads its data
   # through TensorFlow); the bare-step parts run where TensorFlow is not installed.
   from flax_dp_trainer.loop import writers  # pylint: disable=import-outside-toplevel
-  untimed = 1 + FLAGS.timing_warmup_steps
-  fields = bench_common.timed_run_fields(setup.config, FLAGS.steps, untimed)
+  untimed = 1 + setup.warmup_steps
+  fields = bench_common.timed_run_fields(setup.config, setup.steps, untimed)
   workdir = os.path.join(setup.runs_dir or setup.scratch, f'ddp_{ranks}ranks')
   threads = max(1, cores // ranks)
   args = [f'--config={setup.config_path}', *setup.overrides,
@@ -210,16 +176,16 @@ def _ddp_run(setup: _Setup, ranks: int, cores: int) -> dict[str, Any]:
           **bench_common.run_speed(records, start, ranks, setup.config.batch_size, untimed)}
 
 
-def _ddp_limit_run(setup: _Setup, ranks: int, cores: int) -> dict[str, Any]:
+def _ddp_limit_run(setup: runner.Setup, ranks: int, cores: int) -> dict[str, Any]:
   """The ddp_limit part under torchrun with `ranks` ranks sharing `cores` cores."""
   print(f'ddp_limit: {ranks} ranks ...', flush=True)
-  return _run_part(setup, 'ddp_limit', f'ddp_limit_{ranks}',
+  return runner.run_part(setup, 'ddp_limit', f'ddp_limit_{ranks}',
                    ['--torch_compile'] if FLAGS.torch_compile else [],
                    launcher=processes.torchrun(ranks),
                    env=processes.environment(OMP_NUM_THREADS=str(max(1, cores // ranks))))
 
 
-def _limit_2x2(setup: _Setup, name: str) -> dict[str, Any]:
+def _limit_2x2(setup: runner.Setup, name: str) -> dict[str, Any]:
   """The limit part as 2 processes of 2 CPU devices each, over loopback."""
   out = setup.result_path(name)
   command = [sys.executable, '-m', bench_common.PART_MODULES['limit'],
@@ -233,14 +199,14 @@ def _limit_2x2(setup: _Setup, name: str) -> dict[str, Any]:
   return bench_common.read_result(out)
 
 
-def _multiprocess(setup: _Setup) -> dict[str, Any]:
+def _multiprocess(setup: runner.Setup) -> dict[str, Any]:
   """Bare steps of 2 processes x 2 devices and of 1 process x 4 devices, alternately
   `--rounds` times: what pmap's host-local/global round trip costs per step over loopback
   against shard_map on global arrays."""
   print('bare step: 2 processes x 2 devices against 1 process x 4 ...', flush=True)
   runs = {'1x4': [], '2x2': []}
   for index in range(FLAGS.rounds):
-    runs['1x4'].append(_run_part(setup, 'limit', f'limit_1x4_{index}',
+    runs['1x4'].append(runner.run_part(setup, 'limit', f'limit_1x4_{index}',
                                  ['--cpu_devices=4', '--nostate_shardings']))
     runs['2x2'].append(_limit_2x2(setup, f'limit_2x2_{index}'))
   figures = {}
@@ -257,8 +223,9 @@ def _multiprocess(setup: _Setup) -> dict[str, Any]:
   return figures
 
 
-def measure_parts(setup: _Setup, parts: list[str], jax_counts: list[int],
-                  ddp_counts: list[int], cores: int) -> dict[str, Any]:
+def measure_parts(setup: runner.Setup, parts: list[str], jax_counts: list[int],
+                  ddp_counts: list[int], cores: int,
+                  input_settings: input_part.Settings) -> dict[str, Any]:
   """Runs the chosen parts one after the other: each part's figures (see `headline_figures`
   for the keys)."""
   runs: dict[str, Any] = {}
@@ -275,95 +242,8 @@ def measure_parts(setup: _Setup, parts: list[str], jax_counts: list[int],
   if 'multiprocess' in parts:
     runs['multiprocess'] = _multiprocess(setup)
   if 'input' in parts:
-    runs['input'] = _input(setup, cores)
+    runs['input'] = input_part.measure(setup, input_settings)
   return runs
-
-
-def _input(setup: _Setup, cores: int) -> dict[str, Any]:
-  """The input part: the images made (or found), then bench_figures.INPUT_RUNS alternately
-  `--rounds` times; each run's figures, their medians and the ratios (module docstring)."""
-  images = FLAGS.input_images or os.path.join(setup.scratch, 'images')
-  print(f'input: {FLAGS.input_count} generated JPEGs and their records in {images} (made '
-        'where missing) ...', flush=True)
-  common = [f'--images={images}', f'--workers={FLAGS.input_workers or cores}',
-            f'--seconds={FLAGS.input_seconds}']
-  made = _run_part(setup, 'input', 'input_prepare',
-                   ['--side=prepare', f'--count={FLAGS.input_count}', *common])
-  runs = {name: [] for name, _ in bench_figures.INPUT_RUNS}
-  for index in range(FLAGS.rounds):
-    # Odd rounds in reverse order: a drift of the machine's speed over a round then favours
-    # neither run of a pair compared.
-    for name, extra in bench_figures.INPUT_RUNS[::1 if index % 2 == 0 else -1]:
-      print(f'input: {name}, round {index + 1} of {FLAGS.rounds} ...', flush=True)
-      runs[name].append(_run_part(setup, 'input', f'input_{name}_{index}', [*common, *extra]))
-  median = lambda name, key: statistics.median(r[key] for r in runs[name])
-  per_round = lambda a, b, key: statistics.median(
-      x[key] / y[key] for x, y in zip(runs[a], runs[b]))
-  figures = {'images': made, 'runs': runs,
-             **{f'{name}_{key}': median(name, key) for name, _ in bench_figures.INPUT_RUNS
-                for key in ('examples_per_sec', 'examples_per_cpu_sec', 'peak_pss_mb')},
-             'input_over_torchvision': per_round('ours_files', 'torchvision',
-                                                 'examples_per_cpu_sec'),
-             'input_over_torchvision_normalized': per_round(
-                 'ours_files', 'torchvision_normalized', 'examples_per_cpu_sec'),
-             'input_rss_over_torchvision': per_round('ours_files', 'torchvision',
-                                                     'peak_pss_mb'),
-             'mix_over_plain_2proc': per_round('ours_2proc_mix', 'ours_2proc',
-                                               'examples_per_sec')}
-  for name in ('ours_files', 'ours_memory', 'ours_array_record', 'ours_tfrecord',
-               'torchvision', 'torchvision_normalized'):
-    figures[f'cores_per_{bench_figures.GPU_IMAGES_PER_SEC}_per_sec_{name}'] = (
-        bench_figures.GPU_IMAGES_PER_SEC / figures[f'{name}_examples_per_cpu_sec'])
-  print('input: the crops\' quality (PSNR, SSIM) on matplotlib\'s photographs ...', flush=True)
-  figures.update(_quality(_run_part(setup, 'quality', 'input_quality'), ''))
-  if FLAGS.image_sizes:
-    figures.update(_highres(setup, images, common))
-  return figures
-
-
-def _quality(result: dict[str, Any], suffix: str) -> dict[str, Any]:
-  """The quality run's rows, and the headline figures: ours at the defaults, torchvision."""
-  rows = result['rows']
-  ours = rows[bench_figures.DEFAULT_QUALITY_ROW]
-  return {f'quality{suffix}': result,
-          f'input_psnr_db{suffix}': ours['psnr_db'], f'input_ssim{suffix}': ours['ssim'],
-          f'torchvision_psnr_db{suffix}': rows['torchvision']['psnr_db'],
-          f'torchvision_ssim{suffix}': rows['torchvision']['ssim']}
-
-
-def _highres(setup: _Setup, images: str, common: list[str]) -> dict[str, Any]:
-  """The speed of ours (files) and torchvision on JPEGs of --image_sizes, `--rounds` times,
-  and the quality on the photographs enlarged to the middle of that range."""
-  sizes = _counts('image_sizes', FLAGS.image_sizes, [])
-  if len(sizes) != 2 or sizes[0] > sizes[1]:
-    raise UserError(f'--image_sizes={",".join(FLAGS.image_sizes)}: give the least and the '
-                    'largest side, e.g. --image_sizes=1500,4000')
-  folder = f'{images}_{sizes[0]}_{sizes[1]}'
-  common = [f'--images={folder}', *common[1:]]
-  print(f'input: {FLAGS.input_highres_count} JPEGs of {sizes[0]}-{sizes[1]} px in {folder} '
-        '...', flush=True)
-  made = _run_part(setup, 'input', 'input_prepare_highres', [
-      '--side=prepare', f'--count={FLAGS.input_highres_count}',
-      f'--image_sizes={sizes[0]},{sizes[1]}', '--noconvert', *common])
-  runs = {name: [] for name in bench_figures.HIGHRES_RUNS}
-  extras = dict(bench_figures.INPUT_RUNS)
-  for index in range(FLAGS.rounds):
-    for name in list(runs)[::1 if index % 2 == 0 else -1]:
-      print(f'input: {name} on {sizes[0]}-{sizes[1]} px, round {index + 1} of {FLAGS.rounds} '
-            '...', flush=True)
-      runs[name].append(_run_part(setup, 'input', f'input_highres_{name}_{index}',
-                                  [*common, *extras[name]]))
-  figures = {'images_highres': made, 'runs_highres': runs,
-             'input_over_torchvision_highres': statistics.median(
-                 x['examples_per_cpu_sec'] / y['examples_per_cpu_sec']
-                 for x, y in zip(runs['ours_files'], runs['torchvision'])),
-             **{f'{name}_examples_per_cpu_sec_highres': statistics.median(
-                 r['examples_per_cpu_sec'] for r in runs[name]) for name in runs}}
-  print(f'input: the crops\' quality on the photographs enlarged to {sum(sizes) // 2} px ...',
-        flush=True)
-  figures.update(_quality(_run_part(setup, 'quality', 'input_quality_highres',
-                                    [f'--long_side={sum(sizes) // 2}']), '_highres'))
-  return figures
 
 
 def _counts(flag: str, values: Optional[list[str]], default: list[int]) -> list[int]:
@@ -424,12 +304,17 @@ def main(argv):
     config = checks.command_line_config(FLAGS['config'])
     parts = _chosen_parts(FLAGS.parts, FLAGS.mock_data)
     overrides = processes.config_overrides(sys.argv[1:])
+    input_settings = input_part.Settings(
+        FLAGS.input_images or '', FLAGS.input_count, FLAGS.input_workers or cores,
+        FLAGS.input_seconds, FLAGS.rounds, input_part.image_sizes(FLAGS.image_sizes),
+        FLAGS.input_highres_count)
     _check(config, parts, jax_counts, ddp_counts)
     _check_runs_dir(FLAGS.runs_dir)
     with tempfile.TemporaryDirectory() as scratch:
-      setup = _Setup(config, config_path, overrides, scratch, FLAGS.runs_dir)
+      setup = runner.Setup(config, config_path, overrides, scratch, FLAGS.runs_dir, FLAGS.steps,
+                           FLAGS.timing_warmup_steps)
       figures = bench_figures.headline_figures(
-          measure_parts(setup, parts, jax_counts, ddp_counts, cores))
+          measure_parts(setup, parts, jax_counts, ddp_counts, cores, input_settings))
   except UserError as e:
     raise SystemExit(f'error: {e}') from None
   figures.update(parts=parts, config=config_path, cores=cores, runs_dir=FLAGS.runs_dir,
