@@ -24,11 +24,11 @@ from tests import port_pairs
 from tests import REPO
 
 SLOW = pytest.mark.slow
-# vit_g14 (1.0B parameters) is vit_b16's code at another size: left out for its memory.
+# One of each code the shipped models are: resnet34 and resnet101 are resnet18's and
+# resnet50's blocks at other depths, vit_s16, vit_b16 and vit_g14 vit_ti16's at other widths.
 SHIPPED = ['mlp', 'cnn', 'resnet_tiny', 'vit_test'] + [
     pytest.param(name, marks=SLOW) for name in (
-        'resnet18', 'resnet18_cifar', 'resnet34', 'resnet34_cifar', 'resnet50',
-        'resnet50_cifar', 'resnet101', 'vit_ti16', 'vit_s16', 'vit_b16')]
+        'resnet18', 'resnet18_cifar', 'resnet50', 'resnet50_cifar', 'vit_ti16')]
 
 
 @pytest.mark.parametrize('name', SHIPPED)
