@@ -25,17 +25,15 @@ class Settings:
   highres_count: int  # JPEGs of `sizes`.
 
 
-def image_sizes(values: list[str]) -> Optional[tuple[int, int]]:
-  """--image_sizes as (least, largest) side, None where unset; refused unless two positive
-  sides, the least first."""
-  values = [v.strip() for v in values if v.strip()]
-  if not values:
+def image_sizes(sides: list[int]) -> Optional[tuple[int, int]]:
+  """--image_sizes (positive sides, parsed by the tool) as (least, largest), None where unset;
+  refused unless two sides, the least first."""
+  if not sides:
     return None
-  if len(values) != 2 or not all(v.isdigit() and int(v) > 0 for v in values) or (
-      int(values[0]) > int(values[1])):
-    raise UserError(f'--image_sizes={",".join(values)}: give the least and the largest side, '
-                    'e.g. --image_sizes=1500,4000')
-  return int(values[0]), int(values[1])
+  if len(sides) != 2 or sides[0] > sides[1]:
+    raise UserError(f'--image_sizes={",".join(map(str, sides))}: give the least and the '
+                    'largest side, e.g. --image_sizes=1500,4000')
+  return sides[0], sides[1]
 
 
 def measure(setup: runner.Setup, settings: Settings) -> dict[str, Any]:

@@ -306,7 +306,8 @@ def main(argv):
     overrides = processes.config_overrides(sys.argv[1:])
     input_settings = input_part.Settings(
         FLAGS.input_images or '', FLAGS.input_count, FLAGS.input_workers or cores,
-        FLAGS.input_seconds, FLAGS.rounds, input_part.image_sizes(FLAGS.image_sizes),
+        FLAGS.input_seconds, FLAGS.rounds, input_part.image_sizes(
+            _counts('image_sizes', FLAGS.image_sizes, [])),
         FLAGS.input_highres_count)
     _check(config, parts, jax_counts, ddp_counts)
     _check_runs_dir(FLAGS.runs_dir)
