@@ -59,6 +59,7 @@ def main():
       os.kill(os.getpid(), signal.SIGSTOP)
     beats.beat('step', step, force=True)  # (Exact steps, for the records' checks.)
     time.sleep(0.02)
+    beats.beat('step', dispatched=step)
     mark('step', step)
     _wait_for_peers(shared, count, step)  # The step's collective.
     if index == 0 and step % 10 == 0:

@@ -54,13 +54,13 @@ def test_a_lost_host_and_a_stall_restart_on_the_processes_that_remain(stand_in, 
   assert first['lost_host'] and (first['processes'], first['next_processes']) == (4, 3)
   assert (first['checkpoint_step'], first['reached_step'], first['steps_to_recompute']) == (
       10, 14, 4)
-  # Every process waits at step 30 (for process 1, in the step's collective): the one named
-  # is one of them.
-  assert second['cause'] == 'hang' and second['phase'] == 'step'
+  # Every process is at step 30; the others have dispatched it and wait for process 1 in its
+  # collective: process 1 is the one named.
+  assert (second['cause'], second['process'], second['phase']) == ('hang', 1, 'step')
   assert (second['checkpoint_step'], second['steps_to_recompute']) == (20, 9)
   assert not second['lost_host']
   assert 'launch: restart 1 of 2: process 3 exited with signal SIGKILL' in result.stderr
-  assert re.search(r'launch: restart 2 of 2: process \d made no progress for 2 s \(phase step, '
+  assert re.search(r'launch: restart 2 of 2: process 1 made no progress for 2 s \(phase step, '
                    r'step 30; limit 2 s\); restarting from the checkpoint at step 20, written '
                    r'[\d.]+ s ago, on 3 process\(es\) \(9 step\(s\) to recompute\)',
                    result.stderr), result.stderr

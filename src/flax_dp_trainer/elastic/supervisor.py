@@ -298,7 +298,9 @@ class Launch:
 
   def _hang(self, started: float) -> Optional[Failure]:
     """The process that stopped making progress first, where one is past its phase's limit:
-    of the stale ones, the one furthest behind (the others wait for it in a collective)."""
+    of the stale ones, the one furthest behind (the others wait for it in a collective), at
+    one step the one that has not dispatched it to its devices, then the one silent
+    longest."""
     if not self.plan.hang_timeout_s or self.elastic_dir is None:
       return None
     now, stale = time.time(), []
@@ -307,16 +309,17 @@ class Launch:
         continue
       record = self._progress(index, started)
       if record is None:
-        phase, step, since = 'startup', 0, started
+        phase, step, dispatched, since = 'startup', 0, 0, started
       else:
         phase, step, since = record['phase'], record['step'], record['time']
+        dispatched = record.get('dispatched', 0)
       limit = (self.plan.startup_timeout_s if phase in liveness.SLOW_PHASES else
                self.plan.hang_timeout_s)
       if now - since > limit:
-        stale.append((step, since, index, phase, limit))
+        stale.append((step, dispatched, since, index, phase, limit))
     if not stale:
       return None
-    step, since, index, phase, limit = min(stale)
+    step, _, since, index, phase, limit = min(stale)
     return Failure(index, 'hang', None, phase, step,
                    f'process {index} made no progress for {now - since:.0f} s (phase {phase}, '
                    f'step {step}; limit {limit:.0f} s)')

@@ -97,6 +97,11 @@ class Timeline:
     if self._writes and time.time() - self._recorded >= SNAPSHOT_EVERY_S:
       self.snapshot()
 
+  def dispatched(self, step: int) -> None:
+    """The loop has handed `step` to the devices: from here on it may wait on them, and so on
+    every other process (`liveness`: a hung process is the one that did not get this far)."""
+    self._liveness.beat(_PHASES.get(self._cause, self._cause), dispatched=step)
+
   def beat(self) -> None:
     """Progress within the phase (an evaluation batch)."""
     self._liveness.beat(_PHASES.get(self._cause, self._cause))

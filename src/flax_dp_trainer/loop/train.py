@@ -290,6 +290,7 @@ class _Session:
           batch = next(self.batches)
         with jax.profiler.StepTraceAnnotation('train', step_num=step):
           self.rstate, step_metrics = self.p_train_step(self.rstate, batch, self.rng)
+        self.timeline.dispatched(step)
         self.in_flight.add(step_metrics)
         self.buffer.add(step, step_metrics)
         if write_log is not None:

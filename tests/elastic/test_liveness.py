@@ -1,0 +1,47 @@
+"""The progress files (`elastic.liveness`) as the launcher reads them when a run hangs: the
+step a process blocked at, and the process that the others wait for."""
+
+import time
+import types
+
+from flax_dp_trainer.elastic import liveness
+from flax_dp_trainer.elastic import supervisor
+
+
+def test_progress_held_back_within_a_second_is_written_when_it_is_over(tmp_path):
+  workdir = str(tmp_path)
+  beats = liveness.Liveness(workdir, 0)
+  beats.start()
+  beats.beat('step', 20, force=True)
+  beats.beat('step', 21)
+  reached = time.time()
+  beats.beat('step', 22, dispatched=21)
+  # The process blocks from here on (in a collective): no more calls.
+  elastic_dir = liveness.directory(workdir)
+  assert liveness.read(elastic_dir, 0)['step'] == 20
+  time.sleep(liveness.INTERVAL_S + 0.3)
+  record = liveness.read(elastic_dir, 0)
+  assert (record['phase'], record['step'], record['dispatched']) == ('step', 22, 21)
+  # The time of the progress, not of the write: a hang is timed from when it began.
+  assert reached <= record['time'] < reached + 0.2
+
+
+def test_a_hang_names_the_process_the_others_wait_for(tmp_path):
+  """Three processes stale at step 30: two have dispatched it and wait in its collective, one
+  never got there. It wrote last, so the time alone would name another."""
+  plan = supervisor.Plan(num_processes=3, devices_per_process=1, trainer_args=[],
+                         hang_timeout_s=0.05, workdir=str(tmp_path))
+  launch = supervisor.Launch(plan, starter=None)
+  running = types.SimpleNamespace(popen=types.SimpleNamespace(poll=lambda: None))
+  launch.count, launch.programs = 3, [running] * 3
+  started = time.time()
+  beats = [liveness.Liveness(str(tmp_path), index) for index in range(3)]
+  for index in (0, 2, 1):
+    beats[index].start()
+    beats[index].beat('step', 30, force=True, dispatched=29 if index == 1 else 30)
+    time.sleep(0.01)
+  assert launch._hang(started) is None  # Not stale yet.
+  time.sleep(0.1)
+  failure = launch._hang(started)
+  assert (failure.process, failure.cause, failure.phase, failure.step) == (1, 'hang', 'step', 30)
+  assert failure.text.startswith('process 1 made no progress for 0 s (phase step, step 30')
