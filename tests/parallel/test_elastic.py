@@ -72,7 +72,8 @@ def test_a_lost_host_and_a_hang_cost_a_restart_each_and_not_the_run(config, tmp_
   assert len(glob.glob(os.path.join(workdir, 'events.out.tfevents.*.v2'))) == 3
   assert len(glob.glob(os.path.join(workdir, 'events.out.tfevents.*'))) == 6
 
-  table = subprocess.run([sys.executable, '-m', 'flax_dp_trainer.tools.goodput', workdir],
+  table = subprocess.run([sys.executable, '-m', 'flax_dp_trainer.tools.goodput',
+                          f'--workdir={workdir}'],
                          capture_output=True, text=True, check=True).stdout
   print(table)
   seconds = {line.rsplit(None, 2)[0]: float(line.rsplit(None, 2)[1])
