@@ -1,9 +1,13 @@
-"""The progress files (`elastic.liveness`) as the launcher reads them when a run hangs: the
-step a process blocked at, and the process that the others wait for."""
+"""The progress files (`elastic.liveness`) as the launcher and the goodput records read them
+when a run hangs: the step a process blocked at, the process that the others wait for, and
+the step the run reached."""
 
+import json
+import os
 import time
 import types
 
+from flax_dp_trainer.elastic import goodput
 from flax_dp_trainer.elastic import liveness
 from flax_dp_trainer.elastic import supervisor
 
@@ -45,3 +49,31 @@ def test_a_hang_names_the_process_the_others_wait_for(tmp_path):
   failure = launch._hang(started)
   assert (failure.process, failure.cause, failure.phase, failure.step) == (1, 'hang', 'step', 30)
   assert failure.text.startswith('process 1 made no progress for 0 s (phase step, step 30')
+
+
+def _progress(workdir, index, step, at):
+  os.makedirs(liveness.directory(workdir), exist_ok=True)
+  with open(liveness.path(liveness.directory(workdir), index), 'w', encoding='utf-8') as f:
+    json.dump({'phase': 'step', 'step': step, 'dispatched': step, 'time': at}, f)
+
+
+def test_the_step_a_run_reached_is_the_hung_process_s_not_the_waiting_ones(tmp_path):
+  """Process 1 hung at step 30; process 0 had dispatched up to step 36 (nothing bounds that
+  on GPUs) and recorded its session at step 33: the run reached step 29, as the launcher's
+  record says, and the steps up to it are the ones a restart recomputes."""
+  workdir = str(tmp_path)
+  hung = 1000.0
+  _progress(workdir, 0, 36, hung - 1)
+  _progress(workdir, 1, 30, hung - 31)
+  seconds = dict.fromkeys(goodput.CAUSES, 0.0)
+  goodput.write_session(workdir, {'session': hung - 60, 'time': hung - 2, 'step': 33,
+                                  'final': False, 'seconds': seconds})
+  with open(os.path.join(workdir, goodput.RESTARTS_FILE), 'w', encoding='utf-8') as f:
+    f.write(json.dumps({'time': hung, 'reached_step': 29}) + '\n')
+  assert goodput.reached_step(workdir) == 29
+  # The next session's processes start from the checkpoint at step 20.
+  _progress(workdir, 0, 21, hung + 20)
+  assert goodput.reached_step(workdir) == 29
+  # It dies by itself (no launcher saw it) at step 45.
+  _progress(workdir, 0, 45, hung + 40)
+  assert goodput.reached_step(workdir) == 44

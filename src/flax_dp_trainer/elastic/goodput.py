@@ -126,11 +126,18 @@ def breakdown(records: list[dict], current: Optional[dict] = None,
 
 
 def reached_step(workdir: str) -> int:
-  """The highest step an earlier session reached, as its records, the launcher's and the
-  progress files of its processes (`liveness`: the steps since its last record) say."""
-  steps = [r.get('step', 0) for r in sessions(workdir)]
-  steps += [r.get('reached_step', 0) for r in restarts(workdir)]
-  steps += [record.get('step', 0) - 1 for record in liveness.read_all(liveness.directory(workdir))]
+  """The highest step the run reached before this session (a step every process has done).
+  The launcher's restart records say it for the failures it saw: the failed process's step,
+  where the others may have dispatched steps past it that wait for it. After the newest of
+  them, the sessions' records and the progress files of their processes (`liveness`: the
+  steps since the last record) say it; finished sessions say it always."""
+  records = restarts(workdir)
+  since = records[-1]['time'] if records else float('-inf')
+  steps = [r.get('reached_step', 0) for r in records]
+  steps += [r.get('step', 0) for r in sessions(workdir) if r.get('final') or r['time'] > since]
+  steps += [record.get('step', 0) - 1
+            for record in liveness.read_all(liveness.directory(workdir))
+            if record['time'] > since]
   return max(steps, default=0)
 
 
