@@ -294,6 +294,10 @@ COMMAND_LINE_MISTAKES = [
      '--image_sizes=1500,4000'),
     (['flax_dp_trainer.tools.show_metrics', '--workdir={workdir}'],
      "error: no event files with scalars in '{workdir}'"),
+    (['flax_dp_trainer.tools.goodput', '--workdir={workdir}'],
+     'error: {workdir} holds no goodput records (goodput/session_*.json): pass the --workdir '
+     'of a run'),
+    (['flax_dp_trainer.tools.goodput', '{workdir}'], 'error: --workdir is required: '),
     (['flax_dp_trainer.tools.convert', '--dataset=folder:{workdir}', '--out={workdir}/records'],
      'error: dataset=folder:{workdir}: no such directory'),
 ]

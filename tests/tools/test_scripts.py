@@ -5,6 +5,7 @@ import importlib
 from importlib import metadata
 import os
 import re
+import subprocess
 import sys
 import time
 
@@ -13,9 +14,8 @@ from absl import flags
 
 from flax_dp_trainer import tools
 from flax_dp_trainer.base.errors import UserError
-from flax_dp_trainer.elastic import goodput as goodput_records
+from flax_dp_trainer.elastic import goodput
 from flax_dp_trainer.runs import processes
-from flax_dp_trainer.tools import goodput
 from flax_dp_trainer.tools import show_metrics
 
 TOOLS_DIR = os.path.dirname(tools.__file__)
@@ -58,21 +58,19 @@ def test_show_metrics_table_aligns_steps_and_tags():
   assert len({len(line) for line in lines}) == 1
 
 
-def test_goodput_takes_the_workdir_as_the_other_tools_do(capsys, tmp_path):
+def test_goodput_prints_where_a_runs_time_went(tmp_path):
   workdir = str(tmp_path / 'run')
-  seconds = dict.fromkeys(goodput_records.CAUSES, 0.0)
+  seconds = dict.fromkeys(goodput.CAUSES, 0.0)
   seconds.update(startup=3.0, steps=1.0)
-  goodput_records.write_session(workdir, {'session': 100.0, 'time': 104.0, 'step': 40,
+  goodput.write_session(workdir, {'session': 100.0, 'time': 104.0, 'step': 40,
                                           'final': True, 'seconds': seconds})
-  for argv in ([f'--workdir={workdir}'], ['--workdir', workdir], [workdir]):
-    assert goodput.command(argv) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == 'goodput=0.250'
-  for argv, said in (([], 'no workdir given'), ([f'--wrkdir={workdir}'], 'unexpected '
-                     f'arguments: --wrkdir={workdir}')):
-    assert goodput.command(argv) == 2
-    assert capsys.readouterr().err == (f"error: {said}; give the run's workdir: "
-                                       f'{goodput.COMMAND}\n')
-  assert goodput.command([str(tmp_path)]) == 1
+  table = subprocess.run([sys.executable, '-m', 'flax_dp_trainer.tools.goodput',
+                          f'--workdir={workdir}'], env=processes.environment(),
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+  lines = table.splitlines()
+  assert lines[-1] == 'goodput=0.250'
+  assert lines[-2].split() == ['wall', 'time', '4.00', 's', '(1', 'session(s),', '0',
+                               'restart(s),', 'step', '40)']
 
 
 def test_a_long_run_reports_its_step_and_eta_and_a_failure_stops_its_peers(
