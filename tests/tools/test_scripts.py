@@ -63,7 +63,7 @@ def test_goodput_prints_where_a_runs_time_went(tmp_path):
   seconds = dict.fromkeys(goodput.CAUSES, 0.0)
   seconds.update(startup=3.0, steps=1.0)
   goodput.write_session(workdir, {'session': 100.0, 'time': 104.0, 'step': 40,
-                                          'final': True, 'seconds': seconds})
+                                  'final': True, 'seconds': seconds})
   table = subprocess.run([sys.executable, '-m', 'flax_dp_trainer.tools.goodput',
                           f'--workdir={workdir}'], env=processes.environment(),
                          capture_output=True, text=True, timeout=120, check=True).stdout
