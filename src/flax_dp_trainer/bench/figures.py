@@ -25,6 +25,10 @@ GPU_IMAGES_PER_SEC = 2500  # What one GPU of a ResNet-50 run eats: the cores-per
 DEFAULT_QUALITY_ROW = 'ours_area_scaled'  # bench.quality's row of the default settings.
 # The runs repeated on camera-sized JPEGs (--image_sizes).
 HIGHRES_RUNS = ('ours_files', 'ours_files_antialias', 'ours_files_unscaled', 'torchvision')
+# Again on the same photos written with a restart marker every MCU row (`*_restart`).
+RESTART_RUNS = ('ours_files', 'ours_files_unskipped', 'torchvision')
+RUN_FLAGS = {**dict(INPUT_RUNS), 'ours_files_unskipped': [
+    '--side=ours', '--mode=files', '--config.restart_skip=False']}
 
 
 def fastest(measurements: list[dict]) -> dict:
@@ -159,6 +163,9 @@ def _highres_rows(figures: dict) -> list[tuple[str, ...]]:
            'examples/CPU-s')]
   for name in HIGHRES_RUNS:
     rows.append((name, reporting.fmt(figures[f'{name}_examples_per_cpu_sec_highres'])))
+  for name in RESTART_RUNS:
+    rows.append((f'{name}, restart markers every MCU row',
+                 reporting.fmt(figures[f'{name}_examples_per_cpu_sec_restart'])))
   return rows
 
 
@@ -213,6 +220,9 @@ def _ratio_lines(figures: dict) -> list[str]:
     if f'input_psnr_db{suffix}' in figures:
       speed = (f'input_over_torchvision{suffix} = '
                f'{fmt(figures[f"input_over_torchvision{suffix}"], 2)}   ' if suffix else '')
+      if suffix and 'input_over_torchvision_restart' in figures:
+        speed += ('(with restart markers: '
+                  f'{fmt(figures["input_over_torchvision_restart"], 2)})   ')
       lines.append(
           f'{speed}input_psnr_db{suffix} = {fmt(figures[f"input_psnr_db{suffix}"], 2)} (SSIM '
           f'{fmt(figures[f"input_ssim{suffix}"], 4)}), torchvision_psnr_db{suffix} = '

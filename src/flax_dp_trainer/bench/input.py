@@ -59,6 +59,8 @@ def _define_flags() -> None:
                     'of the generated JPEGs, in pixels.')
   flags.DEFINE_bool('convert', True, 'prepare: also convert the folder to ArrayRecord and '
                     'TFRecord.')
+  flags.DEFINE_integer('restart_rows', 0, 'prepare: a restart marker every this many MCU '
+                       'rows of each JPEG; 0 = none.')
   flags.DEFINE_enum('mode', 'files', MODES, 'ours: what is read.')
   flags.DEFINE_integer('workers', 0, 'Threads (ours) or worker processes (torchvision); '
                        '0 = the cores.')
@@ -70,11 +72,13 @@ def _define_flags() -> None:
 
 
 def generate(directory: str, count: int, seed: int = 0,
-             sizes: tuple[int, int] = (300, 500)) -> None:
+             sizes: tuple[int, int] = (300, 500), restart_rows: int = 0) -> None:
   """`count` JPEGs of `sizes[0]`-`sizes[1]` pixels a side (smooth colour fields under pixel
   noise, about 5 bits per pixel at quality 90 at ImageNet's sizes; the fields' frequencies
   and the noise scale with the size, as a camera's photo of the same scene), spread over
-  NUM_CLASSES class folders of DIRECTORY/train."""
+  NUM_CLASSES class folders of DIRECTORY/train. `restart_rows`: a restart marker every that
+  many MCU rows (what `jpegtran -restart N` writes; the same coefficients, so the same
+  pixels decoded), 0 = none."""
   from PIL import Image  # pylint: disable=import-outside-toplevel  # (prepare only)
   rng = np.random.RandomState(seed)
   for index in range(count):
@@ -92,18 +96,20 @@ def generate(directory: str, count: int, seed: int = 0,
     image += 128 + rng.normal(0, 28 * min(1.0, scale ** 0.5), image.shape).astype(np.float32)
     path = os.path.join(directory, 'train', f'class_{index % NUM_CLASSES}', f'{index:05d}.jpg')
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    Image.fromarray(np.clip(image, 0, 255).astype(np.uint8)).save(path, quality=90)
+    markers = {'restart_marker_rows': restart_rows} if restart_rows else {}
+    Image.fromarray(np.clip(image, 0, 255).astype(np.uint8)).save(path, quality=90, **markers)
 
 
 def prepare(images: str, count: int, sizes: tuple[int, int] = (300, 500),
-            formats: Sequence[str] = ('array_record', 'tfrecord')) -> dict[str, Any]:
+            formats: Sequence[str] = ('array_record', 'tfrecord'),
+            restart_rows: int = 0) -> dict[str, Any]:
   """The image folder and its conversions to `formats` under `images` (kept where
   present)."""
   # pylint: disable-next=import-outside-toplevel
   from flax_dp_trainer.data import convert  # (prepare only)
   folder = os.path.join(images, 'folder')
   if not os.path.isdir(folder):
-    generate(folder, count, sizes=sizes)
+    generate(folder, count, sizes=sizes, restart_rows=restart_rows)
   for file_format in formats:
     out = os.path.join(images, file_format)
     if not os.path.isdir(out):
@@ -228,7 +234,7 @@ def main(argv):
                        'and the largest side, e.g. --image_sizes=1500,4000')
     bench_common.write_result(FLAGS.out, prepare(
         FLAGS.images, FLAGS.count, tuple(sizes),
-        ('array_record', 'tfrecord') if FLAGS.convert else ()))
+        ('array_record', 'tfrecord') if FLAGS.convert else (), FLAGS.restart_rows))
     return
   config = bench_common.part_config(argv)
   workers = FLAGS.workers or len(os.sched_getaffinity(0))

@@ -93,29 +93,43 @@ def _quality(result: dict[str, Any], suffix: str) -> dict[str, Any]:
 def _highres(setup: runner.Setup, settings: Settings, images: str,
              common: list[str]) -> dict[str, Any]:
   """The speed of ours (files) and torchvision on JPEGs of `settings.sizes`, `rounds` times,
-  and the quality on the photographs enlarged to the middle of that range."""
+  and on the same pixels written with restart markers (`*_restart`); the quality on the
+  photographs enlarged to the middle of that range."""
   least, largest = settings.sizes
   folder = f'{images}_{least}_{largest}'
   common = [f'--images={folder}', *common[1:]]
   print(f'input: {settings.highres_count} JPEGs of {least}-{largest} px in {folder} ...',
         flush=True)
-  made = runner.run_part(setup, 'input', 'input_prepare_highres', [
-      '--side=prepare', f'--count={settings.highres_count}',
-      f'--image_sizes={least},{largest}', '--noconvert', *common])
-  runs = {name: [] for name in bench_figures.HIGHRES_RUNS}
-  extras = dict(bench_figures.INPUT_RUNS)
+  prepare = ['--side=prepare', f'--count={settings.highres_count}',
+             f'--image_sizes={least},{largest}', '--noconvert', *common[1:]]
+  made = runner.run_part(setup, 'input', 'input_prepare_highres',
+                         [f'--images={folder}', *prepare])
+  # The same pixels written with a restart marker every MCU row (`restart_skip` applies).
+  runner.run_part(setup, 'input', 'input_prepare_restart',
+                  [f'--images={folder}_restart', '--restart_rows=1', *prepare])
+  sets = {'highres': (folder, bench_figures.HIGHRES_RUNS),
+          'restart': (f'{folder}_restart', bench_figures.RESTART_RUNS)}
+  pairs = [(suffix, name) for suffix, (_, names) in sets.items() for name in names]
+  runs = {pair: [] for pair in pairs}
   for index in range(settings.rounds):
-    for name in list(runs)[::1 if index % 2 == 0 else -1]:
-      print(f'input: {name} on {least}-{largest} px, round {index + 1} of {settings.rounds} '
-            '...', flush=True)
-      runs[name].append(runner.run_part(setup, 'input', f'input_highres_{name}_{index}',
-                                        [*common, *extras[name]]))
-  figures = {'images_highres': made, 'runs_highres': runs,
-             'input_over_torchvision_highres': statistics.median(
-                 x['examples_per_cpu_sec'] / y['examples_per_cpu_sec']
-                 for x, y in zip(runs['ours_files'], runs['torchvision'])),
-             **{f'{name}_examples_per_cpu_sec_highres': statistics.median(
-                 r['examples_per_cpu_sec'] for r in runs[name]) for name in runs}}
+    for suffix, name in pairs[::1 if index % 2 == 0 else -1]:
+      print(f'input: {name} on {least}-{largest} px ({suffix}), round {index + 1} of '
+            f'{settings.rounds} ...', flush=True)
+      runs[suffix, name].append(runner.run_part(
+          setup, 'input', f'input_{suffix}_{name}_{index}',
+          [f'--images={sets[suffix][0]}', *common[1:], *bench_figures.RUN_FLAGS[name]]))
+  figures = {'images_highres': made,
+             'runs_highres': {name: r for (suffix, name), r in runs.items()
+                              if suffix == 'highres'},
+             'runs_restart': {name: r for (suffix, name), r in runs.items()
+                              if suffix == 'restart'},
+             **{f'{name}_examples_per_cpu_sec_{suffix}': statistics.median(
+                 r['examples_per_cpu_sec'] for r in runs[suffix, name])
+                for suffix, name in pairs}}
+  for suffix in sets:
+    figures[f'input_over_torchvision_{suffix}'] = statistics.median(
+        x['examples_per_cpu_sec'] / y['examples_per_cpu_sec']
+        for x, y in zip(runs[suffix, 'ours_files'], runs[suffix, 'torchvision']))
   middle = (least + largest) // 2
   print(f'input: the crops\' quality on the photographs enlarged to {middle} px ...',
         flush=True)

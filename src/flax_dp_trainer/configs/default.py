@@ -74,6 +74,10 @@ def get_config() -> ml_collections.ConfigDict:
   # 1/2, 1/4 or 1/8 scale (libjpeg's DCT scaling), the window's exact position kept: the same
   # windows and flips, a fraction of the decode's CPU time (docs/data.md). False: decoded whole.
   config.scaled_decode = True
+  # The inception crop of a JPEG that carries restart markers (`jpegtran -restart 1` adds
+  # them losslessly) entropy-decodes only the restart segments its window needs: the same
+  # pixels for less CPU time on large photos (docs/data.md). False: the whole file's data.
+  config.restart_skip = True
   # Normalization of the images the model sees, per channel, comma-separated (one value for
   # all channels, or one each): (x - image_mean) / image_std, x on the [0, 1] scale of uint8
   # images (or the float images' own scale); '' = the dataset's (docs/data.md lists them; float

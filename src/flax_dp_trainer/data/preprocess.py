@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from flax_dp_trainer.data import augment
 from flax_dp_trainer.data import resize as resize_lib
+from flax_dp_trainer.data import restart_segments
 from flax_dp_trainer.data import scaled_decode
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import stream as stream_lib
@@ -95,6 +96,7 @@ class RandomResizedCrop(Step):
   encoded: bool = True
   resize_filter: str = 'area'
   scaled_decode: bool = False
+  restart_skip: bool = False
 
   def _window(self, shape: tf.Tensor, seed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
@@ -115,6 +117,10 @@ class RandomResizedCrop(Step):
   def crop_jpeg(self, encoded: tf.Tensor, begin: tf.Tensor, size: tf.Tensor) -> tf.Tensor:
     """The window `begin` (y, x, 0) / `size` (h, w, -1) of a JPEG at size x size: what
     this step makes of it (the quality benchmark gives it the stream's windows)."""
+    if self.restart_skip:  # The same pixels, from the restart segments the window needs.
+      encoded, at = restart_segments.window_stream(
+          encoded, tf.io.extract_jpeg_shape(encoded), begin, size)
+      begin = tf.concat([at, begin[2:]], 0)
 
     def full():
       window = tf.io.decode_and_crop_jpeg(encoded, tf.stack([begin[0], begin[1], size[0],
@@ -136,7 +142,9 @@ class RandomResizedCrop(Step):
 
   def describe(self):
     scaled = ', JPEGs decoded at 1/2-1/8 scale where shrunk 2x+' if self.scaled_decode else ''
-    return f'random-resized crop ({self.size}x{self.size}, {self.resize_filter}{scaled})'
+    skip = ', restart segments of the window' if self.restart_skip else ''
+    return (f'random-resized crop ({self.size}x{self.size}, {self.resize_filter}{scaled}'
+            f'{skip})')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,7 +271,8 @@ def train_plan(config, spec: specs.DatasetSpec, encoded: bool) -> Plan:
   if spec.augment == 'inception':
     steps.append(RandomResizedCrop(size=spec.image_size, channels=spec.channels,
                                    encoded=encoded, resize_filter=config.resize_filter,
-                                   scaled_decode=config.scaled_decode))
+                                   scaled_decode=config.scaled_decode,
+                                   restart_skip=config.restart_skip))
   elif spec.image_size:  # Resized whole (config.resize_images), then augmented at that size.
     steps.append(Resize(size=spec.image_size, channels=spec.channels, encoded=encoded,
                         resize_filter=config.resize_filter))
