@@ -4,6 +4,7 @@ the step the run reached."""
 
 import json
 import os
+import re
 import time
 import types
 
@@ -34,7 +35,7 @@ def test_a_hang_names_the_process_the_others_wait_for(tmp_path):
   """Three processes stale at step 30: two have dispatched it and wait in its collective, one
   never got there. It wrote last, so the time alone would name another."""
   plan = supervisor.Plan(num_processes=3, devices_per_process=1, trainer_args=[],
-                         hang_timeout_s=0.05, workdir=str(tmp_path))
+                         hang_timeout_s=1.0, workdir=str(tmp_path))
   launch = supervisor.Launch(plan, starter=None)
   running = types.SimpleNamespace(popen=types.SimpleNamespace(poll=lambda: None))
   launch.count, launch.programs = 3, [running] * 3
@@ -44,11 +45,11 @@ def test_a_hang_names_the_process_the_others_wait_for(tmp_path):
     beats[index].start()
     beats[index].beat('step', 30, force=True, dispatched=29 if index == 1 else 30)
     time.sleep(0.01)
-  assert launch._hang(started) is None  # Not stale yet.
-  time.sleep(0.1)
+  assert launch._hang(started) is None  # Not stale yet (a limit a loaded machine keeps to).
+  time.sleep(1.1)
   failure = launch._hang(started)
   assert (failure.process, failure.cause, failure.phase, failure.step) == (1, 'hang', 'step', 30)
-  assert failure.text.startswith('process 1 made no progress for 0 s (phase step, step 30')
+  assert re.match(r'process 1 made no progress for \d+ s \(phase step, step 30', failure.text)
 
 
 def _progress(workdir, index, step, at):
