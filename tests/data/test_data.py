@@ -433,8 +433,7 @@ def test_a_folder_of_photos_of_many_sizes_is_cropped_to_image_size(config, photo
   assert ds_spec.mean == specs.IMAGENET_MEAN
   data = _open(config)
   assert data.plan().describe() == ('random-resized crop (32x32, area, JPEGs decoded at 1/2-1/8 '
-                                    'scale where shrunk 2x+, restart segments of the '
-                                    'window) -> flip')
+                                    'scale where shrunk 2x+) -> flip')
   first, again = _take(data, 4), _take(data, 4)
   for a, b in zip(first, again):
     assert a['image'].shape == (6, 32, 32, 3) and a['image'].dtype == np.uint8

@@ -26,9 +26,9 @@ DEFAULT_QUALITY_ROW = 'ours_area_scaled'  # bench.quality's row of the default s
 # The runs repeated on camera-sized JPEGs (--image_sizes).
 HIGHRES_RUNS = ('ours_files', 'ours_files_antialias', 'ours_files_unscaled', 'torchvision')
 # Again on the same photos written with a restart marker every MCU row (`*_restart`).
-RESTART_RUNS = ('ours_files', 'ours_files_unskipped', 'torchvision')
-RUN_FLAGS = {**dict(INPUT_RUNS), 'ours_files_unskipped': [
-    '--side=ours', '--mode=files', '--config.restart_skip=False']}
+RESTART_RUNS = ('ours_files', 'ours_files_restart_skip', 'torchvision')
+RUN_FLAGS = {**dict(INPUT_RUNS), 'ours_files_restart_skip': [
+    '--side=ours', '--mode=files', '--config.restart_skip=True']}
 
 
 def fastest(measurements: list[dict]) -> dict:
@@ -221,7 +221,7 @@ def _ratio_lines(figures: dict) -> list[str]:
       speed = (f'input_over_torchvision{suffix} = '
                f'{fmt(figures[f"input_over_torchvision{suffix}"], 2)}   ' if suffix else '')
       if suffix and 'input_over_torchvision_restart' in figures:
-        speed += ('(with restart markers: '
+        speed += ('(restart markers, restart_skip: '
                   f'{fmt(figures["input_over_torchvision_restart"], 2)})   ')
       lines.append(
           f'{speed}input_psnr_db{suffix} = {fmt(figures[f"input_psnr_db{suffix}"], 2)} (SSIM '

@@ -104,7 +104,7 @@ def _highres(setup: runner.Setup, settings: Settings, images: str,
              f'--image_sizes={least},{largest}', '--noconvert', *common[1:]]
   made = runner.run_part(setup, 'input', 'input_prepare_highres',
                          [f'--images={folder}', *prepare])
-  # The same pixels written with a restart marker every MCU row (`restart_skip` applies).
+  # The same pixels written with a restart marker every MCU row (for `restart_skip`).
   runner.run_part(setup, 'input', 'input_prepare_restart',
                   [f'--images={folder}_restart', '--restart_rows=1', *prepare])
   sets = {'highres': (folder, bench_figures.HIGHRES_RUNS),
@@ -126,10 +126,10 @@ def _highres(setup: runner.Setup, settings: Settings, images: str,
              **{f'{name}_examples_per_cpu_sec_{suffix}': statistics.median(
                  r['examples_per_cpu_sec'] for r in runs[suffix, name])
                 for suffix, name in pairs}}
-  for suffix in sets:
+  for suffix, ours in (('highres', 'ours_files'), ('restart', 'ours_files_restart_skip')):
     figures[f'input_over_torchvision_{suffix}'] = statistics.median(
         x['examples_per_cpu_sec'] / y['examples_per_cpu_sec']
-        for x, y in zip(runs[suffix, 'ours_files'], runs[suffix, 'torchvision']))
+        for x, y in zip(runs[suffix, ours], runs[suffix, 'torchvision']))
   middle = (least + largest) // 2
   print(f'input: the crops\' quality on the photographs enlarged to {middle} px ...',
         flush=True)

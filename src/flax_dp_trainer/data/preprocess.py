@@ -111,15 +111,18 @@ class RandomResizedCrop(Step):
     return resize_lib.resize(window, self.size, self.size, self.resize_filter)
 
   def _from_jpeg(self, encoded: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
-    begin, size = self._window(tf.io.extract_jpeg_shape(encoded), seed)
-    return self.crop_jpeg(encoded, begin, size)
+    shape = tf.io.extract_jpeg_shape(encoded)
+    begin, size = self._window(shape, seed)
+    return self.crop_jpeg(encoded, begin, size, shape)
 
-  def crop_jpeg(self, encoded: tf.Tensor, begin: tf.Tensor, size: tf.Tensor) -> tf.Tensor:
-    """The window `begin` (y, x, 0) / `size` (h, w, -1) of a JPEG at size x size: what
-    this step makes of it (the quality benchmark gives it the stream's windows)."""
+  def crop_jpeg(self, encoded: tf.Tensor, begin: tf.Tensor, size: tf.Tensor,
+                shape: Optional[tf.Tensor] = None) -> tf.Tensor:
+    """The window `begin` (y, x, 0) / `size` (h, w, -1) of a JPEG (of `shape`, read from it
+    where None) at size x size: what this step makes of it (the quality benchmark gives it
+    the stream's windows)."""
     if self.restart_skip:  # The same pixels, from the restart segments the window needs.
-      encoded, at = restart_segments.window_stream(
-          encoded, tf.io.extract_jpeg_shape(encoded), begin, size)
+      shape = tf.io.extract_jpeg_shape(encoded) if shape is None else shape
+      encoded, at = restart_segments.window_stream(encoded, shape, begin, size)
       begin = tf.concat([at, begin[2:]], 0)
 
     def full():
