@@ -76,7 +76,7 @@ def measure(setup: runner.Setup, settings: Settings) -> dict[str, Any]:
   print('input: the crops\' quality (PSNR, SSIM) on matplotlib\'s photographs ...', flush=True)
   figures.update(_quality(runner.run_part(setup, 'quality', 'input_quality'), ''))
   if settings.sizes:
-    figures.update(_highres(setup, settings, images, common))
+    figures.update(_highres(setup, settings, images, common[1:]))  # All but --images.
   return figures
 
 
@@ -94,14 +94,14 @@ def _highres(setup: runner.Setup, settings: Settings, images: str,
              common: list[str]) -> dict[str, Any]:
   """The speed of ours (files) and torchvision on JPEGs of `settings.sizes`, `rounds` times,
   and on the same pixels written with restart markers (`*_restart`); the quality on the
-  photographs enlarged to the middle of that range."""
+  photographs enlarged to the middle of that range. `common`: the flags of every run but
+  --images."""
   least, largest = settings.sizes
   folder = f'{images}_{least}_{largest}'
-  common = [f'--images={folder}', *common[1:]]
   print(f'input: {settings.highres_count} JPEGs of {least}-{largest} px in {folder} ...',
         flush=True)
   prepare = ['--side=prepare', f'--count={settings.highres_count}',
-             f'--image_sizes={least},{largest}', '--noconvert', *common[1:]]
+             f'--image_sizes={least},{largest}', '--noconvert', *common]
   made = runner.run_part(setup, 'input', 'input_prepare_highres',
                          [f'--images={folder}', *prepare])
   # The same pixels written with a restart marker every MCU row (for `restart_skip`).
@@ -117,7 +117,7 @@ def _highres(setup: runner.Setup, settings: Settings, images: str,
             f'{settings.rounds} ...', flush=True)
       runs[suffix, name].append(runner.run_part(
           setup, 'input', f'input_{suffix}_{name}_{index}',
-          [f'--images={sets[suffix][0]}', *common[1:], *bench_figures.RUN_FLAGS[name]]))
+          [f'--images={sets[suffix][0]}', *common, *bench_figures.RUN_FLAGS[name]]))
   figures = {'images_highres': made,
              'runs_highres': {name: r for (suffix, name), r in runs.items()
                               if suffix == 'highres'},

@@ -135,11 +135,11 @@ def cut(data: bytes, top: int, left: int, bottom: int, right: int) -> tuple[byte
   height = min(frame.height - dy, (last_row - first_row) * frame.mcu_h)
   if dy == 0 and dx == 0 and height == frame.height and width == frame.width:
     return data, 0, 0
-  return _joined(data, coded, frame, starts[segments], ends[segments], height, width), dy, dx
+  return _joined(coded, frame, starts[segments], ends[segments], height, width), dy, dx
 
 
-def _joined(data: bytes, coded: np.ndarray, frame: _Layout, starts: np.ndarray,
-            ends: np.ndarray, height: int, width: int) -> bytes:
+def _joined(coded: np.ndarray, frame: _Layout, starts: np.ndarray, ends: np.ndarray,
+            height: int, width: int) -> bytes:
   """The headers (the frame's size set to `height` x `width`), the segments `starts`..`ends`
   with restart markers numbered 0-7 afresh between them, and the EOI."""
   lengths = ends - starts
@@ -149,10 +149,8 @@ def _joined(data: bytes, coded: np.ndarray, frame: _Layout, starts: np.ndarray,
   out[sof + 5:sof + 9] = [height >> 8, height & 255, width >> 8, width & 255]
   # Runs of consecutive segments are one copy each (their markers renumbered after).
   breaks = np.flatnonzero(starts[1:] != ends[:-1] + 2) + 1
-  runs = np.split(np.arange(len(starts)), breaks)
   pos = frame.scan
-  for run in runs:
-    begin, end = starts[run[0]], ends[run[-1]]
+  for begin, end in zip(starts[np.r_[0, breaks]], ends[np.r_[breaks - 1, len(ends) - 1]]):
     out[pos:pos + end - begin] = coded[begin:end]
     pos += end - begin
     out[pos:pos + 2] = (0xFF, 0xD0)
