@@ -50,8 +50,9 @@ def _along_rows(image: tf.Tensor, size, scale, translation, kernel: str) -> tf.T
 def resample(image: tf.Tensor, out_hw, offset, extent, resize_filter: str) -> tf.Tensor:
   """uint8 `out_hw` of the region of `image` that starts at `offset` (y, x; float pixels)
   and spans `extent` (float pixels), with KERNELS[resize_filter]. One axis at a time (the
-  kernels are separable): the pixels of one `ScaleAndTranslate` over both axes, in 0.4 of its
-  CPU time (its pass over columns goes pixel by pixel, 3 channels at a time)."""
+  kernels are separable): the pixels of one `ScaleAndTranslate` over both axes, in 0.3-0.4 of
+  its CPU time on one machine (its pass over columns goes pixel by pixel, 3 channels at a
+  time), though in 1.2x more on another, where the transposes cost more (BENCHMARKS.md)."""
   out_hw = tf.cast(out_hw, tf.int32)
   scale = tf.cast(out_hw, tf.float32) / tf.cast(extent, tf.float32)
   translation = -tf.cast(offset, tf.float32) * scale
