@@ -235,8 +235,8 @@ def _sequential_culprit(data, rows, seed: int, batch: int
         split=part, shuffle_files=False,
         read_config=tfds.ReadConfig(options=tf_options.options(data.config), add_tfds_id=True),
         decoders={spec.image_key: tfds.decode.SkipDecoding()})
-    return ds.map(lambda e: {'image': e[spec.image_key], 'label': e[spec.label_key],
-                             'tfds_id': e['tfds_id']})
+    return ds.map(tf_options.as_written(lambda e: {
+        'image': e[spec.image_key], 'label': e[spec.label_key], 'tfds_id': e['tfds_id']}))
 
   plan = data.plan()
   examples = data.sequential_examples(rows, seed, read=with_ids)

@@ -40,7 +40,7 @@ from flax_dp_trainer.data import builders
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.data import stream as stream_lib
-from flax_dp_trainer.data.tf_options import EXAMPLES_PER_CALL, data_threads, options
+from flax_dp_trainer.data.tf_options import EXAMPLES_PER_CALL, as_written, data_threads, options
 
 # Batches made ready ahead of the training loop at each stage: finished uint8 batches on the
 # host (tf.data), and batches on their way to the devices (the loop's `dispatch.Prefetch`).
@@ -136,15 +136,16 @@ class TrainData:
     source, plan, n = self.indexed_source(), self.plan(), self.num_examples
     if not plan.steps and isinstance(source, sources.InMemory):
       # Nothing to do per example: gather each batch's rows at once.
-      return tf.data.Dataset.range(np.iinfo(np.int64).max).map(
-          lambda step: source.gather(stream_lib.example_index(seed, rows.positions(step), n)),
+      return tf.data.Dataset.range(np.iinfo(np.int64).max).map(as_written(
+          lambda step: source.gather(stream_lib.example_index(seed, rows.positions(step), n))),
           num_parallel_calls=2, deterministic=True)
 
     def indices(first):  # This process's examples first .. first + EXAMPLES_PER_CALL - 1.
       position = rows.position(first + tf.range(EXAMPLES_PER_CALL, dtype=tf.int64))
       return {'index': stream_lib.example_index(seed, position, n), 'position': position}
 
-    chunks = tf.data.Dataset.range(0, np.iinfo(np.int64).max, EXAMPLES_PER_CALL).map(indices)
+    chunks = tf.data.Dataset.range(0, np.iinfo(np.int64).max, EXAMPLES_PER_CALL).map(
+        as_written(indices))
     return self._prepare(chunks, plan, rows, seed, source.read)
 
   def _prepare(self, chunks, plan: preprocess.Plan, rows, seed: int,
@@ -179,9 +180,9 @@ class TrainData:
       return raw.shuffle(min(self.config.shuffle_buffer_size, part_size), seed=shuffle_seed,
                          reshuffle_each_iteration=False)
 
-    ds = tf.data.Dataset.range(start_epoch, np.iinfo(np.int64).max).flat_map(epoch)
+    ds = tf.data.Dataset.range(start_epoch, np.iinfo(np.int64).max).flat_map(as_written(epoch))
     ds = ds.skip(offset).enumerate()
-    return ds.map(lambda k, example: dict(example, position=rows.position(k)))
+    return ds.map(as_written(lambda k, example: dict(example, position=rows.position(k))))
 
 
 def prepared(chunks: tf.data.Dataset, prepare: Callable[[dict], dict], threads: int,
@@ -200,7 +201,8 @@ def prepared(chunks: tf.data.Dataset, prepare: Callable[[dict], dict], threads: 
                      fn_output_signature={k: tf.TensorSpec(v.shape, v.dtype)
                                           for k, v in outputs.items()})
 
-  return chunks.map(one_call, num_parallel_calls=threads, deterministic=True).unbatch()
+  return chunks.map(as_written(one_call), num_parallel_calls=threads,
+                    deterministic=True).unbatch()
 
 
 def _gathered(source: sources.InMemory, rows: stream_lib.TrainRows, seed: int

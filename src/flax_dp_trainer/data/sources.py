@@ -34,7 +34,7 @@ from flax_dp_trainer.data.builders import ARRAY_RECORD
 from flax_dp_trainer.data.builders import FILES
 from flax_dp_trainer.data.builders import IN_MEMORY
 from flax_dp_trainer.data.builders import SEQUENTIAL
-from flax_dp_trainer.data.tf_options import EXAMPLES_PER_CALL
+from flax_dp_trainer.data.tf_options import EXAMPLES_PER_CALL, as_written
 
 
 ARRAY_RECORD_BLOCK = 64  # Records read per call of the ArrayRecord reader.
@@ -123,7 +123,7 @@ class Source:
 
   def examples(self, indices: tf.data.Dataset) -> tf.data.Dataset:
     return indices.batch(EXAMPLES_PER_CALL).map(
-        self.read, num_parallel_calls=self.threads, deterministic=True).unbatch()
+        as_written(self.read), num_parallel_calls=self.threads, deterministic=True).unbatch()
 
 
 @dataclasses.dataclass
@@ -171,7 +171,7 @@ class ArrayRecords(Source):
 
   def examples(self, indices):
     blocks = indices.batch(ARRAY_RECORD_BLOCK)
-    return blocks.map(self.read, num_parallel_calls=max(1, self.threads // 4),
+    return blocks.map(as_written(self.read), num_parallel_calls=max(1, self.threads // 4),
                       deterministic=True).unbatch()
 
 
@@ -194,7 +194,7 @@ def tfrecord_examples(builder, ds_spec: specs.DatasetSpec, split,
   ds = builder.as_dataset(split=split, shuffle_files=False,
                           read_config=tfds.ReadConfig(options=options),
                           decoders={ds_spec.image_key: tfds.decode.SkipDecoding()})
-  return ds.map(lambda example: _image_and_label(example, ds_spec))
+  return ds.map(as_written(lambda example: _image_and_label(example, ds_spec)))
 
 
 def indexed(ds_spec: specs.DatasetSpec, builder, split, threads: int) -> Source:
@@ -221,8 +221,9 @@ def split_examples(ds_spec: specs.DatasetSpec, builder, split, threads: int,
     ds = tfrecord_examples(builder, ds_spec, split, options)
     return ds, count(builder, split, ds)
   source = indexed(ds_spec, builder, split, threads)
-  indices = tf.data.Dataset.range(source.num_examples).map(lambda i: {'index': i})
-  return source.examples(indices).map(lambda e: {'image': e['image'], 'label': e['label']}), (
+  indices = tf.data.Dataset.range(source.num_examples).map(as_written(lambda i: {'index': i}))
+  return source.examples(indices).map(
+      as_written(lambda e: {'image': e['image'], 'label': e['label']})), (
       source.num_examples)
 
 
@@ -249,7 +250,7 @@ def load(ds_spec: specs.DatasetSpec, builder, split,
   ds, _ = split_examples(ds_spec, builder, split, threads, options)
   if decoded_shape is not None:
     decode = preprocess.Decode(shape=decoded_shape)
-    ds = ds.map(lambda e: dict(e, image=decode(e['image'], None)),
+    ds = ds.map(as_written(lambda e: dict(e, image=decode(e['image'], None))),
                 num_parallel_calls=threads, deterministic=True)
   # Read in chunks, not as one batch of the split (batch_size=-1 aborts under TFDS's
   # mock_data, whose split sizes are not the data's).
