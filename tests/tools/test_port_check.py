@@ -160,6 +160,7 @@ def test_layers_that_do_not_pair_are_named_on_both_sides():
       'original does not')
 
 
+@SLOW
 def test_the_command_line_with_a_weights_file(tmp_path):
   torch.manual_seed(3)
   original = port_pairs.TorchCNN()
@@ -208,6 +209,7 @@ def test_bad_input_is_one_line_and_exit_status_2(args, line):
   assert run.stderr.strip().splitlines()[-1].startswith(line), run.stderr[-1000:]
 
 
+@SLOW
 def test_a_failure_inside_the_check_is_one_line_and_exit_status_2():
   run = subprocess.run(
       [sys.executable, '-m', 'flax_dp_trainer.tools.port_check',
