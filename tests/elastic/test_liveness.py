@@ -52,6 +52,30 @@ def test_a_hang_names_the_process_the_others_wait_for(tmp_path):
   assert re.match(r'process 1 made no progress for \d+ s \(phase step, step 30', failure.text)
 
 
+
+def test_a_hang_waits_for_the_process_behind_to_pass_its_own_limit(tmp_path):
+  """Process 1 never dispatched step 30, but its last progress reached its file after its
+  peers' (written once a second): when they pass the limit it has not, and neither of them is
+  named; it is, once past its own."""
+  plan = supervisor.Plan(num_processes=3, devices_per_process=1, trainer_args=[],
+                         hang_timeout_s=4.0, workdir=str(tmp_path))
+  launch = supervisor.Launch(plan, starter=None)
+  running = types.SimpleNamespace(popen=types.SimpleNamespace(poll=lambda: None))
+  launch.count, launch.programs = 3, [running] * 3
+  started = time.time()
+  beats = [liveness.Liveness(str(tmp_path), index) for index in range(3)]
+  for index in (0, 2):
+    beats[index].start()
+    beats[index].beat('step', 30, force=True, dispatched=30)
+  time.sleep(1.5)
+  beats[1].start()
+  beats[1].beat('step', 29, force=True, dispatched=29)
+  time.sleep(3.2)  # 0 and 2 past the limit, 1 not yet.
+  assert launch._hang(started) is None
+  time.sleep(1.3)
+  failure = launch._hang(started)
+  assert (failure.process, failure.phase, failure.step) == (1, 'step', 29)
+
 def _progress(workdir, index, step, at):
   os.makedirs(liveness.directory(workdir), exist_ok=True)
   with open(liveness.path(liveness.directory(workdir), index), 'w', encoding='utf-8') as f:

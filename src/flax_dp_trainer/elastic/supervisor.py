@@ -29,6 +29,10 @@ from flax_dp_trainer.elastic import goodput
 from flax_dp_trainer.elastic import liveness
 from flax_dp_trainer.elastic import timeline
 
+# A process whose progress file is older than this has made none for now (progress is written
+# within a second): a candidate for the one that a stale peer waits for.
+SILENT_S = 3 * liveness.INTERVAL_S
+
 
 @dataclasses.dataclass
 class Plan:
@@ -298,12 +302,14 @@ class Launch:
 
   def _hang(self, started: float) -> Optional[Failure]:
     """The process that stopped making progress first, where one is past its phase's limit:
-    of the stale ones, the one furthest behind (the others wait for it in a collective), at
+    of the silent ones, the one furthest behind (the others wait for it in a collective), at
     one step the one that has not dispatched it to its devices, then the one silent
-    longest."""
+    longest. It is named once past its own limit: it may have written its last progress up
+    to a second after the peers that wait for it (`liveness` writes once a second), or be in
+    a phase with a longer limit (a compile) while they wait."""
     if not self.plan.hang_timeout_s or self.elastic_dir is None:
       return None
-    now, stale = time.time(), []
+    now, silent, stale = time.time(), [], False
     for index in range(self.count):
       if self._status(index) is not None:
         continue
@@ -315,11 +321,14 @@ class Launch:
         dispatched = record.get('dispatched', 0)
       limit = (self.plan.startup_timeout_s if phase in liveness.SLOW_PHASES else
                self.plan.hang_timeout_s)
-      if now - since > limit:
-        stale.append((step, dispatched, since, index, phase, limit))
+      stale = stale or now - since > limit
+      if now - since > min(limit, SILENT_S):
+        silent.append((step, dispatched, since, index, phase, limit))
     if not stale:
       return None
-    step, _, since, index, phase, limit = min(stale)
+    step, _, since, index, phase, limit = min(silent)
+    if now - since <= limit:
+      return None
     return Failure(index, 'hang', None, phase, step,
                    f'process {index} made no progress for {now - since:.0f} s (phase {phase}, '
                    f'step {step}; limit {limit:.0f} s)')
