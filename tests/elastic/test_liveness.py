@@ -52,7 +52,6 @@ def test_a_hang_names_the_process_the_others_wait_for(tmp_path):
   assert re.match(r'process 1 made no progress for \d+ s \(phase step, step 30', failure.text)
 
 
-
 def test_a_hang_waits_for_the_process_behind_to_pass_its_own_limit(tmp_path):
   """Process 1 never dispatched step 30, but its last progress reached its file after its
   peers' (written once a second): when they pass the limit it has not, and neither of them is
@@ -75,6 +74,7 @@ def test_a_hang_waits_for_the_process_behind_to_pass_its_own_limit(tmp_path):
   time.sleep(1.3)
   failure = launch._hang(started)
   assert (failure.process, failure.phase, failure.step) == (1, 'step', 29)
+
 
 def _progress(workdir, index, step, at):
   os.makedirs(liveness.directory(workdir), exist_ok=True)
