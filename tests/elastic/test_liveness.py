@@ -31,16 +31,20 @@ def test_progress_held_back_within_a_second_is_written_when_it_is_over(tmp_path)
   assert reached <= record['time'] < reached + 0.2
 
 
-def test_a_hang_names_the_process_the_others_wait_for(tmp_path):
-  """Three processes stale at step 30: two have dispatched it and wait in its collective, one
-  never got there. It wrote last, so the time alone would name another."""
+def _three_running(tmp_path, hang_timeout_s: float):
+  """A launch of three processes that are all running, their progress files, and its start."""
   plan = supervisor.Plan(num_processes=3, devices_per_process=1, trainer_args=[],
-                         hang_timeout_s=1.0, workdir=str(tmp_path))
+                         hang_timeout_s=hang_timeout_s, workdir=str(tmp_path))
   launch = supervisor.Launch(plan, starter=None)
   running = types.SimpleNamespace(popen=types.SimpleNamespace(poll=lambda: None))
   launch.count, launch.programs = 3, [running] * 3
-  started = time.time()
   beats = [liveness.Liveness(str(tmp_path), index) for index in range(3)]
+  return launch, beats, time.time()
+
+def test_a_hang_names_the_process_the_others_wait_for(tmp_path):
+  """Three processes stale at step 30: two have dispatched it and wait in its collective, one
+  never got there. It wrote last, so the time alone would name another."""
+  launch, beats, started = _three_running(tmp_path, hang_timeout_s=1.0)
   for index in (0, 2, 1):
     beats[index].start()
     beats[index].beat('step', 30, force=True, dispatched=29 if index == 1 else 30)
@@ -56,13 +60,7 @@ def test_a_hang_waits_for_the_process_behind_to_pass_its_own_limit(tmp_path):
   """Process 1 never dispatched step 30, but its last progress reached its file after its
   peers' (written once a second): when they pass the limit it has not, and neither of them is
   named; it is, once past its own."""
-  plan = supervisor.Plan(num_processes=3, devices_per_process=1, trainer_args=[],
-                         hang_timeout_s=4.0, workdir=str(tmp_path))
-  launch = supervisor.Launch(plan, starter=None)
-  running = types.SimpleNamespace(popen=types.SimpleNamespace(poll=lambda: None))
-  launch.count, launch.programs = 3, [running] * 3
-  started = time.time()
-  beats = [liveness.Liveness(str(tmp_path), index) for index in range(3)]
+  launch, beats, started = _three_running(tmp_path, hang_timeout_s=4.0)
   for index in (0, 2):
     beats[index].start()
     beats[index].beat('step', 30, force=True, dispatched=30)
