@@ -23,7 +23,7 @@ runs this file first, so it imports nothing: these names load when first used (P
 `import flax_dp_trainer.X` pulls in neither JAX nor TensorFlow that X does not need.
 """
 
-import importlib
+import importlib as _importlib
 
 __version__ = '0.2.0'
 
@@ -37,10 +37,10 @@ __all__ = ['__version__', *_EXPORTS]
 def __getattr__(name: str):
   if name not in _EXPORTS:
     raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
-  value = getattr(importlib.import_module(f'{__name__}.{_EXPORTS[name]}'), name)
+  value = getattr(_importlib.import_module(f'{__name__}.{_EXPORTS[name]}'), name)
   globals()[name] = value  # Later look-ups find it without this function.
   return value
 
 
 def __dir__() -> list[str]:
-  return sorted([*globals(), *_EXPORTS])
+  return sorted({*globals(), *_EXPORTS} - {'_importlib'})

@@ -4,6 +4,7 @@ progress, takes simulated CPU devices, returns a history and calls callbacks as 
 
 import subprocess
 import sys
+import types
 
 import jax
 import numpy as np
@@ -16,6 +17,18 @@ from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
 from tests import REPO
 from tests import user_models
+
+
+def test_the_package_holds_its_api_and_its_subpackages_alone():
+  """`import flax_dp_trainer as fdt`: tab completion offers the API (and the subpackages this
+  process imported), not the modules the package file uses."""
+  names = [name for name in dir(trainer) if not name.startswith('_')]
+  assert [name for name in names if not isinstance(getattr(trainer, name), types.ModuleType)
+          ] == ['evaluate', 'fit', 'load', 'remat_block']
+  assert all(getattr(trainer, name).__name__ == f'flax_dp_trainer.{name}' for name in names
+             if isinstance(getattr(trainer, name), types.ModuleType))
+  with pytest.raises(AttributeError, match="has no attribute 'importlib'"):
+    trainer.importlib  # pylint: disable=pointless-statement
 
 
 def test_fit_returns_the_history_and_calls_back_every_write(config, tmp_path):
