@@ -41,6 +41,7 @@ def _three_running(tmp_path, hang_timeout_s: float):
   beats = [liveness.Liveness(str(tmp_path), index) for index in range(3)]
   return launch, beats, time.time()
 
+
 def test_a_hang_names_the_process_the_others_wait_for(tmp_path):
   """Three processes stale at step 30: two have dispatched it and wait in its collective, one
   never got there. It wrote last, so the time alone would name another."""
