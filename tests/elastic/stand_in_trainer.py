@@ -7,6 +7,7 @@ runtime), and process 0 leaves a checkpoint directory every 10 steps. STAND_IN
 (comma-separated) adds:
 
   error@P       process P prints an error line and exits 1 (bad input: no restart)
+  usage@P       process P prints a command-line mistake's line and exits 2 (no restart)
   stop@S:P      process P stops itself (SIGSTOP) at step S: its heartbeat stops too
 Every start is logged to STAND_IN_LOG as 'process P of N from step S args [...]'."""
 
@@ -41,6 +42,10 @@ def main():
   if f'error@{index}' in behaviour:
     print('error: batch_size=7 is not divisible by the 2 devices', flush=True)
     sys.exit(1)
+  if f'usage@{index}' in behaviour:
+    print("error: --config=defualt cannot be loaded (no config named 'defualt'); give a "
+          'shipped config by name', flush=True)
+    sys.exit(2)
   beats = liveness.Liveness(workdir, index)
   beats.start()
   trigger = faults.Trigger(faults.parse(_flag('debug_fault', '')), index,

@@ -115,8 +115,24 @@ def test_an_error_line_ends_the_launch_without_a_restart(stand_in, tmp_path):
                       '--devices_per_process=1', '--max_restarts=3', behaviour='error@1')
   assert result.returncode == 1
   assert len(launching.starts(log)) == 2
-  assert ('launch: process 1 exited with status 1 (phase startup, step 0) with an error line; '
-          'a restart would fail the same way, so the launch ends') in result.stderr
+  assert ('launch: process 1 exited with status 1 (phase startup, step 0): error: '
+          'batch_size=7 is not divisible by the 2 devices; a restart would fail the same way, '
+          'so the launch ends') in result.stderr
+
+
+def test_a_command_line_mistake_ends_the_launch_without_a_restart(stand_in, tmp_path):
+  """Status 2 is the trainer's answer to a mistake on its command line: restarted, it would
+  give the same answer."""
+  env, log = stand_in
+  result, _ = _launch(env, str(tmp_path / 'run'), '--num_processes=2',
+                      '--devices_per_process=1', '--max_restarts=2', behaviour='usage@0')
+  assert result.returncode == 2
+  assert len(launching.starts(log)) == 2
+  assert ("launch: process 0 exited with status 2 (phase startup, step 0): error: "
+          "--config=defualt cannot be loaded (no config named 'defualt'); give a shipped "
+          'config by name; a restart would fail the same way, so the launch ends'
+          ) in result.stderr, result.stderr
+  assert not os.path.exists(tmp_path / 'run' / 'restarts.jsonl')
 
 
 def test_the_process_count_that_a_restart_takes():

@@ -6,8 +6,8 @@ and starts the run again, from its newest checkpoint, on the processes that rema
 
 The run continues exactly: the global batch of a step depends on the config, the seed and the
 step alone, and a checkpoint resumes on any process count that divides the batch. A process
-that stops with an error line ('error: ...': bad input, divergence, a full disk) ends the
-launch, since a restart would fail the same way.
+that stops with status 2 (a command-line mistake) or with an error line ('error: ...': bad
+input, divergence, a full disk) ends the launch, since a restart would fail the same way.
 
 Processes are started by a `Starter`: on this machine (`LocalStarter`, over loopback) or, in a
 SLURM allocation, by `srun` (`SrunStarter`)."""
@@ -61,7 +61,8 @@ class Failure:
   phase: str
   step: int
   text: str  # One line, for the log and the record.
-  fatal: bool = False  # An error line: a restart would fail the same way.
+  fatal: bool = False  # A mistake of the input: a restart would fail the same way.
+  line: str = ''  # The process's last line, where it is fatal (the trainer's own words).
 
 
 def signal_name(status: int) -> str:
@@ -224,8 +225,9 @@ class Launch:
         return 0
       status = failure.status if failure.status and failure.status > 0 else 1
       if failure.fatal:
-        self.log(f'{failure.text} with an error line; a restart would fail the same way, so '
-                 'the launch ends')
+        said = f': {failure.line}' if failure.line else ''
+        self.log(f'{failure.text}{said}; a restart would fail the same way, so the launch '
+                 'ends')
         return status
       lost = self._lose_hosts(hosts)
       if restarts >= self.plan.max_restarts:
@@ -295,10 +297,14 @@ class Launch:
     own = len(self.programs) == self.count
     record = (self._progress(index, 0) or {}) if own else {}
     phase, step = record.get('phase', 'startup'), record.get('step', 0)
-    fatal = status == 1 and program.last_line.split('] ')[-1].startswith('error: ')
+    line = program.last_line.split('] ')[-1].strip()
+    # Status 2 is the trainer's command-line mistake (a flag, a config that does not load);
+    # status 1 with an error line is bad input, divergence or a full disk. Either way a
+    # restart would fail the same way.
+    fatal = status == 2 or (status == 1 and line.startswith('error: '))
     return Failure(index, 'exit', status, phase, step,
                    f'{f"process {index}" if own else "srun"} exited with {signal_name(status)} (phase {phase}, step {step})',
-                   fatal)
+                   fatal, line if fatal else '')
 
   def _hang(self, started: float) -> Optional[Failure]:
     """The process that stopped making progress first, where one is past its phase's limit:
