@@ -2,6 +2,10 @@
 its layers paired with the original's by call order, and a trained port exported back as a
 state dict of its original."""
 
+import os
+import subprocess
+import sys
+
 import jax
 import ml_collections
 import numpy as np
@@ -13,8 +17,10 @@ from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.loop import setup
 from flax_dp_trainer.loop import train
 from flax_dp_trainer.port import originals
+from flax_dp_trainer.runs import processes
 from flax_dp_trainer.tools import export
 from flax_dp_trainer.tools import port_check
+from tests import REPO
 
 # name -> (the port, its arguments, the original, its arguments) on digits (8x8, 1 channel).
 PAIRS = {
@@ -159,3 +165,53 @@ def test_the_port_checks_verified_variables_start_a_run(config, tmp_path):
   state = setup.start(run).state
   for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(report.variables['params'])):
     np.testing.assert_array_equal(got, want)
+
+
+class Broken(torch.nn.Module):
+  """An original whose forward pass fails on any images (a user's bug)."""
+
+  def __init__(self, num_classes: int = 10):
+    super().__init__()
+    self.conv = torch.nn.Conv2d(1, 4, 3)
+    self.fc = torch.nn.Linear(4, num_classes)
+
+  def forward(self, x):
+    return self.fc(self.conv(x).reshape(len(x), 3, -1))
+
+
+def test_an_original_whose_forward_pass_fails_is_one_line(config, tmp_path):
+  torch.save(Broken().state_dict(), tmp_path / 'broken.pth')
+  config.model = 'tests.ports.small:FlaxSmall'
+  config.torch_model = f'{__name__}:Broken'
+  config.init_from = str(tmp_path / 'broken.pth')
+  with pytest.raises(UserError, match=(
+      r"^torch_model='tests.checkpoint.test_init_from_port:Broken': its forward pass on a batch "
+      r'of shape \(2, 8, 8, 1\) \(NHWC\) fails: RuntimeError: mat1 and mat2 shapes '
+      r'cannot be multiplied .*; fix the original or its '
+      r'--config.torch_model_kwargs$')) as error:
+    train.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert '\n' not in str(error.value)
+  assert not (tmp_path / 'run').exists()
+
+
+@pytest.mark.slow
+def test_torchvisions_rgb_resnet18_weights_into_a_port_on_grey_digits(tmp_path):
+  """The user's command: torchvision's own resnet18 (built for RGB) and its state dict, into a
+  port on digits (1 channel). The original runs as its state dict is shaped, then its first
+  convolution takes the data's channels, said in one line; --eval_only evaluates those
+  weights without training."""
+  import torchvision  # pylint: disable=import-outside-toplevel
+  torch.save(torchvision.models.resnet18().state_dict(), tmp_path / 'resnet18.pth')
+  result = subprocess.run(
+      [sys.executable, '-m', 'flax_dp_trainer', '--config=default', '--cpu_devices=1',
+       f'--workdir={tmp_path / "run"}', '--config.model=tests.ports.resnet:ResNet18',
+       '--config.torch_model=torchvision.models:resnet18',
+       f'--config.init_from={tmp_path / "resnet18.pth"}',
+       '--eval_only'], cwd=REPO, env=processes.environment(), capture_output=True, text=True,
+      timeout=600, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'Traceback' not in result.stderr
+  assert ('its first convolution conv1 takes 3 input channels, the data 1: summed over them'
+          in result.stderr), result.stderr[-3000:]
+  assert 'eval_accuracy=' in result.stderr
+  assert os.path.isdir(tmp_path / 'run')

@@ -329,6 +329,9 @@ def port_weights(config, model: adapter.Model, num_classes: int,
   try:
     return port_lib.into_port(lambda v, im: model.apply(v, im, train=False), variables,
                               original, state_dict, input_shape[1:])
+  except port_lib.OriginalFailed as e:
+    raise UserError(f'torch_model={config.torch_model!r}: {e}; fix the original or its '
+                    '--config.torch_model_kwargs') from None
   except port_lib.StateMismatch as e:
     raise UserError(f'init_from={config.init_from!r} does not fit '
                     f'torch_model={config.torch_model!r}: {e}; use a state dict of that model '

@@ -5,12 +5,13 @@ port keeps its own head (fine-tuning); where its first convolution was made for 
 other channels it is adapted, as for the shipped models."""
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from flax import traverse_util
 import numpy as np
 import torch
 
+from flax_dp_trainer.base.errors import first_line
 from flax_dp_trainer.port import layers as port_layers
 from flax_dp_trainer.port import porting
 from flax_dp_trainer.zoo import torch_weights
@@ -21,6 +22,10 @@ _COUNTER = 'num_batches_tracked'
 
 class StateMismatch(ValueError):
   """The state dict does not fit the original; the message names the first keys."""
+
+
+class OriginalFailed(ValueError):
+  """The original's forward pass fails on the data's images; the message says how."""
 
 
 @dataclasses.dataclass
@@ -55,8 +60,7 @@ def into_port(apply: Callable[[Any, Any], Any], variables: Any, original, state_
         [f'unexpected {", ".join(unexpected[:3])}'] if unexpected else [])
     raise StateMismatch(f'{"; ".join(said)} ({len(missing)} missing, {len(unexpected)} '
                         'unexpected keys)')
-  layers = [t for t in port_layers.torch_layers(original, porting.to_torch(x))
-            if t.kind != 'param']
+  layers, built_for = _layers(original, own, x)
   head = next((t for t in reversed(layers) if t.kind == 'linear'), None)
   first = layers[0] if layers and layers[0].kind == 'conv' else None
   differ = [k for k in own if tuple(given[k].shape) != tuple(own[k].shape)]
@@ -84,6 +88,8 @@ def into_port(apply: Callable[[Any, Any], Any], variables: Any, original, state_
   with torch.no_grad():
     original.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v))
                               for k, v in given.items()}, strict=False)
+  if built_for != x.shape[-1]:
+    notes.append(_adapt_first_conv(original, first, x.shape[-1]))
   carried = porting.carry(apply, variables, original, x)
   keep = []
   if fresh:
@@ -93,6 +99,53 @@ def into_port(apply: Callable[[Any, Any], Any], variables: Any, original, state_
     notes.append(f'its classifier {head.path} has another number of classes: the port\'s '
                  f'{f.path} keeps its own init (fine-tuning)')
   return Carried(carried.variables, keep, notes)
+
+
+def _first_conv_channels(own: dict) -> Optional[int]:
+  """The input channels of the original's first convolution as built (the first weight of
+  a convolution's rank in its state dict's order, which follows the modules' order)."""
+  weight = next((v for k, v in own.items() if k.endswith('weight') and v.ndim == 4), None)
+  return None if weight is None else int(weight.shape[1])
+
+
+def _layers(original, own: dict, x: np.ndarray) -> tuple[list, int]:
+  """The original's layers in call order, and the channels it ran on: the data's, else
+  (an original built for other channels, torchvision's RGB models on grey digits) those its
+  first convolution takes. `OriginalFailed` where its forward pass fails on both."""
+  built_for = x.shape[-1]
+  try:
+    found = port_layers.torch_layers(original, porting.to_torch(x))
+  except Exception as e:  # pylint: disable=broad-except  # The user's code.
+    channels = _first_conv_channels(own)
+    if channels is None or channels == x.shape[-1]:
+      raise OriginalFailed(f'its forward pass on a batch of shape {tuple(x.shape)} (NHWC) '
+                           f'fails: {first_line(e)}') from None
+    shaped = example_batch(x.shape[1:-1] + (channels,))
+    try:
+      found = port_layers.torch_layers(original, porting.to_torch(shaped))
+    except Exception as again:  # pylint: disable=broad-except
+      raise OriginalFailed(f'its forward pass on a batch of shape {tuple(shaped.shape)} '
+                           f'(NHWC) fails: {first_line(again)}') from None
+    built_for = channels
+  return [t for t in found if t.kind != 'param'], built_for
+
+
+def _adapt_first_conv(original, first, channels: int) -> str:
+  """The original's first convolution (`first`, built for other channels, its weights
+  loaded) made to take `channels`, by the rule the shipped models follow
+  (`torch_weights.adapt_input_channels`); what was done, in a line."""
+  if first is None:
+    raise OriginalFailed(f'it takes images of other channels than the data\'s {channels}, and '
+                         'its first layer is not a convolution whose weights could be adapted')
+  conv = original.get_submodule(first.path)
+  given = conv.weight.shape[1]
+  with torch.no_grad():
+    adapted = torch_weights.adapt_input_channels(conv.weight.detach().numpy(), channels)
+    conv.weight = torch.nn.Parameter(torch.from_numpy(np.ascontiguousarray(adapted)))
+  conv.in_channels = channels
+  return (f'its first convolution {first.path} takes {given} input channels, the data '
+          f'{channels}: ' + ('summed over them' if channels == 1 else
+                             f'repeated to {channels} and scaled by {given}/{channels}'))
 
 
 def from_port(apply: Callable[[Any, Any], Any], variables: Any, original,
