@@ -5,7 +5,9 @@ approximation, LayerNorm's epsilon, and the order of the class token and the pos
 embedding (`token_first=False`: big_vision's, the embedding added to the patches before the
 token is prepended; timm prepends the token, then adds an embedding of 1 + N rows).
 `class_token=False`: timm's `class_token=False, global_pool='avg'` (the tokens' mean, then a
-LayerNorm). `fused_qkv`: the attention written as timm writes it, one Dense for q, k and v."""
+LayerNorm); with `norm_first=True` the LayerNorm comes first, then the mean (big_vision's
+`pool_type='gap'`, a norm and a pool in the other order). `fused_qkv`: the attention written as
+timm writes it, one Dense for q, k and v."""
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -49,6 +51,7 @@ class ViT(nn.Module):
   token_first: bool = True
   class_token: bool = True
   fused_qkv: bool = False  # q, k and v as one Dense, as timm's `qkv`.
+  norm_first: bool = False  # Without a class token: the LayerNorm, then the tokens' mean.
 
   @nn.compact
   def __call__(self, x, train: bool = False):
@@ -71,6 +74,8 @@ class ViT(nn.Module):
                          self.fused_qkv, name=f'encoderblock_{i}')(x)
     if self.class_token:
       x = nn.LayerNorm(epsilon=self.ln_epsilon, name='encoder_norm')(x)[:, 0]
+    elif self.norm_first:
+      x = nn.LayerNorm(epsilon=self.ln_epsilon, name='fc_norm')(x).mean(axis=1)
     else:
       x = nn.LayerNorm(epsilon=self.ln_epsilon, name='fc_norm')(x.mean(axis=1))
     return nn.Dense(self.num_classes, name='head')(x)

@@ -373,6 +373,15 @@ def test_timms_vit_against_a_port_written_as_big_vision_writes_it():
       'blocks.0.attn.qkv', 'blocks.1.attn.qkv']
   pooled = check({'class_token': False, 'global_pool': 'avg'}, class_token=False)
   assert pooled.ok, pooled.verdict
+  # big_vision's pool_type='gap' (LayerNorm, then the mean) against timm's global_pool='avg'
+  # (the mean, then fc_norm): the order is named.
+  gap = check({'class_token': False, 'global_pool': 'avg'}, class_token=False,
+              norm_first=True).verdict.splitlines()
+  assert gap[1] == (
+      '  1. in eval mode between encoderblock_1/MlpBlock_0/Dense_1 and head (torch '
+      'blocks.1.mlp.fc2 and head): a norm and a pool swapped: the port applies fc_norm '
+      '(LayerNorm) to every position and then pools, torch pools (mean) and then applies '
+      'fc_norm (LayerNorm): pool first, then apply fc_norm, as the original does'), gap
   reordered = check(token_first=False)
   assert reordered.ok, reordered.verdict
   assert reordered.notes == [

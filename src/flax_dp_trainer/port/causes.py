@@ -7,9 +7,11 @@ recomputing the torch convolution with flax's. Between layers, the torch calls t
 there are replayed with one call in its other convention (`forcing.replay`): GELU's tanh
 approximation against the exact one, a pooling's padding ('SAME', flax's `max_pool`'s
 default 'VALID', or torch's), average pooling's `count_include_pad`; the convention that
-makes the replay give what the port's code gave is the cause. A BatchNorm's momentum is
-read against torch's (flax keeps `momentum` of the old statistics, torch takes `momentum`
-of the new batch's).
+makes the replay give what the port's code gave is the cause. A norm layer that torch applies
+to pooled features and the port to every position before the pool (timm's
+`global_pool='avg'` with `fc_norm` against big_vision's `pool_type='gap'`) is named as a norm
+and a pool swapped. A BatchNorm's momentum is read against torch's (flax keeps `momentum` of
+the old statistics, torch takes `momentum` of the new batch's).
 
 A setting that differs is named even where a random init keeps its effect under the
 tolerance (GELU's two forms differ by up to 4.7e-4 near |x| = 2.7, where trained activations
@@ -206,6 +208,39 @@ def variants(call: forcing.Call) -> list[tuple[Callable, str]]:
   if name == 'avg_pool2d':
     return _pool_variants(call, 'avg')
   return []
+
+
+# torch's poolings over positions, by the names their functions carry.
+_POOLS = ('mean', 'avg_pool1d', 'avg_pool2d', 'adaptive_avg_pool1d', 'adaptive_avg_pool2d',
+          'max_pool2d', 'adaptive_max_pool2d', 'amax')
+
+
+def swapped_norm(record: forcing.TorchRecord, norms: Sequence[Any], produced: np.ndarray,
+                 rows: Optional[np.ndarray]) -> Optional[str]:
+  """A norm layer and a pool in the other order: of `norms` (the (flax, torch) norm layers
+  between the previous judged layer and the one whose input the port made, `produced`), one
+  that torch applies to what a pooling call returned, where applying it before that pooling
+  gives what the port gave. What it says, else None."""
+  for f, t in norms:
+    begin, end = record.before.get(t.path, (0, 0))
+    for index in range(begin, end):
+      call = record.calls[index]
+      name = getattr(call.func, '__name__', '')
+      if name not in _POOLS or call.output != record.inputs.get(t.path):
+        continue
+      with torch.no_grad():
+        try:
+          normed = t.module(call.args[0])
+          swapped = call.func(normed, *call.args[1:], **call.kwargs)
+        except (RuntimeError, ValueError, TypeError):
+          continue
+      candidate = forcing.as_flax(np.asarray(swapped), produced.shape, rows)
+      if candidate is not None and porting.close(produced, candidate, 1e-5):
+        return (f'a norm and a pool swapped: the port applies {f.path} ({f.type_name}) to '
+                f'every position and then pools, torch pools ({name}) and then applies '
+                f'{t.path} ({t.type_name}): pool first, then apply {f.path}, as the original '
+                'does')
+  return None
 
 
 def between(record: forcing.TorchRecord, path: str, produced: np.ndarray,

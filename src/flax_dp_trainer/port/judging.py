@@ -36,10 +36,11 @@ def places(pairs, forced: dict[str, forcing.Forced], record: forcing.TorchRecord
   convention explains it (`causes`). By (layer in call order, 0 before / 1 inside): what it
   says, and for a place between layers that a torch call's other convention explains, that
   call's index and the function it runs as in the port's convention (else None)."""
-  places, previous = {}, None
+  places, previous, unjudged = {}, None, []
   for order, (f, t) in enumerate(pairs):
     got, seen = forced.get(f.path), record.seen.get(t.path)
     if f.kind == 'param' or got is None or seen is None:
+      unjudged.append((f, t))  # (A norm among them may sit on the other side of a pool.)
       continue
     torch_in = forcing.as_flax(seen[0], got.produced.shape, rows_order.get(f.path))
     if (torch_in is not None and t.flatten is not None and f.path not in rows_order and
@@ -52,6 +53,11 @@ def places(pairs, forced: dict[str, forcing.Forced], record: forcing.TorchRecord
       d = float(np.max(np.abs(got.produced - torch_in), initial=0.0))
       explained = (causes.between(record, t.path, got.produced, rows_order.get(f.path))
                    if not porting.close(got.produced, torch_in, 1e-6) else None)
+      swap = explained[1:] if explained else None
+      if not explained and d > porting.tolerance(torch_in):
+        swapped = causes.swapped_norm(record, [p for p in unjudged if p[1].kind == 'norm'],
+                                      got.produced, rows_order.get(f.path))
+        explained = (swapped,) if swapped else None
       if explained or d > porting.tolerance(torch_in):
         where = (f'in eval mode between {previous[0]} and {f.path} (torch {previous[1]} and '
                  f'{t.path})' if previous else
@@ -59,7 +65,7 @@ def places(pairs, forced: dict[str, forcing.Forced], record: forcing.TorchRecord
         places[order, 0] = (f'{where}: ' + (explained[0] if explained else (
             f'given torch\'s outputs of the layers before it, the port hands {f.path} an '
             f'input {d:.2e} apart: what lies between them (an activation, a pooling, a '
-            'reshape) is not the same')), explained[1:] if explained else None)
+            'reshape) is not the same')), swap)
     torch_out = forcing.as_flax(seen[1], got.own.shape, None)
     if torch_out is not None:
       d = float(np.max(np.abs(got.own - torch_out), initial=0.0))
@@ -68,7 +74,7 @@ def places(pairs, forced: dict[str, forcing.Forced], record: forcing.TorchRecord
         places[order, 1] = (f'in eval mode inside {f.path} (torch {t.path}, {t.type_name}): ' + (
             why or f'the same input, outputs {d:.2e} apart: its arithmetic differs (padding, '
             'stride, epsilon, a transposed kernel, what it computes)'), None)
-    previous = (f.path, t.path)
+    previous, unjudged = (f.path, t.path), []
   return places
 
 
