@@ -86,6 +86,23 @@ def test_exported_state_dict_gives_the_same_logits_in_torch(run, tmp_path, file_
       f'error: {out} exists; pass another --out (nothing was written)')
 
 
+def test_torchvision_after_a_split_was_read_imports_and_says_what_it_costs(run):
+  """read_split loads TensorFlow; torchvision imported after it would import triton, which
+  crashes the interpreter after TensorFlow (status 139): the package keeps triton out the
+  moment it loads TensorFlow, and says so once torch is imported."""
+  script = ('import flax_dp_trainer\n'
+            f't = flax_dp_trainer.load({run!r})\n'
+            't.read_split()\n'
+            'import torchvision\n'
+            'print("imported", torchvision.__name__)\n')
+  result = subprocess.run([sys.executable, '-c', script], env=processes.environment(),
+                          capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
+  assert result.stdout.strip().endswith('imported torchvision')
+  assert ('triton is kept out, so torch.compile and triton kernels are off for the rest of '
+          'this process') in result.stderr
+
+
 def test_torchvision_models_are_named_as_torchvision_builds_them(run):
   """An ImageNet-shaped ResNet loads into torchvision's own class; this run's into the twin."""
   trained = trainer.load(run)

@@ -1,0 +1,10 @@
+"""TensorFlow as every module of the package imports it (`from
+flax_dp_trainer.base.tensorflow_import import tf`): loaded, then triton kept out of the
+process at once (`torch_import`), since torchvision imported after TensorFlow would import
+triton and crash the interpreter."""
+
+import tensorflow as tf  # pylint: disable=unused-import  # (What the importers use.)
+
+from flax_dp_trainer.base import torch_import
+
+torch_import.keep_triton_out_after_tensorflow()
