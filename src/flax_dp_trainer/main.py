@@ -22,7 +22,7 @@ from absl import logging  # pylint: disable=wrong-import-position
 from flax_dp_trainer.base import multihost  # pylint: disable=wrong-import-position
 from flax_dp_trainer.base import user_imports  # pylint: disable=wrong-import-position
 from flax_dp_trainer.base.errors import (  # pylint: disable=wrong-import-position
-    Diverged, Preempted, SaveFailed, UserError, storage_failure)
+    Diverged, Interrupted, Preempted, SaveFailed, UserError, storage_failure)
 from flax_dp_trainer.elastic import faults  # pylint: disable=wrong-import-position
 from flax_dp_trainer.elastic import timeline as timeline_lib  # pylint: disable=wrong-import-position
 
@@ -203,7 +203,7 @@ def main(argv):
                                resume_with_changes=FLAGS.resume_with_changes)
   except (UserError, Diverged, SaveFailed) as e:
     _exit(1, f'error: {e}')
-  except Preempted as e:
+  except (Preempted, Interrupted) as e:  # (Ctrl-C: Interrupted, a KeyboardInterrupt)
     _exit(e.exit_code, str(e))
   except Exception as e:  # pylint: disable=broad-except
     refused = storage_failure(e)

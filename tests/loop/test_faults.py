@@ -204,3 +204,53 @@ def test_a_save_the_disk_refuses_stops_the_run_in_one_line(finished, tfds_data_d
   resumed = _run(_command(workdir, tfds_data_dir, **longer))
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert helpers.saved_steps(workdir)[-1] == 120
+
+
+STOPPED_SCRIPT = '''
+import os, signal, sys
+import flax_dp_trainer as fdt
+from flax_dp_trainer.configs import default
+
+config = default.get_config()
+config.update(model='mlp', num_train_steps=60, warmup_steps=5, log_every_steps=10,
+              eval_every_steps=60, checkpoint_every_steps=60, tfds_data_dir=sys.argv[1])
+sent = []
+
+def stop(step, scalars):
+  if not sent and step >= int(sys.argv[4]):
+    sent.append(step)
+    os.kill(os.getpid(), getattr(signal, sys.argv[3]))
+
+try:
+  fdt.fit(config, sys.argv[2], cpu_devices=2, callbacks=[stop])
+except KeyboardInterrupt as e:
+  print('KeyboardInterrupt', type(e).__name__, e.step, e.exit_code, e.checkpoint)
+except RuntimeError as e:
+  print('RuntimeError', type(e).__name__, e.step, e.exit_code, e.checkpoint)
+'''
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_script_is_a_keyboard_interrupt_and_leftover_saves_go(tfds_data_dir,
+                                                                         tmp_path):
+  """SIGINT (Ctrl-C in a notebook) raises a KeyboardInterrupt carrying the step and the
+  checkpoints' directory; SIGTERM stays `Preempted` (a RuntimeError) with its exit status. A
+  save left unfinished (a second Ctrl-C) is removed by the next start, in one line."""
+  workdir = tmp_path / 'run'
+  run = lambda sig, step: subprocess.run(
+      [sys.executable, '-c', STOPPED_SCRIPT, tfds_data_dir, str(workdir), sig, str(step)],
+      cwd=tmp_path,
+      env=processes.environment(), capture_output=True, text=True, timeout=300, check=False)
+  interrupted = run('SIGINT', 10)
+  assert interrupted.returncode == 0, interrupted.stderr[-3000:]
+  ckpts = checkpoint.directory(str(workdir))
+  assert interrupted.stdout.splitlines()[-1].split() == ['KeyboardInterrupt', 'Interrupted', '10', '130', ckpts]
+  assert os.listdir(ckpts) == ['10']
+  leftover = os.path.join(ckpts, '20.orbax-checkpoint-tmp-1764288000')
+  os.makedirs(os.path.join(leftover, 'state'))
+  terminated = run('SIGTERM', 20)
+  assert terminated.returncode == 0, terminated.stderr[-3000:]
+  assert terminated.stdout.splitlines()[-1].split() == ['RuntimeError', 'Preempted', '20', '143', ckpts]
+  assert f'removed {leftover}, a save that a run of this workdir left unfinished' in (
+      terminated.stderr)
+  assert sorted(os.listdir(ckpts)) == ['10', '20']

@@ -47,6 +47,17 @@ def storage_failure(error: BaseException) -> Optional[str]:
 class Preempted(RuntimeError):
   """Stopped by a signal or the runtime's preemption notice after saving a checkpoint."""
 
-  def __init__(self, message: str, exit_code: int):
+  def __init__(self, message: str, exit_code: int, step: Optional[int] = None,
+               checkpoint: Optional[str] = None):
     super().__init__(message)
-    self.exit_code = exit_code
+    self.exit_code, self.step, self.checkpoint = exit_code, step, checkpoint
+
+
+class Interrupted(KeyboardInterrupt):
+  """Stopped by Ctrl-C (SIGINT) after saving a checkpoint: a `KeyboardInterrupt`, as a
+  notebook or a script expects of Ctrl-C, carrying the step and the checkpoints' directory
+  (SIGTERM and a preemption notice raise `Preempted`)."""
+
+  def __init__(self, message: str, exit_code: int, step: int, checkpoint: str):
+    super().__init__(message)
+    self.exit_code, self.step, self.checkpoint = exit_code, step, checkpoint

@@ -33,6 +33,8 @@ from flax_dp_trainer.zoo import scanning
 
 
 CORRUPT_DIR = 'checkpoints.unreadable'  # Unreadable checkpoints are moved here, never deleted.
+# What orbax names a save in progress (renamed to the step's directory when complete).
+TMP_SUFFIX = '.orbax-checkpoint-tmp'
 
 
 def directory(workdir: str) -> str:
@@ -237,6 +239,18 @@ class Checkpointer:
       shutil.move(os.path.join(self.directory, str(item.step)), destination)
       logging.warning('set aside the unreadable checkpoint at step %d in %s', item.step,
                       destination)
+
+  def remove_unfinished(self) -> None:
+    """Removes the saves that a run of this workdir left unfinished (orbax's temporary
+    directories, `N.orbax-checkpoint-tmp-*`: a second Ctrl-C or a kill during a save); no
+    checkpoint is in them, and they would stand in the way of a save at their step."""
+    if jax.process_index() != 0 or not os.path.isdir(self.directory):
+      return
+    for name in sorted(os.listdir(self.directory)):
+      if TMP_SUFFIX in name:
+        shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+        logging.warning('removed %s, a save that a run of this workdir left unfinished (no '
+                        'checkpoint is in it)', os.path.join(self.directory, name))
 
   def save(self, step: int, state: Any, meta: run_meta.RunMeta) -> None:
     """Starts saving host `state` and `meta` at `step` (asynchronously; every process

@@ -11,6 +11,7 @@
 
 import contextlib
 import itertools
+import signal
 import time
 from typing import Any, Callable, Optional, Sequence
 
@@ -24,7 +25,7 @@ import numpy as np
 
 from flax_dp_trainer.base import multihost
 from flax_dp_trainer.base.errors import Diverged
-from flax_dp_trainer.base.errors import Preempted
+from flax_dp_trainer.base.errors import Interrupted, Preempted
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.checkpoint import meta as run_meta
 from flax_dp_trainer.checkpoint import init_from
@@ -173,6 +174,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   # From here on the workdir is written, by this run alone.
   with setup.lock_workdir(workdir):
     run.checkpointer.set_aside(start.unreadable)
+    run.checkpointer.remove_unfinished()
     multihost.sync_processes('unreadable checkpoints set aside')
     damaged.write_record(workdir, config)  # Before the first step: what every resume leaves out.
     if jax.process_index() == 0:
@@ -325,10 +327,12 @@ class _Session:
         if stopping:
           with self.timeline.phase('save'):
             self.run.checkpointer.wait()
-          raise Preempted(
+          stopped = Interrupted if self.stop.received == signal.SIGINT else Preempted
+          raise stopped(
               f'stopped by {self.stop.name} at step {step} of {self.last}; checkpoint saved '
               f'in {self.run.checkpointer.directory}; run the same command again to resume',
-              exit_code=128 + self.stop.received)
+              exit_code=128 + self.stop.received, step=step,
+              checkpoint=self.run.checkpointer.directory)
     finally:
       if write_log is not None:  # The step after a log failed: the log is still written.
         write_log()
