@@ -81,6 +81,23 @@ def _batch_rule(args: list[str]) -> tuple[int | None, int]:
     return None, 1
 
 
+def heartbeat_args(trainer_args: list[str], hang_timeout_s: float) -> list[str]:
+  """The trainer's arguments with a heartbeat timeout that outlasts the hang limit: JAX's
+  runtime declares a process whose heartbeats stop (a `kill -STOP`) dead after its timeout
+  and aborts the healthy ones; past the hang limit the launcher names the stopped process
+  first. One the user gave is kept (and the launcher names the stopped one from the
+  progress files all the same)."""
+  if hang_timeout_s <= 0 or _trainer_setting(trainer_args, 'heartbeat_timeout_s') is not None:
+    return trainer_args
+  return [*trainer_args, f'--heartbeat_timeout_s={heartbeat_timeout_s(hang_timeout_s)}']
+
+
+def heartbeat_timeout_s(hang_timeout_s: float) -> int:
+  """Twice the hang limit, and at least 10 s more: the launcher's check runs four times a
+  second and a progress file may be a second old."""
+  return int(max(2 * hang_timeout_s, hang_timeout_s + 10) + 0.999)
+
+
 def plan_from_flags(trainer_args: list[str]) -> supervisor.Plan:
   for name in ('num_processes', 'devices_per_process', 'min_processes'):
     if FLAGS[name].value < 1:
@@ -97,6 +114,7 @@ def plan_from_flags(trainer_args: list[str]) -> supervisor.Plan:
   except UserError as e:
     _refuse(str(e))
   batch_size, accum = _batch_rule(trainer_args)
+  trainer_args = heartbeat_args(trainer_args, FLAGS.hang_timeout_s)
   return supervisor.Plan(
       num_processes=FLAGS.num_processes, devices_per_process=FLAGS.devices_per_process,
       trainer_args=trainer_args, max_restarts=FLAGS.max_restarts,

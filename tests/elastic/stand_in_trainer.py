@@ -2,13 +2,14 @@
 progress files (`elastic.liveness`) and faults (`elastic.faults`) around a loop of short
 sleeps in place of training. As in a real run, the processes step together (each step waits
 for every process to have done the one before: a collective), each keeps a heartbeat (a
-thread), a process whose peer's heartbeat stops for 2 s aborts with status 134 (JAX's
-runtime), and process 0 leaves a checkpoint directory every 10 steps. STAND_IN
+thread), a process whose peer's heartbeat stops for --heartbeat_timeout_s (2 s unless given)
+aborts with status 134 (JAX's runtime), and process 0 leaves a checkpoint directory every 10 steps. STAND_IN
 (comma-separated) adds:
 
   error@P       process P prints an error line and exits 1 (bad input: no restart)
   usage@P       process P prints a command-line mistake's line and exits 2 (no restart)
-  stop@S:P      process P stops itself (SIGSTOP) at step S: its heartbeat stops too
+  stop@S:P      process P stops itself (SIGSTOP) at step S, once in the workdir: its
+                heartbeat stops too
 Every start is logged to STAND_IN_LOG as 'process P of N from step S args [...]'."""
 
 import json
@@ -53,20 +54,25 @@ def main():
                            before=lambda step: beats.beat('step', step, force=True))
   stop = next((b for b in behaviour if b.startswith('stop@')), None)
   stop = tuple(map(int, stop[len('stop@'):].split(':'))) if stop else None
+  stopped_once = os.path.join(workdir, 'stand_in', 'stopped')
+  if os.path.exists(stopped_once):
+    stop = None
   shared = os.path.join(workdir, 'stand_in', _flag('coordinator_address', 'one'))
   os.makedirs(shared, exist_ok=True)
+  timeout = float(_flag('heartbeat_timeout_s', '2'))
   mark = lambda name, value: _write(os.path.join(shared, f'{name}_{index}'), value)
   threading.Thread(target=_heartbeat, args=(mark,), daemon=True).start()
   mark('step', first - 1)
   for step in range(first, last + 1):
     trigger.at(step)
     if stop == (step, index):
+      _write(stopped_once, step)
       os.kill(os.getpid(), signal.SIGSTOP)
     beats.beat('step', step, force=True)  # (Exact steps, for the records' checks.)
     time.sleep(0.02)
     beats.beat('step', dispatched=step)
     mark('step', step)
-    _wait_for_peers(shared, count, step)  # The step's collective.
+    _wait_for_peers(shared, count, step, timeout)  # The step's collective.
     if index == 0 and step % 10 == 0:
       os.makedirs(os.path.join(checkpoints, str(step)), exist_ok=True)
   print(f'process {index} done at step {last}', flush=True)
@@ -92,14 +98,15 @@ def _heartbeat(mark):
     time.sleep(0.2)
 
 
-def _wait_for_peers(shared, count, step):
-  """Until every process has done `step`; exits 134 where a peer's heartbeat stopped."""
+def _wait_for_peers(shared, count, step, timeout):
+  """Until every process has done `step`; exits 134 where a peer's heartbeat stopped for
+  `timeout` seconds."""
   while True:
     steps = [_read(os.path.join(shared, f'step_{i}')) or 0 for i in range(count)]
     if min(steps) >= step:
       return
     beats = [_read(os.path.join(shared, f'heartbeat_{i}')) for i in range(count)]
-    if any(b is not None and time.time() - b > 2 for b in beats):
+    if any(b is not None and time.time() - b > timeout for b in beats):
       print('tasks are unhealthy (stopped sending heartbeats)', flush=True)
       sys.exit(134)
     time.sleep(0.005)

@@ -83,17 +83,46 @@ def test_the_batch_decides_how_many_processes_restart(stand_in, tmp_path):
 
 def test_a_stopped_process_does_not_hold_the_launcher_and_spent_restarts_end_it(
     stand_in, tmp_path):
-  """A SIGSTOPped process (its peers abort on the missing heartbeats): the launcher stops
-  them all, SIGKILL included, and with its restarts spent exits non-zero naming the cause."""
+  """A SIGSTOPped process (its peers abort on the missing heartbeats, before any hang limit):
+  the launcher stops them all, SIGKILL included, names the stopped one from the progress
+  files, not an aborted one, and with its restarts spent exits non-zero."""
   env, _ = stand_in
   result, took = _launch(env, str(tmp_path / 'run'), '--num_processes=2',
                          '--devices_per_process=1', '--max_restarts=0',
                          behaviour='stop@12:1')
-  assert result.returncode == 134, result.stderr
+  assert result.returncode == 1, result.stderr
   assert took < 30
-  assert ('launch: giving up after 0 restart(s) (--max_restarts=0); the last cause: process 0 '
-          'exited with status 134 (phase step, step 12)') in result.stderr, result.stderr
+  assert re.search(r'launch: giving up after 0 restart\(s\) \(--max_restarts=0\); the last '
+                   r'cause: process 1 made no progress for \d+ s \(phase step, step 11\), and '
+                   r"JAX's runtime stopped the others for its missing heartbeats \(process 0 "
+                   r'exited with status 134\)', result.stderr), result.stderr
   assert not supervisor_processes(tmp_path)
+
+
+def test_a_stopped_process_is_named_before_the_runtime_aborts_its_peers(stand_in, tmp_path):
+  """`kill -STOP` of process 2 of 4 under a hang limit: the launcher hands the trainers a
+  heartbeat timeout beyond its limit, so the restart names process 2, cause 'hang'; a
+  heartbeat timeout the user gives is kept."""
+  env, log = stand_in
+  workdir = str(tmp_path / 'run')
+  result, _ = _launch(env, workdir, '--num_processes=4', '--devices_per_process=1',
+                      '--max_restarts=1', '--hang_timeout_s=2', behaviour='stop@12:2')
+  assert result.returncode == 0, result.stderr
+  [record] = _restarts(workdir)
+  assert (record['cause'], record['process'], record['phase'], record['reached_step']) == (
+      'hang', 2, 'step', 10), record
+  assert re.search(r'launch: restart 1 of 1: process 2 made no progress for 2 s \(phase step, '
+                   r'step 11; limit 2 s\)', result.stderr), result.stderr
+  args = [json.loads(line.split(' args ', 1)[1]) for line in log.read_text().splitlines()]
+  assert all('--heartbeat_timeout_s=12' in a for a in args), args
+  log.write_text('')
+  result, _ = _launch(env, str(tmp_path / 'own'), '--num_processes=2',
+                      '--devices_per_process=1', '--hang_timeout_s=2',
+                      trainer=['--heartbeat_timeout_s=30'])
+  assert result.returncode == 0, result.stderr
+  args = [json.loads(line.split(' args ', 1)[1]) for line in log.read_text().splitlines()]
+  assert [[a for a in given if 'heartbeat' in a] for given in args] == [
+      ['--heartbeat_timeout_s=30']] * 2
 
 
 def supervisor_processes(tmp_path):

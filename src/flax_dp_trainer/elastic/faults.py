@@ -4,6 +4,9 @@
   lose@STEP:PROC   the same, and its host is lost with it: the launcher's next start lacks it
   stall@STEP:PROC  process PROC stops making progress at step STEP (its main thread sleeps)
                    while its heartbeats go on: a hang that only the progress files reveal
+  stop@STEP:PROC   process PROC stops itself (SIGSTOP, as `kill -STOP` from outside): its
+                   heartbeats stop too, and JAX's runtime aborts the others once its
+                   heartbeat timeout passes
 
 "As it reaches step STEP": steps 1..STEP-1 are trained. Each fault fires once in a launch:
 the process marks it fired in the workdir before it acts (`fired`), and the launcher leaves a
@@ -18,10 +21,11 @@ from typing import Callable
 
 from flax_dp_trainer.base.errors import UserError
 
-KINDS = ('kill', 'lose', 'stall')
+KINDS = ('kill', 'lose', 'stall', 'stop')
 FLAG_HELP = ('Failures on demand, comma-separated: kill@STEP:PROC (process PROC dies at step '
              'STEP), lose@STEP:PROC (dies with its host), stall@STEP:PROC (stops making '
-             'progress while its heartbeats go on). Each fires once in a launch.')
+             'progress while its heartbeats go on), stop@STEP:PROC (stops itself, SIGSTOP). '
+             'Each fires once in a launch.')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,8 +84,11 @@ class Trigger:
     os.makedirs(fired_dir(self._dir), exist_ok=True)
     with open(os.path.join(fired_dir(self._dir), str(fault)), 'w', encoding='utf-8') as f:
       f.write(f'{time.time()}\n')
-    print(f'--debug_fault {fault}: process {fault.process} '
-          f'{"stalls" if fault.kind == "stall" else "dies"} at step {step}', flush=True)
+    what = {'stall': 'stalls', 'stop': 'stops (SIGSTOP)'}.get(fault.kind, 'dies')
+    print(f'--debug_fault {fault}: process {fault.process} {what} at step {step}', flush=True)
+    if fault.kind == 'stop':
+      os.kill(os.getpid(), signal.SIGSTOP)
+      return  # (Continued by a SIGCONT, it trains on.)
     if fault.kind == 'stall':
       while True:  # The heartbeat threads go on; this process makes no progress.
         time.sleep(3600)

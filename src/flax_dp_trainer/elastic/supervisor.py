@@ -274,6 +274,10 @@ class Launch:
         bad = [(i, p.popen.poll()) for i, p in enumerate(self.programs)
                if p.popen.poll() not in (None, 0)]
         index, status = min(bad, key=lambda b: (b[1] >= 0, b[0]))
+        if status in (-signal.SIGABRT, 128 + signal.SIGABRT):
+          stopped = self._stopped_peer(started, index, status)
+          if stopped is not None:
+            return stopped
         return self._exited(index, status)
       if all(s == 0 for s in statuses):
         for program in self.programs:
@@ -305,6 +309,35 @@ class Launch:
     return Failure(index, 'exit', status, phase, step,
                    f'{f"process {index}" if own else "srun"} exited with {signal_name(status)} (phase {phase}, step {step})',
                    fatal, line if fatal else '')
+
+  def _stopped_peer(self, started: float, aborted: int, status: int) -> Optional[Failure]:
+    """Before a SIGABRT is believed: JAX's runtime aborts the healthy processes when a peer's
+    heartbeats stop (a `kill -STOP`, a frozen host) for its heartbeat timeout. The process to
+    blame is then one still running, behind the aborted one (by its progress files: its step,
+    then the step it dispatched) and silent for over a second; None where there is none."""
+    if self.elastic_dir is None or len(self.programs) != self.count:
+      return None
+    now, behind = time.time(), []
+    mine = self._progress(aborted, started) or {}
+    mark = (mine.get('step', 0), mine.get('dispatched', 0))
+    for index in range(self.count):
+      if index == aborted or self._status(index) is not None:
+        continue
+      record = self._progress(index, started)
+      if record is None:
+        phase, step, dispatched, since = 'startup', 0, 0, started
+      else:
+        phase, step, since = record['phase'], record['step'], record['time']
+        dispatched = record.get('dispatched', 0)
+      if (step, dispatched) < mark and now - since > liveness.INTERVAL_S:
+        behind.append((step, dispatched, since, index, phase))
+    if not behind:
+      return None
+    step, _, since, index, phase = min(behind)
+    return Failure(index, 'hang', None, phase, step,
+                   f'process {index} made no progress for {now - since:.0f} s (phase {phase}, '
+                   f'step {step}), and JAX\'s runtime stopped the others for its missing '
+                   f'heartbeats (process {aborted} exited with {signal_name(status)})')
 
   def _hang(self, started: float) -> Optional[Failure]:
     """The process that stopped making progress first, where one is past its phase's limit:
