@@ -1,4 +1,4 @@
-"""A run that loses a host and then hangs finishes on the processes that remain, with the
+"""A run that loses a host and then hangs (a process stopped) finishes on the processes that remain, with the
 params of a run that never failed, and its goodput table accounts for its wall time
 (launch/local.sh with --max_restarts; the launcher's own logic is tests/elastic/'s)."""
 
@@ -36,7 +36,7 @@ def test_a_lost_host_and_a_hang_cost_a_restart_each_and_not_the_run(config, tmp_
   launched = subprocess.run(
       ['launch/local.sh', '--num_processes=4', '--devices_per_process=1', '--max_restarts=2',
        '--min_processes=2', '--hang_timeout_s=6', '--stop_grace_s=1',
-       '--debug_fault=lose@15:3,stall@30:1', '--', '--config=default', f'--workdir={workdir}',
+       '--debug_fault=lose@15:3,stop@30:1', '--', '--config=default', f'--workdir={workdir}',
        f'--config.tfds_data_dir={tfds_data_dir}',
        *[f'--config.{field}={value}' for field, value in RUN.items()]],
       cwd=REPO, env=processes.environment(PYTHON=sys.executable), capture_output=True,
@@ -49,7 +49,8 @@ def test_a_lost_host_and_a_hang_cost_a_restart_each_and_not_the_run(config, tmp_
   assert (lost['cause'], lost['process'], lost['lost_host']) == ('exit', 3, True)
   assert (lost['checkpoint_step'], lost['steps_to_recompute'], lost['next_processes']) == (
       10, 4, 3)
-  # Process 1 stalls before dispatching step 30; the others wait for it in that step.
+  # Process 1 stops (SIGSTOP, its heartbeats too) before dispatching step 30; the others wait
+  # for it in that step, and the heartbeat timeout the launcher passed outlasts its limit.
   assert (hung['cause'], hung['process'], hung['phase']) == ('hang', 1, 'step')
   assert (hung['checkpoint_step'], hung['steps_to_recompute']) == (20, 9)
   assert hung['next_processes'] == 3
