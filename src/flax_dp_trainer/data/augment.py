@@ -48,7 +48,7 @@ import math
 from typing import Sequence, Union
 
 import numpy as np
-from flax_dp_trainer.base.tensorflow_import import tf
+from flax_dp_trainer.data.tensorflow_import import tf
 
 from flax_dp_trainer.data import specs
 

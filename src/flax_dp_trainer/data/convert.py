@@ -32,7 +32,7 @@ FOLDER_VERSION = '1.0.0'
 
 def _convert_shard(in_path, out_path) -> None:
   # pylint: disable=import-outside-toplevel  # (start-up: see the module docstring)
-  from flax_dp_trainer.base.tensorflow_import import tf
+  from flax_dp_trainer.data.tensorflow_import import tf
   from tensorflow_datasets.core import file_adapters
   from tensorflow_datasets.core.utils import py_utils
   adapter = file_adapters.ADAPTER_FOR_FORMAT[file_adapters.FileFormat.ARRAY_RECORD]

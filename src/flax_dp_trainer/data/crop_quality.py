@@ -5,7 +5,7 @@ antialias=True)`), our crops of those windows at a setting, evaluation's, and th
 PSNR (dB) and SSIM (`tf.image.ssim`)."""
 
 import numpy as np
-from flax_dp_trainer.base.tensorflow_import import tf
+from flax_dp_trainer.data.tensorflow_import import tf
 
 from flax_dp_trainer.data import preprocess
 from flax_dp_trainer.data import stream as stream_lib

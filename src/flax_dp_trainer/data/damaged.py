@@ -30,7 +30,7 @@ import re
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
-from flax_dp_trainer.base.tensorflow_import import tf
+from flax_dp_trainer.data.tensorflow_import import tf
 import tensorflow_datasets as tfds
 from absl import logging
 from etils import epath

@@ -27,7 +27,7 @@ import math
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
-from flax_dp_trainer.base.tensorflow_import import tf
+from flax_dp_trainer.data.tensorflow_import import tf
 import tensorflow_datasets as tfds
 
 from flax_dp_trainer.base.batch_keys import MASK_KEY

@@ -18,7 +18,7 @@ To add an augmentation: write a `Step` (a frozen dataclass with `name`, `stream`
 import dataclasses
 from typing import Optional
 
-from flax_dp_trainer.base.tensorflow_import import tf
+from flax_dp_trainer.data.tensorflow_import import tf
 
 from flax_dp_trainer.data import augment
 from flax_dp_trainer.data import resize as resize_lib

@@ -3,7 +3,7 @@ for decoded pixels, `resample` for a region at a sub-pixel position (what a JPEG
 1/2-1/8 scale leaves to do, `scaled_decode`), both uint8 out, rounded as torchvision's uint8
 resize rounds."""
 
-from flax_dp_trainer.base.tensorflow_import import tf
+from flax_dp_trainer.data.tensorflow_import import tf
 
 
 # resample's kernel for each filter, antialiased. 'antialias' keeps its own (the triangle:

@@ -18,7 +18,7 @@ intervals that neither fill nor split rows, anything unexpected) are left as the
 from typing import Optional
 
 import numpy as np
-from flax_dp_trainer.base.tensorflow_import import tf
+from flax_dp_trainer.data.tensorflow_import import tf
 
 # Below this many pixels the cut's fixed cost (a Python call, the scan for markers) is no
 # longer small against the decode it saves; such images decode as they are.

@@ -8,7 +8,7 @@ the pixels' decoding changes; which window, and the flip after it, stay the stre
 
 What resamples the rest (less than 2x) is `resize.resample`'s kernel for `resize_filter`."""
 
-from flax_dp_trainer.base.tensorflow_import import tf
+from flax_dp_trainer.data.tensorflow_import import tf
 
 from flax_dp_trainer.data import resize
 

@@ -22,7 +22,7 @@ import types
 from typing import Any, Optional
 
 import numpy as np
-from flax_dp_trainer.base.tensorflow_import import tf
+from flax_dp_trainer.data.tensorflow_import import tf
 import tensorflow_datasets as tfds
 
 from flax_dp_trainer.data import arrays as arrays_lib

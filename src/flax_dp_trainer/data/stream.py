@@ -17,7 +17,7 @@ g), so an example is augmented the same way wherever and whenever it is built.
 import dataclasses
 
 import numpy as np
-from flax_dp_trainer.base.tensorflow_import import tf
+from flax_dp_trainer.data.tensorflow_import import tf
 
 # The random streams of the data seed. 2 drew Mixup/CutMix on the host before it moved into
 # the step (mix.py, keyed by the step's RNG); it stays unused.

@@ -4,7 +4,7 @@ examples one call of a pipeline's function prepares, and how its functions are t
 
 import os
 
-from flax_dp_trainer.base.tensorflow_import import tf
+from flax_dp_trainer.data.tensorflow_import import tf
 
 
 # Examples one call of a pipeline's function reads and prepares, one after the other: work

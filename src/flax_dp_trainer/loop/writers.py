@@ -13,7 +13,7 @@ import socket
 import time
 
 import jax
-from flax_dp_trainer.base.tensorflow_import import tf
+from flax_dp_trainer.data.tensorflow_import import tf
 from absl import logging
 from clu import metric_writers
 from tensorboard.compat.proto import event_pb2

@@ -1,5 +1,5 @@
 """TensorFlow as every module of the package imports it (`from
-flax_dp_trainer.base.tensorflow_import import tf`): loaded, then triton kept out of the
+flax_dp_trainer.data.tensorflow_import import tf`; CLU's writers too): loaded, then triton kept out of the
 process at once (`torch_import`), since torchvision imported after TensorFlow would import
 triton and crash the interpreter."""
 
