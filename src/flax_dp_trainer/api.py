@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional, Sequence
 import ml_collections
 
 from flax_dp_trainer import logs
+from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.data import arrays
 from flax_dp_trainer.loop import progress as bars
 from flax_dp_trainer.loop import train as train_lib
@@ -22,25 +23,31 @@ from flax_dp_trainer.loop import writers
 from flax_dp_trainer.parallel import simulated
 
 
-def _with_data(config, data) -> tuple[ml_collections.ConfigDict, Optional[arrays.Arrays]]:
-  """`config` naming `data` ({split: (images, labels)} numpy arrays) where given, and the
-  arrays the run is given."""
+def _with_data(config, data, layout: Optional[str] = None
+               ) -> tuple[ml_collections.ConfigDict, Optional[arrays.Arrays]]:
+  """`config` naming `data` ({split: (images, labels)} numpy arrays, in `layout` where
+  declared) where given, and the arrays the run is given."""
   if data is None:
+    if layout is not None:
+      raise UserError(f'layout={layout!r} declares the layout of arrays given as data=..., '
+                      'and none are given; for an .npz file, declare it in the dataset\'s name '
+                      f'(config.dataset=\'npz:/path/data.npz?layout={layout}\')')
     return config, None
-  given = arrays.from_python(data)
+  given = arrays.from_python(data, layout=layout)
   config = ml_collections.ConfigDict(config.to_dict())
   config.dataset = given.name
   return config, given
 
 
 @contextlib.contextmanager
-def _started(config, data, cpu_devices: Optional[int], verbosity: str):
+def _started(config, data, cpu_devices: Optional[int], verbosity: str,
+             layout: Optional[str] = None):
   """What `fit` and `evaluate` run inside: the log lines shown at `verbosity`, the simulated
   CPU devices asked for, and (config, arrays) as `_with_data` gives them."""
   with logs.shown(verbosity):
     if cpu_devices is not None:
       simulated.use_cpu_devices(cpu_devices)
-    yield _with_data(config, data)
+    yield _with_data(config, data, layout)
 
 
 def _show_bars(progress: Optional[bool]) -> bool:
@@ -62,18 +69,22 @@ class FitResult:
 def fit(config, workdir: str, *, model=None, loss=None, data=None, devices=None,
         cpu_devices: Optional[int] = None,
         callbacks: Sequence[Callable[[int, dict], None]] = (),
-        verbosity: str = 'info', progress: Optional[bool] = None) -> FitResult:
+        verbosity: str = 'info', progress: Optional[bool] = None,
+        layout: Optional[str] = None) -> FitResult:
   """Trains `config` in `workdir`, resuming from its newest checkpoint
   (`train.train_and_evaluate`); returns a `FitResult`. `data`: {split: (images, labels)}
   numpy arrays to train on in place of `config.dataset` (`data/arrays.py`). `cpu_devices`:
   that many simulated CPU devices, as the command line's `--cpu_devices` (before JAX starts
   in this process). `callbacks`: each called on process 0 as `callback(step, {tag: value})`
   with every log step's training metrics and every evaluation's, as they are written.
-  `verbosity`: 'info' shows the command line's lines (progress, evaluations, checkpoints),
-  'warning' and 'error' less. `progress`: a progress bar for the run, with its latest
-  metrics, and one for each evaluation (a live widget in a notebook, text elsewhere);
-  default: in a notebook (a Jupyter kernel) only."""
-  with _started(config, data, cpu_devices, verbosity) as (config, given):
+  `verbosity`: 'info' shows the command line's lines (progress, evaluations, checkpoints)
+  less the config's dump (`logs.shown`), 'warning' and 'error' less. `progress`: a progress
+  bar for the run, with its latest metrics, and one for each evaluation (a live widget in a
+  notebook, text elsewhere, the log lines printed above it); default: in a notebook (a
+  Jupyter kernel) only. `layout`: how `data`'s images are laid
+  out, 'NCHW' (PyTorch's; transposed on load) or 'NHWC'; undeclared, images that look like
+  NCHW are refused. It is part of the dataset's name: a resume must declare the same."""
+  with _started(config, data, cpu_devices, verbosity, layout) as (config, given):
     state = train_lib.train_and_evaluate(config, workdir, devices=devices, model=model,
                                          loss=loss, data=given, callbacks=callbacks,
                                          show_bars=_show_bars(progress))
@@ -82,10 +93,10 @@ def fit(config, workdir: str, *, model=None, loss=None, data=None, devices=None,
 
 def evaluate(config, workdir: str, *, model=None, loss=None, data=None, devices=None,
              cpu_devices: Optional[int] = None, verbosity: str = 'info',
-             progress: Optional[bool] = None) -> dict:
+             progress: Optional[bool] = None, layout: Optional[str] = None) -> dict:
   """Evaluates the newest checkpoint of `workdir` on the config's evaluations, writes the
   scalars at its step and returns them (`train.evaluate_only`); `cpu_devices`, `verbosity`
-  and `progress` (a bar for each evaluation) as `fit` takes them."""
-  with _started(config, data, cpu_devices, verbosity) as (config, given):
+  `progress` (a bar for each evaluation) and `layout` as `fit` takes them."""
+  with _started(config, data, cpu_devices, verbosity, layout) as (config, given):
     return train_lib.evaluate_only(config, workdir, devices=devices, model=model, loss=loss,
                                    data=given, show_bars=_show_bars(progress))

@@ -60,9 +60,15 @@ class Trained:
     """Model inputs (N, H, W, C), uint8 (float32 for a float dataset), from images as the
     dataset stores them: an array
     (N, H, W, C) or a list of (H, W, C) arrays (any size where the evaluation crops), or
-    encoded JPEG/PNG bytes; resized and center-cropped as the evaluation does."""
+    encoded JPEG/PNG bytes; resized and center-cropped as the evaluation does. Where the run
+    was given arrays declared NCHW (`spec.layout`), an (N, C, H, W) array too."""
+    self._refuse_one_image(images)
     if isinstance(images, np.ndarray) and images.ndim == 3 and self.input_shape[-1] == 1:
       images = images[..., None]  # (N, H, W) greyscale.
+    height, width, channels = self.input_shape
+    if (self.spec.layout == 'NCHW' and isinstance(images, np.ndarray) and
+        images.shape[1:] == (channels, height, width) and images.shape[1:] != self.input_shape):
+      images = np.ascontiguousarray(images.transpose(0, 2, 3, 1))  # As the run was given them.
     if (isinstance(images, np.ndarray) and images.dtype == np.dtype(self.spec.dtype) and
         images.shape[1:] == self.input_shape):
       return images
@@ -77,6 +83,28 @@ class Trained:
     # pylint: disable-next=import-outside-toplevel
     from flax_dp_trainer.data import pipeline  # (TensorFlow: only reading and decoding need it)
     return pipeline.eval_preprocessed(self.config, self.spec, images, encoded)
+
+  def _refuse_one_image(self, images: Images) -> None:
+    """One image given where a batch is taken, refused with the fix: an array (H, W, C) as
+    the model takes it (any H, W where the evaluation resizes; (C, H, W) where the run was
+    given NCHW arrays), (H, W) greyscale, or one encoded file's bytes. Taken as a batch, its
+    rows would be read as images."""
+    if isinstance(images, bytes):
+      raise UserError('one encoded image (bytes): predict, logits and preprocess take a list '
+                      'of them; pass [image]')
+    if not isinstance(images, np.ndarray):
+      return
+    height, width, channels = self.input_shape
+    shape = tuple(images.shape)
+    one = (shape == self.input_shape or
+           (self.spec.layout == 'NCHW' and shape == (channels, height, width)) or
+           (len(shape) == 3 and shape[-1] == channels and bool(self.spec.image_size)) or
+           (channels == 1 and len(shape) == 2 and
+            (shape == (height, width) or bool(self.spec.image_size))))
+    if one:
+      raise UserError(f'images of shape {shape} are one image: predict, logits and '
+                      f'preprocess take a batch, (N, {", ".join(map(str, shape))}); pass '
+                      'image[None] (or np.expand_dims(image, 0))')
 
   @functools.cached_property
   def _apply(self):

@@ -2,10 +2,12 @@
 Python (`trainer.fit(..., data=...)`), uint8 or float32, read by index in the global stream's
 order and trained to the same params on any device count."""
 
+import json
 import subprocess
 import sys
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -166,11 +168,149 @@ def test_float_arrays_from_python_train_as_on_one_device(shapes, config, tmp_pat
       scalars['eval_accuracy'][30], abs=1e-6)
 
 
-def test_an_arrays_missing_evaluation_split_is_stood_in_for_or_refused(config, shapes):
+def test_an_arrays_missing_evaluation_split_is_refused(config, shapes):
   path, _ = shapes
   config.dataset = f'npz:{path}'
-  assert builders.check_split(config, None, 'validation[:50%]', 'eval_split') == 'test[:50%]'
+  # Never the test split for a validation split, named by the user or the config's own
+  # eval_split: models would be chosen on the test set.
+  for stand_in in (False, True):
+    with pytest.raises(UserError, match=r"eval_split: dataset 'npz:.*shapes.npz' has no split "
+                       r"'validation\[:50%\]'; it has: test, train"):
+      builders.check_split(config, None, 'validation[:50%]', 'eval_split',
+                           **({'stand_in': True} if stand_in else {}))
   assert builders.check_split(config, None, 'train+test', 'train_split') == 'train+test'
   with pytest.raises(UserError, match=r"eval_splits: dataset 'npz:.*shapes.npz' has no split "
                      r"'validation'; it has: test, train"):
     builders.check_split(config, None, 'validation', 'eval_splits')
+
+
+def test_images_that_look_nchw_are_refused_unless_their_layout_is_declared(tmp_path):
+  """PyTorch's (N, C, H, W) would train as C rows of H channels: refused in one line that
+  names the fix; declared, transposed to NHWC once on load; an NHWC array whose H is 1, 3 or 4
+  is taken as it is where declared NHWC (and undeclared where its last axis is a channel's)."""
+  rng = np.random.RandomState(0)
+  nchw = rng.rand(8, 3, 6, 5).astype(np.float32)
+  labels = np.arange(8) % 2
+  with pytest.raises(UserError) as error:
+    arrays.from_python({'train': (nchw, labels)})
+  assert str(error.value) == (
+      "dataset='arrays:python': the images of split 'train' have shape (8, 3, 6, 5), channels "
+      'first as in PyTorch (N, C, H, W), and the trainer takes (N, H, W, C); declare their '
+      "layout: fit(..., layout='NCHW') transposes them on load, layout='NHWC' takes them as "
+      'they are (N, H, W, C) with H=3')
+  given = arrays.from_python({'train': (nchw, labels)}, layout='NCHW')
+  images, _ = given.splits['train']
+  np.testing.assert_array_equal(images, np.transpose(nchw, (0, 2, 3, 1)))
+  assert images.flags['C_CONTIGUOUS'] and given.name == 'arrays:python?layout=NCHW'
+  spec = specs.of_config(ml_collections.ConfigDict(dict(dataset=given.name)), given)
+  assert (spec.channels, spec.image_shape, spec.layout) == (3, (6, 5, 3), 'NCHW')
+  assert specs.to_json(spec)['layout'] == 'NCHW'
+  for height in (1, 3, 4):
+    nhwc = rng.rand(4, height, 7, 5).astype(np.float32)
+    with pytest.raises(UserError, match=f'with H={height}$'):
+      arrays.from_python({'train': (nhwc, labels[:4])})
+    images, _ = arrays.from_python({'train': (nhwc, labels[:4])}, layout='NHWC').splits['train']
+    assert images is nhwc
+    grey = nhwc[..., :1]  # Its last axis a channel's: NHWC by the look of it.
+    assert arrays.from_python({'train': (grey, labels[:4])}).image_shape == (height, 7, 1)
+  # (N, H, W) has no channel axis, in either layout.
+  flat = rng.rand(4, 3, 7).astype(np.float32)
+  assert arrays.from_python({'train': (flat, labels[:4])}, layout='NCHW').image_shape == (
+      3, 7, 1)
+  with pytest.raises(UserError, match=r"^layout='CHW' is not a layout; give layout='NCHW'"):
+    arrays.from_python({'train': (nchw, labels)}, layout='CHW')
+  with pytest.raises(UserError, match=r"^layout='NCHW' declares the layout of arrays given "
+                     r"as data=\.\.\., and none are given; for an \.npz file"):
+    trainer.fit(ml_collections.ConfigDict(), str(tmp_path / 'run'), layout='NCHW')
+
+
+def test_an_npz_files_layout_is_declared_in_its_name(tmp_path):
+  """`npz:PATH?layout=NCHW`: the file at PATH, transposed; a query the name cannot hold is
+  refused in one line."""
+  x_train = np.arange(2 * 3 * 4 * 5, dtype=np.uint8).reshape(2, 3, 4, 5)
+  path = tmp_path / 'nchw.npz'
+  np.savez(path, x_train=x_train, y_train=np.array([0, 1]))
+  with pytest.raises(UserError) as error:
+    specs.spec(f'npz:{path}')
+  assert str(error.value).endswith(
+      f"declare their layout: --config.dataset='npz:{path}?layout=NCHW' transposes them on "
+      'load, ?layout=NHWC takes them as they are (N, H, W, C) with H=3')
+  spec = specs.spec(f'npz:{path}?layout=NCHW')
+  assert (spec.name, spec.image_shape, spec.layout) == (f'npz:{path}?layout=NCHW', (4, 5, 3),
+                                                        'NCHW')
+  np.testing.assert_array_equal(spec.arrays.splits['train'][0], x_train.transpose(0, 2, 3, 1))
+  assert specs.spec(f'npz:{path}?layout=NHWC').image_shape == (3, 4, 5)
+  for query, message in [
+      ('?layot=NCHW', f"'layot' is not an option of an array dataset; the one option is layout "
+                      f'(e.g. npz:{path}?layout=NCHW)'),
+      ('?layout=nchw', "layout='nchw' is not a layout; give layout=NCHW for PyTorch's "
+                       '(N, C, H, W) images (transposed on load) or layout=NHWC'),
+      ('?layout=NCHW&layout=NCHW', 'layout is given twice; give it once')]:
+    with pytest.raises(UserError) as error:
+      specs.spec(f'npz:{path}{query}')
+    assert str(error.value).startswith(f"dataset='npz:{path}{query}': {message}")
+    assert '\n' not in str(error.value)
+
+
+def test_the_command_line_refuses_an_nchw_npz_file_in_one_line(tmp_path):
+  """What a user sees: `(N, 1, 8, 8)` images on `cnn` failed with ZeroDivisionError."""
+  path = tmp_path / 'nchw.npz'
+  images, labels = np.zeros((16, 1, 8, 8), np.float32), np.arange(16) % 10
+  np.savez(path, x_train=images, y_train=labels, x_test=images, y_test=labels)
+  result = subprocess.run(
+      [sys.executable, '-m', 'flax_dp_trainer', '--config=default',
+       f'--workdir={tmp_path / "run"}', f'--config.dataset=npz:{path}'], cwd=tmp_path,
+      env=processes.environment(), capture_output=True, text=True, timeout=120, check=False)
+  assert result.returncode != 0
+  assert result.stderr.strip().splitlines()[-1] == (
+      f"error: dataset='npz:{path}': the images of split 'test' have shape (16, 1, 8, 8), "
+      'channels first as in PyTorch (N, C, H, W), and the trainer takes (N, H, W, C); declare '
+      f"their layout: --config.dataset='npz:{path}?layout=NCHW' transposes them on load, "
+      '?layout=NHWC takes them as they are (N, H, W, C) with H=1')
+  assert not (tmp_path / 'run').exists()
+
+
+NCHW_SCRIPT = '''
+import sys
+import numpy as np
+import flax_dp_trainer as trainer
+from flax_dp_trainer.base.errors import UserError
+from flax_dp_trainer.configs import default
+
+rng = np.random.RandomState(0)
+x, y = rng.rand(64, 3, 8, 8).astype(np.float32), np.arange(64) % 4
+config = default.get_config()
+config.update(model='mlp', num_train_steps=3, warmup_steps=0, batch_size=16,
+              eval_every_steps=3, checkpoint_every_steps=3, log_every_steps=3)
+data = {'train': (x, y), 'test': (x[:16], y[:16])}
+result = trainer.fit(config, sys.argv[1], data=data, layout='NCHW', verbosity='error')
+print('step', result.step)
+trained = trainer.load(sys.argv[1])
+print('same predictions', bool((trained.predict(x) == trained.predict(
+    x.transpose(0, 2, 3, 1))).all()))
+try:
+  trainer.fit(config, sys.argv[1], data=data, layout='NHWC', verbosity='error')
+except UserError as e:
+  print('refused:', e)
+'''
+
+
+@pytest.mark.slow
+def test_declared_nchw_arrays_train_and_a_resume_cannot_switch_their_layout(tmp_path):
+  """A script, in a process of its own, trains on PyTorch-layout arrays declared so; the
+  model predicts on either layout alike; resuming with another layout is refused."""
+  script = tmp_path / 'nchw.py'
+  script.write_text(NCHW_SCRIPT)
+  workdir = tmp_path / 'run'
+  result = subprocess.run([sys.executable, str(script), str(workdir)], cwd=tmp_path,
+                          env=processes.environment(), capture_output=True, text=True,
+                          timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  lines = result.stdout.strip().splitlines()
+  assert lines[:2] == ['step 3', 'same predictions True'], result.stdout
+  assert lines[2].startswith(
+      f'refused: the checkpoint in {workdir}/checkpoints (step 3) was trained with another '
+      "stream or model: dataset 'arrays:python?layout=NCHW' -> 'arrays:python?layout=NHWC';")
+  recorded = json.loads((workdir / specs.SPEC_FILE).read_text())
+  assert (recorded['name'], recorded['channels'], recorded['image_shape'],
+          recorded['layout']) == ('arrays:python?layout=NCHW', 3, [8, 8, 3], 'NCHW')

@@ -2,7 +2,11 @@
 or arrays given from Python (`flax_dp_trainer.fit(config, workdir, data={'train': (x, y), ...})`).
 
 An `.npz` file holds `x_<split>` (images, NHWC or NHW) and `y_<split>` (integer labels) for
-each split, e.g. `x_train`, `y_train`, `x_test`, `y_test`. Images are uint8 (0..255, normalized
+each split, e.g. `x_train`, `y_train`, `x_test`, `y_test`. Images in PyTorch's layout (NCHW)
+are declared so (`npz:PATH?layout=NCHW`, `fit(..., layout='NCHW')`) and transposed to NHWC
+once, on load; undeclared, an array that looks like NCHW is refused rather than trained on as
+images of C rows of H channels. The declared layout is part of the dataset's name, so a
+resume that declares another one is another dataset. Images are uint8 (0..255, normalized
 in the step by the dataset's statistics: ImageNet's for colour, none for grey, or the
 config's `image_mean`/`image_std`) or float32 (taken as they are, unless the config gives
 statistics). A split is held in memory and read by index, so the global training stream and
@@ -12,6 +16,8 @@ the same training on any topology hold as for any other dataset. No TensorFlow h
 import dataclasses
 import functools
 import zipfile
+from typing import Optional
+
 import numpy as np
 
 from flax_dp_trainer.base.errors import UserError
@@ -19,16 +25,53 @@ from flax_dp_trainer.base.errors import UserError
 NPZ_PREFIX = 'npz:'  # config.dataset='npz:/path/data.npz'.
 GIVEN_PREFIX = 'arrays:'  # config.dataset of arrays given from Python ('arrays:NAME').
 DTYPES = ('uint8', 'float32')
+LAYOUTS = ('NHWC', 'NCHW')  # The trainer's layout (the default), and PyTorch's.
+# Axis sizes a channel axis has (grey, RGB, RGBA): an array (N, C, H, W) with C one of them
+# and W not reads as NCHW, and is refused unless its layout is declared.
+CHANNEL_COUNTS = (1, 3, 4)
+
 
 def is_arrays(name: str) -> bool:
   """Whether `name` (config.dataset) names arrays: an .npz file or arrays from Python."""
   return name.startswith((NPZ_PREFIX, GIVEN_PREFIX))
 
 
-def from_python(data: dict, name: str = 'python') -> 'Arrays':
+def options(name: str) -> tuple[str, dict[str, str]]:
+  """An array dataset's name (config.dataset) as (the name without its query, {key: value}
+  of its `?key=value&...` query); `UserError` for a key or value the query cannot hold. The
+  query is what follows the name's last '?'."""
+  base, mark, query = name.rpartition('?')
+  if not mark:
+    return name, {}
+  found = {}
+  for item in query.split('&'):
+    key, _, value = item.partition('=')
+    if key != 'layout':
+      raise UserError(f'dataset={name!r}: {key!r} is not an option of an array dataset; the '
+                      f'one option is layout (e.g. {_query_example(base)})')
+    if key in found:
+      raise UserError(f'dataset={name!r}: layout is given twice; give it once')
+    if value not in LAYOUTS:
+      raise UserError(f'dataset={name!r}: layout={value!r} is not a layout; give layout=NCHW '
+                      'for PyTorch\'s (N, C, H, W) images (transposed on load) or layout=NHWC '
+                      f'(e.g. {_query_example(base)})')
+    found[key] = value
+  return base, found
+
+
+def _query_example(base: str) -> str:
+  return f'{base}?layout=NCHW' if base.startswith(NPZ_PREFIX) else "fit(..., layout='NCHW')"
+
+
+def from_python(data: dict, name: str = 'python', layout: Optional[str] = None) -> 'Arrays':
   """`data` ({split: (images, labels)}) as a run's arrays, named `arrays:NAME` (the run's
-  `config.dataset`); checked as an .npz file's arrays are. The run is given them as an
-  argument (`flax_dp_trainer.fit(..., data=...)`): nothing is kept here."""
+  `config.dataset`), `arrays:NAME?layout=LAYOUT` where `layout` is declared; checked as an
+  .npz file's arrays are. The run is given them as an argument
+  (`flax_dp_trainer.fit(..., data=...)`): nothing is kept here."""
+  if layout is not None and layout not in LAYOUTS:
+    raise UserError(f'layout={layout!r} is not a layout; give layout=\'NCHW\' for PyTorch\'s '
+                    '(N, C, H, W) images (transposed on load) or layout=\'NHWC\' (taken as '
+                    'they are)')
   if not isinstance(data, dict) or not data:
     raise UserError('data must be a dict of splits, {"train": (images, labels), "test": '
                     f'(images, labels)}}; got {type(data).__name__}')
@@ -37,7 +80,7 @@ def from_python(data: dict, name: str = 'python') -> 'Arrays':
     if not isinstance(pair, (tuple, list)) or len(pair) != 2:
       raise UserError(f'data[{split!r}] must be (images, labels), two arrays')
     splits[str(split)] = (np.asarray(pair[0]), np.asarray(pair[1]))
-  return _checked(GIVEN_PREFIX + name, splits)
+  return _checked(GIVEN_PREFIX + name + (f'?layout={layout}' if layout else ''), splits)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +100,11 @@ class Arrays:
   @property
   def dtype(self) -> str:
     return str(next(iter(self.splits.values()))[0].dtype)
+
+  @property
+  def layout(self) -> str:
+    """The layout the images were given in ('NCHW': transposed to NHWC on load)."""
+    return options(self.name)[1].get('layout', 'NHWC')
 
   @property
   def num_classes(self) -> int:
@@ -83,19 +131,46 @@ def _npz_splits(path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return {s: (archive[f'x_{s}'], archive[f'y_{s}']) for s in splits}
 
 
+def _in_nhwc(name: str, split: str, images: np.ndarray, layout: Optional[str]) -> np.ndarray:
+  """`images` (N, ., ., .) in NHWC: transposed (one contiguous copy) where `layout` declares
+  NCHW, as they are where it declares NHWC; undeclared, refused where they look like NCHW
+  (`CHANNEL_COUNTS` second, not last), which would train on C rows of H channels."""
+  if layout == 'NCHW':
+    return np.ascontiguousarray(images.transpose(0, 2, 3, 1))
+  if (layout is None and images.shape[1] in CHANNEL_COUNTS and
+      images.shape[-1] not in CHANNEL_COUNTS):
+    if name.startswith(NPZ_PREFIX):
+      nchw, nhwc = f"--config.dataset='{name}?layout=NCHW'", '?layout=NHWC'
+    else:
+      nchw, nhwc = "fit(..., layout='NCHW')", "layout='NHWC'"
+    raise UserError(f'dataset={name!r}: the images of split {split!r} have shape '
+                    f'{images.shape}, channels first as in PyTorch (N, C, H, W), and the '
+                    f'trainer takes (N, H, W, C); declare their layout: {nchw} transposes '
+                    f'them on load, {nhwc} takes them as they are (N, H, W, C) with '
+                    f'H={images.shape[1]}')
+  return images
+
+
 def _checked(name: str, splits: dict) -> Arrays:
   """The splits as NHWC images of one dtype and shape and int32 labels; `UserError` naming
-  the first array that is not."""
+  the first array that is not. Images declared NCHW (`name`'s `?layout=NCHW`) are transposed
+  here, once; `splits` is emptied as they are, so that an .npz file's split read in one layout
+  is let go as soon as it is copied into the other."""
+  layout = options(name)[1].get('layout')
   checked, shape, dtype = {}, None, None
-  for split, (images, labels) in splits.items():
-    if images.ndim == 3:
-      images = images[..., None]  # (N, H, W) greyscale.
+  for split in list(splits):
+    images, labels = splits.pop(split)
+    grey = images.ndim == 3  # (N, H, W): no channel axis, in any layout.
+    if grey:
+      images = images[..., None]
     if images.ndim != 4:
       raise UserError(f'dataset={name!r}: the images of split {split!r} have shape '
                       f'{images.shape}; give (N, H, W, C) or (N, H, W) arrays')
     if str(images.dtype) not in DTYPES:
       raise UserError(f'dataset={name!r}: the images of split {split!r} are {images.dtype}; '
                       'give uint8 (0..255) or float32 images')
+    if not grey:
+      images = _in_nhwc(name, split, images, layout)
     if labels.ndim != 1 or len(labels) != len(images) or not np.issubdtype(labels.dtype,
                                                                               np.integer):
       raise UserError(f'dataset={name!r}: the labels of split {split!r} are {labels.dtype} of '
@@ -118,7 +193,7 @@ def read(name: str) -> Arrays:
   """The arrays of the .npz file `name` (config.dataset) names, loaded (once per process)
   and checked; arrays given from Python come with the run's spec (`DatasetSpec.arrays`)."""
   if name.startswith(NPZ_PREFIX):
-    return _checked(name, _npz_splits(name[len(NPZ_PREFIX):]))
+    return _checked(name, _npz_splits(options(name)[0][len(NPZ_PREFIX):]))
   raise UserError(f'dataset={name!r} names arrays given from Python, and this run was given '
                   'none: pass them, flax_dp_trainer.fit(config, workdir, data={"train": '
                   '(images, labels), ...}), or save them as an .npz file '

@@ -71,6 +71,9 @@ class DatasetSpec:
   image_key: str = 'image'
   label_key: str = 'label'
   dtype: str = 'uint8'  # Of the stored images: 'uint8', or 'float32' (arrays only).
+  # Of the stored images: 'NHWC', or (arrays declared so, `name`'s `?layout=NCHW`) 'NCHW',
+  # transposed to NHWC on load; `image_shape` is the images' after that.
+  layout: str = 'NHWC'
   # Arrays only: the images and labels themselves (an .npz file's, or those given from
   # Python), travelling with the spec to what reads them; never written (`to_json`).
   arrays: Optional[arrays_lib.Arrays] = dataclasses.field(default=None, compare=False,
@@ -227,7 +230,8 @@ def _arrays_spec(found: arrays_lib.Arrays) -> DatasetSpec:
   return DatasetSpec(found.name, num_classes=found.num_classes, channels=channels,
                      image_shape=found.image_shape,
                      num_train_examples=found.split_sizes.get('train', 0), **statistics,
-                     trainable='train' in found.splits, dtype=found.dtype, arrays=found)
+                     trainable='train' in found.splits, dtype=found.dtype,
+                     layout=found.layout, arrays=found)
 
 
 def _photo_statistics(channels: int) -> dict:
