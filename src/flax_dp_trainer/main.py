@@ -1,6 +1,7 @@
-"""Entry point: flags, device set-up, then `train.train_and_evaluate`.
+"""Trains a model on a dataset, as a config says (`dp-train`, `python -m flax_dp_trainer`):
+flags, device set-up, then `train.train_and_evaluate`.
 
-  python -m flax_dp_trainer --config=default --workdir=/tmp/run [--cpu_devices=8] \
+  python -m flax_dp_trainer --config=default --workdir=/tmp/run [--cpu_devices=8] \\
       [--config.FIELD=VALUE ...]
 """
 
@@ -76,10 +77,31 @@ def _several_processes() -> bool:
   return FLAGS.coordinator_address is not None or _cluster_detected()
 
 
+def _import_user_code(config) -> None:
+  """Imports the modules of `config.imports` and the model's module where `config.model` is
+  an import path (`UserError` where one does not import or names nothing): before any
+  dataset loads."""
+  user_imports.import_modules(config)
+  # pylint: disable-next=import-outside-toplevel
+  from flax_dp_trainer.model import source  # (flax: --list and --show_config need none)
+  if source.is_import_path(config.model):
+    source.resolve(config.model)
+
+
+def _what_imports(config) -> str:
+  """What `_import_user_code` imports, as a line naming a process that could not says it."""
+  # pylint: disable-next=import-outside-toplevel
+  from flax_dp_trainer.model import source  # (flax, as above)
+  named = [f'imports={config.imports!r}'] * bool(user_imports.names(config)) + (
+      [f'model={config.model!r}'] * source.is_import_path(config.model))
+  return 'import ' + ' and '.join(named or [f'imports={config.imports!r}'])
+
+
 def _import_error(config):
-  """The `UserError` of a module of `config.imports` that does not import, else None."""
+  """The `UserError` of a module of `config.imports`, or of the model's import path, that
+  does not import, else None."""
   try:
-    user_imports.import_modules(config)
+    _import_user_code(config)
   except UserError as e:
     return e
   return None
@@ -171,24 +193,29 @@ def main(argv):
   # pylint: disable-next=import-outside-toplevel
   from flax_dp_trainer.loop import checks
   try:
-    _check_flags()
-    timeline = _timeline()
-    config = checks.command_line_config(FLAGS['config'])
-    # What the device count does not decide, checked before TensorFlow or a JAX backend
-    # starts; the rest once the devices are known. A module of config.imports that does not
-    # import on this process of several stops them all, once they are connected.
-    import_error = _import_error(config)
-    if import_error is None:
-      checks.check_config(config, process_count=1, local_device_count=1)
-    elif not _several_processes():
-      raise import_error
+    try:
+      _check_flags()
+      timeline = _timeline()
+      config = checks.command_line_config(FLAGS['config'])
+      # What the device count does not decide, checked before TensorFlow or a JAX backend
+      # starts; the rest once the devices are known. A module of config.imports (or the
+      # model's) that does not import on this process of several stops them all, once they
+      # are connected.
+      import_error = _import_error(config)
+      if import_error is None:
+        checks.check_config(config, process_count=1, local_device_count=1)
+      elif not _several_processes():
+        raise import_error
+    except UserError as e:
+      # The command line refused on what it says alone, before anything starts: status 2,
+      # as a flag that does not parse (base/cli.py). Later refusals are status 1.
+      _exit(2, f'error: {e}')
     # pylint: disable-next=import-outside-toplevel
     from flax_dp_trainer.loop import train  # (TensorFlow: a bad config is refused before it loads)
     from flax_dp_trainer.loop import setup
     _set_up_devices()
     if jax.process_count() > 1:
-      multihost.on_every_process(lambda: user_imports.import_modules(config),
-                                f'import imports={config.imports!r}')
+      multihost.on_every_process(lambda: _import_user_code(config), _what_imports(config))
     logging.info('JAX process %d of %d; %d local and %d global %s devices',
                  jax.process_index(), jax.process_count(), jax.local_device_count(),
                  jax.device_count(), jax.default_backend())

@@ -355,8 +355,12 @@ def test_init_from_takes_params_only(config, tmp_path):
   config.update(model='cnn', init_from=source)
   with pytest.raises(UserError, match='has params that do not fit this model'):
     train.train_and_evaluate(config, str(tmp_path / 'other'))
-  config.update(model='mlp', init_from=str(tmp_path / 'tuned' / 'nothing'))
+  (tmp_path / 'empty').mkdir()
+  config.update(model='mlp', init_from=str(tmp_path / 'empty'))
   with pytest.raises(UserError, match='holds no checkpoint; point --config.init_from'):
+    train.train_and_evaluate(config, str(tmp_path / 'other'))
+  config.update(init_from=str(tmp_path / 'tuned' / 'nothing'))
+  with pytest.raises(UserError, match="tuned/nothing' does not exist"):
     train.train_and_evaluate(config, str(tmp_path / 'other'))
   assert not (tmp_path / 'other').exists()
 

@@ -368,8 +368,17 @@ def test_an_image_folder_is_a_dataset_read_by_index(config, digits_folder):
   # Every example is one of the written images with its folder's label.
   by_pixels = {bytes(image): label for image, label in written['train'].values()}
   assert all(by_pixels[bytes(x)] == y for x, y in zip(file_images, file_labels))
-  split = builders.check_split(config, None, 'test', 'eval_split')
+  # A 'test' the user named (--config.eval_split=test, an eval_splits entry) is refused; the
+  # config's own is read from val/.
+  for field in ('eval_split', 'eval_splits'):
+    with pytest.raises(UserError, match=f"{field}='test': image folder .* has no test/ folder "
+                       'of class folders; it has: train, val'):
+      builders.check_split(config, None, 'test', field)
+  split = builders.check_split(config, None, 'test', 'eval_split', stand_in=True)
   assert split == 'val'
+  assert [s.stand_in for s in run_datasets.resolve(config).evals] == [True]
+  assert [s.stand_in for s in run_datasets.resolve(
+      config, command_line=frozenset({'eval_split'})).evals] == [False]
   evaluation = pipeline.eval_data(config, None, eval_set=dataclasses.replace(
       run_datasets.resolve(config).evals[0], split=split))
   seen = [(bytes(x), y) for b in pipeline.eval_batches(evaluation)

@@ -37,8 +37,13 @@ def test_a_split_the_arrays_lack_is_refused_naming_those_they_have(npz):
   with pytest.raises(UserError, match="train_split: dataset .* has no split 'tain'; it has: "
                      'train, validation'):
     builders.check_split(config, None, 'tain', 'train_split')
-  # An evaluation split of another common name is read from the one the dataset has.
-  assert builders.check_split(config, None, 'test[:2]', 'eval_split') == 'validation[:2]'
+  # A 'test' the user named is refused; the config's own is read from the validation split
+  # the dataset has.
+  with pytest.raises(UserError, match="eval_split: dataset .* has no split 'test'; it has: "
+                     'train, validation'):
+    builders.check_split(config, None, 'test', 'eval_split')
+  assert builders.check_split(config, None, 'test[:2]', 'eval_split',
+                              stand_in=True) == 'validation[:2]'
 
 
 @pytest.mark.parametrize('cache, dataset, builder, mode', [

@@ -7,10 +7,12 @@ import sys
 import ml_collections
 import pytest
 
+import flax_dp_trainer
 from flax_dp_trainer import zoo
 
 from flax_dp_trainer.loop import train
 from flax_dp_trainer.data import builders
+from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 from tests import REPO
@@ -178,6 +180,14 @@ CASES = {
     'an evaluation set as the training set': (
         dict(dataset='imagenet_v2'),
         "dataset='imagenet_v2' has no train split: it is an evaluation set"),
+    # Even the config's own eval_split: never the test split in place of a validation split.
+    'validation split the dataset lacks': (
+        dict(eval_split='validation'),
+        "eval_split: dataset 'digits' has no split 'validation'; it has: test, train"),
+    'init_from that does not exist': (
+        dict(init_from='no_such_run/model.pth'),
+        "init_from='no_such_run/model.pth' does not exist (no such file or directory); point "
+        '--config.init_from at a workdir, '),
 }
 
 
@@ -226,22 +236,86 @@ def _cli(*args):
       timeout=300, check=False)
 
 
-@pytest.mark.parametrize('args,message', [
+@pytest.mark.parametrize('args,status,message', [
     # Decided once the devices are known (the slow part: a backend starts).
-    pytest.param(['--config.batch_size=100'],
+    pytest.param(['--config.batch_size=100'], 1,
                  'error: batch_size=100 is not divisible by the 8 devices',
                  marks=pytest.mark.slow),
-    (['--config.model=resnet9'],
+    # A split the user named is refused, not read from another (digits has train and test).
+    (['--config.eval_split=validation'], 1,
+     "error: eval_split: dataset 'digits' has no split 'validation'; it has: test, train (TFDS "
+     "slicing such as 'train[:90%]' is allowed; --config.eval_split=...)"),
+    # What the command line says alone: status 2, before TensorFlow loads.
+    (['--config.model=resnet9'], 2,
      "error: model='resnet9' is unknown; choose one of: cnn, mlp, resnet101"),
-    (['--cpu_devices=0'], 'error: --cpu_devices=0 must be a positive device count'),
+    (['--cpu_devices=0'], 2, 'error: --cpu_devices=0 must be a positive device count'),
 ])
-def test_cli_prints_one_line_and_exits_nonzero(tmp_path, tfds_data_dir, args, message):
+def test_cli_prints_one_line_and_exits_nonzero(tmp_path, tfds_data_dir, args, status, message):
   workdir = tmp_path / 'run'
   result = _cli(f'--workdir={workdir}', f'--config.tfds_data_dir={tfds_data_dir}', *args)
-  assert result.returncode == 1
+  assert result.returncode == status, result.stderr[-2000:]
   assert 'Traceback' not in result.stderr
   assert result.stderr.strip().splitlines()[-1].startswith(message)
+  assert 'evaluating its' not in result.stderr  # No split read in place of the one named.
   assert not workdir.exists()
+
+
+# A user's package of models: one that imports, one whose own import fails.
+MY_MODELS = {
+    '__init__.py': '',
+    'mynet.py': 'import flax.linen as nn\n\n\nclass Net(nn.Module):\n\n  @nn.compact\n'
+                '  def __call__(self, x, train=False):\n'
+                '    return nn.Dense(10)(x.reshape((x.shape[0], -1)))\n',
+    'broken.py': 'import flax.linen as nn\nimport nonexistent_pkg\n',
+}
+
+
+def _my_models(root, package):
+  (root / package).mkdir()
+  for name, text in MY_MODELS.items():
+    (root / package / name).write_text(text)
+
+
+@pytest.mark.parametrize('arg,message', [
+    ('--config.model=my_models.mynet:Nett',
+     "error: model='my_models.mynet:Nett': {root}/my_models/mynet.py has no 'Nett' (the part "
+     "after the colon names a class or function of the module); did you mean 'Net'?"),
+    ('--config.model=my_models.broken:Net',
+     "error: model='my_models.broken:Net': module 'my_models.broken' is found, but its import "
+     "at my_models/broken.py, line 2 fails (ModuleNotFoundError: No module named "
+     "'nonexistent_pkg'); install nonexistent_pkg or fix that import"),
+    ('--config.imports=my_models.broken',
+     "error: imports='my_models.broken': module 'my_models.broken' is found, but its import "
+     "at my_models/broken.py, line 2 fails (ModuleNotFoundError: No module named "
+     "'nonexistent_pkg'); install nonexistent_pkg or fix that import"),
+])
+def test_a_model_path_that_names_nothing_exits_2_before_the_data_loads(tmp_path, arg, message):
+  """Resolved right after the config is read: one line, status 2, and no dataset or
+  TensorFlow log line before it; a module found whose own import fails is named by file and
+  line, not sent to PYTHONPATH."""
+  _my_models(tmp_path, 'my_models')
+  result = subprocess.run(
+      [sys.executable, '-m', 'flax_dp_trainer', '--config=default',
+       f'--workdir={tmp_path / "run"}', arg], cwd=tmp_path, env=processes.environment(),
+      capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert result.stderr.strip().splitlines() == [message.format(root=tmp_path)]
+  assert not (tmp_path / 'run').exists()
+
+
+def test_fit_refuses_a_model_path_that_names_nothing_before_the_data_loads(
+    config, tmp_path, monkeypatch):
+  _my_models(tmp_path, 'my_models_of_fit')
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.setattr(run_datasets, 'resolve', _no_data)
+  config.model = 'my_models_of_fit.mynet:Nett'
+  with pytest.raises(UserError, match="mynet.py has no 'Nett' .*; did you mean 'Net'"):
+    flax_dp_trainer.fit(config, str(tmp_path / 'run'))
+  assert not (tmp_path / 'run').exists()
+
+
+def _no_data(*args, **kwargs):
+  raise AssertionError('the datasets were resolved before the model')
 
 
 # Mistakes on the command lines of every entry point: one line, no traceback, nothing written.
@@ -261,9 +335,9 @@ COMMAND_LINE_MISTAKES = [
       '--config.batch_size=big'],
      "error: flag --config.batch_size=big: invalid literal for int() with base 10: 'big'"),
     (['flax_dp_trainer', '--config=default', '--workdir={workdir}',
-      '--config.model_kwargs.depth=3'],
-     "error: --config.model_kwargs.depth: model_kwargs has no key 'depth'; the command line "
-     'overrides the keys a config file sets: set it there first'),
+      '--config.model_kwargs.depth=[3'],
+     "error: --config.model_kwargs.depth=[3: not a Python literal ('[' was never closed); "
+     'give a number, a quoted string, or a tuple, list or dict of them'),
     (['flax_dp_trainer', '--config=default', '--workdir={workdir}', '--cpu_devices=2',
       '--config.model=my_models.no_such:Net'],
      "error: model='my_models.no_such:Net': module 'my_models.no_such' does not import "
@@ -277,10 +351,10 @@ COMMAND_LINE_MISTAKES = [
     (['flax_dp_trainer', '--config=default', '--workdir={workdir}', '--epochs=3'],
      "error: Unknown command line flag 'epochs'"),
     (['flax_dp_trainer', '--config=default', '{workdir}'],
-     'error: unexpected arguments: {workdir} (flags are --NAME=VALUE; see --helpshort)'),
+     'error: unexpected arguments: {workdir} (flags are --NAME=VALUE; see --help)'),
     (['flax_dp_trainer', '--config=default'], 'error: --workdir is required: '),
     (['flax_dp_trainer', '--config=default', '--workdir={workdir}', 'steps=5'],
-     'error: unexpected arguments: steps=5 (flags are --NAME=VALUE; see --helpshort)'),
+     'error: unexpected arguments: steps=5 (flags are --NAME=VALUE; see --help)'),
     (['flax_dp_trainer.tools.compare', '--config=default', '--workdir={workdir}',
       '--config.nonexistent=1'], "error: --config.nonexistent: the config has no field"),
     (['flax_dp_trainer.tools.benchmark', '--config=default', '--jax_devices=a', '--parts=limit',

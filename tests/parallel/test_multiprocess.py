@@ -141,7 +141,7 @@ def test_a_process_that_cannot_import_the_model_stops_every_process(tmp_path, tf
                        "'only_here' does not import (ModuleNotFoundError: No module named "
                        f"'only_here'); it is looked for in the working directory {elsewhere} "
                        'and on sys.path (add its folder to PYTHONPATH)'], logs[1][-3000:]
-  assert errors[0] == [f"error: process 1 on host {host} cannot build model='only_here:Net' "
+  assert errors[0] == [f"error: process 1 on host {host} cannot import model='only_here:Net' "
                        '(its log says why); every process stops'], logs[0][-3000:]
   assert not any('Traceback' in log for log in logs)
   assert not workdir.exists()

@@ -8,9 +8,12 @@ directory first, then `sys.path` (PYTHONPATH). Every entry point imports them be
 the config (`checks.check_config`), on every process of a multi-process run.
 """
 
+import difflib
 import importlib
 import os
 import sys
+import sysconfig
+import traceback
 from typing import Any, Optional
 
 from flax_dp_trainer.base.errors import UserError, first_line
@@ -38,9 +41,51 @@ def import_modules(config) -> None:
     try:
       importlib.import_module(name)
     except Exception as e:  # pylint: disable=broad-except  # The user's code: any error.
-      raise UserError(f'imports={config.imports!r}: module {name!r} does not import '
-                      f'({first_line(e)}); it is looked for in the working directory '
-                      f'{os.getcwd()} and on sys.path (add its folder to PYTHONPATH)') from None
+      raise _not_imported(f'imports={config.imports!r}', name, e) from None
+
+
+# Where the interpreter's own modules and installed packages live: a frame there is not the
+# user's line that failed.
+_INSTALLED = tuple({os.path.realpath(sysconfig.get_path(kind)) + os.sep
+                    for kind in ('stdlib', 'platstdlib', 'purelib', 'platlib')} |
+                   {os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep})
+
+
+def _shown(path: str) -> str:
+  """`path` relative to the working directory where it is inside it, else as it is."""
+  relative = os.path.relpath(path)
+  return path if relative.startswith(os.pardir) else relative
+
+
+def _failing_line(error: BaseException) -> Optional[str]:
+  """'FILE, line N' of the user's code where `error` was raised while a module imported: the
+  innermost frame outside the interpreter, the installed packages and this package (for a
+  syntax error, its own place); None where there is none."""
+  if isinstance(error, SyntaxError) and error.filename:
+    return f'{_shown(error.filename)}, line {error.lineno}'
+  frames = [frame for frame in traceback.extract_tb(error.__traceback__)
+            if not frame.filename.startswith('<') and
+            not os.path.realpath(frame.filename).startswith(_INSTALLED)]
+  return f'{_shown(frames[-1].filename)}, line {frames[-1].lineno}' if frames else None
+
+
+def _not_imported(described: str, module_name: str, error: Exception) -> UserError:
+  """The refusal of `module_name` (of config value `described`), whose import raised `error`:
+  where the module itself is not found, where it is looked for; where it is found and its own
+  code fails (one of its imports, a syntax error), the file and line that fail."""
+  missing = getattr(error, 'name', None) if isinstance(error, ModuleNotFoundError) else None
+  where = _failing_line(error)
+  if (missing and (module_name == missing or module_name.startswith(missing + '.'))) or (
+      where is None):
+    return UserError(f'{described}: module {module_name!r} does not import ({first_line(error)}'
+                     f'); it is looked for in the working directory {os.getcwd()} and on '
+                     'sys.path (add its folder to PYTHONPATH)')
+  if isinstance(error, ImportError):
+    fix = f'install {missing} or fix that import' if missing else 'fix that import'
+    return UserError(f'{described}: module {module_name!r} is found, but its import at {where} '
+                     f'fails ({first_line(error)}); {fix}')
+  return UserError(f'{described}: module {module_name!r} is found, but it fails at {where} '
+                   f'({first_line(error)}); fix that line')
 
 
 def import_object(name: str, field: str = 'model') -> Any:
@@ -51,15 +96,14 @@ def import_object(name: str, field: str = 'model') -> Any:
   try:
     obj = importlib.import_module(module_name)
   except Exception as e:  # pylint: disable=broad-except  # The user's code: any error.
-    raise UserError(f'{field}={name!r}: module {module_name!r} does not import '
-                    f'({first_line(e)}); it is looked for in the working '
-                    f'directory {os.getcwd()} and on sys.path (add its folder to PYTHONPATH)'
-                    ) from None
+    raise _not_imported(f'{field}={name!r}', module_name, e) from None
   where = getattr(obj, '__file__', module_name)
   for part in attribute.split('.'):
     if not hasattr(obj, part):
+      close = difflib.get_close_matches(part, [n for n in dir(obj) if not n.startswith('_')], 1)
+      guess = f'; did you mean {close[0]!r}?' if close else ''
       raise UserError(f'{field}={name!r}: {where} has no {part!r} (the part after the colon '
-                      'names a class or function of the module)')
+                      f'names a class or function of the module){guess}')
     obj = getattr(obj, part)
   return obj
 

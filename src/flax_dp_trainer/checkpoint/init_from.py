@@ -19,9 +19,23 @@ from flax_dp_trainer.zoo import torch_weights
 from flax_dp_trainer.zoo import vit
 
 
+# What `init_from` may name, as its refusals say.
+_WHAT_IT_TAKES = ('a workdir, its checkpoints/ directory, one step directory in it, or a '
+                  'PyTorch state dict file (.pth, .pt, .bin, .safetensors)')
+
+
+def check_exists(path: str) -> None:
+  """Refuses an `init_from` that names nothing on disk (before anything loads: a typo in the
+  path is not a checkpoint that does not fit)."""
+  if not os.path.exists(path):
+    raise UserError(f'init_from={path!r} does not exist (no such file or directory); point '
+                    f'--config.init_from at {_WHAT_IT_TAKES}')
+
+
 def read_state_dict(path: str) -> dict:
   """The PyTorch state dict file of `init_from`, read (progress logged); `UserError` in one
   line where it does not read as one."""
+  check_exists(path)
   started = time.perf_counter()
   logging.info('init_from=%r: reading the PyTorch state dict (%.1f MB)', path,
                os.path.getsize(path) / 1e6)
@@ -125,6 +139,7 @@ def load_params(path: str, wanted_params: Any, pos_embedding_resize: str = 'bicu
 
   For `init_from` (fine-tuning): only params are taken; the optimizer starts fresh.
   """
+  check_exists(path)
   path = os.path.abspath(path)
   candidates = [path, os.path.join(path, 'checkpoints')]
   step = None
@@ -139,9 +154,8 @@ def load_params(path: str, wanted_params: Any, pos_embedding_resize: str = 'bicu
     if reader is not None and name.isdigit() and int(name) in reader.all_steps():
       step = int(name)
   if step is None:
-    raise UserError(f'init_from={path!r} holds no checkpoint; point --config.init_from at a '
-                    'workdir, its checkpoints/ directory, one step directory in it, or a '
-                    'PyTorch state dict file (.pth, .pt, .bin, .safetensors)')
+    raise UserError(f'init_from={path!r} holds no checkpoint; point --config.init_from at '
+                    f'{_WHAT_IT_TAKES}')
   saved = {k[len('params/'):]: v for k, v in checkpointer.state_metadata(reader, step).items()
            if k.startswith('params/')}
   convert = checkpointer.layer_conversion(saved, wanted_params)

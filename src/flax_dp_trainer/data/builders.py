@@ -150,16 +150,17 @@ def _converted_builder(found: folder_lib.ImageFolder):
 
 
 def check_split(config, builder, split: str, field: str,
-                ds_spec: Optional[specs.DatasetSpec] = None) -> str:
-  """`split` as the dataset reads it (an image folder may read another evaluation split's
-  name, and says so); refuses a split (slicing allowed) that the dataset does not have,
-  listing those it has. Builders without split metadata (tfds.testing.mock_data's) are not
-  checked."""
+                ds_spec: Optional[specs.DatasetSpec] = None, *, stand_in: bool = False) -> str:
+  """`split` as the dataset reads it; refuses a split (slicing allowed) that the dataset does
+  not have, listing those it has. `stand_in`: `split` is the config's own `eval_split`, not
+  one the user named (`run_datasets.EvalSet.stand_in`), and where the dataset lacks it, the
+  split `folder.stand_in_for` names is read instead, said in the log. Builders without split
+  metadata (tfds.testing.mock_data's) are not checked."""
   ds_spec = ds_spec or specs.of_config(config)
   if arrays_lib.is_arrays(ds_spec.name):
-    return _array_split(ds_spec, split, field)
+    return _array_split(ds_spec, split, field, stand_in)
   if ds_spec.folder:
-    split, note = folder_lib.scan(ds_spec.folder).split_name(split, field)
+    split, note = folder_lib.scan(ds_spec.folder).split_name(split, field, stand_in)
     if note:
       logging.warning('%s', note)
     return split
@@ -168,38 +169,38 @@ def check_split(config, builder, split: str, field: str,
   try:
     builder.info.splits[split]  # pylint: disable=pointless-statement
   except (KeyError, ValueError, AssertionError):
-    stand_in = _evaluation_stand_in(split, field, builder.name, builder.info.splits)
-    if stand_in:
-      return stand_in
+    found = _evaluation_stand_in(split, field, builder.name, builder.info.splits, stand_in)
+    if found:
+      return found
     raise UserError(f'{field}: dataset {builder.name!r} has no split {split!r}; it has: '
                     f'{", ".join(sorted(builder.info.splits))} (TFDS slicing such as '
                     f"'train[:90%]' is allowed; --config.{field}=...)") from None
   return split
 
 
-def _evaluation_stand_in(split: str, field: str, dataset: str, names) -> Optional[str]:
-  """For `eval_split` naming an evaluation split (`folder.EVAL_SPLIT_NAMES`) the dataset
-  lacks: another of those it has, said in the log (slicing kept); else None."""
+def _evaluation_stand_in(split: str, field: str, dataset: str, names,
+                         stand_in: bool) -> Optional[str]:
+  """Where `stand_in` allows, the split `folder.stand_in_for` names in place of `split`,
+  said in the log (slicing kept); else None."""
   base, bracket, rest = split.partition('[')
-  stand_in = next((name for name in folder_lib.EVAL_SPLIT_NAMES if name in names), None)
-  if field != 'eval_split' or base not in folder_lib.EVAL_SPLIT_NAMES or not stand_in:
+  found = folder_lib.stand_in_for(base, names) if stand_in else None
+  if not found:
     return None
   logging.warning('%s=%r: dataset %r has no %s split; evaluating its %s split '
-                  '(--config.%s=%s says so)', field, split, dataset, base, stand_in, field,
-                  stand_in)
-  return stand_in + bracket + rest
+                  '(--config.%s=%s says so)', field, split, dataset, base, found, field, found)
+  return found + bracket + rest
 
 
-def _array_split(ds_spec: specs.DatasetSpec, split: str, field: str) -> str:
+def _array_split(ds_spec: specs.DatasetSpec, split: str, field: str, stand_in: bool) -> str:
   """`split` of an array dataset, checked as `check_split` checks a TFDS one."""
   name = ds_spec.name
   found = ds_spec.arrays if ds_spec.arrays is not None else arrays_lib.read(name)
   sizes = found.split_sizes
   if all(part.partition('[')[0] in sizes for part in split.split('+')):
     return split
-  stand_in = _evaluation_stand_in(split, field, name, sizes)
-  if stand_in:
-    return stand_in
+  replaced = _evaluation_stand_in(split, field, name, sizes, stand_in)
+  if replaced:
+    return replaced
   raise UserError(f'{field}: dataset {name!r} has no split {split!r}; it has: '
                   f'{", ".join(sorted(sizes))} (arrays x_<split>, y_<split>; slicing such as '
                   f"'train[:90%]' is allowed; --config.{field}=...)")

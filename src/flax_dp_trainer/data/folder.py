@@ -36,8 +36,11 @@ from flax_dp_trainer.base.errors import UserError
 
 SUFFIXES = ('.jpg', '.jpeg', '.png')
 CONVERTED_FILE = 'image_folder.json'  # Beside the records of a converted folder.
-# Evaluation split names that stand in for one another where the folder has only one of them.
-EVAL_SPLIT_NAMES = ('val', 'validation', 'test')
+# What the config's own `eval_split` (not one the user named: `stand_in_for`) is read from
+# where the dataset lacks it, in order of preference: a validation split for the test split,
+# and either spelling of the validation split for the other. Never the test split for a
+# validation split: models would be chosen on the test set.
+STAND_INS = {'test': ('validation', 'val'), 'validation': ('val',), 'val': ('validation',)}
 NAMED_IN_A_LINE = 5  # Files a warning or an error names before it says how many more.
 
 
@@ -56,22 +59,29 @@ class ImageFolder:
   left_out: dict = dataclasses.field(default_factory=dict, repr=False)
   adopted: bool = False
 
-  def split_name(self, split: str, field: str) -> tuple[str, str]:
+  def split_name(self, split: str, field: str, stand_in: bool = False) -> tuple[str, str]:
     """The folder split that `split` of config field `field` reads (TFDS slicing kept, e.g.
-    'train[:90%]'); for an evaluation field ('eval_split', 'eval_splits') where the folder
-    lacks the name, another of EVAL_SPLIT_NAMES it has. Also a note saying so ('' where the
-    name was found)."""
+    'train[:90%]'); where the folder lacks it and `stand_in` allows (the config's own
+    `eval_split`), the split `stand_in_for` names. Also a note saying so ('' where the name
+    was found)."""
     base, bracket, rest = split.partition('[')
     if base in self.split_sizes:
       return split, ''
-    stand_in = next((name for name in EVAL_SPLIT_NAMES if name in self.split_sizes), None)
-    if field.startswith('eval') and base in EVAL_SPLIT_NAMES and stand_in:
-      return stand_in + bracket + rest, (
-          f'{field}={split!r}: {self.root} has no {base}/ folder; evaluating its {stand_in}/ '
-          f'(--config.{field}={stand_in} says so)')
+    found = stand_in_for(base, self.split_sizes) if stand_in else None
+    if found:
+      return found + bracket + rest, (
+          f'{field}={split!r}: {self.root} has no {base}/ folder; evaluating its {found}/ '
+          f'(--config.{field}={found} says so)')
     raise UserError(f'{field}={split!r}: image folder {self.root} has no {base}/ folder of '
                     f'class folders; it has: {", ".join(sorted(self.split_sizes))} '
                     f'(--config.{field}=NAME)')
+
+
+def stand_in_for(base: str, names) -> Optional[str]:
+  """The split of `names` (those a dataset has) that the config's own evaluation split `base`
+  (its name without slicing) is read from where the dataset lacks it (`STAND_INS`); None
+  where there is none."""
+  return next((name for name in STAND_INS.get(base, ()) if name in names), None)
 
 
 def _image_files(directory: str) -> list[str]:

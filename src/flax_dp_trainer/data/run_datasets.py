@@ -121,6 +121,10 @@ class EvalSet:
   # The dataset as the evaluation reads it: the run's augmentation kind and crop, so that its
   # images come out as the model's input.
   spec: Optional[specs.DatasetSpec] = None
+  # Whether a split the dataset lacks may be read from another (`folder.stand_in_for`): for the
+  # config's own `eval_split` alone; a split the user named on the command line or in
+  # `eval_splits` is refused instead.
+  stand_in: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,27 +136,32 @@ class RunDatasets:
   evals: tuple[EvalSet, ...]  # `eval_split`, then each entry of `eval_splits`.
 
 
-def resolve(config, given: Optional[arrays_lib.Arrays] = None) -> RunDatasets:
+def resolve(config, given: Optional[arrays_lib.Arrays] = None,
+            command_line=frozenset()) -> RunDatasets:
   """The run's datasets: `config.dataset` (as `config.dataset_spec` recorded it, where set)
   with the config's settings, and every evaluation of `eval_split` and `eval_splits`, each
   dataset's spec derived once; refuses what cannot run. An image folder's spec holds the
   files left out as decided for the run (`damaged.settle`, before). `given`: the arrays
-  given from Python that `config.dataset` names (`arrays.from_python`), where it does."""
+  given from Python that `config.dataset` names (`arrays.from_python`), where it does.
+  `command_line`: the config fields the command line set (its `eval_split` is the user's,
+  never stood in for)."""
   read = specs.of_config(config, given)
   if not read.trainable:
     raise UserError(f'dataset={config.dataset!r} has no train split: it is an evaluation set '
                     f'(--config.eval_splits={config.dataset}:test); train on a dataset with '
                     f'one, such as {", ".join(specs.names())} (--config.dataset=NAME)')
   train = _for_config(config, read)
-  return RunDatasets(read, train, tuple(_eval_sets(config, read, train)))
+  return RunDatasets(read, train, tuple(_eval_sets(config, read, train, command_line)))
 
 
-def _eval_sets(config, read: specs.DatasetSpec, train: specs.DatasetSpec) -> list[EvalSet]:
+def _eval_sets(config, read: specs.DatasetSpec, train: specs.DatasetSpec,
+               command_line=frozenset()) -> list[EvalSet]:
   """`eval_split` of the run's dataset, then each entry of `eval_splits` ('SPLIT' of the
   run's dataset, or 'DATASET:SPLIT'); refuses entries that repeat or collide in their tags,
   and datasets whose classes, channels or image size the model cannot take."""
   own = _eval_spec(config, config.dataset, read, train)
-  sets = [EvalSet('eval', config.dataset, config.eval_split, spec=own)]
+  sets = [EvalSet('eval', config.dataset, config.eval_split, spec=own,
+                  stand_in='eval_split' not in command_line)]
   others = {config.dataset: own}
   for entry in (e.strip() for e in config.eval_splits.split(',')):
     if not entry:

@@ -62,7 +62,8 @@ def evaluation_data(config, builder, layout: parallel.DataParallel,
       set_builder = builders.get_builder(config, eval_set.spec, process_index=jax.process_index(),
                                         split=eval_set.split)
     eval_set = dataclasses.replace(eval_set, split=builders.check_split(
-        config, set_builder, eval_set.split, eval_set.field, eval_set.spec))
+        config, set_builder, eval_set.split, eval_set.field, eval_set.spec,
+        stand_in=eval_set.stand_in))
     evaluations.append((eval_set, pipeline.eval_data(
         config, set_builder, process_index=jax.process_index(),
         process_count=jax.process_count(), local_device_count=len(layout.local_devices),

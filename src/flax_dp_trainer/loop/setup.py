@@ -264,7 +264,15 @@ def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
                         local_device_count=num_devices // process_count)
   else:
     checks.check_fields(config, process_count=1, local_device_count=1)
+  if model is None and model_source.is_import_path(config.model):
+    # Imported before any dataset loads (the entry point did so already), every process
+    # agreeing: a path that names nothing is refused at once.
+    multihost.on_every_process(lambda: model_source.resolve(config.model),
+                               f'import model={config.model!r}')
   checks.check_workdir(workdir)
+  if config.init_from and not checkpointer.steps():  # (Unused where the run resumes.)
+    multihost.on_every_process(lambda: init_from.check_exists(config.init_from),
+                               f'find init_from={config.init_from!r}')
   on_process_0(workdir, workdir_lib.WorkdirLock(workdir).check)  # A run there now: say so now.
   layout = parallel.data_parallel(config.step_backend, devices, config.state_sharding)
   if (config.compilation_cache_dir and
@@ -275,7 +283,7 @@ def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
                     config.compilation_cache_dir, config.compilation_cache_dir)
   damaged.settle(config, workdir)  # Image files that do not read: left out as recorded, or refused.
   # Every dataset of the run, once, as the run reads it.
-  datasets = run_datasets.resolve(config, arrays)
+  datasets = run_datasets.resolve(config, arrays, command_line)
   # Its config is read for the batches alone, which neither the durations resolved below nor
   # the model's record changes.
   train_data = pipeline.open_train_data(config, datasets.train,

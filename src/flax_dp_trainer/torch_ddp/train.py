@@ -288,7 +288,8 @@ def train(config, workdir: str, parity: bool, init_weights: Optional[str] = None
   input_shape = (1,) + data.spec.input_shape
   evaluation = datasets.evals[0]  # The twin evaluates `eval_split`.
   evaluation = dataclasses.replace(evaluation, split=builders.check_split(
-      config, data.builder, evaluation.split, evaluation.field, evaluation.spec))
+      config, data.builder, evaluation.split, evaluation.field, evaluation.spec,
+      stand_in=evaluation.stand_in))
   eval_data = pipeline.eval_data(config, data.builder, process_index=rank, process_count=world,
                                  eval_set=evaluation)
   training = _build(config, workdir, data.spec.num_classes, input_shape, device, parity,
