@@ -71,7 +71,7 @@ def show_config(config: Any, path: str, overridden: set[str]) -> str:
   out = [f'# {_shown(path)}: {len(rows)} fields; set any with --config.FIELD=VALUE']
   for name, value in rows:
     note = comments.get(name, '')
-    if name in overridden:
+    if name in overridden or any(o.startswith(f'{name}.') for o in overridden):  # Or its keys.
       note = f'[command line] {note}'.strip()
     out.append(f'{f"{name} = {value}":<{width}}  # {note}' if note else f'{name} = {value}')
   out.append(describe_dataset(config))

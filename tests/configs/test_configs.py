@@ -3,6 +3,8 @@
 import glob
 import importlib.util
 import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -13,6 +15,7 @@ from flax_dp_trainer.loop import checks
 from flax_dp_trainer import configs
 from flax_dp_trainer.step import optim
 from flax_dp_trainer.loop import train
+from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
 
 CONFIG_DIR = configs.DIRECTORY
@@ -91,3 +94,61 @@ def test_cifar10_resnet18_runs_end_to_end_on_mock_data(tmp_path):
   assert correct == pytest.approx(round(correct), abs=1e-3)
   assert all(np.isfinite(v) for points in scalars.values() for v in points.values())
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['4']
+
+
+# What the trainer builds from its command line: the flax model of config.model with its
+# model_kwargs, and the torch model of config.torch_model with its torch_model_kwargs.
+BUILT_FROM_THE_COMMAND_LINE = '''
+import sys
+from absl import flags
+from flax_dp_trainer.base import cli
+from flax_dp_trainer.model import modeling
+from flax_dp_trainer.port import originals
+cli.define_config()
+cli.parse_flags(sys.argv)
+config = flags.FLAGS.config
+flax_module = modeling.build(config, 10, (8, 8, 1)).model.module
+torch_module = originals.from_path(config.torch_model, config.torch_model_kwargs.to_dict(), 10,
+                                   0.0)
+print(flax_module.hidden_sizes, tuple(torch_module.weight.shape), torch_module.bias)
+'''
+KWARGS_ARGS = ['--config=default', '--config.model=flax_dp_trainer.zoo.simple:MLP',
+               '--config.model_kwargs.hidden_sizes=(12, 6)', '--config.torch_model=torch.nn:Linear',
+               '--config.torch_model_kwargs.in_features=4',
+               '--config.torch_model_kwargs.out_features=3', '--noconfig.torch_model_kwargs.bias']
+
+
+def test_constructor_arguments_come_from_the_command_line_without_a_config_file(tmp_path):
+  """`--config.X_kwargs.KEY=VALUE` adds a key the shipped config does not set, its value read
+  as a Python literal, for every `*_kwargs` field: the values reach both constructors and
+  --show_config; a value that is not a literal is one line, before anything runs."""
+  env = processes.environment()
+  commands = {
+      'built': [sys.executable, '-c', BUILT_FROM_THE_COMMAND_LINE, *KWARGS_ARGS],
+      'shown': [sys.executable, '-m', 'flax_dp_trainer', *KWARGS_ARGS, '--show_config'],
+      'refused': [sys.executable, '-m', 'flax_dp_trainer', '--config=default',
+                  f'--workdir={tmp_path / "run"}', '--config.model_kwargs.hidden_sizes=(12, 6'],
+  }
+  started = {name: subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+             for name, argv in commands.items()}
+  runs = {}
+  for name, process in started.items():
+    out, err = process.communicate(timeout=180)
+    runs[name] = (process.returncode, out, err)
+  status, out, err = runs['built']
+  assert status == 0, err[-3000:]
+  assert out.splitlines()[-1] == '(12, 6) (3, 4) None'
+  status, out, err = runs['shown']
+  assert status == 0, err[-3000:]
+  shown = [line.partition('  # ') for line in out.splitlines() if '_kwargs = ' in line]
+  assert [(value.rstrip(), note.startswith('[command line] ')) for value, _, note in shown] == [
+      ("model_kwargs = {'hidden_sizes': (12, 6)}", True),
+      ("torch_model_kwargs = {'bias': False, 'in_features': 4, 'out_features': 3}", True)]
+  status, out, err = runs['refused']
+  assert status == 2
+  assert err.splitlines() == [
+      "error: --config.model_kwargs.hidden_sizes=(12, 6: not a Python literal ('(' was never "
+      'closed); give a number, a quoted string, or a tuple, list or dict of them, e.g. '
+      '--config.model_kwargs.hidden_sizes="(64, 128)"']
+  assert not (tmp_path / 'run').exists()

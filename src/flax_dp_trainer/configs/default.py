@@ -98,9 +98,11 @@ def get_config() -> ml_collections.ConfigDict:
   # Registered model name (--list=models), or your own flax module by import path,
   # 'pkg.module:Name', imported from the working directory or PYTHONPATH (docs/your_model.md).
   config.model = 'cnn'
-  # Constructor arguments of a model given by import path; a config file sets its keys
-  # (config.model_kwargs = ml_collections.ConfigDict(dict(width=64))), which the command line
-  # can then override (--config.model_kwargs.width=128). Empty for registered models.
+  # Constructor arguments of a model given by import path, one keyword argument a key: on the
+  # command line --config.model_kwargs.width=64 (any key; the value a Python literal: 64,
+  # 0.5, "(64, 128)", "'same'"; a bare word such as relu is that string), in a config file
+  # config.model_kwargs = ml_collections.ConfigDict(dict(width=64)). Empty for registered
+  # models, which take their settings from the fields of this config.
   config.model_kwargs = ml_collections.ConfigDict()
   # Where the model returns a dict: the entry that holds its logits. A model returning a tuple
   # gives its first element; one returning one array, that array (docs/your_model.md).
@@ -110,7 +112,8 @@ def get_config() -> ml_collections.ConfigDict:
   # baseline's twin of a registered model. --parity carries the flax init into it, layers
   # paired by call order (flax_dp_trainer.tools.port_check checks the pair first).
   config.torch_model = ''
-  # Constructor arguments of `torch_model`, as `model_kwargs` are of `model`.
+  # Constructor arguments of `torch_model`, as `model_kwargs` are of `model`
+  # (--config.torch_model_kwargs.img_size=8).
   config.torch_model_kwargs = ml_collections.ConfigDict()
   config.dropout_rate = 0.1  # Dropout probability in the model's hidden layers; 0 = off.
   # Rematerialization of each residual block (resnet*, vit*, and the blocks your module marks

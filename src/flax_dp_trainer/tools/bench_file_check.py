@@ -3,7 +3,7 @@ COUNT small JPEGs of varied sizes written to DIR/train/CLASS/, then checked with
 cache (every file opened) and again from the cache (every file stat'ed), by 1 and by
 `file_check.THREADS` threads; one line of files/s each.
 
-  python -m flax_dp_trainer.tools.bench_file_check --dir=/tmp/check_bench [--count=3000] \
+  python -m flax_dp_trainer.tools.bench_file_check --dir=/tmp/check_bench [--count=3000] \\
       [--drop_caches]
 
 Without --drop_caches the files are in the page cache when checked (just written): that

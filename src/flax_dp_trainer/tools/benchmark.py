@@ -1,7 +1,7 @@
 """Measures the trainer against its limit, its input pipeline and the PyTorch DDP baseline.
 
-  python -m flax_dp_trainer.tools.benchmark --config=default [--json=PATH] [--parts=...] \
-      [--jax_devices=1,2] [--ddp_ranks=1,2] [--steps=40] [--runs_dir=DIR] \
+  python -m flax_dp_trainer.tools.benchmark --config=default [--json=PATH] [--parts=...] \\
+      [--jax_devices=1,2] [--ddp_ranks=1,2] [--steps=40] [--runs_dir=DIR] \\
       [--config.FIELD=VALUE ...]
 
 For one config, in one invocation (each part in a fresh process, `python -m

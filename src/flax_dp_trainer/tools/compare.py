@@ -1,7 +1,7 @@
 """Trains one config with the JAX trainer and with the PyTorch DDP baseline, then compares them.
 
-  python -m flax_dp_trainer.tools.compare --config=default --workdir=/tmp/compare \
-      [--devices=2] [--threads=0] [--target_accuracy=0.95] [--reuse] [--torch_compile] \
+  python -m flax_dp_trainer.tools.compare --config=default --workdir=/tmp/compare \\
+      [--devices=2] [--threads=0] [--target_accuracy=0.95] [--reuse] [--torch_compile] \\
       [--config.FIELD=VALUE ...]
 
 Both runs get the same config (overrides included, the `dtype` too: bfloat16 is autocast on
@@ -18,7 +18,7 @@ one after the other, never at once, in DIR/jax and DIR/ddp. Then:
   DIR/{loss,accuracy}_vs_{step,time}.png   both runs on each plot
 
 --reuse reports on the runs already in DIR instead of training again; without it, a DIR that
-already holds a run is refused (nothing there is overwritten).
+already holds a run is refused (nothing there is overwritten). It needs the `ddp` extra.
 """
 
 import os
@@ -27,12 +27,13 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
-from flax_dp_trainer.loop import checks
 from flax_dp_trainer.base import cli
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 
 FLAGS = flags.FLAGS
+# The modules of the ddp extra that the DDP run and the report import.
+NEEDS = ('torch', 'torchvision', 'matplotlib')
 
 
 def _define_flags() -> None:
@@ -56,6 +57,7 @@ def _define_flags() -> None:
 def check_command_line(config, devices: int, threads: int) -> None:
   """What can be refused before torch and TensorFlow load: too few threads, a config the
   trainer cannot run on `devices` devices."""
+  from flax_dp_trainer.loop import checks  # pylint: disable=import-outside-toplevel  # (flax)
   if devices < 1 or threads < devices:
     raise UserError(f'--devices={devices} --threads={threads}: need at least one device and '
                     'a thread per device (e.g. --devices=2 --threads=2)')
@@ -64,6 +66,8 @@ def check_command_line(config, devices: int, threads: int) -> None:
 
 def main(argv):
   del argv  # cli.parse_flags refused stray arguments.
+  # (flax, jax: --help, and the line that asks for the ddp extra, come without them)
+  from flax_dp_trainer.loop import checks  # pylint: disable=import-outside-toplevel
   config = checks.command_line_config(FLAGS['config'])
   threads = FLAGS.threads or os.cpu_count()
   try:
@@ -84,7 +88,7 @@ def main(argv):
 def command() -> None:
   """`python -m flax_dp_trainer.tools.compare` and the console script `dp-compare`."""
   _define_flags()
-  cli.run(main)
+  cli.run(main, needs=NEEDS)
 
 
 if __name__ == '__main__':

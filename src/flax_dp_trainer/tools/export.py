@@ -1,9 +1,8 @@
 """Writes a run's trained model as a PyTorch state dict (torchvision's names; a port's, its
 original's, `config.torch_model`), and says how to load it and what input it takes:
 
-  python -m flax_dp_trainer.tools.export --workdir=/tmp/digits [--step=N] \
-      [--format=torchvision|safetensors]
-      [--out=PATH]
+  python -m flax_dp_trainer.tools.export --workdir=/tmp/digits [--step=N] \\
+      [--format=torchvision|safetensors] [--out=PATH]
 
 `torchvision` writes a `torch.save` file (.pth), `safetensors` a .safetensors file; both hold
 the variables evaluation uses (the EMA params where the run kept them, and the BatchNorm
@@ -11,7 +10,7 @@ statistics). ResNets and ViTs load into torchvision's own classes (`torchvision.
 num_classes=N)` for the ImageNet-shaped ones), the others into the baseline's twin
 (`flax_dp_trainer.torch_ddp.models.get`). The torch models take float32 NCHW images normalized as
 the trainer normalizes them; the lines printed say which. An existing file is never
-overwritten.
+overwritten. It needs torch, of the `ddp` extra (and safetensors for --format=safetensors).
 """
 
 import os
@@ -52,12 +51,16 @@ def torch_constructor(trained) -> str:
           f'num_classes={spec.num_classes})')
 
 
-def _import_line(trained) -> str:
-  """What `torch_constructor`'s expression needs imported first ('' where nothing)."""
-  if not trained.config.get('torch_model'):
-    return ''
-  module, _, attribute = trained.config.torch_model.partition(':')
-  return f'from {module} import {attribute}; '
+def _import_line(trained, file_format: str) -> str:
+  """The imports the `load:` line uses (the constructor's module, the file's reader), so that
+  it runs as printed, pasted into a fresh interpreter."""
+  modules = ['safetensors.torch' if file_format == 'safetensors' else 'torch']
+  if trained.config.get('torch_model'):
+    module, _, attribute = trained.config.torch_model.partition(':')
+    return f'import {", ".join(modules)}; from {module} import {attribute}; '
+  function = torch_constructor(trained).partition('(')[0]
+  modules.append(function.rpartition('.')[0])  # torchvision.models, or the twin's models.
+  return f'import {", ".join(modules)}; '
 
 
 def _port_state_dict(trained) -> dict:
@@ -100,7 +103,7 @@ def export(workdir: str, step, file_format: str, out) -> tuple[str, list[str]]:
   lines = [
       f'wrote {out}: {trained.config.model} at step {trained.step}'
       f'{" (EMA params)" if trained.ema else ""}, {len(state_dict)} tensors',
-      f'load: {_import_line(trained)}model = {torch_constructor(trained)}; '
+      f'load: {_import_line(trained, file_format)}model = {torch_constructor(trained)}; '
       f'model.load_state_dict({read}); model.eval()',
       f'input: float32 NCHW (N, {spec.channels}, {spec.input_shape[0]}, {spec.input_shape[1]}),'
       f' x / 255 less mean {tuple(spec.mean)}, over std {tuple(spec.std)}'
@@ -113,6 +116,8 @@ def export(workdir: str, step, file_format: str, out) -> tuple[str, list[str]]:
 
 def main(argv):
   del argv
+  if FLAGS.format == 'safetensors':  # (known once the flags are parsed; nothing is read yet)
+    cli.require_ddp_extra(['safetensors'])
   try:
     _, lines = export(FLAGS.workdir, FLAGS.step, FLAGS.format, FLAGS.out)
   except UserError as e:
@@ -123,7 +128,7 @@ def main(argv):
 def command() -> None:
   """`python -m flax_dp_trainer.tools.export` and the console script `dp-export`."""
   _define_flags()
-  cli.run(main)
+  cli.run(main, needs=('torch',))
 
 
 if __name__ == '__main__':

@@ -1,8 +1,8 @@
 """Does a flax port compute what its PyTorch original computes? Layer by layer:
 
-  python -m flax_dp_trainer.tools.port_check --flax=pkg.module:FlaxNet --torch=pkg.module:TorchNet \
-      --input_shape=H,W,C [--num_classes=10] [--flax_kwargs='{...}'] [--torch_kwargs='{...}']
-      [--weights=FILE.pth]
+  python -m flax_dp_trainer.tools.port_check --flax=pkg.module:FlaxNet \\
+      --torch=pkg.module:TorchNet --input_shape=H,W,C [--num_classes=10] \\
+      [--flax_kwargs='{...}'] [--torch_kwargs='{...}'] [--weights=FILE.pth]
 
 Builds both (the flax one as the trainer builds `--config.model`, dropout off), carries the
 torch weights (its own random init, or a state dict file) into the flax variables, layers
@@ -13,7 +13,8 @@ input and output, then the gradients of the same loss per parameter and the Batc
 running statistics after the train-mode step (torch keeps the unbiased variance, flax the
 biased one: compared like for like), and ends with one verdict line: where the two first
 part beyond a tolerance scaled to the values' magnitude, or that the port computes what the
-original computes. Exit status 0 when it does, 1 when it does not.
+original computes. Exit status 0 when it does, 1 when it does not. It needs the `ddp` extra
+(torch, torchvision).
 """
 
 import dataclasses
@@ -22,29 +23,17 @@ import os
 import sys
 from typing import Any, Optional
 
-import flax.linen as nn
-import jax
 import numpy as np
-import torch
 from absl import flags
 from absl import logging
 
 from flax_dp_trainer.base import cli
-from flax_dp_trainer.model import modeling
-from flax_dp_trainer.model import outputs
-from flax_dp_trainer.model import source as model_source
 from flax_dp_trainer.configs import default
 from flax_dp_trainer.base.errors import UserError, first_line
-from flax_dp_trainer.torch_ddp import models as torch_models
-from flax_dp_trainer.port import causes
-from flax_dp_trainer.port import forcing
-from flax_dp_trainer.port import judging
-from flax_dp_trainer.port import modes
-from flax_dp_trainer.port import originals
-from flax_dp_trainer.port import porting
-from flax_dp_trainer.port import layers as port_layers
-from flax_dp_trainer.port import layouts as port_layouts
-from flax_dp_trainer.zoo import torch_weights
+
+# torch, flax and the port's modules (which import torch) are imported where they are used,
+# so that --help, and the line that asks for the ddp extra where torch is missing, need none.
+NEEDS = ('torch', 'torchvision')  # The modules of the ddp extra that the check imports.
 
 FLAGS = flags.FLAGS
 
@@ -73,7 +62,7 @@ def _define_flags() -> None:
 @dataclasses.dataclass
 class Report:
   """What the check found: the rows of each mode, gradients, statistics and the verdict."""
-  rows: dict[str, list[judging.Row]]
+  rows: dict[str, list]  # port.judging.Row of each mode
   logits: dict[str, float]
   gradients: list[tuple[str, float, bool]]
   statistics: list[tuple[str, float, bool]]
@@ -122,6 +111,10 @@ def build_flax(path: str, kwargs: dict, num_classes: int, input_shape: tuple[int
                model_logits: str = ''):
   """The flax port as the trainer builds a model (`flax_dp_trainer.model.modeling`), dropout off,
   its BatchNorm on one device's batch (no device axis: `axis_name=None` where declared)."""
+  # pylint: disable=import-outside-toplevel  # (flax: see the imports above)
+  from flax_dp_trainer.model import modeling
+  from flax_dp_trainer.model import source as model_source
+  # pylint: enable=import-outside-toplevel
   config = default.get_config()
   config.model = path
   declared = model_source.resolve(path).declared
@@ -144,6 +137,19 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
           seed: int = 0) -> Report:
   """Carries `torch_module`'s weights into `flax_model` (a `flax_dp_trainer.model.adapter.Model`)
   and compares the two, layer by layer, in eval and train mode."""
+  # pylint: disable=import-outside-toplevel  # (torch, flax: see the imports above)
+  import flax.linen as nn
+  import jax
+  import torch
+  from flax_dp_trainer.model import outputs
+  from flax_dp_trainer.port import causes
+  from flax_dp_trainer.port import forcing
+  from flax_dp_trainer.port import judging
+  from flax_dp_trainer.port import layers as port_layers
+  from flax_dp_trainer.port import layouts as port_layouts
+  from flax_dp_trainer.port import modes
+  from flax_dp_trainer.port import porting
+  # pylint: enable=import-outside-toplevel
   rng = np.random.RandomState(seed)
   x = rng.standard_normal((batch,) + tuple(input_shape)).astype(np.float32)
   module = flax_model.module
@@ -307,6 +313,13 @@ def run(flax_path: str, torch_path: str, input_shape: tuple[int, ...], *, num_cl
         flax_kwargs: Optional[dict] = None, torch_kwargs: Optional[dict] = None,
         weights: str = '', batch: int = 4, seed: int = 0, model_logits: str = '') -> Report:
   """Builds both sides from their import paths and checks them (`check`)."""
+  # pylint: disable=import-outside-toplevel  # (torch: see the imports above)
+  import torch
+  from flax_dp_trainer.port import originals
+  from flax_dp_trainer.port import porting
+  from flax_dp_trainer.torch_ddp import models as torch_models
+  from flax_dp_trainer.zoo import torch_weights
+  # pylint: enable=import-outside-toplevel
   torch.manual_seed(seed)
   torch_module = originals.from_path(torch_path, torch_kwargs or {}, num_classes, 0.0,
                                         field='--torch')
@@ -419,7 +432,7 @@ def main(argv) -> None:
 def command() -> None:
   """`python -m flax_dp_trainer.tools.port_check` and the console script `dp-port-check`."""
   _define_flags()
-  cli.run(main)
+  cli.run(main, needs=NEEDS)
 
 
 if __name__ == '__main__':

@@ -1,6 +1,6 @@
 """Prints the scalar metrics a run wrote to its workdir, one row per logged step.
 
-  python -m flax_dp_trainer.tools.show_metrics --workdir=/tmp/digits \
+  python -m flax_dp_trainer.tools.show_metrics --workdir=/tmp/digits \\
       [--tags=eval_accuracy,eval_loss]
 """
 
