@@ -137,8 +137,10 @@ def main(trainer_args: list[str]) -> int:
   else:
     launch = supervisor.Launch(plan, supervisor.LocalStarter(python, FLAGS.port))
   if plan.min_processes > plan.num_processes:
-    _refuse(f'--min_processes={plan.min_processes} is more than the {plan.num_processes} '
-            'process(es) of the first start')
+    given = ('--num_processes' if FLAGS.starter == 'local' else
+             "the allocation's nodes times --tasks_per_node")
+    _refuse(f'--min_processes={plan.min_processes} exceeds {given}={plan.num_processes}; give '
+            f'--min_processes={plan.num_processes} or less')
 
   def stopped(signum, frame):
     del frame

@@ -1,7 +1,9 @@
 """The log lines a run shows, on the command line and from Python alike: the trainer's absl
 lines (progress, evaluations, checkpoints), orbax's and CLU's quieted to what a user acts on
-(`quiet_libraries`, `quiet_abandoned_reads`). From a script or a notebook, where absl shows
-nothing below a warning, `shown` shows them as the command line does."""
+(`quiet_libraries`, `quiet_abandoned_reads`), JAX's line about a TPU backend a machine
+without TPUs lacks left out (`cli.absent_tpu`). From a script or a notebook, where absl shows
+nothing below a warning, `shown` shows them as the command line does, less the config's dump
+(`quiet_config_dump`)."""
 
 import contextlib
 import logging as py_logging
@@ -9,6 +11,8 @@ import sys
 import traceback
 
 from absl import logging
+
+from flax_dp_trainer.base import cli
 
 # The `verbosity` of fit, evaluate and load: what a run shows from Python.
 VERBOSITY = {'info': logging.INFO, 'warning': logging.WARNING, 'error': logging.ERROR}
@@ -39,6 +43,16 @@ def quiet_libraries(record) -> bool:
   return '/clu/' in record.pathname or record.levelno >= logging.converter.STANDARD_WARNING
 
 
+def quiet_config_dump(record) -> bool:
+  """False for CLU's log line of the config a fresh run writes as hparams ('[Hyperparameters]
+  {...}', every field on one line of some 2,000 characters), from Python: there the config is
+  the object the script or the notebook built, in view, and the dump would bury the run's
+  first lines (in a notebook, a screenful). The workdir records it all the same (TensorBoard's
+  hparams, each checkpoint's meta). The command line keeps the line: a job's log is often the
+  one record of what ran that is read without TensorBoard."""
+  return not ('/clu/' in record.pathname and str(record.msg).startswith('[Hyperparameters]'))
+
+
 def quiet_abandoned_reads(unraisable) -> None:
   """sys.unraisablehook: drops what a checkpoint read abandoned by orbax leaves behind (its
   outstanding tensorstore reads finish after orbax closed the event loop they report to, and
@@ -53,7 +67,8 @@ def quiet_abandoned_reads(unraisable) -> None:
 def shown(verbosity: str = 'info'):
   """Inside: the trainer's log lines at `verbosity` and above on stderr, as the command line
   shows them ('info': progress, evaluations and checkpoints; 'warning': what needs attention
-  only; 'error': failures only), orbax's and CLU's quieted; then the logging as it was."""
+  only; 'error': failures only), orbax's and CLU's quieted, the config's dump and JAX's line
+  about an absent TPU left out; then the logging as it was."""
   if verbosity not in VERBOSITY:
     raise ValueError(f'verbosity={verbosity!r} is unknown; choose one of: '
                      f'{", ".join(VERBOSITY)}')
@@ -66,19 +81,26 @@ def shown(verbosity: str = 'info'):
   added = handler not in root.handlers
   if added:
     root.addHandler(handler)
-  filtered = quiet_libraries not in handler.filters
-  if filtered:
-    handler.addFilter(quiet_libraries)
+  filters = [f for f in (quiet_libraries, cli.absent_tpu, quiet_config_dump)
+             if f not in handler.filters]
+  for f in filters:
+    handler.addFilter(f)
   verbosity_was, hook_was = logging.get_verbosity(), sys.unraisablehook
   logging.set_verbosity(VERBOSITY[verbosity])
   sys.unraisablehook = quiet_abandoned_reads
+  # absl's note that flags are not parsed ('WARNING: Logging before flag parsing goes to
+  # stderr.'), printed before its first line: true of every script, and no use to one.
+  note_was = getattr(logging, '_warn_preinit_stderr', None)
+  logging._warn_preinit_stderr = False  # pylint: disable=protected-access
   try:
     yield
   finally:
     logging.set_verbosity(verbosity_was)
     sys.unraisablehook = hook_was
-    if filtered:
-      handler.removeFilter(quiet_libraries)
+    if note_was is not None:
+      logging._warn_preinit_stderr = note_was  # pylint: disable=protected-access
+    for f in filters:
+      handler.removeFilter(f)
     if added:
       root.removeHandler(handler)
     for h in fallback:

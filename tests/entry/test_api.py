@@ -2,6 +2,7 @@
 progress, takes simulated CPU devices, returns a history and calls callbacks as it writes;
 `load` checks the module it is given."""
 
+import re
 import subprocess
 import sys
 import types
@@ -113,3 +114,43 @@ def test_a_script_shows_progress_and_trains_on_8_devices_as_on_1(tmp_path, tfds_
   last = one.stdout.splitlines()[-2].split()
   assert last[:2] == ['devices', '1']
   assert float(last[3]) == pytest.approx(accuracy, abs=1e-6)
+
+
+QUIET_SCRIPT = '''
+import sys
+import flax_dp_trainer as fdt
+from flax_dp_trainer.configs import default
+
+config = default.get_config()
+config.update(num_train_steps=4, warmup_steps=1, log_every_steps=2, eval_every_steps=4,
+              checkpoint_every_steps=4, tfds_data_dir=sys.argv[1])
+print('trained to step', fdt.fit(config, 'run', cpu_devices=2, progress=True).step)
+'''
+# The head of an absl log line: 'I1127 21:44:57.631725 140581527353024 train.py:164] '.
+LOG_LINE = re.compile(r'[IWEF]\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ [\w.]+:\d+\] ')
+
+
+@pytest.mark.slow
+def test_a_script_shows_the_runs_lines_above_its_bar_and_without_noise(tmp_path,
+                                                                       tfds_data_dir):
+  """A script in a folder of its own, as a user runs it: none of the lines the command line
+  leaves out (JAX's TPU backend, absl's note on flags) nor the config's dump, which stays in
+  the workdir; with a text bar (stderr is not a terminal here), each log line on a line of
+  its own, never after a bar's fragment."""
+  done = subprocess.run([sys.executable, '-c', QUIET_SCRIPT, tfds_data_dir], cwd=tmp_path,
+                        env=processes.environment(), capture_output=True, text=True,
+                        timeout=600, check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert done.stdout.splitlines()[-1] == 'trained to step 4'
+  for noise in ("Unable to initialize backend 'tpu'", 'Logging before flag parsing',
+                '[Hyperparameters]'):
+    assert noise not in done.stderr, noise
+  _, plugins = run_metrics.read_events(str(tmp_path / 'run'))
+  assert 'hparams' in plugins
+  # As a terminal shows it: each \r starts the line again; the cursor moves of the nested
+  # evaluation bar aside.
+  shown = re.split(r'[\r\n]', re.sub(r'\x1b\[[0-9;]*[A-Za-z]', '', done.stderr))
+  glued = [line for line in shown if LOG_LINE.search(line) and not LOG_LINE.match(line)]
+  assert not glued, glued[:3]
+  assert any(LOG_LINE.match(line) and '] [4] eval_accuracy=' in line for line in shown)
+  assert any(line.startswith('train: 100%|') and ' 4/4 [' in line for line in shown)

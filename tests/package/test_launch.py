@@ -51,10 +51,18 @@ def test_tpu_pod_keep_leaves_the_slice_and_bad_arguments_are_refused():
   assert missing.returncode == 2 and missing.stderr.startswith('error: --name is required')
 
 
-def test_local_launcher_refuses_bad_counts():
+def test_local_launcher_refuses_bad_counts(tmp_path):
   result = _run('launch/local.sh', '--num_processes=0', '--', '--config=default')
   assert result.returncode == 2
   assert "must be positive integers, got '0'" in result.stderr
+  # The console script, from a folder of the user's: a floor above the count, and one to give.
+  result = subprocess.run(['dp-launch', '--num_processes=4', '--min_processes=5', '--',
+                           '--config=default', f'--workdir={tmp_path / "run"}'], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60, check=False)
+  assert result.returncode == 2
+  assert result.stderr == ('error: --min_processes=5 exceeds --num_processes=4; give '
+                           '--min_processes=4 or less\n')
+  assert os.listdir(tmp_path) == []
 
 
 FAKE_GCLOUD = '''#!/bin/bash

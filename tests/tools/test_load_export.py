@@ -11,8 +11,6 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
-import torch
-from safetensors import torch as safetensors_torch
 
 import flax_dp_trainer as trainer
 from flax_dp_trainer.loop import train
@@ -21,7 +19,6 @@ from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
 from flax_dp_trainer.tools import export
-from flax_dp_trainer.torch_ddp import models as torch_models
 from tests import REPO
 
 STEPS = 40
@@ -52,6 +49,12 @@ def test_loaded_model_predicts_the_runs_eval_accuracy(run):
   np.testing.assert_array_equal(trained.predict(images[..., 0]), trained.predict(images))
   with pytest.raises(UserError, match=r'takes uint8 images of \(8, 8, 1\)'):
     trained.predict(np.zeros((2, 9, 9, 1), np.uint8))
+  # One image is refused with the batch axis to give it (its rows are not images).
+  with pytest.raises(UserError, match=r'^images of shape \(8, 8, 1\) are one image: predict, '
+                     r'logits and preprocess take a batch, \(N, 8, 8, 1\); pass image\[None\] '
+                     r'\(or np.expand_dims\(image, 0\)\)$'):
+    trained.predict(images[0])
+  assert trained.predict(images[0][None]) == trained.predict(images[:1])
 
 
 @pytest.mark.parametrize('file_format', [pytest.param('torchvision', marks=pytest.mark.slow),
@@ -66,19 +69,20 @@ def test_exported_state_dict_gives_the_same_logits_in_torch(run, tmp_path, file_
   assert ("flax_dp_trainer.torch_ddp.models.get('resnet_tiny', input_shape=(8, 8, 1), "
           'num_classes=10)' in done.stdout)
   assert re.search(r'input: float32 NCHW \(N, 1, 8, 8\)', done.stdout), done.stdout
-  model = torch_models.get('resnet_tiny', input_shape=(8, 8, 1), num_classes=10)
-  if file_format == 'safetensors':
-    state = safetensors_torch.load_file(out)
-  else:
-    state = torch.load(out)
-  model.load_state_dict(state)
-  model.eval()
   trained = trainer.load(run)
   images, _ = trained.read_split(limit=64)
-  x = torch.from_numpy(images.astype(np.float32) / 255.0).permute(0, 3, 1, 2)
-  with torch.no_grad():
-    got = model(x).numpy()
-  np.testing.assert_allclose(got, trained.logits(images), rtol=0, atol=1e-5)
+  np.save(tmp_path / 'x.npy', (images.astype(np.float32) / 255.0).transpose(0, 3, 1, 2))
+  # The load line as printed, its imports included, in a fresh interpreter in a user's folder.
+  load = [line[len('load: '):] for line in done.stdout.splitlines() if line.startswith('load: ')]
+  snippet = load[0] + ('\nimport numpy, torch\nwith torch.no_grad():\n'
+                       "  numpy.save('logits.npy', model(torch.from_numpy(numpy.load('x.npy')))"
+                       '.numpy())\n')
+  pasted = subprocess.run([sys.executable, '-c', snippet], cwd=tmp_path,
+                          env=processes.environment(), capture_output=True, text=True,
+                          timeout=300, check=False)
+  assert pasted.returncode == 0, pasted.stderr[-2000:]
+  np.testing.assert_allclose(np.load(tmp_path / 'logits.npy'), trained.logits(images), rtol=0,
+                             atol=1e-5)
   # Run again, it refuses to overwrite what it wrote.
   again = subprocess.run(command, cwd=REPO, env=processes.environment(),
                          capture_output=True, text=True, timeout=300, check=False)

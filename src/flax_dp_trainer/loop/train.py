@@ -120,7 +120,7 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
   with setup.lock_workdir(workdir):
     writer = writers.create_writer(workdir)
     bars = _bars(show_bars, step)
-    with metric_writers.ensure_flushes(writer):
+    with metric_writers.ensure_flushes(writer), bars or contextlib.nullcontext():
       scalars = evaluation.evaluate_all(step_lib.make_eval_step(
           run.layout, step_lib.Normalization.of(run.datasets.train, config.dtype), run.loss),
                              run.layout.put_state(state), run.evaluations, run.layout, bars)
