@@ -310,6 +310,14 @@ class Launch:
                    f'{f"process {index}" if own else "srun"} exited with {signal_name(status)} (phase {phase}, step {step})',
                    fatal, line if fatal else '')
 
+  def _where(self, index: int, started: float) -> tuple[str, int, int, float]:
+    """Process `index`'s phase, step, last step dispatched and time of its last progress in
+    this attempt (none written yet: starting since the attempt began)."""
+    record = self._progress(index, started)
+    if record is None:
+      return 'startup', 0, 0, started
+    return record['phase'], record['step'], record.get('dispatched', 0), record['time']
+
   def _stopped_peer(self, started: float, aborted: int, status: int) -> Optional[Failure]:
     """Before a SIGABRT is believed: JAX's runtime aborts the healthy processes when a peer's
     heartbeats stop (a `kill -STOP`, a frozen host) for its heartbeat timeout. The process to
@@ -323,12 +331,7 @@ class Launch:
     for index in range(self.count):
       if index == aborted or self._status(index) is not None:
         continue
-      record = self._progress(index, started)
-      if record is None:
-        phase, step, dispatched, since = 'startup', 0, 0, started
-      else:
-        phase, step, since = record['phase'], record['step'], record['time']
-        dispatched = record.get('dispatched', 0)
+      phase, step, dispatched, since = self._where(index, started)
       if (step, dispatched) < mark and now - since > liveness.INTERVAL_S:
         behind.append((step, dispatched, since, index, phase))
     if not behind:
@@ -352,12 +355,7 @@ class Launch:
     for index in range(self.count):
       if self._status(index) is not None:
         continue
-      record = self._progress(index, started)
-      if record is None:
-        phase, step, dispatched, since = 'startup', 0, 0, started
-      else:
-        phase, step, since = record['phase'], record['step'], record['time']
-        dispatched = record.get('dispatched', 0)
+      phase, step, dispatched, since = self._where(index, started)
       limit = (self.plan.startup_timeout_s if phase in liveness.SLOW_PHASES else
                self.plan.hang_timeout_s)
       stale = stale or now - since > limit
