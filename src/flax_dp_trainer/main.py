@@ -1,5 +1,5 @@
-"""Trains a model on a dataset, as a config says (`dp-train`, `python -m flax_dp_trainer`):
-flags, device set-up, then `train.train_and_evaluate`.
+"""Trains a model on a dataset, as a config says (`dp-train`, `python -m flax_dp_trainer`);
+the same command again resumes it, `--eval_only` evaluates it.
 
   python -m flax_dp_trainer --config=default --workdir=/tmp/run [--cpu_devices=8] \\
       [--config.FIELD=VALUE ...]
