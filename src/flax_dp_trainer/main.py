@@ -203,7 +203,8 @@ def main(argv):
       # are connected.
       import_error = _import_error(config)
       if import_error is None:
-        checks.check_config(config, process_count=1, local_device_count=1)
+        checks.check_config(config, process_count=1, local_device_count=1,
+                            command_line=frozenset(FLAGS['config'].override_values))
       elif not _several_processes():
         raise import_error
     except UserError as e:

@@ -125,7 +125,8 @@ def test_a_port_trained_from_the_originals_weights_exports_back_as_its_state_dic
   trainer.fit(config, workdir, devices=jax.devices()[:2])
   out, lines = export.export(workdir, None, 'torchvision', str(tmp_path / 'trained.pth'))
   assert lines[1] == (
-      'load: from tests.ports.vit import timm_vit; model = timm_vit(img_size=8, in_chans=1, '
+      'load: import torch; from tests.ports.vit import timm_vit; model = timm_vit(img_size=8, '
+      'in_chans=1, '
       f"patch_size=4, num_classes=10); model.load_state_dict(torch.load('{out}')); model.eval()")
   original = _original('timm_vit')
   original.load_state_dict(torch.load(out))

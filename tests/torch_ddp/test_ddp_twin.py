@@ -7,6 +7,7 @@ import signal
 import subprocess
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -124,6 +125,23 @@ def test_a_workdir_of_another_config_is_refused_untouched(config, one_rank_group
                      r"\(model: 'cnn' -> 'mlp'\); use a new --workdir"):
     ddp_train.train(config, workdir, parity=False)
   assert {p: os.path.getmtime(os.path.join(workdir, p)) for p in os.listdir(workdir)} == before
+
+
+def test_a_split_its_command_line_names_is_never_stood_in_for(config, one_rank_group, tmp_path):
+  """`--config.eval_split=test` on arrays that hold train and validation: the twin refuses it
+  as the trainer does, before anything is written (the config's own 'test' would read the
+  validation split)."""
+  del one_rank_group
+  rng = np.random.default_rng(0)
+  np.savez(tmp_path / 'tv.npz', x_train=rng.integers(0, 255, (32, 8, 8), np.uint8),
+           y_train=rng.integers(0, 10, 32), x_validation=rng.integers(0, 255, (8, 8, 8), np.uint8),
+           y_validation=rng.integers(0, 10, 8))
+  config.update(dataset=f'npz:{tmp_path / "tv.npz"}', eval_split='test', batch_size=8)
+  workdir = tmp_path / 'run'
+  with pytest.raises(UserError, match=r"eval_split: dataset 'npz:.*tv.npz' has no split 'test'; "
+                     r'it has: train, validation'):
+    ddp_train.train(config, str(workdir), parity=False, command_line=frozenset({'eval_split'}))
+  assert not workdir.exists()
 
 
 # (state_sharding, model flags, the settings file's model class, FSDP2 units): a user's pair

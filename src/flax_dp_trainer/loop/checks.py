@@ -98,14 +98,15 @@ def _choice(field: str, value, choices) -> None:
                     f"(--config.{field}=NAME)")
 
 
-def check_config(config, *, process_count: int, local_device_count: int
-                 ) -> run_datasets.RunDatasets:
+def check_config(config, *, process_count: int, local_device_count: int,
+                 command_line=frozenset()) -> run_datasets.RunDatasets:
   """Raises `UserError` naming the first bad value and how to fix it; returns the run's
-  datasets as resolved (`run_datasets.resolve`). The modules of `config.imports` are imported
+  datasets as resolved (`run_datasets.resolve`; `command_line`: the fields the command line
+  set, whose splits are never stood in for). The modules of `config.imports` are imported
   first: they may register the datasets and models the config names."""
   check_fields(config, process_count=process_count, local_device_count=local_device_count)
   # An unknown dataset, augmentation or crop size is refused there.
-  return run_datasets.resolve(config)
+  return run_datasets.resolve(config, command_line=command_line)
 
 
 def check_fields(config, *, process_count: int, local_device_count: int) -> None:

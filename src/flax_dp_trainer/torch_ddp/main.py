@@ -42,10 +42,12 @@ def main(argv):
   config = checks.command_line_config(FLAGS['config'])
   try:  # What can be refused before torch and TensorFlow load.
     checks.check_config(config, process_count=1,
-                        local_device_count=int(os.environ.get('WORLD_SIZE', '1')))
+                        local_device_count=int(os.environ.get('WORLD_SIZE', '1')),
+                        command_line=frozenset(FLAGS['config'].override_values))
   except UserError as e:
     raise SystemExit(f'error: {e}') from None
   # pylint: disable-next=import-outside-toplevel
   from flax_dp_trainer.torch_ddp import train  # (start-up: a bad config is refused before it loads)
   train.run(config, FLAGS.workdir, FLAGS.parity, FLAGS.init_weights, FLAGS.channels_last,
-            FLAGS.torch_compile, FLAGS.threads)
+            FLAGS.torch_compile, FLAGS.threads,
+            command_line=frozenset(FLAGS['config'].override_values))

@@ -270,11 +270,15 @@ class _Window:
 
 
 def train(config, workdir: str, parity: bool, init_weights: Optional[str] = None,
-          channels_last: bool = True, compile_model: bool = False) -> None:
+          channels_last: bool = True, compile_model: bool = False,
+          command_line=frozenset()) -> None:
   """Trains `config` in `workdir` on this process group's ranks (resuming from the newest
-  checkpoint there); `parity`, `init_weights`: where a fresh run's weights come from."""
+  checkpoint there); `parity`, `init_weights`: where a fresh run's weights come from;
+  `command_line`: the config fields its command line set (a split named there is never
+  stood in for)."""
   rank, world = dist.get_rank(), dist.get_world_size()
-  datasets = checks.check_config(config, process_count=1, local_device_count=world)
+  datasets = checks.check_config(config, process_count=1, local_device_count=world,
+                                 command_line=command_line)
   step_lib.check_supported(config)
   device = step_lib.rank_device()
   if rank > 0:
@@ -407,7 +411,7 @@ class _Session:
 
 
 def run(config, workdir: str, parity: bool, init_weights: Optional[str], channels_last: bool,
-        compile_model: bool, threads: int) -> None:
+        compile_model: bool, threads: int, command_line=frozenset()) -> None:
   """`train` in a process group of this process's torchrun ranks (`threads` torch CPU threads
   each, 0: torch's default); a refusal ends the process with its line, a stop with its exit
   code."""
@@ -415,7 +419,7 @@ def run(config, workdir: str, parity: bool, init_weights: Optional[str], channel
     torch.set_num_threads(threads)
   dist.init_process_group('nccl' if torch.cuda.is_available() else 'gloo')
   try:
-    train(config, workdir, parity, init_weights, channels_last, compile_model)
+    train(config, workdir, parity, init_weights, channels_last, compile_model, command_line)
   except UserError as e:
     raise SystemExit(f'error: {e}') from None
   except Preempted as e:
