@@ -90,6 +90,7 @@ def test_exported_state_dict_gives_the_same_logits_in_torch(run, tmp_path, file_
       f'error: {out} exists; pass another --out (nothing was written)')
 
 
+@pytest.mark.slow
 def test_torchvision_after_a_split_was_read_imports_and_says_what_it_costs(run):
   """read_split loads TensorFlow; torchvision imported after it would import triton, which
   crashes the interpreter after TensorFlow (status 139): the package keeps triton out the
