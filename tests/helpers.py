@@ -15,6 +15,9 @@ from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.step import steps as step_lib
 from flax_dp_trainer.configs import default
 from flax_dp_trainer.data import builders
+from flax_dp_trainer.data import specs
+from flax_dp_trainer.loop import durations
+from flax_dp_trainer.loop import options as run_options
 
 
 # A short run on digits for comparing topologies: 60 steps, evaluated and saved at the end.
@@ -116,7 +119,7 @@ def reference_eval(state, config) -> tuple[int, float, float, float]:
 
 def reference_eval_of(logits_fn, config) -> tuple[int, float, float, float]:
   """reference_eval for any function of a float32 image batch (digits) to logits."""
-  builder = builders.get_builder(config)
+  builder = builders.get_builder(run_options.data_options(config))
   data = tfds.as_numpy(builder.as_dataset(split=config.eval_split, batch_size=-1))
   images = data['image'].astype(np.float32) / 255.0
   logits = np.asarray(logits_fn(images), np.float64)
@@ -128,3 +131,13 @@ def reference_eval_of(logits_fn, config) -> tuple[int, float, float, float]:
   label_logit = logits[np.arange(len(data['label'])), data['label']]
   top5 = np.mean((logits > label_logit[:, None]).sum(-1) < 5)
   return len(images), float(loss), float(accuracy), float(top5)
+
+
+def initial_state(config, num_classes: int, input_shape: tuple[int, ...], *, model=None,
+                  rng=None):
+  """The state a run of `config` starts from (its model, or the flax object `model` built as
+  the run builds it; its optimizer; the seed's init key unless `rng`), on the host."""
+  config = durations.timing_durations(config, 0)
+  spec = specs.DatasetSpec('test', num_classes, input_shape[-1], tuple(input_shape[1:]), 0)
+  built = run_options.build_model(config, num_classes, input_shape, model)
+  return run_options.initial_state(run_options.of_config(config, spec), built, input_shape, rng)

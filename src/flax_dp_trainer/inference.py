@@ -30,6 +30,7 @@ from flax_dp_trainer.model import source as model_source
 from flax_dp_trainer.step import steps as step_lib
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import run_datasets
+from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.base.errors import UserError
 
 Images = Union[np.ndarray, Sequence[np.ndarray], Sequence[bytes]]
@@ -82,7 +83,8 @@ class Trained:
                       f'{self.spec.name!r} stores them')
     # pylint: disable-next=import-outside-toplevel
     from flax_dp_trainer.data import pipeline  # (TensorFlow: only reading and decoding need it)
-    return pipeline.eval_preprocessed(self.config, self.spec, images, encoded)
+    return pipeline.eval_preprocessed(run_options.data_options(self.config), self.spec, images,
+                                      encoded)
 
   def _refuse_one_image(self, images: Images) -> None:
     """One image given where a batch is taken, refused with the fix: an array (H, W, C) as
@@ -131,14 +133,15 @@ class Trained:
     list), at most `limit` of them; read through TFDS from the config's data dir."""
     # pylint: disable-next=import-outside-toplevel
     from flax_dp_trainer.data import pipeline  # (TensorFlow: only reading and decoding need it)
-    return pipeline.read_examples(self.config, split or self.config.eval_split, limit)
+    return pipeline.read_examples(run_options.data_options(self.config),
+                                  split or self.config.eval_split, limit)
 
 
 def _spec(meta: run_meta.RunMeta, config) -> specs.DatasetSpec:
   """The dataset as the run trained on it: from the checkpoint, else (older checkpoints)
   from the config."""
   if meta.dataset is None:
-    return run_datasets.for_config(config)
+    return run_datasets.for_options(run_options.data_options(config))
   return specs.from_json(meta.dataset)
 
 
@@ -167,10 +170,9 @@ def _load(workdir: str, step: Optional[int], model: Any) -> Trained:
   variables = {'params': saved['ema_params'] if ema else saved['params']}
   if saved.get('batch_stats') is not None:
     variables['batch_stats'] = saved['batch_stats']
-  given = config
+  given = run_options.model_options(config)
   if model is not None:  # The module object holds its fields: the recorded ones are not passed.
-    given = ml_collections.ConfigDict(config.to_dict())
-    given.model_kwargs = ml_collections.ConfigDict()
+    given = dataclasses.replace(given, model_kwargs={})
   built = modeling.build(given, spec.num_classes, tuple(spec.input_shape), model=model).model
   if model is not None:
     wanted = jax.eval_shape(lambda: built.init(jax.random.PRNGKey(0),

@@ -8,6 +8,7 @@ the same command again resumes it, `--eval_only` evaluates it.
 import os
 import sys
 import traceback
+from typing import Optional
 
 from flax_dp_trainer.base import cli
 from flax_dp_trainer import logs
@@ -107,6 +108,11 @@ def _import_error(config):
   return None
 
 
+def _raise(error: Optional[Exception]) -> None:
+  if error is not None:
+    raise error
+
+
 def _check_flags() -> None:
   """The device and process flags, checked before anything starts."""
   if FLAGS.cpu_devices is not None and FLAGS.cpu_devices <= 0:
@@ -202,9 +208,12 @@ def main(argv):
       # model's) that does not import on this process of several stops them all, once they
       # are connected.
       import_error = _import_error(config)
+      datasets = None
       if import_error is None:
-        checks.check_config(config, process_count=1, local_device_count=1,
-                            command_line=frozenset(FLAGS['config'].override_values))
+        # The check's datasets are handed on to the run: they are resolved once a start.
+        datasets = checks.check_config(config, process_count=1, local_device_count=1,
+                                       command_line=frozenset(FLAGS['config'].override_values),
+                                       imported=True)
       elif not _several_processes():
         raise import_error
     except UserError as e:
@@ -215,8 +224,8 @@ def main(argv):
     from flax_dp_trainer.loop import train  # (TensorFlow: a bad config is refused before it loads)
     from flax_dp_trainer.loop import setup
     _set_up_devices()
-    if jax.process_count() > 1:
-      multihost.on_every_process(lambda: _import_user_code(config), _what_imports(config))
+    if jax.process_count() > 1:  # Every process says how its imports went; one failed: all stop.
+      multihost.on_every_process(lambda: _raise(import_error), _what_imports(config))
     logging.info('JAX process %d of %d; %d local and %d global %s devices',
                  jax.process_index(), jax.process_count(), jax.local_device_count(),
                  jax.device_count(), jax.default_backend())
@@ -224,10 +233,11 @@ def main(argv):
       setup.use_compilation_cache(config.compilation_cache_dir)
     command_line = frozenset(FLAGS['config'].override_values)
     if FLAGS.eval_only:
-      train.evaluate_only(config, FLAGS.workdir, command_line=command_line)
+      train.evaluate_only(config, FLAGS.workdir, command_line=command_line,
+                          datasets=datasets)
     else:
       train.train_and_evaluate(config, FLAGS.workdir, command_line=command_line,
-                               timeline=timeline,
+                               timeline=timeline, datasets=datasets,
                                resume_with_changes=FLAGS.resume_with_changes)
   except (UserError, Diverged, SaveFailed) as e:
     _exit(1, f'error: {e}')

@@ -16,6 +16,7 @@ from typing import Any
 from flax_dp_trainer import configs
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import run_datasets
+from flax_dp_trainer.data.options import DataOptions, FIELDS as DATA_FIELDS
 from flax_dp_trainer.base.errors import UserError
 
 DEFAULT_CONFIG = configs.path('default')
@@ -82,7 +83,10 @@ def describe_dataset(config: Any) -> str:
   """What `config.dataset` resolves to, as a comment line: classes, image shape, the crop and
   augmentation the config gives it, and the normalization; nothing is prepared or read."""
   try:
-    spec = run_datasets.for_config(config)
+    # The config's data fields as `loop.options.data_options` reads them (that module imports
+    # JAX; this one does not).
+    spec = run_datasets.for_options(
+        DataOptions(**{field: config[field] for field in DATA_FIELDS if field in config}))
   except UserError as e:
     return f'# dataset {config.dataset!r}: {e}'
   shape = ('x'.join(map(str, spec.image_shape)) if spec.image_shape else

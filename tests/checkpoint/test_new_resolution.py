@@ -24,6 +24,7 @@ from flax_dp_trainer.runs import run_metrics
 from flax_dp_trainer.torch_ddp import models as torch_models
 from flax_dp_trainer.zoo import torch_weights
 from flax_dp_trainer.zoo import vit
+from flax_dp_trainer.loop import options as run_options
 from tests import REPO
 
 
@@ -124,13 +125,13 @@ def test_fixed_size_images_resized_to_image_size(config):
   evaluation; refused where it cannot apply."""
   config.update(dataset='cifar10', resize_images=True, image_size=24, batch_size=8,
                 eval_batch_size=8)
-  spec = run_datasets.resolve(config).train
+  spec = run_datasets.resolve(run_options.data_options(config)).train
   assert (spec.augment, spec.input_shape) == ('crop_flip', (24, 24, 3))
   with tfds.testing.mock_data(num_examples=16):
-    data = pipeline.open_train_data(config)
+    data = pipeline.open_train_data(run_options.data_options(config))
     assert data.plan().describe().startswith('resize (24x24, area)')
     batch = next(data.batches())
-    evaluation = pipeline.eval_data(config, data.builder)
+    evaluation = pipeline.eval_data(run_options.data_options(config), data.builder)
     first = next(pipeline.eval_batches(evaluation))
   assert batch['image'].shape == (8, 24, 24, 3) and first['image'].shape == (8, 24, 24, 3)
   for bad, message in ((dict(image_size=0), 'resize_images=True resizes every image'),
@@ -138,7 +139,7 @@ def test_fixed_size_images_resized_to_image_size(config):
     broken = config.copy_and_resolve_references()
     broken.update(**bad)
     with pytest.raises(UserError, match=message):
-      run_datasets.resolve(broken)
+      run_datasets.resolve(run_options.data_options(broken))
   config.update(resize_images=False)
   with pytest.raises(UserError, match='--config.resize_images=True'):
-    run_datasets.resolve(config)
+    run_datasets.resolve(run_options.data_options(config))

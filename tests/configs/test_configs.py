@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
+from flax_dp_trainer.loop import durations
+from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.loop import checks
 from flax_dp_trainer import configs
 from flax_dp_trainer.step import optim
@@ -40,11 +42,11 @@ def test_config_is_valid_and_documents_its_command(path):
 
 def test_imagenet_resnet50_recipe_in_steps():
   config = load(os.path.join(CONFIG_DIR, 'imagenet_resnet50.py'))
-  resolved = optim.resolve_durations(config, 1_281_167)
+  resolved = durations.resolve_durations(config, 1_281_167)
   assert resolved.num_train_steps == 112_603  # ceil(90 x 1,281,167 / 1024)
   assert resolved.warmup_steps == 6_256  # ceil(5 x 1,281,167 / 1024)
-  assert optim.peak_learning_rate(resolved) == pytest.approx(0.4)
-  schedule = optim.learning_rate_schedule(resolved)
+  assert durations.peak_learning_rate(resolved) == pytest.approx(0.4)
+  schedule = optim.learning_rate_schedule(run_options.optim_options(resolved))
   assert float(schedule(resolved.warmup_steps)) == pytest.approx(0.4)
   assert float(schedule(resolved.num_train_steps)) == pytest.approx(0.0, abs=1e-7)
 
@@ -52,11 +54,11 @@ def test_imagenet_resnet50_recipe_in_steps():
 def test_imagenet_deit_recipe_is_deits():
   """DeiT's LR 5e-4 x batch / 512 down to 1e-5, 5 warm-up epochs, over 300 epochs."""
   config = load(os.path.join(CONFIG_DIR, 'imagenet_deit_s16.py'))
-  resolved = optim.resolve_durations(config, 1_281_167)
+  resolved = durations.resolve_durations(config, 1_281_167)
   assert resolved.num_train_steps == 375_342  # ceil(300 x 1,281,167 / 1024)
   peak = 5e-4 * config.batch_size / 512
-  assert optim.peak_learning_rate(resolved) == pytest.approx(peak)
-  schedule = optim.learning_rate_schedule(resolved)
+  assert durations.peak_learning_rate(resolved) == pytest.approx(peak)
+  schedule = optim.learning_rate_schedule(run_options.optim_options(resolved))
   assert float(schedule(resolved.warmup_steps)) == pytest.approx(peak)
   assert float(schedule(resolved.num_train_steps)) == pytest.approx(1e-5, rel=1e-4)
 
@@ -66,12 +68,12 @@ def test_timed_step_takes_a_schedule_where_the_split_size_is_unknown(name):
   """The bare step's benchmark on a host where the data is not prepared (the split's size
   0): epoch-long durations stand in as steps, and the schedule still builds."""
   config = load(os.path.join(CONFIG_DIR, name))
-  resolved = optim.timing_durations(config, 0)
+  resolved = durations.timing_durations(config, 0)
   assert (resolved.num_train_steps, resolved.warmup_steps) == (100_000, 10_000)
-  assert float(optim.learning_rate_schedule(resolved)(10_000)) == pytest.approx(
-      optim.peak_learning_rate(config))
-  known = optim.timing_durations(config, 1_281_167)  # Known: as the run would have it.
-  assert known.num_train_steps == optim.resolve_durations(config, 1_281_167).num_train_steps
+  schedule = optim.learning_rate_schedule(run_options.optim_options(resolved))
+  assert float(schedule(10_000)) == pytest.approx(durations.peak_learning_rate(config))
+  known = durations.timing_durations(config, 1_281_167)  # Known: as the run would have it.
+  assert known.num_train_steps == durations.resolve_durations(config, 1_281_167).num_train_steps
 
 
 @pytest.mark.slow
@@ -102,12 +104,13 @@ BUILT_FROM_THE_COMMAND_LINE = '''
 import sys
 from absl import flags
 from flax_dp_trainer.base import cli
+from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.model import modeling
 from flax_dp_trainer.port import originals
 cli.define_config()
 cli.parse_flags(sys.argv)
 config = flags.FLAGS.config
-flax_module = modeling.build(config, 10, (8, 8, 1)).model.module
+flax_module = modeling.build(run_options.model_options(config), 10, (8, 8, 1)).model.module
 torch_module = originals.from_path(config.torch_model, config.torch_model_kwargs.to_dict(), 10,
                                    0.0)
 print(flax_module.hidden_sizes, tuple(torch_module.weight.shape), torch_module.bias)

@@ -21,9 +21,11 @@ from flax_dp_trainer.data import sources
 from flax_dp_trainer.data import builders
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import run_datasets
+from flax_dp_trainer.data.options import DataOptions
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
+from flax_dp_trainer.loop import options as run_options
 from tests import helpers
 from tests import REPO
 from tests.data.test_datasets_by_name import _shapes
@@ -82,27 +84,29 @@ def test_float_images_refuse_uint8_augmentations_and_take_the_configs_statistics
   config.randaugment_num_layers = 2
   with pytest.raises(UserError, match=r"randaugment_num_layers=2 works on uint8 images, and "
                      r"dataset='arrays:floats' holds float32 ones"):
-    run_datasets.for_config(config, given)
+    run_datasets.for_options(run_options.data_options(config), given)
   config.randaugment_num_layers = 0
   config.image_mean, config.image_std = '0.5', '0.1,0.2,0.3'
-  spec = run_datasets.for_config(config, given)
+  spec = run_datasets.for_options(run_options.data_options(config), given)
   assert (spec.mean, spec.std) == ((0.5,), (0.1, 0.2, 0.3))
   assert spec.arrays is given and 'arrays' not in specs.to_json(spec)
   # The log says what the images reach the device as.
-  assert pipeline.open_train_data(config, spec).describe(1)[1].endswith(
-      'float32 images to the device (less mean (0.5,), over std (0.1, 0.2, 0.3) in the step)')
+  assert pipeline.open_train_data(run_options.data_options(config), spec).describe(
+      1)[1].endswith(
+          'float32 images to the device (less mean (0.5,), over std (0.1, 0.2, 0.3) in the step)')
   config.image_mean, config.image_std = '', ''
-  assert pipeline.open_train_data(config, run_datasets.for_config(config, given)).describe(
+  options = run_options.data_options(config)
+  assert pipeline.open_train_data(options, run_datasets.for_options(options, given)).describe(
       1)[1].endswith('float32 images to the device, to the model as they are')
   config.image_mean, config.image_std = '0.5', '0.1,0.2,0.3'
   config.image_std = '0.1,0.2'
   with pytest.raises(UserError, match=r"image_std='0.1,0.2' must be 1 or 3 comma-separated "
                      'numbers'):
-    run_datasets.for_config(config, given)
+    run_datasets.for_options(run_options.data_options(config), given)
   # Nothing is kept: without the arrays, the name alone reads none.
   with pytest.raises(UserError, match="names arrays given from Python, and this run was given "
                      'none'):
-    run_datasets.for_config(config)
+    run_datasets.for_options(run_options.data_options(config))
 
 
 def test_arrays_are_read_in_the_global_streams_order(config, shapes):
@@ -110,7 +114,7 @@ def test_arrays_are_read_in_the_global_streams_order(config, shapes):
   index_shuffle), as for every dataset read by index."""
   path, data = shapes
   config.update(dataset=f'npz:{path}', batch_size=16, seed=7, augment='none')
-  train_data = pipeline.open_train_data(config)
+  train_data = pipeline.open_train_data(run_options.data_options(config))
   assert train_data.mode == sources.IN_MEMORY
   assert train_data.describe(1)[1] == (
       'training preprocessing: nothing per example; uint8 images to the device (x / 255, less '
@@ -176,12 +180,13 @@ def test_an_arrays_missing_evaluation_split_is_refused(config, shapes):
   for stand_in in (False, True):
     with pytest.raises(UserError, match=r"eval_split: dataset 'npz:.*shapes.npz' has no split "
                        r"'validation\[:50%\]'; it has: test, train"):
-      builders.check_split(config, None, 'validation[:50%]', 'eval_split',
-                           **({'stand_in': True} if stand_in else {}))
-  assert builders.check_split(config, None, 'train+test', 'train_split') == 'train+test'
+      builders.check_split(run_options.data_options(config), None, 'validation[:50%]',
+                           'eval_split', **({'stand_in': True} if stand_in else {}))
+  assert builders.check_split(run_options.data_options(config), None, 'train+test',
+                              'train_split') == 'train+test'
   with pytest.raises(UserError, match=r"eval_splits: dataset 'npz:.*shapes.npz' has no split "
                      r"'validation'; it has: test, train"):
-    builders.check_split(config, None, 'validation', 'eval_splits')
+    builders.check_split(run_options.data_options(config), None, 'validation', 'eval_splits')
 
 
 def test_images_that_look_nchw_are_refused_unless_their_layout_is_declared(tmp_path):
@@ -202,7 +207,7 @@ def test_images_that_look_nchw_are_refused_unless_their_layout_is_declared(tmp_p
   images, _ = given.splits['train']
   np.testing.assert_array_equal(images, np.transpose(nchw, (0, 2, 3, 1)))
   assert images.flags['C_CONTIGUOUS'] and given.name == 'arrays:python?layout=NCHW'
-  spec = specs.of_config(ml_collections.ConfigDict(dict(dataset=given.name)), given)
+  spec = specs.of_options(DataOptions(dataset=given.name), given)
   assert (spec.channels, spec.image_shape, spec.layout) == (3, (6, 5, 3), 'NCHW')
   assert specs.to_json(spec)['layout'] == 'NCHW'
   for height in (1, 3, 4):

@@ -23,6 +23,7 @@ from flax_dp_trainer.data import stream
 from flax_dp_trainer.data import tf_options
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
+from flax_dp_trainer.loop import options as run_options
 from tests import REPO
 
 
@@ -199,7 +200,7 @@ def test_a_resume_leaves_out_the_recorded_files_not_a_fresh_checks(config, damag
   (workdir / damaged.RECORD_FILE).write_text(json.dumps(
       {'folders': {root: {'train/dog/01.png': 'unreadable when the run started'}}}))
   try:
-    damaged.settle(config, str(workdir))
+    damaged.settle(run_options.data_options(config), str(workdir))
     found = folder_lib.scan(root)
     assert found.left_out == {'train/dog/01.png': 'unreadable when the run started'}
     assert os.path.join(root, kept_bad) in found.files['train'][0]
@@ -300,7 +301,7 @@ def body_damaged_folder(tmp_path_factory):
 
 
 def _first_failure(config) -> str:
-  data = pipeline.open_train_data(config)
+  data = pipeline.open_train_data(run_options.data_options(config))
   with pytest.raises(UserError) as error:
     batches = data.batches()  # A split held in memory is loaded here.
     for _ in range(20):
@@ -367,7 +368,7 @@ def test_a_record_that_does_not_decode_is_named(config, body_damaged_folder, tmp
 def test_an_evaluation_file_that_does_not_decode_is_named(config, body_damaged_folder):
   root, _ = body_damaged_folder
   config.update(dataset=f'folder:{root}', eval_split='val', eval_batch_size=2)
-  evaluation = pipeline.eval_data(config, None)
+  evaluation = pipeline.eval_data(run_options.data_options(config), None)
   with pytest.raises(UserError) as error:
     list(pipeline.eval_batches(evaluation))
   # val/: cat 00-02, then dog 00, 01: the fifth example, in the third batch of two.

@@ -31,6 +31,7 @@ from flax_dp_trainer.data.datasets import digits
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
+from flax_dp_trainer.loop import options as run_options
 from tests import helpers
 from tests import REPO
 
@@ -49,11 +50,11 @@ def _stream(data, steps, **kwargs):
 
 
 def _open(config):
-  return pipeline.open_train_data(config)
+  return pipeline.open_train_data(run_options.data_options(config))
 
 
 def test_digits_splits_are_the_documented_fixed_split(config):
-  builder = builders.get_builder(config)
+  builder = builders.get_builder(run_options.data_options(config))
   assert builder.info.splits['train'].num_examples == digits.NUM_TRAIN == 1437
   assert builder.info.splits['test'].num_examples == digits.NUM_TEST == 360
   assert specs.spec('digits').num_train_examples == 1437
@@ -128,12 +129,13 @@ def test_processes_build_their_rows_of_the_same_global_batches(config, process_c
 
 
 def test_eval_parts_of_processes_are_disjoint_and_cover(config):
-  builder = builders.get_builder(config)
+  builder = builders.get_builder(run_options.data_options(config))
   full = _split_in_file_order(builder, 'test')['image']
   config.eval_batch_size = 4
   seen = []
   for process in range(2):
-    data = pipeline.eval_data(config, builder, process_index=process, process_count=2)
+    data = pipeline.eval_data(run_options.data_options(config), builder, process_index=process,
+                              process_count=2)
     seen += [bytes(x) for b in pipeline.eval_batches(data)
              for x, m in zip(b['image'], b['mask']) if m]
   assert len(seen) == len(full)  # Nothing twice, and (below) nothing missed.
@@ -155,7 +157,7 @@ def test_array_record_prepared_by_tfds_gives_the_stream_held_in_memory(config, t
   from_files = _stream(data, 40, start_position=96)
   for got, expected in zip(from_files, in_memory):
     np.testing.assert_array_equal(got, expected)
-  evaluation = pipeline.eval_data(config, data.builder)
+  evaluation = pipeline.eval_data(run_options.data_options(config), data.builder)
   assert evaluation.num_batches == 3 and sum(
       int(b['mask'].sum()) for b in pipeline.eval_batches(evaluation)) == 360
 
@@ -166,7 +168,7 @@ def test_converted_tfds_dataset_is_read_by_index_from_its_array_record_files(con
   reports both formats, the ArrayRecord ones are read by index, and the stream is the one
   held in memory. Converting again writes nothing."""
   config.update(batch_size=32, tfds_data_dir=str(tmp_path))
-  builder = builders.get_builder(config)
+  builder = builders.get_builder(run_options.data_options(config))
   assert builders.formats(builder) == {'tfrecord'}
   assert convert.add_array_record(builder, threads=2) == 2
   config.cache = False
@@ -206,7 +208,7 @@ def test_missing_dataset_without_network_fails_fast(config, tmp_path, monkeypatc
   config.dataset = 'mnist'
   config.tfds_data_dir = str(tmp_path / 'empty')
   with pytest.raises(UserError) as error:
-    builders.get_builder(config)
+    builders.get_builder(run_options.data_options(config))
   message = str(error.value)
   assert "dataset='mnist' is not prepared" in message
   assert str(tmp_path / 'empty') in message
@@ -250,7 +252,7 @@ def test_image_pipelines_under_mock_data(config, dataset, train_shape):
     first = _take(data, 3)
     again = _take(data, 3)
     resumed = _take(data, 2, start_position=8)
-    evaluation = pipeline.eval_data(config, data.builder)
+    evaluation = pipeline.eval_data(run_options.data_options(config), data.builder)
     eval_batches = list(pipeline.eval_batches(evaluation))
   for batch in first:
     assert batch['image'].shape == (8,) + train_shape and batch['image'].dtype == np.uint8
@@ -373,14 +375,17 @@ def test_an_image_folder_is_a_dataset_read_by_index(config, digits_folder):
   for field in ('eval_split', 'eval_splits'):
     with pytest.raises(UserError, match=f"{field}='test': image folder .* has no test/ folder "
                        'of class folders; it has: train, val'):
-      builders.check_split(config, None, 'test', field)
-  split = builders.check_split(config, None, 'test', 'eval_split', stand_in=True)
+      builders.check_split(run_options.data_options(config), None, 'test', field)
+  split = builders.check_split(run_options.data_options(config), None, 'test', 'eval_split',
+                               stand_in=True)
   assert split == 'val'
-  assert [s.stand_in for s in run_datasets.resolve(config).evals] == [True]
   assert [s.stand_in for s in run_datasets.resolve(
-      config, command_line=frozenset({'eval_split'})).evals] == [False]
-  evaluation = pipeline.eval_data(config, None, eval_set=dataclasses.replace(
-      run_datasets.resolve(config).evals[0], split=split))
+      run_options.data_options(config)).evals] == [True]
+  assert [s.stand_in for s in run_datasets.resolve(
+      run_options.data_options(config), command_line=frozenset({'eval_split'})).evals] == [False]
+  evaluation = pipeline.eval_data(
+      run_options.data_options(config), None, eval_set=dataclasses.replace(
+          run_datasets.resolve(run_options.data_options(config)).evals[0], split=split))
   seen = [(bytes(x), y) for b in pipeline.eval_batches(evaluation)
           for x, y, m in zip(b['image'], b['label'], b['mask']) if m]
   assert sorted(seen) == sorted((bytes(i), l) for i, l in written['val'].values())
@@ -436,7 +441,7 @@ def photo_folder(tmp_path_factory):
 def test_a_folder_of_photos_of_many_sizes_is_cropped_to_image_size(config, photo_folder):
   config.update(dataset=f'folder:{photo_folder}', image_size=32, batch_size=6,
                 eval_batch_size=4, cache=False, eval_split='val')
-  ds_spec = run_datasets.for_config(config)
+  ds_spec = run_datasets.for_options(run_options.data_options(config))
   assert (ds_spec.augment, ds_spec.image_shape, ds_spec.input_shape) == (
       'inception', None, (32, 32, 3))
   assert ds_spec.mean == specs.IMAGENET_MEAN
@@ -449,13 +454,13 @@ def test_a_folder_of_photos_of_many_sizes_is_cropped_to_image_size(config, photo
     np.testing.assert_array_equal(a['image'], b['image'])
   labels = np.concatenate([b['label'] for b in first])
   np.testing.assert_array_equal(np.bincount(labels[:18], minlength=3), [6, 6, 6])  # An epoch.
-  evaluation = pipeline.eval_data(config, None)
+  evaluation = pipeline.eval_data(run_options.data_options(config), None)
   batches = list(pipeline.eval_batches(evaluation))
   assert [int(b['mask'].sum()) for b in batches] == [4, 2]
   assert all(b['image'].shape == (4, 32, 32, 3) for b in batches)
   config.augment = 'crop_flip'
   with pytest.raises(UserError, match="augment='crop_flip' needs images of one size"):
-    run_datasets.for_config(config)
+    run_datasets.for_options(run_options.data_options(config))
 
 
 # -- through the command line -------------------------------------------------------------

@@ -21,6 +21,7 @@ from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
+from flax_dp_trainer.loop import options as run_options
 from tests import REPO
 
 # Three datasets the table does not list: a fixed-size RGB one, one of varying sizes, one
@@ -86,7 +87,7 @@ def test_a_run_resolves_each_of_its_datasets_once(config, tmp_path, monkeypatch)
   assert {'eval_accuracy', 'eval_train_5_accuracy'} <= set(scalars)
   assert [tag for tag in scalars if tag.endswith('_more_npz_test_accuracy')]
   _, meta = checkpoint.read_meta(workdir)
-  resolved = run_datasets.resolve(config)
+  resolved = run_datasets.resolve(run_options.data_options(config))
   assert specs.from_json(meta.dataset) == resolved.train and resolved.train.mean == (0.25,)
   assert trainer.load(workdir).spec == resolved.train
 
@@ -122,19 +123,20 @@ def test_eval_splits_name_datasets_as_dataset_does(config):
   config.eval_splits = 'train[:10%],svhn_cropped:test,mnist:3.0.1:test'
   with pytest.raises(UserError, match=r"dataset 'mnist:3.0.1' has 10 classes of 1-channel "
                      'images, the model 10 of 3'):
-    run_datasets.resolve(config)
+    run_datasets.resolve(run_options.data_options(config))
   config.eval_splits = 'train[:10%],svhn_cropped:test'
-  assert [(s.prefix, s.dataset, s.split) for s in run_datasets.resolve(config).evals] == [
+  assert [(s.prefix, s.dataset, s.split)
+          for s in run_datasets.resolve(run_options.data_options(config)).evals] == [
       ('eval', 'eurosat/rgb', 'test'), ('eval_train_10', 'eurosat/rgb', 'train[:10%]'),
       ('eval_svhn_cropped_test', 'svhn_cropped', 'test')]
   # Each evaluation reads its dataset as the model takes it: the run's crop.
   assert {(s.spec.name, s.spec.augment, s.spec.image_size)
-          for s in run_datasets.resolve(config).evals} == {('eurosat/rgb', 'inception', 32),
-                                                   ('svhn_cropped', 'inception', 32)}
+          for s in run_datasets.resolve(run_options.data_options(config)).evals} == {
+              ('eurosat/rgb', 'inception', 32), ('svhn_cropped', 'inception', 32)}
   config.update(augment='', image_size=0)
   with pytest.raises(UserError, match=r"dataset 'svhn_cropped' has images of \(32, 32, 3\), "
                      r'the model takes \(64, 64, 3\)'):
-    run_datasets.resolve(config)
+    run_datasets.resolve(run_options.data_options(config))
 
 
 @pytest.mark.slow
@@ -171,8 +173,10 @@ def test_a_recorded_spec_serves_a_host_without_tensorflow_datasets(tmp_path):
       'raise ModuleNotFoundError("hidden", name="tensorflow_datasets")\n')
   code = ('from flax_dp_trainer.configs import default; '
           'from flax_dp_trainer.data import run_datasets; '
+          'from flax_dp_trainer.loop import options as run_options; '
           'c = default.get_config(); c.dataset = "oxford_flowers102"; c.dataset_spec = {!r}; '
-          'd = run_datasets.for_config(c); print(d.num_classes, d.image_size, d.augment)')
+          'd = run_datasets.for_options(run_options.data_options(c)); '
+          'print(d.num_classes, d.image_size, d.augment)')
   env = processes.environment(PYTHONPATH=str(hidden.parent))
   run = lambda given: subprocess.run([sys.executable, '-c', code.format(given)],
                                      cwd=REPO, env=env, capture_output=True,

@@ -13,6 +13,7 @@ from flax_dp_trainer.bench import quality
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import preprocess
 from flax_dp_trainer.data import restart_segments
+from flax_dp_trainer.loop import options as run_options
 
 
 @pytest.fixture(scope='module')
@@ -117,5 +118,6 @@ def test_the_training_stream_is_the_same_with_the_cut(config, tmp_path, photo):
   batches = []
   for on in (False, True):
     config.restart_skip = on
-    batches.append(next(pipeline.open_train_data(config).batches())['image'])
+    batches.append(next(pipeline.open_train_data(
+        run_options.data_options(config)).batches())['image'])
   np.testing.assert_array_equal(batches[0], batches[1])

@@ -10,6 +10,7 @@ from flax_dp_trainer.bench import quality
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import crop_quality
 from flax_dp_trainer.data import scaled_decode
+from flax_dp_trainer.loop import options as run_options
 
 
 @pytest.mark.parametrize('short_side,size,expected', [
@@ -60,13 +61,13 @@ def test_the_stream_keeps_its_windows_and_flips_on_any_process_count(config, lar
   images = {}
   for on in (False, True):
     config.scaled_decode = on
-    data = pipeline.open_train_data(config)
+    data = pipeline.open_train_data(run_options.data_options(config))
     assert ('JPEGs decoded at 1/2-1/8 scale' in data.plan().describe()) == on
     images[on] = np.concatenate([next(data.batches())['image'] for _ in range(1)])
   # Each example: the same window and flip, decoded another way (another window or an
   # unflipped one is far below).
   for full, scaled in zip(images[False].astype(np.float64), images[True].astype(np.float64)):
     assert 10 * np.log10(255 ** 2 / np.mean((full - scaled) ** 2)) > 28
-  rows = [next(pipeline.open_train_data(config).batches(process_index=p, process_count=4))
-          ['image'] for p in range(4)]
+  rows = [next(pipeline.open_train_data(run_options.data_options(config)).batches(
+              process_index=p, process_count=4))['image'] for p in range(4)]
   np.testing.assert_array_equal(np.concatenate(rows), images[True])

@@ -10,6 +10,7 @@ from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.data import builders
 from flax_dp_trainer.data import sources
 from flax_dp_trainer.data import specs
+from flax_dp_trainer.loop import options as run_options
 
 
 @pytest.fixture(scope='module')
@@ -33,16 +34,17 @@ def test_an_array_split_is_selected_with_tfds_slicing(npz, split, labels):
 
 def test_a_split_the_arrays_lack_is_refused_naming_those_they_have(npz):
   config = ml_collections.ConfigDict({'dataset': npz, 'dataset_spec': ''})
-  assert builders.check_split(config, None, 'train[:90%]', 'train_split') == 'train[:90%]'
+  assert builders.check_split(run_options.data_options(config), None, 'train[:90%]',
+                              'train_split') == 'train[:90%]'
   with pytest.raises(UserError, match="train_split: dataset .* has no split 'tain'; it has: "
                      'train, validation'):
-    builders.check_split(config, None, 'tain', 'train_split')
+    builders.check_split(run_options.data_options(config), None, 'tain', 'train_split')
   # A 'test' the user named is refused; the config's own is read from the validation split
   # the dataset has.
   with pytest.raises(UserError, match="eval_split: dataset .* has no split 'test'; it has: "
                      'train, validation'):
-    builders.check_split(config, None, 'test', 'eval_split')
-  assert builders.check_split(config, None, 'test[:2]', 'eval_split',
+    builders.check_split(run_options.data_options(config), None, 'test', 'eval_split')
+  assert builders.check_split(run_options.data_options(config), None, 'test[:2]', 'eval_split',
                               stand_in=True) == 'validation[:2]'
 
 
@@ -53,7 +55,7 @@ def test_a_split_the_arrays_lack_is_refused_naming_those_they_have(npz):
 ])
 def test_the_read_mode_follows_the_config_and_the_storage(cache, dataset, builder, mode):
   config = ml_collections.ConfigDict({'cache': cache, 'dataset': dataset})
-  assert sources.read_mode(config, builder) == mode
+  assert sources.read_mode(run_options.data_options(config), builder) == mode
 
 
 def test_each_read_mode_says_what_the_batches_depend_on():

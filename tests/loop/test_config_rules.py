@@ -7,7 +7,7 @@ from absl import flags
 
 from flax_dp_trainer.loop import checks
 from flax_dp_trainer.base import cli
-from flax_dp_trainer.step import optim
+from flax_dp_trainer.loop import durations
 from flax_dp_trainer.base.errors import UserError
 
 
@@ -35,7 +35,7 @@ def test_steps_on_the_command_line_clear_the_file_s_epochs(caplog):
   assert (config.warmup_steps, config.warmup_epochs) == (1, -1)
   assert 'num_train_steps=4 is set on the command line: cleared num_epochs=200.0' in log
   assert 'warmup_steps=1 is set on the command line: cleared warmup_epochs=5.0' in log
-  resolved = optim.resolve_durations(config, 50_000)
+  resolved = durations.resolve_durations(config, 50_000)
   assert (resolved.num_train_steps, resolved.warmup_steps) == (4, 1)
 
 
@@ -46,7 +46,7 @@ def test_epochs_on_the_command_line_clear_the_file_s_steps(caplog):
   assert (config.num_train_steps, config.num_epochs) == (-1, 2.0)
   assert (config.warmup_steps, config.warmup_epochs) == (-1, 0.5)
   assert 'num_epochs=2.0 is set on the command line: cleared num_train_steps=500' in log
-  resolved = optim.resolve_durations(config, 1_437)
+  resolved = durations.resolve_durations(config, 1_437)
   assert resolved.num_train_steps == 23  # ceil(2 x 1437 / 128)
   assert resolved.warmup_steps == 6  # ceil(0.5 x 1437 / 128)
 

@@ -20,6 +20,7 @@ from flax_dp_trainer.loop import writers
 from flax_dp_trainer.configs import default
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
+from flax_dp_trainer.loop import options as run_options
 from tests import helpers
 from tests import REPO
 
@@ -46,7 +47,7 @@ def test_digits_end_to_end(config, tmp_path):
     assert sorted(scalars[tag]) == [20, 40, 60], tag
   assert sorted(scalars['eval_accuracy']) == [30, 60]
   # The logged rate is the schedule's value at the last step of each window.
-  schedule = optim.learning_rate_schedule(config)
+  schedule = optim.learning_rate_schedule(run_options.optim_options(config))
   for step, value in scalars['learning_rate'].items():
     assert value == pytest.approx(float(schedule(step - 1)), rel=1e-6)
   assert scalars['train_loss'][60] < scalars['train_loss'][20] < np.log(10)
@@ -90,8 +91,9 @@ def _compiled_step_flops(config, state) -> float:
   """One device's FLOPs of the real train step on 8 devices, compiled."""
   layout = parallel.data_parallel(config.step_backend, jax.devices())
   p_train_step = step_lib.make_train_step(
-      layout, learning_rate_fn=optim.learning_rate_schedule(config),
-      options=step_lib.StepOptions.from_config(config, run_datasets.for_config(config)))
+      layout, learning_rate_fn=optim.learning_rate_schedule(run_options.optim_options(config)),
+      options=run_options.step_options(
+          config, run_datasets.for_options(run_options.data_options(config))))
   rows = {'image': np.zeros((config.batch_size, 8, 8, 1), np.uint8),
           'label': np.zeros(config.batch_size, np.int32)}
   compiled = p_train_step.lower(layout.put_replicated(state), layout.put_batch(rows),

@@ -16,6 +16,7 @@ import optax
 import pytest
 
 import flax_dp_trainer as trainer
+from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.checkpoint import checkpointer as checkpoint
 from flax_dp_trainer.step import losses
 from flax_dp_trainer.model import modeling
@@ -210,7 +211,7 @@ def test_standard_layers_are_keyed_per_example_and_reduced_over_the_devices(mode
   """The training apply of a module with plain Dropout and BatchNorm layers (linen, NNX) over
   a device axis: the batch split over 4 devices gives the rows and statistics it gives
   whole; evaluation uses no dropout and the running statistics."""
-  built = modeling.build(_config(f'tests.user_models:{model}', dropout_rate=0.5), 10,
+  built = modeling.build(_options(f'tests.user_models:{model}', dropout_rate=0.5), 10,
                          (8, 8, 1)).model
   variables = built.init(jax.random.PRNGKey(0), (1, 8, 8, 1))
   images = jax.random.normal(jax.random.PRNGKey(1), (8, 8, 8, 1))
@@ -237,7 +238,7 @@ def test_standard_layers_are_keyed_per_example_and_reduced_over_the_devices(mode
 def test_nnx_modules_that_take_train_or_no_rngs(model):
   """An NNX `__call__` that declares `train` is given it; a constructor without `rngs` is
   built without. Evaluation is deterministic; training draws (where there is dropout)."""
-  built = modeling.build(_config(f'tests.user_models:{model}', dropout_rate=0.0), 10,
+  built = modeling.build(_options(f'tests.user_models:{model}', dropout_rate=0.0), 10,
                          (8, 8, 1)).model
   assert probe.probe(built, (8, 8, 1), 4, 10, 'float32') == []
   variables = built.init(jax.random.PRNGKey(0), (1, 8, 8, 1))
@@ -255,22 +256,26 @@ def _config(model, **overrides):
   return config
 
 
+def _options(model, **overrides) -> modeling.ModelOptions:
+  return run_options.model_options(_config(model, **overrides))
+
+
 @pytest.mark.parametrize('name,shape', [('cnn', (8, 8, 1)), ('vit_test', (16, 16, 3)),
                                         ('resnet_tiny', (16, 16, 3))])
 def test_the_shipped_models_draw_nothing_the_probe_names(name, shape):
   """Their dropout and stochastic depth are keyed per example (zoo.layers): nothing to say."""
   depth = 0.0 if name == 'cnn' else 0.1  # (cnn has no residual blocks to drop)
-  built = modeling.build(_config(name, dropout_rate=0.1, stochastic_depth_rate=depth), 10, shape)
+  built = modeling.build(_options(name, dropout_rate=0.1, stochastic_depth_rate=depth), 10, shape)
   assert probe.probe(built.model, shape, 4, 10, 'float32') == []
 
 
 def test_what_cannot_be_keyed_per_example_is_said_at_start():
-  built = modeling.build(_config('tests.user_models:OwnNoise', dropout_rate=0.0), 10,
+  built = modeling.build(_options('tests.user_models:OwnNoise', dropout_rate=0.0), 10,
                          (8, 8, 1))
   lines = probe.probe(built.model, (8, 8, 1), 4, 10, 'float32')
   assert len(lines) == 1
   assert lines[0].startswith("the model draws random numbers itself ('noise' at the top)")
-  built = modeling.build(_config('tests.user_models:Awkward', dropout_rate=0.0), 10, (8, 8, 1))
+  built = modeling.build(_options('tests.user_models:Awkward', dropout_rate=0.0), 10, (8, 8, 1))
   lines = probe.probe(built.model, (8, 8, 1), 4, 10, 'float32')
   assert lines == [
       "nn.Dropout at Dropout_0: its input's first axis is not the batch, so its masks are "
@@ -284,7 +289,7 @@ def test_what_cannot_be_keyed_per_example_is_said_at_start():
                              rngs={'dropout': jax.random.PRNGKey(1)})
   assert logits.shape == (4, 10)
   # With nothing it cannot key, nothing is said.
-  built = modeling.build(_config('tests.user_models:PlainNet', dropout_rate=0.3), 10, (8, 8, 1))
+  built = modeling.build(_options('tests.user_models:PlainNet', dropout_rate=0.3), 10, (8, 8, 1))
   assert probe.probe(built.model, (8, 8, 1), 4, 10, 'float32') == []
 
 
@@ -345,7 +350,7 @@ def test_what_a_module_returns_beside_its_logits_is_said_at_start():
   for returns, key in (('logits', ''), ('tuple', ''), ('dict', 'logits')):
     config = _config('tests.ports.small:FlaxSmall', model_logits=key)
     config.model_kwargs = ml_collections.ConfigDict(dict(returns=returns))
-    built = modeling.build(config, 10, (8, 8, 1))
+    built = modeling.build(run_options.model_options(config), 10, (8, 8, 1))
     said[returns] = probe.probe(built.model, (8, 8, 1), 4, 10, 'float32')
   assert said == {
       'logits': [],
@@ -363,7 +368,7 @@ def test_a_value_the_model_does_not_take_is_refused_on_the_command_line_only(con
                      r"model='tests.user_models:OwnNoise' declares no 'dropout_rate' argument"):
     train.train_and_evaluate(config, str(tmp_path / 'run'), command_line={'dropout_rate'})
   assert not (tmp_path / 'run').exists()
-  built = modeling.build(config, 10, (8, 8, 1))  # Set in a file: said, not refused.
+  built = modeling.build(run_options.model_options(config), 10, (8, 8, 1))  # Set in a file: said, not refused.
   assert built.notes == ["model='tests.user_models:OwnNoise' declares no argument for "
                          'dropout_rate=0.3: not passed to it (set on the command line, it would '
                          'be refused)']
@@ -374,7 +379,7 @@ def test_a_model_object_is_recorded_by_its_import_path_where_it_has_one():
   assert source.record == ('tests.user_models:PlainNet',
                            {'num_classes': 10, 'width': 4, 'dropout_rate': 0.0})
   # Its own fields are used: a config value it would otherwise take is said not to be.
-  built = modeling.build(_config('cnn', dropout_rate=0.3), 10, (8, 8, 1),
+  built = modeling.build(_options('cnn', dropout_rate=0.3), 10, (8, 8, 1),
                          model=user_models.PlainNet(num_classes=10))
   assert built.notes == ['model PlainNet was given as a module object: its own fields are '
                          "used, not the config's dropout_rate=0.3"]

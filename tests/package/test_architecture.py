@@ -170,6 +170,44 @@ def test_imports_form_no_cycle():
     visit(name)
 
 
+# The layers below the loop take typed options (`loop.options`), never the config itself.
+OPTIONS_LAYERS = ('step', 'model', 'parallel', 'checkpoint', 'data')
+CONFIG_NAMES = ('config', 'cfg')
+
+
+def _takes_the_config(function: ast.AST) -> list[str]:
+  """What of `function` holds or reads the config: a parameter named `config` or `cfg`, one
+  annotated as a `ConfigDict`, or a read of `config.X` / `cfg.X` in its body."""
+  arguments = function.args
+  found = []
+  for argument in (arguments.posonlyargs + arguments.args + arguments.kwonlyargs +
+                   [a for a in (arguments.vararg, arguments.kwarg) if a is not None]):
+    annotation = ast.unparse(argument.annotation) if argument.annotation else ''
+    if argument.arg in CONFIG_NAMES or 'ConfigDict' in annotation:
+      found.append(f'parameter {argument.arg}')
+  found += sorted({f'reads {node.value.id}.{node.attr}' for node in ast.walk(function)
+                   if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and
+                   node.value.id in CONFIG_NAMES})
+  return found
+
+
+def test_no_function_below_the_loop_takes_the_config():
+  """`step/`, `model/`, `parallel/`, `checkpoint/` and `data/` get their options built from
+  the config once, at the loop's setup: none of their functions takes the ConfigDict (by its
+  names `config`, `cfg`, or its type) or reads its fields."""
+  offenders = []
+  for name, path in MODULES.items():
+    if _layer(name) not in OPTIONS_LAYERS:
+      continue
+    for node in ast.walk(ast.parse(path.read_text(encoding='utf-8'))):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        what = _takes_the_config(node)
+        if what:
+          offenders.append(f'{path.relative_to(PACKAGE)}:{node.lineno} '
+                           f'{getattr(node, "name", "lambda")}: {", ".join(what)}')
+  assert not offenders, '\n'.join(offenders)
+
+
 def test_the_data_room_imports_jax_only_inside_functions():
   """The input side loads without JAX (the DDP twin's ranks, the converter); a barrier or a
   process index is imported where it is used."""

@@ -19,6 +19,8 @@ from flax_dp_trainer.loop import writers
 from flax_dp_trainer import zoo
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import builders
+from flax_dp_trainer.data import run_datasets
+from flax_dp_trainer.loop import options as run_options
 from tests import helpers
 
 EVAL_BATCH = 48  # 360 test examples = 7.5 batches: the last batch is padded.
@@ -38,8 +40,9 @@ def test_eval_is_exact(config, digits_state, num_devices, eval_batch):
   devices = jax.devices()[:num_devices]
   num_examples, ref_loss, ref_accuracy, ref_top5 = helpers.reference_eval(digits_state, config)
   assert num_examples % config.eval_batch_size != 0
-  data = pipeline.eval_data(config, builders.get_builder(config),
-                                  local_device_count=num_devices)
+  options = run_options.data_options(config)
+  data = pipeline.eval_data(options, builders.get_builder(options),
+                            local_device_count=num_devices)
   masks = [batch['mask'] for batch in pipeline.eval_batches(data)]
   assert sum(int(mask.sum()) for mask in masks) == num_examples == 360
   assert data.batch_size == -(-config.eval_batch_size // num_devices) * num_devices
@@ -57,11 +60,11 @@ def test_eval_is_exact(config, digits_state, num_devices, eval_batch):
 def test_eval_batches_cover_split_once_per_process_set(config, process_count):
   """Each process's padded batches hold its share; together every example, once."""
   config.eval_batch_size = 24 * process_count
-  builder = builders.get_builder(config)
+  builder = builders.get_builder(run_options.data_options(config))
   seen, counts = [], set()
   for index in range(process_count):
-    data = pipeline.eval_data(config, builder, process_index=index,
-                                    process_count=process_count)
+    data = pipeline.eval_data(run_options.data_options(config), builder, process_index=index,
+                              process_count=process_count)
     batches = list(pipeline.eval_batches(data))
     counts.add(len(batches))
     for batch in batches:
@@ -102,7 +105,9 @@ def test_every_eval_split_is_exact(config, digits_state, num_devices):
   """eval_split and each of eval_splits, each padded and masked, against a plain pass."""
   config.update(eval_batch_size=EVAL_BATCH, eval_splits='train[:100], train[1000:]')
   layout = parallel.data_parallel('pmap', jax.devices()[:num_devices])
-  evaluations = evaluation.evaluation_data(config, builders.get_builder(config), layout)
+  options = run_options.data_options(config)
+  evaluations = evaluation.evaluation_data(options, builders.get_builder(options), layout,
+                                           run_datasets.resolve(options).evals)
   assert [s.prefix for s, _ in evaluations] == ['eval', 'eval_train_100', 'eval_train_1000']
   got = evaluation.evaluate_all(step_lib.make_eval_step(layout),
                            layout.put_replicated(digits_state), evaluations, layout)

@@ -19,6 +19,7 @@ from flax_dp_trainer.step import state as state_lib
 from flax_dp_trainer.step import steps as step_lib
 from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.torch_ddp import step as ddp_step
+from flax_dp_trainer.loop import options as run_options
 from tests import helpers
 
 BATCH, SHAPE = 12, (8, 8, 1)
@@ -113,7 +114,8 @@ def test_the_ddp_twin_mixes_as_the_jax_step(config, one_rank_group):
   step_rng = state_lib.seed_rngs(config.seed)[1]
   mixing = ddp_step.Mixing(config, step_rng, num_classes=10)
   normalize = ddp_step.Normalize(config, torch.device('cpu'), channels_last=False)
-  options = step_lib.StepOptions.from_config(config, run_datasets.for_config(config))
+  options = run_options.step_options(
+      config, run_datasets.for_options(run_options.data_options(config)))
   run = jax.pmap(lambda batch, key: step_lib.model_inputs(batch, options, key),
                  axis_name=parallel.AXIS_NAME, in_axes=(0, None), devices=jax.devices()[:2])
   for step in range(1, 9):
@@ -153,11 +155,12 @@ def test_mixed_training_is_the_same_on_one_and_four_devices(config, backend):
   that is not the one on the labels alone."""
   config.update(model='mlp', dropout_rate=0.0, num_train_steps=6, warmup_steps=2,
                 mixup_alpha=0.4, cutmix_alpha=1.0)
-  schedule = optim.learning_rate_schedule(config)
-  state = jax.device_get(state_lib.initializer(config, 10, schedule)(
-      jax.random.PRNGKey(0), (1,) + SHAPE))
+  schedule = optim.learning_rate_schedule(run_options.optim_options(config))
+  state = helpers.initial_state(config, 10, (1,) + SHAPE,
+                                rng=jax.random.PRNGKey(0))
   batches = [_batch(seed) for seed in range(6)]
-  options = step_lib.StepOptions.from_config(config, run_datasets.for_config(config))
+  options = run_options.step_options(
+      config, run_datasets.for_options(run_options.data_options(config)))
   runs = []
   for devices in (1, 4):
     layout = parallel.data_parallel(backend, jax.devices()[:devices])

@@ -12,7 +12,7 @@ import pytest
 
 from flax_dp_trainer.step import optim
 from flax_dp_trainer.parallel import layouts as parallel
-from flax_dp_trainer.step import state as state_lib
+from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.step import steps as step_lib
 from flax_dp_trainer import zoo
 from tests import helpers
@@ -25,8 +25,8 @@ def _setup(config, model_name, dropout_rate=0.0, shape=(8, 8, 1)):
   config.model = model_name
   config.warmup_steps = 0  # The first step then moves the params.
   config.dropout_rate = dropout_rate
-  schedule = optim.learning_rate_schedule(config)
-  state = state_lib.initializer(config, 10, schedule)(jax.random.PRNGKey(0), (1,) + shape)
+  schedule = optim.learning_rate_schedule(run_options.optim_options(config))
+  state = helpers.initial_state(config, 10, (1,) + shape, rng=jax.random.PRNGKey(0))
   return state, schedule
 
 

@@ -13,6 +13,7 @@ from flax_dp_trainer.loop import train
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.parallel import fsdp
 from flax_dp_trainer.zoo import layers
+from flax_dp_trainer.loop import options as run_options
 from tests import helpers
 
 # Relative L2 distance of params and BatchNorm statistics after 20 steps (the topology
@@ -53,7 +54,7 @@ def test_a_policy_is_applied_to_every_marked_block():
   """The training step's jaxpr holds one rematerialized call per block under a policy, none
   without."""
   config = helpers.topology_config('', 'user_marked', 'pmap')
-  built = modeling.build(config, 10, (8, 8, 1)).model
+  built = modeling.build(run_options.model_options(config), 10, (8, 8, 1)).model
   variables = built.init(jax.random.PRNGKey(0), (1, 8, 8, 1))
 
   def grads(policy):
@@ -100,12 +101,12 @@ def test_a_marked_block_inside_a_marked_block_is_part_of_it():
 
 def test_remat_for_a_module_that_marks_no_block_is_refused():
   config = helpers.topology_config('', 'cnn', 'pmap')
-  built = modeling.build(config, 10, (8, 8, 1)).model
+  built = modeling.build(run_options.model_options(config), 10, (8, 8, 1)).model
   with pytest.raises(UserError, match=r"^remat='full': model='cnn' has no residual blocks to "
                      r'rematerialize \(resnet\* and vit\* have\); drop --config.remat$'):
     probe.probe(built, (8, 8, 1), 4, 10, 'float32', 'full')
   config = helpers.topology_config('', 'user_plain', 'pmap')
-  built = modeling.build(config, 10, (8, 8, 1)).model
+  built = modeling.build(run_options.model_options(config), 10, (8, 8, 1)).model
   with pytest.raises(UserError, match=r"^remat='full': model='tests.user_models:PlainNet' "
                      'marks no block to rematerialize; decorate its block classes with '
                      r'@flax_dp_trainer.remat_block'):

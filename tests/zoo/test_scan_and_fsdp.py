@@ -28,6 +28,7 @@ from flax_dp_trainer.runs import processes
 from flax_dp_trainer.zoo import scanning
 from flax_dp_trainer.zoo import torch_weights
 from flax_dp_trainer.zoo import vit
+from flax_dp_trainer.loop import options as run_options
 from tests import helpers
 from tests import REPO
 
@@ -120,7 +121,7 @@ def test_a_scanned_run_resumes_loads_and_exports_unscanned(trained, tfds_data_di
                                                     devices=jax.devices()[:1]))
   assert 'encoderblock_1' in resumed.params and int(resumed.step) == config.num_train_steps
   # init_from the scanned run into an unscanned model: its params, unstacked.
-  init = state_lib.init_state(config, 10, (1, 8, 8, 1))
+  init = helpers.initial_state(config, 10, (1, 8, 8, 1))
   params, step, _ = init_from.load_params(
       os.path.join(workdir, 'checkpoints', str(helpers.TOPOLOGY_RUN['num_train_steps'])),
       init.params)
@@ -132,7 +133,7 @@ def test_a_scanned_run_resumes_loads_and_exports_unscanned(trained, tfds_data_di
 def test_converters_round_trip_a_train_state():
   config = helpers.topology_config('', 'vit_test', 'pmap')
   config.optimizer = 'adamw'
-  state = state_lib.init_state(config, 10, (1, 8, 8, 1))
+  state = helpers.initial_state(config, 10, (1, 8, 8, 1))
   stacked = scanning.stack_layers(state)
   assert stacked.params['encoderblock']['Dense_0']['kernel'].shape == (2, 32, 64)
   moments = [x for x in jax.tree.leaves(stacked.opt_state) if x.shape == (2, 32, 64)]
@@ -143,7 +144,7 @@ def test_converters_round_trip_a_train_state():
     np.testing.assert_array_equal(got, want)
   # The same seed starts both forms at the same params.
   config.scan_layers = True
-  scanned = state_lib.init_state(config, 10, (1, 8, 8, 1))
+  scanned = helpers.initial_state(config, 10, (1, 8, 8, 1))
   for got, want in zip(jax.tree.leaves(scanned.params), jax.tree.leaves(stacked.params)):
     np.testing.assert_array_equal(got, want)
 
@@ -167,18 +168,21 @@ WIDE = dict(patch_size=4, hidden_size=256, num_layers=8, num_heads=4, mlp_dim=10
 
 def _compiled_fsdp_step(config, devices):
   layout = parallel.data_parallel('shard_map', jax.devices()[:devices], 'fsdp')
-  model = modeling.build(config, 10, (16, 16, 1)).model
-  init = state_lib.initializer(config, 10, optim.learning_rate_schedule(config), model)
-  shapes = jax.eval_shape(lambda r: init(r, (1, 16, 16, 1)), jax.random.PRNGKey(0))
+  model = modeling.build(run_options.model_options(config), 10, (16, 16, 1)).model
+  options = run_options.of_config(config, run_datasets.for_options(
+      run_options.data_options(config)))
+  schedule = optim.learning_rate_schedule(options.optim)
+  tx = optim.create_optimizer(options.optim, schedule)
+  shapes = jax.eval_shape(lambda r: state_lib.create_train_state(
+      model, tx, r, (1, 16, 16, 1), loss_scaling=options.loss_scaling, ema=options.ema),
+                          jax.random.PRNGKey(0))
   state = jax.tree.map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype,
                                                                  sharding=sharding),
                        shapes, layout.state_shardings(shapes))
   rows = jax.sharding.NamedSharding(layout.mesh, jax.sharding.PartitionSpec(parallel.AXIS_NAME))
   batch = {'image': jax.ShapeDtypeStruct((devices, 16, 16, 1), np.uint8, sharding=rows),
            'label': jax.ShapeDtypeStruct((devices,), np.int32, sharding=rows)}
-  options = step_lib.StepOptions.from_config(config, run_datasets.for_config(config))
-  step = step_lib.make_train_step(layout, learning_rate_fn=optim.learning_rate_schedule(config),
-                                  options=options)
+  step = step_lib.make_train_step(layout, learning_rate_fn=schedule, options=options.step)
   compiled = step.lower(state, batch, jax.ShapeDtypeStruct((2,), np.uint32)).compile()
   return compiled.memory_analysis(), sum(x.size * 4 for x in jax.tree.leaves(shapes.params))
 

@@ -20,6 +20,7 @@ from absl import flags
 
 from flax_dp_trainer.base import cli
 from flax_dp_trainer.loop import efficiency
+from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.bench import common as bench_common
 from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.torch_ddp import models as torch_models
@@ -45,7 +46,7 @@ def measure_ddp_limit(config, steps: int, warmup: int, compile_model: bool) -> d
   unknown) and the step's precision settings (`ddp_step.describe`).
   """
   rank, world, device = dist.get_rank(), dist.get_world_size(), ddp_step.rank_device()
-  spec = run_datasets.for_config(config)
+  spec = run_datasets.for_options(run_options.data_options(config))
   rows = config.batch_size // world
   torch.manual_seed(0)
   model = torch_models.for_config(config, spec.num_classes, spec.input_shape)

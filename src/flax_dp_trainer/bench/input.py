@@ -41,6 +41,7 @@ import numpy as np
 from flax_dp_trainer.base import cli
 from flax_dp_trainer.bench import common as bench_common
 from flax_dp_trainer.bench import memory as bench_memory
+from flax_dp_trainer.loop import options as run_options
 
 
 FLAGS = flags.FLAGS
@@ -174,7 +175,7 @@ def ours(config, images: str, mode: str, workers: int, process_count: int) -> di
   # pylint: disable-next=import-outside-toplevel
   from flax_dp_trainer.data import pipeline  # (ours only)
   config = input_config(config, images, mode, workers)
-  data = pipeline.open_train_data(config)
+  data = pipeline.open_train_data(run_options.data_options(config))
   batches = data.batches(process_count=process_count)
   rows = config.batch_size // process_count
   result = measure(batches, rows, lambda: [os.getpid()], FLAGS.timing_warmup_steps, FLAGS.window,
@@ -193,7 +194,8 @@ def torchvision_loader(config, images: str, workers: int, normalize: bool):
 
   # (the torchvision side only)
   from flax_dp_trainer.data import run_datasets
-  ds_spec = run_datasets.for_config(input_config(config, images, 'files', workers))
+  ds_spec = run_datasets.for_options(
+      run_options.data_options(input_config(config, images, 'files', workers)))
   steps = [v2.RandomResizedCrop(ds_spec.image_size, antialias=True),
            v2.RandomHorizontalFlip()]
   if normalize:

@@ -18,9 +18,10 @@ from absl import flags
 
 from flax_dp_trainer.base import cli
 from flax_dp_trainer.loop import efficiency
+from flax_dp_trainer.loop import durations
+from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.step import optim
 from flax_dp_trainer.parallel import layouts as parallel
-from flax_dp_trainer.step import state as state_lib
 from flax_dp_trainer.step import steps as step_lib
 from flax_dp_trainer.bench import common as bench_common
 from flax_dp_trainer.data import specs
@@ -62,16 +63,19 @@ def measure_limit(config, backend: str, steps: int, warmup: int,
   (`efficiency.StepMemory`; temporaries None where the step was not compiled ahead).
   """
   layout = parallel.data_parallel(backend, state_sharding=state_sharding)
-  spec = run_datasets.for_config(config)
-  config = optim.timing_durations(config, spec.num_train_examples)
-  state = state_lib.init_state(config, spec.num_classes, (1,) + spec.input_shape,
-                               rng=jax.random.PRNGKey(0))
+  spec = run_datasets.for_options(run_options.data_options(config))
+  config = durations.timing_durations(config, spec.num_train_examples)
+  options = run_options.of_config(config, spec)
+  schedule = optim.learning_rate_schedule(options.optim)
+  input_shape = (1,) + spec.input_shape
+  state = run_options.initial_state(
+      options, run_options.build_model(config, spec.num_classes, input_shape), input_shape,
+      rng=jax.random.PRNGKey(0), schedule=schedule)
   batch = _synthetic_rows(config, layout, spec)
   rstate = layout.put_state(state)
   step_rng = layout.put_replicated(jax.random.PRNGKey(1))
-  p_train_step = step_lib.make_train_step(
-      layout, learning_rate_fn=optim.learning_rate_schedule(config),
-      options=step_lib.StepOptions.from_config(config, spec))
+  p_train_step = step_lib.make_train_step(layout, learning_rate_fn=schedule,
+                                          options=options.step)
 
   start = time.perf_counter()
   lowered = p_train_step.lower(rstate, batch, step_rng)

@@ -20,6 +20,7 @@ from absl import flags
 from flax_dp_trainer.base import cli
 from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.loop import train
+from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.loop import writers
 from flax_dp_trainer.bench import common as bench_common
 from flax_dp_trainer.bench import input as bench_input
@@ -82,7 +83,7 @@ def measure_input(config, steps: int, warmup: int) -> dict[str, Any]:
   (`bench_input.measure`): the sustained `examples_per_sec`, `examples_per_cpu_sec`,
   `timed_examples`."""
   devices = jax.local_devices()
-  data = pipeline.open_train_data(config)
+  data = pipeline.open_train_data(run_options.data_options(config))
   batches = (parallel.shard(batch, len(devices)) for batch in data.batches())
   return bench_input.measure(batches, config.batch_size, lambda: [os.getpid()], warmup + 1,
                              window=10, seconds=2.0, min_batches=max(steps, 100))

@@ -161,10 +161,11 @@ class Checkpointer:
         f'process(es)) of this run: resume on a device count that divides {batch_size} '
         f'(e.g. {nearest}), or start a new --workdir')
 
-  def restore_newest(self, target: Any, config: dict) -> tuple[Optional[Restored],
-                                                              list[Unreadable]]:
+  def restore_newest(self, target: Any, recorded: dict) -> tuple[Optional[Restored],
+                                                                list[Unreadable]]:
     """The newest checkpoint that reads, restored into the structure of `target`, and the
-    newer ones that do not (with why), newest first. Writes nothing.
+    newer ones that do not (with why), newest first; `recorded` is this run's config as the
+    checkpoints record it (plain JSON), to name what changed. Writes nothing.
 
     A checkpoint that fails to restore is read again whole, without a target: if that works
     and its arrays are not `target`'s, it was written for another model or optimizer and
@@ -181,7 +182,7 @@ class Checkpointer:
         return self._restore(reader, step, target), unreadable
       except Exception as e:  # pylint: disable=broad-except
         error = e
-      self._refuse_if_another_config(reader, step, target, config)
+      self._refuse_if_another_config(reader, step, target, recorded)
       unreadable.append(Unreadable(step, first_line(error, limit=300)))
       logging.warning('the checkpoint at step %d in %s cannot be read (%s)', step,
                       self.directory, unreadable[-1].reason)
@@ -206,7 +207,7 @@ class Checkpointer:
     return Restored(step=step, state=state, meta=restored['meta'])
 
   def _refuse_if_another_config(self, reader: ocp.CheckpointManager, step: int, target: Any,
-                                config: dict) -> None:
+                                recorded: dict) -> None:
     """Raises `UserError` where the checkpoint at `step` reads whole (no target) and holds
     other arrays than `target`: the config changed, the checkpoint is fine."""
     try:
@@ -221,7 +222,8 @@ class Checkpointer:
       target = to_form(target, convert[0])
     mismatch = describe_mismatch(saved, array_specs(jax.eval_shape(lambda tree: tree, target)))
     if mismatch:
-      changed = _config_differences(run_meta.current_names(whole['meta'].get('config', {})), config)
+      changed = _config_differences(
+          run_meta.current_names(whole['meta'].get('config', {})), recorded)
       raise UserError(
           f'the checkpoint at step {step} in {self.directory} does not fit this config '
           f'({mismatch}{"; config changed: " + changed if changed else ""}); resume with the '

@@ -2,6 +2,7 @@
 (torchvision's names, `zoo.torch_weights`) or a flax workdir or checkpoint (`load_params`),
 read and checked before anything is compiled; the optimizer starts fresh."""
 
+import dataclasses
 import os
 import time
 from typing import Any, Optional
@@ -81,19 +82,29 @@ def _said_resampled(path: str, tokens: Optional[tuple[int, int]], method: str) -
   if tokens is not None:
     side = lambda n: int(round((n - 1) ** 0.5))
     logging.info('init_from=%r: its position embedding (a %dx%d grid) is resampled to the '
-                 "model's %dx%d grid (%s; --config.pos_embedding_resize), the class token kept",
+                 "model's %dx%d grid (%s; --options.pos_embedding_resize), the class token kept",
                  path, side(tokens[0]), side(tokens[0]), side(tokens[1]), side(tokens[1]),
                  method)
 
 
-def init_from(config, module, state, state_dict: Optional[dict],
+@dataclasses.dataclass(frozen=True)
+class InitFrom:
+  """Where a fresh run's first params come from (the config fields `init_from`, `model`,
+  `torch_model` and `pos_embedding_resize`)."""
+  path: str  # A flax workdir or checkpoint, or a PyTorch state dict file.
+  model: str  # The model the params go into, as messages name it.
+  torch_model: str = ''  # The torch original of a port, where the state dict is its.
+  pos_embedding_resize: str = 'bicubic'  # How a ViT's position embeddings are resampled.
+
+
+def init_from(options: InitFrom, module, state, state_dict: Optional[dict],
               port: Optional[Any] = None) -> tuple[Any, int]:
   """`state` (a `TrainState`) with the params (and BatchNorm statistics) of
-  `config.init_from`: a PyTorch state dict file (torchvision's names; `state_dict`, read and
+  `options.path`: a PyTorch state dict file (torchvision's names; `state_dict`, read and
   checked by `read_torch_weights`) for the flax `module`, its arrays carried into a user's
   port (`port`, a `flax_dp_trainer.port.weights.Carried`), or a flax workdir/checkpoint; the
   optimizer starts fresh. Also the step the params were saved at (0 for a state dict file)."""
-  path, name, from_step = config.init_from, config.model, 0
+  path, name, from_step = options.path, options.model, 0
   if port is not None:
     flat, fresh = traverse_util.flatten_dict(dict(state.variables())), set(port.fresh_head)
     flat.update({k: np.asarray(v, np.asarray(flat[k]).dtype)
@@ -103,15 +114,15 @@ def init_from(config, module, state, state_dict: Optional[dict],
     for line in port.notes:
       logging.info('init_from=%r: %s', path, line)
     logging.info('initializing params from the PyTorch state dict %s, carried into '
-                 'model=%r by call order from torch_model=%r', path, name, config.torch_model)
+                 'model=%r by call order from torch_model=%r', path, name, options.torch_model)
     params, batch_stats = carried['params'], carried.get('batch_stats')
   elif state_dict is not None:
     loaded = _from_torch(path, name, module, state.variables(), state_dict,
-                         config.pos_embedding_resize)
+                         options.pos_embedding_resize)
     if loaded.new_head:
       logging.info('init_from=%r: its classifier has another number of classes; the head is '
                    'initialized afresh (fine-tuning)', path)
-    _said_resampled(path, loaded.resampled, config.pos_embedding_resize)
+    _said_resampled(path, loaded.resampled, options.pos_embedding_resize)
     if loaded.adapted_input:
       given, channels = loaded.adapted_input
       logging.info('init_from=%r: its first convolution takes %d input channels, the model '
@@ -122,9 +133,9 @@ def init_from(config, module, state, state_dict: Optional[dict],
     params, batch_stats = loaded.variables['params'], loaded.variables.get('batch_stats')
   else:
     params, from_step, resampled = load_params(path, state.params,
-                                                            config.pos_embedding_resize)
+                                                            options.pos_embedding_resize)
     batch_stats = state.batch_stats
-    _said_resampled(path, resampled, config.pos_embedding_resize)
+    _said_resampled(path, resampled, options.pos_embedding_resize)
     logging.info('initializing params from %s (step %d)', path, from_step)
   return state.replace(params=params, batch_stats=batch_stats,
                        ema_params=None if state.ema_params is None else jax.tree.map(

@@ -78,13 +78,13 @@ _RENAMED_MODULES = {
 }
 
 
-def current_names(config: dict) -> dict:
-  """`config` (as a checkpoint's meta saved it) with the import paths of shipped models in
+def current_names(recorded: dict) -> dict:
+  """`recorded` (a run's config as a checkpoint's meta saved it) with the import paths of shipped models in
   `model` and `torch_model` under their current module names. A user's own module is kept as
   it is, though it be named `models.mine`."""
-  renamed = dict(config)
+  renamed = dict(recorded)
   for field in ('model', 'torch_model'):
-    module, colon, name = str(config.get(field, '')).partition(':')
+    module, colon, name = str(recorded.get(field, '')).partition(':')
     if colon and module in _RENAMED_MODULES:
       renamed[field] = f'{_RENAMED_MODULES[module]}:{name}'
   return renamed

@@ -15,6 +15,7 @@ from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.data import arrays as arrays_lib
 from flax_dp_trainer.data import folder as folder_lib
 from flax_dp_trainer.data import specs
+from flax_dp_trainer.data.options import DataOptions
 
 
 # Host probed before a download is attempted; TFDS downloads and GCS mirrors live there.
@@ -72,25 +73,25 @@ def _sync_processes(name: str) -> None:
     multihost.sync_processes(name)
 
 
-def get_builder(config, ds_spec: Optional[specs.DatasetSpec] = None, *,
+def get_builder(options: DataOptions, ds_spec: Optional[specs.DatasetSpec] = None, *,
                 process_index: int = 0, split: Optional[str] = None):
-  """The TFDS builder of the dataset of `ds_spec` (default `config.dataset`'s, as the run
+  """The TFDS builder of the dataset of `ds_spec` (default `options.dataset`'s, as the run
   resolved it: `specs.resolve`) with its data in place,
-  preparing the shipped ones; `split` (default `config.train_split`) is the one it must read.
+  preparing the shipped ones; `split` (default `options.train_split`) is the one it must read.
   An image folder converted to records (`folder.CONVERTED_FILE`) is read as the TFDS
   dataset it holds.
 
   Process 0 prepares (or downloads) while the others wait; a process that still cannot read
   the data afterwards (a data dir local to its host) prepares its own copy.
   """
-  ds_spec = ds_spec or specs.of_config(config)
+  ds_spec = ds_spec or specs.of_options(options)
   dataset = ds_spec.name
-  split = split or config.train_split
+  split = split or options.train_split
   if arrays_lib.is_arrays(dataset):
     return None  # Arrays: read from memory.
   if ds_spec.folder:
     return _converted_builder(folder_lib.scan(ds_spec.folder))
-  data_dir = config.tfds_data_dir or None
+  data_dir = options.tfds_data_dir or None
   if ds_spec.shipped:
     # Importing the module registers the builder under its name: here, where it is read.
     # pylint: disable-next=unused-import,import-outside-toplevel
@@ -149,14 +150,14 @@ def _converted_builder(found: folder_lib.ImageFolder):
   return tfds.builder_from_directory(f'{found.root}/{found.converted["tfds_dir"]}')
 
 
-def check_split(config, builder, split: str, field: str,
+def check_split(options: DataOptions, builder, split: str, field: str,
                 ds_spec: Optional[specs.DatasetSpec] = None, *, stand_in: bool = False) -> str:
   """`split` as the dataset reads it; refuses a split (slicing allowed) that the dataset does
   not have, listing those it has. `stand_in`: `split` is the config's own `eval_split`, not
   one the user named (`run_datasets.EvalSet.stand_in`), and where the dataset lacks it, the
   split `folder.stand_in_for` names is read instead, said in the log. Builders without split
   metadata (tfds.testing.mock_data's) are not checked."""
-  ds_spec = ds_spec or specs.of_config(config)
+  ds_spec = ds_spec or specs.of_options(options)
   if arrays_lib.is_arrays(ds_spec.name):
     return _array_split(ds_spec, split, field, stand_in)
   if ds_spec.folder:

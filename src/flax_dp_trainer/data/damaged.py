@@ -42,18 +42,19 @@ from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.data import stream as stream_lib
 from flax_dp_trainer.data import tf_options
+from flax_dp_trainer.data.options import DataOptions
 from flax_dp_trainer.base.errors import UserError
 
 RECORD_FILE = 'left_out_files.json'  # In the workdir: {'folders': {root: {path: why}}}.
 
 
-def folder_roots(config) -> list[str]:
+def folder_roots(options: DataOptions) -> list[str]:
   """The absolute roots of the image folders the run reads: its dataset's, and those of the
   `eval_splits` entries of other datasets, each once, in that order."""
-  names = [config.dataset]
-  for entry in (e.strip() for e in config.eval_splits.split(',')):
+  names = [options.dataset]
+  for entry in (e.strip() for e in options.eval_splits.split(',')):
     if entry:
-      names.append(run_datasets.dataset_and_split(entry)[0] or config.dataset)
+      names.append(run_datasets.dataset_and_split(entry)[0] or options.dataset)
   roots = []
   for name in names:
     if specs.is_folder(name):
@@ -83,15 +84,15 @@ def read_record(workdir: str) -> Optional[dict]:
                     'may then leave out other files)') from None
 
 
-def settle(config, workdir: str) -> None:
+def settle(options: DataOptions, workdir: str) -> None:
   """Decides the files each image folder of the run leaves out (its workdir's record, else
   what the check finds, process 0's for every process) and says so in one warning line a
-  folder; refuses them in one line where `config.skip_unreadable_files` is False. Reads
+  folder; refuses them in one line where `options.skip_unreadable_files` is False. Reads
   nothing from the workdir but the record, and writes nothing."""
   # pylint: disable-next=import-outside-toplevel
   from flax_dp_trainer.base import multihost  # (no JAX at import)
   recorded = read_record(workdir) or {}
-  for root in folder_roots(config):
+  for root in folder_roots(options):
     if root in recorded:
       left_out = recorded[root]
     else:
@@ -103,7 +104,7 @@ def settle(config, workdir: str) -> None:
     found = folder_lib.scan(root)
     if not found.left_out:
       continue
-    if not config.skip_unreadable_files:
+    if not options.skip_unreadable_files:
       raise UserError(f'image folder {root} holds files that do not read, '
                       f'{folder_lib.listed(found.left_out)}; move them out of the folder (or '
                       'replace them), or pass --config.skip_unreadable_files=True to leave '
@@ -115,7 +116,7 @@ def settle(config, workdir: str) -> None:
                     record_path(workdir), folder_lib.listed(found.left_out))
 
 
-def write_record(workdir: str, config) -> None:
+def write_record(workdir: str, options: DataOptions) -> None:
   """Records the files each image folder of the run leaves out (an empty list where none) for
   the folders the workdir's record lacks, by process 0; a folder recorded stays as it is (its
   list was decided once). After `settle`, before the first step."""
@@ -124,7 +125,7 @@ def write_record(workdir: str, config) -> None:
     return
   recorded = read_record(workdir) or {}
   folders = dict(recorded)
-  for root in folder_roots(config):
+  for root in folder_roots(options):
     found = folder_lib.scan(root)
     if root not in folders and found.converted is None:
       folders[root] = dict(sorted(found.left_out.items()))
@@ -154,11 +155,11 @@ def _step(position: int, batch_size: int) -> int:
   return position // batch_size + 1
 
 
-def _split_examples(config, spec, builder, split):
+def _split_examples(options: DataOptions, spec, builder, split):
   """Every example of `split` once, in index order (`sources.split_examples`), read with the
-  config's threads and options."""
-  return sources.split_examples(spec, builder, split, tf_options.data_threads(config),
-                                tf_options.options(config))[0]
+  options' threads and tf.data options."""
+  return sources.split_examples(spec, builder, split, tf_options.data_threads(options),
+                                tf_options.dataset_options(options))[0]
 
 
 def _example_name(data, index: int) -> tuple[str, str]:
@@ -233,7 +234,8 @@ def _sequential_culprit(data, rows, seed: int, batch: int
   def with_ids(part):
     ds = data.builder.as_dataset(
         split=part, shuffle_files=False,
-        read_config=tfds.ReadConfig(options=tf_options.options(data.config), add_tfds_id=True),
+        read_config=tfds.ReadConfig(options=tf_options.dataset_options(data.options),
+                                    add_tfds_id=True),
         decoders={spec.image_key: tfds.decode.SkipDecoding()})
     return ds.map(tf_options.as_written(lambda e: {
         'image': e[spec.image_key], 'label': e[spec.label_key], 'tfds_id': e['tfds_id']}))
@@ -268,7 +270,7 @@ def named_failures(batches: Iterator[Any], data, rows, seed: int) -> Iterator[An
         raise
       name, position, message, remedy = culprit
       raise UserError(f'{name} does not decode ({message}) at stream position {position} '
-                      f'(step {_step(position, data.config.batch_size)}); {remedy}') from None
+                      f'(step {_step(position, data.options.batch_size)}); {remedy}') from None
     yield yielded
     batch += 1
 
@@ -279,7 +281,7 @@ def load_failure(data, error: BaseException) -> BaseException:
   # Loaded decoded where every image has one shape and the crop does not decode (as `load`).
   shape = None if data.spec.augment == 'inception' else data.spec.image_shape
   decode = preprocess.Decode(shape=shape) if shape else (lambda image, seed: image)
-  examples = iter(_split_examples(data.config, data.spec, data.builder, data.split))
+  examples = iter(_split_examples(data.options, data.spec, data.builder, data.split))
   for index in range(data.num_examples):
     try:
       decode(next(examples)['image'], None)
@@ -303,18 +305,18 @@ def failure_guard(make: Callable[[], Any], data) -> Any:
     raise load_failure(data, e) from None
 
 
-def eval_culprit(config, spec, builder, part, plan, per_process: int, batch: int
+def eval_culprit(options: DataOptions, spec, builder, part, plan, per_process: int, batch: int
                  ) -> Optional[tuple[str, str, str, int]]:
   """The first example that does not read or prepare alone through `plan` of those this
   process's evaluation batch `batch` of `part` (batches of `per_process`) may have failed on
   (`_searched`): (its name, TensorFlow's message, the remedy, the batch it is in); None where
   none fails alone."""
   searched = _searched(batch * per_process, per_process)
-  examples = iter(_split_examples(config, spec, builder, part).skip(searched.start).take(
+  examples = iter(_split_examples(options, spec, builder, part).skip(searched.start).take(
       len(searched)))
   for place in searched:
     try:
-      plan(next(examples)['image'], 0, config.seed)
+      plan(next(examples)['image'], 0, options.seed)
       continue
     except tf.errors.OpError as e:
       message = tf_message(e)

@@ -14,7 +14,7 @@ contiguous part (`tfds.split_for_jax_process`), the last batch is padded and car
 and every process yields the same number of batches (padding with fully masked ones) so the
 cross-device sums of the eval step line up.
 
-Parallelism follows the host: `config.data_threads` threads (0: every core this process may
+Parallelism follows the host: `options.data_threads` threads (0: every core this process may
 run on) read, decode and augment, each a chunk of `EXAMPLES_PER_CALL` examples at a time (one
 after the other), and at most `PREFETCH_BATCHES` finished uint8 batches wait for the loop;
 nothing else is buffered beyond the chunks being worked on.
@@ -40,7 +40,9 @@ from flax_dp_trainer.data import builders
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.data import stream as stream_lib
-from flax_dp_trainer.data.tf_options import EXAMPLES_PER_CALL, as_written, data_threads, options
+from flax_dp_trainer.data.options import DataOptions
+from flax_dp_trainer.data.tf_options import EXAMPLES_PER_CALL, as_written, data_threads
+from flax_dp_trainer.data.tf_options import dataset_options
 
 # Batches made ready ahead of the training loop at each stage: finished uint8 batches on the
 # host (tf.data), and batches on their way to the devices (the loop's `dispatch.Prefetch`).
@@ -59,34 +61,34 @@ def mock_data(num_examples: int):
 
 @dataclasses.dataclass
 class TrainData:
-  """The training split of a config: its spec (augmentation and crop resolved), how it is
-  read and its size. `batches` gives a process's rows of every global batch."""
-  config: object
+  """The training split of a run's options: its spec (augmentation and crop resolved), how it
+  is read and its size. `batches` gives a process's rows of every global batch."""
+  options: DataOptions
   spec: specs.DatasetSpec
   builder: object  # The TFDS builder; None for an image folder read from its files.
-  split: str  # config.train_split as the dataset reads it.
+  split: str  # options.train_split as the dataset reads it.
   mode: str  # sources.IN_MEMORY, ARRAY_RECORD, FILES or SEQUENTIAL.
   num_examples: int
 
   @functools.cached_property
   def _in_memory(self) -> sources.InMemory:
     if arrays_lib.is_arrays(self.spec.name):  # In memory already, decoded.
-      return sources.indexed(self.spec, None, self.split, data_threads(self.config))
+      return sources.indexed(self.spec, None, self.split, data_threads(self.options))
     decoded = None if self.spec.augment == 'inception' else self.spec.image_shape
     return damaged.failure_guard(lambda: sources.load(
-        self.spec, self.builder, self.split, decoded, data_threads(self.config),
-        options(self.config)), self)
+        self.spec, self.builder, self.split, decoded, data_threads(self.options),
+        dataset_options(self.options)), self)
 
   def indexed_source(self) -> sources.Source:
     if self.mode == sources.IN_MEMORY:
       return self._in_memory
-    return sources.indexed(self.spec, self.builder, self.split, data_threads(self.config))
+    return sources.indexed(self.spec, self.builder, self.split, data_threads(self.options))
 
   def plan(self) -> preprocess.Plan:
     """What each training example goes through."""
     encoded = not arrays_lib.is_arrays(self.spec.name) and (
         self.mode != sources.IN_MEMORY or self.spec.augment == 'inception')
-    return preprocess.train_plan(self.config, self.spec, encoded)
+    return preprocess.train_plan(self.options, self.spec, encoded)
 
   def describe(self, process_count: int) -> list[str]:
     """Log lines: how the data is read, and each example's preprocessing."""
@@ -105,16 +107,16 @@ class TrainData:
   def dataset(self, *, process_index: int = 0, process_count: int = 1,
               start_position: int = 0, seed: Optional[int] = None) -> tf.data.Dataset:
     """Endless batches of process `process_index` of `process_count`'s rows of every global
-    batch of `config.batch_size`, from stream position `start_position` (the examples a
-    resumed run has consumed) on. `seed` defaults to `config.seed`."""
-    seed = self.config.seed if seed is None else seed
-    rows = stream_lib.TrainRows(self.config.batch_size, process_index, process_count,
+    batch of `options.batch_size`, from stream position `start_position` (the examples a
+    resumed run has consumed) on. `seed` defaults to `options.seed`."""
+    seed = self.options.seed if seed is None else seed
+    rows = stream_lib.TrainRows(self.options.batch_size, process_index, process_count,
                                 start_position)
     if self.mode == sources.SEQUENTIAL:
       ds = self._sequential(rows, seed)
     else:
       ds = self._by_index(rows, seed)
-    return ds.prefetch(PREFETCH_BATCHES).with_options(options(self.config))
+    return ds.prefetch(PREFETCH_BATCHES).with_options(dataset_options(self.options))
 
   def batches(self, *, process_index: int = 0, process_count: int = 1,
               start_position: int = 0, seed: Optional[int] = None
@@ -122,8 +124,8 @@ class TrainData:
     """The batches of `dataset` as numpy arrays. A split held in memory decoded, with nothing
     to do per example, is gathered by numpy in the calling thread instead (no TensorFlow on
     the way: the same batches, a small fraction of the CPU)."""
-    seed = self.config.seed if seed is None else seed
-    rows = stream_lib.TrainRows(self.config.batch_size, process_index, process_count,
+    seed = self.options.seed if seed is None else seed
+    rows = stream_lib.TrainRows(self.options.batch_size, process_index, process_count,
                                 start_position)
     if self.mode == sources.IN_MEMORY and not self.plan().steps:
       return _gathered(self._in_memory, rows, seed)
@@ -151,7 +153,7 @@ class TrainData:
   def _prepare(self, chunks, plan: preprocess.Plan, rows, seed: int,
                read=None) -> tf.data.Dataset:
     prepare = lambda e: {'image': plan(e['image'], e['position'], seed), 'label': e['label']}
-    return prepared(chunks, prepare, data_threads(self.config), read).batch(
+    return prepared(chunks, prepare, data_threads(self.options), read).batch(
         rows.rows, drop_remainder=True)
 
   def _sequential(self, rows: stream_lib.TrainRows, seed: int) -> tf.data.Dataset:
@@ -167,7 +169,7 @@ class TrainData:
     order, in place of `sources.tfrecord_examples` (e.g. with TFDS's record ids)."""
     part = tfds.even_splits(self.split, n=rows.process_count)[rows.process_index]
     raw = (read(part) if read else
-           sources.tfrecord_examples(self.builder, self.spec, part, options(self.config)))
+           sources.tfrecord_examples(self.builder, self.spec, part, dataset_options(self.options)))
     part_size = sources.count(self.builder, part, raw)
     start_epoch, offset = divmod(rows.start_position // rows.process_count, part_size)
 
@@ -177,7 +179,7 @@ class TrainData:
                                   e * rows.process_count + rows.process_index)
       shuffle_seed = tf.random.stateless_uniform([], pair, minval=None, maxval=None,
                                                  dtype=tf.int64)
-      return raw.shuffle(min(self.config.shuffle_buffer_size, part_size), seed=shuffle_seed,
+      return raw.shuffle(min(self.options.shuffle_buffer_size, part_size), seed=shuffle_seed,
                          reshuffle_each_iteration=False)
 
     ds = tf.data.Dataset.range(start_epoch, np.iinfo(np.int64).max).flat_map(as_written(epoch))
@@ -221,16 +223,16 @@ def split_size(ds_spec: specs.DatasetSpec, builder, split) -> int:
   return sources.count(builder, split)
 
 
-def open_train_data(config, ds_spec: Optional[specs.DatasetSpec] = None, *,
+def open_train_data(options: DataOptions, ds_spec: Optional[specs.DatasetSpec] = None, *,
                     process_index: int = 0) -> TrainData:
-  """The config's training split of `ds_spec` (the run's `run_datasets.resolve(config).train`; by
-  default resolved here): the dataset prepared where it ships with the trainer
+  """The options' training split of `ds_spec` (the run's `run_datasets.resolve(options).train`;
+  by default resolved here): the dataset prepared where it ships with the trainer
   (`builders.get_builder`), the split checked to exist, its read mode and size. The schedule
   (durations in epochs) is the caller's to resolve from `num_examples`."""
-  ds_spec = ds_spec or run_datasets.for_config(config)
-  builder = builders.get_builder(config, ds_spec, process_index=process_index)
-  split = builders.check_split(config, builder, config.train_split, 'train_split', ds_spec)
-  return TrainData(config, ds_spec, builder, split, sources.read_mode(config, builder),
+  ds_spec = ds_spec or run_datasets.for_options(options)
+  builder = builders.get_builder(options, ds_spec, process_index=process_index)
+  split = builders.check_split(options, builder, options.train_split, 'train_split', ds_spec)
+  return TrainData(options, ds_spec, builder, split, sources.read_mode(options, builder),
                    split_size(ds_spec, builder, split))
 
 
@@ -244,40 +246,40 @@ class EvalData:
   culprit: Any = None
 
 
-def eval_batch_per_device(config, num_devices: int) -> int:
+def eval_batch_per_device(options: DataOptions, num_devices: int) -> int:
   """`eval_batch_size` over `num_devices` devices, rounded up: padding fills the rest."""
-  return -(-config.eval_batch_size // num_devices)
+  return -(-options.eval_batch_size // num_devices)
 
 
-def eval_data(config, builder, *, process_index: int = 0, process_count: int = 1,
+def eval_data(options: DataOptions, builder, *, process_index: int = 0, process_count: int = 1,
               local_device_count: int = 1,
               eval_set: Optional[run_datasets.EvalSet] = None) -> EvalData:
-  """This process's part of an eval split (`eval_set`, one of `run_datasets.resolve(config).evals`,
-  its split as `builders.check_split` resolved it; default the config's `eval_split`) in
-  batches of its devices' share of `eval_batch_size` (rounded up to a whole number per
-  device)."""
-  eval_set = eval_set or run_datasets.resolve(config).evals[0]
+  """This process's part of an eval split (`eval_set`, one of
+  `run_datasets.resolve(options).evals`, its split as `builders.check_split` resolved it;
+  default the options' `eval_split`) in batches of its devices' share of `eval_batch_size`
+  (rounded up to a whole number per device)."""
+  eval_set = eval_set or run_datasets.resolve(options).evals[0]
   ds_spec = eval_set.spec
-  per_process = eval_batch_per_device(config, process_count * local_device_count) * (
+  per_process = eval_batch_per_device(options, process_count * local_device_count) * (
       local_device_count)
   part = tfds.split_for_jax_process(eval_set.split, process_index=process_index,
                                     process_count=process_count)
-  threads = data_threads(config)
-  ds, _ = sources.split_examples(ds_spec, builder, part, threads, options(config))
-  plan = preprocess.eval_plan(config, ds_spec, encoded=not arrays_lib.is_arrays(ds_spec.name))
+  threads = data_threads(options)
+  ds, _ = sources.split_examples(ds_spec, builder, part, threads, dataset_options(options))
+  plan = preprocess.eval_plan(options, ds_spec, encoded=not arrays_lib.is_arrays(ds_spec.name))
   ds = prepared(ds.batch(EXAMPLES_PER_CALL),
-                lambda e: {'image': plan(e['image'], 0, config.seed), 'label': e['label']},
+                lambda e: {'image': plan(e['image'], 0, options.seed), 'label': e['label']},
                 threads)
   ds = ds.batch(per_process, drop_remainder=False)
-  if config.cache:
+  if options.cache:
     ds = ds.cache()
   total = split_size(ds_spec, builder, eval_set.split)
   # even_splits gives every process floor or ceil of total / process_count examples.
   num_batches = math.ceil(math.ceil(total / process_count) / per_process)
-  culprit = functools.partial(damaged.eval_culprit, config, ds_spec, builder, part, plan,
+  culprit = functools.partial(damaged.eval_culprit, options, ds_spec, builder, part, plan,
                               per_process)
-  return EvalData(ds.prefetch(PREFETCH_BATCHES).with_options(options(config)), num_batches,
-                  per_process, culprit)
+  return EvalData(ds.prefetch(PREFETCH_BATCHES).with_options(dataset_options(options)),
+                  num_batches, per_process, culprit)
 
 
 def pad_batch(batch: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
@@ -304,23 +306,25 @@ def eval_batches(data: EvalData) -> Iterator[dict[str, np.ndarray]]:
     yield pad_batch(empty, data.batch_size)
 
 
-def eval_preprocessed(config, spec: specs.DatasetSpec, images, encoded: bool) -> np.ndarray:
+def eval_preprocessed(options: DataOptions, spec: specs.DatasetSpec, images,
+                      encoded: bool) -> np.ndarray:
   """`images` (uint8 arrays of any size, or encoded JPEG/PNG bytes when `encoded`) through
   the evaluation plan of `spec` (decode; resize and center-crop where it crops): uint8 model
   inputs (N, H, W, C), for `trainer.load`'s predictions."""
-  plan = preprocess.eval_plan(config, spec, encoded=encoded)
-  return np.stack([plan(tf.constant(image), 0, config.seed).numpy()
+  plan = preprocess.eval_plan(options, spec, encoded=encoded)
+  return np.stack([plan(tf.constant(image), 0, options.seed).numpy()
                    for image in images]).astype(np.uint8)
 
 
-def read_examples(config, split: str, limit: Optional[int] = None) -> tuple[Any, np.ndarray]:
-  """(images, labels) of `split` of `config.dataset` as the dataset stores them (a uint8
+def read_examples(options: DataOptions, split: str, limit: Optional[int] = None
+                  ) -> tuple[Any, np.ndarray]:
+  """(images, labels) of `split` of `options.dataset` as the dataset stores them (a uint8
   array where they share one size, else a list), at most `limit`."""
-  ds_spec = specs.of_config(config)
-  if arrays_lib.is_arrays(config.dataset):
+  ds_spec = specs.of_options(options)
+  if arrays_lib.is_arrays(options.dataset):
     images, labels = sources.array_selection(ds_spec, split)
     return images[:limit], labels[:limit]
-  builder = builders.get_builder(config, ds_spec, split=split)
+  builder = builders.get_builder(options, ds_spec, split=split)
   images, labels = [], []
   for example in tfds.as_numpy(builder.as_dataset(split=split).take(limit or -1)):
     images.append(example[ds_spec.image_key])

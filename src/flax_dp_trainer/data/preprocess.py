@@ -1,7 +1,7 @@
 """Preprocessing plans: what runs on one example, in order; uint8 images in and out.
 
 A plan is a tuple of steps. `train_plan` builds the training one from the dataset's spec and
-the config (the augmentation, RandAugment, erasing), `eval_plan` the evaluation one; both
+the run's options (the augmentation, RandAugment, erasing), `eval_plan` the evaluation one; both
 start by decoding where the source hands over encoded images. Normalization and Mixup/CutMix
 are not here: the jitted step does them on the device, on the uint8 images sent there.
 
@@ -26,6 +26,7 @@ from flax_dp_trainer.data import restart_segments
 from flax_dp_trainer.data import scaled_decode
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import stream as stream_lib
+from flax_dp_trainer.data.options import DataOptions
 
 
 CIFAR_PAD = 4  # Pixels of zero padding on each side before the random crop ('crop_flip').
@@ -267,40 +268,40 @@ def mean_pixel(spec: specs.DatasetSpec) -> tuple[int, ...]:
   return tuple(int(round(255 * m)) for m in spec.mean)
 
 
-def train_plan(config, spec: specs.DatasetSpec, encoded: bool) -> Plan:
-  """The training plan of `spec` (resolved by `run_datasets.for_config`) under `config`, for a
+def train_plan(options: DataOptions, spec: specs.DatasetSpec, encoded: bool) -> Plan:
+  """The training plan of `spec` (resolved by `run_datasets.for_options`) under `options`, for a
   source that hands over encoded images (`encoded`) or decoded ones."""
   steps = []
   if spec.augment == 'inception':
     steps.append(RandomResizedCrop(size=spec.image_size, channels=spec.channels,
-                                   encoded=encoded, resize_filter=config.resize_filter,
-                                   scaled_decode=config.scaled_decode,
-                                   restart_skip=config.restart_skip))
-  elif spec.image_size:  # Resized whole (config.resize_images), then augmented at that size.
+                                   encoded=encoded, resize_filter=options.resize_filter,
+                                   scaled_decode=options.scaled_decode,
+                                   restart_skip=options.restart_skip))
+  elif spec.image_size:  # Resized whole (options.resize_images), then augmented at that size.
     steps.append(Resize(size=spec.image_size, channels=spec.channels, encoded=encoded,
-                        resize_filter=config.resize_filter))
+                        resize_filter=options.resize_filter))
   elif encoded:
     steps.append(Decode(shape=spec.image_shape))
   if spec.augment == 'crop_flip':
     steps.append(PadRandomCrop())
   if spec.augment in ('flip', 'crop_flip', 'inception'):
     steps.append(RandomFlip())
-  if config.randaugment_num_layers:
-    steps.append(RandAugment(num_layers=config.randaugment_num_layers,
-                             magnitude=config.randaugment_magnitude))
-  if config.random_erase_prob:
-    steps.append(RandomErase(prob=config.random_erase_prob, fill=mean_pixel(spec)))
+  if options.randaugment_num_layers:
+    steps.append(RandAugment(num_layers=options.randaugment_num_layers,
+                             magnitude=options.randaugment_magnitude))
+  if options.random_erase_prob:
+    steps.append(RandomErase(prob=options.random_erase_prob, fill=mean_pixel(spec)))
   return Plan(tuple(steps))
 
 
-def eval_plan(config, spec: specs.DatasetSpec, encoded: bool) -> Plan:
+def eval_plan(options: DataOptions, spec: specs.DatasetSpec, encoded: bool) -> Plan:
   """The evaluation plan of `spec`: decode where `encoded`; resize and center-crop for the
-  inception crop; resize whole where images are resized (config.resize_images)."""
+  inception crop; resize whole where images are resized (options.resize_images)."""
   if spec.augment == 'inception':
     return Plan((ResizeCenterCrop(size=spec.image_size, channels=spec.channels,
-                                  encoded=encoded, resize_filter=config.resize_filter,
-                                  scaled_decode=config.scaled_decode),))
+                                  encoded=encoded, resize_filter=options.resize_filter,
+                                  scaled_decode=options.scaled_decode),))
   if spec.image_size:
     return Plan((Resize(size=spec.image_size, channels=spec.channels, encoded=encoded,
-                        resize_filter=config.resize_filter),))
+                        resize_filter=options.resize_filter),))
   return Plan((Decode(shape=spec.image_shape),) if encoded else ())

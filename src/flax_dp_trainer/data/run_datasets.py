@@ -1,5 +1,5 @@
-"""A run's datasets resolved once (`resolve`): the training spec with the config's `augment`,
-`image_size` and normalization applied (`for_config`), and every evaluation's
+"""A run's datasets resolved once (`resolve`): the training spec with the options' `augment`,
+`image_size` and normalization applied (`for_options`), and every evaluation's
 (`eval_split`, `eval_splits`: a split of the run's dataset or of another), refusing
 combinations that cannot run. The run hands the `RunDatasets` on."""
 
@@ -9,7 +9,9 @@ from typing import Optional
 
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.data import arrays as arrays_lib
+from flax_dp_trainer.data import folder as folder_lib
 from flax_dp_trainer.data import specs
+from flax_dp_trainer.data.options import DataOptions
 
 
 def dataset_and_split(entry: str) -> tuple[Optional[str], str]:
@@ -28,10 +30,10 @@ def dataset_and_split(entry: str) -> tuple[Optional[str], str]:
   return entry[:last], entry[last + 1:]
 
 
-def _statistics(config, base: specs.DatasetSpec) -> specs.DatasetSpec:
-  """`base` with the config's normalization (`image_mean`, `image_std`) where set."""
+def _statistics(options: DataOptions, base: specs.DatasetSpec) -> specs.DatasetSpec:
+  """`base` with the options' normalization (`image_mean`, `image_std`) where set."""
   for field in ('image_mean', 'image_std'):
-    text = config.get(field, '')
+    text = getattr(options, field)
     if not text:
       continue
     try:
@@ -48,26 +50,27 @@ def _statistics(config, base: specs.DatasetSpec) -> specs.DatasetSpec:
   return base
 
 
-def for_config(config, given: Optional[arrays_lib.Arrays] = None) -> specs.DatasetSpec:
-  """The spec of `config.dataset` with the config's augmentation, crop size and
+def for_options(options: DataOptions, given: Optional[arrays_lib.Arrays] = None
+                ) -> specs.DatasetSpec:
+  """The spec of `options.dataset` with the options' augmentation, crop size and
   normalization applied (`augment`, `image_size`; '' and 0 take the dataset's; `image_mean`,
   `image_std`); refuses what cannot run. A run resolves its datasets once (`resolve`); this
   serves tools that need the training spec alone. `given`: the run's arrays from Python."""
-  return _for_config(config, specs.of_config(config, given))
+  return _for_options(options, specs.of_options(options, given))
 
 
-def _for_config(config, base: specs.DatasetSpec) -> specs.DatasetSpec:
-  base = _statistics(config, base)
-  augment = config.augment or base.augment
+def _for_options(options: DataOptions, base: specs.DatasetSpec) -> specs.DatasetSpec:
+  base = _statistics(options, base)
+  augment = options.augment or base.augment
   if augment not in specs.AUGMENTATIONS:
     raise UserError(f'augment={augment!r} is unknown; choose one of: '
                     f'{", ".join(specs.AUGMENTATIONS)}, or \'\' for the dataset\'s own '
                     '(--config.augment=NAME)')
-  size = config.image_size
+  size = options.image_size
   if not isinstance(size, int) or size < 0:
     raise UserError(f'image_size={size!r} must be a whole number of pixels >= 0; 0 takes the '
                     'dataset\'s (--config.image_size=N)')
-  resize = bool(config.get('resize_images', False))
+  resize = bool(options.resize_images)
   if resize and augment == 'inception':
     raise UserError("resize_images=True: augment='inception' already resizes its crops to "
                     'image_size; drop --config.resize_images')
@@ -75,12 +78,13 @@ def _for_config(config, base: specs.DatasetSpec) -> specs.DatasetSpec:
     raise UserError('resize_images=True resizes every image to image_size x image_size; give '
                     'the side with --config.image_size=N')
   if base.dtype != 'uint8':
-    uint8_only = [f'{field}={config[field]!r}' for field in (
-        'randaugment_num_layers', 'random_erase_prob', 'resize_images') if config.get(field)]
+    uint8_only = [f'{field}={getattr(options, field)!r}' for field in (
+        'randaugment_num_layers', 'random_erase_prob', 'resize_images')
+                  if getattr(options, field)]
     if augment == 'inception':
       uint8_only.insert(0, "augment='inception'")
     if uint8_only:
-      raise UserError(f'{uint8_only[0]} works on uint8 images, and dataset={config.dataset!r} '
+      raise UserError(f'{uint8_only[0]} works on uint8 images, and dataset={options.dataset!r} '
                       f'holds {base.dtype} ones; drop it, or store the images as uint8 '
                       '(0..255)')
   if augment == 'inception':
@@ -90,12 +94,12 @@ def _for_config(config, base: specs.DatasetSpec) -> specs.DatasetSpec:
     return dataclasses.replace(base, augment=augment, image_size=size)
   if base.image_shape is None:
     raise UserError(f'augment={augment!r} needs images of one size, and those of '
-                    f'dataset={config.dataset!r} vary; crop them with --config.augment='
+                    f'dataset={options.dataset!r} vary; crop them with --config.augment='
                     f'inception (to image_size, default {specs.DEFAULT_IMAGE_SIZE}), or resize '
                     'them whole with --config.resize_images=True --config.image_size=N')
   if size and size != base.image_size:
     raise UserError(f'image_size={size} applies to augment=\'inception\' (crops resized to '
-                    f'image_size); dataset={config.dataset!r} has images of '
+                    f'image_size); dataset={options.dataset!r} has images of '
                     f'{base.image_shape[0]}x{base.image_shape[1]} with augment={augment!r}: '
                     'drop --config.image_size, pass --config.augment=inception, or resize the '
                     'images whole with --config.resize_images=True')
@@ -129,76 +133,92 @@ class EvalSet:
 
 @dataclasses.dataclass(frozen=True)
 class RunDatasets:
-  """A run's datasets, resolved once from its config (`resolve`) and handed to the checks,
+  """A run's datasets, resolved once from its options (`resolve`) and handed to the checks,
   the input pipeline, evaluation and the checkpoint's record."""
-  read: specs.DatasetSpec  # config.dataset as read, before the config's settings (`SPEC_FILE`).
-  train: specs.DatasetSpec  # With the config's augmentation, crop and normalization.
+  read: specs.DatasetSpec  # options.dataset as read, before the options' settings (`SPEC_FILE`).
+  train: specs.DatasetSpec  # With the options' augmentation, crop and normalization.
   evals: tuple[EvalSet, ...]  # `eval_split`, then each entry of `eval_splits`.
 
 
-def resolve(config, given: Optional[arrays_lib.Arrays] = None,
+def resolve(options: DataOptions, given: Optional[arrays_lib.Arrays] = None,
             command_line=frozenset()) -> RunDatasets:
-  """The run's datasets: `config.dataset` (as `config.dataset_spec` recorded it, where set)
-  with the config's settings, and every evaluation of `eval_split` and `eval_splits`, each
+  """The run's datasets: `options.dataset` (as `options.dataset_spec` recorded it, where set)
+  with the options' settings, and every evaluation of `eval_split` and `eval_splits`, each
   dataset's spec derived once; refuses what cannot run. An image folder's spec holds the
   files left out as decided for the run (`damaged.settle`, before). `given`: the arrays
-  given from Python that `config.dataset` names (`arrays.from_python`), where it does.
+  given from Python that `options.dataset` names (`arrays.from_python`), where it does.
   `command_line`: the config fields the command line set (its `eval_split` is the user's,
   never stood in for)."""
-  read = specs.of_config(config, given)
+  read = specs.of_options(options, given)
   if not read.trainable:
-    raise UserError(f'dataset={config.dataset!r} has no train split: it is an evaluation set '
-                    f'(--config.eval_splits={config.dataset}:test); train on a dataset with '
+    raise UserError(f'dataset={options.dataset!r} has no train split: it is an evaluation set '
+                    f'(--config.eval_splits={options.dataset}:test); train on a dataset with '
                     f'one, such as {", ".join(specs.names())} (--config.dataset=NAME)')
-  train = _for_config(config, read)
-  return RunDatasets(read, train, tuple(_eval_sets(config, read, train, command_line)))
+  train = _for_options(options, read)
+  return RunDatasets(read, train, tuple(_eval_sets(options, read, train, command_line)))
 
 
-def _eval_sets(config, read: specs.DatasetSpec, train: specs.DatasetSpec,
+def _eval_sets(options: DataOptions, read: specs.DatasetSpec, train: specs.DatasetSpec,
                command_line=frozenset()) -> list[EvalSet]:
   """`eval_split` of the run's dataset, then each entry of `eval_splits` ('SPLIT' of the
   run's dataset, or 'DATASET:SPLIT'); refuses entries that repeat or collide in their tags,
   and datasets whose classes, channels or image size the model cannot take."""
-  own = _eval_spec(config, config.dataset, read, train)
-  sets = [EvalSet('eval', config.dataset, config.eval_split, spec=own,
+  own = _eval_spec(options, options.dataset, read, train)
+  sets = [EvalSet('eval', options.dataset, options.eval_split, spec=own,
                   stand_in='eval_split' not in command_line)]
-  others = {config.dataset: own}
-  for entry in (e.strip() for e in config.eval_splits.split(',')):
+  others = {options.dataset: own}
+  for entry in (e.strip() for e in options.eval_splits.split(',')):
     if not entry:
       continue
     dataset, split = dataset_and_split(entry)
-    dataset = dataset or config.dataset
-    name = (f'{dataset}_{split}' if dataset != config.dataset else split)
+    dataset = dataset or options.dataset
+    name = (f'{dataset}_{split}' if dataset != options.dataset else split)
     prefix = 'eval_' + re.sub('[^0-9A-Za-z]+', '_', name).strip('_')
     if (dataset, split) in {(s.dataset, s.split) for s in sets}:
-      raise UserError(f'eval_splits={config.eval_splits!r}: {entry!r} is evaluated already '
-                      f'(eval_split={config.eval_split!r} or an earlier entry); drop it')
+      raise UserError(f'eval_splits={options.eval_splits!r}: {entry!r} is evaluated already '
+                      f'(eval_split={options.eval_split!r} or an earlier entry); drop it')
     if prefix in {s.prefix for s in sets}:
-      raise UserError(f'eval_splits={config.eval_splits!r}: {entry!r} would write the tags of '
+      raise UserError(f'eval_splits={options.eval_splits!r}: {entry!r} would write the tags of '
                       f'an earlier entry ({prefix}_*); list each split once')
     if dataset not in others:
       try:
         other = specs.spec(dataset)
       except UserError as e:
-        raise UserError(f'eval_splits={config.eval_splits!r}: {e}') from None
+        raise UserError(f'eval_splits={options.eval_splits!r}: {e}') from None
       if (other.num_classes, other.channels) != (read.num_classes, read.channels):
-        raise UserError(f'eval_splits={config.eval_splits!r}: dataset {dataset!r} has '
+        raise UserError(f'eval_splits={options.eval_splits!r}: dataset {dataset!r} has '
                         f'{other.num_classes} classes of {other.channels}-channel images, the '
                         f'model {read.num_classes} of {read.channels}; evaluate datasets of '
                         'the same classes and channels')
-      others[dataset] = _eval_spec(config, dataset, other, train)
+      others[dataset] = _eval_spec(options, dataset, other, train)
     sets.append(EvalSet(prefix, dataset, split, 'eval_splits', others[dataset]))
   return sets
 
 
-def _eval_spec(config, dataset: str, other: specs.DatasetSpec,
+def _eval_spec(options: DataOptions, dataset: str, other: specs.DatasetSpec,
                train: specs.DatasetSpec) -> specs.DatasetSpec:
   """`other` (the spec of `dataset`) as an evaluation reads it: the run's augmentation kind
   and crop, so that its images come out as the model's input."""
   if train.augment == 'inception' or train.image_size:  # Cropped or resized to the model's.
     return dataclasses.replace(other, augment=train.augment, image_size=train.image_size)
   if other.image_shape != train.image_shape:
-    raise UserError(f'eval_splits={config.eval_splits!r}: dataset {dataset!r} has images of '
+    raise UserError(f'eval_splits={options.eval_splits!r}: dataset {dataset!r} has images of '
                     f'{other.image_shape}, the model takes {train.image_shape}; evaluate a '
                     'dataset of the same size')
   return dataclasses.replace(other, augment=train.augment, image_size=0)
+
+
+def settled(options: DataOptions, datasets: RunDatasets) -> RunDatasets:
+  """`datasets` (resolved by the start's check, before the processes were connected) with
+  the image folder's training count as the run reads it: its files left out as decided for
+  the run (`damaged.settle`, before: the workdir's record, or process 0's check). Nothing else
+  of a spec depends on them; other datasets are as they were."""
+  read = datasets.read
+  if not read.folder or options.dataset_spec:
+    return datasets
+  count = folder_lib.scan(read.folder).split_sizes.get('train', 0)
+  if count == read.num_train_examples:
+    return datasets
+  return dataclasses.replace(
+      datasets, read=dataclasses.replace(read, num_train_examples=count),
+      train=dataclasses.replace(datasets.train, num_train_examples=count))

@@ -2,7 +2,7 @@
 
 A training split is read in one of four ways (`read_mode`):
 
-    IN_MEMORY     `config.cache`: the split loaded once into memory (decoded where every
+    IN_MEMORY     `options.cache`: the split loaded once into memory (decoded where every
                   image has one shape, else the encoded files), then gathered by index
     ARRAY_RECORD  TFDS ArrayRecord files, read by index in blocks of records: the
                   ArrayRecord reader's parallel C++ reads, one Python call per block, and the
@@ -34,6 +34,7 @@ from flax_dp_trainer.data.builders import ARRAY_RECORD
 from flax_dp_trainer.data.builders import FILES
 from flax_dp_trainer.data.builders import IN_MEMORY
 from flax_dp_trainer.data.builders import SEQUENTIAL
+from flax_dp_trainer.data.options import DataOptions
 from flax_dp_trainer.data.tf_options import EXAMPLES_PER_CALL, as_written
 
 
@@ -69,11 +70,11 @@ def folder_selection(found: folder_lib.ImageFolder, split) -> tuple[np.ndarray, 
   return np.array(paths, dtype=object), np.asarray(labels, np.int32)
 
 
-def read_mode(config, builder) -> str:
-  """How the training split is read: IN_MEMORY with `config.cache`; else by index from
+def read_mode(options: DataOptions, builder) -> str:
+  """How the training split is read: IN_MEMORY with `options.cache`; else by index from
   ArrayRecord files where the dataset has them, from an image folder's files, or in
   sequence from TFRecord files."""
-  if config.cache or arrays_lib.is_arrays(config.dataset):
+  if options.cache or arrays_lib.is_arrays(options.dataset):
     return IN_MEMORY
   if builder is None:
     return FILES

@@ -4,8 +4,8 @@ stored image shape, normalization, the default augmentation and the model's inpu
 A TFDS dataset's classes, shape and features come from its builder's metadata (TFDS reads
 it without TensorFlow); `KNOWN` adds what TFDS does not say (normalization, a recommended
 augmentation). Image folders and arrays are described from their files. Where TFDS is
-absent, a run's recorded `SPEC_FILE` stands in (`of_config`). `run_datasets` applies the
-config to these specs.
+absent, a run's recorded `SPEC_FILE` stands in (`of_options`). `run_datasets` applies the
+run's options (the config's data fields) to these specs.
 """
 
 import dataclasses
@@ -18,6 +18,7 @@ from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.data import arrays as arrays_lib
 from flax_dp_trainer.data import folder as folder_lib
 from flax_dp_trainer.data.datasets.digits import source as digits_source
+from flax_dp_trainer.data.options import DataOptions
 
 
 # What a training example goes through besides RandAugment and erasing (`preprocess.py`):
@@ -59,7 +60,7 @@ class DatasetSpec:
   num_train_examples: int  # Examples in the 'train' split.
   mean: tuple[float, ...] = (0.0,)  # Per-channel, on the [0, 1] scale.
   std: tuple[float, ...] = (1.0,)
-  augment: str = 'none'  # A key of AUGMENTATIONS: the default, or the config's (for_config).
+  augment: str = 'none'  # A key of AUGMENTATIONS: the default, or the options' (for_options).
   # Side of the square crop 'inception' makes, or of the square fixed-size images are resized
   # to (config.resize_images); 0 for the others.
   image_size: int = 0
@@ -167,11 +168,11 @@ def from_json(fields: dict) -> DatasetSpec:
   return DatasetSpec(**{k: v for k, v in fields.items() if k in known})
 
 
-def recorded(config) -> Optional[DatasetSpec]:
-  """The spec `config.dataset_spec` (a run's `SPEC_FILE`) records, where set, taken as it is
+def recorded(options: DataOptions) -> Optional[DatasetSpec]:
+  """The spec `options.dataset_spec` (a run's `SPEC_FILE`) records, where set, taken as it is
   (hosts without TensorFlow Datasets); `UserError` where it does not read or names another
-  dataset than `config.dataset`."""
-  path = config.get('dataset_spec', '')
+  dataset than `options.dataset`."""
+  path = options.dataset_spec
   if not path:
     return None
   try:
@@ -180,27 +181,28 @@ def recorded(config) -> Optional[DatasetSpec]:
   except (OSError, ValueError, TypeError) as e:
     raise UserError(f'dataset_spec={path!r} cannot be read as a dataset spec ({e}); give the '
                     f'{SPEC_FILE} a run wrote in its workdir') from None
-  if found.name != config.dataset:
+  if found.name != options.dataset:
     raise UserError(f'dataset_spec={path!r} describes dataset {found.name!r}, and the '
-                    f'config trains on dataset={config.dataset!r}; give the spec of that '
+                    f'config trains on dataset={options.dataset!r}; give the spec of that '
                     'dataset, or drop --config.dataset_spec')
   return found
 
 
-def of_config(config, given: Optional[arrays_lib.Arrays] = None) -> DatasetSpec:
-  """The spec of `config.dataset` as stored: of the arrays `given` from Python where the run
-  has them, as `config.dataset_spec` records it where set, else from the dataset itself
+def of_options(options: DataOptions, given: Optional[arrays_lib.Arrays] = None
+               ) -> DatasetSpec:
+  """The spec of `options.dataset` as stored: of the arrays `given` from Python where the run
+  has them, as `options.dataset_spec` records it where set, else from the dataset itself
   (`spec`)."""
-  if given is not None and config.dataset == given.name:
+  if given is not None and options.dataset == given.name:
     return _arrays_spec(given)
-  return recorded(config) or spec(config.dataset)
+  return recorded(options) or spec(options.dataset)
 
 
 def spec(name: str) -> DatasetSpec:
   """The spec of dataset `name` (config.dataset): an image folder (scanned once per
   process), arrays, or a TFDS image classification dataset read from its builder's metadata
   (`NAME`, `NAME/CONFIG`, `NAME:VERSION`; nothing is downloaded). A run's recorded spec:
-  `of_config`."""
+  `of_options`."""
   if is_folder(name):
     return _folder_spec(name)
   if arrays_lib.is_arrays(name):

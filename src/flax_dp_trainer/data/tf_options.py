@@ -4,6 +4,7 @@ examples one call of a pipeline's function prepares, and how its functions are t
 
 import os
 
+from flax_dp_trainer.data.options import DataOptions
 from flax_dp_trainer.data.tensorflow_import import tf
 
 
@@ -15,17 +16,17 @@ from flax_dp_trainer.data.tensorflow_import import tf
 EXAMPLES_PER_CALL = 32
 
 
-def data_threads(config) -> int:
-  """`config.data_threads`, or every core this process may run on where it is 0."""
-  return config.data_threads or len(os.sched_getaffinity(0))
+def data_threads(options: DataOptions) -> int:
+  """`options.data_threads`, or every core this process may run on where it is 0."""
+  return options.data_threads or len(os.sched_getaffinity(0))
 
 
-def options(config) -> tf.data.Options:
+def dataset_options(options: DataOptions) -> tf.data.Options:
   """tf.data options of every pipeline: deterministic (same seed, same batches), the
   host's threads, one thread per op (examples in parallel instead), no autotuned buffers."""
   result = tf.data.Options()
   result.deterministic = True
-  result.threading.private_threadpool_size = data_threads(config)
+  result.threading.private_threadpool_size = data_threads(options)
   result.threading.max_intra_op_parallelism = 1
   # Parallelism and prefetching are set explicitly: autotuning would add buffers of its own.
   result.autotune.enabled = False

@@ -8,6 +8,8 @@ from absl import logging
 from flax_dp_trainer.step import losses
 from flax_dp_trainer.model import source as model_source
 from flax_dp_trainer.step import optim
+from flax_dp_trainer.loop import durations
+from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.base import user_imports
 from flax_dp_trainer.data import specs
@@ -20,7 +22,7 @@ _POSITIVE_FIELDS = ('batch_size', 'eval_batch_size', 'log_every_steps', 'eval_ev
                     'checkpoint_every_steps', 'keep_checkpoints', 'shuffle_buffer_size',
                     'grad_accum_steps')
 DTYPES = ('bfloat16', 'float16', 'float32')
-UNSET, DURATION_PAIRS, is_set = optim.UNSET, optim.DURATION_PAIRS, optim.is_set
+UNSET, DURATION_PAIRS, is_set = durations.UNSET, durations.DURATION_PAIRS, durations.is_set
 # Fields that only some optimizers read: set on the command line for another optimizer, they
 # would be ignored.
 OPTIMIZER_FIELDS = {'momentum': ('sgd', 'lars'), 'nesterov': ('sgd', 'lars'),
@@ -99,20 +101,29 @@ def _choice(field: str, value, choices) -> None:
 
 
 def check_config(config, *, process_count: int, local_device_count: int,
-                 command_line=frozenset()) -> run_datasets.RunDatasets:
+                 command_line=frozenset(), arrays=None,
+                 imported: bool = False) -> run_datasets.RunDatasets:
   """Raises `UserError` naming the first bad value and how to fix it; returns the run's
   datasets as resolved (`run_datasets.resolve`; `command_line`: the fields the command line
-  set, whose splits are never stood in for). The modules of `config.imports` are imported
-  first: they may register the datasets and models the config names."""
+  set, whose splits are never stood in for; `arrays`: those given from Python that
+  `config.dataset` names). The modules of `config.imports` are imported first, unless the
+  entry point did (`imported`): they may register the datasets and models the config names.
+  A start runs it once and hands on what it resolved."""
+  if not imported:
+    user_imports.import_modules(config)
   check_fields(config, process_count=process_count, local_device_count=local_device_count)
-  # An unknown dataset, augmentation or crop size is refused there.
-  return run_datasets.resolve(config, command_line=command_line)
+  return check_datasets(config, arrays, command_line)
+
+
+def check_datasets(config, arrays=None, command_line=frozenset()) -> run_datasets.RunDatasets:
+  """The run's datasets resolved (`check_config`'s last part); an unknown dataset,
+  augmentation or crop size is refused there."""
+  return run_datasets.resolve(run_options.data_options(config), arrays, command_line)
 
 
 def check_fields(config, *, process_count: int, local_device_count: int) -> None:
-  """`check_config` but for the datasets, which a run resolves once its image folders'
-  files left out are settled (`damaged.settle`)."""
-  user_imports.import_modules(config)
+  """`check_config` but for the config's imports and datasets: the fields alone, against
+  the topology (the part a start checks again once its devices are known)."""
   _check_durations(config)
   for field in _POSITIVE_FIELDS:
     value = config[field]

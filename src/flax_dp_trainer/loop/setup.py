@@ -15,9 +15,11 @@ from jax.experimental.compilation_cache import compilation_cache
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 
 from flax_dp_trainer.base import arguments
 from flax_dp_trainer.base import multihost
+from flax_dp_trainer.base import user_imports
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.checkpoint import checkpointer as checkpoint
 from flax_dp_trainer.checkpoint import meta as run_meta
@@ -28,6 +30,8 @@ from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.loop import checks
+from flax_dp_trainer.loop import durations
+from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.loop import evaluation
 from flax_dp_trainer.loop import workdir as workdir_lib
 from flax_dp_trainer.model import adapter
@@ -147,14 +151,14 @@ def start(run: 'Run', resume_with_changes: bool = False) -> Start:
   refused unless `resume_with_changes`."""
   config, checkpointer = run.config, run.checkpointer
   _, step_rng = state_lib.seed_rngs(config.seed)
-  state = state_lib.init_state(config, run.num_classes, run.input_shape, model=run.model)
+  state = initial_state(run)
   restored, unreadable = restore_newest(run, state)
   if restored is not None and config.init_from:
     logging.warning('init_from=%r is not used: this run resumes from its own checkpoint at '
                     'step %d in %s', config.init_from, restored.step, checkpointer.directory)
   if restored is None and config.init_from:
-    state, _ = init_from.init_from(run.config, run.model.module, state,
-                                       run.torch_weights, run.port_weights)
+    state, _ = init_from.init_from(run.options.init_from, run.model.module, state,
+                                   run.torch_weights, run.port_weights)
   if restored is None:
     return Start(state, step_rng, config.seed, 0, None, unreadable)
   meta = run_meta.RunMeta.from_json(restored.meta, restored.step)
@@ -181,7 +185,10 @@ def use_compilation_cache(cache_dir: str) -> None:
 class Run:
   """What training and evaluating-only share, all checked before anything is compiled or
   written."""
-  config: ml_collections.ConfigDict  # Durations in epochs resolved to steps.
+  # Durations in epochs resolved to steps; the loop's own fields, and the run's record.
+  config: ml_collections.ConfigDict
+  options: run_options.RunOptions  # What each layer below the loop is told.
+  schedule: optax.Schedule  # The learning rate by step, built once.
   layout: parallel.DataParallel
   datasets: run_datasets.RunDatasets  # Resolved once: the training data's spec and the evaluations.
   data: pipeline.TrainData
@@ -190,7 +197,6 @@ class Run:
   num_classes: int
   model: adapter.Model  # The built model (its flax module: `model.module`).
   input_shape: tuple[int, ...]
-  loss: losses.Loss  # The training loss (config.loss, or the function given from Python).
   # The PyTorch state dict of `init_from`, read and checked, where a fresh run starts from one.
   torch_weights: Optional[dict] = None
   # Where that state dict is the original's of a port (config.torch_model): its arrays carried
@@ -198,19 +204,21 @@ class Run:
   port_weights: Optional[Any] = None
 
 
-def build_model(config, num_classes: int, input_shape: tuple[int, ...], per_device: int, *,
-                 model: Any, command_line) -> adapter.Model:
-  """The run's model built and traced on abstract shapes (`probe.probe`), what it cannot
+def build_model(options: modeling.ModelOptions, num_classes: int,
+                input_shape: tuple[int, ...], per_device: int, *, model: Any,
+                command_line, remat: str = 'none') -> adapter.Model:
+  """The run's model built and traced on abstract shapes (`probe.probe`, its blocks
+  rematerialized by `remat`), what it cannot
   keep topology-invariant logged, every process agreeing that it builds."""
 
   def build():
-    built = modeling.build(config, num_classes, input_shape[1:], model=model,
+    built = modeling.build(options, num_classes, input_shape[1:], model=model,
                            set_on_command_line=command_line)
     lines = built.notes + probe.probe(built.model, input_shape[1:], per_device, num_classes,
-                                         config.dtype, config.remat)
+                                      options.dtype, remat)
     return built.model, lines
 
-  built, lines = multihost.on_every_process(build, f'build model={config.model!r}')
+  built, lines = multihost.on_every_process(build, f'build model={options.model!r}')
   for line in lines:
     logging.warning('%s', line)
   return built
@@ -247,28 +255,35 @@ def _encoded(config) -> ml_collections.ConfigDict:
 
 def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
              training: bool = True, model: Any = None, loss: Optional[losses.Loss] = None,
-             arrays: Optional[arrays_lib.Arrays] = None, command_line=frozenset()) -> Run:
+             arrays: Optional[arrays_lib.Arrays] = None, command_line=frozenset(),
+             datasets: Optional[run_datasets.RunDatasets] = None) -> Run:
   """Checks the config, workdir and data; the layout over `devices` (default every device of
-  every process), the dataset, the model and the evaluations. Without `training`, the
-  training batch need not split over the devices. `model`, `loss` and `arrays` (those
-  `config.dataset` names): given from Python in place of the config's; `command_line`: the
-  config fields the command line set."""
+  every process), the dataset, the model and the evaluations; reads the config into each
+  layer's options (`options.of_config`), once. Without `training`, the training batch need
+  not split over the devices. `model`, `loss` and `arrays` (those `config.dataset` names):
+  given from Python in place of the config's; `command_line`: the config fields the command
+  line set; `datasets`: the run's datasets where the entry point's check
+  (`checks.check_config`) resolved them already (the config's imports done), else checked
+  and resolved here."""
   config = _encoded(config)
   process_count = jax.process_count()
   devices = list(devices) if devices is not None else parallel.global_devices()
   num_devices = len(devices)
   checkpointer = checkpoint.Checkpointer(workdir, keep=config.keep_checkpoints)
+  topology = (dict(process_count=process_count, local_device_count=num_devices // process_count)
+              if training else dict(process_count=1, local_device_count=1))
   if training:
     checkpointer.check_topology(config.batch_size, num_devices, process_count)
-    checks.check_fields(config, process_count=process_count,
-                        local_device_count=num_devices // process_count)
-  else:
-    checks.check_fields(config, process_count=1, local_device_count=1)
+  if datasets is None:  # (Else the entry point's check imported them and checked the rest.)
+    user_imports.import_modules(config)
+  checks.check_fields(config, **topology)
   if model is None and model_source.is_import_path(config.model):
     # Imported before any dataset loads (the entry point did so already), every process
     # agreeing: a path that names nothing is refused at once.
     multihost.on_every_process(lambda: model_source.resolve(config.model),
                                f'import model={config.model!r}')
+  if datasets is None:  # The rest of `checks.check_config`, once.
+    datasets = checks.check_datasets(config, arrays, command_line)
   checks.check_workdir(workdir)
   if config.init_from and not checkpointer.steps():  # (Unused where the run resumes.)
     multihost.on_every_process(lambda: init_from.check_exists(config.init_from),
@@ -281,17 +296,18 @@ def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
                     'by the entry point; from Python, call '
                     'flax_dp_trainer.loop.setup.use_compilation_cache(%r) before training',
                     config.compilation_cache_dir, config.compilation_cache_dir)
-  damaged.settle(config, workdir)  # Image files that do not read: left out as recorded, or refused.
-  # Every dataset of the run, once, as the run reads it.
-  datasets = run_datasets.resolve(config, arrays, command_line)
-  # Its config is read for the batches alone, which neither the durations resolved below nor
-  # the model's record changes.
-  train_data = pipeline.open_train_data(config, datasets.train,
+  data_options = run_options.data_options(config)
+  # Image files that do not read: left out as recorded, or refused; the image folders' specs
+  # then count the files the run reads.
+  damaged.settle(data_options, workdir)
+  datasets = run_datasets.settled(data_options, datasets)
+  train_data = pipeline.open_train_data(data_options, datasets.train,
                                         process_index=jax.process_index())
-  config = optim.resolve_durations(config, train_data.num_examples)
+  config = durations.resolve_durations(config, train_data.num_examples)
   checks.check_schedule(config)
-  evaluations = evaluation.evaluation_data(config, train_data.builder, layout, datasets.evals)
-  eval_per_device = pipeline.eval_batch_per_device(config, num_devices)
+  evaluations = evaluation.evaluation_data(data_options, train_data.builder, layout,
+                                           datasets.evals)
+  eval_per_device = pipeline.eval_batch_per_device(data_options, num_devices)
   if eval_per_device * num_devices != config.eval_batch_size:
     logging.info('eval_batch_size=%d over %d devices: evaluating %d examples per device '
                  '(%d per batch, padding masked)', config.eval_batch_size, num_devices,
@@ -299,8 +315,9 @@ def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
   num_classes = train_data.spec.num_classes
   input_shape = (1,) + train_data.spec.input_shape
   per_device = max(1, config.batch_size // num_devices // config.grad_accum_steps)
-  built = build_model(config, num_classes, input_shape, per_device if training else 1,
-                       model=model, command_line=command_line)
+  options = run_options.of_config(config, datasets.train, loss)
+  built = build_model(options.model, num_classes, input_shape, per_device if training else 1,
+                      model=model, command_line=command_line, remat=options.step.remat)
   config = _recorded(config, built)
   weights, port = None, None
   if (config.init_from and torch_weights.is_weights_file(config.init_from) and
@@ -315,8 +332,17 @@ def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
     else:
       weights = init_from.read_torch_weights(config.init_from, config.model, built.module,
                                              input_shape)
-  return Run(config, layout, datasets, train_data, checkpointer, evaluations, num_classes, built,
-              input_shape, loss if loss is not None else losses.get(config.loss), weights, port)
+  # The options of the model as recorded (a model given from Python by its import path).
+  options = dataclasses.replace(options, init_from=run_options.init_from_options(config))
+  return Run(config, options, optim.learning_rate_schedule(options.optim), layout, datasets,
+             train_data, checkpointer, evaluations, num_classes, built, input_shape, weights,
+             port)
+
+
+def initial_state(run: 'Run', rng: Optional[jax.Array] = None) -> state_lib.TrainState:
+  """The run's model and optimizer initialized on the host from `rng` (default: the seed's
+  init key), with the run's schedule."""
+  return run_options.initial_state(run.options, run.model, run.input_shape, rng, run.schedule)
 
 
 def port_weights(config, model: adapter.Model, num_classes: int,

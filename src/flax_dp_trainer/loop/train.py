@@ -31,6 +31,7 @@ from flax_dp_trainer.checkpoint import meta as run_meta
 from flax_dp_trainer.checkpoint import init_from
 from flax_dp_trainer.data import damaged
 from flax_dp_trainer.data import pipeline
+from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.elastic import timeline as timeline_lib
 from flax_dp_trainer.loop import cadence
@@ -44,7 +45,6 @@ from flax_dp_trainer.parallel import dispatch
 from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.step import losses
 from flax_dp_trainer.step import metrics
-from flax_dp_trainer.step import optim
 from flax_dp_trainer.step import state as state_lib
 from flax_dp_trainer.step import steps as step_lib
 
@@ -93,15 +93,16 @@ def _run_peak_rss_mb() -> float:
 def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
                   devices: Optional[Sequence[jax.Device]] = None, model: Any = None,
                   loss: Optional[losses.Loss] = None, data: Any = None,
-                  command_line=frozenset(), show_bars: bool = False) -> dict[str, float]:
+                  command_line=frozenset(), show_bars: bool = False,
+                  datasets: Optional[run_datasets.RunDatasets] = None) -> dict[str, float]:
   """Evaluates the newest checkpoint of `workdir` (else `config.init_from`) on every
   configured evaluation and writes the scalars at its step; no checkpoint is changed.
-  Returns the scalars. `model`, `loss`, `data`, `command_line`, `show_bars`: as
+  Returns the scalars. `model`, `loss`, `data`, `command_line`, `show_bars`, `datasets`: as
   `train_and_evaluate` takes them."""
   run = setup.prepare(config, workdir, devices, training=False, model=model, loss=loss,
-                      arrays=data, command_line=command_line)
+                      arrays=data, command_line=command_line, datasets=datasets)
   config = run.config
-  state = state_lib.init_state(config, run.num_classes, run.input_shape, model=run.model)
+  state = setup.initial_state(run)
   restored, _ = setup.restore_newest(run, state)
   if restored is None and not config.init_from:
     raise UserError(f'--eval_only: {run.checkpointer.directory} holds no checkpoint to '
@@ -115,14 +116,14 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
     logging.info('evaluating the checkpoint at step %d in %s', step,
                  run.checkpointer.directory)
   else:
-    state, step = init_from.init_from(run.config, run.model.module, state,
-                                       run.torch_weights, run.port_weights)
+    state, step = init_from.init_from(run.options.init_from, run.model.module, state,
+                                      run.torch_weights, run.port_weights)
   with setup.lock_workdir(workdir):
     writer = writers.create_writer(workdir)
     bars = _bars(show_bars, step)
     with metric_writers.ensure_flushes(writer), bars or contextlib.nullcontext():
       scalars = evaluation.evaluate_all(step_lib.make_eval_step(
-          run.layout, step_lib.Normalization.of(run.datasets.train, config.dtype), run.loss),
+          run.layout, run.options.step.normalization, run.options.step.loss),
                              run.layout.put_state(state), run.evaluations, run.layout, bars)
       writer.write_scalars(step, scalars)
     multihost.sync_processes('evaluate_only done')
@@ -135,7 +136,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                        command_line=frozenset(), callbacks=(),
                        show_bars: bool = False,
                        timeline: Optional[timeline_lib.Timeline] = None,
-                       resume_with_changes: bool = False) -> state_lib.TrainState:
+                       resume_with_changes: bool = False,
+                       datasets: Optional[run_datasets.RunDatasets] = None
+                       ) -> state_lib.TrainState:
   """Trains `config` in `workdir` (resuming from its newest checkpoint); returns the state.
 
   `devices`: the devices to train on, default every device of every process
@@ -150,13 +153,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   each evaluation on process 0 (`progress.Bars`), beside the log lines; `timeline`: where
   the session's time goes, its progress file and faults (`elastic.timeline`; default one
   that starts now); `resume_with_changes`: resume a checkpoint whose config differs in what
-  defines the training stream or the model (`setup.start`).
+  defines the training stream or the model (`setup.start`); `datasets`: the run's datasets
+  as the entry point's check resolved them (`checks.check_config`), handed on.
   """
   if timeline is None:
     timeline = timeline_lib.Timeline(workdir, jax.process_index(),
                                      writes=jax.process_index() == 0)
   run = setup.prepare(config, workdir, devices, model=model, loss=loss, arrays=data,
-                      command_line=command_line)
+                      command_line=command_line, datasets=datasets)
   config = run.config
   timeline.enter('restore')
   start = setup.start(run, resume_with_changes)
@@ -176,7 +180,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     run.checkpointer.set_aside(start.unreadable)
     run.checkpointer.remove_unfinished()
     multihost.sync_processes('unreadable checkpoints set aside')
-    damaged.write_record(workdir, config)  # Before the first step: what every resume leaves out.
+    # Before the first step: what every resume leaves out.
+    damaged.write_record(workdir, run.options.data)
     if jax.process_index() == 0:
       setup.write_dataset_spec(workdir, run.datasets.read)
     bars = _bars(show_bars, config.num_train_steps, start_step + 1)
@@ -217,10 +222,9 @@ class _Session:
     self.first = int(start.state.step) + 1
     self.last = config.num_train_steps
     self.p_train_step = step_lib.make_train_step(
-        layout, learning_rate_fn=optim.learning_rate_schedule(config),
-        options=step_lib.StepOptions.from_config(config, run.datasets.train, run.loss))
+        layout, learning_rate_fn=run.schedule, options=run.options.step)
     self.p_eval_step = step_lib.make_eval_step(
-        layout, step_lib.Normalization.of(run.datasets.train, config.dtype), run.loss)
+        layout, run.options.step.normalization, run.options.step.loss)
     self.rstate = layout.put_state(start.state)
     self.rng = layout.put_replicated(start.step_rng)
     self.prefetch = self._device_batches()

@@ -3,8 +3,8 @@ checked, so that every guarantee of the trainer holds for it (docs/your_model.md
 contract on a complete file).
 
 The constructor gets every key of `config.model_kwargs`, plus those of `num_classes` (the
-dataset's class count), `dtype` (the compute dtype, `config.dtype`), `dropout_rate`
-(`config.dropout_rate`), `axis_name` (the device axis), `stochastic_depth_rate` (where set)
+dataset's class count), `dtype` (the compute dtype, `options.dtype`), `dropout_rate`
+(`options.dropout_rate`), `axis_name` (the device axis), `stochastic_depth_rate` (where set)
 and, for NNX, `in_features` (the input's channel count) and `rngs`, that it declares. A config
 value the trainer would pass and the constructor does not declare is named in one log line at
 start; set on the command line, it is refused.
@@ -33,19 +33,32 @@ CONFIG_ARGUMENTS = {'num_classes': None, 'dtype': 'dtype', 'dropout_rate': 'drop
 
 
 @dataclasses.dataclass(frozen=True)
+class ModelOptions:
+  """What model to build and with what (the config fields of the same names)."""
+  model: str = 'cnn'  # A registered name or an import path 'pkg.module:Name'.
+  # The constructor's own arguments (classes and functions by import path: `base.arguments`).
+  model_kwargs: dict = dataclasses.field(default_factory=dict)
+  dtype: str = 'float32'  # The compute dtype.
+  dropout_rate: float = 0.1
+  stochastic_depth_rate: float = 0.0  # 0: not passed.
+  scan_layers: bool = False  # Passed as True where set.
+  model_logits: str = ''  # The logits' entry where the module returns a dict.
+
+
+@dataclasses.dataclass(frozen=True)
 class Built:
   """A built model and what was said about it."""
   model: adapter.Model
   notes: list[str]  # Lines for the log at start.
 
 
-def _constructor_arguments(source: model_source.Source, config, num_classes: int,
+def _constructor_arguments(source: model_source.Source, options: ModelOptions,
+                           num_classes: int,
                            channels: Optional[int],
                            set_on_command_line: frozenset) -> tuple[dict, list[str]]:
   """The keyword arguments of the constructor (classes and functions recorded by import
 path imported back: `base.arguments`), and the lines on config values not passed."""
-  model_kwargs = (arguments.decode(config.model_kwargs.to_dict()) if 'model_kwargs' in config
-                  else {})
+  model_kwargs = arguments.decode(dict(options.model_kwargs))
   declared = source.declared
   if source.registered and model_kwargs:
     raise UserError(f'model_kwargs={model_kwargs!r}: the registered model {source.name!r} '
@@ -57,11 +70,11 @@ path imported back: `base.arguments`), and the lines on config values not passed
       raise UserError(f'model={source.name!r} takes no argument {unknown[0]!r} (model_kwargs.'
                       f'{unknown[0]}={model_kwargs[unknown[0]]!r}); it takes: '
                       f'{", ".join(sorted(declared - {"rngs"})) or "nothing"}')
-  values = {'num_classes': num_classes, 'dtype': jnp.dtype(config.dtype),
-            'dropout_rate': config.dropout_rate, 'axis_name': AXIS_NAME}
-  if config.stochastic_depth_rate:
-    values['stochastic_depth_rate'] = config.stochastic_depth_rate
-  if config.get('scan_layers'):
+  values = {'num_classes': num_classes, 'dtype': jnp.dtype(options.dtype),
+            'dropout_rate': options.dropout_rate, 'axis_name': AXIS_NAME}
+  if options.stochastic_depth_rate:
+    values['stochastic_depth_rate'] = options.stochastic_depth_rate
+  if options.scan_layers:
     values['scan_layers'] = True
   if source.nnx and channels is not None:
     values['in_features'] = channels
@@ -77,7 +90,7 @@ path imported back: `base.arguments`), and the lines on config values not passed
     if field is None:
       continue
     if field in set_on_command_line:
-      raise UserError(f'{field}={config[field]!r} is set on the command line, but '
+      raise UserError(f'{field}={getattr(options, field)!r} is set on the command line, but '
                       f'model={source.name!r} declares no {argument!r} argument: the value '
                       f'would not be used; drop --config.{field}, or add {argument} to the '
                       'module')
@@ -85,14 +98,14 @@ path imported back: `base.arguments`), and the lines on config values not passed
       raise UserError(f'scan_layers=True: model={source.name!r} declares no scan_layers; the '
                       'vit* models scan their encoder blocks (--config.scan_layers=False)')
     if field == 'stochastic_depth_rate':
-      raise UserError(f'stochastic_depth_rate={config.stochastic_depth_rate}: '
+      raise UserError(f'stochastic_depth_rate={options.stochastic_depth_rate}: '
                       f'model={source.name!r} declares no stochastic_depth_rate; it applies to '
                       'models that do, such as resnet* and vit* (--config.stochastic_depth_rate=0)')
-    if field == 'dropout_rate' and not config.dropout_rate:
+    if field == 'dropout_rate' and not options.dropout_rate:
       continue
-    if field == 'dtype' and config.dtype == 'float32':
+    if field == 'dtype' and options.dtype == 'float32':
       continue
-    not_passed.append(f'{field}={config[field]!r}')
+    not_passed.append(f'{field}={getattr(options, field)!r}')
   missing = sorted(set(source.required) - set(kwargs) - {'rngs'})
   if missing:
     raise UserError(f'model={source.name!r} needs the argument {missing[0]!r}: set it in the '
@@ -105,32 +118,32 @@ path imported back: `base.arguments`), and the lines on config values not passed
   return kwargs, lines
 
 
-def build(config, num_classes: int, input_shape: Optional[tuple[int, ...]], *,
+def build(options: ModelOptions, num_classes: int, input_shape: Optional[tuple[int, ...]], *,
           model: Any = None, set_on_command_line=frozenset()) -> Built:
   """The run's model: `model` (a Python object, see `from_object`) where given, else
-  `config.model`; built with its constructor arguments and checked. `input_shape` is one
+  `options.model`; built with its constructor arguments and checked. `input_shape` is one
   example's (height, width, channels); None where unknown (an NNX module's `in_features`
   is then not passed)."""
   source = (model_source.from_object(model) if model is not None else
-            model_source.resolve(config.model))
+            model_source.resolve(options.model))
   if source.instance is not None:
     module, lines = source.instance, []
-    model_kwargs = config.model_kwargs.to_dict() if 'model_kwargs' in config else {}
+    model_kwargs = dict(options.model_kwargs)
     if model_kwargs:
       raise UserError(f'model_kwargs={model_kwargs!r}: the model was given as a module object '
                       '(its fields already set); set them on the object, or give its class')
-    unused = [f'{field}={config[field]!r}' for field, default in (('dropout_rate', 0.0),
+    unused = [f'{field}={getattr(options, field)!r}' for field, default in (('dropout_rate', 0.0),
                                                                   ('dtype', 'float32'))
-              if config[field] != default]
+              if getattr(options, field) != default]
     if unused:
       lines.append(f'model {source.name} was given as a module object: its own fields are '
                    f'used, not the config\'s {", ".join(unused)}')
   else:
-    kwargs, lines = _constructor_arguments(source, config, num_classes,
+    kwargs, lines = _constructor_arguments(source, options, num_classes,
                                            input_shape[-1] if input_shape else None,
                                            frozenset(set_on_command_line))
     if source.nnx:
-      return _built_nnx(source, kwargs, lines, config.get('model_logits', ''))
+      return _built_nnx(source, kwargs, lines, options.model_logits)
     try:
       module = source.factory(**kwargs)
     except Exception as e:  # pylint: disable=broad-except  # The user's constructor.
@@ -148,10 +161,10 @@ def build(config, num_classes: int, input_shape: Optional[tuple[int, ...]], *,
                     'train` to nn.BatchNorm)')
   record = source.record
   if record is not None and source.instance is None and not source.registered:
-    model_kwargs = config.model_kwargs.to_dict() if 'model_kwargs' in config else {}
+    model_kwargs = dict(options.model_kwargs)
     record = (record[0], model_kwargs)
   return Built(adapter.Model(module, source.name, 'example_ids' in names, record=record,
-                             logits_key=config.get('model_logits', '')), lines)
+                             logits_key=options.model_logits), lines)
 
 
 def _built_nnx(source: model_source.Source, kwargs: dict, lines: list[str],

@@ -19,8 +19,9 @@ import torch
 import torchvision  # noqa: F401  pylint: disable=unused-import
 from matplotlib import figure
 
-from flax_dp_trainer.step import optim
 from flax_dp_trainer.loop import writers
+from flax_dp_trainer.loop import durations
+from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
@@ -283,8 +284,8 @@ def _train_both(config, config_path: str, overrides: list[str], workdir: str, de
   """The JAX run, then the DDP run (from the JAX run's initial weights where `same_init`)."""
   os.makedirs(workdir, exist_ok=True)
   # Preparing the dataset here spares both runs that work.
-  data = pipeline.open_train_data(config)
-  total_steps = optim.resolve_durations(config, data.num_examples).num_train_steps
+  data = pipeline.open_train_data(run_options.data_options(config))
+  total_steps = durations.resolve_durations(config, data.num_examples).num_train_steps
   init_path = os.path.join(workdir, INIT_FILE) if same_init else None
   if init_path:
     _export_init(config, data.spec, init_path)

@@ -42,11 +42,6 @@ class MixOptions:
   prob: float = 1.0  # Probability that a batch is mixed at all.
   switch_prob: float = 0.5  # With both alphas set: probability of CutMix over Mixup.
 
-  @classmethod
-  def from_config(cls, config) -> 'MixOptions':
-    return cls(config.mixup_alpha, config.cutmix_alpha, config.mix_prob,
-               config.mix_switch_prob)
-
   @property
   def active(self) -> bool:
     """Whether any batch can be mixed."""

@@ -27,7 +27,7 @@ from flax_dp_trainer.step.metrics import EvalMetrics, ScaledTrainMetrics, TrainM
 from flax_dp_trainer.parallel import fsdp
 from flax_dp_trainer.parallel.layouts import AXIS_NAME
 from flax_dp_trainer.step.state import TrainState
-from flax_dp_trainer.zoo import layers
+from flax_dp_trainer.model import tracing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,19 +69,7 @@ class StepOptions:
   mix: mix_lib.MixOptions = mix_lib.MixOptions()  # Mixup/CutMix of the global batch.
   # `loss(logits, targets) -> per-example loss` on dense targets (flax_dp_trainer.step.losses).
   loss: losses.Loss = losses.softmax_xent
-  remat: str = 'none'  # The blocks' rematerialization policy (zoo.layers.REMAT_POLICIES).
-
-  @classmethod
-  def from_config(cls, config, ds_spec: specs.DatasetSpec,
-                  loss: Optional[losses.Loss] = None) -> 'StepOptions':
-    """The config's options, with the normalization of `ds_spec` (the run's resolved training
-    spec, `data.run_datasets`); `loss` (a function) in place of `config.loss` where given."""
-    return cls(label_smoothing=config.label_smoothing,
-               grad_accum_steps=config.grad_accum_steps, ema_decay=config.ema_decay,
-               skip_nonfinite=config.skip_nonfinite_steps,
-               normalization=Normalization.of(ds_spec, config.dtype),
-               mix=mix_lib.MixOptions.from_config(config), remat=config.remat,
-               loss=loss if loss is not None else losses.get(config.loss))
+  remat: str = 'none'  # The blocks' rematerialization policy (model.tracing).
 
 
 def example_losses(logits: jax.Array, labels: jax.Array, label_smoothing: float = 0.0,
@@ -133,7 +121,7 @@ def _loss_fn(state: TrainState, options: StepOptions,
     variables = {'params': params}
     if has_batch_stats:
       variables['batch_stats'] = batch_stats
-    with layers.remat_policy(options.remat), layers.gathering(how):
+    with tracing.tracing(options.remat, how):
       out = state.apply_fn(variables, batch['image'], train=True,
                            example_ids=batch[EXAMPLE_ID_KEY], rngs={'dropout': rng},
                            mutable=['batch_stats'] if has_batch_stats else False)

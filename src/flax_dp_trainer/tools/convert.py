@@ -13,12 +13,12 @@ A bad flag or folder is answered in one line before TensorFlow loads.
 import os
 import sys
 
-import ml_collections
 from absl import flags
 
 from flax_dp_trainer.base import cli
 from flax_dp_trainer.data import convert
 from flax_dp_trainer.data import specs
+from flax_dp_trainer.data.options import DataOptions
 from flax_dp_trainer.base.errors import UserError
 
 FLAGS = flags.FLAGS
@@ -55,9 +55,8 @@ def main(argv) -> None:
                       'converted in place, to ArrayRecord: drop them')
     # pylint: disable-next=import-outside-toplevel
     from flax_dp_trainer.data import builders  # (start-up: TensorFlow once the flags are good)
-    config = ml_collections.ConfigDict({'dataset': FLAGS.dataset, 'train_split': 'train',
-                                        'tfds_data_dir': FLAGS.tfds_data_dir})
-    builder = builders.get_builder(config)
+    builder = builders.get_builder(DataOptions(dataset=FLAGS.dataset, train_split='train',
+                                               tfds_data_dir=FLAGS.tfds_data_dir))
     shards = convert.add_array_record(builder, len(os.sched_getaffinity(0)))
     print(f'{builder.name}: {shards} ArrayRecord shards written in {builder.data_dir}'
           if shards else f'{builder.name} in {builder.data_dir} has ArrayRecord files already')

@@ -115,18 +115,15 @@ def build_flax(path: str, kwargs: dict, num_classes: int, input_shape: tuple[int
   from flax_dp_trainer.model import modeling
   from flax_dp_trainer.model import source as model_source
   # pylint: enable=import-outside-toplevel
-  config = default.get_config()
-  config.model = path
   declared = model_source.resolve(path).declared
   # A BatchNorm's axis name is taken off where the constructor names it, and by
   # `modes.one_device` in train mode wherever it is set (a constructor taking **kwargs is given
   # only what it declares).
   if declared is not None and 'axis_name' in declared and 'axis_name' not in kwargs:
     kwargs = dict(kwargs, axis_name=None)
-  config.model_kwargs = kwargs
-  config.dropout_rate = 0.0
-  config.model_logits = model_logits
-  built = modeling.build(config, num_classes, input_shape).model
+  built = modeling.build(modeling.ModelOptions(model=path, model_kwargs=kwargs,
+                                               dropout_rate=0.0, model_logits=model_logits),
+                         num_classes, input_shape).model
   if built.eval_module is not None:
     raise UserError(f'--flax={path!r} is an NNX module; the port check takes linen modules '
                     '(wrap it with flax.nnx.bridge.to_linen)')
@@ -354,6 +351,8 @@ def save(report: Report, flax_path: str, flax_kwargs: dict, num_classes: int,
   # pylint: disable=import-outside-toplevel  # (orbax and the train state: --save only)
   from flax_dp_trainer.checkpoint import checkpointer
   from flax_dp_trainer.checkpoint import meta as run_meta
+  from flax_dp_trainer.loop import options as run_options
+  from flax_dp_trainer.step import optim
   from flax_dp_trainer.step import state as state_lib
   # pylint: enable=import-outside-toplevel
   if not report.ok:
@@ -365,7 +364,10 @@ def save(report: Report, flax_path: str, flax_kwargs: dict, num_classes: int,
   model = build_flax(flax_path, flax_kwargs, num_classes, input_shape)
   config = default.get_config()
   config.model, config.model_kwargs = flax_path, flax_kwargs
-  state = state_lib.init_state(config, num_classes, (1,) + tuple(input_shape), model=model)
+  options = run_options.optim_options(config)
+  state = state_lib.init_state(
+      model, optim.create_optimizer(options, optim.learning_rate_schedule(options)),
+      (1,) + tuple(input_shape), state_lib.seed_rngs(config.seed)[0])
   variables = report.variables
   state = state.replace(params=variables['params'],
                         batch_stats=variables.get('batch_stats', state.batch_stats))

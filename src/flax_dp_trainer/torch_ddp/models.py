@@ -21,12 +21,14 @@ ResNets average them over devices.
 import functools
 from typing import Any, Callable, Dict, Mapping, Sequence
 
+import jax
 import numpy as np
 import torch
 import torchvision
 from torch import nn
 from torchvision.models import resnet as tv_resnet
 
+from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.step import state as state_lib
 from flax_dp_trainer import zoo as flax_models
 from flax_dp_trainer.base.errors import UserError
@@ -215,9 +217,11 @@ def initial_variables(config, num_classes: int, input_shape: tuple[int, ...]
                       ) -> tuple[Any, dict]:
   """(the config's flax module, the variables `flax_dp_trainer.step.state.init_state` starts it
   from): what the JAX run starts from, for the twin to start there too."""
-  model = state_lib.model_from_config(config, num_classes, input_shape)
-  return model.module, state_lib.init_state(config, num_classes, input_shape,
-                                            model=model).variables()
+  model = run_options.build_model(config, num_classes, input_shape)
+  variables = jax.device_get(state_lib.initial_variables(
+      model, state_lib.seed_rngs(config.seed)[0], tuple(input_shape)))
+  return model.module, {name: variables[name] for name in ('params', 'batch_stats')
+                        if variables.get(name) is not None}
 
 
 def flax_init_state(config, model: nn.Module, num_classes: int,

@@ -30,9 +30,10 @@ from torchvision.models import resnet as tv_resnet
 from torchvision.models import vision_transformer
 
 from flax_dp_trainer.step import mix as mix_lib
-from flax_dp_trainer.step import optim
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import run_datasets
+from flax_dp_trainer.loop import durations
+from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.torch_ddp import models as torch_models
 
@@ -115,7 +116,8 @@ class Normalize:
 
   def __init__(self, config, device: torch.device, channels_last: bool,
                ds_spec: Optional[specs.DatasetSpec] = None):
-    ds_spec = ds_spec or run_datasets.for_config(config)  # The run's resolved spec, where given.
+    # The run's resolved spec, where given.
+    ds_spec = ds_spec or run_datasets.for_options(run_options.data_options(config))
     self.device = device
     self.mean = torch.tensor(ds_spec.mean, dtype=torch.float32, device=device)[:, None, None]
     self.std = torch.tensor(ds_spec.std, dtype=torch.float32, device=device)[:, None, None]
@@ -233,7 +235,7 @@ def make_optimizer(config, model: torch.nn.Module) -> torch.optim.Optimizer:
   spared = [p for p in model.parameters() if not (p.ndim > 1 or config.decay_all_params)]
   groups = [{'params': decayed, 'weight_decay': config.weight_decay},
             {'params': spared, 'weight_decay': 0.0}]
-  peak = optim.peak_learning_rate(config)
+  peak = durations.peak_learning_rate(config)
   if config.optimizer == 'sgd':
     # torch's coupled decay (added to the gradient before momentum) is optax's
     # add_decayed_weights before sgd.
@@ -305,7 +307,7 @@ class Mixing:
   the same pairs, the partners' rows fetched from rank R-1-r."""
 
   def __init__(self, config, step_rng: jax.Array, num_classes: int):
-    self.options = mix_lib.MixOptions.from_config(config)
+    self.options = run_options.mix_options(config)
     self.step_rng = step_rng
     self.num_classes = num_classes
     self._draw = jax.jit(mix_lib.draw, static_argnums=(0, 2, 3))

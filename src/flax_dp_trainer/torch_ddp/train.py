@@ -42,6 +42,8 @@ from flax_dp_trainer.base import batch_keys
 from flax_dp_trainer.loop import cadence
 from flax_dp_trainer.loop import checks
 from flax_dp_trainer.loop import efficiency
+from flax_dp_trainer.loop import durations
+from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.step import metrics
 from flax_dp_trainer.step import optim
 from flax_dp_trainer.loop import signals
@@ -216,8 +218,9 @@ def _build(config, workdir: str, num_classes: int, input_shape, device: torch.de
   wrapped, step_model = step_lib.distributed(model, device, compile_model,
                                              config.state_sharding)
   optimizer = step_lib.make_optimizer(config, model)
-  schedule = optim.learning_rate_schedule(config)
-  peak = optim.peak_learning_rate(config)
+  optim_options = run_options.optim_options(config)
+  schedule = optim.learning_rate_schedule(optim_options)
+  peak = optim_options.peak_learning_rate
   scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: float(schedule(s)) / peak)
   start_step, examples_seen = 0, 0
   if saved is not None:
@@ -283,19 +286,19 @@ def train(config, workdir: str, parity: bool, init_weights: Optional[str] = None
   device = step_lib.rank_device()
   if rank > 0:
     dist.barrier()  # Rank 0 prepares the dataset first.
-  data = pipeline.open_train_data(config, datasets.train)
+  data = pipeline.open_train_data(run_options.data_options(config), datasets.train)
   if rank == 0:
     dist.barrier()
-  config = optim.resolve_durations(config, data.num_examples)
-  data = dataclasses.replace(data, config=config)
+  config = durations.resolve_durations(config, data.num_examples)
+  data = dataclasses.replace(data, options=run_options.data_options(config))
   checks.check_schedule(config)
   input_shape = (1,) + data.spec.input_shape
   evaluation = datasets.evals[0]  # The twin evaluates `eval_split`.
   evaluation = dataclasses.replace(evaluation, split=builders.check_split(
-      config, data.builder, evaluation.split, evaluation.field, evaluation.spec,
+      data.options, data.builder, evaluation.split, evaluation.field, evaluation.spec,
       stand_in=evaluation.stand_in))
-  eval_data = pipeline.eval_data(config, data.builder, process_index=rank, process_count=world,
-                                 eval_set=evaluation)
+  eval_data = pipeline.eval_data(data.options, data.builder, process_index=rank,
+                                 process_count=world, eval_set=evaluation)
   training = _build(config, workdir, data.spec.num_classes, input_shape, device, parity,
                     init_weights, channels_last, compile_model)
   batches = data.batches(process_index=rank, process_count=world,

@@ -1,0 +1,72 @@
+"""A start checks its config once and reads it once: the user's imports and the datasets'
+specs are resolved by the entry point's check and handed on, and the learning-rate schedule
+is built once, whether the run starts from the command line or from Python."""
+
+import collections
+import subprocess
+import sys
+
+import jax
+
+from flax_dp_trainer.base import user_imports
+from flax_dp_trainer.data import run_datasets
+from flax_dp_trainer.loop import train
+from flax_dp_trainer.runs import processes
+from flax_dp_trainer.step import optim
+
+COUNTED = ((user_imports, 'import_modules'), (run_datasets, 'resolve'),
+           (optim, 'learning_rate_schedule'))
+
+# The trainer's command line in a process whose calls of COUNTED are counted.
+_COUNTING_MAIN = '''
+import atexit
+import collections
+import sys
+from flax_dp_trainer.base import user_imports
+from flax_dp_trainer.data import run_datasets
+from flax_dp_trainer.step import optim
+calls = collections.Counter()
+
+def counted(module, name):
+  original = getattr(module, name)
+  def call(*args, **kwargs):
+    calls[name] += 1
+    return original(*args, **kwargs)
+  setattr(module, name, call)
+
+for module, name in ((user_imports, 'import_modules'), (run_datasets, 'resolve'),
+                     (optim, 'learning_rate_schedule')):
+  counted(module, name)
+atexit.register(lambda: print('calls', sorted(calls.items())))
+from flax_dp_trainer import main
+sys.argv = ['dp-train', *sys.argv[1:]]
+main.run()
+'''
+
+
+def test_a_command_line_start_checks_and_reads_its_config_once(tmp_path, tfds_data_dir):
+  run = subprocess.run(
+      [sys.executable, '-c', _COUNTING_MAIN, '--config=default',
+       f'--workdir={tmp_path / "run"}', f'--config.tfds_data_dir={tfds_data_dir}',
+       '--config.num_train_steps=2', '--config.warmup_steps=1'],
+      cwd=tmp_path, env=processes.environment(), capture_output=True, text=True, timeout=300,
+      check=False)
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert run.stdout.splitlines()[-1] == (
+      "calls [('import_modules', 1), ('learning_rate_schedule', 1), ('resolve', 1)]")
+
+
+def test_a_start_from_python_checks_and_reads_its_config_once(config, tmp_path, monkeypatch):
+  calls = collections.Counter()
+  for module, name in COUNTED:
+    original = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, _o=original, _n=name, **k: (
+        calls.update([_n]), _o(*a, **k))[1])
+  config.update(num_train_steps=2, warmup_steps=1)
+  workdir = str(tmp_path / 'run')
+  train.train_and_evaluate(config, workdir, devices=jax.devices()[:1])
+  once = {name: 1 for _, name in COUNTED}
+  assert calls == once
+  calls.clear()
+  scalars = train.evaluate_only(config, workdir, devices=jax.devices()[:1])
+  assert calls == once and 'eval_accuracy' in scalars
