@@ -4,19 +4,20 @@
   python -m flax_dp_trainer --list=models|datasets|configs
 
 The comments are those of the config files themselves (the `default` config's, overridden by
-the recipe's own where it sets a field). Imports neither JAX nor TensorFlow: it answers at
-once.
+the recipe's own where it sets a field); below them, the options each part of the run is told,
+as resolved. Imports no TensorFlow and starts no JAX backend: it answers at once.
 """
 
+import dataclasses
 import io
 import os
+import textwrap
 import tokenize
-from typing import Any
+from typing import Any, Optional
 
 from flax_dp_trainer import configs
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import run_datasets
-from flax_dp_trainer.data.options import DataOptions, FIELDS as DATA_FIELDS
 from flax_dp_trainer.base.errors import UserError
 
 DEFAULT_CONFIG = configs.path('default')
@@ -60,7 +61,8 @@ def field_comments(path: str) -> dict[str, str]:
 
 def show_config(config: Any, path: str, overridden: set[str]) -> str:
   """Every field of `config` (loaded from `path`) as `field = value  # comment`, those given on
-  the command line marked."""
+  the command line marked; then what the dataset resolves to and the options as resolved
+  (`describe_options`)."""
   comments = field_comments(DEFAULT_CONFIG)
   if os.path.abspath(path) != DEFAULT_CONFIG:
     name = os.path.basename(path)
@@ -75,29 +77,82 @@ def show_config(config: Any, path: str, overridden: set[str]) -> str:
     if name in overridden or any(o.startswith(f'{name}.') for o in overridden):  # Or its keys.
       note = f'[command line] {note}'.strip()
     out.append(f'{f"{name} = {value}":<{width}}  # {note}' if note else f'{name} = {value}')
-  out.append(describe_dataset(config))
+  spec, line = _dataset(config)
+  out.append(line)
+  if spec is not None:
+    out.extend(describe_options(config, spec))
   return '\n'.join(out)
 
 
-def describe_dataset(config: Any) -> str:
-  """What `config.dataset` resolves to, as a comment line: classes, image shape, the crop and
+def _dataset(config: Any) -> tuple[Optional[specs.DatasetSpec], str]:
+  """The spec `config.dataset` resolves to with the config's settings (None where it does
+  not resolve), and what it is as a comment line: classes, image shape, the crop and
   augmentation the config gives it, and the normalization; nothing is prepared or read."""
+  # pylint: disable-next=import-outside-toplevel
+  from flax_dp_trainer.loop import options as run_options  # (JAX, no backend: --list needs none)
   try:
-    # The config's data fields as `loop.options.data_options` reads them (that module imports
-    # JAX; this one does not).
-    spec = run_datasets.for_options(
-        DataOptions(**{field: config[field] for field in DATA_FIELDS if field in config}))
+    spec = run_datasets.for_options(run_options.data_options(config))
   except UserError as e:
-    return f'# dataset {config.dataset!r}: {e}'
+    return None, f'# dataset {config.dataset!r}: {e}'
   shape = ('x'.join(map(str, spec.image_shape)) if spec.image_shape else
            f'of varied sizes, {spec.channels} channel(s)')
   crop = (f', {"cropped" if spec.augment == "inception" else "resized"} to '
           f'{spec.image_size}x{spec.image_size}' if spec.image_size else '')
   keys = ('' if (spec.image_key, spec.label_key) == ('image', 'label') else
           f'; features {spec.image_key!r} and {spec.label_key!r}')
-  return (f'# dataset {config.dataset!r}: {spec.num_classes} classes, images {shape}{crop}; '
-          f'augment {spec.augment!r}; normalized with mean {tuple(spec.mean)}, std '
-          f'{tuple(spec.std)}{keys}; {_splits(spec, config.tfds_data_dir)}')
+  return spec, (f'# dataset {config.dataset!r}: {spec.num_classes} classes, images '
+                f'{shape}{crop}; augment {spec.augment!r}; normalized with mean '
+                f'{tuple(spec.mean)}, std {tuple(spec.std)}{keys}; '
+                f'{_splits(spec, config.tfds_data_dir)}')
+
+
+def describe_options(config: Any, spec: specs.DatasetSpec) -> list[str]:
+  """What each part of the run is told (`loop.options`), as comment lines: the durations in
+  steps, the peak learning rate after scaling, then every layer's options as the run reads
+  them from `config` for the training data of `spec`."""
+  # pylint: disable-next=import-outside-toplevel
+  from flax_dp_trainer.loop import durations, options as run_options  # (as above)
+  lines = ['# options as resolved (what each part of the run is told):']
+  in_epochs = [epochs for _, epochs in durations.DURATION_PAIRS
+               if durations.is_set(config, epochs)]
+  examples = spec.num_train_examples
+  if in_epochs and not examples:
+    lines.append(f'#   durations: {", ".join(f"{f}={config[f]}" for f in in_epochs)} count '
+                 'epochs of a train split whose size is not known here (not prepared): the '
+                 'run counts their steps once it reads the split')
+    resolved = None
+  else:
+    resolved = durations.resolve_durations(config, examples)
+    counted = (f' (epochs of {examples} examples in batches of {config.batch_size})'
+               if in_epochs else '')
+    lines.append(f'#   durations: {resolved.num_train_steps} steps, the first '
+                 f'{resolved.warmup_steps} warming up{counted}')
+    scaled = (f' (learning_rate {config.learning_rate} x batch_size {config.batch_size} / '
+              f'{durations.REFERENCE_BATCH})' if config.scale_learning_rate else '')
+    lines.append(f'#   peak learning rate: {durations.peak_learning_rate(config):.6g}{scaled}')
+  try:
+    options = run_options.of_config(resolved or durations.timing_durations(config, 0), spec)
+  except UserError as e:
+    return lines + [f'#   not resolved: {e}']
+  for field in dataclasses.fields(options):
+    if field.name == 'optim' and resolved is None:
+      continue
+    text = f'#   {field.name}: {_value(getattr(options, field.name))}'
+    lines.extend(textwrap.wrap(text, 100, subsequent_indent='#     ', break_long_words=False,
+                               break_on_hyphens=False))
+  return lines
+
+
+def _value(value: Any) -> str:
+  """`value` as `--show_config` shows an option: dataclasses by their fields, functions by
+  their names."""
+  if dataclasses.is_dataclass(value) and not isinstance(value, type):
+    fields = ', '.join(f'{f.name}={_value(getattr(value, f.name))}'
+                       for f in dataclasses.fields(value))
+    return f'{type(value).__name__}({fields})'
+  if callable(value):
+    return getattr(value, '__qualname__', repr(value))
+  return repr(value)
 
 
 def _splits(spec: Any, data_dir: str) -> str:

@@ -45,20 +45,27 @@ def test_every_default_field_has_its_comment():
   assert set(settings.field_comments(settings.DEFAULT_CONFIG)) == set(default.get_config())
 
 
+def _dataset_line(lines: list[str]) -> int:
+  """The index of `--show_config`'s line on the dataset, below the fields."""
+  return next(i for i, line in enumerate(lines) if line.startswith('# dataset '))
+
+
 def test_show_config_prints_every_field_value_and_comment(no_tensorflow):
   run = _main(no_tensorflow, '--config=imagenet_vit_g14_sharded', '--show_config',
               '--config.batch_size=1024')
   assert run.returncode == 0, run.stderr
   lines = run.stdout.splitlines()
+  dataset = _dataset_line(lines)
   fields = dict(re.match(r'^(\w+) = (.*?)(?:\s+# .*)?$', line).groups()
-                for line in lines[1:-1])
+                for line in lines[1:dataset])
   # The last line: what the dataset resolves to, from TFDS's metadata without TensorFlow;
   # ImageNet's normalization is the trainer's table's.
-  assert lines[-1].startswith("# dataset 'imagenet2012': 1000 classes, images of varied sizes, "
+  assert lines[dataset].startswith("# dataset 'imagenet2012': 1000 classes, images of varied "
+                                   "sizes, "
                               "3 channel(s), cropped to 224x224; augment 'inception'; "
                               'normalized with mean (0.485, 0.456, 0.406)')
   assert re.search(r'not prepared in \S+imagenet2012\S* \(its splits are known once it is\)$',
-                   lines[-1]), lines[-1]
+                   lines[dataset]), lines[dataset]
   assert set(fields) == set(default.get_config())
   assert fields['model'] == "'vit_g14'" and fields['batch_size'] == '1024'
   batch = next(line for line in lines if line.startswith('batch_size ='))
@@ -68,6 +75,38 @@ def test_show_config_prints_every_field_value_and_comment(no_tensorflow):
                                'per micro-batch.]')
 
 
+def test_show_config_shows_the_options_as_resolved(no_tensorflow):
+  """Below the fields and the dataset: the durations counted in steps of the dataset's train
+  split, the peak rate after the linear scaling rule, and every layer's options as the run
+  reads them."""
+  run = _main(no_tensorflow, '--config=default', '--show_config', '--config.num_epochs=2',
+              '--config.warmup_epochs=0.5', '--config.scale_learning_rate=True',
+              '--config.mixup_alpha=0.2', '--config.loss=sigmoid_xent')
+  assert run.returncode == 0, run.stderr
+  lines = run.stdout.splitlines()
+  below = lines[_dataset_line(lines) + 1:]
+  # digits: 1,437 training images; ceil(2 x 1437 / 128) = 23, ceil(0.5 x 1437 / 128) = 6.
+  assert below[:3] == [
+      '# options as resolved (what each part of the run is told):',
+      '#   durations: 23 steps, the first 6 warming up (epochs of 1437 examples in batches of '
+      '128)',
+      '#   peak learning rate: 0.05 (learning_rate 0.1 x batch_size 128 / 256)']
+  options = ' '.join(line.lstrip('# ') for line in below[3:])
+  for shown in ("data: DataOptions(dataset='digits',", "model: ModelOptions(model='cnn',",
+                'optim: OptimOptions(optimizer=\'sgd\', peak_learning_rate=0.05,',
+                'warmup_steps=6, num_train_steps=23,', 'mix=MixOptions(mixup_alpha=0.2,',
+                'loss=sigmoid_xent', 'init_from: None'):
+    assert shown in options, shown
+  assert all(len(line) <= 100 for line in below)
+  # A duration in epochs of a split whose size is not known here is said to be so.
+  run = _main(no_tensorflow, '--config=imagenet_resnet50', '--show_config')
+  lines = run.stdout.splitlines()
+  durations = lines[_dataset_line(lines) + 2]
+  assert durations.startswith('#   durations: num_epochs=90.0, warmup_epochs=5.0 count epochs '
+                              'of a train split whose size is not known here'), durations
+  assert not any(line.startswith('#   optim:') for line in lines)
+
+
 def test_the_shipped_dataset_is_described_where_tensorflow_does_not_import(tmp_path):
   """TensorFlow made unimportable as `sys.modules` does it leaves TFDS without `tfds.core`;
   `digits`, shipped, is described from its own facts all the same."""
@@ -75,7 +114,8 @@ def test_the_shipped_dataset_is_described_where_tensorflow_does_not_import(tmp_p
   env = processes.environment(PYTHONPATH=str(tmp_path), JAX_PLATFORMS='no_such_platform')
   run = _main(env, '--config=default', '--show_config')
   assert run.returncode == 0, run.stderr
-  assert run.stdout.splitlines()[-1] == (
+  lines = run.stdout.splitlines()
+  assert lines[_dataset_line(lines)] == (
       "# dataset 'digits': 10 classes, images 8x8x1; augment 'none'; normalized with mean "
       "(0.0,), std (1.0,); splits as it prepares them (offline)")
 
@@ -85,7 +125,8 @@ def test_a_host_without_tfds_is_told_how_to_describe_a_dataset(tmp_path):
   env = _hiding(tmp_path, ('tensorflow', 'tensorflow_datasets', 'torch'))
   run = _main(env, '--config=default', '--show_config', '--config.dataset=cifar10')
   assert run.returncode == 0, run.stderr
-  assert run.stdout.splitlines()[-1] == (
+  lines = run.stdout.splitlines()
+  assert lines[-1] == lines[_dataset_line(lines)] == (
       "# dataset 'cifar10': dataset='cifar10': its classes and shapes are read from TFDS's "
       'metadata, and tensorflow_datasets cannot be imported here; install tensorflow-datasets '
       '(TensorFlow is not needed), or give --config.dataset_spec=PATH, the dataset_spec.json '

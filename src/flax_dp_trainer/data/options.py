@@ -35,5 +35,3 @@ class DataOptions:
   randaugment_magnitude: int = 9
   random_erase_prob: float = 0.0
 
-
-FIELDS = tuple(field.name for field in dataclasses.fields(DataOptions))
