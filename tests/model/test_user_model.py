@@ -368,7 +368,8 @@ def test_a_value_the_model_does_not_take_is_refused_on_the_command_line_only(con
                      r"model='tests.user_models:OwnNoise' declares no 'dropout_rate' argument"):
     train.train_and_evaluate(config, str(tmp_path / 'run'), command_line={'dropout_rate'})
   assert not (tmp_path / 'run').exists()
-  built = modeling.build(run_options.model_options(config), 10, (8, 8, 1))  # Set in a file: said, not refused.
+  # Set in a file: said, not refused.
+  built = modeling.build(run_options.model_options(config), 10, (8, 8, 1))
   assert built.notes == ["model='tests.user_models:OwnNoise' declares no argument for "
                          'dropout_rate=0.3: not passed to it (set on the command line, it would '
                          'be refused)']

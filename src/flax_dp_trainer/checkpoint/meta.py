@@ -79,9 +79,9 @@ _RENAMED_MODULES = {
 
 
 def current_names(recorded: dict) -> dict:
-  """`recorded` (a run's config as a checkpoint's meta saved it) with the import paths of shipped models in
-  `model` and `torch_model` under their current module names. A user's own module is kept as
-  it is, though it be named `models.mine`."""
+  """`recorded` (a run's config as a checkpoint's meta saved it) with the import paths of
+  shipped models in `model` and `torch_model` under their current module names. A user's own
+  module is kept as it is, though it be named `models.mine`."""
   renamed = dict(recorded)
   for field in ('model', 'torch_model'):
     module, colon, name = str(recorded.get(field, '')).partition(':')
