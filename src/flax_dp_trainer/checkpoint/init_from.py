@@ -82,7 +82,7 @@ def _said_resampled(path: str, tokens: Optional[tuple[int, int]], method: str) -
   if tokens is not None:
     side = lambda n: int(round((n - 1) ** 0.5))
     logging.info('init_from=%r: its position embedding (a %dx%d grid) is resampled to the '
-                 "model's %dx%d grid (%s; --options.pos_embedding_resize), the class token kept",
+                 "model's %dx%d grid (%s; --config.pos_embedding_resize), the class token kept",
                  path, side(tokens[0]), side(tokens[0]), side(tokens[1]), side(tokens[1]),
                  method)
 
