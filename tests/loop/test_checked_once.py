@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import jax
+import pytest
 
 from flax_dp_trainer.base import user_imports
 from flax_dp_trainer.data import run_datasets
@@ -44,6 +45,7 @@ main.run()
 '''
 
 
+@pytest.mark.slow
 def test_a_command_line_start_checks_and_reads_its_config_once(tmp_path, tfds_data_dir):
   run = subprocess.run(
       [sys.executable, '-c', _COUNTING_MAIN, '--config=default',
