@@ -208,8 +208,8 @@ def build_model(options: modeling.ModelOptions, num_classes: int,
                 input_shape: tuple[int, ...], per_device: int, *, model: Any,
                 command_line, remat: str = 'none') -> adapter.Model:
   """The run's model built and traced on abstract shapes (`probe.probe`, its blocks
-  rematerialized by `remat`), what it cannot
-  keep topology-invariant logged, every process agreeing that it builds."""
+  rematerialized by `remat`), what it cannot keep topology-invariant logged, every process
+  agreeing that it builds."""
 
   def build():
     built = modeling.build(options, num_classes, input_shape[1:], model=model,

@@ -290,7 +290,6 @@ def train(config, workdir: str, parity: bool, init_weights: Optional[str] = None
   if rank == 0:
     dist.barrier()
   config = durations.resolve_durations(config, data.num_examples)
-  data = dataclasses.replace(data, options=run_options.data_options(config))
   checks.check_schedule(config)
   input_shape = (1,) + data.spec.input_shape
   evaluation = datasets.evals[0]  # The twin evaluates `eval_split`.
