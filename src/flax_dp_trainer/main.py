@@ -61,6 +61,9 @@ cli.define_config(
     'prints every field, its value and what it does.')
 flags.DEFINE_bool('show_config', False, 'Print every field of --config (after the '
                   '--config.FIELD overrides) with its value and comment, and exit.')
+flags.DEFINE_bool('show_param_groups', False, 'Print each parameter of the model --config '
+                  'builds (its path, shape, layer, learning-rate and weight-decay multipliers, '
+                  'whether frozen) before anything compiles, and exit.')
 flags.DEFINE_enum('list', None, list(settings.LISTS), 'Print the registered models, the named '
                   'datasets or the shipped configs, and exit.')
 
@@ -183,6 +186,12 @@ def _answer_at_once() -> bool:
   if FLAGS.show_config:
     print(settings.show_config(FLAGS.config, cli.config_path(),
                                set(FLAGS['config'].override_values)))
+    return True
+  if FLAGS.show_param_groups:
+    try:
+      print(settings.show_param_groups(FLAGS.config))
+    except UserError as e:
+      _exit(2, f'error: {e}')
     return True
   cli.require('workdir')
   return False

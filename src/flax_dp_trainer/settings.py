@@ -134,6 +134,13 @@ def describe_options(config: Any, spec: specs.DatasetSpec) -> list[str]:
     options = run_options.of_config(resolved or durations.timing_durations(config, 0), spec)
   except UserError as e:
     return lines + [f'#   not resolved: {e}']
+  if resolved is not None:
+    # pylint: disable-next=import-outside-toplevel
+    from flax_dp_trainer.step import optimizers, schedules  # (optax: as above)
+    for text in (f'#   optimizer: {optimizers.describe(options.optim.optimizer)}',
+                 f'#   schedule: {schedules.describe(options.optim.schedule)}'):
+      lines.extend(textwrap.wrap(text, 100, subsequent_indent='#     ',
+                                 break_long_words=False, break_on_hyphens=False))
   for field in dataclasses.fields(options):
     if field.name == 'optim' and resolved is None:
       continue
@@ -141,6 +148,29 @@ def describe_options(config: Any, spec: specs.DatasetSpec) -> list[str]:
     lines.extend(textwrap.wrap(text, 100, subsequent_indent='#     ', break_long_words=False,
                                break_on_hyphens=False))
   return lines
+
+
+def show_param_groups(config: Any) -> str:
+  """`--show_param_groups`: the model of `config` built for its dataset's images (abstract:
+  nothing is computed), each params leaf with its layer, multipliers and freezing
+  (`step.param_groups.table`); a pattern that matches no leaf refused as training would."""
+  # pylint: disable=import-outside-toplevel
+  from flax_dp_trainer.base import user_imports  # (flax, optax: only this answer needs them)
+  from flax_dp_trainer.loop import options as run_options
+  from flax_dp_trainer.model import blocks
+  from flax_dp_trainer.step import param_groups
+  # pylint: enable=import-outside-toplevel
+  user_imports.import_modules(config)
+  spec = run_datasets.for_options(run_options.data_options(config))
+  input_shape = (1,) + tuple(spec.input_shape)
+  model = run_options.build_model(config, spec.num_classes, input_shape)
+  order, params = blocks.call_order(model, input_shape)
+  groups = run_options.group_options(config, order)
+  param_groups.check_patterns(groups)
+  param_groups.check_params(groups, params)
+  return (f'# {config.model} on {config.dataset} images {"x".join(map(str, input_shape[1:]))}'
+          f'; optimizer {config.optimizer}, learning rate {config.learning_rate} x "lr x"\n'
+          + param_groups.table(groups, params))
 
 
 def _value(value: Any) -> str:

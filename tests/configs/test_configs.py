@@ -146,7 +146,7 @@ def test_constructor_arguments_come_from_the_command_line_without_a_config_file(
   assert status == 0, err[-3000:]
   shown = [line.partition('  # ') for line in out.splitlines() if '_kwargs = ' in line]
   assert [(value.rstrip(), note.startswith('[command line] ')) for value, _, note in shown] == [
-      ("model_kwargs = {'hidden_sizes': (12, 6)}", True),
+      ("model_kwargs = {'hidden_sizes': (12, 6)}", True), ('optimizer_kwargs = {}', False),
       ("torch_model_kwargs = {'bias': False, 'in_features': 4, 'out_features': 3}", True)]
   status, out, err = runs['refused']
   assert status == 2

@@ -93,8 +93,10 @@ def test_show_config_shows_the_options_as_resolved(no_tensorflow):
       '#   peak learning rate: 0.05 (learning_rate 0.1 x batch_size 128 / 256)']
   options = ' '.join(line.lstrip('# ') for line in below[3:])
   for shown in ("data: DataOptions(dataset='digits',", "model: ModelOptions(model='cnn',",
-                'optim: OptimOptions(optimizer=\'sgd\', peak_learning_rate=0.05,',
-                'warmup_steps=6, num_train_steps=23,', 'mix=MixOptions(mixup_alpha=0.2,',
+                "optim: OptimOptions(optimizer=Optimizer(name='sgd',",
+                'peak_learning_rate=0.05, num_train_steps=23, warmup_steps=6,',
+                'optimizer: sgd(momentum=0.9, nesterov=True), coupled weight decay 0.0005',
+                'schedule: cosine from 0.05 to 0 over 17 updates after 6 of linear warm-up', 'mix=MixOptions(mixup_alpha=0.2,',
                 'loss=sigmoid_xent', 'init_from: None'):
     assert shown in options, shown
   assert all(len(line) <= 100 for line in below)

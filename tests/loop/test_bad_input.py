@@ -130,7 +130,28 @@ CASES = {
         "dataset='digits' has images of 8x8 with augment='none': drop --config.image_size, "
         'pass --config.augment=inception, or resize the images whole with '
         '--config.resize_images=True'),
-    'unknown optimizer': _unknown('optimizer', 'lion', ['adamw', 'lamb', 'lars', 'sgd']),
+    'unknown optimizer': (
+        dict(optimizer='nosuch'),
+        "optimizer='nosuch' is unknown; choose one of sgd, adam, adamw, nadamw, rmsprop, lion, "
+        "lamb, lars, adafactor, muon or 'optax.NAME' or 'optax.contrib.NAME' "
+        '(--config.optimizer=NAME)'),
+    'a keyword the optimizer does not take': (
+        dict(optimizer='lion', optimizer_kwargs=ml_collections.ConfigDict(dict(beta1=0.9))),
+        'optimizer_kwargs.beta1: lion does not take it; it takes b1, b2'),
+    'unknown schedule': (
+        dict(lr_schedule='onecycle'),
+        "lr_schedule='onecycle' is unknown"),
+    'a milestone past the end': (
+        dict(lr_schedule='multistep', lr_milestones='100,600'),
+        'lr_milestones'),
+    'layer decay above one': (
+        dict(layer_decay=1.5), 'layer_decay=1.5 is outside (0, 1]'),
+    'a regex that does not compile': (
+        dict(lr_mults='head/(.*=10'), "lr_mults: the regex 'head/(.*' does not compile"),
+    'a regex that matches nothing': (
+        dict(wd_mults='head/.*=0'), "wd_mults: the regex 'head/.*' matches no parameter"),
+    'frozen freezes everything': (
+        dict(frozen='.*'), "frozen='.*' freezes every parameter: nothing would train"),
     'unknown dtype': _unknown('dtype', 'float8', ['bfloat16', 'float16', 'float32']),
     'unknown state sharding': _unknown('state_sharding', 'zero3',
                                        ['replicated', 'optimizer', 'full', 'fsdp']),

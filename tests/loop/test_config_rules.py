@@ -69,7 +69,7 @@ def test_a_field_the_optimizer_does_not_read_is_refused():
   with pytest.raises(UserError) as error:
     checks.command_line_config(flag)
   assert str(error.value) == (
-      "momentum=0.8 has no effect with optimizer='adamw' (only sgd, lars read it); drop "
+      "momentum=0.8 has no effect with optimizer='adamw' (only sgd, rmsprop, lars read it); drop "
       '--config.momentum or pass --config.optimizer=sgd')
   # From the config file it is no one's choice: the default's SGD momentum stays quietly.
   checks.command_line_config(_flag('default', '--config.optimizer=adamw'))

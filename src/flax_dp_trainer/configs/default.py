@@ -132,25 +132,90 @@ def get_config() -> ml_collections.ConfigDict:
   config.dtype = 'float32'  # Compute dtype: 'float32', 'bfloat16' or 'float16' (loss-scaled);
   # params and optimizer state stay float32.
 
-  # Optimization.
-  config.optimizer = 'sgd'  # 'sgd' (momentum), 'adamw', 'lars' or 'lamb'.
+  # Optimization (docs/configs.md#optimizers-and-schedules: each optimizer and schedule with
+  # its torch/timm counterpart).
+  # 'sgd', 'adam', 'adamw', 'nadamw', 'rmsprop', 'lion', 'lamb', 'lars', 'adafactor', 'muon',
+  # or any optax optimizer by name: 'optax.NAME' / 'optax.contrib.NAME'.
+  config.optimizer = 'sgd'
+  # The optimizer's keyword arguments (--config.optimizer_kwargs.b2=0.95); a key that sets
+  # what momentum, nesterov, adam_b1 or adam_b2 set wins over the field, with one line.
+  config.optimizer_kwargs = ml_collections.ConfigDict()
   config.learning_rate = 0.1  # Peak learning rate, reached after warm-up.
   config.scale_learning_rate = False  # Multiply learning_rate by batch_size / 256.
-  # Warm-up, linear from 0, then cosine decay: in steps or in epochs of the train split. Set
-  # one of the two; the other is -1. On the command line, the one given clears the other.
-  config.warmup_steps = 30  # Steps of linear warm-up; -1 = use warmup_epochs.
+  # Warm-up, then the schedule: in steps or in epochs of the train split. Set one of the two;
+  # the other is -1. On the command line, the one given clears the other.
+  config.warmup_steps = 30  # Steps of warm-up; -1 = use warmup_epochs.
   config.warmup_epochs = -1.0  # Warm-up in epochs of the train split; -1 = use warmup_steps.
+  config.warmup_method = 'linear'  # 'linear' (torchvision's LinearLR) or 'constant'.
+  # The warm-up starts at this fraction of the peak (torchvision's --lr-warmup-decay).
+  config.warmup_start_factor = 0.0
+  # timm's --warmup-lr: the warm-up starts at this rate instead; -1 = use warmup_start_factor.
+  config.warmup_learning_rate = -1.0
+  # True: the schedule's clock starts when the warm-up ends (torchvision's SequentialLR);
+  # False: it counts from step 0 and the warm-up overrides its start (timm's default).
+  config.warmup_prefix = True
+  # 'cosine', 'constant', 'linear', 'step', 'multistep', 'exponential', 'poly', 'wsd' or
+  # 'rsqrt' (timm's); docs/configs.md has each one's formula and reference.
+  config.lr_schedule = 'cosine'
+  # 'step': the rate changes every step (timm --sched-on-updates); 'epoch': held within an
+  # epoch, as torchvision steps its scheduler and timm does by default.
+  config.lr_schedule_unit = 'step'
   config.end_learning_rate_factor = 0.0  # Final learning rate as a fraction of the peak.
-  config.momentum = 0.9  # SGD momentum; 0 = plain SGD.
-  config.nesterov = True  # SGD: Nesterov momentum.
-  config.adam_b1 = 0.9  # AdamW: first-moment decay.
-  config.adam_b2 = 0.999  # AdamW: second-moment decay.
-  # Weight decay; 0 = off. sgd and lars add weight_decay x params to the gradient (coupled L2,
-  # as torch's SGD does); adamw and lamb decay the weights beside the adaptive update
-  # (decoupled, as torch's AdamW does).
+  # The final (minimum) learning rate itself (timm's --min-lr, torchvision's --lr-min); -1 =
+  # end_learning_rate_factor x the peak.
+  config.min_learning_rate = -1.0
+  # multistep: the rate is multiplied by lr_gamma at each milestone, comma-separated, in
+  # steps ('20,40') or in epochs (lr_milestone_epochs='30,60'): set one, the other ''.
+  config.lr_milestones = ''
+  config.lr_milestone_epochs = ''  # multistep's milestones in epochs; '' = lr_milestones.
+  # step: the rate is multiplied by lr_gamma every lr_step_size steps or lr_step_size_epochs
+  # epochs (torchvision --lr-step-size); set one, the other -1.
+  config.lr_step_size = -1
+  config.lr_step_size_epochs = -1.0  # step's interval in epochs; -1 = use lr_step_size.
+  config.lr_gamma = 0.1  # step, multistep; exponential: the factor per step (or epoch).
+  config.lr_power = 1.0  # poly's power; wsd's 'power' decay shape's.
+  # wsd, rsqrt: the decay phase's length as a fraction of the schedule's (timm 0.2).
+  config.lr_decay_fraction = 0.2
+  config.lr_decay_shape = '1-sqrt'  # wsd: '1-sqrt', 'linear', 'cosine', 'power' or 'exp'.
+  config.lr_rsqrt_timescale = 0  # rsqrt's timescale in steps; 0 = the warm-up's length.
+  config.momentum = 0.9  # sgd, rmsprop, lars: momentum; 0 = none.
+  config.nesterov = True  # sgd, lars: Nesterov momentum.
+  config.adam_b1 = 0.9  # adam, adamw, nadamw, lamb: first-moment decay.
+  config.adam_b2 = 0.999  # adam, adamw, nadamw, lamb: second-moment decay.
+  # Weight decay; 0 = off. Coupled (added to the gradient) for sgd, adam, rmsprop and lars,
+  # decoupled for adamw, nadamw, lion, lamb and muon, as their torch counterparts apply it.
   config.weight_decay = 5e-4
-  config.decay_all_params = False  # False: spare biases and norm params (1-D) from decay.
-  config.grad_clip_norm = 0.0  # Clip gradients to this global norm; 0 = no clipping.
+  # False: spare biases, norm params (1-D), position embeddings and class tokens from decay.
+  config.decay_all_params = False
+  # torchvision's --norm-weight-decay, --bias-weight-decay, --transformer-embedding-decay:
+  # the decay of norm params, of biases, of position embeddings and class tokens; -1 = the
+  # rule above.
+  config.norm_weight_decay = -1.0
+  config.bias_weight_decay = -1.0  # torchvision's --bias-weight-decay; -1 = the rule above.
+  # torchvision's --transformer-embedding-decay; -1 = the rule above.
+  config.embedding_weight_decay = -1.0
+  # Per-parameter factors, 'REGEX=FACTOR,...' matched whole against '/'-joined param paths
+  # (--show_param_groups lists them), the first match deciding (big_vision's lr_mults and
+  # wd_mults); '' = none.
+  config.lr_mults = ''
+  config.wd_mults = ''  # Weight-decay factors, as lr_mults (e.g. 'head/.*=0').
+  # Layer-wise learning-rate decay (timm's --layer-decay): block i of L trains at
+  # layer_decay^(L - i) of the peak, the stem at layer_decay^(L + 1); 1 = off.
+  config.layer_decay = 1.0
+  # The blocks layer_decay counts: a regex matched at each param path's start, one block per
+  # distinct match; '' = the model's repeated top-level modules (NAME_0, NAME_1, ...).
+  config.layer_decay_blocks = ''
+  # A regex of params not trained (matched whole): no update, no optimizer state; '' = none.
+  # E.g. every param but the head: '(?!head/).*'.
+  config.frozen = ''
+  # Train in evaluation mode, as torch's model.eval() in a linear probe: BatchNorm uses and
+  # keeps its running statistics; dropout and stochastic depth are off.
+  config.frozen_batch_stats = False
+  # Gradient clipping (timm's --clip-mode): 'norm' (the global norm to grad_clip_norm),
+  # 'value' (each gradient to +-grad_clip_norm) or 'agc' (adaptive, grad_clip_norm the clip
+  # factor, the head excluded as timm excludes it).
+  config.grad_clip_mode = 'norm'
+  config.grad_clip_norm = 0.0  # The clipping threshold of grad_clip_mode; 0 = no clipping.
   # Training (and eval_loss) loss: 'softmax_xent', or 'sigmoid_xent' (per-class binary
   # cross-entropy summed over the classes, big_vision's; docs/your_model.md says how it scales
   # the learning rate).

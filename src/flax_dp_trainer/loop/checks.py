@@ -6,8 +6,11 @@ import ml_collections
 from absl import logging
 
 from flax_dp_trainer.step import losses
+from flax_dp_trainer.model import blocks
 from flax_dp_trainer.model import source as model_source
 from flax_dp_trainer.step import optim
+from flax_dp_trainer.step import param_groups
+from flax_dp_trainer.step import schedules
 from flax_dp_trainer.loop import durations
 from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.parallel import layouts as parallel
@@ -25,8 +28,9 @@ DTYPES = ('bfloat16', 'float16', 'float32')
 UNSET, DURATION_PAIRS, is_set = durations.UNSET, durations.DURATION_PAIRS, durations.is_set
 # Fields that only some optimizers read: set on the command line for another optimizer, they
 # would be ignored.
-OPTIMIZER_FIELDS = {'momentum': ('sgd', 'lars'), 'nesterov': ('sgd', 'lars'),
-                    'adam_b1': ('adamw', 'lamb'), 'adam_b2': ('adamw', 'lamb')}
+OPTIMIZER_FIELDS = {'momentum': ('sgd', 'rmsprop', 'lars'), 'nesterov': ('sgd', 'lars'),
+                    'adam_b1': ('adam', 'adamw', 'nadamw', 'lamb'),
+                    'adam_b2': ('adam', 'adamw', 'nadamw', 'lamb')}
 # Fields that must lie in [low, high), and what their low end means.
 _RANGES = {
     'label_smoothing': (0, 1, ''), 'dropout_rate': (0, 1, '; 0 turns dropout off'),
@@ -35,6 +39,7 @@ _RANGES = {
     'adam_b1': (0, 1, ''), 'adam_b2': (0, 1, ''),
     'weight_decay': (0, float('inf'), '; 0 turns it off'),
     'grad_clip_norm': (0, float('inf'), '; 0 turns clipping off'),
+    'lr_gamma': (0, float('inf'), ''),
     'end_learning_rate_factor': (0, float('inf'), ''),
     'mixup_alpha': (0, float('inf'), '; 0 turns Mixup off'),
     'cutmix_alpha': (0, float('inf'), '; 0 turns CutMix off'),
@@ -112,7 +117,26 @@ def check_config(config, *, process_count: int, local_device_count: int,
   if not imported:
     user_imports.import_modules(config)
   check_fields(config, process_count=process_count, local_device_count=local_device_count)
-  return check_datasets(config, arrays, command_line)
+  datasets = check_datasets(config, arrays, command_line)
+  examples = datasets.train.num_train_examples
+  if examples and any(is_set(config, epochs) for _, epochs in DURATION_PAIRS):
+    check_schedule(durations.resolve_durations(config, examples), examples / config.batch_size)
+  check_param_groups(config, datasets.train)
+  return datasets
+
+
+def check_param_groups(config, ds_spec: specs.DatasetSpec) -> None:
+  """The parameter-group patterns against the params of the config's model for the images
+  of `ds_spec` (abstract: nothing computed): one that matches none, or freezes all, refused.
+  A model given from Python is checked where the run builds it (`setup.with_param_groups`)."""
+  if not (config.frozen or config.lr_mults or config.wd_mults or config.layer_decay_blocks):
+    return
+  if model_source.is_import_path(config.model) and not config.model.count(':'):
+    return
+  input_shape = (1,) + tuple(ds_spec.input_shape)
+  model = run_options.build_model(config, ds_spec.num_classes, input_shape)
+  order, params = blocks.call_order(model, input_shape)
+  param_groups.check_params(run_options.group_options(config, order), params)
 
 
 def check_datasets(config, arrays=None, command_line=frozenset()) -> run_datasets.RunDatasets:
@@ -133,7 +157,7 @@ def check_fields(config, *, process_count: int, local_device_count: int) -> None
   _choice('loss', config.loss, tuple(losses.LOSSES))
   _choice('remat', config.remat, tuple(layers.REMAT_POLICIES))
   _choice('pos_embedding_resize', config.pos_embedding_resize, vit.POS_EMBEDDING_RESIZE)
-  _choice('optimizer', config.optimizer, optim.OPTIMIZERS)
+  _check_optimizer(config)
   _choice('dtype', config.dtype, DTYPES)
   _choice('step_backend', config.step_backend, parallel.BACKENDS)
   _choice('state_sharding', config.state_sharding, parallel.STATE_SHARDINGS)
@@ -212,12 +236,26 @@ def command_line_config(config_flag) -> ml_collections.ConfigDict:
   return config
 
 
-def check_schedule(config) -> None:
-  """Checks of the step counts once durations in epochs are resolved to steps."""
+def _check_optimizer(config) -> None:
+  """The optimizer, its arguments, clipping and parameter-group patterns (what needs
+  neither the durations nor the model); the lines where optimizer_kwargs win, logged."""
+  _, lines = run_options.optimizer(config)
+  for line in lines:
+    logging.warning('%s', line)
+  _choice('grad_clip_mode', config.grad_clip_mode, optim.CLIP_MODES)
+  param_groups.check_patterns(run_options.group_options(config))
+  if not any(is_set(config, epochs) for _, epochs in DURATION_PAIRS):
+    check_schedule(config)  # In steps already: checked before the data loads.
+
+
+def check_schedule(config, steps_per_epoch: float = 0.0) -> None:
+  """Checks of the schedule once durations in epochs are resolved to steps
+  (`steps_per_epoch`: the train split over the batch, for the schedule's epoch fields)."""
   if not 0 <= config.warmup_steps < config.num_train_steps:
     raise UserError(f'warmup_steps={config.warmup_steps} must be >= 0 and below '
                     f'num_train_steps={config.num_train_steps} (--config.warmup_steps=N or '
                     '--config.warmup_epochs=X)')
+  schedules.check(run_options.schedule_options(config, steps_per_epoch))
 
 
 def check_workdir(workdir: str) -> None:

@@ -13,6 +13,7 @@ from typing import Any, Optional
 import jax
 import optax
 
+from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.checkpoint import init_from as init_from_lib
 from flax_dp_trainer.data import options as data_options_lib
 from flax_dp_trainer.data import specs
@@ -22,6 +23,9 @@ from flax_dp_trainer.model import modeling
 from flax_dp_trainer.step import losses
 from flax_dp_trainer.step import mix as mix_lib
 from flax_dp_trainer.step import optim
+from flax_dp_trainer.step import optimizers
+from flax_dp_trainer.step import param_groups
+from flax_dp_trainer.step import schedules
 from flax_dp_trainer.step import state as state_lib
 from flax_dp_trainer.step import steps
 
@@ -46,15 +50,97 @@ def model_options(config) -> modeling.ModelOptions:
   return modeling.ModelOptions(**fields)
 
 
-def optim_options(config) -> optim.OptimOptions:
-  """The optimizer and its schedule (`step.optim`) of a config whose durations are resolved
-  to steps (`durations.resolve_durations`)."""
+def _comma_numbers(text: str, field: str, kind=float) -> tuple:
+  """'20,40' -> (20, 40); UserError naming `field` for what is not a number."""
+  try:
+    return tuple(kind(part) for part in str(text).split(',') if part.strip())
+  except ValueError:
+    raise UserError(f'{field}={text!r} must be comma-separated numbers, e.g. '
+                    f"--config.{field}='30,60'") from None
+
+
+def _one_of_pair(config, steps_field: str, epochs_field: str, unset) -> None:
+  if config[steps_field] != unset and config[epochs_field] != unset:
+    raise UserError(f'{steps_field}={config[steps_field]!r} and {epochs_field}='
+                    f'{config[epochs_field]!r} are both set; set one (--config.{epochs_field}='
+                    f'{unset!r} to count in steps, or --config.{steps_field}={unset!r})')
+
+
+def schedule_options(config, steps_per_epoch: float = 0.0) -> schedules.ScheduleOptions:
+  """The learning-rate schedule (`step.schedules`) of a config whose durations are resolved
+  to steps; `steps_per_epoch` (the train split over the batch) converts the schedule's epoch
+  fields and makes the 'epoch' unit's epochs (0: unknown, then they are refused)."""
+  _one_of_pair(config, 'lr_milestones', 'lr_milestone_epochs', '')
+  _one_of_pair(config, 'lr_step_size', 'lr_step_size_epochs', durations.UNSET)
+  needs_epochs = [field for field, unset in (('lr_milestone_epochs', ''),
+                                             ('lr_step_size_epochs', durations.UNSET))
+                  if config[field] != unset]
+  if config.lr_schedule_unit == 'epoch':
+    needs_epochs.append('lr_schedule_unit')
+  if needs_epochs and steps_per_epoch <= 0:
+    raise UserError(f'{needs_epochs[0]}={config[needs_epochs[0]]!r} counts in epochs, and the '
+                    'size of the train split is not known here; give it in steps')
+  milestones = _comma_numbers(config.lr_milestones, 'lr_milestones', int)
+  if config.lr_milestone_epochs:
+    milestones = tuple(round(e * steps_per_epoch) for e in
+                       _comma_numbers(config.lr_milestone_epochs, 'lr_milestone_epochs'))
+  step_size = config.lr_step_size
+  if config.lr_step_size_epochs != durations.UNSET:
+    step_size = round(config.lr_step_size_epochs * steps_per_epoch)
+  peak = durations.peak_learning_rate(config)
+  minimum = config.get('min_learning_rate', -1.0)
+  if minimum >= 0 and config.end_learning_rate_factor:
+    raise UserError(f'min_learning_rate={minimum} and end_learning_rate_factor='
+                    f'{config.end_learning_rate_factor} both set the final rate; set one '
+                    '(--config.end_learning_rate_factor=0 or --config.min_learning_rate=-1)')
+  return schedules.ScheduleOptions(
+      schedule=config.lr_schedule, peak_learning_rate=peak,
+      num_train_steps=config.num_train_steps, warmup_steps=config.warmup_steps,
+      warmup_method=config.warmup_method, warmup_start_factor=config.warmup_start_factor,
+      warmup_learning_rate=config.warmup_learning_rate, warmup_prefix=config.warmup_prefix,
+      min_learning_rate=minimum if minimum >= 0 else peak * config.end_learning_rate_factor,
+      milestones=milestones, step_size=max(step_size, 0), gamma=config.lr_gamma,
+      power=config.lr_power, decay_fraction=config.lr_decay_fraction,
+      decay_shape=config.lr_decay_shape, rsqrt_timescale=config.lr_rsqrt_timescale,
+      unit=config.lr_schedule_unit,
+      steps_per_epoch=max(1, round(steps_per_epoch)) if steps_per_epoch > 0 else 1)
+
+
+def group_options(config, call_order: tuple[str, ...] = ()) -> param_groups.GroupOptions:
+  """Each params leaf's multipliers and freezing (`step.param_groups`); `call_order`: the
+  model's params in the order its forward pass makes them (`model.blocks.call_order`)."""
+  return param_groups.GroupOptions(
+      weight_decay=config.weight_decay, decay_all_params=config.decay_all_params,
+      layer_decay=config.layer_decay, layer_decay_blocks=config.layer_decay_blocks,
+      lr_mults=param_groups.parse_factors(config.lr_mults, 'lr_mults'),
+      wd_mults=param_groups.parse_factors(config.wd_mults, 'wd_mults'),
+      norm_weight_decay=config.norm_weight_decay, bias_weight_decay=config.bias_weight_decay,
+      embedding_weight_decay=config.embedding_weight_decay, frozen=config.frozen,
+      call_order=call_order)
+
+
+def optimizer(config) -> tuple[optimizers.Optimizer, list[str]]:
+  """The config's optimizer with its arguments resolved (`step.optimizers.resolve`), and
+  the lines saying where `optimizer_kwargs` won over a field."""
+  return optimizers.resolve(config.optimizer, config.optimizer_kwargs.to_dict(),
+                            momentum=config.momentum, nesterov=config.nesterov,
+                            adam_b1=config.adam_b1, adam_b2=config.adam_b2,
+                            weight_decay=config.weight_decay)
+
+
+def optim_options(config, steps_per_epoch: float = 0.0,
+                  call_order: tuple[str, ...] = ()) -> optim.OptimOptions:
+  """The optimizer, its schedule and parameter groups (`step.optim`) of a config whose
+  durations are resolved to steps (`durations.resolve_durations`); `steps_per_epoch` as
+  `schedule_options` takes it, `call_order` as `group_options` does."""
   for steps_field, _ in durations.DURATION_PAIRS:
     if not durations.is_set(config, steps_field):
       raise ValueError(f'{steps_field} is not resolved to steps: resolve the config\'s '
                        'durations first (loop.durations.resolve_durations)')
-  fields = _fields(config, optim.OptimOptions)
-  return optim.OptimOptions(**fields, peak_learning_rate=durations.peak_learning_rate(config))
+  return optim.OptimOptions(
+      optimizer=optimizer(config)[0], schedule=schedule_options(config, steps_per_epoch),
+      groups=group_options(config, call_order), grad_clip_mode=config.grad_clip_mode,
+      grad_clip=config.grad_clip_norm)
 
 
 def mix_options(config) -> mix_lib.MixOptions:
@@ -72,7 +158,8 @@ def step_options(config, ds_spec: specs.DatasetSpec,
       label_smoothing=config.label_smoothing, grad_accum_steps=config.grad_accum_steps,
       ema_decay=config.ema_decay, skip_nonfinite=config.skip_nonfinite_steps,
       normalization=steps.Normalization.of(ds_spec, config.dtype), mix=mix_options(config),
-      remat=config.remat, loss=loss if loss is not None else losses.get(config.loss))
+      remat=config.remat, loss=loss if loss is not None else losses.get(config.loss),
+      frozen=config.frozen, frozen_batch_stats=config.frozen_batch_stats)
 
 
 def init_from_options(config) -> Optional[init_from_lib.InitFrom]:
@@ -105,12 +192,13 @@ class RunOptions:
     return self.step.ema_decay > 0
 
 
-def of_config(config, ds_spec: specs.DatasetSpec,
-              loss: Optional[losses.Loss] = None) -> RunOptions:
+def of_config(config, ds_spec: specs.DatasetSpec, loss: Optional[losses.Loss] = None,
+              steps_per_epoch: float = 0.0) -> RunOptions:
   """The options of a config whose durations are resolved to steps, for the training data
-  of `ds_spec`; `loss` as `step_options` takes it."""
+  of `ds_spec`; `loss` as `step_options` takes it, `steps_per_epoch` as `optim_options`."""
   return RunOptions(data=data_options(config), model=model_options(config),
-                    optim=optim_options(config), step=step_options(config, ds_spec, loss),
+                    optim=optim_options(config, steps_per_epoch),
+                    step=step_options(config, ds_spec, loss),
                     init_from=init_from_options(config), seed=config.seed)
 
 

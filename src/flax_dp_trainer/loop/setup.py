@@ -35,12 +35,14 @@ from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.loop import evaluation
 from flax_dp_trainer.loop import workdir as workdir_lib
 from flax_dp_trainer.model import adapter
+from flax_dp_trainer.model import blocks
 from flax_dp_trainer.model import modeling
 from flax_dp_trainer.model import probe
 from flax_dp_trainer.model import source as model_source
 from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.step import losses
 from flax_dp_trainer.step import optim
+from flax_dp_trainer.step import param_groups
 from flax_dp_trainer.step import state as state_lib
 from flax_dp_trainer import zoo
 from flax_dp_trainer.zoo import torch_weights
@@ -304,7 +306,8 @@ def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
   train_data = pipeline.open_train_data(data_options, datasets.train,
                                         process_index=jax.process_index())
   config = durations.resolve_durations(config, train_data.num_examples)
-  checks.check_schedule(config)
+  steps_per_epoch = train_data.num_examples / config.batch_size
+  checks.check_schedule(config, steps_per_epoch)
   evaluations = evaluation.evaluation_data(data_options, train_data.builder, layout,
                                            datasets.evals)
   eval_per_device = pipeline.eval_batch_per_device(data_options, num_devices)
@@ -315,9 +318,10 @@ def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
   num_classes = train_data.spec.num_classes
   input_shape = (1,) + train_data.spec.input_shape
   per_device = max(1, config.batch_size // num_devices // config.grad_accum_steps)
-  options = run_options.of_config(config, datasets.train, loss)
+  options = run_options.of_config(config, datasets.train, loss, steps_per_epoch)
   built = build_model(options.model, num_classes, input_shape, per_device if training else 1,
                       model=model, command_line=command_line, remat=options.step.remat)
+  options = with_param_groups(options, built, input_shape)
   config = _recorded(config, built)
   weights, port = None, None
   if (config.init_from and torch_weights.is_weights_file(config.init_from) and
@@ -337,6 +341,21 @@ def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
   return Run(config, options, optim.learning_rate_schedule(options.optim), layout, datasets,
              train_data, checkpointer, evaluations, num_classes, built, input_shape, weights,
              port)
+
+
+def with_param_groups(options: run_options.RunOptions, model: adapter.Model,
+                      input_shape: tuple[int, ...]) -> run_options.RunOptions:
+  """`options` with the order of `model`'s params where the optimizer needs it
+  (`model.blocks.call_order`), its parameter groups checked against the params: a pattern
+  that matches none, or freezes all, is refused in one line before anything compiles."""
+  groups = options.optim.groups
+  if not (options.optim.needs_call_order or groups.frozen or groups.lr_mults or
+          groups.wd_mults):
+    return options
+  order, params = blocks.call_order(model, input_shape)
+  groups = dataclasses.replace(groups, call_order=order)
+  param_groups.check_params(groups, params)
+  return dataclasses.replace(options, optim=dataclasses.replace(options.optim, groups=groups))
 
 
 def initial_state(run: 'Run', rng: Optional[jax.Array] = None) -> state_lib.TrainState:

@@ -10,3 +10,13 @@ def layer_ndim(path: Any, leaf: Any) -> int:
   """The dimensions of one layer's part of the leaf at key path `path` (as
   `jax.tree_util.tree_map_with_path` gives it)."""
   return leaf.ndim - int(scanning.is_stacked(scanning.path_names(path)))
+
+
+def path_names(path: Any) -> tuple:
+  """The names along a pytree key path (`zoo.scanning.path_names`)."""
+  return scanning.path_names(path)
+
+
+def is_stacked(names: tuple) -> bool:
+  """Whether the leaf at `names` lies in a scanned stack (its first axis the layers)."""
+  return scanning.is_stacked(names)

@@ -1,76 +1,89 @@
-"""The optimizer and its learning-rate schedule (optax), from `OptimOptions`: the config's
-optimization fields with the durations in steps and the learning rate scaled (the loop's
-setup resolves them: `loop.options`)."""
+"""The optimizer as the step runs it (optax), from `OptimOptions`: the algorithm
+(`optimizers`), its learning-rate schedule (`schedules`), each parameter's multipliers and
+freezing (`param_groups`) and gradient clipping, timm's three modes. The loop's setup reads
+them from the config (`loop.options`)."""
 
 import dataclasses
 
-import jax
 import optax
 
 from flax_dp_trainer.base.errors import UserError
-from flax_dp_trainer.model import params as model_params
+from flax_dp_trainer.model import blocks
+from flax_dp_trainer.step import optimizers
+from flax_dp_trainer.step import param_groups
+from flax_dp_trainer.step import schedules
 
-OPTIMIZERS = ('adamw', 'lamb', 'lars', 'sgd')
+CLIP_MODES = ('norm', 'value', 'agc')
+AGC_EPS = 1e-3  # timm's adaptive_clip_grad: the floor of a parameter's unit-wise norm.
 
 
 @dataclasses.dataclass(frozen=True)
 class OptimOptions:
-  """What the optimizer and its schedule are (the config fields of the same names)."""
-  optimizer: str = 'sgd'  # One of OPTIMIZERS.
-  peak_learning_rate: float = 0.1  # After the linear scaling rule, where the config asks it.
-  end_learning_rate_factor: float = 0.0  # The cosine decay's end, as a fraction of the peak.
-  warmup_steps: int = 0  # Linear warm-up from 0 to the peak, in steps.
-  num_train_steps: int = 1  # The cosine decay ends here.
-  weight_decay: float = 0.0
-  decay_all_params: bool = False  # Else kernels only (`decay_mask`).
-  momentum: float = 0.9  # sgd, lars.
-  nesterov: bool = False  # sgd, lars.
-  adam_b1: float = 0.9  # adamw, lamb.
-  adam_b2: float = 0.999  # adamw, lamb.
-  grad_clip_norm: float = 0.0  # Clip gradients to this global norm; 0 = off.
+  """What the optimizer is (the config's optimization fields, durations in steps)."""
+  optimizer: optimizers.Optimizer = optimizers.Optimizer('sgd', ())
+  schedule: schedules.ScheduleOptions = schedules.ScheduleOptions()
+  groups: param_groups.GroupOptions = param_groups.GroupOptions()
+  grad_clip_mode: str = 'norm'  # One of CLIP_MODES.
+  grad_clip: float = 0.0  # The mode's threshold (global norm, value, AGC clip factor); 0 = off.
+
+  @property
+  def peak_learning_rate(self) -> float:
+    return self.schedule.peak_learning_rate
+
+  @property
+  def needs_call_order(self) -> bool:
+    """Whether the multipliers or the clipping depend on the order of the model's layers."""
+    return (self.groups.needs_order or (self.grad_clip_mode == 'agc' and self.grad_clip > 0)
+            or self.optimizer.name == 'muon')
 
 
 def learning_rate_schedule(options: OptimOptions) -> optax.Schedule:
-  """Linear warm-up from 0 to the peak rate, then cosine decay to the end of training."""
-  peak = options.peak_learning_rate
-  return optax.warmup_cosine_decay_schedule(
-      init_value=0.0,
-      peak_value=peak,
-      warmup_steps=options.warmup_steps,
-      decay_steps=options.num_train_steps,
-      end_value=peak * options.end_learning_rate_factor,
-  )
+  """The learning rate at each optimizer update (`schedules.learning_rate_schedule`)."""
+  return schedules.learning_rate_schedule(options.schedule)
 
 
-def decay_mask(params):
-  """Weight decay (and LARS trust ratios) for kernels only: biases and norm params (1-D) are
-  spared; a scanned stack's leaves (`zoo.layers.stack_layers`) by one layer's dimensions."""
-  return jax.tree_util.tree_map_with_path(
-      lambda path, p: model_params.layer_ndim(path, p) > 1, params)
+def check(options: OptimOptions) -> None:
+  """UserError, one line, for a clipping mode or schedule that cannot run."""
+  if options.grad_clip_mode not in CLIP_MODES:
+    raise UserError(f"grad_clip_mode={options.grad_clip_mode!r} is unknown; choose one of: "
+                    f"{', '.join(CLIP_MODES)} (--config.grad_clip_mode=NAME)")
+  schedules.check(options.schedule)
+  param_groups.check_patterns(options.groups)
+
+
+def _not_head(order: tuple[str, ...]):
+  head = blocks.head_name(order)
+  return lambda params: {name: name != head for name in params}
+
+
+def clipping(options: OptimOptions) -> optax.GradientTransformation:
+  """timm's --clip-mode: 'norm' (torch's clip_grad_norm_), 'value' (clip_grad_value_), 'agc'
+  (timm's adaptive_clip_grad: each output unit's gradient norm to clip factor x its weight's,
+  floored at 1e-3; the head, the model's last layer, excluded as timm's train.py excludes
+  it). Identity where the threshold is 0."""
+  if options.grad_clip <= 0:
+    return optax.identity()
+  if options.grad_clip_mode == 'norm':
+    return optax.clip_by_global_norm(options.grad_clip)
+  if options.grad_clip_mode == 'value':
+    return optax.clip(options.grad_clip)
+  return optax.masked(optax.adaptive_grad_clip(options.grad_clip, eps=AGC_EPS),
+                      _not_head(options.groups.call_order))
 
 
 def create_optimizer(options: OptimOptions,
                      schedule: optax.Schedule) -> optax.GradientTransformation:
-  """The optimizer of `options` (its weight decay, gradient clipping) with `schedule` as its
-  learning rate."""
-  mask = None if options.decay_all_params else decay_mask
-  if options.optimizer == 'sgd':
-    tx = optax.chain(
-        optax.add_decayed_weights(options.weight_decay, mask=mask),
-        optax.sgd(schedule, momentum=options.momentum or None, nesterov=options.nesterov))
-  elif options.optimizer == 'adamw':
-    tx = optax.adamw(schedule, b1=options.adam_b1, b2=options.adam_b2,
-                     weight_decay=options.weight_decay, mask=mask)
-  elif options.optimizer == 'lars':
-    tx = optax.lars(schedule, weight_decay=options.weight_decay,
-                    weight_decay_mask=mask or True, trust_ratio_mask=mask or True,
-                    momentum=options.momentum, nesterov=options.nesterov)
-  elif options.optimizer == 'lamb':
-    tx = optax.lamb(schedule, b1=options.adam_b1, b2=options.adam_b2,
-                    weight_decay=options.weight_decay, mask=mask)
-  else:
-    raise UserError(f"optimizer={options.optimizer!r} is unknown; choose one of: "
-                    f"{', '.join(OPTIMIZERS)} (--config.optimizer=NAME)")
-  if options.grad_clip_norm > 0:
-    tx = optax.chain(optax.clip_by_global_norm(options.grad_clip_norm), tx)
-  return tx
+  """The optimizer of `options` with `schedule` as its learning rate: gradients clipped, the
+  algorithm with each leaf's learning-rate and weight-decay factors; frozen leaves take no
+  update and keep no state."""
+  groups = options.groups
+  if options.needs_call_order and not groups.call_order:
+    raise ValueError('the optimizer needs the order of the model\'s params (layer decay, '
+                     'agc, muon): set options.groups.call_order (loop.setup.with_param_groups)')
+  tx = optax.chain(clipping(options), optimizers.build(
+      options.optimizer, schedule, wd_factors=param_groups.wd_factors(groups),
+      lr_factors=param_groups.lr_factors(groups), head=blocks.head_name(groups.call_order)))
+  if not groups.frozen:
+    return tx
+  return optax.multi_transform({'trained': tx, 'frozen': optax.set_to_zero()},
+                               param_groups.labels(groups))

@@ -20,6 +20,7 @@ from jax import lax
 
 from flax_dp_trainer.step import losses
 from flax_dp_trainer.step import mix as mix_lib
+from flax_dp_trainer.step import param_groups
 from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.base.batch_keys import EXAMPLE_ID_KEY, MASK_KEY, MIX_LABEL_KEY, MIX_WEIGHT_KEY
 from flax_dp_trainer.data import specs
@@ -70,6 +71,9 @@ class StepOptions:
   # `loss(logits, targets) -> per-example loss` on dense targets (flax_dp_trainer.step.losses).
   loss: losses.Loss = losses.softmax_xent
   remat: str = 'none'  # The blocks' rematerialization policy (model.tracing).
+  frozen: str = ''  # A regex of params not trained (`param_groups`): no gradient flows.
+  # The model trains in evaluation mode (BatchNorm's running statistics used and kept).
+  frozen_batch_stats: bool = False
 
 
 def example_losses(logits: jax.Array, labels: jax.Array, label_smoothing: float = 0.0,
@@ -114,18 +118,23 @@ def _loss_fn(state: TrainState, options: StepOptions,
   (layer-by-layer FSDP) `params` are this device's parts: the blocks gather theirs as they
   run, the other layers' are gathered first."""
   has_batch_stats = state.batch_stats is not None
+  updates_stats = has_batch_stats and not options.frozen_batch_stats
 
   def loss_fn(params, batch_stats, batch, rng):
+    if options.frozen:  # No gradient reaches them: the backward pass stops there.
+      params = jax.tree.map(lambda frozen, p: lax.stop_gradient(p) if frozen else p,
+                            param_groups.frozen_mask(options.frozen, params), params)
     if how is not None and not how.recording:
       params = how.gather_outside_blocks(params)
     variables = {'params': params}
     if has_batch_stats:
       variables['batch_stats'] = batch_stats
     with tracing.tracing(options.remat, how):
-      out = state.apply_fn(variables, batch['image'], train=True,
+      out = state.apply_fn(variables, batch['image'], train=not options.frozen_batch_stats,
                            example_ids=batch[EXAMPLE_ID_KEY], rngs={'dropout': rng},
-                           mutable=['batch_stats'] if has_batch_stats else False)
-    logits, new_batch_stats = (out[0], out[1]['batch_stats']) if has_batch_stats else (out, None)
+                           mutable=['batch_stats'] if updates_stats else False)
+    logits, new_batch_stats = (out[0], out[1]['batch_stats']) if updates_stats else (
+        out, batch_stats)
     loss = jnp.mean(example_losses(logits, batch['label'], options.label_smoothing,
                                    batch.get(MIX_LABEL_KEY), batch.get(MIX_WEIGHT_KEY),
                                    options.loss))

@@ -10,7 +10,7 @@ the device.
 """
 
 import os
-from typing import Optional
+from typing import Callable, Optional
 
 import jax
 import numpy as np
@@ -22,7 +22,6 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      get_optimizer_state_dict,
                                                      set_optimizer_state_dict)
 from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils import flop_counter
@@ -32,17 +31,19 @@ from torchvision.models import vision_transformer
 from flax_dp_trainer.step import mix as mix_lib
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import run_datasets
-from flax_dp_trainer.loop import durations
 from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.base.errors import UserError
+from flax_dp_trainer.step import optimizers
 from flax_dp_trainer.torch_ddp import models as torch_models
+from flax_dp_trainer.torch_ddp import param_groups as twin_groups
 
-SUPPORTED = dict(optimizer=('sgd', 'adamw'), dtype=('float32', 'bfloat16', 'float16'),
+SUPPORTED = dict(dtype=('float32', 'bfloat16', 'float16'),
                  grad_accum_steps=(1,),
                  ema_decay=(0.0,), init_from=('',), skip_nonfinite_steps=(False,),
                  stochastic_depth_rate=(0.0,), eval_splits=('',), remat=('none', 'full'))
 def check_supported(config) -> None:
   """One line naming the first config value the twin cannot reproduce."""
+  optimizers.counterpart(run_options.optimizer(config)[0])  # An optax one has none.
   for field, values in SUPPORTED.items():
     if config[field] not in values:
       raise UserError(f'{field}={config[field]!r} has no DDP twin yet; the twin supports '
@@ -227,26 +228,13 @@ def distributed(model: torch.nn.Module, device: torch.device, compile_model: boo
   return wrapped, torch.compile(wrapped) if compile_model else wrapped
 
 
-def make_optimizer(config, model: torch.nn.Module) -> torch.optim.Optimizer:
-  """The optax chain of optim.py in torch: decay on kernels only unless asked. With
+def make_optimizer(config, model: torch.nn.Module,
+                   found: Optional[twin_groups.Factors] = None) -> torch.optim.Optimizer:
+  """The counterpart of the JAX run's optimizer over its parameter groups
+  (`torch_ddp.param_groups`; without `found`, decay on kernels only unless asked). With
   `config.state_sharding='optimizer'` it is wrapped in ZeroRedundancyOptimizer (each rank
   keeps and updates the state of its share of the params, then broadcasts them)."""
-  decayed = [p for p in model.parameters() if p.ndim > 1 or config.decay_all_params]
-  spared = [p for p in model.parameters() if not (p.ndim > 1 or config.decay_all_params)]
-  groups = [{'params': decayed, 'weight_decay': config.weight_decay},
-            {'params': spared, 'weight_decay': 0.0}]
-  peak = durations.peak_learning_rate(config)
-  if config.optimizer == 'sgd':
-    # torch's coupled decay (added to the gradient before momentum) is optax's
-    # add_decayed_weights before sgd.
-    optimizer_class, options = torch.optim.SGD, dict(
-        lr=peak, momentum=config.momentum, nesterov=config.nesterov and config.momentum > 0)
-  else:
-    optimizer_class, options = torch.optim.AdamW, dict(
-        lr=peak, betas=(config.adam_b1, config.adam_b2), eps=1e-8)
-  if config.state_sharding == 'optimizer':
-    return ZeroRedundancyOptimizer(groups, optimizer_class=optimizer_class, **options)
-  return optimizer_class(groups, **options)
+  return twin_groups.make_optimizer(config, model, found)
 
 
 def full_tensor(x: torch.Tensor) -> torch.Tensor:
@@ -393,12 +381,14 @@ def example_losses(logits: torch.Tensor, labels: torch.Tensor,
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, precision: Precision,
                images: torch.Tensor, labels: torch.Tensor, *,
                targets: Optional[torch.Tensor] = None, label_smoothing: float = 0.0,
-               grad_clip_norm: float = 0.0, loss: str = 'softmax_xent'
+               clip: Optional[Callable] = None, loss: str = 'softmax_xent'
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
   """One optimizer step of `model` (DDP averages the gradients over the ranks in backward);
   (loss, accuracy, gradient norm) as device tensors, nothing synced to the host. The loss
   (`loss`, `config.loss`: see `batch_loss`) is against `targets` (soft, label smoothing
-  applied on top) where given, else `labels`; accuracy is against `labels`."""
+  applied on top) where given, else `labels`; accuracy is against `labels`. `clip(params,
+  grad_norm)` clips the trained params' gradients, in the model's order
+  (`param_groups.clip`)."""
   with precision.autocast():
     logits = model(images).float()
     loss = batch_loss(logits, labels, loss=loss, targets=targets,
@@ -408,10 +398,10 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, precisi
   (scaler.scale(loss) if scaler else loss).backward()
   if scaler:
     scaler.unscale_(optimizer)
-  params = [p for group in optimizer.param_groups for p in group['params']]
+  params = [p for p in model.parameters() if p.requires_grad]
   grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-  if grad_clip_norm > 0:
-    torch.nn.utils.clip_grads_with_norm_(params, grad_clip_norm, grad_norm)
+  if clip is not None:
+    clip(params, grad_norm)
   grad_norm = full_tensor(grad_norm)
   if scaler:  # Skips the step (and lowers the scale) when a gradient overflowed.
     scaler.step(optimizer)

@@ -22,6 +22,7 @@ cross-process BatchNorm on CPU: there each rank normalizes with its own batch's 
 """
 
 import dataclasses
+import functools
 import glob
 import json
 import os
@@ -55,6 +56,7 @@ from flax_dp_trainer.data import builders
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.base.errors import Preempted, UserError
 from flax_dp_trainer.torch_ddp import models as torch_models
+from flax_dp_trainer.torch_ddp import param_groups as twin_groups
 from flax_dp_trainer.torch_ddp import step as step_lib
 from flax_dp_trainer.zoo import torch_weights
 
@@ -159,6 +161,15 @@ def evaluate(model, data: pipeline.EvalData, normalize: step_lib.Normalize,
 SETTINGS_FILE = 'torch_settings.json'
 
 
+def _train_mode(model: torch.nn.Module, config) -> None:
+  """The mode the twin trains in: `train()`, or with `frozen_batch_stats` `eval()` (a linear
+  probe's: BatchNorm uses and keeps its running statistics), as the JAX step."""
+  if config.frozen_batch_stats:
+    model.eval()
+  else:
+    model.train()
+
+
 def build_model(config, num_classes: int, input_shape, parity: bool,
                 init_weights: Optional[str]) -> torch.nn.Module:
   """The config's torch model (`torch_model`, or the twin of `model`), from the seed's JAX
@@ -197,7 +208,7 @@ class _Training:
 
 def _build(config, workdir: str, num_classes: int, input_shape, device: torch.device,
            parity: bool, init_weights: Optional[str], channels_last: bool,
-           compile_model: bool) -> _Training:
+           compile_model: bool, steps_per_epoch: float) -> _Training:
   """The model (from the newest checkpoint, else `parity`/`init_weights`/torch's init), its
   optimizer and learning-rate schedule, each rank's dropout generator."""
   rank, world = dist.get_rank(), dist.get_world_size()
@@ -217,10 +228,12 @@ def _build(config, workdir: str, num_classes: int, input_shape, device: torch.de
   checkpointed = step_lib.checkpoint_blocks(config, model)
   wrapped, step_model = step_lib.distributed(model, device, compile_model,
                                              config.state_sharding)
-  optimizer = step_lib.make_optimizer(config, model)
-  optim_options = run_options.optim_options(config)
+  found = twin_groups.factors(config, num_classes, input_shape)
+  optimizer = step_lib.make_optimizer(config, model, found)
+  optim_options = run_options.optim_options(config, steps_per_epoch)
   schedule = optim.learning_rate_schedule(optim_options)
   peak = optim_options.peak_learning_rate
+  # Each group's lr is peak x its factor; the schedule scales them all alike.
   scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: float(schedule(s)) / peak)
   start_step, examples_seen = 0, 0
   if saved is not None:
@@ -290,7 +303,8 @@ def train(config, workdir: str, parity: bool, init_weights: Optional[str] = None
   if rank == 0:
     dist.barrier()
   config = durations.resolve_durations(config, data.num_examples)
-  checks.check_schedule(config)
+  steps_per_epoch = data.num_examples / config.batch_size
+  checks.check_schedule(config, steps_per_epoch)
   input_shape = (1,) + data.spec.input_shape
   evaluation = datasets.evals[0]  # The twin evaluates `eval_split`.
   evaluation = dataclasses.replace(evaluation, split=builders.check_split(
@@ -299,7 +313,7 @@ def train(config, workdir: str, parity: bool, init_weights: Optional[str] = None
   eval_data = pipeline.eval_data(data.options, data.builder, process_index=rank,
                                  process_count=world, eval_set=evaluation)
   training = _build(config, workdir, data.spec.num_classes, input_shape, device, parity,
-                    init_weights, channels_last, compile_model)
+                    init_weights, channels_last, compile_model, steps_per_epoch)
   batches = data.batches(process_index=rank, process_count=world,
                          start_position=training.examples_seen)
   lock = _lock_workdir(workdir)
@@ -339,7 +353,7 @@ class _Session:
     """Steps to the config's last, logging, evaluating and saving on the cadence; raises
     Preempted after a signal's checkpoint."""
     t, last = self.t, self.config.num_train_steps
-    t.ddp.train()
+    _train_mode(t.ddp, self.config)
     loop_start = time.perf_counter()
     for step in range(t.start_step + 1, last + 1):
       learning_rate = self._step(step, next(batches))
@@ -356,6 +370,7 @@ class _Session:
       if self.cadence.eval(step):
         self.writer.write_scalars(step, evaluate(t.ddp, eval_data, self.normalize, t.precision,
                                                  self.config.loss))
+        _train_mode(t.ddp, self.config)
         self.throughput.start(step)
       if save_now or stopping:
         self._save(step)
@@ -376,9 +391,11 @@ class _Session:
                                   self.normalize)
     loss, accuracy, grad_norm = step_lib.train_step(
         t.step_model, t.optimizer, t.precision, images, labels, targets=targets,
-        label_smoothing=self.config.label_smoothing, grad_clip_norm=self.config.grad_clip_norm,
-        loss=self.config.loss)
-    learning_rate = t.scheduler.get_last_lr()[0]
+        label_smoothing=self.config.label_smoothing,
+        clip=functools.partial(twin_groups.clip, self.config), loss=self.config.loss)
+    # The peak's schedule (group 0's rate over its factor), as the JAX run logs it.
+    learning_rate = t.scheduler.get_last_lr()[0] / t.optimizer.param_groups[0].get(
+        'lr_factor', 1.0)
     t.scheduler.step()
     self.window.add(loss, accuracy, grad_norm)
     return learning_rate
