@@ -21,6 +21,7 @@ import time
 from typing import Any, NamedTuple, Optional
 
 from absl import logging
+from flax import serialization
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
@@ -228,6 +229,29 @@ class Checkpointer:
           f'the checkpoint at step {step} in {self.directory} does not fit this config '
           f'({mismatch}{"; config changed: " + changed if changed else ""}); resume with the '
           'config that wrote it, or pass a new --workdir')
+
+  def restore_without_optimizer(self, target: Any) -> Restored:
+    """The newest checkpoint's state but its optimizer state, restored into `target` (a
+    `TrainState` whose optimizer state is fresh, and kept): what a resume that changed the
+    optimizer continues from. `UserError` where the rest does not fit `target`."""
+    reader = read_only(self.directory)
+    step = reader.latest_step()
+    whole = reader.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+    saved = whole['state']
+    convert = layer_conversion(state_metadata(reader, step), target)
+    if convert is not None:
+      saved = to_form(saved, convert[1])
+    try:
+      state = target.replace(**{
+          field: serialization.from_state_dict(getattr(target, field), saved[field])
+          for field in ('step', 'params', 'batch_stats', 'dynamic_scale', 'ema_params')
+          if getattr(target, field) is not None})
+    except (KeyError, ValueError, TypeError) as e:
+      raise UserError(f'the checkpoint at step {step} in {self.directory} holds another model '
+                      f'({first_line(e, limit=200)}); resume with the config that wrote it, '
+                      'or pass a new --workdir') from None
+    return Restored(step=step, state=state, meta=whole['meta'])
 
   def set_aside(self, unreadable: list[Unreadable]) -> None:
     """Moves unreadable checkpoints out of the way of new saves (kept, not deleted)."""

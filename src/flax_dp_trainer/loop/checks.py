@@ -119,7 +119,7 @@ def check_config(config, *, process_count: int, local_device_count: int,
   check_fields(config, process_count=process_count, local_device_count=local_device_count)
   datasets = check_datasets(config, arrays, command_line)
   examples = datasets.train.num_train_examples
-  if examples and any(is_set(config, epochs) for _, epochs in DURATION_PAIRS):
+  if examples and _counts_epochs(config):
     check_schedule(durations.resolve_durations(config, examples), examples / config.batch_size)
   check_param_groups(config, datasets.train)
   return datasets
@@ -244,8 +244,15 @@ def _check_optimizer(config) -> None:
     logging.warning('%s', line)
   _choice('grad_clip_mode', config.grad_clip_mode, optim.CLIP_MODES)
   param_groups.check_patterns(run_options.group_options(config))
-  if not any(is_set(config, epochs) for _, epochs in DURATION_PAIRS):
+  if not _counts_epochs(config):
     check_schedule(config)  # In steps already: checked before the data loads.
+
+
+def _counts_epochs(config) -> bool:
+  """Whether a duration or the schedule counts epochs of the train split."""
+  return (any(is_set(config, epochs) for _, epochs in DURATION_PAIRS) or
+          config.lr_schedule_unit == 'epoch' or bool(config.lr_milestone_epochs) or
+          config.lr_step_size_epochs != UNSET)
 
 
 def check_schedule(config, steps_per_epoch: float = 0.0) -> None:

@@ -145,6 +145,52 @@ def _check_resume(run: 'Run', meta: run_meta.RunMeta, step: int, allowed: bool) 
                   '; '.join(changes), meta.examples_seen, epoch, run.config.batch_size)
 
 
+# What shapes the optimizer and the groups its state is kept for: a resume that changes one
+# starts the optimizer state afresh (`--resume_with_changes`), or is refused.
+OPTIMIZER_FIELDS = ('optimizer', 'optimizer_kwargs', 'layer_decay', 'layer_decay_blocks',
+                    'lr_mults', 'wd_mults', 'frozen', 'decay_all_params', 'norm_weight_decay',
+                    'bias_weight_decay', 'embedding_weight_decay')
+
+
+def _optimizer_changes(run: 'Run') -> list[str]:
+  """'field: checkpoint's value -> this run's' for each of OPTIMIZER_FIELDS where the newest
+  checkpoint's config differs from the run's (one that predates a field: a change there shows
+  as its optimizer state not fitting)."""
+  if not run.checkpointer.steps():
+    return []
+  _, meta = checkpoint.read_meta(run.checkpointer.workdir)
+  saved, config = meta.full_config(), run.config
+  return [f'{field} {_plain(saved[field])!r} -> {_plain(config[field])!r}'
+          for field in OPTIMIZER_FIELDS
+          if field in saved and _plain(saved[field]) != _plain(config[field])]
+
+
+def _restore(run: 'Run', state: state_lib.TrainState, resume_with_changes: bool
+             ) -> tuple[Optional[checkpoint.Restored], list[checkpoint.Unreadable]]:
+  """The newest checkpoint that reads (`restore_newest`); where the optimizer changed
+  (`_optimizer_changes`), refused unless `resume_with_changes`, then its params and the rest
+  with the optimizer state afresh; likewise a checkpoint whose optimizer state alone does
+  not fit (one written by an earlier version of an optimizer)."""
+  changes = _optimizer_changes(run)
+  where = run.checkpointer.directory
+  if changes and not resume_with_changes:
+    raise UserError(f'the checkpoint in {where} was trained with another optimizer or '
+                    f'parameter groups: {"; ".join(changes)}; run with its values, pass another '
+                    '--workdir, or pass --resume_with_changes to keep its params and start the '
+                    'optimizer state afresh')
+  if not changes:
+    try:
+      return restore_newest(run, state)
+    except UserError as e:
+      if not (resume_with_changes and 'opt_state' in str(e)):
+        raise
+      changes = [f'its optimizer state does not fit ({e})']
+  restored = run.checkpointer.restore_without_optimizer(state)
+  logging.warning('resuming %s at step %d with another optimizer (--resume_with_changes): %s; '
+                  'the optimizer state starts afresh', where, restored.step, '; '.join(changes))
+  return restored, []
+
+
 def start(run: 'Run', resume_with_changes: bool = False) -> Start:
   """Restores the newest checkpoint that reads, else initializes (from `init_from` if set).
   Writes nothing: a workdir whose checkpoint does not fit the config, or `init_from` weights
@@ -154,7 +200,7 @@ def start(run: 'Run', resume_with_changes: bool = False) -> Start:
   config, checkpointer = run.config, run.checkpointer
   _, step_rng = state_lib.seed_rngs(config.seed)
   state = initial_state(run)
-  restored, unreadable = restore_newest(run, state)
+  restored, unreadable = _restore(run, state, resume_with_changes)
   if restored is not None and config.init_from:
     logging.warning('init_from=%r is not used: this run resumes from its own checkpoint at '
                     'step %d in %s', config.init_from, restored.step, checkpointer.directory)

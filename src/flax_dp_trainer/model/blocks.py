@@ -1,6 +1,7 @@
 """A model's params in the order its forward pass creates them, and the layer each belongs
-to as timm counts layers for layer-wise learning-rate decay: the stem 0, residual block i
-i + 1, whatever follows the last block (final norm, head) L + 1.
+to as timm counts layers for layer-wise learning-rate decay (`param_groups_layer_decay` over
+its models' `group_matcher`): the stem 0, residual block i i + 1, what lies between blocks or
+after the last (a ViT's final norm) the block before it, the head L + 1.
 
 A params tree does not keep that order (jax sorts a dict's keys whenever it rebuilds one),
 so `call_order` reads it from an abstract init, where flax fills its dicts in creation order.
@@ -91,8 +92,8 @@ def _block_keys(order: tuple[str, ...], blocks_regex: str) -> dict[str, Optional
 
 def layer_ids(order: tuple[str, ...], blocks_regex: str = '') -> tuple[dict[str, int], int]:
   """Each path of `order` (`call_order`) to its layer: 0 before the first block, i + 1 for
-  the i-th block in call order, the preceding block's between blocks, L + 1 after the last
-  (L blocks); and L. `blocks_regex`: the blocks are the paths it matches (`re.match`), one
+  the i-th block in call order, the preceding block's after it, L + 1 for the head (the last
+  top-level module; L blocks); and L. `blocks_regex`: the blocks are the paths it matches (`re.match`), one
   block per distinct match (its first group where it has one)."""
   keys = _block_keys(order, blocks_regex)
   numbers: dict[str, int] = {}
@@ -100,12 +101,12 @@ def layer_ids(order: tuple[str, ...], blocks_regex: str = '') -> tuple[dict[str,
     if keys[path] is not None and keys[path] not in numbers:
       numbers[keys[path]] = len(numbers) + 1
   count = len(numbers)
-  last_block = max((i for i, path in enumerate(order) if keys[path] is not None), default=-1)
+  head = head_name(order)
   ids, current = {}, 0
-  for i, path in enumerate(order):
+  for path in order:
     if keys[path] is not None:
       current = numbers[keys[path]]
-    ids[path] = count + 1 if i > last_block else current
+    ids[path] = count + 1 if _top(path) == head else current
   return ids, count
 
 

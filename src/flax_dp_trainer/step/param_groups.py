@@ -63,11 +63,15 @@ def parse_factors(text: str, field: str) -> Factors:
   """'REGEX=FACTOR,REGEX=FACTOR' as pairs (a comma inside a regex, as in `a{1,2}`, stays
   with its regex); UserError naming `field` for what is not of that form."""
   items: list[str] = []
+  pending = ''  # A regex's text up to a comma of its own.
   for part in (text or '').split(','):
-    if items and '=' not in part:
-      items[-1] += ',' + part
-    elif part.strip():
-      items.append(part)
+    if '=' in part:
+      items.append(pending + part)
+      pending = ''
+    elif part.strip() or pending:
+      pending += part + ','
+  if pending:
+    items.append(pending.rstrip(','))
   pairs = []
   for item in items:
     regex, sep, factor = item.strip().rpartition('=')

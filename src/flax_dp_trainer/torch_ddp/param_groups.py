@@ -75,23 +75,37 @@ def factors(config, num_classes: int, input_shape: Sequence[int]) -> Optional[Fa
       routed=_as_torch(flax_module, params, routed) if config.optimizer == 'muon' else {})
 
 
+def _name(name: str) -> str:
+  """A parameter's name as the key tables give it (without activation checkpointing's
+  wrapper)."""
+  return name.replace('_checkpoint_wrapped_module.', '')
+
+
+def freeze(model: torch.nn.Module, found: Optional[Factors]) -> int:
+  """`requires_grad=False` on the frozen parameters of `model`, before DDP or FSDP wraps it
+  (they then take no gradient and no reduction); how many."""
+  frozen = [p for name, p in model.named_parameters()
+            if found is not None and found.frozen[_name(name)]]
+  for p in frozen:
+    p.requires_grad_(False)
+  return len(frozen)
+
+
 def groups(config, model: torch.nn.Module, found: Optional[Factors]) -> list[dict]:
   """torch parameter groups of `model`: one per (lr factor, weight-decay factor), each with
-  lr = peak x factor and weight_decay = weight_decay x factor; frozen parameters set
-  `requires_grad=False` and left out. Without `found` (a user's torch model): decay on
+  lr = peak x factor and weight_decay = weight_decay x factor; frozen parameters
+  (`freeze`) left out. Without `found` (a user's torch model): decay on
   tensors of more than one dimension (or all, with decay_all_params), as the JAX default."""
   peak, decay = durations.peak_learning_rate(config), config.weight_decay
   by_key: dict[tuple, dict] = {}
   for name, p in model.named_parameters():
-    name = name.replace('_checkpoint_wrapped_module.', '')
-    if found is None:
-      lr, wd, frozen, routed = 1.0, float(p.ndim > 1 or config.decay_all_params), 0.0, None
-    else:
-      lr, wd, frozen = found.lr[name], found.wd[name], found.frozen[name]
-      routed = found.routed.get(name)
-    if frozen:
-      p.requires_grad_(False)
+    name = _name(name)
+    if not p.requires_grad:  # Frozen (`freeze`).
       continue
+    if found is None:
+      lr, wd, routed = 1.0, float(p.ndim > 1 or config.decay_all_params), None
+    else:
+      lr, wd, routed = found.lr[name], found.wd[name], found.routed.get(name)
     group = by_key.setdefault((lr, wd), {'params': [], 'lr': peak * lr, 'lr_factor': lr,
                                          'weight_decay': decay * wd, 'names': []})
     group['params'].append(p)

@@ -226,9 +226,10 @@ def _build(config, workdir: str, num_classes: int, input_shape, device: torch.de
   if saved is not None:
     model.load_state_dict(saved['model'])  # Whole, before FSDP2 (if set) splits it.
   checkpointed = step_lib.checkpoint_blocks(config, model)
+  found = twin_groups.factors(config, num_classes, input_shape)
+  twin_groups.freeze(model, found)
   wrapped, step_model = step_lib.distributed(model, device, compile_model,
                                              config.state_sharding)
-  found = twin_groups.factors(config, num_classes, input_shape)
   optimizer = step_lib.make_optimizer(config, model, found)
   optim_options = run_options.optim_options(config, steps_per_epoch)
   schedule = optim.learning_rate_schedule(optim_options)
