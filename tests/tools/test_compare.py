@@ -95,6 +95,15 @@ def test_report_json_and_table_hold_both_runs(compared):
           'shard_map step; DDP `bfloat16` (autocast: torch.autocast(bfloat16), GradScaler off), '
           'channels_last off, torch.compile off, model `flax_dp_trainer.torch_ddp.models.MLP`') in text
   assert f'**{report["throughput_ratio_jax_over_ddp"]:.2f}**' in text
+  # Each side's optimizer, schedule and parameter groups.
+  assert report['ddp']['optimizer'] == 'torch.optim.sgd.SGD'
+  assert report['ddp']['optimizer_arguments']['nesterov'] is True
+  assert [g['weight_decay'] for g in report['ddp']['parameter_groups']] == [5e-4, 0.0]
+  assert ('- Optimizer: JAX sgd(momentum=0.9, nesterov=True), coupled weight decay 0.0005 = '
+          'torch.optim.SGD(momentum=0.9, nesterov=True); DDP `torch.optim.sgd.SGD(') in text
+  assert '- Schedule: cosine from 0.1 to 0 over 170 updates after 30 of linear warm-up' in text
+  assert ('DDP 2 group(s): 3 tensors at lr x 1, weight decay 0.0005; 3 tensors at lr x 1, '
+          'weight decay 0; 0 frozen') in text
 
 
 @pytest.mark.slow

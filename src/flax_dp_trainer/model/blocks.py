@@ -93,8 +93,8 @@ def _block_keys(order: tuple[str, ...], blocks_regex: str) -> dict[str, Optional
 def layer_ids(order: tuple[str, ...], blocks_regex: str = '') -> tuple[dict[str, int], int]:
   """Each path of `order` (`call_order`) to its layer: 0 before the first block, i + 1 for
   the i-th block in call order, the preceding block's after it, L + 1 for the head (the last
-  top-level module; L blocks); and L. `blocks_regex`: the blocks are the paths it matches (`re.match`), one
-  block per distinct match (its first group where it has one)."""
+  top-level module; L blocks); and L. `blocks_regex`: the blocks are the paths it matches
+  (`re.match`), one block per distinct match (its first group where it has one)."""
   keys = _block_keys(order, blocks_regex)
   numbers: dict[str, int] = {}
   for path in order:

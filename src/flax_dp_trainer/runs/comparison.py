@@ -23,10 +23,13 @@ from flax_dp_trainer.loop import writers
 from flax_dp_trainer.loop import durations
 from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.data import pipeline
+from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import reporting
 from flax_dp_trainer.runs import run_metrics
+from flax_dp_trainer.step import optimizers
+from flax_dp_trainer.step import schedules
 from flax_dp_trainer.torch_ddp import models as torch_models
 from flax_dp_trainer.torch_ddp import step as ddp_step
 from flax_dp_trainer.torch_ddp import train as ddp_train
@@ -142,6 +145,41 @@ def _settings_text(run: dict) -> str:
           f'{"on" if run["torch_compile"] else "off"}, model `{run["model"]}`')
 
 
+def _optimizer_text(run: dict) -> str:
+  """The twin's optimizer class and its arguments."""
+  arguments = ', '.join(f'{k}={v!r}' for k, v in run.get('optimizer_arguments', {}).items())
+  return f'`{run.get("optimizer", "?")}({arguments})`'
+
+
+def _groups_text(run: dict) -> str:
+  """The twin's parameter groups: tensors, lr factor and weight decay of each."""
+  groups = run.get('parameter_groups', [])
+  shown = '; '.join(f'{g["tensors"]} tensors at lr x {g["lr_factor"]:.4g}, weight decay '
+                    f'{g["weight_decay"]:g}' for g in groups[:6])
+  more = f'; {len(groups) - 6} more' if len(groups) > 6 else ''
+  return f'{len(groups)} group(s): {shown}{more}; {run.get("frozen_tensors", 0)} frozen'
+
+
+def _jax_recipe(config) -> dict:
+  """The JAX run's optimizer, schedule and parameter groups in words (its durations counted
+  on the train split as the run counts them)."""
+  options = run_options.optim_options(durations.resolve_durations(
+      config, _train_examples(config)), _train_examples(config) / config.batch_size)
+  groups = options.groups
+  parts = [f'layer decay {groups.layer_decay:g}'] if groups.layer_decay != 1 else []
+  parts += [f'{name} {value!r}' for name, value in (('lr_mults', config.lr_mults),
+                                                   ('wd_mults', config.wd_mults),
+                                                   ('frozen', config.frozen)) if value]
+  return {'optimizer': optimizers.describe(options.optimizer),
+          'schedule': schedules.describe(options.schedule),
+          'parameter_groups': ', '.join(parts) or 'every parameter alike (biases, norms and '
+                                                  'embeddings spared from decay)'}
+
+
+def _train_examples(config) -> int:
+  return run_datasets.for_options(run_options.data_options(config)).num_train_examples or 0
+
+
 def _models_text(settings: dict) -> str:
   """The models the runs train: the flax one, and the torch one where it is a user's."""
   if settings.get('torch_model'):
@@ -196,6 +234,12 @@ def markdown(report: dict) -> str:
       '- Peak memory: peak resident host memory, summed over the run\'s processes.',
       f'- Precision and speed settings: JAX {_settings_text(report["jax"])}; DDP '
       f'{_settings_text(report["ddp"])}.',
+      f'- Optimizer: JAX {report["jax"].get("optimizer", "?")}; DDP '
+      f'{_optimizer_text(report["ddp"])}.',
+      f'- Schedule: {report["jax"].get("schedule", "?")} (DDP: '
+      f'{report["ddp"].get("schedule", "?")}).',
+      f'- Parameter groups: JAX {report["jax"].get("parameter_groups", "?")}; DDP '
+      f'{_groups_text(report["ddp"])}.',
       '- Versions: ' + ', '.join(f'{k} {v}' for k, v in s['versions'].items()) + '.',
   ]
   if s['batchnorm_note']:
@@ -345,7 +389,8 @@ def compare(config, config_path: str, overrides: list[str], workdir: str, device
             for key, (records, started) in runs.items()}
   jax_platform = _jax_platform(run_dirs['jax'])
   report['jax'].update(precision=config.dtype, step_backend=config.step_backend,
-                       state_sharding=config.state_sharding, platform=jax_platform)
+                       state_sharding=config.state_sharding, platform=jax_platform,
+                       **_jax_recipe(config))
   with open(os.path.join(run_dirs['ddp'], ddp_train.SETTINGS_FILE), encoding='utf-8') as f:
     report['ddp'].update(json.load(f))
   report['throughput_ratio_jax_over_ddp'] = reporting.ratio(

@@ -4,8 +4,8 @@ multiplier per params leaf.
   * learning rate: layer-wise decay with timm's semantics (`--layer-decay`: a leaf in layer i
     of L blocks, `model.blocks`, scaled by decay^(L + 1 - i)), times big_vision's `lr_mults`;
   * weight decay: kernels only unless `decay_all_params` (biases and norm params spared, as
-    timm's `weight_decay_exclude_1d` spares 1-D params and biases), position embeddings and class tokens spared as timm's
-    `no_weight_decay()` spares them, torchvision's `--norm-weight-decay`,
+    timm's `weight_decay_exclude_1d` spares 1-D params and biases), position embeddings and
+    class tokens spared as timm's `no_weight_decay()` spares them, torchvision's `--norm-weight-decay`,
     `--bias-weight-decay` and `--transformer-embedding-decay`, then big_vision's `wd_mults`;
   * frozen: the leaves a regex matches take no update and keep no optimizer state.
 

@@ -146,3 +146,20 @@ def clip(config, parameters: list[torch.nn.Parameter], grad_norm: torch.Tensor) 
     # pylint: disable-next=import-outside-toplevel
     from timm.utils import agc  # (timm: for this clipping mode only)
     agc.adaptive_clip_grad(parameters[:-2], threshold, eps=optim.AGC_EPS)
+
+
+def describe(optimizer: torch.optim.Optimizer) -> dict:
+  """What the twin's optimizer is, as its settings file and `tools.compare` record it: the
+  class, its arguments and each parameter group's size, lr factor and weight decay."""
+  inner = getattr(optimizer, 'optim', optimizer)  # ZeroRedundancyOptimizer's local one.
+  cls = type(inner)
+  simple = (bool, int, float, str, type(None), tuple)
+  return {'optimizer': f'{cls.__module__}.{cls.__name__}',
+          'optimizer_arguments': {k: v for k, v in inner.defaults.items()
+                                  if isinstance(v, simple) and k not in ('lr', 'weight_decay')
+                                  and not k.startswith(('foreach', 'fused', 'capturable',
+                                                        'differentiable', 'maximize'))},
+          'parameter_groups': [{'tensors': len(g['params']), 'lr_factor': g.get('lr_factor', 1.0),
+                                'weight_decay': g['weight_decay']}
+                               for g in optimizer.param_groups],
+          'schedule': 'LambdaLR: the JAX run\'s schedule over its peak'}

@@ -324,6 +324,8 @@ def train(config, workdir: str, parity: bool, init_weights: Optional[str] = None
     with open(os.path.join(workdir, SETTINGS_FILE), 'w', encoding='utf-8') as f:
       json.dump({**step_lib.describe(training.model, training.precision,
                                      config.state_sharding),
+                 **twin_groups.describe(training.optimizer),
+                 'frozen_tensors': sum(not p.requires_grad for p in training.model.parameters()),
                  'activation_checkpointed_blocks': training.checkpointed,
                  'fsdp_units': step_lib.fsdp_units(training.model),
                  'backend': dist.get_backend(), 'ranks': world,
