@@ -48,7 +48,7 @@ _DEFAULTS = {
                       min_dim_size_to_factor=16),
     'muon': dict(momentum=0.95, nesterov=False, ns_steps=5, ns_coefficients='quintic',
                  eps=1e-7, safety_factor=1.0, adjust_lr_fn='match_rms_adamw',
-                 fallback_lr_scale=1.0, b1=0.9, b2=0.95),
+                 fallback_lr_scale=1.0, b1=0.9, b2=0.95, ns_dtype='bfloat16'),
 }
 # The config's fields each shipped optimizer takes, and the keyword each sets.
 _FIELDS = {
@@ -75,7 +75,8 @@ NS_COEFFICIENTS = {
 }
 # timm's Muon orthogonalizes in bfloat16 (not a constructor argument there); tests compare in
 # float32 by setting both sides.
-NS_DTYPE = jnp.bfloat16
+# muon's `ns_dtype`: the orthogonalization's compute dtype (timm's is bfloat16).
+NS_DTYPES = ('bfloat16', 'float32')
 _ADJUST_LR_FNS = ('original', 'match_rms_adamw', 'rms_to_rms', None)
 
 _OPTAX_FORMS = "'optax.NAME' or 'optax.contrib.NAME'"
@@ -241,6 +242,9 @@ def _check_shipped(name: str, kwargs: dict) -> None:
       raise UserError(f"muon: adjust_lr_fn={kwargs['adjust_lr_fn']!r} is unknown; choose one of "
                       f'{_ADJUST_LR_FNS} (--config.optimizer_kwargs.adjust_lr_fn=NAME)')
     _ns_coefficients(kwargs['ns_coefficients'])
+    if kwargs['ns_dtype'] not in NS_DTYPES:
+      raise UserError(f"muon: ns_dtype={kwargs['ns_dtype']!r} is unknown; choose one of "
+                      f'{NS_DTYPES} (--config.optimizer_kwargs.ns_dtype=float32)')
 
 
 def _ns_coefficients(value: Any) -> tuple[tuple[float, float, float], ...]:
@@ -292,6 +296,7 @@ _COUNTERPARTS = {
             list(t) for t in _ns_coefficients(o['ns_coefficients'])],
         eps=o['eps'], safety_factor=o['safety_factor'], adjust_lr_fn=o['adjust_lr_fn'],
         conv_mode='flatten', fallback_lr_scale=o['fallback_lr_scale'], **_betas(o))),
+    # (ns_dtype: timm's orthogonalization takes it per call; the twin passes it there.)
 }
 
 
@@ -684,18 +689,19 @@ def _adafactor(o: dict):
   return init, update
 
 
-def _newton_schulz(x, coefficients: tuple, steps: int, eps: float, safety_factor: float):
-  """timm's Muon orthogonalization of the matrix `x` in NS_DTYPE: the wide orientation,
+def _newton_schulz(x, coefficients: tuple, steps: int, eps: float, safety_factor: float,
+                   dtype: str = 'bfloat16'):
+  """timm's Muon orthogonalization of the matrix `x` in `dtype`: the wide orientation,
   scaled to Frobenius norm at most 1, then `steps` quintic iterations (the coefficients'
   last triple repeats past their end)."""
   sequence = coefficients[:steps] + coefficients[-1:] * max(0, steps - len(coefficients))
-  x = x.astype(NS_DTYPE)
+  x = x.astype(dtype)
   transposed = x.shape[0] > x.shape[1]
   if transposed:
     x = x.T
   x = x / jnp.maximum(_norm(x.astype(jnp.float32)) * safety_factor, eps).astype(x.dtype)
   # Each line is one fused multiply-add of timm's (addmm): products and sums in float32,
-  # rounded to NS_DTYPE once.
+  # rounded to `dtype` once.
   dot = functools.partial(jnp.matmul, preferred_element_type=jnp.float32)
   for a, b, c in sequence:
     gram = dot(x, x.T).astype(x.dtype)
@@ -737,7 +743,8 @@ def _muon(o: dict):
     axes = torch_axes(leaf.names, d.ndim)
     x = jnp.transpose(d, axes)
     matrix = x.reshape(x.shape[0], -1)
-    ortho = _newton_schulz(matrix, coefficients, o['ns_steps'], o['eps'], o['safety_factor'])
+    ortho = _newton_schulz(matrix, coefficients, o['ns_steps'], o['eps'], o['safety_factor'],
+                           o['ns_dtype'])
     scale = muon_lr_scale(*matrix.shape, o['adjust_lr_fn'])
     ortho = jnp.transpose(ortho.astype(p.dtype).reshape(x.shape), _inverse(axes))
     return -lr * scale * ortho - lr * leaf.weight_decay * p, {'momentum_buffer': buf}

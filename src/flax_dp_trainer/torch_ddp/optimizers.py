@@ -2,6 +2,7 @@
 or timm.optim), built over the twin's parameter groups, so that it runs the algorithm of the JAX
 run's optax transformation (`step.optimizers.build`)."""
 
+import functools
 import importlib
 
 import torch
@@ -48,4 +49,26 @@ def torch_optimizer(optimizer: optimizers.Optimizer,
     groups = [part for group in groups for part in _split_muon_group(group)]
   # Every group sets its own lr; the constructor's must still be given: timm's Adafactor turns
   # to its relative (lr-free) step when it is None.
+  if optimizer.name == 'muon' and optimizer.options['ns_dtype'] != 'bfloat16':
+    optimizer_class = _muon_in(getattr(torch, optimizer.options['ns_dtype']))
   return optimizer_class(groups, lr=groups[0]['lr'], **kwargs)
+
+
+def _muon_in(dtype: torch.dtype) -> type:
+  """timm's Muon orthogonalizing in `dtype` (its own function takes the dtype per call; its
+  class always passes bfloat16): the module's function given `dtype` for each step only."""
+  # pylint: disable-next=import-outside-toplevel
+  from timm.optim import muon as timm_muon  # (timm: for muon only)
+
+  class Muon(timm_muon.Muon):
+    """timm's Muon, its Newton-Schulz iterations in the given dtype."""
+
+    def step(self, closure=None):
+      original = timm_muon.zeropower_via_newtonschulz
+      timm_muon.zeropower_via_newtonschulz = functools.partial(original, dtype=dtype)
+      try:
+        return super().step(closure)
+      finally:
+        timm_muon.zeropower_via_newtonschulz = original
+
+  return Muon
