@@ -146,8 +146,10 @@ def test_reuse_reports_without_training_and_runs_are_never_overwritten(compared,
 
 def test_a_config_the_twin_lacks_is_refused_before_any_run(tmp_path, tfds_data_dir):
   workdir = tmp_path / 'bad'
-  with pytest.raises(UserError, match="^optimizer='lamb' has no DDP twin yet"):
-    _compare_here(_config(tfds_data_dir, optimizer='lamb'), workdir, reuse=False)
+  with pytest.raises(UserError, match="^optimizer='optax.contrib.ademamix' has no PyTorch "
+                                      'counterpart, so the DDP twin cannot run it'):
+    _compare_here(_config(tfds_data_dir, optimizer='optax.contrib.ademamix'), workdir,
+                  reuse=False)
   assert not workdir.exists()
 
 

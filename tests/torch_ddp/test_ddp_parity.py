@@ -42,6 +42,17 @@ TIMM_VIT = dict(model='tests.ports.vit:ViT', torch_model='tests.ports.vit:timm_v
                 torch_model_kwargs={'img_size': 8, 'patch_size': 4, 'in_chans': 1})
 
 
+# Recipes (docs/recipes.md) on both sides: timm's Lion with a warmup-stable-decay schedule, the
+# first convolution frozen and gradients clipped by value; AdamW with timm's layer-wise decay
+# on the ViT and a multistep schedule held within epochs, as torchvision steps it.
+LION_PROBE = dict(optimizer='lion', learning_rate=3e-4, weight_decay=0.1, lr_schedule='wsd',
+                  lr_decay_shape='linear', frozen='Conv_0/.*', grad_clip_mode='value',
+                  grad_clip_norm=0.05)
+ADAMW_LAYER_DECAY = dict(optimizer='adamw', learning_rate=3e-3, weight_decay=0.05,
+                         layer_decay=0.65, lr_schedule='multistep', lr_milestones='8,12',
+                         lr_schedule_unit='epoch')
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('model,jax_devices,ddp_ranks,more',
                          [('resnet_tiny', 4, 1, {}),
@@ -53,9 +64,11 @@ TIMM_VIT = dict(model='tests.ports.vit:ViT', torch_model='tests.ports.vit:timm_v
                           (None, 2, 1, TIMM_VIT),
                           ('resnet_tiny', 2, 1, dict(remat='full')),
                           ('resnet_tiny', 2, 1, dict(state_sharding='fsdp', remat='full',
-                                                     step_backend='shard_map'))],
+                                                     step_backend='shard_map')),
+                          ('cnn', 2, 1, LION_PROBE), ('vit_test', 2, 1, ADAMW_LAYER_DECAY)],
                          ids=['resnet_tiny', 'mlp_mixed', 'user_mlp_2_ranks', 'user_mlp_1_rank',
-                              'user_cnn_1_rank', 'timm_vit_1_rank', 'resnet_tiny_remat', 'resnet_tiny_fsdp_remat'])
+                              'user_cnn_1_rank', 'timm_vit_1_rank', 'resnet_tiny_remat',
+                              'resnet_tiny_fsdp_remat', 'lion_wsd_frozen', 'adamw_layer_decay'])
 def test_first_20_losses_agree(tmp_path, config, request, model, jax_devices, ddp_ranks, more):
   user = 'torch_model' in more
   remat = more.get('remat', 'none') != 'none'

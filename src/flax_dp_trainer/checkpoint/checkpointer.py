@@ -230,10 +230,12 @@ class Checkpointer:
           f'({mismatch}{"; config changed: " + changed if changed else ""}); resume with the '
           'config that wrote it, or pass a new --workdir')
 
-  def restore_without_optimizer(self, target: Any) -> Restored:
+  def restore_without_optimizer(self, target: Any) -> tuple[Restored, Any]:
     """The newest checkpoint's state but its optimizer state, restored into `target` (a
     `TrainState` whose optimizer state is fresh, and kept): what a resume that changed the
-    optimizer continues from. `UserError` where the rest does not fit `target`."""
+    optimizer continues from, and an evaluation needs; with the saved optimizer state as it
+    reads without a target (nested dicts and lists). `UserError` where the rest does not fit
+    `target`."""
     reader = read_only(self.directory)
     step = reader.latest_step()
     whole = reader.restore(step, args=ocp.args.Composite(
@@ -251,7 +253,7 @@ class Checkpointer:
       raise UserError(f'the checkpoint at step {step} in {self.directory} holds another model '
                       f'({first_line(e, limit=200)}); resume with the config that wrote it, '
                       'or pass a new --workdir') from None
-    return Restored(step=step, state=state, meta=whole['meta'])
+    return Restored(step=step, state=state, meta=whole['meta']), saved.get('opt_state')
 
   def set_aside(self, unreadable: list[Unreadable]) -> None:
     """Moves unreadable checkpoints out of the way of new saves (kept, not deleted)."""

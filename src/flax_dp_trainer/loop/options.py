@@ -19,6 +19,7 @@ from flax_dp_trainer.data import options as data_options_lib
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.loop import durations
 from flax_dp_trainer.model import adapter
+from flax_dp_trainer.model import blocks
 from flax_dp_trainer.model import modeling
 from flax_dp_trainer.step import losses
 from flax_dp_trainer.step import mix as mix_lib
@@ -208,12 +209,25 @@ def initial_state(options: RunOptions, model: adapter.Model, input_shape: tuple[
   """`model` and the optimizer of `options` initialized on the host for `input_shape` (batch
   first) from `rng` (default: the seed's init key); `schedule`: the run's learning rate
   where built already (`optim.learning_rate_schedule`)."""
+  options = with_call_order(options, model, input_shape)
   if schedule is None:
     schedule = optim.learning_rate_schedule(options.optim)
   rng = state_lib.seed_rngs(options.seed)[0] if rng is None else rng
   return state_lib.init_state(model, optim.create_optimizer(options.optim, schedule),
                               input_shape, rng, loss_scaling=options.loss_scaling,
                               ema=options.ema)
+
+
+def with_call_order(options: RunOptions, model: adapter.Model,
+                    input_shape: tuple[int, ...]) -> RunOptions:
+  """`options` with the order of `model`'s params (`model.blocks.call_order`) where the
+  optimizer needs it (layer decay, agc, muon) and it is not known yet."""
+  groups = options.optim.groups
+  if not options.optim.needs_call_order or groups.call_order:
+    return options
+  order, _ = blocks.call_order(model, input_shape)
+  return dataclasses.replace(options, optim=dataclasses.replace(
+      options.optim, groups=dataclasses.replace(groups, call_order=order)))
 
 
 def build_model(config, num_classes: int, input_shape: Optional[tuple[int, ...]] = None,

@@ -41,7 +41,9 @@ from flax_dp_trainer.model import probe
 from flax_dp_trainer.model import source as model_source
 from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.step import losses
+from flax_dp_trainer.step import old_states
 from flax_dp_trainer.step import optim
+from flax_dp_trainer.step import optimizers
 from flax_dp_trainer.step import param_groups
 from flax_dp_trainer.step import state as state_lib
 from flax_dp_trainer import zoo
@@ -182,13 +184,37 @@ def _restore(run: 'Run', state: state_lib.TrainState, resume_with_changes: bool
     try:
       return restore_newest(run, state)
     except UserError as e:
-      if not (resume_with_changes and 'opt_state' in str(e)):
+      if 'opt_state' not in str(e):
         raise
-      changes = [f'its optimizer state does not fit ({e})']
-  restored = run.checkpointer.restore_without_optimizer(state)
+      restored, saved = run.checkpointer.restore_without_optimizer(state)
+      carried = old_states.carry(run.config.optimizer, saved, state.opt_state, restored.step)
+      if carried is not None:
+        logging.info('the checkpoint at step %d in %s holds an earlier version\'s %s state: '
+                     'carried over', restored.step, where, run.config.optimizer)
+        return dataclasses.replace(restored, state=restored.state.replace(
+            opt_state=carried)), []
+      if not resume_with_changes:
+        raise UserError(f'{e}; or pass --resume_with_changes to keep its params and start the '
+                        'optimizer state afresh') from None
+      changes = ['its optimizer state is of an earlier version']
+  restored, _ = run.checkpointer.restore_without_optimizer(state)
   logging.warning('resuming %s at step %d with another optimizer (--resume_with_changes): %s; '
-                  'the optimizer state starts afresh', where, restored.step, '; '.join(changes))
-  return restored, []
+                  'the optimizer state starts afresh, its schedule at that step', where,
+                  restored.step, '; '.join(changes))
+  return dataclasses.replace(restored, state=restored.state.replace(
+      opt_state=optimizers.at_schedule_step(state.opt_state, restored.step))), []
+
+
+def restore_for_evaluation(run: 'Run', state: state_lib.TrainState
+                           ) -> Optional[checkpoint.Restored]:
+  """The newest checkpoint that reads, for evaluation: one whose optimizer state does not fit
+  this run's optimizer (another optimizer, an earlier version's) restored without it."""
+  try:
+    return restore_newest(run, state)[0]
+  except UserError as e:
+    if 'opt_state' not in str(e):
+      raise
+    return run.checkpointer.restore_without_optimizer(state)[0]
 
 
 def start(run: 'Run', resume_with_changes: bool = False) -> Start:

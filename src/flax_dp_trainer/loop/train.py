@@ -103,7 +103,7 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
                       arrays=data, command_line=command_line, datasets=datasets)
   config = run.config
   state = setup.initial_state(run)
-  restored, _ = setup.restore_newest(run, state)
+  restored = setup.restore_for_evaluation(run, state)
   if restored is None and not config.init_from:
     raise UserError(f'--eval_only: {run.checkpointer.directory} holds no checkpoint to '
                     'evaluate and no --config.init_from is set; point --workdir at a run\'s '

@@ -421,9 +421,26 @@ def _leaves(tree, weight_decay: float, wd_factors, lr_factors, factor_tree,
 
 
 class PerLeafState(NamedTuple):
-  """The step count and each leaf's state, in a tree like the params."""
+  """The schedule's position, each leaf's state (in a tree like the params) and the updates
+  that state has seen (its bias corrections' step; 0 where a resume started it afresh at
+  `count`, `at_schedule_step`)."""
   count: jax.Array
   leaves: Any
+  updates: jax.Array
+
+
+def at_schedule_step(opt_state: Any, step: int) -> Any:
+  """A fresh optimizer state whose learning-rate schedule continues at `step` (a resume that
+  starts the optimizer afresh): the per-leaf state's and optax's schedule counts set to it,
+  the moments' own counts left at 0."""
+  def visit(node):
+    if isinstance(node, PerLeafState):
+      return node._replace(count=jnp.asarray(step, node.count.dtype))
+    if isinstance(node, optax.ScaleByScheduleState):
+      return node._replace(count=jnp.asarray(step, node.count.dtype))
+    return node
+  return jax.tree.map(visit, opt_state, is_leaf=lambda x: isinstance(
+      x, (PerLeafState, optax.ScaleByScheduleState)))
 
 
 def _per_leaf(init_leaf: Callable, update_leaf: Callable, learning_rate: optax.ScalarOrSchedule,
@@ -441,7 +458,8 @@ def _per_leaf(init_leaf: Callable, update_leaf: Callable, learning_rate: optax.S
     leaves, treedef = _leaves(params, weight_decay, wd_factors, lr_factors, params, routing,
                               head)
     states = [layerwise(leaf, lambda p, leaf=leaf: init_leaf(leaf, p))(p) for leaf, p in leaves]
-    return PerLeafState(jnp.zeros([], jnp.int32), treedef.unflatten(states))
+    return PerLeafState(jnp.zeros([], jnp.int32), treedef.unflatten(states),
+                        jnp.zeros([], jnp.int32))
 
   def update(updates, state, params=None):
     if params is None:
@@ -449,7 +467,7 @@ def _per_leaf(init_leaf: Callable, update_leaf: Callable, learning_rate: optax.S
     leaves, treedef = _leaves(updates, weight_decay, wd_factors, lr_factors, params, routing,
                               head)
     lr_t = learning_rate(state.count) if callable(learning_rate) else learning_rate
-    t = state.count + 1
+    t = state.updates + 1
     out, states = [], []
     for (leaf, g), p, s in zip(leaves, treedef.flatten_up_to(params),
                                treedef.flatten_up_to(state.leaves)):
@@ -464,7 +482,8 @@ def _per_leaf(init_leaf: Callable, update_leaf: Callable, learning_rate: optax.S
       out.append(u.astype(g.dtype))
       states.append(s)
     return treedef.unflatten(out), PerLeafState(optax.safe_increment(state.count),
-                                                treedef.unflatten(states))
+                                                treedef.unflatten(states),
+                                                optax.safe_increment(state.updates))
 
   return optax.GradientTransformation(init, update)
 
