@@ -158,11 +158,11 @@ def test_bare_step_parts_run_without_tensorflow(tmp_path, tfds_there):
   assert figures['step_jax_examples_per_sec'] == max(
       jax_step[b]['examples_per_sec'] for b in ('pmap', 'shard_map'))
   # The step under each state sharding, with its memory per device: the momentum halved on 2
-  # devices under 'optimizer' (every leaf has an even dimension; the schedule's int32 step
-  # count stays whole), the params too under 'full'.
+  # devices under 'optimizer' (every leaf has an even dimension; the two int32 counts, the
+  # schedule's and the updates', stay whole), the params too under 'full'.
   memory = {k: v['memory'] for k, v in jax_step['state_sharding'].items()}
   assert set(memory) == {'replicated', 'optimizer', 'full', 'fsdp'}
-  assert memory['optimizer']['opt_state'] == (memory['replicated']['opt_state'] - 4) / 2 + 4
+  assert memory['optimizer']['opt_state'] == (memory['replicated']['opt_state'] - 8) / 2 + 8
   assert memory['optimizer']['params'] == memory['replicated']['params']
   assert memory['full']['params'] * 2 == memory['replicated']['params']
   assert all(m['temporaries'] > 0 for m in memory.values())
