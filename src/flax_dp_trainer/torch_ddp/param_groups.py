@@ -102,8 +102,11 @@ def groups(config, model: torch.nn.Module, found: Optional[Factors]) -> list[dic
     name = _name(name)
     if not p.requires_grad:  # Frozen (`freeze`).
       continue
-    if found is None:
-      lr, wd, routed = 1.0, float(p.ndim > 1 or config.decay_all_params), None
+    if found is None:  # The JAX default's rule on torch's names (`param_groups`).
+      leaf = name.rsplit('.', 1)[-1]
+      lr, routed = 1.0, None
+      wd = float(config.decay_all_params or (p.ndim > 1 and leaf != 'bias' and
+                                             leaf not in param_groups.EMBEDDINGS))
     else:
       lr, wd, routed = found.lr[name], found.wd[name], found.routed.get(name)
     group = by_key.setdefault((lr, wd), {'params': [], 'lr': peak * lr, 'lr_factor': lr,
