@@ -167,6 +167,12 @@ def _optimizer_changes(run: 'Run') -> list[str]:
           if field in saved and _plain(saved[field]) != _plain(config[field])]
 
 
+def _optimizer_state_unfit(error: UserError) -> bool:
+  """Whether `error` is a checkpoint that reads but whose optimizer state does not fit this
+  run's (not a damaged one)."""
+  return 'does not fit this config' in str(error) and 'opt_state' in str(error)
+
+
 def _restore(run: 'Run', state: state_lib.TrainState, resume_with_changes: bool
              ) -> tuple[Optional[checkpoint.Restored], list[checkpoint.Unreadable]]:
   """The newest checkpoint that reads (`restore_newest`); where the optimizer changed
@@ -184,7 +190,7 @@ def _restore(run: 'Run', state: state_lib.TrainState, resume_with_changes: bool
     try:
       return restore_newest(run, state)
     except UserError as e:
-      if 'opt_state' not in str(e):
+      if not _optimizer_state_unfit(e):
         raise
       restored, saved = run.checkpointer.restore_without_optimizer(state)
       carried = old_states.carry(run.config.optimizer, saved, state.opt_state, restored.step)
@@ -212,7 +218,7 @@ def restore_for_evaluation(run: 'Run', state: state_lib.TrainState
   try:
     return restore_newest(run, state)[0]
   except UserError as e:
-    if 'opt_state' not in str(e):
+    if not _optimizer_state_unfit(e):
       raise
     return run.checkpointer.restore_without_optimizer(state)[0]
 
