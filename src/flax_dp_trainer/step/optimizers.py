@@ -498,6 +498,14 @@ def _norm(x):
   return jnp.sqrt(jnp.sum(jnp.square(x)))
 
 
+def _momentum(g, s: dict, momentum: float, nesterov: bool):
+  """torch's momentum buffer (dampening 0) on `g`, and the leaf's new state: sgd's and lars'."""
+  if not momentum:
+    return g, s
+  buf = momentum * s['momentum'] + g
+  return (g + momentum * buf if nesterov else buf), {'momentum': buf}
+
+
 def _sgd(o: dict):
   """torch.optim.SGD: coupled decay, momentum buffer (the first step's is the gradient,
   as zeros * momentum + g gives), dampening 0, optional Nesterov."""
@@ -508,10 +516,7 @@ def _sgd(o: dict):
 
   def update(leaf, g, p, s, lr, t):
     g = g + leaf.weight_decay * p
-    if momentum:
-      buf = momentum * s['momentum'] + g
-      s = {'momentum': buf}
-      g = g + momentum * buf if nesterov else buf
+    g, s = _momentum(g, s, momentum, nesterov)
     return -lr * g, s
 
   return init, update
@@ -633,10 +638,7 @@ def _lars(o: dict):
       w_norm, g_norm = _norm(p), _norm(g)
       ratio = trust_coeff * w_norm / (g_norm + w_norm * wd + eps)
       g = (g + wd * p) * _trust_ratio(w_norm, g_norm, ratio)
-    if momentum:
-      buf = momentum * s['momentum'] + g
-      s = {'momentum': buf}
-      g = g + momentum * buf if nesterov else buf
+    g, s = _momentum(g, s, momentum, nesterov)
     return -lr * g, s
 
   return init, update
