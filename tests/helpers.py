@@ -14,7 +14,7 @@ from flax_dp_trainer.checkpoint import checkpointer as checkpoint
 from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.step import steps as step_lib
 from flax_dp_trainer.configs import default
-from flax_dp_trainer.data import builders
+from flax_dp_trainer.data import kinds
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.loop import durations
 from flax_dp_trainer.loop import options as run_options
@@ -119,7 +119,8 @@ def reference_eval(state, config) -> tuple[int, float, float, float]:
 
 def reference_eval_of(logits_fn, config) -> tuple[int, float, float, float]:
   """reference_eval for any function of a float32 image batch (digits) to logits."""
-  builder = builders.get_builder(run_options.data_options(config))
+  options = run_options.data_options(config)
+  builder = kinds.open_reader(options, specs.of_options(options)).builder
   data = tfds.as_numpy(builder.as_dataset(split=config.eval_split, batch_size=-1))
   images = data['image'].astype(np.float32) / 255.0
   logits = np.asarray(logits_fn(images), np.float64)

@@ -16,7 +16,7 @@ import ml_collections
 
 from flax_dp_trainer import logs
 from flax_dp_trainer.base.errors import UserError
-from flax_dp_trainer.data import arrays
+from flax_dp_trainer.data.kinds import arrays
 from flax_dp_trainer.loop import progress as bars
 from flax_dp_trainer.loop import train as train_lib
 from flax_dp_trainer.loop import writers
@@ -73,7 +73,7 @@ def fit(config, workdir: str, *, model=None, loss=None, data=None, devices=None,
         layout: Optional[str] = None) -> FitResult:
   """Trains `config` in `workdir`, resuming from its newest checkpoint
   (`train.train_and_evaluate`); returns a `FitResult`. `data`: {split: (images, labels)}
-  numpy arrays to train on in place of `config.dataset` (`data/arrays.py`). `cpu_devices`:
+  numpy arrays to train on in place of `config.dataset` (`data/kinds/arrays.py`). `cpu_devices`:
   that many simulated CPU devices, as the command line's `--cpu_devices` (before JAX starts
   in this process). `callbacks`: each called on process 0 as `callback(step, {tag: value})`
   with every log step's training metrics and every evaluation's, as they are written.

@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 from flax_dp_trainer import configs
 from flax_dp_trainer.data import specs
+from flax_dp_trainer.data import kinds
 from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.base.errors import UserError
 
@@ -201,17 +202,7 @@ def listing(what: str) -> str:
     return '\n'.join(zoo.names() + [
         'pkg.module:Name  your own flax module by import path (docs/your_model.md)'])
   if what == 'datasets':
-    rows = []
-    for name, known in specs.KNOWN.items():
-      augment = f'; augment {known.augment}' if known.augment else ''
-      rows.append(f'{name:<14} normalized with mean {known.mean}, std {known.std}{augment}'
-                  f'{"; shipped (offline)" if name in specs.SHIPPED else ""}'
-                  f'{"; evaluation only" if known.eval_only else ""}')
-    rows.append('NAME           any other TFDS image classification dataset, as TFDS names it '
-                '(NAME, NAME/CONFIG, NAME:VERSION: e.g. oxford_flowers102, eurosat/rgb), '
-                'or your own builder once --config.imports registers it')
-    rows.append('folder:/PATH   an image folder: PATH/train/CLASS/*.jpg|jpeg|png (and val/)')
-    rows.append('npz:/PATH      arrays: x_train, y_train, x_test, y_test (docs/data.md)')
+    rows = kinds.listing()
     rows.append('--show_config --config.dataset=NAME says what a dataset resolves to: classes, '
                 'shape, splits, augmentation, normalization (from TFDS\'s metadata; nothing is '
                 'downloaded)')

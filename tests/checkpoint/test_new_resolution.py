@@ -131,7 +131,7 @@ def test_fixed_size_images_resized_to_image_size(config):
     data = pipeline.open_train_data(run_options.data_options(config))
     assert data.plan().describe().startswith('resize (24x24, area)')
     batch = next(data.batches())
-    evaluation = pipeline.eval_data(run_options.data_options(config), data.builder)
+    evaluation = pipeline.eval_data(run_options.data_options(config), data.reader)
     first = next(pipeline.eval_batches(evaluation))
   assert batch['image'].shape == (8, 24, 24, 3) and first['image'].shape == (8, 24, 24, 3)
   for bad, message in ((dict(image_size=0), 'resize_images=True resizes every image'),

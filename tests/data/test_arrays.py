@@ -15,10 +15,9 @@ import tensorflow as tf
 import flax_dp_trainer as trainer
 from flax_dp_trainer.checkpoint import checkpointer as checkpoint
 from flax_dp_trainer.loop import train
-from flax_dp_trainer.data import arrays
+from flax_dp_trainer.data.kinds import arrays
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import sources
-from flax_dp_trainer.data import builders
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.data.options import DataOptions
@@ -89,7 +88,7 @@ def test_float_images_refuse_uint8_augmentations_and_take_the_configs_statistics
   config.image_mean, config.image_std = '0.5', '0.1,0.2,0.3'
   spec = run_datasets.for_options(run_options.data_options(config), given)
   assert (spec.mean, spec.std) == ((0.5,), (0.1, 0.2, 0.3))
-  assert spec.arrays is given and 'arrays' not in specs.to_json(spec)
+  assert spec.kind.arrays is given and 'kind' not in specs.to_json(spec)
   # The log says what the images reach the device as.
   assert pipeline.open_train_data(run_options.data_options(config), spec).describe(
       1)[1].endswith(
@@ -180,13 +179,13 @@ def test_an_arrays_missing_evaluation_split_is_refused(config, shapes):
   for stand_in in (False, True):
     with pytest.raises(UserError, match=r"eval_split: dataset 'npz:.*shapes.npz' has no split "
                        r"'validation\[:50%\]'; it has: test, train"):
-      builders.check_split(run_options.data_options(config), None, 'validation[:50%]',
-                           'eval_split', **({'stand_in': True} if stand_in else {}))
-  assert builders.check_split(run_options.data_options(config), None, 'train+test',
-                              'train_split') == 'train+test'
+      specs.spec(config.dataset).kind.check_split(
+          'validation[:50%]', 'eval_split', **({'stand_in': True} if stand_in else {}))
+  assert specs.spec(config.dataset).kind.check_split('train+test',
+                                                     'train_split') == 'train+test'
   with pytest.raises(UserError, match=r"eval_splits: dataset 'npz:.*shapes.npz' has no split "
                      r"'validation'; it has: test, train"):
-    builders.check_split(run_options.data_options(config), None, 'validation', 'eval_splits')
+    specs.spec(config.dataset).kind.check_split('validation', 'eval_splits')
 
 
 def test_images_that_look_nchw_are_refused_unless_their_layout_is_declared(tmp_path):
@@ -243,7 +242,7 @@ def test_an_npz_files_layout_is_declared_in_its_name(tmp_path):
   spec = specs.spec(f'npz:{path}?layout=NCHW')
   assert (spec.name, spec.image_shape, spec.layout) == (f'npz:{path}?layout=NCHW', (4, 5, 3),
                                                         'NCHW')
-  np.testing.assert_array_equal(spec.arrays.splits['train'][0], x_train.transpose(0, 2, 3, 1))
+  np.testing.assert_array_equal(spec.kind.arrays.splits['train'][0], x_train.transpose(0, 2, 3, 1))
   assert specs.spec(f'npz:{path}?layout=NHWC').image_shape == (3, 4, 5)
   for query, message in [
       ('?layot=NCHW', f"'layot' is not an option of an array dataset; the one option is layout "

@@ -1,7 +1,8 @@
-"""Image files that do not read (data/file_check.py, folder.py, damaged.py): found by
-the check before the first step, left out in one warning line (or refused in one line), the
-list recorded in the workdir and kept by every resume; and a file that fails to decode during
-training, in every read mode, named in one line with its stream position."""
+"""Image files that do not read (data/kinds/file_check.py, kinds/folder.py, kinds/left_out.py,
+damaged.py): found by the check before the first step, left out in one warning line (or
+refused in one line), the list recorded in the workdir and kept by every resume; and a file
+that fails to decode during training, in every read mode, named in one line with its stream
+position."""
 
 import io
 import json
@@ -14,17 +15,25 @@ import pytest
 from PIL import Image
 
 from flax_dp_trainer.loop import train
-from flax_dp_trainer.data import convert
-from flax_dp_trainer.data import damaged
-from flax_dp_trainer.data import file_check
-from flax_dp_trainer.data import folder as folder_lib
+from flax_dp_trainer.data import kinds
 from flax_dp_trainer.data import pipeline
+from flax_dp_trainer.data import run_datasets
+from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import stream
 from flax_dp_trainer.data import tf_options
+from flax_dp_trainer.data.kinds import convert
+from flax_dp_trainer.data.kinds import file_check
+from flax_dp_trainer.data.kinds import folder as folder_lib
+from flax_dp_trainer.data.kinds import left_out
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.loop import options as run_options
 from tests import REPO
+
+
+def _folder(root: str) -> folder_lib.FolderKind:
+  """A new kind of the image folder at `root`: listed and checked afresh."""
+  return folder_lib.FolderKind(folder_lib.PREFIX + root)
 
 
 def _encoded(pixels: np.ndarray, kind: str, **options) -> bytes:
@@ -85,11 +94,11 @@ def damaged_folder(tmp_path):
   rng = np.random.RandomState(0)
   root = str(tmp_path / 'pets')
   _write_folder(root, rng)
-  kinds = _damaged_kinds(rng)
-  for relative, data, _ in kinds.values():
+  damaged_kinds = _damaged_kinds(rng)
+  for relative, data, _ in damaged_kinds.values():
     with open(os.path.join(root, relative), 'wb') as f:
       f.write(data)
-  return root, kinds
+  return root, damaged_kinds
 
 
 # -- the check ------------------------------------------------------------------------------
@@ -151,20 +160,22 @@ def test_the_check_is_cached_by_size_and_modification_time(damaged_folder, monke
 def test_scan_leaves_out_what_does_not_read_and_an_adopted_list_wins(damaged_folder):
   """The damaged files are out of the splits (the indices are those of the others); a list a
   workdir recorded is what is left out, whatever the check finds now."""
-  root, kinds = damaged_folder
-  found = folder_lib.scan(root)
-  assert sorted(found.left_out) == sorted(relative for relative, _, _ in kinds.values())
+  root, damaged_kinds = damaged_folder
+  kind = _folder(root)
+  found = kind.found
+  assert sorted(found.left_out) == sorted(relative for relative, _, _ in damaged_kinds.values())
+  assert kind.left_out() == found.left_out
   assert found.split_sizes == {'train': 16, 'val': 6} and not found.adopted
   assert found.image_shape is None and found.channels == 3
   assert not any(p.endswith(('notes.jpg', 'cut.jpg', 'cut.png')) for p in found.files['train'][0])
-  try:
-    folder_lib.adopt(root, {'train/cat/00.jpg': 'recorded by the first session'})
-    recorded = folder_lib.scan(root)
-    assert recorded.left_out == {'train/cat/00.jpg': 'recorded by the first session'}
-    assert recorded.split_sizes == {'train': 19, 'val': 7} and recorded.adopted
-  finally:
-    folder_lib.adopt(root, None)
-  assert folder_lib.scan(root) == found
+  adopted = kind.with_left_out({'train/cat/00.jpg': 'recorded by the first session'})
+  recorded = adopted.found
+  assert recorded.left_out == {'train/cat/00.jpg': 'recorded by the first session'}
+  assert adopted.left_out() == recorded.left_out
+  assert recorded.split_sizes == {'train': 19, 'val': 7} and recorded.adopted
+  # The kind it was made from is unchanged; what the check finds, again, is what it found.
+  assert kind.found == found and kind.with_left_out(None).found == found
+  assert _folder(root).found == found
 
 
 def _folder_config(config, root, **fields):
@@ -176,36 +187,35 @@ def _folder_config(config, root, **fields):
 
 def test_strictness_refuses_in_one_line_naming_the_files_before_the_workdir(
     config, damaged_folder, tmp_path):
-  root, kinds = damaged_folder
+  root, damaged_kinds = damaged_folder
   _folder_config(config, root, skip_unreadable_files=False)
   workdir = tmp_path / 'run'
   with pytest.raises(UserError) as error:
     train.train_and_evaluate(config, str(workdir))
   message = str(error.value)
   assert message.startswith(f'image folder {root} holds files that do not read, 5 files: ')
-  assert all(relative in message for relative, _, _ in kinds.values())
+  assert all(relative in message for relative, _, _ in damaged_kinds.values())
   assert message.endswith('or pass --config.skip_unreadable_files=True to leave them out')
   assert '\n' not in message and not workdir.exists()
 
 
 def test_a_resume_leaves_out_the_recorded_files_not_a_fresh_checks(config, damaged_folder,
                                                                    tmp_path):
-  """`settle` takes the workdir's record: a file recorded as left out stays out though it
+  """`settled` takes the workdir's record: a file recorded as left out stays out though it
   reads now, and a file that went bad since is kept (its decode fails later, named)."""
-  root, kinds = damaged_folder
+  root, damaged_kinds = damaged_folder
   _folder_config(config, root)
   workdir = tmp_path / 'run'
   workdir.mkdir()
-  kept_bad, _, _ = kinds['a text file named .jpg']
-  (workdir / damaged.RECORD_FILE).write_text(json.dumps(
+  kept_bad, _, _ = damaged_kinds['a text file named .jpg']
+  (workdir / left_out.RECORD_FILE).write_text(json.dumps(
       {'folders': {root: {'train/dog/01.png': 'unreadable when the run started'}}}))
-  try:
-    damaged.settle(run_options.data_options(config), str(workdir))
-    found = folder_lib.scan(root)
-    assert found.left_out == {'train/dog/01.png': 'unreadable when the run started'}
-    assert os.path.join(root, kept_bad) in found.files['train'][0]
-  finally:
-    folder_lib.adopt(root, None)
+  options = run_options.data_options(config)
+  datasets = run_datasets.settled(options, run_datasets.resolve(options), str(workdir))
+  found = datasets.read.kind.found
+  assert found.left_out == {'train/dog/01.png': 'unreadable when the run started'}
+  assert datasets.read.kind.left_out() == found.left_out
+  assert os.path.join(root, kept_bad) in found.files['train'][0]
 
 
 # -- through the command line ---------------------------------------------------------------
@@ -226,12 +236,9 @@ def _trainer(workdir, root, *args):
 def _expected_position(root, workdir, relative, start, batch_size, seed=0):
   """The first stream position from `start` on that holds the file `relative` of the folder
   as the run reads it (its recorded list of files left out): the global stream's order."""
-  with open(os.path.join(workdir, damaged.RECORD_FILE), encoding='utf-8') as f:
-    folder_lib.adopt(root, json.load(f)['folders'][root])
-  try:
-    paths, _ = folder_lib.scan(root).files['train']
-  finally:
-    folder_lib.adopt(root, None)
+  with open(os.path.join(workdir, left_out.RECORD_FILE), encoding='utf-8') as f:
+    recorded = json.load(f)['folders'][root]
+  paths, _ = _folder(root).with_left_out(recorded).found.files['train']
   index = paths.index(os.path.join(root, relative))
   positions = np.arange(start, start + 4 * len(paths) + batch_size)
   order = stream.example_index(seed, positions, len(paths)).numpy()
@@ -246,17 +253,17 @@ def test_damaged_files_are_left_out_recorded_and_a_file_damaged_later_is_named(
   writes no workdir; after the first run a kept file is damaged, and its resume (the recorded
   list kept, so the stream does not shift) stops in one `error:` line naming the file and its
   stream position, no traceback."""
-  root, kinds = damaged_folder
+  root, damaged_kinds = damaged_folder
   workdir = tmp_path / 'run'
   first = _trainer(workdir, root)
   assert first.returncode == 0, first.stderr[-3000:]
   warnings = [line for line in first.stderr.splitlines() if 'left out files that do not read'
               in line]
   assert len(warnings) == 1, first.stderr[-3000:]
-  for relative, _, says in kinds.values():
+  for relative, _, says in damaged_kinds.values():
     assert f'{relative} ({says}' in warnings[0], (relative, warnings[0])
-  record = json.loads((workdir / damaged.RECORD_FILE).read_text())
-  assert sorted(record['folders'][root]) == sorted(r for r, _, _ in kinds.values())
+  record = json.loads((workdir / left_out.RECORD_FILE).read_text())
+  assert sorted(record['folders'][root]) == sorted(r for r, _, _ in damaged_kinds.values())
   assert (workdir / 'checkpoints' / '4').is_dir()
 
   strict = _trainer(tmp_path / 'strict', root, '--config.skip_unreadable_files=False')
@@ -264,7 +271,7 @@ def test_damaged_files_are_left_out_recorded_and_a_file_damaged_later_is_named(
   errors = [line for line in strict.stderr.splitlines() if line.startswith('error: ')]
   assert len(errors) == 1 and errors[0].startswith(
       f'error: image folder {root} holds files that do not read, 5 files: ')
-  assert all(relative in errors[0] for relative, _, _ in kinds.values())
+  assert all(relative in errors[0] for relative, _, _ in damaged_kinds.values())
   assert not (tmp_path / 'strict').exists()
 
   # Damaged after the run started: the recorded list keeps it, so its decode fails.
@@ -279,7 +286,7 @@ def test_damaged_files_are_left_out_recorded_and_a_file_damaged_later_is_named(
                               'file format.')
   assert f') at stream position {position} (step {position // 8 + 1}); move it out' in errors[0]
   assert 'as the run\'s first session found them' in resumed.stderr
-  assert json.loads((workdir / damaged.RECORD_FILE).read_text()) == record
+  assert json.loads((workdir / left_out.RECORD_FILE).read_text()) == record
 
 
 # -- named during training, in every read mode --------------------------------------------
@@ -322,7 +329,7 @@ def test_a_file_that_does_not_decode_is_named_in_each_folder_read_mode(
     config, body_damaged_folder, fields, when):
   root, path = body_damaged_folder
   config.update(dataset=f'folder:{root}', batch_size=4, **fields)
-  assert folder_lib.scan(root).left_out == {}  # The check cannot see it.
+  assert _folder(root).found.left_out == {}  # The check cannot see it.
   message = _first_failure(config)
   assert message.startswith(f'image file {path} {FAILED}') and when in message, message
   assert message.endswith('move it out of the folder (or replace it with a readable copy) and '
@@ -336,7 +343,7 @@ def test_a_file_is_named_where_its_chunk_fails_a_batch_before_its_own(config,
   batch that reads it, which need not hold the damaged file (batches of 2 here)."""
   root, path = body_damaged_folder
   config.update(dataset=f'folder:{root}', batch_size=2, cache=False, seed=2)
-  paths, _ = folder_lib.scan(root).files['train']
+  paths, _ = _folder(root).found.files['train']
   positions = np.arange(4 * len(paths))
   order = stream.example_index(2, positions, len(paths)).numpy()
   position = int(positions[np.flatnonzero(order == paths.index(path))[0]])
@@ -358,7 +365,7 @@ def test_a_record_that_does_not_decode_is_named(config, body_damaged_folder, tmp
   files, or in sequence from TFRecord files (named by TFDS's record id)."""
   root, _ = body_damaged_folder
   out = str(tmp_path / file_format)
-  convert.convert_folder(root, out, file_format)
+  convert.convert_folder(_folder(root).found, out, file_format)
   config.update(dataset=f'folder:{out}', batch_size=4, cache=False)
   message = _first_failure(config)
   assert message.startswith(f'{named}') and FAILED in message, message
@@ -368,7 +375,8 @@ def test_a_record_that_does_not_decode_is_named(config, body_damaged_folder, tmp
 def test_an_evaluation_file_that_does_not_decode_is_named(config, body_damaged_folder):
   root, _ = body_damaged_folder
   config.update(dataset=f'folder:{root}', eval_split='val', eval_batch_size=2)
-  evaluation = pipeline.eval_data(run_options.data_options(config), None)
+  options = run_options.data_options(config)
+  evaluation = pipeline.eval_data(options, kinds.open_reader(options, specs.of_options(options)))
   with pytest.raises(UserError) as error:
     list(pipeline.eval_batches(evaluation))
   # val/: cat 00-02, then dog 00, 01: the fifth example, in the third batch of two.

@@ -20,13 +20,14 @@ import flax_dp_trainer
 from flax_dp_trainer.checkpoint import checkpointer as checkpoint
 from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.loop import train
-from flax_dp_trainer.data import convert
-from flax_dp_trainer.data import folder as folder_lib
+from flax_dp_trainer.data import kinds
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import sources
-from flax_dp_trainer.data import builders
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import run_datasets
+from flax_dp_trainer.data.kinds import convert
+from flax_dp_trainer.data.kinds import folder as folder_lib
+from flax_dp_trainer.data.kinds import tfds_datasets
 from flax_dp_trainer.data.datasets import digits
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
@@ -53,8 +54,19 @@ def _open(config):
   return pipeline.open_train_data(run_options.data_options(config))
 
 
+def _reader(config):
+  """A reader of the config's dataset, ready to read (prepared where it ships)."""
+  options = run_options.data_options(config)
+  return kinds.open_reader(options, specs.of_options(options))
+
+
+def _folder(root: str) -> folder_lib.FolderKind:
+  """A new kind of the image folder at `root`: listed and checked afresh."""
+  return folder_lib.FolderKind(folder_lib.PREFIX + root)
+
+
 def test_digits_splits_are_the_documented_fixed_split(config):
-  builder = builders.get_builder(run_options.data_options(config))
+  builder = _reader(config).builder
   assert builder.info.splits['train'].num_examples == digits.NUM_TRAIN == 1437
   assert builder.info.splits['test'].num_examples == digits.NUM_TEST == 360
   assert specs.spec('digits').num_train_examples == 1437
@@ -98,7 +110,7 @@ def test_global_stream_is_the_documented_order(config):
   epoch), called here directly, one epoch at a time."""
   config.update(batch_size=64, seed=7)
   data = _open(config)
-  split = _split_in_file_order(data.builder)
+  split = _split_in_file_order(data.reader.builder)
   n, steps = len(split['label']), 54
   images, labels = _stream(data, steps)
   orders = [tf.raw_ops.RandomIndexShuffle(
@@ -129,12 +141,12 @@ def test_processes_build_their_rows_of_the_same_global_batches(config, process_c
 
 
 def test_eval_parts_of_processes_are_disjoint_and_cover(config):
-  builder = builders.get_builder(run_options.data_options(config))
-  full = _split_in_file_order(builder, 'test')['image']
+  reader = _reader(config)
+  full = _split_in_file_order(reader.builder, 'test')['image']
   config.eval_batch_size = 4
   seen = []
   for process in range(2):
-    data = pipeline.eval_data(run_options.data_options(config), builder, process_index=process,
+    data = pipeline.eval_data(run_options.data_options(config), reader, process_index=process,
                               process_count=2)
     seen += [bytes(x) for b in pipeline.eval_batches(data)
              for x, m in zip(b['image'], b['mask']) if m]
@@ -151,13 +163,13 @@ def test_array_record_prepared_by_tfds_gives_the_stream_held_in_memory(config, t
   config.update(cache=False, tfds_data_dir=str(tmp_path))
   tfds.builder('digits', data_dir=str(tmp_path), file_format='array_record').download_and_prepare()
   data = _open(config)
-  assert builders.formats(data.builder) == {'array_record'}
+  assert kinds.base.formats(data.reader.builder) == {'array_record'}
   assert data.mode == sources.ARRAY_RECORD and data.num_examples == 1437
   assert data.plan().describe() == 'decode (8x8x1)'
   from_files = _stream(data, 40, start_position=96)
   for got, expected in zip(from_files, in_memory):
     np.testing.assert_array_equal(got, expected)
-  evaluation = pipeline.eval_data(run_options.data_options(config), data.builder)
+  evaluation = pipeline.eval_data(run_options.data_options(config), data.reader)
   assert evaluation.num_batches == 3 and sum(
       int(b['mask'].sum()) for b in pipeline.eval_batches(evaluation)) == 360
 
@@ -168,19 +180,19 @@ def test_converted_tfds_dataset_is_read_by_index_from_its_array_record_files(con
   reports both formats, the ArrayRecord ones are read by index, and the stream is the one
   held in memory. Converting again writes nothing."""
   config.update(batch_size=32, tfds_data_dir=str(tmp_path))
-  builder = builders.get_builder(run_options.data_options(config))
-  assert builders.formats(builder) == {'tfrecord'}
+  builder = _reader(config).builder
+  assert kinds.base.formats(builder) == {'tfrecord'}
   assert convert.add_array_record(builder, threads=2) == 2
   config.cache = False
   data = _open(config)
-  assert builders.formats(data.builder) == {'tfrecord', 'array_record'}
+  assert kinds.base.formats(data.reader.builder) == {'tfrecord', 'array_record'}
   assert data.mode == sources.ARRAY_RECORD
   assert 'read by index from ArrayRecord files' in data.describe(1)[0]
   config.cache = True
   in_memory = _stream(_open(config), 20)
   for got, expected in zip(_stream(data, 20), in_memory):
     np.testing.assert_array_equal(got, expected)
-  assert convert.add_array_record(data.builder, threads=2) == 0
+  assert convert.add_array_record(data.reader.builder, threads=2) == 0
 
 
 def test_tfrecord_files_are_read_in_sequence_per_process(config):
@@ -189,7 +201,7 @@ def test_tfrecord_files_are_read_in_sequence_per_process(config):
   config.update(cache=False, batch_size=64, shuffle_buffer_size=512)
   data = _open(config)
   assert data.mode == sources.SEQUENTIAL
-  full = _split_in_file_order(data.builder)['image']
+  full = _split_in_file_order(data.reader.builder)['image']
   halves = []
   for process in range(2):
     part_size = len(full) // 2 + (process < len(full) % 2)
@@ -204,11 +216,11 @@ def test_tfrecord_files_are_read_in_sequence_per_process(config):
 
 def test_missing_dataset_without_network_fails_fast(config, tmp_path, monkeypatch):
   # A closed loopback port: the probe is refused at once, as with no route to the host.
-  monkeypatch.setattr(builders, 'DOWNLOAD_PROBE', ('127.0.0.1', 9))
+  monkeypatch.setattr(tfds_datasets, 'DOWNLOAD_PROBE', ('127.0.0.1', 9))
   config.dataset = 'mnist'
   config.tfds_data_dir = str(tmp_path / 'empty')
   with pytest.raises(UserError) as error:
-    builders.get_builder(run_options.data_options(config))
+    _reader(config)
   message = str(error.value)
   assert "dataset='mnist' is not prepared" in message
   assert str(tmp_path / 'empty') in message
@@ -252,7 +264,7 @@ def test_image_pipelines_under_mock_data(config, dataset, train_shape):
     first = _take(data, 3)
     again = _take(data, 3)
     resumed = _take(data, 2, start_position=8)
-    evaluation = pipeline.eval_data(run_options.data_options(config), data.builder)
+    evaluation = pipeline.eval_data(run_options.data_options(config), data.reader)
     eval_batches = list(pipeline.eval_batches(evaluation))
   for batch in first:
     assert batch['image'].shape == (8,) + train_shape and batch['image'].dtype == np.uint8
@@ -352,7 +364,7 @@ def test_an_image_folder_is_a_dataset_read_by_index(config, digits_folder):
   stream read from the files (cache=False) the one held in memory."""
   root, written = digits_folder
   config.update(dataset=f'folder:{root}', batch_size=32)
-  found = folder_lib.scan(root)
+  found = _folder(root).found
   assert found.classes == tuple(f'd{i}' for i in range(10))
   assert found.split_sizes == {'train': 1437, 'val': 360} and found.image_shape == (8, 8, 1)
   data = _open(config)
@@ -372,19 +384,19 @@ def test_an_image_folder_is_a_dataset_read_by_index(config, digits_folder):
   assert all(by_pixels[bytes(x)] == y for x, y in zip(file_images, file_labels))
   # A 'test' the user named (--config.eval_split=test, an eval_splits entry) is refused; the
   # config's own is read from val/.
+  reader = _reader(config)
   for field in ('eval_split', 'eval_splits'):
     with pytest.raises(UserError, match=f"{field}='test': image folder .* has no test/ folder "
                        'of class folders; it has: train, val'):
-      builders.check_split(run_options.data_options(config), None, 'test', field)
-  split = builders.check_split(run_options.data_options(config), None, 'test', 'eval_split',
-                               stand_in=True)
+      reader.check_split('test', field)
+  split = reader.check_split('test', 'eval_split', stand_in=True)
   assert split == 'val'
   assert [s.stand_in for s in run_datasets.resolve(
       run_options.data_options(config)).evals] == [True]
   assert [s.stand_in for s in run_datasets.resolve(
       run_options.data_options(config), command_line=frozenset({'eval_split'})).evals] == [False]
   evaluation = pipeline.eval_data(
-      run_options.data_options(config), None, eval_set=dataclasses.replace(
+      run_options.data_options(config), reader, eval_set=dataclasses.replace(
           run_datasets.resolve(run_options.data_options(config)).evals[0], split=split))
   seen = [(bytes(x), y) for b in pipeline.eval_batches(evaluation)
           for x, y, m in zip(b['image'], b['label'], b['mask']) if m]
@@ -404,9 +416,9 @@ def test_an_image_folder_trains_and_its_converted_records_give_the_same_stream(
   scalars, _ = run_metrics.read_events(str(tmp_path / 'run'))
   assert 0 <= scalars['eval_accuracy'][6] <= 1
   out = str(tmp_path / 'records')
-  convert.convert_folder(root, out)
+  convert.convert_folder(_folder(root).found, out)
   with pytest.raises(UserError, match='exists and is not an empty directory'):
-    convert.convert_folder(root, out)
+    convert.convert_folder(_folder(root).found, out)
   from_files = _stream(_open(config), 12, start_position=64)
   config.dataset = f'folder:{out}'
   records = _open(config)
@@ -454,7 +466,7 @@ def test_a_folder_of_photos_of_many_sizes_is_cropped_to_image_size(config, photo
     np.testing.assert_array_equal(a['image'], b['image'])
   labels = np.concatenate([b['label'] for b in first])
   np.testing.assert_array_equal(np.bincount(labels[:18], minlength=3), [6, 6, 6])  # An epoch.
-  evaluation = pipeline.eval_data(run_options.data_options(config), None)
+  evaluation = pipeline.eval_data(run_options.data_options(config), _reader(config))
   batches = list(pipeline.eval_batches(evaluation))
   assert [int(b['mask'].sum()) for b in batches] == [4, 2]
   assert all(b['image'].shape == (4, 32, 32, 3) for b in batches)

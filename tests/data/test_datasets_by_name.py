@@ -16,6 +16,7 @@ import tensorflow_datasets as tfds
 import flax_dp_trainer as trainer
 from flax_dp_trainer.checkpoint import checkpointer as checkpoint
 from flax_dp_trainer.loop import train
+from flax_dp_trainer.data import kinds
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.base.errors import UserError
@@ -60,7 +61,7 @@ LISTED = {
 
 
 def test_the_listed_datasets_take_tfds_metadata_and_the_tables_statistics():
-  assert set(LISTED) == set(specs.KNOWN)
+  assert set(LISTED) == set(kinds.tfds_datasets.KNOWN)
   for name, (classes, shape, augment, size, mean) in LISTED.items():
     spec = specs.spec(name)
     assert (spec.num_classes, spec.image_shape, spec.augment, spec.image_size, spec.mean) == (

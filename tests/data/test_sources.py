@@ -1,13 +1,12 @@
 """Where examples come from and how a split is read (`flax_dp_trainer.data.sources`), and the
-splits a run names checked against a dataset's (`flax_dp_trainer.data.builders`), on arrays
-in an .npz file."""
+splits a run names checked against a dataset's (its kind's reader, `data/kinds/`), on arrays
+in an .npz file, an image folder and digits."""
 
 import ml_collections
 import numpy as np
 import pytest
 
 from flax_dp_trainer.base.errors import UserError
-from flax_dp_trainer.data import builders
 from flax_dp_trainer.data import sources
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.loop import options as run_options
@@ -27,35 +26,39 @@ def npz(tmp_path_factory):
     ('train[8:]+validation[:1]', [2, 0, 0]),
 ])
 def test_an_array_split_is_selected_with_tfds_slicing(npz, split, labels):
-  images, got = sources.array_selection(specs.spec(npz), split)
+  images, got = specs.spec(npz).kind.selection(split)
   np.testing.assert_array_equal(got, labels)
   assert images.shape == (len(labels), 4, 4, 1)
 
 
 def test_a_split_the_arrays_lack_is_refused_naming_those_they_have(npz):
-  config = ml_collections.ConfigDict({'dataset': npz, 'dataset_spec': ''})
-  assert builders.check_split(run_options.data_options(config), None, 'train[:90%]',
-                              'train_split') == 'train[:90%]'
+  reader = specs.spec(npz).kind.open(run_options.data_options(
+      ml_collections.ConfigDict({'dataset': npz, 'dataset_spec': ''})))
+  assert reader.check_split('train[:90%]', 'train_split') == 'train[:90%]'
   with pytest.raises(UserError, match="train_split: dataset .* has no split 'tain'; it has: "
                      'train, validation'):
-    builders.check_split(run_options.data_options(config), None, 'tain', 'train_split')
+    reader.check_split('tain', 'train_split')
   # A 'test' the user named is refused; the config's own is read from the validation split
   # the dataset has.
   with pytest.raises(UserError, match="eval_split: dataset .* has no split 'test'; it has: "
                      'train, validation'):
-    builders.check_split(run_options.data_options(config), None, 'test', 'eval_split')
-  assert builders.check_split(run_options.data_options(config), None, 'test[:2]', 'eval_split',
-                              stand_in=True) == 'validation[:2]'
+    reader.check_split('test', 'eval_split')
+  assert reader.check_split('test[:2]', 'eval_split', stand_in=True) == 'validation[:2]'
 
 
-@pytest.mark.parametrize('cache, dataset, builder, mode', [
-    (True, 'digits', object(), sources.IN_MEMORY),
-    (False, 'npz:/x.npz', None, sources.IN_MEMORY),
-    (False, 'folder:/pets', None, sources.FILES),
-])
-def test_the_read_mode_follows_the_config_and_the_storage(cache, dataset, builder, mode):
-  config = ml_collections.ConfigDict({'cache': cache, 'dataset': dataset})
-  assert sources.read_mode(run_options.data_options(config), builder) == mode
+def test_the_read_mode_follows_the_config_and_the_storage(npz, tmp_path):
+  from PIL import Image  # pylint: disable=import-outside-toplevel
+  for split in ('train', 'val'):
+    (tmp_path / 'pets' / split / 'cat').mkdir(parents=True)
+    Image.new('RGB', (6, 5)).save(tmp_path / 'pets' / split / 'cat' / '1.png')
+  found = {}
+  for dataset in (npz, f'folder:{tmp_path}/pets', 'digits'):
+    options = run_options.data_options(ml_collections.ConfigDict({'dataset': dataset}))
+    reader = specs.spec(dataset).kind.open(options)
+    found[dataset.partition(':')[0]] = (reader.read_mode(True), reader.read_mode(False))
+  assert found == {'npz': (sources.IN_MEMORY, sources.IN_MEMORY),
+                   'folder': (sources.IN_MEMORY, sources.FILES),
+                   'digits': (sources.IN_MEMORY, sources.SEQUENTIAL)}
 
 
 def test_each_read_mode_says_what_the_batches_depend_on():

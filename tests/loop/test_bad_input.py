@@ -11,7 +11,7 @@ import flax_dp_trainer
 from flax_dp_trainer import zoo
 
 from flax_dp_trainer.loop import train
-from flax_dp_trainer.data import builders
+from flax_dp_trainer.data.kinds import tfds_datasets
 from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
@@ -234,7 +234,7 @@ def test_workdir_that_is_a_file_is_refused_and_kept(config, tmp_path):
 
 
 def test_unavailable_dataset_is_refused_before_the_workdir(config, tmp_path, monkeypatch):
-  monkeypatch.setattr(builders, 'DOWNLOAD_PROBE', ('127.0.0.1', 9))
+  monkeypatch.setattr(tfds_datasets, 'DOWNLOAD_PROBE', ('127.0.0.1', 9))
   config.dataset = 'mnist'
   config.tfds_data_dir = str(tmp_path / 'tfds')
   with pytest.raises(UserError, match='train offline with --config.dataset=digits'):

@@ -279,3 +279,113 @@ def test_launch_scripts_start_only_the_entry_point():
       started |= set(re.findall(r'python3?"?\s+-m\s+([\w.]+)', path.read_text()))
       started |= set(re.findall(r'\$python"?\s+-m\s+([\w.]+)', path.read_text()))
   assert started - {'pip'} == {ROOT, f'{ROOT}.launch'}
+
+
+# What asks which kind of dataset a spec holds: only `data/kinds/` may.
+KIND_QUESTIONS = (r'\bis_arrays\(', r'\.folder\b', r'\bbuilder is None\b', r'\bis_folder\(')
+
+
+def test_only_the_kinds_ask_which_kind_of_dataset_they_hold():
+  """`is_arrays(`, `.folder` and `builder is None` (and `is_folder(`) appear in
+  `data/kinds/` alone: everything else calls the kind's methods."""
+  asked = []
+  for name, path in MODULES.items():
+    if name.startswith(f'{ROOT}.data.kinds'):
+      continue
+    for number, line in enumerate(path.read_text(encoding='utf-8').splitlines(), 1):
+      code = line.split('#', 1)[0]
+      asked += [f'{path.relative_to(PACKAGE)}:{number}: {line.strip()}'
+                for question in KIND_QUESTIONS if re.search(question, code)]
+  assert not asked, '\n'.join(asked)
+
+
+# Methods that change a list, dict or set in place.
+MUTATORS = {'append', 'extend', 'insert', 'pop', 'popitem', 'remove', 'clear', 'update',
+            'setdefault', 'add', 'discard', 'sort', 'reverse', '__setitem__', '__delitem__',
+            'cache_clear'}
+CACHES = {'cache', 'lru_cache'}
+
+
+def _module_level_names(tree: ast.Module) -> set[str]:
+  names = set()
+  for node in tree.body:
+    targets = (node.targets if isinstance(node, ast.Assign) else
+               [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else [])
+    for target in targets:
+      names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+  return names
+
+
+def _local_names(function: ast.AST) -> set[str]:
+  """The names `function` binds itself (its parameters and assignments): not the module's."""
+  arguments = function.args
+  bound = {a.arg for a in (arguments.posonlyargs + arguments.args + arguments.kwonlyargs +
+                           [a for a in (arguments.vararg, arguments.kwarg) if a is not None])}
+  for node in ast.walk(function):
+    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+      bound.add(node.id)
+  return bound
+
+
+def _writes_module_state(path: pathlib.Path, root: pathlib.Path = PACKAGE) -> list[str]:
+  """Where the module at `path` writes a module-level object after import: a `global`
+  statement, a cache decorator on a module-level function (a dict filled by every call), or a
+  function changing a module-level name's object in place (an item or attribute set, a
+  mutating method called)."""
+  tree = ast.parse(path.read_text(encoding='utf-8'))
+  module_names = _module_level_names(tree)
+  found = []
+  where = lambda node, what: found.append(f'{path.relative_to(root)}:{node.lineno}: {what}')
+  for node in tree.body:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      for decorator in node.decorator_list:
+        called = decorator.func if isinstance(decorator, ast.Call) else decorator
+        if ast.unparse(called).rpartition('.')[2] in CACHES:
+          where(node, f'a process-wide cache on {node.name}')
+  for function in ast.walk(tree):
+    if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+      continue
+    if isinstance(function, ast.Lambda):
+      continue
+    shared = module_names - _local_names(function)
+    for node in ast.walk(function):
+      if isinstance(node, ast.Global):
+        where(node, f'global {", ".join(node.names)}')
+      targets = (node.targets if isinstance(node, ast.Assign) else
+                 [node.target] if isinstance(node, ast.AugAssign) else
+                 node.targets if isinstance(node, ast.Delete) else [])
+      for target in targets:
+        if (isinstance(target, (ast.Subscript, ast.Attribute)) and
+            isinstance(target.value, ast.Name) and target.value.id in shared):
+          where(node, f'{ast.unparse(target)} written')
+      if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and
+          isinstance(node.func.value, ast.Name) and node.func.value.id in shared and
+          node.func.attr in MUTATORS):
+        where(node, f'{ast.unparse(node.func)}() called')
+  return found
+
+
+def test_no_module_writes_module_level_state_after_import():
+  """Objects travel as arguments: no module of the package writes a module-level object
+  after import (no `global`, no process-wide cache, no module-level dict or list filled
+  later), so two runs in one process share nothing. The package root's PEP 562 lazy names
+  aside (each name, once imported, bound where later look-ups find it); a `ContextVar`'s
+  value belongs to its context, not to the module."""
+  found = []
+  for name, path in MODULES.items():
+    if name != ROOT:
+      found += _writes_module_state(path)
+  assert not found, '\n'.join(found)
+
+
+def test_the_module_state_check_finds_what_it_looks_for(tmp_path):
+  """The check above finds each form it looks for."""
+  source = tmp_path / 'state.py'
+  source.write_text(
+      'import functools\n_SEEN = {}\n_ALL = []\n\n\n@functools.lru_cache(maxsize=None)\n'
+      'def cached(x):\n  return x\n\n\ndef remember(key, value):\n  _SEEN[key] = value\n'
+      '  _ALL.append(value)\n\n\ndef counter():\n  global _COUNT\n\n\n'
+      'def shadowed(_SEEN):\n  _SEEN[1] = 2\n', encoding='utf-8')
+  found = [line.split(': ', 1)[1] for line in _writes_module_state(source, tmp_path)]
+  assert found == ['a process-wide cache on cached', "_SEEN[key] written",
+                   '_ALL.append() called', 'global _COUNT']

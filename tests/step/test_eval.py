@@ -18,7 +18,8 @@ from flax_dp_trainer.loop import evaluation
 from flax_dp_trainer.loop import writers
 from flax_dp_trainer import zoo
 from flax_dp_trainer.data import pipeline
-from flax_dp_trainer.data import builders
+from flax_dp_trainer.data import kinds
+from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.loop import options as run_options
 from tests import helpers
@@ -41,7 +42,7 @@ def test_eval_is_exact(config, digits_state, num_devices, eval_batch):
   num_examples, ref_loss, ref_accuracy, ref_top5 = helpers.reference_eval(digits_state, config)
   assert num_examples % config.eval_batch_size != 0
   options = run_options.data_options(config)
-  data = pipeline.eval_data(options, builders.get_builder(options),
+  data = pipeline.eval_data(options, kinds.open_reader(options, specs.of_options(options)),
                             local_device_count=num_devices)
   masks = [batch['mask'] for batch in pipeline.eval_batches(data)]
   assert sum(int(mask.sum()) for mask in masks) == num_examples == 360
@@ -60,10 +61,11 @@ def test_eval_is_exact(config, digits_state, num_devices, eval_batch):
 def test_eval_batches_cover_split_once_per_process_set(config, process_count):
   """Each process's padded batches hold its share; together every example, once."""
   config.eval_batch_size = 24 * process_count
-  builder = builders.get_builder(run_options.data_options(config))
+  options = run_options.data_options(config)
+  reader = kinds.open_reader(options, specs.of_options(options))
   seen, counts = [], set()
   for index in range(process_count):
-    data = pipeline.eval_data(run_options.data_options(config), builder, process_index=index,
+    data = pipeline.eval_data(options, reader, process_index=index,
                               process_count=process_count)
     batches = list(pipeline.eval_batches(data))
     counts.add(len(batches))
@@ -73,7 +75,7 @@ def test_eval_batches_cover_split_once_per_process_set(config, process_count):
       assert np.all(batch['image'][~real] == 0)
       seen.extend(map(bytes, batch['image'][real]))
   assert len(counts) == 1  # Same number of batches on every process: collectives line up.
-  full = tfds.as_numpy(builder.as_dataset(split='test', batch_size=-1))['image']
+  full = tfds.as_numpy(reader.builder.as_dataset(split='test', batch_size=-1))['image']
   assert sorted(seen) == sorted(map(bytes, full))
 
 
@@ -106,7 +108,7 @@ def test_every_eval_split_is_exact(config, digits_state, num_devices):
   config.update(eval_batch_size=EVAL_BATCH, eval_splits='train[:100], train[1000:]')
   layout = parallel.data_parallel('pmap', jax.devices()[:num_devices])
   options = run_options.data_options(config)
-  evaluations = evaluation.evaluation_data(options, builders.get_builder(options), layout,
+  evaluations = evaluation.evaluation_data(options, kinds.open_reader(options, specs.of_options(options)), layout,
                                            run_datasets.resolve(options).evals)
   assert [s.prefix for s, _ in evaluations] == ['eval', 'eval_train_100', 'eval_train_1000']
   got = evaluation.evaluate_all(step_lib.make_eval_step(layout),

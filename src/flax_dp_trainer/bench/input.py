@@ -107,14 +107,14 @@ def prepare(images: str, count: int, sizes: tuple[int, int] = (300, 500),
   """The image folder and its conversions to `formats` under `images` (kept where
   present)."""
   # pylint: disable-next=import-outside-toplevel
-  from flax_dp_trainer.data import convert  # (prepare only)
+  from flax_dp_trainer.data.kinds import folder as folder_kind  # (prepare only)
   folder = os.path.join(images, 'folder')
   if not os.path.isdir(folder):
     generate(folder, count, sizes=sizes, restart_rows=restart_rows)
   for file_format in formats:
     out = os.path.join(images, file_format)
     if not os.path.isdir(out):
-      convert.convert_folder(folder, out, file_format)
+      folder_kind.FolderKind('folder:' + folder).convert(out, file_format, 1, '')
   from PIL import Image  # pylint: disable=import-outside-toplevel  # (prepare only)
   paths = [os.path.join(d, f) for d, _, files in os.walk(folder) for f in files]
   sizes = [os.path.getsize(p) for p in paths]

@@ -15,7 +15,7 @@ reference made from the same window of the fully decoded photo, resized in float
 (`tf.image.ssim`), the means over the windows. Evaluation's resize and center crop are scored
 the same way, one crop per photo.
 
-Rows: ours at each `resize_filter`, with and without scaled decoding (`data/scaled_decode`),
+Rows: ours at each `resize_filter`, with and without scaled decoding (`data/image/scaled_decode`),
 and torchvision v2 (`decode_jpeg`, then `resized_crop` with antialiasing, the same windows;
 evaluation: `resize` of the shorter side to size / 0.875 with antialiasing, `center_crop`),
 in a process of its own (torchvision 0.29 segfaults when imported after TensorFlow).
@@ -77,7 +77,7 @@ def ours(encoded: list[bytes], count: int, size: int) -> dict[str, Any]:
   """The stream's first `count` windows cropped by ours at each setting and by torchvision,
   and evaluation's crops, scored against the references."""
   # pylint: disable-next=import-outside-toplevel
-  from flax_dp_trainer.data import crop_quality  # (TensorFlow: the ours side only)
+  from flax_dp_trainer.data.image import crop_quality  # (TensorFlow: the ours side only)
   windows = crop_quality.stream_windows(encoded, count, size)
   train_refs, eval_refs = crop_quality.references(encoded, windows, size)
 

@@ -1,6 +1,6 @@
 """The training batches of one process and the evaluation batches, as numpy uint8 images and
 int32 labels: a source (sources.py) read in the global stream's order (stream.py), each
-example through its plan (preprocess.py), batched, a fixed number of batches ahead.
+example through its plan (image/preprocess.py), batched, a fixed number of batches ahead.
 
 Training: process p of P builds its rows of every global batch (`stream.TrainRows`). Read by
 index, its k-th example is the one at stream position `rows.position(k)`, index
@@ -31,12 +31,10 @@ from flax_dp_trainer.data.tensorflow_import import tf
 import tensorflow_datasets as tfds
 
 from flax_dp_trainer.base.batch_keys import MASK_KEY
-from flax_dp_trainer.data import arrays as arrays_lib
 from flax_dp_trainer.data import damaged
-from flax_dp_trainer.data import folder as folder_lib
-from flax_dp_trainer.data import preprocess
+from flax_dp_trainer.data import kinds
+from flax_dp_trainer.data.image import preprocess
 from flax_dp_trainer.data import sources
-from flax_dp_trainer.data import builders
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.data import stream as stream_lib
@@ -65,28 +63,36 @@ class TrainData:
   is read and its size. `batches` gives a process's rows of every global batch."""
   options: DataOptions
   spec: specs.DatasetSpec
-  builder: object  # The TFDS builder; None for an image folder read from its files.
+  reader: kinds.base.Reader  # The dataset, ready to read (`kinds.open_reader`).
   split: str  # options.train_split as the dataset reads it.
   mode: str  # sources.IN_MEMORY, ARRAY_RECORD, FILES or SEQUENTIAL.
   num_examples: int
 
   @functools.cached_property
+  def _held(self) -> bool:
+    """Whether the dataset holds its splits in memory, decoded, already (arrays)."""
+    return self.reader.read_mode(False) == sources.IN_MEMORY
+
+  @functools.cached_property
   def _in_memory(self) -> sources.InMemory:
-    if arrays_lib.is_arrays(self.spec.name):  # In memory already, decoded.
-      return sources.indexed(self.spec, None, self.split, data_threads(self.options))
-    decoded = None if self.spec.augment == 'inception' else self.spec.image_shape
+    threads = data_threads(self.options)
+    if self._held:
+      return self.reader.indexed(self.split, threads)
+    # Decoded where every image has one shape and the crop does not decode.
+    shape = None if self.spec.augment == 'inception' else self.spec.image_shape
+    decode = preprocess.Decode(shape=shape) if shape else None
     return damaged.failure_guard(lambda: sources.load(
-        self.spec, self.builder, self.split, decoded, data_threads(self.options),
-        dataset_options(self.options)), self)
+        self.reader.examples(self.split, threads, dataset_options(self.options))[0],
+        (lambda image: decode(image, None)) if decode else None, threads), self)
 
   def indexed_source(self) -> sources.Source:
     if self.mode == sources.IN_MEMORY:
       return self._in_memory
-    return sources.indexed(self.spec, self.builder, self.split, data_threads(self.options))
+    return self.reader.indexed(self.split, data_threads(self.options))
 
   def plan(self) -> preprocess.Plan:
     """What each training example goes through."""
-    encoded = not arrays_lib.is_arrays(self.spec.name) and (
+    encoded = not self._held and (
         self.mode != sources.IN_MEMORY or self.spec.augment == 'inception')
     return preprocess.train_plan(self.options, self.spec, encoded)
 
@@ -166,11 +172,10 @@ class TrainData:
     (seed, epoch, process) through a shuffle buffer; element k of it is row k % rows of
     batch k // rows. On resume the part's stream is skipped, not decoded, up to this
     process's share of the examples consumed. `read(part)`: the part's examples in file
-    order, in place of `sources.tfrecord_examples` (e.g. with TFDS's record ids)."""
+    order, in place of the reader's `in_order` (e.g. with TFDS's record ids)."""
     part = tfds.even_splits(self.split, n=rows.process_count)[rows.process_index]
-    raw = (read(part) if read else
-           sources.tfrecord_examples(self.builder, self.spec, part, dataset_options(self.options)))
-    part_size = sources.count(self.builder, part, raw)
+    raw = read(part) if read else self.reader.in_order(part, dataset_options(self.options))
+    part_size = self.reader.size(part)
     start_epoch, offset = divmod(rows.start_position // rows.process_count, part_size)
 
     def epoch(e):
@@ -214,26 +219,17 @@ def _gathered(source: sources.InMemory, rows: stream_lib.TrainRows, seed: int
     yield source.take(orders(rows.first_position(step), rows.rows))
 
 
-def split_size(ds_spec: specs.DatasetSpec, builder, split) -> int:
-  """Examples in `split` (slicing allowed) of a TFDS dataset, an image folder or arrays."""
-  if arrays_lib.is_arrays(ds_spec.name):
-    return len(sources.array_selection(ds_spec, split)[1])
-  if builder is None:
-    return len(sources.folder_selection(folder_lib.scan(ds_spec.folder), split)[1])
-  return sources.count(builder, split)
-
-
 def open_train_data(options: DataOptions, ds_spec: Optional[specs.DatasetSpec] = None, *,
                     process_index: int = 0) -> TrainData:
   """The options' training split of `ds_spec` (the run's `run_datasets.resolve(options).train`;
-  by default resolved here): the dataset prepared where it ships with the trainer
-  (`builders.get_builder`), the split checked to exist, its read mode and size. The schedule
-  (durations in epochs) is the caller's to resolve from `num_examples`."""
+  by default resolved here): the dataset ready to read (`kinds.open_reader`: prepared where
+  it ships with the trainer), the split checked to exist, its read mode and size. The
+  schedule (durations in epochs) is the caller's to resolve from `num_examples`."""
   ds_spec = ds_spec or run_datasets.for_options(options)
-  builder = builders.get_builder(options, ds_spec, process_index=process_index)
-  split = builders.check_split(options, builder, options.train_split, 'train_split', ds_spec)
-  return TrainData(options, ds_spec, builder, split, sources.read_mode(options, builder),
-                   split_size(ds_spec, builder, split))
+  reader = kinds.open_reader(options, ds_spec, process_index=process_index)
+  split = reader.check_split(options.train_split, 'train_split')
+  return TrainData(options, ds_spec, reader, split, reader.read_mode(options.cache),
+                   reader.size(split))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,12 +247,12 @@ def eval_batch_per_device(options: DataOptions, num_devices: int) -> int:
   return -(-options.eval_batch_size // num_devices)
 
 
-def eval_data(options: DataOptions, builder, *, process_index: int = 0, process_count: int = 1,
+def eval_data(options: DataOptions, reader: kinds.base.Reader, *, process_index: int = 0, process_count: int = 1,
               local_device_count: int = 1,
               eval_set: Optional[run_datasets.EvalSet] = None) -> EvalData:
   """This process's part of an eval split (`eval_set`, one of
-  `run_datasets.resolve(options).evals`, its split as `builders.check_split` resolved it;
-  default the options' `eval_split`) in batches of its devices' share of `eval_batch_size`
+  `run_datasets.resolve(options).evals`, its split as `reader.check_split` resolved it;
+  default the options' `eval_split`), read by `reader` (of the set's dataset), in batches of its devices' share of `eval_batch_size`
   (rounded up to a whole number per device)."""
   eval_set = eval_set or run_datasets.resolve(options).evals[0]
   ds_spec = eval_set.spec
@@ -265,18 +261,19 @@ def eval_data(options: DataOptions, builder, *, process_index: int = 0, process_
   part = tfds.split_for_jax_process(eval_set.split, process_index=process_index,
                                     process_count=process_count)
   threads = data_threads(options)
-  ds, _ = sources.split_examples(ds_spec, builder, part, threads, dataset_options(options))
-  plan = preprocess.eval_plan(options, ds_spec, encoded=not arrays_lib.is_arrays(ds_spec.name))
+  ds, _ = reader.examples(part, threads, dataset_options(options))
+  plan = preprocess.eval_plan(options, ds_spec,
+                              encoded=reader.read_mode(False) != sources.IN_MEMORY)
   ds = prepared(ds.batch(EXAMPLES_PER_CALL),
                 lambda e: {'image': plan(e['image'], 0, options.seed), 'label': e['label']},
                 threads)
   ds = ds.batch(per_process, drop_remainder=False)
   if options.cache:
     ds = ds.cache()
-  total = split_size(ds_spec, builder, eval_set.split)
+  total = reader.size(eval_set.split)
   # even_splits gives every process floor or ceil of total / process_count examples.
   num_batches = math.ceil(math.ceil(total / process_count) / per_process)
-  culprit = functools.partial(damaged.eval_culprit, options, ds_spec, builder, part, plan,
+  culprit = functools.partial(damaged.eval_culprit, options, reader, part, plan,
                               per_process)
   return EvalData(ds.prefetch(PREFETCH_BATCHES).with_options(dataset_options(options)),
                   num_batches, per_process, culprit)
@@ -320,15 +317,5 @@ def read_examples(options: DataOptions, split: str, limit: Optional[int] = None
                   ) -> tuple[Any, np.ndarray]:
   """(images, labels) of `split` of `options.dataset` as the dataset stores them (a uint8
   array where they share one size, else a list), at most `limit`."""
-  ds_spec = specs.of_options(options)
-  if arrays_lib.is_arrays(options.dataset):
-    images, labels = sources.array_selection(ds_spec, split)
-    return images[:limit], labels[:limit]
-  builder = builders.get_builder(options, ds_spec, split=split)
-  images, labels = [], []
-  for example in tfds.as_numpy(builder.as_dataset(split=split).take(limit or -1)):
-    images.append(example[ds_spec.image_key])
-    labels.append(example[ds_spec.label_key])
-  if len({image.shape for image in images}) == 1:
-    images = np.stack(images)
-  return images, np.asarray(labels)
+  reader = kinds.open_reader(options, specs.of_options(options), split=split)
+  return reader.stored(split, limit)

@@ -8,9 +8,10 @@ import re
 from typing import Optional
 
 from flax_dp_trainer.base.errors import UserError
-from flax_dp_trainer.data import arrays as arrays_lib
-from flax_dp_trainer.data import folder as folder_lib
+from flax_dp_trainer.data import kinds
 from flax_dp_trainer.data import specs
+from flax_dp_trainer.data.kinds import arrays as arrays_lib
+from flax_dp_trainer.data.kinds import left_out
 from flax_dp_trainer.data.options import DataOptions
 
 
@@ -125,7 +126,7 @@ class EvalSet:
   # The dataset as the evaluation reads it: the run's augmentation kind and crop, so that its
   # images come out as the model's input.
   spec: Optional[specs.DatasetSpec] = None
-  # Whether a split the dataset lacks may be read from another (`folder.stand_in_for`): for the
+  # Whether a split the dataset lacks may be read from another (`kinds.base.stand_in_for`): for the
   # config's own `eval_split` alone; a split the user named on the command line or in
   # `eval_splits` is refused instead.
   stand_in: bool = False
@@ -139,13 +140,17 @@ class RunDatasets:
   train: specs.DatasetSpec  # With the options' augmentation, crop and normalization.
   evals: tuple[EvalSet, ...]  # `eval_split`, then each entry of `eval_splits`.
 
+  def kinds(self) -> list[kinds.base.Kind]:
+    """The datasets the run reads: its own, then each evaluation's."""
+    return [kinds.of_spec(self.read)] + [kinds.of_spec(e.spec) for e in self.evals]
+
 
 def resolve(options: DataOptions, given: Optional[arrays_lib.Arrays] = None,
             command_line=frozenset()) -> RunDatasets:
   """The run's datasets: `options.dataset` (as `options.dataset_spec` recorded it, where set)
   with the options' settings, and every evaluation of `eval_split` and `eval_splits`, each
   dataset's spec derived once; refuses what cannot run. An image folder's spec holds the
-  files left out as decided for the run (`damaged.settle`, before). `given`: the arrays
+  files left out as found by its check (`settled` decides them for the run). `given`: the arrays
   given from Python that `options.dataset` names (`arrays.from_python`), where it does.
   `command_line`: the config fields the command line set (its `eval_split` is the user's,
   never stood in for)."""
@@ -208,17 +213,28 @@ def _eval_spec(options: DataOptions, dataset: str, other: specs.DatasetSpec,
   return dataclasses.replace(other, augment=train.augment, image_size=0)
 
 
-def settled(options: DataOptions, datasets: RunDatasets) -> RunDatasets:
-  """`datasets` (resolved by the start's check, before the processes were connected) with
-  the image folder's training count as the run reads it: its files left out as decided for
-  the run (`damaged.settle`, before: the workdir's record, or process 0's check). Nothing else
-  of a spec depends on them; other datasets are as they were."""
-  read = datasets.read
-  if not read.folder or options.dataset_spec:
-    return datasets
-  count = folder_lib.scan(read.folder).split_sizes.get('train', 0)
-  if count == read.num_train_examples:
-    return datasets
-  return dataclasses.replace(
-      datasets, read=dataclasses.replace(read, num_train_examples=count),
-      train=dataclasses.replace(datasets.train, num_train_examples=count))
+def settled(options: DataOptions, datasets: RunDatasets, workdir: str) -> RunDatasets:
+  """`datasets` (resolved by the start's check, before the processes were connected) with the
+  files each image folder leaves out decided for the run (`left_out.settle`: the workdir's
+  record, or process 0's check; refused where `options.skip_unreadable_files` is False), and
+  the training count as the run then reads it (where no recorded spec stands in). Nothing
+  else of a spec depends on them."""
+  decided = left_out.settle(datasets.kinds(), workdir, options.skip_unreadable_files)
+
+  def settle(spec: specs.DatasetSpec) -> specs.DatasetSpec:
+    kind = decided.get(kinds.of_spec(spec).record_key)
+    return spec if kind is None else dataclasses.replace(spec, kind=kind)
+
+  read, train = settle(datasets.read), settle(datasets.train)
+  if read.kind is not datasets.read.kind and not options.dataset_spec:
+    count = read.kind.spec().num_train_examples
+    read = dataclasses.replace(read, num_train_examples=count)
+    train = dataclasses.replace(train, num_train_examples=count)
+  return RunDatasets(read, train, tuple(dataclasses.replace(e, spec=settle(e.spec))
+                                        for e in datasets.evals))
+
+
+def record_left_out(workdir: str, datasets: RunDatasets) -> None:
+  """Records in `workdir` what the run's image folders leave out, where it holds no record
+  of them yet (`left_out.write_record`); after `settled`, before the first step."""
+  left_out.write_record(workdir, datasets.kinds())

@@ -8,7 +8,7 @@ from typing import Callable, Optional, Sequence
 import jax
 
 from flax_dp_trainer.data import pipeline
-from flax_dp_trainer.data import builders
+from flax_dp_trainer.data import kinds
 from flax_dp_trainer.data import options as data_options
 from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.loop import progress
@@ -51,23 +51,21 @@ def evaluate_all(p_eval_step, rstate, evaluations: Evaluations,
   return scalars
 
 
-def evaluation_data(options: data_options.DataOptions, builder, layout: parallel.DataParallel,
+def evaluation_data(options: data_options.DataOptions, reader, layout: parallel.DataParallel,
                     eval_sets: Sequence[run_datasets.EvalSet]) -> Evaluations:
   """This process's part of every evaluation of `eval_sets` (the run's resolved ones,
-  `run_datasets.RunDatasets.evals`), each split checked to exist; `builder` is the run's
-  dataset's (None for an image folder read from its files or arrays)."""
+  `run_datasets.RunDatasets.evals`), each split checked to exist; `reader` reads the run's
+  dataset (`pipeline.TrainData.reader`)."""
   evaluations = []
   for eval_set in eval_sets:
-    set_builder = builder
+    set_reader = reader
     if eval_set.dataset != options.dataset:
-      set_builder = builders.get_builder(options, eval_set.spec,
-                                         process_index=jax.process_index(),
-                                         split=eval_set.split)
-    eval_set = dataclasses.replace(eval_set, split=builders.check_split(
-        options, set_builder, eval_set.split, eval_set.field, eval_set.spec,
-        stand_in=eval_set.stand_in))
+      set_reader = kinds.open_reader(options, eval_set.spec, process_index=jax.process_index(),
+                                     split=eval_set.split)
+    eval_set = dataclasses.replace(eval_set, split=set_reader.check_split(
+        eval_set.split, eval_set.field, stand_in=eval_set.stand_in))
     evaluations.append((eval_set, pipeline.eval_data(
-        options, set_builder, process_index=jax.process_index(),
+        options, set_reader, process_index=jax.process_index(),
         process_count=jax.process_count(), local_device_count=len(layout.local_devices),
         eval_set=eval_set)))
   return evaluations

@@ -24,8 +24,7 @@ from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.checkpoint import checkpointer as checkpoint
 from flax_dp_trainer.checkpoint import meta as run_meta
 from flax_dp_trainer.checkpoint import init_from
-from flax_dp_trainer.data import arrays as arrays_lib
-from flax_dp_trainer.data import damaged
+from flax_dp_trainer.data.kinds import arrays as arrays_lib
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import run_datasets
@@ -379,14 +378,13 @@ def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
   data_options = run_options.data_options(config)
   # Image files that do not read: left out as recorded, or refused; the image folders' specs
   # then count the files the run reads.
-  damaged.settle(data_options, workdir)
-  datasets = run_datasets.settled(data_options, datasets)
+  datasets = run_datasets.settled(data_options, datasets, workdir)
   train_data = pipeline.open_train_data(data_options, datasets.train,
                                         process_index=jax.process_index())
   config = durations.resolve_durations(config, train_data.num_examples)
   steps_per_epoch = train_data.num_examples / config.batch_size
   checks.check_schedule(config, steps_per_epoch)
-  evaluations = evaluation.evaluation_data(data_options, train_data.builder, layout,
+  evaluations = evaluation.evaluation_data(data_options, train_data.reader, layout,
                                            datasets.evals)
   eval_per_device = pipeline.eval_batch_per_device(data_options, num_devices)
   if eval_per_device * num_devices != config.eval_batch_size:

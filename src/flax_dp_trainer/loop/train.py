@@ -29,7 +29,6 @@ from flax_dp_trainer.base.errors import Interrupted, Preempted
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.checkpoint import meta as run_meta
 from flax_dp_trainer.checkpoint import init_from
-from flax_dp_trainer.data import damaged
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.data import specs
@@ -146,7 +145,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   object, class or function to train in place of `config.model` (`model_source.from_object`);
   `loss`: `loss(logits, targets) -> per-example loss` in place of `config.loss`
   (`flax_dp_trainer.step.losses`); `data`: the arrays given from Python that
-  `config.dataset` names (`data.arrays.from_python`); `command_line`: the config fields set
+  `config.dataset` names (`data.kinds.arrays.from_python`); `command_line`: the config fields set
   on the command line (a value the model does not take is refused there, and only logged
   otherwise); `callbacks`: called on process 0 as `callback(step, {tag: value})` with each
   write of scalars (`writers.CallbackWriter`); `show_bars`: progress bars for the run and
@@ -181,7 +180,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     run.checkpointer.remove_unfinished()
     multihost.sync_processes('unreadable checkpoints set aside')
     # Before the first step: what every resume leaves out.
-    damaged.write_record(workdir, run.options.data)
+    run_datasets.record_left_out(workdir, run.datasets)
     if jax.process_index() == 0:
       setup.write_dataset_spec(workdir, run.datasets.read)
     bars = _bars(show_bars, config.num_train_steps, start_step + 1)

@@ -5,13 +5,11 @@ subclass that does, and the streams a module keeps for itself are found to be sa
 `flax.nnx` is imported inside the functions: runs of linen models start without it.
 """
 
-import contextvars
-import functools
 from typing import Any
 
 import jax
 
-from flax_dp_trainer.model import intercept
+from flax_dp_trainer.model import nnx_dropout_ids
 from flax_dp_trainer.parallel.layouts import AXIS_NAME
 
 
@@ -19,56 +17,28 @@ NNX_OWN_RNG = ('the NNX model keeps random streams of its own ({}): their draws 
                 'on every device, so the result depends on the device count')
 
 
-# The example ids of the batch being applied, for NNX Dropout layers: NNX has no method
-# interceptors, and the user's module calls its Dropout with its own arguments (without it,
-# test_user_model.py's per-example test of NnxNet fails).
-EXAMPLE_IDS = contextvars.ContextVar('example_ids', default=None)
-
-
-@functools.cache
-def _nnx_dropout_class():
-  """`nnx.Dropout` drawing each example's mask from its key folded with the example's id
-  (`EXAMPLE_IDS`), along the input's first axis; made once (NNX is imported for it)."""
-  from flax import nnx  # pylint: disable=import-outside-toplevel  # (start-up: NNX users only)
-
-  class ExampleDropout(nnx.Dropout):
-    """nnx.Dropout, its masks drawn per example (flax_dp_trainer.model.nnx_layers)."""
-
-    def __call__(self, inputs, *, deterministic=None, rngs=None):
-      ids = EXAMPLE_IDS.get()
-      deterministic = self.deterministic if deterministic is None else deterministic
-      if (ids is None or deterministic or self.rate in (0.0, 1.0) or inputs.ndim == 0 or
-          inputs.shape[0] != ids.shape[0]):
-        return super().__call__(inputs, deterministic=deterministic, rngs=rngs)
-      rngs = self.rngs if rngs is None else rngs
-      if isinstance(rngs, nnx.Rngs):
-        key = rngs[self.rng_collection]()
-      elif isinstance(rngs, nnx.RngStream):
-        key = rngs()
-      else:
-        key = rngs
-      return intercept.per_example_dropout(inputs, key, ids, self.rate, self.broadcast_dims)
-
-  return ExampleDropout
+# The example ids of the batch being applied, for NNX Dropout layers (`nnx_dropout.py`).
+EXAMPLE_IDS = nnx_dropout_ids.EXAMPLE_IDS
 
 
 def build_nnx(cls: type, kwargs: dict, train: bool, rngs=None) -> Any:
   """An NNX module of `cls` in training or evaluation mode, its BatchNorm layers reducing
   over the device axis and its Dropout layers drawing per example."""
-  from flax import nnx  # pylint: disable=import-outside-toplevel  # (start-up: NNX users only)
+  # pylint: disable=import-outside-toplevel  # (start-up: NNX users only)
+  from flax import nnx
+  from flax_dp_trainer.model import nnx_dropout
   module = cls(**kwargs) if rngs is None else cls(**kwargs, rngs=rngs)
   if train:
     module.train()
   else:
     module.eval()
-  example_dropout = _nnx_dropout_class()
   for _, layer in module.iter_modules():
     if isinstance(layer, nnx.BatchNorm) and layer.axis_name is None:
       layer.axis_name = AXIS_NAME
     if type(layer) is nnx.Dropout:  # pylint: disable=unidiomatic-typecheck
       # The only way in without editing the user's module (no NNX interceptors); without it,
       # test_user_model.py's per-example test of NnxNet fails.
-      layer.__class__ = example_dropout
+      layer.__class__ = nnx_dropout.ExampleDropout
   return module
 
 

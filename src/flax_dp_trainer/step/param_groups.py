@@ -14,7 +14,6 @@ Patterns are Python regexes matched whole (`re.fullmatch`) against a leaf's '/'-
 of `REGEX=FACTOR` pairs the first that matches decides."""
 
 import dataclasses
-import functools
 import math
 import re
 from typing import Any, Callable, Optional
@@ -165,21 +164,19 @@ def _lr_multiplier(options: GroupOptions, path: str, layer: Any, num_blocks: int
 def groups(options: GroupOptions, params: Any) -> list[Group]:
   """Every leaf of `params` (arrays or shapes) with its multipliers, in call order where
   `options.call_order` is known (else jax's)."""
-  found = [_one(options, path, leaf)
+  ids = blocks.layer_ids(options.call_order, options.layer_decay_blocks)
+  found = [_one(options, ids, path, leaf)
            for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]]
   rank = {path: i for i, path in enumerate(options.call_order)}
   first_slice = lambda g: g.path.replace('encoderblock/', 'encoderblock_0/', 1)
   return sorted(found, key=lambda g: rank.get(first_slice(g), len(rank)))
 
 
-@functools.lru_cache(maxsize=16)
-def _layer_ids(order: tuple[str, ...], blocks_regex: str) -> tuple[dict[str, int], int]:
-  return blocks.layer_ids(order, blocks_regex)
-
-
-def _one(options: GroupOptions, path: Any, leaf: Any) -> Group:
-  """The group of the leaf at key path `path`."""
-  ids, num_blocks = _layer_ids(options.call_order, options.layer_decay_blocks)
+def _one(options: GroupOptions, layer_ids: tuple[dict[str, int], int], path: Any,
+         leaf: Any) -> Group:
+  """The group of the leaf at key path `path`; `layer_ids`: `blocks.layer_ids` of the
+  options' call order."""
+  ids, num_blocks = layer_ids
   name = blocks.path_name(path)
   layer = blocks.leaf_layer(ids, name, leaf)
   return Group(name, tuple(leaf.shape), layer, _lr_multiplier(options, name, layer, num_blocks),
@@ -191,8 +188,10 @@ def _per_leaf(value: Callable[[Group], Any]) -> Callable[[GroupOptions], Callabl
   """options -> (params -> a tree like them of `value` of each leaf's group; a scanned
   stack's tuple as an array broadcasting along the leaf's first axis)."""
   def of_options(options: GroupOptions) -> Callable[[Any], Any]:
+    ids = blocks.layer_ids(options.call_order, options.layer_decay_blocks)
+
     def leaf(path, x):
-      v = value(_one(options, path, x))
+      v = value(_one(options, ids, path, x))
       if isinstance(v, tuple):
         return jnp.asarray(v, jnp.float32).reshape((-1,) + (1,) * (x.ndim - 1))
       return v

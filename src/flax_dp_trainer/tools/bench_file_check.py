@@ -1,4 +1,4 @@
-"""The cost of checking an image folder's files before training (data/file_check.py):
+"""The cost of checking an image folder's files before training (data/kinds/file_check.py):
 COUNT small JPEGs of varied sizes written to DIR/train/CLASS/, then checked with an empty
 cache (every file opened) and again from the cache (every file stat'ed), by 1 and by
 `file_check.THREADS` threads; one line of files/s each.
@@ -18,7 +18,7 @@ import time
 import numpy as np
 from PIL import Image
 
-from flax_dp_trainer.data import file_check
+from flax_dp_trainer.data.kinds import file_check
 
 
 def write_folder(directory: str, count: int) -> list[str]:

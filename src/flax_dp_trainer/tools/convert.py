@@ -1,4 +1,4 @@
-"""Records read by index, written by `data.convert`:
+"""Records read by index, written by `data.kinds.convert` (each kind says what it converts to):
 
     # A TFDS dataset prepared as TFRecord (e.g. imagenet2012): ArrayRecord files written beside
     # its TFRecord files and listed in its dataset_info.json.
@@ -16,9 +16,7 @@ import sys
 from absl import flags
 
 from flax_dp_trainer.base import cli
-from flax_dp_trainer.data import convert
 from flax_dp_trainer.data import specs
-from flax_dp_trainer.data.options import DataOptions
 from flax_dp_trainer.base.errors import UserError
 
 FLAGS = flags.FLAGS
@@ -41,25 +39,9 @@ def _define_flags() -> None:
 def main(argv) -> None:
   del argv  # cli.parse_flags refused stray arguments.
   try:
-    ds_spec = specs.spec(FLAGS.dataset)
-    if ds_spec.folder:
-      if not FLAGS.out:
-        raise UserError(f'--dataset={FLAGS.dataset} is an image folder: give --out=DIR, a new '
-                        'directory for its records')
-      written = convert.convert_folder(ds_spec.folder, FLAGS.out, FLAGS.file_format)
-      print(f'{FLAGS.file_format} records of {ds_spec.folder} in {written}; train with '
-            f'--config.dataset=folder:{os.path.abspath(FLAGS.out)}')
-      return
-    if FLAGS.out or FLAGS.file_format != 'array_record':
-      raise UserError(f'--out and --file_format apply to image folders; {FLAGS.dataset} is '
-                      'converted in place, to ArrayRecord: drop them')
-    # pylint: disable-next=import-outside-toplevel
-    from flax_dp_trainer.data import builders  # (start-up: TensorFlow once the flags are good)
-    builder = builders.get_builder(DataOptions(dataset=FLAGS.dataset, train_split='train',
-                                               tfds_data_dir=FLAGS.tfds_data_dir))
-    shards = convert.add_array_record(builder, len(os.sched_getaffinity(0)))
-    print(f'{builder.name}: {shards} ArrayRecord shards written in {builder.data_dir}'
-          if shards else f'{builder.name} in {builder.data_dir} has ArrayRecord files already')
+    print(specs.spec(FLAGS.dataset).kind.convert(FLAGS.out, FLAGS.file_format,
+                                                 len(os.sched_getaffinity(0)),
+                                                 FLAGS.tfds_data_dir))
   except UserError as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(1)

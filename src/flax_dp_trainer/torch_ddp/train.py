@@ -52,7 +52,6 @@ from flax_dp_trainer.step import state as state_lib
 from flax_dp_trainer.loop import workdir as workdir_lib
 from flax_dp_trainer.loop import writers
 from flax_dp_trainer.data import pipeline
-from flax_dp_trainer.data import builders
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.base.errors import Preempted, UserError
 from flax_dp_trainer.torch_ddp import models as torch_models
@@ -308,10 +307,9 @@ def train(config, workdir: str, parity: bool, init_weights: Optional[str] = None
   checks.check_schedule(config, steps_per_epoch)
   input_shape = (1,) + data.spec.input_shape
   evaluation = datasets.evals[0]  # The twin evaluates `eval_split`.
-  evaluation = dataclasses.replace(evaluation, split=builders.check_split(
-      data.options, data.builder, evaluation.split, evaluation.field, evaluation.spec,
-      stand_in=evaluation.stand_in))
-  eval_data = pipeline.eval_data(data.options, data.builder, process_index=rank,
+  evaluation = dataclasses.replace(evaluation, split=data.reader.check_split(
+      evaluation.split, evaluation.field, stand_in=evaluation.stand_in))
+  eval_data = pipeline.eval_data(data.options, data.reader, process_index=rank,
                                  process_count=world, eval_set=evaluation)
   training = _build(config, workdir, data.spec.num_classes, input_shape, device, parity,
                     init_weights, channels_last, compile_model, steps_per_epoch)

@@ -1,4 +1,4 @@
-"""JPEGs decoded at the scale the crop needs (data/scaled_decode.py, `config.scaled_decode`):
+"""JPEGs decoded at the scale the crop needs (data/image/scaled_decode.py, `config.scaled_decode`):
 the scale chosen for a window, the crops against the Lanczos reference of the full decode's
 window, and a training stream whose windows and flips do not change (on any process count)."""
 
@@ -8,8 +8,8 @@ import tensorflow as tf
 
 from flax_dp_trainer.bench import quality
 from flax_dp_trainer.data import pipeline
-from flax_dp_trainer.data import crop_quality
-from flax_dp_trainer.data import scaled_decode
+from flax_dp_trainer.data.image import crop_quality
+from flax_dp_trainer.data.image import scaled_decode
 from flax_dp_trainer.loop import options as run_options
 
 

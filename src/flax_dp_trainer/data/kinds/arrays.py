@@ -10,20 +10,22 @@ resume that declares another one is another dataset. Images are uint8 (0..255, n
 in the step by the dataset's statistics: ImageNet's for colour, none for grey, or the
 config's `image_mean`/`image_std`) or float32 (taken as they are, unless the config gives
 statistics). A split is held in memory and read by index, so the global training stream and
-the same training on any topology hold as for any other dataset. No TensorFlow here.
+the same training on any topology hold as for any other dataset. No TensorFlow here but in
+the reader's reads (`ArraysKind.indexed`).
 """
 
 import dataclasses
-import functools
 import zipfile
 from typing import Optional
 
 import numpy as np
 
 from flax_dp_trainer.base.errors import UserError
+from flax_dp_trainer.data.kinds import base
 
 NPZ_PREFIX = 'npz:'  # config.dataset='npz:/path/data.npz'.
 GIVEN_PREFIX = 'arrays:'  # config.dataset of arrays given from Python ('arrays:NAME').
+LISTED = f'{NPZ_PREFIX}/PATH      arrays: x_train, y_train, x_test, y_test (docs/data.md)'
 DTYPES = ('uint8', 'float32')
 LAYOUTS = ('NHWC', 'NCHW')  # The trainer's layout (the default), and PyTorch's.
 # Axis sizes a channel axis has (grey, RGB, RGBA): an array (N, C, H, W) with C one of them
@@ -188,13 +190,91 @@ def _checked(name: str, splits: dict) -> Arrays:
   return Arrays(name, checked)
 
 
-@functools.lru_cache(maxsize=4)
 def read(name: str) -> Arrays:
-  """The arrays of the .npz file `name` (config.dataset) names, loaded (once per process)
-  and checked; arrays given from Python come with the run's spec (`DatasetSpec.arrays`)."""
+  """The arrays of the .npz file `name` (config.dataset) names, loaded and checked (once per
+  `ArraysKind`); arrays given from Python come with the run's spec (`DatasetSpec.kind`)."""
   if name.startswith(NPZ_PREFIX):
     return _checked(name, _npz_splits(options(name)[0][len(NPZ_PREFIX):]))
   raise UserError(f'dataset={name!r} names arrays given from Python, and this run was given '
                   'none: pass them, flax_dp_trainer.fit(config, workdir, data={"train": '
                   '(images, labels), ...}), or save them as an .npz file '
                   '(--config.dataset=npz:/path/data.npz)')
+
+
+class ArraysKind(base.Kind, base.Reader):
+  """Arrays as a dataset: an .npz file's (read once, when the kind is made) or those given
+  from Python. Held in memory, so ready to read as they are (`open` is the kind itself)."""
+
+  def __init__(self, arrays: Arrays):
+    self.name = arrays.name
+    self.arrays = arrays
+    channels = arrays.image_shape[-1]
+    statistics = (base.photo_statistics(channels) if arrays.dtype == 'uint8' else
+                  dict(mean=(0.0,), std=(1.0,)))
+    self._spec = base.DatasetSpec(
+        arrays.name, num_classes=arrays.num_classes, channels=channels,
+        image_shape=arrays.image_shape,
+        num_train_examples=arrays.split_sizes.get('train', 0), **statistics,
+        trainable='train' in arrays.splits, dtype=arrays.dtype, layout=arrays.layout,
+        kind=self)
+
+  @classmethod
+  def of_name(cls, name: str) -> 'ArraysKind':
+    return cls(read(name))
+
+  def spec(self) -> base.DatasetSpec:
+    return self._spec
+
+  def splits(self, data_dir: str) -> str:
+    del data_dir
+    return 'splits ' + ', '.join(f'{name} ({size})'
+                                 for name, size in sorted(self.arrays.split_sizes.items()))
+
+  def open(self, options, *, process_index: int = 0, split: str = 'train') -> base.Reader:
+    del options, process_index, split
+    return self
+
+  # -- the reader ----------------------------------------------------------------------------
+
+  def selection(self, split) -> tuple[np.ndarray, np.ndarray]:
+    """The images and labels of `split` (a name with TFDS slicing, e.g. 'train[:90%]' or
+    'train+val', or a `tfds.even_splits` part), in order."""
+    # pylint: disable-next=import-outside-toplevel
+    from flax_dp_trainer.data import sources  # (TFDS's slicing: the read side only)
+    parts = [(self.arrays.splits[name], start, stop)
+             for name, start, stop in sources.slices(split, self.arrays.split_sizes)]
+    images = np.concatenate([images[start:stop] for (images, _), start, stop in parts])
+    labels = np.concatenate([labels[start:stop] for (_, labels), start, stop in parts])
+    return images, labels
+
+  def check_split(self, split: str, field: str, stand_in: bool = False) -> str:
+    sizes = self.arrays.split_sizes
+    if all(part.partition('[')[0] in sizes for part in split.split('+')):
+      return split
+    replaced = base.evaluation_stand_in(split, field, self.name, sizes, stand_in)
+    if replaced:
+      return replaced
+    raise UserError(f'{field}: dataset {self.name!r} has no split {split!r}; it has: '
+                    f'{", ".join(sorted(sizes))} (arrays x_<split>, y_<split>; slicing such as '
+                    f"'train[:90%]' is allowed; --config.{field}=...)")
+
+  def size(self, split) -> int:
+    return len(self.selection(split)[1])
+
+  def read_mode(self, cache: bool) -> str:
+    del cache
+    from flax_dp_trainer.data import sources  # pylint: disable=import-outside-toplevel  # (TF)
+    return sources.IN_MEMORY
+
+  def indexed(self, split, threads: int):
+    from flax_dp_trainer.data import sources  # pylint: disable=import-outside-toplevel  # (TF)
+    images, labels = self.selection(split)
+    return sources.InMemory(len(labels), False, threads, images=images, labels=labels)
+
+  def name_example(self, split, index: int, what: str = 'record') -> tuple[str, str]:
+    return (f'{what} {index} of split {str(split)!r} of dataset {self.name!r}',
+            'its array holds no image of the stored dtype and shape: mend it')
+
+  def stored(self, split: str, limit: Optional[int]) -> tuple[np.ndarray, np.ndarray]:
+    images, labels = self.selection(split)
+    return images[:limit], labels[:limit]

@@ -1,4 +1,4 @@
-"""RandAugment and random erasing (data/augment.py) against torchvision 0.29's RandAugment:
+"""RandAugment and random erasing (data/image/augment.py) against torchvision 0.29's RandAugment:
 its magnitude table, and each op applied by torchvision.transforms.functional to the same
 uint8 image (the calls RandAugment makes); determinism and statelessness of the seeded draws."""
 
@@ -14,7 +14,7 @@ from torchvision.transforms import InterpolationMode
 from torchvision.transforms import functional as TVF
 import tensorflow as tf  # pylint: disable=wrong-import-order
 
-from flax_dp_trainer.data import augment
+from flax_dp_trainer.data.image import augment
 
 OPS = augment.RANDAUGMENT_OPS
 GEOMETRIC = ('ShearX', 'ShearY', 'TranslateX', 'TranslateY', 'Rotate')

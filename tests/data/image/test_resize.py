@@ -1,12 +1,12 @@
-"""The resize filters (data/resize.py): `resample`, one axis at a time, makes the pixels of one
-`ScaleAndTranslate` over both axes, and 'antialias' those of TensorFlow's antialiased bilinear
-resize."""
+"""The resize filters (data/image/resize.py): `resample`, one axis at a time, makes the pixels of
+one `ScaleAndTranslate` over both axes, and 'antialias' those of TensorFlow's antialiased
+bilinear resize."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from flax_dp_trainer.data import resize
+from flax_dp_trainer.data.image import resize
 
 
 # (input height, width), (output height, width): shrinking, enlarging, both, one row.

@@ -10,7 +10,7 @@ What resamples the rest (less than 2x) is `resize.resample`'s kernel for `resize
 
 from flax_dp_trainer.data.tensorflow_import import tf
 
-from flax_dp_trainer.data import resize
+from flax_dp_trainer.data.image import resize
 
 
 RATIOS = (8, 4, 2)  # The DCT scales, as divisors of each side, largest first.

@@ -7,7 +7,7 @@ PSNR (dB) and SSIM (`tf.image.ssim`)."""
 import numpy as np
 from flax_dp_trainer.data.tensorflow_import import tf
 
-from flax_dp_trainer.data import preprocess
+from flax_dp_trainer.data.image import preprocess
 from flax_dp_trainer.data import stream as stream_lib
 
 

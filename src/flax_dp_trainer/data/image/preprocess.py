@@ -11,7 +11,7 @@ example's position in the training stream): an example is augmented the same way
 topology and again on resume.
 
 To add an augmentation: write a `Step` (a frozen dataclass with `name`, `stream` and
-`__call__(image, seed)`), give it a stream of its own in `stream.py`, and add it to
+`__call__(image, seed)`), give it a stream of its own in `data/stream.py`, and add it to
 `train_plan` where it belongs in the order.
 """
 
@@ -20,10 +20,10 @@ from typing import Optional
 
 from flax_dp_trainer.data.tensorflow_import import tf
 
-from flax_dp_trainer.data import augment
-from flax_dp_trainer.data import resize as resize_lib
-from flax_dp_trainer.data import restart_segments
-from flax_dp_trainer.data import scaled_decode
+from flax_dp_trainer.data.image import augment
+from flax_dp_trainer.data.image import resize as resize_lib
+from flax_dp_trainer.data.image import restart_segments
+from flax_dp_trainer.data.image import scaled_decode
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import stream as stream_lib
 from flax_dp_trainer.data.options import DataOptions

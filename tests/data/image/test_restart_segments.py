@@ -1,4 +1,4 @@
-"""Windows of JPEGs with restart markers cut out of the coded data (data/restart_segments.py,
+"""Windows of JPEGs with restart markers cut out of the coded data (data/image/restart_segments.py,
 `config.restart_skip`): the same pixels as the whole file's decode at every DCT scale, less
 data decoded, and files the cut cannot serve left as they are."""
 
@@ -11,8 +11,8 @@ from PIL import Image
 
 from flax_dp_trainer.bench import quality
 from flax_dp_trainer.data import pipeline
-from flax_dp_trainer.data import preprocess
-from flax_dp_trainer.data import restart_segments
+from flax_dp_trainer.data.image import preprocess
+from flax_dp_trainer.data.image import restart_segments
 from flax_dp_trainer.loop import options as run_options
 
 

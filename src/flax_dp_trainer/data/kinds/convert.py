@@ -11,10 +11,9 @@
 
 `tools.convert` runs these. Shards are converted by TFDS's file adapters (a shard is written
 under a temporary name and renamed when complete; shards already converted are kept), several
-at a time. Nothing that
-exists is overwritten: a folder's OUT must be new or empty. TensorFlow, TFDS and `sources`
-(which imports them) are imported where a conversion starts, so that a bad flag or folder is
-answered at once.
+at a time. Nothing that exists is overwritten: a folder's OUT must be new or empty. TensorFlow
+and TFDS are imported where a conversion starts, so that a bad flag or folder is answered at
+once. Each kind says what it converts to (`Kind.convert`).
 """
 
 import concurrent.futures
@@ -23,8 +22,8 @@ import os
 
 from absl import logging
 
-from flax_dp_trainer.data import folder as folder_lib
 from flax_dp_trainer.base.errors import UserError
+from flax_dp_trainer.data.kinds import base
 
 FOLDER_DATASET = 'image_folder'  # The TFDS name a converted folder's records are stored under.
 FOLDER_VERSION = '1.0.0'
@@ -46,18 +45,16 @@ def add_array_record(builder, threads: int) -> int:
   """Writes ArrayRecord files beside the TFRecord files of every split of a prepared TFDS
   `builder` and records the format in its dataset_info.json; returns the shards written
   (0 where the dataset has ArrayRecord files already)."""
-  from flax_dp_trainer.data import sources  # pylint: disable=import-outside-toplevel  # (start-up)
-  from flax_dp_trainer.data import builders
-  if sources.ARRAY_RECORD in builders.formats(builder):
+  if base.ARRAY_RECORD in base.formats(builder):
     return 0
-  if 'tfrecord' not in builders.formats(builder):
+  if 'tfrecord' not in base.formats(builder):
     raise UserError(f'{builder.name} in {builder.data_dir} is stored as '
-                    f'{", ".join(sorted(builders.formats(builder)))}: only TFRecord files are '
+                    f'{", ".join(sorted(base.formats(builder)))}: only TFRecord files are '
                     'converted')
   pairs = []
   for split_info in builder.info.splits.values():
     template = split_info.filename_template
-    out_template = template.replace(filetype_suffix=sources.ARRAY_RECORD)
+    out_template = template.replace(filetype_suffix=base.ARRAY_RECORD)
     shards = len(split_info.shard_lengths)
     for index in range(shards):
       out_path = out_template.sharded_filepath(shard_index=index, num_shards=shards)
@@ -67,17 +64,16 @@ def add_array_record(builder, threads: int) -> int:
   with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
     for done, _ in enumerate(pool.map(lambda pair: _convert_shard(*pair), pairs), 1):
       logging.info('converted %d of %d shards', done, len(pairs))
-  builder.info.add_alternative_file_format(sources.ARRAY_RECORD)
+  builder.info.add_alternative_file_format(base.ARRAY_RECORD)
   builder.info.write_to_directory(builder.data_dir)
   return len(pairs)
 
 
-def convert_folder(root: str, out: str, file_format: str = 'array_record') -> str:
-  """Stores the image folder at `root` (see `folder.py`) as a TFDS dataset in `out`, each
-  file's bytes as they are and in the folder's order, with `folder.CONVERTED_FILE` beside it;
-  returns the dataset's directory."""
+def convert_folder(found, out: str, file_format: str = 'array_record') -> str:
+  """Stores the image folder `found` (a `folder.ImageFolder`: its files, classes, shape and
+  what it leaves out) as a TFDS dataset in `out`, each file's bytes as they are and in the
+  folder's order, with `base.CONVERTED_FILE` beside it; returns the dataset's directory."""
   import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel  # (start-up)
-  found = folder_lib.scan(root)
   if found.converted is not None:
     raise UserError(f'folder:{found.root} holds converted records already; train on it with '
                     f'--config.dataset=folder:{found.root}')
@@ -86,7 +82,7 @@ def convert_folder(root: str, out: str, file_format: str = 'array_record') -> st
                     '(nothing there is overwritten)')
   if found.left_out:
     logging.warning('folder:%s: the records leave out files that do not read, %s', found.root,
-                    folder_lib.listed(found.left_out))
+                    base.listed(found.left_out))
   shape = found.image_shape or (None, None, found.channels)
   features = tfds.features.FeaturesDict({
       'image': tfds.features.Image(shape=shape),
@@ -103,6 +99,6 @@ def convert_folder(root: str, out: str, file_format: str = 'array_record') -> st
           'channels': found.channels, 'split_sizes': found.split_sizes,
           'file_format': file_format, 'source': found.root,
           'tfds_dir': os.path.relpath(builder.data_dir, out)}
-  with open(os.path.join(out, folder_lib.CONVERTED_FILE), 'w', encoding='utf-8') as f:
+  with open(os.path.join(out, base.CONVERTED_FILE), 'w', encoding='utf-8') as f:
     json.dump(meta, f, indent=1)
   return builder.data_dir

@@ -1,0 +1,15 @@
+"""Per-image processing: what runs on one example, uint8 in, uint8 out.
+
+    preprocess        the preprocessing plans: what runs on one example, in order (decode,
+                      crop, flip, RandAugment, erasing)
+    augment           RandAugment and random erasing: the ops and policies (torchvision's
+                      definitions)
+    resize            the resize filters (`config.resize_filter`): decoded pixels resized, a
+                      region resampled at a sub-pixel position
+    scaled_decode     JPEG windows decoded at 1/2-1/8 scale where the output shrinks them 2x+
+                      (`config.scaled_decode`)
+    restart_segments  crops of JPEGs with restart markers decoded only where the window is
+                      (`config.restart_skip`)
+    crop_quality      what the crops look like against a Lanczos reference (PSNR, SSIM; the
+                      quality figure of `bench.quality`)
+"""
