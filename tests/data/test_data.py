@@ -324,6 +324,29 @@ def test_strong_augmentation_under_mock_data(config, dataset, shape, cache):
     np.testing.assert_array_equal(a['image'], b['image'])
 
 
+def test_an_augmentation_policy_is_drawn_from_the_stream_position(config):
+  """config.auto_augment's policy: in the plan with its settings, uint8, the same for the same
+  stream positions (a resume, another process count), changing the images."""
+  config.update(batch_size=16)
+  plain = _take(_open(config), 2)
+  config.update(auto_augment='ta_wide', auto_augment_fill='mean')
+  data = _open(config)
+  assert data.plan().describe().endswith('TrivialAugmentWide, nearest, fill (0.0,)')
+  first = _take(data, 2)
+  resumed = _take(data, 1, start_position=16)
+  parts = [_take(data, 2, process_index=p, process_count=2) for p in range(2)]
+  assert first[0]['image'].dtype == np.uint8
+  assert not np.array_equal(first[0]['image'], plain[0]['image'])
+  np.testing.assert_array_equal(first[1]['image'], resumed[0]['image'])
+  for step, batch in enumerate(first):
+    np.testing.assert_array_equal(
+        np.concatenate([part[step]['image'] for part in parts]), batch['image'])
+  config.update(auto_augment='svhn', auto_augment_interpolation='bilinear',
+                auto_augment_fill='')
+  assert _open(config).plan().describe().endswith(
+      'AutoAugment (svhn policy), bilinear, zeros')
+
+
 @pytest.mark.slow
 def test_strong_augmentation_is_the_same_on_any_process_count(config):
   """Four processes' rows, RandAugment and erasing on, are the one-process batches."""

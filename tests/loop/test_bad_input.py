@@ -181,6 +181,19 @@ CASES = {
                                                   'a probability in [0, 1]'),
     'magnitude off the table': _out_of_range(
         'randaugment_magnitude', 31, 'an integer in [0, 30]', 'M', randaugment_num_layers=2),
+    'unknown augmentation policy': (
+        dict(auto_augment='trivialaugment'),
+        "auto_augment='trivialaugment' is unknown; choose one of: ta_wide, imagenet, cifar10, "
+        'svhn (--config.auto_augment=NAME)'),
+    'two augmentation policies': (
+        dict(auto_augment='ta_wide', randaugment_num_layers=2),
+        "auto_augment='ta_wide' and randaugment_num_layers=2 are two policies"),
+    'policy fill off the scale': (
+        dict(auto_augment='imagenet', auto_augment_fill='300'),
+        "auto_augment_fill='300' must be '' (zeros), 'mean'"),
+    'policy fill of another channel count': (
+        dict(auto_augment='imagenet', auto_augment_fill='1,2,3'),
+        "auto_augment_fill='1,2,3' gives 3 values, and dataset='digits' has 1-channel images"),
     'negative randaugment layers': _out_of_range(
         'randaugment_num_layers', -1, 'an integer >= 0; 0 turns RandAugment off', 'N'),
     'stochastic depth of one': _out_of_range(

@@ -87,6 +87,15 @@ def get_config() -> ml_collections.ConfigDict:
   config.image_std = ''  # Per channel, as image_mean; '' = the dataset's.
   config.randaugment_num_layers = 0  # RandAugment ops applied per image; 0 = off.
   config.randaugment_magnitude = 9  # RandAugment magnitude, an integer in [0, 30].
+  # torchvision's automatic augmentation policies, as its reference script's --auto-augment
+  # names them: 'ta_wide' (TrivialAugmentWide), 'imagenet', 'cifar10' or 'svhn' (AutoAugment
+  # with that policy); '' = none. docs/data.md has their ops and draws.
+  config.auto_augment = ''
+  # Their geometric ops' sampling, 'nearest' (torchvision's default) or 'bilinear', and fill:
+  # '' = zeros (torchvision's default), 'mean' = the dataset's mean pixel, or 0..255 values,
+  # one or one per channel ('124,116,104').
+  config.auto_augment_interpolation = 'nearest'
+  config.auto_augment_fill = ''
   config.random_erase_prob = 0.0  # Probability of erasing a random box of an image; 0 = off.
   # Mixup/CutMix of the global batch (row r with row batch_size-1-r), soft targets in the loss.
   config.mixup_alpha = 0.0  # Mixup weight ~ Beta(alpha, alpha); 0 = no Mixup.

@@ -33,5 +33,8 @@ class DataOptions:
   image_std: str = ''
   randaugment_num_layers: int = 0
   randaugment_magnitude: int = 9
+  auto_augment: str = ''  # '' = none; specs.AUTO_AUGMENT_POLICIES.
+  auto_augment_interpolation: str = 'nearest'
+  auto_augment_fill: str = ''  # '' = zeros; 'mean'; or values, one or one per channel.
   random_erase_prob: float = 0.0
 

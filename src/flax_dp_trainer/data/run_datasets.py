@@ -80,7 +80,7 @@ def _for_options(options: DataOptions, base: specs.DatasetSpec) -> specs.Dataset
                     'the side with --config.image_size=N')
   if base.dtype != 'uint8':
     uint8_only = [f'{field}={getattr(options, field)!r}' for field in (
-        'randaugment_num_layers', 'random_erase_prob', 'resize_images')
+        'randaugment_num_layers', 'auto_augment', 'random_erase_prob', 'resize_images')
                   if getattr(options, field)]
     if augment == 'inception':
       uint8_only.insert(0, "augment='inception'")

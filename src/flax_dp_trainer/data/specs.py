@@ -40,6 +40,12 @@ RANDAUGMENT_MAX_MAGNITUDE = RANDAUGMENT_MAGNITUDE_BINS - 1
 RESIZE_FILTERS = ('area', 'antialias')
 
 
+# config.auto_augment's policies (`image/policies.py`), as torchvision's reference script's
+# --auto-augment names them, and their geometric ops' sampling.
+AUTO_AUGMENT_POLICIES = ('ta_wide', 'imagenet', 'cifar10', 'svhn')
+AUTO_AUGMENT_INTERPOLATIONS = ('nearest', 'bilinear')
+
+
 DEFAULT_IMAGE_SIZE = base.DEFAULT_IMAGE_SIZE
 
 

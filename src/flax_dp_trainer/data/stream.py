@@ -22,6 +22,7 @@ from flax_dp_trainer.data.tensorflow_import import tf
 # The random streams of the data seed. 2 drew Mixup/CutMix on the host before it moved into
 # the step (mix.py, keyed by the step's RNG); it stays unused.
 ORDER_STREAM, CROP_STREAM, RANDAUGMENT_STREAM, ERASE_STREAM, FLIP_STREAM = 0, 1, 3, 4, 5
+POLICY_STREAM = 6  # config.auto_augment's draws.
 
 
 def stream_seed(seed: int, stream: int, counter: tf.Tensor) -> tf.Tensor:

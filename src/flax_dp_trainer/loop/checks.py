@@ -218,6 +218,8 @@ def check_fields(config, *, process_count: int, local_device_count: int) -> None
 
 
 def _check_randaugment(config) -> None:
+  """RandAugment's fields, and the automatic augmentation policy's (one at a time)."""
+  _check_auto_augment(config)
   layers, magnitude = config.randaugment_num_layers, config.randaugment_magnitude
   if not isinstance(layers, int) or layers < 0:
     raise UserError(f'randaugment_num_layers={layers!r} must be an integer >= 0; 0 turns '
@@ -225,6 +227,27 @@ def _check_randaugment(config) -> None:
   if not isinstance(magnitude, int) or not 0 <= magnitude <= specs.RANDAUGMENT_MAX_MAGNITUDE:
     raise UserError(f'randaugment_magnitude={magnitude!r} must be an integer in [0, '
                     f'{specs.RANDAUGMENT_MAX_MAGNITUDE}] (--config.randaugment_magnitude=M)')
+
+
+def _check_auto_augment(config) -> None:
+  if config.auto_augment:
+    _choice('auto_augment', config.auto_augment, specs.AUTO_AUGMENT_POLICIES)
+  _choice('auto_augment_interpolation', config.auto_augment_interpolation,
+          specs.AUTO_AUGMENT_INTERPOLATIONS)
+  if config.auto_augment and config.randaugment_num_layers:
+    raise UserError(f'auto_augment={config.auto_augment!r} and randaugment_num_layers='
+                    f'{config.randaugment_num_layers} are two policies; torchvision and timm '
+                    'apply one: drop --config.randaugment_num_layers, or --config.auto_augment')
+  fill = config.auto_augment_fill.strip()
+  if fill and fill != 'mean':
+    try:
+      values = [float(v) for v in fill.split(',')]
+    except ValueError:
+      values = []
+    if len(values) not in (1, 3) or not all(0 <= v <= 255 for v in values):
+      raise UserError(f'auto_augment_fill={config.auto_augment_fill!r} must be \'\' (zeros), '
+                      "'mean' (the dataset's mean pixel), or values in [0, 255], one or one "
+                      "per channel (--config.auto_augment_fill=124,116,104)")
 
 
 def command_line_config(config_flag) -> ml_collections.ConfigDict:

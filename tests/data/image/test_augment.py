@@ -1,6 +1,7 @@
-"""RandAugment and random erasing (data/image/augment.py) against torchvision 0.29's RandAugment:
-its magnitude table, and each op applied by torchvision.transforms.functional to the same
-uint8 image (the calls RandAugment makes); determinism and statelessness of the seeded draws."""
+"""RandAugment and random erasing (data/image/augment.py) against torchvision 0.29's RandAugment
+(`torchvision.transforms.v2`): its magnitude table, and each op applied by
+torchvision.transforms.v2.functional to the same uint8 image (the calls RandAugment makes);
+determinism and statelessness of the seeded draws."""
 
 import functools
 from fractions import Fraction
@@ -10,8 +11,8 @@ import pytest
 # torchvision before TensorFlow: imported after TensorFlow 2.21 it crashes the interpreter.
 import torch
 import torchvision
-from torchvision.transforms import InterpolationMode
-from torchvision.transforms import functional as TVF
+from torchvision.transforms.v2 import InterpolationMode
+from torchvision.transforms.v2 import functional as TVF
 import tensorflow as tf  # pylint: disable=wrong-import-order
 
 from flax_dp_trainer.data.image import augment
@@ -27,9 +28,19 @@ GEOMETRIC_MISMATCH = 0.02
 PIXEL_MISMATCH = 0.01  # Values off by 1 (and no more) in the pixel ops, at most.
 COMPARE_SIZES = ((32, 32), (31, 45))
 
-_RANDAUGMENT = torchvision.transforms.RandAugment()
-# RandAugment's magnitude table, {op: (magnitudes by bin, signed)} (torchvision pinned: 0.29.1).
-_SPACE = _RANDAUGMENT._augmentation_space  # pylint: disable=protected-access
+_RANDAUGMENT = torchvision.transforms.v2.RandAugment()
+
+
+def _SPACE(bins: int, size) -> dict:  # pylint: disable=invalid-name
+  """RandAugment's magnitude table, {op: (magnitudes by bin, signed)} (torchvision pinned:
+  0.29.1); a 0-d tensor for the ops without magnitudes."""
+  # pylint: disable-next=protected-access
+  space = _RANDAUGMENT._AUGMENTATION_SPACE
+  found = {}
+  for name, (magnitudes_fn, signed) in space.items():
+    magnitudes = magnitudes_fn(bins, size[0], size[1])
+    found[name] = (torch.tensor(0.0) if magnitudes is None else magnitudes, signed)
+  return found
 _linspace = augment._linspace  # pylint: disable=protected-access
 
 
@@ -66,7 +77,7 @@ def _torch_op(image: np.ndarray, name: str, magnitude: int, negate: bool) -> np.
         'Contrast': lambda: TVF.adjust_contrast(img, 1.0 + m),
         'Sharpness': lambda: TVF.adjust_sharpness(img, 1.0 + m),
         'Posterize': lambda: TVF.posterize(img, int(m)),
-        'Solarize': lambda: TVF.solarize(img, m),
+        'Solarize': lambda: TVF.solarize(img, 255.0 * m),  # As v2's RandAugment calls it.
         'AutoContrast': lambda: TVF.autocontrast(img),
         'Equalize': lambda: TVF.equalize(img),
     }[name]()
@@ -100,15 +111,13 @@ def test_op_names_and_bins_are_torchvisions():
 def test_magnitude_table_matches_torchvision():
   ranges = {'ShearX': (0.0, 0.3), 'ShearY': (0.0, 0.3), 'Rotate': (0.0, 30.0),
             'Brightness': (0.0, 0.9), 'Color': (0.0, 0.9), 'Contrast': (0.0, 0.9),
-            'Sharpness': (0.0, 0.9), 'Solarize': (255.0, 0.0)}
+            'Sharpness': (0.0, 0.9), 'Solarize': (1.0, 0.0)}
   for k in range(31):
     for name, (start, end) in ranges.items():
       want = np.float32(_torch_magnitude(name, k, 8, 8))
       got = np.float32(_linspace(start, end, k))
       # torch.linspace's CPU kernel may round one float32 ulp differently.
       assert abs(got - want) <= np.spacing(want), (name, k, got, want)
-    # Solarize's thresholds (255 - 8.5 k) are exact in float32: the comparisons are torch's.
-    assert _linspace(255.0, 0.0, k) == _torch_magnitude('Solarize', k, 8, 8)
     assert augment.posterize_bits(k) == int(_torch_magnitude('Posterize', k, 8, 8))
     for size in (8, 31, 32, 45, 224, 331, 384, 512):
       want = int(_torch_magnitude('TranslateX', k, 1, size))

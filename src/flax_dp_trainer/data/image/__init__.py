@@ -1,9 +1,12 @@
 """Per-image processing: what runs on one example, uint8 in, uint8 out.
 
     preprocess        the preprocessing plans: what runs on one example, in order (decode,
-                      crop, flip, RandAugment, erasing)
-    augment           RandAugment and random erasing: the ops and policies (torchvision's
-                      definitions)
+                      crop, flip, a policy, RandAugment, erasing)
+    ops               torchvision's augmentation ops at a magnitude value
+                      (`torchvision.transforms.v2`'s arithmetic), Invert among them
+    policies          torchvision's policies: TrivialAugmentWide, AutoAugment (imagenet,
+                      cifar10, svhn), drawn from a seed
+    augment           RandAugment and random erasing (torchvision's definitions)
     resize            the resize filters (`config.resize_filter`): decoded pixels resized, a
                       region resampled at a sub-pixel position
     scaled_decode     JPEG windows decoded at 1/2-1/8 scale where the output shrinks them 2x+

@@ -18,9 +18,11 @@ To add an augmentation: write a `Step` (a frozen dataclass with `name`, `stream`
 import dataclasses
 from typing import Optional
 
+from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.data.tensorflow_import import tf
 
 from flax_dp_trainer.data.image import augment
+from flax_dp_trainer.data.image import policies
 from flax_dp_trainer.data.image import resize as resize_lib
 from flax_dp_trainer.data.image import restart_segments
 from flax_dp_trainer.data.image import scaled_decode
@@ -230,6 +232,43 @@ class RandAugment(Step):
 
 
 @dataclasses.dataclass(frozen=True)
+class AutoAugment(Step):
+  """One of torchvision's automatic augmentation policies (`policies.apply`: TrivialAugmentWide
+  or AutoAugment) on the uint8 image."""
+  name = 'auto_augment'
+  stream: Optional[int] = stream_lib.POLICY_STREAM
+  policy: str = 'ta_wide'
+  interpolation: str = 'nearest'
+  fill: Optional[tuple[float, ...]] = None
+
+  def __call__(self, image, seed):
+    return policies.apply(image, seed, self.policy,
+                          policies.Settings(self.interpolation, self.fill))
+
+  def describe(self):
+    what = ('TrivialAugmentWide' if self.policy == 'ta_wide' else
+            f'AutoAugment ({self.policy} policy)')
+    fill = 'zeros' if self.fill is None else f'fill {self.fill}'
+    return f'{what}, {self.interpolation}, {fill}'
+
+
+def auto_augment_fill(options: DataOptions, spec: specs.DatasetSpec
+                      ) -> Optional[tuple[float, ...]]:
+  """config.auto_augment_fill as values: None for zeros, the mean pixel for 'mean'."""
+  text = options.auto_augment_fill.strip()
+  if not text:
+    return None
+  if text == 'mean':
+    return tuple(float(v) for v in mean_pixel(spec))
+  values = tuple(float(v) for v in text.split(','))
+  if len(values) not in (1, spec.channels):
+    raise UserError(f'auto_augment_fill={text!r} gives {len(values)} values, and '
+                    f'dataset={spec.name!r} has {spec.channels}-channel images: give one value, '
+                    f'or one per channel')
+  return values * spec.channels if len(values) == 1 else values
+
+
+@dataclasses.dataclass(frozen=True)
 class RandomErase(Step):
   """torchvision's RandomErasing (`augment.random_erase`), the box filled with `fill` (the
   dataset's mean pixel, which normalizes to about 0)."""
@@ -286,6 +325,10 @@ def train_plan(options: DataOptions, spec: specs.DatasetSpec, encoded: bool) -> 
     steps.append(PadRandomCrop())
   if spec.augment in ('flip', 'crop_flip', 'inception'):
     steps.append(RandomFlip())
+  if options.auto_augment:
+    steps.append(AutoAugment(policy=options.auto_augment,
+                             interpolation=options.auto_augment_interpolation,
+                             fill=auto_augment_fill(options, spec)))
   if options.randaugment_num_layers:
     steps.append(RandAugment(num_layers=options.randaugment_num_layers,
                              magnitude=options.randaugment_magnitude))
