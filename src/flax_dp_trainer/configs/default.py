@@ -91,10 +91,10 @@ def get_config() -> ml_collections.ConfigDict:
   # names them: 'ta_wide' (TrivialAugmentWide), 'imagenet', 'cifar10' or 'svhn' (AutoAugment
   # with that policy); '' = none. docs/data.md has their ops and draws.
   config.auto_augment = ''
-  # Their geometric ops' sampling, 'nearest' (torchvision's default) or 'bilinear', and fill:
-  # '' = zeros (torchvision's default), 'mean' = the dataset's mean pixel, or 0..255 values,
-  # one or one per channel ('124,116,104').
+  # Their geometric ops' sampling: 'nearest' (torchvision's default) or 'bilinear'.
   config.auto_augment_interpolation = 'nearest'
+  # Their geometric ops' fill: '' = zeros (torchvision's default), 'mean' = the dataset's mean
+  # pixel, or 0..255 values, one or one per channel ('124,116,104').
   config.auto_augment_fill = ''
   config.random_erase_prob = 0.0  # Probability of erasing a random box of an image; 0 = off.
   # Mixup/CutMix of the global batch (row r with row batch_size-1-r), soft targets in the loss.
