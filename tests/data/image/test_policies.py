@@ -76,6 +76,7 @@ def _ta_wide(channels: int):
       tf.TensorSpec([None, None, channels], tf.uint8), tf.TensorSpec([2], tf.int64)])
 
 
+@pytest.mark.slow
 def test_ta_wide_is_torchvisions_for_every_draw():
   reference = v2.TrivialAugmentWide()
   # pylint: disable-next=protected-access
@@ -102,6 +103,7 @@ def _autoaugment(policy: str, channels: int):
                                       tf.TensorSpec([2], tf.int64)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('policy', sorted(policies.POLICIES))
 def test_autoaugment_is_torchvisions_for_every_draw(policy):
   reference = v2.AutoAugment(v2.AutoAugmentPolicy(policy))
