@@ -49,6 +49,7 @@ from flax_dp_trainer.data.tensorflow_import import tf
 
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data.image import ops
+from flax_dp_trainer.data.image import policies
 
 RANDAUGMENT_OPS = ('Identity', 'ShearX', 'ShearY', 'TranslateX', 'TranslateY', 'Rotate',
                    'Brightness', 'Color', 'Contrast', 'Sharpness', 'Posterize', 'Solarize',
@@ -63,31 +64,21 @@ _SHEAR_RANGE = (0.0, 0.3)
 _ROTATE_RANGE = (0.0, 30.0)  # Degrees.
 _ENHANCE_RANGE = (0.0, 0.9)  # Brightness, Color, Contrast, Sharpness: factor 1 +- this.
 _SOLARIZE_RANGE = (255.0, 0.0)
-_TRANSLATE_FRACTION = 150.0 / 331.0  # Of the width (TranslateX) or height (TranslateY).
 
 _ERASE_ATTEMPTS = 10
 
 Seed = Union[tf.Tensor, Sequence[int]]
 
 
-def _f32(value: float) -> float:
-  """`value` rounded to float32 (torchvision's magnitude tables are float32 tensors)."""
-  return float(np.float32(value))
-
-
 def _linspace(start: float, end: float, magnitude: int) -> float:
-  """Bin `magnitude` of torch.linspace(start, end, NUM_MAGNITUDE_BINS), as a float32 value.
-
-  Computed exactly and rounded once; torch's CPU kernel can land one float32 ulp away from
-  that (it depends on the kernel's vectorization), which never changes an integer magnitude.
-  """
-  start, end = _f32(start), _f32(end)
-  return _f32(start + (end - start) * magnitude / MAX_MAGNITUDE)
+  """Bin `magnitude` of torch.linspace(start, end, NUM_MAGNITUDE_BINS), as a float32 value
+  (`policies.linspace_bin`: computed exactly and rounded once)."""
+  return policies.linspace_bin(end, magnitude, NUM_MAGNITUDE_BINS, start=start)
 
 
 def posterize_bits(magnitude: int) -> int:
   """Bits Posterize keeps at `magnitude`: 8 - round(k / 7.5) (8 at 0 .. 4 at 30)."""
-  return 8 - int(np.round(np.float32(magnitude) / np.float32(MAX_MAGNITUDE / 4)))
+  return policies.posterize_bits(magnitude, NUM_MAGNITUDE_BINS, 4)
 
 
 def _check_magnitude(magnitude) -> int:
@@ -101,8 +92,7 @@ def _check_magnitude(magnitude) -> int:
 def translate_pixels(magnitude: int, size) -> tf.Tensor:
   """TranslateX/Y's shift in whole pixels at `magnitude` for an image `size` wide/high
   (int32; before the sign): int(bin of linspace(0, 150/331 * size)), as torchvision."""
-  end = tf.cast(_TRANSLATE_FRACTION * tf.cast(size, tf.float64), tf.float32)
-  value = tf.cast(tf.cast(end, tf.float64) * magnitude / MAX_MAGNITUDE, tf.float32)
+  value = policies.translate_pixels(magnitude, size, NUM_MAGNITUDE_BINS)
   return tf.cast(tf.floor(value), tf.int32)
 
 
