@@ -24,19 +24,19 @@ from flax_dp_trainer.data.tensorflow_import import tf
 from flax_dp_trainer.data.image import ops
 
 # op: (magnitude at the last bin, signed); TrivialAugmentWide's space (31 bins).
-_TA_WIDE = {
+TA_WIDE_SPACE = {
     'Identity': (None, False), 'ShearX': (0.99, True), 'ShearY': (0.99, True),
     'TranslateX': (32.0, True), 'TranslateY': (32.0, True), 'Rotate': (135.0, True),
     'Brightness': (0.99, True), 'Color': (0.99, True), 'Contrast': (0.99, True),
     'Sharpness': (0.99, True), 'Posterize': ('bits', False), 'Solarize': ('fraction', False),
     'AutoContrast': (None, False), 'Equalize': (None, False),
 }
-TA_WIDE_OPS = tuple(_TA_WIDE)
+TA_WIDE_OPS = tuple(TA_WIDE_SPACE)
 TA_WIDE_BINS = 31
 TA_WIDE_POSTERIZE_SPAN = 6  # Posterize: 8 - round(k / ((bins - 1) / 6)) bits.
 
 # AutoAugment's space (10 bins); translations are 150/331 of the image's side at the top.
-_AUTOAUGMENT = {
+AUTOAUGMENT_SPACE = {
     'ShearX': (0.3, True), 'ShearY': (0.3, True), 'TranslateX': ('width', True),
     'TranslateY': ('height', True), 'Rotate': (30.0, True), 'Brightness': (0.9, True),
     'Color': (0.9, True), 'Contrast': (0.9, True), 'Sharpness': (0.9, True),
@@ -174,7 +174,8 @@ def translate_pixels(k, size, bins: int):
   return tf.cast(tf.cast(end, tf.float64) * tf.cast(k, tf.float64) / (bins - 1), tf.float32)
 
 
-def _seeds(seed: Seed, num: int) -> list[tf.Tensor]:
+def split_seed(seed: Seed, num: int) -> list[tf.Tensor]:
+  """`num` independent stateless seeds ([2] int64 each) from `seed` (shape [2], integers)."""
   seed = tf.convert_to_tensor(seed)
   if not seed.dtype.is_integer:
     raise TypeError(f'seed must be integers, got {seed.dtype.name}')
@@ -193,7 +194,7 @@ class Settings:
 def ta_wide_draw(seed: Seed) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
   """TrivialAugmentWide's draws from `seed` (shape [2]): (the op's index in `TA_WIDE_OPS`, its
   bin in 0..30, whether a signed op's magnitude is negated: torch's rand <= 0.5)."""
-  op_seed, bin_seed, sign_seed = _seeds(seed, 3)
+  op_seed, bin_seed, sign_seed = split_seed(seed, 3)
   op = tf.random.stateless_uniform([], op_seed, minval=0, maxval=len(TA_WIDE_OPS),
                                    dtype=tf.int32)
   k = tf.random.stateless_uniform([], bin_seed, minval=0, maxval=TA_WIDE_BINS, dtype=tf.int32)
@@ -213,7 +214,7 @@ def trivial_augment_wide(image, seed: Seed, settings: Settings = Settings()) -> 
   op, k, negate = ta_wide_draw(seed)
 
   def branch(name):
-    top, signed = _TA_WIDE[name]
+    top, signed = TA_WIDE_SPACE[name]
     table = _table(top, TA_WIDE_BINS, TA_WIDE_POSTERIZE_SPAN)
     def apply_op():
       m = (tf.constant(0.0, tf.float64) if table is None else
@@ -228,7 +229,7 @@ def trivial_augment_wide(image, seed: Seed, settings: Settings = Settings()) -> 
 def autoaugment_draw(seed: Seed, policy: str) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
   """AutoAugment's draws from `seed` (shape [2]): (the sub-policy's index, whether each of
   its two ops applies: torch's rand <= p, whether each signed op's magnitude is negated)."""
-  choice_seed, *op_seeds = _seeds(seed, 5)
+  choice_seed, *op_seeds = split_seed(seed, 5)
   sub_policies = POLICIES[policy]
   index = tf.random.stateless_uniform([], choice_seed, minval=0, maxval=len(sub_policies),
                                       dtype=tf.int32)
@@ -241,7 +242,7 @@ def autoaugment_draw(seed: Seed, policy: str) -> tuple[tf.Tensor, tf.Tensor, tf.
 
 def _autoaugment_op(x, name: str, k: Optional[int], negate, quantize: bool,
                     settings: Settings):
-  top, signed = _AUTOAUGMENT[name]
+  top, signed = AUTOAUGMENT_SPACE[name]
   shape = tf.shape(x)
   if top in ('width', 'height'):
     m = tf.cast(translate_pixels(k, shape[1] if top == 'width' else shape[0],
