@@ -6,11 +6,13 @@
     logits = trained.logits(images)
 
 `load` rebuilds the model from the config the checkpoint was written with, takes the
-variables evaluation uses (the EMA params where the run kept them, and the BatchNorm
-statistics) and the dataset's evaluation preprocessing: images are resized and center-cropped
-where the dataset's evaluation does that, then normalized on the device exactly as the eval
-step normalizes them (x / 255, less the dataset's mean, over its std). `tools.export` writes
-the variables as a PyTorch state dict.
+variables of one of its evaluations (the EMA's, those of `eval_ema_*`, where the run kept
+one: its params, and its own BatchNorm statistics where it averaged them, else the params'
+statistics; without an EMA the params', those of `eval_*`) and the dataset's evaluation
+preprocessing: images are resized and center-cropped where the dataset's evaluation does
+that, then normalized on the device exactly as the eval step normalizes them (x / 255, less
+the dataset's mean, over its std). `tools.export` writes the variables as a PyTorch state
+dict.
 """
 
 import dataclasses
@@ -26,6 +28,7 @@ from flax_dp_trainer.checkpoint import meta as run_meta
 from flax_dp_trainer import logs
 from flax_dp_trainer.model import modeling
 from flax_dp_trainer.model import adapter
+from flax_dp_trainer.model import input_size
 from flax_dp_trainer.model import source as model_source
 from flax_dp_trainer.step import steps as step_lib
 from flax_dp_trainer.data import specs
@@ -40,11 +43,11 @@ Images = Union[np.ndarray, Sequence[np.ndarray], Sequence[bytes]]
 class Trained:
   """A model and the variables of one checkpoint, with its preprocessing."""
   model: Any  # The flax module.
-  variables: dict  # {'params': ..., 'batch_stats': ...?}: what evaluation applies.
+  variables: dict  # {'params': ..., 'batch_stats': ...?}: the EMA's where the run kept one.
   config: ml_collections.ConfigDict  # The config the checkpoint was written with.
   step: int
   spec: specs.DatasetSpec  # The dataset as trained (its shapes, classes and statistics).
-  ema: bool  # Whether `variables` holds the EMA of the params.
+  ema: bool  # Whether `variables` are the EMA's (evaluated as eval_ema_*), not the params'.
   built: Optional[adapter.Model] = None  # How the trainer applies `model` (NNX included).
 
   @property
@@ -168,8 +171,11 @@ def _load(workdir: str, step: Optional[int], model: Any) -> Trained:
   saved = checkpoint.read_state(workdir, step)
   ema = saved.get('ema_params') is not None
   variables = {'params': saved['ema_params'] if ema else saved['params']}
-  if saved.get('batch_stats') is not None:
-    variables['batch_stats'] = saved['batch_stats']
+  stats = saved.get('ema_batch_stats') if ema else None
+  if stats is None:
+    stats = saved.get('batch_stats')
+  if stats is not None:
+    variables['batch_stats'] = stats
   given = run_options.model_options(config)
   if model is not None:  # The module object holds its fields: the recorded ones are not passed.
     given = dataclasses.replace(given, model_kwargs={})
@@ -183,5 +189,12 @@ def _load(workdir: str, step: Optional[int], model: Any) -> Trained:
       raise UserError(f'model={built.name!r} is not the model the run in {workdir} trained: '
                       f'{mismatch.replace("in this config", "in the model given")}; pass the '
                       'module with the fields it was trained with')
-  return Trained(built.module, jax.tree.map(np.asarray, variables), config, step, spec, ema,
-                 built)
+  # Evaluated at the evaluation's crop where it differs from the training's (train and test
+  # resolutions apart): a ViT's position embedding resampled to it, as evaluation does.
+  at_size = input_size.for_size(built, (1,) + tuple(spec.input_shape),
+                                (1,) + tuple(spec.evaluated().input_shape),
+                                config.pos_embedding_resize)
+  if at_size is not None:
+    variables = at_size(variables)
+  return Trained(built.module, jax.tree.map(np.asarray, variables), config, step,
+                 spec.evaluated(), ema, built)

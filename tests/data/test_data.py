@@ -347,6 +347,34 @@ def test_an_augmentation_policy_is_drawn_from_the_stream_position(config):
       'AutoAugment (svhn policy), bilinear, zeros')
 
 
+def test_repeated_augmentation_puts_each_example_r_times_in_a_row(config):
+  """aug_repeats=4: runs of 4 copies of one example (the same as the plain stream's gather
+  of that run's slot), each copy augmented apart; one epoch of steps holds a quarter of the
+  split's examples, each 4 times; 1 and 4 processes build the same global batches."""
+  config.update(batch_size=16, aug_repeats=4)
+  plain = _open(config)  # Nothing per example: gathered by numpy (EpochOrders).
+  n = plain.num_examples
+  steps = n // 16
+  images, labels = _stream(plain, steps)
+  runs = images[:steps * 16].reshape(-1, 4, *images.shape[1:])
+  assert (runs == runs[:, :1]).all()
+  assert (labels.reshape(-1, 4) == labels.reshape(-1, 4)[:, :1]).all()
+  distinct = {run[0].tobytes() for run in runs}
+  assert len(distinct) == len(runs) == steps * 4  # An epoch: a quarter of the examples.
+  config.update(auto_augment='ta_wide')
+  data = _open(config)  # Through TensorFlow (the policy): the same examples, as indices say.
+  augmented, augmented_labels = _stream(data, 2)
+  np.testing.assert_array_equal(augmented_labels, labels[:32])
+  copies = augmented.reshape(-1, 4, *augmented.shape[1:])
+  # Drawn apart: TA-wide's identity-like draws (Identity, a small enhance on an 8x8 image)
+  # may leave a run's copies alike, rarely all four.
+  assert np.mean([len({c.tobytes() for c in run}) > 1 for run in copies]) > 0.8
+  parts = [_stream(data, 2, process_index=p, process_count=2) for p in range(2)]
+  np.testing.assert_array_equal(
+      np.concatenate([part[0].reshape(2, 8, *augmented.shape[1:]) for part in parts], 1),
+      augmented.reshape(2, 16, *augmented.shape[1:]))
+
+
 @pytest.mark.slow
 def test_strong_augmentation_is_the_same_on_any_process_count(config):
   """Four processes' rows, RandAugment and erasing on, are the one-process batches."""

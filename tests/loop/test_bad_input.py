@@ -183,19 +183,47 @@ CASES = {
         'randaugment_magnitude', 31, 'an integer in [0, 30]', 'M', randaugment_num_layers=2),
     'unknown augmentation policy': (
         dict(auto_augment='trivialaugment'),
-        "auto_augment='trivialaugment' is unknown; choose one of: ta_wide, imagenet, cifar10, "
-        'svhn (--config.auto_augment=NAME)'),
+        "auto_augment='trivialaugment': "),
+    'unknown policy': (
+        dict(auto_augment='foo'), "auto_augment='foo' is unknown; choose one of torchvision's "
+        'policies, ta_wide, imagenet, cifar10, svhn, augmix, randaugment, ra, or a timm --aa '
+        'string such as rand-m9-mstd0.5-inc1'),
+    'malformed timm policy': (
+        dict(auto_augment='rand-m9-xx'), "auto_augment='rand-m9-xx': "),
     'two augmentation policies': (
         dict(auto_augment='ta_wide', randaugment_num_layers=2),
         "auto_augment='ta_wide' and randaugment_num_layers=2 are two policies"),
     'policy fill off the scale': (
         dict(auto_augment='imagenet', auto_augment_fill='300'),
-        "auto_augment_fill='300' must be '' (zeros), 'mean'"),
+        "auto_augment_fill='300' must be 'zeros', 'mean'"),
     'policy fill of another channel count': (
         dict(auto_augment='imagenet', auto_augment_fill='1,2,3'),
-        "auto_augment_fill='1,2,3' gives 3 values, and dataset='digits' has 1-channel images"),
+        "auto_augment_fill='1,2,3' gives 3 values for 1-channel images"),
+    'policy interpolation torchvision lacks': (
+        dict(auto_augment='ta_wide', auto_augment_interpolation='bicubic'),
+        "auto_augment_interpolation='bicubic': torchvision's policy auto_augment='ta_wide' "
+        'samples with one of nearest, bilinear'),
+    'augmix severity off the range': (
+        dict(auto_augment='augmix', augmix_severity=11),
+        'augmix_severity=11 must be an integer in [1, 10]'),
+    'batch of partial repeats': (
+        dict(aug_repeats=3), 'batch_size=128 is not a multiple of aug_repeats=3'),
+    'colour jitter under a policy': (
+        dict(auto_augment='ta_wide', color_jitter=0.4),
+        "color_jitter=0.4 with the policy ta_wide: timm applies its color jitter only where "
+        'no policy is set'),
+    'unknown erasing mode': _unknown('random_erase_mode', 'rand', ['const', 'pixel']),
+    'training crop without the inception crop': (
+        dict(train_crop_size=6),
+        "train_crop_size=6 applies to augment='inception'"),
+    'a param that depends on the evaluation size': (
+        dict(augment='inception', image_size=8, train_crop_size=6),
+        "model 'cnn' has a param whose shape depends on the input size"),
+    'evaluation crop larger than its resize': (
+        dict(augment='inception', image_size=8, eval_resize_size=6),
+        'eval_crop_size=8 is larger than eval_resize_size=6'),
     'negative randaugment layers': _out_of_range(
-        'randaugment_num_layers', -1, 'an integer >= 0; 0 turns RandAugment off', 'N'),
+        'randaugment_num_layers', -1, 'a whole number >= 0; 0 turns RandAugment off', 'N'),
     'stochastic depth of one': _out_of_range(
         'stochastic_depth_rate', 1.0, 'in [0, 1); 0 turns stochastic depth off',
         model='resnet_tiny'),

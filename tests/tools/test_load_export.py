@@ -13,37 +13,58 @@ import numpy as np
 import pytest
 
 import flax_dp_trainer as trainer
+from flax_dp_trainer.checkpoint import checkpointer as checkpoint
 from flax_dp_trainer.loop import train
 from flax_dp_trainer.configs import default
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
+from flax_dp_trainer.step import ema as ema_lib
 from flax_dp_trainer.tools import export
+from tests import helpers
 from tests import REPO
 
 STEPS = 40
 
 
-@pytest.fixture(scope='module')
-def run(tfds_data_dir, tmp_path_factory):
-  """A short digits run of resnet_tiny (BatchNorm) with an EMA of its params: its workdir."""
+def _config(tfds_data_dir):
+  """A short digits run of resnet_tiny (BatchNorm) with torchvision's EMA of its params and
+  statistics: 11 steps an epoch (1,437 examples in batches of 128), the first warming up
+  (its EMA copied), an update every 2 steps of an epoch, the decay adjusted to the run's 3.6
+  epochs; checkpoints at the middle and the end."""
   config = default.get_config()
   config.update(tfds_data_dir=tfds_data_dir, model='resnet_tiny', dropout_rate=0.0,
                 num_train_steps=STEPS, warmup_steps=5, eval_every_steps=STEPS,
-                checkpoint_every_steps=STEPS, log_every_steps=STEPS, ema_decay=0.9)
+                checkpoint_every_steps=STEPS // 2, log_every_steps=STEPS, ema_decay=0.998,
+                ema_every_steps=2, ema_style='torchvision')
+  return config
+
+
+@pytest.fixture(scope='module')
+def run(tfds_data_dir, tmp_path_factory):
+  """That run's workdir."""
   workdir = str(tmp_path_factory.mktemp('trained'))
-  train.train_and_evaluate(config, workdir, devices=jax.devices()[:1])
+  train.train_and_evaluate(_config(tfds_data_dir), workdir, devices=jax.devices()[:1])
   return workdir
 
 
-def test_loaded_model_predicts_the_runs_eval_accuracy(run):
+def test_loaded_model_predicts_the_runs_eval_ema_accuracy(run):
+  """`load` takes the EMA (params and BatchNorm statistics): what `eval_ema_*` evaluated,
+  reported beside `eval_*` of the params."""
   trained = trainer.load(run)
   assert trained.step == STEPS and trained.ema and 'batch_stats' in trained.variables
+  saved = checkpoint.read_state(run)
+  for got, ema in zip(jax.tree.leaves(trained.variables['batch_stats']),
+                      jax.tree.leaves(saved['ema_batch_stats'])):
+    np.testing.assert_array_equal(got, ema)
   images, labels = trained.read_split()
   assert images.dtype == np.uint8 and images.shape == (360, 8, 8, 1)
   accuracy = float(np.mean(trained.predict(images) == labels))
   scalars, _ = run_metrics.read_events(run)
-  assert accuracy == pytest.approx(scalars['eval_accuracy'][STEPS], abs=1e-6)
+  assert accuracy == pytest.approx(scalars['eval_ema_accuracy'][STEPS], abs=1e-6)
+  assert {'eval_accuracy', 'eval_loss', 'eval_top5_accuracy', 'eval_ema_loss',
+          'eval_ema_top5_accuracy'} <= set(scalars)
+  assert scalars['eval_accuracy'][STEPS] != scalars['eval_ema_accuracy'][STEPS]
   assert accuracy > 0.15  # It trained (the EMA lags the params): a tenth is chance.
   # Greyscale images without their channel axis are taken too; a wrong size is refused.
   np.testing.assert_array_equal(trained.predict(images[..., 0]), trained.predict(images))
@@ -55,6 +76,28 @@ def test_loaded_model_predicts_the_runs_eval_accuracy(run):
                      r'\(or np.expand_dims\(image, 0\)\)$'):
     trained.predict(images[0])
   assert trained.predict(images[0][None]) == trained.predict(images[:1])
+
+
+def test_a_resumed_run_continues_the_ema_bitwise(run, tfds_data_dir, tmp_path):
+  """Resumed from the middle checkpoint, the run ends with the EMA (params, statistics,
+  count) and evaluation of the run that never stopped."""
+  copy = str(tmp_path / 'resumed')
+  helpers.copy_workdir(run, copy, drop_steps=[STEPS])
+  middle = checkpoint.read_state(copy)
+  assert int(middle['ema_count']) == 5  # Steps 11, 13, ..., 19 of the second epoch.
+  state = train.train_and_evaluate(_config(tfds_data_dir), copy, devices=jax.devices()[:1])
+  straight = checkpoint.read_state(run)
+  for field in ('ema_params', 'ema_batch_stats', 'ema_count', 'params'):
+    for a, b in zip(jax.tree.leaves(getattr(state, field)), jax.tree.leaves(straight[field])):
+      np.testing.assert_array_equal(a, b, err_msg=field)
+  # 6 + 6 updates in epochs 1 and 2, 4 in the last one's steps 33..39.
+  assert int(state.ema_count) == 16
+  options = ema_lib.EmaOptions(decay=0.5, every_steps=2, style='torchvision',
+                               steps_per_epoch=11, warmup_epochs=5 / 11)
+  assert ema_lib.count_after(options, STEPS) == 16
+  resumed, _ = run_metrics.read_events(copy)
+  scalars, _ = run_metrics.read_events(run)
+  assert resumed['eval_ema_accuracy'][STEPS] == scalars['eval_ema_accuracy'][STEPS]
 
 
 @pytest.mark.parametrize('file_format', [pytest.param('torchvision', marks=pytest.mark.slow),

@@ -27,7 +27,9 @@ def _command(workdir, tfds_data_dir):
   return processes.ddp_command(2, workdir, threads=1, args=[
       '--config=default', f'--config.num_train_steps={STEPS}',
       '--config.log_every_steps=10', '--config.eval_every_steps=100',
-      '--config.checkpoint_every_steps=100', f'--config.tfds_data_dir={tfds_data_dir}'])
+      '--config.checkpoint_every_steps=100', f'--config.tfds_data_dir={tfds_data_dir}',
+      # torchvision's EMA: its AveragedModel, evaluated beside the model and checkpointed.
+      '--config.ema_decay=0.999', '--config.ema_every_steps=4', '--config.ema_style=torchvision'])
 
 
 def _run(workdir, tfds_data_dir):
@@ -76,6 +78,9 @@ def test_sigterm_stops_with_a_checkpoint_and_resume_is_exact(reference, tmp_path
   assert final['examples_seen'] == expected['examples_seen'] == STEPS * 128
   for name, tensor in expected['model'].items():
     assert torch.equal(final['model'][name], tensor), name
+  assert set(expected['model_ema']) == {'n_averaged', *(f'module.{k}' for k in expected['model'])}
+  for name, tensor in expected['model_ema'].items():
+    assert torch.equal(final['model_ema'][name], tensor), name
   for index, values in expected['optimizer']['state'].items():
     assert torch.equal(final['optimizer']['state'][index]['momentum_buffer'],
                        values['momentum_buffer'])
@@ -84,6 +89,7 @@ def test_sigterm_stops_with_a_checkpoint_and_resume_is_exact(reference, tmp_path
   scalars, _ = run_metrics.read_events(workdir)
   reference_scalars, _ = run_metrics.read_events(reference)
   assert scalars['eval_accuracy'] == reference_scalars['eval_accuracy']
+  assert scalars['eval_ema_accuracy'] == reference_scalars['eval_ema_accuracy']
 
 
 @pytest.mark.slow
@@ -110,6 +116,20 @@ def test_tags_evaluation_and_memory(reference, config):
   assert scalars['eval_top5_accuracy'][STEPS] == pytest.approx(top5, abs=1e-6)
   assert scalars['eval_loss'][STEPS] == pytest.approx(loss, rel=1e-5)
   assert accuracy > 0.9
+  # Its EMA's beside it, under the JAX run's tags: that of the saved average.
+  saved = _load(reference, STEPS)['model_ema']
+  twin.load_state_dict({k[len('module.'):]: v for k, v in saved.items() if k != 'n_averaged'})
+  with torch.no_grad():
+    _, loss, accuracy, top5 = helpers.reference_eval_of(
+        lambda x: twin(torch.from_numpy(x).permute(0, 3, 1, 2)).numpy(), config)
+  assert sorted(scalars['eval_ema_accuracy']) == [100, STEPS]
+  assert scalars['eval_ema_accuracy'][STEPS] == pytest.approx(accuracy, abs=1e-6)
+  assert scalars['eval_ema_top5_accuracy'][STEPS] == pytest.approx(top5, abs=1e-6)
+  assert scalars['eval_ema_loss'][STEPS] == pytest.approx(loss, rel=1e-5)
+  # 1,437 examples in batches of 128: 11 steps an epoch, 3 updates in each (its steps 0, 4,
+  # 8); the 30 warm-up steps reset it in epochs 0-2 (below 30 / 11); then 15 whole epochs
+  # and the first step of the 19th.
+  assert int(saved['n_averaged']) == 15 * 3 + 1
 
 
 def test_a_workdir_of_another_config_is_refused_untouched(config, one_rank_group, tmp_path):

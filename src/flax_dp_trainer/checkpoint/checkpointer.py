@@ -2,7 +2,8 @@
 
 A checkpoint at step N holds two items:
   state: one replica of the `TrainState` (step, params, optimizer state, BatchNorm
-         statistics) as host arrays: nothing in it depends on the devices that wrote it;
+         statistics, the EMA and its count) as host arrays: nothing in it depends on the
+         devices that wrote it;
   meta:  JSON (`RunMeta`): the step RNG key, the data seed, the position in the global
          training stream (examples trained on), the topology that wrote it, and the config
          (to explain a mismatch on restart).
@@ -50,6 +51,22 @@ class Restored:
   step: int
   state: Any
   meta: dict
+  # The `NEWER_FIELDS` it was written without: restored as the target holds them.
+  missing: tuple[str, ...] = ()
+
+
+# State fields that checkpoints written before them lack (the EMA's BatchNorm statistics and
+# count): such a checkpoint restores, the target's values standing in for them, and says
+# which (`Restored.missing`) for the caller to fill as it knows how.
+NEWER_FIELDS = ('ema_batch_stats', 'ema_count')
+
+
+def missing_fields(saved: dict, target: Any) -> tuple[str, ...]:
+  """The `NEWER_FIELDS` that `target` holds and a checkpoint holding arrays named `saved`
+  (`state_metadata`) lacks."""
+  return tuple(field for field in NEWER_FIELDS
+               if getattr(target, field, None) is not None and
+               not any(name == field or name.startswith(field + '/') for name in saved))
 
 
 def path_name(path) -> str:
@@ -194,7 +211,11 @@ class Checkpointer:
     return None, []
 
   def _restore(self, reader: ocp.CheckpointManager, step: int, target: Any) -> Restored:
-    convert = layer_conversion(state_metadata(reader, step), target)
+    saved = state_metadata(reader, step)
+    missing = missing_fields(saved, target)
+    stand_ins = {field: getattr(target, field) for field in missing}
+    target = target.replace(**dict.fromkeys(missing)) if missing else target
+    convert = layer_conversion(saved, target)
     if convert is not None:
       logging.info('the checkpoint at step %d in %s holds the encoder blocks %s; restored into '
                    'this run\'s %s form (config.scan_layers)', step, self.directory,
@@ -205,7 +226,9 @@ class Checkpointer:
     state = restored['state']
     if convert is not None:
       state = to_form(state, convert[1])
-    return Restored(step=step, state=state, meta=restored['meta'])
+    if missing:
+      state = state.replace(**stand_ins)
+    return Restored(step=step, state=state, meta=restored['meta'], missing=missing)
 
   def _refuse_if_another_config(self, reader: ocp.CheckpointManager, step: int, target: Any,
                                 recorded: dict) -> None:
@@ -244,16 +267,20 @@ class Checkpointer:
     convert = layer_conversion(state_metadata(reader, step), target)
     if convert is not None:
       saved = to_form(saved, convert[1])
+    missing = tuple(field for field in NEWER_FIELDS
+                    if getattr(target, field) is not None and saved.get(field) is None)
     try:
       state = target.replace(**{
           field: serialization.from_state_dict(getattr(target, field), saved[field])
-          for field in ('step', 'params', 'batch_stats', 'dynamic_scale', 'ema_params')
-          if getattr(target, field) is not None})
+          for field in ('step', 'params', 'batch_stats', 'dynamic_scale', 'ema_params',
+                        *NEWER_FIELDS)
+          if getattr(target, field) is not None and field not in missing})
     except (KeyError, ValueError, TypeError) as e:
       raise UserError(f'the checkpoint at step {step} in {self.directory} holds another model '
                       f'({first_line(e, limit=200)}); resume with the config that wrote it, '
                       'or pass a new --workdir') from None
-    return Restored(step=step, state=state, meta=whole['meta']), saved.get('opt_state')
+    return Restored(step=step, state=state, meta=whole['meta'], missing=missing), saved.get(
+        'opt_state')
 
   def set_aside(self, unreadable: list[Unreadable]) -> None:
     """Moves unreadable checkpoints out of the way of new saves (kept, not deleted)."""

@@ -137,9 +137,11 @@ def init_from(options: InitFrom, module, state, state_dict: Optional[dict],
     batch_stats = state.batch_stats
     _said_resampled(path, resampled, options.pos_embedding_resize)
     logging.info('initializing params from %s (step %d)', path, from_step)
+  # The EMA (where kept) starts as a copy of what was loaded, as it starts from a fresh init.
+  copy = lambda tree, kept: None if kept is None else jax.tree.map(np.copy, tree)
   return state.replace(params=params, batch_stats=batch_stats,
-                       ema_params=None if state.ema_params is None else jax.tree.map(
-                           np.copy, params)), from_step
+                       ema_params=copy(params, state.ema_params),
+                       ema_batch_stats=copy(batch_stats, state.ema_batch_stats)), from_step
 
 
 def load_params(path: str, wanted_params: Any, pos_embedding_resize: str = 'bicubic'

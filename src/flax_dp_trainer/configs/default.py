@@ -68,8 +68,19 @@ def get_config() -> ml_collections.ConfigDict:
   config.resize_images = False
   # How augment='inception' resizes its crops (and evaluation its images): 'area' averages
   # when shrinking and interpolates bilinearly when enlarging; 'antialias' is torchvision's
-  # bilinear filter with antialiasing (about 1.3-1.5x the CPU time per image).
+  # bilinear filter with antialiasing (about 1.3-1.5x the CPU time per image); 'bicubic' is
+  # Keys' cubic with antialiasing (PIL's bicubic, timm's --interpolation bicubic).
   config.resize_filter = 'area'
+  # The training crop's filter alone (timm's --train-interpolation), one of resize_filter's;
+  # '' = resize_filter.
+  config.train_interpolation = ''
+  # Train and test resolutions apart (FixRes; torchvision's --train-crop-size,
+  # --val-resize-size, --val-crop-size), for augment='inception': the side of the training's
+  # random-resized crop, the shorter side evaluation resizes to, and its center crop's side.
+  # 0 = from image_size (the crop; evaluation resizes to the crop's side / 0.875).
+  config.train_crop_size = 0
+  config.eval_resize_size = 0  # Evaluation's shorter side before the crop; 0 = crop / 0.875.
+  config.eval_crop_size = 0  # Evaluation's center crop; 0 = image_size.
   # JPEGs whose crop (or, for evaluation, whole image) shrinks 2x or more are decoded at
   # 1/2, 1/4 or 1/8 scale (libjpeg's DCT scaling), the window's exact position kept: the same
   # windows and flips, a fraction of the decode's CPU time (docs/data.md). False: decoded whole.
@@ -85,18 +96,48 @@ def get_config() -> ml_collections.ConfigDict:
   # images are otherwise taken as they are).
   config.image_mean = ''
   config.image_std = ''  # Per channel, as image_mean; '' = the dataset's.
-  config.randaugment_num_layers = 0  # RandAugment ops applied per image; 0 = off.
+  # RandAugment ops applied per image; 0 = off (with auto_augment='randaugment': 2, as
+  # torchvision's RandAugment).
+  config.randaugment_num_layers = 0
   config.randaugment_magnitude = 9  # RandAugment magnitude, an integer in [0, 30].
-  # torchvision's automatic augmentation policies, as its reference script's --auto-augment
-  # names them: 'ta_wide' (TrivialAugmentWide), 'imagenet', 'cifar10' or 'svhn' (AutoAugment
-  # with that policy); '' = none. docs/data.md has their ops and draws.
+  # An automatic augmentation policy; '' = none. torchvision's, as its reference script's
+  # --auto-augment names them: 'ta_wide' (TrivialAugmentWide), 'imagenet', 'cifar10' or
+  # 'svhn' (AutoAugment with that policy), 'augmix' (AugMix, the augmix_* fields),
+  # 'randaugment' or 'ra' (RandAugment, the randaugment_* fields). timm's, as its --aa
+  # strings: 'rand-m9-mstd0.5-inc1' (RandAugment: m magnitude, n ops, p probability, mstd
+  # magnitude noise, inc increasing ops, mmax), 'augmix-m3-w3' (AugMix), 'original',
+  # 'originalr', 'v0', 'v0r' (AutoAugment). docs/data.md has their ops and draws.
   config.auto_augment = ''
-  # Their geometric ops' sampling: 'nearest' (torchvision's default) or 'bilinear'.
-  config.auto_augment_interpolation = 'nearest'
-  # Their geometric ops' fill: '' = zeros (torchvision's default), 'mean' = the dataset's mean
-  # pixel, or 0..255 values, one or one per channel ('124,116,104').
+  # Their geometric ops' sampling: 'nearest', 'bilinear', 'bicubic' (timm's), 'random' (timm's:
+  # bilinear or bicubic per op); '' = the policy's reference's: nearest for torchvision's
+  # (bilinear for AugMix), timm's from train_interpolation ('bicubic' there: bicubic; else
+  # random).
+  config.auto_augment_interpolation = ''
+  # Their geometric ops' fill: 'zeros', 'mean' (the dataset's mean pixel), or 0..255 values,
+  # one or one per channel ('124,116,104'); '' = the policy's reference's: zeros for
+  # torchvision's, the mean for timm's.
   config.auto_augment_fill = ''
+  # torchvision's AugMix (auto_augment='augmix'): the ops' severity, 1..10 (their magnitude
+  # bins drawn from 0..severity-1).
+  config.augmix_severity = 3
+  config.augmix_width = 3  # AugMix: the augmentation chains mixed.
+  config.augmix_depth = -1  # AugMix: ops per chain; -1 = 1 to 3, drawn per chain.
+  config.augmix_alpha = 1.0  # AugMix: the Dirichlet and Beta concentration of its weights.
   config.random_erase_prob = 0.0  # Probability of erasing a random box of an image; 0 = off.
+  # What fills the box (timm's --remode): 'const' (the dataset's mean pixel; torchvision's
+  # RandomErasing) or 'pixel' (per-pixel normal noise of the dataset's mean and std, timm's).
+  config.random_erase_mode = 'const'
+  # Boxes per erased image (timm's --recount), each of 1/count of the drawn area; 1 = one.
+  config.random_erase_count = 1
+  # Colour jitter (timm's --color-jitter): brightness, contrast and saturation factors drawn
+  # from [1 - c, 1 + c] in a random order, as torchvision's ColorJitter; applied where no
+  # auto_augment or RandAugment is set, as timm applies it; 0 = off.
+  config.color_jitter = 0.0
+  # Repeated augmentation (torchvision's --ra-reps, timm's --aug-repeats): each example
+  # appears this many times in a row in the training stream, each copy augmented apart; an
+  # epoch keeps its steps (1/aug_repeats of the distinct examples); batch_size must be a
+  # multiple of it. 1 = off.
+  config.aug_repeats = 1
   # Mixup/CutMix of the global batch (row r with row batch_size-1-r), soft targets in the loss.
   config.mixup_alpha = 0.0  # Mixup weight ~ Beta(alpha, alpha); 0 = no Mixup.
   config.cutmix_alpha = 0.0  # CutMix area ~ Beta(alpha, alpha); 0 = no CutMix.
@@ -231,7 +272,18 @@ def get_config() -> ml_collections.ConfigDict:
   config.loss = 'softmax_xent'
   config.label_smoothing = 0.0  # Label smoothing of the training loss; 0 = off.
   config.grad_accum_steps = 1  # Micro-batches per step (their gradients are averaged).
-  config.ema_decay = 0.0  # Decay of an EMA of params used for evaluation; 0 = no EMA.
+  # Decay per update of an EMA of the params, evaluated beside them (eval_ema_*) and what
+  # `load` and export take; 0 = no EMA. torchvision's --model-ema-decay is 0.99998.
+  config.ema_decay = 0.0
+  # Steps between updates of the EMA; 1 = after every step. torchvision's --model-ema-steps
+  # is 32.
+  config.ema_every_steps = 1
+  # '' = a plain EMA: decay * average + (1 - decay) * params every ema_every_steps steps of the
+  # run, from the initial params. 'torchvision' = its reference script's --model-ema: the
+  # decay adjusted to batch_size x ema_every_steps / the run's epochs, updates counted within
+  # each epoch, the average copied from the params in the warm-up epochs, BatchNorm
+  # statistics averaged too (docs/configs.md).
+  config.ema_style = ''
 
   # Schedule. Steps count optimizer updates over the global batch.
   config.batch_size = 128  # Global training batch in examples, over all devices of all processes.

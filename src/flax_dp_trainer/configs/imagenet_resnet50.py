@@ -15,9 +15,9 @@ What it aims at, as published (not measured here): 76.13% top-1 / 92.86% top-5 f
 torchvision's ResNet-50 IMAGENET1K_V1 weights (90 epochs, batch 256 on 8 GPUs, step decay of
 the learning rate); NVIDIA's DeepLearningExamples ResNet-50 v1.5 recipe, the closest to this
 one (cosine, label smoothing 0.1, 90 epochs, 8 GPUs, mixed precision), reports about 77%.
-The stronger recipes that reach 80.9% (torchvision's IMAGENET1K_V2: 600 epochs, TrivialAugment,
-Mixup 0.2, CutMix 1.0, random erasing 0.1, EMA) add the augmentation fields of the
-`default` config on top of this.
+torchvision's stronger recipe that reaches 80.9% (IMAGENET1K_V2: 600 epochs, TrivialAugment,
+Mixup 0.2, CutMix 1.0, random erasing 0.1, repeated augmentation, FixRes crops, EMA) is the
+`imagenet_resnet50_tv2` config.
 """
 
 import ml_collections

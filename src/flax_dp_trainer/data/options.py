@@ -27,6 +27,10 @@ class DataOptions:
   image_size: int = 0  # The crop's side; 0 = the dataset's.
   resize_images: bool = False
   resize_filter: str = 'area'
+  train_interpolation: str = ''  # The training crop's filter; '' = resize_filter.
+  train_crop_size: int = 0  # 0 = image_size.
+  eval_resize_size: int = 0  # 0 = the evaluation crop / 0.875.
+  eval_crop_size: int = 0  # 0 = image_size.
   scaled_decode: bool = True
   restart_skip: bool = False
   image_mean: str = ''  # Per channel, comma-separated; '' = the dataset's.
@@ -34,7 +38,15 @@ class DataOptions:
   randaugment_num_layers: int = 0
   randaugment_magnitude: int = 9
   auto_augment: str = ''  # '' = none; specs.AUTO_AUGMENT_POLICIES.
-  auto_augment_interpolation: str = 'nearest'
-  auto_augment_fill: str = ''  # '' = zeros; 'mean'; or values, one or one per channel.
+  auto_augment_interpolation: str = ''  # '' = the policy's reference's.
+  auto_augment_fill: str = ''  # '' = the policy's; 'zeros'; 'mean'; or values.
+  augmix_severity: int = 3
+  augmix_width: int = 3
+  augmix_depth: int = -1
+  augmix_alpha: float = 1.0
   random_erase_prob: float = 0.0
+  random_erase_mode: str = 'const'  # 'const' or 'pixel'.
+  random_erase_count: int = 1
+  color_jitter: float = 0.0
+  aug_repeats: int = 1  # Copies of each example in a row in the training stream.
 

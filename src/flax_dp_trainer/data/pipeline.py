@@ -31,6 +31,7 @@ from flax_dp_trainer.data.tensorflow_import import tf
 import tensorflow_datasets as tfds
 
 from flax_dp_trainer.base.batch_keys import MASK_KEY
+from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.data import damaged
 from flax_dp_trainer.data import kinds
 from flax_dp_trainer.data.image import preprocess
@@ -134,7 +135,7 @@ class TrainData:
     rows = stream_lib.TrainRows(self.options.batch_size, process_index, process_count,
                                 start_position)
     if self.mode == sources.IN_MEMORY and not self.plan().steps:
-      return _gathered(self._in_memory, rows, seed)
+      return _gathered(self._in_memory, rows, seed, self.options.aug_repeats)
     # An example that does not decode stops the run in one line naming it, not a traceback.
     return damaged.named_failures(iter(tfds.as_numpy(self.dataset(
         process_index=process_index, process_count=process_count,
@@ -142,15 +143,18 @@ class TrainData:
 
   def _by_index(self, rows: stream_lib.TrainRows, seed: int) -> tf.data.Dataset:
     source, plan, n = self.indexed_source(), self.plan(), self.num_examples
+    repeats = self.options.aug_repeats
     if not plan.steps and isinstance(source, sources.InMemory):
       # Nothing to do per example: gather each batch's rows at once.
       return tf.data.Dataset.range(np.iinfo(np.int64).max).map(as_written(
-          lambda step: source.gather(stream_lib.example_index(seed, rows.positions(step), n))),
+          lambda step: source.gather(stream_lib.example_index(seed, rows.positions(step), n,
+                                                              repeats))),
           num_parallel_calls=2, deterministic=True)
 
     def indices(first):  # This process's examples first .. first + EXAMPLES_PER_CALL - 1.
       position = rows.position(first + tf.range(EXAMPLES_PER_CALL, dtype=tf.int64))
-      return {'index': stream_lib.example_index(seed, position, n), 'position': position}
+      return {'index': stream_lib.example_index(seed, position, n, repeats),
+              'position': position}
 
     chunks = tf.data.Dataset.range(0, np.iinfo(np.int64).max, EXAMPLES_PER_CALL).map(
         as_written(indices))
@@ -212,9 +216,9 @@ def prepared(chunks: tf.data.Dataset, prepare: Callable[[dict], dict], threads: 
                     deterministic=True).unbatch()
 
 
-def _gathered(source: sources.InMemory, rows: stream_lib.TrainRows, seed: int
-              ) -> Iterator[dict[str, np.ndarray]]:
-  orders = stream_lib.EpochOrders(seed, source.num_examples)
+def _gathered(source: sources.InMemory, rows: stream_lib.TrainRows, seed: int,
+              repeats: int = 1) -> Iterator[dict[str, np.ndarray]]:
+  orders = stream_lib.EpochOrders(seed, source.num_examples, repeats)
   for step in itertools.count():
     yield source.take(orders(rows.first_position(step), rows.rows))
 
@@ -228,8 +232,14 @@ def open_train_data(options: DataOptions, ds_spec: Optional[specs.DatasetSpec] =
   ds_spec = ds_spec or run_datasets.for_options(options)
   reader = kinds.open_reader(options, ds_spec, process_index=process_index)
   split = reader.check_split(options.train_split, 'train_split')
-  return TrainData(options, ds_spec, reader, split, reader.read_mode(options.cache),
-                   reader.size(split))
+  mode = reader.read_mode(options.cache)
+  if options.aug_repeats > 1 and mode == sources.SEQUENTIAL:
+    raise UserError(f'aug_repeats={options.aug_repeats} puts each example several times in a '
+                    f'row in the stream, which needs the train split read by index, and '
+                    f'dataset={options.dataset!r} is read in sequence (TFRecord files, '
+                    'cache=False): hold it in memory (--config.cache=True), or store it as '
+                    'ArrayRecord (python -m flax_dp_trainer.tools.convert)')
+  return TrainData(options, ds_spec, reader, split, mode, reader.size(split))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -80,7 +80,8 @@ def _for_options(options: DataOptions, base: specs.DatasetSpec) -> specs.Dataset
                     'the side with --config.image_size=N')
   if base.dtype != 'uint8':
     uint8_only = [f'{field}={getattr(options, field)!r}' for field in (
-        'randaugment_num_layers', 'auto_augment', 'random_erase_prob', 'resize_images')
+        'randaugment_num_layers', 'auto_augment', 'random_erase_prob', 'color_jitter',
+        'resize_images')
                   if getattr(options, field)]
     if augment == 'inception':
       uint8_only.insert(0, "augment='inception'")
@@ -90,7 +91,13 @@ def _for_options(options: DataOptions, base: specs.DatasetSpec) -> specs.Dataset
                       '(0..255)')
   if augment == 'inception':
     size = size or base.image_size or _square_side(base)
-    return dataclasses.replace(base, augment=augment, image_size=size)
+    return _resolutions(options, dataclasses.replace(base, augment=augment, image_size=size))
+  apart = [f'{field}={getattr(options, field)}' for field in _RESOLUTIONS
+           if getattr(options, field)]
+  if apart:
+    raise UserError(f"{apart[0]} applies to augment='inception' (its random-resized crop and "
+                    f'the evaluation\'s resize and center crop), and the run has augment='
+                    f'{augment!r}: drop it, or pass --config.augment=inception')
   if resize:
     return dataclasses.replace(base, augment=augment, image_size=size)
   if base.image_shape is None:
@@ -105,6 +112,28 @@ def _for_options(options: DataOptions, base: specs.DatasetSpec) -> specs.Dataset
                     'drop --config.image_size, pass --config.augment=inception, or resize the '
                     'images whole with --config.resize_images=True')
   return dataclasses.replace(base, augment=augment, image_size=0)
+
+
+_RESOLUTIONS = ('train_crop_size', 'eval_resize_size', 'eval_crop_size')
+
+
+def _resolutions(options: DataOptions, spec: specs.DatasetSpec) -> specs.DatasetSpec:
+  """`spec` (the inception crop at image_size) with the training crop, the evaluation's
+  resize and its crop apart where the options set them (0: from image_size)."""
+  for field in _RESOLUTIONS:
+    value = getattr(options, field)
+    if not isinstance(value, int) or value < 0:
+      raise UserError(f'{field}={value!r} must be a whole number of pixels >= 0; 0 takes '
+                      f'image_size (--config.{field}=N)')
+  crop = options.eval_crop_size or spec.image_size
+  resize = options.eval_resize_size
+  if resize and crop > resize:
+    raise UserError(f'eval_crop_size={crop} is larger than eval_resize_size={resize}: the '
+                    'center crop is cut from the image resized to that shorter side; give a '
+                    f'crop of at most {resize} (--config.eval_crop_size=N) or a larger resize')
+  train = options.train_crop_size or spec.image_size
+  return dataclasses.replace(spec, image_size=train,
+                             eval_size=crop if crop != train else 0, resize_size=resize)
 
 
 def _square_side(base: specs.DatasetSpec) -> int:
@@ -205,7 +234,9 @@ def _eval_spec(options: DataOptions, dataset: str, other: specs.DatasetSpec,
   """`other` (the spec of `dataset`) as an evaluation reads it: the run's augmentation kind
   and crop, so that its images come out as the model's input."""
   if train.augment == 'inception' or train.image_size:  # Cropped or resized to the model's.
-    return dataclasses.replace(other, augment=train.augment, image_size=train.image_size)
+    return dataclasses.replace(other, augment=train.augment,
+                               image_size=train.eval_size or train.image_size,
+                               resize_size=train.resize_size)
   if other.image_shape != train.image_shape:
     raise UserError(f'eval_splits={options.eval_splits!r}: dataset {dataset!r} has images of '
                     f'{other.image_shape}, the model takes {train.image_shape}; evaluate a '

@@ -37,13 +37,12 @@ RANDAUGMENT_MAGNITUDE_BINS = 31
 RANDAUGMENT_MAX_MAGNITUDE = RANDAUGMENT_MAGNITUDE_BINS - 1
 
 
-RESIZE_FILTERS = ('area', 'antialias')
+RESIZE_FILTERS = ('area', 'antialias', 'bicubic')
 
 
-# config.auto_augment's policies (`image/policies.py`), as torchvision's reference script's
-# --auto-augment names them, and their geometric ops' sampling.
-AUTO_AUGMENT_POLICIES = ('ta_wide', 'imagenet', 'cifar10', 'svhn')
-AUTO_AUGMENT_INTERPOLATIONS = ('nearest', 'bilinear')
+# config.random_erase_mode's values (`image/erasing.py`): torchvision's constant fill, timm's
+# per-pixel noise.
+RANDOM_ERASE_MODES = ('const', 'pixel')
 
 
 DEFAULT_IMAGE_SIZE = base.DEFAULT_IMAGE_SIZE

@@ -23,6 +23,7 @@ from flax_dp_trainer.data.tensorflow_import import tf
 # the step (mix.py, keyed by the step's RNG); it stays unused.
 ORDER_STREAM, CROP_STREAM, RANDAUGMENT_STREAM, ERASE_STREAM, FLIP_STREAM = 0, 1, 3, 4, 5
 POLICY_STREAM = 6  # config.auto_augment's draws.
+COLOR_JITTER_STREAM = 7  # config.color_jitter's draws.
 
 
 def stream_seed(seed: int, stream: int, counter: tf.Tensor) -> tf.Tensor:
@@ -51,10 +52,16 @@ def epoch_order(seed: int, epoch: tf.Tensor, within: tf.Tensor, num_examples: in
       max_index=tf.constant(num_examples - 1, tf.int64), rounds=4)
 
 
-def example_index(seed: int, position: tf.Tensor, num_examples: int) -> tf.Tensor:
-  """The index in the split of the example at stream `position` (element-wise)."""
-  position = tf.cast(position, tf.int64)
-  return epoch_order(seed, position // num_examples, position % num_examples, num_examples)
+def example_index(seed: int, position: tf.Tensor, num_examples: int, repeats: int = 1
+                  ) -> tf.Tensor:
+  """The index in the split of the example at stream `position` (element-wise). With
+  `repeats` R (config.aug_repeats), the stream holds each example R times in a row: position
+  g holds the example at place g div R of the orders, so R stream epochs go through each
+  order once (an epoch of steps covers 1/R of the split's examples, as torchvision's and
+  timm's repeated-augmentation samplers do); each copy keeps its own position, and so its
+  own augmentation draws."""
+  slot = tf.cast(position, tf.int64) // repeats
+  return epoch_order(seed, slot // num_examples, slot % num_examples, num_examples)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,8 +107,9 @@ class EpochOrders:
   stream is in them."""
   INDICES_PER_CALL = 1 << 17  # Epochs of a small split are ordered together up to this many.
 
-  def __init__(self, seed: int, num_examples: int):
+  def __init__(self, seed: int, num_examples: int, repeats: int = 1):
     self._seed, self._n, self._orders = seed, num_examples, {}
+    self._repeats = repeats  # As `example_index` takes it.
 
   def _order(self, epoch: int) -> np.ndarray:
     if epoch not in self._orders:
@@ -116,6 +124,14 @@ class EpochOrders:
 
   def __call__(self, first: int, count: int) -> np.ndarray:
     """The split indices of the examples at stream positions first .. first + count - 1."""
+    if self._repeats > 1:
+      slot = first // self._repeats
+      slots = self._in_orders(slot, (first + count - 1) // self._repeats - slot + 1)
+      skip = first - slot * self._repeats
+      return np.repeat(slots, self._repeats)[skip:skip + count]
+    return self._in_orders(first, count)
+
+  def _in_orders(self, first: int, count: int) -> np.ndarray:
     parts = []
     while count > 0:
       epoch, within = divmod(first, self._n)

@@ -8,9 +8,11 @@ from absl import logging
 from flax_dp_trainer.step import losses
 from flax_dp_trainer.model import blocks
 from flax_dp_trainer.model import source as model_source
+from flax_dp_trainer.step import ema as ema_lib
 from flax_dp_trainer.step import optim
 from flax_dp_trainer.step import param_groups
 from flax_dp_trainer.step import schedules
+from flax_dp_trainer.loop import augmentation_checks
 from flax_dp_trainer.loop import durations
 from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.parallel import layouts as parallel
@@ -165,7 +167,6 @@ def check_fields(config, *, process_count: int, local_device_count: int) -> None
     raise UserError(f'state_sharding={config.state_sharding!r} needs the shard_map step '
                     '(pmap holds a whole copy of the state on every device); pass '
                     '--config.step_backend=shard_map, or --config.state_sharding=replicated')
-  _choice('resize_filter', config.resize_filter, specs.RESIZE_FILTERS)
   for field, (low, high, note) in _RANGES.items():
     if not low <= config[field] < high:
       bound = f'in [{low}, {high})' if high < float('inf') else f'>= {low}'
@@ -174,7 +175,8 @@ def check_fields(config, *, process_count: int, local_device_count: int) -> None
     if not 0 <= config[field] <= 1:
       raise UserError(f'{field}={config[field]!r} must be a probability in [0, 1] '
                       f'(--config.{field}=X)')
-  _check_randaugment(config)
+  _check_ema(config)
+  augmentation_checks.check(config)
   if not isinstance(config.data_threads, int) or config.data_threads < 0:
     raise UserError(f'data_threads={config.data_threads!r} must be a whole number >= 0; 0 uses '
                     'every core the process may run on (--config.data_threads=N)')
@@ -217,37 +219,20 @@ def check_fields(config, *, process_count: int, local_device_count: int) -> None
         'divisor of it (--config.grad_accum_steps=K)')
 
 
-def _check_randaugment(config) -> None:
-  """RandAugment's fields, and the automatic augmentation policy's (one at a time)."""
-  _check_auto_augment(config)
-  layers, magnitude = config.randaugment_num_layers, config.randaugment_magnitude
-  if not isinstance(layers, int) or layers < 0:
-    raise UserError(f'randaugment_num_layers={layers!r} must be an integer >= 0; 0 turns '
-                    'RandAugment off (--config.randaugment_num_layers=N)')
-  if not isinstance(magnitude, int) or not 0 <= magnitude <= specs.RANDAUGMENT_MAX_MAGNITUDE:
-    raise UserError(f'randaugment_magnitude={magnitude!r} must be an integer in [0, '
-                    f'{specs.RANDAUGMENT_MAX_MAGNITUDE}] (--config.randaugment_magnitude=M)')
-
-
-def _check_auto_augment(config) -> None:
-  if config.auto_augment:
-    _choice('auto_augment', config.auto_augment, specs.AUTO_AUGMENT_POLICIES)
-  _choice('auto_augment_interpolation', config.auto_augment_interpolation,
-          specs.AUTO_AUGMENT_INTERPOLATIONS)
-  if config.auto_augment and config.randaugment_num_layers:
-    raise UserError(f'auto_augment={config.auto_augment!r} and randaugment_num_layers='
-                    f'{config.randaugment_num_layers} are two policies; torchvision and timm '
-                    'apply one: drop --config.randaugment_num_layers, or --config.auto_augment')
-  fill = config.auto_augment_fill.strip()
-  if fill and fill != 'mean':
-    try:
-      values = [float(v) for v in fill.split(',')]
-    except ValueError:
-      values = []
-    if len(values) not in (1, 3) or not all(0 <= v <= 255 for v in values):
-      raise UserError(f'auto_augment_fill={config.auto_augment_fill!r} must be \'\' (zeros), '
-                      "'mean' (the dataset's mean pixel), or values in [0, 255], one or one "
-                      "per channel (--config.auto_augment_fill=124,116,104)")
+def _check_ema(config) -> None:
+  """The EMA's cadence and style (its decay is in `_RANGES`)."""
+  every, style = config.ema_every_steps, config.ema_style
+  if not isinstance(every, int) or every <= 0:
+    raise UserError(f'ema_every_steps={every!r} must be a positive integer: the steps between '
+                    'updates of the EMA, 1 after every step (--config.ema_every_steps=N)')
+  if style not in ema_lib.STYLES:
+    raise UserError(f"ema_style={style!r} is unknown; choose '' (a plain EMA) or "
+                    "'torchvision' (its reference script's --model-ema) "
+                    '(--config.ema_style=torchvision)')
+  if style and not config.ema_decay:
+    raise UserError(f'ema_style={style!r} shapes an EMA, and ema_decay=0 keeps none; set '
+                    '--config.ema_decay (torchvision\'s --model-ema-decay is 0.99998), or '
+                    "--config.ema_style=''")
 
 
 def command_line_config(config_flag) -> ml_collections.ConfigDict:

@@ -22,8 +22,9 @@ def evaluate(p_eval_step, rstate, data: pipeline.EvalData,
              bars: Optional[progress.Bars] = None,
              beat: Callable[[], None] = lambda: None) -> dict[str, float]:
   """Loss, accuracy and top-5 accuracy over every example of an eval split, exactly once,
-  as `{prefix}_loss` etc.; counted by a bar of `bars` where given, `beat()` after each batch
-  (the progress file: `elastic.timeline`)."""
+  as `{prefix}_loss` etc. of the params, and where the state keeps an EMA of them, as
+  `{prefix}_ema_loss` etc. of the EMA; counted by a bar of `bars` where given, `beat()` after
+  each batch (the progress file: `elastic.timeline`)."""
   in_flight = dispatch.InFlight(layout.devices)
   per_batch = []
   batches = pipeline.eval_batches(data)

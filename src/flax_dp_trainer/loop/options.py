@@ -21,6 +21,7 @@ from flax_dp_trainer.loop import durations
 from flax_dp_trainer.model import adapter
 from flax_dp_trainer.model import blocks
 from flax_dp_trainer.model import modeling
+from flax_dp_trainer.step import ema as ema_lib
 from flax_dp_trainer.step import losses
 from flax_dp_trainer.step import mix as mix_lib
 from flax_dp_trainer.step import optim
@@ -150,14 +151,43 @@ def mix_options(config) -> mix_lib.MixOptions:
                             config.mix_switch_prob)
 
 
-def step_options(config, ds_spec: specs.DatasetSpec,
-                 loss: Optional[losses.Loss] = None) -> steps.StepOptions:
+def ema_options(config, steps_per_epoch: float = 0.0) -> Optional[ema_lib.EmaOptions]:
+  """The EMA of the params (`step.ema`) of a config whose durations are resolved to steps;
+  None where `ema_decay` is 0. `steps_per_epoch` (the train split over the batch) makes the
+  epochs of `ema_style='torchvision'` (0: unknown, then it is refused): an epoch of
+  round(steps_per_epoch) steps, as the schedule's 'epoch' unit counts them; the run's epochs
+  (`num_epochs`, or the steps over steps_per_epoch) adjust the decay, the warm-up's
+  (`warmup_epochs`, or its steps over an epoch's) say when the average is reset."""
+  if not config.ema_decay:
+    return None
+  every = config.ema_every_steps
+  if config.ema_style != 'torchvision':
+    return ema_lib.EmaOptions(decay=config.ema_decay, every_steps=every)
+  if steps_per_epoch <= 0:
+    raise UserError("ema_style='torchvision' counts epochs of the train split, and its size "
+                    "is not known here; use --config.ema_style='' (a plain EMA)")
+  per_epoch = max(1, round(steps_per_epoch))
+  epochs = (config.num_epochs if durations.is_set(config, 'num_epochs') else
+            config.num_train_steps / steps_per_epoch)
+  warmup = (config.warmup_epochs if durations.is_set(config, 'warmup_epochs') else
+            config.warmup_steps / per_epoch)
+  return ema_lib.EmaOptions(
+      decay=ema_lib.torchvision_decay(config.ema_decay, config.batch_size, every, epochs),
+      every_steps=every, style=config.ema_style, steps_per_epoch=per_epoch,
+      warmup_epochs=warmup)
+
+
+def step_options(config, ds_spec: specs.DatasetSpec, loss: Optional[losses.Loss] = None,
+                 steps_per_epoch: float = 0.0) -> steps.StepOptions:
   """What the train step does (`step.steps`), with the normalization of `ds_spec` (the run's
   resolved training spec, `data.run_datasets`); `loss` (a function) in place of
-  `config.loss` where given."""
+  `config.loss` where given; `steps_per_epoch` as `ema_options` takes it (default: the
+  'train' split of `ds_spec` over the batch, where known)."""
+  if steps_per_epoch <= 0 and ds_spec.num_train_examples:
+    steps_per_epoch = ds_spec.num_train_examples / config.batch_size
   return steps.StepOptions(
       label_smoothing=config.label_smoothing, grad_accum_steps=config.grad_accum_steps,
-      ema_decay=config.ema_decay, skip_nonfinite=config.skip_nonfinite_steps,
+      ema=ema_options(config, steps_per_epoch), skip_nonfinite=config.skip_nonfinite_steps,
       normalization=steps.Normalization.of(ds_spec, config.dtype), mix=mix_options(config),
       remat=config.remat, loss=loss if loss is not None else losses.get(config.loss),
       frozen=config.frozen, frozen_batch_stats=config.frozen_batch_stats)
@@ -190,7 +220,12 @@ class RunOptions:
   @property
   def ema(self) -> bool:
     """Whether the state keeps an EMA of its params."""
-    return self.step.ema_decay > 0
+    return self.step.ema is not None
+
+  @property
+  def ema_batch_stats(self) -> bool:
+    """Whether that EMA averages the BatchNorm statistics too."""
+    return self.ema and self.step.ema.batch_stats
 
 
 def of_config(config, ds_spec: specs.DatasetSpec, loss: Optional[losses.Loss] = None,
@@ -199,7 +234,7 @@ def of_config(config, ds_spec: specs.DatasetSpec, loss: Optional[losses.Loss] = 
   of `ds_spec`; `loss` as `step_options` takes it, `steps_per_epoch` as `optim_options`."""
   return RunOptions(data=data_options(config), model=model_options(config),
                     optim=optim_options(config, steps_per_epoch),
-                    step=step_options(config, ds_spec, loss),
+                    step=step_options(config, ds_spec, loss, steps_per_epoch),
                     init_from=init_from_options(config), seed=config.seed)
 
 
@@ -215,7 +250,7 @@ def initial_state(options: RunOptions, model: adapter.Model, input_shape: tuple[
   rng = state_lib.seed_rngs(options.seed)[0] if rng is None else rng
   return state_lib.init_state(model, optim.create_optimizer(options.optim, schedule),
                               input_shape, rng, loss_scaling=options.loss_scaling,
-                              ema=options.ema)
+                              ema=options.ema, ema_batch_stats=options.ema_batch_stats)
 
 
 def with_call_order(options: RunOptions, model: adapter.Model,

@@ -34,11 +34,13 @@ from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.loop import evaluation
 from flax_dp_trainer.loop import workdir as workdir_lib
 from flax_dp_trainer.model import adapter
+from flax_dp_trainer.model import input_size
 from flax_dp_trainer.model import blocks
 from flax_dp_trainer.model import modeling
 from flax_dp_trainer.model import probe
 from flax_dp_trainer.model import source as model_source
 from flax_dp_trainer.parallel import layouts as parallel
+from flax_dp_trainer.step import ema as ema_lib
 from flax_dp_trainer.step import losses
 from flax_dp_trainer.step import old_states
 from flax_dp_trainer.step import optim
@@ -105,8 +107,8 @@ def restore_newest(run: 'Run', state: state_lib.TrainState
 
 # What defines the training stream (which example each step trains on) and the model: a
 # resume that changes one continues another run than the checkpoint's.
-STREAM_FIELDS = ('batch_size', 'seed', 'dataset', 'dataset_spec', 'train_split', 'model',
-                 'model_kwargs')
+STREAM_FIELDS = ('batch_size', 'seed', 'dataset', 'dataset_spec', 'train_split', 'aug_repeats',
+                 'model', 'model_kwargs')
 
 
 def _stream_changes(run: 'Run', meta: run_meta.RunMeta) -> list[str]:
@@ -215,11 +217,30 @@ def restore_for_evaluation(run: 'Run', state: state_lib.TrainState
   """The newest checkpoint that reads, for evaluation: one whose optimizer state does not fit
   this run's optimizer (another optimizer, an earlier version's) restored without it."""
   try:
-    return restore_newest(run, state)[0]
+    restored = restore_newest(run, state)[0]
   except UserError as e:
     if not _optimizer_state_unfit(e):
       raise
-    return run.checkpointer.restore_without_optimizer(state)[0]
+    restored = run.checkpointer.restore_without_optimizer(state)[0]
+  return with_newer_fields(run, restored)
+
+
+def with_newer_fields(run: 'Run', restored: Optional[checkpoint.Restored]
+                      ) -> Optional[checkpoint.Restored]:
+  """`restored` with the EMA fields that a checkpoint written before them lacks
+  (`Restored.missing`): the count the run's rule gives at its step (`ema.count_after`), the
+  BatchNorm statistics' average starting as the statistics."""
+  if restored is None or not restored.missing:
+    return restored
+  state, ema = restored.state, run.options.step.ema
+  if 'ema_count' in restored.missing:
+    state = state.replace(ema_count=np.asarray(ema_lib.count_after(ema, restored.step),
+                                               np.int32))
+  if 'ema_batch_stats' in restored.missing:
+    state = state.replace(ema_batch_stats=jax.tree.map(np.copy, state.batch_stats))
+  logging.info('the checkpoint at step %d was written without %s: filled in by the EMA\'s rule',
+               restored.step, ' and '.join(restored.missing))
+  return dataclasses.replace(restored, state=state, missing=())
 
 
 def start(run: 'Run', resume_with_changes: bool = False) -> Start:
@@ -232,6 +253,7 @@ def start(run: 'Run', resume_with_changes: bool = False) -> Start:
   _, step_rng = state_lib.seed_rngs(config.seed)
   state = initial_state(run)
   restored, unreadable = _restore(run, state, resume_with_changes)
+  restored = with_newer_fields(run, restored)
   if restored is not None and config.init_from:
     logging.warning('init_from=%r is not used: this run resumes from its own checkpoint at '
                     'step %d in %s', config.init_from, restored.step, checkpointer.directory)
@@ -281,6 +303,9 @@ class Run:
   # Where that state dict is the original's of a port (config.torch_model): its arrays carried
   # into the port (a `flax_dp_trainer.port.weights.Carried`).
   port_weights: Optional[Any] = None
+  # The variables at the evaluation's input size where it is not the training's and a param
+  # depends on it (`input_size.for_size`: a ViT's position embedding resampled); else None.
+  at_eval_size: Optional[Callable[[dict], dict]] = None
 
 
 def build_model(options: modeling.ModelOptions, num_classes: int,
@@ -414,9 +439,12 @@ def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
                                              input_shape)
   # The options of the model as recorded (a model given from Python by its import path).
   options = dataclasses.replace(options, init_from=run_options.init_from_options(config))
+  at_eval_size = input_size.for_size(built, input_shape,
+                                     (1,) + datasets.evals[0].spec.input_shape,
+                                     config.pos_embedding_resize)
   return Run(config, options, optim.learning_rate_schedule(options.optim), layout, datasets,
              train_data, checkpointer, evaluations, num_classes, built, input_shape, weights,
-             port)
+             port, at_eval_size)
 
 
 def with_param_groups(options: run_options.RunOptions, model: adapter.Model,

@@ -122,7 +122,7 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
     bars = _bars(show_bars, step)
     with metric_writers.ensure_flushes(writer), bars or contextlib.nullcontext():
       scalars = evaluation.evaluate_all(step_lib.make_eval_step(
-          run.layout, run.options.step.normalization, run.options.step.loss),
+          run.layout, run.options.step.normalization, run.options.step.loss, run.at_eval_size),
                              run.layout.put_state(state), run.evaluations, run.layout, bars)
       writer.write_scalars(step, scalars)
     multihost.sync_processes('evaluate_only done')
@@ -223,7 +223,7 @@ class _Session:
     self.p_train_step = step_lib.make_train_step(
         layout, learning_rate_fn=run.schedule, options=run.options.step)
     self.p_eval_step = step_lib.make_eval_step(
-        layout, run.options.step.normalization, run.options.step.loss)
+        layout, run.options.step.normalization, run.options.step.loss, run.at_eval_size)
     self.rstate = layout.put_state(start.state)
     self.rng = layout.put_replicated(start.step_rng)
     self.prefetch = self._device_batches()

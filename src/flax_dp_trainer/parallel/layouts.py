@@ -61,6 +61,10 @@ STATE_SHARDINGS = ('replicated', 'optimizer', 'full', 'fsdp')
 SHARDED_FIELDS = {'replicated': (), 'optimizer': ('opt_state',),
                   'full': ('opt_state', 'params', 'ema_params'),
                   'fsdp': ('opt_state', 'params', 'ema_params')}
+# What the gradient pass of a train step is not given (the update keeps them): the optimizer
+# state and the EMA.
+WITHOUT_OPTIMIZER_OR_EMA = dict(opt_state=None, ema_params=None, ema_batch_stats=None,
+                                ema_count=None)
 
 
 def global_devices() -> list[jax.Device]:
@@ -314,8 +318,7 @@ class ShardMapped(DataParallel):
     def step(state, batch, rng):
       params = jax.lax.with_sharding_constraint(
           state.params, jax.tree.map(lambda _: self._replicated, state.params))
-      result = mapped(state.replace(params=params, opt_state=None, ema_params=None), batch,
-                      rng)
+      result = mapped(state.replace(params=params, **WITHOUT_OPTIMIZER_OR_EMA), batch, rng)
       new_state, step_metrics = update(state, result)
       return jax.lax.with_sharding_constraint(new_state, self.state_shardings(new_state)), (
           step_metrics)
@@ -329,7 +332,7 @@ class ShardMapped(DataParallel):
     def step(state, batch, rng):
       axes = param_split_axes(state.params, len(self.devices))
       specs = jax.tree.map(axis_spec, axes, is_leaf=lambda a: a is None)
-      given = state.replace(opt_state=None, ema_params=None)
+      given = state.replace(**WITHOUT_OPTIMIZER_OR_EMA)
       state_specs = jax.tree.map(lambda _: P(), given).replace(params=specs)
       result_specs = result_type(specs, *[P()] * (len(result_type._fields) - 1))
       mapped = jax.shard_map(functools.partial(gradients, split_axes=axes), mesh=self.mesh,

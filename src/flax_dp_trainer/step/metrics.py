@@ -51,6 +51,26 @@ class EvalMetrics(metrics.Collection):
   top5_accuracy: TopKAccuracy
 
 
+@flax.struct.dataclass
+class EmaEvalMetrics(metrics.Collection):
+  """`EvalMetrics` of the params, and those of their EMA as `ema_*`, of one pass."""
+  loss: metrics.Average.from_output('loss')
+  accuracy: metrics.Accuracy
+  top5_accuracy: TopKAccuracy
+  ema_loss: metrics.Average.from_output('ema_loss')
+  ema_accuracy: metrics.Accuracy
+  ema_top5_accuracy: TopKAccuracy
+
+  @classmethod
+  def of(cls, params: EvalMetrics, ema: EvalMetrics) -> 'EmaEvalMetrics':
+    """The two collections of one batch as one."""
+    # pylint: disable-next=protected-access
+    return cls(_reduction_counter=params._reduction_counter, loss=params.loss,
+               accuracy=params.accuracy, top5_accuracy=params.top5_accuracy,
+               ema_loss=ema.loss, ema_accuracy=ema.accuracy,
+               ema_top5_accuracy=ema.top5_accuracy)
+
+
 def merge(collections: Sequence[metrics.Collection]) -> metrics.Collection:
   """One collection of several (host copies) of the same type, as if accumulated in one."""
   merged = collections[0]
@@ -149,6 +169,8 @@ def train_scalars(collection: TrainMetrics) -> dict[str, float]:
   return scalars
 
 
-def eval_scalars(collection: EvalMetrics, prefix: str = 'eval') -> dict[str, float]:
-  """The collection's values as `{prefix}_loss`, `{prefix}_accuracy`, ..."""
+def eval_scalars(collection: EvalMetrics | EmaEvalMetrics, prefix: str = 'eval'
+                 ) -> dict[str, float]:
+  """The collection's values as `{prefix}_loss`, `{prefix}_accuracy`, ... (and the EMA's
+  as `{prefix}_ema_loss`, ...)."""
   return {f'{prefix}_{k}': float(v) for k, v in collection.compute().items()}

@@ -1,4 +1,5 @@
-"""The training state: params, optimizer state, BatchNorm statistics, loss scale, EMA params."""
+"""The training state: params, optimizer state, BatchNorm statistics, loss scale, and the
+EMA of the params (`step.ema`)."""
 
 from typing import Any, Optional
 
@@ -16,7 +17,10 @@ class TrainState(train_state.TrainState):
   """flax's TrainState (`step`, `params`, `opt_state`, static `apply_fn`, `tx`) plus:"""
   batch_stats: Any = None  # BatchNorm running statistics; None for models without BatchNorm.
   dynamic_scale: Optional[dynamic_scale_lib.DynamicScale] = None  # float16 loss scaling.
-  ema_params: Any = None  # Exponential moving average of params, used for evaluation.
+  # The EMA (`step.ema`), evaluated beside the params; None without one (ema_decay=0).
+  ema_params: Any = None  # Of the params.
+  ema_batch_stats: Any = None  # Of the BatchNorm statistics: ema_style='torchvision' only.
+  ema_count: Any = None  # int32: updates since its last copy or reset (torch's n_averaged).
 
   def variables(self, params: Any = None) -> dict:
     """The model's variables for `apply`, with `params` (default: the state's)."""
@@ -25,9 +29,15 @@ class TrainState(train_state.TrainState):
       variables['batch_stats'] = self.batch_stats
     return variables
 
-  def eval_params(self) -> Any:
-    """The params evaluation uses: the EMA where one is kept, else the params."""
-    return self.params if self.ema_params is None else self.ema_params
+  def ema_variables(self) -> Optional[dict]:
+    """The EMA's variables for `apply` (None without an EMA): its params, with its own
+    BatchNorm statistics where it averages them, else the params' statistics."""
+    if self.ema_params is None:
+      return None
+    variables = self.variables(self.ema_params)
+    if self.ema_batch_stats is not None:
+      variables['batch_stats'] = self.ema_batch_stats
+    return variables
 
 
 def seed_rngs(seed: int) -> tuple[jax.Array, jax.Array]:
@@ -46,25 +56,32 @@ def initial_variables(model, rng: jax.Array, input_shape: tuple[int, ...]) -> di
 
 def create_train_state(model, tx: optax.GradientTransformation, rng: jax.Array,
                        input_shape: tuple[int, ...], *, loss_scaling: bool = False,
-                       ema: bool = False) -> TrainState:
+                       ema: bool = False, ema_batch_stats: bool = False) -> TrainState:
   """Initializes `model` (a `adapter.Model`, or a linen module) on a dummy batch of
-  `input_shape`; the arrays are on the default device, unreplicated."""
+  `input_shape`; the arrays are on the default device, unreplicated. With `ema` the state
+  keeps an EMA of the params, starting as their copy (and of the BatchNorm statistics with
+  `ema_batch_stats`, where the model has them)."""
   variables = initial_variables(model, rng, input_shape)
-  params = variables['params']
+  params, batch_stats = variables['params'], variables.get('batch_stats')
+  copy = lambda tree: jax.tree.map(jnp.copy, tree)
+  averages_stats = ema and ema_batch_stats and batch_stats is not None
   return TrainState.create(
-      apply_fn=model.apply, params=params, tx=tx, batch_stats=variables.get('batch_stats'),
+      apply_fn=model.apply, params=params, tx=tx, batch_stats=batch_stats,
       dynamic_scale=dynamic_scale_lib.DynamicScale() if loss_scaling else None,
-      ema_params=jax.tree.map(jnp.copy, params) if ema else None)
+      ema_params=copy(params) if ema else None,
+      ema_batch_stats=copy(batch_stats) if averages_stats else None,
+      ema_count=jnp.zeros((), jnp.int32) if ema else None)
 
 
 def init_state(model: adapter.Model, tx: optax.GradientTransformation,
                input_shape: tuple[int, ...], rng: jax.Array, *, loss_scaling: bool = False,
-               ema: bool = False) -> TrainState:
+               ema: bool = False, ema_batch_stats: bool = False) -> TrainState:
   """`model` and the optimizer `tx` initialized (on the default device) for `input_shape`
-  (batch first) from `rng`, and fetched to the host; `loss_scaling`, `ema` as
-  `create_train_state` takes them. The one init every run uses."""
+  (batch first) from `rng`, and fetched to the host; `loss_scaling`, `ema`,
+  `ema_batch_stats` as `create_train_state` takes them. The one init every run uses."""
   return jax.device_get(create_train_state(model, tx, rng, input_shape,
-                                           loss_scaling=loss_scaling, ema=ema))
+                                           loss_scaling=loss_scaling, ema=ema,
+                                           ema_batch_stats=ema_batch_stats))
 
 
 def param_count(params: Any) -> int:

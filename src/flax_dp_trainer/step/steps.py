@@ -18,13 +18,15 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
+from flax_dp_trainer.step import ema as ema_lib
 from flax_dp_trainer.step import losses
 from flax_dp_trainer.step import mix as mix_lib
 from flax_dp_trainer.step import param_groups
 from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.base.batch_keys import EXAMPLE_ID_KEY, MASK_KEY, MIX_LABEL_KEY, MIX_WEIGHT_KEY
 from flax_dp_trainer.data import specs
-from flax_dp_trainer.step.metrics import EvalMetrics, ScaledTrainMetrics, TrainMetrics
+from flax_dp_trainer.step.metrics import EmaEvalMetrics, EvalMetrics, ScaledTrainMetrics
+from flax_dp_trainer.step.metrics import TrainMetrics
 from flax_dp_trainer.parallel import fsdp
 from flax_dp_trainer.parallel.layouts import AXIS_NAME
 from flax_dp_trainer.step.state import TrainState
@@ -64,7 +66,8 @@ class StepOptions:
   """What a train step does besides one plain update."""
   label_smoothing: float = 0.0  # Of the training loss's targets.
   grad_accum_steps: int = 1  # Micro-batches per device per step; their gradients averaged.
-  ema_decay: float = 0.0  # Keep an EMA of params (state.ema_params) with this decay; 0: off.
+  # The EMA of the params the state keeps and how it moves (`step.ema`); None: no EMA.
+  ema: Optional[ema_lib.EmaOptions] = None
   skip_nonfinite: bool = False  # A step with NaN/Inf loss or gradients changes nothing.
   normalization: Normalization = Normalization()
   mix: mix_lib.MixOptions = mix_lib.MixOptions()  # Mixup/CutMix of the global batch.
@@ -200,9 +203,16 @@ def keep_if_finite(finite: jax.Array, new: TrainState, old: TrainState) -> Train
                      batch_stats=keep(new.batch_stats, old.batch_stats))
 
 
-def ema(decay: float, average: Any, params: Any) -> Any:
-  """The exponential moving average `average` (a params tree) moved towards `params`."""
-  return jax.tree.map(lambda a, p: decay * a + (1.0 - decay) * p, average, params)
+def moved_ema(options: ema_lib.EmaOptions, state: TrainState, new_state: TrainState
+              ) -> TrainState:
+  """`new_state` with the EMA of `state` moved after the step from `state` to it
+  (`step.ema`): its params, and its BatchNorm statistics where the state averages them."""
+  averaged = ((state.ema_params,) if state.ema_batch_stats is None else
+              (state.ema_params, state.ema_batch_stats))
+  values = (new_state.params, new_state.batch_stats)[:len(averaged)]
+  averaged, count = ema_lib.update(options, state.step, averaged, state.ema_count, values)
+  return new_state.replace(ema_params=averaged[0], ema_count=count,
+                           ema_batch_stats=averaged[1] if len(averaged) > 1 else None)
 
 
 class StepGradients(NamedTuple):
@@ -288,9 +298,8 @@ def apply_gradients(state: TrainState, result: StepGradients, *,
   if finite is not None:
     new_state = keep_if_finite(finite, new_state, state).replace(
         dynamic_scale=result.dynamic_scale)
-  if options.ema_decay:
-    new_state = new_state.replace(
-        ema_params=ema(options.ema_decay, state.ema_params, new_state.params))
+  if options.ema is not None:
+    new_state = moved_ema(options.ema, state, new_state)
 
   outputs = dict(loss=result.loss, accuracy=result.accuracy, grad_norm=grad_norm,
                  param_norm=optax.global_norm(new_state.params),
@@ -303,14 +312,25 @@ def apply_gradients(state: TrainState, result: StepGradients, *,
 
 def eval_step(state: TrainState, batch: dict, *,
               normalization: Normalization = Normalization(),
-              loss: losses.Loss = losses.softmax_xent) -> EvalMetrics:
+              loss: losses.Loss = losses.softmax_xent,
+              at_size: Optional[Callable[[dict], dict]] = None) -> EvalMetrics | EmaEvalMetrics:
   """Sums over the real examples of this batch on every device (padding has mask 0); the
-  loss is the run's `loss` against one-hot targets."""
-  logits = state.apply_fn(state.variables(state.eval_params()),
-                          normalization(batch['image']), train=False)
-  mine = EvalMetrics.single_from_model_output(
-      logits=logits.astype(jnp.float32), labels=batch['label'],
-      loss=example_losses(logits, batch['label'], loss=loss), mask=batch[MASK_KEY])
+  loss is the run's `loss` against one-hot targets. Those of the params; where the state
+  keeps an EMA, those of the EMA beside them (`EmaEvalMetrics`, one pass over the batch).
+  `at_size`: the variables for the evaluation's input size where it is not the training's
+  and a param depends on it (`model.input_size.for_size`)."""
+  images = normalization(batch['image'])
+
+  def sums(variables):
+    variables = at_size(variables) if at_size is not None else variables
+    logits = state.apply_fn(variables, images, train=False)
+    return EvalMetrics.single_from_model_output(
+        logits=logits.astype(jnp.float32), labels=batch['label'],
+        loss=example_losses(logits, batch['label'], loss=loss), mask=batch[MASK_KEY])
+
+  mine = sums(state.variables())
+  if state.ema_params is not None:
+    mine = EmaEvalMetrics.of(mine, sums(state.ema_variables()))
   # Every field is a (total, count) sum: the devices' sums add up.
   return jax.tree.map(lambda x: lax.psum(x, AXIS_NAME), mine)
 
@@ -336,9 +356,10 @@ def make_train_step(layout: parallel.DataParallel, *, learning_rate_fn: optax.Sc
 
 def make_eval_step(layout: parallel.DataParallel,
                    normalization: Normalization = Normalization(),
-                   loss: losses.Loss = losses.softmax_xent) -> Callable:
+                   loss: losses.Loss = losses.softmax_xent,
+                   at_size: Optional[Callable[[dict], dict]] = None) -> Callable:
   """`(state, batch) -> EvalMetrics` over the layout's devices; the optimizer state stays
-  where it is (the step is given the state without it)."""
-  mapped = layout.map(functools.partial(eval_step, normalization=normalization, loss=loss),
-                      num_args=2)
+  where it is (the step is given the state without it). `at_size` as `eval_step` takes it."""
+  mapped = layout.map(functools.partial(eval_step, normalization=normalization, loss=loss,
+                                        at_size=at_size), num_args=2)
   return lambda state, batch: mapped(state.replace(opt_state=None), batch)

@@ -14,6 +14,8 @@
     show_metrics      a run's metrics as a table
     convert           a TFDS dataset's or an image folder's records as ArrayRecord files
                       (docs/data.md)
+    show_batch        the first training examples as the step receives them, and each op
+                      of a policy beside torchvision's (docs/data.md)
 
 What they share and run lives beside them: `bench/` (the benchmark's parts) and `runs/`
 (starting programs, reading runs back, reports).

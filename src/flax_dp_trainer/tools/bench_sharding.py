@@ -80,7 +80,8 @@ def _initializer(config, options: run_options.RunOptions, schedule):
   options = run_options.with_call_order(options, model, input_shape)
   tx = optim.create_optimizer(options.optim, schedule)
   return functools.partial(state_lib.create_train_state, model, tx, input_shape=input_shape,
-                           loss_scaling=options.loss_scaling, ema=options.ema)
+                           loss_scaling=options.loss_scaling, ema=options.ema,
+                           ema_batch_stats=options.ema_batch_stats)
 
 
 def abstract_inputs(config, layout: parallel.ShardMapped, init) -> tuple[Any, Any, Any]:

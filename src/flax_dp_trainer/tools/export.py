@@ -5,12 +5,14 @@ original's, `config.torch_model`), and says how to load it and what input it tak
       [--format=torchvision|safetensors] [--out=PATH]
 
 `torchvision` writes a `torch.save` file (.pth), `safetensors` a .safetensors file; both hold
-the variables evaluation uses (the EMA params where the run kept them, and the BatchNorm
-statistics). ResNets and ViTs load into torchvision's own classes (`torchvision.models.resnet50(
-num_classes=N)` for the ImageNet-shaped ones), the others into the baseline's twin
-(`flax_dp_trainer.torch_ddp.models.get`). The torch models take float32 NCHW images normalized as
-the trainer normalizes them; the lines printed say which. An existing file is never
-overwritten. It needs torch, of the `ddp` extra (and safetensors for --format=safetensors).
+the variables `trainer.load` takes: the EMA's where the run kept one (those `eval_ema_*`
+evaluated: its params, and its BatchNorm statistics where it averaged them), else the
+params' (those of `eval_*`). ResNets and ViTs load into torchvision's own classes
+(`torchvision.models.resnet50(num_classes=N)` for the ImageNet-shaped ones), the others into
+the baseline's twin (`flax_dp_trainer.torch_ddp.models.get`). The torch models take float32
+NCHW images normalized as the trainer normalizes them; the lines printed say which. An
+existing file is never overwritten. It needs torch, of the `ddp` extra (and safetensors for
+--format=safetensors).
 """
 
 import os
@@ -102,7 +104,8 @@ def export(workdir: str, step, file_format: str, out) -> tuple[str, list[str]]:
           else f"torch.load('{out}')")
   lines = [
       f'wrote {out}: {trained.config.model} at step {trained.step}'
-      f'{" (EMA params)" if trained.ema else ""}, {len(state_dict)} tensors',
+      f'{" (the EMA, as eval_ema_* evaluated it)" if trained.ema else ""}, '
+      f'{len(state_dict)} tensors',
       f'load: {_import_line(trained, file_format)}model = {torch_constructor(trained)}; '
       f'model.load_state_dict({read}); model.eval()',
       f'input: float32 NCHW (N, {spec.channels}, {spec.input_shape[0]}, {spec.input_shape[1]}),'

@@ -38,8 +38,7 @@ from flax_dp_trainer.torch_ddp import models as torch_models
 from flax_dp_trainer.torch_ddp import param_groups as twin_groups
 
 SUPPORTED = dict(dtype=('float32', 'bfloat16', 'float16'),
-                 grad_accum_steps=(1,),
-                 ema_decay=(0.0,), init_from=('',), skip_nonfinite_steps=(False,),
+                 grad_accum_steps=(1,), init_from=('',), skip_nonfinite_steps=(False,),
                  stochastic_depth_rate=(0.0,), eval_splits=('',), remat=('none', 'full'))
 def check_supported(config) -> None:
   """One line naming the first config value the twin cannot reproduce."""
@@ -48,12 +47,24 @@ def check_supported(config) -> None:
     if config[field] not in values:
       raise UserError(f'{field}={config[field]!r} has no DDP twin yet; the twin supports '
                       f'{", ".join(map(repr, values))} (--config.{field}=...)')
+  if config.ema_decay and config.state_sharding in FSDP2_SHARDINGS:
+    raise UserError(f'ema_decay={config.ema_decay} with state_sharding='
+                    f'{config.state_sharding!r} has no DDP twin yet: its EMA (torch\'s '
+                    'AveragedModel) keeps whole params; use --config.state_sharding=replicated '
+                    'or optimizer, or --config.ema_decay=0')
   if config.get('torch_model'):
     return  # A user's own torch model (`torch_models.from_path`): built as it is.
   if config.model not in torch_models.REGISTRY:
     raise UserError(f'model={config.model!r} has no PyTorch model in the baseline; it has: '
                     f'{", ".join(sorted(torch_models.REGISTRY))} (--config.model=NAME), or '
                     'give your own torch original with --config.torch_model=pkg.module:Name')
+  train_size = config.train_crop_size or config.image_size
+  eval_size = config.eval_crop_size or config.image_size
+  if config.model.startswith('vit') and train_size != eval_size:
+    raise UserError(f'train_crop_size={train_size} and eval_crop_size={eval_size} with '
+                    f'model={config.model!r}: torchvision\'s ViT takes one image size, and the '
+                    'twin has no position-embedding resampling; evaluate at the training size '
+                    'to compare')
   if config.model.startswith('resnet') and config.dropout_rate:
     raise UserError(f'dropout_rate={config.dropout_rate} with model={config.model!r}: '
                     'torchvision\'s ResNet has no dropout; set --config.dropout_rate=0 to '

@@ -54,6 +54,7 @@ from flax_dp_trainer.loop import writers
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.base.errors import Preempted, UserError
+from flax_dp_trainer.torch_ddp import ema as twin_ema
 from flax_dp_trainer.torch_ddp import models as torch_models
 from flax_dp_trainer.torch_ddp import param_groups as twin_groups
 from flax_dp_trainer.torch_ddp import step as step_lib
@@ -132,9 +133,10 @@ def _all_reduce(values, device) -> np.ndarray:
 
 
 def evaluate(model, data: pipeline.EvalData, normalize: step_lib.Normalize,
-             precision: step_lib.Precision, loss: str = 'softmax_xent') -> dict[str, float]:
-  """Loss (`loss`, `config.loss`, against one-hot labels) and accuracy over every example of
-  the eval split, exactly once (padding masked)."""
+             precision: step_lib.Precision, loss: str = 'softmax_xent',
+             prefix: str = 'eval') -> dict[str, float]:
+  """Loss (`loss`, `config.loss`, against one-hot labels), accuracy and top-5 accuracy over
+  every example of the eval split, exactly once (padding masked), as `{prefix}_loss` etc."""
   model.eval()
   device = normalize.device
   loss_sum = correct = top5 = count = 0.0
@@ -153,8 +155,8 @@ def evaluate(model, data: pipeline.EvalData, normalize: step_lib.Normalize,
       count += float(mask.sum())
   model.train()
   loss_sum, correct, top5, count = _all_reduce([loss_sum, correct, top5, count], device)
-  return {'eval_loss': loss_sum / count, 'eval_accuracy': correct / count,
-          'eval_top5_accuracy': top5 / count}
+  return {f'{prefix}_loss': loss_sum / count, f'{prefix}_accuracy': correct / count,
+          f'{prefix}_top5_accuracy': top5 / count}
 
 
 SETTINGS_FILE = 'torch_settings.json'
@@ -203,6 +205,7 @@ class _Training:
   start_step: int  # The checkpoint's step; 0 in a fresh workdir.
   examples_seen: int  # Position in the global training stream at `start_step`.
   checkpointed: int = 0  # Blocks under activation checkpointing (config.remat).
+  ema: Optional[twin_ema.TwinEma] = None  # The EMA of `model` (config.ema_decay > 0).
 
 
 def _build(config, workdir: str, num_classes: int, input_shape, device: torch.device,
@@ -224,6 +227,7 @@ def _build(config, workdir: str, num_classes: int, input_shape, device: torch.de
   torch.manual_seed(config.seed * RANK_SEED_STRIDE + rank + 1)
   if saved is not None:
     model.load_state_dict(saved['model'])  # Whole, before FSDP2 (if set) splits it.
+  ema = _ema(config, model, saved, steps_per_epoch)
   checkpointed = step_lib.checkpoint_blocks(config, model)
   found = twin_groups.factors(config, num_classes, input_shape)
   twin_groups.freeze(model, found)
@@ -251,7 +255,23 @@ def _build(config, workdir: str, num_classes: int, input_shape, device: torch.de
     examples_seen = saved.get('examples_seen', start_step * config.batch_size)
     logging.info('resuming from %s', _checkpoint_path(workdir, start_step))
   return _Training(model, wrapped, step_model, optimizer, scheduler, precision, start_step,
-                   examples_seen, checkpointed)
+                   examples_seen, checkpointed, ema)
+
+
+def _ema(config, model: torch.nn.Module, saved: Optional[dict],
+         steps_per_epoch: float) -> Optional[twin_ema.TwinEma]:
+  """The EMA of `model` by the JAX run's rule (None where the config keeps none), as the
+  checkpoint `saved` left it; one saved without it starts from the restored model."""
+  options = run_options.ema_options(config, steps_per_epoch)
+  if options is None:
+    return None
+  ema = twin_ema.TwinEma(model, options)
+  if saved is not None and 'model_ema' in saved:
+    ema.load_state_dict(saved['model_ema'])
+  elif saved is not None:
+    logging.warning('the checkpoint at step %d holds no EMA: it starts from its model',
+                    saved['step'])
+  return ema
 
 
 class _Window:
@@ -369,8 +389,7 @@ class _Session:
       if self.cadence.log(step):
         self._log(step, learning_rate)
       if self.cadence.eval(step):
-        self.writer.write_scalars(step, evaluate(t.ddp, eval_data, self.normalize, t.precision,
-                                                 self.config.loss))
+        self.writer.write_scalars(step, self._evaluate(eval_data))
         _train_mode(t.ddp, self.config)
         self.throughput.start(step)
       if save_now or stopping:
@@ -398,8 +417,19 @@ class _Session:
     learning_rate = t.scheduler.get_last_lr()[0] / t.optimizer.param_groups[0].get(
         'lr_factor', 1.0)
     t.scheduler.step()
+    if t.ema is not None:
+      t.ema.after_step(step, t.model)
     self.window.add(loss, accuracy, grad_norm)
     return learning_rate
+
+  def _evaluate(self, eval_data: pipeline.EvalData) -> dict[str, float]:
+    """The model's evaluation, and its EMA's beside it (`eval_ema_*`) where it keeps one."""
+    t = self.t
+    scalars = evaluate(t.ddp, eval_data, self.normalize, t.precision, self.config.loss)
+    if t.ema is not None:
+      scalars.update(evaluate(t.ema.for_evaluation(t.model), eval_data, self.normalize,
+                              t.precision, self.config.loss, prefix='eval_ema'))
+    return scalars
 
   def _log(self, step: int, learning_rate: float) -> None:
     scalars = self.window.scalars()
@@ -425,6 +455,7 @@ class _Session:
           'model': model_state, 'optimizer': optimizer_state,
           'scheduler': t.scheduler.state_dict(), 'rng_states': rng_states, 'step': step,
           **({'scaler': t.precision.scaler.state_dict()} if t.precision.scaler else {}),
+          **({'model_ema': t.ema.state_dict()} if t.ema is not None else {}),
           'examples_seen': t.examples_seen + (step - t.start_step) * self.config.batch_size,
           'config': self.config.to_dict()}, self.config.keep_checkpoints)
     dist.barrier()

@@ -171,19 +171,25 @@ def can_resample(shape: tuple[int, ...], new_shape: tuple[int, ...]) -> bool:
           _square_grid(new_shape[1]))
 
 
+def grid_weights(tokens: int, new_tokens: int, method: str = 'bicubic') -> np.ndarray:
+  """(G, g) weights that resample one axis of the g x g grid of a position embedding of
+  `tokens` = 1 + g*g to the G x G grid of `new_tokens` (`resample_pos_embedding`'s)."""
+  if method not in POS_EMBEDDING_RESIZE:
+    raise ValueError(f'method={method!r}: choose one of {POS_EMBEDDING_RESIZE}')
+  if not (_square_grid(tokens) and _square_grid(new_tokens)):
+    raise ValueError(f'position embeddings of {tokens} and {new_tokens} tokens are not '
+                     'a class token and a square grid each')
+  return _resize_weights(math.isqrt(tokens - 1), math.isqrt(new_tokens - 1), method)
+
+
 def resample_pos_embedding(embedding: np.ndarray, tokens: int, method: str = 'bicubic'
                            ) -> np.ndarray:
   """A ViT position embedding (1, 1 + g*g, width) for `tokens` = 1 + G*G: the class token's
   row kept, the g x g grid resampled to G x G by `method` (POS_EMBEDDING_RESIZE)."""
-  if method not in POS_EMBEDDING_RESIZE:
-    raise ValueError(f'method={method!r}: choose one of {POS_EMBEDDING_RESIZE}')
   embedding = np.asarray(embedding)
-  if not (_square_grid(embedding.shape[1]) and _square_grid(tokens)):
-    raise ValueError(f'position embeddings of {embedding.shape[1]} and {tokens} tokens are not '
-                     'a class token and a square grid each')
-  side, new_side = math.isqrt(embedding.shape[1] - 1), math.isqrt(tokens - 1)
+  weights = grid_weights(embedding.shape[1], tokens, method)
+  side, new_side = weights.shape[1], weights.shape[0]
   grid = embedding[0, 1:].reshape(side, side, -1).astype(np.float64)
-  weights = _resize_weights(side, new_side, method)
   resampled = np.einsum('ai,bj,ijd->abd', weights, weights, grid)
   return np.concatenate([embedding[:, :1], resampled.reshape(1, new_side * new_side, -1)
                          .astype(embedding.dtype)], axis=1)

@@ -11,7 +11,7 @@ import torch
 from torchvision.transforms import v2
 import tensorflow as tf  # pylint: disable=wrong-import-order
 
-from flax_dp_trainer.data import specs
+from flax_dp_trainer.data.image import policy_choice
 from flax_dp_trainer.data.image import ops
 from flax_dp_trainer.data.image import policies
 
@@ -178,5 +178,5 @@ def test_policies_are_stateless_and_apply_to_float_images():
     policies.autoaugment(image, seed, 'reduced_imagenet')
   settings = policies.Settings('bilinear', (128.0, 128.0, 128.0))
   assert policies.apply(image, seed, 'ta_wide', settings).shape == image.shape
-  assert ops.INTERPOLATIONS == specs.AUTO_AUGMENT_INTERPOLATIONS
-  assert policies.NAMES == specs.AUTO_AUGMENT_POLICIES
+  assert ops.INTERPOLATIONS == policy_choice.INTERPOLATIONS['torchvision']
+  assert set(policies.NAMES) <= set(policy_choice.TORCHVISION)

@@ -1,4 +1,4 @@
-"""Per-example image augmentations for the tf.data input side: RandAugment and random erasing.
+"""torchvision's RandAugment for the tf.data input side (random erasing: `erasing.py`).
 
     apply_op(image, op, magnitude, negate)   one of torchvision's 14 RandAugment ops on a
                                              [H, W, C] image (C = 1 or 3), uint8 or float32
@@ -6,9 +6,6 @@
     randaugment(image, seed, num_layers, magnitude)
                                              `num_layers` ops in sequence, each drawn uniformly
                                              from the 14, with a random sign for the signed ones.
-    random_erase(image, seed, prob, fill)    torchvision's RandomErasing: with probability `prob`
-                                             a box of 2%..33% of the image, aspect ratio
-                                             0.3..3.3 (log-uniform), is set to `fill`.
 
 The ops, their order and their magnitude table are torchvision's `RandAugment` (0.29,
 `num_magnitude_bins=31`, so `magnitude` is an int in [0, 30]; `_augmentation_space`):
@@ -34,7 +31,7 @@ pixel-centre conventions (`F.affine(..., center=[0, 0])` for shear, the image ce
 otherwise); uint8 images follow torchvision's uint8 tensor arithmetic, float32 images the same
 math without the truncation, clipped to [0, 255]. Color on a grayscale image is the identity.
 
-All randomness is stateless: `randaugment` and `random_erase` draw everything from the shape-[2]
+All randomness is stateless: `randaugment` draws everything from the shape-[2]
 integer `seed` they are given (tf.random's stateless convention, split with
 `tf.random.experimental.stateless_split`), so the same image and seed give the same result,
 in eager mode, in a `tf.function` or inside `tf.data.Dataset.map`, and the trainer can key the
@@ -64,8 +61,6 @@ _SHEAR_RANGE = (0.0, 0.3)
 _ROTATE_RANGE = (0.0, 30.0)  # Degrees.
 _ENHANCE_RANGE = (0.0, 0.9)  # Brightness, Color, Contrast, Sharpness: factor 1 +- this.
 _SOLARIZE_RANGE = (255.0, 0.0)
-
-_ERASE_ATTEMPTS = 10
 
 Seed = Union[tf.Tensor, Sequence[int]]
 
@@ -183,47 +178,3 @@ def randaugment(image: tf.Tensor, seed: Seed, num_layers: int, magnitude: int) -
     negate = tf.random.stateless_uniform([], sign_seed) < 0.5
     image = apply_op(image, op, magnitude, negate)
   return image
-
-
-def random_erase(image: tf.Tensor, seed: Seed, prob: float, fill,
-                 scale=(0.02, 0.33), ratio=(0.3, 3.3)) -> tf.Tensor:
-  """torchvision's RandomErasing on an [H, W, C] image (float32, or any dtype `fill` casts
-  to): with probability `prob`, up to 10 attempts draw an area fraction uniform in `scale` and
-  an aspect ratio (h / w) log-uniform in `ratio`, h = round(sqrt(area * ratio)),
-  w = round(sqrt(area / ratio)); the first with h < H and w < W has its box, at a uniform
-  position, set to `fill` (C values, or one for all channels). No fit: the image unchanged.
-  Stateless from `seed` (shape [2])."""
-  image = tf.convert_to_tensor(image)
-  if not 0.0 <= prob <= 1.0:
-    raise ValueError(f'prob must be in [0, 1], got {prob}')
-  apply_seed, scale_seed, ratio_seed, row_seed, col_seed = tf.unstack(
-      tf.random.experimental.stateless_split(_seed(seed), num=5))
-  shape = tf.shape(image)
-  height, width = shape[0], shape[1]
-  area = tf.cast(height * width, tf.float32)
-  # All attempts at once; the first that fits is the one torchvision's loop would take.
-  fractions = tf.random.stateless_uniform([_ERASE_ATTEMPTS], scale_seed, minval=scale[0],
-                                          maxval=scale[1])
-  log_ratio = tf.math.log(tf.constant(ratio, tf.float32))
-  aspect = tf.exp(tf.random.stateless_uniform([_ERASE_ATTEMPTS], ratio_seed,
-                                              minval=log_ratio[0], maxval=log_ratio[1]))
-  boxes = area * fractions
-  heights = tf.cast(tf.round(tf.sqrt(boxes * aspect)), tf.int32)  # Half to even, as round().
-  widths = tf.cast(tf.round(tf.sqrt(boxes / aspect)), tf.int32)
-  fits = tf.logical_and(heights < height, widths < width)
-  first = tf.argmax(tf.cast(fits, tf.int32), output_type=tf.int32)
-  box_h, box_w = heights[first], widths[first]
-  erase = tf.logical_and(tf.reduce_any(fits),
-                         tf.random.stateless_uniform([], apply_seed) < prob)
-  top = tf.random.stateless_uniform([], row_seed, minval=0,
-                                    maxval=tf.maximum(height - box_h + 1, 1), dtype=tf.int32)
-  left = tf.random.stateless_uniform([], col_seed, minval=0,
-                                     maxval=tf.maximum(width - box_w + 1, 1), dtype=tf.int32)
-  rows = tf.range(height)
-  cols = tf.range(width)
-  in_rows = tf.logical_and(rows >= top, rows < top + box_h)
-  in_cols = tf.logical_and(cols >= left, cols < left + box_w)
-  mask = tf.logical_and(in_rows[:, tf.newaxis], in_cols[tf.newaxis, :])
-  mask = tf.logical_and(mask, erase)[..., tf.newaxis]
-  fill = tf.reshape(tf.cast(tf.convert_to_tensor(fill), image.dtype), [1, 1, -1])
-  return tf.where(mask, fill, image)

@@ -18,11 +18,13 @@ To add an augmentation: write a `Step` (a frozen dataclass with `name`, `stream`
 import dataclasses
 from typing import Optional
 
-from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.data.tensorflow_import import tf
 
 from flax_dp_trainer.data.image import augment
-from flax_dp_trainer.data.image import policies
+from flax_dp_trainer.data.image import auto_augment
+from flax_dp_trainer.data.image import color_jitter
+from flax_dp_trainer.data.image import erasing
+from flax_dp_trainer.data.image import policy_choice
 from flax_dp_trainer.data.image import resize as resize_lib
 from flax_dp_trainer.data.image import restart_segments
 from flax_dp_trainer.data.image import scaled_decode
@@ -155,10 +157,11 @@ class RandomResizedCrop(Step):
 
 @dataclasses.dataclass(frozen=True)
 class ResizeCenterCrop(Resize):
-  """Evaluation's counterpart of the inception crop: the shorter side resized to
-  size / 0.875, then the central size x size."""
+  """Evaluation's counterpart of the inception crop: the shorter side resized to `resize`
+  (0: size / 0.875), then the central size x size."""
   name = 'resize and center crop'
   scaled_decode: bool = False
+  resize: int = 0
 
   def __call__(self, image, seed):
     if self.encoded and self.scaled_decode:
@@ -172,9 +175,9 @@ class ResizeCenterCrop(Resize):
     return tf.ensure_shape(image, (self.size, self.size, self.channels))
 
   def _new_hw(self, shape: tf.Tensor) -> tf.Tensor:
-    """The resized height and width: the shorter side size / 0.875."""
-    scale = (self.size / EVAL_CROP_FRACTION) / tf.cast(tf.minimum(shape[0], shape[1]),
-                                                       tf.float32)
+    """The resized height and width: the shorter side `resize` (0: size / 0.875)."""
+    shorter = self.resize or self.size / EVAL_CROP_FRACTION
+    scale = shorter / tf.cast(tf.minimum(shape[0], shape[1]), tf.float32)
     return tf.cast(tf.round(tf.cast(shape[:2], tf.float32) * scale), tf.int32)
 
   def _resized(self, image: tf.Tensor) -> tf.Tensor:
@@ -188,7 +191,9 @@ class ResizeCenterCrop(Resize):
 
   def describe(self):
     scaled = ', JPEGs decoded at 1/2-1/8 scale where shrunk 2x+' if self.scaled_decode else ''
-    return f'resize and center crop ({self.size}x{self.size}, {self.resize_filter}{scaled})'
+    shorter = f', shorter side {self.resize}' if self.resize else ''
+    return (f'resize and center crop ({self.size}x{self.size}{shorter}, {self.resize_filter}'
+            f'{scaled})')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,55 +238,54 @@ class RandAugment(Step):
 
 @dataclasses.dataclass(frozen=True)
 class AutoAugment(Step):
-  """One of torchvision's automatic augmentation policies (`policies.apply`: TrivialAugmentWide
-  or AutoAugment) on the uint8 image."""
+  """config.auto_augment's policy (`policy_choice.Policy`: torchvision's or timm's; `auto_augment.apply`) on the
+  uint8 image."""
   name = 'auto_augment'
   stream: Optional[int] = stream_lib.POLICY_STREAM
-  policy: str = 'ta_wide'
-  interpolation: str = 'nearest'
-  fill: Optional[tuple[float, ...]] = None
+  policy: Optional[policy_choice.Policy] = None
 
   def __call__(self, image, seed):
-    return policies.apply(image, seed, self.policy,
-                          policies.Settings(self.interpolation, self.fill))
+    return auto_augment.apply(self.policy, image, seed)
 
   def describe(self):
-    what = ('TrivialAugmentWide' if self.policy == 'ta_wide' else
-            f'AutoAugment ({self.policy} policy)')
-    fill = 'zeros' if self.fill is None else f'fill {self.fill}'
-    return f'{what}, {self.interpolation}, {fill}'
+    return self.policy.describe()
 
 
-def auto_augment_fill(options: DataOptions, spec: specs.DatasetSpec
-                      ) -> Optional[tuple[float, ...]]:
-  """config.auto_augment_fill as values: None for zeros, the mean pixel for 'mean'."""
-  text = options.auto_augment_fill.strip()
-  if not text:
-    return None
-  if text == 'mean':
-    return tuple(float(v) for v in mean_pixel(spec))
-  values = tuple(float(v) for v in text.split(','))
-  if len(values) not in (1, spec.channels):
-    raise UserError(f'auto_augment_fill={text!r} gives {len(values)} values, and '
-                    f'dataset={spec.name!r} has {spec.channels}-channel images: give one value, '
-                    f'or one per channel')
-  return values * spec.channels if len(values) == 1 else values
+@dataclasses.dataclass(frozen=True)
+class ColorJitter(Step):
+  """torchvision's ColorJitter at `strength` (`color_jitter.color_jitter`): timm's
+  --color-jitter, where no policy is set."""
+  name = 'color jitter'
+  stream: Optional[int] = stream_lib.COLOR_JITTER_STREAM
+  strength: float = 0.4
+
+  def __call__(self, image, seed):
+    return color_jitter.color_jitter(image, seed, self.strength)
+
+  def describe(self):
+    return f'color jitter ({self.strength})'
 
 
 @dataclasses.dataclass(frozen=True)
 class RandomErase(Step):
-  """torchvision's RandomErasing (`augment.random_erase`), the box filled with `fill` (the
-  dataset's mean pixel, which normalizes to about 0)."""
+  """Random erasing (`erasing.random_erase`): torchvision's (`mode` 'const', the box filled
+  with the dataset's mean pixel, which normalizes to about 0) or timm's pixel mode (noise of
+  the dataset's mean and std), `count` boxes at most."""
   name = 'random erasing'
   stream: Optional[int] = stream_lib.ERASE_STREAM
   prob: float = 0.25
   fill: tuple[int, ...] = (0,)
+  mode: str = 'const'
+  count: int = 1
+  noise_std: Optional[tuple[float, ...]] = None
 
   def __call__(self, image, seed):
-    return augment.random_erase(image, seed, self.prob, self.fill)
+    return erasing.random_erase(image, seed, self.prob, self.fill, mode=self.mode,
+                                count=self.count, noise_std=self.noise_std)
 
   def describe(self):
-    return f'random erasing (p={self.prob})'
+    count = f', up to {self.count} boxes' if self.count > 1 else ''
+    return f'random erasing (p={self.prob}, {self.mode}{count})'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -313,7 +317,9 @@ def train_plan(options: DataOptions, spec: specs.DatasetSpec, encoded: bool) -> 
   steps = []
   if spec.augment == 'inception':
     steps.append(RandomResizedCrop(size=spec.image_size, channels=spec.channels,
-                                   encoded=encoded, resize_filter=options.resize_filter,
+                                   encoded=encoded,
+                                   resize_filter=options.train_interpolation or
+                                   options.resize_filter,
                                    scaled_decode=options.scaled_decode,
                                    restart_skip=options.restart_skip))
   elif spec.image_size:  # Resized whole (options.resize_images), then augmented at that size.
@@ -325,15 +331,20 @@ def train_plan(options: DataOptions, spec: specs.DatasetSpec, encoded: bool) -> 
     steps.append(PadRandomCrop())
   if spec.augment in ('flip', 'crop_flip', 'inception'):
     steps.append(RandomFlip())
-  if options.auto_augment:
-    steps.append(AutoAugment(policy=options.auto_augment,
-                             interpolation=options.auto_augment_interpolation,
-                             fill=auto_augment_fill(options, spec)))
+  policy = policy_choice.resolve(options, spec.channels, mean_pixel(spec))
+  if policy is not None:
+    steps.append(AutoAugment(policy=policy))
   if options.randaugment_num_layers:
     steps.append(RandAugment(num_layers=options.randaugment_num_layers,
                              magnitude=options.randaugment_magnitude))
+  if options.color_jitter:
+    steps.append(ColorJitter(strength=options.color_jitter))
   if options.random_erase_prob:
-    steps.append(RandomErase(prob=options.random_erase_prob, fill=mean_pixel(spec)))
+    pixel = options.random_erase_mode == 'pixel'
+    steps.append(RandomErase(
+        prob=options.random_erase_prob, fill=mean_pixel(spec), mode=options.random_erase_mode,
+        count=options.random_erase_count,
+        noise_std=tuple(255.0 * s for s in spec.std) if pixel else None))
   return Plan(tuple(steps))
 
 
@@ -343,7 +354,8 @@ def eval_plan(options: DataOptions, spec: specs.DatasetSpec, encoded: bool) -> P
   if spec.augment == 'inception':
     return Plan((ResizeCenterCrop(size=spec.image_size, channels=spec.channels,
                                   encoded=encoded, resize_filter=options.resize_filter,
-                                  scaled_decode=options.scaled_decode),))
+                                  scaled_decode=options.scaled_decode,
+                                  resize=spec.resize_size),))
   if spec.image_size:
     return Plan((Resize(size=spec.image_size, channels=spec.channels, encoded=encoded,
                         resize_filter=options.resize_filter),))

@@ -11,7 +11,7 @@ from flax_dp_trainer.data.tensorflow_import import tf
 # decode, which has already averaged each r x r block, a second box blurs twice (on
 # matplotlib's grace_hopper.jpg, 64-px crops of 40 windows against the Lanczos reference,
 # `bench.quality`: box 29.6 dB, cubic 36.1 dB, the full decode's area resize 35.5 dB).
-KERNELS = {'area': 'keyscubic', 'antialias': 'triangle'}
+KERNELS = {'area': 'keyscubic', 'antialias': 'triangle', 'bicubic': 'keyscubic'}
 
 
 def to_uint8(image: tf.Tensor) -> tf.Tensor:
@@ -23,9 +23,10 @@ def resize(image: tf.Tensor, height, width, resize_filter: str = 'area') -> tf.T
   """`image` (uint8) resized to height x width with `resize_filter`: 'area' averages the
   pixels each output pixel covers where the image shrinks on both sides, else interpolates
   bilinearly; 'antialias' is bilinear with antialiasing (torchvision's filter; the same
-  pixels as `tf.image.resize(method='bilinear', antialias=True)`, through `resample`)."""
+  pixels as `tf.image.resize(method='bilinear', antialias=True)`, through `resample`);
+  'bicubic' is Keys' cubic (a = -0.5) with antialiasing, PIL's bicubic filter (timm's)."""
   size = tf.stack([height, width])
-  if resize_filter == 'antialias':
+  if resize_filter in ('antialias', 'bicubic'):
     return resample(image, size, tf.zeros([2]), tf.shape(image)[:2], resize_filter)
   shrinks = tf.reduce_all(tf.shape(image)[:2] >= size)
   resized = tf.cond(shrinks, lambda: tf.image.resize(image, size, method='area'),

@@ -53,6 +53,12 @@ class DatasetSpec:
   # Side of the square crop 'inception' makes, or of the square fixed-size images are resized
   # to (config.resize_images); 0 for the others.
   image_size: int = 0
+  # Evaluation's center crop of 'inception' where it differs from image_size (train and
+  # test resolutions apart, config.eval_crop_size); 0 = image_size.
+  eval_size: int = 0
+  # The shorter side evaluation resizes to before its center crop (config.eval_resize_size);
+  # 0 = the crop's side / 0.875.
+  resize_size: int = 0
   tfds_name: str = ''  # The TFDS builder's name; '' for image folders and arrays.
   shipped: bool = False  # The builder ships with the trainer and prepares offline.
   trainable: bool = True  # False: an evaluation set only (no train split).
@@ -68,6 +74,12 @@ class DatasetSpec:
   # images), travelling with the spec to what reads it; never written (`specs.to_json`). None
   # in a spec read back from JSON: `kinds.of_spec` makes it again from the name.
   kind: Any = dataclasses.field(default=None, compare=False, repr=False)
+
+  def evaluated(self) -> 'DatasetSpec':
+    """The spec as evaluation reads it: its crop at `eval_size` where that is set."""
+    if not self.eval_size:
+      return self
+    return dataclasses.replace(self, image_size=self.eval_size, eval_size=0)
 
   @property
   def input_shape(self) -> tuple[int, int, int]:
