@@ -307,7 +307,7 @@ def test_strong_augmentation_under_mock_data(config, dataset, shape, cache):
     plain = _take(_open(config), 3)
     config.update(**STRONG)
     data = _open(config)
-    assert 'RandAugment (2 ops, magnitude 9) -> random erasing (p=0.5)' in (
+    assert 'RandAugment (2 ops, magnitude 9) -> random erasing (p=0.5, const)' in (
         data.plan().describe())
     first = _take(data, 3)
     again = _take(data, 3)
