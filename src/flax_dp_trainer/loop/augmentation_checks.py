@@ -67,9 +67,6 @@ def _check_policy(config) -> None:
     raise UserError(f'augmix_alpha={config.augmix_alpha!r} must be > 0 '
                     '(--config.augmix_alpha=1.0)')
   fill = config.auto_augment_fill.strip()
-  if fill:
-    values = fill.split(',')
-    policy_choice.fill_values(fill, len(values) if len(values) == 3 else 1, (0, 0, 0))
   if config.auto_augment:
     policy_choice.resolve(config, 3, (0, 0, 0))  # A ConfigDict reads as DataOptions do.
   elif config.auto_augment_interpolation or fill:

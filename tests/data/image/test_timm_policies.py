@@ -23,7 +23,9 @@ from timm.data import constants
 from timm.data import transforms_factory
 import tensorflow as tf  # pylint: disable=wrong-import-order
 
+from flax_dp_trainer.data import specs
 from flax_dp_trainer.data.image import pil_ops
+from flax_dp_trainer.data.image import preprocess
 from flax_dp_trainer.data.image import timm_policies
 from flax_dp_trainer.data.image import timm_strings
 from flax_dp_trainer.runs import processes
@@ -33,6 +35,9 @@ del torch  # Imported only to come before TensorFlow.
 
 SIZES = ((24, 28, 3), (16, 18, 1))
 FILLS = {3: (124, 116, 104), 1: (124,)}  # create_transform's img_mean for ImageNet's mean.
+# A dataset normalized by timm's ImageNet mean: its mean pixel is the policies' fill.
+IMAGENET_SPEC = specs.DatasetSpec('imagenet', 1000, 3, None, 1,
+                                  mean=tuple(constants.IMAGENET_DEFAULT_MEAN))
 PIL_INTERPOLATIONS = {'nearest': Image.NEAREST, 'bilinear': Image.BILINEAR,
                       'bicubic': Image.BICUBIC}
 LEVELS = (0.0, 2.5, 5.3, 9.0, 10.0, 13.0)  # Past 10 as mmax allows.
@@ -147,8 +152,7 @@ def test_op_sets_and_policies_are_timms():
     policy = next(t for t in transform.transforms if 'Aug' in type(t).__name__)
     op = policy.ops[0] if hasattr(policy, 'ops') else policy.policy[0][0]
     assert op.hparams['translate_const'] == int(224 * timm_strings.TRANSLATE_CONST_FRACTION)
-    assert op.hparams['img_mean'] == timm_policies.fill_from_mean(
-        constants.IMAGENET_DEFAULT_MEAN) == FILLS[3]
+    assert op.hparams['img_mean'] == preprocess.mean_pixel(IMAGENET_SPEC) == FILLS[3]
     assert op.hparams.get('translate_pct') == pct
     want = {'random': None, 'bicubic': Image.BICUBIC, None: Image.BILINEAR}[interpolation]
     assert op.hparams.get('interpolation') == want, aa

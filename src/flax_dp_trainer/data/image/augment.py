@@ -151,13 +151,6 @@ def apply_op(image: tf.Tensor, op, magnitude: int, negate=False) -> tf.Tensor:
   return tf.ensure_shape(out, image.shape)
 
 
-def _seed(seed: Seed) -> tf.Tensor:
-  seed = tf.convert_to_tensor(seed)
-  if not seed.dtype.is_integer:
-    raise TypeError(f'seed must be integers, got {seed.dtype.name}')
-  return tf.ensure_shape(tf.cast(seed, tf.int64), [2])
-
-
 def randaugment(image: tf.Tensor, seed: Seed, num_layers: int, magnitude: int) -> tf.Tensor:
   """RandAugment: `num_layers` ops applied in turn, each drawn uniformly from the 14 of
   RANDAUGMENT_OPS at bin `magnitude`, with the sign of a signed op's magnitude flipped with
@@ -169,10 +162,9 @@ def randaugment(image: tf.Tensor, seed: Seed, num_layers: int, magnitude: int) -
   image = tf.convert_to_tensor(image)
   if num_layers == 0:
     return image
-  layer_seeds = tf.random.experimental.stateless_split(_seed(seed), num=num_layers)
+  layer_seeds = policies.split_seed(seed, num_layers)
   for layer in range(num_layers):
-    op_seed, sign_seed = tf.unstack(
-        tf.random.experimental.stateless_split(layer_seeds[layer], num=2))
+    op_seed, sign_seed = policies.split_seed(layer_seeds[layer], 2)
     op = tf.random.stateless_uniform([], op_seed, minval=0, maxval=len(RANDAUGMENT_OPS),
                                      dtype=tf.int32)
     negate = tf.random.stateless_uniform([], sign_seed) < 0.5

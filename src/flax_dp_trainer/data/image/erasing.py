@@ -21,6 +21,7 @@ from typing import Optional, Sequence, Union
 from flax_dp_trainer.data.tensorflow_import import tf
 
 from flax_dp_trainer.data import specs
+from flax_dp_trainer.data.image import policies
 
 MODES = specs.RANDOM_ERASE_MODES
 ATTEMPTS = 10
@@ -28,13 +29,6 @@ ATTEMPTS = 10
 AREAS = {'const': ((0.02, 0.33), (0.3, 3.3)), 'pixel': ((0.02, 1 / 3), (0.3, 1 / 0.3))}
 
 Seed = Union[tf.Tensor, Sequence[int]]
-
-
-def _seed(seed: Seed) -> tf.Tensor:
-  seed = tf.convert_to_tensor(seed)
-  if not seed.dtype.is_integer:
-    raise TypeError(f'seed must be integers, got {seed.dtype.name}')
-  return tf.ensure_shape(tf.cast(seed, tf.int64), [2])
 
 
 def _box(shape, seeds, scale, ratio, boxes):
@@ -90,8 +84,8 @@ def random_erase(image: tf.Tensor, seed: Seed, prob: float, fill, *, mode: str =
     raise ValueError('pixel mode erases uint8 images with noise_std given')
   scale = AREAS[mode][0] if scale is None else scale
   ratio = AREAS[mode][1] if ratio is None else ratio
-  seed = _seed(seed)
-  apply_seed, *first_seeds = tf.unstack(tf.random.experimental.stateless_split(seed, num=5))
+  seed = policies.checked_seed(seed)
+  apply_seed, *first_seeds = policies.split_seed(seed, 5)
   erase = tf.random.stateless_uniform([], apply_seed) < prob
   boxes = tf.constant(1, tf.int32)
   if count > 1:  # timm's random.randint(1, count).
@@ -100,8 +94,8 @@ def random_erase(image: tf.Tensor, seed: Seed, prob: float, fill, *, mode: str =
   shape = tf.shape(image)
   mask = tf.zeros([shape[0], shape[1], 1], tf.bool)
   for b in range(count):
-    seeds = first_seeds if b == 0 else tf.unstack(tf.random.experimental.stateless_split(
-        tf.random.experimental.stateless_fold_in(seed, -b), num=4))
+    seeds = first_seeds if b == 0 else policies.split_seed(
+        tf.random.experimental.stateless_fold_in(seed, -b), 4)
     top, left, box_h, box_w, fits = _box(shape, seeds, scale, ratio, boxes)
     mask = tf.logical_or(mask, tf.logical_and(_mask(shape, top, left, box_h, box_w),
                                               tf.logical_and(fits, b < boxes)))

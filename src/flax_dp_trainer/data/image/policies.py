@@ -174,13 +174,17 @@ def translate_pixels(k, size, bins: int):
   return tf.cast(tf.cast(end, tf.float64) * tf.cast(k, tf.float64) / (bins - 1), tf.float32)
 
 
-def split_seed(seed: Seed, num: int) -> list[tf.Tensor]:
-  """`num` independent stateless seeds ([2] int64 each) from `seed` (shape [2], integers)."""
+def checked_seed(seed: Seed) -> tf.Tensor:
+  """`seed` as a stateless seed: shape [2], int64; TypeError for one that is not integers."""
   seed = tf.convert_to_tensor(seed)
   if not seed.dtype.is_integer:
     raise TypeError(f'seed must be integers, got {seed.dtype.name}')
-  seed = tf.ensure_shape(tf.cast(seed, tf.int64), [2])
-  return tf.unstack(tf.random.experimental.stateless_split(seed, num=num))
+  return tf.ensure_shape(tf.cast(seed, tf.int64), [2])
+
+
+def split_seed(seed: Seed, num: int) -> list[tf.Tensor]:
+  """`num` independent stateless seeds ([2] int64 each) from `seed` (shape [2], integers)."""
+  return tf.unstack(tf.random.experimental.stateless_split(checked_seed(seed), num=num))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,7 +5,7 @@ one uint8 image, every draw stateless from a seed, every op with PIL's arithmeti
 The level functions are timm 1.0.31's (`timm/data/auto_augment.py`; its op sets and
 sub-policies are in `timm_strings.py`), with the hyperparameters its create_transform sets:
 translations relative to the image's side (0.45 of it at level 10; 0.3 for AugMix), the fill
-the dataset's mean pixel (`fill_from_mean`), and each geometric op's interpolation drawn from
+the dataset's mean pixel (`preprocess.mean_pixel`), and each geometric op's interpolation drawn from
 bilinear and bicubic ('random': timm's train.py default, --train-interpolation) unless one is
 given. The absolute translations (TranslateX/Y, in no policy here) use translate_const =
 int(0.45 * the shorter side).
@@ -160,11 +160,6 @@ def apply_op(image, name: str, value, fill: Sequence[float],
   fill = _check_fill(fill, image.shape[-1])
   out = _op(tf.cast(image, tf.float32), name, value, interpolation, fill)
   return tf.ensure_shape(tf.cast(out, tf.uint8), image.shape)
-
-
-def fill_from_mean(mean: Sequence[float]) -> tuple[int, ...]:
-  """create_transform's img_mean: the normalization mean (0..1 per channel) as pixels."""
-  return tuple(min(255, round(255 * v)) for v in mean)
 
 
 # ---- Policies.
@@ -354,7 +349,7 @@ def apply(image, seed: Seed, policy: timm_strings.TimmPolicy, fill: Sequence[flo
           interpolation: str = 'random') -> tf.Tensor:
   """`policy` (`timm_strings.parse`'s) on uint8 [H, W, C] `image` (C = 1 or 3, static), its
   draws from `seed` (`draw`). `fill`: the pixel geometric ops leave outside the image, one
-  value per channel (or one for all; timm's img_mean, `fill_from_mean`); `interpolation`:
+  value per channel (or one for all; timm's img_mean: `preprocess.mean_pixel`); `interpolation`:
   'random' (timm's default: each geometric op bilinear or bicubic, drawn) or one of
   pil_ops.INTERPOLATIONS. uint8 out."""
   _check_interpolation(interpolation)
