@@ -16,6 +16,7 @@ from torchvision.transforms.v2 import functional as TVF
 import tensorflow as tf  # pylint: disable=wrong-import-order
 
 from flax_dp_trainer.data.image import augment
+from tests.data.image import images
 
 OPS = augment.RANDAUGMENT_OPS
 GEOMETRIC = ('ShearX', 'ShearY', 'TranslateX', 'TranslateY', 'Rotate')
@@ -98,10 +99,6 @@ def _apply(image: np.ndarray, op: int, magnitude: int, negate: bool) -> np.ndarr
   return fn(tf.constant(image), tf.constant(op, tf.int32), tf.constant(negate)).numpy()
 
 
-def _image(height, width, channels, low=0, high=256, seed=0) -> np.ndarray:
-  return np.random.default_rng(seed).integers(low, high, (height, width, channels), np.uint8)
-
-
 def test_op_names_and_bins_are_torchvisions():
   assert OPS == tuple(_SPACE(31, (8, 8)))
   assert augment.NUM_MAGNITUDE_BINS == _RANDAUGMENT.num_magnitude_bins == 31
@@ -130,7 +127,7 @@ def test_op_matches_torchvision(name):
   op = OPS.index(name)
   for height, width in COMPARE_SIZES:
     for channels in (1, 3):
-      image = _image(height, width, channels, seed=height + channels)
+      image = images.uint8_image(height, width, channels, seed=height + channels)
       for magnitude in MAGNITUDES:
         for negate in (False, True):
           out = _apply(image, op, magnitude, negate)
@@ -154,7 +151,7 @@ def test_shear_rounding_ties_are_the_only_mismatches(name):
   """At 0.2 (bin 20) the sheared source coordinate x + 0.2 (y + 0.5) is exactly k + 0.5 on
   every fifth row: TensorFlow's nearest rounds such ties away from zero, torch's grid_sample to
   even, so half of those pixels differ; everywhere else the ops agree."""
-  image = _image(32, 32, 3, seed=7)
+  image = images.uint8_image(32, 32, 3, seed=7)
   ties = [(Fraction(1, 5) * (2 * j + 1) / 2).denominator == 2 for j in range(32)]
   for negate in (False, True):
     got = _apply(image, OPS.index(name), 20, negate)
@@ -166,7 +163,7 @@ def test_shear_rounding_ties_are_the_only_mismatches(name):
 
 
 def test_eager_python_op_equals_graph_tensor_op():
-  image = _image(16, 20, 3, seed=3)
+  image = images.uint8_image(16, 20, 3, seed=3)
   for op in range(len(OPS)):
     for negate in (False, True):
       eager = augment.apply_op(tf.constant(image), op, 9, negate).numpy()
@@ -174,7 +171,7 @@ def test_eager_python_op_equals_graph_tensor_op():
 
 
 def test_float_images_follow_the_uint8_results():
-  image = _image(32, 32, 3, seed=5)
+  image = images.uint8_image(32, 32, 3, seed=5)
   for op, name in enumerate(OPS):
     for negate in (False, True):
       as_uint8 = _apply(image, op, 9, negate).astype(np.float32)
@@ -190,7 +187,7 @@ def test_float_images_follow_the_uint8_results():
 
 
 def test_bad_arguments_are_refused():
-  image = tf.constant(_image(8, 8, 3))
+  image = tf.constant(images.uint8_image(8, 8, 3))
   with pytest.raises(ValueError):
     augment.apply_op(image, 0, 31)
   with pytest.raises(ValueError):
@@ -198,14 +195,14 @@ def test_bad_arguments_are_refused():
   with pytest.raises(TypeError):
     augment.apply_op(tf.cast(image, tf.float64), 0, 9)
   with pytest.raises(ValueError):
-    augment.apply_op(tf.constant(_image(8, 8, 2)), 0, 9)
+    augment.apply_op(tf.constant(images.uint8_image(8, 8, 2)), 0, 9)
   with pytest.raises(tf.errors.InvalidArgumentError):
     _graph_op(9, 3)(image, tf.constant(14), tf.constant(False))
 
 
 # -- randaugment ------------------------------------------------------------------------------
 
-_RA_IMAGE = _image(24, 24, 3, low=20, high=200, seed=11)  # AutoContrast changes it too.
+_RA_IMAGE = images.uint8_image(24, 24, 3, low=20, high=200, seed=11)  # AutoContrast changes it too.
 
 
 @functools.lru_cache(maxsize=None)

@@ -16,6 +16,7 @@ import tensorflow as tf  # pylint: disable=wrong-import-order
 from flax_dp_trainer.data.image import augmix
 from flax_dp_trainer.data.image import ops
 from flax_dp_trainer.data.image import policies
+from tests.data.image import images
 
 SIZES = ((24, 28, 3), (16, 18, 1))  # Even sides: an odd one puts sampling ties on its centre.
 BILINEAR = ('ShearX', 'ShearY', 'Rotate')  # Sampled off the pixel grid (translations are not).
@@ -45,18 +46,6 @@ CONFIGS = (
     (6, 2, -1, 2.0, False, 'bilinear', FILL),
     (10, 3, 3, 1.0, True, 'nearest', FILL),
 )
-
-
-def _image(height, width, channels, seed=0) -> np.ndarray:
-  return np.random.default_rng(seed).integers(0, 256, (height, width, channels), np.uint8)
-
-
-def _torch(image: np.ndarray) -> torch.Tensor:
-  return torch.from_numpy(image).permute(2, 0, 1).contiguous()
-
-
-def _numpy(image: torch.Tensor) -> np.ndarray:
-  return image.permute(1, 2, 0).numpy()
 
 
 class _ReplayedTorch:
@@ -143,8 +132,8 @@ def _torchvision(image: np.ndarray, draws, config, hand_on: bool, stats):
     if not hand_on:
       return out
     # forward batches the image: [1, C, H, W].
-    ours = ops.apply(_numpy(img[0]), name, m, settings.interpolation, settings.fill).numpy()
-    difference = np.abs(ours.astype(int) - _numpy(out[0]))
+    ours = ops.apply(images.to_numpy(img[0]), name, m, settings.interpolation, settings.fill).numpy()
+    difference = np.abs(ours.astype(int) - images.to_numpy(out[0]))
     mismatch = float((difference > 0).any(axis=-1).mean())
     worst = stats.get(name, (0, 0.0))
     stats[name] = (max(worst[0], int(difference.max())), max(worst[1], mismatch))
@@ -153,16 +142,16 @@ def _torchvision(image: np.ndarray, draws, config, hand_on: bool, stats):
     elif name in BILINEAR:
       assert mismatch <= NEAREST_MISMATCH, (name, m, stats[name])
     else:
-      np.testing.assert_array_equal(ours, _numpy(out[0]), err_msg=str((name, m)))
-    return _torch(ours)[np.newaxis]
+      np.testing.assert_array_equal(ours, images.to_numpy(out[0]), err_msg=str((name, m)))
+    return images.to_torch(ours)[np.newaxis]
 
   with pytest.MonkeyPatch.context() as patch:
     patch.setattr(_auto_augment, 'torch', replayed)
     patch.setattr(reference, '_sample_dirichlet', sample_dirichlet)
     patch.setattr(reference, '_apply_image_or_video_transform', op)
-    out = reference(_torch(image))
+    out = reference(images.to_torch(image))
   assert replayed.left() == 0 and not applied and not weights
-  return _numpy(out)
+  return images.to_numpy(out)
 
 
 def _settings(config, channels: int) -> policies.Settings:
@@ -181,7 +170,7 @@ def test_augmix_is_torchvisions_for_our_draws(config):
   severity, width, depth, alpha, all_ops = config[:5]
   op_stats, mix_stats, used = {}, [], set()
   for height, width_px, channels in SIZES:
-    image = _image(height, width_px, channels, seed=channels)
+    image = images.uint8_image(height, width_px, channels, seed=channels)
     for s in range(SEEDS):
       seed = tf.constant([s, 17], tf.int64)
       draws = _draws(seed, config)
@@ -210,7 +199,7 @@ def test_augmix_in_a_graph_is_the_eager_augmix():
   graph = tf.function(augmix.augmix, input_signature=[
       tf.TensorSpec([None, None, 3], tf.uint8), tf.TensorSpec([2], tf.int64)])
   for s, (height, width) in enumerate(((24, 28), (17, 9), (24, 28))):
-    image = _image(height, width, 3, seed=s)
+    image = images.uint8_image(height, width, 3, seed=s)
     seed = tf.constant([s, 5], tf.int64)
     got = graph(tf.constant(image), seed).numpy()
     np.testing.assert_array_equal(got, augmix.augmix(image, seed).numpy())
@@ -313,7 +302,7 @@ def test_draws_are_stateless():
     ('alpha', -1.0, r'alpha must be positive, got -1.0'),
 ))
 def test_bad_arguments_are_refused(argument, value, match):
-  image, seed = _image(8, 8, 3), tf.constant([1, 2], tf.int64)
+  image, seed = images.uint8_image(8, 8, 3), tf.constant([1, 2], tf.int64)
   with pytest.raises(ValueError, match=match):
     augmix.augmix(image, seed, **{argument: value})
   with pytest.raises(ValueError, match=match):

@@ -13,6 +13,7 @@ from torchvision.transforms.v2 import InterpolationMode
 import tensorflow as tf  # pylint: disable=wrong-import-order
 
 from flax_dp_trainer.data.image import ops
+from tests.data.image import images
 
 # (op, values): each op at values of the ranges torchvision's policies draw from.
 VALUES = {
@@ -74,10 +75,6 @@ def _graph(name: str, channels: int, interpolation: str, fill):
                        tf.TensorSpec([], tf.float64)])
 
 
-def _image(height, width, channels, seed=0, low=0, high=256) -> np.ndarray:
-  return np.random.default_rng(seed).integers(low, high, (height, width, channels), np.uint8)
-
-
 @pytest.mark.parametrize('name', ops.OPS)
 def test_each_op_matches_torchvision_v2(name):
   worst = {}
@@ -85,7 +82,7 @@ def test_each_op_matches_torchvision_v2(name):
     for fill in (None, FILL):
       for height, width, channels, low, high in ((32, 32, 3, 0, 256), (31, 45, 3, 30, 201),
                                                  (24, 20, 1, 0, 256), (20, 24, 1, 3, 140)):
-        image = _image(height, width, channels, height + channels, low, high)
+        image = images.uint8_image(height, width, channels, height + channels, low, high)
         for m in VALUES[name]:
           where = (name, interpolation, fill, height, width, channels, m)
           got = _graph(name, channels, interpolation, fill)(
@@ -105,7 +102,7 @@ def test_each_op_matches_torchvision_v2(name):
 
 
 def test_an_unknown_op_or_interpolation_is_refused():
-  image = _image(8, 8, 3)
+  image = images.uint8_image(8, 8, 3)
   with pytest.raises(ValueError, match='op must be one of'):
     ops.apply(image, 'Cutout', 1.0)
   with pytest.raises(ValueError, match='interpolation must be one of'):

@@ -14,6 +14,7 @@ import tensorflow as tf  # pylint: disable=wrong-import-order
 from flax_dp_trainer.data.image import policy_choice
 from flax_dp_trainer.data.image import ops
 from flax_dp_trainer.data.image import policies
+from tests.data.image import images
 
 GEOMETRIC = ('ShearX', 'ShearY', 'Rotate')
 # Pixels on exact sampling ties (test_ops.py): TensorFlow's nearest rounds them away from zero,
@@ -21,18 +22,6 @@ GEOMETRIC = ('ShearX', 'ShearY', 'Rotate')
 # the pixels of 16x18), a shear of 0.2 (every fifth row, 12% of 24x28: test_augment.py).
 NEAREST_MISMATCH = 0.15
 SIZES = ((24, 28, 3), (16, 18, 1))  # Even sides: an odd one puts exact ties on its centre line.
-
-
-def _image(height, width, channels, seed=0) -> np.ndarray:
-  return np.random.default_rng(seed).integers(0, 256, (height, width, channels), np.uint8)
-
-
-def _torch(image: np.ndarray) -> torch.Tensor:
-  return torch.from_numpy(image).permute(2, 0, 1).contiguous()
-
-
-def _numpy(image: torch.Tensor) -> np.ndarray:
-  return image.permute(1, 2, 0).numpy()
 
 
 def _torch_op(policy, img: torch.Tensor, name: str, magnitude: float) -> torch.Tensor:
@@ -83,13 +72,13 @@ def test_ta_wide_is_torchvisions_for_every_draw():
   assert policies.TA_WIDE_OPS == tuple(reference._AUGMENTATION_SPACE)
   seen = set()
   for height, width, channels in SIZES:
-    image = _image(height, width, channels, seed=channels)
+    image = images.uint8_image(height, width, channels, seed=channels)
     for s in range(120):
       seed = tf.constant([s, 11], tf.int64)
       op, k, negate = [t.numpy() for t in policies.ta_wide_draw(seed)]
       name = policies.TA_WIDE_OPS[op]
       m = _magnitude(reference, name, policies.TA_WIDE_BINS, k, negate, height, width)
-      want = _numpy(_torch_op(reference, _torch(image), name, m))
+      want = images.to_numpy(_torch_op(reference, images.to_torch(image), name, m))
       got = _ta_wide(channels)(tf.constant(image), seed).numpy()
       _assert_close(got, want, name in GEOMETRIC, (name, int(k), bool(negate), channels, s, m))
       seen.add(name)
@@ -111,11 +100,11 @@ def test_autoaugment_is_torchvisions_for_every_draw(policy):
   assert policies.POLICIES[policy] == tuple(reference._policies)
   used = set()
   for height, width, channels in SIZES:
-    image = _image(height, width, channels, seed=channels + 5)
+    image = images.uint8_image(height, width, channels, seed=channels + 5)
     for s in range(60):
       seed = tf.constant([s, 3], tf.int64)
       index, applied, negate = [t.numpy() for t in policies.autoaugment_draw(seed, policy)]
-      img = _torch(image)
+      img = images.to_torch(image)
       names = []
       for (name, _, k), apply_op, neg in zip(policies.POLICIES[policy][index], applied, negate):
         if apply_op:
@@ -126,11 +115,11 @@ def test_autoaugment_is_torchvisions_for_every_draw(policy):
           if name in GEOMETRIC:
             # A sampling tie (test_ops.py) moves a pixel, and an op after it (Equalize's
             # histogram) may move many: go on from our op's image, checked against torch's.
-            ours = ops.apply(_numpy(before), name, m).numpy()
-            _assert_close(ours, _numpy(img), True, (policy, int(index), names, channels))
-            img = _torch(ours)
+            ours = ops.apply(images.to_numpy(before), name, m).numpy()
+            _assert_close(ours, images.to_numpy(img), True, (policy, int(index), names, channels))
+            img = images.to_torch(ours)
       got = _autoaugment(policy, channels)(tf.constant(image), seed).numpy()
-      _assert_close(got, _numpy(img), False, (policy, int(index), names, channels))
+      _assert_close(got, images.to_numpy(img), False, (policy, int(index), names, channels))
       used.update(names)
   assert len(used) >= 5
 
@@ -167,7 +156,7 @@ def test_the_draws_follow_the_definitions():
 
 
 def test_policies_are_stateless_and_apply_to_float_images():
-  image = _image(20, 24, 3, seed=9)
+  image = images.uint8_image(20, 24, 3, seed=9)
   seed = tf.constant([5, 6], tf.int64)
   for name in policies.NAMES:
     first = policies.apply(image, seed, name).numpy()

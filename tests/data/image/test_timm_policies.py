@@ -30,6 +30,7 @@ from flax_dp_trainer.data.image import timm_policies
 from flax_dp_trainer.data.image import timm_strings
 from flax_dp_trainer.runs import processes
 from tests import REPO
+from tests.data.image import images
 
 del torch  # Imported only to come before TensorFlow.
 
@@ -44,10 +45,6 @@ LEVELS = (0.0, 2.5, 5.3, 9.0, 10.0, 13.0)  # Past 10 as mmax allows.
 SIGNED = ('Rotate', 'ShearX', 'ShearY', 'TranslateXRel', 'TranslateYRel', 'TranslateX',
           'TranslateY', 'ColorIncreasing', 'ContrastIncreasing', 'BrightnessIncreasing',
           'SharpnessIncreasing')
-
-
-def _image(height, width, channels, seed=0) -> np.ndarray:
-  return np.random.default_rng(seed).integers(0, 256, (height, width, channels), np.uint8)
 
 
 def _pil(image: np.ndarray) -> Image.Image:
@@ -86,7 +83,7 @@ def test_each_op_is_timms_augment_op(size, translate_pct):
   Pillow 13 raises (Posterize with 0 or fewer bits, kept as no bits here)."""
   rows = {}
   height, width, channels = size
-  image = _image(height, width, channels, seed=channels)
+  image = images.uint8_image(height, width, channels, seed=channels)
   fill = FILLS[channels]
   for name in timm_strings.OPS:
     geometric = name in timm_strings.GEOMETRIC
@@ -227,7 +224,7 @@ def _check_policy_against_timm(text: str, seeds: int):
   policy = timm_strings.parse(text)
   ran = set()
   for height, width, channels in SIZES:
-    image = _image(height, width, channels, seed=channels + 3)
+    image = images.uint8_image(height, width, channels, seed=channels + 3)
     # create_transform's translate_pct: 0.3 for AugMix, timm's default otherwise.
     hparams = _hparams(image, 0.3 if text.startswith('augmix') else 0.45)
     for s in range(seeds):
@@ -383,7 +380,7 @@ def test_parse_says_timm_has_no_trivialaugment():
 
 
 def test_apply_is_stateless_and_checks_its_arguments():
-  image = _image(20, 22, 3, seed=4)
+  image = images.uint8_image(20, 22, 3, seed=4)
   policy = timm_strings.parse('rand-m9-mstd0.5-inc1')
   seeds = [tf.constant([s, 2], tf.int64) for s in range(6)]
   outs = [timm_policies.apply(image, seed, policy, FILLS[3]).numpy() for seed in seeds]
