@@ -10,10 +10,10 @@ and the PSNR of ours against torchvision's (inf where they are equal).
               policies.AUTOAUGMENT_SPACE, 10       v2.AutoAugment(policy)
     augmix    augmix.SPACE, 10                     v2.AugMix
 
-The magnitudes are our tables' (`policies.linspace_bin`, `posterize_bits`, `translate_pixels`,
-`augmix.magnitude_table`), handed to both sides as the same Python number. torch and
-torchvision are the ddp extra's: imported where the comparison runs. A process that imports
-them after TensorFlow keeps triton out (`base.torch_import`); a command imports them first.
+The magnitudes are our tables' (`policies.magnitude_table`, `augmix.magnitude_table`),
+handed to both sides as the same Python number. torch and torchvision are the ddp extra's:
+imported where the comparison runs. A process that imports them after TensorFlow keeps
+triton out (`base.torch_import`); a command imports them first.
 """
 
 import dataclasses
@@ -34,29 +34,23 @@ NAMES = ('ta_wide',) + tuple(policies.POLICIES) + ('augmix',)
 # Ops that move pixels: a pixel whose sampling point falls on an exact tie rounds one way in
 # TensorFlow's nearest sampling and the other in torch's, so these may differ in a few pixels.
 GEOMETRIC = frozenset({'ShearX', 'ShearY', 'TranslateX', 'TranslateY', 'Rotate'})
-# Policies' geometric ops' sampling by default (torchvision's): AugMix's is bilinear.
-DEFAULT_INTERPOLATION = {'augmix': 'bilinear'}
 
 
 @dataclasses.dataclass(frozen=True)
 class Space:
-  """A policy's ops: op -> (top, signed) in `policies.TA_WIDE_SPACE`'s format, its bins and
-  Posterize's span."""
+  """A policy's ops: op -> (top, signed) in `policies.TA_WIDE_SPACE`'s format, and its bins."""
   ops: dict
   bins: int
-  posterize_span: int
 
 
 def space(policy: str) -> Space:
   """The op space of `policy` (one of NAMES)."""
   if policy == 'ta_wide':
-    return Space(policies.TA_WIDE_SPACE, policies.TA_WIDE_BINS,
-                 policies.TA_WIDE_POSTERIZE_SPAN)
+    return Space(policies.TA_WIDE_SPACE, policies.TA_WIDE_BINS)
   if policy == 'augmix':
-    return Space(augmix.SPACE, augmix.BINS, augmix.POSTERIZE_SPAN)
+    return Space(augmix.SPACE, augmix.BINS)
   if policy in policies.POLICIES:
-    return Space(policies.AUTOAUGMENT_SPACE, policies.AUTOAUGMENT_BINS,
-                 policies.AUTOAUGMENT_POSTERIZE_SPAN)
+    return Space(policies.AUTOAUGMENT_SPACE, policies.AUTOAUGMENT_BINS)
   raise ValueError(f'policy must be one of {", ".join(NAMES)}, got {policy!r}')
 
 
@@ -74,21 +68,9 @@ def settings(policy: str, options: DataOptions, spec: specs.DatasetSpec
 def magnitude(policy: str, name: str, k: int, height: int, width: int) -> Optional[float]:
   """The value of op `name` of `policy` at bin `k` (unsigned) for a `height` x `width`
   image; None for an op without one."""
-  if policy == 'augmix':
-    table = augmix.magnitude_table(name, height, width)
-    return None if table is None else float(table[k])
-  ops_space = space(policy)
-  top, _ = ops_space.ops[name]
-  if top is None:
-    return None
-  if top == 'bits':
-    return float(policies.posterize_bits(k, ops_space.bins, ops_space.posterize_span))
-  if top == 'fraction':  # Solarize's threshold over 255: linspace(1, 0).
-    return policies.linspace_bin(0.0, k, ops_space.bins, start=1.0)
-  if top in ('width', 'height'):
-    side = width if top == 'width' else height
-    return float(policies.translate_pixels(k, side, ops_space.bins).numpy())
-  return policies.linspace_bin(top, k, ops_space.bins)
+  table = (augmix.magnitude_table(name, height, width) if policy == 'augmix' else
+           policies.magnitude_table(policy, name, height, width))
+  return None if table is None else float(table[k])
 
 
 def magnitudes(policy: str, name: str, height: int, width: int
@@ -155,10 +137,10 @@ def compare(image: np.ndarray, policy: str, interpolation: Optional[str] = None,
             fill: Optional[Sequence[float]] = None) -> list[Row]:
   """Every op of `policy`'s space on `image` (uint8 [H, W, C], C = 1 or 3), ours against
   torchvision's, at the magnitudes of `magnitudes`; `interpolation` None: the policy's
-  default (DEFAULT_INTERPOLATION, else nearest). Rows in the space's order."""
+  default (`policy_choice.torchvision_interpolation`). Rows in the space's order."""
   # pylint: disable-next=import-outside-toplevel
   import torch  # (optional dependency: the ddp extra)
-  interpolation = interpolation or DEFAULT_INTERPOLATION.get(policy, 'nearest')
+  interpolation = interpolation or policy_choice.torchvision_interpolation(policy)
   if interpolation not in ops.INTERPOLATIONS:
     raise ValueError(f'interpolation must be one of {", ".join(ops.INTERPOLATIONS)}, got '
                      f'{interpolation!r}')

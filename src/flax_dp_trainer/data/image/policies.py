@@ -167,6 +167,24 @@ def _table(top, bins: int, span: int) -> Optional[np.ndarray]:
   return np.array([linspace_bin(top, k, bins) for k in range(bins)], np.float64)
 
 
+def magnitude_table(policy: str, name: str, height: int, width: int
+                    ) -> Optional[np.ndarray]:
+  """The values of op `name` of `policy` ('ta_wide', or an AutoAugment policy) over its bins
+  for a `height` x `width` image (float64 holding torchvision's float32 values, translations
+  as `translate_pixels` gives them); None for the ops without a magnitude."""
+  if policy == 'ta_wide':
+    space, bins, span = TA_WIDE_SPACE, TA_WIDE_BINS, TA_WIDE_POSTERIZE_SPAN
+  elif policy in POLICIES:
+    space, bins, span = AUTOAUGMENT_SPACE, AUTOAUGMENT_BINS, AUTOAUGMENT_POSTERIZE_SPAN
+  else:
+    raise ValueError(f'policy must be one of {", ".join(NAMES)}, got {policy!r}')
+  top, _ = space[name]
+  if top in ('width', 'height'):
+    end = _TRANSLATE_FRACTION * (width if top == 'width' else height)
+    return np.array([linspace_bin(end, k, bins) for k in range(bins)], np.float64)
+  return _table(top, bins, span)
+
+
 def translate_pixels(k, size, bins: int):
   """AutoAugment's translation at bin `k` (a scalar tensor) for a side of `size` pixels:
   bin k of linspace(0, 150/331 * size, bins), in float32 (int(m) is the op's)."""

@@ -71,6 +71,12 @@ class Policy:
     return f'{text}, {self.interpolation}, {fill}'
 
 
+def torchvision_interpolation(name: str) -> str:
+  """The sampling of torchvision's policy `name` by default: bilinear for AugMix, else
+  nearest."""
+  return 'bilinear' if name == 'augmix' else 'nearest'
+
+
 def _interpolation(options, kind: str) -> str:
   chosen = options.auto_augment_interpolation
   if chosen:
@@ -81,7 +87,7 @@ def _interpolation(options, kind: str) -> str:
                       'NAME, or \'\' for its default)')
     return chosen
   if kind == 'torchvision':
-    return 'bilinear' if options.auto_augment == 'augmix' else 'nearest'
+    return torchvision_interpolation(options.auto_augment)
   train = options.train_interpolation or options.resize_filter
   return {'bicubic': 'bicubic', 'antialias': 'bilinear'}.get(train, 'random')
 
