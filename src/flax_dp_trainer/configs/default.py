@@ -179,6 +179,14 @@ def get_config() -> ml_collections.ConfigDict:
   # Stochastic depth (resnet*, vit*): probability of dropping the last residual block's branch
   # per example in training, rising linearly from 0 at the first block; 0 = off.
   config.stochastic_depth_rate = 0.0
+  # BatchNorm's batch statistics in training over consecutive groups of this many examples of
+  # the global batch, each normalized by its own group (PyTorch DDP without SyncBatchNorm, g =
+  # the per-GPU batch); the same on any device count. 0 = the whole global batch.
+  config.bn_group_size = 0
+  # With bn_group_size > 0, what the running statistics move with: 'first' (group 0's, as
+  # DDP's broadcast_buffers leaves rank 0's) or 'mean' (the mean of the groups', timm's
+  # --dist-bn reduce).
+  config.bn_group_stats = 'first'
   config.dtype = 'float32'  # Compute dtype: 'float32', 'bfloat16' or 'float16' (loss-scaled);
   # params and optimizer state stay float32.
 

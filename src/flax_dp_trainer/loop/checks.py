@@ -6,6 +6,7 @@ import ml_collections
 from absl import logging
 
 from flax_dp_trainer.step import losses
+from flax_dp_trainer.model import batchnorm_groups
 from flax_dp_trainer.model import blocks
 from flax_dp_trainer.model import source as model_source
 from flax_dp_trainer.step import ema as ema_lib
@@ -64,7 +65,8 @@ def apply_command_line(config, overridden) -> list[str]:
   `overridden` holds the config fields the command line set. Where both fields of a duration
   pair are set and exactly one of them came from the command line, the other is cleared
   (set to UNSET) in `config`; the returned lines say which. Where both came from the command
-  line, `check_config` refuses the pair. A field that only other optimizers read is refused.
+  line, `check_config` refuses the pair. A field that only other optimizers read is refused,
+  and so is bn_group_stats where bn_group_size is 0.
   """
   cleared = []
   for pair in DURATION_PAIRS:
@@ -75,6 +77,10 @@ def apply_command_line(config, overridden) -> list[str]:
       cleared.append(f'{mine}={config[mine]!r} is set on the command line: cleared '
                      f'{other}={config[other]!r} of the config file')
       config[other] = type(config[other])(UNSET)
+  if 'bn_group_stats' in overridden and not config.get('bn_group_size', 0):
+    raise UserError(f'bn_group_stats={config.bn_group_stats!r} has no effect with '
+                    'bn_group_size=0 (BatchNorm over the whole global batch); pass '
+                    '--config.bn_group_size=G too, or drop --config.bn_group_stats')
   for field, optimizers in OPTIMIZER_FIELDS.items():
     if field in overridden and config.optimizer not in optimizers:
       raise UserError(f'{field}={config[field]!r} has no effect with optimizer='
@@ -217,6 +223,33 @@ def check_fields(config, *, process_count: int, local_device_count: int) -> None
         f'grad_accum_steps={config.grad_accum_steps} does not divide the per-device batch '
         f'of {per_device} (batch_size={config.batch_size} over {devices} devices); pick a '
         'divisor of it (--config.grad_accum_steps=K)')
+  _check_bn_groups(config, devices)
+
+
+def _check_bn_groups(config, devices: int) -> None:
+  """BatchNorm's groups (`model.batchnorm_groups`): whole groups of the global batch, each
+  within one forward pass."""
+  size = config.get('bn_group_size', 0)
+  if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+    raise UserError(f'bn_group_size={size!r} must be a whole number >= 0: the examples of '
+                    'each BatchNorm group, 0 for the whole global batch '
+                    '(--config.bn_group_size=G)')
+  _choice('bn_group_stats', config.get('bn_group_stats', 'first'), batchnorm_groups.STATS)
+  if not size:
+    return
+  if config.batch_size % size:
+    raise UserError(f'batch_size={config.batch_size} is not a multiple of bn_group_size={size}: '
+                    'the global batch must split into whole BatchNorm groups; pick a divisor '
+                    f'of {config.batch_size} (--config.bn_group_size=G)')
+  steps = config.grad_accum_steps
+  micro = config.batch_size // devices // steps
+  if steps > 1 and micro % size:
+    # A pass holds micro consecutive rows of each device: a group must lie in one of them.
+    raise UserError(f'bn_group_size={size} does not fit the per-device micro-batch of {micro} '
+                    f'(batch_size={config.batch_size} over {devices} devices in '
+                    f'grad_accum_steps={steps}): a BatchNorm group must lie within one '
+                    'forward pass; pick a divisor of it (--config.bn_group_size=G) or '
+                    '--config.grad_accum_steps=1')
 
 
 def _check_ema(config) -> None:

@@ -19,6 +19,7 @@ from flax_dp_trainer.data import options as data_options_lib
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.loop import durations
 from flax_dp_trainer.model import adapter
+from flax_dp_trainer.model import batchnorm_groups
 from flax_dp_trainer.model import blocks
 from flax_dp_trainer.model import modeling
 from flax_dp_trainer.step import ema as ema_lib
@@ -190,7 +191,15 @@ def step_options(config, ds_spec: specs.DatasetSpec, loss: Optional[losses.Loss]
       ema=ema_options(config, steps_per_epoch), skip_nonfinite=config.skip_nonfinite_steps,
       normalization=steps.Normalization.of(ds_spec, config.dtype), mix=mix_options(config),
       remat=config.remat, loss=loss if loss is not None else losses.get(config.loss),
-      frozen=config.frozen, frozen_batch_stats=config.frozen_batch_stats)
+      frozen=config.frozen, frozen_batch_stats=config.frozen_batch_stats,
+      bn_groups=bn_groups(config))
+
+
+def bn_groups(config) -> batchnorm_groups.BatchNormGroups:
+  """BatchNorm's statistics in training (`model.batchnorm_groups`); a config without the
+  fields (an older checkpoint's) takes the global batch's."""
+  return batchnorm_groups.BatchNormGroups(config.get('bn_group_size', 0),
+                                          config.get('bn_group_stats', 'first'))
 
 
 def init_from_options(config) -> Optional[init_from_lib.InitFrom]:

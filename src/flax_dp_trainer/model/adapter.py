@@ -22,6 +22,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from flax_dp_trainer.model import batchnorm_groups
 from flax_dp_trainer.model import intercept
 from flax_dp_trainer.model import nnx_layers
 from flax_dp_trainer.model import outputs
@@ -75,41 +76,46 @@ class Model:
 
   def apply(self, variables, images: jax.Array, *, train: bool,
             example_ids: Optional[jax.Array] = None, rngs: Optional[dict] = None,
-            mutable=False, notes: Optional[intercept.Notes] = None, whole: bool = False):
+            mutable=False, notes: Optional[intercept.Notes] = None, whole: bool = False,
+            bn_groups: Optional[batchnorm_groups.BatchNormGroups] = None):
     """Logits of `images` (and the updated collections where `mutable`); in training,
     `rngs['dropout']` keys the draws and `example_ids` (default: the rows of `images`) name
-    each example's row of the global batch. `whole`: all the module returns, not only its
-    logits."""
-    out = self._apply(variables, images, train, example_ids, rngs, mutable, notes)
+    each example's row of the global batch, and `bn_groups` (active) has BatchNorm compute its
+    statistics over groups of the global batch (`batchnorm_groups`; else over all of it).
+    `whole`: all the module returns, not only its logits."""
+    out = self._apply(variables, images, train, example_ids, rngs, mutable, notes, bn_groups)
     if whole:
       return out
     if mutable:
       return outputs.logits(out[0], self.logits_key), out[1]
     return outputs.logits(out, self.logits_key)
 
-  def _apply(self, variables, images, train, example_ids, rngs, mutable, notes):
+  def _apply(self, variables, images, train, example_ids, rngs, mutable, notes, bn_groups):
     if self.eval_module is not None:
-      return self._apply_nnx(variables, images, train, example_ids, rngs, mutable)
+      return self._apply_nnx(variables, images, train, example_ids, rngs, mutable, bn_groups)
     if not train:
       return self.module.apply(variables, images, train=False, mutable=mutable)
     ids = layers.example_ids_or_rows(images, example_ids)
     extra = {'example_ids': ids} if self.takes_example_ids else {}
-    interceptor = functools.partial(intercept.intercept, ids=ids, notes=notes)
+    interceptor = functools.partial(intercept.intercept, ids=ids, notes=notes,
+                                    bn_groups=bn_groups)
     with nn.intercept_methods(interceptor):
       return self.module.apply(variables, images, train=True, rngs=streams(rngs),
                                mutable=mutable, **extra)
 
-  def _apply_nnx(self, variables, images, train, example_ids, rngs, mutable):
+  def _apply_nnx(self, variables, images, train, example_ids, rngs, mutable, bn_groups):
     ids = layers.example_ids_or_rows(images, example_ids)
     extra = self._nnx_arguments(train, ids)
     if not train:
       return self.eval_module.apply(variables, images, mutable=mutable, **extra)
     token = nnx_layers.EXAMPLE_IDS.set(ids)
+    groups_token = nnx_layers.BN_GROUPS.set(bn_groups)
     try:
       with intercept.trainer_request():  # The bridge asks for a key of every stream.
         return self.module.apply(variables, images, rngs=streams(rngs), mutable=mutable,
                                  **extra)
     finally:
+      nnx_layers.BN_GROUPS.reset(groups_token)
       nnx_layers.EXAMPLE_IDS.reset(token)
 
 

@@ -8,7 +8,9 @@ anywhere):
     depend on how the batch is split over devices or processes (a `broadcast_dims` that
     holds axis 0 shares one mask over the global batch, as on one device);
   * `nn.BatchNorm` (no `axis_name`, or another one) runs as a clone of itself on the same
-    variables with the device axis as `axis_name`: its statistics are of the global batch.
+    variables with the device axis as `axis_name`: its statistics are of the global batch;
+    with `BatchNormGroups` (config.bn_group_size), of consecutive groups of the global batch
+    (`batchnorm_groups`), on the same variables too.
 
 What cannot be keyed per example is collected in `Notes` while the probe traces.
 """
@@ -23,6 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax.core import scope as scope_lib
 
+from flax_dp_trainer.model import batchnorm_groups
 from flax_dp_trainer.parallel.layouts import AXIS_NAME
 from flax_dp_trainer.zoo import layers
 
@@ -108,12 +111,18 @@ def own_rng_requests(notes: Notes):
     scope_lib.Scope.make_rng = original
 
 
-def intercept(next_fun, args, kwargs, context, *, ids: jax.Array, notes: Optional[Notes]):
-  """The training apply's interceptor of `nn.Dropout` and `nn.BatchNorm` (module docstring)."""
+def intercept(next_fun, args, kwargs, context, *, ids: jax.Array, notes: Optional[Notes],
+              bn_groups: Optional[batchnorm_groups.BatchNormGroups] = None):
+  """The training apply's interceptor of `nn.Dropout` and `nn.BatchNorm` (module docstring);
+  `bn_groups` (active): BatchNorm's statistics over groups of the global batch."""
   module = context.module
   if context.method_name != '__call__':
     return next_fun(*args, **kwargs)
   if isinstance(module, nn.BatchNorm) and type(module).__call__ is nn.BatchNorm.__call__:
+    if bn_groups is not None and bn_groups.active and not module.is_initializing():
+      grouped = _grouped_batchnorm(module, args, kwargs, ids, bn_groups)
+      if grouped is not None:
+        return grouped
     if module.axis_name == AXIS_NAME:
       return next_fun(*args, **kwargs)
     if module.axis_name is not None and notes is not None:
@@ -124,6 +133,22 @@ def intercept(next_fun, args, kwargs, context, *, ids: jax.Array, notes: Optiona
   if isinstance(module, nn.Dropout) and type(module).__call__ is nn.Dropout.__call__:
     return _dropout(next_fun, module, args, kwargs, ids, notes)
   return next_fun(*args, **kwargs)
+
+
+def _grouped_batchnorm(module: nn.BatchNorm, args, kwargs, ids: jax.Array,
+                       bn_groups: batchnorm_groups.BatchNormGroups) -> Optional[jax.Array]:
+  """`nn.BatchNorm.__call__` of `module` with its batch statistics over `bn_groups`; None
+  where it uses its running averages (nothing to group)."""
+  bound = inspect.signature(nn.BatchNorm.__call__).bind(module, *args, **kwargs)
+  bound.apply_defaults()
+  arguments = dict(bound.arguments)
+  if nn.merge_param('use_running_average', module.use_running_average,
+                    arguments.pop('use_running_average')):
+    return None
+  x = arguments.pop('x')
+  batchnorm_groups.check_rows(x, ids.shape[0], f"nn.BatchNorm at {'/'.join(module.scope.path)}",
+                              bn_groups)
+  return batchnorm_groups.linen_call(module, bn_groups, x, mask=arguments.get('mask'))
 
 
 def _dropout(next_fun, module: nn.Dropout, args, kwargs, ids: jax.Array,

@@ -30,6 +30,7 @@ from flax_dp_trainer.step.metrics import TrainMetrics
 from flax_dp_trainer.parallel import fsdp
 from flax_dp_trainer.parallel.layouts import AXIS_NAME
 from flax_dp_trainer.step.state import TrainState
+from flax_dp_trainer.model import batchnorm_groups
 from flax_dp_trainer.model import tracing
 
 
@@ -77,6 +78,9 @@ class StepOptions:
   frozen: str = ''  # A regex of params not trained (`param_groups`): no gradient flows.
   # The model trains in evaluation mode (BatchNorm's running statistics used and kept).
   frozen_batch_stats: bool = False
+  # BatchNorm's training statistics over consecutive groups of the global batch (each forward
+  # pass's rows, in order); inactive: over all of it.
+  bn_groups: batchnorm_groups.BatchNormGroups = batchnorm_groups.BatchNormGroups()
 
 
 def example_losses(logits: jax.Array, labels: jax.Array, label_smoothing: float = 0.0,
@@ -122,6 +126,8 @@ def _loss_fn(state: TrainState, options: StepOptions,
   run, the other layers' are gathered first."""
   has_batch_stats = state.batch_stats is not None
   updates_stats = has_batch_stats and not options.frozen_batch_stats
+  # Only where set: an `apply_fn` of the state need not take it otherwise.
+  grouping = {'bn_groups': options.bn_groups} if options.bn_groups.active else {}
 
   def loss_fn(params, batch_stats, batch, rng):
     if options.frozen:  # No gradient reaches them: the backward pass stops there.
@@ -135,7 +141,7 @@ def _loss_fn(state: TrainState, options: StepOptions,
     with tracing.tracing(options.remat, how):
       out = state.apply_fn(variables, batch['image'], train=not options.frozen_batch_stats,
                            example_ids=batch[EXAMPLE_ID_KEY], rngs={'dropout': rng},
-                           mutable=['batch_stats'] if updates_stats else False)
+                           mutable=['batch_stats'] if updates_stats else False, **grouping)
     logits, new_batch_stats = (out[0], out[1]['batch_stats']) if updates_stats else (
         out, batch_stats)
     loss = jnp.mean(example_losses(logits, batch['label'], options.label_smoothing,
@@ -280,6 +286,16 @@ def step_gradients(state: TrainState, batch: dict, rng: jax.Array, *,
   accuracy = jnp.mean(jnp.argmax(result.logits, axis=-1) == batch['label'])
   loss, accuracy = lax.pmean((result.loss, accuracy), AXIS_NAME)
   return StepGradients(result.grads, result.batch_stats, loss, accuracy, dynamic_scale, finite)
+
+
+def inputs_and_gradients(state: TrainState, batch: dict, rng: jax.Array, *,
+                         options: StepOptions = StepOptions()) -> tuple[dict, Gradients]:
+  """What `step_gradients` computes on its plain path (no loss scaling, no accumulation, no
+  FSDP), with what it leaves out: the model's inputs (normalized and mixed) and its logits;
+  the gradients averaged over the devices. The recipe check's view of one step."""
+  rng = jax.random.fold_in(rng, state.step)
+  inputs = model_inputs(batch, options, rng)
+  return inputs, plain_gradients(_loss_fn(state, options), state, inputs, rng)
 
 
 def apply_gradients(state: TrainState, result: StepGradients, *,
