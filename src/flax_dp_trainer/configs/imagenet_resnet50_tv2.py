@@ -33,7 +33,9 @@ Each flag, and each of the script's defaults the command leaves, as the field th
   --cutmix-alpha 1.0                 cutmix_alpha=1.0; the script picks one of the two per
                                      batch, half and half, every batch: mix_prob=1.0,
                                      mix_switch_prob=0.5
-  --auto-augment ta_wide             auto_augment='ta_wide' (nearest, zero fill: its defaults)
+  --auto-augment ta_wide             auto_augment='ta_wide', zero fill, its geometric ops
+                                     bilinear (auto_augment_interpolation: the script hands
+                                     --interpolation to the policy)
   --random-erase 0.1                 random_erase_prob=0.1 (torchvision's RandomErasing)
   --train-crop-size 176              train_crop_size=176
   --val-resize-size 232              eval_resize_size=232
@@ -74,6 +76,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval_crop_size = 224
   config.resize_filter = 'antialias'
   config.auto_augment = 'ta_wide'
+  config.auto_augment_interpolation = 'bilinear'
   config.random_erase_prob = 0.1
   config.mixup_alpha = 0.2
   config.cutmix_alpha = 1.0
