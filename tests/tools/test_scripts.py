@@ -30,7 +30,8 @@ def test_tools_are_modules_that_leave_the_path_and_the_flags_alone():
   """Each tool runs as `python -m flax_dp_trainer.tools.NAME`: none edits sys.path, and
   importing one (as the tests and the other tools do) defines no command-line flag."""
   assert set(TOOLS) == {'port_check', 'compare', 'export', 'benchmark', 'bench_sharding',
-                        'bench_file_check', 'show_metrics', 'convert', 'goodput', 'show_batch'}
+                        'bench_file_check', 'show_metrics', 'convert', 'goodput', 'show_batch',
+                        'recipe'}
   for name in TOOLS:
     with open(os.path.join(TOOLS_DIR, f'{name}.py'), encoding='utf-8') as f:
       assert 'sys.path' not in f.read(), name
@@ -140,6 +141,8 @@ HELP_FLAGS = {
     'dp-convert': ['--dataset', '--out', '--file_format'],
     'dp-goodput': ['--workdir'],
     'dp-show-batch': ['--config', '--out', '--num', '--[no]overwrite', '--compare', '--policy'],
+    'dp-recipe': ['--config', '--from', '--nproc_per_node', '--model_map', '--out', '--[no]check',
+                  '--steps', '--plot'],
 }
 
 

@@ -1,0 +1,162 @@
+"""The recipe check: torchvision's script built from its command line against the translated
+config's JAX run, stage by stage (`flax_dp_trainer.recipe.check`), and its parts."""
+
+import argparse
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+
+from flax_dp_trainer.recipe import stages
+from flax_dp_trainer.recipe import torchvision_args
+from flax_dp_trainer.recipe import torchvision_side
+
+
+def _args(*extra: str, data_path: str = '/nowhere') -> argparse.Namespace:
+  return torchvision_args.parse(['--data-path', data_path, *extra])
+
+
+def test_parameter_groups_follow_the_script_rule():
+  model = torchvision.models.resnet18(num_classes=4)
+  groups = torchvision_side._weight_decay_groups(  # pylint: disable=protected-access
+      model, _args('--weight-decay', '2e-5', '--norm-weight-decay', '0.0'))
+  norm, other = torchvision.ops._utils.split_normalization_params(model)  # pylint: disable=protected-access
+  by_decay = {g['weight_decay']: {id(p) for p in g['params']} for g in groups}
+  assert by_decay == {2e-5: {id(p) for p in other}, 0.0: {id(p) for p in norm}}
+  biased = torchvision_side._weight_decay_groups(  # pylint: disable=protected-access
+      model, _args('--weight-decay', '1e-4', '--bias-weight-decay', '0.0'))
+  names = {id(p): n for n, p in model.named_parameters()}
+  spared = {names[id(p)] for g in biased if g['weight_decay'] == 0.0 for p in g['params']}
+  # The custom key 'bias' matches a parameter named bias (BatchNorm's among them), no other.
+  assert spared == {n for n in names.values() if n.endswith('.bias')}
+
+
+def test_learning_rates_step_once_an_epoch(tmp_path):
+  for c in range(2):
+    os.makedirs(tmp_path / 'train' / f'c{c}')
+    for i in range(8):
+      (tmp_path / 'train' / f'c{c}' / f'{i}.png').write_bytes(b'')
+  args = _args('--lr', '0.4', '--epochs', '5', '--lr-warmup-epochs', '2', '--lr-warmup-decay',
+               '0.1', '--lr-warmup-method', 'linear', '--lr-scheduler', 'cosineannealinglr',
+               '--batch-size', '2', data_path=str(tmp_path))
+  side = torchvision_side.TorchvisionSide(args, world_size=2)
+  assert side.iterations == 4  # 16 images, 8 a rank, 2 an iteration.
+  rates = side.learning_rates_at([0, 3, 4, 7, 8, 12, 19])
+  name = next(iter(rates[0]))
+  got = {step: rates[step][name] for step in rates}
+  # LinearLR from 0.1 over 2 epochs, then cosine over the 3 left; constant within an epoch.
+  warm = lambda e: 0.4 * (0.1 + 0.9 * e / 2)
+  cosine = lambda e: 0.4 * (1 + math.cos(math.pi * e / 3)) / 2
+  want = {0: warm(0), 3: warm(0), 4: warm(1), 7: warm(1), 8: cosine(0), 12: cosine(1),
+          19: cosine(2)}
+  assert got == pytest.approx(want, rel=1e-6)
+
+
+def test_steps_per_epoch_of_the_samplers():
+  assert torchvision_side.steps_per_epoch(1000, 8, 32) == 4  # ceil(ceil(1000/8) / 32)
+  assert torchvision_side.steps_per_epoch(1000, 8, 32, ra_sampler=True) == 3  # 768/8 = 96 a rank
+  assert torchvision_side.steps_per_epoch(255, 2, 8, ra_sampler=True) == 0
+
+
+def test_against_rounding_measures_the_distance_from_float64():
+  exact = {'w': np.array([1.0, -2.0, 3.0])}
+  script = {'w': exact['w'] + np.array([1e-5, 0.0, -1e-5])}
+  near = stages.against_rounding('g', {'w': exact['w'] + 2e-5}, script, exact, str, ['w'])
+  assert near.difference == pytest.approx(2.0) and not near.parts
+  far = stages.against_rounding('g', {'w': exact['w'] * (1 + 1e-4)}, script, exact,
+                                lambda where: f'{where} differs', ['w'])
+  assert far.parts and far.cause == 'w differs' and far.where == 'w'
+  # A tensor the float32 run reproduces exactly is judged against a few ulps of the stage.
+  same = stages.against_rounding('g', {'w': exact['w'] + 1e-9}, exact, exact, str, ['w'])
+  assert not same.parts
+
+
+def _folder(root, count: int, size: int = 32) -> str:
+  rng = np.random.default_rng(0)
+  from PIL import Image  # pylint: disable=import-outside-toplevel  # (the slow test's only)
+  for split, n in (('train', count), ('val', 8)):
+    for c in range(4):
+      folder = os.path.join(root, split, f'c{c}')
+      os.makedirs(folder)
+      for i in range(n // 4):
+        small = rng.integers(0, 256, (6, 6, 3)).astype(np.uint8)
+        Image.fromarray(small).resize((size, size), Image.BILINEAR).save(
+            os.path.join(folder, f'{i}.jpg'), quality=90)
+  return str(root)
+
+
+TV2_SMALL = ['--model', 'resnet18', '--batch-size', '8', '--lr', '0.5', '--lr-scheduler',
+             'cosineannealinglr', '--lr-warmup-epochs', '1', '--lr-warmup-method', 'linear',
+             '--auto-augment', 'ta_wide', '--epochs', '4', '--random-erase', '0.1',
+             '--weight-decay', '0.00002', '--norm-weight-decay', '0.0', '--label-smoothing',
+             '0.1', '--mixup-alpha', '0.2', '--cutmix-alpha', '1.0', '--train-crop-size', '24',
+             '--model-ema', '--val-resize-size', '32', '--val-crop-size', '28',
+             '--model-ema-steps', '2']
+
+
+@pytest.mark.slow
+def test_the_scaled_down_tv2_recipe_checks_the_same_and_each_change_is_named(tmp_path):
+  # pylint: disable=import-outside-toplevel  # (jax, TensorFlow: the slow test's only)
+  from flax_dp_trainer.recipe import check
+  from flax_dp_trainer.recipe import from_torchvision
+  from flax_dp_trainer.tools import recipe as tool
+  data = _folder(tmp_path / 'data', 64)
+  argv = TV2_SMALL + ['--data-path', data]
+  translation = from_torchvision.translate(argv, 2)
+  assert translation.exit_code == 0, translation.table()
+  args = torchvision_args.parse(argv)
+  config = tool.config_of(translation)
+  # 64 images, 16 a step: 4 steps an epoch, the warm-up (and the EMA's copying) the first 4.
+  report = check.run(args, config, str(tmp_path / 'same'), 2, 6, str(tmp_path / 'steps.png'))
+  assert report.same, '\n'.join(report.lines())
+  assert os.path.getsize(tmp_path / 'steps.png') > 0
+  names = [s.name for s in report.largest()]
+  assert names == ['learning rate', 'inputs (normalized, mixed)', 'BatchNorm statistics',
+                   'logits', 'loss on the same logits', 'gradients', 'clipped gradients',
+                   'updates', 'new parameters', 'EMA']
+  assert [r['lr'][0] for r in report.steps] == pytest.approx(
+      [r['lr'][1] for r in report.steps], rel=1e-6)
+  assert report.steps[4]['lr'][0] == pytest.approx(0.5)  # The first step after the warm-up.
+
+  def first(field, value):
+    changed = tool.config_of(translation)
+    changed.unlock()
+    changed[field] = value
+    changed.lock()
+    found = check.run(args, changed, str(tmp_path / field), 2, 1)
+    assert not found.same
+    return found.first
+
+  step, stage = first('decay_all_params', False)
+  assert (step, stage.name, stage.where) == (0, 'weight decay', 'fc.bias')
+  assert '--config.decay_all_params=True' in stage.cause
+  step, stage = first('lr_schedule_unit', 'step')
+  assert (step, stage.name) == (0, 'learning rates')
+  assert '--config.lr_schedule_unit=epoch' in stage.cause
+  step, stage = first('bn_group_size', 0)
+  assert (step, stage.name) == (1, 'BatchNorm statistics')
+  assert '--config.bn_group_size=8 --config.bn_group_stats=first' in stage.cause
+
+
+def test_the_tool_refuses_bad_input_in_one_line(tmp_path):
+  import subprocess  # pylint: disable=import-outside-toplevel  # (this test's only)
+  import sys  # pylint: disable=import-outside-toplevel  # (as above)
+  run = lambda *argv: subprocess.run(
+      [sys.executable, '-m', 'flax_dp_trainer.tools.recipe', *argv], capture_output=True,
+      text=True, timeout=120, check=False)
+  for argv, said in (
+      (['--from=keras', '--', '--lr', '0.1'], "--from='keras'"),
+      (['--from=torchvision', '--', '--learning-rate', '0.1'], '--learning-rate'),
+      (['--from=torchvision', '--', '--model', 'convnext_tiny'], '--model_map'),
+      (['--from=timm', '--', '--model', 'deit_small_patch16_224'], '--model_map')):
+    done = run(*argv)
+    assert done.returncode == 2, (argv, done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and said in lines[0], (argv, done.stderr)
+  out = tmp_path / 'taken.py'
+  out.write_text('mine')
+  done = run('--from=torchvision', f'--out={out}', '--', '--lr', '0.1')
+  assert done.returncode == 2 and 'exists' in done.stderr and out.read_text() == 'mine'
