@@ -136,6 +136,11 @@ def _main(script_args: list[str]) -> int:
   config = (checks.command_line_config(FLAGS['config']) if FLAGS['config'].value is not None
             else config_of(translation))
   checks.check_config(config, process_count=1, local_device_count=1)
+  if config.torch_model:
+    raise UserError(f'--check starts the script\'s model from the JAX init for the models '
+                    f'with a twin here (resnet18/34/50/101, vit_b_16); model={config.model!r} '
+                    f'is a port of {config.torch_model!r}: check the port itself with '
+                    'python -m flax_dp_trainer.tools.port_check, then train without --check')
   from flax_dp_trainer.recipe import check  # (as above)
   from flax_dp_trainer.recipe import torchvision_args  # (as above)
   args = torchvision_args.parse(script_args)
