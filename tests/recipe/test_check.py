@@ -7,7 +7,6 @@ import os
 
 import numpy as np
 import pytest
-import torch
 import torchvision
 
 from flax_dp_trainer.recipe import stages
@@ -61,6 +60,20 @@ def test_steps_per_epoch_of_the_samplers():
   assert torchvision_side.steps_per_epoch(255, 2, 8, ra_sampler=True) == 0
 
 
+def test_timm_learning_rate_rule_and_epoch_length():
+  # pylint: disable=import-outside-toplevel  # (timm, only here)
+  from flax_dp_trainer.recipe import timm_args
+  from flax_dp_trainer.recipe import timm_side
+  args = timm_args.parse(['--model', 'resnet50', '--opt', 'adamw', '--batch-size', '64'])
+  assert timm_side.learning_rate(args, 8) == pytest.approx(0.1 * (64 * 8 / 256) ** 0.5)
+  sgd = timm_args.parse(['--model', 'resnet50', '--opt', 'sgd', '--batch-size', '64'])
+  assert timm_side.learning_rate(sgd, 8) == pytest.approx(0.1 * 64 * 8 / 256)
+  given = timm_args.parse(['--model', 'resnet50', '--lr', '0.3'])
+  assert timm_side.learning_rate(given, 8) == 0.3
+  assert timm_side.iterations_per_epoch(1000, 8, 32, aug_repeats=0) == 3  # 125 a rank
+  assert timm_side.iterations_per_epoch(1000, 8, 32, aug_repeats=3) == 3  # 96 a rank
+
+
 def test_against_rounding_measures_the_distance_from_float64():
   exact = {'w': np.array([1.0, -2.0, 3.0])}
   script = {'w': exact['w'] + np.array([1e-5, 0.0, -1e-5])}
@@ -110,7 +123,7 @@ def test_the_scaled_down_tv2_recipe_checks_the_same_and_each_change_is_named(tmp
   args = torchvision_args.parse(argv)
   config = tool.config_of(translation)
   # 64 images, 16 a step: 4 steps an epoch, the warm-up (and the EMA's copying) the first 4.
-  report = check.run(args, config, str(tmp_path / 'same'), 2, 6, str(tmp_path / 'steps.png'))
+  report = check.run('torchvision', args, config, str(tmp_path / 'same'), 2, 6, str(tmp_path / 'steps.png'))
   assert report.same, '\n'.join(report.lines())
   assert os.path.getsize(tmp_path / 'steps.png') > 0
   names = [s.name for s in report.largest()]
@@ -126,7 +139,7 @@ def test_the_scaled_down_tv2_recipe_checks_the_same_and_each_change_is_named(tmp
     changed.unlock()
     changed[field] = value
     changed.lock()
-    found = check.run(args, changed, str(tmp_path / field), 2, 1)
+    found = check.run('torchvision', args, changed, str(tmp_path / field), 2, 1)
     assert not found.same
     return found.first
 
@@ -139,6 +152,32 @@ def test_the_scaled_down_tv2_recipe_checks_the_same_and_each_change_is_named(tmp
   step, stage = first('bn_group_size', 0)
   assert (step, stage.name) == (1, 'BatchNorm statistics')
   assert '--config.bn_group_size=8 --config.bn_group_stats=first' in stage.cause
+
+
+@pytest.mark.slow
+def test_timms_deit_command_checks_the_same(tmp_path):
+  # pylint: disable=import-outside-toplevel  # (jax, TensorFlow, timm: the slow test's only)
+  from flax_dp_trainer.recipe import check
+  from flax_dp_trainer.recipe import from_timm
+  from flax_dp_trainer.recipe import timm_args
+  from flax_dp_trainer.tools import recipe as tool
+  data = _folder(tmp_path / 'data', 64)
+  argv = ['--model', 'deit_small_patch16_224', '--opt', 'adamw', '--weight-decay', '0.05',
+          '--sched', 'cosine', '--aa', 'rand-m9-mstd0.5-inc1', '--mixup', '0.8', '--cutmix',
+          '1.0', '--reprob', '0.25', '--drop-path', '0.1', '--smoothing', '0.1',
+          '--batch-size', '8', '--epochs', '4', '--warmup-epochs', '1', '--img-size', '32',
+          '--num-classes', '4', '--data-dir', data]
+  translation = from_timm.translate(argv, 2, {'deit_small_patch16_224': 'vit_s16'})
+  assert translation.exit_code == 0, translation.table()
+  report = check.run('timm', timm_args.parse(argv), tool.config_of(translation),
+                     str(tmp_path / 'run'), 2, 5)
+  assert report.same, '\n'.join(report.lines())
+  # 64 images, 16 a step, drop_last: 4 updates an epoch; the warm-up's epoch at --warmup-lr,
+  # then the cosine of the 4 epochs (the warm-up inside them) at epoch 1, of 0.1 x sqrt(16/256).
+  after = 0.025 * 0.5 * (1 + math.cos(math.pi * 1 / 4))
+  assert [r['lr'][1] for r in report.steps] == pytest.approx([1e-5] * 4 + [after], rel=1e-6)
+  assert [r['lr'][0] for r in report.steps] == pytest.approx([1e-5] * 4 + [after], rel=1e-6)
+  assert any('drop-path: --drop-path 0.1' in line for line in report.drawn)
 
 
 def test_the_tool_refuses_bad_input_in_one_line(tmp_path):

@@ -2,7 +2,8 @@
 the check that both train alike: each script's arguments as its own parser reads them
 (`torchvision_args`, `timm_args`), their translation into config fields (`from_torchvision`,
 `from_timm`; the table and the config file: `translation`), the PyTorch side built from the
-same arguments as the script builds it (`torchvision_side`), the JAX side as training sets it
+same arguments as the script builds it (`torchvision_side`, `timm_side`; one DDP iteration
+in one process: `script_side`), the JAX side as training sets it
 up (`jax_side`), the stages of one step compared (`stages`), and the check's run and verdict
 (`check`). Imports `loop`, `checkpoint`, `step`, `model`, `parallel`, `data`, `port`, `base`,
 `zoo`, `configs`; used by `tools.recipe`."""

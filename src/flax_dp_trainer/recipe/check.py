@@ -1,20 +1,24 @@
 """The recipe check: the translated config's JAX run and the script's PyTorch training, built
 from the same command line by two roads, started from the same weights on the same global
-batches (ours, augmented) with the same mixing (ours, handed over), in float32. The first
-step is compared stage by stage in the order a step computes them; then N steps of both,
-side by side; the verdict names the first stage, and step, where they part.
+batches (ours, augmented) with the same mixing (ours, handed over), in float32, dropout and
+drop-path off (compared as settings). The verdict names the first setting, or step and
+stage, where they part.
 
-Settings compared without numbers: the learning rate of every parameter at the first step,
-the end of the warm-up, the middle and the end of the schedule; each parameter's weight
-decay; the EMA's decay and cadence. Then the first step's values: the model's input
-(normalized, mixed), BatchNorm's running statistics (torch's unbiased update turned into
-the biased one flax keeps), the logits, the loss on the same logits, the gradients, the
-clipped gradients, each parameter's update, the new parameters, the EMA."""
+The settings: the learning rate of every parameter at the first step, the end of the
+warm-up, the middle and the end of the schedule; each parameter's weight decay; the EMA's
+decay and cadence. Then every step, both sides started from the JAX side's state (teacher
+forcing), stage by stage in the order a step computes them: the learning rates, the model's
+input (normalized, mixed), BatchNorm's running statistics (torch's unbiased update turned
+into the biased one flax keeps), the logits, the loss on the same logits, the gradients
+(against the script's step in float64: float32 rounding's own measure), then, each from the
+JAX side's previous stage through the float64 side, the clipped gradients, each parameter's
+update, the new parameters and the EMA."""
 
 import dataclasses
 import os
 from typing import Optional
 
+import ml_collections
 import numpy as np
 import torch
 
@@ -111,14 +115,13 @@ def _keyed(rates: dict[int, dict[str, float]]) -> dict[str, float]:
           for name, r in named.items()}
 
 
-def _torch_inputs(batch: dict, how, num_classes: int):
+def _torch_inputs(side, batch: dict, how):
   """The global batch as the script's transforms and its Mixup/CutMix leave it, with our
-  pairs (row r with B-1-r), weight and box: (inputs NCHW, soft targets)."""
-  x = torchvision_side.TorchvisionSide.normalize(batch['image'])
+  pairs (row r with B-1-r), weight and box: (inputs NCHW, the script's targets)."""
+  x = side.normalize(batch['image'])
   labels = torch.from_numpy(np.asarray(batch['label'], np.int64))
-  one_hot = lambda y: torch.nn.functional.one_hot(y, num_classes).float()
   if how is None:
-    return x, one_hot(labels)
+    return x, side.targets(labels, 1.0)
   partner = x.flip(0)
   if bool(how.cutmix):
     top, bottom, left, right = (int(v) for v in how.box)
@@ -126,8 +129,7 @@ def _torch_inputs(batch: dict, how, num_classes: int):
     x[:, :, top:bottom, left:right] = partner[:, :, top:bottom, left:right]
   else:
     x = float(how.lam) * x + (1.0 - float(how.lam)) * partner
-  lam = float(how.lam)
-  return x, lam * one_hot(labels) + (1.0 - lam) * one_hot(labels.flip(0))
+  return x, side.targets(labels, float(how.lam))
 
 
 def _biased(torch_after: dict, before: dict, counts: dict) -> dict:
@@ -144,46 +146,60 @@ def _biased(torch_after: dict, before: dict, counts: dict) -> dict:
   return out
 
 
+# Each script's flags that the causes name.
+FLAGS = {
+    'torchvision': dict(script='torchvision\'s script', smoothing='--label-smoothing',
+                        clip='--clip-grad-norm', schedule='--lr-scheduler',
+                        unit='the script steps its scheduler once an epoch'),
+    'timm': dict(script='timm\'s train.py', smoothing='--smoothing', clip='--clip-grad',
+                 schedule='--sched', unit='timm steps its scheduler once an epoch unless '
+                 '--sched-on-updates'),
+}
+
+
 class Causes:
   """What each stage's difference means, in the config's fields and the script's flags."""
 
-  def __init__(self, config, args, torch_side: torchvision_side.TorchvisionSide,
-               jax_decays: dict, torch_decays: dict, flag_of_group: dict):
-    self.config, self.args, self.torch_side = config, args, torch_side
-    self.jax_decays, self.torch_decays, self.flag_of_group = (jax_decays, torch_decays,
-                                                              flag_of_group)
+  def __init__(self, script: str, config, args, side, jax_decays: dict, torch_decays: dict):
+    self.script, self.flags = script, FLAGS[script]
+    self.config, self.args, self.side = config, args, side
+    self.jax_decays, self.torch_decays = jax_decays, torch_decays
 
   def learning_rate(self, where: str, mine: Optional[dict] = None,
                     theirs: Optional[dict] = None) -> str:
     c, a = self.config, self.args
+    on_updates = self.script == 'timm' and a.sched_on_updates
     hint = []
-    if c.lr_schedule_unit != 'epoch':
-      hint.append('--config.lr_schedule_unit=epoch (the script steps its scheduler once an '
-                  'epoch)')
-    if not c.warmup_prefix:
-      hint.append('--config.warmup_prefix=True (its SequentialLR starts the decay after the '
-                  'warm-up)')
-    hint = hint or [f'compare --config.learning_rate={c.learning_rate}, lr_schedule='
-                    f'{c.lr_schedule!r}, warmup_epochs, warmup_start_factor with --lr {a.lr}, '
-                    f'--lr-scheduler {a.lr_scheduler}, --lr-warmup-epochs '
-                    f'{a.lr_warmup_epochs}, --lr-warmup-decay {a.lr_warmup_decay}']
+    if c.lr_schedule_unit != ('step' if on_updates else 'epoch'):
+      hint.append(f'--config.lr_schedule_unit={"step" if on_updates else "epoch"} '
+                  f'({self.flags["unit"]})')
+    hint = hint or [f'compare --config.learning_rate={c.learning_rate:g}, lr_schedule='
+                    f'{c.lr_schedule!r}, warmup_epochs={c.warmup_epochs:g}, warmup_prefix='
+                    f'{c.warmup_prefix}, the warm-up\'s start and min_learning_rate with '
+                    f'{self.flags["schedule"]} and its flags (the translation\'s table)']
     values = (f' ({mine[where]:.6g} here, {theirs[where]:.6g} in the script)'
               if mine and theirs and where in mine and where in theirs else '')
     return f'the learning rate of {where} differs{values}: set ' + '; '.join(hint)
 
   def weight_decay(self, where: str) -> str:
     mine, theirs = self.jax_decays[where], self.torch_decays[where]
-    flag = self.flag_of_group.get(where, '--weight-decay')
-    one_dim = self.torch_side.model.get_parameter(where).ndim <= 1
+    a = self.args
+    one_dim = self.side.model.get_parameter(where).ndim <= 1
+    norm = self.script == 'torchvision' and a.norm_weight_decay is not None and \
+        theirs == a.norm_weight_decay and one_dim and theirs != a.weight_decay
+    flag = '--norm-weight-decay' if norm else '--weight-decay'
     if theirs > 0 and mine == 0 and one_dim and not self.config.decay_all_params:
       fix = '--config.decay_all_params=True'
-    elif flag == '--norm-weight-decay':
+    elif theirs == 0 and mine > 0 and one_dim and self.config.decay_all_params:
+      fix = '--config.decay_all_params=False'
+    elif norm:
       fix = f'--config.norm_weight_decay={theirs:g}'
     else:
       fix = f'--config.wd_mults (a factor {theirs:g}/{self.config.weight_decay:g} for {where})'
     verb = lambda v: f'decayed at {v:g}' if v else 'spared'
-    return (f'`{where}` is {verb(mine)} on the JAX side and {verb(theirs)} by torchvision\'s '
-            f'{flag} {getattr(self.args, flag[2:].replace("-", "_"))}: set {fix}')
+    return (f'`{where}` is {verb(mine)} on the JAX side and {verb(theirs)} by '
+            f'{self.flags["script"]} ({flag} {getattr(a, flag[2:].replace("-", "_"))}): set '
+            f'{fix}')
 
   def batchnorm(self, where: str) -> str:
     c, a = self.config, self.args
@@ -198,66 +214,90 @@ class Causes:
             f'script: set {fix}')
 
 
-def _flags_of_groups(torch_side, args) -> dict[str, str]:
-  """Each parameter's weight-decay flag on the script's side."""
-  out = {}
-  for group in torch_side.optimizer.param_groups:
-    for p in group['params']:
-      name = torch_side.names[id(p)]
-      if args.norm_weight_decay is not None and group['weight_decay'] == args.norm_weight_decay \
-          and p.ndim <= 1 and group['weight_decay'] != args.weight_decay:
-        out[name] = '--norm-weight-decay'
-  return out
+def _script_side(script: str, args, nproc: int, dtype=torch.float32):
+  """The PyTorch side of `script`'s command line `args`, in `dtype`."""
+  if script == 'timm':
+    # pylint: disable-next=import-outside-toplevel  # (timm: loaded for its script only)
+    from flax_dp_trainer.recipe import timm_side
+    return timm_side.TimmSide(args, nproc, dtype=dtype)
+  return torchvision_side.TorchvisionSide(args, nproc, dtype=dtype)
 
 
-def run(args, config, workdir: str, nproc: int, num_steps: int,
+def numeric(config):
+  """`config` with dropout and drop-path off: each framework draws them for itself, so the
+  numeric check leaves them out and compares them as settings."""
+  changed = ml_collections.ConfigDict(config.to_dict())
+  changed.dropout_rate = 0.0
+  changed.stochastic_depth_rate = 0.0
+  changed.lock()
+  return changed
+
+
+def run(script: str, args, config, workdir: str, nproc: int, num_steps: int,
         plot: Optional[str] = None) -> Report:
-  """Both sides for `num_steps` steps from the same weights; the report."""
-  jax_side = jax_side_lib.JaxSide(config, workdir)
+  """Both sides of `script`'s command line `args` and `config` for `num_steps` steps from
+  the same weights; the report."""
+  jax_side = jax_side_lib.JaxSide(numeric(config), workdir)
+  side = _script_side(script, args, nproc)
+  jax_side.pair(side.model)
   start = jax_side.variables(jax_side.state)
-  torch_side = torchvision_side.TorchvisionSide(args, nproc, start)
+  side.load(start)
   # The script's step in float64 from the same start: what float32 rounding makes of it.
-  exact = torchvision_side.TorchvisionSide(args, nproc, start, dtype=torch.float64)
-  param_names = [n for n, _ in torch_side.model.named_parameters()]
-  total = args.epochs * torch_side.iterations
-  points = schedule_points(total, args.lr_warmup_epochs * torch_side.iterations)
-  jax_decays, torch_decays = jax_side.weight_decays(), torch_side.weight_decays()
-  causes = Causes(config, args, torch_side, jax_decays, torch_decays,
-                  _flags_of_groups(torch_side, args))
-  rates = (_keyed(jax_side.learning_rates_at(points)),
-           _keyed(torch_side.learning_rates_at(points)))
+  exact = _script_side(script, args, nproc, dtype=torch.float64)
+  exact.load(start)
+  exact.model.to(torch.float64)
+  param_names = [n for n, _ in side.model.named_parameters()]
+  total = args.epochs * side.iterations
+  warmup = (args.lr_warmup_epochs if script == 'torchvision' else args.warmup_epochs)
+  points = schedule_points(total, int(warmup * side.iterations))
+  jax_decays, torch_decays = jax_side.weight_decays(), side.weight_decays()
+  causes = Causes(script, config, args, side, jax_decays, torch_decays)
+  rates = (_keyed(jax_side.learning_rates_at(points)), _keyed(side.learning_rates_at(points)))
   settings = [
       stages_lib.scalars('learning rates', *rates, stages_lib.EXACT,
                          lambda where: causes.learning_rate(where, *rates)),
       stages_lib.scalars('weight decay', jax_decays, torch_decays, stages_lib.EXACT,
                          causes.weight_decay),
-      _ema_settings(jax_side, torch_side, args)]
+      _ema_settings(script, jax_side, side, args)]
   rows = []
   for k in range(num_steps):
     batch = jax_side.next_batch()
     how = jax_side.mixing(batch['image'].shape[1], batch['image'].shape[2])
-    inputs, targets = _torch_inputs(batch, how, torch_side.num_classes)
+    inputs, targets = _torch_inputs(side, batch, how)
     before = jax_side.variables(jax_side.state)
-    for side in (torch_side, exact):
-      side.force(before, jax_side.ema_variables(jax_side.state))
+    for one in (side, exact):
+      one.force(before, jax_side.ema_variables(jax_side.state))
+    step_rates = _keyed(jax_side.learning_rates_at([k]))
     mine = jax_side.step(batch, stages=True)
-    theirs = torch_side.step(inputs, targets)
-    reference = exact.step(inputs, targets)
+    theirs = side.step(inputs, targets)
+    reference = exact.step(inputs, targets, given=mine.grads)
     rows.append(dict(
         step=k + 1, loss=(mine.loss, theirs.loss),
         grad_norm=(mine.grad_norm, theirs.grad_norm),
         param_norm=(mine.param_norm, theirs.param_norm),
         lr=(mine.learning_rate, theirs.learning_rates[param_names[0]]),
-        stages=_step_stages(mine, theirs, reference, before, inputs, targets, param_names,
-                            args, nproc, causes)))
-  report = Report(settings, rows, _drawn(config, args))
+        stages=_step_stages(side, mine, theirs, reference, before, inputs, targets,
+                            param_names, args, causes, step_rates, k)))
+  drawn = (_drawn(config, args) if script == 'torchvision' else
+           _timm_drawn(args, config))
+  report = Report(settings, rows, drawn)
   if plot:
     _plot(report, plot)
   return report
 
 
-def _ema_settings(jax_side, torch_side, args) -> stages_lib.Stage:
+def _timm_drawn(args, config) -> list[str]:
+  from flax_dp_trainer.recipe import timm_side  # pylint: disable=import-outside-toplevel  # (timm)
+  return timm_side.drawn_settings(args, config)
+
+
+def _ema_settings(script, jax_side, torch_side, args) -> stages_lib.Stage:
   ema = jax_side.run.options.step.ema
+  if script == 'timm':  # (The translation refuses timm's --model-ema: ModelEmaV3's rules.)
+    return stages_lib.Stage('EMA settings', 0.0 if ema is None else float('inf'),
+                            stages_lib.EXACT, note='no EMA' if ema is None else '',
+                            cause='' if ema is None else 'the config keeps an EMA the '
+                            'command does not: set --config.ema_decay=0')
   if not args.model_ema:
     note = 'no EMA on either side' if ema is None else 'no --model-ema'
     return stages_lib.Stage('EMA settings', 0.0 if ema is None else float('inf'),
@@ -279,13 +319,13 @@ def _ema_settings(jax_side, torch_side, args) -> stages_lib.Stage:
                      'ema_style=\'torchvision\''))
 
 
-def _step_stages(mine, theirs, reference, before, inputs, targets, param_names, args, nproc,
-                 causes) -> list[stages_lib.Stage]:
+def _step_stages(side, mine, theirs, reference, before, inputs, targets, param_names, args,
+                 causes, step_rates, k) -> list[stages_lib.Stage]:
   """One step's stages, in the order the step computes them."""
+  theirs_rates = {f'{n} at step {k + 1}': r for n, r in theirs.learning_rates.items()}
   out = [stages_lib.scalars(
-      'learning rate', {'lr': mine.learning_rate},
-      {'lr': theirs.learning_rates[param_names[0]]}, stages_lib.EXACT,
-      lambda where: causes.learning_rate(param_names[0]))]
+      'learning rate', step_rates, theirs_rates, stages_lib.EXACT,
+      lambda where: causes.learning_rate(where, step_rates, theirs_rates))]
   out.append(stages_lib.tensors(
       'inputs (normalized, mixed)', {'batch': np.moveaxis(mine.inputs, -1, 1)},
       {'batch': inputs.numpy()}, stages_lib.FORWARD,
@@ -298,16 +338,14 @@ def _step_stages(mine, theirs, reference, before, inputs, targets, param_names, 
       'logits', {'logits': mine.logits}, {'logits': theirs.logits}, stages_lib.FORWARD,
       lambda where: 'the forward passes part at the same weights and inputs: run '
       'python -m flax_dp_trainer.tools.port_check on the two models for the first layer'))
-  logits = torch.from_numpy(np.array(mine.logits))
-  criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
-  script_loss = float(torch.stack([criterion(l, t) for l, t in zip(
-      torch.chunk(logits, 1 if args.sync_bn else nproc),
-      torch.chunk(targets, 1 if args.sync_bn else nproc))]).mean())
+  script_loss = float(side.loss_of(torch.from_numpy(np.array(mine.logits)), targets))
+  smoothing = causes.flags['smoothing']
   out.append(stages_lib.scalars(
       'loss on the same logits', {'loss': mine.loss}, {'loss': script_loss},
       stages_lib.FORWARD,
-      lambda where: f'the loss of the same logits differs: the script\'s CrossEntropyLoss '
-      f'with --label-smoothing {args.label_smoothing} on the mixed targets (set '
+      lambda where: f'the loss of the same logits differs: the script\'s '
+      f'{type(side.criterion).__name__} with {smoothing} '
+      f'{getattr(args, smoothing[2:].replace("-", "_"))} on the mixed targets (set '
       f'--config.label_smoothing, loss=\'softmax_xent\')'))
   generic = lambda stage: (lambda where: f'{stage} of `{where}` part; the stages before are '
                            'the same: the optimizer or its settings differ (--opt, '
@@ -316,20 +354,31 @@ def _step_stages(mine, theirs, reference, before, inputs, targets, param_names, 
       name, got, script, exact, cause, param_names)
   out.append(rounded('gradients', mine.grads, theirs.grads, reference.grads,
                      generic('the gradients')))
-  out.append(rounded('clipped gradients', mine.clipped, theirs.clipped, reference.clipped,
-                     lambda where: (f'the clipping of `{where}` differs: the script clips the '
-                                    f'global norm to --clip-grad-norm {args.clip_grad_norm} '
-                                    '(set --config.grad_clip_norm, grad_clip_mode=\'norm\')')))
-  update = lambda after: {n: after[n] - np.asarray(before[n], np.float64) for n in param_names}
-  out.append(rounded('updates', update(mine.params), update(theirs.params),
-                     update(reference.params), generic('the updates')))
-  out.append(rounded('new parameters', mine.params, theirs.params, reference.params,
-                     generic('the new parameters')))
+  # From here each stage starts from the JAX side's: the float64 side clips the JAX side's
+  # gradients and steps its optimizer with them.
+  relative = lambda name, got, exact, cause: stages_lib.tensors(
+      name, got, exact, stages_lib.FORWARD, cause, keys=param_names)
+  out.append(relative('clipped gradients', mine.clipped, reference.clipped,
+                      lambda where: (f'the clipping of `{where}` differs: the script clips at '
+                                     f'{causes.flags["clip"]} '
+                                     f'{getattr(args, causes.flags["clip"][2:].replace("-", "_"))}'
+                                     ' (set --config.grad_clip_norm, grad_clip_mode)')))
+  update = lambda after: {n: np.asarray(after[n], np.float64) - np.asarray(before[n], np.float64)
+                          for n in param_names}
+  # An update is read as the new float32 parameter less the old: to half a unit in the last
+  # place of the parameter (and the float64 side's, of its own rounding).
+  resolution = {n: 2.0 ** -24 * float(np.max(np.abs(np.asarray(before[n])), initial=0.0)) * 2
+                for n in param_names}
+  out.append(stages_lib.tensors('updates', update(mine.params), update(reference.params),
+                                stages_lib.FORWARD, generic('the updates'), keys=param_names,
+                                resolution=resolution))
+  out.append(relative('new parameters', mine.params, reference.params,
+                      generic('the new parameters')))
   if theirs.ema is None and mine.ema is None:
     out.append(stages_lib.Stage('EMA', 0.0, stages_lib.FORWARD, note='no EMA'))
   else:
-    out.append(rounded(
-        'EMA', mine.ema or {}, theirs.ema or {}, reference.ema or {},
+    out.append(relative(
+        'EMA', mine.ema or {}, reference.ema or {},
         lambda where: f'the EMA of `{where}` differs: the script averages every '
         f'--model-ema-steps {args.model_ema_steps} iterations of an epoch, copying the model '
         'in the warm-up epochs (set --config.ema_every_steps, ema_style=\'torchvision\')'))

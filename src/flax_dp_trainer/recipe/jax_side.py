@@ -12,7 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.loop import setup
+from flax_dp_trainer.port import layers as port_layers
+from flax_dp_trainer.port import porting
+from flax_dp_trainer.port import weights as port_weights
 from flax_dp_trainer.step import mix as mix_lib
 from flax_dp_trainer.step import optim
 from flax_dp_trainer.step import param_groups
@@ -56,6 +60,23 @@ class JaxSide:
                                             learning_rate_fn=self.run.schedule,
                                             options=options))
     self._clip = optim.clipping(self.run.options.optim)
+    self._carried = None  # The port's layers paired with the script's model's (`pair`).
+
+  def pair(self, original) -> None:
+    """Names trees as `original` (the script's torch model) names them: a shipped model's
+    twin by its key table, a port (config.torch_model) by its layers paired in call order.
+    UserError in one line where the port and the model do not pair up."""
+    if not self.run.config.torch_model:
+      return
+    module = self.module
+    try:
+      self._carried = porting.carry(
+          lambda v, im: module.apply(v, im, train=False), jax.device_get(self.state.variables()),
+          original, port_weights.example_batch(self.run.input_shape[1:]))
+    except port_layers.PortMismatch as e:
+      raise UserError(f'model={self.run.config.model!r} does not pair with the script\'s '
+                      f'model {self.run.config.torch_model!r}: {e} (python -m '
+                      'flax_dp_trainer.tools.port_check says where)') from None
 
   @property
   def steps_per_epoch(self) -> float:
@@ -78,6 +99,8 @@ class JaxSide:
     variables = {'params': tree}
     if batch_stats is not None:
       variables['batch_stats'] = batch_stats
+    if self._carried is not None:
+      return porting.torch_state(self._carried, variables)
     return torch_weights.to_state_dict(self.module, variables)
 
   def per_parameter(self, factors: Any) -> dict[str, float]:

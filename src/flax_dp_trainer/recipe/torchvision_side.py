@@ -14,7 +14,6 @@ them. One process, float32."""
 
 import argparse
 import copy
-import dataclasses
 import math
 import os
 import warnings
@@ -28,28 +27,13 @@ from torch.optim import swa_utils
 from torchvision.ops import _utils as ops_utils
 
 from flax_dp_trainer.base.errors import UserError
+from flax_dp_trainer.recipe import script_side
 
 # The script's normalization (presets.ClassificationPresetTrain / Eval).
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 # The script's custom weight-decay keys of --transformer-embedding-decay.
 EMBEDDING_KEYS = ('class_token', 'position_embedding', 'relative_position_bias_table')
-
-
-@dataclasses.dataclass
-class StepRecord:
-  """What one step of the PyTorch side leaves, by torch parameter or buffer name."""
-  learning_rates: dict[str, float]  # Each parameter's learning rate in this step.
-  logits: np.ndarray  # (global batch, classes), the slices' in order.
-  loss: float  # The mean over the slices of each slice's criterion (DDP's average).
-  grads: dict[str, np.ndarray]  # Averaged over the slices, before clipping.
-  clipped: dict[str, np.ndarray]  # After clipping (the same where there is none).
-  params: dict[str, np.ndarray]  # After the step.
-  buffers: dict[str, np.ndarray]  # Running statistics after the step (rank 0's).
-  batchnorm_counts: dict[str, int]  # Values per channel each BatchNorm's statistics took.
-  ema: Optional[dict[str, np.ndarray]]  # The EMA's params and buffers after the step.
-  grad_norm: float
-  param_norm: float
 
 
 def _weight_decay_groups(model: nn.Module, args: argparse.Namespace) -> list[dict]:
@@ -158,8 +142,9 @@ def steps_per_epoch(examples: int, world_size: int, batch_size: int,
   return math.ceil(math.ceil(examples / world_size) / batch_size)
 
 
-class TorchvisionSide:
-  """The script's training, one step at a time, on global batches handed to it."""
+class TorchvisionSide(script_side.ScriptSide):
+  """The script's training, one iteration at a time, on global batches handed to it."""
+  mean, std = MEAN, STD
 
   def __init__(self, args: argparse.Namespace, world_size: int,
                state_dict: Optional[dict[str, np.ndarray]] = None,
@@ -172,51 +157,29 @@ class TorchvisionSide:
       raise UserError(f'--data-path {args.data_path}: {self.examples} training images make '
                       f'no iteration of an epoch for the script (RASampler keeps a multiple of '
                       '256): give at least 256, or leave out --ra-sampler')
+    # SyncBatchNorm (--sync-bn) normalizes over the global batch: one slice.
+    self.ranks = 1 if args.sync_bn else world_size
     torch.manual_seed(0)
     self.model = torchvision.models.get_model(args.model, weights=None,
                                               num_classes=self.num_classes)
     if state_dict is not None:
-      own = self.model.state_dict()
-      self.model.load_state_dict({k: torch.tensor(np.array(v)).to(own[k].dtype)
-                                  for k, v in state_dict.items()}, strict=True)
+      self.load(state_dict)
     self.model.to(dtype).train()
     self.criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
     self.groups = _weight_decay_groups(self.model, args)
     self.optimizer = _optimizer(self.groups, args)
     self.scheduler = _scheduler(self.optimizer, args)
     self.ema = _ema(self.model, args, world_size)
-    self.step_count = 0  # Steps taken.
-    self.names = {id(p): n for n, p in self.model.named_parameters()}
+    self.step_count = 0
 
-  def force(self, variables: dict[str, np.ndarray], ema: Optional[dict[str, np.ndarray]]
-            ) -> None:
-    """Sets the model's params and buffers (and the EMA's averages) to `variables` (`ema`),
-    torch's names: each step then starts where the other side's did (teacher forcing), and
-    what it does is compared without what earlier steps' rounding left. The optimizer's state,
-    the scheduler and the EMA's count stay this side's own."""
-    with torch.no_grad():
-      for name, tensor in self.model.state_dict().items():
-        if name in variables and tensor.is_floating_point():
-          tensor.copy_(torch.tensor(np.array(variables[name]), dtype=tensor.dtype))
-      if self.ema is not None and ema is not None:
-        for name, tensor in self.ema.module.state_dict().items():
-          if name in ema and tensor.is_floating_point():
-            tensor.copy_(torch.tensor(np.array(ema[name]), dtype=tensor.dtype))
-
-  @staticmethod
-  def normalize(images: np.ndarray) -> torch.Tensor:
-    """uint8 NHWC images as the script's transforms leave them: NCHW, / 255, normalized."""
-    x = torch.from_numpy(np.ascontiguousarray(np.moveaxis(images, -1, 1))).float() / 255.0
-    return (x - torch.tensor(MEAN)[:, None, None]) / torch.tensor(STD)[:, None, None]
-
-  def weight_decays(self) -> dict[str, float]:
-    """Each parameter's weight decay, by name."""
-    return {self.names[id(p)]: float(g['weight_decay']) for g in self.optimizer.param_groups
-            for p in g['params']}
+  def targets(self, labels: torch.Tensor, lam: float) -> torch.Tensor:
+    """The soft targets of its Mixup/CutMix (`lam` of each row's label, the rest its
+    partner's: row r of the global batch with B-1-r), the criterion smoothing them."""
+    one_hot = lambda y: torch.nn.functional.one_hot(y, self.num_classes).float()
+    return lam * one_hot(labels) + (1.0 - lam) * one_hot(labels.flip(0))
 
   def learning_rates_at(self, steps: list[int]) -> dict[int, dict[str, float]]:
-    """Each parameter group's learning rate at each of `steps` (0-based optimizer steps), as
-    the script's scheduler, stepped once an epoch, sets them; this side is left as it is."""
+    """As the script's scheduler, stepped once an epoch, sets them."""
     optimizer = _optimizer(_weight_decay_groups(copy.deepcopy(self.model), self.args),
                            self.args)
     scheduler = _scheduler(optimizer, self.args)
@@ -228,75 +191,21 @@ class TorchvisionSide:
           scheduler.step()
         epoch += 1
       out[step] = [float(g['lr']) for g in optimizer.param_groups]
-    return {step: {name: rates[i] for i, g in enumerate(self.groups)
-                   for name in (self.names[id(p)] for p in g['params'])}
+    names = self.names
+    return {step: {names[id(p)]: rates[i] for i, g in enumerate(self.groups)
+                   for p in g['params']}
             for step, rates in out.items()}
 
-  def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> StepRecord:
-    """One iteration of `train_one_epoch` on the global batch `inputs` (normalized, mixed)
-    with soft `targets`: each rank's slice through the model (its own BatchNorm statistics),
-    the criterion per slice averaged (DDP's gradient average), clipping, the optimizer step,
-    the EMA; the scheduler stepped at the epoch's end."""
-    args, model = self.args, self.model
-    inputs, targets = inputs.to(self.dtype), targets.to(self.dtype)
-    epoch, i = divmod(self.step_count, self.iterations)
-    rates = {self.names[id(p)]: float(g['lr']) for g in self.optimizer.param_groups
-             for p in g['params']}
-    buffers0 = {k: v.clone() for k, v in model.named_buffers()}
-    counts, hooks = {}, []
+  def clip(self) -> None:
+    if self.args.clip_grad_norm is not None:
+      nn.utils.clip_grad_norm_(self.model.parameters(), self.args.clip_grad_norm)
 
-    def count(name):
-      def hook(module, x, y):
-        del module, y
-        counts[name] = x[0].numel() // x[0].shape[1]
-      return hook
-
-    for name, module in model.named_modules():
-      if isinstance(module, nn.modules.batchnorm._BatchNorm):
-        hooks.append(module.register_forward_hook(count(name)))
-    # SyncBatchNorm (--sync-bn) normalizes over the global batch: one slice.
-    ranks = 1 if args.sync_bn else self.world_size
-    slices, target_slices = torch.chunk(inputs, ranks), torch.chunk(targets, ranks)
-    logits, losses, rank0 = [], [], None
-    params = dict(model.named_parameters())
-    for rank, (x, t) in enumerate(zip(slices, target_slices)):
-      # Each rank starts from rank 0's buffers (DDP's broadcast) and updates its own copy.
-      buffers = {k: v.clone() for k, v in buffers0.items()}
-      out = torch.func.functional_call(model, {**params, **buffers}, (x,))
-      logits.append(out.detach())
-      losses.append(self.criterion(out, t))
-      if rank == 0:
-        for h in hooks:
-          h.remove()
-        rank0 = buffers
-    loss = torch.stack(losses).mean()
-    self.optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    with torch.no_grad():
-      for k, v in model.named_buffers():
-        v.copy_(rank0[k])
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    grads = {n: p.grad.detach().numpy().copy() for n, p in named}
-    grad_norm = float(torch.linalg.vector_norm(
-        torch.stack([torch.linalg.vector_norm(p.grad) for _, p in named])))
-    if args.clip_grad_norm is not None:
-      nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
-    clipped = {n: p.grad.detach().numpy().copy() for n, p in named}
-    self.optimizer.step()
-    ema = None
-    if self.ema is not None and i % args.model_ema_steps == 0:
-      self.ema.update_parameters(model)
-      if epoch < args.lr_warmup_epochs:
+  def after_update(self, epoch: int, iteration: int) -> None:
+    """Its EMA every --model-ema-steps iterations of an epoch, copying in the warm-up."""
+    if self.ema is not None and iteration % self.args.model_ema_steps == 0:
+      self.ema.update_parameters(self.model)
+      if epoch < self.args.lr_warmup_epochs:
         self.ema.n_averaged.fill_(0)
-    if self.ema is not None:
-      ema = {k[len('module.'):]: v.detach().numpy().copy()
-             for k, v in self.ema.state_dict().items() if k.startswith('module.')}
-    self.step_count += 1
-    if self.step_count % self.iterations == 0:
-      self.scheduler.step()
-    params = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
-    return StepRecord(
-        rates, torch.cat(logits).numpy().copy(), float(loss.detach()), grads, clipped, params,
-        {k: v.numpy().copy() for k, v in model.named_buffers()}, counts, ema, grad_norm,
-        float(np.sqrt(sum(float(np.sum(np.square(v, dtype=np.float64)))
-                          for v in params.values()))))
+
+  def end_of_epoch(self, epoch: int) -> None:
+    self.scheduler.step()

@@ -12,7 +12,7 @@ table flag -> field -> value, the flags it cannot honour and why, and what diffe
 global batch, and writes the config file (`--out`). Exit status: 0, or 1 where a flag that
 changes the training is left; 2 for a command it cannot read.
 
---check (torchvision's script) then starts both sides from the same weights on the same
+--check then starts both sides from the same weights on the same
 global batches (this trainer's, augmented) with the same mixing, in float32, and compares
 the first step stage by stage and `--steps` steps side by side; the verdict names the first
 stage, and step, where they part (exit 0: the same recipe; 1: they part; 2: bad input).
@@ -44,7 +44,7 @@ def _define_flags() -> None:
   flags.DEFINE_multi_string('model_map', [], 'NAME=MODEL: the model here for the script\'s '
                             '--model NAME (a shipped model or pkg.mod:Port); repeatable.')
   flags.DEFINE_string('out', None, 'Write the config file here (refused if it exists).')
-  flags.DEFINE_bool('check', False, 'Train both sides and compare them (torchvision).')
+  flags.DEFINE_bool('check', False, 'Train both sides and compare them, stage by stage.')
   flags.DEFINE_integer('steps', 20, 'With --check: the steps compared side by side.')
   flags.DEFINE_string('plot', None, 'With --check: write the steps\' plot (PNG) here.')
   cli.define_config('With --check: the config of the JAX side in place of the translation '
@@ -114,9 +114,6 @@ def _main(script_args: list[str]) -> int:
   if FLAGS.nproc_per_node < 1:
     raise UserError(f'--nproc_per_node={FLAGS.nproc_per_node}: give the processes of the '
                     'command, 1 or more')
-  if FLAGS.check and script == 'timm':
-    raise UserError('--check takes torchvision\'s script (--from=torchvision); for timm\'s '
-                    'command leave out --check: the translation is printed and written')
   if FLAGS.check and FLAGS.steps < 1:
     raise UserError(f'--steps={FLAGS.steps}: compare 1 or more steps')
   if FLAGS.out and os.path.exists(FLAGS.out):
@@ -136,16 +133,15 @@ def _main(script_args: list[str]) -> int:
   config = (checks.command_line_config(FLAGS['config']) if FLAGS['config'].value is not None
             else config_of(translation))
   checks.check_config(config, process_count=1, local_device_count=1)
-  if config.torch_model:
-    raise UserError(f'--check starts the script\'s model from the JAX init for the models '
-                    f'with a twin here (resnet18/34/50/101, vit_b_16); model={config.model!r} '
-                    f'is a port of {config.torch_model!r}: check the port itself with '
-                    'python -m flax_dp_trainer.tools.port_check, then train without --check')
   from flax_dp_trainer.recipe import check  # (as above)
-  from flax_dp_trainer.recipe import torchvision_args  # (as above)
-  args = torchvision_args.parse(script_args)
+  if script == 'timm':
+    from flax_dp_trainer.recipe import timm_args as script_parser  # (as above)
+  else:
+    from flax_dp_trainer.recipe import torchvision_args as script_parser  # (as above)
+  args = script_parser.parse(script_args)
   with tempfile.TemporaryDirectory() as workdir:
-    report = check.run(args, config, workdir, FLAGS.nproc_per_node, FLAGS.steps, FLAGS.plot)
+    report = check.run(script, args, config, workdir, FLAGS.nproc_per_node, FLAGS.steps,
+                       FLAGS.plot)
   print('\n' + '\n'.join(report.lines()), flush=True)
   if FLAGS.plot:
     print(f'written: {FLAGS.plot}', flush=True)
