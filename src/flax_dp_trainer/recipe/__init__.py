@@ -5,5 +5,6 @@ the check that both train alike: each script's arguments as its own parser reads
 same arguments as the script builds it (`torchvision_side`, `timm_side`; one DDP iteration
 in one process: `script_side`), the JAX side as training sets it
 up (`jax_side`), the stages of one step compared (`stages`), and the check's run and verdict
-(`check`). Imports `loop`, `checkpoint`, `step`, `model`, `parallel`, `data`, `port`, `base`,
-`zoo`, `configs`; used by `tools.recipe`."""
+(`check`). Imports `torch_ddp` (the twin's Mixup/CutMix blend), `loop`, `checkpoint`,
+`step`, `model`, `parallel`, `data`, `port`, `base`, `zoo`, `configs`; used by
+`tools.recipe`."""

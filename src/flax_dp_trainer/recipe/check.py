@@ -25,6 +25,7 @@ import torch
 from flax_dp_trainer.recipe import jax_side as jax_side_lib
 from flax_dp_trainer.recipe import stages as stages_lib
 from flax_dp_trainer.recipe import torchvision_side
+from flax_dp_trainer.torch_ddp import step as twin_step
 
 TORCH_MOMENTUM = 0.1  # torch's BatchNorm momentum (flax's 0.9).
 
@@ -122,14 +123,7 @@ def _torch_inputs(side, batch: dict, how):
   labels = torch.from_numpy(np.asarray(batch['label'], np.int64))
   if how is None:
     return x, side.targets(labels, 1.0)
-  partner = x.flip(0)
-  if bool(how.cutmix):
-    top, bottom, left, right = (int(v) for v in how.box)
-    x = x.clone()
-    x[:, :, top:bottom, left:right] = partner[:, :, top:bottom, left:right]
-  else:
-    x = float(how.lam) * x + (1.0 - float(how.lam)) * partner
-  return x, side.targets(labels, float(how.lam))
+  return twin_step.blend(x, x.flip(0), how), side.targets(labels, float(how.lam))
 
 
 def _biased(torch_after: dict, before: dict, counts: dict) -> dict:

@@ -78,10 +78,6 @@ class JaxSide:
                       f'model {self.run.config.torch_model!r}: {e} (python -m '
                       'flax_dp_trainer.tools.port_check says where)') from None
 
-  @property
-  def steps_per_epoch(self) -> float:
-    return self.run.data.num_examples / self.run.config.batch_size
-
   def next_batch(self) -> dict[str, np.ndarray]:
     """The next global batch of the training stream (uint8 images, labels)."""
     return next(self._batches)

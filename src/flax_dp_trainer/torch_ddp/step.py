@@ -300,6 +300,18 @@ def partner_rows(x: torch.Tensor) -> torch.Tensor:
   return received.flip(0)
 
 
+def blend(x: torch.Tensor, partner: torch.Tensor, how: mix_lib.MixDraw) -> torch.Tensor:
+  """NCHW `x` mixed with its partners' rows as `how` draws (`flax_dp_trainer.step.mix.blend`
+  in torch): CutMix's box pasted from `partner`, else Mixup's lam * x + (1 - lam) * partner."""
+  if bool(how.cutmix):
+    top, bottom, left, right = (int(v) for v in how.box)
+    x = x.clone()
+    x[:, :, top:bottom, left:right] = partner[:, :, top:bottom, left:right]
+    return x
+  lam = float(how.lam)
+  return lam * x + (1.0 - lam) * partner
+
+
 class Mixing:
   """Mixup/CutMix of the global batch as the JAX step mixes it: the same draw
   (`flax_dp_trainer.step.mix.draw`, from the same key: the run's step RNG folded with the step) and
@@ -320,14 +332,7 @@ class Mixing:
       return x, None
     key = mix_lib.batch_key(jax.random.fold_in(self.step_rng, step - 1))
     how = jax.device_get(self._draw(self.options, key, images.shape[1], images.shape[2]))
-    partner = normalize(partner_rows(images))
-    if how.cutmix:
-      top, bottom, left, right = (int(v) for v in how.box)
-      x = x.clone()
-      x[:, :, top:bottom, left:right] = partner[:, :, top:bottom, left:right]
-    else:
-      lam = float(how.lam)
-      x = lam * x + (1.0 - lam) * partner
+    x = blend(x, normalize(partner_rows(images)), how)
     one_hot = lambda y: torch.nn.functional.one_hot(y, self.num_classes).float()
     targets = (float(how.lam) * one_hot(labels) +
                (1.0 - float(how.lam)) * one_hot(partner_rows(labels)))
