@@ -117,22 +117,26 @@ def describe_options(config: Any, spec: specs.DatasetSpec) -> list[str]:
   in_epochs = [epochs for _, epochs in durations.DURATION_PAIRS
                if durations.is_set(config, epochs)]
   examples = spec.num_train_examples
-  if in_epochs and not examples:
+  if in_epochs and not examples and not config.get('steps_per_epoch', 0):
     lines.append(f'#   durations: {", ".join(f"{f}={config[f]}" for f in in_epochs)} count '
                  'epochs of a train split whose size is not known here (not prepared): the '
                  'run counts their steps once it reads the split')
     resolved = None
   else:
     resolved = durations.resolve_durations(config, examples)
-    counted = (f' (epochs of {examples} examples in batches of {config.batch_size})'
-               if in_epochs else '')
+    counted = ''
+    if in_epochs and config.get('steps_per_epoch', 0):
+      counted = f' (epochs of steps_per_epoch={config.steps_per_epoch} steps)'
+    elif in_epochs:
+      counted = f' (epochs of {examples} examples in batches of {config.batch_size})'
     lines.append(f'#   durations: {resolved.num_train_steps} steps, the first '
                  f'{resolved.warmup_steps} warming up{counted}')
     scaled = (f' (learning_rate {config.learning_rate} x batch_size {config.batch_size} / '
               f'{durations.REFERENCE_BATCH})' if config.scale_learning_rate else '')
     lines.append(f'#   peak learning rate: {durations.peak_learning_rate(config):.6g}{scaled}')
   try:
-    options = run_options.of_config(resolved or durations.timing_durations(config, 0), spec)
+    options = run_options.of_config(resolved or durations.timing_durations(config, 0), spec,
+                                    None, durations.steps_per_epoch(config, examples))
   except UserError as e:
     return lines + [f'#   not resolved: {e}']
   if resolved is not None:

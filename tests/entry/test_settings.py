@@ -107,6 +107,13 @@ def test_show_config_shows_the_options_as_resolved(no_tensorflow):
   assert durations.startswith('#   durations: num_epochs=90.0, warmup_epochs=5.0 count epochs '
                               'of a train split whose size is not known here'), durations
   assert not any(line.startswith('#   optim:') for line in lines)
+  # An epoch of steps_per_epoch steps needs no split to count the durations and the schedule.
+  run = _main(no_tensorflow, '--config=imagenet_resnet50', '--show_config',
+              '--config.steps_per_epoch=100')
+  lines = run.stdout.splitlines()
+  assert lines[_dataset_line(lines) + 2] == (
+      '#   durations: 9000 steps, the first 500 warming up (epochs of steps_per_epoch=100 steps)')
+  assert any(line.startswith('#   optim:') for line in lines)
 
 
 def test_the_shipped_dataset_is_described_where_tensorflow_does_not_import(tmp_path):

@@ -53,6 +53,12 @@ CASES = {
         dict(num_train_steps=-1, num_epochs=-3.0),
         'num_epochs=-3.0 must be positive (--config.num_epochs=X), or -1 to count in '
         'num_train_steps'),
+    'negative epoch length': (
+        dict(num_train_steps=-1, num_epochs=2.0, steps_per_epoch=-7),
+        'steps_per_epoch=-7 must be a whole number of steps >= 0'),
+    'an epoch length no field counts': (
+        dict(steps_per_epoch=7),
+        'steps_per_epoch=7 sets the length of an epoch, and no field counts epochs'),
     'unknown model': (
         dict(model='resnet9'),
         f"model='resnet9' is unknown; choose one of: {', '.join(zoo.names())}, or give your "

@@ -73,3 +73,21 @@ def test_a_field_the_optimizer_does_not_read_is_refused():
       '--config.momentum or pass --config.optimizer=sgd')
   # From the config file it is no one's choice: the default's SGD momentum stays quietly.
   checks.command_line_config(_flag('default', '--config.optimizer=adamw'))
+
+
+def test_an_epoch_of_steps_per_epoch_is_every_epoch_field_s(config, tmp_path):
+  # pylint: disable=import-outside-toplevel  # (jax and the setup, only here)
+  import jax
+  from flax_dp_trainer.loop import setup
+  config.model, config.batch_size = 'cnn', 64
+  config.num_train_steps, config.num_epochs = -1, 2.0
+  config.warmup_steps, config.warmup_epochs = -1, 0.5
+  config.lr_schedule, config.lr_schedule_unit = 'cosine', 'epoch'
+  config.steps_per_epoch = 7  # The split over the batch: 1437 / 64 = 22.45.
+  run = setup.prepare(config, str(tmp_path / 'run'), jax.devices()[:1])
+  assert run.data.num_examples / config.batch_size > 22
+  assert (run.config.num_train_steps, run.config.warmup_steps) == (14, 4)
+  assert run.options.optim.schedule.steps_per_epoch == 7
+  # Held within each epoch of 7 steps: the rate changes at step 7, not within 7..13.
+  rates = [float(run.schedule(s)) for s in range(14)]
+  assert rates[7] == rates[13] != rates[6]

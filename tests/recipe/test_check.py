@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torchvision
 
+from flax_dp_trainer.recipe import epochs
 from flax_dp_trainer.recipe import stages
 from flax_dp_trainer.recipe import torchvision_args
 from flax_dp_trainer.recipe import torchvision_side
@@ -54,10 +55,38 @@ def test_learning_rates_step_once_an_epoch(tmp_path):
   assert got == pytest.approx(want, rel=1e-6)
 
 
+@pytest.mark.parametrize('examples, world, batch', [(1000, 2, 8), (20, 2, 8), (257, 8, 32)])
+def test_steps_per_epoch_are_the_loaders_of_the_distributed_sampler(examples, world, batch):
+  # pylint: disable=import-outside-toplevel  # (torch, only here)
+  import torch.utils.data as torch_data
+  data = list(range(examples))
+  sampler = torch_data.distributed.DistributedSampler(data, num_replicas=world, rank=0)
+  kept = torch_data.DataLoader(data, batch_size=batch, sampler=sampler)
+  dropped = torch_data.DataLoader(data, batch_size=batch, sampler=sampler, drop_last=True)
+  assert epochs.torchvision_iterations(examples, world, batch) == len(kept)
+  assert epochs.timm_iterations(examples, world, batch, aug_repeats=0) == len(dropped)
+
+
 def test_steps_per_epoch_of_the_samplers():
-  assert torchvision_side.steps_per_epoch(1000, 8, 32) == 4  # ceil(ceil(1000/8) / 32)
-  assert torchvision_side.steps_per_epoch(1000, 8, 32, ra_sampler=True) == 3  # 768/8 = 96 a rank
-  assert torchvision_side.steps_per_epoch(255, 2, 8, ra_sampler=True) == 0
+  assert epochs.torchvision_iterations(1000, 8, 32) == 4  # ceil(ceil(1000/8) / 32)
+  assert epochs.torchvision_iterations(1000, 8, 32, ra_sampler=True) == 3  # 768/8 = 96 a rank
+  assert epochs.torchvision_iterations(255, 2, 8, ra_sampler=True) == 0
+  assert epochs.timm_iterations(1000, 8, 32, aug_repeats=0) == 3  # 125 a rank
+  assert epochs.timm_iterations(1000, 8, 32, aug_repeats=3) == 3  # 96 a rank
+  assert epochs.timm_iterations(1000, 2, 8, aug_repeats=0) == 62  # 500 a rank, 4 dropped
+
+
+def test_images_are_counted_as_the_scripts_folders_count_them(tmp_path):
+  # pylint: disable=import-outside-toplevel  # (timm, only here)
+  import timm.data
+  for name in ('a/1.jpg', 'a/2.JPEG', 'a/deep/3.png', 'b/4.bmp', 'b/5.webp', 'b/notes.txt'):
+    (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / name).write_bytes(b'')
+  (tmp_path / 'loose.jpg').write_bytes(b'')  # Outside every class folder: not an example.
+  assert epochs.count_images(str(tmp_path), epochs.TORCHVISION_SUFFIXES) == len(
+      torchvision.datasets.ImageFolder(str(tmp_path), loader=lambda path: path))
+  assert epochs.count_images(str(tmp_path), epochs.TIMM_SUFFIXES, loose=True) == len(
+      timm.data.ImageDataset(str(tmp_path)))
 
 
 def test_timm_learning_rate_rule_and_epoch_length():
@@ -70,8 +99,6 @@ def test_timm_learning_rate_rule_and_epoch_length():
   assert timm_side.learning_rate(sgd, 8) == pytest.approx(0.1 * 64 * 8 / 256)
   given = timm_args.parse(['--model', 'resnet50', '--lr', '0.3'])
   assert timm_side.learning_rate(given, 8) == 0.3
-  assert timm_side.iterations_per_epoch(1000, 8, 32, aug_repeats=0) == 3  # 125 a rank
-  assert timm_side.iterations_per_epoch(1000, 8, 32, aug_repeats=3) == 3  # 96 a rank
 
 
 def test_against_rounding_measures_the_distance_from_float64():
@@ -161,7 +188,7 @@ def test_timms_deit_command_checks_the_same(tmp_path):
   from flax_dp_trainer.recipe import from_timm
   from flax_dp_trainer.recipe import timm_args
   from flax_dp_trainer.tools import recipe as tool
-  data = _folder(tmp_path / 'data', 64)
+  data = _folder(tmp_path / 'data', 72)
   argv = ['--model', 'deit_small_patch16_224', '--opt', 'adamw', '--weight-decay', '0.05',
           '--sched', 'cosine', '--aa', 'rand-m9-mstd0.5-inc1', '--mixup', '0.8', '--cutmix',
           '1.0', '--reprob', '0.25', '--drop-path', '0.1', '--smoothing', '0.1',
@@ -172,12 +199,23 @@ def test_timms_deit_command_checks_the_same(tmp_path):
   report = check.run('timm', timm_args.parse(argv), tool.config_of(translation),
                      str(tmp_path / 'run'), 2, 5)
   assert report.same, '\n'.join(report.lines())
-  # 64 images, 16 a step, drop_last: 4 updates an epoch; the warm-up's epoch at --warmup-lr,
-  # then the cosine of the 4 epochs (the warm-up inside them) at epoch 1, of 0.1 x sqrt(16/256).
+  # 72 images, 8 a process, drop_last: 36 // 8 = 4 updates an epoch (72 / 16 = 4.5 would end
+  # the warm-up at step 5); the warm-up's epoch at --warmup-lr, then the cosine of the 4 epochs
+  # (the warm-up inside them) at epoch 1, of 0.1 x sqrt(16/256).
+  assert translation.fields()['steps_per_epoch'] == 4
   after = 0.025 * 0.5 * (1 + math.cos(math.pi * 1 / 4))
   assert [r['lr'][1] for r in report.steps] == pytest.approx([1e-5] * 4 + [after], rel=1e-6)
   assert [r['lr'][0] for r in report.steps] == pytest.approx([1e-5] * 4 + [after], rel=1e-6)
   assert any('drop-path: --drop-path 0.1' in line for line in report.drawn)
+  # The epoch as the split over the batch: the warm-up one step longer, named with its fix.
+  counted = tool.config_of(translation)
+  counted.unlock()
+  counted.steps_per_epoch = 0
+  counted.lock()
+  found = check.run('timm', timm_args.parse(argv), counted, str(tmp_path / 'counted'), 2, 1)
+  step, stage = found.first
+  assert (found.same, step, stage.name) == (False, 0, 'learning rates')
+  assert '--config.steps_per_epoch=4' in stage.cause
 
 
 def test_the_tool_refuses_bad_input_in_one_line(tmp_path):

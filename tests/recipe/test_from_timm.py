@@ -33,14 +33,21 @@ DEIT = ('--model deit_small_patch16_224 --opt adamw --weight-decay 0.05 --sched 
         '--smoothing 0.1 --batch-size 8 --epochs 4 --warmup-epochs 1 --img-size 32').split()
 DEIT_MAP = {'deit_small_patch16_224': 'vit_s16'}
 NPROC = 2
+# The training images of `imagenet_dir`: timm's epoch is ceil(120 / 2) // 8 = 7 updates, each
+# process dropping its short last batch, where the split over the global batch is 7.5.
+TRAIN_IMAGES = 120
 STEPS_PER_EPOCH = 7
 
 
-def _folder(root, classes: int, splits=('train', 'validation')) -> str:
-  """An image folder's layout (class folders only: the translation counts them)."""
+def _folder(root, classes: int, splits=('train', 'validation'),
+            images: int = TRAIN_IMAGES) -> str:
+  """An image folder's layout: class folders, `images` empty .jpg files dealt over train/'s
+  (the translation counts the files; nothing here decodes them)."""
   for split in splits:
     for c in range(classes):
       os.makedirs(os.path.join(root, split, f'n{c:04d}'))
+  for i in range(images):
+    open(os.path.join(root, splits[0], f'n{i % classes:04d}', f'{i}.jpg'), 'wb').close()
   return str(root)
 
 
@@ -128,6 +135,7 @@ DEIT_RECIPE_EXCEPTIONS = {
     'torch_model': 'the original named', 'torch_model_kwargs': 'the original named',
     'seed': "timm's 42", 'log_every_steps': "timm's --log-interval",
     'keep_checkpoints': "timm's --checkpoint-hist",
+    'steps_per_epoch': "timm's updates of an epoch; the recipe counts the split per update",
 }
 
 
@@ -329,9 +337,10 @@ def test_schedule_gives_timms_rate_at_every_update(argv, imagenet_dir, tmp_path)
   translation = from_timm.translate(argv, NPROC, DEIT_MAP)
   assert translation.exit_code == 0, translation.table()
   config = _config(translation, tmp_path)
-  resolved = durations.resolve_durations(config, config.batch_size * STEPS_PER_EPOCH)
-  ours = schedules.learning_rate_schedule(run_options.schedule_options(resolved,
-                                                                       STEPS_PER_EPOCH))
+  assert config.steps_per_epoch == STEPS_PER_EPOCH
+  resolved = durations.resolve_durations(config, TRAIN_IMAGES)
+  ours = schedules.learning_rate_schedule(run_options.schedule_options(
+      resolved, durations.steps_per_epoch(config, TRAIN_IMAGES)))
   args = timm_args.parse(argv)
   optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))],
                               lr=translation.fields()['learning_rate'])

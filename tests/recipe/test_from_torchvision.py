@@ -178,6 +178,21 @@ def test_scaled_down_command_on_two_processes(tmp_path):
   assert (fields['train_split'], fields['eval_split']) == ('train', 'val')
 
 
+def test_the_epoch_is_the_scripts_count_of_the_folder(tmp_path):
+  for i in range(20):  # 20 images over 2 processes of 8: ceil(10 / 8) = 2 iterations, not 1.25.
+    path = tmp_path / 'train' / f'c{i % 3}' / f'{i}.jpg'
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b'')  # Counted, never decoded.
+  argv = ['--model', 'resnet18', '--batch-size', '8', '--data-path', str(tmp_path)]
+  t = from_torchvision.translate(argv, nproc_per_node=2)
+  assert t.fields()['steps_per_epoch'] == 2
+  rasampled = from_torchvision.translate(argv + ['--ra-sampler'], nproc_per_node=2)
+  assert 'steps_per_epoch' not in rasampled.fields() and rasampled.exit_code == 1
+  assert any('20 training images make no iteration' in u.reason for u in rasampled.unhonoured)
+  elsewhere = from_torchvision.translate(['--data-path', str(tmp_path / 'none')], 2)
+  assert elsewhere.fields()['steps_per_epoch'] == 0
+
+
 def test_config_file_is_python_giving_the_same_fields(tmp_path):
   t = from_torchvision.translate(scaled_command(str(tmp_path / 'data')), nproc_per_node=2)
   config = load_config_file(t.config_file(), tmp_path / 'translated.py')

@@ -299,6 +299,11 @@ def get_config() -> ml_collections.ConfigDict:
   # Training length in steps or in epochs, like the warm-up: set one, the other is -1.
   config.num_train_steps = 500  # Optimizer steps in total; -1 = use num_epochs.
   config.num_epochs = -1.0  # Training length in epochs of the train split; -1 = use steps.
+  # The steps of an epoch for every field that counts epochs (num_epochs, warmup_epochs, the
+  # 'epoch' unit, lr_*_epochs, the torchvision EMA); 0 = the train split over batch_size.
+  # A PyTorch script's own count, where its loader keeps or drops each process's short last
+  # batch (tools.recipe sets it); the data still runs through whole epochs of the split.
+  config.steps_per_epoch = 0
   config.log_every_steps = 50  # Steps between writes of train metrics (one host sync each).
   config.eval_every_steps = 250  # Steps between evaluations; the last step always evaluates.
   config.checkpoint_every_steps = 250  # Steps between checkpoints; the last step always saves.

@@ -105,6 +105,14 @@ def _check_durations(config) -> None:
       if is_set(config, field) and not valid(config[field]):
         raise UserError(f'{field}={config[field]!r} must be {what} (--config.{field}='
                         f'{"N" if field == steps else "X"}), or {UNSET} to count in {other}')
+  epoch = config.steps_per_epoch
+  if not isinstance(epoch, int) or epoch < 0:
+    raise UserError(f'steps_per_epoch={epoch!r} must be a whole number of steps >= 0; 0 counts '
+                    'an epoch as the train split over batch_size (--config.steps_per_epoch=N)')
+  if epoch and not (_counts_epochs(config) or config.ema_style == 'torchvision'):
+    raise UserError(f'steps_per_epoch={epoch} sets the length of an epoch, and no field counts '
+                    'epochs (num_epochs, warmup_epochs, lr_schedule_unit=epoch, lr_*_epochs, '
+                    "ema_style='torchvision'); leave it 0 (--config.steps_per_epoch=0)")
 
 
 def _choice(field: str, value, choices) -> None:
@@ -128,7 +136,8 @@ def check_config(config, *, process_count: int, local_device_count: int,
   datasets = check_datasets(config, arrays, command_line)
   examples = datasets.train.num_train_examples
   if examples and _counts_epochs(config):
-    check_schedule(durations.resolve_durations(config, examples), examples / config.batch_size)
+    check_schedule(durations.resolve_durations(config, examples),
+                   durations.steps_per_epoch(config, examples))
   check_param_groups(config, datasets.train)
   return datasets
 

@@ -17,14 +17,25 @@ def is_set(config, field: str) -> bool:
   return config[field] != UNSET
 
 
+def steps_per_epoch(config, num_train_examples: int) -> float:
+  """The steps of an epoch, as every field that counts epochs counts them: the config's
+  `steps_per_epoch` where set (a script's own count, e.g. timm's loader dropping each
+  process's short last batch), else the train split over the global batch (0 where the
+  split's size is not known)."""
+  if config.get('steps_per_epoch', 0):
+    return float(config.steps_per_epoch)
+  return num_train_examples / config.batch_size
+
+
 def resolve_durations(config, num_train_examples: int) -> ml_collections.ConfigDict:
-  """A copy of `config` with the durations given in epochs converted to steps."""
-  steps_per_epoch = num_train_examples / config.batch_size
+  """A copy of `config` with the durations given in epochs converted to steps
+  (`steps_per_epoch`'s epochs)."""
+  epoch = steps_per_epoch(config, num_train_examples)
   resolved = ml_collections.ConfigDict(config.to_dict())
   if is_set(config, 'num_epochs'):
-    resolved.num_train_steps = max(1, math.ceil(config.num_epochs * steps_per_epoch))
+    resolved.num_train_steps = max(1, math.ceil(config.num_epochs * epoch))
   if is_set(config, 'warmup_epochs'):
-    resolved.warmup_steps = math.ceil(config.warmup_epochs * steps_per_epoch)
+    resolved.warmup_steps = math.ceil(config.warmup_epochs * epoch)
   resolved.lock()
   return resolved
 

@@ -183,9 +183,9 @@ def step_options(config, ds_spec: specs.DatasetSpec, loss: Optional[losses.Loss]
   """What the train step does (`step.steps`), with the normalization of `ds_spec` (the run's
   resolved training spec, `data.run_datasets`); `loss` (a function) in place of
   `config.loss` where given; `steps_per_epoch` as `ema_options` takes it (default: the
-  'train' split of `ds_spec` over the batch, where known)."""
-  if steps_per_epoch <= 0 and ds_spec.num_train_examples:
-    steps_per_epoch = ds_spec.num_train_examples / config.batch_size
+  epochs of `durations.steps_per_epoch` on the 'train' split of `ds_spec`)."""
+  if steps_per_epoch <= 0:
+    steps_per_epoch = durations.steps_per_epoch(config, ds_spec.num_train_examples)
   return steps.StepOptions(
       label_smoothing=config.label_smoothing, grad_accum_steps=config.grad_accum_steps,
       ema=ema_options(config, steps_per_epoch), skip_nonfinite=config.skip_nonfinite_steps,

@@ -407,7 +407,7 @@ def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
   train_data = pipeline.open_train_data(data_options, datasets.train,
                                         process_index=jax.process_index())
   config = durations.resolve_durations(config, train_data.num_examples)
-  steps_per_epoch = train_data.num_examples / config.batch_size
+  steps_per_epoch = durations.steps_per_epoch(config, train_data.num_examples)
   checks.check_schedule(config, steps_per_epoch)
   evaluations = evaluation.evaluation_data(data_options, train_data.reader, layout,
                                            datasets.evals)

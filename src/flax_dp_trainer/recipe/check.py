@@ -164,6 +164,12 @@ class Causes:
     c, a = self.config, self.args
     on_updates = self.script == 'timm' and a.sched_on_updates
     hint = []
+    epoch = self.side.iterations
+    if c.steps_per_epoch != epoch and (c.lr_schedule_unit == 'epoch' or c.num_epochs > 0 or
+                                       c.warmup_epochs > 0):
+      here = c.steps_per_epoch or 'the train split over batch_size'
+      hint.append(f'--config.steps_per_epoch={epoch} ({self.flags["script"]} makes an epoch of '
+                  f'{epoch} updates; here {here})')
     if c.lr_schedule_unit != ('step' if on_updates else 'epoch'):
       hint.append(f'--config.lr_schedule_unit={"step" if on_updates else "epoch"} '
                   f'({self.flags["unit"]})')

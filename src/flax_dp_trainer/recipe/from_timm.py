@@ -20,6 +20,7 @@ import os
 from typing import Any, Callable, Optional
 
 from flax_dp_trainer.base.errors import UserError, first_line
+from flax_dp_trainer.recipe import epochs
 from flax_dp_trainer.recipe import timm_args
 from flax_dp_trainer.recipe.translation import Translation
 
@@ -112,6 +113,7 @@ class _Context:
   out: Translation
   model: Optional[TimmModel]
   options: dict  # dest -> its flag.
+  train_dir: Optional[str] = None  # The training images' folder, where it is here to count.
 
   @property
   def args(self):
@@ -268,6 +270,7 @@ def _data(ctx: _Context) -> Optional[int]:
                'read the whole folder as the training split')
     return None
   ctx.set('train_split', 'train_split', train, f'{path}/{train}')
+  ctx.train_dir = os.path.join(path, train)
   _eval_split(ctx, path)
   with os.scandir(os.path.join(path, train)) as entries:
     return sum(1 for e in entries if e.is_dir())
@@ -518,6 +521,27 @@ def _batch(ctx: _Context) -> int:
   per_gpu = args.validation_batch_size or args.batch_size
   ctx.set('validation_batch_size', 'eval_batch_size', per_gpu * n, f'{per_gpu} x {n} processes')
   return batch
+
+
+def _epoch(ctx: _Context) -> None:
+  """steps_per_epoch: the updates of timm's epoch, counted on the training folder."""
+  args, n = ctx.args, ctx.nproc
+  dests = (('data_dir' if args.data_dir else 'data', 'batch_size') +
+           (('aug_repeats',) if args.aug_repeats else ()))
+  if ctx.train_dir is None:
+    ctx.set(dests, 'steps_per_epoch', 0, 'the training split is not here to count: an epoch '
+            'is the split over batch_size; translate where the data is')
+    return
+  images = epochs.count_images(ctx.train_dir, epochs.TIMM_SUFFIXES, loose=True)
+  updates = epochs.timm_iterations(images, n, args.batch_size, args.aug_repeats)
+  if updates < 1:
+    ctx.refuse('batch_size', f'{images} training images make no update of an epoch for timm '
+               f'({n} processes of {args.batch_size}, the short last batch dropped)')
+    return
+  share = (f'floor({images} // 256 x 256 / {n})' if args.aug_repeats else
+           f'ceil({images} / {n})')
+  ctx.set(dests, 'steps_per_epoch', updates, f'{share} // {args.batch_size}: each process '
+          'drops its short last batch')
 
 
 def _learning_rate(ctx: _Context, global_batch: int) -> float:
@@ -952,8 +976,9 @@ def _before_batch(ctx: _Context) -> list[str]:
            "timm's DistributedSampler shuffles with torch.randperm and deals process r the "
            f'indices r, r + {ctx.nproc}, ...; each process drops its short last batch every epoch '
            f'(an epoch: floor(ceil(N / {ctx.nproc}) / {args.batch_size}) updates); here the '
-           'order is a permutation of its own and an epoch is round(N / batch_size) steps, as '
-           'the epoch-counted schedule and warm-up count them']
+           'order is a permutation of its own and every batch is full, the last of an epoch '
+           "taking the next epoch's first examples (the schedule's epochs are the script's: "
+           'steps_per_epoch)']
   if args.dataset == '':
     lines.append("timm labels the class folders in natural order ('c2' before 'c10'), each "
                  "split apart, and a nested folder by its leaf name; here sorted by name over "
@@ -1007,6 +1032,7 @@ def translate(argv: list[str], nproc_per_node: int,
     _augmentation(ctx, mean, train_interpolation)
   _mixing(ctx)
   global_batch = _batch(ctx)
+  _epoch(ctx)
   peak = _learning_rate(ctx, global_batch)
   _optimizer(ctx)
   _param_groups(ctx)

@@ -26,9 +26,11 @@ a flax port of it), and the DDP baseline then builds torchvision's own
 """
 
 import argparse
+import os
 from typing import Optional
 
 from flax_dp_trainer.base.errors import UserError
+from flax_dp_trainer.recipe import epochs
 from flax_dp_trainer.recipe import torchvision_args
 from flax_dp_trainer.recipe.translation import Translation
 
@@ -119,6 +121,7 @@ def translate(argv: list[str], nproc_per_node: int,
   _optimizer(r)
   _schedule(r)
   _batch(r, nproc_per_node)
+  _epoch(r, nproc_per_node)
   _ema(r)
   _run_flags(r)
   t.before_batch.extend(_before_batch(r, nproc_per_node))
@@ -345,6 +348,28 @@ def _batch(r: _Reader, nproc: int) -> None:
                changes_training=True)
 
 
+def _epoch(r: _Reader, nproc: int) -> None:
+  """steps_per_epoch: the iterations of the script's epoch, counted on DATA_PATH/train."""
+  a = r.args
+  train = os.path.join(os.path.expanduser(a.data_path), 'train')
+  flags = ', '.join(r.flag(d) for d in ('data_path', 'batch_size') +
+                    (('ra_sampler', 'ra_reps') if a.ra_sampler else ()))
+  if not os.path.isdir(train):
+    r.t.set(flags, 'steps_per_epoch', 0, f'{train} is not here to count: an epoch is the '
+            'split over batch_size; translate where the data is')
+    return
+  images = epochs.count_images(train, epochs.TORCHVISION_SUFFIXES)
+  iterations = epochs.torchvision_iterations(images, nproc, a.batch_size, a.ra_sampler)
+  if iterations < 1:
+    r.t.refuse(flags, f'{images} training images make no iteration of an epoch for the script '
+               '(RASampler keeps a multiple of 256)', changes_training=True)
+    return
+  share = (f'floor({images} // 256 x 256 / {nproc})' if a.ra_sampler else
+           f'ceil({images} / {nproc})')
+  r.t.set(flags, 'steps_per_epoch', iterations, f'ceil({share} / {a.batch_size}): the '
+          "DataLoader keeps each process's short last batch")
+
+
 def _ema(r: _Reader) -> None:
   """--model-ema and its steps and decay (utils.ExponentialMovingAverage in train.py)."""
   a = r.args
@@ -428,8 +453,7 @@ def _before_batch(r: _Reader, nproc: int) -> list[str]:
         f'{nproc} with its first examples, and each process\'s DataLoader ends the epoch with '
         f'a short batch where its share is not a multiple of {b} (drop_last=False); here '
         f'every batch holds {batch} examples, the last of an epoch taking the next epoch\'s '
-        'first ones, and an epoch is the train split over the batch, rounded, for the '
-        'schedule and the EMA')
+        "first ones (the schedule's and the EMA's epochs are the script's: steps_per_epoch)")
   if a.mixup_alpha > 0 or a.cutmix_alpha > 0:
     lines.append(
         f'Mixup/CutMix: the script mixes within each process\'s batch of {b} (row i with row '

@@ -11,7 +11,6 @@ the clipping (`dispatch_clip_grad`), the normalization (`resolve_data_config`)."
 
 import argparse
 import copy
-import math
 import os
 
 import numpy as np
@@ -22,9 +21,9 @@ import timm.optim
 import timm.scheduler
 import timm.utils
 import torch
-import torchvision
 
 from flax_dp_trainer.base.errors import UserError
+from flax_dp_trainer.recipe import epochs
 from flax_dp_trainer.recipe import script_side
 
 
@@ -37,16 +36,6 @@ def learning_rate(args: argparse.Namespace, world_size: int) -> float:
   scale = args.lr_base_scale or ('sqrt' if any(o in args.opt.lower() for o in ('ada', 'lamb'))
                                  else 'linear')
   return args.lr_base * (ratio ** 0.5 if scale == 'sqrt' else ratio)
-
-
-def iterations_per_epoch(examples: int, world_size: int, batch_size: int,
-                         aug_repeats: int) -> int:
-  """Loader iterations of an epoch per rank: DistributedSampler pads to ceil(N / world) a
-  rank, RepeatAugSampler (--aug-repeats) yields floor(N // 256 x 256 / world); the training
-  loader drops the short last batch."""
-  per_rank = (int(math.floor(examples // 256 * 256 / world_size)) if aug_repeats else
-              math.ceil(examples / world_size))
-  return per_rank // batch_size
 
 
 def _scheduler(optimizer: torch.optim.Optimizer, args: argparse.Namespace, updates: int):
@@ -72,9 +61,9 @@ class TimmSide(script_side.ScriptSide):
       raise UserError(f'--grad-accum-steps {args.grad_accum_steps}: the check takes one '
                       'update per loader batch; check the recipe with --grad-accum-steps 1')
     train = os.path.join(args.data_dir, args.train_split)
-    self.examples = len(torchvision.datasets.ImageFolder(train))
-    self.iterations = iterations_per_epoch(self.examples, world_size, args.batch_size,
-                                           args.aug_repeats)
+    self.examples = len(timm.data.ImageDataset(train))
+    self.iterations = epochs.timm_iterations(self.examples, world_size, args.batch_size,
+                                             args.aug_repeats)
     if self.iterations < 1:
       raise UserError(f'--data-dir {args.data_dir}: {self.examples} training images make no '
                       'update of an epoch for the script')

@@ -14,7 +14,6 @@ them. One process, float32."""
 
 import argparse
 import copy
-import math
 import os
 import warnings
 from typing import Optional
@@ -27,6 +26,7 @@ from torch.optim import swa_utils
 from torchvision.ops import _utils as ops_utils
 
 from flax_dp_trainer.base.errors import UserError
+from flax_dp_trainer.recipe import epochs
 from flax_dp_trainer.recipe import script_side
 
 # The script's normalization (presets.ClassificationPresetTrain / Eval).
@@ -132,16 +132,6 @@ def train_examples(args: argparse.Namespace) -> tuple[int, int]:
   return len(folder), len(folder.classes)
 
 
-def steps_per_epoch(examples: int, world_size: int, batch_size: int,
-                    ra_sampler: bool = False) -> int:
-  """Iterations of an epoch per rank: DistributedSampler pads to ceil(N / world) examples a
-  rank; RASampler (--ra-sampler) yields floor(N // 256 x 256 / world); the DataLoader keeps
-  the short last batch."""
-  if ra_sampler:
-    return math.ceil(int(math.floor(examples // 256 * 256 / world_size)) / batch_size)
-  return math.ceil(math.ceil(examples / world_size) / batch_size)
-
-
 class TorchvisionSide(script_side.ScriptSide):
   """The script's training, one iteration at a time, on global batches handed to it."""
   mean, std = MEAN, STD
@@ -151,8 +141,8 @@ class TorchvisionSide(script_side.ScriptSide):
                dtype: torch.dtype = torch.float32):
     self.args, self.world_size, self.dtype = args, world_size, dtype
     self.examples, self.num_classes = train_examples(args)
-    self.iterations = steps_per_epoch(self.examples, world_size, args.batch_size,
-                                      args.ra_sampler)
+    self.iterations = epochs.torchvision_iterations(self.examples, world_size,
+                                                    args.batch_size, args.ra_sampler)
     if self.iterations < 1:
       raise UserError(f'--data-path {args.data_path}: {self.examples} training images make '
                       f'no iteration of an epoch for the script (RASampler keeps a multiple of '

@@ -163,8 +163,9 @@ def _groups_text(run: dict) -> str:
 def _jax_recipe(config) -> dict:
   """The JAX run's optimizer, schedule and parameter groups in words (its durations counted
   on the train split as the run counts them)."""
-  options = run_options.optim_options(durations.resolve_durations(
-      config, _train_examples(config)), _train_examples(config) / config.batch_size)
+  examples = _train_examples(config)
+  options = run_options.optim_options(durations.resolve_durations(config, examples),
+                                      durations.steps_per_epoch(config, examples))
   groups = options.groups
   parts = [f'layer decay {groups.layer_decay:g}'] if groups.layer_decay != 1 else []
   parts += [f'{name} {value!r}' for name, value in (('lr_mults', config.lr_mults),

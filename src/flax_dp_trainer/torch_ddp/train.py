@@ -323,7 +323,7 @@ def train(config, workdir: str, parity: bool, init_weights: Optional[str] = None
   if rank == 0:
     dist.barrier()
   config = durations.resolve_durations(config, data.num_examples)
-  steps_per_epoch = data.num_examples / config.batch_size
+  steps_per_epoch = durations.steps_per_epoch(config, data.num_examples)
   checks.check_schedule(config, steps_per_epoch)
   input_shape = (1,) + data.spec.input_shape
   evaluation = datasets.evals[0]  # The twin evaluates `eval_split`.
