@@ -93,10 +93,12 @@ def fit(config, workdir: str, *, model=None, loss=None, data=None, devices=None,
 
 def evaluate(config, workdir: str, *, model=None, loss=None, data=None, devices=None,
              cpu_devices: Optional[int] = None, verbosity: str = 'info',
-             progress: Optional[bool] = None, layout: Optional[str] = None) -> dict:
-  """Evaluates the newest checkpoint of `workdir` on the config's evaluations, writes the
-  scalars at its step and returns them (`train.evaluate_only`); `cpu_devices`, `verbosity`
-  `progress` (a bar for each evaluation) and `layout` as `fit` takes them."""
+             progress: Optional[bool] = None, layout: Optional[str] = None,
+             step: Optional[int | str] = None) -> dict:
+  """Evaluates the newest checkpoint of `workdir` (that at `step`; step='best' the best
+  evaluation's kept by `config.keep_best`) on the config's evaluations, writes the scalars at
+  its step and returns them (`train.evaluate_only`); `cpu_devices`, `verbosity` `progress` (a
+  bar for each evaluation) and `layout` as `fit` takes them."""
   with _started(config, data, cpu_devices, verbosity, layout) as (config, given):
     return train_lib.evaluate_only(config, workdir, devices=devices, model=model, loss=loss,
-                                   data=given, show_bars=_show_bars(progress))
+                                   data=given, show_bars=_show_bars(progress), step=step)

@@ -1,7 +1,8 @@
 """A trained model back from its workdir, to predict with or export:
 
     import flax_dp_trainer as trainer
-    trained = trainer.load('/tmp/digits')           # the newest checkpoint; step=N for another
+    trained = trainer.load('/tmp/digits')           # the newest checkpoint; step=N for another,
+                                                    # step='best' the best evaluation's (keep_best)
     labels = trained.predict(images)                # uint8 images as the dataset stores them
     logits = trained.logits(images)
 
@@ -148,9 +149,10 @@ def _spec(meta: run_meta.RunMeta, config) -> specs.DatasetSpec:
   return specs.from_json(meta.dataset)
 
 
-def load(workdir: str, step: Optional[int] = None, *, model: Any = None,
+def load(workdir: str, step: Optional[int | str] = None, *, model: Any = None,
          verbosity: str = 'warning') -> Trained:
-  """The model of a run's checkpoint (the newest, or the one at `step`), ready to predict:
+  """The model of a run's checkpoint (the newest, the one at `step`, or with step='best' that
+  of the best evaluation kept by `config.keep_best`), ready to predict:
   see the module's docstring. Needs neither the dataset nor any device count. `model`: the
   flax module object, class or function the run was given from Python, where the checkpoint
   could not record it (one defined in `__main__` or a notebook, or with fields that are not
@@ -160,7 +162,7 @@ def load(workdir: str, step: Optional[int] = None, *, model: Any = None,
     return _load(workdir, step, model)
 
 
-def _load(workdir: str, step: Optional[int], model: Any) -> Trained:
+def _load(workdir: str, step: Optional[int | str], model: Any) -> Trained:
   step, meta = checkpoint.read_meta(workdir, step)
   config = meta.full_config()
   if model is None and config.model.startswith(model_source.OBJECT_PREFIX):

@@ -55,6 +55,10 @@ flags.DEFINE_bool(
     'Evaluate the newest checkpoint of --workdir (else --config.init_from) on eval_split and '
     'every entry of eval_splits, write the scalars at its step, and stop; no checkpoint is '
     'changed.')
+flags.DEFINE_string(
+    'eval_step', None,
+    'With --eval_only: the checkpoint to evaluate, a step number or \'best\' (the best '
+    'evaluation\'s kept by --config.keep_best); default the newest.')
 cli.define_config(
     'Training config: a shipped config by name (--config=default; --list=configs names them) '
     'or the path of a config file. Set any field with --config.FIELD=VALUE; --show_config '
@@ -117,7 +121,11 @@ def _raise(error: Optional[Exception]) -> None:
 
 
 def _check_flags() -> None:
-  """The device and process flags, checked before anything starts."""
+  """The device, process and evaluation flags, checked before anything starts."""
+  if FLAGS.eval_step is not None and not FLAGS.eval_only:
+    raise UserError(f'--eval_step={FLAGS.eval_step} names the checkpoint that --eval_only '
+                    'evaluates; add --eval_only, or drop --eval_step')
+  cli.checkpoint_step(FLAGS.eval_step, '--eval_step')
   if FLAGS.cpu_devices is not None and FLAGS.cpu_devices <= 0:
     raise UserError(f'--cpu_devices={FLAGS.cpu_devices} must be a positive device count, '
                     'e.g. --cpu_devices=8')
@@ -243,7 +251,8 @@ def main(argv):
     command_line = frozenset(FLAGS['config'].override_values)
     if FLAGS.eval_only:
       train.evaluate_only(config, FLAGS.workdir, command_line=command_line,
-                          datasets=datasets)
+                          datasets=datasets,
+                          step=cli.checkpoint_step(FLAGS.eval_step, '--eval_step'))
     else:
       train.train_and_evaluate(config, FLAGS.workdir, command_line=command_line,
                                timeline=timeline, datasets=datasets,

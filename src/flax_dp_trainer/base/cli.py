@@ -19,8 +19,10 @@ from absl import logging
 from ml_collections import config_flags
 
 from flax_dp_trainer import configs
+from flax_dp_trainer.base.errors import UserError
 
 HELP = 'see --help'
+BEST_STEP = 'best'  # A checkpoint step flag's value that names the best evaluation's.
 # The flags defined through this module's functions (`define_config`) belong to the module
 # that calls them, so that a command's --help lists its --config.
 flags.disclaim_key_flags()
@@ -190,6 +192,21 @@ def _config_file_error(error: BaseException) -> str:
     return (f'the config has no field {missing.group(1)!r}' +
             (f'; did you mean {hint.group(1)!r}?' if hint else ''))
   return f'{type(error).__name__}: {_last_line(error)}'
+
+
+def checkpoint_step(value: Optional[str], flag: str) -> Optional[int | str]:
+  """A checkpoint step flag's value: None (the newest) where `value` is unset or empty,
+  `BEST_STEP`, or a step number; `UserError` naming `flag` otherwise."""
+  if value is None or not str(value).strip():
+    return None
+  value = str(value).strip()
+  if value == BEST_STEP:
+    return BEST_STEP
+  if not value.isdigit():
+    raise UserError(f'{flag}={value!r} is neither a step number nor {BEST_STEP!r}; pass '
+                    f'{flag}=N (a checkpoint\'s step), {flag}={BEST_STEP}, or leave it out for '
+                    'the newest')
+  return int(value)
 
 
 def require(name: str) -> None:

@@ -7,6 +7,9 @@ A checkpoint at step N holds two items:
   meta:  JSON (`RunMeta`): the step RNG key, the data seed, the position in the global
          training stream (examples trained on), the topology that wrote it, and the config
          (to explain a mismatch on restart).
+Beside the newest `keep` checkpoints, those of the `Best.keep` best evaluations by a metric
+are kept (orbax's preservation policies, the metric saved with each checkpoint as orbax's
+`metrics` item); `step='best'` names the best of them. A resume continues from the newest.
 A run resumes on any number of devices and processes that divides its batch, with the
 batches an uninterrupted run would have used. Orbax writes each checkpoint into a temporary
 directory and renames it when complete, so a save cut short leaves no step directory behind.
@@ -27,6 +30,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from flax_dp_trainer.base import cli
 from flax_dp_trainer.base.errors import first_line
 from flax_dp_trainer.base.errors import SaveFailed
 from flax_dp_trainer.base.errors import UserError
@@ -34,6 +38,7 @@ from flax_dp_trainer.checkpoint import meta as run_meta
 from flax_dp_trainer.zoo import scanning
 
 
+BEST = cli.BEST_STEP  # The step that names the checkpoint of the best evaluation kept.
 CORRUPT_DIR = 'checkpoints.unreadable'  # Unreadable checkpoints are moved here, never deleted.
 # What orbax names a save in progress (renamed to the step's directory when complete).
 TMP_SUFFIX = '.orbax-checkpoint-tmp'
@@ -127,6 +132,60 @@ def state_metadata(manager: ocp.CheckpointManager, step: int) -> dict:
   return array_specs(getattr(metadata, 'tree', metadata))
 
 
+def metric_mode(metric: str, mode: str = '') -> Optional[str]:
+  """'max' or 'min': whether `metric` is better higher or lower, by `mode` where set, else by
+  its name (ending in 'accuracy': higher, in 'loss': lower); None where neither tells."""
+  if mode:
+    return mode
+  if metric.endswith('accuracy'):
+    return 'max'
+  if metric.endswith('loss'):
+    return 'min'
+  return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Best:
+  """The checkpoints of the `keep` best evaluations by `metric` (an evaluation scalar's tag),
+  better higher where `mode` is 'max', lower where 'min': kept beside the newest."""
+  keep: int
+  metric: str
+  mode: str
+
+  @classmethod
+  def of(cls, keep: int, metric: str, mode: str = '') -> Optional['Best']:
+    """From the config's keep_best, best_metric, best_mode (checked); None where keep is 0."""
+    return cls(keep, metric, metric_mode(metric, mode)) if keep else None
+
+  def value(self, metrics: Optional[dict]) -> float:
+    """The metric in a checkpoint's `metrics` item; the worst value where it lacks one (orbax
+    ranks by it: a checkpoint without it is never the best)."""
+    if metrics is None or self.metric not in metrics:
+      return -np.inf if self.mode == 'max' else np.inf
+    return float(metrics[self.metric])
+
+  def policy(self) -> ocp.checkpoint_managers.BestN:
+    """orbax's preservation policy that keeps these checkpoints (`_BestEvaluated`)."""
+    return _BestEvaluated(get_metric_fn=self.value, reverse=self.mode == 'min', n=self.keep,
+                          metric=self.metric)
+
+
+@dataclasses.dataclass(kw_only=True)
+class _BestEvaluated(ocp.checkpoint_managers.BestN):
+  """orbax's `BestN` over the checkpoints whose metrics hold `metric` alone: one saved without
+  an evaluation (a save by time, a stop) is never kept as one of the best, however few."""
+  metric: str
+
+  def should_preserve(self, checkpoints, *, context):
+    evaluated = [i for i, info in enumerate(checkpoints)
+                 if info.metrics is not None and self.metric in info.metrics]
+    kept = super().should_preserve([checkpoints[i] for i in evaluated], context=context)
+    flags = [False] * len(checkpoints)
+    for i, keep in zip(evaluated, kept):
+      flags[i] = bool(keep)
+    return flags
+
+
 class Unreadable(NamedTuple):
   """A checkpoint that cannot be read, and why (the first line of the error)."""
   step: int
@@ -142,12 +201,14 @@ def _os_error(error: BaseException) -> str:
 
 
 class Checkpointer:
-  """Async orbax saves of the host state, newest `keep` kept; resume-time checks."""
+  """Async orbax saves of the host state, newest `keep` kept (and, where `best` is given,
+  those of its best evaluations); resume-time checks."""
 
-  def __init__(self, workdir: str, *, keep: int):
+  def __init__(self, workdir: str, *, keep: int, best: Optional[Best] = None):
     self.workdir = os.path.abspath(workdir)
     self.directory = directory(workdir)
     self._keep = keep
+    self._best = best
     self._manager: Optional[ocp.CheckpointManager] = None
     self._pending: Optional[int] = None  # The step of a save that may still be running.
 
@@ -179,11 +240,12 @@ class Checkpointer:
         f'process(es)) of this run: resume on a device count that divides {batch_size} '
         f'(e.g. {nearest}), or start a new --workdir')
 
-  def restore_newest(self, target: Any, recorded: dict) -> tuple[Optional[Restored],
-                                                                list[Unreadable]]:
+  def restore_newest(self, target: Any, recorded: dict, step: Optional[int] = None
+                     ) -> tuple[Optional[Restored], list[Unreadable]]:
     """The newest checkpoint that reads, restored into the structure of `target`, and the
     newer ones that do not (with why), newest first; `recorded` is this run's config as the
-    checkpoints record it (plain JSON), to name what changed. Writes nothing.
+    checkpoints record it (plain JSON), to name what changed. Writes nothing. `step`: that
+    checkpoint alone (`resolve_step`), not the newest.
 
     A checkpoint that fails to restore is read again whole, without a target: if that works
     and its arrays are not `target`'s, it was written for another model or optimizer and
@@ -195,7 +257,7 @@ class Checkpointer:
     if reader is None:
       return None, []
     unreadable = []
-    for step in sorted(reader.all_steps(), reverse=True):
+    for step in sorted(reader.all_steps(), reverse=True) if step is None else [step]:
       try:
         return self._restore(reader, step, target), unreadable
       except Exception as e:  # pylint: disable=broad-except
@@ -253,14 +315,15 @@ class Checkpointer:
           f'({mismatch}{"; config changed: " + changed if changed else ""}); resume with the '
           'config that wrote it, or pass a new --workdir')
 
-  def restore_without_optimizer(self, target: Any) -> tuple[Restored, Any]:
-    """The newest checkpoint's state but its optimizer state, restored into `target` (a
-    `TrainState` whose optimizer state is fresh, and kept): what a resume that changed the
-    optimizer continues from, and an evaluation needs; with the saved optimizer state as it
-    reads without a target (nested dicts and lists). `UserError` where the rest does not fit
-    `target`."""
+  def restore_without_optimizer(self, target: Any, step: Optional[int] = None
+                                ) -> tuple[Restored, Any]:
+    """The newest checkpoint's state (or that at `step`) but its optimizer state, restored
+    into `target` (a `TrainState` whose optimizer state is fresh, and kept): what a resume
+    that changed the optimizer continues from, and an evaluation needs; with the saved
+    optimizer state as it reads without a target (nested dicts and lists). `UserError` where
+    the rest does not fit `target`."""
     reader = read_only(self.directory)
-    step = reader.latest_step()
+    step = reader.latest_step() if step is None else step
     whole = reader.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
     saved = whole['state']
@@ -309,17 +372,30 @@ class Checkpointer:
 
   def save(self, step: int, state: Any, meta: run_meta.RunMeta) -> None:
     """Starts saving host `state` and `meta` at `step` (asynchronously; every process
-    calls it); the oldest beyond `keep` are deleted once it is complete."""
+    calls it); once it is complete, the checkpoints that are neither among the newest `keep`
+    nor (with `best`) among the best evaluations by `meta.evaluation` are deleted."""
     if self._manager is None:
-      options = ocp.CheckpointManagerOptions(
-          max_to_keep=self._keep, create=True, enable_async_checkpointing=True)
-      self._manager = ocp.CheckpointManager(self.directory, options=options,
+      self._manager = ocp.CheckpointManager(self.directory, options=self._options(),
                                             item_handlers=_handlers())
     # Host copies: the next pmapped step donates (and so invalidates) the device buffers
     # while the asynchronous save may still be reading them.
     self._check(self._manager.save, step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(jax.device_get(state)), meta=ocp.args.JsonSave(meta.to_json())))
+        state=ocp.args.StandardSave(jax.device_get(state)), meta=ocp.args.JsonSave(meta.to_json())),
+        # ({} where no evaluation ran: orbax warns of a tracked save without metrics.)
+        metrics=(meta.evaluation or {}) if self._best is not None else None)
     self._pending = step
+
+  def _options(self) -> ocp.CheckpointManagerOptions:
+    """The newest `keep`; with `best`, or any of the best evaluations (orbax writes each
+    save's metrics, and reads them back on a resume, where `best_fn` is set)."""
+    if self._best is None:
+      return ocp.CheckpointManagerOptions(
+          max_to_keep=self._keep, create=True, enable_async_checkpointing=True)
+    policy = ocp.checkpoint_managers.AnyPreservationPolicy([
+        ocp.checkpoint_managers.LatestN(n=self._keep), self._best.policy()])
+    return ocp.CheckpointManagerOptions(
+        create=True, enable_async_checkpointing=True, preservation_policy=policy,
+        best_fn=self._best.value, best_mode=self._best.mode)
 
   def check_saved(self) -> None:
     """Raises `SaveFailed` where the last save failed in the background, once it has ended
@@ -357,14 +433,48 @@ class Checkpointer:
         self._manager = None
 
 
-def read_meta(workdir: str, step: Optional[int] = None) -> tuple[int, run_meta.RunMeta]:
-  """(step, meta item) of a run's checkpoint (the newest by default); `UserError` where the
-  workdir holds none."""
+def resolve_step(workdir: str, step: Optional[int | str]) -> Optional[int]:
+  """`step` as a checkpoint's step number: None (the newest) and numbers as they are; `BEST`
+  the step of the checkpoint of the best evaluation kept (by the newest checkpoint's config:
+  `keep_best`, `best_metric`, `best_mode`), as orbax ranks the metrics saved with them.
+  `UserError` where the run kept none: trained without keep_best, or no evaluation saved."""
+  if step != BEST:
+    return step
+  reader = read_only(directory(workdir))
+  steps = sorted(reader.all_steps()) if reader is not None else []
+  if not steps:
+    raise UserError(f'{directory(workdir)} holds no checkpoint; point at the --workdir of a '
+                    'run that saved one')
+  newest = steps[-1]
+  meta = run_meta.RunMeta.from_json(reader.restore(newest, args=ocp.args.Composite(
+      meta=ocp.args.JsonRestore()))['meta'], newest)
+  listed = ', '.join(map(str, steps))
+  best = Best.of(*meta.ranking())
+  if best is None or best.mode is None:
+    raise UserError(f"step='{BEST}': the run in {workdir} was trained without keep_best, so no "
+                    'checkpoint is kept as its best; train it with --config.keep_best=K, or '
+                    f'name one of its steps ({listed})')
+  ranked = ocp.CheckpointManager(directory(workdir), options=ocp.CheckpointManagerOptions(
+      read_only=True, save_interval_steps=0, create=False, best_fn=best.value,
+      best_mode=best.mode), item_handlers=_handlers())
+  found = ranked.best_step()
+  if found is None or not np.isfinite(best.value(ranked.metrics(found))):
+    raise UserError(f"step='{BEST}': no checkpoint in {directory(workdir)} holds an "
+                    f'evaluation\'s {best.metric} (steps {listed}); train on to an evaluation '
+                    '(every eval_every_steps saves with keep_best), or name one of its steps')
+  return found
+
+
+def read_meta(workdir: str, step: Optional[int | str] = None
+              ) -> tuple[int, run_meta.RunMeta]:
+  """(step, meta item) of a run's checkpoint (the newest by default, `BEST` the best
+  evaluation's: `resolve_step`); `UserError` where the workdir holds none."""
   reader = read_only(directory(workdir))
   steps = reader.all_steps() if reader is not None else []
   if not steps:
     raise UserError(f'{directory(workdir)} holds no checkpoint; point at the --workdir of a '
                     'run that saved one')
+  step = resolve_step(workdir, step)
   step = max(steps) if step is None else step
   if step not in steps:
     raise UserError(f'{directory(workdir)} has no checkpoint at step {step}; it has steps '
@@ -373,10 +483,12 @@ def read_meta(workdir: str, step: Optional[int] = None) -> tuple[int, run_meta.R
   return step, run_meta.RunMeta.from_json(saved, step)
 
 
-def read_state(workdir: str, step: Optional[int] = None) -> dict:
-  """The state item of a run's checkpoint (the newest by default) as a tree of host arrays,
-  without a target: for tools and tests that inspect what a run saved."""
+def read_state(workdir: str, step: Optional[int | str] = None) -> dict:
+  """The state item of a run's checkpoint (the newest by default, `BEST` the best
+  evaluation's) as a tree of host arrays, without a target: for tools and tests that inspect
+  what a run saved."""
   reader = read_only(directory(workdir))
+  step = resolve_step(workdir, step)
   step = reader.latest_step() if step is None else step
   return reader.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))['state']
 

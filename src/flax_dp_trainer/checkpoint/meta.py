@@ -4,7 +4,8 @@ it, and the config (to explain a mismatch on restart).
 
 The meta item's format (`META_FORMAT`, saved in it as 'format'):
   * a field added by later work is optional: it has a default, and a checkpoint written
-    before it reads with that default (`RunMeta.window` and `dataset` are such fields);
+    before it reads with that default (`RunMeta.window`, `dataset` and `evaluation` are such
+    fields);
   * the format number changes only for an incompatible change (a field that changes meaning,
     or one a resume cannot do without), never for an added optional field;
   * a checkpoint of a format this version does not read is refused in one line naming its
@@ -41,12 +42,14 @@ class RunMeta:
   dataset: Optional[dict] = None  # The dataset's spec as trained (`specs.DatasetSpec`
                                   # fields): what `trainer.load` rebuilds the model and its
                                   # preprocessing from.
+  evaluation: Optional[dict] = None  # The scalars of the evaluation at its step, where one
+                                     # ran ({'eval_accuracy': ...}): what keep_best ranks.
 
   def to_json(self) -> dict:
     return {'format': META_FORMAT, 'rng': np.asarray(self.rng).tolist(),
             'data_seed': self.data_seed, 'examples_seen': self.examples_seen,
             'devices': self.devices, 'processes': self.processes, 'config': self.config,
-            'window': self.window, 'dataset': self.dataset}
+            'window': self.window, 'dataset': self.dataset, 'evaluation': self.evaluation}
 
   @classmethod
   def from_json(cls, saved: dict, step: int) -> 'RunMeta':
@@ -60,7 +63,14 @@ class RunMeta:
     return cls(rng=np.asarray(saved['rng'], np.uint32), data_seed=int(saved['data_seed']),
                examples_seen=int(saved['examples_seen']), devices=saved['devices'],
                processes=saved['processes'], config=current_names(saved['config']),
-               window=saved.get('window'), dataset=saved.get('dataset'))
+               window=saved.get('window'), dataset=saved.get('dataset'),
+               evaluation=saved.get('evaluation'))
+
+  def ranking(self) -> tuple[int, str, str]:
+    """(keep_best, best_metric, best_mode) as the config that wrote it set them (the shipped
+    default's where it was written before them: keep_best 0)."""
+    recorded = self.full_config()
+    return recorded.keep_best, recorded.best_metric, recorded.best_mode
 
   def full_config(self) -> ml_collections.ConfigDict:
     """The config that wrote the checkpoint, every field there: a field added after it was

@@ -311,6 +311,24 @@ def get_config() -> ml_collections.ConfigDict:
   # steps (process 0 decides, every process saves); 0 = by steps only.
   config.checkpoint_every_seconds = 0.0
   config.keep_checkpoints = 3  # Newest checkpoints kept on disk.
+  # Also the checkpoints of the keep_best best evaluations by best_metric (timm's
+  # --checkpoint-hist with --eval-metric), kept beside the newest; every evaluation step
+  # saves where it is set. 0 = none. A resume starts from the newest, never the best.
+  config.keep_best = 0
+  config.best_metric = 'eval_accuracy'  # An evaluation scalar's tag (metrics.jsonl's).
+  # 'max' or 'min'; '' = by the name: ending in 'accuracy' is better higher, in 'loss' lower.
+  config.best_mode = ''
+
+  # Trackers beside TensorBoard, on process 0 (each an optional extra: pip install
+  # 'flax_dp_trainer[wandb]', '[mlflow]'): the resolved config as the run's parameters, every
+  # scalar at its step, tags; a resumed run continues the same tracked run.
+  config.wandb_project = ''  # Weights & Biases project; '' = no W&B.
+  config.wandb_entity = ''  # W&B entity (team or user); '' = the account's default.
+  config.wandb_run_name = ''  # W&B run name; '' = W&B's own.
+  # MLflow tracking URI ('' = no MLflow): a server (http://HOST:5000), or a local store as
+  # sqlite:///PATH/mlflow.db.
+  config.mlflow_tracking_uri = ''
+  config.mlflow_experiment = ''  # MLflow experiment name; '' = the workdir's base name.
   # Initial params: a workdir or checkpoint of this trainer, or a PyTorch state dict file of
   # the same model in torchvision's names (.pth, .safetensors; a classifier of another size
   # is initialized afresh); '' = random init.

@@ -192,6 +192,15 @@ def resolve(options: DataOptions, given: Optional[arrays_lib.Arrays] = None,
   return RunDatasets(read, train, tuple(_eval_sets(options, read, train, command_line)))
 
 
+def eval_prefix(run_dataset: str, entry: str) -> str:
+  """The prefix of the tags an entry of `eval_splits` writes ('eval_test', 'eval_DATASET_SPLIT'
+  for another dataset than the run's `run_dataset`)."""
+  dataset, split = dataset_and_split(entry)
+  dataset = dataset or run_dataset
+  name = f'{dataset}_{split}' if dataset != run_dataset else split
+  return 'eval_' + re.sub('[^0-9A-Za-z]+', '_', name).strip('_')
+
+
 def _eval_sets(options: DataOptions, read: specs.DatasetSpec, train: specs.DatasetSpec,
                command_line=frozenset()) -> list[EvalSet]:
   """`eval_split` of the run's dataset, then each entry of `eval_splits` ('SPLIT' of the
@@ -206,8 +215,7 @@ def _eval_sets(options: DataOptions, read: specs.DatasetSpec, train: specs.Datas
       continue
     dataset, split = dataset_and_split(entry)
     dataset = dataset or options.dataset
-    name = (f'{dataset}_{split}' if dataset != options.dataset else split)
-    prefix = 'eval_' + re.sub('[^0-9A-Za-z]+', '_', name).strip('_')
+    prefix = eval_prefix(options.dataset, entry)
     if (dataset, split) in {(s.dataset, s.split) for s in sets}:
       raise UserError(f'eval_splits={options.eval_splits!r}: {entry!r} is evaluated already '
                       f'(eval_split={options.eval_split!r} or an earlier entry); drop it')

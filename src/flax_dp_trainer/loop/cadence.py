@@ -6,17 +6,21 @@ import dataclasses
 
 @dataclasses.dataclass(frozen=True)
 class Cadence:
-  """Steps count from 1 to `last`; the last step always logs, evaluates and saves."""
+  """Steps count from 1 to `last`; the last step always logs, evaluates and saves; with
+  `save_at_eval` (keep_best: each evaluation's checkpoint may be one of the best) every
+  evaluation step saves too."""
   log_every: int
   eval_every: int
   save_every: int
   last: int
+  save_at_eval: bool = False
 
   @classmethod
   def from_config(cls, config) -> 'Cadence':
     """From a config whose durations are resolved to steps."""
     return cls(config.log_every_steps, config.eval_every_steps,
-               config.checkpoint_every_steps, config.num_train_steps)
+               config.checkpoint_every_steps, config.num_train_steps,
+               bool(config.get('keep_best', 0)))
 
   def _due(self, step: int, every: int) -> bool:
     return step % every == 0 or step == self.last
@@ -29,4 +33,4 @@ class Cadence:
     return self._due(step, self.eval_every)
 
   def save(self, step: int) -> bool:
-    return self._due(step, self.save_every)
+    return self._due(step, self.save_every) or (self.save_at_eval and self.eval(step))

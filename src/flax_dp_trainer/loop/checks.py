@@ -1,5 +1,6 @@
 """Checks of the config and workdir that run before anything is compiled or written."""
 
+import importlib.util
 import os
 
 import ml_collections
@@ -18,6 +19,7 @@ from flax_dp_trainer.loop import durations
 from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.base import user_imports
+from flax_dp_trainer.checkpoint import checkpointer
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.base.errors import UserError
@@ -191,7 +193,9 @@ def check_fields(config, *, process_count: int, local_device_count: int) -> None
       raise UserError(f'{field}={config[field]!r} must be a probability in [0, 1] '
                       f'(--config.{field}=X)')
   _check_ema(config)
+  _check_best(config)
   augmentation_checks.check(config)
+  _check_trackers(config)
   if not isinstance(config.data_threads, int) or config.data_threads < 0:
     raise UserError(f'data_threads={config.data_threads!r} must be a whole number >= 0; 0 uses '
                     'every core the process may run on (--config.data_threads=N)')
@@ -275,6 +279,66 @@ def _check_ema(config) -> None:
     raise UserError(f'ema_style={style!r} shapes an EMA, and ema_decay=0 keeps none; set '
                     '--config.ema_decay (torchvision\'s --model-ema-decay is 0.99998), or '
                     "--config.ema_style=''")
+
+
+def evaluation_tags(config) -> list[str]:
+  """The scalars each evaluation of the config writes (`loop.evaluation`): eval_loss,
+  eval_accuracy, eval_top5_accuracy, their eval_ema_* where an EMA is kept, and the same
+  of each entry of eval_splits under its prefix."""
+  prefixes = ['eval'] + [run_datasets.eval_prefix(config.dataset, entry.strip())
+                         for entry in config.eval_splits.split(',') if entry.strip()]
+  kinds = ['', 'ema_'] if config.ema_decay else ['']
+  return [f'{prefix}_{kind}{name}' for prefix in prefixes for kind in kinds
+          for name in ('loss', 'accuracy', 'top5_accuracy')]
+
+
+def _check_best(config) -> None:
+  """keep_best, best_metric and best_mode: a count, a tag the run's evaluations write, and
+  which way it is better (said by the name where best_mode is '')."""
+  keep, metric, mode = (config.get('keep_best', 0), config.get('best_metric', 'eval_accuracy'),
+                        config.get('best_mode', ''))
+  if not isinstance(keep, int) or isinstance(keep, bool) or keep < 0:
+    raise UserError(f'keep_best={keep!r} must be a whole number >= 0: the checkpoints of the '
+                    'best evaluations kept beside the newest, 0 for none (--config.keep_best=K)')
+  if mode not in ('', 'max', 'min'):
+    raise UserError(f"best_mode={mode!r} is unknown; choose 'max' (better higher), 'min' "
+                    "(better lower) or '' (by best_metric's name) (--config.best_mode=max)")
+  if not keep:
+    return
+  if checkpointer.metric_mode(metric, mode) is None:
+    raise UserError(f"best_metric={metric!r} ends neither in 'accuracy' (better higher) nor in "
+                    "'loss' (better lower); say which way it is better with "
+                    '--config.best_mode=max or --config.best_mode=min')
+  tags = evaluation_tags(config)
+  if metric not in tags:
+    raise UserError(f'best_metric={metric!r} is not a scalar this run\'s evaluations write; '
+                    f'choose one of: {", ".join(tags)} (--config.best_metric=TAG)')
+
+
+# MLflow's SQL stores (`sqlite:///PATH` among them) need SQLAlchemy and Alembic beside it.
+_MLFLOW_SQL_SCHEMES = ('sqlite', 'postgresql', 'mysql', 'mssql')
+
+
+def _check_trackers(config) -> None:
+  """The trackers the config turns on: each one's extra installed (looked for, not imported),
+  and a `sqlite:///PATH` store's folder there."""
+  uri = config.get('mlflow_tracking_uri', '')
+  sql = uri.split(':', 1)[0].split('+')[0] in _MLFLOW_SQL_SCHEMES
+  # Each tracker's field, its extra and the modules that extra installs.
+  extras = {'wandb_project': ('wandb', ['wandb']),
+            'mlflow_tracking_uri': ('mlflow', ['mlflow'] + (['sqlalchemy', 'alembic'] * sql))}
+  for field, (extra, modules) in extras.items():
+    value = config.get(field, '')
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    if value and missing:
+      raise UserError(f"{field}={value!r} needs the {extra} extra ({', '.join(missing)} not "
+                      f"installed): pip install 'flax_dp_trainer[{extra}]', or leave "
+                      f"--config.{field} empty")
+  if uri.startswith('sqlite:///'):
+    folder = os.path.dirname(uri[len('sqlite:///'):])
+    if folder and not os.path.isdir(folder):
+      raise UserError(f'mlflow_tracking_uri={uri!r}: the folder {folder} does not exist; make '
+                      f'it (mkdir -p {folder}), or give a sqlite:///PATH in one that does')
 
 
 def command_line_config(config_flag) -> ml_collections.ConfigDict:

@@ -89,11 +89,11 @@ class Start:
   window: Optional[dict] = None  # The train metrics not written yet when it was saved.
 
 
-def restore_newest(run: 'Run', state: state_lib.TrainState
+def restore_newest(run: 'Run', state: state_lib.TrainState, step: Optional[int] = None
                     ) -> tuple[Optional[checkpoint.Restored], list[checkpoint.Unreadable]]:
-  """The newest checkpoint that reads (`Checkpointer.restore_newest`), the same on every
-  process."""
-  restored, unreadable = run.checkpointer.restore_newest(state, run.config.to_dict())
+  """The newest checkpoint that reads (`Checkpointer.restore_newest`; that at `step` where
+  given), the same on every process."""
+  restored, unreadable = run.checkpointer.restore_newest(state, run.config.to_dict(), step)
   if jax.process_count() > 1:
     steps = multihost_utils.process_allgather(np.int64(-1 if restored is None else
                                                        restored.step))
@@ -212,16 +212,17 @@ def _restore(run: 'Run', state: state_lib.TrainState, resume_with_changes: bool
       opt_state=optimizers.at_schedule_step(state.opt_state, restored.step))), []
 
 
-def restore_for_evaluation(run: 'Run', state: state_lib.TrainState
-                           ) -> Optional[checkpoint.Restored]:
-  """The newest checkpoint that reads, for evaluation: one whose optimizer state does not fit
-  this run's optimizer (another optimizer, an earlier version's) restored without it."""
+def restore_for_evaluation(run: 'Run', state: state_lib.TrainState,
+                           step: Optional[int] = None) -> Optional[checkpoint.Restored]:
+  """The newest checkpoint that reads (that at `step` where given), for evaluation: one whose
+  optimizer state does not fit this run's optimizer (another optimizer, an earlier
+  version's) restored without it."""
   try:
-    restored = restore_newest(run, state)[0]
+    restored = restore_newest(run, state, step)[0]
   except UserError as e:
     if not _optimizer_state_unfit(e):
       raise
-    restored = run.checkpointer.restore_without_optimizer(state)[0]
+    restored = run.checkpointer.restore_without_optimizer(state, step)[0]
   return with_newer_fields(run, restored)
 
 
@@ -373,7 +374,9 @@ def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
   process_count = jax.process_count()
   devices = list(devices) if devices is not None else parallel.global_devices()
   num_devices = len(devices)
-  checkpointer = checkpoint.Checkpointer(workdir, keep=config.keep_checkpoints)
+  checkpointer = checkpoint.Checkpointer(
+      workdir, keep=config.keep_checkpoints,
+      best=checkpoint.Best.of(config.keep_best, config.best_metric, config.best_mode))
   topology = (dict(process_count=process_count, local_device_count=num_devices // process_count)
               if training else dict(process_count=1, local_device_count=1))
   if training:

@@ -6,7 +6,8 @@
     for step: rstate, metrics = p_train_step(rstate, batch, rng)
         every log_every_steps: fetch metrics, check they are finite -> writer (process 0)
         every eval_every_steps: evaluate (padded + masked)
-        every checkpoint_every_steps, and on SIGTERM/SIGINT: save (all processes)
+        every checkpoint_every_steps, and on SIGTERM/SIGINT: save (all processes); with
+          keep_best every evaluation step too, its scalars saved with it (the best kept)
 """
 
 import contextlib
@@ -27,6 +28,7 @@ from flax_dp_trainer.base import multihost
 from flax_dp_trainer.base.errors import Diverged
 from flax_dp_trainer.base.errors import Interrupted, Preempted
 from flax_dp_trainer.base.errors import UserError
+from flax_dp_trainer.checkpoint import checkpointer as checkpoint
 from flax_dp_trainer.checkpoint import meta as run_meta
 from flax_dp_trainer.checkpoint import init_from
 from flax_dp_trainer.data import pipeline
@@ -39,6 +41,7 @@ from flax_dp_trainer.loop import evaluation
 from flax_dp_trainer.loop import progress
 from flax_dp_trainer.loop import setup
 from flax_dp_trainer.loop import signals
+from flax_dp_trainer.loop import trackers
 from flax_dp_trainer.loop import writers
 from flax_dp_trainer.parallel import dispatch
 from flax_dp_trainer.parallel import layouts as parallel
@@ -93,16 +96,19 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
                   devices: Optional[Sequence[jax.Device]] = None, model: Any = None,
                   loss: Optional[losses.Loss] = None, data: Any = None,
                   command_line=frozenset(), show_bars: bool = False,
-                  datasets: Optional[run_datasets.RunDatasets] = None) -> dict[str, float]:
+                  datasets: Optional[run_datasets.RunDatasets] = None,
+                  step: Optional[int | str] = None) -> dict[str, float]:
   """Evaluates the newest checkpoint of `workdir` (else `config.init_from`) on every
   configured evaluation and writes the scalars at its step; no checkpoint is changed.
   Returns the scalars. `model`, `loss`, `data`, `command_line`, `show_bars`, `datasets`: as
-  `train_and_evaluate` takes them."""
+  `train_and_evaluate` takes them; `step`: the checkpoint at that step, or
+  `checkpointer.BEST` the best evaluation's kept by keep_best (`--eval_step`)."""
+  step = _checkpoint_step(workdir, step)  # Refused before anything compiles.
   run = setup.prepare(config, workdir, devices, training=False, model=model, loss=loss,
                       arrays=data, command_line=command_line, datasets=datasets)
   config = run.config
   state = setup.initial_state(run)
-  restored = setup.restore_for_evaluation(run, state)
+  restored = setup.restore_for_evaluation(run, state, step)
   if restored is None and not config.init_from:
     raise UserError(f'--eval_only: {run.checkpointer.directory} holds no checkpoint to '
                     'evaluate and no --config.init_from is set; point --workdir at a run\'s '
@@ -127,6 +133,19 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
       writer.write_scalars(step, scalars)
     multihost.sync_processes('evaluate_only done')
   return scalars
+
+
+def _checkpoint_step(workdir: str, step: Optional[int | str]) -> Optional[int]:
+  """`step` (`evaluate_only`'s) as a step of a checkpoint in `workdir`; None: the newest."""
+  step = checkpoint.resolve_step(workdir, step)
+  if step is None:
+    return None
+  steps = checkpoint.Checkpointer(workdir, keep=1).steps()
+  if step not in steps:
+    raise UserError(f'--eval_step={step}: {checkpoint.directory(workdir)} has no checkpoint at '
+                    f'step {step}; it has steps {", ".join(map(str, steps)) or "none"} (or pass '
+                    f'--eval_step={checkpoint.BEST}, or leave it out for the newest)')
+  return step
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
@@ -175,7 +194,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   for line in run.data.describe(jax.process_count()):
     logging.info('%s', line)
   # From here on the workdir is written, by this run alone.
-  with setup.lock_workdir(workdir):
+  with setup.lock_workdir(workdir), contextlib.ExitStack() as closing:
     run.checkpointer.set_aside(start.unreadable)
     run.checkpointer.remove_unfinished()
     multihost.sync_processes('unreadable checkpoints set aside')
@@ -186,8 +205,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     bars = _bars(show_bars, config.num_train_steps, start_step + 1)
     if bars is not None:
       callbacks = [*callbacks, bars.scalars]
-    writer = writers.open_session(workdir, start_step, config.to_dict(),
-                                  write_files=jax.process_index() == 0, callbacks=callbacks)
+    writer = writers.open_session(
+        workdir, start_step, config.to_dict(), write_files=jax.process_index() == 0,
+        callbacks=callbacks, trackers=trackers.TrackerOptions.from_config(
+            config, workdir, devices=len(run.layout.devices), processes=jax.process_count()))
+    closing.callback(writer.close)  # Ends the trackers' runs, on a stop or an error too.
     timeline.begin(start_step)
     session = _Session(run, start, writer, workdir, timeline, bars)
     with metric_writers.ensure_flushes(writer), session.stop, session.prefetch, (
@@ -318,15 +340,17 @@ class _Session:
           if save_now or self.cadence.eval(step):  # The devices wait for these anyway.
             write_log, pending = None, write_log
             pending()
+        evaluated = None  # This step's evaluation, saved with its checkpoint (keep_best).
         if self.cadence.eval(step):
           with self.timeline.phase('evaluation'):
-            self.writer.write_scalars(step, evaluation.evaluate_all(
+            evaluated = evaluation.evaluate_all(
                 self.p_eval_step, self.rstate, self.run.evaluations, self.run.layout,
-                self.bars, self.timeline.beat))
+                self.bars, self.timeline.beat)
+            self.writer.write_scalars(step, evaluated)
           self.throughput.start(step)
         if save_now:
           with self.timeline.phase('save'):
-            self._save(step)
+            self._save(step, evaluated)
         if stopping:
           with self.timeline.phase('save'):
             self.run.checkpointer.wait()
@@ -366,8 +390,10 @@ class _Session:
       return False
     return bool(multihost.from_process_0(time.time() - self.saved_at >= every))
 
-  def _save(self, step: int) -> None:
-    """Saves the state at `step` (all processes), after checking its params are finite."""
+  def _save(self, step: int, evaluated: Optional[dict] = None) -> None:
+    """Saves the state at `step` (all processes), after checking its params are finite;
+    `evaluated`: the scalars of the evaluation at `step`, where one ran (`RunMeta.evaluation`:
+    what the checkpoints kept by keep_best are ranked by)."""
     host_state = parallel.host_state(self.run.layout, self.rstate)
     if not _all_finite(host_state.params):
       self.buffer.diverged_at(step)
@@ -378,7 +404,7 @@ class _Session:
         examples_seen=start.examples_seen + (step - self.first + 1) * config.batch_size,
         devices=len(self.run.layout.devices), processes=jax.process_count(),
         config=config.to_dict(), window=self.buffer.pending(),
-        dataset=specs.to_json(self.run.data.spec)))
+        dataset=specs.to_json(self.run.data.spec), evaluation=evaluated))
     self.last_saved, self.saved_at = step, time.time()
     self.throughput.start(step)
 

@@ -1,4 +1,5 @@
 """What a run writes: TensorBoard events, metrics.jsonl and log lines (CLU metric writers),
+the experiment trackers the config turns on (W&B: `wandb_writer`, MLflow: `mlflow_writer`),
 the SessionLog START of each start; and metrics.jsonl read back (`read_jsonl`: a resumed run
 rewrites it). The event files' scalars and a run's speed figures are read back by the scripts
 (runs/run_metrics.py).
@@ -12,11 +13,17 @@ import os
 import socket
 import time
 
+from typing import Optional
+
 import jax
 from flax_dp_trainer.data.tensorflow_import import tf
 from absl import logging
 from clu import metric_writers
 from tensorboard.compat.proto import event_pb2
+
+from flax_dp_trainer.loop import mlflow_writer
+from flax_dp_trainer.loop import trackers as trackers_lib
+from flax_dp_trainer.loop import wandb_writer
 
 
 JSONL_NAME = 'metrics.jsonl'
@@ -111,10 +118,12 @@ def read_jsonl(path: str) -> list[dict[str, float]]:
   return records
 
 
-def create_writer(workdir: str, write_files: bool | None = None,
-                  callbacks=()) -> metric_writers.MetricWriter:
-  """TensorBoard events, metrics.jsonl, log lines and `callbacks` (`CallbackWriter`) where
-  `write_files` (default: on process 0); log lines only elsewhere."""
+def create_writer(workdir: str, write_files: bool | None = None, callbacks=(),
+                  trackers: Optional[trackers_lib.TrackerOptions] = None
+                  ) -> metric_writers.MetricWriter:
+  """TensorBoard events, metrics.jsonl, log lines, `callbacks` (`CallbackWriter`) and the
+  `trackers` turned on (`tracker_writers`) where `write_files` (default: on process 0); log
+  lines only elsewhere."""
   if write_files is None:
     write_files = jax.process_index() == 0
   default = metric_writers.create_default_writer(
@@ -123,17 +132,38 @@ def create_writer(workdir: str, write_files: bool | None = None,
     return default
   return metric_writers.MultiWriter(
       [default, JsonLinesWriter(os.path.join(workdir, JSONL_NAME))] +
-      ([CallbackWriter(callbacks)] if callbacks else []))
+      ([CallbackWriter(callbacks)] if callbacks else []) +
+      (tracker_writers(trackers, workdir) if trackers is not None else []))
+
+
+def tracker_writers(options: trackers_lib.TrackerOptions, workdir: str
+                    ) -> list[metric_writers.MetricWriter]:
+  """A writer for each tracker `options` turns on: W&B, MLflow (each writes off the training
+  thread; its `close` ends its run). Each is handed the run's metrics.jsonl as it stands (a
+  resumed run's: up to where it resumes) and first logs what of it its run lacks: the steps a
+  killed run wrote there before its tracker had them."""
+  path = os.path.join(workdir, JSONL_NAME)
+  written = read_jsonl(path) if os.path.exists(path) else []
+  writers = []
+  if options.wandb is not None:
+    writers.append(wandb_writer.WandbWriter(options.wandb, options, written))
+  if options.mlflow is not None:
+    writers.append(mlflow_writer.MlflowWriter(options.mlflow, options, written))
+  return writers
 
 
 def open_session(workdir: str, start_step: int, hparams: dict, write_files: bool,
-                 callbacks=()) -> metric_writers.MetricWriter:
+                 callbacks=(), trackers: Optional[trackers_lib.TrackerOptions] = None
+                 ) -> metric_writers.MetricWriter:
   """The writer of a run (first or resumed) that starts after `start_step`: where
   `write_files`, the session's START is recorded first (`mark_session_start`); a fresh run
-  (`start_step` 0) writes `hparams`. `callbacks`: see `CallbackWriter`."""
+  (`start_step` 0) writes `hparams`. `callbacks`: see `CallbackWriter`; `trackers`: the
+  experiment trackers to write to as well (`tracker_writers`), on process 0; the writer's
+  `close` ends their runs."""
   if write_files:
     mark_session_start(workdir, start_step + 1)
-  writer = create_writer(workdir, write_files=write_files, callbacks=callbacks)
+  writer = create_writer(workdir, write_files=write_files, callbacks=callbacks,
+                         trackers=trackers)
   if start_step == 0:
     writer.write_hparams(hparams)
   return writer

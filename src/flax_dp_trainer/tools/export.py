@@ -1,7 +1,7 @@
 """Writes a run's trained model as a PyTorch state dict (torchvision's names; a port's, its
 original's, `config.torch_model`), and says how to load it and what input it takes:
 
-  python -m flax_dp_trainer.tools.export --workdir=/tmp/digits [--step=N] \\
+  python -m flax_dp_trainer.tools.export --workdir=/tmp/digits [--step=N|best] \\
       [--format=torchvision|safetensors] [--out=PATH]
 
 `torchvision` writes a `torch.save` file (.pth), `safetensors` a .safetensors file; both hold
@@ -34,7 +34,8 @@ TORCHVISION = {'resnet18': 'resnet18', 'resnet34': 'resnet34', 'resnet50': 'resn
 
 def _define_flags() -> None:
   flags.DEFINE_string('workdir', None, "The run's --workdir.", required=True)
-  flags.DEFINE_integer('step', None, 'The checkpoint to export (default: the newest).')
+  flags.DEFINE_string('step', None, "The checkpoint to export: a step number, or 'best' (the "
+                      "best evaluation's, kept by --config.keep_best); default the newest.")
   flags.DEFINE_enum('format', 'torchvision', list(FORMATS), 'File format.')
   flags.DEFINE_string('out', None, 'Where to write (default: WORKDIR/export/MODEL_stepN.EXT).')
 
@@ -122,7 +123,8 @@ def main(argv):
   if FLAGS.format == 'safetensors':  # (known once the flags are parsed; nothing is read yet)
     cli.require_ddp_extra(['safetensors'])
   try:
-    _, lines = export(FLAGS.workdir, FLAGS.step, FLAGS.format, FLAGS.out)
+    _, lines = export(FLAGS.workdir, cli.checkpoint_step(FLAGS.step, '--step'), FLAGS.format,
+                      FLAGS.out)
   except UserError as e:
     raise SystemExit(f'error: {e}') from None
   print('\n'.join(lines))

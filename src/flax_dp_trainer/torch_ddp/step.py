@@ -39,7 +39,8 @@ from flax_dp_trainer.torch_ddp import param_groups as twin_groups
 
 SUPPORTED = dict(dtype=('float32', 'bfloat16', 'float16'),
                  grad_accum_steps=(1,), init_from=('',), skip_nonfinite_steps=(False,),
-                 stochastic_depth_rate=(0.0,), eval_splits=('',), remat=('none', 'full'))
+                 stochastic_depth_rate=(0.0,), eval_splits=('',), remat=('none', 'full'),
+                 keep_best=(0,))  # The twin keeps its newest checkpoints only.
 def check_supported(config) -> None:
   """One line naming the first config value the twin cannot reproduce."""
   optimizers.counterpart(run_options.optimizer(config)[0])  # An optax one has none.

@@ -1,0 +1,248 @@
+"""What the experiment trackers beside TensorBoard share (W&B: `wandb_writer`, MLflow:
+`mlflow_writer`): their options from the config (`TrackerOptions`), the run's parameters and
+tags, the file in the workdir that names the tracked run across resumes and restarts
+(`RunRecord`), the steps a resume trains again and no tracker is given twice (`StepsAbove`),
+and the thread their calls run on so that training never waits for them (`Background`).
+"""
+
+import dataclasses
+import importlib.metadata
+import json
+import os
+import queue
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from absl import logging
+from clu import metric_writers
+
+# How long a flush waits for a tracker's pending writes, and a close for them and the run's
+# finish (W&B uploads or syncs there): past it the run goes on or ends without them.
+FLUSH_WAIT_S = 10.0
+CLOSE_WAIT_S = 60.0
+# Writes a tracker may fall behind by (a few per log step) before new ones are dropped.
+QUEUE_SIZE = 10_000
+
+
+@dataclasses.dataclass(frozen=True)
+class WandbOptions:
+  """A Weights & Biases run: its project, entity ('' = the account's default) and name ('' =
+  W&B's own)."""
+  project: str
+  entity: str = ''
+  run_name: str = ''
+
+
+@dataclasses.dataclass(frozen=True)
+class MlflowOptions:
+  """An MLflow run: the tracking URI (a server, or `sqlite:///PATH` for a local store) and the
+  experiment's name."""
+  tracking_uri: str
+  experiment: str
+
+
+@dataclasses.dataclass(frozen=True)
+class TrackerOptions:
+  """The trackers a run writes to (None: off) and what each records of the run: `config` (the
+  resolved config, JSON's types), `tags` ({name: value}), `workdir` (where each keeps its
+  run's id) and `last_step` (the config's last step: a run closed before it was stopped)."""
+  workdir: str
+  config: dict[str, Any]
+  tags: dict[str, str]
+  last_step: int
+  wandb: Optional[WandbOptions] = None
+  mlflow: Optional[MlflowOptions] = None
+
+  @classmethod
+  def from_config(cls, config, workdir: str, *, devices: int, processes: int
+                  ) -> 'TrackerOptions':
+    """The trackers `config` turns on, with its values as the parameters and the run's facts
+    (model, dataset, devices, processes, step backend, the package's version) as tags."""
+    wandb = mlflow = None
+    if config.wandb_project:
+      wandb = WandbOptions(config.wandb_project, config.wandb_entity, config.wandb_run_name)
+    if config.mlflow_tracking_uri:
+      experiment = config.mlflow_experiment or os.path.basename(os.path.abspath(workdir))
+      mlflow = MlflowOptions(config.mlflow_tracking_uri, experiment)
+    tags = {'model': str(config.model), 'dataset': str(config.dataset),
+            'devices': str(devices), 'processes': str(processes),
+            'backend': str(config.step_backend), 'version': _version()}
+    return cls(workdir=workdir, config=plain(config.to_dict()), tags=tags,
+               last_step=int(config.num_train_steps), wandb=wandb, mlflow=mlflow)
+
+
+def _version() -> str:
+  """This package's installed version ('' where it is not installed, e.g. run from a tree)."""
+  try:
+    return importlib.metadata.version('flax-dp-trainer')
+  except importlib.metadata.PackageNotFoundError:
+    return ''
+
+
+def plain(value: Any) -> Any:
+  """`value` in JSON's types (tuples as lists, anything else as its str)."""
+  return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+def flat_params(config: dict[str, Any]) -> dict[str, str]:
+  """The config as parameters: {'field' or 'field.sub': value as text}, nested dicts
+  flattened (text as it is, other values as JSON)."""
+  out = {}
+  for key, value in config.items():
+    if isinstance(value, dict) and value:
+      out.update({f'{key}.{sub}': text for sub, text in flat_params(value).items()})
+    else:
+      out[key] = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+  return out
+
+
+def changed_params(before: dict[str, str], now: dict[str, str], step: int) -> dict[str, str]:
+  """The tags that record a resume's changes to the parameters (`--resume_with_changes`, a
+  longer run): {'changed.FIELD': 'OLD -> NEW at step STEP'}, where a field's value differs
+  from the one the tracked run holds."""
+  return {f'changed.{key}': f'{before.get(key, "(none)")} -> {now.get(key, "(none)")} at '
+                            f'step {step}'
+          for key in sorted(set(before) | set(now)) if before.get(key) != now.get(key)}
+
+
+class RunRecord:
+  """The file in the workdir (`NAME_run.json`) that names a tracker's run, so that a resumed
+  or restarted run continues it: {"run_id", "params" (as last recorded), and what the tracker
+  adds, e.g. "last_step"}. Process 0 writes it; each write replaces it whole."""
+
+  def __init__(self, workdir: str, name: str):
+    self.path = os.path.join(workdir, f'{name}_run.json')
+
+  def read(self) -> dict[str, Any]:
+    """The record, {} where there is none (a first run) or it does not read."""
+    try:
+      with open(self.path, encoding='utf-8') as f:
+        record = json.load(f)
+    except FileNotFoundError:
+      return {}
+    except (OSError, ValueError) as e:
+      logging.warning('%s does not read (%s): a new tracked run is started', self.path, e)
+      return {}
+    return record if isinstance(record, dict) else {}
+
+  def update(self, **fields: Any) -> None:
+    """Sets `fields` in the record (written to a temporary file, then renamed over it)."""
+    record = {**self.read(), **fields}
+    with open(self.path + '.tmp', 'w', encoding='utf-8') as f:
+      json.dump(record, f, sort_keys=True)
+    os.replace(self.path + '.tmp', self.path)
+
+
+class StepsAbove:
+  """The steps a tracker is given: those above the last its run already holds. A run killed
+  after its last checkpoint logged steps its resume trains (and writes) again; as
+  metrics.jsonl drops them, the tracker keeps its first copy and takes no second."""
+
+  def __init__(self, last: Optional[int] = None):
+    self.last = last
+
+  def keep(self, step: int) -> bool:
+    return self.last is None or step > self.last
+
+
+def missing(written: list[dict[str, Any]], last: Optional[int]
+            ) -> list[tuple[int, float, dict[str, float]]]:
+  """The writes of metrics.jsonl (`written`: its records) above the step `last` that a tracked
+  run holds, in order, as (step, wall time, {tag: value})."""
+  return [(int(r['step']), float(r['wall_time']),
+           {tag: float(v) for tag, v in r.items() if tag not in ('step', 'wall_time')})
+          for r in written if last is None or int(r['step']) > last]
+
+
+class Background:
+  """A tracker's calls, in order, on a thread of its own: the training thread only queues
+  them (a bounded queue; when full, writes are dropped and said once). The first call that
+  fails is said in one log line, with `what` (the tracker and where it writes), and the
+  tracker is off from there: the run goes on."""
+
+  def __init__(self, what: str):
+    self.what = what
+    self.failed = False
+    self._queue: queue.Queue = queue.Queue(QUEUE_SIZE)
+    self._dropped = 0
+    self._thread = threading.Thread(target=self._work, name=f'tracker {what}', daemon=True)
+    self._thread.start()
+
+  def submit(self, call: Callable[[], None]) -> bool:
+    """Queues `call`; False where it was dropped (the tracker off, or the queue full)."""
+    if self.failed:
+      return False
+    try:
+      self._queue.put_nowait(call)
+    except queue.Full:
+      self._dropped += 1
+      if self._dropped == 1:
+        logging.warning('%s falls behind: %d writes queued; later ones are dropped until it '
+                        'catches up', self.what, QUEUE_SIZE)
+      return False
+    return True
+
+  def wait(self, timeout: float) -> bool:
+    """Waits up to `timeout` seconds for the calls queued so far; whether they are done (or
+    the tracker is off)."""
+    if self.failed:
+      return True
+    deadline, done = time.monotonic() + timeout, threading.Event()
+    try:
+      self._queue.put(done, timeout=timeout)
+    except queue.Full:
+      return False
+    return done.wait(max(0.0, deadline - time.monotonic()))
+
+  def close(self, timeout: float) -> None:
+    """Lets the queued calls run, up to `timeout` seconds, and ends the thread."""
+    if self.wait(timeout):
+      self._queue.put(None)
+      self._thread.join(timeout)
+    else:
+      logging.warning('%s did not finish its writes in %.0f s: left unfinished', self.what,
+                      timeout)
+
+  def _work(self) -> None:
+    while True:
+      call = self._queue.get()
+      if call is None:
+        return
+      if isinstance(call, threading.Event):  # A `wait`'s mark: the calls before it are done.
+        call.set()
+        continue
+      if self.failed:
+        continue
+      try:
+        call()
+      except Exception as e:  # pylint: disable=broad-except
+        # Any error of a tracker's library ends the tracking, never the training.
+        self.failed = True
+        logging.warning('%s failed (%s: %s): not tracked from here on; training goes on',
+                        self.what, type(e).__name__, str(e).splitlines()[0] if str(e) else '')
+
+
+class TrackerWriter(metric_writers.MetricWriter):
+  """A tracker's CLU writer: scalars only, its calls on `self._thread` (a `Background`); a
+  flush and a close wait for them a bounded time, the close ending the tracked run (`_end`)."""
+  _thread: Background
+
+  def _not_scalars(self, *args, **kwargs) -> None:
+    """Summaries, images and the rest: TensorBoard records them; the config is the run's
+    parameters."""
+    del args, kwargs
+
+  write_summaries = write_images = write_videos = write_audios = _not_scalars
+  write_texts = write_histograms = write_hparams = _not_scalars
+
+  def flush(self) -> None:
+    self._thread.wait(FLUSH_WAIT_S)
+
+  def close(self) -> None:
+    self._thread.submit(self._end)
+    self._thread.close(CLOSE_WAIT_S)
+
+  def _end(self) -> None:
+    """Ends the tracked run (on the tracker's thread)."""
+    raise NotImplementedError

@@ -1,0 +1,279 @@
+"""The trackers beside TensorBoard: W&B (offline: CI has no network) and MLflow (a sqlite:///
+store) get the run's config, every scalar at its step and the run's tags, and continue one run
+across resumes, a kill -9 among them, without taking a step twice; a missing extra is refused
+in one line before anything is written; a tracker that cannot be reached is said once and
+training goes on."""
+
+import glob
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import os
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import jax
+import pytest
+
+from flax_dp_trainer.base.errors import UserError
+from flax_dp_trainer.configs import default
+from flax_dp_trainer.loop import train
+from flax_dp_trainer.loop import trackers
+from flax_dp_trainer.loop import writers
+from flax_dp_trainer.runs import processes
+from tests import REPO
+
+# Killed as it reaches step 180: steps 101-179 are trained again by the resume, 110-170 logged
+# twice by the training (the checkpoint is at 100); a last session trains on to step 220.
+RUN = dict(num_train_steps=200, warmup_steps=5, log_every_steps=10, eval_every_steps=20,
+           checkpoint_every_steps=100, learning_rate=0.05)
+KILLED_AT, LONGER = 180, 220
+DEVICES = 2
+
+
+def test_helpers_keep_steps_above_the_last_and_record_changes():
+  assert [s for s in (29, 30, 31, 35) if trackers.StepsAbove(30).keep(s)] == [31, 35]
+  assert trackers.StepsAbove(None).keep(1)
+  assert trackers.flat_params({'a': 1, 'b': {'c': 'x', 'd': [1, 2]}, 'e': {}, 'f': True}) == {
+      'a': '1', 'b.c': 'x', 'b.d': '[1, 2]', 'e': '{}', 'f': 'true'}
+  written = [{'step': 10, 'wall_time': 1.5, 'train_loss': 2}, {'step': 20, 'wall_time': 2.5,
+                                                                'eval_accuracy': 0.5}]
+  assert trackers.missing(written, 10) == [(20, 2.5, {'eval_accuracy': 0.5})]
+  assert len(trackers.missing(written, None)) == 2 and not trackers.missing(written, 20)
+  assert trackers.changed_params({'a': '1', 'b': '2'}, {'a': '1', 'b': '3', 'c': 'x'}, 41) == {
+      'changed.b': '2 -> 3 at step 41', 'changed.c': '(none) -> x at step 41'}
+
+
+def test_background_never_holds_up_the_caller(caplog, monkeypatch):
+  """Calls queue and return at once; a full queue drops writes (said once); flush waits a
+  bounded time; the first call that fails is said in one line and ends the tracking."""
+  monkeypatch.setattr(trackers, 'QUEUE_SIZE', 3)
+  release, ran = threading.Event(), []
+  background = trackers.Background('a tracker')
+  started = time.monotonic()
+  assert background.submit(release.wait)
+  time.sleep(0.05)  # The thread takes the blocking call: the queue holds what follows.
+  assert [background.submit(lambda i=i: ran.append(i)) for i in range(5)] == [True] * 3 + [
+      False] * 2
+  assert not background.wait(0.1)
+  assert time.monotonic() - started < 1
+  release.set()
+  assert background.wait(5) and ran == [0, 1, 2]
+
+  def fail():
+    raise ConnectionError('refused\nand more')
+
+  with caplog.at_level(logging.WARNING):
+    background.submit(fail)
+    background.submit(lambda: ran.append('after'))
+    assert background.wait(5)
+    background.close(5)
+  lines = [r.getMessage() for r in caplog.records if 'a tracker' in r.getMessage()]
+  assert lines[0] == 'a tracker falls behind: 3 writes queued; later ones are dropped until ' \
+      'it catches up'
+  assert lines[1:] == ['a tracker failed (ConnectionError: refused): not tracked from here on; '
+                       'training goes on']
+  assert ran == [0, 1, 2] and not background.submit(lambda: None)
+
+
+@pytest.mark.parametrize('field,value,extra,module', [
+    ('wandb_project', 'p', 'wandb', 'wandb'),
+    ('mlflow_tracking_uri', 'sqlite:///{tmp}/mlflow.db', 'mlflow', 'alembic')])
+def test_a_missing_extra_is_refused_before_anything_is_written(config, tmp_path, monkeypatch,
+                                                               field, value, extra, module):
+  find_spec = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, 'find_spec',
+                      lambda name, *a: None if name == module else find_spec(name, *a))
+  value = value.format(tmp=tmp_path)
+  config[field] = value
+  workdir = tmp_path / 'run'
+  with pytest.raises(UserError) as error:
+    train.train_and_evaluate(config, str(workdir), devices=jax.devices()[:DEVICES])
+  assert str(error.value) == (
+      f"{field}={value!r} needs the {extra} extra ({module} not installed): pip install "
+      f"'flax_dp_trainer[{extra}]', or leave --config.{field} empty")
+  assert not workdir.exists() or not os.listdir(workdir)
+  assert not glob.glob(str(tmp_path / '*.db'))
+
+
+def test_an_unreachable_mlflow_server_is_said_once_and_training_goes_on(config, tmp_path,
+                                                                        caplog):
+  config.update(num_train_steps=4, log_every_steps=2, eval_every_steps=4,
+                checkpoint_every_steps=4, warmup_steps=1,
+                mlflow_tracking_uri='http://127.0.0.1:9')  # The discard port: refused.
+  workdir = str(tmp_path / 'run')
+  with caplog.at_level(logging.INFO):
+    state = train.train_and_evaluate(config, workdir, devices=jax.devices()[:DEVICES])
+  assert int(state.step) == 4
+  # (The config's line, at INFO, names the URI too.)
+  said = [r for r in caplog.records if '127.0.0.1:9' in r.getMessage() and
+          r.levelno >= logging.WARNING]
+  assert len(said) == 1, [r.getMessage() for r in said]
+  assert said[0].getMessage().startswith('MLflow at http://127.0.0.1:9 failed (ConnectionError:')
+  assert said[0].getMessage().endswith('not tracked from here on; training goes on')
+  records = writers.read_jsonl(os.path.join(workdir, writers.JSONL_NAME))
+  assert [r['step'] for r in records if 'eval_accuracy' in r] == [4]
+
+
+def test_mlflow_gets_what_metrics_jsonl_holds_above_its_last_step_first(tmp_path):
+  """A run whose tracker never had its first steps (killed before MLflow started, or MLflow
+  turned on at a resume): they are logged from metrics.jsonl, then the session's own; the
+  store made whole in one rename."""
+  # Only this test reads the store back: MLflow comes with the `mlflow` extra.
+  from mlflow import MlflowClient  # pylint: disable=import-outside-toplevel
+  workdir, uri = str(tmp_path), f'sqlite:///{tmp_path}/mlflow.db'
+  with open(os.path.join(workdir, writers.JSONL_NAME), 'w', encoding='utf-8') as f:
+    for step in (10, 20):
+      f.write(json.dumps({'step': step, 'wall_time': 1e9 + step, 'eval_accuracy': step / 100})
+              + '\n')
+  options = trackers.TrackerOptions(
+      workdir=workdir, config={'batch_size': 128, 'model': 'cnn'}, tags={'model': 'cnn'},
+      last_step=30, mlflow=trackers.MlflowOptions(uri, 'e'))
+  (writer,) = writers.tracker_writers(options, workdir)
+  writer.write_scalars(30, {'eval_accuracy': 0.3})
+  writer.close()
+  client = MlflowClient(uri)
+  (run,) = client.search_runs([client.get_experiment_by_name('e').experiment_id])
+  assert sorted((m.step, m.value, m.timestamp) for m in client.get_metric_history(
+      run.info.run_id, 'eval_accuracy'))[:2] == [(10, 0.1, 1e12 + 10_000), (20, 0.2, 1e12 + 20_000)]
+  assert sorted(m.step for m in client.get_metric_history(run.info.run_id, 'eval_accuracy')) == [
+      10, 20, 30]
+  assert run.data.params == {'batch_size': '128', 'model': 'cnn'}
+  assert run.info.status == 'FINISHED'
+  assert sorted(os.listdir(tmp_path)) == [writers.JSONL_NAME, 'mlflow.db', 'mlflow_run.json']
+
+
+def _wandb_records(path):
+  """The records of a W&B run file (`run-ID.wandb`: LevelDB's log format, 32 KiB blocks of
+  chunks with a 7-byte header: CRC, length, type), as protobuf `Record`s."""
+  # Only this test reads W&B's files: its protobufs come with the `wandb` extra.
+  from wandb.proto import wandb_internal_pb2  # pylint: disable=import-outside-toplevel
+  with open(path, 'rb') as f:
+    data = f.read()
+  assert data[:4] == b':W&B', path
+  position, pending = 7, b''
+  while position + 7 <= len(data):
+    left = 32768 - position % 32768
+    _, length, kind = struct.unpack('<IHB', data[position:position + 7])
+    if left < 7 or (length == 0 and kind == 0):  # A block's padding.
+      position += left
+      continue
+    pending += data[position + 7:position + 7 + length]
+    position += 7 + length
+    if kind in (1, 4):  # A whole record, or the last chunk of one.
+      record = wandb_internal_pb2.Record()
+      record.ParseFromString(pending)
+      pending = b''
+      yield record
+
+
+def _wandb_runs(workdir):
+  """Each offline session of the workdir's W&B run, in order: (run id, tags, [history rows],
+  {summary})."""
+  sessions = []
+  for path in sorted(glob.glob(os.path.join(workdir, 'wandb', 'offline-run-*', 'run-*.wandb'))):
+    run_id, tags, rows, summary = None, [], [], {}
+    for record in _wandb_records(path):
+      kind = record.WhichOneof('record_type')
+      if kind == 'run':
+        run_id, tags = record.run.run_id, list(record.run.tags)
+      elif kind == 'history':
+        rows.append({'/'.join(i.nested_key) or i.key: json.loads(i.value_json)
+                     for i in record.history.item})
+      elif kind == 'summary':
+        summary.update({'/'.join(i.nested_key) or i.key: json.loads(i.value_json)
+                        for i in record.summary.update})
+    sessions.append((run_id, tags, rows, summary))
+  return sessions
+
+
+def _command(workdir, tfds_data_dir, store, **overrides):
+  args = [f'--config.{k}={v}' for k, v in {**RUN, **overrides}.items()]
+  return [sys.executable, '-m', 'flax_dp_trainer', '--config=default',
+          f'--cpu_devices={DEVICES}', f'--workdir={workdir}',
+          f'--config.tfds_data_dir={tfds_data_dir}', '--config.wandb_project=p',
+          f'--config.mlflow_tracking_uri=sqlite:///{store}', *args]
+
+
+def _train(command):
+  process = subprocess.run(command, cwd=REPO, env=processes.environment(WANDB_MODE='offline'),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                           timeout=600, check=False)
+  return process.returncode, process.stderr
+
+
+def _series(records, tag):
+  return [(int(r['step']), r[tag]) for r in records if tag in r]
+
+
+@pytest.mark.slow
+def test_trackers_continue_one_run_across_a_kill_and_resumes(tfds_data_dir, tmp_path):
+  """One run killed with kill -9 between two checkpoints, resumed, then trained on longer:
+  one MLflow run and one W&B run id, each holding metrics.jsonl's scalars once per step, the
+  config as parameters, the run's tags and the longer run's change as a tag."""
+  # Only this test reads the store back: MLflow comes with the `mlflow` extra.
+  from mlflow import MlflowClient  # pylint: disable=import-outside-toplevel
+  workdir, store = str(tmp_path / 'run'), str(tmp_path / 'mlflow.db')
+  # A store that exists (its tables made here), as a user's would: the run's MLflow starts
+  # in a second or two, long before the kill.
+  client = MlflowClient(f'sqlite:///{store}')
+  experiment = client.create_experiment('run')
+  command = _command(workdir, tfds_data_dir, store)
+  code, log = _train([*command, f'--debug_fault=kill@{KILLED_AT}:0'])
+  assert code == -signal.SIGKILL, log[-3000:]
+  (run,) = client.search_runs([experiment])
+  killed = [m.step for m in client.get_metric_history(run.info.run_id, 'train_loss')]
+  # The killed session logged steps past its checkpoint (100), which its resume trains again.
+  assert max(killed) > 100, killed
+  # W&B writes its file every second (`wandb_writer._FILE_FLUSH_S`): a kill loses the last.
+  killed_wandb = max(row['_step'] for row in _wandb_runs(workdir)[0][2])
+  assert killed_wandb > 100
+  code, log = _train(command)
+  assert code == 0, log[-3000:]
+  code, log = _train(_command(workdir, tfds_data_dir, store, num_train_steps=LONGER))
+  assert code == 0, log[-3000:]
+  # The trackers said nothing went wrong, and left the log's last line to the trainer.
+  assert 'not tracked' not in log and 'cannot be reached' not in log
+  assert not log.splitlines()[-1].startswith('wandb')
+  records = writers.read_jsonl(os.path.join(workdir, writers.JSONL_NAME))
+
+  # MLflow: one run, each scalar's history metrics.jsonl's, the config as its parameters.
+  (run,) = client.search_runs([experiment])
+  run_id = run.info.run_id
+  for tag in ('eval_accuracy', 'train_loss', 'learning_rate'):
+    history = sorted((m.step, m.value) for m in client.get_metric_history(run_id, tag))
+    assert history == _series(records, tag), tag
+  assert [s for s, _ in _series(records, 'eval_accuracy')] == list(range(20, LONGER + 1, 20))
+  config = default.get_config()
+  config.update(RUN, tfds_data_dir=tfds_data_dir, wandb_project='p',
+                mlflow_tracking_uri=f'sqlite:///{store}')
+  assert run.data.params == trackers.flat_params(trackers.plain(config.to_dict()))
+  assert run.data.params['batch_size'] == '128' and run.data.params['model'] == 'cnn'
+  assert {k: v for k, v in run.data.tags.items() if not k.startswith('mlflow.')} == {
+      'model': 'cnn', 'dataset': 'digits', 'devices': str(DEVICES), 'processes': '1',
+      'backend': 'pmap', 'version': importlib.metadata.version('flax-dp-trainer'),
+      'changed.num_train_steps': f'200 -> {LONGER} at step 201'}
+  assert run.info.status == 'FINISHED'
+
+  # W&B: one run id over the three sessions; each step once, metrics.jsonl's; the summary's
+  # eval_accuracy the last one; the change a tag.
+  sessions = _wandb_runs(workdir)
+  assert len(sessions) == 3 and {s[0] for s in sessions} == {
+      json.load(open(os.path.join(workdir, 'wandb_run.json'), encoding='utf-8'))['run_id']}
+  rows = [row for session in sessions for row in session[2]]
+  steps = [row['_step'] for row in rows]
+  assert steps == sorted(set(steps)), steps  # No step twice.
+  for tag in ('eval_accuracy', 'train_loss'):
+    logged, expected = [(row['_step'], row[tag]) for row in rows if tag in row], _series(
+        records, tag)
+    assert set(logged) <= set(expected), tag  # metrics.jsonl's values, at its steps.
+    assert [(s, v) for s, v in expected if s > killed_wandb] == [
+        (s, v) for s, v in logged if s > killed_wandb], tag  # None left out after the kill.
+  assert sessions[-1][3]['eval_accuracy'] == _series(records, 'eval_accuracy')[-1][1]
+  assert 'model:cnn' in sessions[0][1] and 'backend:pmap' in sessions[0][1]
+  assert f'changed.num_train_steps:200 -> {LONGER} at step 201' in sessions[-1][1]
