@@ -90,7 +90,6 @@ class WandbWriter(trackers.TrackerWriter):
         self._record.update(last_step=self._last_given)
 
 
-
 def _settings(wandb):
   """W&B's settings for a trainer's run: its console capture off (the launcher reads each
   process's last line, and W&B's own lines too are left out), its file written every
