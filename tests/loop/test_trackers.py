@@ -134,7 +134,8 @@ def test_mlflow_gets_what_metrics_jsonl_holds_above_its_last_step_first(tmp_path
   options = trackers.TrackerOptions(
       workdir=workdir, config={'batch_size': 128, 'model': 'cnn'}, tags={'model': 'cnn'},
       last_step=30, mlflow=trackers.MlflowOptions(uri, 'e'))
-  (writer,) = writers.tracker_writers(options, workdir)
+  (writer,) = writers.tracker_writers(
+      options, writers.read_jsonl(os.path.join(workdir, writers.JSONL_NAME)))
   writer.write_scalars(30, {'eval_accuracy': 0.3})
   writer.close()
   client = MlflowClient(uri)

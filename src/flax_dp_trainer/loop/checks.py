@@ -111,7 +111,7 @@ def _check_durations(config) -> None:
   if not isinstance(epoch, int) or epoch < 0:
     raise UserError(f'steps_per_epoch={epoch!r} must be a whole number of steps >= 0; 0 counts '
                     'an epoch as the train split over batch_size (--config.steps_per_epoch=N)')
-  if epoch and not (_counts_epochs(config) or config.ema_style == 'torchvision'):
+  if epoch and not (counts_epochs(config) or config.ema_style == 'torchvision'):
     raise UserError(f'steps_per_epoch={epoch} sets the length of an epoch, and no field counts '
                     'epochs (num_epochs, warmup_epochs, lr_schedule_unit=epoch, lr_*_epochs, '
                     "ema_style='torchvision'); leave it 0 (--config.steps_per_epoch=0)")
@@ -137,7 +137,7 @@ def check_config(config, *, process_count: int, local_device_count: int,
   check_fields(config, process_count=process_count, local_device_count=local_device_count)
   datasets = check_datasets(config, arrays, command_line)
   examples = datasets.train.num_train_examples
-  if examples and _counts_epochs(config):
+  if examples and counts_epochs(config):
     check_schedule(durations.resolve_durations(config, examples),
                    durations.steps_per_epoch(config, examples))
   check_param_groups(config, datasets.train)
@@ -358,11 +358,11 @@ def _check_optimizer(config) -> None:
     logging.warning('%s', line)
   _choice('grad_clip_mode', config.grad_clip_mode, optim.CLIP_MODES)
   param_groups.check_patterns(run_options.group_options(config))
-  if not _counts_epochs(config):
+  if not counts_epochs(config):
     check_schedule(config)  # In steps already: checked before the data loads.
 
 
-def _counts_epochs(config) -> bool:
+def counts_epochs(config) -> bool:
   """Whether a duration or the schedule counts epochs of the train split."""
   return (any(is_set(config, epochs) for _, epochs in DURATION_PAIRS) or
           config.lr_schedule_unit == 'epoch' or bool(config.lr_milestone_epochs) or

@@ -118,12 +118,10 @@ def read_jsonl(path: str) -> list[dict[str, float]]:
   return records
 
 
-def create_writer(workdir: str, write_files: bool | None = None, callbacks=(),
-                  trackers: Optional[trackers_lib.TrackerOptions] = None
-                  ) -> metric_writers.MetricWriter:
-  """TensorBoard events, metrics.jsonl, log lines, `callbacks` (`CallbackWriter`) and the
-  `trackers` turned on (`tracker_writers`) where `write_files` (default: on process 0); log
-  lines only elsewhere."""
+def create_writer(workdir: str, write_files: bool | None = None,
+                  callbacks=()) -> metric_writers.MetricWriter:
+  """TensorBoard events, metrics.jsonl, log lines and `callbacks` (`CallbackWriter`) where
+  `write_files` (default: on process 0); log lines only elsewhere."""
   if write_files is None:
     write_files = jax.process_index() == 0
   default = metric_writers.create_default_writer(
@@ -132,18 +130,16 @@ def create_writer(workdir: str, write_files: bool | None = None, callbacks=(),
     return default
   return metric_writers.MultiWriter(
       [default, JsonLinesWriter(os.path.join(workdir, JSONL_NAME))] +
-      ([CallbackWriter(callbacks)] if callbacks else []) +
-      (tracker_writers(trackers, workdir) if trackers is not None else []))
+      ([CallbackWriter(callbacks)] if callbacks else []))
 
 
-def tracker_writers(options: trackers_lib.TrackerOptions, workdir: str
+def tracker_writers(options: trackers_lib.TrackerOptions, written: list[dict[str, float]]
                     ) -> list[metric_writers.MetricWriter]:
   """A writer for each tracker `options` turns on: W&B, MLflow (each writes off the training
-  thread; its `close` ends its run). Each is handed the run's metrics.jsonl as it stands (a
-  resumed run's: up to where it resumes) and first logs what of it its run lacks: the steps a
-  killed run wrote there before its tracker had them."""
-  path = os.path.join(workdir, JSONL_NAME)
-  written = read_jsonl(path) if os.path.exists(path) else []
+  thread; its `close` ends its run). Each is handed `written`, the run's metrics.jsonl records
+  as they stand (a resumed run's: up to where it resumes, `mark_session_start`'s), and first
+  logs what of them its run lacks: the steps a killed run wrote there before its tracker had
+  them."""
   writers = []
   if options.wandb is not None:
     writers.append(wandb_writer.WandbWriter(options.wandb, options, written))
@@ -160,17 +156,18 @@ def open_session(workdir: str, start_step: int, hparams: dict, write_files: bool
   (`start_step` 0) writes `hparams`. `callbacks`: see `CallbackWriter`; `trackers`: the
   experiment trackers to write to as well (`tracker_writers`), on process 0; the writer's
   `close` ends their runs."""
-  if write_files:
-    mark_session_start(workdir, start_step + 1)
-  writer = create_writer(workdir, write_files=write_files, callbacks=callbacks,
-                         trackers=trackers)
+  written = mark_session_start(workdir, start_step + 1) if write_files else []
+  writer = create_writer(workdir, write_files=write_files, callbacks=callbacks)
+  if write_files and trackers is not None:
+    writer = metric_writers.MultiWriter([writer, *tracker_writers(trackers, written)])
   if start_step == 0:
     writer.write_hparams(hparams)
   return writer
 
 
-def mark_session_start(workdir: str, step: int) -> None:
-  """Records that a run (first or resumed) starts at `step`, in the event files and metrics.jsonl.
+def mark_session_start(workdir: str, step: int) -> list[dict[str, float]]:
+  """Records that a run (first or resumed) starts at `step`, in the event files and metrics.jsonl;
+  returns the records metrics.jsonl keeps (those of the steps before `step`).
 
   A run killed after its last checkpoint had logged steps it will now log again. In
   metrics.jsonl the lines of steps >= `step` are dropped (the file is rewritten whole, then
@@ -181,6 +178,7 @@ def mark_session_start(workdir: str, step: int) -> None:
   later time or, in the same second, a process id, which sorts after '0-start'.
   """
   jsonl = os.path.join(workdir, JSONL_NAME)
+  kept = []
   if os.path.exists(jsonl):
     kept = [r for r in read_jsonl(jsonl) if r['step'] < step]
     with open(jsonl + '.tmp', 'w', encoding='utf-8') as f:
@@ -195,4 +193,4 @@ def mark_session_start(workdir: str, step: int) -> None:
         wall_time=now, step=step,
         session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START))
                   .SerializeToString())
-
+  return kept

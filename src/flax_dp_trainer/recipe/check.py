@@ -22,6 +22,7 @@ import ml_collections
 import numpy as np
 import torch
 
+from flax_dp_trainer.loop import checks
 from flax_dp_trainer.recipe import jax_side as jax_side_lib
 from flax_dp_trainer.recipe import stages as stages_lib
 from flax_dp_trainer.recipe import torchvision_side
@@ -165,8 +166,7 @@ class Causes:
     on_updates = self.script == 'timm' and a.sched_on_updates
     hint = []
     epoch = self.side.iterations
-    if c.steps_per_epoch != epoch and (c.lr_schedule_unit == 'epoch' or c.num_epochs > 0 or
-                                       c.warmup_epochs > 0):
+    if c.steps_per_epoch != epoch and checks.counts_epochs(c):
       here = c.steps_per_epoch or 'the train split over batch_size'
       hint.append(f'--config.steps_per_epoch={epoch} ({self.flags["script"]} makes an epoch of '
                   f'{epoch} updates; here {here})')
