@@ -8,7 +8,7 @@ import re
 import time
 import types
 
-from flax_dp_trainer.elastic import goodput
+from flax_dp_trainer.elastic import goodput_records
 from flax_dp_trainer.elastic import liveness
 from flax_dp_trainer.elastic import supervisor
 
@@ -75,6 +75,25 @@ def test_a_hang_waits_for_the_process_behind_to_pass_its_own_limit(tmp_path):
   assert (failure.process, failure.phase, failure.step) == (1, 'step', 29)
 
 
+
+def test_at_one_step_the_process_in_the_earlier_phase_is_behind(tmp_path):
+  """At the last step, process 0 has saved and waits in its end (the final sync) while
+  process 1 is still in its save, silent past the limit: process 1 is named, in its save,
+  though process 0 has been silent longer. A process in its end (the final writes, the exit)
+  has the start-up's limit."""
+  launch, beats, started = _three_running(tmp_path, hang_timeout_s=4.0)
+  beats[0].start()
+  beats[0].beat('end', 40, force=True, dispatched=40)
+  time.sleep(1.0)
+  for index in (1, 2):
+    beats[index].start()
+    beats[index].beat('save' if index == 1 else 'end', 40, force=True, dispatched=40)
+  time.sleep(4.3)
+  failure = launch._hang(started)
+  assert (failure.process, failure.phase, failure.step) == (1, 'save', 40)
+  beats[1].beat('end', 40, force=True)
+  assert launch._hang(started) is None
+
 def _progress(workdir, index, step, at):
   os.makedirs(liveness.directory(workdir), exist_ok=True)
   with open(liveness.path(liveness.directory(workdir), index), 'w', encoding='utf-8') as f:
@@ -89,15 +108,15 @@ def test_the_step_a_run_reached_is_the_hung_process_s_not_the_waiting_ones(tmp_p
   hung = 1000.0
   _progress(workdir, 0, 36, hung - 1)
   _progress(workdir, 1, 30, hung - 31)
-  seconds = dict.fromkeys(goodput.CAUSES, 0.0)
-  goodput.write_session(workdir, {'session': hung - 60, 'time': hung - 2, 'step': 33,
-                                  'final': False, 'seconds': seconds})
-  with open(os.path.join(workdir, goodput.RESTARTS_FILE), 'w', encoding='utf-8') as f:
+  seconds = dict.fromkeys(goodput_records.CAUSES, 0.0)
+  goodput_records.write_session(workdir, {'session': hung - 60, 'time': hung - 2, 'step': 33,
+                                          'final': False, 'seconds': seconds})
+  with open(os.path.join(workdir, goodput_records.RESTARTS_FILE), 'w', encoding='utf-8') as f:
     f.write(json.dumps({'time': hung, 'reached_step': 29}) + '\n')
-  assert goodput.reached_step(workdir) == 29
+  assert goodput_records.reached_step(workdir) == 29
   # The next session's processes start from the checkpoint at step 20.
   _progress(workdir, 0, 21, hung + 20)
-  assert goodput.reached_step(workdir) == 29
+  assert goodput_records.reached_step(workdir) == 29
   # It dies by itself (no launcher saw it) at step 45.
   _progress(workdir, 0, 45, hung + 40)
-  assert goodput.reached_step(workdir) == 44
+  assert goodput_records.reached_step(workdir) == 44

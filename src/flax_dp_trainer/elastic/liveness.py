@@ -16,7 +16,11 @@ import time
 from typing import Optional
 
 # Phases whose work may take long without a step: their limit is the launcher's start-up one.
-SLOW_PHASES = ('startup', 'restore', 'compile')
+# ('end': after the last step, the final writes and the process's exit.)
+SLOW_PHASES = ('startup', 'restore', 'compile', 'end')
+# The phases in the order a session passes them (within a step: the step, its evaluation, its
+# save): of two processes at one step, the one in an earlier phase is behind.
+ORDER = ('startup', 'restore', 'compile', 'step', 'evaluation', 'save', 'end')
 INTERVAL_S = 1.0
 
 

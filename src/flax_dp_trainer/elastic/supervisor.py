@@ -25,7 +25,7 @@ from typing import Callable, Optional, Sequence, TextIO
 
 from flax_dp_trainer.base import ports
 from flax_dp_trainer.elastic import faults as faults_lib
-from flax_dp_trainer.elastic import goodput
+from flax_dp_trainer.elastic import goodput_records
 from flax_dp_trainer.elastic import liveness
 from flax_dp_trainer.elastic import timeline
 
@@ -208,7 +208,7 @@ class Launch:
       return self._run()
     finally:
       if self.elastic_dir:
-        goodput.write_launch(self.plan.workdir, started, time.time())
+        goodput_records.write_launch(self.plan.workdir, started, time.time())
 
   def _run(self) -> int:
     if self.elastic_dir:  # This launch's faults fire afresh.
@@ -345,10 +345,11 @@ class Launch:
   def _hang(self, started: float) -> Optional[Failure]:
     """The process that stopped making progress first, where one is past its phase's limit:
     of the silent ones, the one furthest behind (the others wait for it in a collective), at
-    one step the one that has not dispatched it to its devices, then the one silent
-    longest. It is named once past its own limit: it may have written its last progress up
-    to a second after the peers that wait for it (`liveness` writes once a second), or be in
-    a phase with a longer limit (a compile) while they wait."""
+    one step the one that has not dispatched it to its devices, then the one in the earlier
+    phase (`liveness.ORDER`), then the one silent longest. It is named once past its own
+    limit: it may have written its last progress up to a second after the peers that wait
+    for it (`liveness` writes once a second), or be in a phase with a longer limit (a
+    compile) while they wait."""
     if not self.plan.hang_timeout_s or self.elastic_dir is None:
       return None
     now, silent, stale = time.time(), [], False
@@ -360,10 +361,11 @@ class Launch:
                self.plan.hang_timeout_s)
       stale = stale or now - since > limit
       if now - since > min(limit, SILENT_S):
-        silent.append((step, dispatched, since, index, phase, limit))
+        rank = liveness.ORDER.index(phase) if phase in liveness.ORDER else 0
+        silent.append((step, dispatched, rank, since, index, phase, limit))
     if not stale:
       return None
-    step, _, since, index, phase, limit = min(silent)
+    step, _, _, since, index, phase, limit = min(silent)
     if now - since <= limit:
       return None
     return Failure(index, 'hang', None, phase, step,
@@ -406,7 +408,7 @@ class Launch:
               'message': failure.text}
     if self.plan.workdir:
       os.makedirs(self.plan.workdir, exist_ok=True)
-      with open(os.path.join(self.plan.workdir, goodput.RESTARTS_FILE), 'a',
+      with open(os.path.join(self.plan.workdir, goodput_records.RESTARTS_FILE), 'a',
                 encoding='utf-8') as f:
         f.write(json.dumps(record) + '\n')
     if count is None:

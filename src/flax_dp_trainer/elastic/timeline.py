@@ -1,5 +1,5 @@
 """A trainer process's time, phase by phase: each second goes to the cause of the phase it was
-spent in (`goodput.CAUSES`), the progress file follows the phases (`liveness`), and the
+spent in (`goodput_records.CAUSES`), the progress file follows the phases (`liveness`), and the
 faults asked for fire at their steps (`faults`). The loop moves it (`enter`, `phase`,
 `step`); process 0 records its session for the goodput breakdown (`snapshot`)."""
 
@@ -9,7 +9,7 @@ import time
 from typing import Optional
 
 from flax_dp_trainer.elastic import faults as faults_lib
-from flax_dp_trainer.elastic import goodput
+from flax_dp_trainer.elastic import goodput_records
 from flax_dp_trainer.elastic import liveness
 
 # The longest process 0 goes without recording its session (besides log steps and the end):
@@ -42,7 +42,7 @@ class Timeline:
                started: Optional[float] = None, writes: bool = True):
     self.workdir = workdir
     self.session = time.time() if started is None else started
-    self.seconds = {cause: 0.0 for cause in goodput.CAUSES}
+    self.seconds = {cause: 0.0 for cause in goodput_records.CAUSES}
     self._cause, self._since = 'startup', self.session
     self._liveness = liveness.Liveness(workdir, process_index)
     self._trigger = faults_lib.Trigger(
@@ -55,10 +55,18 @@ class Timeline:
 
   def enter(self, cause: str, step: Optional[int] = None) -> None:
     """From now on the time goes to `cause`."""
+    self._enter(cause, _PHASES.get(cause, cause), step)
+
+  def _enter(self, cause: str, phase: str, step: Optional[int] = None) -> None:
     now = time.time()
     self.seconds[self._cause] += now - self._since
     self._cause, self._since = cause, now
-    self._liveness.beat(_PHASES.get(cause, cause), step)
+    self._liveness.beat(phase, step)
+
+  def end(self) -> None:
+    """The last step is done: the time goes to 'other' (the final syncs and writes, the
+    exit), in the progress file's 'end' phase, whose limit is the start-up's."""
+    self._enter('other', 'end')
 
   @contextlib.contextmanager
   def phase(self, cause: str):
@@ -80,8 +88,8 @@ class Timeline:
     """The session trains from `start_step`: the earlier sessions are read (process 0), and
     the steps up to the highest any of them reached count as recomputed."""
     if self._writes:
-      self._earlier = goodput.sessions(self.workdir)
-      self.recompute_until = goodput.reached_step(self.workdir)
+      self._earlier = goodput_records.sessions(self.workdir)
+      self.recompute_until = goodput_records.reached_step(self.workdir)
     self._liveness.start()
     self._liveness.beat('compile', start_step)
     self.snapshot()
@@ -116,5 +124,5 @@ class Timeline:
     seconds[self._cause] += now - self._since
     record = {'session': self.session, 'time': now, 'step': self._liveness.step,
               'final': final, 'seconds': seconds}
-    goodput.write_session(self.workdir, record)
-    return goodput.breakdown(self._earlier, record).scalars()
+    goodput_records.write_session(self.workdir, record)
+    return goodput_records.breakdown(self._earlier, record).scalars()

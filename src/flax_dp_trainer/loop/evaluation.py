@@ -2,14 +2,15 @@
 read by this process, each example exactly once (the last batch padded and masked), its
 scalars reduced over the devices."""
 
+import contextlib
 import dataclasses
-from typing import Callable, Optional, Sequence
+from typing import Callable, ContextManager, Optional, Sequence
 
 import jax
 
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import kinds
-from flax_dp_trainer.data import options as data_options
+from flax_dp_trainer.data import data_options
 from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.loop import progress
 from flax_dp_trainer.parallel import dispatch
@@ -20,18 +21,21 @@ from flax_dp_trainer.step import metrics
 def evaluate(p_eval_step, rstate, data: pipeline.EvalData,
              layout: parallel.DataParallel, prefix: str = 'eval',
              bars: Optional[progress.Bars] = None,
-             beat: Callable[[], None] = lambda: None) -> dict[str, float]:
+             beat: Callable[[], None] = lambda: None,
+             first: Callable[[], ContextManager] = contextlib.nullcontext) -> dict[str, float]:
   """Loss, accuracy and top-5 accuracy over every example of an eval split, exactly once,
   as `{prefix}_loss` etc. of the params, and where the state keeps an EMA of them, as
   `{prefix}_ema_loss` etc. of the EMA; counted by a bar of `bars` where given, `beat()` after
-  each batch (the progress file: `elastic.timeline`)."""
+  each batch (the progress file: `elastic.timeline`). The first batch's call runs inside
+  `first()` (where it compiles the step: `Timeline.phase('compile')`)."""
   in_flight = dispatch.InFlight(layout.devices)
   per_batch = []
   batches = pipeline.eval_batches(data)
   if bars is not None:
     batches = bars.evaluation(batches, prefix, data.num_batches)
-  for batch in batches:
-    per_batch.append(p_eval_step(rstate, layout.put_batch(batch)))
+  for index, batch in enumerate(batches):
+    with first() if index == 0 else contextlib.nullcontext():
+      per_batch.append(p_eval_step(rstate, layout.put_batch(batch)))
     in_flight.add(per_batch[-1])
     beat()
   return metrics.eval_scalars(metrics.merge(layout.fetch(per_batch)), prefix)
@@ -43,12 +47,15 @@ Evaluations = list[tuple[run_datasets.EvalSet, pipeline.EvalData]]
 def evaluate_all(p_eval_step, rstate, evaluations: Evaluations,
                  layout: parallel.DataParallel,
                  bars: Optional[progress.Bars] = None,
-                 beat: Callable[[], None] = lambda: None) -> dict[str, float]:
+                 beat: Callable[[], None] = lambda: None,
+                 first: Callable[[], ContextManager] = contextlib.nullcontext
+                 ) -> dict[str, float]:
   """The scalars of every configured evaluation (`eval_split`, then `eval_splits`), each
-  counted by a bar of `bars` where given; `beat` as `evaluate` takes it."""
+  counted by a bar of `bars` where given; `beat` and `first` as `evaluate` takes them."""
   scalars = {}
   for eval_set, data in evaluations:
-    scalars.update(evaluate(p_eval_step, rstate, data, layout, eval_set.prefix, bars, beat))
+    scalars.update(evaluate(p_eval_step, rstate, data, layout, eval_set.prefix, bars, beat,
+                            first))
   return scalars
 
 

@@ -219,7 +219,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       finally:
         with timeline.phase('save'):
           run.checkpointer.close()
-    timeline.enter('other')
+    timeline.end()
     # No process leaves while another may still need it for a collective or a save.
     multihost.sync_processes('train_and_evaluate done')
     final = timeline.snapshot(final=True)
@@ -263,6 +263,7 @@ class _Session:
     self.in_flight = dispatch.InFlight(layout.devices)
     self.last_saved = start.resume_step
     self.saved_at = time.time()  # For config.checkpoint_every_seconds.
+    self.evaluated_once = False
     # Several processes must agree on the step they stop at: there JAX's preemption notice
     # (which owns SIGTERM) decides at a sync point; alone, the signals are recorded here.
     multiprocess = jax.process_count() > 1
@@ -343,9 +344,13 @@ class _Session:
         evaluated = None  # This step's evaluation, saved with its checkpoint (keep_best).
         if self.cadence.eval(step):
           with self.timeline.phase('evaluation'):
+            # The session's first evaluation compiles the eval step on its first batches.
+            first = (contextlib.nullcontext if self.evaluated_once else
+                     lambda: self.timeline.phase('compile'))
             evaluated = evaluation.evaluate_all(
                 self.p_eval_step, self.rstate, self.run.evaluations, self.run.layout,
-                self.bars, self.timeline.beat)
+                self.bars, self.timeline.beat, first)
+            self.evaluated_once = True
             self.writer.write_scalars(step, evaluated)
           self.throughput.start(step)
         if save_now:
