@@ -8,7 +8,7 @@ import flax.linen as nn
 import jax
 from flax import nnx
 
-from flax_dp_trainer.zoo import layers
+from flax_dp_trainer import remat_block
 from flax_dp_trainer.zoo import vit
 
 
@@ -30,7 +30,7 @@ class PlainNet(nn.Module):
     return nn.Dense(self.num_classes)(x)
 
 
-@layers.remat_block
+@remat_block
 class MarkedBlock(nn.Module):
   """A residual block a user marks for rematerialization, with plain nn.Dropout and
   nn.BatchNorm inside (the trainer's interceptors reach them under jax.checkpoint)."""

@@ -17,8 +17,9 @@ From Python (a script or a notebook):
     fdt.evaluate(config, '/tmp/run', model=MyNet(num_classes=10))
     trained = fdt.load('/tmp/run')       # .predict(images), .logits(images)
 
-`fit` and `evaluate` are `api`'s, `load` is `inference`'s; `remat_block` (`zoo.layers`)
-marks a block of your model that `config.remat` recomputes. Every `import flax_dp_trainer.X`
+`fit` and `evaluate` are `api`'s, `load` is `inference`'s; `remat_block` (`trace.remat`)
+marks a block of your model that `config.remat` recomputes; a `Listener`
+(`loop.listeners`), passed to `fit(callbacks=[...])`, is told of the loop's events. Every `import flax_dp_trainer.X`
 runs this file first, so it imports nothing: these names load when first used (PEP 562), and
 `import flax_dp_trainer.X` pulls in neither JAX nor TensorFlow that X does not need.
 """
@@ -29,7 +30,7 @@ __version__ = '0.2.0'
 
 # Name: the module that defines it.
 _EXPORTS = {'fit': 'api', 'evaluate': 'api', 'load': 'inference',
-            'remat_block': 'zoo.layers'}
+            'remat_block': 'trace.remat', 'Listener': 'loop.listeners'}
 
 __all__ = ['__version__', *_EXPORTS]
 

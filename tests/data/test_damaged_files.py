@@ -21,7 +21,7 @@ from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import stream
 from flax_dp_trainer.data import tf_options
-from flax_dp_trainer.data.kinds import convert
+from flax_dp_trainer.data.kinds import record_conversion
 from flax_dp_trainer.data.kinds import file_check
 from flax_dp_trainer.data.kinds import folder as folder_lib
 from flax_dp_trainer.data.kinds import left_out
@@ -365,7 +365,7 @@ def test_a_record_that_does_not_decode_is_named(config, body_damaged_folder, tmp
   files, or in sequence from TFRecord files (named by TFDS's record id)."""
   root, _ = body_damaged_folder
   out = str(tmp_path / file_format)
-  convert.convert_folder(_folder(root).found, out, file_format)
+  record_conversion.convert_folder(_folder(root).found, out, file_format)
   config.update(dataset=f'folder:{out}', batch_size=4, cache=False)
   message = _first_failure(config)
   assert message.startswith(f'{named}') and FAILED in message, message

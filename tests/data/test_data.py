@@ -25,7 +25,7 @@ from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import sources
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import run_datasets
-from flax_dp_trainer.data.kinds import convert
+from flax_dp_trainer.data.kinds import record_conversion
 from flax_dp_trainer.data.kinds import folder as folder_lib
 from flax_dp_trainer.data.kinds import tfds_datasets
 from flax_dp_trainer.data.datasets import digits
@@ -176,13 +176,13 @@ def test_array_record_prepared_by_tfds_gives_the_stream_held_in_memory(config, t
 
 def test_converted_tfds_dataset_is_read_by_index_from_its_array_record_files(config,
                                                                              tmp_path):
-  """`convert` writes ArrayRecord files beside a TFRecord dataset's: the dataset then
-  reports both formats, the ArrayRecord ones are read by index, and the stream is the one
+  """`record_conversion` writes ArrayRecord files beside a TFRecord dataset's: the dataset
+  then reports both formats, the ArrayRecord ones are read by index, and the stream is the one
   held in memory. Converting again writes nothing."""
   config.update(batch_size=32, tfds_data_dir=str(tmp_path))
   builder = _reader(config).builder
   assert kinds.base.formats(builder) == {'tfrecord'}
-  assert convert.add_array_record(builder, threads=2) == 2
+  assert record_conversion.add_array_record(builder, threads=2) == 2
   config.cache = False
   data = _open(config)
   assert kinds.base.formats(data.reader.builder) == {'tfrecord', 'array_record'}
@@ -192,7 +192,7 @@ def test_converted_tfds_dataset_is_read_by_index_from_its_array_record_files(con
   in_memory = _stream(_open(config), 20)
   for got, expected in zip(_stream(data, 20), in_memory):
     np.testing.assert_array_equal(got, expected)
-  assert convert.add_array_record(data.reader.builder, threads=2) == 0
+  assert record_conversion.add_array_record(data.reader.builder, threads=2) == 0
 
 
 def test_tfrecord_files_are_read_in_sequence_per_process(config):
@@ -467,9 +467,9 @@ def test_an_image_folder_trains_and_its_converted_records_give_the_same_stream(
   scalars, _ = run_metrics.read_events(str(tmp_path / 'run'))
   assert 0 <= scalars['eval_accuracy'][6] <= 1
   out = str(tmp_path / 'records')
-  convert.convert_folder(_folder(root).found, out)
+  record_conversion.convert_folder(_folder(root).found, out)
   with pytest.raises(UserError, match='exists and is not an empty directory'):
-    convert.convert_folder(_folder(root).found, out)
+    record_conversion.convert_folder(_folder(root).found, out)
   from_files = _stream(_open(config), 12, start_position=64)
   config.dataset = f'folder:{out}'
   records = _open(config)

@@ -8,7 +8,7 @@ import pytest
 
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.data import specs
-from flax_dp_trainer.data.options import DataOptions
+from flax_dp_trainer.data.data_options import DataOptions
 
 
 def test_the_shipped_dataset_is_described_from_its_source():

@@ -263,7 +263,7 @@ def _options(model, **overrides) -> modeling.ModelOptions:
 @pytest.mark.parametrize('name,shape', [('cnn', (8, 8, 1)), ('vit_test', (16, 16, 3)),
                                         ('resnet_tiny', (16, 16, 3))])
 def test_the_shipped_models_draw_nothing_the_probe_names(name, shape):
-  """Their dropout and stochastic depth are keyed per example (zoo.layers): nothing to say."""
+  """Their dropout and stochastic depth are keyed per example (zoo.dropout): nothing to say."""
   depth = 0.0 if name == 'cnn' else 0.1  # (cnn has no residual blocks to drop)
   built = modeling.build(_options(name, dropout_rate=0.1, stochastic_depth_rate=depth), 10, shape)
   assert probe.probe(built.model, shape, 4, 10, 'float32') == []
@@ -282,7 +282,7 @@ def test_what_cannot_be_keyed_per_example_is_said_at_start():
       'drawn per device (the result depends on the device count)',
       "the model draws random numbers itself ('dropout' at the top): the same key on every "
       'device, so the result depends on the device count (use nn.Dropout, or take example_ids '
-      "in __call__ and fold each example's id into its key, as flax_dp_trainer.zoo.layers does)"]
+      "in __call__ and fold each example's id into its key, as flax_dp_trainer.zoo.dropout does)"]
   # Both are trained all the same (the trainer supplies the keys).
   variables = built.model.init(jax.random.PRNGKey(0), (1, 8, 8, 1))
   logits = built.model.apply(variables, jnp.ones((4, 8, 8, 1)), train=True,

@@ -103,6 +103,18 @@ def test_every_module_is_in_a_layer_of_the_table():
       assert (PACKAGE / layer / '__init__.py').is_file(), layer
 
 
+def test_no_two_modules_share_a_name():
+  """A module's name says what it holds, once in the package (`__init__` and `__main__`
+  aside): `layers`, `train` or `options` in two folders read alike in an import and a
+  traceback."""
+  by_name: dict[str, list[str]] = {}
+  for path in MODULES.values():
+    if path.stem not in ('__init__', '__main__'):
+      by_name.setdefault(path.stem, []).append(str(path.relative_to(PACKAGE)))
+  shared = {name: paths for name, paths in by_name.items() if len(paths) > 1}
+  assert not shared, shared
+
+
 def test_layers_import_only_the_layers_below_them():
   wrong = []
   for name in MODULES:

@@ -16,7 +16,7 @@ from absl import flags
 
 from flax_dp_trainer import tools
 from flax_dp_trainer.base.errors import UserError
-from flax_dp_trainer.elastic import goodput
+from flax_dp_trainer.elastic import goodput_records
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.tools import show_metrics
 from tests import REPO
@@ -64,10 +64,10 @@ def test_show_metrics_table_aligns_steps_and_tags():
 
 def test_goodput_prints_where_a_runs_time_went(tmp_path):
   workdir = str(tmp_path / 'run')
-  seconds = dict.fromkeys(goodput.CAUSES, 0.0)
+  seconds = dict.fromkeys(goodput_records.CAUSES, 0.0)
   seconds.update(startup=3.0, steps=1.0)
-  goodput.write_session(workdir, {'session': 100.0, 'time': 104.0, 'step': 40,
-                                  'final': True, 'seconds': seconds})
+  goodput_records.write_session(workdir, {'session': 100.0, 'time': 104.0, 'step': 40,
+                                          'final': True, 'seconds': seconds})
   table = subprocess.run([sys.executable, '-m', 'flax_dp_trainer.tools.goodput',
                           f'--workdir={workdir}'], env=processes.environment(),
                          capture_output=True, text=True, timeout=120, check=True).stdout

@@ -15,7 +15,7 @@ from flax_dp_trainer.loop import writers
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
 from flax_dp_trainer.torch_ddp import step as ddp_step
-from flax_dp_trainer.torch_ddp import train as ddp_train
+from flax_dp_trainer.torch_ddp import ddp_training
 from tests import REPO
 
 
@@ -86,7 +86,7 @@ def test_first_20_losses_agree(tmp_path, config, request, model, jax_devices, dd
   train.train_and_evaluate(config, jax_dir, devices=jax.devices()[:jax_devices])
   if ddp_ranks == 1:
     request.getfixturevalue('one_rank_group')
-    ddp_train.train(config, ddp_dir, parity=True)
+    ddp_training.train(config, ddp_dir, parity=True)
   else:
     ddp_run = subprocess.run(
         processes.ddp_command(ddp_ranks, ddp_dir, [
@@ -96,7 +96,7 @@ def test_first_20_losses_agree(tmp_path, config, request, model, jax_devices, dd
         cwd=REPO, env=processes.environment(), capture_output=True, text=True,
         timeout=300, check=False)
     assert ddp_run.returncode == 0, ddp_run.stderr[-2000:]
-  with open(os.path.join(ddp_dir, ddp_train.SETTINGS_FILE), encoding='utf-8') as f:
+  with open(os.path.join(ddp_dir, ddp_training.SETTINGS_FILE), encoding='utf-8') as f:
     settings = json.load(f)
   assert settings['wrapper'] == ddp_step.WRAPPERS[config.state_sharding]
   # remat='full': both sides recompute each residual block (resnet_tiny has 2), same losses.

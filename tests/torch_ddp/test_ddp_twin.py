@@ -16,7 +16,7 @@ from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
 from flax_dp_trainer.torch_ddp import models as torch_models
-from flax_dp_trainer.torch_ddp import train as ddp_train
+from flax_dp_trainer.torch_ddp import ddp_training
 from tests import helpers
 from tests import REPO
 
@@ -70,7 +70,7 @@ def test_sigterm_stops_with_a_checkpoint_and_resume_is_exact(reference, tmp_path
   process.send_signal(signal.SIGTERM)  # torchrun passes it on to both ranks.
   output = process.communicate(timeout=120)[0]
   assert 'stopped by a signal at step' in output, output[-3000:]
-  stopped_at = ddp_train.checkpoint_steps(workdir)[-1]
+  stopped_at = ddp_training.checkpoint_steps(workdir)[-1]
   assert 30 < stopped_at < STEPS
 
   _run(workdir, tfds_data_dir)  # The same command resumes.
@@ -138,12 +138,12 @@ def test_a_workdir_of_another_config_is_refused_untouched(config, one_rank_group
   workdir = str(tmp_path / 'run')
   config.update(num_train_steps=2, log_every_steps=1, eval_every_steps=2,
                 checkpoint_every_steps=2, warmup_steps=0)
-  ddp_train.train(config, workdir, parity=False)
+  ddp_training.train(config, workdir, parity=False)
   before = {p: os.path.getmtime(os.path.join(workdir, p)) for p in os.listdir(workdir)}
   config.model = 'mlp'
   with pytest.raises(UserError, match=r"step_2.pt was written under another config "
                      r"\(model: 'cnn' -> 'mlp'\); use a new --workdir"):
-    ddp_train.train(config, workdir, parity=False)
+    ddp_training.train(config, workdir, parity=False)
   assert {p: os.path.getmtime(os.path.join(workdir, p)) for p in os.listdir(workdir)} == before
 
 
@@ -160,7 +160,7 @@ def test_a_split_its_command_line_names_is_never_stood_in_for(config, one_rank_g
   workdir = tmp_path / 'run'
   with pytest.raises(UserError, match=r"eval_split: dataset 'npz:.*tv.npz' has no split 'test'; "
                      r'it has: train, validation'):
-    ddp_train.train(config, str(workdir), parity=False, command_line=frozenset({'eval_split'}))
+    ddp_training.train(config, str(workdir), parity=False, command_line=frozenset({'eval_split'}))
   assert not workdir.exists()
 
 
@@ -206,7 +206,7 @@ def test_a_sharded_model_trains_in_bfloat16_and_resumes_exactly(
   assert whole['model'].keys() == resumed['model'].keys()
   for key, value in whole['model'].items():
     assert torch.equal(value, resumed['model'][key]), key
-  with open(os.path.join(tmp_path / 'whole', ddp_train.SETTINGS_FILE), encoding='utf-8') as f:
+  with open(os.path.join(tmp_path / 'whole', ddp_training.SETTINGS_FILE), encoding='utf-8') as f:
     settings = json.load(f)
   assert settings['model'] == model_class  # Not FSDP2's own class.
   assert settings['wrapper'] == {'full': 'FSDP2 (fully_shard)',

@@ -1,4 +1,4 @@
-"""The DDP twin's EMA (`torch_ddp.ema`: torch's AveragedModel moved by the JAX run's rule)
+"""The DDP twin's EMA (`torch_ddp.twin_ema`: torch's AveragedModel moved by the JAX run's rule)
 against the JAX step's EMA (`step.ema.update`) on the same weights, step by step, in both
 styles; its evaluation's tags; and what it refuses."""
 
@@ -10,7 +10,7 @@ import torch
 
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.step import ema as ema_lib
-from flax_dp_trainer.torch_ddp import ema as twin_ema
+from flax_dp_trainer.torch_ddp import twin_ema
 from flax_dp_trainer.torch_ddp import step as ddp_step
 
 STYLES = {

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from flax_dp_trainer.step import optimizers
-from flax_dp_trainer.torch_ddp.optimizers import torch_optimizer
+from flax_dp_trainer.torch_ddp.torch_optimizers import torch_optimizer
 
 STEPS = 5
 WEIGHT_DECAY = 0.1

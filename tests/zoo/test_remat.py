@@ -12,7 +12,9 @@ from flax_dp_trainer.model import probe
 from flax_dp_trainer.loop import train
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.parallel import fsdp
-from flax_dp_trainer.zoo import layers
+from flax_dp_trainer.parallel import layouts as parallel
+from flax_dp_trainer.model import adapter
+from flax_dp_trainer.trace.remat import remat_block
 from flax_dp_trainer.loop import options as run_options
 from tests import helpers
 
@@ -59,17 +61,18 @@ def test_a_policy_is_applied_to_every_marked_block():
 
   def grads(policy):
     def loss(params):
-      with layers.remat_policy(policy):
-        out = built.module.apply(dict(variables, params=params), jax.numpy.ones((4, 8, 8, 1)),
-                                 train=True, mutable=['batch_stats'],
-                                 rngs={'dropout': jax.random.PRNGKey(1)})
-      return out[0].sum()
+      def apply(x):
+        return built.apply(dict(variables, params=params), x, train=True,
+                           mutable=['batch_stats'], rngs={'dropout': jax.random.PRNGKey(1)},
+                           remat=policy)[0]
+      # One device of the device axis, as the step applies it (BatchNorm reduces over it).
+      return jax.vmap(apply, axis_name=parallel.AXIS_NAME)(jax.numpy.ones((1, 4, 8, 8, 1))).sum()
     return str(jax.make_jaxpr(jax.grad(loss))(variables['params']))
 
   assert grads('full').count('remat') == 2 and grads('none').count('remat') == 0
 
 
-@layers.remat_block
+@remat_block
 class _Inner(nn.Module):
 
   @nn.compact
@@ -77,7 +80,7 @@ class _Inner(nn.Module):
     return x + nn.relu(nn.Dense(4)(x))
 
 
-@layers.remat_block
+@remat_block
 class _Outer(nn.Module):
   """A marked block made of marked blocks (a stage of a user's network)."""
 
@@ -94,8 +97,8 @@ def test_a_marked_block_inside_a_marked_block_is_part_of_it():
   x = jax.numpy.ones((2, 4))
   params = outer.init(jax.random.PRNGKey(0), x, train=False)['params']
   how = fsdp.Gathering(jax.tree.map(lambda _: None, params), 'devices')
-  with layers.gathering(how), how.recording_blocks():
-    outer.apply({'params': params}, x, train=True)
+  with how.recording_blocks():
+    adapter.wrap(outer).apply({'params': params}, x, train=True, gathering=how)
   assert how.blocks == {()}  # The outer block alone (the root here), not its two inner ones.
 
 

@@ -8,7 +8,7 @@ import pytest
 from flax_dp_trainer.loop import checks
 from flax_dp_trainer import zoo
 from flax_dp_trainer.base.errors import UserError
-from flax_dp_trainer.zoo import layers
+from flax_dp_trainer.zoo import dropout
 from tests import helpers
 
 
@@ -16,7 +16,7 @@ def test_drop_path_drops_whole_examples_where_their_keys_say_and_never_in_eval()
   rate, batch = 0.5, 64
   x = np.random.RandomState(0).rand(batch, 3, 4).astype(np.float32) + 1.0
   ids = np.arange(100, 100 + batch)
-  layer = layers.DropPath(rate)
+  layer = dropout.DropPath(rate)
   key = jax.random.PRNGKey(7)
   out = np.asarray(layer.apply({}, x, ids, deterministic=False, rngs={'dropout': key}))
   dropped = np.all(out == 0, axis=(1, 2))
@@ -35,8 +35,8 @@ def test_drop_path_drops_whole_examples_where_their_keys_say_and_never_in_eval()
 
 
 def test_rates_rise_linearly_over_the_blocks():
-  np.testing.assert_allclose(layers.depth_rates(0.2, 5), [0.0, 0.05, 0.1, 0.15, 0.2])
-  assert layers.depth_rates(0.1, 1) == [0.1]
+  np.testing.assert_allclose(dropout.depth_rates(0.2, 5), [0.0, 0.05, 0.1, 0.15, 0.2])
+  assert dropout.depth_rates(0.1, 1) == [0.1]
 
 
 @pytest.mark.parametrize('name,shape', [('resnet_tiny', (8, 8, 3)), ('vit_test', (8, 8, 3))])

@@ -500,7 +500,7 @@ def to_form(tree: Any, form: str) -> Any:
 
 def layer_conversion(saved: dict, target: Any) -> Optional[tuple[str, str]]:
   """(the saved form, the target's) where a checkpoint holding arrays named `saved` has its
-  encoder blocks scanned and `target` unscanned or the reverse (`flax_dp_trainer.zoo.layers.
+  encoder blocks scanned and `target` unscanned or the reverse (`flax_dp_trainer.zoo.scanning.
   stack_layers`); else None."""
   have = scanning.layer_form(saved)
   want = scanning.layer_form(array_specs(jax.eval_shape(lambda tree: tree, target)))

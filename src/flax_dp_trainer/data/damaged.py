@@ -24,7 +24,7 @@ from flax_dp_trainer.data.image import preprocess
 from flax_dp_trainer.data import sources
 from flax_dp_trainer.data import stream as stream_lib
 from flax_dp_trainer.data import tf_options
-from flax_dp_trainer.data.options import DataOptions
+from flax_dp_trainer.data.data_options import DataOptions
 from flax_dp_trainer.base.errors import UserError
 
 

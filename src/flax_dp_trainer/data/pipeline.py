@@ -39,7 +39,7 @@ from flax_dp_trainer.data import sources
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.data import stream as stream_lib
-from flax_dp_trainer.data.options import DataOptions
+from flax_dp_trainer.data.data_options import DataOptions
 from flax_dp_trainer.data.tf_options import EXAMPLES_PER_CALL, as_written, data_threads
 from flax_dp_trainer.data.tf_options import dataset_options
 

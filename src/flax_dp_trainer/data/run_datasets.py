@@ -12,7 +12,7 @@ from flax_dp_trainer.data import kinds
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data.kinds import arrays as arrays_lib
 from flax_dp_trainer.data.kinds import left_out
-from flax_dp_trainer.data.options import DataOptions
+from flax_dp_trainer.data.data_options import DataOptions
 
 
 def dataset_and_split(entry: str) -> tuple[Optional[str], str]:

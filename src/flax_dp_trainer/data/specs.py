@@ -15,7 +15,7 @@ from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.data import kinds
 from flax_dp_trainer.data.kinds import arrays as arrays_lib
 from flax_dp_trainer.data.kinds import base
-from flax_dp_trainer.data.options import DataOptions
+from flax_dp_trainer.data.data_options import DataOptions
 
 
 # What a training example goes through besides RandAugment and erasing (`image/preprocess.py`):

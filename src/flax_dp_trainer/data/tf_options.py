@@ -4,7 +4,7 @@ examples one call of a pipeline's function prepares, and how its functions are t
 
 import os
 
-from flax_dp_trainer.data.options import DataOptions
+from flax_dp_trainer.data.data_options import DataOptions
 from flax_dp_trainer.data.tensorflow_import import tf
 
 

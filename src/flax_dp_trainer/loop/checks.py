@@ -23,7 +23,7 @@ from flax_dp_trainer.checkpoint import checkpointer
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.base.errors import UserError
-from flax_dp_trainer.zoo import layers
+from flax_dp_trainer.trace import context as trace_context
 from flax_dp_trainer.zoo import vit
 
 _POSITIVE_FIELDS = ('batch_size', 'eval_batch_size', 'log_every_steps', 'eval_every_steps',
@@ -174,7 +174,7 @@ def check_fields(config, *, process_count: int, local_device_count: int) -> None
       raise UserError(f'{field}={value!r} must be a positive integer (--config.{field}=N)')
   model_source.check_name(config.model)
   _choice('loss', config.loss, tuple(losses.LOSSES))
-  _choice('remat', config.remat, tuple(layers.REMAT_POLICIES))
+  _choice('remat', config.remat, tuple(trace_context.REMAT_POLICIES))
   _choice('pos_embedding_resize', config.pos_embedding_resize, vit.POS_EMBEDDING_RESIZE)
   _check_optimizer(config)
   _choice('dtype', config.dtype, DTYPES)

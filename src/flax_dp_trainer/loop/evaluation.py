@@ -4,7 +4,7 @@ scalars reduced over the devices."""
 
 import contextlib
 import dataclasses
-from typing import Callable, ContextManager, Optional, Sequence
+from typing import Sequence
 
 import jax
 
@@ -12,7 +12,7 @@ from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import kinds
 from flax_dp_trainer.data import data_options
 from flax_dp_trainer.data import run_datasets
-from flax_dp_trainer.loop import progress
+from flax_dp_trainer.loop import listeners
 from flax_dp_trainer.parallel import dispatch
 from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.step import metrics
@@ -20,24 +20,19 @@ from flax_dp_trainer.step import metrics
 
 def evaluate(p_eval_step, rstate, data: pipeline.EvalData,
              layout: parallel.DataParallel, prefix: str = 'eval',
-             bars: Optional[progress.Bars] = None,
-             beat: Callable[[], None] = lambda: None,
-             first: Callable[[], ContextManager] = contextlib.nullcontext) -> dict[str, float]:
+             listener: listeners.Listener = listeners.Listener()) -> dict[str, float]:
   """Loss, accuracy and top-5 accuracy over every example of an eval split, exactly once,
   as `{prefix}_loss` etc. of the params, and where the state keeps an EMA of them, as
-  `{prefix}_ema_loss` etc. of the EMA; counted by a bar of `bars` where given, `beat()` after
-  each batch (the progress file: `elastic.timeline`). The first batch's call runs inside
-  `first()` (where it compiles the step: `Timeline.phase('compile')`)."""
+  `{prefix}_ema_loss` etc. of the EMA. `listener` (`listeners.Listener`) passes the batches
+  on (a bar), is told of each, and holds the first one's call (where the step compiles)."""
   in_flight = dispatch.InFlight(layout.devices)
   per_batch = []
-  batches = pipeline.eval_batches(data)
-  if bars is not None:
-    batches = bars.evaluation(batches, prefix, data.num_batches)
+  batches = listener.eval_batches(pipeline.eval_batches(data), prefix, data.num_batches)
   for index, batch in enumerate(batches):
-    with first() if index == 0 else contextlib.nullcontext():
+    with listener.eval_compile() if index == 0 else contextlib.nullcontext():
       per_batch.append(p_eval_step(rstate, layout.put_batch(batch)))
     in_flight.add(per_batch[-1])
-    beat()
+    listener.eval_batch()
   return metrics.eval_scalars(metrics.merge(layout.fetch(per_batch)), prefix)
 
 
@@ -46,16 +41,12 @@ Evaluations = list[tuple[run_datasets.EvalSet, pipeline.EvalData]]
 
 def evaluate_all(p_eval_step, rstate, evaluations: Evaluations,
                  layout: parallel.DataParallel,
-                 bars: Optional[progress.Bars] = None,
-                 beat: Callable[[], None] = lambda: None,
-                 first: Callable[[], ContextManager] = contextlib.nullcontext
-                 ) -> dict[str, float]:
-  """The scalars of every configured evaluation (`eval_split`, then `eval_splits`), each
-  counted by a bar of `bars` where given; `beat` and `first` as `evaluate` takes them."""
+                 listener: listeners.Listener = listeners.Listener()) -> dict[str, float]:
+  """The scalars of every configured evaluation (`eval_split`, then `eval_splits`);
+  `listener` as `evaluate` takes it."""
   scalars = {}
   for eval_set, data in evaluations:
-    scalars.update(evaluate(p_eval_step, rstate, data, layout, eval_set.prefix, bars, beat,
-                            first))
+    scalars.update(evaluate(p_eval_step, rstate, data, layout, eval_set.prefix, listener))
   return scalars
 
 

@@ -15,7 +15,7 @@ import optax
 
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.checkpoint import init_from as init_from_lib
-from flax_dp_trainer.data import options as data_options_lib
+from flax_dp_trainer.data import data_options as data_options_lib
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.loop import durations
 from flax_dp_trainer.model import adapter
@@ -41,7 +41,7 @@ def _fields(config, cls) -> dict:
 
 
 def data_options(config) -> data_options_lib.DataOptions:
-  """What the input side is told (`data.options`)."""
+  """What the input side is told (`data.data_options`)."""
   return data_options_lib.DataOptions(**_fields(config, data_options_lib.DataOptions))
 
 

@@ -478,7 +478,7 @@ def port_weights(config, model: adapter.Model, num_classes: int,
   written; `UserError` in one line where it does not fit."""
   # (Imported here: torch, for runs that start from a torch state dict only.)
   # pylint: disable=import-outside-toplevel
-  from flax_dp_trainer.port import layers as port_layers
+  from flax_dp_trainer.port import call_order
   from flax_dp_trainer.port import originals
   from flax_dp_trainer.port import weights as port_lib
   # pylint: enable=import-outside-toplevel
@@ -496,7 +496,7 @@ def port_weights(config, model: adapter.Model, num_classes: int,
     raise UserError(f'init_from={config.init_from!r} does not fit '
                     f'torch_model={config.torch_model!r}: {e}; use a state dict of that model '
                     '(with its --config.torch_model_kwargs)') from None
-  except port_layers.PortMismatch as e:
+  except call_order.PortMismatch as e:
     raise UserError(f'torch_model={config.torch_model!r} and model={config.model!r} do not '
                     f'pair up: {e} (python -m flax_dp_trainer.tools.port_check says more)'
                     ) from None

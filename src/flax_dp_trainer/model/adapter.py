@@ -3,7 +3,7 @@ kind.
 
 The call: `module.apply(variables, x, train=bool)`, plus `example_ids=` where `__call__`
 declares it (each example's row in the global batch, for layers that key their own
-randomness per example, as `flax_dp_trainer.zoo.layers.Dropout` does). `x` is a float batch
+randomness per example, as `flax_dp_trainer.zoo.dropout.Dropout` does). `x` is a float batch
 (batch, height, width, channels), NHWC, normalized by the dataset's mean and std, in the
 compute dtype; its logits, (batch, num_classes), are what it returns or part of it (the rule
 of `flax_dp_trainer.model.outputs`). A linen `__call__` must take `train`; NNX modules take `x`
@@ -24,10 +24,10 @@ import jax.numpy as jnp
 
 from flax_dp_trainer.model import batchnorm_groups
 from flax_dp_trainer.model import intercept
-from flax_dp_trainer.model import nnx_layers
 from flax_dp_trainer.model import outputs
 from flax_dp_trainer.model import source as model_source
-from flax_dp_trainer.zoo import layers
+from flax_dp_trainer.trace import context as trace_context
+from flax_dp_trainer.trace.per_example import example_ids_or_rows
 from flax_dp_trainer.zoo import scanning
 
 
@@ -77,25 +77,39 @@ class Model:
   def apply(self, variables, images: jax.Array, *, train: bool,
             example_ids: Optional[jax.Array] = None, rngs: Optional[dict] = None,
             mutable=False, notes: Optional[intercept.Notes] = None, whole: bool = False,
-            bn_groups: Optional[batchnorm_groups.BatchNormGroups] = None):
+            bn_groups: Optional[batchnorm_groups.BatchNormGroups] = None,
+            remat: str = 'none', gathering: Optional[Any] = None,
+            marked: Optional[trace_context.MarkedCalls] = None):
     """Logits of `images` (and the updated collections where `mutable`); in training,
     `rngs['dropout']` keys the draws and `example_ids` (default: the rows of `images`) name
     each example's row of the global batch, and `bn_groups` (active) has BatchNorm compute its
     statistics over groups of the global batch (`batchnorm_groups`; else over all of it).
-    `whole`: all the module returns, not only its logits."""
-    out = self._apply(variables, images, train, example_ids, rngs, mutable, notes, bn_groups)
+    `whole`: all the module returns, not only its logits.
+
+    How the blocks marked with `remat_block` trace: rematerialized by `remat` (a key of
+    `trace.context.REMAT_POLICIES`), gathering their params by `gathering` (a
+    `parallel.fsdp.Gathering`; None: params whole), their calls counted in `marked`. This is
+    the one place the trace context is entered (`trace.context.applying`)."""
+    nnx = self.eval_module is not None
+    # A linen module's evaluation takes no ids.
+    ids = example_ids_or_rows(images, example_ids) if train or nnx else None
+    # NNX layers have no interceptors: they read the ids and groups from the context.
+    nnx_train = train and nnx
+    with trace_context.applying(remat, gathering, ids if nnx_train else None,
+                                bn_groups if nnx_train else None, marked):
+      out = self._apply(variables, images, train, ids, rngs, mutable, notes, bn_groups)
     if whole:
       return out
     if mutable:
       return outputs.logits(out[0], self.logits_key), out[1]
     return outputs.logits(out, self.logits_key)
 
-  def _apply(self, variables, images, train, example_ids, rngs, mutable, notes, bn_groups):
+  def _apply(self, variables, images, train, ids, rngs, mutable, notes, bn_groups):
+    """The module's apply; `ids`: each example's row (None: a linen module's evaluation)."""
     if self.eval_module is not None:
-      return self._apply_nnx(variables, images, train, example_ids, rngs, mutable, bn_groups)
+      return self._apply_nnx(variables, images, train, ids, rngs, mutable)
     if not train:
       return self.module.apply(variables, images, train=False, mutable=mutable)
-    ids = layers.example_ids_or_rows(images, example_ids)
     extra = {'example_ids': ids} if self.takes_example_ids else {}
     interceptor = functools.partial(intercept.intercept, ids=ids, notes=notes,
                                     bn_groups=bn_groups)
@@ -103,20 +117,14 @@ class Model:
       return self.module.apply(variables, images, train=True, rngs=streams(rngs),
                                mutable=mutable, **extra)
 
-  def _apply_nnx(self, variables, images, train, example_ids, rngs, mutable, bn_groups):
-    ids = layers.example_ids_or_rows(images, example_ids)
-    extra = self._nnx_arguments(train, ids)
+  def _apply_nnx(self, variables, images, train, ids, rngs, mutable):
     if not train:
-      return self.eval_module.apply(variables, images, mutable=mutable, **extra)
-    token = nnx_layers.EXAMPLE_IDS.set(ids)
-    groups_token = nnx_layers.BN_GROUPS.set(bn_groups)
-    try:
-      with intercept.trainer_request():  # The bridge asks for a key of every stream.
-        return self.module.apply(variables, images, rngs=streams(rngs), mutable=mutable,
-                                 **extra)
-    finally:
-      nnx_layers.BN_GROUPS.reset(groups_token)
-      nnx_layers.EXAMPLE_IDS.reset(token)
+      return self.eval_module.apply(variables, images, mutable=mutable,
+                                    **self._nnx_arguments(False, ids))
+    # The bridge asks for a key of every stream: the trainer's requests, not the model's.
+    with trace_context.within(trainer_request=True):
+      return self.module.apply(variables, images, rngs=streams(rngs), mutable=mutable,
+                               **self._nnx_arguments(True, ids))
 
 
 def streams(rngs: Optional[dict]) -> Optional[dict]:

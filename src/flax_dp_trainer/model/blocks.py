@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from flax_dp_trainer.model import adapter
+from flax_dp_trainer.trace import stacked
 from flax_dp_trainer.zoo import scanning
 
 _NUMBERED = re.compile(r'^(.*)_(\d+)$')
@@ -24,7 +25,7 @@ _NUMBERED = re.compile(r'^(.*)_(\d+)$')
 
 def path_name(path: Any) -> str:
   """The '/'-joined names of a key path (`jax.tree_util.tree_map_with_path`'s)."""
-  return '/'.join(scanning.path_names(path))
+  return '/'.join(stacked.path_names(path))
 
 
 def _leaf_paths(tree: Any, prefix: str = '') -> list[str]:
@@ -114,8 +115,8 @@ def leaf_layer(ids: dict[str, int], path: str, leaf: Any) -> Any:
   """The layer of the params leaf at `path` (its tree's form: a scanned stack's leaf
   `encoderblock/...` has one layer per slice, as an int array of its first axis)."""
   names = path.split('/')
-  if scanning.is_stacked(names):
-    at = next(i for i, name in enumerate(names) if name in scanning.SCANNED)
+  if stacked.is_stacked(names):
+    at = next(i for i, name in enumerate(names) if name in stacked.SCANNED)
     return tuple(ids.get('/'.join(names[:at] + [f'{names[at]}_{i}'] + names[at + 1:]), 0)
                  for i in range(leaf.shape[0]))
   return ids.get(path, 0)

@@ -15,19 +15,17 @@ anywhere):
 What cannot be keyed per example is collected in `Notes` while the probe traces.
 """
 
-import contextlib
-import contextvars
 import inspect
 from typing import Optional
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from flax.core import scope as scope_lib
 
 from flax_dp_trainer.model import batchnorm_groups
 from flax_dp_trainer.parallel.layouts import AXIS_NAME
-from flax_dp_trainer.zoo import layers
+from flax_dp_trainer.trace import context as trace_context
+from flax_dp_trainer.trace.per_example import keep_scaled
 
 
 class Notes:
@@ -41,6 +39,10 @@ class Notes:
     if where not in places:
       places.append(where)
 
+  def own_key(self, stream: str, path: str) -> None:
+    """A key the model asked for itself (`trace.scope_hooks.own_key_requests`)."""
+    self.add(OWN_RNG, f"'{stream}' at {path or 'the top'}")
+
   def describe(self) -> list[str]:
     return [kind.format(', '.join(places)) for kind, places in self.lines.items()]
 
@@ -52,7 +54,7 @@ _DROPOUT_NOT_BATCH = ('nn.Dropout at {}: its input\'s first axis is not the batc
 OWN_RNG = ('the model draws random numbers itself ({}): the same key on every device, so '
             'the result depends on the device count (use nn.Dropout, or take example_ids in '
             '__call__ and fold each example\'s id into its key, as '
-            'flax_dp_trainer.zoo.layers does)')
+            'flax_dp_trainer.zoo.dropout does)')
 
 
 _BATCHNORM_AXIS = ('nn.BatchNorm at {} reduced over another axis_name: it now reduces over the '
@@ -70,45 +72,9 @@ def per_example_dropout(x: jax.Array, key: jax.Array, ids: jax.Array, rate: floa
     shape = [1 if d in dims else n for d, n in enumerate(x.shape)]
     mask = jnp.broadcast_to(jax.random.bernoulli(key, keep, shape), x.shape)
     return jax.lax.select(mask, x / keep, jnp.zeros_like(x))
-  # flax_dp_trainer.zoo.layers' per-example masks, of one example's shape with the shared dims as 1.
+  # trace.per_example's masks, of one example's shape with the shared dims as 1.
   shape = tuple(1 if d in dims else n for d, n in enumerate(x.shape))[1:]
-  return layers.keep_scaled(x, key, ids, rate, shape)
-
-
-# Set while the trainer itself asks flax for a key (a Dropout it keys per example), so that
-# the probe tells those requests from the model's own: flax's `make_rng` takes no argument
-# that could say who asks (without it, test_user_model.py's
-# test_what_cannot_be_keyed_per_example_is_said_at_start fails).
-_TRAINER_REQUEST = contextvars.ContextVar('trainer_request', default=False)
-
-
-@contextlib.contextmanager
-def trainer_request():
-  token = _TRAINER_REQUEST.set(True)
-  try:
-    yield
-  finally:
-    _TRAINER_REQUEST.reset(token)
-
-
-@contextlib.contextmanager
-def own_rng_requests(notes: Notes):
-  """While tracing the probe: every `make_rng` a module makes itself goes into `notes`. flax
-  has no hook for key requests, so its scope's method is wrapped for the probe alone (no
-  training step is traced under it; without it, test_user_model.py's
-  test_what_cannot_be_keyed_per_example_is_said_at_start fails)."""
-  original = scope_lib.Scope.make_rng
-
-  def make_rng(scope, name='params'):
-    if not _TRAINER_REQUEST.get():
-      notes.add(OWN_RNG, f"'{name}' at {'/'.join(scope.path) or 'the top'}")
-    return original(scope, name)
-
-  scope_lib.Scope.make_rng = make_rng
-  try:
-    yield
-  finally:
-    scope_lib.Scope.make_rng = original
+  return keep_scaled(x, key, ids, rate, shape)
 
 
 def intercept(next_fun, args, kwargs, context, *, ids: jax.Array, notes: Optional[Notes],
@@ -164,10 +130,11 @@ def _dropout(next_fun, module: nn.Dropout, args, kwargs, ids: jax.Array,
   if x.ndim == 0 or x.shape[0] != ids.shape[0]:
     if notes is not None:
       notes.add(_DROPOUT_NOT_BATCH, '/'.join(module.scope.path))
-    with trainer_request():  # Said above: not also as the model's own draw.
+    # Said above: not also as the model's own draw.
+    with trace_context.within(trainer_request=True):
       key = module.make_rng(module.rng_collection) if rng is None else rng
     return next_fun(x, deterministic=given, rng=key)
   if rng is None:
-    with trainer_request():
+    with trace_context.within(trainer_request=True):
       rng = module.make_rng(module.rng_collection)
   return per_example_dropout(x, rng, ids, module.rate, module.broadcast_dims)

@@ -1,18 +1,18 @@
 """`nnx.Dropout` drawing each example's mask from its key folded with the example's id
-(`nnx_dropout_ids.EXAMPLE_IDS`), along the input's first axis: what `nnx_layers.build_nnx`
+(the trace context's `example_ids`), along the input's first axis: what `nnx_layers.build_nnx`
 switches a user's NNX Dropout layers to. Imports NNX: loaded for NNX models only."""
 
 from flax import nnx
 
 from flax_dp_trainer.model import intercept
-from flax_dp_trainer.model.nnx_dropout_ids import EXAMPLE_IDS
+from flax_dp_trainer.trace import context as trace_context
 
 
 class ExampleDropout(nnx.Dropout):
   """nnx.Dropout, its masks drawn per example (flax_dp_trainer.model.nnx_dropout)."""
 
   def __call__(self, inputs, *, deterministic=None, rngs=None):
-    ids = EXAMPLE_IDS.get()
+    ids = trace_context.current().example_ids
     deterministic = self.deterministic if deterministic is None else deterministic
     if (ids is None or deterministic or self.rate in (0.0, 1.0) or inputs.ndim == 0 or
         inputs.shape[0] != ids.shape[0]):

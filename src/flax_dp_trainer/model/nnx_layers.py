@@ -2,30 +2,22 @@
 training or evaluation mode, each `nnx.BatchNorm` given the device axis, each `nnx.Dropout`
 drawing per example. NNX has no method interceptors, so those Dropout layers are switched to a
 subclass that does, those BatchNorm layers to one that computes its training statistics over
-groups of the global batch while `BN_GROUPS` holds active groups (`batchnorm_groups`), and
+groups of the global batch while the trace context holds active groups (`batchnorm_groups`), and
 the streams a module keeps for itself are found to be said at start.
 `flax.nnx` is imported inside the functions: runs of linen models start without it.
 """
 
-import contextvars
 from typing import Any
 
 import jax
 
 from flax_dp_trainer.model import batchnorm_groups
-from flax_dp_trainer.model import nnx_dropout_ids
 from flax_dp_trainer.parallel.layouts import AXIS_NAME
+from flax_dp_trainer.trace import context as trace_context
 
 
 NNX_OWN_RNG = ('the NNX model keeps random streams of its own ({}): their draws are the same '
                 'on every device, so the result depends on the device count')
-
-
-# The example ids of the batch being applied, for NNX Dropout layers (`nnx_dropout.py`).
-EXAMPLE_IDS = nnx_dropout_ids.EXAMPLE_IDS
-# The BatchNorm groups of the training apply under way (a `batchnorm_groups.BatchNormGroups`;
-# None, or inactive: statistics of the global batch), set around it as EXAMPLE_IDS is.
-BN_GROUPS = contextvars.ContextVar('bn_groups', default=None)
 
 
 def build_nnx(cls: type, kwargs: dict, train: bool, rngs=None) -> Any:
@@ -54,21 +46,22 @@ def build_nnx(cls: type, kwargs: dict, train: bool, rngs=None) -> Any:
 
 
 def _grouped_batchnorm() -> type:
-  """`nnx.BatchNorm` whose training statistics are over `BN_GROUPS`' groups where it is
-  active (made once, at the first NNX model: linen runs never import NNX)."""
+  """`nnx.BatchNorm` whose training statistics are over the trace context's BatchNorm
+  groups where they are active (made once, at the first NNX model: linen runs never import NNX)."""
   from flax import nnx  # pylint: disable=import-outside-toplevel  # (as above)
 
   class GroupedBatchNorm(nnx.BatchNorm):
     """nnx.BatchNorm, its training statistics over groups of the global batch where
-    `BN_GROUPS` holds active groups (flax_dp_trainer.model.batchnorm_groups)."""
+    the trace context holds active groups (flax_dp_trainer.model.batchnorm_groups)."""
 
     def __call__(self, x, use_running_average=None, *, mask=None):
-      groups = BN_GROUPS.get()
+      now = trace_context.current()
+      groups = now.bn_groups
       running = self.use_running_average if use_running_average is None else (
           use_running_average)
       if groups is None or not groups.active or running is None or running:
         return super().__call__(x, use_running_average, mask=mask)
-      ids = EXAMPLE_IDS.get()
+      ids = now.example_ids
       batchnorm_groups.check_rows(x, None if ids is None else ids.shape[0],
                                   'an nnx.BatchNorm', groups)
       return batchnorm_groups.nnx_call(self, groups, x, mask=mask)

@@ -17,7 +17,8 @@ from flax_dp_trainer.model import adapter
 from flax_dp_trainer.model import intercept
 from flax_dp_trainer.model import outputs
 from flax_dp_trainer.parallel.layouts import AXIS_NAME
-from flax_dp_trainer.zoo import layers
+from flax_dp_trainer.trace import context as trace_context
+from flax_dp_trainer.trace import scope_hooks
 
 
 def probe(model: adapter.Model, input_shape: tuple[int, ...], batch: int, num_classes: int,
@@ -42,23 +43,21 @@ def probe(model: adapter.Model, input_shape: tuple[int, ...], batch: int, num_cl
   said = outputs.note(model.name, whole, model.logits_key)
   notes = intercept.Notes()
   mutable = ['batch_stats'] if 'batch_stats' in variables else False
+  marked = trace_context.MarkedCalls()
 
   def train_apply(v, im, rng):
     out = model.apply(v, im, train=True, example_ids=jnp.arange(batch), rngs={'dropout': rng},
-                      mutable=mutable, notes=notes, whole=True)
+                      mutable=mutable, notes=notes, whole=True, remat=remat, marked=marked)
     return out[0] if mutable else out
 
   # One device of a device axis, as the step runs it (BatchNorm reduces over the axis).
   mapped = jax.vmap(train_apply, in_axes=(None, 0, None), axis_name=AXIS_NAME)
   x1 = jax.ShapeDtypeStruct((1,) + x.shape, x.dtype)
   try:
-    # A module that takes example_ids keys its own draws by them (as zoo.layers does).
+    # A module that takes example_ids keys its own draws by them (as zoo.dropout does).
     watch = model.eval_module is None and not model.takes_example_ids
-    with intercept.own_rng_requests(notes) if watch else contextlib.nullcontext(), \
-        layers.remat_policy(remat):
-      marked = layers.remat_calls()
+    with scope_hooks.own_key_requests(notes.own_key) if watch else contextlib.nullcontext():
       whole = jax.eval_shape(mapped, variables, x1, key)
-      marked = layers.remat_calls() - marked
   except UserError:
     raise
   except Exception as e:  # pylint: disable=broad-except  # The user's code.
@@ -67,10 +66,10 @@ def probe(model: adapter.Model, input_shape: tuple[int, ...], batch: int, num_cl
   logits = _logits(model, whole, 'training', where)
   _check_logits(model, jax.ShapeDtypeStruct(logits.shape[1:], logits.dtype), 'training', batch,
                 num_classes, where)
-  if remat != 'none' and not marked and model.name in zoo.names():
+  if remat != 'none' and not marked.count and model.name in zoo.names():
     raise UserError(f'remat={remat!r}: model={model.name!r} has no residual blocks to '
                     'rematerialize (resnet* and vit* have); drop --config.remat')
-  if remat != 'none' and not marked:
+  if remat != 'none' and not marked.count:
     raise UserError(f'remat={remat!r}: model={model.name!r} marks no block to rematerialize; '
                     'decorate its block classes with @flax_dp_trainer.remat_block '
                     '(docs/your_model.md), or drop --config.remat')

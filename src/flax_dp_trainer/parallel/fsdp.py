@@ -2,7 +2,8 @@
 marked with `flax_dp_trainer.remat_block` all-gathers its params from the devices' parts just
 before it runs, inside its `jax.checkpoint` (so the backward pass gathers them again rather
 than keeping them), and the layers outside the blocks are gathered whole once. The blocks
-reach a `Gathering` through `zoo.layers.gathering`, set by the step around the forward pass.
+reach a `Gathering` through the trace context (`trace.context`): the step hands it to
+`Model.apply`, which sets it around the forward pass.
 """
 
 import contextlib
@@ -12,8 +13,8 @@ import jax
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
-from flax_dp_trainer.zoo.layers import GATHERED
-from flax_dp_trainer.zoo.scanning import path_names
+from flax_dp_trainer.trace.remat import GATHERED
+from flax_dp_trainer.trace.stacked import path_names
 
 
 class Gathering:

@@ -20,7 +20,7 @@ Under 'shard_map' the state can be sharded over the same axis (`config.state_sha
                params, BatchNorm statistics and the loss scale replicated;
   'full'       params (and their EMA) split too, gathered whole for the step's gradient pass;
   'fsdp'       split as under 'full', and never whole on a device: each block of the model
-               (`flax_dp_trainer.zoo.layers.remat_block`: the residual blocks of resnet* and vit*)
+               (`flax_dp_trainer.trace.remat.remat_block`: the residual blocks of resnet* and vit*)
                gathers its params just before it runs and again in the backward pass, the
                layers outside the blocks are gathered at the start; the gradients come out
                reduce-scattered (the gather's transpose), each device holding its part.
@@ -46,7 +46,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from flax_dp_trainer.zoo import scanning
+from flax_dp_trainer.trace import stacked
 
 # The one name of the device axis, the data-parallel axis of both layouts. The step's
 # collectives reduce over it (pmean, psum, ppermute), BatchNorm averages its statistics over
@@ -122,7 +122,7 @@ def param_split_axes(params: Any, num_devices: int) -> Any:
   it is kept whole), as the sharded state holds it."""
   return jax.tree_util.tree_map_with_path(
       lambda path, x: split_dimension(x.shape, num_devices,
-                                      scanning.is_stacked(scanning.path_names(path))),
+                                      stacked.is_stacked(stacked.path_names(path))),
       params)
 
 
@@ -352,7 +352,7 @@ class ShardMapped(DataParallel):
     def sharding(path, leaf):
       if getattr(path[0], 'name', None) in split:
         return NamedSharding(self.mesh, split_spec(leaf.shape, len(self.devices),
-                                                   scanning.is_stacked(scanning.path_names(path))))
+                                                   stacked.is_stacked(stacked.path_names(path))))
       return self._replicated
 
     return jax.tree_util.tree_map_with_path(sharding, state)

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
-from flax_dp_trainer.port import layouts as port_layouts
-from flax_dp_trainer.port.layers import Layer
+from flax_dp_trainer.port import weight_layouts
+from flax_dp_trainer.port.call_order import Layer
 
 
 @dataclasses.dataclass
@@ -119,7 +119,7 @@ def record_torch(module, x, layers: list[Layer],
       if path not in seen:  # Still inside the layer: these copies are not calls between.
         first = args[0] if args else next(iter(kwargs.values()))
         out = output[0] if isinstance(output, tuple) else output
-        seen[path] = (port_layouts.to_numpy(first), port_layouts.to_numpy(out))
+        seen[path] = (weight_layouts.to_numpy(first), weight_layouts.to_numpy(out))
       depth[0] -= 1
       start[0] = len(calls)
       return None
@@ -133,7 +133,7 @@ def record_torch(module, x, layers: list[Layer],
     for handle in handles:
       handle.remove()
   return TorchRecord(seen, calls, inputs, before, keep,
-                     port_layouts.to_numpy(out[0]) if out else None)
+                     weight_layouts.to_numpy(out[0]) if out else None)
 
 
 def replay(record: TorchRecord, path: str, swap: Optional[tuple[int, Callable]] = None
@@ -171,7 +171,7 @@ def as_flax(array: np.ndarray, shape: tuple[int, ...], rows: Optional[np.ndarray
   takes its features in on the flax side (a dense layer after an NCHW flatten)."""
   if rows is not None and array.size == int(np.prod(shape)):
     return array.reshape(len(array), -1)[:, rows].reshape(shape)
-  converted = port_layouts.as_flax_layout(array, tuple(shape))
+  converted = weight_layouts.as_flax_layout(array, tuple(shape))
   if converted is None and array.size == int(np.prod(shape)):
     return array.reshape(shape)
   return converted

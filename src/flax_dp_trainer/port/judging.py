@@ -14,7 +14,7 @@ import optax
 
 from flax_dp_trainer.port import causes
 from flax_dp_trainer.port import forcing
-from flax_dp_trainer.port import layouts as port_layouts
+from flax_dp_trainer.port import weight_layouts
 from flax_dp_trainer.port import porting
 
 
@@ -46,7 +46,7 @@ def places(pairs, forced: dict[str, forcing.Forced], record: forcing.TorchRecord
     if (torch_in is not None and t.flatten is not None and f.path not in rows_order and
         int(np.prod(t.flatten)) == torch_in[0].size):
       # A flatten in the other order (NHWC against NCHW): the kernel's rows take it.
-      nhwc = seen[0].reshape(len(seen[0]), -1)[:, port_layouts.flatten_order(*t.flatten)]
+      nhwc = seen[0].reshape(len(seen[0]), -1)[:, weight_layouts.flatten_order(*t.flatten)]
       if porting.close(got.produced, nhwc.reshape(got.produced.shape)):
         torch_in = nhwc.reshape(got.produced.shape)
     if torch_in is not None:
@@ -89,7 +89,7 @@ def compare_rows(pairs, flax_seen, torch_seen, rows_order, flax_logits, torch_lo
       continue
     diffs = []
     for index, (a, b) in enumerate(zip(flax_seen[f.path], torch_seen[t.path])):
-      b = port_layouts.as_flax_layout(b, a.shape) if b.shape != a.shape or b.ndim >= 3 else b
+      b = weight_layouts.as_flax_layout(b, a.shape) if b.shape != a.shape or b.ndim >= 3 else b
       if b is not None and index == 0 and f.path in rows_order:
         b = b.reshape(len(b), -1)[:, rows_order[f.path]].reshape(a.shape)
       if b is None and a.size == np.asarray(torch_seen[t.path][index]).size:
@@ -120,12 +120,12 @@ def gradient_rows(pairs, carried, apply_train, x, labels, torch_module, layer_gr
     grads = whole if f.kind == 'param' else per_layer
     if t.kind == 'param':
       tensor = dict(torch_module.named_parameters())[t.module]
-      torch_grads = {'value': port_layouts.fold(t, port_layouts.to_numpy(tensor.grad))}
+      torch_grads = {'value': weight_layouts.fold(t, weight_layouts.to_numpy(tensor.grad))}
     else:
-      torch_grads = {n: port_layouts.to_numpy(p.grad)
+      torch_grads = {n: weight_layouts.to_numpy(p.grad)
                      for n, p in t.module.named_parameters() if p.grad is not None}
-    converted = port_layouts.to_flax((f, t), torch_grads, carried.rows.get(f.path))
-    mine = port_layouts.layer_arrays(grads, f, [n for n in f.shapes
+    converted = weight_layouts.to_flax((f, t), torch_grads, carried.rows.get(f.path))
+    mine = weight_layouts.layer_arrays(grads, f, [n for n in f.shapes
                                            if not n.startswith('batch_stats/')])
     for name, value in mine.items():
       if name in converted:
@@ -150,7 +150,7 @@ def statistics_rows(pairs, updated, before, after, torch_train):
     count = inputs.size / inputs.shape[1]
     unbiased = (var1 - (1 - m) * var0) / m
     expected_var = (1 - m) * var0 + m * unbiased * (count - 1) / count
-    mine = port_layouts.layer_arrays(stats, f, ['batch_stats/mean', 'batch_stats/var'])
+    mine = weight_layouts.layer_arrays(stats, f, ['batch_stats/mean', 'batch_stats/var'])
     d = max(float(np.max(np.abs(mine['batch_stats/mean'] - mean1))),
             float(np.max(np.abs(mine['batch_stats/var'] - expected_var))))
     out.append((f.path, d, d <= porting.tolerance(expected_var)))

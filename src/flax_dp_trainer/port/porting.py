@@ -2,8 +2,8 @@
 a key table: the layers of both sides are matched in the order a forward pass first uses
 them, by kind and shape.
 
-The layers of each side (`port_layers`) are paired here (`match`) and their arrays converted
-(`port_layouts`). A dense layer after a flatten may need its rows in another order (NCHW
+The layers of each side (`call_order`) are paired here (`match`) and their arrays converted
+(`weight_layouts`). A dense layer after a flatten may need its rows in another order (NCHW
 against NHWC): shapes cannot tell, so `carry` decides it from the layer's input on both
 sides.
 
@@ -17,9 +17,9 @@ import flax.linen as nn
 import numpy as np
 import torch
 
-from flax_dp_trainer.port import layers as port_layers
-from flax_dp_trainer.port.layers import Arrays, Layer, PortMismatch
-from flax_dp_trainer.port import layouts as port_layouts
+from flax_dp_trainer.port import call_order
+from flax_dp_trainer.port.call_order import Arrays, Layer, PortMismatch
+from flax_dp_trainer.port import weight_layouts
 
 
 def token_order(flax_side: list[Layer], torch_side: list[Layer]) -> list[Layer]:
@@ -53,13 +53,13 @@ def split_fused(flax_side: list[Layer], torch_side: list[Layer]) -> list[Layer]:
   i = 0
   while i < min(len(flax_side), len(torch_side)):
     t = torch_side[i]
-    names = (port_layers.fused_attention(t.module)
+    names = (call_order.fused_attention(t.module)
              if flax_side[i].kind == 'linear' and t.kind == 'attention' else None)
     if names:
       modules = dict(t.module.named_modules())
       torch_side[i:i + 1] = [
           Layer(f'{t.path}.{name}', 'linear',
-                {n: tuple(a.shape) for n, a in port_layers.module_arrays(modules[name]).items()},
+                {n: tuple(a.shape) for n, a in call_order.module_arrays(modules[name]).items()},
                 'Linear', module=modules[name]) for name in names]
     i += 1
   return torch_side
@@ -95,7 +95,7 @@ def match(flax_side: list[Layer], torch_side: list[Layer]) -> list[tuple[Layer, 
                          f'torch {t.describe()} {article(t.kind)} {t.kind} one; the port calls '
                          'its layers in another order, or has a layer the original does not')
     zeros = {n: np.zeros(s, np.float32) for n, s in t.shapes.items()}
-    converted = port_layouts.convert(t.kind, zeros, f.shapes)
+    converted = weight_layouts.convert(t.kind, zeros, f.shapes)
     got = {n: a.shape for n, a in converted.items()} if converted is not None else None
     want = {n: tuple(s) for n, s in f.shapes.items()}
     if got != want:
@@ -132,13 +132,13 @@ def carry(apply: Callable[[Any, Any], Any], variables: Any, torch_module, x: np.
   """The torch module's weights in flax `variables`, layers paired by call order on `x`
   (one NHWC batch; torch sees it as NCHW). A dense layer after a flatten takes its rows in
   the order under which its flax input equals torch's (identity, or NCHW to NHWC)."""
-  pairs = match(port_layers.flax_layers(apply, variables, x),
-                port_layers.torch_layers(torch_module, to_torch(x)))
-  variables = port_layers.plain_dict(variables)
+  pairs = match(call_order.flax_layers(apply, variables, x),
+                call_order.torch_layers(torch_module, to_torch(x)))
+  variables = call_order.plain_dict(variables)
   for pair in pairs:
-    arrays = port_layouts.torch_arrays(pair[1], torch_module)
-    variables = port_layouts.set_layer(variables, pair[0],
-                                       port_layouts.to_flax(pair, arrays, None))
+    arrays = weight_layouts.torch_arrays(pair[1], torch_module)
+    variables = weight_layouts.set_layer(variables, pair[0],
+                                       weight_layouts.to_flax(pair, arrays, None))
   rows = {}
   for pair in pairs:
     f, t = pair
@@ -148,14 +148,15 @@ def carry(apply: Callable[[Any, Any], Any], variables: Any, torch_module, x: np.
     if c * h * w != t.shapes['weight'][1] or h * w == 1 or c == 1:
       continue
     flax_in = capture_flax(apply, variables, x, [f])[0][f.path][0]
-    with torch.no_grad(), port_layers.eval_mode(torch_module):
+    with torch.no_grad(), call_order.eval_mode(torch_module):
       torch_in = capture_torch(torch_module, to_torch(x), [t])[0][t.path][0]
-    order = port_layouts.flatten_order(c, h, w)
+    order = weight_layouts.flatten_order(c, h, w)
     flax_in, torch_in = flax_in.reshape(len(x), -1), torch_in.reshape(len(x), -1)
     if close(flax_in, torch_in[:, order]) and not close(flax_in, torch_in):
       rows[f.path] = order
-      arrays = port_layouts.torch_arrays(t, torch_module)
-      variables = port_layouts.set_layer(variables, f, port_layouts.to_flax(pair, arrays, order))
+      arrays = weight_layouts.torch_arrays(t, torch_module)
+      variables = weight_layouts.set_layer(variables, f,
+                                           weight_layouts.to_flax(pair, arrays, order))
   return Carried(variables, pairs, rows, torch_module)
 
 
@@ -212,11 +213,11 @@ def capture_torch(module, x, layers: list[Layer], gradients: Optional[dict] = No
       if path not in seen:
         first = args[0] if args else next(iter(kwargs.values()))
         out = output[0] if isinstance(output, tuple) else output
-        seen[path] = (port_layouts.to_numpy(first), port_layouts.to_numpy(out))
+        seen[path] = (weight_layouts.to_numpy(first), weight_layouts.to_numpy(out))
         if gradients is not None and out.requires_grad:
 
           def keep(gradient, path=path):
-            gradients.setdefault(path, port_layouts.to_numpy(gradient))
+            gradients.setdefault(path, weight_layouts.to_numpy(gradient))
 
           out.register_hook(keep)
 
@@ -233,14 +234,14 @@ def torch_state(carried: Carried, variables: Any) -> Arrays:
   """Flax `variables` as a state dict of the torch module `carried` paired them with (its
   keys; `num_batches_tracked` left out): what the torch side starts from to start where
   the flax side starts."""
-  variables = port_layers.plain_dict(variables)
+  variables = call_order.plain_dict(variables)
   state = {}
   for f, t in carried.pairs:
-    arrays = port_layouts.layer_arrays(variables, f)
+    arrays = weight_layouts.layer_arrays(variables, f)
     rows = carried.rows.get(f.path)
     if rows is not None:
       arrays['kernel'] = arrays['kernel'][np.argsort(rows)]
-    converted = port_layouts.to_torch_layout(t.kind, arrays, t.shapes)
+    converted = weight_layouts.to_torch_layout(t.kind, arrays, t.shapes)
     if t.kind == 'param':
       value = np.array(converted[next(iter(converted))])
       if t.fold == 'tail':  # (The token takes the first row: `token_order`.)

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from flax_dp_trainer.base.errors import first_line
-from flax_dp_trainer.port import layers as port_layers
+from flax_dp_trainer.port import call_order
 from flax_dp_trainer.port import porting
 from flax_dp_trainer.zoo import torch_weights
 
@@ -47,7 +47,7 @@ def into_port(apply: Callable[[Any, Any], Any], variables: Any, original, state_
               input_shape) -> Carried:
   """`variables` (the port's) with the arrays of `state_dict` loaded into `original` (the torch
   module the port was made from) and carried by call order (`example_batch` of
-  `input_shape`). `StateMismatch` or `port_layers.PortMismatch`, in one line, where they do
+  `input_shape`). `StateMismatch` or `call_order.PortMismatch`, in one line, where they do
   not fit."""
   x = example_batch(input_shape)
   own = {k: v for k, v in original.state_dict().items() if not k.endswith(_COUNTER)}
@@ -94,7 +94,7 @@ def into_port(apply: Callable[[Any, Any], Any], variables: Any, original, state_
   keep = []
   if fresh:
     f = next(f for f, t in carried.pairs if t.path == head.path)
-    flat = traverse_util.flatten_dict(port_layers.plain_dict(carried.variables))
+    flat = traverse_util.flatten_dict(call_order.plain_dict(carried.variables))
     keep = [k for k in flat if k[1:1 + len(f.module)] == tuple(f.module)]
     notes.append(f'its classifier {head.path} has another number of classes: the port\'s '
                  f'{f.path} keeps its own init (fine-tuning)')
@@ -114,7 +114,7 @@ def _layers(original, own: dict, x: np.ndarray) -> tuple[list, int]:
   first convolution takes. `OriginalFailed` where its forward pass fails on both."""
   built_for = x.shape[-1]
   try:
-    found = port_layers.torch_layers(original, porting.to_torch(x))
+    found = call_order.torch_layers(original, porting.to_torch(x))
   except Exception as e:  # pylint: disable=broad-except  # The user's code.
     channels = _first_conv_channels(own)
     if channels is None or channels == x.shape[-1]:
@@ -122,7 +122,7 @@ def _layers(original, own: dict, x: np.ndarray) -> tuple[list, int]:
                            f'fails: {first_line(e)}') from None
     shaped = example_batch(x.shape[1:-1] + (channels,))
     try:
-      found = port_layers.torch_layers(original, porting.to_torch(shaped))
+      found = call_order.torch_layers(original, porting.to_torch(shaped))
     except Exception as again:  # pylint: disable=broad-except
       raise OriginalFailed(f'its forward pass on a batch of shape {tuple(shaped.shape)} '
                            f'(NHWC) fails: {first_line(again)}') from None
@@ -153,7 +153,7 @@ def from_port(apply: Callable[[Any, Any], Any], variables: Any, original,
   """The port's `variables` as a state dict of `original` (numpy arrays under its keys),
   layers paired by call order as `into_port` pairs them: what a trained port exports back,
   and what the DDP twin starts from. Arrays the port has no counterpart of (BatchNorm's
-  counter) are the original's own. `port_layers.PortMismatch` where they do not pair up."""
+  counter) are the original's own. `call_order.PortMismatch` where they do not pair up."""
   carried = porting.carry(apply, variables, original, example_batch(input_shape))
   state = porting.torch_state(carried, variables)
   own = original.state_dict()

@@ -14,7 +14,7 @@ import optax
 
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.loop import setup
-from flax_dp_trainer.port import layers as port_layers
+from flax_dp_trainer.port import call_order
 from flax_dp_trainer.port import porting
 from flax_dp_trainer.port import weights as port_weights
 from flax_dp_trainer.step import mix as mix_lib
@@ -73,7 +73,7 @@ class JaxSide:
       self._carried = porting.carry(
           lambda v, im: module.apply(v, im, train=False), jax.device_get(self.state.variables()),
           original, port_weights.example_batch(self.run.input_shape[1:]))
-    except port_layers.PortMismatch as e:
+    except call_order.PortMismatch as e:
       raise UserError(f'model={self.run.config.model!r} does not pair with the script\'s '
                       f'model {self.run.config.torch_model!r}: {e} (python -m '
                       'flax_dp_trainer.tools.port_check says where)') from None

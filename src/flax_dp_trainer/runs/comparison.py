@@ -32,7 +32,7 @@ from flax_dp_trainer.step import optimizers
 from flax_dp_trainer.step import schedules
 from flax_dp_trainer.torch_ddp import models as torch_models
 from flax_dp_trainer.torch_ddp import step as ddp_step
-from flax_dp_trainer.torch_ddp import train as ddp_train
+from flax_dp_trainer.torch_ddp import ddp_training
 from flax_dp_trainer.zoo import torch_weights
 
 LAUNCH_FILE = 'launch.json'
@@ -392,7 +392,7 @@ def compare(config, config_path: str, overrides: list[str], workdir: str, device
   report['jax'].update(precision=config.dtype, step_backend=config.step_backend,
                        state_sharding=config.state_sharding, platform=jax_platform,
                        **_jax_recipe(config))
-  with open(os.path.join(run_dirs['ddp'], ddp_train.SETTINGS_FILE), encoding='utf-8') as f:
+  with open(os.path.join(run_dirs['ddp'], ddp_training.SETTINGS_FILE), encoding='utf-8') as f:
     report['ddp'].update(json.load(f))
   report['throughput_ratio_jax_over_ddp'] = reporting.ratio(
       report['jax']['steady_examples_per_sec'], report['ddp']['steady_examples_per_sec'])

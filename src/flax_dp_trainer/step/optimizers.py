@@ -5,7 +5,7 @@ PyTorch counterpart (torch.optim or timm.optim), and any optax optimizer by its 
 weight_decay) and `optimizer_kwargs` into an `Optimizer`; `build` makes its optax transformation
 with per-leaf weight-decay and learning-rate factors (the parameter groups of the twin);
 `counterpart` and `describe` name the PyTorch class that the DDP twin runs
-(`torch_ddp/optimizers.py`).
+(`torch_ddp/torch_optimizers.py`).
 
 Layouts: a leaf named 'kernel' with n >= 2 dims is (spatial..., in, out), a flax Dense or Conv
 kernel, which torch holds as (out, in, spatial...); every other leaf has torch's layout already

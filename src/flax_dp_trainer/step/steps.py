@@ -31,7 +31,6 @@ from flax_dp_trainer.parallel import fsdp
 from flax_dp_trainer.parallel.layouts import AXIS_NAME
 from flax_dp_trainer.step.state import TrainState
 from flax_dp_trainer.model import batchnorm_groups
-from flax_dp_trainer.model import tracing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +73,7 @@ class StepOptions:
   mix: mix_lib.MixOptions = mix_lib.MixOptions()  # Mixup/CutMix of the global batch.
   # `loss(logits, targets) -> per-example loss` on dense targets (flax_dp_trainer.step.losses).
   loss: losses.Loss = losses.softmax_xent
-  remat: str = 'none'  # The blocks' rematerialization policy (model.tracing).
+  remat: str = 'none'  # The blocks' rematerialization policy (trace.context.REMAT_POLICIES).
   frozen: str = ''  # A regex of params not trained (`param_groups`): no gradient flows.
   # The model trains in evaluation mode (BatchNorm's running statistics used and kept).
   frozen_batch_stats: bool = False
@@ -126,8 +125,13 @@ def _loss_fn(state: TrainState, options: StepOptions,
   run, the other layers' are gathered first."""
   has_batch_stats = state.batch_stats is not None
   updates_stats = has_batch_stats and not options.frozen_batch_stats
-  # Only where set: an `apply_fn` of the state need not take it otherwise.
-  grouping = {'bn_groups': options.bn_groups} if options.bn_groups.active else {}
+  # How the model traces (`Model.apply` sets it around its apply), each only where set: an
+  # `apply_fn` of the state need not take it otherwise.
+  tracing = {'bn_groups': options.bn_groups} if options.bn_groups.active else {}
+  if options.remat != 'none':
+    tracing['remat'] = options.remat
+  if how is not None:
+    tracing['gathering'] = how
 
   def loss_fn(params, batch_stats, batch, rng):
     if options.frozen:  # No gradient reaches them: the backward pass stops there.
@@ -138,10 +142,9 @@ def _loss_fn(state: TrainState, options: StepOptions,
     variables = {'params': params}
     if has_batch_stats:
       variables['batch_stats'] = batch_stats
-    with tracing.tracing(options.remat, how):
-      out = state.apply_fn(variables, batch['image'], train=not options.frozen_batch_stats,
-                           example_ids=batch[EXAMPLE_ID_KEY], rngs={'dropout': rng},
-                           mutable=['batch_stats'] if updates_stats else False, **grouping)
+    out = state.apply_fn(variables, batch['image'], train=not options.frozen_batch_stats,
+                         example_ids=batch[EXAMPLE_ID_KEY], rngs={'dropout': rng},
+                         mutable=['batch_stats'] if updates_stats else False, **tracing)
     logits, new_batch_stats = (out[0], out[1]['batch_stats']) if updates_stats else (
         out, batch_stats)
     loss = jnp.mean(example_losses(logits, batch['label'], options.label_smoothing,
@@ -359,8 +362,8 @@ def make_train_step(layout: parallel.DataParallel, *, learning_rate_fn: optax.Sc
   state's buffers are donated.
 
   `rng` is the same on every device; folded with the step number it is the step's RNG, and
-  each example's draws fold in its global row (see zoo.layers), so the randomness does not
-  depend on how the batch is split over devices. Under float16 loss scaling, and with
+  each example's draws fold in its global row (see trace.per_example), so the randomness does
+  not depend on how the batch is split over devices. Under float16 loss scaling, and with
   `options.skip_nonfinite`, a step whose loss or gradients are NaN/Inf leaves params,
   optimizer state and BatchNorm statistics unchanged.
   """

@@ -1,4 +1,5 @@
-"""Records read by index, written by `data.kinds.convert` (each kind says what it converts to):
+"""Records read by index, written by `data.kinds.record_conversion` (each kind says what it
+converts to):
 
     # A TFDS dataset prepared as TFRecord (e.g. imagenet2012): ArrayRecord files written beside
     # its TFRecord files and listed in its dataset_info.json.

@@ -70,7 +70,7 @@ def _port_state_dict(trained) -> dict:
   """A port's variables as a state dict of its original (`config.torch_model`), its layers
   paired by call order."""
   # pylint: disable=import-outside-toplevel  # (torch: for ports only)
-  from flax_dp_trainer.port import layers as port_layers
+  from flax_dp_trainer.port import call_order
   from flax_dp_trainer.port import originals
   from flax_dp_trainer.port import weights as port_weights
   # pylint: enable=import-outside-toplevel
@@ -81,7 +81,7 @@ def _port_state_dict(trained) -> dict:
   try:
     return port_weights.from_port(lambda v, im: built.apply(v, im, train=False),
                                   trained.variables, original, spec.input_shape)
-  except port_layers.PortMismatch as e:
+  except call_order.PortMismatch as e:
     raise UserError(f'torch_model={config.torch_model!r} and model={config.model!r} do not '
                     f'pair up: {e} (nothing was written)') from None
 

@@ -2,13 +2,13 @@
 
   python -m flax_dp_trainer.tools.goodput --workdir=WORKDIR
 
-One cause a line with its seconds (`elastic.goodput.CAUSES`), the wall time, and last
+One cause a line with its seconds (`elastic.goodput_records.CAUSES`), the wall time, and last
 `goodput=F`: the productive steps' time over the wall time."""
 
 from absl import flags
 
 from flax_dp_trainer.base import cli
-from flax_dp_trainer.elastic import goodput
+from flax_dp_trainer.elastic import goodput_records
 
 FLAGS = flags.FLAGS
 
@@ -20,10 +20,10 @@ def _define_flags() -> None:
 
 def main(argv) -> None:
   del argv
-  if not goodput.sessions(FLAGS.workdir):
+  if not goodput_records.sessions(FLAGS.workdir):
     raise SystemExit(f'error: {FLAGS.workdir} holds no goodput records '
                      '(goodput/session_*.json): pass the --workdir of a run')
-  print(goodput.table(FLAGS.workdir))
+  print(goodput_records.table(FLAGS.workdir))
 
 
 def command() -> None:

@@ -142,8 +142,8 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
   from flax_dp_trainer.port import causes
   from flax_dp_trainer.port import forcing
   from flax_dp_trainer.port import judging
-  from flax_dp_trainer.port import layers as port_layers
-  from flax_dp_trainer.port import layouts as port_layouts
+  from flax_dp_trainer.port import call_order
+  from flax_dp_trainer.port import weight_layouts
   from flax_dp_trainer.port import modes
   from flax_dp_trainer.port import porting
   # pylint: enable=import-outside-toplevel
@@ -182,23 +182,23 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
     return Report({}, {}, [], [], f'verdict: the port parts from the original {e}', False)
   try:
     carried = porting.carry(apply_eval, variables, torch_module, x)
-  except port_layers.PortMismatch as e:
+  except call_order.PortMismatch as e:
     return Report({}, {}, [], [], f'verdict: the layers do not pair up: {e}', False)
   pairs = carried.pairs
   torch_x = porting.to_torch(x)
   torch_layers, flax_layers = [t for _, t in pairs], [f for f, _ in pairs]
   rows, logits = {}, {}
-  with torch.no_grad(), port_layers.eval_mode(torch_module):
+  with torch.no_grad(), call_order.eval_mode(torch_module):
     torch_eval, torch_logits = porting.capture_torch(torch_module, torch_x, torch_layers)
   flax_eval, flax_logits = porting.capture_flax(apply_eval, carried.variables, x, flax_layers)
   flax_logits = np.asarray(flax_logits, np.float32)
   rows['eval'], logits['eval'] = judging.compare_rows(
       pairs, flax_eval, torch_eval, carried.rows, flax_logits,
-      port_layouts.to_numpy(torch_logits))
+      weight_layouts.to_numpy(torch_logits))
   # Each layer on its own (teacher forcing): every place where the two part, with its cause.
   explained, swaps = {}, {}
   for _ in range(4):  # Until no new convention explains a place between layers.
-    with torch.no_grad(), port_layers.eval_mode(torch_module):
+    with torch.no_grad(), call_order.eval_mode(torch_module):
       record = forcing.record_torch(torch_module, torch_x, torch_layers, swaps)
     forced, forced_logits = forcing.force_flax(apply_eval, carried.variables, x, pairs,
                                                record.seen, carried.rows)
@@ -247,7 +247,7 @@ def check(flax_model, torch_module, input_shape: tuple[int, ...], *, batch: int 
       apply_train, carried.variables, x, flax_layers)
   rows['train'], logits['train'] = judging.compare_rows(
       pairs, flax_train, torch_train, carried.rows, np.asarray(flax_train_logits, np.float32),
-      port_layouts.to_numpy(out))
+      weight_layouts.to_numpy(out))
   forced_train, (_, updated) = forcing.force_flax(apply_train, carried.variables, x, pairs,
                                                   torch_train, carried.rows)
   for f, t in pairs:

@@ -34,7 +34,7 @@ from flax_dp_trainer import zoo as flax_models
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.port import originals
 from flax_dp_trainer.port import weights as port_weights
-from flax_dp_trainer.port import layers as port_layers
+from flax_dp_trainer.port import call_order
 from flax_dp_trainer.zoo import torch_weights
 
 
@@ -235,7 +235,7 @@ def flax_init_state(config, model: nn.Module, num_classes: int,
   try:
     return port_weights.from_port(lambda v, im: flax_module.apply(v, im, train=False),
                                   variables, model, input_shape[1:])
-  except port_layers.PortMismatch as e:
+  except call_order.PortMismatch as e:
     raise UserError(f'torch_model={config.torch_model!r} and model={config.model!r} do not '
                     f'pair up: {e} (python -m flax_dp_trainer.tools.port_check says more)'
                     ) from None

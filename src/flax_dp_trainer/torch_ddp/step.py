@@ -4,7 +4,7 @@ Mixup/CutMix of the global batch with rows exchanged between ranks r and R-1-r).
 
 Imports neither TensorFlow nor TFDS (it does import jax, flax and optax, for the optimizer's
 schedule and the mixing draw it shares with the JAX trainer), so that the bare step runs (and
-is benchmarked) on GPU hosts without TensorFlow: `torch_ddp/train.py` feeds it the
+is benchmarked) on GPU hosts without TensorFlow: `torch_ddp/ddp_training.py` feeds it the
 trainer's global batches, `tools/benchmark.py --parts=ddp_limit` a synthetic batch kept on
 the device.
 """
@@ -35,7 +35,7 @@ from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.step import optimizers
 from flax_dp_trainer.torch_ddp import models as torch_models
-from flax_dp_trainer.torch_ddp import param_groups as twin_groups
+from flax_dp_trainer.torch_ddp import torch_param_groups as twin_groups
 
 SUPPORTED = dict(dtype=('float32', 'bfloat16', 'float16'),
                  grad_accum_steps=(1,), init_from=('',), skip_nonfinite_steps=(False,),
@@ -243,7 +243,7 @@ def distributed(model: torch.nn.Module, device: torch.device, compile_model: boo
 def make_optimizer(config, model: torch.nn.Module,
                    found: Optional[twin_groups.Factors] = None) -> torch.optim.Optimizer:
   """The counterpart of the JAX run's optimizer over its parameter groups
-  (`torch_ddp.param_groups`; without `found`, decay on kernels only unless asked). With
+  (`torch_ddp.torch_param_groups`; without `found`, decay on kernels only unless asked). With
   `config.state_sharding='optimizer'` it is wrapped in ZeroRedundancyOptimizer (each rank
   keeps and updates the state of its share of the params, then broadcasts them)."""
   return twin_groups.make_optimizer(config, model, found)

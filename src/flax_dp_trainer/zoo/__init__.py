@@ -5,7 +5,7 @@ axis_name=...)`` and called as ``model.apply(variables, images, train=bool,
 example_ids=None)`` with images of shape ``(batch, height, width, channels)``; it returns
 logits of shape ``(batch, num_classes)``. `axis_name` names the device axis cross-replica
 layers (BatchNorm) reduce over. `example_ids` (default: the rows 0..batch-1) key each
-example's random draws (`layers.Dropout`), so that a batch split over devices draws what it
+example's random draws (`dropout.Dropout`), so that a batch split over devices draws what it
 would draw whole. Nothing here knows about training.
 """
 

@@ -18,7 +18,9 @@ from typing import Any, Callable, Optional, Sequence
 import flax.linen as nn
 import jax.numpy as jnp
 
-from flax_dp_trainer.zoo import layers
+from flax_dp_trainer.trace.per_example import example_ids_or_rows
+from flax_dp_trainer.trace.remat import remat_block
+from flax_dp_trainer.zoo.dropout import Dropout, DropPath, depth_rates
 
 
 def _conv(features: int, kernel_size: Sequence[int], strides: int = 1, *, dtype: Any,
@@ -36,7 +38,7 @@ class _Block(nn.Module):
   drop_rate: float = 0.0  # Stochastic depth: probability of dropping the residual branch.
 
 
-@layers.remat_block
+@remat_block
 class BasicBlock(_Block):
   """Two 3x3 convolutions (ResNet-18/34)."""
 
@@ -48,10 +50,10 @@ class BasicBlock(_Block):
     y = self.norm(scale_init=nn.initializers.zeros)(self.conv(self.filters, (3, 3))(y))
     if residual.shape != y.shape:
       residual = self.norm()(self.conv(self.filters, (1, 1), self.strides, name='proj')(x))
-    return nn.relu(residual + layers.DropPath(self.drop_rate)(y, ids, deterministic=not train))
+    return nn.relu(residual + DropPath(self.drop_rate)(y, ids, deterministic=not train))
 
 
-@layers.remat_block
+@remat_block
 class BottleneckBlock(_Block):
   """1x1 -> 3x3 (strided, v1.5) -> 1x1 with 4x expansion (ResNet-50/101)."""
 
@@ -63,7 +65,7 @@ class BottleneckBlock(_Block):
     y = self.norm(scale_init=nn.initializers.zeros)(self.conv(self.filters * 4, (1, 1))(y))
     if residual.shape != y.shape:
       residual = self.norm()(self.conv(self.filters * 4, (1, 1), self.strides, name='proj')(x))
-    return nn.relu(residual + layers.DropPath(self.drop_rate)(y, ids, deterministic=not train))
+    return nn.relu(residual + DropPath(self.drop_rate)(y, ids, deterministic=not train))
 
 
 class ResNet(nn.Module):
@@ -83,7 +85,7 @@ class ResNet(nn.Module):
 
   @nn.compact
   def __call__(self, x, *, train: bool, example_ids=None):
-    ids = layers.example_ids_or_rows(x, example_ids)
+    ids = example_ids_or_rows(x, example_ids)
     conv = functools.partial(_conv, dtype=self.dtype)
     norm = functools.partial(nn.BatchNorm, use_running_average=not train,
                              momentum=self.bn_momentum, epsilon=1e-5, dtype=self.dtype,
@@ -95,14 +97,14 @@ class ResNet(nn.Module):
       x = conv(self.num_filters, (7, 7), (2, 2), name='conv_init')(x)
       x = nn.relu(norm(name='bn_init')(x))
       x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
-    rates = iter(layers.depth_rates(self.stochastic_depth_rate, sum(self.stage_sizes)))
+    rates = iter(depth_rates(self.stochastic_depth_rate, sum(self.stage_sizes)))
     for stage, num_blocks in enumerate(self.stage_sizes):
       for block in range(num_blocks):
         strides = 2 if stage > 0 and block == 0 else 1
         x = self.block_cls(self.num_filters * 2**stage, conv=conv, norm=norm, strides=strides,
                            drop_rate=next(rates))(x, ids, train=train)
     x = jnp.mean(x, axis=(1, 2))
-    x = layers.Dropout(self.dropout_rate)(x, ids, deterministic=not train)
+    x = Dropout(self.dropout_rate)(x, ids, deterministic=not train)
     return nn.Dense(self.num_classes, dtype=self.dtype)(x)
 
 

@@ -1,7 +1,7 @@
 """Scanned layers (a ViT's `config.scan_layers`): the blocks `NAME_0` .. `NAME_{n-1}` of a
 params tree stored as one `NAME` whose leaves stack theirs along a new first axis (the layer
-axis), and back; which form a tree is in; whether a leaf lies in a stack. Checkpoints,
-`init_from`, FSDP's split axes and weight decay read a tree's form here."""
+axis), and back; which form a tree is in (whether one leaf lies in a stack: `trace.stacked`).
+Checkpoints, `init_from` and the port read a tree's form here."""
 
 import re
 from typing import Any, Optional
@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-SCANNED = ('encoderblock',)  # The block names whose stacks this trainer knows.
+from flax_dp_trainer.trace.stacked import SCANNED
 _LAYER = re.compile(r'^(' + '|'.join(SCANNED) + r')_(\d+)$')
 
 
@@ -85,13 +85,3 @@ def layer_form(names) -> Optional[str]:
   if any(_LAYER.match(part) for part in parts):
     return 'unscanned'
   return None
-
-
-def path_names(path) -> tuple:
-  """The names along a pytree key path (dict keys, dataclass fields; None for indices)."""
-  return tuple(getattr(k, 'key', getattr(k, 'name', None)) for k in path)
-
-
-def is_stacked(path: tuple[str, ...]) -> bool:
-  """Whether a leaf at `path` (names) lies in a scanned stack (its first axis the layers)."""
-  return any(name in SCANNED for name in path)

@@ -6,7 +6,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from flax_dp_trainer.zoo import layers
+from flax_dp_trainer.trace.per_example import example_ids_or_rows
+from flax_dp_trainer.zoo.dropout import Dropout
 
 
 class _Small(nn.Module):
@@ -23,7 +24,7 @@ class _Small(nn.Module):
     subclass's compact `__call__`, whose layers these are (Dense_0, Dense_1, ...)."""
     for width in widths:
       x = nn.relu(nn.Dense(width, dtype=self.dtype)(x))
-      x = layers.Dropout(self.dropout_rate)(x, ids, deterministic=not train)
+      x = Dropout(self.dropout_rate)(x, ids, deterministic=not train)
     return nn.Dense(self.num_classes, dtype=self.dtype)(x)
 
 
@@ -33,7 +34,7 @@ class MLP(_Small):
 
   @nn.compact
   def __call__(self, x, *, train: bool, example_ids=None):
-    ids = layers.example_ids_or_rows(x, example_ids)
+    ids = example_ids_or_rows(x, example_ids)
     return self.classify(x.reshape((x.shape[0], -1)).astype(self.dtype), self.hidden_sizes,
                          ids, train)
 
@@ -45,7 +46,7 @@ class CNN(_Small):
 
   @nn.compact
   def __call__(self, x, *, train: bool, example_ids=None):
-    ids = layers.example_ids_or_rows(x, example_ids)
+    ids = example_ids_or_rows(x, example_ids)
     x = x.astype(self.dtype)
     for width in self.features:
       x = nn.relu(nn.Conv(width, kernel_size=(3, 3), dtype=self.dtype)(x))

@@ -9,7 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_dp_trainer.zoo import layers
+from flax_dp_trainer.trace.per_example import example_ids_or_rows
+from flax_dp_trainer.trace.remat import remat_block
+from flax_dp_trainer.zoo.dropout import Dropout, DropPath, depth_rates
 
 
 def fused_attention(query, key, value, bias=None, mask=None, dropout_rate=0.0,
@@ -24,7 +26,7 @@ def fused_attention(query, key, value, bias=None, mask=None, dropout_rate=0.0,
   return jax.nn.dot_product_attention(query, key, value, bias=bias, mask=mask)
 
 
-@layers.remat_block
+@remat_block
 class EncoderBlock(nn.Module):
   """Pre-norm Transformer encoder block: attention then MLP, each residual."""
   num_heads: int
@@ -36,8 +38,8 @@ class EncoderBlock(nn.Module):
   @nn.compact
   def __call__(self, x, ids, *, train: bool, drop_rate=None):
     """`drop_rate`, where given, in place of the field: a scanned layer's (traced) rate."""
-    dropout = lambda y: layers.Dropout(self.dropout_rate)(y, ids, deterministic=not train)
-    drop_path = lambda y: layers.DropPath(self.drop_rate)(y, ids, deterministic=not train,
+    dropout = lambda y: Dropout(self.dropout_rate)(y, ids, deterministic=not train)
+    drop_path = lambda y: DropPath(self.drop_rate)(y, ids, deterministic=not train,
                                                           rate=drop_rate)
     y = nn.LayerNorm(dtype=self.dtype)(x)
     # No dropout on the attention weights (as in vit_jax's and torchvision's ViT-B/16).
@@ -54,7 +56,8 @@ class ScannedEncoderBlock(EncoderBlock):
   """One layer of the scanned encoder (`nn.scan` over the layers): (x, ids, its stochastic
   depth rate) -> (x, nothing)."""
   train: bool = False
-  scanned = True  # Read by flax_dp_trainer.zoo.layers: the params it sees are one layer of a stack.
+  # Read by flax_dp_trainer.trace.remat: the params it sees are one layer of a stack.
+  scanned = True
 
   def __call__(self, x, ids, drop_rate):  # pylint: disable=arguments-differ
     return super().__call__(x, ids, train=self.train, drop_rate=drop_rate), None
@@ -78,13 +81,13 @@ class ViT(nn.Module):
   # named 'encoderblock' (unscanned: 'encoderblock_0' .. 'encoderblock_{n-1}'): the step
   # compiles one block, not num_layers. The stochastic-depth rates are a scanned array; the
   # dropout masks of layer i are drawn from the scan's i-th key, not from 'encoderblock_i''s
-  # (other masks than unscanned, each form the same on any topology). `flax_dp_trainer.zoo.layers.
-  # stack_layers` / `unstack_layers` convert params (and checkpoints) between the forms.
+  # (other masks than unscanned, each form the same on any topology). `zoo.scanning`'s
+  # `stack_layers` / `unstack_layers` convert params (and checkpoints) between the forms.
   scan_layers: bool = False
 
   @nn.compact
   def __call__(self, x, *, train: bool, example_ids=None):
-    ids = layers.example_ids_or_rows(x, example_ids)
+    ids = example_ids_or_rows(x, example_ids)
     x = nn.Conv(self.hidden_size, (self.patch_size, self.patch_size),
                 strides=(self.patch_size, self.patch_size), padding='VALID', dtype=self.dtype,
                 name='embedding')(x.astype(self.dtype))
@@ -94,9 +97,9 @@ class ViT(nn.Module):
     x = jnp.concatenate([jnp.tile(cls, (batch, 1, 1)).astype(self.dtype), x], axis=1)
     position = self.param('pos_embedding', nn.initializers.normal(stddev=0.02),
                           (1, x.shape[1], channels))
-    x = layers.Dropout(self.dropout_rate)(x + position.astype(self.dtype), ids,
+    x = Dropout(self.dropout_rate)(x + position.astype(self.dtype), ids,
                                           deterministic=not train)
-    rates = layers.depth_rates(self.stochastic_depth_rate, self.num_layers)
+    rates = depth_rates(self.stochastic_depth_rate, self.num_layers)
     if self.scan_layers:
       encoder = nn.scan(ScannedEncoderBlock, variable_axes={'params': 0},
                         split_rngs={'params': True, 'dropout': True},

@@ -28,7 +28,7 @@ from flax_dp_trainer.data.image import policy_choice
 from flax_dp_trainer.data.image import ops
 from flax_dp_trainer.data.image import policies
 from flax_dp_trainer.data.image import preprocess
-from flax_dp_trainer.data.options import DataOptions
+from flax_dp_trainer.data.data_options import DataOptions
 
 NAMES = ('ta_wide',) + tuple(policies.POLICIES) + ('augmix',)
 # Ops that move pixels: a pixel whose sampling point falls on an exact tie rounds one way in

@@ -30,7 +30,7 @@ from flax_dp_trainer.data.image import restart_segments
 from flax_dp_trainer.data.image import scaled_decode
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import stream as stream_lib
-from flax_dp_trainer.data.options import DataOptions
+from flax_dp_trainer.data.data_options import DataOptions
 
 
 CIFAR_PAD = 4  # Pixels of zero padding on each side before the random crop ('crop_flip').

@@ -205,9 +205,10 @@ class FolderKind(base.Kind, base.Reader):
     if not out:
       raise UserError(f'--dataset={self.name} is an image folder: give --out=DIR, a new '
                       'directory for its records')
+    # (start-up: TFDS once the flags are good)
     # pylint: disable-next=import-outside-toplevel
-    from flax_dp_trainer.data.kinds import convert  # (start-up: TFDS once the flags are good)
-    written = convert.convert_folder(self.found, out, file_format)
+    from flax_dp_trainer.data.kinds import record_conversion
+    written = record_conversion.convert_folder(self.found, out, file_format)
     return (f'{file_format} records of {self.root} in {written}; train with '
             f'--config.dataset=folder:{os.path.abspath(out)}')
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from flax_dp_trainer.base.errors import first_line
 from flax_dp_trainer.base.errors import UserError
-from flax_dp_trainer.data.datasets.digits import source as digits_source
+from flax_dp_trainer.data.datasets.digits import bundled as digits_source
 from flax_dp_trainer.data.kinds import base
 
 
@@ -189,10 +189,11 @@ class TfdsKind(base.Kind):
     if out or file_format != base.ARRAY_RECORD:
       raise UserError(f'--out and --file_format apply to image folders; {self.name} is '
                       'converted in place, to ArrayRecord: drop them')
+    # (start-up: TFDS once the flags are good)
     # pylint: disable-next=import-outside-toplevel
-    from flax_dp_trainer.data.kinds import convert  # (start-up: TFDS once the flags are good)
+    from flax_dp_trainer.data.kinds import record_conversion
     builder = _ready_builder(self.spec(), data_dir, 0, 'train')
-    shards = convert.add_array_record(builder, threads)
+    shards = record_conversion.add_array_record(builder, threads)
     return (f'{builder.name}: {shards} ArrayRecord shards written in {builder.data_dir}'
             if shards else
             f'{builder.name} in {builder.data_dir} has ArrayRecord files already')

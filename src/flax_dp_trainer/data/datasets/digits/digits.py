@@ -1,11 +1,11 @@
-"""The `digits` TFDS builder (importing this module registers it): the arrays of `source`,
+"""The `digits` TFDS builder (importing this module registers it): the arrays of `bundled`,
 stored as uint8 PNG. Runs with no network. Keys are the source indices, so every example can
 be traced back.
 """
 
 import tensorflow_datasets as tfds
 
-from flax_dp_trainer.data.datasets.digits import source
+from flax_dp_trainer.data.datasets.digits import bundled
 
 
 class Digits(tfds.core.GeneratorBasedBuilder):
@@ -17,10 +17,10 @@ class Digits(tfds.core.GeneratorBasedBuilder):
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
         builder=self,
-        description=source.__doc__,
+        description=bundled.__doc__,
         features=tfds.features.FeaturesDict({
-            'image': tfds.features.Image(shape=source.SHAPE),
-            'label': tfds.features.ClassLabel(num_classes=source.NUM_CLASSES),
+            'image': tfds.features.Image(shape=bundled.SHAPE),
+            'label': tfds.features.ClassLabel(num_classes=bundled.NUM_CLASSES),
         }),
         supervised_keys=('image', 'label'),
         homepage='https://archive.ics.uci.edu/dataset/80',
@@ -28,10 +28,10 @@ class Digits(tfds.core.GeneratorBasedBuilder):
 
   def _split_generators(self, dl_manager):
     del dl_manager  # Nothing to download: the data ships with this package.
-    images, labels = source.source_images_and_labels()
+    images, labels = bundled.source_images_and_labels()
     return {
         name: self._generate_examples(images, labels, indices)
-        for name, indices in source.split_indices().items()
+        for name, indices in bundled.split_indices().items()
     }
 
   def _generate_examples(self, images, labels, indices):

@@ -1,7 +1,7 @@
 """The JAX run's recipe on the twin's parameters: each params leaf's learning-rate and
 weight-decay factors, frozen state and muon route (`step.param_groups`,
 `step.optimizers.muon_routed`) as torch parameter groups and `requires_grad=False`; the
-optimizer its counterpart (`torch_ddp.optimizers`); clipping as timm's --clip-mode.
+optimizer its counterpart (`torch_ddp.torch_optimizers`); clipping as timm's --clip-mode.
 
 Which torch parameter a JAX leaf is: a tree of each leaf's factor, broadcast to the leaf's
 shape, goes through the same conversion as the weights (`zoo.torch_weights.to_state_dict`),
@@ -24,7 +24,7 @@ from flax_dp_trainer.step import optim
 from flax_dp_trainer.step import optimizers
 from flax_dp_trainer.step import param_groups
 from flax_dp_trainer.torch_ddp import models as torch_models
-from flax_dp_trainer.torch_ddp import optimizers as torch_optimizers
+from flax_dp_trainer.torch_ddp import torch_optimizers
 from flax_dp_trainer.zoo import torch_weights
 
 # The config fields that shape the parameter groups: a user's torch model (no key table to

@@ -6,8 +6,8 @@ and data as the trainer:
       [--nochannels_last] [--torch_compile] [--config.FIELD=VALUE ...]
 
 What a run does (models, precision, the data each rank reads, checkpoints, resume) is
-`train.py`'s docstring. This module answers --help and mistakes on the command line before
-torch and TensorFlow load.
+`ddp_training.py`'s docstring. This module answers --help and mistakes on the command line
+before torch and TensorFlow load.
 """
 
 import os
@@ -46,8 +46,9 @@ def main(argv):
                         command_line=frozenset(FLAGS['config'].override_values))
   except UserError as e:
     raise SystemExit(f'error: {e}') from None
+  # (start-up: a bad config is refused before it loads)
   # pylint: disable-next=import-outside-toplevel
-  from flax_dp_trainer.torch_ddp import train  # (start-up: a bad config is refused before it loads)
-  train.run(config, FLAGS.workdir, FLAGS.parity, FLAGS.init_weights, FLAGS.channels_last,
-            FLAGS.torch_compile, FLAGS.threads,
-            command_line=frozenset(FLAGS['config'].override_values))
+  from flax_dp_trainer.torch_ddp import ddp_training
+  ddp_training.run(config, FLAGS.workdir, FLAGS.parity, FLAGS.init_weights,
+                   FLAGS.channels_last, FLAGS.torch_compile, FLAGS.threads,
+                   command_line=frozenset(FLAGS['config'].override_values))

@@ -18,8 +18,8 @@ from typing import Optional
 from flax import traverse_util
 import numpy as np
 
-from flax_dp_trainer.port import layers as port_layers
-from flax_dp_trainer.port.layers import Arrays, Layer
+from flax_dp_trainer.port import call_order
+from flax_dp_trainer.port.call_order import Arrays, Layer
 
 
 def convert(kind: str, arrays: dict, flax_shapes: dict) -> Optional[Arrays]:
@@ -113,7 +113,7 @@ def torch_arrays(layer: Layer, module) -> Arrays:
   if layer.kind == 'param':
     parameters = dict(module.named_parameters())
     return {'value': fold(layer, to_numpy(parameters[layer.module]), parameters)}
-  return {n: to_numpy(t) for n, t in port_layers.module_arrays(layer.module).items()}
+  return {n: to_numpy(t) for n, t in call_order.module_arrays(layer.module).items()}
 
 
 def fold(layer: Layer, value: np.ndarray, parameters: Optional[dict] = None) -> np.ndarray:

@@ -1,6 +1,6 @@
 """The PyTorch DistributedDataParallel baseline's training: `train` on the ranks of a process
 group (the command line, `python -m flax_dp_trainer.torch_ddp` under torchrun, is
-`main.py`).
+`command_line.py`).
 
 The model is torchvision's (ResNets, ViTs) or a small twin (mlp, cnn): `models.py`. The step
 (`step.py`) computes in the config's `dtype`: bfloat16 under `torch.autocast`, float16 with a
@@ -54,9 +54,9 @@ from flax_dp_trainer.loop import writers
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.base.errors import Preempted, UserError
-from flax_dp_trainer.torch_ddp import ema as twin_ema
+from flax_dp_trainer.torch_ddp import twin_ema
 from flax_dp_trainer.torch_ddp import models as torch_models
-from flax_dp_trainer.torch_ddp import param_groups as twin_groups
+from flax_dp_trainer.torch_ddp import torch_param_groups as twin_groups
 from flax_dp_trainer.torch_ddp import step as step_lib
 from flax_dp_trainer.zoo import torch_weights
 

@@ -25,12 +25,13 @@ import dataclasses
 from typing import Any, Callable, Optional
 
 from flax import traverse_util
-from flax.core import scope as scope_lib
 import flax.linen as nn
 import jax
 import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
+
+from flax_dp_trainer.trace import scope_hooks
 
 
 Arrays = dict[str, np.ndarray]
@@ -77,22 +78,6 @@ def _flax_kind(module: nn.Module) -> Optional[str]:
   return None
 
 
-@contextlib.contextmanager
-def _variable_reads(reads: list):
-  """Every variable read (path, collection, name) while inside, in order."""
-  original = scope_lib.Scope.get_variable
-
-  def get_variable(scope, col, name, default=None):
-    reads.append((tuple(scope.path), col, name))
-    return original(scope, col, name, default)
-
-  scope_lib.Scope.get_variable = get_variable
-  try:
-    yield
-  finally:
-    scope_lib.Scope.get_variable = original
-
-
 def flax_layers(apply: Callable[[Any, Any], Any], variables: Any, x: Any) -> list[Layer]:
   """The layers of a flax module in the order `apply(variables, x)` first reads them."""
   kinds: dict[tuple, tuple[str, str]] = {}
@@ -104,7 +89,7 @@ def flax_layers(apply: Callable[[Any, Any], Any], variables: Any, x: Any) -> lis
     return next_fun(*args, **kwargs)
 
   reads: list = []
-  with nn.intercept_methods(record), _variable_reads(reads):
+  with nn.intercept_methods(record), scope_hooks.variable_reads(reads):
     jax.eval_shape(lambda v: apply(v, x), variables)
   flat = traverse_util.flatten_dict(plain_dict(variables))
   layers: dict[tuple, Layer] = {}
