@@ -68,7 +68,7 @@ class FitResult:
 
 def fit(config, workdir: str, *, model=None, loss=None, data=None, devices=None,
         cpu_devices: Optional[int] = None,
-        callbacks: Sequence[Callable[[int, dict], None]] = (),
+        callbacks: Sequence[Callable[[int, dict], None] | Any] = (),
         verbosity: str = 'info', progress: Optional[bool] = None,
         layout: Optional[str] = None) -> FitResult:
   """Trains `config` in `workdir`, resuming from its newest checkpoint
@@ -76,7 +76,9 @@ def fit(config, workdir: str, *, model=None, loss=None, data=None, devices=None,
   numpy arrays to train on in place of `config.dataset` (`data/kinds/arrays.py`). `cpu_devices`:
   that many simulated CPU devices, as the command line's `--cpu_devices` (before JAX starts
   in this process). `callbacks`: each called on process 0 as `callback(step, {tag: value})`
-  with every log step's training metrics and every evaluation's, as they are written.
+  with every log step's training metrics and every evaluation's, as they are written; or a
+  `flax_dp_trainer.Listener` (`loop/listeners.py`), told on process 0 of the loop's events
+  with their step numbers: step, log, evaluation, save, end.
   `verbosity`: 'info' shows the command line's lines (progress, evaluations, checkpoints)
   less the config's dump (`logs.shown`), 'warning' and 'error' less. `progress`: a progress
   bar for the run, with its latest metrics, and one for each evaluation (a live widget in a

@@ -25,22 +25,53 @@ def test_the_package_holds_its_api_and_its_subpackages_alone():
   process imported), not the modules the package file uses."""
   names = [name for name in dir(trainer) if not name.startswith('_')]
   assert [name for name in names if not isinstance(getattr(trainer, name), types.ModuleType)
-          ] == ['evaluate', 'fit', 'load', 'remat_block']
+          ] == ['Listener', 'evaluate', 'fit', 'load', 'remat_block']
   assert all(getattr(trainer, name).__name__ == f'flax_dp_trainer.{name}' for name in names
              if isinstance(getattr(trainer, name), types.ModuleType))
   with pytest.raises(AttributeError, match="has no attribute 'importlib'"):
     trainer.importlib  # pylint: disable=pointless-statement
 
 
+class _Events(trainer.Listener):
+  """A user's listener: the events it is told, in order, with their step numbers."""
+
+  def __init__(self):
+    self.events = []
+
+  def on_step(self, step):
+    self.events.append(('step', step))
+
+  def on_log(self, step, scalars):
+    self.events.append(('log', step, sorted(scalars)))
+
+  def on_evaluation(self, step, scalars):
+    self.events.append(('evaluation', step, scalars['eval_accuracy']))
+
+  def on_save(self, step):
+    self.events.append(('save', step))
+
+  def on_end(self, step):
+    self.events.append(('end', step))
+
+
 def test_fit_returns_the_history_and_calls_back_every_write(config, tmp_path):
+  """A plain function gets each write of scalars; a listener, the loop's events."""
   config.update(num_train_steps=6, warmup_steps=1, log_every_steps=2, eval_every_steps=3,
-                checkpoint_every_steps=6)
-  seen = []
+                checkpoint_every_steps=4)
+  seen, events = [], _Events()
   workdir = str(tmp_path / 'run')
   result = trainer.fit(config, workdir, model=user_models.PlainNet(num_classes=10, width=4),
-                       devices=jax.devices()[:2], callbacks=[lambda s, m: seen.append((s, m))],
-                       verbosity='error')
+                       devices=jax.devices()[:2],
+                       callbacks=[lambda s, m: seen.append((s, m)), events], verbosity='error')
   assert (result.workdir, result.step, int(result.state.step)) == (workdir, 6, 6)
+  told = [e[:2] for e in events.events]
+  assert told == [('step', 1), ('step', 2), ('log', 2), ('step', 3), ('evaluation', 3),
+                  ('step', 4), ('log', 4), ('save', 4), ('step', 5), ('step', 6), ('log', 6),
+                  ('evaluation', 6), ('save', 6), ('end', 6)]
+  logged = [e[2] for e in events.events if e[0] == 'log']
+  assert all({'train_loss', 'goodput'} <= set(tags) for tags in logged)
+  assert [(e[1], e[2]) for e in events.events if e[0] == 'evaluation'] == [
+      (s, m['eval_accuracy']) for s, m in seen if 'eval_accuracy' in m]
   assert [s for s, m in seen if 'train_loss' in m] == [2, 4, 6]
   assert [s for s, m in seen if 'eval_accuracy' in m] == [3, 6]
   assert result.history == writers.history(workdir)

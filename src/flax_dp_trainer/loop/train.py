@@ -18,7 +18,6 @@ from typing import Any, Callable, Optional, Sequence
 
 from absl import logging
 from clu import metric_writers
-from clu import periodic_actions
 import jax
 from jax.experimental import multihost_utils
 import ml_collections
@@ -37,8 +36,10 @@ from flax_dp_trainer.data import specs
 from flax_dp_trainer.elastic import timeline as timeline_lib
 from flax_dp_trainer.loop import cadence
 from flax_dp_trainer.loop import efficiency
+from flax_dp_trainer.loop import listeners as listeners_lib
 from flax_dp_trainer.loop import evaluation
 from flax_dp_trainer.loop import progress
+from flax_dp_trainer.loop import run_listeners
 from flax_dp_trainer.loop import setup
 from flax_dp_trainer.loop import signals
 from flax_dp_trainer.loop import trackers
@@ -49,20 +50,6 @@ from flax_dp_trainer.step import losses
 from flax_dp_trainer.step import metrics
 from flax_dp_trainer.step import state as state_lib
 from flax_dp_trainer.step import steps as step_lib
-
-
-def _hooks(config, workdir: str, writer, bars: Optional[progress.Bars]) -> list:
-  if jax.process_index() > 0:
-    return []
-  hooks = [periodic_actions.ReportProgress(
-      num_train_steps=config.num_train_steps, writer=writer, every_steps=config.log_every_steps)]
-  if bars is not None:
-    hooks.append(bars.step)
-  if config.profile:
-    hooks.append(periodic_actions.Profile(
-        logdir=workdir, num_profile_steps=5, profile_duration_ms=None,
-        first_profile=min(10, config.num_train_steps)))
-  return hooks
 
 
 def _preemption_sync_point(step: int) -> bool:
@@ -82,14 +69,6 @@ def _all_finite(tree) -> bool:
 def _bars(show: bool, last: int, first: Optional[int] = None) -> Optional[progress.Bars]:
   """The progress bars of this process where `show` (process 0 only), else None."""
   return progress.Bars(last, first) if show and jax.process_index() == 0 else None
-
-
-def _run_peak_rss_mb() -> float:
-  """Peak resident memory summed over the run's processes (each at its own peak), MiB."""
-  mine = np.float64(efficiency.peak_rss_mb())
-  if jax.process_count() == 1:
-    return float(mine)
-  return float(np.sum(multihost_utils.process_allgather(mine)))
 
 
 def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
@@ -127,9 +106,11 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
     writer = writers.create_writer(workdir)
     bars = _bars(show_bars, step)
     with metric_writers.ensure_flushes(writer), bars or contextlib.nullcontext():
-      scalars = evaluation.evaluate_all(step_lib.make_eval_step(
-          run.layout, run.options.step.normalization, run.options.step.loss, run.at_eval_size),
-                             run.layout.put_state(state), run.evaluations, run.layout, bars)
+      scalars = evaluation.evaluate_all(
+          step_lib.make_eval_step(run.layout, run.options.step.normalization,
+                                  run.options.step.loss, run.at_eval_size),
+          run.layout.put_state(state), run.evaluations, run.layout,
+          run_listeners.BarsListener(bars) if bars is not None else listeners_lib.Listener())
       writer.write_scalars(step, scalars)
     multihost.sync_processes('evaluate_only done')
   return scalars
@@ -155,7 +136,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                        show_bars: bool = False,
                        timeline: Optional[timeline_lib.Timeline] = None,
                        resume_with_changes: bool = False,
-                       datasets: Optional[run_datasets.RunDatasets] = None
+                       datasets: Optional[run_datasets.RunDatasets] = None,
+                       listeners: Sequence[listeners_lib.Listener] = ()
                        ) -> state_lib.TrainState:
   """Trains `config` in `workdir` (resuming from its newest checkpoint); returns the state.
 
@@ -167,8 +149,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   `config.dataset` names (`data.kinds.arrays.from_python`); `command_line`: the config fields set
   on the command line (a value the model does not take is refused there, and only logged
   otherwise); `callbacks`: called on process 0 as `callback(step, {tag: value})` with each
-  write of scalars (`writers.CallbackWriter`); `show_bars`: progress bars for the run and
-  each evaluation on process 0 (`progress.Bars`), beside the log lines; `timeline`: where
+  write of scalars (`writers.CallbackWriter`), those that are `listeners.Listener`s told of
+  the loop's events as `listeners` are; `listeners`: a user's `listeners.Listener`s, told
+  on process 0 of the loop's events (step, log, evaluation, save, end); `show_bars`:
+  progress bars for the run and each evaluation on process 0 (`progress.Bars`), beside the
+  log lines; `timeline`: where
   the session's time goes, its progress file and faults (`elastic.timeline`; default one
   that starts now); `resume_with_changes`: resume a checkpoint whose config differs in what
   defines the training stream or the model (`setup.start`); `datasets`: the run's datasets
@@ -203,15 +188,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     if jax.process_index() == 0:
       setup.write_dataset_spec(workdir, run.datasets.read)
     bars = _bars(show_bars, config.num_train_steps, start_step + 1)
+    given, callbacks = callbacks, [c for c in callbacks
+                                   if not isinstance(c, listeners_lib.Listener)]
     if bars is not None:
-      callbacks = [*callbacks, bars.scalars]
+      callbacks.append(bars.scalars)
     writer = writers.open_session(
         workdir, start_step, config.to_dict(), write_files=jax.process_index() == 0,
         callbacks=callbacks, trackers=trackers.TrackerOptions.from_config(
             config, workdir, devices=len(run.layout.devices), processes=jax.process_count()))
     closing.callback(writer.close)  # Ends the trackers' runs, on a stop or an error too.
     timeline.begin(start_step)
-    session = _Session(run, start, writer, workdir, timeline, bars)
+    timeline.enter('compile')
+    user = [*listeners, *(c for c in given if isinstance(c, listeners_lib.Listener))]
+    session = _Session(run, start, writer, lambda efficiency: run_listeners.session_listeners(
+        config, workdir, writer, timeline, efficiency, len(run.layout.devices), bars, user))
     with metric_writers.ensure_flushes(writer), session.stop, session.prefetch, (
         bars or contextlib.nullcontext()):
       try:
@@ -234,12 +224,13 @@ class _Session:
   the training stream from the start's position, the metrics and when to log, evaluate,
   save and stop."""
 
-  def __init__(self, run: setup.Run, start: setup.Start, writer, workdir: str,
-               timeline: timeline_lib.Timeline, bars: Optional[progress.Bars] = None):
+  def __init__(self, run: setup.Run, start: setup.Start, writer,
+               make_listeners: Callable[[efficiency.StepEfficiency],
+                                        Sequence[listeners_lib.Listener]]):
+    """`make_listeners(the train step's efficiency)`: the session's listeners
+    (`run_listeners.session_listeners`), made once the step is compiled."""
     config, layout = run.config, run.layout
-    self.run, self.start, self.writer, self.bars = run, start, writer, bars
-    self.timeline = timeline
-    timeline.enter('compile')
+    self.run, self.start, self.writer = run, start, writer
     self.first = int(start.state.step) + 1
     self.last = config.num_train_steps
     self.p_train_step = step_lib.make_train_step(
@@ -251,9 +242,8 @@ class _Session:
     self.prefetch = self._device_batches()
     first_batch = next(self.prefetch)
     self.batches = itertools.chain([first_batch], self.prefetch)
-    self.efficiency = self._compile_train_step(first_batch)
-    self.hooks = _hooks(config, workdir, writer, bars)
-    self.throughput = efficiency.Throughput(config.batch_size, len(layout.devices))
+    self.listeners = listeners_lib.Listeners(
+        make_listeners(self._compile_train_step(first_batch)))
     self.cadence = cadence.Cadence.from_config(config)
     # float16 loss scaling expects overflows now and then, and skips those steps itself.
     self.buffer = metrics.TrainMetricsBuffer(
@@ -263,7 +253,6 @@ class _Session:
     self.in_flight = dispatch.InFlight(layout.devices)
     self.last_saved = start.resume_step
     self.saved_at = time.time()  # For config.checkpoint_every_seconds.
-    self.evaluated_once = False
     # Several processes must agree on the step they stop at: there JAX's preemption notice
     # (which owns SIGTERM) decides at a sync point; alone, the signals are recorded here.
     multiprocess = jax.process_count() > 1
@@ -308,17 +297,18 @@ class _Session:
     A log step that neither evaluates nor saves (nor stops) checks its window's metrics and
     takes its rate at once, and merges and writes them once the next step is dispatched: the
     devices run that step meanwhile instead of waiting on the host's merge and writes."""
-    loop_start = time.perf_counter()
+    events = self.listeners
+    events.begin(self.first)
     write_log = None  # The last step's log, to write once this step is dispatched.
     try:
       for step in range(self.first, self.last + 1):
         if step > self.first:  # (The first one's time is the compile's.)
-          self.timeline.step(step)
-        with self.timeline.phase('input'):
+          events.before_step(step)
+        with events.phase('input'):
           batch = next(self.batches)
         with jax.profiler.StepTraceAnnotation('train', step_num=step):
           self.rstate, step_metrics = self.p_train_step(self.rstate, batch, self.rng)
-        self.timeline.dispatched(step)
+        events.dispatched(step)
         self.in_flight.add(step_metrics)
         self.buffer.add(step, step_metrics)
         if write_log is not None:
@@ -326,12 +316,9 @@ class _Session:
           pending()
         self.run.checkpointer.check_saved()  # A save that failed stops the run here.
         if step == self.first:
-          # Time throughput from the end of the first step: compiling is not training speed.
-          jax.block_until_ready(step_metrics)
-          self.writer.write_scalars(step, self.throughput.first_step_done(step, loop_start))
-          self.timeline.step(step)
-        for hook in self.hooks:
-          hook(step)
+          jax.block_until_ready(step_metrics)  # Its time is the compile's or first call's.
+          events.first_step_done(step)
+        events.on_step(step)
         stopping = self.stop.requested(step) and step < self.last
         save_now = self.cadence.save(step) or stopping or self._time_to_save(step)
         if (self.cadence.log(step) or save_now) and not self.buffer.fetch():
@@ -343,21 +330,15 @@ class _Session:
             pending()
         evaluated = None  # This step's evaluation, saved with its checkpoint (keep_best).
         if self.cadence.eval(step):
-          with self.timeline.phase('evaluation'):
-            # The session's first evaluation compiles the eval step on its first batches.
-            first = (contextlib.nullcontext if self.evaluated_once else
-                     lambda: self.timeline.phase('compile'))
+          with events.phase('evaluation'):
             evaluated = evaluation.evaluate_all(
-                self.p_eval_step, self.rstate, self.run.evaluations, self.run.layout,
-                self.bars, self.timeline.beat, first)
-            self.evaluated_once = True
-            self.writer.write_scalars(step, evaluated)
-          self.throughput.start(step)
+                self.p_eval_step, self.rstate, self.run.evaluations, self.run.layout, events)
+            events.on_evaluation(step, evaluated)
         if save_now:
-          with self.timeline.phase('save'):
+          with events.phase('save'):
             self._save(step, evaluated)
         if stopping:
-          with self.timeline.phase('save'):
+          with events.phase('save'):
             self.run.checkpointer.wait()
           stopped = Interrupted if self.stop.received == signal.SIGINT else Preempted
           raise stopped(
@@ -368,22 +349,16 @@ class _Session:
     finally:
       if write_log is not None:  # The step after a log failed: the log is still written.
         write_log()
-    self.writer.write_scalars(self.last, {efficiency.PEAK_MEMORY_TAG: _run_peak_rss_mb()})
+    events.on_end(self.last)
 
   def _log(self, step: int) -> Callable[[], None]:
-    """Takes the step rate since the last write now (the window's steps are done: their
-    metrics are fetched); returns the write of the train scalars since the last write, the
-    step rate and the FLOP rate, which can wait for the next step's dispatch."""
-    rate = self.throughput.rate(step)
+    """Takes the listeners' measurements now (the window's steps are done: their metrics
+    are fetched; the step rate since the last write); returns the write of the train
+    scalars since the last write with them, which can wait for the next step's dispatch."""
+    measured = self.listeners.measure(step)
 
     def write() -> None:
-      scalars = self.buffer.scalars()
-      if rate is not None:
-        scalars[efficiency.RATE_TAG] = rate
-        num_devices = len(self.run.layout.devices)
-        scalars.update(self.efficiency.scalars(rate * num_devices / self.run.config.batch_size))
-      scalars.update(self.timeline.snapshot())
-      self.writer.write_scalars(step, scalars)
+      self.listeners.on_log(step, {**self.buffer.scalars(), **measured})
 
     return write
 
@@ -411,7 +386,7 @@ class _Session:
         config=config.to_dict(), window=self.buffer.pending(),
         dataset=specs.to_json(self.run.data.spec), evaluation=evaluated))
     self.last_saved, self.saved_at = step, time.time()
-    self.throughput.start(step)
+    self.listeners.on_save(step)
 
   def _diverged(self, what: str = 'loss or gradient norm') -> Diverged:
     """Says where training broke; the train metrics of the finite steps since the last write
