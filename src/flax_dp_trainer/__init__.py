@@ -19,8 +19,8 @@ From Python (a script or a notebook):
 
 `fit` and `evaluate` are `api`'s, `load` is `inference`'s; `remat_block` (`trace.remat`)
 marks a block of your model that `config.remat` recomputes; a `Listener`
-(`loop.listeners`), passed to `fit(callbacks=[...])`, is told of the loop's events. Every `import flax_dp_trainer.X`
-runs this file first, so it imports nothing: these names load when first used (PEP 562), and
+(`loop.listeners`), passed to `fit(callbacks=[...])`, is told of the loop's events. Every
+`import flax_dp_trainer.X` runs this file first, so it imports nothing: these names load when first used (PEP 562), and
 `import flax_dp_trainer.X` pulls in neither JAX nor TensorFlow that X does not need.
 """
 

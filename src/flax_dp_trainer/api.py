@@ -17,6 +17,7 @@ import ml_collections
 from flax_dp_trainer import logs
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.data.kinds import arrays
+from flax_dp_trainer.loop import listeners
 from flax_dp_trainer.loop import progress as bars
 from flax_dp_trainer.loop import train as train_lib
 from flax_dp_trainer.loop import writers
@@ -68,7 +69,7 @@ class FitResult:
 
 def fit(config, workdir: str, *, model=None, loss=None, data=None, devices=None,
         cpu_devices: Optional[int] = None,
-        callbacks: Sequence[Callable[[int, dict], None] | Any] = (),
+        callbacks: Sequence[Callable[[int, dict], None] | listeners.Listener] = (),
         verbosity: str = 'info', progress: Optional[bool] = None,
         layout: Optional[str] = None) -> FitResult:
   """Trains `config` in `workdir`, resuming from its newest checkpoint

@@ -153,9 +153,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   the loop's events as `listeners` are; `listeners`: a user's `listeners.Listener`s, told
   on process 0 of the loop's events (step, log, evaluation, save, end); `show_bars`:
   progress bars for the run and each evaluation on process 0 (`progress.Bars`), beside the
-  log lines; `timeline`: where
-  the session's time goes, its progress file and faults (`elastic.timeline`; default one
-  that starts now); `resume_with_changes`: resume a checkpoint whose config differs in what
+  log lines; `timeline`: where the session's time goes, its progress file and faults
+  (`elastic.timeline`; default one that starts now); `resume_with_changes`: resume a checkpoint whose config differs in what
   defines the training stream or the model (`setup.start`); `datasets`: the run's datasets
   as the entry point's check resolved them (`checks.check_config`), handed on.
   """
@@ -188,8 +187,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     if jax.process_index() == 0:
       setup.write_dataset_spec(workdir, run.datasets.read)
     bars = _bars(show_bars, config.num_train_steps, start_step + 1)
-    given, callbacks = callbacks, [c for c in callbacks
-                                   if not isinstance(c, listeners_lib.Listener)]
+    user = [*listeners, *(c for c in callbacks if isinstance(c, listeners_lib.Listener))]
+    callbacks = [c for c in callbacks if not isinstance(c, listeners_lib.Listener)]
     if bars is not None:
       callbacks.append(bars.scalars)
     writer = writers.open_session(
@@ -199,7 +198,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     closing.callback(writer.close)  # Ends the trackers' runs, on a stop or an error too.
     timeline.begin(start_step)
     timeline.enter('compile')
-    user = [*listeners, *(c for c in given if isinstance(c, listeners_lib.Listener))]
     session = _Session(run, start, writer, lambda efficiency: run_listeners.session_listeners(
         config, workdir, writer, timeline, efficiency, len(run.layout.devices), bars, user))
     with metric_writers.ensure_flushes(writer), session.stop, session.prefetch, (
