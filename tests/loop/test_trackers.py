@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import signal
-import struct
 import subprocess
 import sys
 import threading
@@ -24,6 +23,7 @@ from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.configs import default
 from flax_dp_trainer.loop import train
 from flax_dp_trainer.loop import trackers
+from flax_dp_trainer.loop import wandb_files
 from flax_dp_trainer.loop import writers
 from flax_dp_trainer.runs import processes
 from tests import REPO
@@ -79,6 +79,28 @@ def test_background_never_holds_up_the_caller(caplog, monkeypatch):
   assert lines[1:] == ['a tracker failed (ConnectionError: refused): not tracked from here on; '
                        'training goes on']
   assert ran == [0, 1, 2] and not background.submit(lambda: None)
+
+
+def test_a_runs_trackers_take_turns():
+  """Two trackers' threads sharing a turn never run calls at once (CPython 3.11's `ast`
+  fails two threads parsing at once, and W&B's and MLflow's starts both parse)."""
+  turn, running, overlaps, lock = trackers.one_at_a_time(), [], [], threading.Lock()
+
+  def call():
+    with lock:
+      running.append(1)
+      overlaps.append(len(running))
+    time.sleep(0.02)
+    with lock:
+      running.pop()
+
+  backgrounds = [trackers.Background(f'tracker {i}', turn) for i in range(2)]
+  for _ in range(5):
+    for background in backgrounds:
+      background.submit(call)
+  for background in backgrounds:
+    background.close(10)
+  assert overlaps == [1] * 10
 
 
 @pytest.mark.parametrize('field,value,extra,module', [
@@ -149,28 +171,61 @@ def test_mlflow_gets_what_metrics_jsonl_holds_above_its_last_step_first(tmp_path
   assert sorted(os.listdir(tmp_path)) == [writers.JSONL_NAME, 'mlflow.db', 'mlflow_run.json']
 
 
-def _wandb_records(path):
-  """The records of a W&B run file (`run-ID.wandb`: LevelDB's log format, 32 KiB blocks of
-  chunks with a 7-byte header: CRC, length, type), as protobuf `Record`s."""
-  # Only this test reads W&B's files: its protobufs come with the `wandb` extra.
-  from wandb.proto import wandb_internal_pb2  # pylint: disable=import-outside-toplevel
-  with open(path, 'rb') as f:
+@pytest.fixture(name='wandb')
+def offline_wandb(monkeypatch):
+  """W&B offline in this process, its service ended after the test: W&B hands its service's
+  address to child processes (WANDB_SERVICE), and a later test's runs would share it."""
+  monkeypatch.setenv('WANDB_MODE', 'offline')
+  # Only these tests run W&B in the test's process: it comes with the `wandb` extra.
+  import wandb  # pylint: disable=import-outside-toplevel
+  yield wandb
+  wandb.teardown()
+  assert 'WANDB_SERVICE' not in os.environ
+
+
+def _wandb_session(wandb, workdir, run_id, steps):
+  """One offline session of W&B's own, `steps` logged, finished: what a trainer's session
+  leaves in the workdir."""
+  run = wandb.init(project='p', id=run_id, resume='allow', dir=workdir, mode='offline',
+                   settings=wandb.Settings(console='off', silent=True))
+  for step in steps:
+    run.log({'train_loss': step / 1000}, step=step)
+  run.finish()
+
+
+def test_wandb_files_read_the_steps_w_and_b_wrote(wandb, tmp_path):
+  """Two sessions of one run written by W&B itself read back in order; a file cut short by a
+  kill reads up to its last whole record."""
+  workdir = str(tmp_path)
+  _wandb_session(wandb, workdir, 'r1', [10, 20, 30])
+  _wandb_session(wandb, workdir, 'r1', [40, 50])
+  _wandb_session(wandb, workdir, 'other', [10])
+  assert wandb_files.history_steps(workdir, 'r1') == [10, 20, 30, 40, 50]
+  assert wandb_files.history_steps(workdir, 'none') == []
+  last = wandb_files.run_files(workdir, 'r1')[-1]
+  with open(last, 'rb') as f:
     data = f.read()
-  assert data[:4] == b':W&B', path
-  position, pending = 7, b''
-  while position + 7 <= len(data):
-    left = 32768 - position % 32768
-    _, length, kind = struct.unpack('<IHB', data[position:position + 7])
-    if left < 7 or (length == 0 and kind == 0):  # A block's padding.
-      position += left
-      continue
-    pending += data[position + 7:position + 7 + length]
-    position += 7 + length
-    if kind in (1, 4):  # A whole record, or the last chunk of one.
-      record = wandb_internal_pb2.Record()
-      record.ParseFromString(pending)
-      pending = b''
-      yield record
+  cut = data.rindex(b'_step') - 3  # Inside the last history record.
+  with open(last, 'wb') as f:
+    f.write(data[:cut])
+  assert wandb_files.history_steps(workdir, 'r1') == [10, 20, 30, 40]
+
+
+def test_a_wandb_resume_gives_the_steps_above_what_its_files_hold(wandb, tmp_path):
+  """A session killed after handing W&B steps its file never got (steps 40 and 50 below):
+  the resume gives W&B those steps from metrics.jsonl, and none twice."""
+  workdir = str(tmp_path)
+  _wandb_session(wandb, workdir, 'r1', [10, 20, 30])
+  trackers.RunRecord(workdir, 'wandb').update(run_id='r1', params={}, last_step=50)
+  written = [{'step': step, 'wall_time': 1e9 + step, 'train_loss': step / 1000}
+             for step in (10, 20, 30, 40, 50)]
+  options = trackers.TrackerOptions(workdir=workdir, config={}, tags={}, last_step=60,
+                                    wandb=trackers.WandbOptions('p'))
+  (writer,) = writers.tracker_writers(options, written)
+  writer.write_scalars(30, {'train_loss': 1.0})  # Trained again, held already: not given.
+  writer.write_scalars(60, {'train_loss': 0.06})
+  writer.close()
+  assert wandb_files.history_steps(workdir, 'r1') == [10, 20, 30, 40, 50, 60]
 
 
 def _wandb_runs(workdir):
@@ -179,7 +234,7 @@ def _wandb_runs(workdir):
   sessions = []
   for path in sorted(glob.glob(os.path.join(workdir, 'wandb', 'offline-run-*', 'run-*.wandb'))):
     run_id, tags, rows, summary = None, [], [], {}
-    for record in _wandb_records(path):
+    for record in wandb_files.records(path):
       kind = record.WhichOneof('record_type')
       if kind == 'run':
         run_id, tags = record.run.run_id, list(record.run.tags)
@@ -234,13 +289,12 @@ def test_trackers_continue_one_run_across_a_kill_and_resumes(tfds_data_dir, tmp_
   # W&B writes its file every second (`wandb_writer._FILE_FLUSH_S`): a kill loses the last.
   killed_wandb = max(row['_step'] for row in _wandb_runs(workdir)[0][2])
   assert killed_wandb > 100
-  code, log = _train(command)
-  assert code == 0, log[-3000:]
-  code, log = _train(_command(workdir, tfds_data_dir, store, num_train_steps=LONGER))
-  assert code == 0, log[-3000:]
-  # The trackers said nothing went wrong, and left the log's last line to the trainer.
-  assert 'not tracked' not in log and 'cannot be reached' not in log
-  assert not log.splitlines()[-1].startswith('wandb')
+  for session in (command, _command(workdir, tfds_data_dir, store, num_train_steps=LONGER)):
+    code, log = _train(session)
+    assert code == 0, log[-3000:]
+    # The trackers said nothing went wrong, and left the log's last line to the trainer.
+    assert 'not tracked' not in log and 'cannot be reached' not in log, log[-3000:]
+    assert not log.splitlines()[-1].startswith('wandb')
   records = writers.read_jsonl(os.path.join(workdir, writers.JSONL_NAME))
 
   # MLflow: one run, each scalar's history metrics.jsonl's, the config as its parameters.

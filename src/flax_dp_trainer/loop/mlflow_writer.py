@@ -36,14 +36,14 @@ class MlflowWriter(trackers.TrackerWriter):
   """
 
   def __init__(self, options: trackers.MlflowOptions, run: trackers.TrackerOptions,
-               written=()):
+               written=(), turn=None):
     self._options, self._facts, self._written = options, run, list(written)
     self._record = trackers.RunRecord(run.workdir, 'mlflow')
     self._client: Any = None
     self._run_id: Optional[str] = None
     self._steps = trackers.StepsAbove()
     self._last_given: Optional[int] = None
-    self._thread = trackers.Background(f'MLflow at {options.tracking_uri}')
+    self._thread = trackers.Background(f'MLflow at {options.tracking_uri}', turn)
     self._thread.submit(self._start)
 
   def _start(self) -> None:

@@ -109,7 +109,7 @@ def changed_params(before: dict[str, str], now: dict[str, str], step: int) -> di
 class RunRecord:
   """The file in the workdir (`NAME_run.json`) that names a tracker's run, so that a resumed
   or restarted run continues it: {"run_id", "params" (as last recorded), and what the tracker
-  adds, e.g. "last_step"}. Process 0 writes it; each write replaces it whole."""
+  adds, e.g. "tracking_uri"}. Process 0 writes it; each write replaces it whole."""
 
   def __init__(self, workdir: str, name: str):
     self.path = os.path.join(workdir, f'{name}_run.json')
@@ -155,15 +155,26 @@ def missing(written: list[dict[str, Any]], last: Optional[int]
           for r in written if last is None or int(r['step']) > last]
 
 
+def one_at_a_time() -> threading.Lock:
+  """The turn the `Background` threads of one run's trackers share: one tracker's call runs
+  at a time. CPython 3.11 keeps one recursion count for all of a process's `ast` parsing, and
+  two threads parsing at once fail with "AST constructor recursion depth mismatch"
+  (python/cpython#106905): W&B builds its pydantic settings from their source's docstrings
+  while MLflow parses its queries."""
+  return threading.Lock()
+
+
 class Background:
   """A tracker's calls, in order, on a thread of its own: the training thread only queues
   them (a bounded queue; when full, writes are dropped and said once). The first call that
   fails is said in one log line, with `what` (the tracker and where it writes), and the
-  tracker is off from there: the run goes on."""
+  tracker is off from there: the run goes on. Each call takes `turn` (`one_at_a_time`,
+  shared with the run's other trackers) while it runs."""
 
-  def __init__(self, what: str):
+  def __init__(self, what: str, turn: Optional[threading.Lock] = None):
     self.what = what
     self.failed = False
+    self._turn = turn or one_at_a_time()
     self._queue: queue.Queue = queue.Queue(QUEUE_SIZE)
     self._dropped = 0
     self._thread = threading.Thread(target=self._work, name=f'tracker {what}', daemon=True)
@@ -215,7 +226,8 @@ class Background:
       if self.failed:
         continue
       try:
-        call()
+        with self._turn:
+          call()
       except Exception as e:  # pylint: disable=broad-except
         # Any error of a tracker's library ends the tracking, never the training.
         self.failed = True

@@ -7,11 +7,13 @@ from typing import Any, Optional
 from absl import logging
 
 from flax_dp_trainer.loop import trackers
+from flax_dp_trainer.loop import wandb_files
 
 # W&B tags are short strings: 'name:value', cut to its limit.
 _TAG_LENGTH = 64
 # Seconds between W&B's writes of the run's data to its `.wandb` file (its default, 15 s, is
-# what a kill -9 loses of an offline run; the steps recorded as given are never given again).
+# what a kill -9 loses of an offline run; a resume gives those steps again, from
+# metrics.jsonl or trained again).
 _FILE_FLUSH_S = 1.0
 
 
@@ -23,18 +25,18 @@ class WandbWriter(trackers.TrackerWriter):
   (`trackers.changed_params`) and the config's new values. W&B's own console capture is off
   (the launcher reads each process's last line). Where W&B cannot be reached (no network, no
   API key), one log line says so and the run is logged offline (`wandb sync` uploads it
-  later). The last step given is kept in the record: a resume after a kill gives W&B only
-  the steps above it, metrics.jsonl's first (`trackers.missing`).
+  later). A resumed run's last step is what W&B holds (`_held_last_step`), never what it was
+  handed: a resume after a kill gives W&B only the steps above it, metrics.jsonl's first
+  (`trackers.missing`).
   """
 
   def __init__(self, options: trackers.WandbOptions, run: trackers.TrackerOptions,
-               written=()):
+               written=(), turn=None):
     self._options, self._facts, self._written = options, run, list(written)
     self._record = trackers.RunRecord(run.workdir, 'wandb')
-    self._steps = trackers.StepsAbove(self._record.read().get('last_step'))
+    self._steps = trackers.StepsAbove()
     self._run: Any = None
-    self._last_given: Optional[int] = None
-    self._thread = trackers.Background(f'W&B (project {options.project!r})')
+    self._thread = trackers.Background(f'W&B (project {options.project!r})', turn)
     self._thread.submit(self._start)
 
   def _start(self) -> None:
@@ -56,6 +58,9 @@ class WandbWriter(trackers.TrackerWriter):
                       '`wandb sync` uploads it later', type(e).__name__,
                       str(e).splitlines()[0] if str(e) else '', self._facts.workdir)
       self._run = wandb.init(**kwargs, mode='offline')
+    if saved.get('run_id') == self._run.id:
+      self._steps.last = self._held_last_step()
+      logging.info('W&B: continuing run %s (its last step %s)', self._run.id, self._steps.last)
     if saved.get('run_id') and saved.get('params') is not None:
       changes = trackers.changed_params(saved['params'], params, (self._steps.last or 0) + 1)
       if changes:
@@ -69,25 +74,28 @@ class WandbWriter(trackers.TrackerWriter):
       self._log(step, values)
     self._written = []
 
+  def _held_last_step(self) -> Optional[int]:
+    """The last step of the resumed run that W&B holds: its server's (the resumed run's
+    starting step, the one after it), or offline its sessions' files in the workdir (what
+    `wandb sync` uploads); None where it holds none."""
+    if not self._run.offline and self._run.starting_step > 0:
+      return int(self._run.starting_step) - 1
+    return max(wandb_files.history_steps(self._facts.workdir, self._run.id), default=None)
+
   def write_scalars(self, step: int, scalars) -> None:
     step = int(step)
-    if self._steps.keep(step):
-      values = {tag: float(value) for tag, value in scalars.items()}
-      self._thread.submit(lambda: self._log(step, values))
+    values = {tag: float(value) for tag, value in scalars.items()}
+    self._thread.submit(lambda: self._log(step, values))
 
   def _log(self, step: int, values: dict[str, float]) -> None:
-    if self._last_given is not None and step != self._last_given:
-      # W&B commits a step's row once a later step comes: the one before is in the run now.
-      self._record.update(last_step=self._last_given)
-    self._run.log(values, step=step)
-    self._last_given = step
+    # On the tracker's thread, after `_start` has read the run's last step.
+    if self._steps.keep(step):
+      self._run.log(values, step=step)
 
   def _end(self) -> None:
     """Finishes the W&B run (on a stop too)."""
     if self._run is not None:
       self._run.finish()
-      if self._last_given is not None:
-        self._record.update(last_step=self._last_given)
 
 
 def _settings(wandb):
