@@ -249,6 +249,7 @@ def test_torchvisions_own_resnet18_against_the_flax_resnet18():
   assert report['eval_rows'] == 41 and report['statistics'] == 20
 
 
+@pytest.mark.slow
 def test_every_padding_mistake_of_a_resnet_port_is_named_with_its_cause_in_one_run():
   """A ResNet written as flax's example writes it (BatchNorm over axis 'batch', a partial
   factory) with 'SAME' paddings, against torchvision's resnet18: the stem, the max pool and

@@ -66,11 +66,11 @@ def _assert_close(state, reference, unstack=False):
 
 
 @pytest.mark.parametrize('model,devices,overrides', [
-    ('vit_test', 8, {}),
+    pytest.param('vit_test', 8, {}, marks=pytest.mark.slow),
     pytest.param('vit_test', 4, dict(remat='full'), marks=pytest.mark.slow),
     pytest.param('resnet_tiny', 8, dict(remat='dots'), marks=pytest.mark.slow),
     pytest.param('user_marked', 2, {}, marks=pytest.mark.slow),
-    pytest.param('cnn', 4, {}, marks=pytest.mark.slow)])
+    ('cnn', 4, {})])
 def test_fsdp_trains_what_one_device_trains(trained, model, devices, overrides):
   """Dropout (vit_test, user_marked, cnn), stochastic depth (vit_test), cross-replica
   BatchNorm (resnet_tiny, user_marked), Mixup/CutMix partners (cnn: no marked block, every
@@ -80,6 +80,7 @@ def test_fsdp_trains_what_one_device_trains(trained, model, devices, overrides):
   _assert_close(state, reference)
 
 
+@pytest.mark.slow
 def test_scanned_layers_train_what_unscanned_train_with_dropout_off(trained):
   off = dict(dropout_rate=0.0, stochastic_depth_rate=0.0)
   state, _ = trained('vit_test', 'shard_map-fsdp', 2, scan_layers=True, remat='full', **off)

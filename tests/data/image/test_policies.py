@@ -130,8 +130,10 @@ def test_the_draws_follow_the_definitions():
   standard deviations."""
   n = 4200
   seeds = tf.stack([tf.range(n, dtype=tf.int64), tf.fill([n], tf.constant(7, tf.int64))], 1)
-  op, k, negate = tf.map_fn(policies.ta_wide_draw, seeds,
-                            fn_output_signature=(tf.int32, tf.int32, tf.bool))
+  # In a graph, as the input pipeline draws them (eagerly, map_fn runs each draw's ops alone).
+  draws = tf.function(lambda draw, signature: tf.map_fn(draw, seeds,
+                                                        fn_output_signature=signature))
+  op, k, negate = draws(policies.ta_wide_draw, (tf.int32, tf.int32, tf.bool))
 
   def within(count, total, p):
     return abs(count - total * p) <= 4.5 * np.sqrt(total * p * (1 - p))
@@ -141,8 +143,8 @@ def test_the_draws_follow_the_definitions():
   assert within(int(negate.numpy().sum()), n, 0.5)
 
   table = policies.POLICIES['imagenet']
-  index, applied, _ = tf.map_fn(lambda seed: policies.autoaugment_draw(seed, 'imagenet'), seeds,
-                                fn_output_signature=(tf.int32, tf.bool, tf.bool))
+  index, applied, _ = draws(lambda seed: policies.autoaugment_draw(seed, 'imagenet'),
+                            (tf.int32, tf.bool, tf.bool))
   index, applied = index.numpy(), applied.numpy()
   assert all(within(c, n, 1 / 25) for c in np.bincount(index, minlength=25))
   # Applied counts over sub-policies sharing each probability.
