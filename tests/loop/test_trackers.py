@@ -81,12 +81,13 @@ def test_background_never_holds_up_the_caller(caplog, monkeypatch):
   assert ran == [0, 1, 2] and not background.submit(lambda: None)
 
 
-def test_a_runs_trackers_take_turns():
-  """Two trackers' threads sharing a turn never run calls at once (CPython 3.11's `ast`
-  fails two threads parsing at once, and W&B's and MLflow's starts both parse)."""
+def test_a_runs_trackers_take_turns_to_start_and_end_only():
+  """Two trackers' starts and ends (exclusive calls) never run at once: CPython 3.11's `ast`
+  fails two threads parsing at once, and W&B's and MLflow's starts both parse. A write takes
+  no turn: it goes on while the other tracker's start holds it."""
   turn, running, overlaps, lock = trackers.one_at_a_time(), [], [], threading.Lock()
 
-  def call():
+  def exclusive():
     with lock:
       running.append(1)
       overlaps.append(len(running))
@@ -97,10 +98,19 @@ def test_a_runs_trackers_take_turns():
   backgrounds = [trackers.Background(f'tracker {i}', turn) for i in range(2)]
   for _ in range(5):
     for background in backgrounds:
-      background.submit(call)
+      background.submit(exclusive, exclusive=True)
+  for background in backgrounds:
+    assert background.wait(10)
+  assert overlaps == [1] * 10
+
+  release, written = threading.Event(), threading.Event()
+  backgrounds[0].submit(release.wait, exclusive=True)  # A start that takes long.
+  time.sleep(0.05)
+  backgrounds[1].submit(written.set)
+  assert written.wait(5) and not release.is_set()
+  release.set()
   for background in backgrounds:
     background.close(10)
-  assert overlaps == [1] * 10
 
 
 @pytest.mark.parametrize('field,value,extra,module', [

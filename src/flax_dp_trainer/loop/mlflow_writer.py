@@ -44,7 +44,7 @@ class MlflowWriter(trackers.TrackerWriter):
     self._steps = trackers.StepsAbove()
     self._last_given: Optional[int] = None
     self._thread = trackers.Background(f'MLflow at {options.tracking_uri}', turn)
-    self._thread.submit(self._start)
+    self._thread.submit(self._start, exclusive=True)
 
   def _start(self) -> None:
     _check_reachable(self._options.tracking_uri)

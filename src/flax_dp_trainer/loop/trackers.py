@@ -6,6 +6,7 @@ and the thread their calls run on so that training never waits for them (`Backgr
 """
 
 import dataclasses
+import functools
 import importlib.metadata
 import json
 import os
@@ -156,11 +157,13 @@ def missing(written: list[dict[str, Any]], last: Optional[int]
 
 
 def one_at_a_time() -> threading.Lock:
-  """The turn the `Background` threads of one run's trackers share: one tracker's call runs
-  at a time. CPython 3.11 keeps one recursion count for all of a process's `ast` parsing, and
-  two threads parsing at once fail with "AST constructor recursion depth mismatch"
-  (python/cpython#106905): W&B builds its pydantic settings from their source's docstrings
-  while MLflow parses its queries."""
+  """The turn the `Background` threads of one run's trackers share for their starts and ends
+  (`submit(..., exclusive=True)`): one of those runs at a time. They import the trackers'
+  libraries, and CPython 3.11 keeps one recursion count for all of a process's `ast`
+  parsing: two threads parsing at once fail with "AST constructor recursion depth mismatch"
+  (python/cpython#106905), as W&B's start did beside MLflow's (W&B's pydantic settings read
+  their own source's docstrings). Their writes take no turn: one tracker's slow start holds
+  up no other tracker's writes."""
   return threading.Lock()
 
 
@@ -168,8 +171,8 @@ class Background:
   """A tracker's calls, in order, on a thread of its own: the training thread only queues
   them (a bounded queue; when full, writes are dropped and said once). The first call that
   fails is said in one log line, with `what` (the tracker and where it writes), and the
-  tracker is off from there: the run goes on. Each call takes `turn` (`one_at_a_time`,
-  shared with the run's other trackers) while it runs."""
+  tracker is off from there: the run goes on. An exclusive call (a start, an end) takes
+  `turn` (`one_at_a_time`, shared with the run's other trackers) while it runs."""
 
   def __init__(self, what: str, turn: Optional[threading.Lock] = None):
     self.what = what
@@ -180,10 +183,13 @@ class Background:
     self._thread = threading.Thread(target=self._work, name=f'tracker {what}', daemon=True)
     self._thread.start()
 
-  def submit(self, call: Callable[[], None]) -> bool:
-    """Queues `call`; False where it was dropped (the tracker off, or the queue full)."""
+  def submit(self, call: Callable[[], None], exclusive: bool = False) -> bool:
+    """Queues `call` (run with the turn held where `exclusive`); False where it was dropped
+    (the tracker off, or the queue full)."""
     if self.failed:
       return False
+    if exclusive:
+      call = functools.partial(self._in_turn, call)
     try:
       self._queue.put_nowait(call)
     except queue.Full:
@@ -193,6 +199,10 @@ class Background:
                         'catches up', self.what, QUEUE_SIZE)
       return False
     return True
+
+  def _in_turn(self, call: Callable[[], None]) -> None:
+    with self._turn:
+      call()
 
   def wait(self, timeout: float) -> bool:
     """Waits up to `timeout` seconds for the calls queued so far; whether they are done (or
@@ -226,8 +236,7 @@ class Background:
       if self.failed:
         continue
       try:
-        with self._turn:
-          call()
+        call()
       except Exception as e:  # pylint: disable=broad-except
         # Any error of a tracker's library ends the tracking, never the training.
         self.failed = True
@@ -252,7 +261,7 @@ class TrackerWriter(metric_writers.MetricWriter):
     self._thread.wait(FLUSH_WAIT_S)
 
   def close(self) -> None:
-    self._thread.submit(self._end)
+    self._thread.submit(self._end, exclusive=True)
     self._thread.close(CLOSE_WAIT_S)
 
   def _end(self) -> None:

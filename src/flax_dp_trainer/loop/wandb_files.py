@@ -13,6 +13,8 @@ import os
 import struct
 from typing import Iterator
 
+from google.protobuf import message
+
 _BLOCK = 32768
 _CHUNK_HEADER = 7
 _FILE_HEADER = 7
@@ -52,8 +54,7 @@ def records(path: str) -> Iterator:
       record = wandb_internal_pb2.Record()
       try:
         record.ParseFromString(pending)
-      except Exception:  # pylint: disable=broad-except
-        # protobuf's DecodeError: a record that does not parse ends what can be read.
+      except message.DecodeError:  # A record that does not parse ends what can be read.
         return
       pending = b''
       yield record

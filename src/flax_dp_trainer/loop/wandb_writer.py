@@ -37,7 +37,7 @@ class WandbWriter(trackers.TrackerWriter):
     self._steps = trackers.StepsAbove()
     self._run: Any = None
     self._thread = trackers.Background(f'W&B (project {options.project!r})', turn)
-    self._thread.submit(self._start)
+    self._thread.submit(self._start, exclusive=True)
 
   def _start(self) -> None:
     # An optional dependency (the `wandb` extra), imported only by runs that use it.

@@ -139,12 +139,13 @@ def tracker_writers(options: trackers_lib.TrackerOptions, written: list[dict[str
   thread; its `close` ends its run). Each is handed `written`, the run's metrics.jsonl records
   as they stand (a resumed run's: up to where it resumes, `mark_session_start`'s), and first
   logs what of them its run lacks: the steps a killed run wrote there before its tracker had
-  them. Their threads take turns (`trackers.one_at_a_time`)."""
+  them. Their starts and ends take turns (`trackers.one_at_a_time`), MLflow's first: it
+  starts in a second, where W&B's start takes seconds more."""
   writers, turn = [], trackers_lib.one_at_a_time()
-  if options.wandb is not None:
-    writers.append(wandb_writer.WandbWriter(options.wandb, options, written, turn))
   if options.mlflow is not None:
     writers.append(mlflow_writer.MlflowWriter(options.mlflow, options, written, turn))
+  if options.wandb is not None:
+    writers.append(wandb_writer.WandbWriter(options.wandb, options, written, turn))
   return writers
 
 
