@@ -204,8 +204,8 @@ def _wandb_session(wandb, workdir, run_id, steps):
 
 
 def test_wandb_files_read_the_steps_w_and_b_wrote(wandb, tmp_path):
-  """Two sessions of one run written by W&B itself read back in order; a file cut short by a
-  kill reads up to its last whole record."""
+  """Two sessions of one run written by W&B itself read back in order; a file cut short
+  anywhere, as a kill leaves it, reads up to its last whole record."""
   workdir = str(tmp_path)
   _wandb_session(wandb, workdir, 'r1', [10, 20, 30])
   _wandb_session(wandb, workdir, 'r1', [40, 50])
@@ -215,10 +215,15 @@ def test_wandb_files_read_the_steps_w_and_b_wrote(wandb, tmp_path):
   last = wandb_files.run_files(workdir, 'r1')[-1]
   with open(last, 'rb') as f:
     data = f.read()
-  cut = data.rindex(b'_step') - 3  # Inside the last history record.
-  with open(last, 'wb') as f:
-    f.write(data[:cut])
-  assert wandb_files.history_steps(workdir, 'r1') == [10, 20, 30, 40]
+  read = []
+  for cut in [*range(0, len(data), 61), len(data)]:
+    with open(last, 'wb') as f:
+      f.write(data[:cut])
+    read.append(wandb_files.history_steps(workdir, 'r1'))
+  # Each cut reads a prefix of what the whole file holds, longer as the cut moves on.
+  assert read == sorted(read, key=len) and read[0] == [10, 20, 30]
+  assert all(steps == [10, 20, 30, 40, 50][:len(steps)] for steps in read)
+  assert {len(steps) for steps in read} == {3, 4, 5}
 
 
 def test_a_wandb_resume_gives_the_steps_above_what_its_files_hold(wandb, tmp_path):
