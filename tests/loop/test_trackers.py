@@ -37,14 +37,22 @@ DEVICES = 2
 
 
 def test_helpers_keep_steps_above_the_last_and_record_changes():
-  assert [s for s in (29, 30, 31, 35) if trackers.StepsAbove(30).keep(s)] == [31, 35]
-  assert trackers.StepsAbove(None).keep(1)
+  assert [s for s in (29, 30, 31, 35) if trackers.StepsAbove(30).keep(s, {'a': 1})] == [31, 35]
+  assert trackers.StepsAbove(None).keep(1, {'a': 1}) == {'a': 1}
+  # Each tag by its own last step; a tag the run does not hold at all is kept.
+  held = trackers.StepsAbove(last_by_tag={'train_loss': 30, 'eval_accuracy': 20})
+  assert held.keep(30, {'train_loss': 1, 'eval_accuracy': 2, 'new': 3}) == {
+      'eval_accuracy': 2, 'new': 3}
+  assert held.last == 30 and trackers.StepsAbove().last is None
   assert trackers.flat_params({'a': 1, 'b': {'c': 'x', 'd': [1, 2]}, 'e': {}, 'f': True}) == {
       'a': '1', 'b.c': 'x', 'b.d': '[1, 2]', 'e': '{}', 'f': 'true'}
   written = [{'step': 10, 'wall_time': 1.5, 'train_loss': 2}, {'step': 20, 'wall_time': 2.5,
                                                                 'eval_accuracy': 0.5}]
-  assert trackers.missing(written, 10) == [(20, 2.5, {'eval_accuracy': 0.5})]
-  assert len(trackers.missing(written, None)) == 2 and not trackers.missing(written, 20)
+  assert trackers.missing(written, trackers.StepsAbove(10)) == [(20, 2.5, {'eval_accuracy': 0.5})]
+  assert len(trackers.missing(written, trackers.StepsAbove())) == 2
+  assert not trackers.missing(written, trackers.StepsAbove(20))
+  assert trackers.missing(written, trackers.StepsAbove(last_by_tag={'eval_accuracy': 20})) == [
+      (10, 1.5, {'train_loss': 2.0})]
   assert trackers.changed_params({'a': '1', 'b': '2'}, {'a': '1', 'b': '3', 'c': 'x'}, 41) == {
       'changed.b': '2 -> 3 at step 41', 'changed.c': '(none) -> x at step 41'}
 
@@ -181,6 +189,35 @@ def test_mlflow_gets_what_metrics_jsonl_holds_above_its_last_step_first(tmp_path
   assert sorted(os.listdir(tmp_path)) == [writers.JSONL_NAME, 'mlflow.db', 'mlflow_run.json']
 
 
+def test_a_mlflow_resume_gives_each_metric_the_steps_above_its_own_last(tmp_path):
+  """A session killed between a step's two writes (the training's scalars, then the
+  evaluation's): the run holds train_loss at 170 and eval_accuracy only to 160. The resume
+  trains 170 again and gives MLflow eval_accuracy at 170, and train_loss there no second
+  time."""
+  # Only this test and the one above read the store back: MLflow comes with the extra.
+  from mlflow import MlflowClient  # pylint: disable=import-outside-toplevel
+  workdir, uri = str(tmp_path), f'sqlite:///{tmp_path}/mlflow.db'
+  options = trackers.TrackerOptions(workdir=workdir, config={}, tags={}, last_step=180,
+                                    mlflow=trackers.MlflowOptions(uri, 'e'))
+  (writer,) = writers.tracker_writers(options, [])
+  for step, scalars in [(160, {'train_loss': 0.16}), (160, {'eval_accuracy': 0.6}),
+                        (170, {'train_loss': 0.17})]:
+    writer.write_scalars(step, scalars)
+  writer.close()  # (A kill leaves the same store, the run RUNNING.)
+  (writer,) = writers.tracker_writers(options, [])
+  for step, scalars in [(170, {'train_loss': 1.0}), (170, {'eval_accuracy': 0.7}),
+                        (180, {'train_loss': 0.18})]:
+    writer.write_scalars(step, scalars)
+  writer.close()
+  client = MlflowClient(uri)
+  (run,) = client.search_runs([client.get_experiment_by_name('e').experiment_id])
+  history = {key: sorted((m.step, m.value) for m in client.get_metric_history(
+      run.info.run_id, key)) for key in ('train_loss', 'eval_accuracy')}
+  assert history == {'train_loss': [(160, 0.16), (170, 0.17), (180, 0.18)],
+                     'eval_accuracy': [(160, 0.6), (170, 0.7)]}
+  assert run.info.status == 'FINISHED'
+
+
 @pytest.fixture(name='wandb')
 def offline_wandb(monkeypatch):
   """W&B offline in this process, its service ended after the test: W&B hands its service's
@@ -201,6 +238,7 @@ def _wandb_session(wandb, workdir, run_id, steps):
   for step in steps:
     run.log({'train_loss': step / 1000}, step=step)
   run.finish()
+  wandb.teardown()  # Which waits until W&B's service has written the file; `finish` does not.
 
 
 def test_wandb_files_read_the_steps_w_and_b_wrote(wandb, tmp_path):
@@ -226,6 +264,19 @@ def test_wandb_files_read_the_steps_w_and_b_wrote(wandb, tmp_path):
   assert {len(steps) for steps in read} == {3, 4, 5}
 
 
+def test_wandb_files_order_sessions_that_started_in_one_second(tmp_path):
+  """W&B names a session's folder by the second it started, `-N` after it for the run's
+  later sessions in that second: they come after the first, in N's order."""
+  names = ['offline-run-20261202_010529-r1-2', 'run-20261202_010528-r1',
+           'offline-run-20261202_010529-r1', 'offline-run-20261202_010529-r1-10',
+           'offline-run-20261202_010529-r1-1', 'offline-run-20261202_010530-r1-x']
+  for name in names:
+    os.makedirs(tmp_path / 'wandb' / name)
+    (tmp_path / 'wandb' / name / 'run-r1.wandb').write_bytes(b'')
+  assert [os.path.basename(os.path.dirname(p)) for p in wandb_files.run_files(
+      str(tmp_path), 'r1')] == [names[1], names[2], names[4], names[0], names[3], names[5]]
+
+
 def test_a_wandb_resume_gives_the_steps_above_what_its_files_hold(wandb, tmp_path):
   """A session killed after handing W&B steps its file never got (steps 40 and 50 below):
   the resume gives W&B those steps from metrics.jsonl, and none twice."""
@@ -241,13 +292,23 @@ def test_a_wandb_resume_gives_the_steps_above_what_its_files_hold(wandb, tmp_pat
   writer.write_scalars(60, {'train_loss': 0.06})
   writer.close()
   assert wandb_files.history_steps(workdir, 'r1') == [10, 20, 30, 40, 50, 60]
+  # The summary's file, which W&B writes only online: the last session's, with the run's last
+  # values (the W&B session before has none of its own).
+  summaries = [os.path.join(os.path.dirname(path), 'files', 'wandb-summary.json')
+               for path in wandb_files.run_files(workdir, 'r1')]
+  assert [os.path.exists(path) for path in summaries] == [False, True]
+  with open(summaries[-1], encoding='utf-8') as f:
+    summary = json.load(f)
+  assert summary['train_loss'] == 0.06 and summary['_step'] == 60
 
 
 def _wandb_runs(workdir):
-  """Each offline session of the workdir's W&B run, in order: (run id, tags, [history rows],
+  """Each offline session of the workdir's W&B runs, in order: (run id, tags, [history rows],
   {summary})."""
   sessions = []
-  for path in sorted(glob.glob(os.path.join(workdir, 'wandb', 'offline-run-*', 'run-*.wandb'))):
+  run_ids = {os.path.basename(p)[len('run-'):-len('.wandb')] for p in glob.glob(
+      os.path.join(workdir, 'wandb', 'offline-run-*', 'run-*.wandb'))}
+  for path in [p for run_id in sorted(run_ids) for p in wandb_files.run_files(workdir, run_id)]:
     run_id, tags, rows, summary = None, [], [], {}
     for record in wandb_files.records(path):
       kind = record.WhichOneof('record_type')
@@ -358,5 +419,12 @@ def test_trackers_continue_one_run_across_a_kill_and_resumes(tfds_data_dir, tmp_
     assert [(s, v) for s, v in expected if s > killed_wandb] == [
         (s, v) for s, v in logged if s > killed_wandb], tag  # None left out after the kill.
   assert sessions[-1][3]['eval_accuracy'] == _series(records, 'eval_accuracy')[-1][1]
+  # And in the summary's file, which W&B itself writes only online.
+  (summary_file,) = glob.glob(os.path.join(workdir, 'wandb', 'latest-run', 'files',
+                                           'wandb-summary.json'))
+  with open(summary_file, encoding='utf-8') as f:
+    summary = json.load(f)
+  assert summary['eval_accuracy'] == _series(records, 'eval_accuracy')[-1][1]
+  assert summary['_step'] == LONGER
   assert 'model:cnn' in sessions[0][1] and 'backend:pmap' in sessions[0][1]
   assert f'changed.num_train_steps:200 -> {LONGER} at step 201' in sessions[-1][1]

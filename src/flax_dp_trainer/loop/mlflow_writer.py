@@ -69,9 +69,11 @@ class MlflowWriter(trackers.TrackerWriter):
       self._log_missing()
       return
     self._run_id = run.info.run_id
-    self._steps.last = max(
-        (m.step for key in run.data.metrics
-         for m in self._client.get_metric_history(self._run_id, key)), default=None)
+    # Each metric by its own last step: a kill between two writes of one step leaves the
+    # first's tags at that step and not the second's.
+    self._steps = trackers.StepsAbove(last_by_tag={
+        key: max(m.step for m in self._client.get_metric_history(self._run_id, key))
+        for key in run.data.metrics})
     self._client.update_run(self._run_id, status='RUNNING')
     changes = trackers.changed_params(run.data.params, params, (self._steps.last or 0) + 1)
     if changes:
@@ -86,7 +88,7 @@ class MlflowWriter(trackers.TrackerWriter):
     # The `mlflow` extra: an optional dependency.
     from mlflow.entities import Metric  # pylint: disable=import-outside-toplevel
     metrics = [Metric(tag, value, int(wall_time * 1000), step)
-               for step, wall_time, values in trackers.missing(self._written, self._steps.last)
+               for step, wall_time, values in trackers.missing(self._written, self._steps)
                for tag, value in values.items()]
     for first in range(0, len(metrics), _METRICS_PER_BATCH):
       self._client.log_batch(self._run_id, metrics=metrics[first:first + _METRICS_PER_BATCH])
@@ -116,13 +118,14 @@ class MlflowWriter(trackers.TrackerWriter):
     self._thread.submit(lambda: self._log(step, now_ms, values))
 
   def _log(self, step: int, now_ms: int, values: dict[str, float]) -> None:
-    if not self._steps.keep(step):
+    self._last_given = step  # Reached, whether or not the run held it already.
+    values = self._steps.keep(step, values)
+    if not values:
       return
     # The `mlflow` extra: an optional dependency.
     from mlflow.entities import Metric  # pylint: disable=import-outside-toplevel
     self._client.log_batch(self._run_id, metrics=[
         Metric(tag, value, now_ms, step) for tag, value in values.items()])
-    self._last_given = step
 
   def _end(self) -> None:
     """Ends the MLflow run: FINISHED at the config's last step, else KILLED."""

@@ -136,24 +136,44 @@ class RunRecord:
 
 
 class StepsAbove:
-  """The steps a tracker is given: those above the last its run already holds. A run killed
-  after its last checkpoint logged steps its resume trains (and writes) again; as
-  metrics.jsonl drops them, the tracker keeps its first copy and takes no second."""
+  """The steps a tracker is given: of each tag, those above the last step its run already
+  holds of that tag (`last_by_tag`; `last`, where given, for any tag it does not name). A run
+  killed after its last checkpoint logged steps its resume trains (and writes) again; as
+  metrics.jsonl drops them, the tracker keeps its first copy and takes no second. The loop
+  writes one step's scalars in several calls (the training's, then the evaluation's), so a
+  kill can fall between them: a tag is kept by its own last step, never by another's."""
 
-  def __init__(self, last: Optional[int] = None):
-    self.last = last
+  def __init__(self, last: Optional[int] = None,
+               last_by_tag: Optional[dict[str, int]] = None):
+    self._every, self._by_tag = last, dict(last_by_tag or {})
 
-  def keep(self, step: int) -> bool:
-    return self.last is None or step > self.last
+  @property
+  def last(self) -> Optional[int]:
+    """The last step the run holds of any tag (None: none)."""
+    return max([s for s in (self._every, *self._by_tag.values()) if s is not None],
+               default=None)
+
+  def keep(self, step: int, values: dict[str, float]) -> dict[str, float]:
+    """The tags of `values`, written at `step`, that the run does not hold yet."""
+    kept = {}
+    for tag, value in values.items():
+      last = self._by_tag.get(tag, self._every)
+      if last is None or step > last:
+        kept[tag] = value
+    return kept
 
 
-def missing(written: list[dict[str, Any]], last: Optional[int]
+def missing(written: list[dict[str, Any]], held: StepsAbove
             ) -> list[tuple[int, float, dict[str, float]]]:
-  """The writes of metrics.jsonl (`written`: its records) above the step `last` that a tracked
-  run holds, in order, as (step, wall time, {tag: value})."""
-  return [(int(r['step']), float(r['wall_time']),
-           {tag: float(v) for tag, v in r.items() if tag not in ('step', 'wall_time')})
-          for r in written if last is None or int(r['step']) > last]
+  """The writes of metrics.jsonl (`written`: its records) that a tracked run does not hold
+  (`held`: the steps it holds of each tag), in order, as (step, wall time, {tag: value})."""
+  out = []
+  for r in written:
+    values = held.keep(int(r['step']), {tag: float(v) for tag, v in r.items()
+                                        if tag not in ('step', 'wall_time')})
+    if values:
+      out.append((int(r['step']), float(r['wall_time']), values))
+  return out
 
 
 def one_at_a_time() -> threading.Lock:

@@ -2,6 +2,8 @@
 that its resumes and restarts continue (the `wandb` extra), written off the training thread.
 """
 
+import json
+import os
 from typing import Any, Optional
 
 from absl import logging
@@ -9,6 +11,8 @@ from absl import logging
 from flax_dp_trainer.loop import trackers
 from flax_dp_trainer.loop import wandb_files
 
+# The summary's file in a session's `files` folder (W&B's name).
+_SUMMARY_FILE = 'wandb-summary.json'
 # W&B tags are short strings: 'name:value', cut to its limit.
 _TAG_LENGTH = 64
 # Seconds between W&B's writes of the run's data to its `.wandb` file (its default, 15 s, is
@@ -25,7 +29,7 @@ class WandbWriter(trackers.TrackerWriter):
   (`trackers.changed_params`) and the config's new values. W&B's own console capture is off
   (the launcher reads each process's last line). Where W&B cannot be reached (no network, no
   API key), one log line says so and the run is logged offline (`wandb sync` uploads it
-  later). A resumed run's last step is what W&B holds (`_held_last_step`), never what it was
+  later). A resumed run's last step is what W&B holds (`_held_steps`), never what it was
   handed: a resume after a kill gives W&B only the steps above it, metrics.jsonl's first
   (`trackers.missing`).
   """
@@ -59,7 +63,7 @@ class WandbWriter(trackers.TrackerWriter):
                       str(e).splitlines()[0] if str(e) else '', self._facts.workdir)
       self._run = wandb.init(**kwargs, mode='offline')
     if saved.get('run_id') == self._run.id:
-      self._steps.last = self._held_last_step()
+      self._steps = self._held_steps()
       logging.info('W&B: continuing run %s (its last step %s)', self._run.id, self._steps.last)
     if saved.get('run_id') and saved.get('params') is not None:
       changes = trackers.changed_params(saved['params'], params, (self._steps.last or 0) + 1)
@@ -70,17 +74,20 @@ class WandbWriter(trackers.TrackerWriter):
     self._record.update(run_id=self._run.id, params=params)
     # What metrics.jsonl holds and W&B was never given (a killed session's last writes, or a
     # run that had no W&B before), first.
-    for step, _, values in trackers.missing(self._written, self._steps.last):
+    for step, _, values in trackers.missing(self._written, self._steps):
       self._log(step, values)
     self._written = []
 
-  def _held_last_step(self) -> Optional[int]:
-    """The last step of the resumed run that W&B holds: its server's (the resumed run's
-    starting step, the one after it), or offline its sessions' files in the workdir (what
-    `wandb sync` uploads); None where it holds none."""
+  def _held_steps(self) -> trackers.StepsAbove:
+    """The steps of the resumed run that W&B holds: those to its last row, its server's (the
+    resumed run's starting step, the one after it) or offline its sessions' files in the
+    workdir (what `wandb sync` uploads). A row is whole: W&B writes a step's row once a later
+    step is logged (or the run finishes), and a kill loses the row it was filling; and W&B's
+    steps only increase, so a tag the last row lacks is not given at or below it."""
     if not self._run.offline and self._run.starting_step > 0:
-      return int(self._run.starting_step) - 1
-    return max(wandb_files.history_steps(self._facts.workdir, self._run.id), default=None)
+      return trackers.StepsAbove(int(self._run.starting_step) - 1)
+    return trackers.StepsAbove(max(wandb_files.history_steps(self._facts.workdir, self._run.id),
+                                   default=None))
 
   def write_scalars(self, step: int, scalars) -> None:
     step = int(step)
@@ -89,13 +96,33 @@ class WandbWriter(trackers.TrackerWriter):
 
   def _log(self, step: int, values: dict[str, float]) -> None:
     # On the tracker's thread, after `_start` has read the run's last step.
-    if self._steps.keep(step):
+    values = self._steps.keep(step, values)
+    if values:
       self._run.log(values, step=step)
 
   def _end(self) -> None:
-    """Finishes the W&B run (on a stop too)."""
-    if self._run is not None:
-      self._run.finish()
+    """Finishes the W&B run (on a stop too) and waits until its file is written whole. An
+    offline session's `files/wandb-summary.json`, which W&B writes only online, is written
+    here: the run's summary over its sessions' files."""
+    if self._run is None:
+      return
+    path, files, offline = self._run.settings.sync_file, self._run.dir, self._run.offline
+    self._run.finish()
+    if not wandb_files.wait_ended(path, trackers.FLUSH_WAIT_S):
+      logging.warning('W&B has not written the end of %s in %.0f s', path,
+                      trackers.FLUSH_WAIT_S)
+    elif offline:
+      _write_summary(os.path.join(files, _SUMMARY_FILE),
+                     wandb_files.summary(self._facts.workdir, self._run.id))
+
+
+def _write_summary(path: str, summary: dict) -> None:
+  """`summary` as W&B's `wandb-summary.json` at `path`, where W&B has not written one."""
+  if os.path.exists(path):
+    return
+  with open(path + '.tmp', 'w', encoding='utf-8') as f:
+    json.dump(summary, f)
+  os.replace(path + '.tmp', path)
 
 
 def _settings(wandb):
