@@ -163,8 +163,10 @@ def test_best_is_refused_without_keep_best_or_an_evaluation(tmp_path):
 @pytest.mark.parametrize('overrides,message', [
     (dict(keep_best=-1), r'keep_best=-1 must be a whole number >= 0'),
     (dict(keep_best=2, best_mode='up'), r"best_mode='up' is unknown; choose 'max'"),
-    (dict(keep_best=2, best_metric='eval_top5'),
-     r"best_metric='eval_top5' ends neither in 'accuracy' .* --config.best_mode=max"),
+    # A typo: named as such, not asked which way it is better.
+    (dict(keep_best=2, best_metric='eval_acc'),
+     r"best_metric='eval_acc' is not a scalar this run's evaluations write; choose one of: "
+     r'eval_loss, eval_accuracy'),
     (dict(keep_best=2, best_metric='eval_ema_accuracy'),
      r"best_metric='eval_ema_accuracy' is not a scalar this run's evaluations write; choose "
      r'one of: eval_loss, eval_accuracy, eval_top5_accuracy \(--config.best_metric=TAG\)'),

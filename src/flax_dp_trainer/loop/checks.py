@@ -305,14 +305,13 @@ def _check_best(config) -> None:
                     "(better lower) or '' (by best_metric's name) (--config.best_mode=max)")
   if not keep:
     return
-  if checkpointer.metric_mode(metric, mode) is None:
-    raise UserError(f"best_metric={metric!r} ends neither in 'accuracy' (better higher) nor in "
-                    "'loss' (better lower); say which way it is better with "
-                    '--config.best_mode=max or --config.best_mode=min')
   tags = evaluation_tags(config)
   if metric not in tags:
     raise UserError(f'best_metric={metric!r} is not a scalar this run\'s evaluations write; '
                     f'choose one of: {", ".join(tags)} (--config.best_metric=TAG)')
+  # Each tag an evaluation writes ends in 'accuracy' or 'loss': its name says which way it is
+  # better where best_mode is ''.
+  assert checkpointer.metric_mode(metric, mode) is not None, metric
 
 
 # MLflow's SQL stores (`sqlite:///PATH` among them) need SQLAlchemy and Alembic beside it.
