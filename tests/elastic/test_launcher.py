@@ -7,6 +7,7 @@ tests/parallel/test_elastic.py's."""
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -162,6 +163,17 @@ def test_a_command_line_mistake_ends_the_launch_without_a_restart(stand_in, tmp_
           'config by name; a restart would fail the same way, so the launch ends'
           ) in result.stderr, result.stderr
   assert not os.path.exists(tmp_path / 'run' / 'restarts.jsonl')
+
+
+def test_the_failure_blamed_is_the_one_that_ended_the_attempt():
+  """A process killed (a lost host, a SIGKILL) ends the attempt, not the healthy ones JAX's
+  runtime aborts after it, nor those whose collective failed with it (status 1), whatever
+  their index."""
+  kill, abort = -signal.SIGKILL, -signal.SIGABRT
+  assert supervisor.first_failure([(0, abort), (2, 1), (3, kill)]) == (3, kill)
+  assert supervisor.first_failure([(0, 134), (1, abort), (3, kill)]) == (3, kill)
+  assert supervisor.first_failure([(1, abort), (2, 1)]) == (1, abort)  # For `_stopped_peer`.
+  assert supervisor.first_failure([(2, 1), (1, 1)]) == (1, 1)
 
 
 def test_the_process_count_that_a_restart_takes():

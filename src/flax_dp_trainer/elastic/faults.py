@@ -8,7 +8,8 @@
                    heartbeats stop too, and JAX's runtime aborts the others once its
                    heartbeat timeout passes
 
-"As it reaches step STEP": steps 1..STEP-1 are trained. Each fault fires once in a launch:
+"As it reaches step STEP": steps 1..STEP-1 are trained, and the process's saves in flight are
+on disk (the trainer's timeline waits for them first). Each fault fires once in a launch:
 the process marks it fired in the workdir before it acts (`fired`), and the launcher leaves a
 fired fault out of the next start's flags.
 """

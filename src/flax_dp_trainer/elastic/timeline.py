@@ -6,7 +6,7 @@ faults asked for fire at their steps (`faults`). The loop moves it (`enter`, `ph
 import contextlib
 import os
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from flax_dp_trainer.elastic import faults as faults_lib
 from flax_dp_trainer.elastic import goodput_records
@@ -45,9 +45,9 @@ class Timeline:
     self.seconds = {cause: 0.0 for cause in goodput_records.CAUSES}
     self._cause, self._since = 'startup', self.session
     self._liveness = liveness.Liveness(workdir, process_index)
+    self._settle: Callable[[], None] = lambda: None
     self._trigger = faults_lib.Trigger(
-        tuple(faults), process_index, liveness.directory(workdir),
-        before=lambda step: self._liveness.beat('step', step, force=True))
+        tuple(faults), process_index, liveness.directory(workdir), before=self._before_fault)
     self._writes = writes
     self._earlier: list[dict] = []
     self._recorded = 0.0  # When the session was last recorded.
@@ -84,9 +84,19 @@ class Timeline:
       self._cause = 'startup'  # (The phase's time goes to start-up.)
     self.enter('startup')
 
-  def begin(self, start_step: int) -> None:
+  def _before_fault(self, step: int) -> None:
+    """A fault is about to fire at `step`: the saves in flight are waited for (`settle`), so
+    that a rehearsal's failure comes after the checkpoint before it whatever the machine's
+    load, and the step is the process's last progress."""
+    self._settle()
+    self._liveness.beat('step', step, force=True)
+
+  def begin(self, start_step: int, settle: Optional[Callable[[], None]] = None) -> None:
     """The session trains from `start_step`: the earlier sessions are read (process 0), and
-    the steps up to the highest any of them reached count as recomputed."""
+    the steps up to the highest any of them reached count as recomputed. `settle`: what a
+    fault waits for before it fires (the checkpointer's saves in flight)."""
+    if settle is not None:
+      self._settle = settle
     if self._writes:
       self._earlier = goodput_records.sessions(self.workdir)
       self.recompute_until = goodput_records.reached_step(self.workdir)

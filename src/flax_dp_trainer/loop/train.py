@@ -196,7 +196,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
         callbacks=callbacks, trackers=trackers.TrackerOptions.from_config(
             config, workdir, devices=len(run.layout.devices), processes=jax.process_count()))
     closing.callback(writer.close)  # Ends the trackers' runs, on a stop or an error too.
-    timeline.begin(start_step)
+    timeline.begin(start_step, settle=run.checkpointer.wait)
     timeline.enter('compile')
     session = _Session(run, start, writer, lambda efficiency: run_listeners.session_listeners(
         config, workdir, writer, timeline, efficiency, len(run.layout.devices), bars, user))
