@@ -302,6 +302,21 @@ def test_a_wandb_resume_gives_the_steps_above_what_its_files_hold(wandb, tmp_pat
   assert summary['train_loss'] == 0.06 and summary['_step'] == 60
 
 
+def test_wandb_disabled_closes_at_once_and_says_nothing(wandb, tmp_path, monkeypatch, caplog):
+  """WANDB_MODE=disabled writes no file: the close does not wait for one."""
+  monkeypatch.setenv('WANDB_MODE', 'disabled')
+  options = trackers.TrackerOptions(workdir=str(tmp_path), config={}, tags={}, last_step=10,
+                                    wandb=trackers.WandbOptions('p'))
+  (writer,) = writers.tracker_writers(options, [])
+  writer.write_scalars(10, {'train_loss': 0.1})
+  assert writer._thread.wait(60)  # pylint: disable=protected-access  # (Started.)
+  started = time.monotonic()
+  with caplog.at_level(logging.WARNING):
+    writer.close()
+  assert time.monotonic() - started < trackers.FLUSH_WAIT_S / 2
+  assert not [r for r in caplog.records if 'W&B' in r.getMessage()]
+
+
 def _wandb_runs(workdir):
   """Each offline session of the workdir's W&B runs, in order: (run id, tags, [history rows],
   {summary})."""

@@ -107,7 +107,10 @@ class WandbWriter(trackers.TrackerWriter):
     if self._run is None:
       return
     path, files, offline = self._run.settings.sync_file, self._run.dir, self._run.offline
+    disabled = self._run.settings.mode == 'disabled'  # WANDB_MODE=disabled: no file at all.
     self._run.finish()
+    if disabled:
+      return
     if not wandb_files.wait_ended(path, trackers.FLUSH_WAIT_S):
       logging.warning('W&B has not written the end of %s in %.0f s', path,
                       trackers.FLUSH_WAIT_S)
