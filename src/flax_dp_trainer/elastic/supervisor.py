@@ -137,13 +137,16 @@ def die_with_parent() -> None:
     pass
 
 
+# A process's exit status where SIGABRT ended it (directly, or in a shell).
+_ABORTED = (-signal.SIGABRT, 128 + signal.SIGABRT)
+
+
 def first_failure(bad: list[tuple[int, int]]) -> tuple[int, int]:
   """Of the (process index, exit status) of the processes that failed, the one that ended
   the attempt: one a signal ended before one that exited with a status; of those, one that
   JAX's runtime did not abort (SIGABRT: what it does to the healthy processes once a peer
   dies) before one it did; then the lowest index."""
-  aborted = (-signal.SIGABRT, 128 + signal.SIGABRT)
-  return min(bad, key=lambda b: (b[1] >= 0, b[1] in aborted, b[0]))
+  return min(bad, key=lambda b: (b[1] >= 0, b[1] in _ABORTED, b[0]))
 
 
 def choose_hosts(remaining: int, plan: Plan) -> tuple[Optional[int], str]:
@@ -283,7 +286,7 @@ class Launch:
         bad = [(i, p.popen.poll()) for i, p in enumerate(self.programs)
                if p.popen.poll() not in (None, 0)]
         index, status = first_failure(bad)
-        if status in (-signal.SIGABRT, 128 + signal.SIGABRT):
+        if status in _ABORTED:
           stopped = self._stopped_peer(started, index, status)
           if stopped is not None:
             return stopped

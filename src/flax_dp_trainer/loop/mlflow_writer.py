@@ -42,7 +42,7 @@ class MlflowWriter(trackers.TrackerWriter):
     self._client: Any = None
     self._run_id: Optional[str] = None
     self._steps = trackers.StepsAbove()
-    self._last_given: Optional[int] = None
+    self._last_reached: Optional[int] = None
     self._thread = trackers.Background(f'MLflow at {options.tracking_uri}', turn)
     self._thread.submit(self._start, exclusive=True)
 
@@ -118,7 +118,7 @@ class MlflowWriter(trackers.TrackerWriter):
     self._thread.submit(lambda: self._log(step, now_ms, values))
 
   def _log(self, step: int, now_ms: int, values: dict[str, float]) -> None:
-    self._last_given = step  # Reached, whether or not the run held it already.
+    self._last_reached = step  # Reached, whether or not the run held it already.
     values = self._steps.keep(step, values)
     if not values:
       return
@@ -130,7 +130,7 @@ class MlflowWriter(trackers.TrackerWriter):
   def _end(self) -> None:
     """Ends the MLflow run: FINISHED at the config's last step, else KILLED."""
     if self._run_id is not None:
-      done = self._last_given is not None and self._last_given >= self._facts.last_step
+      done = self._last_reached is not None and self._last_reached >= self._facts.last_step
       self._client.set_terminated(self._run_id, 'FINISHED' if done else 'KILLED')
 
 

@@ -1,7 +1,8 @@
-"""What a W&B run's local files hold (`history_steps`, `summary`): its history
-rows and its summary, read from the transaction logs its sessions wrote in the workdir
-(`wandb/*run-*/run-ID.wandb`), the files `wandb sync` uploads. After a `kill -9` they, not what the trainer handed W&B, say what
-the run has: W&B writes its file on its own schedule, and what it had not written is lost.
+"""What a W&B run's local files hold (`history_steps`, `summary`): its history rows and its
+summary, read from the transaction logs its sessions wrote in the workdir
+(`wandb/*run-*/run-ID.wandb`), the files `wandb sync` uploads. After a `kill -9` they, not
+what the trainer handed W&B, say what the run has: W&B writes its file on its own schedule,
+and what it had not written is lost.
 
 The file is LevelDB's log format: a 7-byte W&B header, then 32 KiB blocks of chunks, each
 with a 7-byte header (checksum, length, type: whole, first, middle, last); a record is a
@@ -103,7 +104,12 @@ def summary(workdir: str, run_id: str) -> dict:
     for record in records(path):
       if record.WhichOneof('record_type') == 'summary':
         for item in record.summary.update:
-          out[item.key or '/'.join(item.nested_key)] = json.loads(item.value_json)
+          out[_key(item)] = json.loads(item.value_json)
         for item in record.summary.remove:
-          out.pop(item.key or '/'.join(item.nested_key), None)
+          out.pop(_key(item), None)
   return out
+
+
+def _key(item) -> str:
+  """A summary item's key: its own, or its nested keys joined by '/'."""
+  return item.key or '/'.join(item.nested_key)
