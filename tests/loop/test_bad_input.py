@@ -186,7 +186,7 @@ CASES = {
     'erase probability below zero': _out_of_range('random_erase_prob', -0.25,
                                                   'a probability in [0, 1]'),
     'magnitude off the table': _out_of_range(
-        'randaugment_magnitude', 31, 'an integer in [0, 30]', 'M', randaugment_num_layers=2),
+        'randaugment_magnitude', 31, 'an integer in [0, 30]', 'M', auto_augment='randaugment'),
     'unknown augmentation policy': (
         dict(auto_augment='trivialaugment'),
         "auto_augment='trivialaugment': "),
@@ -196,9 +196,27 @@ CASES = {
         'string such as rand-m9-mstd0.5-inc1'),
     'malformed timm policy': (
         dict(auto_augment='rand-m9-xx'), "auto_augment='rand-m9-xx': "),
-    'two augmentation policies': (
-        dict(auto_augment='ta_wide', randaugment_num_layers=2),
-        "auto_augment='ta_wide' and randaugment_num_layers=2 are two policies"),
+    'randaugment parameters under another policy': (
+        dict(auto_augment='ta_wide', randaugment_num_layers=3),
+        "randaugment_num_layers=3 is a parameter of torchvision's RandAugment, and this run has "
+        "auto_augment='ta_wide'; choose RandAugment with --config.auto_augment=randaugment"),
+    'randaugment parameters without a policy': (
+        dict(randaugment_magnitude=12),
+        "randaugment_magnitude=12 is a parameter of torchvision's RandAugment, and this run has "
+        'no policy'),
+    'crop scale of the wrong form': (
+        dict(crop_scale='0.5'), "crop_scale='0.5' must be two numbers or fractions, low,high"),
+    'crop scale above one': (
+        dict(crop_scale='0.5,1.5'), "crop_scale='0.5,1.5' must be two numbers or fractions"),
+    'crop ratio reversed': (
+        dict(crop_ratio='4/3,3/4'), "crop_ratio='4/3,3/4' must be two numbers or fractions, "
+        "low,high, above 0 (torchvision's default: --config.crop_ratio=3/4,4/3)"),
+    'crop scale without the crop': (
+        dict(crop_scale='0.2,1'), "crop_scale=(0.2, 1.0) applies to augment='inception'"),
+    'flip probability above one': (
+        dict(hflip_prob=1.5), 'hflip_prob=1.5 must be a probability in [0, 1]'),
+    'flip probability without a flip': (
+        dict(augment='none', hflip_prob=0.2), "hflip_prob=0.2 applies to augment 'flip'"),
     'policy fill off the scale': (
         dict(auto_augment='imagenet', auto_augment_fill='300'),
         "auto_augment_fill='300' must be 'zeros', 'mean'"),
@@ -229,7 +247,8 @@ CASES = {
         dict(augment='inception', image_size=8, eval_resize_size=6),
         'eval_crop_size=8 is larger than eval_resize_size=6'),
     'negative randaugment layers': _out_of_range(
-        'randaugment_num_layers', -1, 'a whole number >= 0; 0 turns RandAugment off', 'N'),
+        'randaugment_num_layers', -1, "a whole number >= 1 (RandAugment's num_ops)", 'N',
+        auto_augment='randaugment'),
     'stochastic depth of one': _out_of_range(
         'stochastic_depth_rate', 1.0, 'in [0, 1); 0 turns stochastic depth off',
         model='resnet_tiny'),

@@ -170,7 +170,7 @@ def test_digits_with_every_augmentation_still_trains(tfds_data_dir, tmp_path):
   """RandAugment(2, 9), random erasing, Mixup + CutMix and label smoothing together: the
   default model still learns digits (0.925 at 200 steps when measured, 0.967 at 500)."""
   config = default.get_config()
-  config.update(tfds_data_dir=tfds_data_dir, randaugment_num_layers=2, random_erase_prob=0.25,
+  config.update(tfds_data_dir=tfds_data_dir, auto_augment='randaugment', random_erase_prob=0.25,
                 mixup_alpha=0.2, cutmix_alpha=1.0, label_smoothing=0.1, num_train_steps=200,
                 eval_every_steps=200, checkpoint_every_steps=200)
   workdir = str(tmp_path / 'augmented')

@@ -14,7 +14,9 @@ from PIL import Image
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.configs import default
 from flax_dp_trainer.configs import imagenet_resnet50_tv2
+from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.loop import checks
+from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.recipe import from_torchvision
 from flax_dp_trainer.recipe import torchvision_args
 
@@ -303,3 +305,15 @@ def test_imports_nothing_heavy():
   done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
                         check=True)
   assert done.stdout.strip() == '[]'
+
+
+def test_randaugment_translates_into_one_randaugment():
+  """torchvision's `--auto-augment ra` is one RandAugment of 2 ops in the run's preprocessing
+  line: the translation set the policy and RandAugment's own field, and each added a step."""
+  fields = from_torchvision.translate(['--auto-augment', 'ra'], nproc_per_node=1).fields()
+  config = default.get_config()
+  config.update(**{k: v for k, v in fields.items() if 'augment' in k}, image_size=8)
+  checks.check_fields(config, process_count=1, local_device_count=1)
+  line = pipeline.open_train_data(run_options.data_options(config)).describe(1)[1]
+  assert line.count('RandAugment') == 1, line
+  assert 'flip -> RandAugment (2 ops, magnitude 9), nearest, zeros; ' in line

@@ -4,8 +4,8 @@ it, and the config (to explain a mismatch on restart).
 
 The meta item's format (`META_FORMAT`, saved in it as 'format'):
   * a field added by later work is optional: it has a default, and a checkpoint written
-    before it reads with that default (`RunMeta.window`, `dataset` and `evaluation` are such
-    fields);
+    before it reads with that default (`RunMeta.window`, `dataset`, `evaluation` and
+    `streams` are such fields);
   * the format number changes only for an incompatible change (a field that changes meaning,
     or one a resume cannot do without), never for an added optional field;
   * a checkpoint of a format this version does not read is refused in one line naming its
@@ -44,12 +44,16 @@ class RunMeta:
                                   # preprocessing from.
   evaluation: Optional[dict] = None  # The scalars of the evaluation at its step, where one
                                      # ran ({'eval_accuracy': ...}): what keep_best ranks.
+  streams: Optional[dict] = None  # The training stream's order and crop versions
+                                  # ({'order': 2, 'crop': 2}, `data.stream_versions`); None:
+                                  # written before the record, order 1 and crop 1.
 
   def to_json(self) -> dict:
     return {'format': META_FORMAT, 'rng': np.asarray(self.rng).tolist(),
             'data_seed': self.data_seed, 'examples_seen': self.examples_seen,
             'devices': self.devices, 'processes': self.processes, 'config': self.config,
-            'window': self.window, 'dataset': self.dataset, 'evaluation': self.evaluation}
+            'window': self.window, 'dataset': self.dataset, 'evaluation': self.evaluation,
+            'streams': self.streams}
 
   @classmethod
   def from_json(cls, saved: dict, step: int) -> 'RunMeta':
@@ -64,7 +68,7 @@ class RunMeta:
                examples_seen=int(saved['examples_seen']), devices=saved['devices'],
                processes=saved['processes'], config=current_names(saved['config']),
                window=saved.get('window'), dataset=saved.get('dataset'),
-               evaluation=saved.get('evaluation'))
+               evaluation=saved.get('evaluation'), streams=saved.get('streams'))
 
   def ranking(self) -> tuple[int, str, str]:
     """(keep_best, best_metric, best_mode) as the config that wrote it set them (the shipped

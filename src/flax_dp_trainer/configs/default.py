@@ -79,6 +79,14 @@ def get_config() -> ml_collections.ConfigDict:
   # random-resized crop, the shorter side evaluation resizes to, and its center crop's side.
   # 0 = from image_size (the crop; evaluation resizes to the crop's side / 0.875).
   config.train_crop_size = 0
+  # augment='inception''s crop, as torchvision's RandomResizedCrop (timm's --scale, --ratio):
+  # the window's area as a fraction of the image's, drawn uniformly from low,high, and its
+  # aspect ratio (width / height), drawn log-uniformly from low,high; numbers or fractions.
+  config.crop_scale = '0.08,1.0'
+  config.crop_ratio = '3/4,4/3'
+  # The probability of a horizontal flip (augment 'flip', 'crop_flip' and 'inception'; timm's
+  # --hflip); 0 = none.
+  config.hflip_prob = 0.5
   config.eval_resize_size = 0  # Evaluation's shorter side before the crop; 0 = crop / 0.875.
   config.eval_crop_size = 0  # Evaluation's center crop; 0 = image_size.
   # JPEGs whose crop (or, for evaluation, whole image) shrinks 2x or more are decoded at
@@ -96,10 +104,10 @@ def get_config() -> ml_collections.ConfigDict:
   # images are otherwise taken as they are).
   config.image_mean = ''
   config.image_std = ''  # Per channel, as image_mean; '' = the dataset's.
-  # RandAugment ops applied per image; 0 = off (with auto_augment='randaugment': 2, as
-  # torchvision's RandAugment).
-  config.randaugment_num_layers = 0
-  config.randaugment_magnitude = 9  # RandAugment magnitude, an integer in [0, 30].
+  # torchvision's RandAugment (auto_augment='randaugment', which chooses it): the ops applied
+  # per image (its num_ops) and their magnitude bin, an integer in [0, 30].
+  config.randaugment_num_layers = 2
+  config.randaugment_magnitude = 9
   # An automatic augmentation policy; '' = none. torchvision's, as its reference script's
   # --auto-augment names them: 'ta_wide' (TrivialAugmentWide), 'imagenet', 'cifar10' or
   # 'svhn' (AutoAugment with that policy), 'augmix' (AugMix, the augmix_* fields),

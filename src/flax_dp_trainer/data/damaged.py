@@ -82,7 +82,8 @@ def _by_index_culprit(data, rows, seed: int, batch: int) -> Optional[tuple[str, 
   plan = data.plan()
   positions = np.asarray(rows.position(np.array(_searched(batch * rows.rows, rows.rows))))
   indices = np.asarray(stream_lib.example_index(seed, positions, data.num_examples,
-                                                data.options.aug_repeats))
+                                                data.options.aug_repeats,
+                                                data.options.versions.order))
   for position, index in zip(positions.tolist(), indices.tolist()):
     one = tf.data.Dataset.from_tensors({'index': tf.constant(index, tf.int64),
                                         'position': tf.constant(position, tf.int64)})

@@ -5,6 +5,14 @@ the config itself. Each field means what the config field of the same name means
 (`configs/default.py` comments every one)."""
 
 import dataclasses
+import fractions
+
+from flax_dp_trainer.base.errors import UserError
+from flax_dp_trainer.data import stream_versions
+
+# torchvision's RandomResizedCrop defaults (config.crop_scale, config.crop_ratio).
+CROP_SCALE = (0.08, 1.0)
+CROP_RATIO = (3 / 4, 4 / 3)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,13 +37,16 @@ class DataOptions:
   resize_filter: str = 'area'
   train_interpolation: str = ''  # The training crop's filter; '' = resize_filter.
   train_crop_size: int = 0  # 0 = image_size.
+  crop_scale: tuple[float, float] = CROP_SCALE  # The random-resized crop's area range.
+  crop_ratio: tuple[float, float] = CROP_RATIO  # Its aspect ratio range.
+  hflip_prob: float = 0.5
   eval_resize_size: int = 0  # 0 = the evaluation crop / 0.875.
   eval_crop_size: int = 0  # 0 = image_size.
   scaled_decode: bool = True
   restart_skip: bool = False
   image_mean: str = ''  # Per channel, comma-separated; '' = the dataset's.
   image_std: str = ''
-  randaugment_num_layers: int = 0
+  randaugment_num_layers: int = 2  # auto_augment='randaugment''s num_ops.
   randaugment_magnitude: int = 9
   auto_augment: str = ''  # '' = none; specs.AUTO_AUGMENT_POLICIES.
   auto_augment_interpolation: str = ''  # '' = the policy's reference's.
@@ -49,4 +60,25 @@ class DataOptions:
   random_erase_count: int = 1
   color_jitter: float = 0.0
   aug_repeats: int = 1  # Copies of each example in a row in the training stream.
+  # Not a config field: the epoch order's and the crop's versions, the newest for a new run,
+  # a resumed run's own as its checkpoint records them (`stream_versions`).
+  versions: stream_versions.StreamVersions = stream_versions.LATEST
 
+
+
+def crop_range(text, field: str) -> tuple[float, float]:
+  """config.crop_scale or crop_ratio ('0.08,1.0', '3/4,4/3': two numbers or fractions, low
+  then high, above 0; the scale at most 1) as floats; UserError naming the value and the
+  form."""
+  default = {'crop_scale': '0.08,1.0', 'crop_ratio': '3/4,4/3'}[field]
+  try:
+    values = tuple(float(fractions.Fraction(part.strip())) for part in str(text).split(','))
+  except (ValueError, ZeroDivisionError):
+    values = ()
+  fits = len(values) == 2 and 0 < values[0] <= values[1] and (
+      field != 'crop_scale' or values[1] <= 1)
+  if not fits:
+    bound = ', at most 1' if field == 'crop_scale' else ''
+    raise UserError(f'{field}={text!r} must be two numbers or fractions, low,high, above 0'
+                    f"{bound} (torchvision's default: --config.{field}={default})")
+  return values

@@ -39,6 +39,7 @@ from flax_dp_trainer.data import sources
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.data import stream as stream_lib
+from flax_dp_trainer.data import stream_versions
 from flax_dp_trainer.data.data_options import DataOptions
 from flax_dp_trainer.data.tf_options import EXAMPLES_PER_CALL, as_written, data_threads
 from flax_dp_trainer.data.tf_options import dataset_options
@@ -85,6 +86,13 @@ class TrainData:
     return damaged.failure_guard(lambda: sources.load(
         self.reader.examples(self.split, threads, dataset_options(self.options))[0],
         (lambda image: decode(image, None)) if decode else None, threads), self)
+
+  def at_versions(self, versions: stream_versions.StreamVersions) -> 'TrainData':
+    """This split drawn with the order and crop of `versions` (a resumed run's own)."""
+    if versions == self.options.versions:
+      return self
+    return dataclasses.replace(self, options=dataclasses.replace(self.options,
+                                                                 versions=versions))
 
   def indexed_source(self) -> sources.Source:
     if self.mode == sources.IN_MEMORY:
@@ -135,7 +143,8 @@ class TrainData:
     rows = stream_lib.TrainRows(self.options.batch_size, process_index, process_count,
                                 start_position)
     if self.mode == sources.IN_MEMORY and not self.plan().steps:
-      return _gathered(self._in_memory, rows, seed, self.options.aug_repeats)
+      return _gathered(self._in_memory, rows, seed, self.options.aug_repeats,
+                       self.options.versions.order)
     # An example that does not decode stops the run in one line naming it, not a traceback.
     return damaged.named_failures(iter(tfds.as_numpy(self.dataset(
         process_index=process_index, process_count=process_count,
@@ -143,17 +152,17 @@ class TrainData:
 
   def _by_index(self, rows: stream_lib.TrainRows, seed: int) -> tf.data.Dataset:
     source, plan, n = self.indexed_source(), self.plan(), self.num_examples
-    repeats = self.options.aug_repeats
+    repeats, order = self.options.aug_repeats, self.options.versions.order
     if not plan.steps and isinstance(source, sources.InMemory):
       # Nothing to do per example: gather each batch's rows at once.
       return tf.data.Dataset.range(np.iinfo(np.int64).max).map(as_written(
-          lambda step: source.gather(stream_lib.example_index(seed, rows.positions(step), n,
-                                                              repeats))),
+          lambda step: source.gather(stream_lib.example_index(
+              seed, rows.positions(step), n, repeats, order))),
           num_parallel_calls=2, deterministic=True)
 
     def indices(first):  # This process's examples first .. first + EXAMPLES_PER_CALL - 1.
       position = rows.position(first + tf.range(EXAMPLES_PER_CALL, dtype=tf.int64))
-      return {'index': stream_lib.example_index(seed, position, n, repeats),
+      return {'index': stream_lib.example_index(seed, position, n, repeats, order),
               'position': position}
 
     chunks = tf.data.Dataset.range(0, np.iinfo(np.int64).max, EXAMPLES_PER_CALL).map(
@@ -217,8 +226,8 @@ def prepared(chunks: tf.data.Dataset, prepare: Callable[[dict], dict], threads: 
 
 
 def _gathered(source: sources.InMemory, rows: stream_lib.TrainRows, seed: int,
-              repeats: int = 1) -> Iterator[dict[str, np.ndarray]]:
-  orders = stream_lib.EpochOrders(seed, source.num_examples, repeats)
+              repeats: int, order_version: int) -> Iterator[dict[str, np.ndarray]]:
+  orders = stream_lib.EpochOrders(seed, source.num_examples, repeats, order_version)
   for step in itertools.count():
     yield source.take(orders(rows.first_position(step), rows.rows))
 

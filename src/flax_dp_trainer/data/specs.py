@@ -23,7 +23,7 @@ AUGMENTATIONS = {
     'none': 'nothing',
     'flip': 'a random horizontal flip',
     'crop_flip': 'a random crop of the image zero-padded by 4 pixels a side, then a flip (CIFAR)',
-    'inception': 'a random-resized crop (8%-100% of the area, aspect 3/4-4/3) to '
+    'inception': "torchvision's random-resized crop (crop_scale, crop_ratio) to "
                  'image_size, then a flip (ImageNet); evaluation resizes and center-crops',
 }
 

@@ -9,7 +9,9 @@ of step t is a function of the config, the seed and t alone, on any number of de
 processes, and the DDP baseline (rank r reads as process r of R) sees it too.
 
 Randomness is stateless: the data seed drives independent streams, each a 3-integer stateless
-seed (data seed, stream, counter). The order of epoch e is drawn from (seed, ORDER, e); each
+seed (data seed, stream, counter). The order of epoch e is TensorFlow's index shuffle keyed by
+a hash of (seed, ORDER, e) (`index_shuffle`; runs before that record keep their own order,
+`stream_versions`), a permutation as random as numpy's by the tests' statistics; each
 preprocessing step draws its randomness for the example at position g from (seed, its stream,
 g), so an example is augmented the same way wherever and whenever it is built.
 """
@@ -19,9 +21,12 @@ import dataclasses
 import numpy as np
 from flax_dp_trainer.data.tensorflow_import import tf
 
+from flax_dp_trainer.data import index_shuffle
+
 # The random streams of the data seed. 2 drew Mixup/CutMix on the host before it moved into
-# the step (mix.py, keyed by the step's RNG); it stays unused.
-ORDER_STREAM, CROP_STREAM, RANDAUGMENT_STREAM, ERASE_STREAM, FLIP_STREAM = 0, 1, 3, 4, 5
+# the step (mix.py, keyed by the step's RNG), and 3 RandAugment set by its own field before
+# auto_augment became its one door (it draws from POLICY_STREAM): both stay unused.
+ORDER_STREAM, CROP_STREAM, ERASE_STREAM, FLIP_STREAM = 0, 1, 4, 5
 POLICY_STREAM = 6  # config.auto_augment's draws.
 COLOR_JITTER_STREAM = 7  # config.color_jitter's draws.
 
@@ -40,28 +45,43 @@ def pair_seed(seed: int, stream: int, counter: tf.Tensor) -> tf.Tensor:
       tf.constant([seed, stream], tf.int64), tf.cast(counter, tf.int64))
 
 
-def epoch_order(seed: int, epoch: tf.Tensor, within: tf.Tensor, num_examples: int
-                ) -> tf.Tensor:
+def epoch_order(seed: int, epoch: tf.Tensor, within: tf.Tensor, num_examples: int,
+                version: int = index_shuffle.ORDER_VERSION) -> tf.Tensor:
   """The index of the example at place `within` of epoch `epoch`'s order of a split of
   `num_examples` (element-wise over vectors): a permutation per epoch drawn from the seed,
-  computed per place (`index_shuffle`), nothing materialized."""
+  computed per place by TensorFlow's index shuffle, nothing materialized. `version`
+  (`stream_versions`): 2 keys it by a hash of (seed, ORDER, epoch), 1 (runs before the
+  record) by those numbers as they are; `index_shuffle.epoch_order` computes the same in
+  numpy."""
   within = tf.cast(within, tf.int64)
+  epoch = tf.broadcast_to(tf.cast(epoch, tf.int64), tf.shape(within))
+  rounds = index_shuffle.ORDER_ROUNDS[index_shuffle.check_order_version(version)]
   # tf.random.experimental.index_shuffle pads batched seeds wrongly; its op takes [n, 3].
-  return tf.raw_ops.RandomIndexShuffle(
-      index=within, seed=stream_seed(seed, ORDER_STREAM, epoch),
-      max_index=tf.constant(num_examples - 1, tf.int64), rounds=4)
+  shuffle = lambda index, key, max_index: tf.raw_ops.RandomIndexShuffle(
+      index=index, seed=key, max_index=tf.constant(max_index, tf.int64), rounds=rounds)
+  if version == 1:
+    return shuffle(within, stream_seed(seed, ORDER_STREAM, epoch), num_examples - 1)
+  key = index_shuffle.tf_order_key(tf, seed, ORDER_STREAM, epoch)
+  if index_shuffle.op_is_a_permutation(num_examples - 1):
+    return shuffle(within, key, num_examples - 1)
+  # The op's block is a bit short here: walked over one more index, which one step leaves.
+  out = shuffle(within, key, num_examples)
+  return tf.where(out == num_examples,
+                  shuffle(tf.fill(tf.shape(within), tf.constant(num_examples, tf.int64)), key,
+                          num_examples), out)
 
 
-def example_index(seed: int, position: tf.Tensor, num_examples: int, repeats: int = 1
-                  ) -> tf.Tensor:
+def example_index(seed: int, position: tf.Tensor, num_examples: int, repeats: int = 1,
+                  order_version: int = index_shuffle.ORDER_VERSION) -> tf.Tensor:
   """The index in the split of the example at stream `position` (element-wise). With
   `repeats` R (config.aug_repeats), the stream holds each example R times in a row: position
   g holds the example at place g div R of the orders, so R stream epochs go through each
   order once (an epoch of steps covers 1/R of the split's examples, as torchvision's and
   timm's repeated-augmentation samplers do); each copy keeps its own position, and so its
-  own augmentation draws."""
+  own augmentation draws. `order_version`: the order's (`epoch_order`)."""
   slot = tf.cast(position, tf.int64) // repeats
-  return epoch_order(seed, slot // num_examples, slot % num_examples, num_examples)
+  return epoch_order(seed, slot // num_examples, slot % num_examples, num_examples,
+                     order_version)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,9 +127,11 @@ class EpochOrders:
   stream is in them."""
   INDICES_PER_CALL = 1 << 17  # Epochs of a small split are ordered together up to this many.
 
-  def __init__(self, seed: int, num_examples: int, repeats: int = 1):
+  def __init__(self, seed: int, num_examples: int, repeats: int = 1,
+               order_version: int = index_shuffle.ORDER_VERSION):
     self._seed, self._n, self._orders = seed, num_examples, {}
     self._repeats = repeats  # As `example_index` takes it.
+    self._version = order_version
 
   def _order(self, epoch: int) -> np.ndarray:
     if epoch not in self._orders:
@@ -118,7 +140,8 @@ class EpochOrders:
       count = max(1, self.INDICES_PER_CALL // self._n)
       epochs = np.repeat(np.arange(epoch, epoch + count, dtype=np.int64), self._n)
       within = np.tile(np.arange(self._n, dtype=np.int64), count)
-      orders = epoch_order(self._seed, epochs, within, self._n).numpy().reshape(count, -1)
+      orders = epoch_order(self._seed, epochs, within, self._n,
+                           self._version).numpy().reshape(count, -1)
       self._orders.update(zip(range(epoch, epoch + count), orders))
     return self._orders[epoch]
 

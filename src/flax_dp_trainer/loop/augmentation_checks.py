@@ -4,6 +4,7 @@ crop sizes against image_size) is checked where the dataset is resolved
 (`data.run_datasets`, `data.image.policy_choice.resolve`)."""
 
 from flax_dp_trainer.base.errors import UserError
+from flax_dp_trainer.data import data_options
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data.image import policy_choice
 
@@ -31,11 +32,11 @@ def check(config) -> None:
   if not config.color_jitter >= 0:
     raise UserError(f'color_jitter={config.color_jitter!r} must be >= 0; 0 turns it off '
                     '(--config.color_jitter=0.4)')
-  if config.color_jitter and (config.auto_augment or config.randaugment_num_layers):
-    policy = config.auto_augment or f'randaugment_num_layers={config.randaugment_num_layers}'
-    raise UserError(f'color_jitter={config.color_jitter} with the policy {policy}: timm '
-                    'applies its color jitter only where no policy is set; drop '
-                    '--config.color_jitter, or the policy')
+  if config.color_jitter and config.auto_augment:
+    raise UserError(f'color_jitter={config.color_jitter} with the policy '
+                    f'{config.auto_augment}: timm applies its color jitter only where no policy '
+                    'is set; drop --config.color_jitter, or the policy')
+  _check_crop(config)
   _whole('aug_repeats', config.aug_repeats, 1, '; 1 turns repeated augmentation off')
   if config.batch_size % config.aug_repeats:
     raise UserError(f'batch_size={config.batch_size} is not a multiple of aug_repeats='
@@ -45,11 +46,22 @@ def check(config) -> None:
 
 
 def _check_randaugment(config) -> None:
+  """RandAugment's parameters: set for a run whose policy is another (or none), refused; one
+  field, auto_augment, chooses the policy."""
   layers, magnitude = config.randaugment_num_layers, config.randaugment_magnitude
-  _whole('randaugment_num_layers', layers, 0, '; 0 turns RandAugment off')
+  _whole('randaugment_num_layers', layers, 1, " (RandAugment's num_ops)")
   if not isinstance(magnitude, int) or not 0 <= magnitude <= specs.RANDAUGMENT_MAX_MAGNITUDE:
     raise UserError(f'randaugment_magnitude={magnitude!r} must be an integer in [0, '
                     f'{specs.RANDAUGMENT_MAX_MAGNITUDE}] (--config.randaugment_magnitude=M)')
+  if config.auto_augment in policy_choice.RANDAUGMENT:
+    return
+  defaults = data_options.DataOptions()
+  for field in ('randaugment_num_layers', 'randaugment_magnitude'):
+    if config[field] != getattr(defaults, field):
+      policy = f'auto_augment={config.auto_augment!r}' if config.auto_augment else 'no policy'
+      raise UserError(f"{field}={config[field]} is a parameter of torchvision's RandAugment, "
+                      f'and this run has {policy}; choose RandAugment with '
+                      f'--config.auto_augment=randaugment, or drop --config.{field}')
 
 
 def _check_policy(config) -> None:
@@ -79,3 +91,14 @@ def _check_policy(config) -> None:
 def _check_erasing(config) -> None:
   _choice('random_erase_mode', config.random_erase_mode, specs.RANDOM_ERASE_MODES)
   _whole('random_erase_count', config.random_erase_count, 1)
+
+
+def _check_crop(config) -> None:
+  """The random-resized crop's ranges and the flip's probability; set where the run's
+  augmentation has no crop or flip to take them, refused (a value set is never ignored)."""
+  for field in ('crop_scale', 'crop_ratio'):
+    data_options.crop_range(config[field], field)
+  prob = config.hflip_prob
+  if isinstance(prob, bool) or not isinstance(prob, (int, float)) or not 0 <= prob <= 1:
+    raise UserError(f'hflip_prob={prob!r} must be a probability in [0, 1]; 0 turns the flip '
+                    'off (--config.hflip_prob=0.5)')

@@ -42,7 +42,11 @@ def _fields(config, cls) -> dict:
 
 def data_options(config) -> data_options_lib.DataOptions:
   """What the input side is told (`data.data_options`)."""
-  return data_options_lib.DataOptions(**_fields(config, data_options_lib.DataOptions))
+  fields = _fields(config, data_options_lib.DataOptions)
+  for field in ('crop_scale', 'crop_ratio'):
+    if field in fields:
+      fields[field] = data_options_lib.crop_range(fields[field], field)
+  return data_options_lib.DataOptions(**fields)
 
 
 def model_options(config) -> modeling.ModelOptions:

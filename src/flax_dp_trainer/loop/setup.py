@@ -28,6 +28,7 @@ from flax_dp_trainer.data.kinds import arrays as arrays_lib
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import run_datasets
+from flax_dp_trainer.data import stream_versions
 from flax_dp_trainer.loop import checks
 from flax_dp_trainer.loop import durations
 from flax_dp_trainer.loop import options as run_options
@@ -265,6 +266,11 @@ def start(run: 'Run', resume_with_changes: bool = False) -> Start:
     return Start(state, step_rng, config.seed, 0, None, unreadable)
   meta = run_meta.RunMeta.from_json(restored.meta, restored.step)
   _check_resume(run, meta, restored.step, resume_with_changes)
+  versions = stream_versions.StreamVersions.of_record(meta.streams)
+  if versions != run.data.options.versions:
+    logging.info('the run continues the stream it started with: %s (a new run draws %s)',
+                 versions.describe(), run.data.options.versions.describe())
+    run.data = run.data.at_versions(versions)
   logging.info('resuming from the checkpoint at step %d (written on %d devices, %d '
                'process(es)) at example %d of the training stream', restored.step,
                meta.devices, meta.processes, meta.examples_seen)

@@ -382,7 +382,8 @@ class _Session:
         examples_seen=start.examples_seen + (step - self.first + 1) * config.batch_size,
         devices=len(self.run.layout.devices), processes=jax.process_count(),
         config=config.to_dict(), window=self.buffer.pending(),
-        dataset=specs.to_json(self.run.data.spec), evaluation=evaluated))
+        dataset=specs.to_json(self.run.data.spec), evaluation=evaluated,
+        streams=self.run.data.options.versions.to_json()))
     self.last_saved, self.saved_at = step, time.time()
     self.listeners.on_save(step)
 

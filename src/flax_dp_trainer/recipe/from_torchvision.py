@@ -189,7 +189,6 @@ def _policy(r: _Reader) -> None:
   policy = a.auto_augment
   if policy is None:
     r.set('auto_augment', 'auto_augment', '')
-    r.set('auto_augment', 'randaugment_num_layers', 0)
     return
   if policy not in ('ra', 'ta_wide', 'augmix') + AUTOAUGMENT_POLICIES:
     raise UserError(f"--auto-augment {policy}: presets.py takes ra, ta_wide, augmix or an "
@@ -197,11 +196,9 @@ def _policy(r: _Reader) -> None:
                     'on any other')
   r.set('auto_augment', 'auto_augment', policy)
   r.script('the policies fill with zeros', 'auto_augment_fill', 'zeros')
-  if policy == 'ra':
+  if policy == 'ra':  # One RandAugment: the policy chosen, num_ops and magnitude its own.
     r.set('auto_augment', 'randaugment_num_layers', 2, "RandAugment's num_ops")
     r.set('ra_magnitude', 'randaugment_magnitude', a.ra_magnitude)
-  else:
-    r.set('auto_augment', 'randaugment_num_layers', 0)
   if policy == 'augmix':
     r.set('augmix_severity', 'augmix_severity', a.augmix_severity)
   # presets.py passes --interpolation to every policy; RandAugment here samples nearest only.

@@ -53,6 +53,7 @@ from flax_dp_trainer.loop import workdir as workdir_lib
 from flax_dp_trainer.loop import writers
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import specs
+from flax_dp_trainer.data import stream_versions
 from flax_dp_trainer.base.errors import Preempted, UserError
 from flax_dp_trainer.torch_ddp import twin_ema
 from flax_dp_trainer.torch_ddp import models as torch_models
@@ -204,6 +205,8 @@ class _Training:
   precision: step_lib.Precision
   start_step: int  # The checkpoint's step; 0 in a fresh workdir.
   examples_seen: int  # Position in the global training stream at `start_step`.
+  # The stream's order and crop (`stream_versions`): the checkpoint's, the newest when fresh.
+  versions: stream_versions.StreamVersions = stream_versions.LATEST
   checkpointed: int = 0  # Blocks under activation checkpointing (config.remat).
   ema: Optional[twin_ema.TwinEma] = None  # The EMA of `model` (config.ema_decay > 0).
 
@@ -239,7 +242,7 @@ def _build(config, workdir: str, num_classes: int, input_shape, device: torch.de
   peak = optim_options.peak_learning_rate
   # Each group's lr is peak x its factor; the schedule scales them all alike.
   scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: float(schedule(s)) / peak)
-  start_step, examples_seen = 0, 0
+  start_step, examples_seen, versions = 0, 0, stream_versions.LATEST
   if saved is not None:
     step_lib.load_optimizer_state(model, optimizer, saved['optimizer'], config.state_sharding)
     scheduler.load_state_dict(saved['scheduler'])
@@ -253,9 +256,11 @@ def _build(config, workdir: str, num_classes: int, input_shape, device: torch.de
     start_step = saved['step']
     # Checkpoints from before the global stream counted examples per rank.
     examples_seen = saved.get('examples_seen', start_step * config.batch_size)
-    logging.info('resuming from %s', _checkpoint_path(workdir, start_step))
+    versions = stream_versions.StreamVersions.of_record(saved.get('streams'))
+    logging.info('resuming from %s (the stream\'s %s)', _checkpoint_path(workdir, start_step),
+                 versions.describe())
   return _Training(model, wrapped, step_model, optimizer, scheduler, precision, start_step,
-                   examples_seen, checkpointed, ema)
+                   examples_seen, versions, checkpointed, ema)
 
 
 def _ema(config, model: torch.nn.Module, saved: Optional[dict],
@@ -333,6 +338,7 @@ def train(config, workdir: str, parity: bool, init_weights: Optional[str] = None
                                  process_count=world, eval_set=evaluation)
   training = _build(config, workdir, data.spec.num_classes, input_shape, device, parity,
                     init_weights, channels_last, compile_model, steps_per_epoch)
+  data = data.at_versions(training.versions)
   batches = data.batches(process_index=rank, process_count=world,
                          start_position=training.examples_seen)
   lock = _lock_workdir(workdir)
@@ -457,7 +463,7 @@ class _Session:
           **({'scaler': t.precision.scaler.state_dict()} if t.precision.scaler else {}),
           **({'model_ema': t.ema.state_dict()} if t.ema is not None else {}),
           'examples_seen': t.examples_seen + (step - t.start_step) * self.config.batch_size,
-          'config': self.config.to_dict()}, self.config.keep_checkpoints)
+          'streams': t.versions.to_json(), 'config': self.config.to_dict()}, self.config.keep_checkpoints)
     dist.barrier()
 
 

@@ -22,7 +22,7 @@ def apply(policy: policy_choice.Policy, image: tf.Tensor, seed: tf.Tensor) -> tf
     severity, width, depth, alpha = policy.augmix
     return augmix_lib.augmix(image, seed, severity, width, depth, alpha,
                              settings=policies.Settings(policy.interpolation, policy.fill))
-  if policy.name in ('randaugment', 'ra'):
+  if policy.name in policy_choice.RANDAUGMENT:
     return augment.randaugment(image, seed, *policy.randaugment)
   return policies.apply(image, seed, policy.name,
                         policies.Settings(policy.interpolation, policy.fill))

@@ -60,7 +60,7 @@ def settings(policy: str, options: DataOptions, spec: specs.DatasetSpec
   for the images of `spec` (`policy_choice.resolve`: the config's, else torchvision's
   defaults; fill None for zeros); `UserError` for what the policy cannot take."""
   resolved = policy_choice.resolve(
-      dataclasses.replace(options, auto_augment=policy, randaugment_num_layers=0),
+      dataclasses.replace(options, auto_augment=policy),
       spec.channels, preprocess.mean_pixel(spec))
   return resolved.interpolation, resolved.fill
 

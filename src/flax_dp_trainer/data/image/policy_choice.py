@@ -24,11 +24,11 @@ from flax_dp_trainer.data.image import timm_strings
 # torchvision's policies: TrivialAugmentWide, AutoAugment's three (`policies.NAMES`), AugMix,
 # RandAugment (its reference script's 'ra' too).
 TORCHVISION = ('ta_wide', 'imagenet', 'cifar10', 'svhn', 'augmix', 'randaugment', 'ra')
+RANDAUGMENT = ('randaugment', 'ra')  # Its names: the randaugment_* fields are its parameters.
 TIMM_EXAMPLES = ('rand-m9-mstd0.5-inc1', 'augmix-m3-w3', 'original', 'v0')
 # Each library's geometric sampling ('random': timm's bilinear or bicubic per op).
 INTERPOLATIONS = {'torchvision': ('nearest', 'bilinear'),
                   'timm': ('nearest', 'bilinear', 'bicubic', 'random')}
-RANDAUGMENT_LAYERS = 2  # torchvision's RandAugment num_ops, where randaugment_num_layers is 0.
 
 
 TIMM_KINDS = ('rand', 'augmix', 'original', 'originalr', 'v0', 'v0r', 'trivialaugment')
@@ -58,7 +58,7 @@ class Policy:
   interpolation: str
   fill: Optional[tuple[float, ...]]  # None: zeros.
   augmix: tuple[int, int, int, float] = (3, 3, -1, 1.0)  # severity, width, depth, alpha.
-  randaugment: tuple[int, int] = (RANDAUGMENT_LAYERS, 9)  # ops, magnitude.
+  randaugment: tuple[int, int] = (2, 9)  # ops, magnitude: torchvision's RandAugment's.
 
   def describe(self) -> str:
     what = {'ta_wide': 'TrivialAugmentWide', 'augmix': 'AugMix (severity {}, width {}, depth '
@@ -121,19 +121,14 @@ def resolve(options, channels: int, mean_pixel: tuple[int, ...]) -> Optional[Pol
   if not name:
     return None
   kind = library(name)
-  if options.randaugment_num_layers and name not in ('randaugment', 'ra'):
-    raise UserError(f'auto_augment={name!r} and randaugment_num_layers='
-                    f'{options.randaugment_num_layers} are two policies; torchvision and timm '
-                    'apply one: drop --config.randaugment_num_layers, or --config.auto_augment')
   interpolation = _interpolation(options, kind)
   text = options.auto_augment_fill or ('mean' if kind == 'timm' else 'zeros')
   fill = fill_values(text, channels, mean_pixel)
-  if name in ('randaugment', 'ra') and (interpolation != 'nearest' or fill is not None):
+  if name in RANDAUGMENT and (interpolation != 'nearest' or fill is not None):
     raise UserError(f'auto_augment={name!r} samples nearest with zero fill here (torchvision\'s '
                     'RandAugment defaults); drop --config.auto_augment_interpolation and '
                     '--config.auto_augment_fill, or use ta_wide')
   return Policy(name, kind, interpolation, fill,
                 augmix=(options.augmix_severity, options.augmix_width, options.augmix_depth,
                         options.augmix_alpha),
-                randaugment=(options.randaugment_num_layers or RANDAUGMENT_LAYERS,
-                             options.randaugment_magnitude))
+                randaugment=(options.randaugment_num_layers, options.randaugment_magnitude))

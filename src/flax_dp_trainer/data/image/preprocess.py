@@ -20,9 +20,9 @@ from typing import Optional
 
 from flax_dp_trainer.data.tensorflow_import import tf
 
-from flax_dp_trainer.data.image import augment
 from flax_dp_trainer.data.image import auto_augment
 from flax_dp_trainer.data.image import color_jitter
+from flax_dp_trainer.data.image import crop_windows
 from flax_dp_trainer.data.image import erasing
 from flax_dp_trainer.data.image import policy_choice
 from flax_dp_trainer.data.image import resize as resize_lib
@@ -30,6 +30,8 @@ from flax_dp_trainer.data.image import restart_segments
 from flax_dp_trainer.data.image import scaled_decode
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import stream as stream_lib
+from flax_dp_trainer.data import stream_versions
+from flax_dp_trainer.data import data_options
 from flax_dp_trainer.data.data_options import DataOptions
 
 
@@ -90,8 +92,9 @@ class Resize(Step):
 
 @dataclasses.dataclass(frozen=True)
 class RandomResizedCrop(Step):
-  """The inception crop: a window of 8%-100% of the area (aspect ratio 3/4-4/3, covering at
-  least 10% of the image, else the whole image) resized to size x size. An encoded JPEG
+  """The inception crop: torchvision's RandomResizedCrop window (`crop_windows`: an area
+  uniform in `scale` of the image's, an aspect log-uniform in `ratio`; `version` 1, the
+  window of runs before the record, tf.image's) resized to size x size. An encoded JPEG
   decodes only the window, at the DCT scale the output needs where `scaled_decode`
   (`scaled_decode.window`); other images decode whole, then crop."""
   name = 'random-resized crop'
@@ -102,22 +105,22 @@ class RandomResizedCrop(Step):
   resize_filter: str = 'area'
   scaled_decode: bool = False
   restart_skip: bool = False
+  scale: tuple[float, float] = data_options.CROP_SCALE
+  ratio: tuple[float, float] = data_options.CROP_RATIO
+  version: int = stream_versions.CROPS[-1]
 
-  def _window(self, shape: tf.Tensor, seed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
-        shape, tf.zeros([0, 0, 4], tf.float32), seed=seed, min_object_covered=0.1,
-        aspect_ratio_range=(3 / 4, 4 / 3), area_range=(0.08, 1.0), max_attempts=10,
-        use_image_if_no_bounding_boxes=True)
-    return begin, size
+  def window(self, shape: tf.Tensor, seed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """The window (begin, size) of an image of `shape` drawn from `seed`."""
+    return crop_windows.window(shape, seed, self.scale, self.ratio, self.version)
 
   def _from_pixels(self, image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
-    begin, size = self._window(tf.shape(image), seed)
+    begin, size = self.window(tf.shape(image), seed)
     window = tf.slice(image, begin, size)
     return resize_lib.resize(window, self.size, self.size, self.resize_filter)
 
   def _from_jpeg(self, encoded: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
     shape = tf.io.extract_jpeg_shape(encoded)
-    begin, size = self._window(shape, seed)
+    begin, size = self.window(shape, seed)
     return self.crop_jpeg(encoded, begin, size, shape)
 
   def crop_jpeg(self, encoded: tf.Tensor, begin: tf.Tensor, size: tf.Tensor,
@@ -151,8 +154,13 @@ class RandomResizedCrop(Step):
   def describe(self):
     scaled = ', JPEGs decoded at 1/2-1/8 scale where shrunk 2x+' if self.scaled_decode else ''
     skip = ', restart segments of the window' if self.restart_skip else ''
-    return (f'random-resized crop ({self.size}x{self.size}, {self.resize_filter}{scaled}'
-            f'{skip})')
+    drawn = ''
+    if (self.scale, self.ratio) != (data_options.CROP_SCALE, data_options.CROP_RATIO):
+      drawn = (f', scale {self.scale[0]:g}-{self.scale[1]:g}, ratio {self.ratio[0]:.4g}-'
+               f'{self.ratio[1]:.4g}')
+    old = ", tf.image's window (a run before 0.3)" if self.version == 1 else ''
+    return (f'random-resized crop ({self.size}x{self.size}, {self.resize_filter}{drawn}'
+            f'{scaled}{skip}{old})')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,27 +221,18 @@ class PadRandomCrop(Step):
 
 @dataclasses.dataclass(frozen=True)
 class RandomFlip(Step):
-  """A horizontal flip with probability 1/2."""
+  """A horizontal flip with probability `prob`: where a uniform draw from the seed is below
+  it (at 1/2, `tf.image.stateless_random_flip_left_right`'s draw and flips)."""
   name = 'flip'
   stream: Optional[int] = stream_lib.FLIP_STREAM
+  prob: float = 0.5
 
   def __call__(self, image, seed):
-    return tf.image.stateless_random_flip_left_right(image, seed=seed)
-
-
-@dataclasses.dataclass(frozen=True)
-class RandAugment(Step):
-  """torchvision's RandAugment (`augment.randaugment`) on the uint8 image."""
-  name = 'RandAugment'
-  stream: Optional[int] = stream_lib.RANDAUGMENT_STREAM
-  num_layers: int = 2
-  magnitude: int = 9
-
-  def __call__(self, image, seed):
-    return augment.randaugment(image, seed, self.num_layers, self.magnitude)
+    flip = tf.random.stateless_uniform([], seed, 0.0, 1.0) < self.prob
+    return tf.cond(flip, lambda: tf.reverse(image, [1]), lambda: image)
 
   def describe(self):
-    return f'RandAugment ({self.num_layers} ops, magnitude {self.magnitude})'
+    return 'flip' if self.prob == 0.5 else f'flip (p={self.prob:g})'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,7 +320,9 @@ def train_plan(options: DataOptions, spec: specs.DatasetSpec, encoded: bool) -> 
                                    resize_filter=options.train_interpolation or
                                    options.resize_filter,
                                    scaled_decode=options.scaled_decode,
-                                   restart_skip=options.restart_skip))
+                                   restart_skip=options.restart_skip,
+                                   scale=options.crop_scale, ratio=options.crop_ratio,
+                                   version=options.versions.crop))
   elif spec.image_size:  # Resized whole (options.resize_images), then augmented at that size.
     steps.append(Resize(size=spec.image_size, channels=spec.channels, encoded=encoded,
                         resize_filter=options.resize_filter))
@@ -329,14 +330,11 @@ def train_plan(options: DataOptions, spec: specs.DatasetSpec, encoded: bool) -> 
     steps.append(Decode(shape=spec.image_shape))
   if spec.augment == 'crop_flip':
     steps.append(PadRandomCrop())
-  if spec.augment in ('flip', 'crop_flip', 'inception'):
-    steps.append(RandomFlip())
+  if spec.augment in ('flip', 'crop_flip', 'inception') and options.hflip_prob:
+    steps.append(RandomFlip(prob=options.hflip_prob))
   policy = policy_choice.resolve(options, spec.channels, mean_pixel(spec))
   if policy is not None:
     steps.append(AutoAugment(policy=policy))
-  if options.randaugment_num_layers:
-    steps.append(RandAugment(num_layers=options.randaugment_num_layers,
-                             magnitude=options.randaugment_magnitude))
   if options.color_jitter:
     steps.append(ColorJitter(strength=options.color_jitter))
   if options.random_erase_prob:
