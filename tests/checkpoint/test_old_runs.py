@@ -14,6 +14,7 @@ import pytest
 import flax_dp_trainer as fdt
 from flax_dp_trainer.checkpoint import checkpointer as checkpoint
 from flax_dp_trainer.checkpoint import meta as run_meta
+from flax_dp_trainer.data import stream_versions
 from flax_dp_trainer.zoo import simple
 from tests import REPO
 
@@ -58,12 +59,21 @@ def test_an_old_run_evaluates_as_it_did(old_run, reference, config):
 
 
 @pytest.mark.slow
-def test_an_old_run_resumes_as_it_would_have(old_run, reference, config):
+def test_an_old_run_resumes_as_it_would_have(old_run, reference, config, tmp_path):
+  """Its steps 5 and 6 train on the examples 0.1.0 drew (the epoch order of then, order 1,
+  which its checkpoints, written before the record, imply) and its new checkpoint records
+  that order; a fresh run of the same config records and draws the newest."""
   fdt.fit(_config(config, steps=6), old_run, model=simple.CNN, devices=jax.devices()[:2])
   resumed = fdt.load(old_run)
   assert resumed.step == 6
   np.testing.assert_allclose(np.asarray(resumed.logits(reference['images'])),
                              reference['resumed_logits_6'], atol=1e-5)
+  step, meta = checkpoint.read_meta(old_run)
+  assert (step, meta.streams) == (6, {'order': 1, 'crop': 1})
+  fresh = str(tmp_path / 'fresh')
+  fdt.fit(_config(config, steps=2), fresh, model=simple.CNN, devices=jax.devices()[:2])
+  assert checkpoint.read_meta(fresh)[1].streams == stream_versions.LATEST.to_json() == {
+      'order': 2, 'crop': 2}
 
 
 def test_old_module_paths_and_missing_fields():

@@ -241,7 +241,7 @@ def test_flags_that_change_nothing_leave_exit_0(imagenet_dir):
 @pytest.mark.parametrize('extra, flag', [
     (['--bce-loss'], '--bce-loss'),
     (['--jsd-loss'], '--jsd-loss'),
-    (['--scale', '0.35', '1'], '--scale'),
+    (['--vflip', '0.5'], '--vflip'),
     (['--model-ema', '--model-ema-decay', '0.9999'], '--model-ema'),
     (['--cooldown-epochs', '2'], '--cooldown-epochs'),
     (['--sched', 'tanh'], '--sched'),
@@ -378,3 +378,19 @@ def test_optimizer_is_timms_with_its_arguments(name, imagenet_dir, tmp_path):
 
 def test_namespace_is_argparse():
   assert isinstance(timm_args.parse([]), argparse.Namespace)
+
+
+def test_the_crops_scale_ratio_and_flip_translate(deit, imagenet_dir, tmp_path):
+  """timm's --scale, --ratio and --hflip set the random-resized crop's ranges and the flip's
+  probability (they were refused); timm's defaults give the config's own."""
+  fields = deit.fields()
+  assert (fields['crop_scale'], fields['crop_ratio'], fields['hflip_prob']) == (
+      '0.08,1.0', '3/4,4/3', 0.5)
+  changed = from_timm.translate(DEIT + ['--data-dir', imagenet_dir, '--scale', '0.25', '1',
+                                        '--ratio', '0.5', '2', '--hflip', '0.3'], NPROC, DEIT_MAP)
+  assert changed.exit_code == 0, changed.table()
+  config = _config(changed, tmp_path)
+  assert (config.crop_scale, config.crop_ratio, config.hflip_prob) == ('0.25,1.0', '0.5,2.0',
+                                                                       0.3)
+  options = run_options.data_options(config)
+  assert (options.crop_scale, options.crop_ratio) == ((0.25, 1.0), (0.5, 2.0))

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from flax_dp_trainer.data import pipeline
+from flax_dp_trainer.data import stream_versions
 from flax_dp_trainer.loop import writers
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
@@ -212,3 +214,27 @@ def test_a_sharded_model_trains_in_bfloat16_and_resumes_exactly(
   assert settings['wrapper'] == {'full': 'FSDP2 (fully_shard)',
                                  'fsdp': 'FSDP2 (fully_shard per block)'}[sharding]
   assert settings['fsdp_units'] == units
+
+
+def test_a_twin_checkpoint_records_its_streams_and_an_old_one_keeps_its_own(
+    config, one_rank_group, tmp_path, monkeypatch):
+  """A fresh twin run draws and records the newest order and crop; one resumed from a
+  checkpoint written before the record (no 'streams') draws order 1 and crop 1, as the JAX
+  side does, and records them."""
+  del one_rank_group
+  drawn = []
+  batches = pipeline.TrainData.batches
+  monkeypatch.setattr(pipeline.TrainData, 'batches', lambda self, **kw: (
+      drawn.append(self.options.versions), batches(self, **kw))[1])
+  workdir = str(tmp_path / 'run')
+  config.update(num_train_steps=4, log_every_steps=1, eval_every_steps=4,
+                checkpoint_every_steps=2, keep_checkpoints=2, warmup_steps=0)
+  ddp_training.train(config, workdir, parity=False)
+  saved = _load(workdir, 2)
+  assert saved['streams'] == _load(workdir, 4)['streams'] == {'order': 2, 'crop': 2}
+  del saved['streams']  # As the twin wrote it before the record.
+  torch.save(saved, os.path.join(workdir, 'checkpoints', 'step_2.pt'))
+  os.remove(os.path.join(workdir, 'checkpoints', 'step_4.pt'))
+  ddp_training.train(config, workdir, parity=False)
+  assert _load(workdir, 4)['streams'] == {'order': 1, 'crop': 1}
+  assert drawn == [stream_versions.LATEST, stream_versions.BEFORE_RECORD]

@@ -93,14 +93,27 @@ def op(index, key, max_index: int, rounds: int) -> np.ndarray:
     # A small block, or most of one asked for: the cipher of every value once, then walked
     # by lookup.
     table = _encrypt(np.arange(1 << bits, dtype=np.uint64), keys, w)
-    return _walk(index.ravel(), lambda value, _: table[value], max_index).reshape(index.shape)
+    block = np.uint64((1 << bits) - 1)  # (An index past the block reads as the cipher does.)
+    return _walk(index.ravel() & block, lambda value, _: table[value],
+                 max_index).reshape(index.shape)
   shape = np.broadcast_shapes(index.shape, keys[0].shape)
+  if bits <= 16:  # A small block walks long: enciphered whole, once for each key there is.
+    index = np.broadcast_to(index, shape).ravel()
+    each = np.broadcast_to(key, shape + (3,)).reshape(-1, 3)
+    unique, which = np.unique(each, axis=0, return_inverse=True)
+    if len(unique) <= MANY_KEYS:
+      out = np.empty_like(index)
+      for k, one in enumerate(unique):
+        at = which.ravel() == k
+        out[at] = op(index[at], one, max_index, rounds)
+      return out.reshape(shape)
   keys = [np.broadcast_to(k, shape).ravel() for k in keys]
   encrypt = lambda value, at: _encrypt(value, [k[at] for k in keys], w)
   return _walk(np.broadcast_to(index, shape).ravel(), encrypt, max_index).reshape(shape)
 
 
 TABLE_BITS = 22  # Blocks up to this size are enciphered whole where most of one is asked for.
+MANY_KEYS = 256  # Up to this many keys, a small block is enciphered whole for each.
 
 
 def _walk(value: np.ndarray, encrypt, max_index: int) -> np.ndarray:

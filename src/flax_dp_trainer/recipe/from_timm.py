@@ -20,6 +20,8 @@ import os
 from typing import Any, Callable, Optional
 
 from flax_dp_trainer.base.errors import UserError, first_line
+from flax_dp_trainer.configs import default as default_config
+from flax_dp_trainer.data import data_options
 from flax_dp_trainer.recipe import epochs
 from flax_dp_trainer.recipe import timm_args
 from flax_dp_trainer.recipe.translation import Translation
@@ -320,8 +322,18 @@ def _image(ctx: _Context) -> Optional[tuple]:
     size = model.input_size[-1]
   note = '' if _requested_size(args) else f"{args.model}'s input size"
   ctx.set(dests, 'image_size', size, note)
-  ctx.set('no_aug', 'augment', 'inception', "timm's RandomResizedCropAndInterpolation (area "
-          '0.08-1, aspect 3/4-4/3) then RandomHorizontalFlip(0.5)')
+  ctx.set('no_aug', 'augment', 'inception', "timm's RandomResizedCropAndInterpolation then "
+          'RandomHorizontalFlip')
+  for dest, field in (('scale', 'crop_scale'), ('ratio', 'crop_ratio')):
+    values = getattr(args, dest)
+    if len(values) != 2:
+      ctx.refuse(dest, f'--{dest} takes two numbers, low and high (timm reads the first two)')
+      continue
+    default = data_options.CROP_SCALE if dest == 'scale' else data_options.CROP_RATIO
+    text = (default_config.get_config()[field] if tuple(values) == default else
+            ','.join(str(float(v)) for v in values))
+    ctx.set(dest, field, text, f"the crop's {'area' if dest == 'scale' else 'aspect'} range")
+  ctx.set('hflip', 'hflip_prob', args.hflip, "RandomHorizontalFlip's p")
   crop_pct = args.crop_pct or (model.crop_pct if model else DEFAULT_CROP_PCT)
   if model is None and not (args.crop_pct and args.interpolation):
     ctx.out.before_batch.append("timm is not importable here: evaluation's crop percentage "
@@ -900,9 +912,6 @@ def _rules() -> tuple[_Rule, ...]:
       ('epoch_repeats', 'epochs of repeated passes over the data: no field'),
       ('stop_epoch', 'a run stopped before its schedule ends: no field'),
       ('no_aug', "timm's resize + centre crop without augmentation: no augment of that kind"),
-      ('scale', 'the random-resized crop\'s area range is 0.08-1 here'),
-      ('ratio', 'the random-resized crop\'s aspect range is 3/4-4/3 here'),
-      ('hflip', 'the flip probability is 0.5 here'),
       ('vflip', 'no vertical flips here'),
       ('color_jitter_prob', 'colour jitter applied at random: no field'),
       ('grayscale_prob', 'random grey conversion: no field'),
@@ -939,8 +948,8 @@ def _rules() -> tuple[_Rule, ...]:
 _PARTS = frozenset({
     'data', 'data_dir', 'dataset', 'train_split', 'val_split', 'model', 'num_classes',
     'img_size', 'in_chans', 'input_size', 'crop_pct', 'mean', 'std', 'interpolation',
-    'train_interpolation', 'batch_size', 'grad_accum_steps', 'lr', 'lr_base', 'lr_base_size',
-    'lr_base_scale', 'opt', 'opt_eps', 'opt_betas', 'momentum', 'weight_decay', 'layer_decay',
+    'train_interpolation', 'scale', 'ratio', 'hflip', 'batch_size', 'grad_accum_steps', 'lr',
+    'lr_base', 'lr_base_size', 'lr_base_scale', 'opt', 'opt_eps', 'opt_betas', 'momentum', 'weight_decay', 'layer_decay',
     'clip_grad', 'clip_mode', 'sched', 'sched_on_updates', 'epochs', 'warmup_epochs',
     'warmup_prefix', 'warmup_lr', 'min_lr', 'lr_noise', 'color_jitter', 'aa', 'aug_repeats',
     'reprob', 'remode', 'recount', 'mixup', 'cutmix', 'cutmix_minmax', 'mixup_prob',

@@ -20,7 +20,7 @@ def stream_windows(encoded: list[bytes], count: int, size: int, seed: int = 0) -
     photo = position % len(encoded)
     shape = tf.io.extract_jpeg_shape(encoded[photo])
     seed_pair = stream_lib.pair_seed(seed, crop.stream, tf.constant(position, tf.int64))
-    begin, extent = crop._window(shape, seed_pair)  # pylint: disable=protected-access
+    begin, extent = crop.window(shape, seed_pair)
     windows.append({'photo': photo, 'top': int(begin[0]), 'left': int(begin[1]),
                     'height': int(extent[0]), 'width': int(extent[1])})
   return windows
