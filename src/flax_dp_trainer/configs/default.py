@@ -83,7 +83,7 @@ def get_config() -> ml_collections.ConfigDict:
   # the window's area as a fraction of the image's, drawn uniformly from low,high, and its
   # aspect ratio (width / height), drawn log-uniformly from low,high; numbers or fractions.
   config.crop_scale = '0.08,1.0'
-  config.crop_ratio = '3/4,4/3'
+  config.crop_ratio = '3/4,4/3'  # Its aspect ratio range, as crop_scale's comment says.
   # The probability of a horizontal flip (augment 'flip', 'crop_flip' and 'inception'; timm's
   # --hflip); 0 = none.
   config.hflip_prob = 0.5
@@ -105,9 +105,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.image_mean = ''
   config.image_std = ''  # Per channel, as image_mean; '' = the dataset's.
   # torchvision's RandAugment (auto_augment='randaugment', which chooses it): the ops applied
-  # per image (its num_ops) and their magnitude bin, an integer in [0, 30].
+  # per image (its num_ops).
   config.randaugment_num_layers = 2
-  config.randaugment_magnitude = 9
+  config.randaugment_magnitude = 9  # RandAugment's magnitude bin, an integer in [0, 30].
   # An automatic augmentation policy; '' = none. torchvision's, as its reference script's
   # --auto-augment names them: 'ta_wide' (TrivialAugmentWide), 'imagenet', 'cifar10' or
   # 'svhn' (AutoAugment with that policy), 'augmix' (AugMix, the augmix_* fields),
