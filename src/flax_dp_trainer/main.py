@@ -192,8 +192,12 @@ def _answer_at_once() -> bool:
     return True
   cli.require('config')
   if FLAGS.show_config:
-    print(settings.show_config(FLAGS.config, cli.config_path(),
-                               set(FLAGS['config'].override_values)))
+    try:  # A value a run refuses: the run's one line, status 2, not a traceback.
+      text = settings.show_config(FLAGS.config, cli.config_path(),
+                                  set(FLAGS['config'].override_values))
+    except UserError as e:
+      _exit(2, f'error: {e}')
+    print(text)
     return True
   if FLAGS.show_param_groups:
     try:
@@ -228,7 +232,7 @@ def main(argv):
       datasets = None
       if import_error is None:
         # The check's datasets are handed on to the run: they are resolved once a start.
-        datasets = checks.check_config(config, process_count=1, local_device_count=1,
+        datasets = checks.check_config(config, process_count=1, local_device_count=None,
                                        command_line=frozenset(FLAGS['config'].override_values),
                                        imported=True)
       elif not _several_processes():
@@ -249,6 +253,12 @@ def main(argv):
     if config.compilation_cache_dir:  # Process-wide, so set here, before anything compiles.
       setup.use_compilation_cache(config.compilation_cache_dir)
     command_line = frozenset(FLAGS['config'].override_values)
+    if not FLAGS.eval_only:
+      try:  # What the devices decide, now that they are known: the command line's, status 2.
+        checks.check_fields(config, process_count=jax.process_count(),
+                            local_device_count=jax.local_device_count())
+      except UserError as e:
+        _exit(2, f'error: {e}')
     if FLAGS.eval_only:
       train.evaluate_only(config, FLAGS.workdir, command_line=command_line,
                           datasets=datasets,

@@ -188,3 +188,19 @@ def test_answers_come_before_tensorflow_torch_and_a_jax_backend(no_tensorflow, t
   run = _main(no_tensorflow, *(a.format(tmp=tmp_path / 'run') for a in args), module=module)
   assert line in run.stdout + run.stderr, run.stdout + run.stderr
   assert not (tmp_path / 'run').exists()
+
+
+@pytest.mark.parametrize('values,line', [
+    (['--config.lr_schedule=tanh'], "error: lr_schedule='tanh': timm's TanhLRScheduler is out "
+     'of scope'),
+    (['--config.lr_schedule=multistep', '--config.lr_milestones=30,10'],
+     'error: --config.lr_milestones=30,10: the milestones must increase strictly'),
+    (['--config.lr_schedule=multistep', '--config.lr_milestones=10,900'],
+     'error: --config.lr_milestones=10,900: milestone 900 never fires'),
+])
+def test_show_config_refuses_what_a_run_refuses_in_its_line(no_tensorflow, values, line):
+  """A schedule value a run refuses: --show_config gives the run's line and status 2 (it
+  printed a traceback and exited 1)."""
+  run = _main(no_tensorflow, '--config=default', '--show_config', *values)
+  assert run.returncode == 2, run.stderr[-2000:]
+  assert run.stderr.strip().splitlines()[-1].startswith(line), run.stderr[-2000:]

@@ -324,10 +324,14 @@ def _cli(*args):
 
 
 @pytest.mark.parametrize('args,status,message', [
-    # Decided once the devices are known (the slow part: a backend starts).
-    pytest.param(['--config.batch_size=100'], 1,
+    # Decided once the devices are known (the slow part: a backend starts), still the
+    # command line's: status 2, before anything is written; on these devices, not on one.
+    pytest.param(['--config.batch_size=100'], 2,
                  'error: batch_size=100 is not divisible by the 8 devices',
                  marks=pytest.mark.slow),
+    (['--config.grad_accum_steps=3'], 2,
+     'error: grad_accum_steps=3 does not divide the per-device batch of 16 (batch_size=128 '
+     'over 8 devices)'),
     # A split the user named is refused, not read from another (digits has train and test).
     (['--config.eval_split=validation'], 1,
      "error: eval_split: dataset 'digits' has no split 'validation'; it has: test, train (TFDS "

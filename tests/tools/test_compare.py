@@ -183,3 +183,23 @@ def test_a_users_pair_is_compared_and_named(tmp_path, tfds_data_dir):
     text = f.read()
   assert ('Models `pairs:FlaxCNN` (JAX) and `pairs:TorchCNN` (DDP, its weights carried from '
           'the JAX init by call order)') in text
+
+
+def test_a_comparison_too_short_to_time_says_so_in_its_report():
+  """Runs of 50 steps with a 50-step timing warm-up have no timed window: the table and the
+  ratio's line say so (report.md's writing stopped at formatting the missing ratio)."""
+  started = {'launch_time': 0.0, 'end_time': 30.0}
+  records = [{'step': s, 'wall_time': 10.0 + s / 10, 'train_loss': 1.0, 'learning_rate': 0.1}
+             for s in range(5, 51, 5)] + [
+                 {'step': 50, 'wall_time': 16.0, 'eval_accuracy': 0.9, 'eval_loss': 0.3}]
+  runs = {key: comparison.run_figures(records, started, 2, TARGET, warmup_steps=50)
+          for key in ('jax', 'ddp')}
+  assert runs['jax']['steady_examples_per_sec'] is None
+  report = dict(runs, throughput_ratio_jax_over_ddp=None,
+                settings={'log_every_steps': 5, 'timing_warmup_steps': 50})
+  report['jax'].update(step_backend='pmap')
+  line = comparison.throughput_line(report)
+  assert line.startswith('Throughput ratio JAX / DDP: not measured: JAX (pmap) and PyTorch DDP '
+                         'logged no window of 5 steps starting at or after step 50')
+  assert comparison.TOO_SHORT in comparison._table(dict(report, settings=dict(  # pylint: disable=protected-access
+      report['settings'], target_accuracy=TARGET)))

@@ -2,6 +2,7 @@
 
 import importlib.util
 import os
+from typing import Optional
 
 import ml_collections
 from absl import logging
@@ -123,7 +124,7 @@ def _choice(field: str, value, choices) -> None:
                     f"(--config.{field}=NAME)")
 
 
-def check_config(config, *, process_count: int, local_device_count: int,
+def check_config(config, *, process_count: int, local_device_count: Optional[int],
                  command_line=frozenset(), arrays=None,
                  imported: bool = False) -> run_datasets.RunDatasets:
   """Raises `UserError` naming the first bad value and how to fix it; returns the run's
@@ -164,9 +165,10 @@ def check_datasets(config, arrays=None, command_line=frozenset()) -> run_dataset
   return run_datasets.resolve(run_options.data_options(config), arrays, command_line)
 
 
-def check_fields(config, *, process_count: int, local_device_count: int) -> None:
+def check_fields(config, *, process_count: int, local_device_count: Optional[int]) -> None:
   """`check_config` but for the config's imports and datasets: the fields alone, against
-  the topology (the part a start checks again once its devices are known)."""
+  the topology (the part a start checks again once its devices are known; None devices:
+  not known yet, what they decide left to that check)."""
   _check_durations(config)
   for field in _POSITIVE_FIELDS:
     value = config[field]
@@ -222,6 +224,9 @@ def check_fields(config, *, process_count: int, local_device_count: int) -> None
   if config.learning_rate <= 0:
     raise UserError(f'learning_rate={config.learning_rate} must be positive '
                     '(--config.learning_rate=X)')
+  if local_device_count is None:
+    _check_bn_groups(config, None)
+    return
   # The training batch is split evenly; the eval batch need not be (evaluation pads).
   devices = process_count * local_device_count
   if config.batch_size % devices:
@@ -239,9 +244,9 @@ def check_fields(config, *, process_count: int, local_device_count: int) -> None
   _check_bn_groups(config, devices)
 
 
-def _check_bn_groups(config, devices: int) -> None:
+def _check_bn_groups(config, devices: Optional[int]) -> None:
   """BatchNorm's groups (`model.batchnorm_groups`): whole groups of the global batch, each
-  within one forward pass."""
+  within one forward pass (where `devices` is known)."""
   size = config.get('bn_group_size', 0)
   if not isinstance(size, int) or isinstance(size, bool) or size < 0:
     raise UserError(f'bn_group_size={size!r} must be a whole number >= 0: the examples of '
@@ -255,6 +260,8 @@ def _check_bn_groups(config, devices: int) -> None:
                     'the global batch must split into whole BatchNorm groups; pick a divisor '
                     f'of {config.batch_size} (--config.bn_group_size=G)')
   steps = config.grad_accum_steps
+  if devices is None:
+    return
   micro = config.batch_size // devices // steps
   if steps > 1 and micro % size:
     # A pass holds micro consecutive rows of each device: a group must lie in one of them.

@@ -196,11 +196,29 @@ def _table(report: dict) -> str:
            'final eval acc.', 'peak memory (MiB)', 'total (s)']]
   for key, title in titles(report).items():
     r = report[key]
-    rows.append([title, _fmt(r['steady_examples_per_sec'], 0),
+    rows.append([title, reporting.fmt(r['steady_examples_per_sec'], 0, TOO_SHORT),
                  _fmt(r['time_to_first_step_s'], 2), _fmt(r['first_step_s'], 2),
                  _fmt(r['time_to_target_s'], 2), _fmt(r['final_eval_accuracy'], 4),
                  _fmt(r['peak_memory_mb'], 0), _fmt(r['total_wall_s'], 1)])
   return reporting.markdown_table(rows)
+
+
+TOO_SHORT = 'too few steps'  # A speed figure the runs were too short to time.
+
+
+def throughput_line(report: dict) -> str:
+  """The ratio's line: the figure, or which run was too short to time and how to time it."""
+  ratio = report['throughput_ratio_jax_over_ddp']
+  if ratio is not None:
+    return f'Throughput ratio JAX / DDP: **{ratio:.2f}** (steady-state examples/s).'
+  short = [title for key, title in titles(report).items()
+           if report[key]['steady_examples_per_sec'] is None]
+  s = report['settings']
+  return (f'Throughput ratio JAX / DDP: not measured: {" and ".join(short)} logged no window '
+          f'of {s["log_every_steps"]} steps starting at or after step '
+          f'{s["timing_warmup_steps"]} (the warm-up left out of the timing); train more steps '
+          'than --timing_warmup_steps plus two windows, or pass a smaller '
+          '--timing_warmup_steps.')
 
 
 def markdown(report: dict) -> str:
@@ -245,9 +263,7 @@ def markdown(report: dict) -> str:
   ]
   if s['batchnorm_note']:
     lines.append(f'- {s["batchnorm_note"]}')
-  lines += ['', _table(report), '',
-            f'Throughput ratio JAX / DDP: **{report["throughput_ratio_jax_over_ddp"]:.2f}**'
-            ' (steady-state examples/s).', '',
+  lines += ['', _table(report), '', throughput_line(report), '',
             'Curves: `loss_vs_step.png`, `accuracy_vs_step.png`, `loss_vs_time.png`, '
             '`accuracy_vs_time.png`.', '']
   return '\n'.join(lines)
