@@ -340,6 +340,10 @@ def _cli(*args):
     (['--config.model=resnet9'], 2,
      "error: model='resnet9' is unknown; choose one of: cnn, mlp, resnet101"),
     (['--cpu_devices=0'], 2, 'error: --cpu_devices=0 must be a positive device count'),
+    # PyTorch's --resume: not absl's nearest flag, which does something else.
+    (['--resume=checkpoint.pth'], 2, 'error: --resume: this trainer resumes by itself: run '
+     'the same command again (the same --workdir) and it continues from the newest '
+     'checkpoint there. --resume_with_changes is for something else'),
 ])
 def test_cli_prints_one_line_and_exits_nonzero(tmp_path, tfds_data_dir, args, status, message):
   workdir = tmp_path / 'run'

@@ -215,11 +215,24 @@ def require(name: str) -> None:
     _refuse(f'--{name} is required: {flags.FLAGS[name].help} ({HELP})')
 
 
+# Flags of PyTorch's training scripts that a program with a --workdir answers otherwise, where
+# absl's nearest name would mislead.
+_ELSEWHERE = {
+    'resume': 'this trainer resumes by itself: run the same command again (the same '
+              '--workdir) and it continues from the newest checkpoint there. '
+              '--resume_with_changes is for something else: continuing a checkpoint under a '
+              'command that changes what defines its training stream or model',
+}
+
+
 def _flag_error(error: flags.Error) -> str:
   required = re.search(r'Flag --(\w+) must have a value other than None', str(error))
   if required:
     name = required.group(1)
     return f'--{name} is required: {flags.FLAGS[name].help} ({HELP})'
+  unknown = re.search(r"Unknown command line flag '([\w-]+)'", str(error))
+  if unknown and unknown.group(1) in _ELSEWHERE and 'workdir' in flags.FLAGS:
+    return f'--{unknown.group(1)}: {_ELSEWHERE[unknown.group(1)]} ({HELP})'
   return f'{error} ({HELP})'
 
 
