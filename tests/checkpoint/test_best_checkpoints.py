@@ -19,6 +19,7 @@ from flax_dp_trainer.configs import default
 from flax_dp_trainer.loop import cadence
 from flax_dp_trainer.loop import checks
 from flax_dp_trainer.loop import train
+from flax_dp_trainer.loop import writers
 from flax_dp_trainer.runs import run_metrics
 from flax_dp_trainer.tools import show_metrics
 
@@ -104,6 +105,12 @@ def test_eval_only_evaluates_the_best_checkpoint(run, tmp_path):
   accuracies = {step: values[-1] for step, values in _evaluations(workdir).items()}
   scalars = train.evaluate_only(config, copy, step=cli.checkpoint_step('best', '--eval_step'))
   assert scalars['eval_accuracy'] == accuracies[_best(accuracies, 1)[0]]
+  # An older step's evaluation goes to a file of its own: metrics.jsonl's steps never fall.
+  steps = [r['step'] for r in writers.read_jsonl(os.path.join(copy, writers.JSONL_NAME))]
+  assert steps == sorted(steps) and steps[-1] == LAST
+  earlier = writers.read_jsonl(os.path.join(copy, writers.EARLIER_EVALS_NAME))
+  assert [(r['step'], r['eval_accuracy']) for r in earlier] == [
+      (_best(accuracies, 1)[0], scalars['eval_accuracy'])]
   with pytest.raises(UserError, match=r'--eval_step=7: .* has no checkpoint at step 7; it has '
                                       r'steps'):
     train.evaluate_only(config, copy, step=7)

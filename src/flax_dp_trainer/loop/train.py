@@ -12,6 +12,7 @@
 
 import contextlib
 import itertools
+import os
 import signal
 import time
 from typing import Any, Callable, Optional, Sequence
@@ -103,7 +104,11 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
     state, step = init_from.init_from(run.options.init_from, run.model.module, state,
                                       run.torch_weights, run.port_weights)
   with setup.lock_workdir(workdir):
-    writer = writers.create_writer(workdir)
+    jsonl = writers.jsonl_for_step(workdir, step)
+    if jsonl != writers.JSONL_NAME:
+      logging.info('step %d is older than the last in %s: its evaluation goes to %s', step,
+                   writers.JSONL_NAME, os.path.join(workdir, jsonl))
+    writer = writers.create_writer(workdir, jsonl_name=jsonl)
     bars = _bars(show_bars, step)
     with metric_writers.ensure_flushes(writer), bars or contextlib.nullcontext():
       scalars = evaluation.evaluate_all(

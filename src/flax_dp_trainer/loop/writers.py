@@ -27,6 +27,9 @@ from flax_dp_trainer.loop import wandb_writer
 
 
 JSONL_NAME = 'metrics.jsonl'
+# Where --eval_only writes an evaluation of a step older than metrics.jsonl's last: its steps
+# never decrease, for readers that take its last line as the newest.
+EARLIER_EVALS_NAME = 'earlier_evaluations.jsonl'
 
 
 class JsonLinesWriter(metric_writers.MetricWriter):
@@ -101,6 +104,17 @@ def history(workdir: str) -> dict[str, list[tuple[int, float]]]:
   return out
 
 
+def jsonl_for_step(workdir: str, step: int) -> str:
+  """The JSON lines file an evaluation at `step` alone goes to: metrics.jsonl, unless its last
+  step is later (EARLIER_EVALS_NAME then)."""
+  path = os.path.join(workdir, JSONL_NAME)
+  if os.path.exists(path):
+    steps = [r['step'] for r in read_jsonl(path) if 'step' in r]
+    if steps and max(steps) > step:
+      return EARLIER_EVALS_NAME
+  return JSONL_NAME
+
+
 def read_jsonl(path: str) -> list[dict[str, float]]:
   """The records of a metrics.jsonl file, in order: {"step", "wall_time", tag: value, ...}.
   A line that is not whole JSON (the last one cut short by a crash or a full disk) is left
@@ -119,9 +133,10 @@ def read_jsonl(path: str) -> list[dict[str, float]]:
 
 
 def create_writer(workdir: str, write_files: bool | None = None,
-                  callbacks=()) -> metric_writers.MetricWriter:
-  """TensorBoard events, metrics.jsonl, log lines and `callbacks` (`CallbackWriter`) where
-  `write_files` (default: on process 0); log lines only elsewhere."""
+                  callbacks=(), jsonl_name: str = JSONL_NAME) -> metric_writers.MetricWriter:
+  """TensorBoard events, the JSON lines file `jsonl_name` (metrics.jsonl), log lines and
+  `callbacks` (`CallbackWriter`) where `write_files` (default: on process 0); log lines only
+  elsewhere."""
   if write_files is None:
     write_files = jax.process_index() == 0
   default = metric_writers.create_default_writer(
@@ -129,7 +144,7 @@ def create_writer(workdir: str, write_files: bool | None = None,
   if not write_files:
     return default
   return metric_writers.MultiWriter(
-      [default, JsonLinesWriter(os.path.join(workdir, JSONL_NAME))] +
+      [default, JsonLinesWriter(os.path.join(workdir, jsonl_name))] +
       ([CallbackWriter(callbacks)] if callbacks else []))
 
 
