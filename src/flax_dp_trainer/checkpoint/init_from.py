@@ -28,7 +28,7 @@ _WHAT_IT_TAKES = ('a workdir, its checkpoints/ directory, one step directory in 
 def check_exists(path: str) -> None:
   """Refuses an `init_from` that names nothing on disk (before anything loads: a typo in the
   path is not a checkpoint that does not fit)."""
-  if not os.path.exists(path):
+  if not os.path.exists(torch_weights.split_entry(path)[0]):
     raise UserError(f'init_from={path!r} does not exist (no such file or directory); point '
                     f'--config.init_from at {_WHAT_IT_TAKES}')
 
@@ -39,18 +39,21 @@ def read_state_dict(path: str) -> dict:
   check_exists(path)
   started = time.perf_counter()
   logging.info('init_from=%r: reading the PyTorch state dict (%.1f MB)', path,
-               os.path.getsize(path) / 1e6)
+               os.path.getsize(torch_weights.split_entry(path)[0]) / 1e6)
+  taken = []
   try:
-    state_dict = torch_weights.read_state_dict(path)
+    state_dict = torch_weights.read_state_dict(path, taken)
   except ImportError as e:
     raise UserError(f'init_from={path!r}: reading it needs {e.name}; pip install -e '
                     '".[ddp]"') from None
   except Exception as e:  # pylint: disable=broad-except  # Any file: any error of its reader.
     raise UserError(f'init_from={path!r} cannot be read as a state dict '
                     f'({type(e).__name__}: {(str(e).splitlines() or [""])[0]}); pass a .pth, '
-                    '.pt, .bin or .safetensors file of a torch model\'s state dict') from None
-  logging.info('init_from=%r: %d tensors read in %.1f s', path, len(state_dict),
-               time.perf_counter() - started)
+                    '.pt, .bin, .safetensors or timm .pth.tar file of a torch model\'s state '
+                    'dict (FILE#ENTRY for one under ENTRY, e.g. #state_dict_ema)') from None
+  logging.info('init_from=%r: %d tensors read in %.1f s%s', path, len(state_dict),
+               time.perf_counter() - started,
+               f" from its entry {'/'.join(map(repr, taken))}" if taken else '')
   return state_dict
 
 

@@ -34,7 +34,9 @@ Arrays = Dict[str, np.ndarray]
 _BN_COUNTER = 'num_batches_tracked'
 # Where training scripts put the model's state dict inside a bigger checkpoint.
 _NESTED_KEYS = ('state_dict', 'model', 'model_state_dict', 'module')
-WEIGHT_SUFFIXES = ('.pth', '.pt', '.bin', '.safetensors')
+# timm's train.py saves its checkpoints as `model_best.pth.tar`, `checkpoint-N.pth.tar`.
+WEIGHT_SUFFIXES = ('.pth', '.pt', '.bin', '.safetensors', '.pth.tar')
+ENTRY_MARK = '#'  # FILE#ENTRY: the state dict under ENTRY of a checkpoint (`state_dict_ema`).
 
 
 class WeightsMismatch(ValueError):
@@ -319,20 +321,43 @@ def _attention_from_torch(arrays: Mapping[str, Any], state: Mapping[str, np.ndar
   return out
 
 
-def read_state_dict(path: str) -> Arrays:
-  """The state dict in a `.safetensors` file or a `torch.save`d file (`.pth`, `.pt`, `.bin`),
-  as numpy arrays; a checkpoint holding it under 'state_dict', 'model', ... is unwrapped."""
+def split_entry(path: str) -> tuple[str, str]:
+  """'FILE#ENTRY' -> (FILE, ENTRY); a path without the mark: (path, '')."""
+  if ENTRY_MARK in os.path.basename(path) and not os.path.exists(path):
+    file, _, entry = path.rpartition(ENTRY_MARK)
+    return file, entry
+  return path, ''
+
+
+def read_state_dict(path: str, taken: Optional[list] = None) -> Arrays:
+  """The state dict in a `.safetensors` file or a `torch.save`d file (`.pth`, `.pt`, `.bin`,
+  timm's `.pth.tar`), as numpy arrays; a checkpoint holding it under 'state_dict', 'model', ...
+  is unwrapped, and `FILE#ENTRY` takes the one under ENTRY (timm's `state_dict_ema`). The keys
+  unwrapped are appended to `taken`."""
+  path, entry = split_entry(path)
+  taken = [] if taken is None else taken
   if path.endswith('.safetensors'):
     # pylint: disable-next=import-outside-toplevel
     from safetensors import numpy as safetensors_numpy  # (optional: the ddp extra)
     return dict(safetensors_numpy.load_file(path))
+  import argparse  # pylint: disable=import-outside-toplevel
   import torch  # pylint: disable=import-outside-toplevel  # (optional: the ddp extra)
-  saved = torch.load(path, map_location='cpu', weights_only=True)
+  # timm's checkpoints hold its arguments as a Namespace: allowed, nothing else is.
+  with torch.serialization.safe_globals([argparse.Namespace]):
+    saved = torch.load(path, map_location='cpu', weights_only=True)
+  if entry:
+    if not isinstance(saved, Mapping) or not isinstance(saved.get(entry), Mapping):
+      have = [k for k, v in saved.items() if isinstance(v, Mapping)] if isinstance(
+          saved, Mapping) else []
+      raise WeightsMismatch(f'has no state dict under {entry!r}; it has {have or "none"}')
+    saved = saved[entry]
+    taken.append(entry)
   while isinstance(saved, Mapping) and not any(hasattr(v, 'shape') for v in saved.values()):
     nested = [k for k in _NESTED_KEYS if isinstance(saved.get(k), Mapping)]
     if not nested:
       break
     saved = saved[nested[0]]
+    taken.append(nested[0])
   if not isinstance(saved, Mapping):
     raise WeightsMismatch(f'holds a {type(saved).__name__}, not a state dict')
   return {k: v.detach().float().numpy() if v.is_floating_point() else v.numpy()
@@ -340,7 +365,9 @@ def read_state_dict(path: str) -> Arrays:
 
 
 def is_weights_file(path: str) -> bool:
-  """Whether `init_from` names a PyTorch weights file (else: a flax checkpoint)."""
+  """Whether `init_from` names a PyTorch weights file, or an entry of one (else: a flax
+  checkpoint)."""
+  path = split_entry(path)[0]
   return os.path.isfile(path) and path.endswith(WEIGHT_SUFFIXES)
 
 
