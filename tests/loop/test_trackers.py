@@ -443,3 +443,22 @@ def test_trackers_continue_one_run_across_a_kill_and_resumes(tfds_data_dir, tmp_
   assert summary['_step'] == LONGER
   assert 'model:cnn' in sessions[0][1] and 'backend:pmap' in sessions[0][1]
   assert f'changed.num_train_steps:200 -> {LONGER} at step 201' in sessions[-1][1]
+
+
+def test_wandb_dir_is_where_w_and_b_files_go_and_are_found(wandb, tmp_path, monkeypatch):
+  """A user's WANDB_DIR is where W&B's files go (they went to the workdir), and a resume
+  finds the run's steps there; the run's record stays in the workdir."""
+  workdir, elsewhere = tmp_path / 'run', tmp_path / 'wandb_files'
+  workdir.mkdir()
+  elsewhere.mkdir()
+  monkeypatch.setenv('WANDB_DIR', str(elsewhere))
+  for steps, last in (((10, 20), 20), ((30,), 30)):
+    options = trackers.TrackerOptions(workdir=str(workdir), config={}, tags={},
+                                      last_step=last, wandb=trackers.WandbOptions('p'))
+    (writer,) = writers.tracker_writers(options, [])
+    for step in steps:
+      writer.write_scalars(step, {'train_loss': step / 1000})
+    writer.close()
+  run_id = trackers.RunRecord(str(workdir), 'wandb').read()['run_id']
+  assert wandb_files.history_steps(str(elsewhere), run_id) == [10, 20, 30]
+  assert not (workdir / 'wandb').exists()

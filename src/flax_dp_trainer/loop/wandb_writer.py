@@ -38,6 +38,9 @@ class WandbWriter(trackers.TrackerWriter):
                written=(), turn=None):
     self._options, self._facts, self._written = options, run, list(written)
     self._record = trackers.RunRecord(run.workdir, 'wandb')
+    # Where W&B keeps its files (its `wandb/` folder): the user's WANDB_DIR where set, as W&B
+    # itself takes it, else the workdir.
+    self._root = os.environ.get('WANDB_DIR') or run.workdir
     self._steps = trackers.StepsAbove()
     self._run: Any = None
     self._thread = trackers.Background(f'W&B (project {options.project!r})', turn)
@@ -51,7 +54,7 @@ class WandbWriter(trackers.TrackerWriter):
     kwargs = dict(
         project=self._options.project, entity=self._options.entity or None,
         name=self._options.run_name or None, id=saved.get('run_id'),
-        resume='allow', dir=self._facts.workdir, config=self._facts.config,
+        resume='allow', dir=self._root, config=self._facts.config,
         tags=[f'{name}:{value}'[:_TAG_LENGTH] for name, value in self._facts.tags.items()],
         settings=_settings(wandb))
     try:
@@ -60,7 +63,7 @@ class WandbWriter(trackers.TrackerWriter):
       # Whatever keeps W&B from its server (network, login, server errors) leaves it offline.
       logging.warning('W&B cannot be reached (%s: %s): logging offline in %s/wandb; '
                       '`wandb sync` uploads it later', type(e).__name__,
-                      str(e).splitlines()[0] if str(e) else '', self._facts.workdir)
+                      str(e).splitlines()[0] if str(e) else '', self._root)
       self._run = wandb.init(**kwargs, mode='offline')
     if saved.get('run_id') == self._run.id:
       self._steps = self._held_steps()
@@ -86,7 +89,7 @@ class WandbWriter(trackers.TrackerWriter):
     steps only increase, so a tag the last row lacks is not given at or below it."""
     if not self._run.offline and self._run.starting_step > 0:
       return trackers.StepsAbove(int(self._run.starting_step) - 1)
-    return trackers.StepsAbove(max(wandb_files.history_steps(self._facts.workdir, self._run.id),
+    return trackers.StepsAbove(max(wandb_files.history_steps(self._root, self._run.id),
                                    default=None))
 
   def write_scalars(self, step: int, scalars) -> None:
@@ -116,7 +119,7 @@ class WandbWriter(trackers.TrackerWriter):
                       trackers.FLUSH_WAIT_S)
     elif offline:
       _write_summary(os.path.join(files, _SUMMARY_FILE),
-                     wandb_files.summary(self._facts.workdir, self._run.id))
+                     wandb_files.summary(self._root, self._run.id))
 
 
 def _write_summary(path: str, summary: dict) -> None:
