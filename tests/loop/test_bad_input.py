@@ -10,6 +10,7 @@ import pytest
 import flax_dp_trainer
 from flax_dp_trainer import zoo
 
+from flax_dp_trainer.loop import checks
 from flax_dp_trainer.loop import train
 from flax_dp_trainer.data.kinds import tfds_datasets
 from flax_dp_trainer.data import run_datasets
@@ -213,6 +214,10 @@ CASES = {
         "low,high, above 0 (torchvision's default: --config.crop_ratio=3/4,4/3)"),
     'crop scale without the crop': (
         dict(crop_scale='0.2,1'), "crop_scale=(0.2, 1.0) applies to augment='inception'"),
+    'mlflow store that cannot be written': (
+        dict(mlflow_tracking_uri='sqlite:////proc/mlflow.db'),
+        "mlflow_tracking_uri='sqlite:////proc/mlflow.db': the store cannot be written "
+        '(FileNotFoundError: '),
     'flip probability above one': (
         dict(hflip_prob=1.5), 'hflip_prob=1.5 must be a probability in [0, 1]'),
     'flip probability without a flip': (
@@ -510,3 +515,15 @@ def test_a_users_config_file_that_fails_is_answered_in_one_line(tmp_path, body, 
   assert result.returncode == 2
   assert result.stderr.strip().splitlines() == [message]
   assert not (tmp_path / 'run').exists()
+
+
+def test_an_mlflow_store_is_probed_and_left_as_it_was(tmp_path):
+  """A file that is no SQLite store is named; a store that opens, or a folder a new one can
+  be made in, passes; the probe changes no file and leaves none."""
+  bad = tmp_path / 'bad.db'
+  bad.write_bytes(b'not a database ' * 100)
+  assert checks._sqlite_unwritable(str(bad)).startswith(  # pylint: disable=protected-access
+      'DatabaseError: file is not a database')
+  assert bad.read_bytes() == b'not a database ' * 100
+  assert checks._sqlite_unwritable(str(tmp_path / 'new.db')) == ''  # pylint: disable=protected-access
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['bad.db']

@@ -2,6 +2,8 @@
 
 import importlib.util
 import os
+import sqlite3
+import tempfile
 from typing import Optional
 
 import ml_collections
@@ -341,10 +343,35 @@ def _check_trackers(config) -> None:
                       f"installed): pip install 'flax_dp_trainer[{extra}]', or leave "
                       f"--config.{field} empty")
   if uri.startswith('sqlite:///'):
-    folder = os.path.dirname(uri[len('sqlite:///'):])
+    path = uri[len('sqlite:///'):]
+    folder = os.path.dirname(path)
     if folder and not os.path.isdir(folder):
       raise UserError(f'mlflow_tracking_uri={uri!r}: the folder {folder} does not exist; make '
                       f'it (mkdir -p {folder}), or give a sqlite:///PATH in one that does')
+    error = _sqlite_unwritable(path)
+    if error:
+      raise UserError(f'mlflow_tracking_uri={uri!r}: the store cannot be written ({error}); '
+                      'give a sqlite:///PATH in a folder this run may write')
+
+
+def _sqlite_unwritable(path: str) -> str:
+  """Why the SQLite file at `path` cannot be written ('' where it can): an existing file
+  opened for a write and rolled back; for a new one, a file made and removed in its folder.
+  Nothing of the store changes."""
+  try:
+    if os.path.exists(path):
+      connection = sqlite3.connect(path, timeout=5)
+      try:
+        connection.execute('BEGIN IMMEDIATE')
+        connection.rollback()
+      finally:
+        connection.close()
+    else:
+      with tempfile.TemporaryFile(dir=os.path.dirname(path) or '.'):
+        pass
+  except (sqlite3.Error, OSError) as e:
+    return f'{type(e).__name__}: {e}'
+  return ''
 
 
 def command_line_config(config_flag) -> ml_collections.ConfigDict:
