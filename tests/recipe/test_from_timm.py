@@ -25,6 +25,7 @@ from flax_dp_trainer.loop import durations
 from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.recipe import from_timm
 from flax_dp_trainer.recipe import timm_args
+from flax_dp_trainer.recipe import timm_side
 from flax_dp_trainer.step import optimizers
 from flax_dp_trainer.step import schedules
 
@@ -394,3 +395,14 @@ def test_the_crops_scale_ratio_and_flip_translate(deit, imagenet_dir, tmp_path):
                                                                        0.3)
   options = run_options.data_options(config)
   assert (options.crop_scale, options.crop_ratio) == ((0.25, 1.0), (0.5, 2.0))
+
+
+def test_the_checks_settings_say_the_script_has_no_drop_path():
+  """Without --drop-path (timm's default None) the check's settings stage formatted None and
+  crashed after minutes of compute; it says the script has none."""
+  args = timm_args.parse(['--model', 'deit_small_patch16_224'])
+  assert args.drop_path is None
+  config = imagenet_deit_s16.get_config()
+  lines = timm_side.drawn_settings(args, config)
+  assert lines[1].startswith('drop-path: none in the script (no --drop-path')
+  assert 'stochastic_depth_rate=0.1 here' in lines[1]

@@ -140,9 +140,11 @@ def drawn_settings(args: argparse.Namespace, config) -> list[str]:
   """Dropout, drop-path and erasing, each framework's own draws, as settings."""
   return [f'dropout before the classifier: --drop {args.drop:g} in the script, '
           f'dropout_rate={config.dropout_rate:g} here',
-          f'drop-path: --drop-path {args.drop_path:g} in the script (rising linearly over the '
-          f'blocks from 0), stochastic_depth_rate={config.stochastic_depth_rate:g} here (the '
-          'same rule)',
+          ('drop-path: none in the script (no --drop-path: timm passes the model none)'
+           if args.drop_path is None else
+           f'drop-path: --drop-path {args.drop_path:g} in the script (rising linearly over the '
+           'blocks from 0)') + f', stochastic_depth_rate={config.stochastic_depth_rate:g} here '
+          '(the same rule)',
           f'random erasing: --reprob {args.reprob:g} (--remode {args.remode}, --recount '
           f'{args.recount}) in the script, random_erase_prob={config.random_erase_prob:g} '
           f'(mode {config.random_erase_mode!r}, {config.random_erase_count} box(es)) here, in '
