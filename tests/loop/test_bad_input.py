@@ -214,6 +214,13 @@ CASES = {
         "low,high, above 0 (torchvision's default: --config.crop_ratio=3/4,4/3)"),
     'crop scale without the crop': (
         dict(crop_scale='0.2,1'), "crop_scale=(0.2, 1.0) applies to augment='inception'"),
+    "torchvision's weights enum as init_from": (
+        dict(model='resnet18', init_from='ResNet18_Weights.IMAGENET1K_V1'),
+        "init_from='ResNet18_Weights.IMAGENET1K_V1' names torchvision's weights enum, which it "
+        'downloads, and this trainer reads files only (no download): on a machine with a '
+        'network, python -c "import torch, torchvision; torch.save(torchvision.models.'
+        "get_model('resnet18', weights='IMAGENET1K_V1').state_dict(), 'resnet18.pth')\", then "
+        '--config.init_from=resnet18.pth'),
     'mlflow store that cannot be written': (
         dict(mlflow_tracking_uri='sqlite:////proc/mlflow.db'),
         "mlflow_tracking_uri='sqlite:////proc/mlflow.db': the store cannot be written "

@@ -317,3 +317,14 @@ def test_randaugment_translates_into_one_randaugment():
   line = pipeline.open_train_data(run_options.data_options(config)).describe(1)[1]
   assert line.count('RandAugment') == 1, line
   assert 'flip -> RandAugment (2 ops, magnitude 9), nearest, zeros; ' in line
+
+
+def test_weights_by_name_are_refused_with_the_command_that_saves_them():
+  """`--weights DEFAULT` was refused with a hint (`get_weight('DEFAULT')`) that itself raises:
+  the refusal gives the command that saves the model's weights as a file, and the field."""
+  t = from_torchvision.translate(['--model', 'resnet18', '--weights', 'DEFAULT'],
+                                 nproc_per_node=1)
+  (refused,) = [u for u in t.unhonoured if u.flag.startswith('--weights')]
+  assert refused.changes_training and t.exit_code == 1
+  assert ("torchvision.models.get_model('resnet18', weights='DEFAULT').state_dict(), "
+          "'resnet18.pth')\", then --config.init_from=resnet18.pth") in refused.reason

@@ -28,6 +28,12 @@ _WHAT_IT_TAKES = ('a workdir, its checkpoints/ directory, one step directory in 
 def check_exists(path: str) -> None:
   """Refuses an `init_from` that names nothing on disk (before anything loads: a typo in the
   path is not a checkpoint that does not fit)."""
+  enum = torch_weights.weights_enum(path)
+  if enum and not os.path.exists(path):
+    raise UserError(f'init_from={path!r} names torchvision\'s weights enum, which it downloads, '
+                    'and this trainer reads files only (no download): on a machine with a '
+                    f'network, {torch_weights.fetch_command(*enum)}, then '
+                    f'--config.init_from={enum[0]}.pth')
   if not os.path.exists(torch_weights.split_entry(path)[0]):
     raise UserError(f'init_from={path!r} does not exist (no such file or directory); point '
                     f'--config.init_from at {_WHAT_IT_TAKES}')

@@ -33,6 +33,7 @@ from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.recipe import epochs
 from flax_dp_trainer.recipe import torchvision_args
 from flax_dp_trainer.recipe.translation import Translation
+from flax_dp_trainer.zoo import torch_weights
 
 # torchvision's model names whose twin is a model here (torch_ddp/models.py builds them from
 # torchvision's classes).
@@ -237,9 +238,10 @@ def _model(r: _Reader, model_map: dict[str, str]) -> None:
                         f'the first batch; use {_VIT_INPUT}')
   if a.weights:
     r.t.refuse(r.flag('weights'),
-               'pretrained weights by enum name are not fetched here: download the state dict '
-               f'at torchvision.models.get_weight({a.weights!r}).url and pass '
-               '--config.init_from=FILE.pth', changes_training=True)
+               f'torchvision\'s weights {a.weights!r} are downloaded by the script, and this '
+               'trainer reads files only (no download): on a machine with a network, '
+               f'{torch_weights.fetch_command(name, a.weights.rpartition(".")[2])}, then '
+               f'--config.init_from={name}.pth', changes_training=True)
   else:
     r.set('weights', 'init_from', '', 'random init, as torchvision initializes')
 

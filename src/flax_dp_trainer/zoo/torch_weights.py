@@ -18,6 +18,7 @@ Nothing here imports the trainer.
 
 import math
 import os
+import re
 from typing import Any, Dict, Iterable, Mapping, NamedTuple, Optional, Tuple
 
 import flax.linen as nn
@@ -319,6 +320,20 @@ def _attention_from_torch(arrays: Mapping[str, Any], state: Mapping[str, np.ndar
                  'bias': state['in_proj_bias'][rows]}
   out['out'] = {'kernel': state['out_proj.weight'].T, 'bias': state['out_proj.bias']}
   return out
+
+
+def weights_enum(text: str) -> Optional[tuple[str, str]]:
+  """torchvision's weights named as its enum, 'ResNet18_Weights.IMAGENET1K_V1', as (the model's
+  builder, the weights' name): ('resnet18', 'IMAGENET1K_V1'); None for anything else."""
+  found = re.fullmatch(r'([A-Za-z]\w*)_Weights\.(\w+)', text.strip())
+  return (found.group(1).lower(), found.group(2)) if found else None
+
+
+def fetch_command(model: str, weights: str) -> str:
+  """The command that saves torchvision's `weights` of `model` as `MODEL.pth`, on a machine
+  that reaches torchvision's download server."""
+  return (f"python -c \"import torch, torchvision; torch.save(torchvision.models.get_model("
+          f"'{model}', weights='{weights}').state_dict(), '{model}.pth')\"")
 
 
 def split_entry(path: str) -> tuple[str, str]:
