@@ -163,6 +163,10 @@ def test_every_console_script_lists_its_own_flags_under_help(tmp_path):
     assert _listed(runs[name].stdout)[:2] == ['--config', '--workdir'], runs[name].stdout
   assert runs['dp-train'].stdout.startswith(
       'usage: dp-train --config=CONFIG --workdir=WORKDIR [--FLAG=VALUE ...]\n')
+  # The recipe tool takes a script's command line, its --config optional.
+  assert runs['dp-recipe'].stdout.startswith(
+      'usage: dp-recipe --from=torchvision|timm [--nproc_per_node=N] [--out=FILE.py] [--check] '
+      '[--FLAG=VALUE ...] -- SCRIPT_ARGS\n')
 
 
 # A base install, without the ddp extra: its packages are not there to import (find_spec None).

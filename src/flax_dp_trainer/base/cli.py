@@ -328,7 +328,9 @@ def help_text(module: str, full: bool = False) -> str:
   own.sort(key=lambda f: _FIRST.index(f.name) if f.name in _FIRST else len(_FIRST))
   given = [f'--{f.name}={f.name.upper()}' for f in own if f.name in _FIRST or _required(f)]
   doc = (sys.modules[module].__doc__ or '').strip('\n')
-  lines = [f'usage: {" ".join([program(), *given])} [--FLAG=VALUE ...]', '', doc, '',
+  # A command whose arguments take another shape says so in its module's USAGE.
+  usage = getattr(sys.modules[module], 'USAGE', ' '.join(given) + ' [--FLAG=VALUE ...]')
+  lines = [f'usage: {program()} {usage}', '', doc, '',
            f'flags of {program()}:', *map(_flag_help, own)]
   if not full:
     return '\n'.join(lines + ['', "--helpfull lists absl's own flags too (--verbosity, "

@@ -32,6 +32,8 @@ from flax_dp_trainer.base.errors import UserError
 
 FLAGS = flags.FLAGS
 NEEDS = ('torch', 'torchvision', 'matplotlib')
+USAGE = ('--from=torchvision|timm [--nproc_per_node=N] [--out=FILE.py] [--check] [--FLAG=VALUE '
+         '...] -- SCRIPT_ARGS')
 SCRIPTS = ('torchvision', 'timm')
 
 
