@@ -175,3 +175,17 @@ def test_refusals_are_one_line_exit_status_2_and_write_nothing(tmp_path):
         args, err)
   assert kept.read_bytes() == b'not replaced'
   assert sorted(p.name for p in tmp_path.iterdir()) == ['kept.png']
+
+
+def test_a_cells_label_lines_are_never_cut():
+  """Mixed 8x8 images' labels ('dog (0.37)' under a two-character-wide cell): each cell is as
+  wide as its widest line, so the weights read whole (they were cut with an ellipsis)."""
+  labels = [['airplane (0.37)', 'automobile (0.63)'], ['cat']]
+  images = np.zeros((2, 8, 8, 3), np.uint8)
+  grid = show_batch.draw_grid(images, labels, 'mixed')
+  from PIL import ImageDraw  # pylint: disable=import-outside-toplevel
+  widest = ImageDraw.Draw(Image.new('RGB', (1, 1))).textlength(
+      'automobile (0.63)', font=show_batch._font())  # pylint: disable=protected-access
+  layout = show_batch.Layout.of(2, 8, 8)
+  assert layout.cell[0] < widest
+  assert grid.size[0] >= 2 * widest

@@ -248,6 +248,7 @@ class Layout:
   columns: int
   rows: int
   scale: int
+  label_width: int = 0  # The widest label line, in pixels: no cell is narrower.
 
   @classmethod
   def of(cls, count: int, height: int, width: int, columns: int = 0,
@@ -261,7 +262,7 @@ class Layout:
   @property
   def cell(self) -> tuple[int, int]:
     """(width, height) of one cell: the enlarged image and its label lines."""
-    return (self.width * self.scale,
+    return (max(self.width * self.scale, self.label_width),
             self.height * self.scale + LABEL_LINES * LINE_HEIGHT + PAD)
 
   @property
@@ -308,10 +309,16 @@ def draw_grid(images: np.ndarray, labels: Sequence[Sequence[str]], title: str,
   them (`columns`, `side` as it takes them), each with its label lines, under `title`."""
   # pylint: disable-next=import-outside-toplevel
   from PIL import Image, ImageDraw  # (Pillow, as above)
-  layout = Layout.of(len(images), images.shape[1], images.shape[2], columns, side)
   font = _font()
+  measure = ImageDraw.Draw(Image.new('RGB', (1, 1))).textlength
+  # Each cell as wide as its widest label line: a Mixup weight is read whole, never cut.
+  widest = max((math.ceil(measure(text, font=font)) for lines in labels
+                for text in lines[:LABEL_LINES]), default=0)
+  layout = dataclasses.replace(
+      Layout.of(len(images), images.shape[1], images.shape[2], columns, side),
+      label_width=widest)
   # As wide as the title where the cells are narrower: the cells keep their places.
-  title_width = math.ceil(ImageDraw.Draw(Image.new('RGB', (1, 1))).textlength(title, font=font))
+  title_width = math.ceil(measure(title, font=font))
   canvas = Image.new('RGB', (max(layout.size[0], title_width + 2 * PAD), layout.size[1]),
                      'white')
   draw = ImageDraw.Draw(canvas)
