@@ -406,3 +406,14 @@ def test_the_checks_settings_say_the_script_has_no_drop_path():
   lines = timm_side.drawn_settings(args, config)
   assert lines[1].startswith('drop-path: none in the script (no --drop-path')
   assert 'stochastic_depth_rate=0.1 here' in lines[1]
+
+
+def test_the_checks_timm_model_takes_img_size_where_its_constructor_does():
+  """timm's ResNet has no img_size argument (the check passed one and crashed); a ViT builds
+  at --img-size."""
+  resnet = timm_side.create_model(timm_args.parse(['--model', 'resnet18', '--img-size', '48',
+                                                   '--num-classes', '3']))
+  assert resnet(torch.zeros(1, 3, 48, 48)).shape == (1, 3)
+  vit = timm_side.create_model(timm_args.parse(['--model', 'deit_tiny_patch16_224',
+                                                '--img-size', '32', '--num-classes', '3']))
+  assert vit.patch_embed.img_size == (32, 32)

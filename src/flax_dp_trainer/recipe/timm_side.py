@@ -68,12 +68,8 @@ class TimmSide(script_side.ScriptSide):
       raise UserError(f'--data-dir {args.data_dir}: {self.examples} training images make no '
                       'update of an epoch for the script')
     self.ranks = 1 if args.sync_bn else world_size
-    size = {'img_size': args.img_size} if args.img_size else {}
     torch.manual_seed(0)
-    self.model = timm.create_model(
-        args.model, pretrained=False, num_classes=args.num_classes, drop_rate=0.0,
-        drop_path_rate=0.0, global_pool=args.gp, bn_momentum=args.bn_momentum,
-        bn_eps=args.bn_eps, **size, **(args.model_kwargs or {}))
+    self.model = create_model(args)
     self.model.to(dtype).train()
     self.num_classes = self.model.num_classes
     data = timm.data.resolve_data_config(vars(args), model=self.model)
@@ -134,6 +130,22 @@ class TimmSide(script_side.ScriptSide):
 
   def end_of_epoch(self, epoch: int) -> None:
     self.scheduler.step(epoch + 1)
+
+
+def create_model(args: argparse.Namespace) -> torch.nn.Module:
+  """The script's model as the check builds it (its dropout and drop-path off: each side draws
+  its own), at --img-size where its constructor takes one (a ViT's position embedding); a
+  convolutional network (timm's ResNet) takes any size and no such argument."""
+  kwargs = dict(pretrained=False, num_classes=args.num_classes, drop_rate=0.0,
+                drop_path_rate=0.0, global_pool=args.gp, bn_momentum=args.bn_momentum,
+                bn_eps=args.bn_eps, **(args.model_kwargs or {}))
+  if args.img_size:
+    try:
+      return timm.create_model(args.model, img_size=args.img_size, **kwargs)
+    except TypeError as e:
+      if 'img_size' not in str(e):
+        raise
+  return timm.create_model(args.model, **kwargs)
 
 
 def drawn_settings(args: argparse.Namespace, config) -> list[str]:
