@@ -141,11 +141,11 @@ def init_from(options: InitFrom, module, state, state_dict: Optional[dict],
     logging.info('initializing params from the PyTorch state dict %s', path)
     params, batch_stats = loaded.variables['params'], loaded.variables.get('batch_stats')
   else:
-    params, from_step, resampled = load_params(path, state.params,
-                                                            options.pos_embedding_resize)
-    batch_stats = state.batch_stats
+    params, batch_stats, from_step, resampled = load_variables(
+        path, state.params, state.batch_stats, options.pos_embedding_resize)
     _said_resampled(path, resampled, options.pos_embedding_resize)
-    logging.info('initializing params from %s (step %d)', path, from_step)
+    what = 'params and batch_stats' if jax.tree.leaves(batch_stats) else 'params'
+    logging.info('initializing %s from %s (step %d)', what, path, from_step)
   # The EMA (where kept) starts as a copy of what was loaded, as it starts from a fresh init.
   copy = lambda tree, kept: None if kept is None else jax.tree.map(np.copy, tree)
   return state.replace(params=params, batch_stats=batch_stats,
@@ -159,32 +159,46 @@ def load_params(path: str, wanted_params: Any, pos_embedding_resize: str = 'bicu
   its step, and (tokens saved, the model's) where a ViT position embedding made for another
   image size was resampled to the model's grid (`pos_embedding_resize`); else None.
 
-  For `init_from` (fine-tuning): only params are taken; the optimizer starts fresh.
+  For `init_from` (fine-tuning): the optimizer starts fresh (`load_variables` takes the
+  BatchNorm statistics too).
   """
+  params, _, step, tokens = load_variables(path, wanted_params, None, pos_embedding_resize)
+  return params, step, tokens
+
+
+def _newest(path: str) -> tuple[Any, int]:
+  """The checkpoint reader of `path` (a workdir, its checkpoints/ or one step) and the step."""
   check_exists(path)
   path = os.path.abspath(path)
-  candidates = [path, os.path.join(path, 'checkpoints')]
-  step = None
-  for candidate in candidates:
+  for candidate in (path, os.path.join(path, 'checkpoints')):
     reader = checkpointer.read_only(candidate)
     if reader is not None and reader.latest_step() is not None:
-      step = reader.latest_step()
-      break
-  else:
-    parent, name = os.path.split(path)
-    reader = checkpointer.read_only(parent)
-    if reader is not None and name.isdigit() and int(name) in reader.all_steps():
-      step = int(name)
-  if step is None:
-    raise UserError(f'init_from={path!r} holds no checkpoint; point --config.init_from at '
-                    f'{_WHAT_IT_TAKES}')
-  saved = {k[len('params/'):]: v for k, v in checkpointer.state_metadata(reader, step).items()
-           if k.startswith('params/')}
+      return reader, reader.latest_step()
+  parent, name = os.path.split(path)
+  reader = checkpointer.read_only(parent)
+  if reader is not None and name.isdigit() and int(name) in reader.all_steps():
+    return reader, int(name)
+  raise UserError(f'init_from={path!r} holds no checkpoint; point --config.init_from at '
+                  f'{_WHAT_IT_TAKES}')
+
+
+def load_variables(path: str, wanted_params: Any, wanted_stats: Any = None,
+                   pos_embedding_resize: str = 'bicubic'
+                   ) -> tuple[Any, Any, int, Optional[tuple[int, int]]]:
+  """`load_params`' params, and the BatchNorm statistics of the same checkpoint shaped as
+  `wanted_stats` (None: not read; a model without BatchNorm: its empty statistics); a
+  checkpoint whose statistics do not fit the model's is refused in one line, before anything
+  is compiled."""
+  reader, step = _newest(path)
+  metadata = checkpointer.state_metadata(reader, step)
+  part = lambda prefix: {k[len(prefix):]: v for k, v in metadata.items() if k.startswith(prefix)}
+  saved = part('params/')
   convert = checkpointer.layer_conversion(saved, wanted_params)
   if convert is not None:  # Saved scanned for an unscanned model, or the reverse.
-    params, step, tokens = load_params(path, checkpointer.to_form(wanted_params, convert[0]),
-                                       pos_embedding_resize)
-    return checkpointer.to_form(params, convert[1]), step, tokens
+    params, stats, step, tokens = load_variables(
+        path, checkpointer.to_form(wanted_params, convert[0]), wanted_stats,
+        pos_embedding_resize)
+    return checkpointer.to_form(params, convert[1]), stats, step, tokens
   wanted = checkpointer.array_specs(wanted_params)
   resampled = _resampled_embedding(saved, wanted)
   mismatch = checkpointer.describe_mismatch({**saved, **({} if resampled is None else
@@ -192,6 +206,14 @@ def load_params(path: str, wanted_params: Any, pos_embedding_resize: str = 'bicu
   if mismatch:
     raise UserError(f'init_from={path!r} (step {step}) has params that do not fit this model '
                     f'({mismatch}); use a checkpoint of the same model')
+  carry_stats = bool(wanted_stats is not None and jax.tree.leaves(wanted_stats))
+  if carry_stats:
+    mismatch = checkpointer.describe_mismatch(part('batch_stats/'),
+                                              checkpointer.array_specs(wanted_stats))
+    if mismatch:
+      raise UserError(f'init_from={path!r} (step {step}) has BatchNorm statistics that do not '
+                      f'fit this model\'s BatchNorm layers ({mismatch}); use a checkpoint of '
+                      'the same model')
   restored = reader.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
   by_name = {checkpointer.path_name(path): leaf for path, leaf in
              jax.tree_util.tree_flatten_with_path(restored['state']['params'])[0]}
@@ -202,7 +224,13 @@ def load_params(path: str, wanted_params: Any, pos_embedding_resize: str = 'bicu
                                                     pos_embedding_resize)
   params = jax.tree_util.tree_map_with_path(
       lambda path, _: np.asarray(by_name[checkpointer.path_name(path)]), wanted_params)
-  return params, step, tokens
+  stats = wanted_stats
+  if carry_stats:
+    saved_stats = {checkpointer.path_name(path): leaf for path, leaf in
+                   jax.tree_util.tree_flatten_with_path(restored['state']['batch_stats'])[0]}
+    stats = jax.tree_util.tree_map_with_path(
+        lambda path, _: np.asarray(saved_stats[checkpointer.path_name(path)]), wanted_stats)
+  return params, stats, step, tokens
 
 
 def _resampled_embedding(saved: dict, wanted: dict) -> Optional[str]:
