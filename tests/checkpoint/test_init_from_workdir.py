@@ -27,13 +27,11 @@ def _leaves(tree):
 
 def test_a_fine_tune_from_a_workdir_starts_from_its_batchnorm_statistics(config, tmp_path,
                                                                           caplog):
-  """A trained 3 steps, its state sharded over 2 devices; B fine-tunes its head from A on 1. With frozen_batch_stats B keeps A's
-  statistics bitwise (it kept the fresh init's: mean 0, variance 1); without, they are read
-  with the params and the steps update them."""
-  # A's state sharded over 2 devices; B on 1, replicated.
+  """A trained 3 steps, its state sharded over 2 devices; B fine-tunes its head from A on 1
+  device. With frozen_batch_stats B keeps A's statistics bitwise (it kept the fresh init's:
+  mean 0, variance 1); without, they are read with the params and the steps update them."""
   a = fdt.fit(_config(config, state_sharding='full', step_backend='shard_map'),
-              str(tmp_path / 'a'),
-              devices=jax.devices()[:2])
+              str(tmp_path / 'a'), devices=jax.devices()[:2])
   stats_a = _leaves(a.state.batch_stats)
   assert any(np.abs(leaf).max() > 0 and not np.all(leaf == 1) for leaf in stats_a)
   tune = dict(init_from=str(tmp_path / 'a'), frozen=HEAD_ONLY, num_train_steps=2)
