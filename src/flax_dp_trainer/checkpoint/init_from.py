@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from flax_dp_trainer.base import weight_names
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.checkpoint import checkpointer
 from flax_dp_trainer.zoo import torch_weights
@@ -28,11 +29,11 @@ _WHAT_IT_TAKES = ('a workdir, its checkpoints/ directory, one step directory in 
 def check_exists(path: str) -> None:
   """Refuses an `init_from` that names nothing on disk (before anything loads: a typo in the
   path is not a checkpoint that does not fit)."""
-  enum = torch_weights.weights_enum(path)
+  enum = weight_names.weights_enum(path)
   if enum and not os.path.exists(path):
     raise UserError(f'init_from={path!r} names torchvision\'s weights enum, which it downloads, '
                     'and this trainer reads files only (no download): on a machine with a '
-                    f'network, {torch_weights.fetch_command(*enum)}, then '
+                    f'network, {weight_names.fetch_command(*enum)}, then '
                     f'--config.init_from={enum[0]}.pth')
   if not os.path.exists(torch_weights.split_entry(path)[0]):
     raise UserError(f'init_from={path!r} does not exist (no such file or directory); point '

@@ -28,7 +28,7 @@ from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.trace import context as trace_context
-from flax_dp_trainer.zoo import torch_weights
+from flax_dp_trainer.base import weight_names
 from flax_dp_trainer.zoo import vit
 
 _POSITIVE_FIELDS = ('batch_size', 'eval_batch_size', 'log_every_steps', 'eval_every_steps',
@@ -202,7 +202,7 @@ def check_fields(config, *, process_count: int, local_device_count: Optional[int
   _check_best(config)
   augmentation_checks.check(config)
   _check_trackers(config)
-  if config.init_from and torch_weights.weights_enum(config.init_from):
+  if config.init_from and weight_names.weights_enum(config.init_from):
     init_from_lib.check_exists(config.init_from)  # torchvision's enum: how to get the file.
   if not isinstance(config.data_threads, int) or config.data_threads < 0:
     raise UserError(f'data_threads={config.data_threads!r} must be a whole number >= 0; 0 uses '

@@ -29,11 +29,11 @@ import argparse
 import os
 from typing import Optional
 
+from flax_dp_trainer.base import weight_names
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.recipe import epochs
 from flax_dp_trainer.recipe import torchvision_args
 from flax_dp_trainer.recipe.translation import Translation
-from flax_dp_trainer.zoo import torch_weights
 
 # torchvision's model names whose twin is a model here (torch_ddp/models.py builds them from
 # torchvision's classes).
@@ -240,7 +240,7 @@ def _model(r: _Reader, model_map: dict[str, str]) -> None:
     r.t.refuse(r.flag('weights'),
                f'torchvision\'s weights {a.weights!r} are downloaded by the script, and this '
                'trainer reads files only (no download): on a machine with a network, '
-               f'{torch_weights.fetch_command(name, a.weights.rpartition(".")[2])}, then '
+               f'{weight_names.fetch_command(name, a.weights.rpartition(".")[2])}, then '
                f'--config.init_from={name}.pth', changes_training=True)
   else:
     r.set('weights', 'init_from', '', 'random init, as torchvision initializes')

@@ -18,7 +18,6 @@ Nothing here imports the trainer.
 
 import math
 import os
-import re
 from typing import Any, Dict, Iterable, Mapping, NamedTuple, Optional, Tuple
 
 import flax.linen as nn
@@ -322,20 +321,6 @@ def _attention_from_torch(arrays: Mapping[str, Any], state: Mapping[str, np.ndar
   return out
 
 
-def weights_enum(text: str) -> Optional[tuple[str, str]]:
-  """torchvision's weights named as its enum, 'ResNet18_Weights.IMAGENET1K_V1', as (the model's
-  builder, the weights' name): ('resnet18', 'IMAGENET1K_V1'); None for anything else."""
-  found = re.fullmatch(r'([A-Za-z]\w*)_Weights\.(\w+)', text.strip())
-  return (found.group(1).lower(), found.group(2)) if found else None
-
-
-def fetch_command(model: str, weights: str) -> str:
-  """The command that saves torchvision's `weights` of `model` as `MODEL.pth`, on a machine
-  that reaches torchvision's download server."""
-  return (f"python -c \"import torch, torchvision; torch.save(torchvision.models.get_model("
-          f"'{model}', weights='{weights}').state_dict(), '{model}.pth')\"")
-
-
 def split_entry(path: str) -> tuple[str, str]:
   """'FILE#ENTRY' -> (FILE, ENTRY); a path without the mark: (path, '')."""
   if ENTRY_MARK in os.path.basename(path) and not os.path.exists(path):
@@ -355,6 +340,7 @@ def read_state_dict(path: str, taken: Optional[list] = None) -> Arrays:
     # pylint: disable-next=import-outside-toplevel
     from safetensors import numpy as safetensors_numpy  # (optional: the ddp extra)
     return dict(safetensors_numpy.load_file(path))
+  # (argparse, torch: timm's checkpoints hold a Namespace; torch is the ddp extra's.)
   import argparse  # pylint: disable=import-outside-toplevel
   import torch  # pylint: disable=import-outside-toplevel  # (optional: the ddp extra)
   # timm's checkpoints hold its arguments as a Namespace: allowed, nothing else is.
