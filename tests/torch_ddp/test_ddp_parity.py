@@ -111,7 +111,11 @@ def test_first_20_losses_agree(tmp_path, config, request, model, jax_devices, dd
              if 'train_loss' in r]
   assert [r['step'] for r in records] == list(range(1, 21))
   ddp_losses = [r['train_loss'] for r in records]
-  np.testing.assert_allclose(ddp_losses, jax_losses, rtol=1e-4)
+  # Lion steps by the sign of each update: a component within rounding of zero can take
+  # either sign on either side, moving its weight by 2 x lr, so its losses part a little more
+  # than float rounding (1.1e-4 at step 16 of 20 on one order of the data).
+  np.testing.assert_allclose(ddp_losses, jax_losses,
+                             rtol=3e-4 if more is LION_PROBE else 1e-4)
   # The runs trained: the loss moved well beyond the tolerance.
   assert abs(jax_losses[-1] - jax_losses[0]) > 1e-2
   np.testing.assert_allclose([r['learning_rate'] for r in records],
