@@ -1,6 +1,8 @@
 """A fine-tune from a workdir (`init_from` a run of this trainer) starts from its params and
 its BatchNorm statistics."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -41,6 +43,20 @@ def test_a_fine_tune_from_a_workdir_starts_from_its_batchnorm_statistics(config,
   assert f"initializing params and batch_stats from {tmp_path / 'a'} (step 3)" in caplog.text
   for got, want in zip(_leaves(frozen.state.batch_stats), stats_a):
     np.testing.assert_array_equal(got, want)
+  # B's evaluation at its step is A's model with the head retrained alone: A's body, A's
+  # statistics and B's head evaluated apart give B's accuracy.
+  head = [name for name in frozen.state.params if name.startswith('Dense')]
+  a_model, b_model = fdt.load(str(tmp_path / 'a')), fdt.load(str(tmp_path / 'b'))
+  for name in set(frozen.state.params) - set(head):
+    for got, want in zip(_leaves(frozen.state.params[name]), _leaves(a.state.params[name])):
+      np.testing.assert_array_equal(got, want)
+  retrained = dataclasses.replace(a_model, variables={
+      'params': {**a_model.variables['params'],
+                 **{name: b_model.variables['params'][name] for name in head}},
+      'batch_stats': a_model.variables['batch_stats']})
+  images, labels = retrained.read_split()
+  correct = int(np.sum(retrained.predict(images) == np.asarray(labels)))
+  assert correct == round(frozen.history['eval_accuracy'][-1][1] * len(labels))
   # Without frozen_batch_stats the statistics start from A's (the EMA's copy too) and the
   # steps update them from there.
   loaded_params, loaded_stats = _shapes(str(tmp_path / 'a'))
