@@ -255,8 +255,8 @@ def main(argv):
     command_line = frozenset(FLAGS['config'].override_values)
     if not FLAGS.eval_only:
       try:  # What the devices decide, now that they are known: the command line's, status 2.
-        checks.check_fields(config, process_count=jax.process_count(),
-                            local_device_count=jax.local_device_count())
+        checks.check_devices(config, process_count=jax.process_count(),
+                             local_device_count=jax.local_device_count())
       except UserError as e:
         _exit(2, f'error: {e}')
     if FLAGS.eval_only:

@@ -13,6 +13,7 @@ from flax_dp_trainer.data import stream_versions
 # torchvision's RandomResizedCrop defaults (config.crop_scale, config.crop_ratio).
 CROP_SCALE = (0.08, 1.0)
 CROP_RATIO = (3 / 4, 4 / 3)
+CROP_TEXTS = {'crop_scale': '0.08,1.0', 'crop_ratio': '3/4,4/3'}  # The same, as configs write.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +71,7 @@ def crop_range(text, field: str) -> tuple[float, float]:
   """config.crop_scale or crop_ratio ('0.08,1.0', '3/4,4/3': two numbers or fractions, low
   then high, above 0; the scale at most 1) as floats; UserError naming the value and the
   form."""
-  default = {'crop_scale': '0.08,1.0', 'crop_ratio': '3/4,4/3'}[field]
+  default = CROP_TEXTS[field]
   try:
     values = tuple(float(fractions.Fraction(part.strip())) for part in str(text).split(','))
   except (ValueError, ZeroDivisionError):

@@ -23,6 +23,8 @@ import math
 
 import numpy as np
 
+from flax_dp_trainer.data import stream_versions
+
 # splitmix64's finalizer (Steele, Lea and Flood 2014; the constants of Java's SplittableRandom).
 MIX_MULTIPLIERS = (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
 MIX_SHIFTS = (30, 27, 31)
@@ -188,24 +190,16 @@ def tf_order_key(tf, seed: int, stream: int, epoch):
   return tf.cast(tf.stack(words, axis=-1), tf.int64)
 
 
-# The training stream's epoch orders, by version (recorded in a run's checkpoints: a resumed
-# run keeps the order it started with). 1: the op keyed by (seed, stream, epoch) as they are,
-# 4 rounds (weak: see CHANGELOG 0.3.0); 2: keyed by `order_key`, ORDER_ROUNDS[2] rounds.
-ORDER_VERSION = 2  # What a new run gets.
+# The rounds of each epoch order (`stream_versions.ORDERS`): 1, the op keyed by (seed, stream,
+# epoch) as they are, 4 rounds; 2, keyed by `order_key`, 24 rounds.
 ORDER_ROUNDS = {1: 4, 2: 24}
 
 
-def check_order_version(version: int) -> int:
-  if version not in ORDER_ROUNDS:
-    raise ValueError(f'order version {version}: this trainer has {sorted(ORDER_ROUNDS)}')
-  return version
-
-
 def epoch_order(seed: int, stream: int, epoch, within, num_examples: int,
-                version: int = ORDER_VERSION) -> np.ndarray:
+                version: int = stream_versions.LATEST.order) -> np.ndarray:
   """The split index at place `within` of epoch `epoch`'s order (element-wise, broadcasting;
   int64), as the training stream's TensorFlow graph computes it (`data.stream.epoch_order`)."""
-  rounds = ORDER_ROUNDS[check_order_version(version)]
+  rounds = ORDER_ROUNDS[version]
   epoch, within = np.broadcast_arrays(np.asarray(epoch, np.int64), np.asarray(within, np.int64))
   if version == 1:
     key = np.stack([np.full_like(epoch, seed), np.full_like(epoch, stream), epoch], axis=-1)

@@ -22,6 +22,7 @@ import numpy as np
 from flax_dp_trainer.data.tensorflow_import import tf
 
 from flax_dp_trainer.data import index_shuffle
+from flax_dp_trainer.data import stream_versions
 
 # The random streams of the data seed. 2 drew Mixup/CutMix on the host before it moved into
 # the step (mix.py, keyed by the step's RNG), and 3 RandAugment set by its own field before
@@ -46,7 +47,7 @@ def pair_seed(seed: int, stream: int, counter: tf.Tensor) -> tf.Tensor:
 
 
 def epoch_order(seed: int, epoch: tf.Tensor, within: tf.Tensor, num_examples: int,
-                version: int = index_shuffle.ORDER_VERSION) -> tf.Tensor:
+                version: int = stream_versions.LATEST.order) -> tf.Tensor:
   """The index of the example at place `within` of epoch `epoch`'s order of a split of
   `num_examples` (element-wise over vectors): a permutation per epoch drawn from the seed,
   computed per place by TensorFlow's index shuffle, nothing materialized. `version`
@@ -55,7 +56,7 @@ def epoch_order(seed: int, epoch: tf.Tensor, within: tf.Tensor, num_examples: in
   numpy."""
   within = tf.cast(within, tf.int64)
   epoch = tf.broadcast_to(tf.cast(epoch, tf.int64), tf.shape(within))
-  rounds = index_shuffle.ORDER_ROUNDS[index_shuffle.check_order_version(version)]
+  rounds = index_shuffle.ORDER_ROUNDS[version]
   # tf.random.experimental.index_shuffle pads batched seeds wrongly; its op takes [n, 3].
   shuffle = lambda index, key, max_index: tf.raw_ops.RandomIndexShuffle(
       index=index, seed=key, max_index=tf.constant(max_index, tf.int64), rounds=rounds)
@@ -72,7 +73,7 @@ def epoch_order(seed: int, epoch: tf.Tensor, within: tf.Tensor, num_examples: in
 
 
 def example_index(seed: int, position: tf.Tensor, num_examples: int, repeats: int = 1,
-                  order_version: int = index_shuffle.ORDER_VERSION) -> tf.Tensor:
+                  order_version: int = stream_versions.LATEST.order) -> tf.Tensor:
   """The index in the split of the example at stream `position` (element-wise). With
   `repeats` R (config.aug_repeats), the stream holds each example R times in a row: position
   g holds the example at place g div R of the orders, so R stream epochs go through each
@@ -128,7 +129,7 @@ class EpochOrders:
   INDICES_PER_CALL = 1 << 17  # Epochs of a small split are ordered together up to this many.
 
   def __init__(self, seed: int, num_examples: int, repeats: int = 1,
-               order_version: int = index_shuffle.ORDER_VERSION):
+               order_version: int = stream_versions.LATEST.order):
     self._seed, self._n, self._orders = seed, num_examples, {}
     self._repeats = repeats  # As `example_index` takes it.
     self._version = order_version

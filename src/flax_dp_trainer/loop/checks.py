@@ -232,7 +232,13 @@ def check_fields(config, *, process_count: int, local_device_count: Optional[int
                     '(--config.learning_rate=X)')
   if local_device_count is None:
     _check_bn_groups(config, None)
-    return
+  else:
+    check_devices(config, process_count=process_count, local_device_count=local_device_count)
+
+
+def check_devices(config, *, process_count: int, local_device_count: int) -> None:
+  """What the devices decide: the training batch split evenly over them, its micro-batches
+  and BatchNorm groups."""
   # The training batch is split evenly; the eval batch need not be (evaluation pads).
   devices = process_count * local_device_count
   if config.batch_size % devices:

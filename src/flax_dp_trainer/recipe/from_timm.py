@@ -20,7 +20,6 @@ import os
 from typing import Any, Callable, Optional
 
 from flax_dp_trainer.base.errors import UserError, first_line
-from flax_dp_trainer.configs import default as default_config
 from flax_dp_trainer.data import data_options
 from flax_dp_trainer.recipe import epochs
 from flax_dp_trainer.recipe import timm_args
@@ -330,7 +329,7 @@ def _image(ctx: _Context) -> Optional[tuple]:
       ctx.refuse(dest, f'--{dest} takes two numbers, low and high (timm reads the first two)')
       continue
     default = data_options.CROP_SCALE if dest == 'scale' else data_options.CROP_RATIO
-    text = (default_config.get_config()[field] if tuple(values) == default else
+    text = (data_options.CROP_TEXTS[field] if tuple(values) == default else
             ','.join(str(float(v)) for v in values))
     ctx.set(dest, field, text, f"the crop's {'area' if dest == 'scale' else 'aspect'} range")
   ctx.set('hflip', 'hflip_prob', args.hflip, "RandomHorizontalFlip's p")
@@ -949,7 +948,8 @@ _PARTS = frozenset({
     'data', 'data_dir', 'dataset', 'train_split', 'val_split', 'model', 'num_classes',
     'img_size', 'in_chans', 'input_size', 'crop_pct', 'mean', 'std', 'interpolation',
     'train_interpolation', 'scale', 'ratio', 'hflip', 'batch_size', 'grad_accum_steps', 'lr',
-    'lr_base', 'lr_base_size', 'lr_base_scale', 'opt', 'opt_eps', 'opt_betas', 'momentum', 'weight_decay', 'layer_decay',
+    'lr_base', 'lr_base_size', 'lr_base_scale', 'opt', 'opt_eps', 'opt_betas', 'momentum',
+    'weight_decay', 'layer_decay',
     'clip_grad', 'clip_mode', 'sched', 'sched_on_updates', 'epochs', 'warmup_epochs',
     'warmup_prefix', 'warmup_lr', 'min_lr', 'lr_noise', 'color_jitter', 'aa', 'aug_repeats',
     'reprob', 'remode', 'recount', 'mixup', 'cutmix', 'cutmix_minmax', 'mixup_prob',

@@ -287,15 +287,6 @@ def _font():
     return ImageFont.load_default()
 
 
-def _fitted(draw, text: str, font, width: int) -> str:
-  """`text`, cut with an ellipsis where wider than `width` pixels."""
-  if draw.textlength(text, font=font) <= width:
-    return text
-  while text and draw.textlength(text + '…', font=font) > width:
-    text = text[:-1]
-  return text + '…'
-
-
 def _rgb(image: np.ndarray, scale: int) -> np.ndarray:
   """[H, W, C] uint8 as RGB, each pixel a `scale` x `scale` square."""
   if image.shape[-1] == 1:
@@ -323,13 +314,12 @@ def draw_grid(images: np.ndarray, labels: Sequence[Sequence[str]], title: str,
                      'white')
   draw = ImageDraw.Draw(canvas)
   draw.text((PAD, PAD), title, fill='black', font=font)
-  cell_w = layout.cell[0]
   for index, (image, lines) in enumerate(zip(images, labels)):
     x, y = layout.origin(index)
     canvas.paste(Image.fromarray(_rgb(image, layout.scale)), (x, y))
     for line, text in enumerate(lines[:LABEL_LINES]):
       draw.text((x, y + layout.height * layout.scale + PAD // 2 + line * LINE_HEIGHT),
-                _fitted(draw, text, font, cell_w), fill='black', font=font)
+                text, fill='black', font=font)
   return canvas
 
 

@@ -463,7 +463,8 @@ class _Session:
           **({'scaler': t.precision.scaler.state_dict()} if t.precision.scaler else {}),
           **({'model_ema': t.ema.state_dict()} if t.ema is not None else {}),
           'examples_seen': t.examples_seen + (step - t.start_step) * self.config.batch_size,
-          'streams': t.versions.to_json(), 'config': self.config.to_dict()}, self.config.keep_checkpoints)
+          'streams': t.versions.to_json(), 'config': self.config.to_dict()},
+          self.config.keep_checkpoints)
     dist.barrier()
 
 
