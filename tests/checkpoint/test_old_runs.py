@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import flax_dp_trainer as fdt
+from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.checkpoint import checkpointer as checkpoint
 from flax_dp_trainer.checkpoint import meta as run_meta
 from flax_dp_trainer.data import stream_versions
@@ -93,3 +94,10 @@ def test_old_module_paths_and_missing_fields():
   mine = run_meta.RunMeta.from_json(dict(saved, config=dict(saved['config'],
                                                               model='models.mynet:Net')), step)
   assert mine.config['model'] == 'models.mynet:Net'
+
+
+def test_a_stream_version_this_trainer_lacks_is_one_line():
+  """A checkpoint of a later trainer (an order it does not draw) is refused in one line."""
+  with pytest.raises(UserError, match=r'order version 9 in the checkpoint: this trainer draws 1, 2; '
+                                      r'resume with the version that wrote it'):
+    stream_versions.StreamVersions.of_record({'order': 9, 'crop': 2})

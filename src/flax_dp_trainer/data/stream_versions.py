@@ -20,6 +20,8 @@ A checkpoint written before the record ran order 1 and crop 1.
 import dataclasses
 from typing import Optional
 
+from flax_dp_trainer.base.errors import UserError
+
 ORDERS = (1, 2)
 CROPS = (1, 2)
 
@@ -33,8 +35,8 @@ class StreamVersions:
   def __post_init__(self):
     for name, value, known in (('order', self.order, ORDERS), ('crop', self.crop, CROPS)):
       if value not in known:
-        raise ValueError(f'a {name} of version {value!r}: this trainer draws '
-                         f'{", ".join(map(str, known))}; resume with the version that wrote it')
+        raise UserError(f'{name} version {value!r} in the checkpoint: this trainer draws '
+                        f'{", ".join(map(str, known))}; resume with the version that wrote it')
 
   def to_json(self) -> dict:
     return {'order': self.order, 'crop': self.crop}
