@@ -237,3 +237,55 @@ def test_the_tool_refuses_bad_input_in_one_line(tmp_path):
   out.write_text('mine')
   done = run('--from=torchvision', f'--out={out}', '--', '--lr', '0.1')
   assert done.returncode == 2 and 'exists' in done.stderr and out.read_text() == 'mine'
+
+
+def test_per_parameter_numbers_of_a_port_with_batchnorm():
+  """A port paired by call order (timm's ResNet by --model_map) converts BatchNorm's scale
+  with its statistics: the check's weight decays read the statistics too (it crashed with
+  `KeyError: ('batch_stats', 'bn_init', 'mean')`), and only the script's parameters come out."""
+  # pylint: disable=import-outside-toplevel  # (jax: this test's own)
+  import types
+  import jax
+  import torch
+  from flax_dp_trainer.recipe import jax_side
+  from tests import port_pairs
+  torch_cls, flax_cls, shape = port_pairs.PAIRS['cnn']
+  original, port = torch_cls(), flax_cls()
+  variables = port.init(jax.random.PRNGKey(0), np.zeros((1,) + shape, np.float32))
+  side = object.__new__(jax_side.JaxSide)
+  side.module, side._carried = port, None  # pylint: disable=protected-access
+  side.state = types.SimpleNamespace(params=variables['params'],
+                                     batch_stats=variables['batch_stats'],
+                                     variables=lambda: variables)
+  side.run = types.SimpleNamespace(config=types.SimpleNamespace(torch_model='TorchCNN'),
+                                   input_shape=(1,) + shape)
+  side.pair(original)
+  factors = jax.tree_util.tree_map_with_path(
+      lambda path, p: 2.0 if 'kernel' in str(path) else 0.5, variables['params'])
+  got = side.per_parameter(factors)
+  assert set(got) == {n for n, _ in original.named_parameters()}
+  assert got == {n: 2.0 if n.endswith('weight') and not n.startswith('bn') else 0.5
+                 for n in got}
+  del torch
+
+
+def test_an_ema_on_one_side_alone_parts_without_a_traceback():
+  """timm's --model-ema (ModelEmaV3, refused by the translation) left the JAX side an EMA and
+  the script none: the EMA stage crashed with `KeyError: 'cls_token'`. One side's EMA alone
+  parts, naming the field; the settings name --model-ema."""
+  # pylint: disable=import-outside-toplevel  # (torch via check: this test's own)
+  import types
+  from flax_dp_trainer.recipe import check
+  from flax_dp_trainer.recipe import timm_args
+  names = ['cls_token', 'head.weight']
+  mine = {n: np.ones(3, np.float32) for n in names}
+  alone = check.ema_stage(mine, None, names, str)
+  assert alone.parts and alone.where == 'cls_token' and '--config.ema_decay=0' in alone.cause
+  assert check.ema_stage(None, mine, names, str).parts
+  assert not check.ema_stage(None, None, names, str).parts
+  assert not check.ema_stage(mine, dict(mine), names, str).parts
+  side = types.SimpleNamespace(run=types.SimpleNamespace(options=types.SimpleNamespace(
+      step=types.SimpleNamespace(ema=object()))))
+  args = timm_args.parse(['--model', 'deit_small_patch16_224', '--model-ema'])
+  settings = check._ema_settings('timm', side, None, args)  # pylint: disable=protected-access
+  assert settings.parts and settings.where == '--model-ema' and 'ModelEmaV3' in settings.cause

@@ -293,7 +293,14 @@ def _timm_drawn(args, config) -> list[str]:
 
 def _ema_settings(script, jax_side, torch_side, args) -> stages_lib.Stage:
   ema = jax_side.run.options.step.ema
-  if script == 'timm':  # (The translation refuses timm's --model-ema: ModelEmaV3's rules.)
+  if script == 'timm' and args.model_ema:  # (ModelEmaV3: the translation refuses it.)
+    return stages_lib.Stage(
+        'EMA settings', float('inf'), stages_lib.EXACT, where='--model-ema',
+        cause="the script keeps timm's ModelEmaV3 (--model-ema), which takes the params whole "
+        "at its first update and averages BatchNorm's statistics too; no config field keeps "
+        'that EMA and the check has no EMA of the script to compare (the translation refuses '
+        '--model-ema): check the recipe without --model-ema')
+  if script == 'timm':
     return stages_lib.Stage('EMA settings', 0.0 if ema is None else float('inf'),
                             stages_lib.EXACT, note='no EMA' if ema is None else '',
                             cause='' if ema is None else 'the config keeps an EMA the '
@@ -374,15 +381,27 @@ def _step_stages(side, mine, theirs, reference, before, inputs, targets, param_n
                                 resolution=resolution))
   out.append(relative('new parameters', mine.params, reference.params,
                       generic('the new parameters')))
-  if theirs.ema is None and mine.ema is None:
-    out.append(stages_lib.Stage('EMA', 0.0, stages_lib.FORWARD, note='no EMA'))
-  else:
-    out.append(relative(
-        'EMA', mine.ema or {}, reference.ema or {},
-        lambda where: f'the EMA of `{where}` differs: the script averages every '
-        f'--model-ema-steps {args.model_ema_steps} iterations of an epoch, copying the model '
-        'in the warm-up epochs (set --config.ema_every_steps, ema_style=\'torchvision\')'))
+  out.append(ema_stage(
+      mine.ema, reference.ema, param_names,
+      lambda where: f'the EMA of `{where}` differs: the script averages every '
+      f'--model-ema-steps {args.model_ema_steps} iterations of an epoch, copying the model '
+      'in the warm-up epochs (set --config.ema_every_steps, ema_style=\'torchvision\')'))
   return out
+
+
+def ema_stage(mine: Optional[dict], reference: Optional[dict], param_names: list[str],
+              cause) -> stages_lib.Stage:
+  """The EMA after the step: none on either side, one side's alone (parts; the settings
+  stage names the field), or the two compared tensor by tensor."""
+  if mine is None and reference is None:
+    return stages_lib.Stage('EMA', 0.0, stages_lib.FORWARD, note='no EMA')
+  if mine is None or reference is None:
+    return stages_lib.Stage(
+        'EMA', float('inf'), stages_lib.FORWARD, where=param_names[0],
+        cause=('only the JAX side keeps an EMA: set --config.ema_decay=0' if reference is None
+               else 'only the script keeps an EMA: set --config.ema_decay'))
+  return stages_lib.tensors('EMA', mine, reference, stages_lib.FORWARD, cause,
+                            keys=param_names)
 
 
 def _drawn(config, args) -> list[str]:

@@ -61,6 +61,7 @@ class JaxSide:
                                             options=options))
     self._clip = optim.clipping(self.run.options.optim)
     self._carried = None  # The port's layers paired with the script's model's (`pair`).
+    self._torch_params = None  # The script's model's parameter names, where paired.
 
   def pair(self, original) -> None:
     """Names trees as `original` (the script's torch model) names them: a shipped model's
@@ -69,6 +70,7 @@ class JaxSide:
     if not self.run.config.torch_model:
       return
     module = self.module
+    self._torch_params = {name for name, _ in original.named_parameters()}
     try:
       self._carried = porting.carry(
           lambda v, im: module.apply(v, im, train=False), jax.device_get(self.state.variables()),
@@ -100,10 +102,16 @@ class JaxSide:
     return torch_weights.to_state_dict(self.module, variables)
 
   def per_parameter(self, factors: Any) -> dict[str, float]:
-    """A tree of one number per params leaf, by torch name."""
+    """A tree of one number per params leaf, by torch name. (A port's layers convert whole,
+    a BatchNorm's statistics with its scale: they are handed over, and left out after.)"""
     full = jax.tree.map(lambda f, p: np.full(p.shape, f, np.float32), factors,
                         self.state.params)
-    return {k: float(np.asarray(v).reshape(-1)[0]) for k, v in self.torch_names(full).items()}
+    if self._carried is None:
+      named = self.torch_names(full)
+    else:
+      named = self.torch_names(full, jax.device_get(self.state.batch_stats))
+      named = {k: v for k, v in named.items() if k in self._torch_params}
+    return {k: float(np.asarray(v).reshape(-1)[0]) for k, v in named.items()}
 
   def weight_decays(self) -> dict[str, float]:
     groups = self.run.options.optim.groups
