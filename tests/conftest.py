@@ -17,6 +17,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 os.environ['XLA_FLAGS'] = ' '.join(
@@ -102,6 +103,59 @@ def pytest_handlecrashitem(crashitem, report, sched):
         os.kill(int(f.read()), signal.SIGKILL)
     except (OSError, ValueError):
       pass
+
+
+# The suite's budget (docs/tests.md), on a 2-core machine: the fast tier alone
+# (`-m "not slow" -n 2`) and the whole suite (as `.ci/run` runs it, the install aside), in
+# seconds of wall time; and the most one test of each tier may take (its setup, call and
+# teardown). A test over its tier's limit, and a run over its budget, are named at the end.
+BUDGET_S = {'the fast tier': 240.0, 'the whole suite': 1350.0}
+PER_TEST_LIMIT_S = {'fast': 8.0, 'slow': 150.0}
+SLOWEST_SHOWN = 25
+_DURATIONS: dict[str, list] = {}  # nodeid -> [seconds, tier], summed over its phases.
+_STARTED: list[float] = []
+
+
+def pytest_sessionstart(session):
+  del session
+  _STARTED.append(time.monotonic())
+
+
+def pytest_runtest_logreport(report):
+  """Each phase's duration, in the process that reports (xdist's controller, or the only
+  one)."""
+  tier = 'slow' if 'slow' in report.keywords else 'fast'
+  _DURATIONS.setdefault(report.nodeid, [0.0, tier])[0] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter, config):
+  """The slowest tests, each tier's total, the tests over their tier's limit and the run
+  against its budget."""
+  if hasattr(config, 'workerinput') or not _DURATIONS:
+    return
+  write = terminalreporter.write_line
+  terminalreporter.section("the suite's budget (docs/tests.md)")
+  ranked = sorted(_DURATIONS.items(), key=lambda kv: -kv[1][0])
+  write(f'slowest {min(SLOWEST_SHOWN, len(ranked))} tests (setup + call + teardown):')
+  for nodeid, (seconds, tier) in ranked[:SLOWEST_SHOWN]:
+    write(f'  {seconds:7.1f} s  {tier}  {nodeid}')
+  for tier in ('fast', 'slow'):
+    times = [s for s, t in _DURATIONS.values() if t == tier]
+    if times:
+      write(f'{tier} tier: {len(times)} tests, {sum(times):.0f} s of test time; '
+            f'per-test limit {PER_TEST_LIMIT_S[tier]:g} s')
+  over = [(n, s, t) for n, (s, t) in ranked if s > PER_TEST_LIMIT_S[t]]
+  for nodeid, seconds, tier in over:
+    write(f'over the {tier} tier\'s limit of {PER_TEST_LIMIT_S[tier]:g} s: {seconds:.1f} s  '
+          f'{nodeid}', yellow=True)
+  wall = time.monotonic() - _STARTED[0]
+  if config.args_source != pytest.Config.ArgsSource.TESTPATHS:  # Some files: no budget.
+    write(f'this run: {wall:.0f} s of wall time')
+    return
+  run = ('the whole suite' if any(t == 'slow' for _, t in _DURATIONS.values())
+         else 'the fast tier')
+  write(f'{run}: {wall:.0f} s of wall time, budget {BUDGET_S[run]:g} s'
+        + (' (over)' if wall > BUDGET_S[run] else ''), yellow=wall > BUDGET_S[run])
 
 
 def pytest_sessionfinish(session):
