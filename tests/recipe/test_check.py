@@ -161,24 +161,23 @@ def test_the_scaled_down_tv2_recipe_checks_the_same_and_each_change_is_named(tmp
       [r['lr'][1] for r in report.steps], rel=1e-6)
   assert report.steps[4]['lr'][0] == pytest.approx(0.5)  # The first step after the warm-up.
 
-  def first(field, value):
-    changed = tool.config_of(translation)
-    changed.unlock()
-    changed[field] = value
-    changed.lock()
-    found = check.run('torchvision', args, changed, str(tmp_path / field), 2, 1)
-    assert not found.same
-    return found.first
-
-  step, stage = first('decay_all_params', False)
-  assert (step, stage.name, stage.where) == (0, 'weight decay', 'fc.bias')
-  assert '--config.decay_all_params=True' in stage.cause
-  step, stage = first('lr_schedule_unit', 'step')
-  assert (step, stage.name) == (0, 'learning rates')
-  assert '--config.lr_schedule_unit=epoch' in stage.cause
-  step, stage = first('bn_group_size', 0)
-  assert (step, stage.name) == (1, 'BatchNorm statistics')
-  assert '--config.bn_group_size=8 --config.bn_group_stats=first' in stage.cause
+  # Three fields changed at once, each caught where it first acts and named with its fix
+  # (the weight decay and the schedule in the settings, the BatchNorm groups at step 1's
+  # forward, from the same weights and inputs): one check in place of three.
+  changed = tool.config_of(translation)
+  changed.unlock()
+  changed.decay_all_params, changed.lr_schedule_unit, changed.bn_group_size = False, 'step', 0
+  changed.lock()
+  found = check.run('torchvision', args, changed, str(tmp_path / 'changed'), 2, 1)
+  assert not found.same
+  settings = {s.name: s for s in found.settings}
+  assert settings['weight decay'].parts and settings['weight decay'].where == 'fc.bias'
+  assert '--config.decay_all_params=True' in settings['weight decay'].cause
+  assert settings['learning rates'].parts
+  assert '--config.lr_schedule_unit=epoch' in settings['learning rates'].cause
+  batchnorm = {s.name: s for s in found.steps[0]['stages']}['BatchNorm statistics']
+  assert batchnorm.parts
+  assert '--config.bn_group_size=8 --config.bn_group_stats=first' in batchnorm.cause
 
 
 @pytest.mark.slow
@@ -189,12 +188,12 @@ def test_timms_deit_command_checks_the_same(tmp_path):
   from flax_dp_trainer.recipe import timm_args
   from flax_dp_trainer.tools import recipe as tool
   data = _folder(tmp_path / 'data', 72)
-  argv = ['--model', 'deit_small_patch16_224', '--opt', 'adamw', '--weight-decay', '0.05',
+  argv = ['--model', 'deit_tiny_patch16_224', '--opt', 'adamw', '--weight-decay', '0.05',
           '--sched', 'cosine', '--aa', 'rand-m9-mstd0.5-inc1', '--mixup', '0.8', '--cutmix',
           '1.0', '--reprob', '0.25', '--drop-path', '0.1', '--smoothing', '0.1',
           '--batch-size', '8', '--epochs', '4', '--warmup-epochs', '1', '--img-size', '32',
           '--num-classes', '4', '--data-dir', data]
-  translation = from_timm.translate(argv, 2, {'deit_small_patch16_224': 'vit_s16'})
+  translation = from_timm.translate(argv, 2, {'deit_tiny_patch16_224': 'vit_ti16'})
   assert translation.exit_code == 0, translation.table()
   report = check.run('timm', timm_args.parse(argv), tool.config_of(translation),
                      str(tmp_path / 'run'), 2, 5)
