@@ -65,6 +65,7 @@ def run(tfds_data_dir, tmp_path_factory):
   return workdir, first, config
 
 
+@pytest.mark.slow
 def test_the_newest_and_the_best_evaluations_are_kept_across_a_resume(run):
   workdir, first, _ = run
   evaluations = _evaluations(workdir)

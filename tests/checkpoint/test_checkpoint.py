@@ -221,6 +221,7 @@ def test_interrupted_or_corrupt_newest_save_falls_back(reference, config, tmp_pa
   assert sorted(scalars['eval_accuracy']) == [100, 200]
 
 
+@pytest.mark.slow
 def test_a_checkpoint_restores_under_any_state_sharding_and_device_count(config, tmp_path):
   """Checkpoints hold whole arrays whatever the sharding that wrote them: a run with its
   optimizer state split over 4 devices resumes with params split too on 2, and ends where it
@@ -366,6 +367,7 @@ def test_init_from_takes_params_only(config, tmp_path):
   assert not (tmp_path / 'other').exists()
 
 
+@pytest.mark.slow
 def test_init_from_a_torchvision_state_dict_fine_tunes_with_a_new_head(config, tmp_path,
                                                                        caplog):
   """A torchvision ResNet's state dict (here at the test width, 7 classes, RGB) starts a

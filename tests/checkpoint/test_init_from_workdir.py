@@ -27,6 +27,7 @@ def _leaves(tree):
   return [np.asarray(leaf) for leaf in jax.tree.leaves(tree)]
 
 
+@pytest.mark.slow
 def test_a_fine_tune_from_a_workdir_starts_from_its_batchnorm_statistics(config, tmp_path,
                                                                           caplog):
   """A trained 3 steps, its state sharded over 2 devices; B fine-tunes its head from A on 1

@@ -121,6 +121,7 @@ KWARGS_ARGS = ['--config=default', '--config.model=flax_dp_trainer.zoo.simple:ML
                '--config.torch_model_kwargs.out_features=3', '--noconfig.torch_model_kwargs.bias']
 
 
+@pytest.mark.slow
 def test_constructor_arguments_come_from_the_command_line_without_a_config_file(tmp_path):
   """`--config.X_kwargs.KEY=VALUE` adds a key the shipped config does not set, its value read
   as a Python literal, for every `*_kwargs` field: the values reach both constructors and

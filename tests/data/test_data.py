@@ -323,6 +323,7 @@ def test_strong_augmentation_under_mock_data(config, dataset, shape, cache):
     np.testing.assert_array_equal(a['image'], b['image'])
 
 
+@pytest.mark.slow
 def test_an_augmentation_policy_is_drawn_from_the_stream_position(config):
   """config.auto_augment's policy: in the plan with its settings, uint8, the same for the same
   stream positions (a resume, another process count), changing the images."""
@@ -346,6 +347,7 @@ def test_an_augmentation_policy_is_drawn_from_the_stream_position(config):
       'AutoAugment (svhn policy), bilinear, zeros')
 
 
+@pytest.mark.slow
 def test_repeated_augmentation_puts_each_example_r_times_in_a_row(config):
   """aug_repeats=4: runs of 4 copies of one example (the same as the plain stream's gather
   of that run's slot), each copy augmented apart; one epoch of steps holds a quarter of the

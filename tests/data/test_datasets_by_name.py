@@ -163,6 +163,7 @@ def test_an_unlisted_dataset_trains_evaluates_and_loads(config, tmp_path, name):
     assert specs.from_json(json.load(f)) == specs.spec(name)
 
 
+@pytest.mark.slow
 def test_a_recorded_spec_serves_a_host_without_tensorflow_datasets(tmp_path):
   """A run's dataset_spec.json, given as --config.dataset_spec, describes the dataset where
   TensorFlow Datasets cannot be imported (a GPU host of the DDP baseline or the benchmark)."""

@@ -12,6 +12,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from flax_dp_trainer.elastic import supervisor
 from tests import REPO
 from tests.elastic import launching
@@ -33,6 +35,7 @@ def _restarts(workdir):
     return [json.loads(line) for line in f]
 
 
+@pytest.mark.slow
 def test_a_lost_host_and_a_stall_restart_on_the_processes_that_remain(stand_in, tmp_path):
   env, log = stand_in
   workdir = str(tmp_path / 'run')
@@ -82,6 +85,7 @@ def test_the_batch_decides_how_many_processes_restart(stand_in, tmp_path):
           'restarting on 2') in result.stderr
 
 
+@pytest.mark.slow
 def test_a_stopped_process_does_not_hold_the_launcher_and_spent_restarts_end_it(
     stand_in, tmp_path):
   """A SIGSTOPped process (its peers abort on the missing heartbeats, before any hang limit):
@@ -100,6 +104,7 @@ def test_a_stopped_process_does_not_hold_the_launcher_and_spent_restarts_end_it(
   assert not supervisor_processes(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_stopped_process_is_named_before_the_runtime_aborts_its_peers(stand_in, tmp_path):
   """`kill -STOP` of process 2 of 4 under a hang limit: the launcher hands the trainers a
   heartbeat timeout beyond its limit, so the restart names process 2, cause 'hang'; a

@@ -8,6 +8,8 @@ import re
 import time
 import types
 
+import pytest
+
 from flax_dp_trainer.elastic import goodput_records
 from flax_dp_trainer.elastic import liveness
 from flax_dp_trainer.elastic import supervisor
@@ -57,6 +59,7 @@ def test_a_hang_names_the_process_the_others_wait_for(tmp_path):
   assert re.match(r'process 1 made no progress for \d+ s \(phase step, step 30', failure.text)
 
 
+@pytest.mark.slow
 def test_a_hang_waits_for_the_process_behind_to_pass_its_own_limit(tmp_path):
   """Process 1 never dispatched step 30, but its last progress reached its file after its
   peers' (written once a second): when they pass the limit it has not, and neither of them is
@@ -76,6 +79,7 @@ def test_a_hang_waits_for_the_process_behind_to_pass_its_own_limit(tmp_path):
 
 
 
+@pytest.mark.slow
 def test_at_one_step_the_process_in_the_earlier_phase_is_behind(tmp_path):
   """At the last step, process 0 has saved and waits in its end (the final sync) while
   process 1 is still in its save, silent past the limit: process 1 is named, in its save,

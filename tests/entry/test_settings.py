@@ -75,6 +75,7 @@ def test_show_config_prints_every_field_value_and_comment(no_tensorflow):
                                'per micro-batch.]')
 
 
+@pytest.mark.slow
 def test_show_config_shows_the_options_as_resolved(no_tensorflow):
   """Below the fields and the dataset: the durations counted in steps of the dataset's train
   split, the peak rate after the linear scaling rule, and every layer's options as the run
@@ -142,6 +143,7 @@ def test_a_host_without_tfds_is_told_how_to_describe_a_dataset(tmp_path):
       'a run of this dataset wrote in its workdir')
 
 
+@pytest.mark.slow
 def test_listings(no_tensorflow):
   listed = _main(no_tensorflow, '--list=models').stdout.splitlines()
   assert listed[:-1] == zoo.names()

@@ -341,13 +341,14 @@ def _cli(*args):
     pytest.param(['--config.batch_size=100'], 2,
                  'error: batch_size=100 is not divisible by the 8 devices',
                  marks=pytest.mark.slow),
-    (['--config.grad_accum_steps=3'], 2,
-     'error: grad_accum_steps=3 does not divide the per-device batch of 16 (batch_size=128 '
-     'over 8 devices)'),
+    pytest.param(['--config.grad_accum_steps=3'], 2,
+                 'error: grad_accum_steps=3 does not divide the per-device batch of 16 '
+                 '(batch_size=128 over 8 devices)', marks=pytest.mark.slow),
     # A split the user named is refused, not read from another (digits has train and test).
-    (['--config.eval_split=validation'], 1,
-     "error: eval_split: dataset 'digits' has no split 'validation'; it has: test, train (TFDS "
-     "slicing such as 'train[:90%]' is allowed; --config.eval_split=...)"),
+    pytest.param(['--config.eval_split=validation'], 1,
+                 "error: eval_split: dataset 'digits' has no split 'validation'; it has: test, "
+                 "train (TFDS slicing such as 'train[:90%]' is allowed; "
+                 "--config.eval_split=...)", marks=pytest.mark.slow),
     # What the command line says alone: status 2, before TensorFlow loads.
     (['--config.model=resnet9'], 2,
      "error: model='resnet9' is unknown; choose one of: cnn, mlp, resnet101"),

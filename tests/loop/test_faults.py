@@ -103,6 +103,7 @@ def test_damaged_checkpoints_are_set_aside_and_the_run_ends_where_it_would_have(
   assert [r['step'] for r in records if 'train_loss' in r] == [10, 20, 30, 40, 50, 60]
 
 
+@pytest.mark.slow
 def test_where_no_checkpoint_reads_nothing_changes(finished, config, tmp_path):
   _, source = finished
   workdir = str(tmp_path / 'run')

@@ -17,6 +17,7 @@ def _files(workdir):
                 for name in names)
 
 
+@pytest.mark.slow
 def test_a_resume_with_another_batch_or_seed_is_refused_unless_asked(config, tmp_path,
                                                                      caplog):
   config.update(num_train_steps=4, warmup_steps=1, log_every_steps=2, eval_every_steps=4,

@@ -160,6 +160,7 @@ def test_an_unreachable_mlflow_server_is_said_once_and_training_goes_on(config, 
   assert [r['step'] for r in records if 'eval_accuracy' in r] == [4]
 
 
+@pytest.mark.slow
 def test_mlflow_gets_what_metrics_jsonl_holds_above_its_last_step_first(tmp_path):
   """A run whose tracker never had its first steps (killed before MLflow started, or MLflow
   turned on at a resume): they are logged from metrics.jsonl, then the session's own; the
@@ -241,6 +242,7 @@ def _wandb_session(wandb, workdir, run_id, steps):
   wandb.teardown()  # Which waits until W&B's service has written the file; `finish` does not.
 
 
+@pytest.mark.slow
 def test_wandb_files_read_the_steps_w_and_b_wrote(wandb, tmp_path):
   """Two sessions of one run written by W&B itself read back in order; a file cut short
   anywhere, as a kill leaves it, reads up to its last whole record."""

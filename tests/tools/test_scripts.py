@@ -146,6 +146,7 @@ HELP_FLAGS = {
 }
 
 
+@pytest.mark.slow
 def test_every_console_script_lists_its_own_flags_under_help(tmp_path):
   """`--help` of each installed tool (and of the trainer as a module) lists the command's own
   flags and exits 0; the trainer's begin with --config and --workdir."""
@@ -174,6 +175,7 @@ NO_DDP_EXTRA = ("import sys\nfor name in ('torch', 'torchvision', 'timm', 'matpl
                 "  sys.modules[name] = None\n")
 
 
+@pytest.mark.slow
 def test_the_torch_tools_without_the_ddp_extra_say_so_in_one_line(tmp_path):
   """dp-port-check, dp-compare and dp-export without torch: `--help` lists their flags; a run
   is one line naming the extra and its install command, exit status 2, nothing created (the

@@ -40,7 +40,8 @@ def trained(tfds_data_dir, tmp_path_factory):
 
 
 @pytest.mark.parametrize('model,remat,devices', [
-    pytest.param('vit_test', 'full', 2, marks=pytest.mark.slow), ('user_marked', 'full', 8),
+    pytest.param('vit_test', 'full', 2, marks=pytest.mark.slow),
+    pytest.param('user_marked', 'full', 8, marks=pytest.mark.slow),
     pytest.param('vit_test', 'dots', 8, marks=pytest.mark.slow),
     pytest.param('resnet_tiny', 'full', 8, marks=pytest.mark.slow),
     pytest.param('resnet_tiny', 'dots_no_batch', 2, marks=pytest.mark.slow)])

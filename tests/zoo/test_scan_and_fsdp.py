@@ -70,7 +70,7 @@ def _assert_close(state, reference, unstack=False):
     pytest.param('vit_test', 4, dict(remat='full'), marks=pytest.mark.slow),
     pytest.param('resnet_tiny', 8, dict(remat='dots'), marks=pytest.mark.slow),
     pytest.param('user_marked', 2, {}, marks=pytest.mark.slow),
-    ('cnn', 4, {})])
+    pytest.param('cnn', 4, {}, marks=pytest.mark.slow)])
 def test_fsdp_trains_what_one_device_trains(trained, model, devices, overrides):
   """Dropout (vit_test, user_marked, cnn), stochastic depth (vit_test), cross-replica
   BatchNorm (resnet_tiny, user_marked), Mixup/CutMix partners (cnn: no marked block, every
@@ -102,6 +102,7 @@ def test_scanned_layers_with_dropout_are_the_same_on_any_topology(trained):
       jax.tree.leaves(unscanned.params)) > 1e-4  # Other masks than the unscanned form's.
 
 
+@pytest.mark.slow
 def test_a_scanned_run_resumes_loads_and_exports_unscanned(trained, tfds_data_dir, tmp_path):
   off = dict(dropout_rate=0.0, stochastic_depth_rate=0.0)
   scanned, workdir = trained('vit_test', 'shard_map-fsdp', 2, scan_layers=True, remat='full',

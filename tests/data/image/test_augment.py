@@ -230,6 +230,7 @@ def test_randaugment_is_deterministic_per_seed_and_varies_across_seeds():
   assert first.dtype == np.uint8 and first.shape == _RA_IMAGE.shape
 
 
+@pytest.mark.slow
 def test_randaugment_in_tf_data_matches_eager_and_repeats():
   batch = _randaugment_dataset(12, 2, 9)
   np.testing.assert_array_equal(batch, _randaugment_dataset(12, 2, 9))

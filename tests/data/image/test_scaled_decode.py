@@ -55,6 +55,7 @@ def large_photo_folder(tmp_path_factory, photos):
   return str(root)
 
 
+@pytest.mark.slow
 def test_the_stream_keeps_its_windows_and_flips_on_any_process_count(config, large_photo_folder):
   config.update(dataset=f'folder:{large_photo_folder}', image_size=64, batch_size=8,
                 cache=False)
