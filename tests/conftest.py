@@ -149,11 +149,16 @@ def pytest_terminal_summary(terminalreporter, config):
     write(f'over the {tier} tier\'s limit of {PER_TEST_LIMIT_S[tier]:g} s: {seconds:.1f} s  '
           f'{nodeid}', yellow=True)
   wall = time.monotonic() - _STARTED[0]
-  if config.args_source != pytest.Config.ArgsSource.TESTPATHS:  # Some files: no budget.
+  if config.args_source != pytest.Config.ArgsSource.TESTPATHS or config.option.keyword:
+    # Some files, or some tests by -k: no tier's budget.
     write(f'this run: {wall:.0f} s of wall time')
     return
-  run = ('the whole suite' if any(t == 'slow' for _, t in _DURATIONS.values())
-         else 'the fast tier')
+  tiers = {t for _, t in _DURATIONS.values()}
+  run = {frozenset({'fast'}): 'the fast tier', frozenset({'slow'}): 'the slow tier'}.get(
+      frozenset(tiers), 'the whole suite')
+  if run not in BUDGET_S:  # (The slow tier alone has no budget of its own.)
+    write(f'{run}: {wall:.0f} s of wall time')
+    return
   write(f'{run}: {wall:.0f} s of wall time, budget {BUDGET_S[run]:g} s'
         + (' (over)' if wall > BUDGET_S[run] else ''), yellow=wall > BUDGET_S[run])
 
