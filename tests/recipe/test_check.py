@@ -245,7 +245,6 @@ def test_per_parameter_numbers_of_a_port_with_batchnorm():
   # pylint: disable=import-outside-toplevel  # (jax: this test's own)
   import types
   import jax
-  import torch
   from flax_dp_trainer.recipe import jax_side
   from tests import port_pairs
   torch_cls, flax_cls, shape = port_pairs.PAIRS['cnn']
@@ -265,7 +264,6 @@ def test_per_parameter_numbers_of_a_port_with_batchnorm():
   assert set(got) == {n for n, _ in original.named_parameters()}
   assert got == {n: 2.0 if n.endswith('weight') and not n.startswith('bn') else 0.5
                  for n in got}
-  del torch
 
 
 def test_an_ema_on_one_side_alone_parts_without_a_traceback():

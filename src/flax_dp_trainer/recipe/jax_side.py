@@ -61,7 +61,6 @@ class JaxSide:
                                             options=options))
     self._clip = optim.clipping(self.run.options.optim)
     self._carried = None  # The port's layers paired with the script's model's (`pair`).
-    self._torch_params = None  # The script's model's parameter names, where paired.
 
   def pair(self, original) -> None:
     """Names trees as `original` (the script's torch model) names them: a shipped model's
@@ -70,7 +69,6 @@ class JaxSide:
     if not self.run.config.torch_model:
       return
     module = self.module
-    self._torch_params = {name for name, _ in original.named_parameters()}
     try:
       self._carried = porting.carry(
           lambda v, im: module.apply(v, im, train=False), jax.device_get(self.state.variables()),
@@ -110,7 +108,8 @@ class JaxSide:
       named = self.torch_names(full)
     else:
       named = self.torch_names(full, jax.device_get(self.state.batch_stats))
-      named = {k: v for k, v in named.items() if k in self._torch_params}
+      kept = {name for name, _ in self._carried.torch_module.named_parameters()}
+      named = {k: v for k, v in named.items() if k in kept}
     return {k: float(np.asarray(v).reshape(-1)[0]) for k, v in named.items()}
 
   def weight_decays(self) -> dict[str, float]:
