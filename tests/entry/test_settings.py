@@ -152,7 +152,8 @@ def test_listings(no_tensorflow):
   assert re.search(r'^cifar10\s+normalized with mean \(0.4914, 0.4822, 0.4465\), std '
                    r'\(0.247, 0.2435, 0.2616\); augment crop_flip$', datasets, re.M)
   assert re.search(r'^digits\s+.*; shipped \(offline\)$', datasets, re.M)
-  assert all(f'\n{way}' in datasets for way in ('NAME ', 'folder:/PATH ', 'npz:/PATH '))
+  assert all(f'\n{way}' in datasets
+             for way in ('NAME ', 'folder:/PATH ', 'npz:/PATH ', 'idx:/DIR '))
   listed = _main(no_tensorflow, '--list=configs').stdout.splitlines()
   shipped = sorted(name[:-len('.py')] for name in os.listdir(configs.DIRECTORY)
                    if name.endswith('.py') and name != '__init__.py')

@@ -122,6 +122,10 @@ def _stream_changes(run: 'Run', meta: run_meta.RunMeta) -> list[str]:
   now = run.data.num_examples
   if before and before != now:
     changes.append(f'the training split\'s size {before} -> {now} examples')
+  before = (meta.dataset or {}).get('content_sha256')
+  now = run.data.spec.content_sha256
+  if before and before != now:
+    changes.append(f'the dataset\'s content (SHA-256 {before[:12]}... -> {now[:12]}...)')
   return changes
 
 

@@ -7,6 +7,7 @@ by index or in order, an example named). The rest of the input side holds a kind
     tfds_datasets  a TFDS dataset or a user's builder (`NAME`), the shipped ones (`digits`)
     folder         an image folder (`folder:PATH`), its files checked by `file_check`
     arrays         arrays from an .npz file (`npz:PATH`) or from Python (`arrays:NAME`)
+    idx            MNIST-format files (`idx:DIR`), held as arrays
     left_out       the files a run leaves out, decided once and recorded in its workdir
     convert        a kind's records as ArrayRecord files (`tools.convert`)
 
@@ -18,14 +19,18 @@ from typing import Optional
 from flax_dp_trainer.data.kinds import arrays
 from flax_dp_trainer.data.kinds import base
 from flax_dp_trainer.data.kinds import folder
+from flax_dp_trainer.data.kinds import idx
 from flax_dp_trainer.data.kinds import tfds_datasets
 
 
 def of_name(name: str, given: Optional[arrays.Arrays] = None) -> base.Kind:
   """The dataset `name` (config.dataset) names: an image folder (`folder:PATH`), arrays
-  (`npz:PATH`; `arrays:NAME`, the arrays `given` from Python), or a TFDS dataset."""
+  (`npz:PATH`; `arrays:NAME`, the arrays `given` from Python), IDX files (`idx:DIR`), or a
+  TFDS dataset."""
   if name.startswith(folder.PREFIX):
     return folder.FolderKind(name)
+  if idx.is_idx(name):
+    return idx.IdxKind(name)
   if given is not None and name == given.name:
     return arrays.ArraysKind(given)
   if arrays.is_arrays(name):
@@ -49,4 +54,4 @@ def open_reader(options, spec: base.DatasetSpec, *, process_index: int = 0,
 
 def listing() -> list[str]:
   """`--list=datasets`: the named datasets, then every kind's form of name."""
-  return tfds_datasets.listing() + [folder.LISTED, arrays.LISTED]
+  return tfds_datasets.listing() + [folder.LISTED, arrays.LISTED, idx.LISTED]

@@ -82,7 +82,7 @@ def from_python(data: dict, name: str = 'python', layout: Optional[str] = None) 
     if not isinstance(pair, (tuple, list)) or len(pair) != 2:
       raise UserError(f'data[{split!r}] must be (images, labels), two arrays')
     splits[str(split)] = (np.asarray(pair[0]), np.asarray(pair[1]))
-  return _checked(GIVEN_PREFIX + name + (f'?layout={layout}' if layout else ''), splits)
+  return checked(GIVEN_PREFIX + name + (f'?layout={layout}' if layout else ''), splits, layout)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +90,7 @@ class Arrays:
   """The splits of an array dataset, checked: images (N, H, W, C) of one dtype, labels int32."""
   name: str
   splits: dict  # {split: (images, labels)}
+  declared_layout: Optional[str] = None  # As the name declares it; None: undeclared.
 
   @property
   def split_sizes(self) -> dict[str, int]:
@@ -106,7 +107,7 @@ class Arrays:
   @property
   def layout(self) -> str:
     """The layout the images were given in ('NCHW': transposed to NHWC on load)."""
-    return options(self.name)[1].get('layout', 'NHWC')
+    return self.declared_layout or 'NHWC'
 
   @property
   def num_classes(self) -> int:
@@ -153,13 +154,12 @@ def _in_nhwc(name: str, split: str, images: np.ndarray, layout: Optional[str]) -
   return images
 
 
-def _checked(name: str, splits: dict) -> Arrays:
+def checked(name: str, splits: dict, layout: Optional[str] = None) -> Arrays:
   """The splits as NHWC images of one dtype and shape and int32 labels; `UserError` naming
-  the first array that is not. Images declared NCHW (`name`'s `?layout=NCHW`) are transposed
-  here, once; `splits` is emptied as they are, so that an .npz file's split read in one layout
-  is let go as soon as it is copied into the other."""
-  layout = options(name)[1].get('layout')
-  checked, shape, dtype = {}, None, None
+  the first array that is not. Images declared NCHW (`layout`, as `name`'s `?layout=NCHW`
+  declares it) are transposed here, once; `splits` is emptied as they are, so that an .npz
+  file's split read in one layout is let go as soon as it is copied into the other."""
+  result, shape, dtype = {}, None, None
   for split in list(splits):
     images, labels = splits.pop(split)
     grey = images.ndim == 3  # (N, H, W): no channel axis, in any layout.
@@ -186,15 +186,16 @@ def _checked(name: str, splits: dict) -> Arrays:
                       f'{images.shape[1:]}, another split {dtype} of {shape}; every split '
                       'holds images of one shape and dtype')
     shape, dtype = images.shape[1:], images.dtype
-    checked[split] = (images, labels.astype(np.int32))
-  return Arrays(name, checked)
+    result[split] = (images, labels.astype(np.int32))
+  return Arrays(name, result, layout)
 
 
 def read(name: str) -> Arrays:
   """The arrays of the .npz file `name` (config.dataset) names, loaded and checked (once per
   `ArraysKind`); arrays given from Python come with the run's spec (`DatasetSpec.kind`)."""
   if name.startswith(NPZ_PREFIX):
-    return _checked(name, _npz_splits(options(name)[0][len(NPZ_PREFIX):]))
+    path, declared = options(name)
+    return checked(name, _npz_splits(path[len(NPZ_PREFIX):]), declared.get('layout'))
   raise UserError(f'dataset={name!r} names arrays given from Python, and this run was given '
                   'none: pass them, flax_dp_trainer.fit(config, workdir, data={"train": '
                   '(images, labels), ...}), or save them as an .npz file '
@@ -204,6 +205,8 @@ def read(name: str) -> Arrays:
 class ArraysKind(base.Kind, base.Reader):
   """Arrays as a dataset: an .npz file's (read once, when the kind is made) or those given
   from Python. Held in memory, so ready to read as they are (`open` is the kind itself)."""
+
+  SPLIT_FILES = 'arrays x_<split>, y_<split>'  # What holds a split, for a missing one's line.
 
   def __init__(self, arrays: Arrays):
     self.name = arrays.name
@@ -255,7 +258,7 @@ class ArraysKind(base.Kind, base.Reader):
     if replaced:
       return replaced
     raise UserError(f'{field}: dataset {self.name!r} has no split {split!r}; it has: '
-                    f'{", ".join(sorted(sizes))} (arrays x_<split>, y_<split>; slicing such as '
+                    f'{", ".join(sorted(sizes))} ({self.SPLIT_FILES}; slicing such as '
                     f"'train[:90%]' is allowed; --config.{field}=...)")
 
   def size(self, split) -> int:

@@ -70,6 +70,9 @@ class DatasetSpec:
   # Of the stored images: 'NHWC', or (arrays declared so, `name`'s `?layout=NCHW`) 'NCHW',
   # transposed to NHWC on load; `image_shape` is the images' after that.
   layout: str = 'NHWC'
+  # A SHA-256 of the stored data (IDX files' content, decompressed), where the kind hashes it;
+  # '' elsewhere. A resume whose data hash to another is refused (`loop/setup.py`).
+  content_sha256: str = ''
   # The dataset itself (a `Kind`: a folder's files and what it leaves out, arrays and their
   # images), travelling with the spec to what reads it; never written (`specs.to_json`). None
   # in a spec read back from JSON: `kinds.of_spec` makes it again from the name.
