@@ -46,12 +46,13 @@ def _flax_and_torch(name, shape, seed=0):
 
 
 SHAPES = {'mlp': [(8, 8, 1), (28, 28, 1)], 'cnn': [(8, 8, 1), (28, 28, 1)],
+          'cnn_bn': [(28, 28, 1)],
           'resnet_tiny': [(8, 8, 1)], 'vit_test': [(16, 16, 3)]}
 
 
 @pytest.mark.parametrize('name,shape', [
-    (name, shape) for name in ('mlp', 'cnn', 'resnet_tiny', 'resnet18', 'resnet18_cifar',
-                               'vit_test')
+    (name, shape) for name in ('mlp', 'cnn', 'cnn_bn', 'resnet_tiny', 'resnet18',
+                               'resnet18_cifar', 'vit_test')
     for shape in SHAPES.get(name, [(32, 32, 3)])])
 def test_flax_weights_give_the_same_outputs_in_torch(name, shape):
   flax_model, variables, torch_model = _flax_and_torch(name, shape)
@@ -202,6 +203,28 @@ def test_batchnorm_training_mode_matches(name):
     _assert_close(got, expected, tolerance=2e-4)
     np.testing.assert_allclose(torch_model.bn1.running_mean.numpy(),
                                updates['batch_stats']['bn_init']['mean'], rtol=1e-5, atol=1e-6)
+
+
+def test_cnn_bns_training_mode_matches():
+  """The small convnet with BatchNorm (the Fashion-MNIST recipe's) in training mode: the
+  logits from the batch's statistics and both layers' running statistics after the step."""
+  flax_model, variables, torch_model = _flax_and_torch('cnn_bn', (28, 28, 1))
+  images = np.random.RandomState(2).randn(8, 28, 28, 1).astype(np.float32)
+  expected, updates = _flax_logits(flax_model, variables, images, train=True)
+  torch_model.train()
+  with torch.no_grad():
+    got = torch_model(_nchw(images)).numpy()
+  _assert_close(got, expected, tolerance=1e-4)
+  for index in range(2):
+    stats = updates['batch_stats'][f'BatchNorm_{index}']
+    np.testing.assert_allclose(torch_model.norms[index].running_mean.numpy(), stats['mean'],
+                               rtol=1e-5, atol=1e-6)
+    # torch's running variance moves towards the unbiased batch variance, flax's towards the
+    # biased one (momentum 0.1 both): the same batch variance, counted over N x H x W values.
+    count, before = 8 * 28 * 28 // 4 ** index, variables['batch_stats'][f'BatchNorm_{index}']
+    unbiased = (torch_model.norms[index].running_var.numpy() - 0.9 * before['var']) / 0.1
+    np.testing.assert_allclose(0.9 * before['var'] + 0.1 * unbiased * (count - 1) / count,
+                               stats['var'], rtol=1e-4, atol=1e-5)
 
 
 def test_unknown_models_are_refused():

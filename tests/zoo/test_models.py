@@ -45,6 +45,8 @@ PINNED = {
     ('cnn', (8, 8, 1), 10): 87_178,
     # same convs; dense (7*7*64)*256+256
     ('cnn', (28, 28, 1), 10): 824_458,
+    # the convs without biases (32 + 64 fewer), a BatchNorm scale and bias after each
+    ('cnn_bn', (28, 28, 1), 10): 824_458 - 96 + 2 * 96,
 }
 # Each registered model -> the model whose one train step covers its code: the same classes
 # and code paths at other depths and widths (which test_param_count pins) compile for tens of
@@ -53,7 +55,7 @@ PINNED = {
 # second strided with a projection, as every deeper stage), vit_test the ViT; the
 # torchvision twins (tests/torch_ddp/test_torch_twins.py) run resnet18, resnet50 and vit_b16 at full
 # size themselves.
-STEPPED_BY = {'mlp': 'mlp', 'cnn': 'cnn', 'resnet_tiny': 'resnet_tiny',
+STEPPED_BY = {'mlp': 'mlp', 'cnn': 'cnn', 'cnn_bn': 'cnn_bn', 'resnet_tiny': 'resnet_tiny',
               'resnet18': 'resnet18', 'resnet34': 'resnet18', 'resnet18_cifar': 'resnet50_cifar',
               'resnet34_cifar': 'resnet50_cifar', 'resnet50': 'resnet50_cifar',
               'resnet101': 'resnet50_cifar', 'resnet50_cifar': 'resnet50_cifar',
@@ -61,7 +63,7 @@ STEPPED_BY = {'mlp': 'mlp', 'cnn': 'cnn', 'resnet_tiny': 'resnet_tiny',
               'vit_b16': 'vit_test', 'vit_g14': 'vit_test'}
 STEPPED = sorted(set(STEPPED_BY.values()))
 # The smallest input each stepped model takes.
-STEP_SHAPES = {name: (8, 8, 1) if name in ('mlp', 'cnn') else (32, 32, 3) for name in STEPPED}
+STEP_SHAPES = {name: (8, 8, 1) if name in ('mlp', 'cnn', 'cnn_bn') else (32, 32, 3) for name in STEPPED}
 # The ResNets' blocks and stems at resnet_tiny's size.
 STEP_SIZE = {name: dict(stage_sizes=(1, 1), num_filters=8)
              for name in ('resnet18', 'resnet50_cifar')}

@@ -4,8 +4,8 @@ Every ResNet is `torchvision.models.resnet18/34/50/101` (the CIFAR variants with
 CIFAR stem: a 3x3 stride-1 `conv1` and no max-pool; `resnet_tiny` is torchvision's ResNet and
 BasicBlock at a test width), every ViT is `torchvision.models.VisionTransformer` (`vit_b16` is
 `vit_b_16`); the flax models compute exactly what these compute (`zoo/resnet.py`,
-`zoo/vit.py`). `mlp` and `cnn` have no torchvision counterpart and keep small twins here.
-All take images as NCHW tensors. A first layer built for 3 channels is rebuilt for the
+`zoo/vit.py`). `mlp` and `cnn` (`cnn_bn`: with BatchNorm) have no torchvision counterpart
+and keep small twins here. All take images as NCHW tensors. A first layer built for 3 channels is rebuilt for the
 dataset's channels (grayscale digits).
 
 A user's own PyTorch model (`config.torch_model`, a flax port of it as `config.model`) is
@@ -57,16 +57,20 @@ class MLP(nn.Module):
 
 
 class CNN(nn.Module):
-  """Twin of zoo.simple.CNN: (3x3 conv, ReLU, 2x2 average pool) x 2, dense, dropout."""
+  """Twin of zoo.simple.CNN: (3x3 conv, [BatchNorm,] ReLU, 2x2 average pool) x 2, dense,
+  dropout."""
 
   def __init__(self, input_shape: Sequence[int], num_classes: int,
                features: Sequence[int] = (32, 64), hidden_size: int = 256,
-               dropout_rate: float = 0.0):
+               dropout_rate: float = 0.0, batch_norm: bool = False):
     super().__init__()
     height, width, channels = input_shape
     widths = [channels] + list(features)
-    self.convs = nn.ModuleList(nn.Conv2d(a, b, kernel_size=3, padding=1)
+    self.convs = nn.ModuleList(nn.Conv2d(a, b, kernel_size=3, padding=1, bias=not batch_norm)
                                for a, b in zip(widths[:-1], widths[1:]))
+    # torch's BatchNorm2d defaults (eps 1e-5, momentum 0.1) are the flax model's.
+    self.norms = nn.ModuleList(nn.BatchNorm2d(b) if batch_norm else nn.Identity()
+                               for b in widths[1:])
     for _ in features:
       height, width = height // 2, width // 2
     self.hidden = nn.Linear(height * width * widths[-1], hidden_size)
@@ -74,8 +78,8 @@ class CNN(nn.Module):
     self.out = nn.Linear(hidden_size, num_classes)
 
   def forward(self, x: torch.Tensor) -> torch.Tensor:
-    for conv in self.convs:
-      x = nn.functional.avg_pool2d(torch.relu(conv(x)), kernel_size=2, stride=2)
+    for conv, norm in zip(self.convs, self.norms):
+      x = nn.functional.avg_pool2d(torch.relu(norm(conv(x))), kernel_size=2, stride=2)
     # Flatten in NHWC order, as flax does, so the dense kernels line up.
     x = x.permute(0, 2, 3, 1).reshape(x.shape[0], -1)
     x = self.dropout(torch.relu(self.hidden(x)))
@@ -162,12 +166,13 @@ NO_TWIN = frozenset({'vit_g14'})
 REGISTRY: Dict[str, Callable[..., nn.Module]] = {
     'mlp': MLP,
     'cnn': CNN,
+    'cnn_bn': functools.partial(CNN, batch_norm=True),
     **{name: _resnet(name) for name in flax_models.names() if name.startswith('resnet')},
     **{name: _from_flax(name, torchvision_vit, *_VIT_FIELDS)
        for name in flax_models.names() if name.startswith('vit') and name not in NO_TWIN},
 }
 # The models whose layers are convolutions throughout: they run channels_last.
-CONVNETS = frozenset(name for name in REGISTRY if name == 'cnn' or name.startswith('resnet'))
+CONVNETS = frozenset(name for name in REGISTRY if name.startswith(('cnn', 'resnet')))
 
 
 def get(name: str, **kwargs: Any) -> nn.Module:

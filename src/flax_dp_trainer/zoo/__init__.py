@@ -21,6 +21,7 @@ from flax_dp_trainer.zoo import vit
 _REGISTRY: Dict[str, Callable[..., nn.Module]] = {
     'mlp': simple.MLP,
     'cnn': simple.CNN,
+    'cnn_bn': functools.partial(simple.CNN, batch_norm=True),
     'resnet_tiny': resnet.ResNetTiny,
     'resnet18': resnet.ResNet18,
     'resnet34': resnet.ResNet34,

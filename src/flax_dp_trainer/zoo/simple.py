@@ -1,4 +1,4 @@
-"""Small models for the smoke-test datasets (digits, MNIST)."""
+"""Small models for small grey images (digits, MNIST, Fashion-MNIST)."""
 
 from typing import Any, Optional, Sequence
 
@@ -15,7 +15,7 @@ class _Small(nn.Module):
   num_classes: int
   dropout_rate: float = 0.0
   dtype: Any = jnp.float32
-  axis_name: Optional[str] = None  # Unused: no cross-replica layers.
+  axis_name: Optional[str] = None  # Device axis BatchNorm averages its statistics over.
 
   def classify(self, x: jax.Array, widths: Sequence[int], ids: jax.Array, train: bool
                ) -> jax.Array:
@@ -40,15 +40,22 @@ class MLP(_Small):
 
 
 class CNN(_Small):
-  """Two conv + average-pool stages, then a hidden dense layer with dropout."""
+  """Two conv + average-pool stages, then a hidden dense layer with dropout. With
+  `batch_norm`, each convolution (then without bias) is followed by BatchNorm before its ReLU,
+  with torch's epsilon (1e-5) and momentum (flax's 0.9 is torch's 0.1), its batch statistics
+  averaged over `axis_name` in training."""
   features: Sequence[int] = (32, 64)
   hidden_size: int = 256
+  batch_norm: bool = False
 
   @nn.compact
   def __call__(self, x, *, train: bool, example_ids=None):
     ids = example_ids_or_rows(x, example_ids)
     x = x.astype(self.dtype)
     for width in self.features:
-      x = nn.relu(nn.Conv(width, kernel_size=(3, 3), dtype=self.dtype)(x))
-      x = nn.avg_pool(x, window_shape=(2, 2), strides=(2, 2))
+      x = nn.Conv(width, kernel_size=(3, 3), use_bias=not self.batch_norm, dtype=self.dtype)(x)
+      if self.batch_norm:
+        x = nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-5,
+                         dtype=self.dtype, axis_name=self.axis_name if train else None)(x)
+      x = nn.avg_pool(nn.relu(x), window_shape=(2, 2), strides=(2, 2))
     return self.classify(x.reshape((x.shape[0], -1)), (self.hidden_size,), ids, train)

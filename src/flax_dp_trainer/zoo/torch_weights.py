@@ -83,12 +83,15 @@ def _vit_keys(model: vit.ViT) -> Dict[str, str]:
 
 
 def _twin_keys(layers: Iterable[str]) -> Dict[str, str]:
-  """The `mlp`/`cnn` twins: Dense_0.. hidden layers then `out`; Conv_i -> convs.i."""
+  """The `mlp`/`cnn` twins: Dense_0.. hidden layers then `out`; Conv_i -> convs.i,
+  BatchNorm_i -> norms.i."""
   convs = [name for name in layers if name.startswith('Conv_')]
   dense = sorted((name for name in layers if name.startswith('Dense_')),
                  key=lambda name: int(name.split('_')[1]))
-  if convs:  # The CNN: its convolutions, one hidden dense layer, the classifier.
+  if convs:  # The CNN: convolutions (and BatchNorms), one hidden dense layer, the classifier.
     names = {name: f'convs.{name.split("_")[1]}' for name in convs}
+    names.update({name: f'norms.{name.split("_")[1]}' for name in layers
+                  if name.startswith('BatchNorm_')})
     names.update({dense[0]: 'hidden', dense[1]: 'out'})
     return names
   names = {name: f'hidden.{i}' for i, name in enumerate(dense[:-1])}  # The MLP.
