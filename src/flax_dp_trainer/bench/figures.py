@@ -4,6 +4,7 @@ pipeline), and the tables it prints (`table`)."""
 
 from typing import Any, Optional
 
+from flax_dp_trainer.bench import to_accuracy
 from flax_dp_trainer.runs import reporting
 
 
@@ -228,6 +229,14 @@ def _ratio_lines(figures: dict) -> list[str]:
           f'{fmt(figures[f"input_ssim{suffix}"], 4)}), torchvision_psnr_db{suffix} = '
           f'{fmt(figures[f"torchvision_psnr_db{suffix}"], 2)} (SSIM '
           f'{fmt(figures[f"torchvision_ssim{suffix}"], 4)}) ({what})')
+  if 'to_accuracy' in figures:
+    run = figures['to_accuracy']
+    lines.append(
+        f'to_accuracy_jax_over_ddp = {fmt(figures["to_accuracy_jax_over_ddp"], 2)} (median '
+        f'seconds to {figures["to_accuracy_target"]:g}: JAX {run["devices"]} dev vs DDP '
+        f'{run["ranks"]} rank(s) x {run["threads_per_rank"]} threads); final accuracy, median: '
+        f'JAX {fmt(figures["to_accuracy_jax_final_accuracy"], 4)}, DDP '
+        f'{fmt(figures["to_accuracy_ddp_final_accuracy"], 4)}; plot: {run["plot"]}')
   mp = figures.get('multiprocess')
   if mp:
     lines.append(
@@ -269,4 +278,6 @@ def table(figures: dict) -> str:
   for suffix in ('', '_highres'):
     if f'quality{suffix}' in figures:
       tables.append(_quality_rows(figures[f'quality{suffix}']))
+  if 'to_accuracy' in figures:
+    tables.append(to_accuracy.rows(figures))
   return '\n\n'.join([*map(reporting.plain_table, tables), '\n'.join(_ratio_lines(figures))])

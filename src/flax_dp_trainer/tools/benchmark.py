@@ -27,6 +27,15 @@ one after the other; `--parts` chooses them, default all):
   ddp_limit  (flax_dp_trainer.bench.ddp_limit, under torchrun) the torch step under DDP on a
              device-resident synthetic batch (the mirror of `limit`), per rank count: the
              config's precision as autocast, channels_last for convnets, `--torch_compile`
+  to_accuracy  (flax_dp_trainer.bench.to_accuracy; only where --parts names it) the config's
+             whole recipe, this trainer and the DDP twin (`--parity`: the same initial
+             weights), one after the other, for each of `--seeds` seeds: the wall time from
+             each process's start to its first evaluation at or above `--target`, its step,
+             the final accuracy; medians, their ratio, and a plot of test accuracy against
+             wall time (`--plot`). The JAX side runs on the last of --jax_devices (default the
+             cores), the twin on the first of --ddp_ranks (default 1 rank: its BatchNorm
+             statistics those of the whole batch, as the JAX side's are) with the cores
+             shared among its ranks as threads
   input      (flax_dp_trainer.bench.input) the training input pipeline alone against torchvision's
              DataLoader, on the same `--input_count` generated JPEGs of ImageNet-like sizes,
              ImageNet's preprocessing at the config's image_size (224 unless set), the
@@ -73,11 +82,16 @@ from flax_dp_trainer.bench import common as bench_common
 from flax_dp_trainer.bench import figures as bench_figures
 from flax_dp_trainer.bench import input_part
 from flax_dp_trainer.bench import runner
+from flax_dp_trainer.bench import to_accuracy
+from flax_dp_trainer.data import specs
+from flax_dp_trainer.loop import durations
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 
 FLAGS = flags.FLAGS
-PARTS = ('jax', 'cache', 'ddp', 'multiprocess', 'limit', 'ddp_limit', 'input')
+PARTS = ('jax', 'cache', 'ddp', 'multiprocess', 'limit', 'ddp_limit', 'input', 'to_accuracy')
+# What runs without --parts: all but the whole recipes of `to_accuracy`.
+DEFAULT_PARTS = tuple(part for part in PARTS if part != 'to_accuracy')
 
 
 def _define_flags() -> None:
@@ -93,7 +107,8 @@ def _define_flags() -> None:
                        'medians are reported.')
   flags.DEFINE_bool('mock_data', False, 'JAX parts read `tfds.testing.mock_data` (random '
                     'examples of the dataset\'s shapes: no download). DDP is then skipped.')
-  flags.DEFINE_list('parts', list(PARTS), f'Parts to measure, of: {", ".join(PARTS)}.')
+  flags.DEFINE_list('parts', list(DEFAULT_PARTS), f'Parts to measure, of: {", ".join(PARTS)} '
+                    '(default all but to_accuracy).')
   flags.DEFINE_bool('torch_compile', False, 'ddp and ddp_limit: compile the model with '
                     'torch.compile.')
   flags.DEFINE_string('runs_dir', None, 'Keep the timed training runs\' workdirs here (a new or '
@@ -107,6 +122,11 @@ def _define_flags() -> None:
   flags.DEFINE_float('input_seconds', 15.0, 'input: timed seconds of each run.')
   flags.DEFINE_list('image_sizes', [], 'input: also JPEGs of sides MIN,MAX (e.g. 1500,4000).')
   flags.DEFINE_integer('input_highres_count', 64, 'input: JPEGs of --image_sizes to make.')
+  flags.DEFINE_integer('seeds', 3, 'to_accuracy: seeds 0..N-1, each trained by both sides.')
+  flags.DEFINE_float('target', 0.92, 'to_accuracy: the test accuracy each side is timed to.')
+  flags.DEFINE_string('plot', None, 'to_accuracy: where the plot of test accuracy against '
+                      'wall time goes (PNG); default RUNS_DIR/to_accuracy.png, or '
+                      'to_accuracy.png in the working directory. Never overwritten.')
 
 
 def _trainer_flags(part: str, runs_dir: Optional[str]) -> list[str]:
@@ -224,8 +244,9 @@ def _multiprocess(setup: runner.Setup) -> dict[str, Any]:
 
 
 def measure_parts(setup: runner.Setup, parts: list[str], jax_counts: list[int],
-                  ddp_counts: list[int], cores: int,
-                  input_settings: input_part.Settings) -> dict[str, Any]:
+                  ddp_counts: list[int], cores: int, input_settings: input_part.Settings,
+                  accuracy_settings: Optional[to_accuracy.Settings] = None,
+                  plot_path: str = '') -> dict[str, Any]:
   """Runs the chosen parts one after the other: each part's figures (see `headline_figures`
   for the keys)."""
   runs: dict[str, Any] = {}
@@ -243,6 +264,8 @@ def measure_parts(setup: runner.Setup, parts: list[str], jax_counts: list[int],
     runs['multiprocess'] = _multiprocess(setup)
   if 'input' in parts:
     runs['input'] = input_part.measure(setup, input_settings)
+  if 'to_accuracy' in parts:
+    runs.update(to_accuracy.measure(setup, accuracy_settings, plot_path))
   return runs
 
 
@@ -264,17 +287,18 @@ def _chosen_parts(names: list[str], mock_data: bool) -> list[str]:
   if unknown or not parts:
     raise UserError(f'--parts={",".join(names)}: {", ".join(unknown) or "none"} unknown; '
                     f'choose among {", ".join(PARTS)}')
-  if mock_data and 'ddp' in parts:
-    print('--mock_data: the ddp part reads the real dataset; skipped', flush=True)
-    parts.remove('ddp')
+  for part in ('ddp', 'to_accuracy'):
+    if mock_data and part in parts:
+      print(f'--mock_data: the {part} part reads the real dataset; skipped', flush=True)
+      parts.remove(part)
   return parts
 
 
 def _check(config, parts: list[str], jax_counts: list[int], ddp_counts: list[int]) -> None:
   """Refuses, before any part starts, a config that a device or rank count measured cannot
   run, or that the DDP twin lacks."""
-  ddp = bool(ddp_counts and {'ddp', 'ddp_limit'} & set(parts))
-  counts = set(jax_counts) if {'jax', 'cache', 'limit'} & set(parts) else set()
+  ddp = bool(ddp_counts and {'ddp', 'ddp_limit', 'to_accuracy'} & set(parts))
+  counts = set(jax_counts) if {'jax', 'cache', 'limit', 'to_accuracy'} & set(parts) else set()
   counts |= set(ddp_counts) if ddp else set()
   for n in sorted(counts | ({4} if 'multiprocess' in parts else set())):
     checks.check_config(config, process_count=1, local_device_count=n)
@@ -283,6 +307,25 @@ def _check(config, parts: list[str], jax_counts: list[int], ddp_counts: list[int
     # pylint: disable-next=import-outside-toplevel
     from flax_dp_trainer.torch_ddp import step as ddp_step
     ddp_step.check_supported(config)
+
+
+def _accuracy_settings(config, parts: list[str], jax_counts: list[int], cores: int
+                       ) -> tuple[Optional[to_accuracy.Settings], str]:
+  """The to_accuracy part's settings and plot path, checked (None, '' where it does not
+  run): the JAX side on the last device count, the twin on the first rank count given (1
+  where --ddp_ranks is unset)."""
+  if 'to_accuracy' not in parts:
+    return None, ''
+  ranks = _counts('ddp_ranks', FLAGS.ddp_ranks, [1])
+  if not ranks:
+    raise UserError('--parts=to_accuracy times the DDP twin too: give --ddp_ranks=N (or leave '
+                    'it unset: 1 rank)')
+  spec = specs.spec(config.dataset)
+  steps = durations.resolve_durations(config, spec.num_train_examples).num_train_steps
+  settings = to_accuracy.Settings(FLAGS.seeds, FLAGS.target, jax_counts[-1], ranks[0],
+                                  max(1, cores // ranks[0]), steps)
+  to_accuracy.check(settings, config)
+  return settings, to_accuracy.plot_path(FLAGS.plot or '', FLAGS.runs_dir or '')
 
 
 def _check_runs_dir(runs_dir: Optional[str]) -> None:
@@ -309,13 +352,15 @@ def main(argv):
         FLAGS.input_seconds, FLAGS.rounds, input_part.image_sizes(
             _counts('image_sizes', FLAGS.image_sizes, [])),
         FLAGS.input_highres_count)
+    accuracy_settings, plot_path = _accuracy_settings(config, parts, jax_counts, cores)
     _check(config, parts, jax_counts, ddp_counts)
     _check_runs_dir(FLAGS.runs_dir)
     with tempfile.TemporaryDirectory() as scratch:
       setup = runner.Setup(config, config_path, overrides, scratch, FLAGS.runs_dir, FLAGS.steps,
                            FLAGS.timing_warmup_steps)
       figures = bench_figures.headline_figures(
-          measure_parts(setup, parts, jax_counts, ddp_counts, cores, input_settings))
+          measure_parts(setup, parts, jax_counts, ddp_counts, cores, input_settings,
+                        accuracy_settings, plot_path))
   except UserError as e:
     raise SystemExit(f'error: {e}') from None
   figures.update(parts=parts, config=config_path, cores=cores, runs_dir=FLAGS.runs_dir,
