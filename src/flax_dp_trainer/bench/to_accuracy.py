@@ -126,7 +126,7 @@ def plot(runs: list[dict[str, Any]], target: float, path: str) -> None:
   """Test accuracy against wall time, every run (a colour per side), the target dashed."""
   import matplotlib  # pylint: disable=import-outside-toplevel  # (the ddp extra's)
   matplotlib.use('Agg')
-  from matplotlib import pyplot as plt  # pylint: disable=import-outside-toplevel
+  from matplotlib import pyplot as plt  # pylint: disable=import-outside-toplevel  # (as above)
   figure, axes = plt.subplots(figsize=(7, 4.5))
   colours = {'jax': 'tab:blue', 'ddp': 'tab:orange'}
   for run in runs:
