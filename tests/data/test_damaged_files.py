@@ -6,10 +6,10 @@ position."""
 
 import io
 import json
+import logging
 import os
-import subprocess
-import sys
 
+import jax
 import numpy as np
 import pytest
 from PIL import Image
@@ -26,9 +26,7 @@ from flax_dp_trainer.data.kinds import file_check
 from flax_dp_trainer.data.kinds import folder as folder_lib
 from flax_dp_trainer.data.kinds import left_out
 from flax_dp_trainer.base.errors import UserError
-from flax_dp_trainer.runs import processes
 from flax_dp_trainer.loop import options as run_options
-from tests import REPO
 
 
 def _folder(root: str) -> folder_lib.FolderKind:
@@ -218,19 +216,7 @@ def test_a_resume_leaves_out_the_recorded_files_not_a_fresh_checks(config, damag
   assert os.path.join(root, kept_bad) in found.files['train'][0]
 
 
-# -- through the command line ---------------------------------------------------------------
-
-
-def _trainer(workdir, root, *args):
-  steps = dict(num_train_steps=4, batch_size=8, eval_batch_size=8, model='mlp', image_size=16,
-               warmup_steps=1, log_every_steps=2, eval_every_steps=4, checkpoint_every_steps=2)
-  overrides = [f'--config.{k}={v}' for k, v in steps.items()] + list(args)
-  overrides = list({a.split('=')[0]: a for a in overrides}.values())  # Later ones win.
-  return subprocess.run(
-      [sys.executable, '-m', 'flax_dp_trainer', '--config=default',
-       f'--config.dataset=folder:{root}', f'--workdir={workdir}', '--cpu_devices=2',
-       *overrides], cwd=REPO, env=processes.environment(), capture_output=True,
-      text=True, timeout=300, check=False)
+# -- a run and its resume ----------------------------------------------------------------
 
 
 def _expected_position(root, workdir, relative, start, batch_size, seed=0):
@@ -247,45 +233,52 @@ def _expected_position(root, workdir, relative, start, batch_size, seed=0):
 
 @pytest.mark.slow
 def test_damaged_files_are_left_out_recorded_and_a_file_damaged_later_is_named(
-    damaged_folder, tmp_path):
+    config, damaged_folder, tmp_path, caplog, capsys):
   """One run leaves out each damaged kind in one warning line naming it, trains, and records
-  the list; the same with skip_unreadable_files=False refuses in one line naming them and
-  writes no workdir; after the first run a kept file is damaged, and its resume (the recorded
-  list kept, so the stream does not shift) stops in one `error:` line naming the file and its
-  stream position, no traceback."""
+  the list; after it a kept file is damaged, and its resume (the recorded list kept, so the
+  stream does not shift) stops with one line naming the file and its stream position, no
+  traceback, the record unchanged. Fails where a run does not leave them out (or says so in
+  several lines), records another list, or where a resume checks the folder afresh (the
+  stream shifts, or the damaged file is left out silently) or fails otherwise than in a
+  `UserError` of one line. (Was three `python -m flax_dp_trainer` commands, about 12 CPU-s
+  each: the run, a strict one, the resume. The strict refusal, in one line naming
+  the files and before the workdir, is
+  `test_strictness_refuses_in_one_line_naming_the_files_before_the_workdir`; that the command
+  line answers a `UserError` of `train_and_evaluate` with its one `error:` line and status 1
+  is tests/loop/test_faults.py's `test_a_workdir_in_use_is_refused_and_a_dead_runs_lock_is_not`,
+  and an error during training so, with no traceback,
+  `test_a_save_the_disk_refuses_stops_the_run_in_one_line` there.)"""
   root, damaged_kinds = damaged_folder
   workdir = tmp_path / 'run'
-  first = _trainer(workdir, root)
-  assert first.returncode == 0, first.stderr[-3000:]
-  warnings = [line for line in first.stderr.splitlines() if 'left out files that do not read'
-              in line]
-  assert len(warnings) == 1, first.stderr[-3000:]
+  _folder_config(config, root)
+  with caplog.at_level(logging.WARNING):
+    train.train_and_evaluate(config, str(workdir), devices=jax.devices()[:2])
+  warnings = [r.getMessage() for r in caplog.records
+              if 'left out files that do not read' in r.getMessage()]
+  assert len(warnings) == 1, [r.getMessage() for r in caplog.records]
   for relative, _, says in damaged_kinds.values():
     assert f'{relative} ({says}' in warnings[0], (relative, warnings[0])
   record = json.loads((workdir / left_out.RECORD_FILE).read_text())
   assert sorted(record['folders'][root]) == sorted(r for r, _, _ in damaged_kinds.values())
   assert (workdir / 'checkpoints' / '4').is_dir()
 
-  strict = _trainer(tmp_path / 'strict', root, '--config.skip_unreadable_files=False')
-  assert strict.returncode == 1 and 'Traceback' not in strict.stderr
-  errors = [line for line in strict.stderr.splitlines() if line.startswith('error: ')]
-  assert len(errors) == 1 and errors[0].startswith(
-      f'error: image folder {root} holds files that do not read, 5 files: ')
-  assert all(relative in errors[0] for relative, _, _ in damaged_kinds.values())
-  assert not (tmp_path / 'strict').exists()
-
   # Damaged after the run started: the recorded list keeps it, so its decode fails.
   later = 'train/dog/03.png'
   (tmp_path / 'pets' / later).write_bytes(b'overwritten by a failing copy job')
-  resumed = _trainer(workdir, root, '--config.num_train_steps=12')
-  assert resumed.returncode == 1 and 'Traceback' not in resumed.stderr, resumed.stderr[-3000:]
-  errors = [line for line in resumed.stderr.splitlines() if line.startswith('error: ')]
+  config.num_train_steps = 12
+  caplog.clear()
+  capsys.readouterr()
+  with caplog.at_level(logging.WARNING), pytest.raises(UserError) as error:
+    train.train_and_evaluate(config, str(workdir), devices=jax.devices()[:2])
+  message = str(error.value)
   position = _expected_position(root, str(workdir), later, start=4 * 8, batch_size=8)
-  assert len(errors) == 1, resumed.stderr[-3000:]
-  assert errors[0].startswith(f'error: image file {root}/{later} does not decode (Unknown image '
-                              'file format.')
-  assert f') at stream position {position} (step {position // 8 + 1}); move it out' in errors[0]
-  assert 'as the run\'s first session found them' in resumed.stderr
+  assert '\n' not in message and message.startswith(
+      f'image file {root}/{later} does not decode (Unknown image file format.'), message
+  assert f') at stream position {position} (step {position // 8 + 1}); move it out' in message
+  assert any('as the run\'s first session found them' in r.getMessage()
+             for r in caplog.records), [r.getMessage() for r in caplog.records]
+  assert not [r for r in caplog.records if r.exc_info]
+  assert 'Traceback' not in capsys.readouterr().err
   assert json.loads((workdir / left_out.RECORD_FILE).read_text()) == record
 
 

@@ -5,9 +5,8 @@ parts, and that nothing outside trainer/data imports TensorFlow."""
 
 import ast
 import dataclasses
+import logging
 import pathlib
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -16,7 +15,6 @@ import tensorflow_datasets as tfds
 from PIL import Image
 
 import flax_dp_trainer
-from flax_dp_trainer.checkpoint import checkpointer as checkpoint
 from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.loop import train
 from flax_dp_trainer.data import index_shuffle
@@ -30,11 +28,9 @@ from flax_dp_trainer.data.kinds import folder as folder_lib
 from flax_dp_trainer.data.kinds import tfds_datasets
 from flax_dp_trainer.data.datasets import digits
 from flax_dp_trainer.base.errors import UserError
-from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
 from flax_dp_trainer.loop import options as run_options
 from tests import helpers
-from tests import REPO
 
 
 def _take(data, n, **kwargs):
@@ -296,62 +292,83 @@ STRONG = dict(auto_augment='randaugment', randaugment_num_layers=2, randaugment_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('dataset,shape,cache', [('fashion_mnist', (28, 28, 1), True),
-                                                 ('imagenet2012', (224, 224, 3), False)])
-def test_strong_augmentation_under_mock_data(config, dataset, shape, cache):
-  """RandAugment and random erasing on greyscale held in memory and on RGB JPEGs read in
-  sequence: uint8, seeded by the stream position, and changing the images."""
-  config.update(dataset=dataset, batch_size=4, shuffle_buffer_size=8, cache=cache)
+def test_strong_augmentation_is_seeded_by_the_stream_position_on_any_process_count(config):
+  """RandAugment and random erasing on greyscale held in memory (fashion_mnist under
+  mock_data: mnist's features, another builder and statistics): uint8, the plain stream's
+  labels, the images changed; and every draw keyed by the example's stream position alone:
+  four processes' rows from a resume's position, each read by a pipeline of its own, are the
+  one-process batches (image and label). Fails where a draw is unseeded or made when the
+  pipeline is built, keyed by a process's own row rather than the global position, or where
+  a resume starts elsewhere. (Was two tests:
+  `test_strong_augmentation_is_the_same_on_any_process_count`, on digits, and the
+  fashion_mnist case of `test_strong_augmentation_under_mock_data`, which also read its run
+  again and resumed it. Each pipeline traces RandAugment, what these tests cost; the four
+  processes' pipelines show all three.)"""
+  config.update(dataset='fashion_mnist', batch_size=8, shuffle_buffer_size=8)
   with tfds.testing.mock_data(num_examples=12):
     plain = _take(_open(config), 3)
     config.update(**STRONG)
     data = _open(config)
+    assert data.mode == sources.IN_MEMORY
     assert ('RandAugment (2 ops, magnitude 9), nearest, zeros -> random erasing (p=0.5, '
             'const)') in data.plan().describe()
     first = _take(data, 3)
-    again = _take(data, 3)
-    resumed = _take(data, 2, start_position=4)
+    parts = [_take(data, 2, process_index=p, process_count=4, start_position=8)
+             for p in range(4)]
   for batch, before in zip(first, plain):
-    assert batch['image'].shape == (4,) + shape and batch['image'].dtype == np.uint8
+    assert batch['image'].shape == (8, 28, 28, 1) and batch['image'].dtype == np.uint8
     assert set(batch) == {'image', 'label'}
     np.testing.assert_array_equal(batch['label'], before['label'])
   assert not np.array_equal(np.stack([b['image'] for b in first]),
                             np.stack([b['image'] for b in plain]))
-  for a, b in zip(first, again):
-    np.testing.assert_array_equal(a['image'], b['image'])
+  for step, batch in enumerate(first[1:]):
+    for key in batch:
+      np.testing.assert_array_equal(
+          np.concatenate([part[step][key] for part in parts]), batch[key])
+
+
+@pytest.mark.slow
+def test_strong_augmentation_of_jpegs_read_in_sequence(config):
+  """RandAugment and random erasing after the inception crop on RGB JPEGs read in sequence
+  (imagenet2012 under mock_data, cache=False): uint8, the plain stream's labels, the images
+  changed, and seeded by the stream position: a resume, read by a pipeline of its own, gives
+  the first run's batches from there on. Fails where a draw is unseeded or made when the
+  pipeline is built, or where a resume starts elsewhere. (Was the imagenet2012 case of
+  `test_strong_augmentation_under_mock_data`, which also read the first run again: another
+  pipeline's trace of RandAugment, showing nothing the resume does not.)"""
+  config.update(dataset='imagenet2012', batch_size=4, shuffle_buffer_size=8, cache=False)
+  with tfds.testing.mock_data(num_examples=12):
+    plain = _take(_open(config), 3)
+    config.update(**STRONG)
+    data = _open(config)
+    assert data.mode == sources.SEQUENTIAL
+    assert ('RandAugment (2 ops, magnitude 9), nearest, zeros -> random erasing (p=0.5, '
+            'const)') in data.plan().describe()
+    first = _take(data, 3)
+    resumed = _take(data, 2, start_position=4)
+  for batch, before in zip(first, plain):
+    assert batch['image'].shape == (4, 224, 224, 3) and batch['image'].dtype == np.uint8
+    assert set(batch) == {'image', 'label'}
+    np.testing.assert_array_equal(batch['label'], before['label'])
+  assert not np.array_equal(np.stack([b['image'] for b in first]),
+                            np.stack([b['image'] for b in plain]))
   for a, b in zip(first[1:], resumed):
     np.testing.assert_array_equal(a['image'], b['image'])
 
 
 @pytest.mark.slow
-def test_an_augmentation_policy_is_drawn_from_the_stream_position(config):
-  """config.auto_augment's policy: in the plan with its settings, uint8, the same for the same
-  stream positions (a resume, another process count), changing the images."""
-  config.update(batch_size=16)
-  plain = _take(_open(config), 2)
-  config.update(auto_augment='ta_wide', auto_augment_fill='mean')
-  data = _open(config)
-  assert data.plan().describe().endswith('TrivialAugmentWide, nearest, fill (0.0,)')
-  first = _take(data, 2)
-  resumed = _take(data, 1, start_position=16)
-  parts = [_take(data, 2, process_index=p, process_count=2) for p in range(2)]
-  assert first[0]['image'].dtype == np.uint8
-  assert not np.array_equal(first[0]['image'], plain[0]['image'])
-  np.testing.assert_array_equal(first[1]['image'], resumed[0]['image'])
-  for step, batch in enumerate(first):
-    np.testing.assert_array_equal(
-        np.concatenate([part[step]['image'] for part in parts]), batch['image'])
-  config.update(auto_augment='svhn', auto_augment_interpolation='bilinear',
-                auto_augment_fill='')
-  assert _open(config).plan().describe().endswith(
-      'AutoAugment (svhn policy), bilinear, zeros')
-
-
-@pytest.mark.slow
-def test_repeated_augmentation_puts_each_example_r_times_in_a_row(config):
+def test_a_policy_and_repeated_augmentation_are_drawn_from_the_stream_position(config):
   """aug_repeats=4: runs of 4 copies of one example (the same as the plain stream's gather
-  of that run's slot), each copy augmented apart; one epoch of steps holds a quarter of the
-  split's examples, each 4 times; 1 and 4 processes build the same global batches."""
+  of that run's slot); one epoch of steps holds a quarter of the split's examples, each 4
+  times. config.auto_augment's policy on them (TrivialAugmentWide): in the plan with its
+  settings, uint8, the plain stream's labels, each copy augmented apart; and drawn from the
+  stream position: two processes' rows of a resume (from the second batch), each read by a
+  pipeline of its own, are the one-process batch there. Fails where a draw is unseeded, keyed
+  by a process's own row or by the example rather than its position (the copies alike), or
+  where a resume starts elsewhere. (Was two tests on digits and this policy,
+  `test_an_augmentation_policy_is_drawn_from_the_stream_position` and
+  `test_repeated_augmentation_puts_each_example_r_times_in_a_row`, with a pipeline, a trace
+  of the policy, for the resume and for each process of each: what they cost.)"""
   config.update(batch_size=16, aug_repeats=4)
   plain = _open(config)  # Nothing per example: gathered by numpy (EpochOrders).
   n = plain.num_examples
@@ -362,32 +379,25 @@ def test_repeated_augmentation_puts_each_example_r_times_in_a_row(config):
   assert (labels.reshape(-1, 4) == labels.reshape(-1, 4)[:, :1]).all()
   distinct = {run[0].tobytes() for run in runs}
   assert len(distinct) == len(runs) == steps * 4  # An epoch: a quarter of the examples.
-  config.update(auto_augment='ta_wide')
+  config.update(auto_augment='ta_wide', auto_augment_fill='mean')
   data = _open(config)  # Through TensorFlow (the policy): the same examples, as indices say.
+  assert data.plan().describe().endswith('TrivialAugmentWide, nearest, fill (0.0,)')
   augmented, augmented_labels = _stream(data, 2)
+  assert augmented.dtype == np.uint8 and augmented.shape == images[:32].shape
   np.testing.assert_array_equal(augmented_labels, labels[:32])
+  assert not np.array_equal(augmented[:16], images[:16])
   copies = augmented.reshape(-1, 4, *augmented.shape[1:])
   # Drawn apart: TA-wide's identity-like draws (Identity, a small enhance on an 8x8 image)
   # may leave a run's copies alike, rarely all four.
   assert np.mean([len({c.tobytes() for c in run}) > 1 for run in copies]) > 0.8
-  parts = [_stream(data, 2, process_index=p, process_count=2) for p in range(2)]
-  np.testing.assert_array_equal(
-      np.concatenate([part[0].reshape(2, 8, *augmented.shape[1:]) for part in parts], 1),
-      augmented.reshape(2, 16, *augmented.shape[1:]))
-
-
-@pytest.mark.slow
-def test_strong_augmentation_is_the_same_on_any_process_count(config):
-  """Four processes' rows, RandAugment and erasing on, are the one-process batches."""
-  config.update(batch_size=16, **STRONG)
-  data = _open(config)
-  whole = _take(data, 3, start_position=32)
-  parts = [_take(data, 3, process_index=p, process_count=4, start_position=32)
-           for p in range(4)]
-  for step, batch in enumerate(whole):
-    for key in batch:
-      np.testing.assert_array_equal(
-          np.concatenate([part[step][key] for part in parts]), batch[key])
+  parts = [_stream(data, 1, process_index=p, process_count=2, start_position=16)
+           for p in range(2)]
+  for got, expected in zip(map(np.concatenate, zip(*parts)), (augmented, augmented_labels)):
+    np.testing.assert_array_equal(got, expected[16:32])
+  config.update(auto_augment='svhn', auto_augment_interpolation='bilinear',
+                auto_augment_fill='')
+  assert _open(config).plan().describe().endswith(
+      'AutoAugment (svhn policy), bilinear, zeros')
 
 
 # -- image folders ------------------------------------------------------------------------
@@ -527,30 +537,33 @@ def test_a_folder_of_photos_of_many_sizes_is_cropped_to_image_size(config, photo
     run_datasets.for_options(run_options.data_options(config))
 
 
-# -- through the command line -------------------------------------------------------------
+# -- a whole run --------------------------------------------------------------------------
 
 
 @pytest.mark.slow
-def test_trainer_main_trains_on_an_array_record_dataset(config, tmp_path):
-  """`python -m flax_dp_trainer` on digits prepared as ArrayRecord (cache=False): it says it
-  reads by index from ArrayRecord files and ends where an in-memory run ends."""
-  data_dir, workdir = str(tmp_path / 'tfds'), str(tmp_path / 'run')
-  tfds.builder('digits', data_dir=data_dir, file_format='array_record').download_and_prepare()
-  steps = dict(num_train_steps=8, warmup_steps=2, log_every_steps=4, eval_every_steps=8,
-               checkpoint_every_steps=8, model='mlp', batch_size=32)
-  run = subprocess.run(
-      [sys.executable, '-m', 'flax_dp_trainer', '--config=default',
-       f'--workdir={workdir}', '--cpu_devices=2', '--config.cache=False',
-       f'--config.tfds_data_dir={data_dir}', *(f'--config.{k}={v}' for k, v in steps.items())],
-      cwd=REPO, env=processes.environment(), capture_output=True, text=True,
-      timeout=300, check=False)
-  assert run.returncode == 0, run.stderr[-3000:]
-  assert 'training data read by index from ArrayRecord files' in run.stderr
-  config.update(**steps)
+def test_a_run_on_an_array_record_dataset_ends_where_an_in_memory_run_ends(config, tmp_path,
+                                                                           caplog):
+  """train_and_evaluate on digits prepared as ArrayRecord (cache=False) on 2 devices says it
+  reads by index from ArrayRecord files and ends where the run on the split held in memory
+  ends: fails where the loop reads that stream at other positions, or other rows, than the
+  in-memory one. (Was `test_trainer_main_trains_on_an_array_record_dataset`, the ArrayRecord
+  run a `python -m flax_dp_trainer` subprocess: the command line on a dataset prepared as
+  ArrayRecord, and its log line, are test_datasets_by_name's user-builder run's.)"""
+  config.update(num_train_steps=8, warmup_steps=2, log_every_steps=4, eval_every_steps=8,
+                checkpoint_every_steps=8, model='mlp', batch_size=32)
+  # (First: the run prepares digits, its builder registered.)
   in_memory = train.train_and_evaluate(config, str(tmp_path / 'memory'),
                                        devices=jax.devices()[:2])
-  saved = checkpoint.read_state(workdir, 8)
-  assert helpers.relative_difference(saved['params'], in_memory.params) < 1e-6
+  data_dir = str(tmp_path / 'tfds')
+  tfds.builder('digits', data_dir=data_dir, file_format='array_record').download_and_prepare()
+  config.update(cache=False, tfds_data_dir=data_dir)
+  with caplog.at_level(logging.INFO):
+    from_files = train.train_and_evaluate(config, str(tmp_path / 'run'),
+                                          devices=jax.devices()[:2])
+  assert any('training data read by index from ArrayRecord files' in r.getMessage()
+             for r in caplog.records), [r.getMessage() for r in caplog.records][-20:]
+  assert int(from_files.step) == 8
+  assert helpers.relative_difference(from_files.params, in_memory.params) < 1e-6
 
 
 def test_no_module_outside_data_imports_tensorflow():

@@ -39,7 +39,10 @@ TOLERANCE = {'params': 1e-5, 'batch_stats': 1e-5, 'opt_state': 1e-5}
 # nn.Dropout left to draw per device, params 2.4e-2 from 1 device (pmap on 2) and 3 of its 4
 # runs failed (2 processes x 2 devices split the batch as 4 devices do, and drew alike); its
 # nn.BatchNorm left to reduce per device, 3.0e-3, and all 4 failed.
-TOPOLOGIES = [('pmap', 2), ('pmap', 8), ('shard_map', 1), ('shard_map', 4),
+# The cnn's pmap run on 8 devices was dropped: pmap splits the batch by the same code on 2 as
+# on 8 (the cnn's pmap on 2 and, on 8, the resnet's and user_plain's run it). Broken on
+# purpose (device 1 given device 0's rows), the cnn's pmap run on 2 failed: params 3.6e-3.
+TOPOLOGIES = [('pmap', 2), ('shard_map', 1), ('shard_map', 4),
               ('shard_map-optimizer', 2), ('shard_map-optimizer', 8), ('shard_map-full', 4)]
 RUNS = ([('cnn', backend, devices) for backend, devices in TOPOLOGIES] +
         [('resnet_tiny', backend, devices) for backend, devices in (
@@ -51,9 +54,13 @@ RUNS = ([('cnn', backend, devices) for backend, devices in TOPOLOGIES] +
 # the state shardings (the params split across the processes under 'full', and under 'fsdp'
 # the scanned ViT's gathered layer by layer across them; BatchNorm's statistics over both
 # processes' rows under 'optimizer').
+# user_plain's pmap run over 2 processes was dropped from the job: its nn.BatchNorm reduces
+# over the pmap axis, the same across processes as within one (the cnn's pmap run over 2
+# processes draws across them), and within one process user_plain runs on 2, 4 and 8 devices.
+# Broken on purpose (its statistics reduced per device), user_plain's pmap run on 2 failed:
+# params 3.4e-3.
 TWO_PROCESS_RUNS = [('cnn', 'pmap'), ('cnn', 'shard_map-full'),
-                    ('resnet_tiny', 'shard_map-optimizer'), ('vit_scanned', 'shard_map-fsdp'),
-                    ('user_plain', 'pmap')]
+                    ('resnet_tiny', 'shard_map-optimizer'), ('vit_scanned', 'shard_map-fsdp')]
 
 
 @pytest.fixture(scope='module')

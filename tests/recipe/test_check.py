@@ -128,6 +128,20 @@ def _folder(root, count: int, size: int = 32) -> str:
   return str(root)
 
 
+@pytest.fixture
+def one_torch_thread():
+  """torch on one thread for a whole check: its steps here are of a few images, and torch's
+  pool of a thread a core spent some four times the CPU of the work waiting, on a 2-core
+  machine busy with other tests (34 CPU-s for the 6-step check's 12 torch steps, 7 on one
+  thread). The numbers are the same: the bounds are float32 rounding's in any order."""
+  # pylint: disable-next=import-outside-toplevel  # (torch: the slow tests' own)
+  import torch
+  threads = torch.get_num_threads()
+  torch.set_num_threads(1)
+  yield
+  torch.set_num_threads(threads)
+
+
 TV2_SMALL = ['--model', 'resnet18', '--batch-size', '8', '--lr', '0.5', '--lr-scheduler',
              'cosineannealinglr', '--lr-warmup-epochs', '1', '--lr-warmup-method', 'linear',
              '--auto-augment', 'ta_wide', '--epochs', '4', '--random-erase', '0.1',
@@ -138,19 +152,28 @@ TV2_SMALL = ['--model', 'resnet18', '--batch-size', '8', '--lr', '0.5', '--lr-sc
 
 
 @pytest.mark.slow
-def test_the_scaled_down_tv2_recipe_checks_the_same_and_each_change_is_named(tmp_path):
+def test_the_scaled_down_tv2_recipe_checks_the_same_and_each_change_is_named(
+    tmp_path, one_torch_thread):
+  """The torchvision family's whole check: 3 steps of 2 an epoch (they were 6 of 4: the
+  same code, the warm-up's last step and the first after it, the EMA's updates in the
+  warm-up and the first after it, at half the steps); then two fields changed, each named in
+  the settings, before any step (the third, the BatchNorm groups, is a stage's: its own
+  test)."""
+  del one_torch_thread
   # pylint: disable=import-outside-toplevel  # (jax, TensorFlow: the slow test's only)
   from flax_dp_trainer.recipe import check
   from flax_dp_trainer.recipe import from_torchvision
   from flax_dp_trainer.tools import recipe as tool
-  data = _folder(tmp_path / 'data', 64)
+  data = _folder(tmp_path / 'data', 32)
   argv = TV2_SMALL + ['--data-path', data]
   translation = from_torchvision.translate(argv, 2)
   assert translation.exit_code == 0, translation.table()
   args = torchvision_args.parse(argv)
   config = tool.config_of(translation)
-  # 64 images, 16 a step: 4 steps an epoch, the warm-up (and the EMA's copying) the first 4.
-  report = check.run('torchvision', args, config, str(tmp_path / 'same'), 2, 6, str(tmp_path / 'steps.png'))
+  # 32 images, 16 a step: 2 steps an epoch, the warm-up the first 2; the EMA updates every 2
+  # iterations of an epoch: at step 1 (in the warm-up: a copy, its count reset) and step 3.
+  report = check.run('torchvision', args, config, str(tmp_path / 'same'), 2, 3,
+                     str(tmp_path / 'steps.png'))
   assert report.same, '\n'.join(report.lines())
   assert os.path.getsize(tmp_path / 'steps.png') > 0
   names = [s.name for s in report.largest()]
@@ -159,35 +182,42 @@ def test_the_scaled_down_tv2_recipe_checks_the_same_and_each_change_is_named(tmp
                    'updates', 'new parameters', 'EMA']
   assert [r['lr'][0] for r in report.steps] == pytest.approx(
       [r['lr'][1] for r in report.steps], rel=1e-6)
-  assert report.steps[4]['lr'][0] == pytest.approx(0.5)  # The first step after the warm-up.
+  assert report.steps[1]['lr'][0] < 0.5  # The warm-up's last step,
+  assert report.steps[2]['lr'][0] == pytest.approx(0.5)  # and the first after it.
 
-  # Three fields changed at once, each caught where it first acts and named with its fix
-  # (the weight decay and the schedule in the settings, the BatchNorm groups at step 1's
-  # forward, from the same weights and inputs): one check in place of three.
+  # The BatchNorm stage compared the statistics of both sides (float32 rounding's difference
+  # is never nil): a stage given one side twice would find nothing, and miss every change.
+  assert 'running_' in {s.name: s for s in report.largest()}['BatchNorm statistics'].where
+
+  # Two fields changed at once, each caught in the settings, before any step, and named with
+  # its fix: one check in place of two. (A third, the BatchNorm groups, caught at step 1's
+  # forward, is test_the_batchnorm_stage_names_the_groups_of_the_scripts_gpus's.)
   changed = tool.config_of(translation)
   changed.unlock()
-  changed.decay_all_params, changed.lr_schedule_unit, changed.bn_group_size = False, 'step', 0
+  changed.decay_all_params, changed.lr_schedule_unit = False, 'step'
   changed.lock()
-  found = check.run('torchvision', args, changed, str(tmp_path / 'changed'), 2, 1)
+  found = check.run('torchvision', args, changed, str(tmp_path / 'changed'), 2, 0)
   assert not found.same
   settings = {s.name: s for s in found.settings}
   assert settings['weight decay'].parts and settings['weight decay'].where == 'fc.bias'
   assert '--config.decay_all_params=True' in settings['weight decay'].cause
   assert settings['learning rates'].parts
   assert '--config.lr_schedule_unit=epoch' in settings['learning rates'].cause
-  batchnorm = {s.name: s for s in found.steps[0]['stages']}['BatchNorm statistics']
-  assert batchnorm.parts
-  assert '--config.bn_group_size=8 --config.bn_group_stats=first' in batchnorm.cause
 
 
 @pytest.mark.slow
-def test_timms_deit_command_checks_the_same(tmp_path):
+def test_timms_deit_command_checks_the_same(tmp_path, one_torch_thread):
+  """The timm family's whole check: 3 steps of 2 an epoch (they were 5 of 4: the same code,
+  an epoch the split over the batch would make longer, the warm-up's epoch and the first
+  step after it); then the epoch counted as that split, named in the settings, before any
+  step (the settings are compared first: the 1-step check it was stopped there too)."""
+  del one_torch_thread
   # pylint: disable=import-outside-toplevel  # (jax, TensorFlow, timm: the slow test's only)
   from flax_dp_trainer.recipe import check
   from flax_dp_trainer.recipe import from_timm
   from flax_dp_trainer.recipe import timm_args
   from flax_dp_trainer.tools import recipe as tool
-  data = _folder(tmp_path / 'data', 72)
+  data = _folder(tmp_path / 'data', 40)
   argv = ['--model', 'deit_tiny_patch16_224', '--opt', 'adamw', '--weight-decay', '0.05',
           '--sched', 'cosine', '--aa', 'rand-m9-mstd0.5-inc1', '--mixup', '0.8', '--cutmix',
           '1.0', '--reprob', '0.25', '--drop-path', '0.1', '--smoothing', '0.1',
@@ -196,25 +226,25 @@ def test_timms_deit_command_checks_the_same(tmp_path):
   translation = from_timm.translate(argv, 2, {'deit_tiny_patch16_224': 'vit_ti16'})
   assert translation.exit_code == 0, translation.table()
   report = check.run('timm', timm_args.parse(argv), tool.config_of(translation),
-                     str(tmp_path / 'run'), 2, 5)
+                     str(tmp_path / 'run'), 2, 3)
   assert report.same, '\n'.join(report.lines())
-  # 72 images, 8 a process, drop_last: 36 // 8 = 4 updates an epoch (72 / 16 = 4.5 would end
-  # the warm-up at step 5); the warm-up's epoch at --warmup-lr, then the cosine of the 4 epochs
+  # 40 images, 8 a process, drop_last: 20 // 8 = 2 updates an epoch (40 / 16 = 2.5 would end
+  # the warm-up at step 3); the warm-up's epoch at --warmup-lr, then the cosine of the 4 epochs
   # (the warm-up inside them) at epoch 1, of 0.1 x sqrt(16/256).
-  assert translation.fields()['steps_per_epoch'] == 4
+  assert translation.fields()['steps_per_epoch'] == 2
   after = 0.025 * 0.5 * (1 + math.cos(math.pi * 1 / 4))
-  assert [r['lr'][1] for r in report.steps] == pytest.approx([1e-5] * 4 + [after], rel=1e-6)
-  assert [r['lr'][0] for r in report.steps] == pytest.approx([1e-5] * 4 + [after], rel=1e-6)
+  assert [r['lr'][1] for r in report.steps] == pytest.approx([1e-5] * 2 + [after], rel=1e-6)
+  assert [r['lr'][0] for r in report.steps] == pytest.approx([1e-5] * 2 + [after], rel=1e-6)
   assert any('drop-path: --drop-path 0.1' in line for line in report.drawn)
   # The epoch as the split over the batch: the warm-up one step longer, named with its fix.
   counted = tool.config_of(translation)
   counted.unlock()
   counted.steps_per_epoch = 0
   counted.lock()
-  found = check.run('timm', timm_args.parse(argv), counted, str(tmp_path / 'counted'), 2, 1)
+  found = check.run('timm', timm_args.parse(argv), counted, str(tmp_path / 'counted'), 2, 0)
   step, stage = found.first
   assert (found.same, step, stage.name) == (False, 0, 'learning rates')
-  assert '--config.steps_per_epoch=4' in stage.cause
+  assert '--config.steps_per_epoch=2' in stage.cause
 
 
 def test_the_tool_refuses_bad_input_in_one_line(tmp_path):
@@ -286,3 +316,55 @@ def test_an_ema_on_one_side_alone_parts_without_a_traceback():
   args = timm_args.parse(['--model', 'deit_small_patch16_224', '--model-ema'])
   settings = check._ema_settings('timm', side, None, args)  # pylint: disable=protected-access
   assert settings.parts and settings.where == '--model-ema' and 'ModelEmaV3' in settings.cause
+
+
+def test_the_batchnorm_stage_names_the_groups_of_the_scripts_gpus():
+  """The check's BatchNorm stage on one layer's statistics: the script's (torch's
+  BatchNorm2d on rank 0's slice of the global batch, its running variance unbiased; DDP
+  keeps rank 0's buffers) against flax's BatchNorm (biased) over the same slice, as
+  bn_group_size=8 with bn_group_stats='first' computes them, and over the whole batch, as
+  bn_group_size=0 does. Was the tv2 check's third change (bn_group_size=0, caught at step 1),
+  a whole check's step of its own. Fails where the stage reads torch's unbiased variance as
+  flax's (`check._biased`: the slice's statistics then part too), where its bound misses
+  statistics of the whole batch, or where the cause names another fix."""
+  # pylint: disable=import-outside-toplevel  # (torch, jax, flax: this test's own)
+  import flax.linen as nn
+  import jax
+  import ml_collections
+  import torch
+  from flax_dp_trainer.recipe import check
+  rng = np.random.default_rng(0)
+  # A global batch of 16 (NCHW), each channel of its own scale and shift.
+  x = (rng.normal(size=(16, 3, 4, 4)) * np.reshape([1.0, 2.0, 0.5], (1, 3, 1, 1)) +
+       np.reshape([0.3, -1.0, 2.0], (1, 3, 1, 1))).astype(np.float32)
+  before = {'bn.running_mean': rng.normal(size=3).astype(np.float32),
+            'bn.running_var': rng.uniform(0.5, 2.0, size=3).astype(np.float32)}
+  torch_bn = torch.nn.BatchNorm2d(3, momentum=check.TORCH_MOMENTUM).train()
+  with torch.no_grad():
+    torch_bn.running_mean.copy_(torch.from_numpy(before['bn.running_mean']))
+    torch_bn.running_var.copy_(torch.from_numpy(before['bn.running_var']))
+    torch_bn(torch.from_numpy(x[:8]))  # Rank 0's slice of 2 GPUs' global batch of 16.
+  theirs = {'bn.running_mean': torch_bn.running_mean.numpy(),
+            'bn.running_var': torch_bn.running_var.numpy()}
+  expected = check._biased(theirs, before, {'bn': 8 * 4 * 4})  # pylint: disable=protected-access
+
+  def flax_statistics(rows):
+    variables = {'params': {'scale': np.ones(3, np.float32), 'bias': np.zeros(3, np.float32)},
+                 'batch_stats': {'mean': before['bn.running_mean'],
+                                 'var': before['bn.running_var']}}
+    _, updated = nn.BatchNorm(use_running_average=False, momentum=1 - check.TORCH_MOMENTUM,
+                              epsilon=1e-5).apply(variables, np.moveaxis(rows, 1, -1),
+                                                  mutable=['batch_stats'])
+    stats = jax.device_get(updated['batch_stats'])
+    return {'bn.running_mean': stats['mean'], 'bn.running_var': stats['var']}
+
+  args = _args('--batch-size', '8')
+  for size, rows in ((8, x[:8]), (0, x)):
+    config = ml_collections.ConfigDict({'bn_group_size': size, 'bn_group_stats': 'first'})
+    causes = check.Causes('torchvision', config, args, None, {}, {})
+    stage = stages.tensors('BatchNorm statistics', flax_statistics(rows), expected,
+                           stages.FORWARD, causes.batchnorm)
+    assert stage.parts == (size == 0), (size, stage)
+  assert stage.where in expected
+  assert stage.cause.startswith('BatchNorm `bn` normalizes over the whole global batch here')
+  assert '--config.bn_group_size=8 --config.bn_group_stats=first' in stage.cause

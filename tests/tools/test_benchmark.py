@@ -1,6 +1,7 @@
 """tools.benchmark: the headline figures from the parts' figures (a pure function, on made-up
-figures); a smoke run (few steps) runs every part and writes every figure; the bare-step parts
-run without TensorFlow; the compilation cache serves the step.
+figures); a smoke run (few steps, small batches) runs every part and writes every figure; the
+bare-step parts run without TensorFlow, and find the dataset's shapes where TFDS is there and
+TensorFlow is not; the compilation cache serves the step.
 
 Speed targets are read from the benchmark's output by people, never asserted here.
 """
@@ -17,7 +18,10 @@ import numpy as np
 import pytest
 from jax.experimental.compilation_cache import compilation_cache
 
+from flax_dp_trainer.configs import default
+from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.loop import setup
+from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.bench import figures as bench_figures
@@ -77,14 +81,23 @@ def test_headline_figures_pick_the_fastest_and_divide():
   assert len(names) == 1 + 4 + 2 + 2 * 2 + 1 + 2 and len(set(names)) == len(names), names
 
 
+# The smoke run's global batch: the default's 128 makes each of its some 250 steps 8 times the
+# work, for the same code.
+SMOKE_BATCH = 16
+
+
 @pytest.mark.slow
 def test_smoke_run_writes_every_key(tmp_path, tfds_data_dir):
+  """Every part of the default run, each in its own processes (nine of them, their start-up
+  most of the test's CPU): the fewest steps and rounds the parts take (10 steps are the
+  limit's three timed chunks' floor), at batch 16."""
   out = tmp_path / 'bench.json'
   runs_dir = tmp_path / 'runs'
   run = subprocess.run(
       [sys.executable, '-m', 'flax_dp_trainer.tools.benchmark', '--config=default',
        f'--json={out}', '--steps=10', '--timing_warmup_steps=1', '--rounds=1', '--jax_devices=2',
        '--ddp_ranks=1', '--parts=jax,cache,ddp,multiprocess', '--config.log_every_steps=5',
+       f'--config.batch_size={SMOKE_BATCH}',
        f'--config.tfds_data_dir={tfds_data_dir}', f'--runs_dir={runs_dir}'],
       cwd=REPO, env=processes.environment(), capture_output=True, text=True,
       timeout=600, check=False)
@@ -98,7 +111,7 @@ def test_smoke_run_writes_every_key(tmp_path, tfds_data_dir):
     assert figures[key] > 0, key
   assert figures['mfu'] is None  # No known peak for a CPU.
   # The cnn step is a few MFLOPs per example: forward and backward of two convolutions.
-  assert 1e5 < figures['flops_per_step'] / 128 < 1e8
+  assert 1e5 < figures['flops_per_step'] / SMOKE_BATCH < 1e8
   multiprocess = figures['multiprocess']
   for topology in ('1x4', '2x2'):
     for backend in ('pmap', 'shard_map'):
@@ -121,29 +134,23 @@ def test_smoke_run_writes_every_key(tmp_path, tfds_data_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('tfds_there', [False, True], ids=['no_tfds', 'tfds_without_tensorflow'])
-def test_bare_step_parts_run_without_tensorflow(tmp_path, tfds_there):
-  """`--parts=limit,ddp_limit` on a host without TensorFlow (a GPU box). Without TFDS either,
-  packages of those names that fail on import stand first on every subprocess's path, and the
-  dataset's spec comes from the dataset_spec.json a run wrote. With TFDS, TensorFlow is made
-  unimportable as `sys.modules` does it (a sitecustomize on the path), which leaves TFDS
-  without `tfds.core`: `digits`, shipped, needs neither."""
+def test_bare_step_parts_run_without_tensorflow(tmp_path):
+  """`--parts=limit,ddp_limit` on a host without TensorFlow or TFDS (a GPU box): packages of
+  those names that fail on import stand first on every subprocess's path, and the dataset's
+  spec comes from the dataset_spec.json a run wrote. (Where TFDS is there and TensorFlow is
+  not: `test_the_bare_step_parts_find_digits_where_tensorflow_does_not_import`.)"""
   hidden = tmp_path / 'hidden'
   hidden.mkdir()
-  if tfds_there:
-    (hidden / 'sitecustomize.py').write_text("import sys\nsys.modules['tensorflow'] = None\n")
-  else:
-    for name in ('tensorflow', 'tensorflow_datasets'):
-      (hidden / name).mkdir()
-      (hidden / name / '__init__.py').write_text(
-          f'raise ModuleNotFoundError("No module named {name!r} (hidden)", name={name!r})\n')
+  for name in ('tensorflow', 'tensorflow_datasets'):
+    (hidden / name).mkdir()
+    (hidden / name / '__init__.py').write_text(
+        f'raise ModuleNotFoundError("No module named {name!r} (hidden)", name={name!r})\n')
   out = tmp_path / 'bench.json'
   recorded = tmp_path / specs.SPEC_FILE
   recorded.write_text(json.dumps(specs.to_json(specs.spec('digits'))))
-  given = ([f'--config.tfds_data_dir={tmp_path / "tfds"}'] if tfds_there else
-           [f'--config.dataset_spec={recorded}'])
   run = subprocess.run(
-      [sys.executable, '-m', 'flax_dp_trainer.tools.benchmark', '--config=default', *given,
+      [sys.executable, '-m', 'flax_dp_trainer.tools.benchmark', '--config=default',
+       f'--config.dataset_spec={recorded}',
        f'--json={out}', '--parts=limit,ddp_limit',
        '--steps=10', '--timing_warmup_steps=1',
        '--jax_devices=2', '--ddp_ranks=1', '--config.dtype=bfloat16', '--config.batch_size=16'],
@@ -180,6 +187,40 @@ def test_bare_step_parts_run_without_tensorflow(tmp_path, tfds_there):
   assert 0.5 < ddp_step['flops_per_step'] / figures['step_jax_flops_per_step'] < 2
   assert figures['step_jax_mfu'] is None and figures['step_ddp_mfu'] is None  # CPU: no peak.
   assert 'step_jax_over_ddp =' in run.stdout
+
+
+@pytest.mark.slow
+def test_the_bare_step_parts_find_digits_where_tensorflow_does_not_import(tmp_path):
+  """With TFDS there and TensorFlow made unimportable as `sys.modules` does it (a
+  sitecustomize on the path), which leaves TFDS without `tfds.core`: the benchmark and its
+  bare-step parts import, and the dataset's shapes come as both parts find them
+  (`run_datasets.for_options`, no --config.dataset_spec): `digits`, shipped, needs neither.
+
+  Replaces the whole run test_bare_step_parts_run_without_tensorflow[tfds_without_tensorflow]
+  (the benchmark's four processes, 28 CPU-s): its figures were the [no_tfds] run's, which
+  that test still asserts; what set it apart is this environment, and in it what the parts
+  do before they measure. Fails where digits' spec needs TFDS's builder or TensorFlow, or
+  where the benchmark or a bare-step part imports TensorFlow."""
+  (tmp_path / 'sitecustomize.py').write_text("import sys\nsys.modules['tensorflow'] = None\n")
+  code = '\n'.join([
+      'import json',
+      'from flax_dp_trainer.tools import benchmark',
+      'from flax_dp_trainer.bench import ddp_limit, limit',
+      'from flax_dp_trainer.configs import default',
+      'from flax_dp_trainer.data import run_datasets, specs',
+      'from flax_dp_trainer.loop import options as run_options',
+      'config = default.get_config()',
+      f'config.tfds_data_dir = {str(tmp_path / "tfds")!r}',
+      'found = run_datasets.for_options(run_options.data_options(config))',
+      'print(json.dumps(specs.to_json(found)))'])
+  run = subprocess.run([sys.executable, '-c', code], cwd=REPO,
+                       env=processes.environment(PYTHONPATH=str(tmp_path)),
+                       capture_output=True, text=True, timeout=300, check=False)
+  assert run.returncode == 0, run.stderr[-3000:]
+  config = default.get_config()  # As found here, where TensorFlow imports.
+  config.tfds_data_dir = str(tmp_path / 'tfds')
+  want = run_datasets.for_options(run_options.data_options(config))
+  assert specs.from_json(json.loads(run.stdout.splitlines()[-1])) == want
 
 
 def test_compilation_cache_stores_and_serves_the_step(tmp_path):

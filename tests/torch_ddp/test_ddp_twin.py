@@ -167,20 +167,19 @@ def test_a_split_its_command_line_names_is_never_stood_in_for(config, one_rank_g
 
 
 # (state_sharding, model flags, the settings file's model class, FSDP2 units): a user's pair
-# under whole-module FSDP2; the same under per-block FSDP2, where a model without residual
-# blocks is the root unit alone; torchvision's ResNet under per-block FSDP2 over its
-# activation-checkpointed blocks (2 blocks and the root).
-USER_CNN_FLAGS = ('--config.model=tests.port_pairs:FlaxCNN',
-                  '--config.torch_model=tests.port_pairs:TorchCNN')
+# under whole-module FSDP2; torchvision's ResNet under per-block FSDP2 over its
+# activation-checkpointed blocks (2 blocks and the root). The user's pair under per-block
+# FSDP2 (a model without residual blocks: the root unit alone) is checked on 1 rank below.
+USER_CNN = dict(model='tests.port_pairs:FlaxCNN', torch_model='tests.port_pairs:TorchCNN')
+USER_CNN_FLAGS = tuple(f'--config.{k}={v}' for k, v in USER_CNN.items())
 SHARDED_RUNS = [('full', USER_CNN_FLAGS, 'tests.port_pairs.TorchCNN', 1),
-                ('fsdp', USER_CNN_FLAGS, 'tests.port_pairs.TorchCNN', 1),
                 ('fsdp', ('--config.model=resnet_tiny', '--config.remat=full'),
                  'torchvision.models.resnet.ResNet', 3)]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize('sharding,model_flags,model_class,units', SHARDED_RUNS,
-                         ids=['user_cnn_full', 'user_cnn_fsdp', 'resnet_tiny_fsdp_remat'])
+                         ids=['user_cnn_full', 'resnet_tiny_fsdp_remat'])
 def test_a_sharded_model_trains_in_bfloat16_and_resumes_exactly(
     tmp_path, tfds_data_dir, sharding, model_flags, model_class, units):
   """A model under FSDP2 (`state_sharding` 'full': the whole module one unit; 'fsdp': each
@@ -214,6 +213,40 @@ def test_a_sharded_model_trains_in_bfloat16_and_resumes_exactly(
   assert settings['wrapper'] == {'full': 'FSDP2 (fully_shard)',
                                  'fsdp': 'FSDP2 (fully_shard per block)'}[sharding]
   assert settings['fsdp_units'] == units
+
+
+@pytest.mark.slow
+def test_a_model_without_blocks_under_per_block_fsdp_is_one_unit_and_resumes_exactly(
+    config, one_rank_group, tmp_path):
+  """A user's pair without residual blocks under per-block FSDP2 (`state_sharding='fsdp'`)
+  in bfloat16: the root is its one FSDP2 unit, the settings file names the user's class (not
+  FSDP2's) and the wrapper, and 4 steps in one go equal 2 resumed from the step-2 checkpoint.
+
+  Replaces the whole 2-rank run test_a_sharded_model_trains_in_bfloat16_and_resumes_exactly
+  [user_cnn_fsdp] (12 steps twice under torchrun): what it added to [user_cnn_full] and
+  [resnet_tiny_fsdp_remat] (2 ranks, resumed exactly under both FSDP2 modes) is the per-block
+  wrap's fallback to the root alone, which one rank runs. It fails where that one did: a
+  blockless model given no unit or one per layer, FSDP2's class recorded as the model, a
+  resume that misses the sharded state. Broken on purpose (a blockless model's every layer
+  made a unit of its own), it failed: 6 units."""
+  del one_rank_group
+  config.update(**USER_CNN, dropout_rate=0.0, dtype='bfloat16', step_backend='shard_map',
+                state_sharding='fsdp', num_train_steps=4, warmup_steps=2, log_every_steps=2,
+                eval_every_steps=4, checkpoint_every_steps=2)
+  whole = tmp_path / 'whole'
+  ddp_training.train(config, str(whole), parity=True)
+  with open(whole / ddp_training.SETTINGS_FILE, encoding='utf-8') as f:
+    settings = json.load(f)
+  assert settings['model'] == 'tests.port_pairs.TorchCNN'
+  assert settings['wrapper'] == 'FSDP2 (fully_shard per block)'
+  assert settings['fsdp_units'] == 1
+  shutil.copytree(whole, tmp_path / 'resumed')
+  os.remove(tmp_path / 'resumed' / 'checkpoints' / 'step_4.pt')  # As if stopped after 2.
+  ddp_training.train(config, str(tmp_path / 'resumed'), parity=True)
+  want, got = _load(whole, 4)['model'], _load(tmp_path / 'resumed', 4)['model']
+  assert want.keys() == got.keys()
+  for key, value in want.items():
+    assert torch.equal(value, got[key]), key
 
 
 def test_a_twin_checkpoint_records_its_streams_and_an_old_one_keeps_its_own(

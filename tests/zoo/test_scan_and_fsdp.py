@@ -65,8 +65,12 @@ def _assert_close(state, reference, unstack=False):
     assert difference < TOLERANCE, (name, difference)
 
 
+# vit_test's run on 8 devices without remat was folded into its run on 4 with remat='full':
+# FSDP gathers its blocks by the same code on 4 as on 8 devices, with and without remat
+# (resnet_tiny on 8, user_marked and cnn without remat). Broken on purpose (each example's
+# dropout and stochastic-depth masks keyed by its row on its device), it failed: params
+# 5.2e-3 from 1 device.
 @pytest.mark.parametrize('model,devices,overrides', [
-    pytest.param('vit_test', 8, {}, marks=pytest.mark.slow),
     pytest.param('vit_test', 4, dict(remat='full'), marks=pytest.mark.slow),
     pytest.param('resnet_tiny', 8, dict(remat='dots'), marks=pytest.mark.slow),
     pytest.param('user_marked', 2, {}, marks=pytest.mark.slow),
