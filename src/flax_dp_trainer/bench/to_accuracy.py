@@ -72,9 +72,9 @@ def evaluations(records: list[dict], start: float) -> list[dict[str, float]]:
 def reached(evaluated: list[dict[str, float]], target: float) -> dict[str, Any]:
   """A run's figures from its `evaluations`: the seconds and step of the first at or above
   `target` (None where none is), its final accuracy."""
-  first = next((e for e in evaluated if e['accuracy'] >= target), None)
   if not evaluated:
     raise UserError(f'the run wrote no {METRIC}: it must evaluate (eval_every_steps)')
+  first = next((e for e in evaluated if e['accuracy'] >= target), None)
   return {'seconds': first['seconds'] if first else None,
           'step': first['step'] if first else None,
           'final_accuracy': evaluated[-1]['accuracy'],

@@ -172,7 +172,7 @@ def read(name: str) -> tuple[arrays.Arrays, str]:
     if where.transposed:
       images = np.ascontiguousarray(images.transpose(0, 2, 1))
     splits[split] = (images, labels)
-  if 'train' not in splits and 'test' not in splits:
+  if not splits:
     _refuse_empty(name, where)
   return arrays.checked(name, splits), digest.hexdigest()
 
@@ -210,4 +210,3 @@ class IdxKind(arrays.ArraysKind):
   def name_example(self, split, index: int, what: str = 'record') -> tuple[str, str]:
     return (f'image {index} of split {str(split)!r} of dataset {self.name!r}',
             'its file holds no image of the stored shape: copy or download it again')
-
