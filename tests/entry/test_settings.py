@@ -167,7 +167,7 @@ SLOW = pytest.mark.slow
 
 @pytest.mark.parametrize('module,args,line', [
     ('flax_dp_trainer', ['--config=default', '--workdir={tmp}', '--config.model=resnet9'],
-     "error: model='resnet9' is unknown; choose one of: cnn, mlp"),
+     "error: model='resnet9' is unknown; choose one of: cnn, cnn_bn, mlp"),
     pytest.param('flax_dp_trainer', ['--config=default', '--workdir={tmp}',
                                   '--config.state_sharding=full'],
                  "error: state_sharding='full' needs the shard_map step", marks=SLOW),

@@ -108,7 +108,7 @@ CASES = {
         'argument'),
     'model: not an import path': (
         dict(model='my net'),
-        "model='my net' is unknown; choose one of: cnn, mlp, resnet101"),
+        "model='my net' is unknown; choose one of: cnn, cnn_bn, mlp, resnet101"),
     'model: a dot for the colon': (
         dict(model='tests.user_models.PlainNet'),
         'for your own module write the colon: '
@@ -351,7 +351,7 @@ def _cli(*args):
                  "--config.eval_split=...)", marks=pytest.mark.slow),
     # What the command line says alone: status 2, before TensorFlow loads.
     (['--config.model=resnet9'], 2,
-     "error: model='resnet9' is unknown; choose one of: cnn, mlp, resnet101"),
+     "error: model='resnet9' is unknown; choose one of: cnn, cnn_bn, mlp, resnet101"),
     (['--cpu_devices=0'], 2, 'error: --cpu_devices=0 must be a positive device count'),
     # PyTorch's --resume: not absl's nearest flag, which does something else.
     (['--resume=checkpoint.pth'], 2, 'error: --resume: this trainer resumes by itself: run '

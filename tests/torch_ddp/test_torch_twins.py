@@ -229,7 +229,7 @@ def test_cnn_bns_training_mode_matches():
 
 def test_unknown_models_are_refused():
   with pytest.raises(KeyError, match="model='vit_h14' has no PyTorch model; the baseline has: "
-                                     "cnn, mlp, resnet101"):
+                                     "cnn, cnn_bn, mlp, resnet101"):
     torch_models.get('vit_h14')
   with pytest.raises(ValueError, match="dropout_rate=0.1: torchvision's ResNet has no dropout"):
     torch_models.get('resnet18', input_shape=(32, 32, 3), num_classes=10, dropout_rate=0.1)

@@ -128,7 +128,7 @@ def test_dropout_uses_rng_only_in_training():
 
 
 def test_unknown_model_lists_choices():
-  with pytest.raises(KeyError, match="model='resnet9' is unknown; choose one of: cnn, mlp, "):
+  with pytest.raises(KeyError, match="model='resnet9' is unknown; choose one of: cnn, cnn_bn, mlp, "):
     zoo.get('resnet9', num_classes=10)
 
 
