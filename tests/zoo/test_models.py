@@ -63,7 +63,8 @@ STEPPED_BY = {'mlp': 'mlp', 'cnn': 'cnn', 'cnn_bn': 'cnn_bn', 'resnet_tiny': 're
               'vit_b16': 'vit_test', 'vit_g14': 'vit_test'}
 STEPPED = sorted(set(STEPPED_BY.values()))
 # The smallest input each stepped model takes.
-STEP_SHAPES = {name: (8, 8, 1) if name in ('mlp', 'cnn', 'cnn_bn') else (32, 32, 3) for name in STEPPED}
+STEP_SHAPES = {name: (8, 8, 1) if name in ('mlp', 'cnn', 'cnn_bn') else (32, 32, 3)
+               for name in STEPPED}
 # The ResNets' blocks and stems at resnet_tiny's size.
 STEP_SIZE = {name: dict(stage_sizes=(1, 1), num_filters=8)
              for name in ('resnet18', 'resnet50_cifar')}
@@ -128,7 +129,8 @@ def test_dropout_uses_rng_only_in_training():
 
 
 def test_unknown_model_lists_choices():
-  with pytest.raises(KeyError, match="model='resnet9' is unknown; choose one of: cnn, cnn_bn, mlp, "):
+  with pytest.raises(KeyError,
+                     match="model='resnet9' is unknown; choose one of: cnn, cnn_bn, mlp, "):
     zoo.get('resnet9', num_classes=10)
 
 
