@@ -124,13 +124,16 @@ def test_magnitude_table_matches_torchvision():
 
 @pytest.mark.parametrize('name', OPS)
 def test_op_matches_torchvision(name):
+  """Each op, eagerly with its index as a Python int (one graph per magnitude and channel
+  count would be traced otherwise, most of the test's time); the graph with the index as a
+  tensor, as the pipeline runs it, equals it (test_eager_python_op_equals_graph_tensor_op)."""
   op = OPS.index(name)
   for height, width in COMPARE_SIZES:
     for channels in (1, 3):
       image = images.uint8_image(height, width, channels, seed=height + channels)
       for magnitude in MAGNITUDES:
         for negate in (False, True):
-          out = _apply(image, op, magnitude, negate)
+          out = augment.apply_op(tf.constant(image), op, magnitude, negate).numpy()
           where = (name, height, width, channels, magnitude, negate)
           assert out.shape == image.shape and out.dtype == np.uint8, where
           got = out.astype(np.int32)
