@@ -59,6 +59,20 @@ def _assert_close(got: np.ndarray, want: np.ndarray, geometric: bool, where):
     np.testing.assert_array_equal(got, want, err_msg=str(where))
 
 
+# Draws whose eager result is checked against the pipeline's graph (a policy's graph holds
+# every op of its space: tracing it for each channel count was most of these tests' time).
+GRAPH_DRAWS = 6
+
+
+def _eager_then_graph(policy, graph, image: np.ndarray, seed, draw: int) -> np.ndarray:
+  """The policy applied eagerly; for the first draws on 3 channels, also as the graph the
+  pipeline traces (`graph(channels)`), which must equal it."""
+  got = policy(tf.constant(image), seed).numpy()
+  if image.shape[-1] == 3 and draw < GRAPH_DRAWS:
+    np.testing.assert_array_equal(graph(3)(tf.constant(image), seed).numpy(), got)
+  return got
+
+
 @functools.lru_cache(maxsize=None)
 def _ta_wide(channels: int):
   return tf.function(policies.trivial_augment_wide, input_signature=[
@@ -79,7 +93,7 @@ def test_ta_wide_is_torchvisions_for_every_draw():
       name = policies.TA_WIDE_OPS[op]
       m = _magnitude(reference, name, policies.TA_WIDE_BINS, k, negate, height, width)
       want = images.to_numpy(_torch_op(reference, images.to_torch(image), name, m))
-      got = _ta_wide(channels)(tf.constant(image), seed).numpy()
+      got = _eager_then_graph(policies.trivial_augment_wide, _ta_wide, image, seed, s)
       _assert_close(got, want, name in GEOMETRIC, (name, int(k), bool(negate), channels, s, m))
       seen.add(name)
   assert seen == set(policies.TA_WIDE_OPS)
@@ -118,7 +132,8 @@ def test_autoaugment_is_torchvisions_for_every_draw(policy):
             ours = ops.apply(images.to_numpy(before), name, m).numpy()
             _assert_close(ours, images.to_numpy(img), True, (policy, int(index), names, channels))
             img = images.to_torch(ours)
-      got = _autoaugment(policy, channels)(tf.constant(image), seed).numpy()
+      got = _eager_then_graph(lambda x, seed: policies.autoaugment(x, seed, policy),
+                              lambda c: _autoaugment(policy, c), image, seed, s)
       _assert_close(got, images.to_numpy(img), False, (policy, int(index), names, channels))
       used.update(names)
   assert len(used) >= 5
