@@ -220,7 +220,14 @@ def _apply(text: str, channels: int):
                                       tf.TensorSpec([2], tf.int64)])
 
 
+# Draws whose eager result is checked against the pipeline's graph (a policy's graph holds
+# every op of its space: tracing it for each channel count was most of these tests' time).
+GRAPH_DRAWS = 6
+
+
 def _check_policy_against_timm(text: str, seeds: int):
+  """Each draw applied eagerly against timm's transform replaying it; the first draws on 3
+  channels also through the graph the pipeline traces."""
   policy = timm_strings.parse(text)
   ran = set()
   for height, width, channels in SIZES:
@@ -231,7 +238,10 @@ def _check_policy_against_timm(text: str, seeds: int):
       seed = tf.constant([s, 17], tf.int64)
       draws = timm_policies.Draws(*[t.numpy() for t in timm_policies.draw(seed, policy)])
       want = _numpy(_TIMM[type(policy)](image, policy, draws, hparams))
-      got = _apply(text, channels)(tf.constant(image), seed).numpy()
+      got = timm_policies.apply(tf.constant(image), seed, policy, FILLS[channels]).numpy()
+      if channels == 3 and s < GRAPH_DRAWS:
+        graph = _apply(text, channels)(tf.constant(image), seed).numpy()
+        np.testing.assert_array_equal(graph, got, err_msg=f'{text} seed {s}: graph, eager')
       names = [policy.ops[o] for o in draws.op[draws.applied]]
       np.testing.assert_array_equal(got, want, err_msg=f'{text} seed {s} {names} {channels}')
       ran.update(names)
