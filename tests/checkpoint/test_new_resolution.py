@@ -25,6 +25,7 @@ from flax_dp_trainer.torch_ddp import models as torch_models
 from flax_dp_trainer.zoo import torch_weights
 from flax_dp_trainer.zoo import vit
 from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.loop import train
 from tests import REPO
 
 
@@ -63,16 +64,18 @@ def test_a_torchvision_state_dict_of_another_size_is_resampled():
   np.testing.assert_array_equal(loaded.variables['params']['cls'], state['class_token'])
 
 
-def _main(workdir, tfds_data_dir, *args, model='vit_test'):
-  # Evaluations on 64 of the test split's images: at 384 px most of the runs' time went to
-  # evaluating all of them, twice.
+# The runs' config: evaluations on 64 of the test split's images (at 384 px most of the runs'
+# time went to evaluating all of them, twice).
+RUN = dict(model='vit_test', augment='inception', num_train_steps=4, warmup_steps=1,
+           batch_size=16, eval_batch_size=64, log_every_steps=2, eval_every_steps=4,
+           checkpoint_every_steps=4, eval_split='test[:64]')
+
+
+def _main(workdir, tfds_data_dir, *args):
   return subprocess.run(
       [sys.executable, '-m', 'flax_dp_trainer', '--config=default',
-       f'--workdir={workdir}', '--cpu_devices=2', f'--config.model={model}',
-       '--config.augment=inception', '--config.num_train_steps=4', '--config.warmup_steps=1',
-       '--config.batch_size=16', '--config.eval_batch_size=64', '--config.log_every_steps=2',
-       '--config.eval_every_steps=4', '--config.checkpoint_every_steps=4',
-       '--config.eval_split=test[:64]', f'--config.tfds_data_dir={tfds_data_dir}', *args],
+       f'--workdir={workdir}', '--cpu_devices=2', *(f'--config.{k}={v}' for k, v in RUN.items()),
+       f'--config.tfds_data_dir={tfds_data_dir}', *args],
       cwd=REPO, env=processes.environment(), capture_output=True, text=True,
       timeout=600, check=False)
 
@@ -88,13 +91,16 @@ def test_fine_tuning_and_evaluating_at_a_larger_image_size(tmp_path, tfds_data_d
   (It replaces two runs, vit_test at 16 -> 24 px and `tests.user_models:ViTTest16` at 224 ->
   384 px with the fine-tuning scanned: the same code at another grid size. The resampling
   from ViT-B/16's 14x14 grid to 24x24 is checked against torch's bicubic above,
-  `test_resampling_against_torch_bicubic_and_jax_bilinear[14-24]`.)"""
+  `test_resampling_against_torch_bicubic_and_jax_bilinear[14-24]`. The 16 px training, whose
+  checkpoint alone the test reads, runs in this process on 2 of its devices: a command of its
+  own spent its CPU starting; the command's path is the two runs after it.)"""
   small, large, patch = 16, 24, 4
   first, second = tmp_path / f'at{small}', tmp_path / f'at{large}'
   grid, new_grid = small // patch, large // patch
   tokens = (grid * grid + 1, new_grid * new_grid + 1)
-  run = _main(first, tfds_data_dir, f'--config.image_size={small}')
-  assert run.returncode == 0, run.stderr[-3000:]
+  config = default.get_config()
+  config.update(tfds_data_dir=tfds_data_dir, image_size=small, **RUN)
+  train.train_and_evaluate(config, str(first), devices=jax.devices()[:2])
   run = _main(second, tfds_data_dir, f'--config.image_size={large}',
               f'--config.init_from={first}', '--config.scan_layers=True')
   assert run.returncode == 0, run.stderr[-3000:]
