@@ -22,9 +22,9 @@ from tests import REPO
 # Ranks 1 and 2, each against another JAX device count: torchvision's ResNet (at a test width,
 # its blocks recomputed: remat='full') under plain DDP on 1 rank (the twin's training run in
 # the test process, a process group of its own), where torch's BatchNorm sees the whole batch
-# as JAX's does over its 4 devices; the mlp with Mixup/CutMix on 2 ranks under torchrun, where
-# the twin fetches partner rows from the other rank (1 - r), with its optimizer state sharded
-# on both sides (ZeroRedundancyOptimizer; the JAX state split over its 4 devices).
+# as JAX's does over its 4 devices; a user's MLP with Mixup/CutMix on 2 ranks under torchrun,
+# where the twin fetches partner rows from the other rank (1 - r), with its optimizer state
+# sharded on both sides (ZeroRedundancyOptimizer; the JAX state split over its 4 devices).
 # A user's pair (tests/port_pairs.py: a flax port as `model`, its torch original as
 # `torch_model`), the weights carried by call order: the MLP on 2 ranks, the CNN with
 # BatchNorm (and a flatten before its dense layer) on 1 rank, where torch's BatchNorm sees
@@ -33,16 +33,21 @@ from tests import REPO
 # the JAX blocks gather their params one at a time over 2 devices, the twin's torchvision
 # blocks are FSDP2 units of their own (`fully_shard` per block, then the root) over their
 # activation checkpointing.
-# Two whole runs of this matrix were folded into others (each pair differed in one setting
+# Three whole runs of this matrix were folded into others (each pair differed in one setting
 # that the other covers): [resnet_tiny] (no remat; 4 devices, 1 rank) and [resnet_tiny_remat]
 # (remat='full'; 2 devices) are one case, [resnet_tiny_remat] on 4 devices: it fails where
 # either did (a BatchNorm that does not see the whole batch, a torchvision weight carried
 # wrongly, a recomputed block whose loss or count differs: broken on purpose, the twin's
 # checkpointing counted 0 blocks, it failed). [user_mlp_1_rank] (the user's MLP on 2 devices
 # and 1 rank) is covered by [user_mlp_2_ranks] (the same pair's weights by call order) and
-# [user_cnn_1_rank] (a user's pair in the test process on 1 rank); broken on purpose (the
-# pair's Linear kernels carried untransposed), [user_mlp_2_ranks] failed (its DDP run exited
-# with status 1).
+# [user_cnn_1_rank] (a user's pair in the test process on 1 rank). [mlp_mixed] (the mlp twin,
+# Mixup/CutMix, sharded optimizer state, 2 ranks) and [user_mlp_2_ranks] (the user's MLP, 2
+# ranks) are one torchrun run, [user_mlp_mixed_2_ranks]: the partner rows and the sharded
+# state do not depend on which model trains, the user's weights by call order ride along, and
+# the mlp twin's forward is checked against the flax mlp in test_torch_twins.py.
+# Broken on purpose, each failed: the pair's Linear kernels carried untransposed
+# ([user_mlp_2_ranks]: its DDP run exited with status 1); each rank's partner rows taken from
+# itself ([user_mlp_mixed_2_ranks]: 18 of 20 losses parted).
 USER_MLP = dict(model='tests.port_pairs:FlaxMLP', torch_model='tests.port_pairs:TorchMLP')
 USER_CNN = dict(model='tests.port_pairs:FlaxCNN', torch_model='tests.port_pairs:TorchCNN')
 # timm's ViT (fused qkv attention, the class token first, exact GELU) beside a port written as
@@ -66,16 +71,16 @@ ADAMW_LAYER_DECAY = dict(optimizer='adamw', learning_rate=3e-3, weight_decay=0.0
 @pytest.mark.slow
 @pytest.mark.parametrize('model,jax_devices,ddp_ranks,more',
                          [('resnet_tiny', 4, 1, dict(remat='full')),
-                          ('mlp', 4, 2, dict(mixup_alpha=0.4, cutmix_alpha=1.0,
-                                             state_sharding='optimizer')),
-                          (None, 4, 2, USER_MLP),
+                          (None, 4, 2, dict(**USER_MLP, mixup_alpha=0.4, cutmix_alpha=1.0,
+                                            state_sharding='optimizer',
+                                            step_backend='shard_map')),
                           (None, 2, 1, USER_CNN),
                           (None, 2, 1, TIMM_VIT),
                           ('resnet_tiny', 2, 1, dict(state_sharding='fsdp', remat='full',
                                                      step_backend='shard_map')),
                           ('cnn', 2, 1, LION_PROBE), ('vit_test', 2, 1, ADAMW_LAYER_DECAY)],
-                         ids=['resnet_tiny_remat', 'mlp_mixed', 'user_mlp_2_ranks',
-                              'user_cnn_1_rank', 'timm_vit_1_rank', 'resnet_tiny_fsdp_remat',
+                         ids=['resnet_tiny_remat', 'user_mlp_mixed_2_ranks', 'user_cnn_1_rank',
+                              'timm_vit_1_rank', 'resnet_tiny_fsdp_remat',
                               'lion_wsd_frozen', 'adamw_layer_decay'])
 def test_first_20_losses_agree(tmp_path, config, request, model, jax_devices, ddp_ranks, more):
   user = 'torch_model' in more

@@ -166,25 +166,29 @@ def test_a_split_its_command_line_names_is_never_stood_in_for(config, one_rank_g
   assert not workdir.exists()
 
 
-# (state_sharding, model flags, the settings file's model class, FSDP2 units): a user's pair
-# under whole-module FSDP2; torchvision's ResNet under per-block FSDP2 over its
-# activation-checkpointed blocks (2 blocks and the root). The user's pair under per-block
-# FSDP2 (a model without residual blocks: the root unit alone) is checked on 1 rank below.
+# (state_sharding, model flags, the settings file's model class, FSDP2 units): torchvision's
+# ResNet under per-block FSDP2 over its activation-checkpointed blocks (2 blocks and the root)
+# on 2 ranks. A user's pair (a model without residual blocks: the root unit alone) under
+# whole-module and per-block FSDP2 is checked on 1 rank below.
 USER_CNN = dict(model='tests.port_pairs:FlaxCNN', torch_model='tests.port_pairs:TorchCNN')
-USER_CNN_FLAGS = tuple(f'--config.{k}={v}' for k, v in USER_CNN.items())
-SHARDED_RUNS = [('full', USER_CNN_FLAGS, 'tests.port_pairs.TorchCNN', 1),
-                ('fsdp', ('--config.model=resnet_tiny', '--config.remat=full'),
+SHARDED_RUNS = [('fsdp', ('--config.model=resnet_tiny', '--config.remat=full'),
                  'torchvision.models.resnet.ResNet', 3)]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize('sharding,model_flags,model_class,units', SHARDED_RUNS,
-                         ids=['user_cnn_full', 'resnet_tiny_fsdp_remat'])
+                         ids=['resnet_tiny_fsdp_remat'])
 def test_a_sharded_model_trains_in_bfloat16_and_resumes_exactly(
     tmp_path, tfds_data_dir, sharding, model_flags, model_class, units):
   """A model under FSDP2 (`state_sharding` 'full': the whole module one unit; 'fsdp': each
   residual block one, then the root) in bfloat16 on 2 ranks: 12 steps in one go, and the same
-  run resumed from its step-6 checkpoint, end on the same weights."""
+  run resumed from its step-6 checkpoint, end on the same weights.
+
+  Its 2-rank case [user_cnn_full] (the user's CNN as one unit, 12 steps twice under torchrun)
+  now runs on 1 rank in test_a_model_without_blocks_under_per_block_fsdp_is_one_unit_and_
+  resumes_exactly[full]: 'full' and 'fsdp' share every line but the per-block wrap (the
+  sharded state's save and load alike), and this case resumes that sharded state over 2
+  ranks."""
   def run(workdir, steps):
     command = processes.ddp_command(2, str(workdir), threads=1, args=[
         '--config=default', '--parity', *model_flags,
@@ -216,29 +220,34 @@ def test_a_sharded_model_trains_in_bfloat16_and_resumes_exactly(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize('sharding,wrapper', [('full', 'FSDP2 (fully_shard)'),
+                                              ('fsdp', 'FSDP2 (fully_shard per block)')])
 def test_a_model_without_blocks_under_per_block_fsdp_is_one_unit_and_resumes_exactly(
-    config, one_rank_group, tmp_path):
-  """A user's pair without residual blocks under per-block FSDP2 (`state_sharding='fsdp'`)
-  in bfloat16: the root is its one FSDP2 unit, the settings file names the user's class (not
-  FSDP2's) and the wrapper, and 4 steps in one go equal 2 resumed from the step-2 checkpoint.
+    config, one_rank_group, tmp_path, sharding, wrapper):
+  """A user's pair without residual blocks under FSDP2 (`state_sharding` 'full': the whole
+  module; 'fsdp': per block) in bfloat16: the root is its one FSDP2 unit, the settings file
+  names the user's class (not FSDP2's) and the wrapper, and 4 steps in one go equal 2
+  resumed from the step-2 checkpoint.
 
-  Replaces the whole 2-rank run test_a_sharded_model_trains_in_bfloat16_and_resumes_exactly
-  [user_cnn_fsdp] (12 steps twice under torchrun): what it added to [user_cnn_full] and
-  [resnet_tiny_fsdp_remat] (2 ranks, resumed exactly under both FSDP2 modes) is the per-block
-  wrap's fallback to the root alone, which one rank runs. It fails where that one did: a
-  blockless model given no unit or one per layer, FSDP2's class recorded as the model, a
-  resume that misses the sharded state. Broken on purpose (a blockless model's every layer
-  made a unit of its own), it failed: 6 units."""
+  Replaces the whole 2-rank runs test_a_sharded_model_trains_in_bfloat16_and_resumes_exactly
+  [user_cnn_fsdp] and [user_cnn_full] (12 steps twice under torchrun each): what they added
+  to [resnet_tiny_fsdp_remat] (2 ranks, a sharded state resumed exactly) is the user's class
+  recorded under FSDP2, each mode's wrapper name, and the per-block wrap's fallback to the
+  root alone, which one rank runs. It fails where those did: a blockless model given no unit
+  or one per layer, FSDP2's class recorded as the model, a mode's wrapper misnamed, a resume
+  that misses the sharded state. Broken on purpose (a blockless model's every layer made a
+  unit of its own), [fsdp] failed: 6 units; ('full' wrapped in DDP, not FSDP2), [full]
+  failed: 0 units."""
   del one_rank_group
   config.update(**USER_CNN, dropout_rate=0.0, dtype='bfloat16', step_backend='shard_map',
-                state_sharding='fsdp', num_train_steps=4, warmup_steps=2, log_every_steps=2,
+                state_sharding=sharding, num_train_steps=4, warmup_steps=2, log_every_steps=2,
                 eval_every_steps=4, checkpoint_every_steps=2)
   whole = tmp_path / 'whole'
   ddp_training.train(config, str(whole), parity=True)
   with open(whole / ddp_training.SETTINGS_FILE, encoding='utf-8') as f:
     settings = json.load(f)
   assert settings['model'] == 'tests.port_pairs.TorchCNN'
-  assert settings['wrapper'] == 'FSDP2 (fully_shard per block)'
+  assert settings['wrapper'] == wrapper
   assert settings['fsdp_units'] == 1
   shutil.copytree(whole, tmp_path / 'resumed')
   os.remove(tmp_path / 'resumed' / 'checkpoints' / 'step_4.pt')  # As if stopped after 2.
