@@ -1,6 +1,12 @@
 """A run that loses a host and then hangs (a process stopped) finishes on the processes that remain, with the
 params of a run that never failed, and its goodput table accounts for its wall time
-(launch/local.sh with --max_restarts; the launcher's own logic is tests/elastic/'s)."""
+(launch/local.sh with --max_restarts; the launcher's own logic is tests/elastic/'s).
+
+The run is also the suite's check that pmap over several processes trains what one process
+trains (the cnn with dropout, 1 device a process, 3 and then 2 processes):
+tests/parallel/test_topology.py's two-process job holds only shard_map runs. It starts 3
+processes, not 4: each start costs its imports and compiles, and 3 are enough to lose one
+and then hang one of the 2 that remain (--min_processes=2)."""
 
 import glob
 import json
@@ -34,9 +40,9 @@ def test_a_lost_host_and_a_hang_cost_a_restart_each_and_not_the_run(config, tmp_
   workdir = str(tmp_path / 'elastic')
   start = time.perf_counter()
   launched = subprocess.run(
-      ['launch/local.sh', '--num_processes=4', '--devices_per_process=1', '--max_restarts=2',
+      ['launch/local.sh', '--num_processes=3', '--devices_per_process=1', '--max_restarts=2',
        '--min_processes=2', '--hang_timeout_s=10', '--stop_grace_s=1',
-       '--debug_fault=lose@15:3,stop@30:1', '--', '--config=default', f'--workdir={workdir}',
+       '--debug_fault=lose@15:2,stop@30:1', '--', '--config=default', f'--workdir={workdir}',
        f'--config.tfds_data_dir={tfds_data_dir}',
        *[f'--config.{field}={value}' for field, value in RUN.items()]],
       cwd=REPO, env=processes.environment(PYTHON=sys.executable), capture_output=True,
@@ -46,18 +52,18 @@ def test_a_lost_host_and_a_hang_cost_a_restart_each_and_not_the_run(config, tmp_
   assert launched.returncode == 0, launched.stderr[-3000:]
   with open(os.path.join(workdir, goodput_records.RESTARTS_FILE), encoding='utf-8') as f:
     lost, hung = [json.loads(line) for line in f]
-  assert (lost['cause'], lost['process'], lost['lost_host']) == ('exit', 3, True)
+  assert (lost['cause'], lost['process'], lost['lost_host']) == ('exit', 2, True)
   assert (lost['checkpoint_step'], lost['steps_to_recompute'], lost['next_processes']) == (
-      10, 4, 3)
-  # Process 1 stops (SIGSTOP, its heartbeats too) before dispatching step 30; the others wait
+      10, 4, 2)
+  # Process 1 stops (SIGSTOP, its heartbeats too) before dispatching step 30; process 0 waits
   # for it in that step, and the heartbeat timeout the launcher passed outlasts its limit.
   assert (hung['cause'], hung['process'], hung['phase']) == ('hang', 1, 'step')
   assert (hung['checkpoint_step'], hung['steps_to_recompute']) == (20, 9)
-  assert hung['next_processes'] == 3
-  for index in range(4):
-    assert re.search(rf'\[p{index}\] .*JAX process {index} of 4; 1 local and 4 global cpu '
+  assert hung['next_processes'] == 2
+  for index in range(3):
+    assert re.search(rf'\[p{index}\] .*JAX process {index} of 3; 1 local and 3 global cpu '
                      'devices', launched.stdout)
-  assert len(re.findall(r'\] JAX process \d of 3;', launched.stdout)) == 6
+  assert len(re.findall(r'\] JAX process \d of 2;', launched.stdout)) == 4
 
   config.update(**RUN)
   state = train.train_and_evaluate(config, str(tmp_path / 'whole'), devices=jax.devices()[:4])

@@ -35,12 +35,12 @@ TOLERANCE = {'params': 1e-5, 'batch_stats': 1e-5, 'opt_state': 1e-5}
 # draws dropout masks and Mixup/CutMix partners across devices, runs on every one; the
 # resnet (cross-replica BatchNorm) on the most devices of each backend and under both
 # shardings; a user's module with plain nn.Dropout and nn.BatchNorm (`user_plain`, by import
-# path) on 2, 4 and 8 devices of both backends. Broken on purpose, these runs measured: its
+# path) on 2 and 4 devices of both backends. Broken on purpose, these runs measured: its
 # nn.Dropout left to draw per device, params 2.4e-2 from 1 device (pmap on 2) and 3 of its 4
 # runs failed (2 processes x 2 devices split the batch as 4 devices do, and drew alike); its
 # nn.BatchNorm left to reduce per device, 3.0e-3, and all 4 failed.
 # The cnn's pmap run on 8 devices was dropped: pmap splits the batch by the same code on 2 as
-# on 8 (the cnn's pmap on 2 and, on 8, the resnet's and user_plain's run it). Broken on
+# on 8 (the cnn's pmap on 2 and, on 8, the resnet's run it). Broken on
 # purpose (device 1 given device 0's rows), the cnn's pmap run on 2 failed: params 3.6e-3.
 TOPOLOGIES = [('pmap', 2), ('shard_map', 1), ('shard_map', 4),
               ('shard_map-optimizer', 2), ('shard_map-optimizer', 8), ('shard_map-full', 4)]
@@ -48,19 +48,30 @@ RUNS = ([('cnn', backend, devices) for backend, devices in TOPOLOGIES] +
         [('resnet_tiny', backend, devices) for backend, devices in (
             ('pmap', 8), ('shard_map', 4), ('shard_map-optimizer', 2), ('shard_map-full', 4))] +
         [('user_plain', backend, devices) for backend, devices in (
-            ('pmap', 2), ('pmap', 8), ('shard_map', 4))])
-# Two processes of 2 devices against shard_map on 4 (one of the single-process runs): both
-# backends (the cnn's dropout keys and Mixup/CutMix partners across processes under pmap),
-# the state shardings (the params split across the processes under 'full', and under 'fsdp'
-# the scanned ViT's gathered layer by layer across them; BatchNorm's statistics over both
-# processes' rows under 'optimizer').
-# user_plain's pmap run over 2 processes was dropped from the job: its nn.BatchNorm reduces
-# over the pmap axis, the same across processes as within one (the cnn's pmap run over 2
-# processes draws across them), and within one process user_plain runs on 2, 4 and 8 devices.
-# Broken on purpose (its statistics reduced per device), user_plain's pmap run on 2 failed:
-# params 3.4e-3.
-TWO_PROCESS_RUNS = [('cnn', 'pmap'), ('cnn', 'shard_map-full'),
-                    ('resnet_tiny', 'shard_map-optimizer'), ('vit_scanned', 'shard_map-fsdp')]
+            ('pmap', 2), ('shard_map', 4))])
+# Two processes of 2 devices against shard_map on 4 (one of the single-process runs): the
+# state shardings that split leaves across the processes (the params and momentum under
+# 'full', the cnn's dropout keys and Mixup/CutMix partners across them too; under 'fsdp' the
+# scanned ViT's params gathered layer by layer across them). Each run of the job costs a
+# compile in both processes, so it holds only these two. Dropped from it, and where each is
+# still covered:
+# - the cnn's pmap run: pmap over several processes is tests/parallel/test_elastic.py's run
+#   (the cnn with dropout under pmap, on 3 and then 2 processes, params and evaluations
+#   against 1 process of 4 devices); the Mixup/CutMix partners cross the processes by the same
+#   collective under both backends (step/mix.py: a ppermute over the device axis), here under
+#   'full'.
+# - the resnet's 'optimizer' run: the momentum split across the processes is 'full's here;
+#   its BatchNorm reduces over the device axis, the same across processes as within one (the
+#   resnet and user_plain within one process above).
+# - user_plain's pmap run: its nn.BatchNorm reduces over the pmap axis, likewise. Broken on
+#   purpose (its statistics reduced per device), user_plain's pmap run on 2 failed: params
+#   3.4e-3.
+# user_plain's pmap run on 8 devices was dropped as the cnn's was: pmap on 2 runs the same
+# code, and the resnet's pmap run on 8 still splits the batch 8 ways.
+# Broken on purpose (every process reading process 0's rows of the global batch), both runs
+# of this job failed (params 3.6e-3 under 'full', 7.2e-3 under 'fsdp'), and so did
+# test_elastic.py's pmap run (params 1.2e-2).
+TWO_PROCESS_RUNS = [('cnn', 'shard_map-full'), ('vit_scanned', 'shard_map-fsdp')]
 
 
 @pytest.fixture(scope='module')
@@ -137,8 +148,10 @@ def two_processes(tfds_data_dir, tmp_path_factory):
 @pytest.mark.parametrize('model,backend', TWO_PROCESS_RUNS)
 def test_two_processes_of_two_devices_train_as_one_process_of_four(trained, two_processes,
                                                                    model, backend):
-  """shard_map's global arrays and pmap over both processes' devices: what 1 process of 4
-  devices trains."""
+  """shard_map's global arrays over both processes' devices, the state split across them
+  ('full', 'fsdp'): what 1 process of 4 devices trains. Catches, among others, a process
+  training on rows other than its own of the global batch. pmap over several processes, once
+  a run of this job: test_elastic.py."""
   workdir = os.path.join(two_processes, f'{model}_{backend}')
   ref_state, ref_evaluation = trained(model, 'shard_map', 4)
   _assert_same_training(checkpoint.read_state(workdir, helpers.TOPOLOGY_RUN['num_train_steps']),
