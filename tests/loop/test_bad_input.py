@@ -1,5 +1,6 @@
 """Bad input: one line naming the value and the fix, before any compile or write."""
 
+import json
 import os
 import subprocess
 import sys
@@ -335,21 +336,90 @@ def _cli(*args):
       timeout=300, check=False)
 
 
+# Runs each command of a JSON list [[cwd, module, *args], ...] as `python -m` would, in a
+# child forked from this one after the libraries the entry points import are loaded (those
+# every one needs, and the JSON list of argv[2]): each command still parses its own flags and
+# exits on its own, for a fraction of the start-up of a fresh interpreter. Prints a JSON list
+# of [exit status, stderr] per command.
+_FORKED_COMMANDS = """
+import importlib, json, os, runpy, sys, tempfile, traceback
+import absl.app, absl.flags, absl.logging, flax, jax, ml_collections, numpy, optax
+import ml_collections.config_flags
+
+for name in json.loads(sys.argv[2]):
+  importlib.import_module(name)
+results = []
+for cwd, module, *args in json.loads(sys.argv[1]):
+  with tempfile.TemporaryFile('w+') as err:
+    pid = os.fork()
+    if pid == 0:
+      code = 1
+      try:
+        os.dup2(err.fileno(), 2)
+        os.chdir(cwd)
+        sys.path.insert(0, cwd)
+        sys.argv = [module, *args]
+        runpy.run_module(module, run_name='__main__', alter_sys=True)
+        code = 0
+      except SystemExit as e:  # As the interpreter ends: a message is printed, status 1.
+        code = e.code if isinstance(e.code, int) else int(e.code is not None)
+        if not isinstance(e.code, (int, type(None))):
+          print(e.code, file=sys.stderr)
+      except BaseException:
+        traceback.print_exc()
+      finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    err.seek(0)
+    results.append([os.waitstatus_to_exitcode(status), err.read()])
+print(json.dumps(results))
+"""
+
+
+def _forked(commands, preload=()):
+  """(exit status, stderr) of each [cwd, module, *args] of `commands`, as `python -m` runs
+  it (_FORKED_COMMANDS), the modules of `preload` imported before."""
+  result = subprocess.run(
+      [sys.executable, '-c', _FORKED_COMMANDS, json.dumps(commands), json.dumps(preload)],
+      cwd=REPO, env=processes.environment(), capture_output=True, text=True, timeout=600,
+      check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return [tuple(r) for r in json.loads(result.stdout.strip().splitlines()[-1])]
+
+
 @pytest.mark.parametrize('args,status,message', [
     # Decided once the devices are known (the slow part: a backend starts), still the
     # command line's: status 2, before anything is written; on these devices, not on one.
+    # (grad_accum_steps=3, refused by the same device check on the same path to status 2, is
+    # checked in-process, message and nothing written, by
+    # test_bad_config_is_refused_before_anything_is_written['accumulation does not divide'].)
     pytest.param(['--config.batch_size=100'], 2,
                  'error: batch_size=100 is not divisible by the 8 devices',
                  marks=pytest.mark.slow),
-    pytest.param(['--config.grad_accum_steps=3'], 2,
-                 'error: grad_accum_steps=3 does not divide the per-device batch of 16 '
-                 '(batch_size=128 over 8 devices)', marks=pytest.mark.slow),
     # A split the user named is refused, not read from another (digits has train and test).
     pytest.param(['--config.eval_split=validation'], 1,
                  "error: eval_split: dataset 'digits' has no split 'validation'; it has: test, "
                  "train (TFDS slicing such as 'train[:90%]' is allowed; "
                  "--config.eval_split=...)", marks=pytest.mark.slow),
-    # What the command line says alone: status 2, before TensorFlow loads.
+])
+def test_cli_prints_one_line_and_exits_nonzero(tmp_path, tfds_data_dir, args, status, message):
+  workdir = tmp_path / 'run'
+  result = _cli(f'--workdir={workdir}', f'--config.tfds_data_dir={tfds_data_dir}', *args)
+  _assert_one_line(result.returncode, result.stderr, status, message, workdir)
+
+
+def _assert_one_line(returncode, stderr, status, message, workdir):
+  assert returncode == status, stderr[-2000:]
+  assert 'Traceback' not in stderr
+  assert stderr.strip().splitlines()[-1].startswith(message)
+  assert 'evaluating its' not in stderr  # No split read in place of the one named.
+  assert not workdir.exists()
+
+
+# What the command line says alone: status 2, before TensorFlow loads.
+COMMAND_LINE_ALONE = [
     (['--config.model=resnet9'], 2,
      "error: model='resnet9' is unknown; choose one of: cnn, cnn_bn, mlp, resnet101"),
     (['--cpu_devices=0'], 2, 'error: --cpu_devices=0 must be a positive device count'),
@@ -357,15 +427,17 @@ def _cli(*args):
     (['--resume=checkpoint.pth'], 2, 'error: --resume: this trainer resumes by itself: run '
      'the same command again (the same --workdir) and it continues from the newest '
      'checkpoint there. --resume_with_changes is for something else'),
-])
-def test_cli_prints_one_line_and_exits_nonzero(tmp_path, tfds_data_dir, args, status, message):
-  workdir = tmp_path / 'run'
-  result = _cli(f'--workdir={workdir}', f'--config.tfds_data_dir={tfds_data_dir}', *args)
-  assert result.returncode == status, result.stderr[-2000:]
-  assert 'Traceback' not in result.stderr
-  assert result.stderr.strip().splitlines()[-1].startswith(message)
-  assert 'evaluating its' not in result.stderr  # No split read in place of the one named.
-  assert not workdir.exists()
+]
+
+
+@pytest.mark.parametrize('args,status,message', COMMAND_LINE_ALONE)
+def test_the_command_line_alone_is_answered_in_one_line(fast_forked_commands, args, status,
+                                                       message):
+  """As test_cli_prints_one_line_and_exits_nonzero (the same command and assertions), for
+  mistakes answered before a backend starts: run in one forked process with the
+  user's-files cases (_FORKED_COMMANDS)."""
+  workdir, returncode, stderr = fast_forked_commands[('cli', tuple(args))]
+  _assert_one_line(returncode, stderr, status, message, workdir)
 
 
 # A user's package of models: one that imports, one whose own import fails.
@@ -384,7 +456,7 @@ def _my_models(root, package):
     (root / package / name).write_text(text)
 
 
-@pytest.mark.parametrize('arg,message', [
+MODEL_PATHS = [
     ('--config.model=my_models.mynet:Nett',
      "error: model='my_models.mynet:Nett': {root}/my_models/mynet.py has no 'Nett' (the part "
      "after the colon names a class or function of the module); did you mean 'Net'?"),
@@ -396,19 +468,20 @@ def _my_models(root, package):
      "error: imports='my_models.broken': module 'my_models.broken' is found, but its import "
      "at my_models/broken.py, line 2 fails (ModuleNotFoundError: No module named "
      "'nonexistent_pkg'); install nonexistent_pkg or fix that import"),
-])
-def test_a_model_path_that_names_nothing_exits_2_before_the_data_loads(tmp_path, arg, message):
+]
+
+
+@pytest.mark.parametrize('arg,message', MODEL_PATHS)
+def test_a_model_path_that_names_nothing_exits_2_before_the_data_loads(
+    fast_forked_commands, arg, message):
   """Resolved right after the config is read: one line, status 2, and no dataset or
   TensorFlow log line before it; a module found whose own import fails is named by file and
-  line, not sent to PYTHONPATH."""
-  _my_models(tmp_path, 'my_models')
-  result = subprocess.run(
-      [sys.executable, '-m', 'flax_dp_trainer', '--config=default',
-       f'--workdir={tmp_path / "run"}', arg], cwd=tmp_path, env=processes.environment(),
-      capture_output=True, text=True, timeout=300, check=False)
-  assert result.returncode == 2, result.stderr[-2000:]
-  assert result.stderr.strip().splitlines() == [message.format(root=tmp_path)]
-  assert not (tmp_path / 'run').exists()
+  line, not sent to PYTHONPATH. (Run with the config file cases in one forked process: a
+  command that does not exit 2 with that line, or that writes its workdir, fails here.)"""
+  root, status, stderr = fast_forked_commands[('model', arg)]
+  assert status == 2, stderr[-2000:]
+  assert stderr.strip().splitlines() == [message.format(root=root)]
+  assert not (root / 'run').exists()
 
 
 def test_fit_refuses_a_model_path_that_names_nothing_before_the_data_loads(
@@ -485,44 +558,86 @@ COMMAND_LINE_MISTAKES = [
 ]
 
 
+@pytest.fixture(scope='module')
+def command_line_mistakes(tmp_path_factory):
+  """Each command of COMMAND_LINE_MISTAKES with a workdir of its own: (workdir, exit status,
+  stderr), in its order."""
+  workdirs = [str(tmp_path_factory.mktemp('mistake') / 'run') for _ in COMMAND_LINE_MISTAKES]
+  results = _forked([[str(REPO), *(a.format(workdir=w) for a in args)]
+                     for w, (args, _) in zip(workdirs, COMMAND_LINE_MISTAKES)],
+                    preload=['tensorflow'])  # (The tools that read metrics or data use it.)
+  return [(w, *result) for w, result in zip(workdirs, results)]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize('args,message', COMMAND_LINE_MISTAKES,
+@pytest.mark.parametrize('index', range(len(COMMAND_LINE_MISTAKES)),
                          ids=[' '.join(args[:2]) + f' #{i}'
                               for i, (args, _) in enumerate(COMMAND_LINE_MISTAKES)])
-def test_every_entry_point_answers_a_mistake_in_one_line(tmp_path, args, message):
-  workdir = str(tmp_path / 'run')
-  result = subprocess.run(
-      [sys.executable, '-m', *(a.format(workdir=workdir) for a in args)], cwd=REPO,
-      env=processes.environment(), capture_output=True, text=True, timeout=300, check=False)
-  assert result.returncode != 0
-  assert 'Traceback' not in result.stderr
-  lines = [line for line in result.stderr.splitlines() if line.startswith('error: ')]
+def test_every_entry_point_answers_a_mistake_in_one_line(command_line_mistakes, index):
+  """Every entry point refuses a mistake on its command line with one 'error: ' line, no
+  traceback, a failing status and nothing written. The commands run in children forked from
+  one process (_FORKED_COMMANDS), each parsing its own flags as `python -m` does."""
+  message = COMMAND_LINE_MISTAKES[index][1]
+  workdir, status, stderr = command_line_mistakes[index]
+  assert status != 0
+  assert 'Traceback' not in stderr
+  lines = [line for line in stderr.splitlines() if line.startswith('error: ')]
   assert len(lines) == 1 and lines[0].startswith(message.format(workdir=workdir)), (
-      result.stderr[-2000:])
+      stderr[-2000:])
   assert not os.path.exists(workdir)
 
 
-@pytest.mark.parametrize('body,message', [
+CONFIG_FILE_BUGS = [
     ("  config.model_kwargs = ml_collections.ConfigDict(dict(width=3))\n",
      "error: the config file does not load: NameError: name 'ml_collections' is not defined "
      '(my_config.py, line 6); fix it and run again'),
     ("  config.modle = 'my_net:Net'\n",
      "error: the config file does not load: the config has no field 'modle'; did you mean "
      "'model'? (my_config.py, line 6); fix it and run again"),
-])
-def test_a_users_config_file_that_fails_is_answered_in_one_line(tmp_path, body, message):
+]
+
+
+@pytest.fixture(scope='module')
+def fast_forked_commands(tmp_path_factory, tfds_data_dir):
+  """The commands of COMMAND_LINE_ALONE (run as _cli does), MODEL_PATHS and CONFIG_FILE_BUGS,
+  the latter each in a folder of its own holding the user's package of models or config
+  file: (its workdir or that folder, exit status, stderr) by ('cli', args), ('model', arg) or
+  ('config', body)."""
+  keys, commands, roots = [], [], []
+  for args, _, _ in COMMAND_LINE_ALONE:
+    workdir = tmp_path_factory.mktemp('cli') / 'run'
+    keys.append(('cli', tuple(args)))
+    roots.append(workdir)
+    commands.append([str(REPO), 'flax_dp_trainer', '--config=default', '--cpu_devices=8',
+                     f'--workdir={workdir}', f'--config.tfds_data_dir={tfds_data_dir}', *args])
+  for arg, _ in MODEL_PATHS:
+    root = tmp_path_factory.mktemp('models')
+    _my_models(root, 'my_models')
+    keys.append(('model', arg))
+    roots.append(root)
+    commands.append([str(root), 'flax_dp_trainer', '--config=default',
+                     f'--workdir={root / "run"}', arg])
+  for body, _ in CONFIG_FILE_BUGS:
+    root = tmp_path_factory.mktemp('config')
+    (root / 'my_config.py').write_text(
+        'from flax_dp_trainer.configs import default\n\n\ndef get_config():\n'
+        f'  config = default.get_config()\n{body}  return config\n')
+    keys.append(('config', body))
+    roots.append(root)
+    commands.append([str(root), 'flax_dp_trainer', '--config=my_config.py',
+                     f'--workdir={root / "run"}'])
+  return {key: (root, *result) for key, root, result in zip(keys, roots, _forked(commands))}
+
+
+@pytest.mark.parametrize('body,message', CONFIG_FILE_BUGS)
+def test_a_users_config_file_that_fails_is_answered_in_one_line(fast_forked_commands, body,
+                                                               message):
   """A bug in a user's own config file (a missing import, a misspelt field) is named with
   its line, not shown as a traceback through absl and ml_collections."""
-  (tmp_path / 'my_config.py').write_text(
-      'from flax_dp_trainer.configs import default\n\n\ndef get_config():\n  config = default.get_config()\n'
-      f'{body}  return config\n')
-  result = subprocess.run(
-      [sys.executable, '-m', 'flax_dp_trainer', '--config=my_config.py',
-       f'--workdir={tmp_path / "run"}'], cwd=tmp_path, env=processes.environment(),
-      capture_output=True, text=True, timeout=300, check=False)
-  assert result.returncode == 2
-  assert result.stderr.strip().splitlines() == [message]
-  assert not (tmp_path / 'run').exists()
+  root, status, stderr = fast_forked_commands[('config', body)]
+  assert status == 2
+  assert stderr.strip().splitlines() == [message]
+  assert not (root / 'run').exists()
 
 
 def test_an_mlflow_store_is_probed_and_left_as_it_was(tmp_path):

@@ -43,12 +43,18 @@ def _run(command, **kwargs):
                         capture_output=True, text=True, timeout=300, check=False, **kwargs)
 
 
+def _config(tfds_data_dir, **overrides):
+  """The config of `_command`, for a run in this process."""
+  config = default.get_config()
+  config.update(tfds_data_dir=tfds_data_dir, **{**RUN, **overrides})
+  return config
+
+
 @pytest.fixture(scope='module')
 def finished(tfds_data_dir, tmp_path_factory):
   """RUN trained to its end on DEVICES devices: the final state and the workdir (tests work
   on copies)."""
-  config = default.get_config()
-  config.update(tfds_data_dir=tfds_data_dir, **RUN)
+  config = _config(tfds_data_dir)
   workdir = str(tmp_path_factory.mktemp('finished'))
   state = train.train_and_evaluate(config, workdir, devices=jax.devices()[:DEVICES])
   return state, workdir
@@ -132,7 +138,8 @@ time.sleep(600)
 def test_a_workdir_in_use_is_refused_and_a_dead_runs_lock_is_not(tfds_data_dir, tmp_path):
   """A run started on a workdir another process holds stops with one line naming the
   holder, before initializing or writing anything; once the holder is killed (kill -9), the
-  same command runs."""
+  same run (in this process) takes the lock and runs: a dead run's lock that kept refusing,
+  or a lock the new run did not take, fails here."""
   workdir = str(tmp_path / 'run')
   holder = subprocess.Popen([sys.executable, '-c', _HOLD_LOCK, workdir], cwd=REPO,
                             env=processes.environment(), stdout=subprocess.PIPE, text=True)
@@ -149,10 +156,11 @@ def test_a_workdir_in_use_is_refused_and_a_dead_runs_lock_is_not(tfds_data_dir, 
   finally:
     holder.send_signal(signal.SIGKILL)
     holder.wait()
-  again = _run(_command(workdir, tfds_data_dir, num_train_steps=10, eval_every_steps=10))
-  assert again.returncode == 0, again.stderr[-3000:]
+  # The same run again, in this process (the lock is the trainer's, not the command's).
+  train.train_and_evaluate(_config(tfds_data_dir, num_train_steps=10, eval_every_steps=10),
+                           workdir, devices=jax.devices()[:DEVICES])
   with open(os.path.join(workdir, workdir_lib.LOCK_FILE), encoding='utf-8') as f:
-    assert json.load(f)['pid'] != holder.pid  # The new run's.
+    assert json.load(f)['pid'] == os.getpid() != holder.pid  # The new run's.
 
 
 def _around(text: str, what: str) -> str:
@@ -180,7 +188,8 @@ def test_a_save_the_disk_refuses_stops_the_run_in_one_line(finished, tfds_data_d
   """Files limited to 100 kB (the checkpoint's arrays need more): the save at step 40 fails
   in the background, the run stops at the first step boundary after (not at the next save,
   step 80, where orbax would report it), with one line naming the step, the path and the OS
-  error, and the checkpoints it resumed from stay."""
+  error, and the checkpoints it resumed from stay; the same run, in this process with room
+  again, resumes and finishes (a resume that fails or ends short fails here)."""
   _, source = finished
   workdir = str(tmp_path / 'run')
   shutil.copytree(source, workdir)
@@ -201,12 +210,16 @@ def test_a_save_the_disk_refuses_stops_the_run_in_one_line(finished, tfds_data_d
   # It stopped before the next save (step 80), where orbax would have reported the failure
   # (within 10-20 steps of it; how many depends on how long the write takes to fail).
   assert logged[-1] < 80
-  # Room again: the same command resumes and finishes.
-  resumed = _run(_command(workdir, tfds_data_dir, **longer))
-  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  # Room again: the same run resumes and finishes (in this process: the resume is the
+  # trainer's, not the command's).
+  train.train_and_evaluate(_config(tfds_data_dir, **longer), workdir,
+                           devices=jax.devices()[:DEVICES])
   assert helpers.saved_steps(workdir)[-1] == 120
 
 
+# Two starts of one script's run in one process (the second after a save left unfinished is
+# put in the checkpoints' directory, argv[3]): stopped by the signal argv[4] at step argv[5],
+# then by argv[6] at argv[7]. Prints what each raised, and the saved steps between them.
 STOPPED_SCRIPT = '''
 import os, signal, sys
 import flax_dp_trainer as fdt
@@ -215,19 +228,30 @@ from flax_dp_trainer.configs import default
 config = default.get_config()
 config.update(model='mlp', num_train_steps=60, warmup_steps=5, log_every_steps=10,
               eval_every_steps=60, checkpoint_every_steps=60, tfds_data_dir=sys.argv[1])
-sent = []
 
-def stop(step, scalars):
-  if not sent and step >= int(sys.argv[4]):
-    sent.append(step)
-    os.kill(os.getpid(), getattr(signal, sys.argv[3]))
 
-try:
-  fdt.fit(config, sys.argv[2], cpu_devices=2, callbacks=[stop])
-except KeyboardInterrupt as e:
-  print('KeyboardInterrupt', type(e).__name__, e.step, e.exit_code, e.checkpoint)
-except RuntimeError as e:
-  print('RuntimeError', type(e).__name__, e.step, e.exit_code, e.checkpoint)
+def run(sig, at):
+  sent = []
+
+  def stop(step, scalars):
+    if not sent and step >= at:
+      sent.append(step)
+      os.kill(os.getpid(), getattr(signal, sig))
+
+  try:
+    fdt.fit(config, sys.argv[2], cpu_devices=2, callbacks=[stop])
+  except KeyboardInterrupt as e:
+    print('KeyboardInterrupt', type(e).__name__, e.step, e.exit_code, e.checkpoint, flush=True)
+  except RuntimeError as e:
+    print('RuntimeError', type(e).__name__, e.step, e.exit_code, e.checkpoint, flush=True)
+
+
+run(sys.argv[4], int(sys.argv[5]))
+ckpts, leftover = os.path.split(sys.argv[3])
+print('saved', *sorted(os.listdir(ckpts)), flush=True)
+os.makedirs(os.path.join(sys.argv[3], 'state'))
+print('second start', file=sys.stderr, flush=True)
+run(sys.argv[6], int(sys.argv[7]))
 '''
 
 
@@ -236,22 +260,20 @@ def test_ctrl_c_in_a_script_is_a_keyboard_interrupt_and_leftover_saves_go(tfds_d
                                                                          tmp_path):
   """SIGINT (Ctrl-C in a notebook) raises a KeyboardInterrupt carrying the step and the
   checkpoints' directory; SIGTERM stays `Preempted` (a RuntimeError) with its exit status. A
-  save left unfinished (a second Ctrl-C) is removed by the next start, in one line."""
+  save left unfinished (a second Ctrl-C) is removed by the next start, in one line. (Both
+  starts are of one script's process, as in a notebook run again after a Ctrl-C.)"""
   workdir = tmp_path / 'run'
-  run = lambda sig, step: subprocess.run(
-      [sys.executable, '-c', STOPPED_SCRIPT, tfds_data_dir, str(workdir), sig, str(step)],
-      cwd=tmp_path,
-      env=processes.environment(), capture_output=True, text=True, timeout=300, check=False)
-  interrupted = run('SIGINT', 10)
-  assert interrupted.returncode == 0, interrupted.stderr[-3000:]
   ckpts = checkpoint.directory(str(workdir))
-  assert interrupted.stdout.splitlines()[-1].split() == ['KeyboardInterrupt', 'Interrupted', '10', '130', ckpts]
-  assert os.listdir(ckpts) == ['10']
   leftover = os.path.join(ckpts, '20.orbax-checkpoint-tmp-1764288000')
-  os.makedirs(os.path.join(leftover, 'state'))
-  terminated = run('SIGTERM', 20)
-  assert terminated.returncode == 0, terminated.stderr[-3000:]
-  assert terminated.stdout.splitlines()[-1].split() == ['RuntimeError', 'Preempted', '20', '143', ckpts]
-  assert f'removed {leftover}, a save that a run of this workdir left unfinished' in (
-      terminated.stderr)
+  result = subprocess.run(
+      [sys.executable, '-c', STOPPED_SCRIPT, tfds_data_dir, str(workdir), leftover,
+       'SIGINT', '10', 'SIGTERM', '20'], cwd=tmp_path,
+      env=processes.environment(), capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  interrupted, saved, terminated = result.stdout.splitlines()[-3:]
+  assert interrupted.split() == ['KeyboardInterrupt', 'Interrupted', '10', '130', ckpts]
+  assert saved.split() == ['saved', '10']
+  assert terminated.split() == ['RuntimeError', 'Preempted', '20', '143', ckpts]
+  second = result.stderr[result.stderr.index('second start'):]
+  assert f'removed {leftover}, a save that a run of this workdir left unfinished' in second
   assert sorted(os.listdir(ckpts)) == ['10', '20']

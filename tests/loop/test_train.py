@@ -106,13 +106,17 @@ def _compiled_step_flops(config, state) -> float:
 def test_a_finished_run_extended_trains_on_as_if_never_stopped(config, tmp_path):
   """Raising num_train_steps and running again resumes at the newest checkpoint (step 60)
   with its optimizer state and data position: with a learning rate that does not depend on
-  the run's length (end factor 1), the extended run ends bitwise where a 90-step run ends."""
+  the run's length (end factor 1), the extended run ends bitwise where a 90-step run ends.
+  (The small model on two devices: what is resumed does not depend on either, and a resume
+  at the wrong data position or without the optimizer state still ends elsewhere.)"""
   config.end_learning_rate_factor = 1.0
+  config.model = 'mlp'
+  devices = jax.devices()[:2]
   workdir = str(tmp_path / 'run')
-  train.train_and_evaluate(_short(config), workdir)
+  train.train_and_evaluate(_short(config), workdir, devices=devices)
   config.num_train_steps = 90
-  state = train.train_and_evaluate(config, workdir)
-  straight = train.train_and_evaluate(config, str(tmp_path / 'straight'))
+  state = train.train_and_evaluate(config, workdir, devices=devices)
+  straight = train.train_and_evaluate(config, str(tmp_path / 'straight'), devices=devices)
   assert int(state.step) == 90
   for name in ('params', 'opt_state'):
     for a, b in zip(jax.tree.leaves(getattr(state, name)),
