@@ -19,6 +19,7 @@ from flax_dp_trainer import configs
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import kinds
 from flax_dp_trainer.data import run_datasets
+from flax_dp_trainer.base import user_imports
 from flax_dp_trainer.base.errors import UserError
 
 DEFAULT_CONFIG = configs.path('default')
@@ -63,7 +64,9 @@ def field_comments(path: str) -> dict[str, str]:
 def show_config(config: Any, path: str, overridden: set[str]) -> str:
   """Every field of `config` (loaded from `path`) as `field = value  # comment`, those given on
   the command line marked; then what the dataset resolves to and the options as resolved
-  (`describe_options`)."""
+  (`describe_options`). The modules of `config.imports` are imported first, as a run imports
+  them: the optimizer or dataset a user's module registers resolves here too."""
+  user_imports.import_modules(config)
   comments = field_comments(DEFAULT_CONFIG)
   if os.path.abspath(path) != DEFAULT_CONFIG:
     name = os.path.basename(path)
@@ -160,8 +163,7 @@ def show_param_groups(config: Any) -> str:
   nothing is computed), each params leaf with its layer, multipliers and freezing
   (`step.param_groups.table`); a pattern that matches no leaf refused as training would."""
   # pylint: disable=import-outside-toplevel
-  from flax_dp_trainer.base import user_imports  # (flax, optax: only this answer needs them)
-  from flax_dp_trainer.loop import options as run_options
+  from flax_dp_trainer.loop import options as run_options  # (flax, optax: this answer's)
   from flax_dp_trainer.model import blocks
   from flax_dp_trainer.step import param_groups
   # pylint: enable=import-outside-toplevel

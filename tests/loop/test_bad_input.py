@@ -1,6 +1,5 @@
 """Bad input: one line naming the value and the fix, before any compile or write."""
 
-import json
 import os
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 from tests import REPO
+from tests import forked
 
 
 def _out_of_range(field, value, rule, placeholder='X', **others):
@@ -336,59 +336,6 @@ def _cli(*args):
       timeout=300, check=False)
 
 
-# Runs each command of a JSON list [[cwd, module, *args], ...] as `python -m` would, in a
-# child forked from this one after the libraries the entry points import are loaded (those
-# every one needs, and the JSON list of argv[2]): each command still parses its own flags and
-# exits on its own, for a fraction of the start-up of a fresh interpreter. Prints a JSON list
-# of [exit status, stderr] per command.
-_FORKED_COMMANDS = """
-import importlib, json, os, runpy, sys, tempfile, traceback
-import absl.app, absl.flags, absl.logging, flax, jax, ml_collections, numpy, optax
-import ml_collections.config_flags
-
-for name in json.loads(sys.argv[2]):
-  importlib.import_module(name)
-results = []
-for cwd, module, *args in json.loads(sys.argv[1]):
-  with tempfile.TemporaryFile('w+') as err:
-    pid = os.fork()
-    if pid == 0:
-      code = 1
-      try:
-        os.dup2(err.fileno(), 2)
-        os.chdir(cwd)
-        sys.path.insert(0, cwd)
-        sys.argv = [module, *args]
-        runpy.run_module(module, run_name='__main__', alter_sys=True)
-        code = 0
-      except SystemExit as e:  # As the interpreter ends: a message is printed, status 1.
-        code = e.code if isinstance(e.code, int) else int(e.code is not None)
-        if not isinstance(e.code, (int, type(None))):
-          print(e.code, file=sys.stderr)
-      except BaseException:
-        traceback.print_exc()
-      finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    err.seek(0)
-    results.append([os.waitstatus_to_exitcode(status), err.read()])
-print(json.dumps(results))
-"""
-
-
-def _forked(commands, preload=()):
-  """(exit status, stderr) of each [cwd, module, *args] of `commands`, as `python -m` runs
-  it (_FORKED_COMMANDS), the modules of `preload` imported before."""
-  result = subprocess.run(
-      [sys.executable, '-c', _FORKED_COMMANDS, json.dumps(commands), json.dumps(preload)],
-      cwd=REPO, env=processes.environment(), capture_output=True, text=True, timeout=600,
-      check=False)
-  assert result.returncode == 0, result.stderr[-3000:]
-  return [tuple(r) for r in json.loads(result.stdout.strip().splitlines()[-1])]
-
-
 @pytest.mark.parametrize('args,status,message', [
     # Decided once the devices are known (the slow part: a backend starts), still the
     # command line's: status 2, before anything is written; on these devices, not on one.
@@ -563,7 +510,7 @@ def command_line_mistakes(tmp_path_factory):
   """Each command of COMMAND_LINE_MISTAKES with a workdir of its own: (workdir, exit status,
   stderr), in its order."""
   workdirs = [str(tmp_path_factory.mktemp('mistake') / 'run') for _ in COMMAND_LINE_MISTAKES]
-  results = _forked([[str(REPO), *(a.format(workdir=w) for a in args)]
+  results = forked.run([[str(REPO), *(a.format(workdir=w) for a in args)]
                      for w, (args, _) in zip(workdirs, COMMAND_LINE_MISTAKES)],
                     preload=['tensorflow'])  # (The tools that read metrics or data use it.)
   return [(w, *result) for w, result in zip(workdirs, results)]
@@ -626,7 +573,7 @@ def fast_forked_commands(tmp_path_factory, tfds_data_dir):
     roots.append(root)
     commands.append([str(root), 'flax_dp_trainer', '--config=my_config.py',
                      f'--workdir={root / "run"}'])
-  return {key: (root, *result) for key, root, result in zip(keys, roots, _forked(commands))}
+  return {key: (root, *result) for key, root, result in zip(keys, roots, forked.run(commands))}
 
 
 @pytest.mark.parametrize('body,message', CONFIG_FILE_BUGS)

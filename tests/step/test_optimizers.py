@@ -2,6 +2,9 @@
 optimizer_kwargs over them), its refusals, `describe`, muon's routing, and optax optimizers by
 name."""
 
+import os
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,6 +13,7 @@ import pytest
 
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.step import optimizers
+from tests import REPO
 
 FIELDS = dict(momentum=0.9, nesterov=True, adam_b1=0.9, adam_b2=0.999, weight_decay=0.05)
 
@@ -69,6 +73,38 @@ def test_refusals_name_the_value_and_the_fix():
   assert optimizers.resolve('sgd', {}, **dict(FIELDS, momentum=0.0))[0].options == dict(
       momentum=0.0, nesterov=False)
   assert 'quintic' in _refusal('muon', {'ns_coefficients': 'cubic'})
+
+
+@pytest.mark.parametrize('name,kwargs,line', [
+    # A beta of 1.5 trains until NaN: refused by the record's rule, with its default as the fix.
+    ('adamw', {'b2': 1.5}, 'adamw: b2=1.5 must be a number in [0, 1) '
+                           '(--config.optimizer_kwargs.b2=0.999)'),
+    ('lamb', {'eps': 0.0}, 'lamb: eps=0.0 must be a number > 0 '
+                           '(--config.optimizer_kwargs.eps=1e-06)'),
+    ('rmsprop', {'centered': 'yes'}, "rmsprop: centered='yes' must be True or False "
+                                     '(--config.optimizer_kwargs.centered=False)'),
+    ('muon', {'ns_dtype': 'float16'}, "muon: ns_dtype='float16' must be one of 'bfloat16', "
+                                      "'float32' (--config.optimizer_kwargs.ns_dtype='bfloat16')"),
+    # A near name, its case aside: "did you mean".
+    ('adamww', {}, "optimizer='adamww' is unknown; did you mean 'adamw'? choose one of sgd, "
+                   'adam, adamw, nadamw, rmsprop, lion, lamb, lars, adafactor, muon or '
+                   "'optax.NAME' or 'optax.contrib.NAME' (--config.optimizer=NAME)"),
+    ('Lion', {}, "optimizer='Lion' is unknown; did you mean 'lion'?"),
+])
+def test_a_value_outside_its_record_and_a_near_name_are_one_line(name, kwargs, line):
+  assert _refusal(name, kwargs).startswith(line)
+
+
+def test_every_record_resolves_to_its_defaults_and_builds():
+  """Each registered name with its own defaults passes its own rules, builds, and (all but
+  user ones) names its counterpart."""
+  params = {'Dense_0': {'kernel': jnp.ones((4, 3)), 'bias': jnp.ones(3)}}
+  for record in optimizers.REGISTRY:
+    optimizer, _ = _resolve(record.name)
+    tx = optimizers.build(optimizer, 0.1)
+    updates, _ = tx.update(params, tx.init(params), params)
+    assert all(np.isfinite(np.asarray(u)).all() for u in jax.tree.leaves(updates)), record.name
+    assert optimizers.counterpart(optimizer)[0] == record.counterpart
 
 
 def test_describe_names_the_counterpart():
@@ -162,3 +198,17 @@ def test_shipped_under_multi_transform_and_scan():
   np.testing.assert_allclose(after['Transformer']['encoderblock']['kernel'],
                              layers * 0.9, rtol=1e-5)
   np.testing.assert_array_equal(after['frozen']['bias'], params['frozen']['bias'])
+
+
+def test_the_docs_table_is_the_registry():
+  """docs/recipes.md's table of optimizers: a row per registered name in its order, with the
+  record's counterpart and every keyword argument it takes."""
+  with open(os.path.join(REPO, 'docs', 'recipes.md'), encoding='utf-8') as f:
+    section = f.read().split('### Optimizers', 1)[1].split('\n### ', 1)[0]
+  rows = re.findall(r'^\| `(\w+)` \| `([\w.]+)`[^|]*\| (.*) \|$', section, re.M)
+  assert [name for name, _, _ in rows] == optimizers.REGISTRY.names()
+  for name, counterpart, kwargs in rows:
+    record = optimizers.REGISTRY.get(name)
+    assert counterpart == record.counterpart, name
+    missing = [key for key in record.kwargs if f'`{key}`' not in kwargs]
+    assert not missing, (name, missing)

@@ -15,6 +15,7 @@ from flax_dp_trainer.model import blocks
 from flax_dp_trainer.model import source as model_source
 from flax_dp_trainer.step import ema as ema_lib
 from flax_dp_trainer.step import optim
+from flax_dp_trainer.step import optimizers
 from flax_dp_trainer.step import param_groups
 from flax_dp_trainer.step import schedules
 from flax_dp_trainer.loop import augmentation_checks
@@ -36,11 +37,9 @@ _POSITIVE_FIELDS = ('batch_size', 'eval_batch_size', 'log_every_steps', 'eval_ev
                     'grad_accum_steps')
 DTYPES = ('bfloat16', 'float16', 'float32')
 UNSET, DURATION_PAIRS, is_set = durations.UNSET, durations.DURATION_PAIRS, durations.is_set
-# Fields that only some optimizers read: set on the command line for another optimizer, they
-# would be ignored.
-OPTIMIZER_FIELDS = {'momentum': ('sgd', 'rmsprop', 'lars'), 'nesterov': ('sgd', 'lars'),
-                    'adam_b1': ('adam', 'adamw', 'nadamw', 'lamb'),
-                    'adam_b2': ('adam', 'adamw', 'nadamw', 'lamb')}
+# Fields that only some optimizers read (their records' `fields`): set on the command line for
+# another optimizer, they would be ignored.
+OPTIMIZER_FIELDS = ('momentum', 'nesterov', 'adam_b1', 'adam_b2')
 # Fields that must lie in [low, high), and what their low end means.
 _RANGES = {
     'label_smoothing': (0, 1, ''), 'dropout_rate': (0, 1, '; 0 turns dropout off'),
@@ -88,11 +87,12 @@ def apply_command_line(config, overridden) -> list[str]:
     raise UserError(f'bn_group_stats={config.bn_group_stats!r} has no effect with '
                     'bn_group_size=0 (BatchNorm over the whole global batch); pass '
                     '--config.bn_group_size=G too, or drop --config.bn_group_stats')
-  for field, optimizers in OPTIMIZER_FIELDS.items():
-    if field in overridden and config.optimizer not in optimizers:
+  for field in OPTIMIZER_FIELDS:
+    readers = optimizers.readers(field)
+    if field in overridden and config.optimizer not in readers:
       raise UserError(f'{field}={config[field]!r} has no effect with optimizer='
-                      f'{config.optimizer!r} (only {", ".join(optimizers)} read it); drop '
-                      f'--config.{field} or pass --config.optimizer={optimizers[0]}')
+                      f'{config.optimizer!r} (only {", ".join(readers)} read it); drop '
+                      f'--config.{field} or pass --config.optimizer={readers[0]}')
   return cleared
 
 
@@ -215,7 +215,8 @@ def check_fields(config, *, process_count: int, local_device_count: Optional[int
   if config.state_sharding == 'fsdp' and config.dtype == 'float16':
     raise UserError("state_sharding='fsdp' does not take dtype=float16 (its loss scaling "
                     'reduces whole gradients); use --config.dtype=bfloat16')
-  if config.scan_layers and config.optimizer in ('lars', 'lamb'):
+  if (config.scan_layers and config.optimizer in optimizers.REGISTRY and
+      optimizers.REGISTRY.get(config.optimizer).tensor_norms):
     raise UserError(f'scan_layers=True with optimizer={config.optimizer!r}: its trust ratios '
                     'are per layer, and a scanned stack holds every layer in one array; use '
                     "--config.optimizer=sgd or adamw, or --config.scan_layers=False")

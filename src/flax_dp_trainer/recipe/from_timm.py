@@ -24,6 +24,7 @@ from flax_dp_trainer.data import data_options
 from flax_dp_trainer.recipe import epochs
 from flax_dp_trainer.recipe import timm_args
 from flax_dp_trainer.recipe.translation import Translation
+from flax_dp_trainer.step import optimizers
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # timm's IMAGENET_DEFAULT_MEAN.
 IMAGENET_STD = (0.229, 0.224, 0.225)  # timm's IMAGENET_DEFAULT_STD.
@@ -576,40 +577,10 @@ def _learning_rate(ctx: _Context, global_batch: int) -> float:
   return lr
 
 
-@dataclasses.dataclass(frozen=True)
-class _Optimizer:
-  """timm's optimizer of one --opt name as it runs here."""
-  name: str  # config.optimizer.
-  timm_class: str  # What timm builds, for the row's note.
-  eps: Optional[float] = None  # Its default eps where timm passes --opt-eps; None: dropped.
-  betas: str = ''  # Where --opt-betas go: 'fields' (adam_b1/b2), 'kwargs' (b1, b2), 'b1'; ''
-  # where timm drops them.
-  default_betas: Optional[tuple] = None
-  momentum: bool = False  # Takes --momentum (timm sets it for optimizers that have one).
-  nesterov: Optional[bool] = None  # config.nesterov, where it takes one.
-  kwargs: tuple = ()  # Fixed optimizer_kwargs: timm's defaults where they differ from ours.
-
-
-_OPTIMIZERS = {
-    'sgd': _Optimizer('sgd', 'torch.optim.SGD, Nesterov', momentum=True, nesterov=True),
-    'momentum': _Optimizer('sgd', 'torch.optim.SGD', momentum=True, nesterov=False),
-    'adam': _Optimizer('adam', 'torch.optim.Adam', 1e-8, 'fields', (0.9, 0.999)),
-    'adamw': _Optimizer('adamw', 'torch.optim.AdamW', 1e-8, 'fields', (0.9, 0.999)),
-    'nadamw': _Optimizer('nadamw', 'timm.optim.NAdamW', 1e-8, 'fields', (0.9, 0.999)),
-    'rmsprop': _Optimizer('rmsprop', 'torch.optim.RMSprop(alpha=0.9)', 1e-8, momentum=True,
-                          kwargs=(('alpha', 0.9),)),
-    'lion': _Optimizer('lion', 'timm.optim.Lion', None, 'kwargs', (0.9, 0.99)),
-    'lamb': _Optimizer('lamb', 'timm.optim.Lamb', 1e-6, 'fields', (0.9, 0.999),
-                       kwargs=(('always_adapt', False), ('max_grad_norm', 1.0))),
-    'lars': _Optimizer('lars', 'timm.optim.Lars', 1e-8, momentum=True, nesterov=False),
-    'nlars': _Optimizer('lars', 'timm.optim.Lars, Nesterov', 1e-8, momentum=True,
-                        nesterov=True),
-    'adafactor': _Optimizer('adafactor', 'timm.optim.Adafactor, the rate given', 1e-30, 'b1'),
-}
-_OPTIMIZER_REFUSALS = {
-    'muon': ("timm's Muon orthogonalizes the head and the embeddings too; muon here routes "
-             'them to its AdamW fallback'),
-}
+def timm_optimizers() -> dict:
+  """{timm's --opt name: (the record's name, its `TimmForm`)} of the registered optimizers."""
+  return {timm_name: (record.name, form) for record in optimizers.REGISTRY
+          for timm_name, form in record.timm.items()}
 
 
 def _optimizer(ctx: _Context) -> None:
@@ -618,13 +589,14 @@ def _optimizer(ctx: _Context) -> None:
   if name.startswith('lookahead_'):
     ctx.refuse('opt', 'Lookahead around the optimizer: no field')
     return
-  opt = _OPTIMIZERS.get(name)
-  if opt is None:
-    reason = _OPTIMIZER_REFUSALS.get(name, f"timm's {name!r} has no counterpart here (timm "
-                                     f'names with one: {", ".join(_OPTIMIZERS)})')
-    ctx.refuse('opt', reason)
+  forms = timm_optimizers()
+  ours, opt = forms.get(name, ('', None))
+  if opt is None or opt.refused:
+    translated = ', '.join(n for n, (_, form) in forms.items() if not form.refused)
+    ctx.refuse('opt', opt.refused if opt else f"timm's {name!r} has no counterpart here (timm "
+               f'names with one: {translated})')
     return
-  ctx.set('opt', 'optimizer', opt.name, opt.timm_class)
+  ctx.set('opt', 'optimizer', ours, opt.timm_class)
   kwargs = dict(opt.kwargs)
   if opt.eps is not None:
     kwargs['eps'] = args.opt_eps if args.opt_eps is not None else opt.eps
@@ -642,7 +614,7 @@ def _optimizer(ctx: _Context) -> None:
           f'{opt.timm_class} as timm builds it')
 
 
-def _betas(ctx: _Context, opt: _Optimizer, kwargs: dict) -> None:
+def _betas(ctx: _Context, opt: optimizers.TimmForm, kwargs: dict) -> None:
   """--opt-betas (or the class's defaults) where the optimizer takes them."""
   betas = ctx.args.opt_betas
   if not opt.betas:

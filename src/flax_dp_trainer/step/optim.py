@@ -34,7 +34,7 @@ class OptimOptions:
   def needs_call_order(self) -> bool:
     """Whether the multipliers or the clipping depend on the order of the model's layers."""
     return (self.groups.needs_order or (self.grad_clip_mode == 'agc' and self.grad_clip > 0)
-            or self.optimizer.name == 'muon')
+            or optimizers.lookup(self.optimizer.name).routes is not None)
 
 
 def learning_rate_schedule(options: OptimOptions) -> optax.Schedule:

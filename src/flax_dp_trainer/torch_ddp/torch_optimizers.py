@@ -9,6 +9,8 @@ import torch
 
 from flax_dp_trainer.step import optimizers
 
+_MUON = 'timm.optim.Muon'  # Routes each param itself: to Newton-Schulz or to its fallback.
+
 
 def _split_muon_group(group: dict) -> list[dict]:
   """A parameter group for timm's Muon with an explicit route for each param: the group's
@@ -45,11 +47,11 @@ def torch_optimizer(optimizer: optimizers.Optimizer,
   module_name, class_name = class_path.rsplit('.', 1)
   optimizer_class = getattr(importlib.import_module(module_name), class_name)
   groups = [dict(group) for group in groups]
-  if optimizer.name == 'muon':
+  if class_path == _MUON:
     groups = [part for group in groups for part in _split_muon_group(group)]
   # Every group sets its own lr; the constructor's must still be given: timm's Adafactor turns
   # to its relative (lr-free) step when it is None.
-  if optimizer.name == 'muon' and optimizer.options['ns_dtype'] != 'bfloat16':
+  if class_path == _MUON and optimizer.options['ns_dtype'] != 'bfloat16':
     optimizer_class = _muon_in(getattr(torch, optimizer.options['ns_dtype']))
   return optimizer_class(groups, lr=groups[0]['lr'], **kwargs)
 

@@ -67,12 +67,13 @@ def factors(config, num_classes: int, input_shape: Sequence[int]) -> Optional[Fa
   order, _ = blocks.call_order(model, tuple(input_shape))
   groups = run_options.group_options(config, order)
   params = variables['params']
-  routed = optimizers.muon_routed(params, blocks.head_name(order))
+  routes = optimizers.lookup(config.optimizer).routes
   return Factors(
       lr=_as_torch(flax_module, params, param_groups.lr_factors(groups)(params)),
       wd=_as_torch(flax_module, params, param_groups.wd_factors(groups)(params)),
       frozen=_as_torch(flax_module, params, param_groups.frozen_mask(groups.frozen, params)),
-      routed=_as_torch(flax_module, params, routed) if config.optimizer == 'muon' else {})
+      routed=_as_torch(flax_module, params, routes(params, blocks.head_name(order)))
+      if routes is not None else {})
 
 
 def _name(name: str) -> str:

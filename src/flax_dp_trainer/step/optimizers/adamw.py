@@ -1,0 +1,12 @@
+"""adamw: torch.optim.AdamW. Adam's moments, decoupled weight decay (p -= lr * wd * p)."""
+
+from flax_dp_trainer.step.optimizers import adam
+from flax_dp_trainer.step.optimizers import record
+
+RECORD = record.REGISTRY.register(record.Record(
+    name='adamw',
+    doc='torch.optim.AdamW: bias-corrected moments, decoupled weight decay',
+    kwargs=adam.KWARGS, fields=adam.FIELDS, decay='decoupled',
+    algorithm=lambda o: adam.algorithm(o, decoupled=True),
+    timm={'adamw': record.TimmForm('torch.optim.AdamW', 1e-8, 'fields', (0.9, 0.999))},
+    counterpart='torch.optim.AdamW', to_torch=adam.betas))

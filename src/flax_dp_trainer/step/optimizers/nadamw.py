@@ -1,0 +1,12 @@
+"""nadamw: timm.optim.NAdamW. AdamW with the Nesterov numerator b1 * m + (1 - b1) * g."""
+
+from flax_dp_trainer.step.optimizers import adam
+from flax_dp_trainer.step.optimizers import record
+
+RECORD = record.REGISTRY.register(record.Record(
+    name='nadamw',
+    doc="timm.optim.NAdamW: AdamW with a Nesterov numerator",
+    kwargs=adam.KWARGS, fields=adam.FIELDS, decay='decoupled',
+    algorithm=lambda o: adam.algorithm(o, decoupled=True, nesterov=True),
+    timm={'nadamw': record.TimmForm('timm.optim.NAdamW', 1e-8, 'fields', (0.9, 0.999))},
+    counterpart='timm.optim.NAdamW', to_torch=adam.betas))

@@ -1,0 +1,98 @@
+"""A user's optimizer, one file registering one record from a module in `config.imports`: it
+trains, `--show_config` resolves and describes it, and a bad value of its kwargs is refused in
+one line with status 2, before anything is written. The commands run as a user runs them, in
+children forked from one process (`tests/forked.py`)."""
+
+import json
+import os
+
+import pytest
+
+from tests import forked
+
+# Three commands of a backend each (~15 s): the slow tier.
+pytestmark = pytest.mark.slow
+
+# The user's file: the sign of a momentum of the gradients (signSGD with momentum), in the
+# per-leaf form of the shipped records.
+SIGN_SGD = '''"""sign_sgd: the sign of a momentum of the gradients, decoupled weight decay."""
+import jax.numpy as jnp
+
+from flax_dp_trainer.step import optimizers
+
+
+def _algorithm(options):
+  beta = options['beta']
+
+  def init(leaf, p):
+    return {'m': jnp.zeros_like(p)}
+
+  def update(leaf, g, p, s, lr, t):
+    m = beta * s['m'] + (1 - beta) * g
+    return -lr * jnp.sign(m) - lr * leaf.weight_decay * p, {'m': m}
+
+  return init, update
+
+
+optimizers.REGISTRY.register(optimizers.Record(
+    name='sign_sgd', doc='the sign of a momentum of the gradients',
+    kwargs={'beta': optimizers.Kwarg(0.9, optimizers.record.UNIT)}, algorithm=_algorithm))
+'''
+
+USER = ['--config=default', '--config.imports=my_optim.sign_sgd', '--config.optimizer=sign_sgd',
+        '--config.weight_decay=0', '--config.learning_rate=0.01']
+
+
+@pytest.fixture(scope='module')
+def answers(tmp_path_factory, tfds_data_dir):
+  root = tmp_path_factory.mktemp('user_optimizer')
+  (root / 'my_optim').mkdir()
+  (root / 'my_optim' / '__init__.py').write_text('')
+  (root / 'my_optim' / 'sign_sgd.py').write_text(SIGN_SGD)
+  workdirs = {case: str(root / case) for case in ('train', 'bad')}
+  data = f'--config.tfds_data_dir={tfds_data_dir}'
+  commands = {
+      'show': ['flax_dp_trainer', *USER, data, '--show_config'],
+      'bad': ['flax_dp_trainer', *USER, data, '--config.optimizer_kwargs.beta=1.5',
+              f'--workdir={workdirs["bad"]}', '--cpu_devices=1'],
+      'train': ['flax_dp_trainer', *USER, data, f'--workdir={workdirs["train"]}',
+                '--cpu_devices=2', '--config.num_train_steps=6', '--config.warmup_steps=0',
+                '--config.log_every_steps=3', '--config.eval_every_steps=6',
+                '--config.checkpoint_every_steps=6'],
+  }
+  results = forked.run([[str(root), *command] for command in commands.values()],
+                       with_stdout=True)
+  return dict(zip(commands, results)), workdirs
+
+
+def test_a_users_optimizer_shows_resolved(answers):
+  status, stderr, stdout = answers[0]['show']
+  assert status == 0, stderr[-3000:]
+  assert '#   optimizer: sign_sgd(beta=0.9), no weight decay (no PyTorch counterpart)' in stdout
+
+
+def test_a_bad_value_of_its_kwargs_is_one_line_and_status_2(answers):
+  status, stderr, _ = answers[0]['bad']
+  assert status == 2, stderr[-3000:]
+  assert stderr.strip().splitlines()[-1] == (
+      'error: sign_sgd: beta=1.5 must be a number in [0, 1) '
+      '(--config.optimizer_kwargs.beta=0.9)')
+  assert not os.path.exists(answers[1]['bad'])
+
+
+def test_a_users_optimizer_trains(answers):
+  """Six steps on 2 devices: the loss falls, and the checkpoint holds the user's state."""
+  status, stderr, _ = answers[0]['train']
+  assert status == 0, stderr[-3000:]
+  with open(os.path.join(answers[1]['train'], 'metrics.jsonl'), encoding='utf-8') as f:
+    losses = [row['train_loss'] for row in map(json.loads, f) if 'train_loss' in row]
+  assert len(losses) == 2 and losses[1] < losses[0], losses
+  # The saved optimizer state is the user's: its momentum `m` for every leaf (orbax's tree
+  # metadata names each saved array by its path).
+  with open(os.path.join(answers[1]['train'], 'checkpoints', '6', 'state', '_METADATA'),
+            encoding='utf-8') as f:
+    saved = json.load(f)['tree_metadata']
+  params = [key[len("('params', "):-1] for key in saved if key.startswith("('params', ")]
+  assert len(params) == 8
+  for leaf in params:
+    assert f"('opt_state', '1', 'leaves', {leaf}, 'm')" in saved, leaf
