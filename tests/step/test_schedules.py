@@ -6,6 +6,8 @@ trace under jit, `torch_counterpart` names a scheduler that gives the same rates
 refusal of `check` names its config field."""
 
 import functools
+import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +21,7 @@ from torch.optim import lr_scheduler
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.step import schedules
 from flax_dp_trainer.step.schedules import ScheduleOptions
+from tests import REPO
 
 PEAK = 0.1
 RTOL = 1e-6  # float32 rates against the references' float64.
@@ -407,3 +410,10 @@ def test_check_refuses(changes, field, hint):
 def test_check_accepts_a_long_constant_warmup():
   """A constant schedule may be warm-up all the way: nothing after it decays."""
   schedules.check(ScheduleOptions(schedule='constant', num_train_steps=10, warmup_steps=10))
+
+
+def test_the_docs_table_is_the_registry():
+  """docs/recipes.md's table of schedules: a row per registered name, in its order."""
+  with open(os.path.join(REPO, 'docs', 'recipes.md'), encoding='utf-8') as f:
+    section = f.read().split('### Schedules', 1)[1].split('\n### ', 1)[0]
+  assert re.findall(r'^\| `(\w+)`', section, re.M) == schedules.REGISTRY.names()

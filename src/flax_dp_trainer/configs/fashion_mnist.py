@@ -3,7 +3,7 @@
 Debian's archive ships the dataset (60,000 train and 10,000 test images, 28 x 28 grey):
 
   apt-get install dataset-fashion-mnist
-  python -m flax_dp_trainer --config=fashion_mnist --workdir=/tmp/fashion_mnist
+  python -m flax_dp_trainer --config=fashion_mnist --workdir=/tmp/fashion_mnist --cpu_devices=2
 
 The recipe: random horizontal flips (padded crops, CIFAR's, cost this small net accuracy at this
 length: 92.1% against 93.7% for seed 0), dropout before the classifier, SGD with Nesterov

@@ -25,6 +25,7 @@ from flax_dp_trainer.recipe import epochs
 from flax_dp_trainer.recipe import timm_args
 from flax_dp_trainer.recipe.translation import Translation
 from flax_dp_trainer.step import optimizers
+from flax_dp_trainer.step import schedules
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # timm's IMAGENET_DEFAULT_MEAN.
 IMAGENET_STD = (0.229, 0.224, 0.225)  # timm's IMAGENET_DEFAULT_STD.
@@ -656,8 +657,6 @@ def _param_groups(ctx: _Context) -> None:
     raise UserError(f"--clip-mode {args.clip_mode}: timm's train.py clips by norm, value or agc")
 
 
-_SCHEDULES = {'cosine': 'cosine', 'step': 'step', 'multistep': 'multistep', 'poly': 'poly',
-              'constant': 'constant', 'wsd': 'wsd', 'rsqrt': 'rsqrt', 'none': 'constant'}
 _CYCLES = ('cosine', 'poly', 'wsd', 'rsqrt')  # Where timm adds --cooldown-epochs to the run.
 
 
@@ -667,12 +666,13 @@ def _schedule(ctx: _Context, peak: float) -> None:
   if sched in ('tanh', 'plateau'):
     ctx.refuse('sched', f"timm's {sched} schedule is not offered here")
     return
-  if sched not in _SCHEDULES:
+  known = {name: record.name for record in schedules.REGISTRY for name in record.timm_names}
+  if sched not in known:
     raise UserError(f"--sched {sched}: timm's scheduler factory has no such schedule; it has "
-                    f'{", ".join(list(_SCHEDULES) + ["tanh", "plateau"])}')
+                    f'{", ".join(list(known) + ["tanh", "plateau"])}')
   warmup = 0 if sched == 'none' else args.warmup_epochs
   epochs = args.epochs + (warmup if args.warmup_prefix else 0)
-  ctx.set('sched', 'lr_schedule', _SCHEDULES[sched],
+  ctx.set('sched', 'lr_schedule', known[sched],
           'no scheduler: the rate stays at --lr' if sched == 'none' else '')
   ctx.set('sched_on_updates', 'lr_schedule_unit', 'step' if args.sched_on_updates else 'epoch')
   ctx.set(('epochs', 'warmup_epochs', 'warmup_prefix'), 'num_epochs', float(epochs),

@@ -56,7 +56,6 @@ INTERPOLATION_MODES = ('nearest', 'nearest-exact', 'bilinear', 'bicubic', 'box',
 POLICY_INTERPOLATIONS = ('nearest', 'bilinear')
 # --auto-augment values presets.py accepts: its three names and AutoAugmentPolicy's values.
 AUTOAUGMENT_POLICIES = ('imagenet', 'cifar10', 'svhn')
-SCHEDULES = {'steplr': 'step', 'cosineannealinglr': 'cosine', 'exponentiallr': 'exponential'}
 BACKENDS = ('pil', 'tensor')
 # Flags that change where outputs go or how fast the script runs, never what it trains.
 _OUTPUT_ONLY = {
@@ -307,7 +306,10 @@ def _schedule(r: _Reader) -> None:
           'LinearLR' if a.lr_warmup_method == 'linear' else 'ConstantLR')
     r.set('lr_warmup_decay', 'warmup_start_factor', a.lr_warmup_decay)
     r.script('warm-up from the start factor', 'warmup_learning_rate', -1.0)
-  schedule = SCHEDULES.get(a.lr_scheduler.lower())
+  # pylint: disable-next=import-outside-toplevel
+  from flax_dp_trainer.step import schedules  # (JAX: importing the translator stays light)
+  schedule = {name: record.name for record in schedules.REGISTRY
+              for name in record.torchvision_names}.get(a.lr_scheduler.lower())
   if schedule is None:
     raise UserError(f'{r.flag("lr_scheduler")}: the script takes steplr, cosineannealinglr or '
                     'exponentiallr, and stops on any other')

@@ -9,7 +9,7 @@ with per-leaf weight-decay and learning-rate factors (the parameter groups of th
 (`torch_ddp/torch_optimizers.py`). A user's module in `config.imports` adds a name with
 `REGISTRY.register(Record(...))`.
 
-    record       Record, Kwarg and their rules, REGISTRY, Optimizer (a resolved one)
+    optimizer_record  Record, Kwarg and their rules, REGISTRY, Optimizer (a resolved one)
     per_leaf     the per-leaf transformation the shipped algorithms run in, leaf layouts
     moments      the arithmetic the algorithms share
     sgd adam adamw nadamw rmsprop lion lamb lars adafactor muon   one record each
@@ -24,7 +24,7 @@ import jax
 import optax
 
 from flax_dp_trainer.base.errors import UserError
-from flax_dp_trainer.step.optimizers import record
+from flax_dp_trainer.step.optimizers import optimizer_record as record
 from flax_dp_trainer.step.optimizers import per_leaf
 from flax_dp_trainer.step.optimizers import optax_route
 # The shipped records, registered in this order (the order of the docs' table and the lines).
@@ -41,6 +41,10 @@ from flax_dp_trainer.step.optimizers import muon
 
 Record, Kwarg, Rule, TimmForm = record.Record, record.Kwarg, record.Rule, record.TimmForm
 Optimizer, REGISTRY = record.Optimizer, record.REGISTRY
+# The rules a keyword argument's value follows (`Kwarg.rule`), for a user's record too.
+UNIT, POSITIVE, NON_NEGATIVE, NEGATIVE = (record.UNIT, record.POSITIVE, record.NON_NEGATIVE,
+                                          record.NEGATIVE)
+BOOL, COUNT, optional, one_of = record.BOOL, record.COUNT, record.optional, record.one_of
 PerLeafState, at_schedule_step = per_leaf.PerLeafState, per_leaf.at_schedule_step
 leaf_names, torch_axes = per_leaf.leaf_names, per_leaf.torch_axes
 adafactor_factored_dims, muon_routed = adafactor.factored_dims, muon.routed

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from flax_dp_trainer.step.optimizers import moments
 from flax_dp_trainer.step.optimizers import per_leaf
-from flax_dp_trainer.step.optimizers import record
+from flax_dp_trainer.step.optimizers import optimizer_record as record
 
 
 def factored_dims(torch_shape: tuple, min_dim_size_to_factor: int = 16):

@@ -4,7 +4,7 @@ moments, eps outside the square root. Its algorithm is also adamw's and nadamw's
 import jax.numpy as jnp
 
 from flax_dp_trainer.step.optimizers import moments
-from flax_dp_trainer.step.optimizers import record
+from flax_dp_trainer.step.optimizers import optimizer_record as record
 
 KWARGS = dict(b1=record.Kwarg(0.9, record.UNIT), b2=record.Kwarg(0.999, record.UNIT),
               eps=record.Kwarg(1e-8, record.POSITIVE))

@@ -1,7 +1,7 @@
 """adamw: torch.optim.AdamW. Adam's moments, decoupled weight decay (p -= lr * wd * p)."""
 
 from flax_dp_trainer.step.optimizers import adam
-from flax_dp_trainer.step.optimizers import record
+from flax_dp_trainer.step.optimizers import optimizer_record as record
 
 RECORD = record.REGISTRY.register(record.Record(
     name='adamw',

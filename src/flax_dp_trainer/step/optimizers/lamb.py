@@ -9,7 +9,7 @@ import optax
 
 from flax_dp_trainer.step.optimizers import adam
 from flax_dp_trainer.step.optimizers import moments
-from flax_dp_trainer.step.optimizers import record
+from flax_dp_trainer.step.optimizers import optimizer_record as record
 
 
 def _algorithm(o: dict):

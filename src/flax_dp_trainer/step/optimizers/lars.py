@@ -5,7 +5,7 @@ momentum."""
 import jax.numpy as jnp
 
 from flax_dp_trainer.step.optimizers import moments
-from flax_dp_trainer.step.optimizers import record
+from flax_dp_trainer.step.optimizers import optimizer_record as record
 from flax_dp_trainer.step.optimizers import sgd
 
 

@@ -4,7 +4,7 @@ m = lerp(m, g, 1 - b2)."""
 import jax.numpy as jnp
 
 from flax_dp_trainer.step.optimizers import moments
-from flax_dp_trainer.step.optimizers import record
+from flax_dp_trainer.step.optimizers import optimizer_record as record
 
 
 def _algorithm(o: dict):

@@ -17,7 +17,7 @@ from flax_dp_trainer.model import params as model_params
 from flax_dp_trainer.step.optimizers import adam
 from flax_dp_trainer.step.optimizers import moments
 from flax_dp_trainer.step.optimizers import per_leaf
-from flax_dp_trainer.step.optimizers import record
+from flax_dp_trainer.step.optimizers import optimizer_record as record
 
 # Newton-Schulz coefficient presets (a, b, c) of timm's Muon, under timm's names; the last
 # triple repeats past the end.

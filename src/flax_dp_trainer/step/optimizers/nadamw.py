@@ -1,7 +1,7 @@
 """nadamw: timm.optim.NAdamW. AdamW with the Nesterov numerator b1 * m + (1 - b1) * g."""
 
 from flax_dp_trainer.step.optimizers import adam
-from flax_dp_trainer.step.optimizers import record
+from flax_dp_trainer.step.optimizers import optimizer_record as record
 
 RECORD = record.REGISTRY.register(record.Record(
     name='nadamw',

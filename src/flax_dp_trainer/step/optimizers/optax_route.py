@@ -9,7 +9,7 @@ from typing import Any, Callable
 import optax
 
 from flax_dp_trainer.base.errors import UserError
-from flax_dp_trainer.step.optimizers import record
+from flax_dp_trainer.step.optimizers import optimizer_record as record
 
 PREFIXES = ('optax.contrib.', 'optax.')
 # optax optimizers the trainer cannot run as the step uses them.

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.step.optimizers import moments
-from flax_dp_trainer.step.optimizers import record
+from flax_dp_trainer.step.optimizers import optimizer_record as record
 
 
 def no_nesterov_without_momentum(options: dict, given: frozenset) -> dict:

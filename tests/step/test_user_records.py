@@ -1,7 +1,7 @@
-"""A user's optimizer, one file registering one record from a module in `config.imports`: it
-trains, `--show_config` resolves and describes it, and a bad value of its kwargs is refused in
-one line with status 2, before anything is written. The commands run as a user runs them, in
-children forked from one process (`tests/forked.py`)."""
+"""A user's optimizer and schedule, each one file registering one record from a module in
+`config.imports`: they train, `--show_config` resolves and describes them, and a bad value of
+their fields is refused in one line with status 2, before anything is written. The commands run
+as a user runs them, in children forked from one process (`tests/forked.py`)."""
 
 import json
 import os
@@ -10,7 +10,7 @@ import pytest
 
 from tests import forked
 
-# Three commands of a backend each (~15 s): the slow tier.
+# Four commands, each its backend (~15 s): the slow tier.
 pytestmark = pytest.mark.slow
 
 # The user's file: the sign of a momentum of the gradients (signSGD with momentum), in the
@@ -36,10 +36,33 @@ def _algorithm(options):
 
 optimizers.REGISTRY.register(optimizers.Record(
     name='sign_sgd', doc='the sign of a momentum of the gradients',
-    kwargs={'beta': optimizers.Kwarg(0.9, optimizers.record.UNIT)}, algorithm=_algorithm))
+    kwargs={'beta': optimizers.Kwarg(0.9, optimizers.UNIT)}, algorithm=_algorithm))
 '''
 
-USER = ['--config=default', '--config.imports=my_optim.sign_sgd', '--config.optimizer=sign_sgd',
+# The user's schedule: inverse time decay, reading the config's lr_gamma.
+INVERSE_TIME = '''"""inverse_time: peak / (1 + lr_gamma * t), optax's inverse_time_decay."""
+import jax.numpy as jnp
+
+from flax_dp_trainer.base.errors import UserError
+from flax_dp_trainer.step import schedules
+
+
+def _check(options):
+  if options.gamma <= 0:
+    raise UserError(f'lr_gamma={options.gamma} must be above 0 for inverse_time; set '
+                    '--config.lr_gamma=0.01')
+
+
+schedules.REGISTRY.register(schedules.Record(
+    name='inverse_time', doc='peak / (1 + lr_gamma * t)',
+    rate=lambda plan, t: plan.peak / (
+        1 + plan.options.gamma * jnp.maximum(t, 0).astype(jnp.float32)),
+    text=lambda plan: f'inverse time: {plan.peak} / (1 + {plan.options.gamma} t)',
+    fields=('lr_gamma',), check=_check))
+'''
+
+USER = ['--config=default', '--config.imports=my_optim.sign_sgd,my_optim.inverse_time',
+        '--config.optimizer=sign_sgd', '--config.lr_schedule=inverse_time',
         '--config.weight_decay=0', '--config.learning_rate=0.01']
 
 
@@ -49,12 +72,15 @@ def answers(tmp_path_factory, tfds_data_dir):
   (root / 'my_optim').mkdir()
   (root / 'my_optim' / '__init__.py').write_text('')
   (root / 'my_optim' / 'sign_sgd.py').write_text(SIGN_SGD)
-  workdirs = {case: str(root / case) for case in ('train', 'bad')}
+  (root / 'my_optim' / 'inverse_time.py').write_text(INVERSE_TIME)
+  workdirs = {case: str(root / case) for case in ('train', 'bad', 'bad_schedule')}
   data = f'--config.tfds_data_dir={tfds_data_dir}'
   commands = {
       'show': ['flax_dp_trainer', *USER, data, '--show_config'],
       'bad': ['flax_dp_trainer', *USER, data, '--config.optimizer_kwargs.beta=1.5',
               f'--workdir={workdirs["bad"]}', '--cpu_devices=1'],
+      'bad_schedule': ['flax_dp_trainer', *USER, data, '--config.lr_gamma=0',
+                       f'--workdir={workdirs["bad_schedule"]}', '--cpu_devices=1'],
       'train': ['flax_dp_trainer', *USER, data, f'--workdir={workdirs["train"]}',
                 '--cpu_devices=2', '--config.num_train_steps=6', '--config.warmup_steps=0',
                 '--config.log_every_steps=3', '--config.eval_every_steps=6',
@@ -65,10 +91,11 @@ def answers(tmp_path_factory, tfds_data_dir):
   return dict(zip(commands, results)), workdirs
 
 
-def test_a_users_optimizer_shows_resolved(answers):
+def test_a_users_optimizer_and_schedule_show_resolved(answers):
   status, stderr, stdout = answers[0]['show']
   assert status == 0, stderr[-3000:]
   assert '#   optimizer: sign_sgd(beta=0.9), no weight decay (no PyTorch counterpart)' in stdout
+  assert '#   schedule: inverse time: 0.01 / (1 + 0.1 t) after 30 of linear warm-up' in stdout
 
 
 def test_a_bad_value_of_its_kwargs_is_one_line_and_status_2(answers):
@@ -78,9 +105,14 @@ def test_a_bad_value_of_its_kwargs_is_one_line_and_status_2(answers):
       'error: sign_sgd: beta=1.5 must be a number in [0, 1) '
       '(--config.optimizer_kwargs.beta=0.9)')
   assert not os.path.exists(answers[1]['bad'])
+  status, stderr, _ = answers[0]['bad_schedule']
+  assert status == 2, stderr[-3000:]
+  assert stderr.strip().splitlines()[-1] == (
+      'error: lr_gamma=0.0 must be above 0 for inverse_time; set --config.lr_gamma=0.01')
+  assert not os.path.exists(answers[1]['bad_schedule'])
 
 
-def test_a_users_optimizer_trains(answers):
+def test_a_users_optimizer_and_schedule_train(answers):
   """Six steps on 2 devices: the loss falls, and the checkpoint holds the user's state."""
   status, stderr, _ = answers[0]['train']
   assert status == 0, stderr[-3000:]

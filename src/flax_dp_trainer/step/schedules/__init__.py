@@ -1,0 +1,229 @@
+"""Learning-rate schedules as optax schedules (`count -> rate`, jit-traceable), built to give
+at every update the rate that torchvision's classification reference or timm gives when it
+steps its own scheduler, plus the checks of their options, a line for people and the
+reference scheduler's name. Each schedule and each warm-up form is one record
+(`record.Record`, `record.Warmup`), one module each; a user's module in `config.imports`
+registers its own.
+
+Every duration is in updates. The schedule is a warm-up (linear from a start rate to the
+peak, or held at the start rate) followed by a main schedule on its own clock `t`:
+  * warmup_prefix=True: `t` starts at 0 when the warm-up ends (torchvision's `SequentialLR`,
+    timm's warmup_prefix=True): the main schedule runs over the updates after the warm-up;
+  * warmup_prefix=False: `t` is the update count and the warm-up overrides the main
+    schedule's first updates (timm's default for cosine and poly).
+'wsd' and 'rsqrt' always start their clock after the warm-up, as timm's `WSDLRScheduler`
+does, and their stable and decay phases fill the num_train_steps - warmup_steps updates after
+it, so that the run ends with the decay: timm's factory gives that length with
+warmup_prefix=False and --epochs the run's length, or with warmup_prefix=True and --epochs the
+run's length less the warm-up. warmup_prefix does not change them.
+
+The 'epoch' unit holds the rate of an epoch's first update for the whole epoch (torchvision
+steps its scheduler once per epoch; so does timm without --sched-on-updates): with durations
+that are whole epochs, these are the references' rates. exponential's gamma is per epoch
+there, as torch's ExponentialLR stepped per epoch.
+
+Where torch and timm disagree, torch's rule is kept: a multistep milestone m applies from
+t = m (torch's MultiStepLR); timm's MultiStepLRScheduler applies it from t = m - 1, so the
+timm scheduler that gives these rates has each milestone plus one (as `torch_counterpart`
+writes it). 'rsqrt' always decays linearly (timm's default for it); decay_shape is wsd's.
+
+    plan         ScheduleOptions, the Plan the formulas use, the arithmetic they share
+    schedule_record  Record, Warmup, their registries
+    cosine constant linear poly step_decay multistep exponential wsd rsqrt   one schedule each
+    linear_warmup constant_warmup                                           one warm-up each
+"""
+
+from typing import Optional
+
+import jax.numpy as jnp
+import optax
+
+from flax_dp_trainer.base.errors import UserError
+from flax_dp_trainer.step.schedules import plan as plan_lib
+from flax_dp_trainer.step.schedules import schedule_record as record
+# The shipped records, registered in this order (the order of the lists and the docs' table).
+from flax_dp_trainer.step.schedules import cosine  # pylint: disable=unused-import
+from flax_dp_trainer.step.schedules import constant  # pylint: disable=unused-import
+from flax_dp_trainer.step.schedules import linear  # pylint: disable=unused-import
+from flax_dp_trainer.step.schedules import step_decay  # pylint: disable=unused-import
+from flax_dp_trainer.step.schedules import multistep  # pylint: disable=unused-import
+from flax_dp_trainer.step.schedules import exponential  # pylint: disable=unused-import
+from flax_dp_trainer.step.schedules import poly  # pylint: disable=unused-import
+from flax_dp_trainer.step.schedules import wsd
+from flax_dp_trainer.step.schedules import rsqrt  # pylint: disable=unused-import
+from flax_dp_trainer.step.schedules import linear_warmup  # pylint: disable=unused-import
+from flax_dp_trainer.step.schedules import constant_warmup  # pylint: disable=unused-import
+
+ScheduleOptions, Record, Warmup = plan_lib.ScheduleOptions, record.Record, record.Warmup
+REGISTRY, WARMUPS = record.REGISTRY, record.WARMUPS
+SCHEDULES = tuple(REGISTRY.names())  # The shipped ones.
+WARMUP_METHODS = tuple(WARMUPS.names())
+DECAY_SHAPES, UNITS = wsd.DECAY_SHAPES, plan_lib.UNITS
+
+# timm schedules not built here, and why (check() names them in one line).
+_OUT_OF_SCOPE = {
+    'tanh': "timm's TanhLRScheduler is out of scope; use --config.lr_schedule=cosine",
+    'plateau': ("timm's PlateauLRScheduler is out of scope: it needs the eval metric, which the "
+                "train step does not see; choose another --config.lr_schedule"),
+}
+
+
+def _refuse_choice(value: str, choices, field: str) -> None:
+  """UserError unless `value` is one of `choices`, naming the config field that sets it."""
+  if value not in choices:
+    raise UserError(f'{field}={value!r} is unknown; choose one of: {", ".join(choices)} '
+                    f'(--config.{field}=NAME)')
+
+
+def check(options: ScheduleOptions) -> None:
+  """Nothing, or a UserError of one line naming the bad value and the config flag that fixes
+  it: raised before anything is compiled, since a bad schedule only shows in the rates. The
+  checks every schedule shares, then its record's own."""
+  o = options
+  if o.schedule in _OUT_OF_SCOPE:
+    raise UserError(f'lr_schedule={o.schedule!r}: {_OUT_OF_SCOPE[o.schedule]}')
+  found = REGISTRY.get(o.schedule)
+  WARMUPS.get(o.warmup_method)
+  _refuse_choice(o.decay_shape, DECAY_SHAPES, 'lr_decay_shape')
+  _refuse_choice(o.unit, UNITS, 'lr_schedule_unit')
+  if o.steps_per_epoch < 1:
+    raise UserError(f'steps_per_epoch={o.steps_per_epoch}: an epoch must hold at least one '
+                    'update (a training split of at least one global batch)')
+  if o.num_train_steps < 1:
+    raise UserError(f'num_train_steps={o.num_train_steps}: the run must have at least one '
+                    'update (lengthen it: --config.num_epochs or --config.num_train_steps)')
+  if o.warmup_steps < 0:
+    raise UserError(f'warmup_steps={o.warmup_steps} is negative; set --config.warmup_steps=0 '
+                    'for no warm-up')
+  if found.decays and o.warmup_steps >= o.num_train_steps:
+    raise UserError(f'warmup_steps={o.warmup_steps} leaves no update of the {o.schedule!r} '
+                    f'schedule in a run of {o.num_train_steps} updates; set '
+                    f'--config.warmup_steps below {o.num_train_steps}')
+  if not 0 <= o.warmup_start_factor <= 1:
+    raise UserError(f'warmup_start_factor={o.warmup_start_factor} is outside [0, 1]; set '
+                    '--config.warmup_start_factor=0.01 (the warm-up starts at peak * factor)')
+  peak = o.peak_learning_rate
+  if o.warmup_learning_rate < 0 and o.warmup_learning_rate != -1:
+    raise UserError(f'warmup_learning_rate={o.warmup_learning_rate} is negative; set '
+                    '--config.warmup_learning_rate=-1 to start at peak * warmup_start_factor')
+  if o.warmup_learning_rate > peak:
+    raise UserError(f'warmup_learning_rate={o.warmup_learning_rate} is above the peak rate '
+                    f'{peak}; set --config.warmup_learning_rate at most {peak} (-1 = unset)')
+  if not 0 <= o.min_learning_rate <= peak:
+    raise UserError(f'min_learning_rate={o.min_learning_rate} is outside [0, the peak rate '
+                    f'{peak}]; set --config.min_learning_rate in that range')
+  if found.check is not None:
+    found.check(o)
+
+
+def _plan(options: ScheduleOptions) -> plan_lib.Plan:
+  """The checked options' plan, and the record's."""
+  check(options)
+  return plan_lib.make(options, REGISTRY.get(options.schedule).always_prefix)
+
+
+def _whole(count) -> jnp.ndarray:
+  """The update count as int32 (a float count rounded down): the clock's arithmetic (epochs,
+  milestones, step decays) stays exact in integers."""
+  count = jnp.asarray(count)
+  if not jnp.issubdtype(count.dtype, jnp.integer):
+    count = jnp.floor(count)
+  return count.astype(jnp.int32)
+
+
+def learning_rate_schedule(options: ScheduleOptions) -> optax.Schedule:
+  """The optax schedule of `options` (checked first): `count -> rate` in float32 for the
+  optimizer's update count (0 for the first update, a scalar or an array of counts), made of
+  jnp operations only so that it traces under jit."""
+  plan = _plan(options)
+  main, warm_up = REGISTRY.get(options.schedule), WARMUPS.get(options.warmup_method)
+  warmup = options.warmup_steps
+  peak, start = plan.peak, plan.start
+
+  def schedule(count):
+    count = _whole(count)
+    if options.unit == 'epoch':
+      count = count // options.steps_per_epoch * options.steps_per_epoch
+    rate = main.rate(plan, count - plan.offset)
+    if warmup == 0:
+      return rate
+    warm = warm_up.rate(start, peak, count, warmup)
+    return jnp.where(count < warmup, warm, rate).astype(jnp.float32)
+
+  return schedule
+
+
+def describe(options: ScheduleOptions) -> str:
+  """One line for people: the main schedule, the warm-up and the unit, in updates (e.g.
+  'cosine from 0.1 to 0 over 470 updates after 30 of linear warm-up from 0; per update')."""
+  plan = _plan(options)
+  line = REGISTRY.get(options.schedule).text(plan)
+  warmup = options.warmup_steps
+  how = WARMUPS.get(options.warmup_method).text(plan.start)
+  if warmup == 0:
+    line += '; no warm-up'
+  elif plan.offset:
+    line += f' after {warmup} of {how}'
+  else:
+    line += f', its first {warmup} updates replaced by {how}'
+  if options.unit == 'epoch':
+    return line + f'; per epoch of {options.steps_per_epoch} updates'
+  return line + '; per update'
+
+
+def _torch_line(plan: plan_lib.Plan) -> Optional[str]:
+  """The torch (torchvision's recipe where it is one) scheduler giving the rates of `plan`, or
+  None: torch warms up only as a prefix (SequentialLR restarts the main scheduler's clock), and
+  its LinearLR cannot start at 0."""
+  o = plan.options
+  found = REGISTRY.get(o.schedule)
+  main = found.torch(plan)
+  if main is None:
+    return None
+  warm = ''
+  if o.warmup_steps:
+    if not plan.offset and found.decays:
+      return None
+    if plan.peak <= 0:
+      return None
+    warm = WARMUPS.get(o.warmup_method).torch(plan.start / plan.peak,
+                                              plan_lib.ticks(plan, o.warmup_steps))
+    if warm is None:
+      return None
+  if warm and main:
+    line = (f'SequentialLR([{warm}, {main}], '
+            f'milestones=[{plan_lib.ticks(plan, o.warmup_steps)}])')
+  elif warm or main:
+    line = warm or main
+  else:
+    return f'torch: no scheduler (the rate stays at lr={plan_lib.num(plan.peak)})'
+  recipe = o.unit == 'epoch' and found.reference == 'torchvision'
+  tick = 'epoch' if o.unit == 'epoch' else 'update'
+  return f'{"torchvision" if recipe else "torch"}: {line} stepped per {tick}'
+
+
+def _timm_line(plan: plan_lib.Plan) -> Optional[str]:
+  """The timm scheduler giving the rates of `plan`, or None: timm has no exponential schedule
+  and warms up only linearly."""
+  o = plan.options
+  if o.warmup_steps and not WARMUPS.get(o.warmup_method).timm:
+    return None
+  line = REGISTRY.get(o.schedule).timm(plan)
+  return None if line is None else f'timm: {line}'
+
+
+def torch_counterpart(options: ScheduleOptions) -> str:
+  """One line naming the torch/torchvision or timm scheduler that, stepped as its reference
+  steps it (per epoch: `.step()` after each epoch; per update: after each update), gives the
+  same rates; in the unit's ticks (epochs or updates). torch's form comes first for its own
+  schedules with a relative warm-up start, timm's for the rest."""
+  plan = _plan(options)
+  torch_first = (REGISTRY.get(options.schedule).reference in ('torchvision', 'torch') and
+                 options.warmup_learning_rate < 0)
+  tries = (_torch_line, _timm_line) if torch_first else (_timm_line, _torch_line)
+  for make in tries:
+    line = make(plan)
+    if line:
+      return line
+  return ('none: no single torch or timm scheduler gives these rates (torch warms up only as a '
+          'prefix, --config.warmup_prefix=True, and timm has no exponential schedule)')

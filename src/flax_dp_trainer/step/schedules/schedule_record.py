@@ -1,0 +1,67 @@
+"""What one schedule name means, in one record: its rate on its own clock, its line for people,
+the torch and timm schedulers that give the same rates, the config fields it reads and their
+checks. The warm-up forms (`config.warmup_method`) are records of their own (`Warmup`).
+
+Each shipped schedule and warm-up is one module of this folder that registers its record; a
+user's module in `config.imports` registers its own the same way.
+"""
+
+import dataclasses
+from typing import Callable, Optional
+
+import jax.numpy as jnp
+
+from flax_dp_trainer.base import registry
+from flax_dp_trainer.step.schedules import plan as plan_lib
+
+
+def _none(plan: plan_lib.Plan) -> Optional[str]:
+  return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+  """One main schedule (config.lr_schedule)."""
+  name: str
+  doc: str  # One line for the docs' table.
+  # The rate (float32) at clock `t` (int32, may be negative during a prefix warm-up, where it
+  # is not used).
+  rate: Callable[[plan_lib.Plan, jnp.ndarray], jnp.ndarray]
+  text: Callable[[plan_lib.Plan], str]  # The main schedule for people, in updates.
+  # The torch scheduler of the main schedule, in the unit's ticks; None where torch has none;
+  # '' where no scheduler is needed (a constant rate).
+  torch: Callable[[plan_lib.Plan], Optional[str]] = _none
+  timm: Callable[[plan_lib.Plan], Optional[str]] = _none  # timm's scheduler, or None.
+  # The config fields it reads besides the warm-up's, the durations and the peak.
+  fields: tuple[str, ...] = ()
+  # A UserError of one line for options this schedule cannot run (after the common checks).
+  check: Optional[Callable[[plan_lib.ScheduleOptions], None]] = None
+  decays: bool = True  # False: the rate holds (a warm-up may last the whole run).
+  # Its clock starts after the warm-up whatever warmup_prefix says (timm's WSD scheduler).
+  always_prefix: bool = False
+  # Whose scheduler `torch_counterpart` names first: 'torchvision' (its classification
+  # reference offers it; stepped per epoch that is the recipe's), 'torch' or 'timm'.
+  reference: str = 'timm'
+  # The names the references' scripts give it: timm's --sched, torchvision's --lr-scheduler
+  # (lower case), for the translators of their commands (`recipe/`).
+  timm_names: tuple[str, ...] = ()
+  torchvision_names: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Warmup:
+  """One warm-up form (config.warmup_method): from the start rate to the peak."""
+  name: str
+  doc: str
+  # The rate at update `count` (float32) of a warm-up of `warmup` updates from `start` to
+  # `peak`.
+  rate: Callable[[float, float, jnp.ndarray, int], jnp.ndarray]
+  text: Callable[[float], str]  # The warm-up from its start rate, for people.
+  # torch's scheduler of the warm-up from its start factor and its length in ticks, or None
+  # where torch has none.
+  torch: Callable[[float, str], Optional[str]]
+  timm: bool = False  # timm warms up this way.
+
+
+REGISTRY: registry.Registry[Record] = registry.Registry('lr_schedule')
+WARMUPS: registry.Registry[Warmup] = registry.Registry('warmup_method')
