@@ -11,7 +11,7 @@ An unknown name is one line that lists the names and, where one is near, asks "d
 """
 
 import difflib
-from typing import Generic, Iterator, TypeVar
+from typing import Callable, Generic, Iterable, Iterator, TypeVar
 
 from flax_dp_trainer.base.errors import UserError
 
@@ -45,6 +45,11 @@ class Registry(Generic[Record]):
   def names(self) -> list[str]:
     """The registered names, in the order they were registered."""
     return list(self._records)
+
+  def by_alias(self, aliases: Callable[[Record], Iterable[str]]) -> dict[str, Record]:
+    """{alias: its record} of the names `aliases(record)` gives each record: the names another
+    script gives it (timm's --opt and --sched, torchvision's --lr-scheduler)."""
+    return {alias: record for record in self for alias in aliases(record)}
 
   def near(self, name: str) -> str:
     """The registered name closest to `name` (case aside), or ''."""

@@ -580,8 +580,8 @@ def _learning_rate(ctx: _Context, global_batch: int) -> float:
 
 def timm_optimizers() -> dict:
   """{timm's --opt name: (the record's name, its `TimmForm`)} of the registered optimizers."""
-  return {timm_name: (record.name, form) for record in optimizers.REGISTRY
-          for timm_name, form in record.timm.items()}
+  return {timm_name: (record.name, record.timm[timm_name]) for timm_name, record in
+          optimizers.REGISTRY.by_alias(lambda record: record.timm).items()}
 
 
 def _optimizer(ctx: _Context) -> None:
@@ -666,7 +666,8 @@ def _schedule(ctx: _Context, peak: float) -> None:
   if sched in ('tanh', 'plateau'):
     ctx.refuse('sched', f"timm's {sched} schedule is not offered here")
     return
-  known = {name: record.name for record in schedules.REGISTRY for name in record.timm_names}
+  known = {name: record.name for name, record in
+           schedules.REGISTRY.by_alias(lambda record: record.timm_names).items()}
   if sched not in known:
     raise UserError(f"--sched {sched}: timm's scheduler factory has no such schedule; it has "
                     f'{", ".join(list(known) + ["tanh", "plateau"])}')

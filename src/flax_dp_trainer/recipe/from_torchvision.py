@@ -308,20 +308,20 @@ def _schedule(r: _Reader) -> None:
     r.script('warm-up from the start factor', 'warmup_learning_rate', -1.0)
   # pylint: disable-next=import-outside-toplevel
   from flax_dp_trainer.step import schedules  # (JAX: importing the translator stays light)
-  schedule = {name: record.name for record in schedules.REGISTRY
-              for name in record.torchvision_names}.get(a.lr_scheduler.lower())
-  if schedule is None:
+  found = schedules.REGISTRY.by_alias(lambda record: record.torchvision_names).get(
+      a.lr_scheduler.lower())
+  if found is None:
     raise UserError(f'{r.flag("lr_scheduler")}: the script takes steplr, cosineannealinglr or '
                     'exponentiallr, and stops on any other')
-  r.set('lr_scheduler', 'lr_schedule', schedule)
+  r.set('lr_scheduler', 'lr_schedule', found.name)
   r.script('lr_scheduler.step() after each epoch', 'lr_schedule_unit', 'epoch')
   r.script('SequentialLR([warm-up, main], milestones=[--lr-warmup-epochs])', 'warmup_prefix',
            True, "the main schedule's clock starts after the warm-up")
-  if schedule == 'step':
+  if found.name == 'step':
     r.set('lr_step_size', 'lr_step_size_epochs', float(a.lr_step_size))
     r.set('lr_step_size', 'lr_step_size', -1, 'counted in epochs')
     r.set('lr_gamma', 'lr_gamma', a.lr_gamma)
-  elif schedule == 'exponential':
+  elif found.name == 'exponential':
     r.set('lr_gamma', 'lr_gamma', a.lr_gamma, 'per epoch')
   else:
     r.set('lr_min', 'min_learning_rate', a.lr_min, 'eta_min')

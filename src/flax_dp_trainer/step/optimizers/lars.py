@@ -2,8 +2,6 @@
 always_adapt) g = (g + wd * p) * trust_coeff * |p| / (|g| + wd * |p| + eps), then torch SGD's
 momentum."""
 
-import jax.numpy as jnp
-
 from flax_dp_trainer.step.optimizers import moments
 from flax_dp_trainer.step.optimizers import optimizer_record as record
 from flax_dp_trainer.step.optimizers import sgd
@@ -12,9 +10,6 @@ from flax_dp_trainer.step.optimizers import sgd
 def _algorithm(o: dict):
   momentum, nesterov = o['momentum'], o['nesterov']
   trust_coeff, eps, always_adapt = o['trust_coeff'], o['eps'], o['always_adapt']
-
-  def init(leaf, p):
-    return {'momentum': jnp.zeros_like(p)} if momentum else {}
 
   def update(leaf, g, p, s, lr, t):
     wd = leaf.weight_decay
@@ -25,7 +20,7 @@ def _algorithm(o: dict):
     g, s = moments.momentum_buffer(g, s, momentum, nesterov)
     return -lr * g, s
 
-  return init, update
+  return sgd.momentum_init(momentum), update
 
 
 RECORD = record.REGISTRY.register(record.Record(

@@ -23,18 +23,25 @@ def check_nesterov(name: str, options: dict) -> None:
                     f"{options['momentum']}; set --config.momentum=0.9 or --config.nesterov=False")
 
 
-def _algorithm(o: dict):
-  momentum, nesterov = o['momentum'], o['nesterov']
+def momentum_init(momentum: float):
+  """A leaf's first state under torch's momentum buffer (sgd's and lars'): none without
+  momentum."""
 
   def init(leaf, p):
     return {'momentum': jnp.zeros_like(p)} if momentum else {}
+
+  return init
+
+
+def _algorithm(o: dict):
+  momentum, nesterov = o['momentum'], o['nesterov']
 
   def update(leaf, g, p, s, lr, t):
     g = g + leaf.weight_decay * p
     g, s = moments.momentum_buffer(g, s, momentum, nesterov)
     return -lr * g, s
 
-  return init, update
+  return momentum_init(momentum), update
 
 
 RECORD = record.REGISTRY.register(record.Record(
