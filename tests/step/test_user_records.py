@@ -73,7 +73,7 @@ def answers(tmp_path_factory, tfds_data_dir):
   (root / 'my_optim' / '__init__.py').write_text('')
   (root / 'my_optim' / 'sign_sgd.py').write_text(SIGN_SGD)
   (root / 'my_optim' / 'inverse_time.py').write_text(INVERSE_TIME)
-  workdirs = {case: str(root / case) for case in ('train', 'bad', 'bad_schedule')}
+  workdirs = {case: str(root / case) for case in ('train', 'bad', 'bad_schedule', 'translate')}
   data = f'--config.tfds_data_dir={tfds_data_dir}'
   commands = {
       'show': ['flax_dp_trainer', *USER, data, '--show_config'],
@@ -85,6 +85,11 @@ def answers(tmp_path_factory, tfds_data_dir):
                 '--cpu_devices=2', '--config.num_train_steps=6', '--config.warmup_steps=0',
                 '--config.log_every_steps=3', '--config.eval_every_steps=6',
                 '--config.checkpoint_every_steps=6'],
+      # timm's command names an optimizer no record has: the translator names the user's.
+      'translate': ['flax_dp_trainer.tools.recipe', '--from=timm',
+                    '--imports=my_optim.sign_sgd', '--model_map=resnet18=resnet18',
+                    f'--out={workdirs["translate"]}.py', '--',
+                    '--data-dir', str(root), '--model', 'resnet18', '--opt', 'madgrad'],
   }
   results = forked.run([[str(root), *command] for command in commands.values()],
                        with_stdout=True)
@@ -128,3 +133,16 @@ def test_a_users_optimizer_and_schedule_train(answers):
   assert len(params) == 8
   for leaf in params:
     assert f"('opt_state', '1', 'leaves', {leaf}, 'm')" in saved, leaf
+
+
+def test_the_translator_names_a_users_optimizer_where_a_flag_maps_to_none(answers):
+  """timm's `--opt madgrad` maps to no record: the refusal names the user's sign_sgd, which
+  `--imports` registered, and the written config imports its module."""
+  status, stderr, stdout = answers[0]['translate']
+  assert status == 1, stderr[-3000:]
+  assert ("--opt madgrad: timm's 'madgrad' has no counterpart here (timm names with one: "
+          in stdout), stdout
+  assert ("; this trainer's optimizers that timm does not name: sign_sgd "
+          '(--config.optimizer=NAME in the written config) (changes the training)' in stdout)
+  with open(answers[1]['translate'] + '.py', encoding='utf-8') as f:
+    assert "  config.imports = 'my_optim.sign_sgd'  # --imports=my_optim.sign_sgd" in f.read()

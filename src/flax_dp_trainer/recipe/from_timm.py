@@ -584,6 +584,15 @@ def timm_optimizers() -> dict:
           optimizers.REGISTRY.by_alias(lambda record: record.timm).items()}
 
 
+def _unnamed(records, attribute: str) -> str:
+  """'; this trainer's optimizers that timm does not name: ...' where a registered record
+  (shipped or a user's, from --imports) has no timm name, to write in the config; '' where
+  none."""
+  names = [record.name for record in records if not getattr(record, attribute)]
+  return (f"; this trainer's {records.field}s that timm does not name: {', '.join(names)} "
+          f'(--config.{records.field}=NAME in the written config)') if names else ''
+
+
 def _optimizer(ctx: _Context) -> None:
   args = ctx.args
   name = args.opt.lower()
@@ -595,7 +604,7 @@ def _optimizer(ctx: _Context) -> None:
   if opt is None or opt.refused:
     translated = ', '.join(n for n, (_, form) in forms.items() if not form.refused)
     ctx.refuse('opt', opt.refused if opt else f"timm's {name!r} has no counterpart here (timm "
-               f'names with one: {translated})')
+               f'names with one: {translated}){_unnamed(optimizers.REGISTRY, "timm")}')
     return
   ctx.set('opt', 'optimizer', ours, opt.timm_class)
   kwargs = dict(opt.kwargs)
@@ -664,7 +673,8 @@ def _schedule(ctx: _Context, peak: float) -> None:
   args = ctx.args
   sched = args.sched
   if sched in ('tanh', 'plateau'):
-    ctx.refuse('sched', f"timm's {sched} schedule is not offered here")
+    ctx.refuse('sched', f"timm's {sched} schedule is not offered here"
+               f'{_unnamed(schedules.REGISTRY, "timm_names")}')
     return
   known = {name: record.name for name, record in
            schedules.REGISTRY.by_alias(lambda record: record.timm_names).items()}

@@ -45,8 +45,6 @@ _VIT_INPUT = 224
 # presets.py's normalization (the script passes no other).
 IMAGENET_MEAN = '0.485,0.456,0.406'
 IMAGENET_STD = '0.229,0.224,0.225'
-# torch.optim.RMSprop as the script builds it.
-RMSPROP_KWARGS = {'alpha': 0.9, 'eps': 0.0316}
 # --interpolation as this trainer's resize filter (crops and evaluation's resize).
 RESIZE_FILTERS = {'bilinear': 'antialias', 'bicubic': 'bicubic'}
 # torchvision's InterpolationMode values; the script stops on any other.
@@ -245,29 +243,53 @@ def _model(r: _Reader, model_map: dict[str, str]) -> None:
     r.set('weights', 'init_from', '', 'random init, as torchvision initializes')
 
 
+def _either(names: list[str]) -> str:
+  """'a, b or c'."""
+  return ' or '.join([', '.join(names[:-1]), names[-1]] if len(names) > 1 else names)
+
+
+def torchvision_optimizers() -> dict:
+  """{the script's --opt name: (the record's name, its `TorchvisionForm`)} of the registered
+  optimizers."""
+  # pylint: disable-next=import-outside-toplevel
+  from flax_dp_trainer.step import optimizers  # (JAX: importing the translator stays light)
+  return {alias: (record.name, record.torchvision[alias]) for alias, record in
+          optimizers.REGISTRY.by_alias(lambda record: record.torchvision).items()}
+
+
+def _optimizer_form(name: str, forms: dict):
+  """(the record's name, its form) of the script's --opt `name`, or None: the name itself,
+  else a form that takes every name it begins (the script's `sgd*`)."""
+  if name in forms:
+    return forms[name]
+  return next((found for alias, found in forms.items()
+               if found[1].prefix and name.startswith(alias)), None)
+
+
 def _optimizer(r: _Reader) -> None:
   """--opt with its arguments, the decay groups, the loss, clipping and --amp."""
   a = r.args
   name = a.opt.lower()
-  if name.startswith('sgd'):
-    nesterov = 'nesterov' in name
-    if nesterov and a.momentum <= 0:
-      raise UserError(f'{r.flag("opt")} with {r.flag("momentum")}: torch.optim.SGD refuses '
-                      'Nesterov without momentum (the script stops there)')
-    r.set('opt', 'optimizer', 'sgd', 'torch.optim.SGD')
+  forms = torchvision_optimizers()
+  found = _optimizer_form(name, forms)
+  if found is None:
+    taken = _either([f'{alias} (any {alias}* name)' if form.prefix else alias
+                     for alias, (_, form) in forms.items()])
+    raise UserError(f'{r.flag("opt")}: the script takes {taken}, and stops on any other')
+  ours, form = found
+  nesterov = form.nesterov_in_name and 'nesterov' in name
+  if nesterov and a.momentum <= 0:
+    raise UserError(f'{r.flag("opt")} with {r.flag("momentum")}: {form.torch_class} refuses '
+                    'Nesterov without momentum (the script stops there)')
+  r.set('opt', 'optimizer', ours, form.torch_class)
+  if form.momentum:
     r.set('momentum', 'momentum', a.momentum)
+  if form.nesterov_in_name:
     r.set('opt', 'nesterov', nesterov)
-  elif name == 'rmsprop':
-    r.set('opt', 'optimizer', 'rmsprop', 'torch.optim.RMSprop')
-    r.set('momentum', 'momentum', a.momentum)
-    r.set('opt', 'optimizer_kwargs', dict(RMSPROP_KWARGS), 'as the script builds RMSprop')
-  elif name == 'adamw':
-    r.set('opt', 'optimizer', 'adamw', 'torch.optim.AdamW, decoupled decay')
-    r.set('opt', 'adam_b1', 0.9, "AdamW's default betas")
-    r.set('opt', 'adam_b2', 0.999, "AdamW's default betas")
-  else:
-    raise UserError(f'{r.flag("opt")}: the script takes sgd, sgd_nesterov (any sgd* name), '
-                    'rmsprop or adamw, and stops on any other')
+  if form.kwargs:
+    r.set('opt', 'optimizer_kwargs', dict(form.kwargs), f'as the script builds {form.torch_class}')
+  for field, value, note in form.fields:
+    r.set('opt', field, value, note)
   r.set('lr', 'learning_rate', a.lr)
   r.script('takes --lr as it is', 'scale_learning_rate', False)
   r.set('weight_decay', 'weight_decay', a.weight_decay)
@@ -308,20 +330,20 @@ def _schedule(r: _Reader) -> None:
     r.script('warm-up from the start factor', 'warmup_learning_rate', -1.0)
   # pylint: disable-next=import-outside-toplevel
   from flax_dp_trainer.step import schedules  # (JAX: importing the translator stays light)
-  found = schedules.REGISTRY.by_alias(lambda record: record.torchvision_names).get(
-      a.lr_scheduler.lower())
-  if found is None:
-    raise UserError(f'{r.flag("lr_scheduler")}: the script takes steplr, cosineannealinglr or '
-                    'exponentiallr, and stops on any other')
-  r.set('lr_scheduler', 'lr_schedule', found.name)
+  kind = a.lr_scheduler.lower()
+  known = schedules.REGISTRY.by_alias(lambda record: record.torchvision_names)
+  if kind not in known:
+    raise UserError(f'{r.flag("lr_scheduler")}: the script takes {_either(list(known))}, and '
+                    'stops on any other')
+  r.set('lr_scheduler', 'lr_schedule', known[kind].name)
   r.script('lr_scheduler.step() after each epoch', 'lr_schedule_unit', 'epoch')
   r.script('SequentialLR([warm-up, main], milestones=[--lr-warmup-epochs])', 'warmup_prefix',
            True, "the main schedule's clock starts after the warm-up")
-  if found.name == 'step':
+  if kind == 'steplr':
     r.set('lr_step_size', 'lr_step_size_epochs', float(a.lr_step_size))
     r.set('lr_step_size', 'lr_step_size', -1, 'counted in epochs')
     r.set('lr_gamma', 'lr_gamma', a.lr_gamma)
-  elif found.name == 'exponential':
+  elif kind == 'exponentiallr':
     r.set('lr_gamma', 'lr_gamma', a.lr_gamma, 'per epoch')
   else:
     r.set('lr_min', 'min_learning_rate', a.lr_min, 'eta_min')

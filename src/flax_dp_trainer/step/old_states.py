@@ -1,8 +1,9 @@
 """Optimizer states of checkpoints written before the per-leaf optimizers
-(`optimizers.PerLeafState`): optax's `sgd` (its momentum trace) and `adamw` / `lamb` (their
-first and second moments) carried into the per-leaf layout, the same algorithms' buffers under
-other names, so such runs resume as they would have. (`lars` changed algorithm: its old trust
-ratio was optax's; such a run resumes with its optimizer afresh, `--resume_with_changes`.)"""
+(`optimizers.PerLeafState`): optax's buffers carried into the per-leaf layout where the
+algorithm stayed (sgd's momentum trace, adamw's and lamb's moments: each record's
+`optax_buffers`), the same algorithms' buffers under other names, so such runs resume as they
+would have. (`lars` changed algorithm: its old trust ratio was optax's; such a run resumes
+with its optimizer afresh, `--resume_with_changes`.)"""
 
 from typing import Any, Optional
 
@@ -10,11 +11,6 @@ import jax
 import jax.numpy as jnp
 
 from flax_dp_trainer.step import optimizers
-
-# optax's buffer names -> the per-leaf algorithm's, for each optimizer whose algorithm stayed.
-CARRIED = {'sgd': {'trace': 'momentum'},
-           'adamw': {'mu': 'exp_avg', 'nu': 'exp_avg_sq'},
-           'lamb': {'mu': 'exp_avg', 'nu': 'exp_avg_sq'}}
 
 
 def _find(tree: Any, keys: tuple[str, ...]) -> Optional[dict]:
@@ -44,8 +40,8 @@ def carry(name: str, saved: Any, fresh: Any, step: int) -> Optional[Any]:
   """`fresh` (this run's optimizer state, as initialized) holding the buffers of `saved` (an
   old checkpoint's optimizer state, raw) for optimizer `name`, its schedule at `step`; None
   where `saved` is not such a state of `name`."""
-  renames = CARRIED.get(name)
-  if renames is None:
+  renames = optimizers.REGISTRY.get(name).optax_buffers if name in optimizers.REGISTRY else {}
+  if not renames:
     return None
   old = _find(saved, tuple(renames))
   if old is None:

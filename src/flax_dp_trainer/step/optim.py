@@ -12,6 +12,7 @@ from flax_dp_trainer.model import blocks
 from flax_dp_trainer.step import optimizers
 from flax_dp_trainer.step import param_groups
 from flax_dp_trainer.step import schedules
+from flax_dp_trainer.step.optimizers import sgd
 
 CLIP_MODES = ('norm', 'value', 'agc')
 AGC_EPS = 1e-3  # timm's adaptive_clip_grad: the floor of a parameter's unit-wise norm.
@@ -20,7 +21,7 @@ AGC_EPS = 1e-3  # timm's adaptive_clip_grad: the floor of a parameter's unit-wis
 @dataclasses.dataclass(frozen=True)
 class OptimOptions:
   """What the optimizer is (the config's optimization fields, durations in steps)."""
-  optimizer: optimizers.Optimizer = optimizers.Optimizer('sgd', ())
+  optimizer: optimizers.Optimizer = optimizers.Optimizer(sgd.RECORD.name, ())
   schedule: schedules.ScheduleOptions = schedules.ScheduleOptions()
   groups: param_groups.GroupOptions = param_groups.GroupOptions()
   grad_clip_mode: str = 'norm'  # One of CLIP_MODES.

@@ -10,7 +10,9 @@ The arguments after `--` are the script's (torchvision's `references/classificat
 train.py`, timm's `train.py`), read as its own argparse reads them. The tool prints the
 table flag -> field -> value, the flags it cannot honour and why, and what differs before the
 global batch, and writes the config file (`--out`). Exit status: 0, or 1 where a flag that
-changes the training is left; 2 for a command it cannot read.
+changes the training is left; 2 for a command it cannot read. `--imports=MODULES` registers
+your own records first (an optimizer whose `timm=` form names timm's `--opt`), and the config
+written imports them.
 
 --check then starts both sides from the same weights on the same
 global batches (this trainer's, augmented) with the same mixing, in float32, and compares
@@ -26,8 +28,10 @@ import sys
 import tempfile
 
 from absl import flags
+from ml_collections import config_dict
 
 from flax_dp_trainer.base import cli
+from flax_dp_trainer.base import user_imports
 from flax_dp_trainer.base.errors import UserError
 
 FLAGS = flags.FLAGS
@@ -45,6 +49,9 @@ def _define_flags() -> None:
                        'the global batch is the per-process batch times this.')
   flags.DEFINE_multi_string('model_map', [], 'NAME=MODEL: the model here for the script\'s '
                             '--model NAME (a shipped model or pkg.mod:Port); repeatable.')
+  flags.DEFINE_string('imports', '', 'Comma-separated modules that register your own '
+                      'records (optimizers, schedules, models), imported before the '
+                      'translation and written as config.imports.')
   flags.DEFINE_string('out', None, 'Write the config file here (refused if it exists).')
   flags.DEFINE_bool('check', False, 'Train both sides and compare them, stage by stage.')
   flags.DEFINE_integer('steps', 20, 'With --check: the steps compared side by side.')
@@ -120,8 +127,13 @@ def _main(script_args: list[str]) -> int:
     raise UserError(f'--steps={FLAGS.steps}: compare 1 or more steps')
   if FLAGS.out and os.path.exists(FLAGS.out):
     raise UserError(f'--out={FLAGS.out} exists; nothing is overwritten: give a new path')
+  if FLAGS.imports:
+    user_imports.import_modules(config_dict.ConfigDict({'imports': FLAGS.imports}))
   translation = translate(script, script_args, FLAGS.nproc_per_node,
                           _model_map(FLAGS.model_map))
+  if FLAGS.imports:
+    translation.set(f'--imports={FLAGS.imports}', 'imports', FLAGS.imports,
+                    'the modules that register your records')
   print(translation.table(), flush=True)
   if FLAGS.out:
     with open(FLAGS.out, 'x', encoding='utf-8') as f:

@@ -40,6 +40,7 @@ from flax_dp_trainer.step.optimizers import adafactor
 from flax_dp_trainer.step.optimizers import muon
 
 Record, Kwarg, Rule, TimmForm = record.Record, record.Kwarg, record.Rule, record.TimmForm
+TorchvisionForm = record.TorchvisionForm
 Optimizer, REGISTRY = record.Optimizer, record.REGISTRY
 # The rules a keyword argument's value follows (`Kwarg.rule`), for a user's record too.
 UNIT, POSITIVE, NON_NEGATIVE, NEGATIVE = (record.UNIT, record.POSITIVE, record.NON_NEGATIVE,

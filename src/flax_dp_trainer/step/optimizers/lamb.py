@@ -32,6 +32,7 @@ def _algorithm(o: dict):
 
 RECORD = record.REGISTRY.register(record.Record(
     name='lamb',
+    optax_buffers={'mu': 'exp_avg', 'nu': 'exp_avg_sq'},
     doc="timm.optim.Lamb: Adam's direction with the decay, scaled by its trust ratio per tensor",
     kwargs=dict(adam.KWARGS, eps=record.Kwarg(1e-6, record.POSITIVE),
                 always_adapt=record.Kwarg(True, record.BOOL),

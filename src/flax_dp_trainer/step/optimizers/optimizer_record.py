@@ -73,6 +73,18 @@ class TimmForm:
   refused: str = ''  # Why timm's optimizer of this name does not translate to the record.
 
 
+@dataclasses.dataclass(frozen=True)
+class TorchvisionForm:
+  """How torchvision's `references/classification/train.py` builds a record's counterpart
+  under one `--opt` name (lowercased), for its translator (`recipe/from_torchvision.py`)."""
+  torch_class: str  # What the script builds, for the row's note.
+  prefix: bool = False  # Any name that begins with this one (the script's `sgd*`).
+  nesterov_in_name: bool = False  # Nesterov where the name holds 'nesterov' (sgd_nesterov).
+  momentum: bool = False  # Takes --momentum.
+  kwargs: tuple = ()  # Fixed optimizer_kwargs: the script's arguments to the class.
+  fields: tuple = ()  # (field, value, note) the script's construction fixes.
+
+
 # Per-leaf algorithms: `algorithm(options) -> (init_leaf, update_leaf)`, run by
 # `per_leaf.transformation` on each leaf (`per_leaf.Leaf`) with its own weight decay and rate.
 Algorithm = Callable[[dict], tuple[Callable, Callable]]
@@ -111,6 +123,10 @@ class Record:
   counterpart: str = ''
   to_torch: Optional[Callable[[dict], dict]] = None
   timm: Mapping[str, TimmForm] = dataclasses.field(default_factory=dict)  # By --opt name.
+  torchvision: Mapping[str, TorchvisionForm] = dataclasses.field(default_factory=dict)  # Same.
+  # Checkpoints written before the per-leaf records held optax's buffers: {optax's name: the
+  # algorithm's} where the algorithm stayed, so such runs resume (`step/old_states.py`).
+  optax_buffers: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     if (self.algorithm is None) == (self.factory is None):

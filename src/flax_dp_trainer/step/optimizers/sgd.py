@@ -46,6 +46,7 @@ def _algorithm(o: dict):
 
 RECORD = record.REGISTRY.register(record.Record(
     name='sgd',
+    optax_buffers={'trace': 'momentum'},
     doc='torch.optim.SGD: momentum (dampening 0), optional Nesterov, coupled weight decay',
     kwargs=dict(momentum=record.Kwarg(0.0, record.UNIT), nesterov=record.Kwarg(False, record.BOOL)),
     fields=dict(momentum='momentum', nesterov='nesterov'),
@@ -55,5 +56,7 @@ RECORD = record.REGISTRY.register(record.Record(
     check=lambda o, wd: check_nesterov('sgd', o),
     timm={'sgd': record.TimmForm('torch.optim.SGD, Nesterov', momentum=True, nesterov=True),
           'momentum': record.TimmForm('torch.optim.SGD', momentum=True, nesterov=False)},
+    torchvision={'sgd': record.TorchvisionForm('torch.optim.SGD', prefix=True,
+                                               nesterov_in_name=True, momentum=True)},
     counterpart='torch.optim.SGD',
     to_torch=lambda o: dict(momentum=o['momentum'], nesterov=o['nesterov'])))
