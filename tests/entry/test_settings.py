@@ -194,8 +194,8 @@ def test_answers_come_before_tensorflow_torch_and_a_jax_backend(no_tensorflow, t
 
 
 @pytest.mark.parametrize('values,line', [
-    (['--config.lr_schedule=tanh'], "error: lr_schedule='tanh': timm's TanhLRScheduler is out "
-     'of scope'),
+    (['--config.lr_schedule=plateau'], "error: lr_schedule='plateau': timm's "
+     'PlateauLRScheduler is out of scope: it needs the eval metric'),
     (['--config.lr_schedule=multistep', '--config.lr_milestones=30,10'],
      'error: --config.lr_milestones=30,10: the milestones must increase strictly'),
     (['--config.lr_schedule=multistep', '--config.lr_milestones=10,900'],

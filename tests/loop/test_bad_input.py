@@ -16,6 +16,7 @@ from flax_dp_trainer.data.kinds import tfds_datasets
 from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
+from flax_dp_trainer.step import optimizers
 from tests import REPO
 from tests import forked
 
@@ -140,9 +141,9 @@ CASES = {
         '--config.resize_images=True'),
     'unknown optimizer': (
         dict(optimizer='nosuch'),
-        "optimizer='nosuch' is unknown; choose one of sgd, adam, adamw, nadamw, rmsprop, lion, "
-        "lamb, lars, adafactor, muon or 'optax.NAME' or 'optax.contrib.NAME' "
-        '(--config.optimizer=NAME)'),
+        # Every registered name, sorted.
+        f"optimizer='nosuch' is unknown; choose one of {', '.join(optimizers.REGISTRY.names())} "
+        "or 'optax.NAME' or 'optax.contrib.NAME' (--config.optimizer=NAME)"),
     'a keyword the optimizer does not take': (
         dict(optimizer='lion', optimizer_kwargs=ml_collections.ConfigDict(dict(beta1=0.9))),
         'optimizer_kwargs.beta1: lion does not take it; it takes b1, b2'),

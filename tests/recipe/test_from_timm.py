@@ -245,7 +245,7 @@ def test_flags_that_change_nothing_leave_exit_0(imagenet_dir):
     (['--vflip', '0.5'], '--vflip'),
     (['--model-ema', '--model-ema-decay', '0.9999'], '--model-ema'),
     (['--cooldown-epochs', '2'], '--cooldown-epochs'),
-    (['--sched', 'tanh'], '--sched'),
+    (['--sched', 'plateau'], '--sched'),
     (['--opt', 'lookahead_adamw'], '--opt'),
 ])
 def test_flags_that_change_training_without_a_field_give_exit_1(imagenet_dir, extra, flag):

@@ -283,9 +283,10 @@ def test_what_this_trainer_cannot_follow_changes_training(argv, refused):
 
 
 @pytest.mark.parametrize('argv, words', [
-    (['--opt', 'lamb'], '--opt lamb: the script takes sgd'),
+    (['--opt', 'lamb'], '--opt lamb: the script takes adamw, rmsprop or sgd (any sgd* name), '
+     'and stops on any other'),
     (['--lr-scheduler', 'onecycle'],
-     '--lr-scheduler onecycle: the script takes cosineannealinglr, steplr or exponentiallr'),
+     '--lr-scheduler onecycle: the script takes cosineannealinglr, exponentiallr or steplr'),
     (['--lr-warmup-epochs', '2', '--lr-warmup-method', 'cosine'], '--lr-warmup-method cosine'),
     (['--auto-augment', 'rand-m9'], '--auto-augment rand-m9: presets.py takes'),
     (['--interpolation', 'cubic'], '--interpolation cubic: not an InterpolationMode'),

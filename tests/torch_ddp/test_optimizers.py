@@ -132,6 +132,11 @@ CASES = [
 ]
 
 
+def test_every_record_has_a_case():
+  """A shipped optimizer is tested here: its record's name has a case above."""
+  assert sorted({name for name, _, _ in CASES}) == optimizers.REGISTRY.names()
+
+
 @pytest.mark.parametrize('name,kwargs,peak', CASES,
                          ids=[f'{c[0]}-{i}' for i, c in enumerate(CASES)])
 def test_matches_counterpart(name, kwargs, peak):

@@ -19,7 +19,8 @@ Record = TypeVar('Record')
 
 
 class Registry(Generic[Record]):
-  """The records of one family, by name, in the order they were registered."""
+  """The records of one family, by name, listed in the order of their names (whatever order
+  their modules were imported in)."""
 
   def __init__(self, field: str):
     self.field = field  # The config field that names a record, e.g. 'optimizer'.
@@ -40,11 +41,11 @@ class Registry(Generic[Record]):
     return name in self._records
 
   def __iter__(self) -> Iterator[Record]:
-    return iter(self._records.values())
+    return iter([self._records[name] for name in self.names()])
 
   def names(self) -> list[str]:
-    """The registered names, in the order they were registered."""
-    return list(self._records)
+    """The registered names, sorted."""
+    return sorted(self._records)
 
   def by_alias(self, aliases: Callable[[Record], Iterable[str]]) -> dict[str, Record]:
     """{alias: its record} of the names `aliases(record)` gives each record: the names another
@@ -61,7 +62,7 @@ class Registry(Generic[Record]):
     """The one line for a name no record has: the near one, the names, the flag to set."""
     near = self.near(name)
     guess = f'did you mean {near!r}? ' if near else ''
-    choices = ', '.join(self._records) + (f' or {others}' if others else '')
+    choices = ', '.join(self.names()) + (f' or {others}' if others else '')
     return UserError(f'{self.field}={name!r} is unknown; {guess}choose one of {choices} '
                      f'(--config.{self.field}=NAME)')
 

@@ -92,7 +92,7 @@ def apply_command_line(config, overridden) -> list[str]:
     if field in overridden and config.optimizer not in readers:
       raise UserError(f'{field}={config[field]!r} has no effect with optimizer='
                       f'{config.optimizer!r} (only {", ".join(readers)} read it); drop '
-                      f'--config.{field} or pass --config.optimizer={readers[0]}')
+                      f'--config.{field} or pass --config.optimizer={min(readers, key=len)}')
   return cleared
 
 

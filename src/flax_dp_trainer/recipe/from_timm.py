@@ -666,21 +666,25 @@ def _param_groups(ctx: _Context) -> None:
     raise UserError(f"--clip-mode {args.clip_mode}: timm's train.py clips by norm, value or agc")
 
 
-_CYCLES = ('cosine', 'poly', 'wsd', 'rsqrt')  # Where timm adds --cooldown-epochs to the run.
+# timm's --sched names (its scheduler factory's), and those it adds --cooldown-epochs to.
+_TIMM_SCHEDULES = ('cosine', 'tanh', 'step', 'constant', 'multistep', 'plateau', 'poly', 'wsd',
+                   'rsqrt', 'none')
+_CYCLES = ('cosine', 'tanh', 'poly', 'wsd', 'rsqrt')
+_RESTARTS = ('cosine', 'tanh', 'poly')  # Those taking --lr-cycle-limit.
 
 
 def _schedule(ctx: _Context, peak: float) -> None:
   args = ctx.args
   sched = args.sched
-  if sched in ('tanh', 'plateau'):
+  known = {name: record.name for name, record in
+           schedules.REGISTRY.by_alias(lambda record: record.timm_names).items()}
+  if sched not in _TIMM_SCHEDULES:
+    raise UserError(f"--sched {sched}: timm's scheduler factory has no such schedule; it has "
+                    f'{", ".join(_TIMM_SCHEDULES)}')
+  if sched not in known:
     ctx.refuse('sched', f"timm's {sched} schedule is not offered here"
                f'{_unnamed(schedules.REGISTRY, "timm_names")}')
     return
-  known = {name: record.name for name, record in
-           schedules.REGISTRY.by_alias(lambda record: record.timm_names).items()}
-  if sched not in known:
-    raise UserError(f"--sched {sched}: timm's scheduler factory has no such schedule; it has "
-                    f'{", ".join(list(known) + ["tanh", "plateau"])}')
   warmup = 0 if sched == 'none' else args.warmup_epochs
   epochs = args.epochs + (warmup if args.warmup_prefix else 0)
   ctx.set('sched', 'lr_schedule', known[sched],
@@ -710,7 +714,7 @@ def _schedule_kind(ctx: _Context, sched: str, warmup: int) -> None:
   args = ctx.args
   if sched in ('cosine', 'poly') and args.lr_k_decay != 1:
     ctx.refuse('lr_k_decay', 'k-decay of the schedule: no field')
-  if sched in ('cosine', 'poly') and args.lr_cycle_limit > 1:
+  if sched in _RESTARTS and args.lr_cycle_limit > 1:
     ctx.refuse('lr_cycle_limit', 'restarts of the schedule: no field')
   if args.lr_noise is not None and sched != 'none':
     ctx.refuse('lr_noise', 'noise on the rate: no field')
@@ -853,8 +857,8 @@ def _rules() -> tuple[_Rule, ...]:
             lambda a: a.sched not in _CYCLES),
       _Rule('lr_k_decay', 'the cosine and poly schedules only', False,
             lambda a: a.sched not in ('cosine', 'poly')),
-      _Rule('lr_cycle_limit', 'the cosine and poly schedules only', False,
-            lambda a: a.sched not in ('cosine', 'poly')),
+      _Rule('lr_cycle_limit', 'the cosine, tanh and poly schedules only', False,
+            lambda a: a.sched not in _RESTARTS),
       _Rule('mixup_mode', 'only with Mixup or CutMix', False,
             lambda a: not (a.mixup > 0 or a.cutmix > 0 or a.cutmix_minmax is not None)),
       _Rule('mixup_off_epoch', 'only with Mixup or CutMix', False,

@@ -16,7 +16,9 @@ with per-leaf weight-decay and learning-rate factors (the parameter groups of th
     optax_route  'optax.NAME' / 'optax.contrib.NAME' as a record
 """
 
+import importlib
 import inspect
+import pkgutil
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,17 +29,14 @@ from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.step.optimizers import optimizer_record as record
 from flax_dp_trainer.step.optimizers import per_leaf
 from flax_dp_trainer.step.optimizers import optax_route
-# The shipped records, registered in this order (the order of the docs' table and the lines).
-from flax_dp_trainer.step.optimizers import sgd  # pylint: disable=unused-import
-from flax_dp_trainer.step.optimizers import adam  # pylint: disable=unused-import
-from flax_dp_trainer.step.optimizers import adamw  # pylint: disable=unused-import
-from flax_dp_trainer.step.optimizers import nadamw  # pylint: disable=unused-import
-from flax_dp_trainer.step.optimizers import rmsprop  # pylint: disable=unused-import
-from flax_dp_trainer.step.optimizers import lion  # pylint: disable=unused-import
-from flax_dp_trainer.step.optimizers import lamb  # pylint: disable=unused-import
-from flax_dp_trainer.step.optimizers import lars  # pylint: disable=unused-import
 from flax_dp_trainer.step.optimizers import adafactor
 from flax_dp_trainer.step.optimizers import muon
+
+# The shipped records: each module of this package registers its own as it is imported (a new
+# one is its file alone).
+for _module in pkgutil.iter_modules(__path__):
+  importlib.import_module(f'{__name__}.{_module.name}')
+del _module
 
 Record, Kwarg, Rule, TimmForm = record.Record, record.Kwarg, record.Rule, record.TimmForm
 TorchvisionForm = record.TorchvisionForm

@@ -30,9 +30,11 @@ writes it). 'rsqrt' always decays linearly (timm's default for it); decay_shape 
     plan         ScheduleOptions, the Plan the formulas use, the arithmetic they share
     schedule_record  Record, Warmup, their registries
     cosine constant linear poly step_decay multistep exponential wsd rsqrt   one schedule each
-    linear_warmup constant_warmup                                           one warm-up each
+    linear_warmup constant_warmup      one warm-up each (every module registers its own)
 """
 
+import importlib
+import pkgutil
 from typing import Optional
 
 import jax.numpy as jnp
@@ -41,18 +43,13 @@ import optax
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.step.schedules import plan as plan_lib
 from flax_dp_trainer.step.schedules import schedule_record as record
-# The shipped records, registered in this order (the order of the lists and the docs' table).
-from flax_dp_trainer.step.schedules import cosine  # pylint: disable=unused-import
-from flax_dp_trainer.step.schedules import constant  # pylint: disable=unused-import
-from flax_dp_trainer.step.schedules import linear  # pylint: disable=unused-import
-from flax_dp_trainer.step.schedules import step_decay  # pylint: disable=unused-import
-from flax_dp_trainer.step.schedules import multistep  # pylint: disable=unused-import
-from flax_dp_trainer.step.schedules import exponential  # pylint: disable=unused-import
-from flax_dp_trainer.step.schedules import poly  # pylint: disable=unused-import
 from flax_dp_trainer.step.schedules import wsd
-from flax_dp_trainer.step.schedules import rsqrt  # pylint: disable=unused-import
-from flax_dp_trainer.step.schedules import linear_warmup  # pylint: disable=unused-import
-from flax_dp_trainer.step.schedules import constant_warmup  # pylint: disable=unused-import
+
+# The shipped records: each module of this package registers its own as it is imported (a new
+# one is its file alone).
+for _module in pkgutil.iter_modules(__path__):
+  importlib.import_module(f'{__name__}.{_module.name}')
+del _module
 
 ScheduleOptions, Record, Warmup = plan_lib.ScheduleOptions, record.Record, record.Warmup
 REGISTRY, WARMUPS = record.REGISTRY, record.WARMUPS
@@ -62,7 +59,6 @@ DECAY_SHAPES, UNITS = wsd.DECAY_SHAPES, plan_lib.UNITS
 
 # timm schedules not built here, and why (check() names them in one line).
 _OUT_OF_SCOPE = {
-    'tanh': "timm's TanhLRScheduler is out of scope; use --config.lr_schedule=cosine",
     'plateau': ("timm's PlateauLRScheduler is out of scope: it needs the eval metric, which the "
                 "train step does not see; choose another --config.lr_schedule"),
 }
@@ -80,7 +76,7 @@ def check(options: ScheduleOptions) -> None:
   it: raised before anything is compiled, since a bad schedule only shows in the rates. The
   checks every schedule shares, then its record's own."""
   o = options
-  if o.schedule in _OUT_OF_SCOPE:
+  if o.schedule in _OUT_OF_SCOPE and o.schedule not in REGISTRY:
     raise UserError(f'lr_schedule={o.schedule!r}: {_OUT_OF_SCOPE[o.schedule]}')
   found = REGISTRY.get(o.schedule)
   WARMUPS.get(o.warmup_method)
@@ -138,7 +134,9 @@ def learning_rate_schedule(options: ScheduleOptions) -> optax.Schedule:
   plan = _plan(options)
   main, warm_up = REGISTRY.get(options.schedule), WARMUPS.get(options.warmup_method)
   warmup = options.warmup_steps
-  peak, start = plan.peak, plan.start
+  start, target = plan.start, plan.peak
+  if main.warmup_to_own_rate and not plan.offset:
+    target = main.rate(plan, jnp.int32(warmup))
 
   def schedule(count):
     count = _whole(count)
@@ -147,7 +145,7 @@ def learning_rate_schedule(options: ScheduleOptions) -> optax.Schedule:
     rate = main.rate(plan, count - plan.offset)
     if warmup == 0:
       return rate
-    warm = warm_up.rate(start, peak, count, warmup)
+    warm = warm_up.rate(start, target, count, warmup)
     return jnp.where(count < warmup, warm, rate).astype(jnp.float32)
 
   return schedule

@@ -39,6 +39,9 @@ class Record:
   decays: bool = True  # False: the rate holds (a warm-up may last the whole run).
   # Its clock starts after the warm-up whatever warmup_prefix says (timm's WSD scheduler).
   always_prefix: bool = False
+  # With its clock at update 0 (warmup_prefix=False), the warm-up rises to this schedule's own
+  # rate at the warm-up's end, not to the peak (timm's TanhLRScheduler).
+  warmup_to_own_rate: bool = False
   # Whose scheduler `torch_counterpart` names first: 'torchvision' (its classification
   # reference offers it; stepped per epoch that is the recipe's), 'torch' or 'timm'.
   reference: str = 'timm'
