@@ -112,6 +112,7 @@ def _run(name, kwargs, peak, steps=STEPS, momentum=0.0, nesterov=False):
 CASES = [
     ('sgd', dict(momentum=0.9, nesterov=True), 0.1),
     ('sgd', dict(), 0.1),
+    ('sgdw', dict(momentum=0.9, nesterov=True), 0.1),
     ('adam', dict(), 1e-2),
     ('adamw', dict(b2=0.95), 1e-2),
     ('nadamw', dict(), 1e-2),
