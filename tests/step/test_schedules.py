@@ -184,6 +184,17 @@ TIMM_CASES = [
         power=0.5, **EPOCH),
      lambda o: V2(o, 'poly', num_epochs=18, warmup_epochs=2, warmup_lr=1e-4, decay_rate=0.5,
                   warmup_prefix=True)),
+    # timm's tanh warms up, without a prefix, to its own rate at the warm-up's end.
+    ('tanh-no-prefix', ScheduleOptions(
+        schedule='tanh', num_train_steps=100, warmup_steps=10, warmup_learning_rate=1e-4,
+        min_learning_rate=1e-3, warmup_prefix=False),
+     lambda o: T.TanhLRScheduler(o, t_initial=100, lr_min=1e-3, warmup_t=10,
+                                 warmup_lr_init=1e-4, t_in_epochs=False)),
+    ('tanh-factory-prefix-per-epoch', ScheduleOptions(
+        schedule='tanh', num_train_steps=140, warmup_steps=14, warmup_learning_rate=1e-4,
+        **EPOCH),
+     lambda o: V2(o, 'tanh', num_epochs=18, warmup_epochs=2, warmup_lr=1e-4,
+                  warmup_prefix=True)),
     ('linear-as-poly', ScheduleOptions(
         schedule='linear', num_train_steps=90, min_learning_rate=1e-3),
      lambda o: T.PolyLRScheduler(o, t_initial=90, power=1.0, lr_min=1e-3, t_in_epochs=False)),
