@@ -372,6 +372,14 @@ COMMAND_LINE_ALONE = [
      "error: model='resnet9' is unknown; choose one of: cnn, cnn_bn, mlp, resnet101"),
     (['--cpu_devices=0'], 2, 'error: --cpu_devices=0 must be a positive device count'),
     # PyTorch's --resume: not absl's nearest flag, which does something else.
+    # Settings that nothing reads (`test_unread_fields`): each trained without a word.
+    (['--config.lr_milestones=5,10', '--config.lr_gamma=0.5'], 2,
+     "error: lr_milestones='5,10' applies to lr_schedule='multistep'; this run's lr_schedule "
+     "is 'cosine'"),
+    (['--config.lr_schedule=multistep'], 2,
+     "error: lr_schedule='multistep' has no milestones: it would hold the rate constant"),
+    (['--config.grad_clip_mode=agc'], 2,
+     "error: grad_clip_mode='agc' clips nothing with grad_clip_norm=0 (clipping off)"),
     (['--resume=checkpoint.pth'], 2, 'error: --resume: this trainer resumes by itself: run '
      'the same command again (the same --workdir) and it continues from the newest '
      'checkpoint there. --resume_with_changes is for something else'),

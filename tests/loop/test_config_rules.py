@@ -70,9 +70,10 @@ def test_a_field_the_optimizer_does_not_read_is_refused():
   with pytest.raises(UserError) as error:
     checks.command_line_config(flag)
   assert str(error.value) == (
-      "momentum=0.8 has no effect with optimizer='adamw' (only "
-      f"{', '.join(optimizers.readers('momentum'))} read it); drop --config.momentum or pass "
-      '--config.optimizer=sgd')
+      "momentum=0.8 applies to optimizer="
+      f"{', '.join(map(repr, optimizers.readers('momentum')[:-1]))} or "
+      f"{optimizers.readers('momentum')[-1]!r}; this run's optimizer is 'adamw': drop "
+      '--config.momentum or pass --config.optimizer=sgd')
   assert 'rmsprop' in optimizers.readers('momentum')
   # From the config file it is no one's choice: the default's SGD momentum stays quietly.
   checks.command_line_config(_flag('default', '--config.optimizer=adamw'))

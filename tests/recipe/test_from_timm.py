@@ -23,6 +23,7 @@ from flax_dp_trainer.configs import imagenet_deit_s16
 from flax_dp_trainer.loop import checks
 from flax_dp_trainer.loop import durations
 from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.loop import unread_fields
 from flax_dp_trainer.recipe import from_timm
 from flax_dp_trainer.recipe import timm_args
 from flax_dp_trainer.recipe import timm_side
@@ -418,3 +419,18 @@ def test_the_checks_timm_model_takes_img_size_where_its_constructor_does():
   vit = timm_side.create_model(timm_args.parse(['--model', 'deit_tiny_patch16_224',
                                                 '--img-size', '32', '--num-classes', '3']))
   assert vit.patch_embed.img_size == (32, 32)
+
+
+def test_the_docs_deit_command_passes_the_unread_fields_rule(deit, tmp_path):
+  """The config written for docs/recipes.md's DeiT command sets no field its records ignore."""
+  unread_fields.check(_config(deit, tmp_path))
+
+
+def test_min_lr_of_a_schedule_without_a_floor_is_dropped_as_timm_drops_it(imagenet_dir):
+  """timm's step schedule has no lr_min: --min-lr is said and not written (the run's
+  min_learning_rate, which no step schedule reads, would be refused)."""
+  t = from_timm.translate(DEIT + ['--sched', 'step', '--min-lr', '1e-5', '--data-dir',
+                                  imagenet_dir], NPROC, DEIT_MAP)
+  assert 'min_learning_rate' not in t.fields()
+  assert [(u.flag, u.changes_training) for u in t.unhonoured if 'min-lr' in u.flag] == [
+      ('--min-lr 1e-05', False)]

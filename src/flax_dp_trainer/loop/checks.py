@@ -21,6 +21,7 @@ from flax_dp_trainer.step import schedules
 from flax_dp_trainer.loop import augmentation_checks
 from flax_dp_trainer.loop import durations
 from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.loop import unread_fields
 from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.base import user_imports
 from flax_dp_trainer.checkpoint import checkpointer
@@ -90,9 +91,8 @@ def apply_command_line(config, overridden) -> list[str]:
   for field in OPTIMIZER_FIELDS:
     readers = optimizers.readers(field)
     if field in overridden and config.optimizer not in readers:
-      raise UserError(f'{field}={config[field]!r} has no effect with optimizer='
-                      f'{config.optimizer!r} (only {", ".join(readers)} read it); drop '
-                      f'--config.{field} or pass --config.optimizer={min(readers, key=len)}')
+      raise unread_fields.refusal(field, config[field], 'optimizer', config.optimizer,
+                                  list(readers))
   return cleared
 
 
@@ -183,6 +183,7 @@ def check_fields(config, *, process_count: int, local_device_count: Optional[int
   _choice('remat', config.remat, tuple(trace_context.REMAT_POLICIES))
   _choice('pos_embedding_resize', config.pos_embedding_resize, vit.POS_EMBEDDING_RESIZE)
   _check_optimizer(config)
+  unread_fields.check(config)
   _choice('dtype', config.dtype, DTYPES)
   _choice('step_backend', config.step_backend, parallel.BACKENDS)
   _choice('state_sharding', config.state_sharding, parallel.STATE_SHARDINGS)

@@ -702,7 +702,11 @@ def _schedule(ctx: _Context, peak: float) -> None:
                'the warm-up rises')
   elif warmup:
     ctx.set('warmup_lr', 'warmup_learning_rate', args.warmup_lr)
-  ctx.set('min_lr', 'min_learning_rate', float(args.min_lr))
+  if 'min_learning_rate' in schedules.REGISTRY.get(known[sched]).fields:
+    ctx.set('min_lr', 'min_learning_rate', float(args.min_lr))
+  elif 'min_lr' in ctx.parsed.given:
+    ctx.refuse('min_lr', f"timm's {sched} schedule has no floor: it drops --min-lr",
+               changes_training=False)
   _schedule_kind(ctx, sched, warmup)
   if args.cooldown_epochs and sched in _CYCLES:
     ctx.refuse('cooldown_epochs', f'{args.cooldown_epochs} epochs held at --min-lr after the '

@@ -12,6 +12,7 @@ def _rate(plan, t):
 
 RECORD = record.REGISTRY.register(record.Record(
     name='cosine', doc='half a cosine from the peak to min_learning_rate',
+    fields=record.FLOOR,
     rate=_rate,
     text=lambda plan: (f'cosine from {p.num(plan.peak)} to {p.num(plan.floor)} over '
                        f'{plan.length} updates'),

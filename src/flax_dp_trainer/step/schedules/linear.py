@@ -14,6 +14,7 @@ def _torch(plan):
 
 RECORD = record.REGISTRY.register(record.Record(
     name='linear', doc='a straight line from the peak to min_learning_rate',
+    fields=record.FLOOR,
     rate=lambda plan, t: plan.floor + (plan.peak - plan.floor) * p.fraction_left(t, plan.length),
     text=lambda plan: (f'linear from {p.num(plan.peak)} to {p.num(plan.floor)} over '
                        f'{plan.length} updates'),

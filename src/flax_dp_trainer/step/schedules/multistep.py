@@ -11,8 +11,12 @@ from flax_dp_trainer.step.schedules import step_decay
 
 
 def _check(o) -> None:
-  """lr_gamma above 0; milestones that increase and fire within the run."""
+  """lr_gamma above 0; milestones, that increase and fire within the run."""
   step_decay.check_gamma(o)
+  if not o.milestones:
+    raise UserError("lr_schedule='multistep' has no milestones: it would hold the rate "
+                    'constant; set --config.lr_milestones=20,40 (updates) or '
+                    '--config.lr_milestone_epochs=30,60')
   flag = f'--config.lr_milestones={",".join(str(m) for m in o.milestones)}'
   if any(b <= a for a, b in zip(o.milestones, o.milestones[1:])):
     raise UserError(f'{flag}: the milestones must increase strictly (updates, e.g. '

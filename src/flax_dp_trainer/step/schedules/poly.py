@@ -31,6 +31,6 @@ RECORD = record.REGISTRY.register(record.Record(
     timm=lambda plan: (f'PolyLRScheduler(t_initial={p.ticks(plan, plan.length)}, '
                        f'power={p.num(plan.options.power)}, lr_min={p.num(plan.floor)}, '
                        f'{p.timm_warmup(plan)})'),
-    fields=('lr_power',),
+    fields=record.FLOOR + ('lr_power',),
     check=check_power,
     timm_names=('poly',)))

@@ -31,7 +31,7 @@ RECORD = record.REGISTRY.register(record.Record(
                                f'for {plan.length - plan.decay_length} updates', 'linear'),
     timm=lambda plan: wsd.timm(plan, f"stable_fn='rsqrt', stable_timescale="
                                f'{p.ticks(plan, plan.timescale)}', 'linear'),
-    fields=('lr_decay_fraction', 'lr_rsqrt_timescale'),
+    fields=record.FLOOR + ('lr_decay_fraction', 'lr_rsqrt_timescale'),
     check=_check,
     always_prefix=True,
     timm_names=('rsqrt',)))

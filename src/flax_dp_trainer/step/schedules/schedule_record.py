@@ -32,7 +32,9 @@ class Record:
   # '' where no scheduler is needed (a constant rate).
   torch: Callable[[plan_lib.Plan], Optional[str]] = _none
   timm: Callable[[plan_lib.Plan], Optional[str]] = _none  # timm's scheduler, or None.
-  # The config fields it reads besides the warm-up's, the durations and the peak.
+  # The config fields it reads besides the warm-up's, the durations, the unit and the peak
+  # (the floor's, `FLOOR`, where it ends at one); a field that the run's schedule does not
+  # read and that differs from the default config's is refused (`loop/unread_fields.py`).
   fields: tuple[str, ...] = ()
   # A UserError of one line for options this schedule cannot run (after the common checks).
   check: Optional[Callable[[plan_lib.ScheduleOptions], None]] = None
@@ -65,6 +67,9 @@ class Warmup:
   torch: Callable[[float, str], Optional[str]]
   timm: bool = False  # timm warms up this way.
 
+
+# The fields of the floor the decaying schedules end at (`Plan.floor`), for their `fields`.
+FLOOR = ('min_learning_rate', 'end_learning_rate_factor')
 
 REGISTRY: registry.Registry[Record] = registry.Registry('lr_schedule')
 WARMUPS: registry.Registry[Warmup] = registry.Registry('warmup_method')

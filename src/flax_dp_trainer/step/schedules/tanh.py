@@ -23,6 +23,7 @@ def _rate(plan, t):
 
 RECORD = record.REGISTRY.register(record.Record(
     name='tanh', doc="timm's tanh decay (from -7 to 3) from the peak to min_learning_rate",
+    fields=record.FLOOR,
     rate=_rate,
     text=lambda plan: (f'tanh from {p.num(plan.peak)} to {p.num(plan.floor)} over '
                        f'{plan.length} updates'),

@@ -93,7 +93,7 @@ RECORD = record.REGISTRY.register(record.Record(
                            f'{plan.length - plan.decay_length} updates',
                            plan.options.decay_shape),
     timm=lambda plan: timm(plan, "stable_fn='constant'", plan.options.decay_shape),
-    fields=('lr_decay_fraction', 'lr_decay_shape', 'lr_power'),
+    fields=record.FLOOR + ('lr_decay_fraction', 'lr_decay_shape', 'lr_power'),
     check=_check,
     always_prefix=True,
     timm_names=('wsd',)))

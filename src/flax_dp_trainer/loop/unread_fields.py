@@ -1,0 +1,64 @@
+"""A setting that nothing reads is refused. A field of the step's families belongs to the
+records that read it (an optimizer's `fields`, a schedule's `fields`): where its value differs
+from the default config's and the run's chosen record does not read it, the run would train
+as if it were not set, so the start stops with one line naming the records that would read
+it. So does a clipping mode other than the default's with clipping off. Judged on the config
+as the run starts (the shipped config, the user's file, the command line); a checkpoint's
+recorded config is never judged."""
+
+import dataclasses
+from typing import Callable
+
+from flax_dp_trainer.base import registry
+from flax_dp_trainer.base.errors import UserError
+from flax_dp_trainer.configs import default
+from flax_dp_trainer.step import optimizers
+from flax_dp_trainer.step import schedules
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """The records a config field names, and the config fields each reads."""
+  field: str  # The config field naming the record ('optimizer').
+  records: registry.Registry
+  lookup: Callable  # name -> its record (UserError where there is none).
+  reads: Callable  # record -> the config fields it reads.
+
+
+FAMILIES = (
+    Family('optimizer', optimizers.REGISTRY, optimizers.lookup, lambda r: tuple(r.fields)),
+    Family('lr_schedule', schedules.REGISTRY, schedules.REGISTRY.get, lambda r: r.fields),
+)
+
+
+def refusal(field: str, value, family: str, chosen: str, readers: list[str]) -> UserError:
+  """The one line for `field` (its `value`), which only `readers` of `family` read, in a run
+  whose record is `chosen`."""
+  named = ', '.join(f'{r!r}' for r in readers[:-1]) + (' or ' if len(readers) > 1 else '')
+  shipped = default.get_config()[family]
+  return UserError(f'{field}={value!r} applies to {family}={named}{readers[-1]!r}; this run\'s '
+                   f'{family} is {chosen!r}: drop --config.{field} or pass '
+                   f'--config.{family}={shipped if shipped in readers else readers[0]}')
+
+
+def check(config) -> None:
+  """UserError, one line, for the first field no chosen record reads that differs from the
+  default config's (`config`: the run's, its imports done so that a user's records count)."""
+  shipped = default.get_config()
+  if config.grad_clip_mode != shipped.grad_clip_mode and not config.grad_clip_norm:
+    raise UserError(f'grad_clip_mode={config.grad_clip_mode!r} clips nothing with '
+                    'grad_clip_norm=0 (clipping off); set its threshold, e.g. '
+                    f'--config.grad_clip_norm={0.01 if config.grad_clip_mode == "agc" else 1.0}, '
+                    'or drop --config.grad_clip_mode')
+  for family in FAMILIES:
+    chosen = family.lookup(config[family.field])
+    owners: dict[str, list[str]] = {}
+    for record in family.records:
+      for field in family.reads(record):
+        owners.setdefault(field, []).append(record.name)
+    # The most particular first: lr_milestones (multistep's) before lr_gamma (three's).
+    for field, readers in sorted(owners.items(), key=lambda item: len(item[1])):
+      if (field in family.reads(chosen) or field not in config or field not in shipped
+          or config[field] == shipped[field]):
+        continue
+      raise refusal(field, config[field], family.field, config[family.field], readers)
