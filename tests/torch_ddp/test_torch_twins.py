@@ -295,10 +295,22 @@ def test_the_twins_losses_are_optaxs(loss, mixed):
       OPTAX_LOSSES[loss](logits, one_hot[labels]), rtol=1e-6, atol=1e-6)
 
 
-def test_the_twin_refuses_an_unknown_loss():
+def test_every_loss_record_has_its_reference():
+  assert sorted(OPTAX_LOSSES) == losses.REGISTRY.names()
+
+
+def test_the_twin_refuses_a_loss_without_a_counterpart(monkeypatch):
+  """A registered loss (a user's) with no torch counterpart the twin computes: one line; an
+  unknown name: the registry's line, with "did you mean"."""
   logits, labels = torch.zeros(2, 3), torch.zeros(2, dtype=torch.long)
-  with pytest.raises(UserError, match=r"^loss='l2' has no DDP twin; the twin supports "
-                                      r"'softmax_xent', 'sigmoid_xent'"):
+  # pylint: disable-next=protected-access
+  monkeypatch.setitem(losses.REGISTRY._records, 'l2', losses.Record(
+      name='l2', doc='squared error', per_example=lambda x, t: ((x - t) ** 2).sum(-1)))
+  with pytest.raises(UserError, match=r"^loss='l2' has no DDP twin; the twin computes "
+                                      r"'sigmoid_xent', 'softmax_xent' \(--config.loss=...\)$"):
     ddp_step.batch_loss(logits, labels, loss='l2')
   with pytest.raises(UserError, match="loss='l2' has no DDP twin"):
     ddp_step.example_losses(logits, labels, 'l2')
+  with pytest.raises(UserError, match="^loss='softmax_xnet' is unknown; did you mean "
+                                      "'softmax_xent'"):
+    ddp_step.batch_loss(logits, labels, loss='softmax_xnet')

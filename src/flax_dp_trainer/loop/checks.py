@@ -179,7 +179,7 @@ def check_fields(config, *, process_count: int, local_device_count: Optional[int
     if not isinstance(value, int) or value <= 0:
       raise UserError(f'{field}={value!r} must be a positive integer (--config.{field}=N)')
   model_source.check_name(config.model)
-  _choice('loss', config.loss, tuple(losses.LOSSES))
+  losses.REGISTRY.get(config.loss)
   _choice('remat', config.remat, tuple(trace_context.REMAT_POLICIES))
   _choice('pos_embedding_resize', config.pos_embedding_resize, vit.POS_EMBEDDING_RESIZE)
   _check_optimizer(config)

@@ -33,6 +33,7 @@ from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.base.errors import UserError
+from flax_dp_trainer.step import losses
 from flax_dp_trainer.step import optimizers
 from flax_dp_trainer.torch_ddp import models as torch_models
 from flax_dp_trainer.torch_ddp import torch_param_groups as twin_groups
@@ -340,13 +341,10 @@ class Mixing:
     return x.contiguous(memory_format=normalize.memory_format), targets
 
 
-# `config.loss` names the twin computes (losses.py's, in torch).
-LOSSES = ('softmax_xent', 'sigmoid_xent')
-
-
 def _unknown_loss(loss: str) -> UserError:
-  return UserError(f'loss={loss!r} has no DDP twin; the twin supports '
-                   f'{", ".join(map(repr, LOSSES))} (--config.loss=...)')
+  taken = [r.name for r in losses.REGISTRY if r.counterpart in _COUNTERPARTS]
+  return UserError(f'loss={loss!r} has no DDP twin; the twin computes '
+                   f'{", ".join(map(repr, taken))} (--config.loss=...)')
 
 
 def dense_targets(labels: torch.Tensor, num_classes: int, *,
@@ -370,29 +368,44 @@ def sigmoid_xent(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
       logits, targets, reduction='none').sum(-1)
 
 
+def _cross_entropy(logits, labels, targets, label_smoothing, reduction):
+  return torch.nn.functional.cross_entropy(logits, labels if targets is None else targets,
+                                           label_smoothing=label_smoothing, reduction=reduction)
+
+
+def _summed_bce(logits, labels, targets, label_smoothing, reduction):
+  per_example = sigmoid_xent(logits, dense_targets(labels, logits.shape[-1], targets=targets,
+                                                   label_smoothing=label_smoothing))
+  return per_example.mean() if reduction == 'mean' else per_example
+
+
+# The torch losses of the loss records' counterparts (`losses.Record.counterpart`), each
+# `(logits, labels, targets or None, label_smoothing, reduction) -> the loss`.
+_COUNTERPARTS = {'torch.nn.CrossEntropyLoss': _cross_entropy,
+                 'torch.nn.BCEWithLogitsLoss, summed over the classes': _summed_bce}
+
+
+def _counterpart(loss: str):
+  """The torch loss of the record `loss` names; UserError where the twin has none."""
+  found = _COUNTERPARTS.get(losses.REGISTRY.get(loss).counterpart)
+  if found is None:
+    raise _unknown_loss(loss)
+  return found
+
+
 def batch_loss(logits: torch.Tensor, labels: torch.Tensor, *, loss: str = 'softmax_xent',
                targets: Optional[torch.Tensor] = None,
                label_smoothing: float = 0.0) -> torch.Tensor:
   """The training loss `loss` (`config.loss`) of float `logits`, averaged over the batch:
   against `targets` (soft, label smoothing applied on top) where given, else `labels`."""
-  if loss == 'softmax_xent':
-    return torch.nn.functional.cross_entropy(
-        logits, labels if targets is None else targets, label_smoothing=label_smoothing)
-  if loss == 'sigmoid_xent':
-    return sigmoid_xent(logits, dense_targets(labels, logits.shape[-1], targets=targets,
-                                              label_smoothing=label_smoothing)).mean()
-  raise _unknown_loss(loss)
+  return _counterpart(loss)(logits, labels, targets, label_smoothing, 'mean')
 
 
 def example_losses(logits: torch.Tensor, labels: torch.Tensor,
                    loss: str = 'softmax_xent') -> torch.Tensor:
   """Per-example `loss` of float `logits` against one-hot `labels`, unsmoothed (evaluation's
   eval_loss)."""
-  if loss == 'softmax_xent':
-    return torch.nn.functional.cross_entropy(logits, labels, reduction='none')
-  if loss == 'sigmoid_xent':
-    return sigmoid_xent(logits, dense_targets(labels, logits.shape[-1]))
-  raise _unknown_loss(loss)
+  return _counterpart(loss)(logits, labels, None, 0.0, 'none')
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, precision: Precision,

@@ -4,40 +4,39 @@ A loss is `loss(logits, targets) -> per-example loss`: `logits` (batch, num_clas
 `targets` (batch, num_classes) float32, always dense: one-hot labels, label-smoothed and
 Mixup/CutMix-mixed where the config says so (`targets`). The step averages the per-example
 losses over the global batch; evaluation's `eval_loss` is the same loss against one-hot
-targets.
+targets. Each name is one record (`loss_record.Record`), one module each:
 
-  softmax_xent  softmax cross-entropy (the default; torch's `CrossEntropyLoss`).
-  sigmoid_xent  per-class binary cross-entropy of each logit, SUMMED over the classes (as
-                big_vision sums it). torch's `BCEWithLogitsLoss` averages over the classes by
-                default: the sum is num_classes times that mean, so its gradients, and with
-                them the effective learning rate, are num_classes times larger.
+    loss_record   Record, REGISTRY
+    softmax_xent  softmax cross-entropy (the default; torch's `CrossEntropyLoss`)
+    sigmoid_xent  per-class binary cross-entropy, summed over the classes (big_vision's)
 """
 
-from typing import Callable, Optional
+import importlib
+import pkgutil
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
 import optax
 
-Loss = Callable[[jax.Array, jax.Array], jax.Array]
+from flax_dp_trainer.step.losses import loss_record as record
 
+# The shipped records: each module of this package registers its own as it is imported (a new
+# one is its file alone).
+for _module in pkgutil.iter_modules(__path__):
+  importlib.import_module(f'{__name__}.{_module.name}')
+del _module
 
-def softmax_xent(logits: jax.Array, targets: jax.Array) -> jax.Array:
-  """Per-example softmax cross-entropy against dense targets."""
-  return optax.softmax_cross_entropy(logits, targets)
-
-
-def sigmoid_xent(logits: jax.Array, targets: jax.Array) -> jax.Array:
-  """Per-example binary cross-entropy of every class's logit, summed over the classes."""
-  return jnp.sum(optax.sigmoid_binary_cross_entropy(logits, targets), axis=-1)
-
-
-LOSSES = {'softmax_xent': softmax_xent, 'sigmoid_xent': sigmoid_xent}
+Loss, Record, REGISTRY = record.Loss, record.Record, record.REGISTRY
+# The shipped functions by their names, for `fit(loss=...)` and the step's default.
+softmax_xent = REGISTRY.get('softmax_xent').per_example
+sigmoid_xent = REGISTRY.get('sigmoid_xent').per_example
 
 
 def get(name: str) -> Loss:
-  """The loss `config.loss` names (checks.py has refused any other name)."""
-  return LOSSES[name]
+  """The per-example function of the loss `config.loss` names; UserError, one line with "did
+  you mean", for a name no record has."""
+  return REGISTRY.get(name).per_example
 
 
 def targets(labels: jax.Array, num_classes: int, label_smoothing: float = 0.0,

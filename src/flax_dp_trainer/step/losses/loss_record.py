@@ -1,0 +1,29 @@
+"""What one loss name (`config.loss`) means, in one record: its per-example function, its line
+for the docs and `--show_config`, and the PyTorch loss the DDP twin computes for it.
+
+Each shipped loss is one module of this folder that registers its record; a user's module in
+`config.imports` registers its own the same way (or passes a function: `fit(loss=...)`).
+"""
+
+import dataclasses
+from typing import Callable
+
+import jax
+
+from flax_dp_trainer.base import registry
+
+Loss = Callable[[jax.Array, jax.Array], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+  """One loss: `per_example(logits, targets) -> (batch,)` on dense float32 targets."""
+  name: str
+  doc: str  # One line for the docs and --show_config.
+  per_example: Loss
+  # The torch loss the twin computes for it (its code keyed by this, beside the twin's step);
+  # '' where there is none.
+  counterpart: str = ''
+
+
+REGISTRY: registry.Registry[Record] = registry.Registry('loss')
