@@ -17,6 +17,11 @@ def first_line(error: BaseException, limit: Optional[int] = None) -> str:
   return f'{type(error).__name__}: {lines[0][:limit]}' if lines else type(error).__name__
 
 
+def either(choices: list[str]) -> str:
+  """'a, b or c': the choices a one-line answer offers, in their order."""
+  return ' or '.join([', '.join(choices[:-1]), choices[-1]] if len(choices) > 1 else choices)
+
+
 class UserError(ValueError):
   """A bad config value, path or dataset. The message names the value and the fix."""
 

@@ -10,7 +10,7 @@ import dataclasses
 from typing import Callable
 
 from flax_dp_trainer.base import registry
-from flax_dp_trainer.base.errors import UserError
+from flax_dp_trainer.base.errors import UserError, either
 from flax_dp_trainer.configs import default
 from flax_dp_trainer.step import optimizers
 from flax_dp_trainer.step import schedules
@@ -34,10 +34,9 @@ FAMILIES = (
 def refusal(field: str, value, family: str, chosen: str, readers: list[str]) -> UserError:
   """The one line for `field` (its `value`), which only `readers` of `family` read, in a run
   whose record is `chosen`."""
-  named = ', '.join(f'{r!r}' for r in readers[:-1]) + (' or ' if len(readers) > 1 else '')
   shipped = default.get_config()[family]
-  return UserError(f'{field}={value!r} applies to {family}={named}{readers[-1]!r}; this run\'s '
-                   f'{family} is {chosen!r}: drop --config.{field} or pass '
+  return UserError(f'{field}={value!r} applies to {family}={either(list(map(repr, readers)))}; '
+                   f'this run\'s {family} is {chosen!r}: drop --config.{field} or pass '
                    f'--config.{family}={shipped if shipped in readers else readers[0]}')
 
 

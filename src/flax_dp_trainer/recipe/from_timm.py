@@ -676,8 +676,7 @@ _RESTARTS = ('cosine', 'tanh', 'poly')  # Those taking --lr-cycle-limit.
 def _schedule(ctx: _Context, peak: float) -> None:
   args = ctx.args
   sched = args.sched
-  known = {name: record.name for name, record in
-           schedules.REGISTRY.by_alias(lambda record: record.timm_names).items()}
+  known = schedules.REGISTRY.by_alias(lambda record: record.timm_names)
   if sched not in _TIMM_SCHEDULES:
     raise UserError(f"--sched {sched}: timm's scheduler factory has no such schedule; it has "
                     f'{", ".join(_TIMM_SCHEDULES)}')
@@ -687,7 +686,7 @@ def _schedule(ctx: _Context, peak: float) -> None:
     return
   warmup = 0 if sched == 'none' else args.warmup_epochs
   epochs = args.epochs + (warmup if args.warmup_prefix else 0)
-  ctx.set('sched', 'lr_schedule', known[sched],
+  ctx.set('sched', 'lr_schedule', known[sched].name,
           'no scheduler: the rate stays at --lr' if sched == 'none' else '')
   ctx.set('sched_on_updates', 'lr_schedule_unit', 'step' if args.sched_on_updates else 'epoch')
   ctx.set(('epochs', 'warmup_epochs', 'warmup_prefix'), 'num_epochs', float(epochs),
@@ -702,7 +701,7 @@ def _schedule(ctx: _Context, peak: float) -> None:
                'the warm-up rises')
   elif warmup:
     ctx.set('warmup_lr', 'warmup_learning_rate', args.warmup_lr)
-  if 'min_learning_rate' in schedules.REGISTRY.get(known[sched]).fields:
+  if 'min_learning_rate' in known[sched].fields:
     ctx.set('min_lr', 'min_learning_rate', float(args.min_lr))
   elif 'min_lr' in ctx.parsed.given:
     ctx.refuse('min_lr', f"timm's {sched} schedule has no floor: it drops --min-lr",

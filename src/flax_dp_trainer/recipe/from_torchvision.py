@@ -30,7 +30,7 @@ import os
 from typing import Optional
 
 from flax_dp_trainer.base import weight_names
-from flax_dp_trainer.base.errors import UserError
+from flax_dp_trainer.base.errors import UserError, either
 from flax_dp_trainer.recipe import epochs
 from flax_dp_trainer.recipe import torchvision_args
 from flax_dp_trainer.recipe.translation import Translation
@@ -243,11 +243,6 @@ def _model(r: _Reader, model_map: dict[str, str]) -> None:
     r.set('weights', 'init_from', '', 'random init, as torchvision initializes')
 
 
-def _either(names: list[str]) -> str:
-  """'a, b or c'."""
-  return ' or '.join([', '.join(names[:-1]), names[-1]] if len(names) > 1 else names)
-
-
 def torchvision_optimizers() -> dict:
   """{the script's --opt name: (the record's name, its `TorchvisionForm`)} of the registered
   optimizers."""
@@ -273,7 +268,7 @@ def _optimizer(r: _Reader) -> None:
   forms = torchvision_optimizers()
   found = _optimizer_form(name, forms)
   if found is None:
-    taken = _either([f'{alias} (any {alias}* name)' if form.prefix else alias
+    taken = either([f'{alias} (any {alias}* name)' if form.prefix else alias
                      for alias, (_, form) in forms.items()])
     raise UserError(f'{r.flag("opt")}: the script takes {taken}, and stops on any other')
   ours, form = found
@@ -333,7 +328,7 @@ def _schedule(r: _Reader) -> None:
   kind = a.lr_scheduler.lower()
   known = schedules.REGISTRY.by_alias(lambda record: record.torchvision_names)
   if kind not in known:
-    raise UserError(f'{r.flag("lr_scheduler")}: the script takes {_either(list(known))}, and '
+    raise UserError(f'{r.flag("lr_scheduler")}: the script takes {either(list(known))}, and '
                     'stops on any other')
   r.set('lr_scheduler', 'lr_schedule', known[kind].name)
   r.script('lr_scheduler.step() after each epoch', 'lr_schedule_unit', 'epoch')

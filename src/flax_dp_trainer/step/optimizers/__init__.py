@@ -12,7 +12,7 @@ with per-leaf weight-decay and learning-rate factors (the parameter groups of th
     optimizer_record  Record, Kwarg and their rules, REGISTRY, Optimizer (a resolved one)
     per_leaf     the per-leaf transformation the shipped algorithms run in, leaf layouts
     moments      the arithmetic the algorithms share
-    sgd adam adamw nadamw rmsprop lion lamb lars adafactor muon   one record each
+    sgd.py, adamw.py, ...  one record each (every module registers its own)
     optax_route  'optax.NAME' / 'optax.contrib.NAME' as a record
 """
 

@@ -29,8 +29,8 @@ writes it). 'rsqrt' always decays linearly (timm's default for it); decay_shape 
 
     plan         ScheduleOptions, the Plan the formulas use, the arithmetic they share
     schedule_record  Record, Warmup, their registries
-    cosine constant linear poly step_decay multistep exponential wsd rsqrt   one schedule each
-    linear_warmup constant_warmup      one warm-up each (every module registers its own)
+    cosine.py, wsd.py, ...  one schedule each, and one warm-up each (linear_warmup.py,
+                            constant_warmup.py): every module registers its own
 """
 
 import importlib

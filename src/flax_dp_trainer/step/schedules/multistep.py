@@ -11,7 +11,7 @@ from flax_dp_trainer.step.schedules import step_decay
 
 
 def _check(o) -> None:
-  """lr_gamma above 0; milestones, that increase and fire within the run."""
+  """lr_gamma above 0; milestones given, increasing and firing within the run."""
   step_decay.check_gamma(o)
   if not o.milestones:
     raise UserError("lr_schedule='multistep' has no milestones: it would hold the rate "
