@@ -19,6 +19,7 @@ from flax_dp_trainer import configs
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import kinds
 from flax_dp_trainer.data import run_datasets
+from flax_dp_trainer.loop import trackers
 from flax_dp_trainer.base import user_imports
 from flax_dp_trainer.base.errors import UserError
 
@@ -63,9 +64,10 @@ def field_comments(path: str) -> dict[str, str]:
 
 def show_config(config: Any, path: str, overridden: set[str]) -> str:
   """Every field of `config` (loaded from `path`) as `field = value  # comment`, those given on
-  the command line marked; then what the dataset resolves to and the options as resolved
-  (`describe_options`). The modules of `config.imports` are imported first, as a run imports
-  them: the optimizer or dataset a user's module registers resolves here too."""
+  the command line marked; then the trackers it writes to, what the dataset resolves to and
+  the options as resolved (`describe_options`). The modules of `config.imports` are imported
+  first, as a run imports them: the optimizer, dataset or tracker a user's module registers
+  resolves here too."""
   user_imports.import_modules(config)
   comments = field_comments(DEFAULT_CONFIG)
   if os.path.abspath(path) != DEFAULT_CONFIG:
@@ -81,6 +83,8 @@ def show_config(config: Any, path: str, overridden: set[str]) -> str:
     if name in overridden or any(o.startswith(f'{name}.') for o in overridden):  # Or its keys.
       note = f'[command line] {note}'.strip()
     out.append(f'{f"{name} = {value}":<{width}}  # {note}' if note else f'{name} = {value}')
+  out.extend(textwrap.wrap(trackers.describe(config), 100, subsequent_indent='#   ',
+                           break_long_words=False, break_on_hyphens=False))
   spec, line = _dataset(config)
   out.append(line)
   if spec is not None:

@@ -57,7 +57,8 @@ def test_show_config_prints_every_field_value_and_comment(no_tensorflow):
   lines = run.stdout.splitlines()
   dataset = _dataset_line(lines)
   fields = dict(re.match(r'^(\w+) = (.*?)(?:\s+# .*)?$', line).groups()
-                for line in lines[1:dataset])
+                for line in lines[1:dataset] if not line.startswith('#'))
+  assert lines[dataset - 1] == '# trackers: TensorBoard and metrics.jsonl; others: mlflow, wandb'
   # The last line: what the dataset resolves to, from TFDS's metadata without TensorFlow;
   # ImageNet's normalization is the trainer's table's.
   assert lines[dataset].startswith("# dataset 'imagenet2012': 1000 classes, images of varied "

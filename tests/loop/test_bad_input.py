@@ -10,7 +10,7 @@ import pytest
 import flax_dp_trainer
 from flax_dp_trainer import zoo
 
-from flax_dp_trainer.loop import checks
+from flax_dp_trainer.loop.trackers import mlflow_tracker
 from flax_dp_trainer.loop import train
 from flax_dp_trainer.data.kinds import tfds_datasets
 from flax_dp_trainer.data import run_datasets
@@ -601,8 +601,8 @@ def test_an_mlflow_store_is_probed_and_left_as_it_was(tmp_path):
   be made in, passes; the probe changes no file and leaves none."""
   bad = tmp_path / 'bad.db'
   bad.write_bytes(b'not a database ' * 100)
-  assert checks._sqlite_unwritable(str(bad)).startswith(  # pylint: disable=protected-access
+  assert mlflow_tracker._sqlite_unwritable(str(bad)).startswith(  # pylint: disable=protected-access
       'DatabaseError: file is not a database')
   assert bad.read_bytes() == b'not a database ' * 100
-  assert checks._sqlite_unwritable(str(tmp_path / 'new.db')) == ''  # pylint: disable=protected-access
+  assert mlflow_tracker._sqlite_unwritable(str(tmp_path / 'new.db')) == ''  # pylint: disable=protected-access
   assert sorted(p.name for p in tmp_path.iterdir()) == ['bad.db']

@@ -5,11 +5,13 @@ in one line before anything is written; a tracker that cannot be reached is said
 training goes on."""
 
 import glob
+import importlib
 import importlib.metadata
 import importlib.util
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,11 +24,14 @@ import pytest
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.configs import default
 from flax_dp_trainer.loop import train
-from flax_dp_trainer.loop import trackers
+from flax_dp_trainer.loop import tracking as trackers
 from flax_dp_trainer.loop import wandb_files
+from flax_dp_trainer.loop.trackers import mlflow_tracker, wandb_tracker
 from flax_dp_trainer.loop import writers
+from flax_dp_trainer.loop import trackers as tracker_records
 from flax_dp_trainer.runs import processes
 from tests import REPO
+from tests.package import test_docs
 
 # Stalled at step 36, then killed: steps 21-35 are trained again by the resume, 22-34 logged
 # twice by the training (the checkpoint is at 20); a last session trains on to step 50. (Short:
@@ -163,6 +168,77 @@ def test_an_unreachable_mlflow_server_is_said_once_and_training_goes_on(config, 
   assert [r['step'] for r in records if 'eval_accuracy' in r] == [4]
 
 
+def _users_tracker(folder) -> None:
+  """docs/configs.md's tracker of one's own (`scalar_file.py`) and its config file
+  (`tracked.py`), saved in `folder` as a reader saves them."""
+  with open(os.path.join(REPO, 'docs', 'configs.md'), encoding='utf-8') as f:
+    blocks = test_docs.parse_blocks('docs/configs.md', f.read())
+  for block in blocks:
+    if block.file in ('/tmp/scalar_file.py', '/tmp/tracked.py'):
+      with open(os.path.join(folder, os.path.basename(block.file)), 'w', encoding='utf-8') as f:
+        f.write(block.text)
+
+
+def _scalar_file(path) -> list[tuple[int, str, float]]:
+  """The whole lines of the user's tracker's file (a kill may cut the last short)."""
+  out = []
+  with open(path, encoding='utf-8') as f:
+    for line in f:
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError:
+        continue
+      out.append((record['step'], record['tag'], record['value']))
+  return out
+
+
+def test_a_users_tracker_resumes_without_a_step_twice_or_left_out(tmp_path, monkeypatch):
+  """The docs' tracker of one's own (`trackers.Tracker`, written by `tracking.Tracked`) in a
+  resume after a kill: its file holds train_loss to 30, eval_accuracy to 10 only (killed
+  between them) and a line cut short; metrics.jsonl, up to the checkpoint (20), holds both at
+  10 and 20. It is given eval_accuracy at 20 from metrics.jsonl, at 30 and 40 as trained,
+  train_loss at 40 and not at 30 again: each step of each tag once."""
+  monkeypatch.setattr(tracker_records.REGISTRY, '_records',
+                      dict(tracker_records.REGISTRY._records))
+  monkeypatch.syspath_prepend(str(tmp_path))
+  _users_tracker(tmp_path)
+  importlib.import_module('scalar_file')
+  monkeypatch.delitem(sys.modules, 'scalar_file')
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  held = [(10, 'train_loss'), (10, 'eval_accuracy'), (20, 'train_loss'), (30, 'train_loss')]
+  (workdir / 'scalars.jsonl').write_text(''.join(
+      json.dumps({'step': s, 'wall_time': 1.0, 'tag': tag, 'value': s / 100}) + '\n'
+      for s, tag in held) + '{"step": 40, "wall')
+  options = trackers.TrackerOptions(workdir=str(workdir), config={}, tags={}, last_step=40,
+                                    chosen=(('scalar_file', 'scalars.jsonl'),))
+  written = [{'step': s, 'wall_time': 1e9 + s, 'train_loss': s / 100, 'eval_accuracy': s / 100}
+             for s in (10, 20)]
+  (writer,) = writers.tracker_writers(options, written)
+  for step in (30, 40):
+    writer.write_scalars(step, {'train_loss': step / 100 + 1, 'eval_accuracy': step / 100 + 1})
+  writer.close()
+  assert _scalar_file(workdir / 'scalars.jsonl') == [(s, tag, s / 100) for s, tag in held] + [
+      (20, 'eval_accuracy', 0.2), (30, 'eval_accuracy', 1.3), (40, 'train_loss', 1.4),
+      (40, 'eval_accuracy', 1.4)]
+
+
+def test_a_users_tracker_shows_in_show_config(tmp_path):
+  """`--show_config` of the docs' config file lists the user's tracker among the trackers; and
+  the docs' table of trackers is the registry."""
+  _users_tracker(tmp_path)
+  shown = subprocess.run([sys.executable, '-m', 'flax_dp_trainer', '--config=tracked.py',
+                          '--show_config'], cwd=tmp_path, env=processes.environment(),
+                         capture_output=True, text=True, timeout=300, check=True).stdout
+  assert ("# trackers: TensorBoard and metrics.jsonl; scalar_file (scalar_file='scalars.jsonl': "
+          'each scalar as\n#   a JSON line in a file of the workdir); others: mlflow, wandb'
+          ) in shown
+  with open(os.path.join(REPO, 'docs', 'configs.md'), encoding='utf-8') as f:
+    table = f.read().split('| tracker | turned on by |', 1)[1].split('\n\n', 1)[0]
+  assert re.findall(r'^\| `(\w+)` \| `(\w+)`', table, re.M) == [
+      (r.name, r.field) for r in tracker_records.REGISTRY]
+
+
 @pytest.mark.slow
 def test_mlflow_gets_what_metrics_jsonl_holds_above_its_last_step_first(tmp_path):
   """A run whose tracker never had its first steps (killed before MLflow started, or MLflow
@@ -177,7 +253,7 @@ def test_mlflow_gets_what_metrics_jsonl_holds_above_its_last_step_first(tmp_path
               + '\n')
   options = trackers.TrackerOptions(
       workdir=workdir, config={'batch_size': 128, 'model': 'cnn'}, tags={'model': 'cnn'},
-      last_step=30, mlflow=trackers.MlflowOptions(uri, 'e'))
+      last_step=30, chosen=(('mlflow', mlflow_tracker.MlflowOptions(uri, 'e')),))
   (writer,) = writers.tracker_writers(
       options, writers.read_jsonl(os.path.join(workdir, writers.JSONL_NAME)))
   writer.write_scalars(30, {'eval_accuracy': 0.3})
@@ -201,8 +277,9 @@ def test_a_mlflow_resume_gives_each_metric_the_steps_above_its_own_last(tmp_path
   # Only this test and the one above read the store back: MLflow comes with the extra.
   from mlflow import MlflowClient  # pylint: disable=import-outside-toplevel
   workdir, uri = str(tmp_path), f'sqlite:///{tmp_path}/mlflow.db'
-  options = trackers.TrackerOptions(workdir=workdir, config={}, tags={}, last_step=180,
-                                    mlflow=trackers.MlflowOptions(uri, 'e'))
+  options = trackers.TrackerOptions(
+      workdir=workdir, config={}, tags={}, last_step=180,
+      chosen=(('mlflow', mlflow_tracker.MlflowOptions(uri, 'e')),))
   (writer,) = writers.tracker_writers(options, [])
   for step, scalars in [(160, {'train_loss': 0.16}), (160, {'eval_accuracy': 0.6}),
                         (170, {'train_loss': 0.17})]:
@@ -291,7 +368,7 @@ def test_a_wandb_resume_gives_the_steps_above_what_its_files_hold(wandb, tmp_pat
   written = [{'step': step, 'wall_time': 1e9 + step, 'train_loss': step / 1000}
              for step in (10, 20, 30, 40, 50)]
   options = trackers.TrackerOptions(workdir=workdir, config={}, tags={}, last_step=60,
-                                    wandb=trackers.WandbOptions('p'))
+                                    chosen=(('wandb', wandb_tracker.WandbOptions('p')),))
   (writer,) = writers.tracker_writers(options, written)
   writer.write_scalars(30, {'train_loss': 1.0})  # Trained again, held already: not given.
   writer.write_scalars(60, {'train_loss': 0.06})
@@ -311,7 +388,7 @@ def test_wandb_disabled_closes_at_once_and_says_nothing(wandb, tmp_path, monkeyp
   """WANDB_MODE=disabled writes no file: the close does not wait for one."""
   monkeypatch.setenv('WANDB_MODE', 'disabled')
   options = trackers.TrackerOptions(workdir=str(tmp_path), config={}, tags={}, last_step=10,
-                                    wandb=trackers.WandbOptions('p'))
+                                    chosen=(('wandb', wandb_tracker.WandbOptions('p')),))
   (writer,) = writers.tracker_writers(options, [])
   writer.write_scalars(10, {'train_loss': 0.1})
   assert writer._thread.wait(60)  # pylint: disable=protected-access  # (Started.)
@@ -345,15 +422,17 @@ def _wandb_runs(workdir):
 
 
 def _command(workdir, tfds_data_dir, store, **overrides):
+  """A run of the docs' config file with its tracker of one's own (`_users_tracker`, in the
+  working directory), W&B and MLflow."""
   args = [f'--config.{k}={v}' for k, v in {**RUN, **overrides}.items()]
-  return [sys.executable, '-m', 'flax_dp_trainer', '--config=default',
+  return [sys.executable, '-m', 'flax_dp_trainer', '--config=tracked.py',
           f'--cpu_devices={DEVICES}', f'--workdir={workdir}',
           f'--config.tfds_data_dir={tfds_data_dir}', '--config.wandb_project=p',
           f'--config.mlflow_tracking_uri=sqlite:///{store}', *args]
 
 
-def _train(command):
-  process = subprocess.run(command, cwd=REPO, env=processes.environment(WANDB_MODE='offline'),
+def _train(command, folder):
+  process = subprocess.run(command, cwd=folder, env=processes.environment(WANDB_MODE='offline'),
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                            timeout=600, check=False)
   return process.returncode, process.stderr
@@ -367,7 +446,8 @@ def _series(records, tag):
 def test_trackers_continue_one_run_across_a_kill_and_resumes(tfds_data_dir, tmp_path):
   """One run killed with kill -9 between two checkpoints, resumed, then trained on longer:
   one MLflow run and one W&B run id, each holding metrics.jsonl's scalars once per step, the
-  config as parameters, the run's tags and the longer run's change as a tag."""
+  config as parameters, the run's tags and the longer run's change as a tag; and the docs'
+  tracker of one's own (`config.imports`) holding each scalar of metrics.jsonl once."""
   # Only this test reads the store back: MLflow comes with the `mlflow` extra.
   from mlflow import MlflowClient  # pylint: disable=import-outside-toplevel
   workdir, store = str(tmp_path / 'run'), str(tmp_path / 'mlflow.db')
@@ -376,16 +456,21 @@ def test_trackers_continue_one_run_across_a_kill_and_resumes(tfds_data_dir, tmp_
   client = MlflowClient(f'sqlite:///{store}')
   experiment = client.create_experiment('run')
   command = _command(workdir, tfds_data_dir, store)
+  _users_tracker(tmp_path)
   # The session stalls at KILLED_AT (its trackers' threads go on) and is killed once both
   # trackers hold steps past its checkpoint (CHECKPOINT), which its resume trains again: however
   # slowly the trackers start on a loaded machine.
-  process = subprocess.Popen([*command, f'--debug_fault=stall@{KILLED_AT}:0'], cwd=REPO,
+  process = subprocess.Popen([*command, f'--debug_fault=stall@{KILLED_AT}:0'], cwd=tmp_path,
                              env=processes.environment(WANDB_MODE='offline'),
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  deadline, killed, killed_wandb = time.monotonic() + 300, [], 0
-  while (max(killed, default=0) <= CHECKPOINT or killed_wandb <= CHECKPOINT) and (
-      time.monotonic() < deadline and process.poll() is None):
+  deadline, killed, killed_wandb, killed_file = time.monotonic() + 300, [], 0, 0
+  scalars = os.path.join(workdir, 'scalars.jsonl')
+  while (max(killed, default=0) <= CHECKPOINT or min(killed_wandb, killed_file) <= CHECKPOINT
+         ) and (time.monotonic() < deadline and process.poll() is None):
     time.sleep(0.5)
+    if os.path.exists(scalars):
+      killed_file = max((s for s, tag, _ in _scalar_file(scalars) if tag == 'train_loss'),
+                        default=0)
     runs = client.search_runs([experiment])
     killed = [m.step for m in client.get_metric_history(runs[0].info.run_id, 'train_loss')
               ] if runs else []
@@ -396,15 +481,24 @@ def test_trackers_continue_one_run_across_a_kill_and_resumes(tfds_data_dir, tmp_
           workdir, json.load(open(record, encoding='utf-8'))['run_id']), default=0)
   process.kill()
   assert process.wait(60) == -signal.SIGKILL
-  assert max(killed) > CHECKPOINT and killed_wandb > CHECKPOINT, (killed, killed_wandb)
+  assert max(killed) > CHECKPOINT and min(killed_wandb, killed_file) > CHECKPOINT, (
+      killed, killed_wandb, killed_file)
   killed_wandb = max(row['_step'] for row in _wandb_runs(workdir)[0][2])
   for session in (command, _command(workdir, tfds_data_dir, store, num_train_steps=LONGER)):
-    code, log = _train(session)
+    code, log = _train(session, tmp_path)
     assert code == 0, log[-3000:]
     # The trackers said nothing went wrong, and left the log's last line to the trainer.
     assert 'not tracked' not in log and 'cannot be reached' not in log, log[-3000:]
     assert not log.splitlines()[-1].startswith('wandb')
   records = writers.read_jsonl(os.path.join(workdir, writers.JSONL_NAME))
+
+  # The user's tracker: each scalar of metrics.jsonl once, the training's values its (the
+  # speed's are the first session's where it held them before the kill).
+  got = _scalar_file(scalars)
+  assert sorted((s, tag) for s, tag, _ in got) == sorted(
+      (int(r['step']), tag) for r in records for tag in r if tag not in ('step', 'wall_time'))
+  for tag in ('eval_accuracy', 'train_loss', 'learning_rate'):
+    assert sorted((s, v) for s, t, v in got if t == tag) == _series(records, tag), tag
 
   # MLflow: one run, each scalar's history metrics.jsonl's, the config as its parameters.
   (run,) = client.search_runs([experiment])
@@ -415,7 +509,9 @@ def test_trackers_continue_one_run_across_a_kill_and_resumes(tfds_data_dir, tmp_
   assert [s for s, _ in _series(records, 'eval_accuracy')] == list(range(10, LONGER + 1, 10))
   config = default.get_config()
   config.update(RUN, tfds_data_dir=tfds_data_dir, wandb_project='p',
-                mlflow_tracking_uri=f'sqlite:///{store}')
+                mlflow_tracking_uri=f'sqlite:///{store}', imports='scalar_file')
+  with config.unlocked():
+    config.scalar_file = 'scalars.jsonl'
   assert run.data.params == trackers.flat_params(trackers.plain(config.to_dict()))
   assert run.data.params['batch_size'] == '128' and run.data.params['model'] == 'cnn'
   assert {k: v for k, v in run.data.tags.items() if not k.startswith('mlflow.')} == {
@@ -458,8 +554,9 @@ def test_wandb_dir_is_where_w_and_b_files_go_and_are_found(wandb, tmp_path, monk
   elsewhere.mkdir()
   monkeypatch.setenv('WANDB_DIR', str(elsewhere))
   for steps, last in (((10, 20), 20), ((30,), 30)):
-    options = trackers.TrackerOptions(workdir=str(workdir), config={}, tags={},
-                                      last_step=last, wandb=trackers.WandbOptions('p'))
+    options = trackers.TrackerOptions(
+        workdir=str(workdir), config={}, tags={}, last_step=last,
+        chosen=(('wandb', wandb_tracker.WandbOptions('p')),))
     (writer,) = writers.tracker_writers(options, [])
     for step in steps:
       writer.write_scalars(step, {'train_loss': step / 1000})

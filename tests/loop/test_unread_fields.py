@@ -1,12 +1,15 @@
 """A setting that nothing reads is refused in one line: a field of the step's families that
 the run's optimizer or schedule does not read, set to other than the default config's value,
-and a clipping mode with clipping off. Shipped configs and the docs' translated commands pass.
+a clipping mode with clipping off and a tracker's field with the tracker off. Shipped configs
+and the docs' translated commands pass.
 (Each case trained without a word before: `--config.lr_milestones=5,10` with the cosine
 schedule, a clipping mode with no threshold; the command line's refusal, status 2, is in
 `test_bad_input`'s COMMAND_LINE_ALONE.)"""
 
 import importlib
+import os
 import pkgutil
+import shlex
 
 import pytest
 
@@ -15,9 +18,9 @@ from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.configs import default
 from flax_dp_trainer.loop import checks
 from flax_dp_trainer.loop import unread_fields
-from flax_dp_trainer.recipe import from_torchvision
 from flax_dp_trainer.tools import recipe as recipe_tool
-from tests.recipe import test_from_torchvision
+from tests import REPO
+from tests.package import test_docs
 
 FLOOR = "lr_schedule='cosine', 'linear', 'poly', 'rsqrt', 'tanh' or 'wsd'"
 CASES = [
@@ -59,6 +62,13 @@ CASES = [
     (dict(lr_schedule='multistep'),
      "lr_schedule='multistep' has no milestones: it would hold the rate constant; set "
      '--config.lr_milestones=20,40 (updates) or --config.lr_milestone_epochs=30,60'),
+    (dict(wandb_entity='team'),
+     "wandb_entity='team' applies to the tracker 'wandb', which wandb_project turns on, and "
+     "this run's wandb_project is '': set --config.wandb_project, or drop --config.wandb_entity"),
+    (dict(mlflow_experiment='e'),
+     "mlflow_experiment='e' applies to the tracker 'mlflow', which mlflow_tracking_uri turns on, "
+     "and this run's mlflow_tracking_uri is '': set --config.mlflow_tracking_uri, or drop "
+     '--config.mlflow_experiment'),
 ]
 
 
@@ -76,6 +86,7 @@ def test_a_field_no_chosen_record_reads_is_one_line(changes, line):
     dict(lr_schedule='wsd', lr_power=2.0, lr_decay_shape='power', min_learning_rate=1e-4),
     dict(optimizer='adamw', adam_b2=0.95, momentum=0.9),  # momentum: the default's value.
     dict(grad_clip_mode='agc', grad_clip_norm=0.01),
+    dict(wandb_project='p', wandb_entity='team', wandb_run_name='r'),
 ])
 def test_a_field_the_chosen_record_reads_passes(changes):
   config = default.get_config()
@@ -91,8 +102,27 @@ def test_every_shipped_config_passes(name):
     unread_fields.check(module.get_config())
 
 
-def test_the_translated_tv2_recipe_passes():
-  """imagenet_resnet50_tv2's torchrun command, as `tools.recipe` writes its config."""
-  argv, nproc = test_from_torchvision.tv2_command()
-  config = recipe_tool.config_of(from_torchvision.translate(argv, nproc_per_node=nproc))
-  unread_fields.check(config)
+def _docs_recipe_commands() -> list[tuple[str, list[str], int, dict[str, str]]]:
+  """Each `tools.recipe` command of docs/recipes.md: (script, its argv, processes, model map)."""
+  with open(os.path.join(REPO, 'docs', 'recipes.md'), encoding='utf-8') as f:
+    blocks = test_docs.parse_blocks('docs/recipes.md', f.read())
+  found = []
+  for block in blocks:
+    if not block.text.startswith('python -m flax_dp_trainer.tools.recipe '):
+      continue
+    words = shlex.split(block.text.replace('\\\n', ' '))
+    flags = dict(w[2:].split('=', 1) for w in words[3:words.index('--')] if '=' in w)
+    model_map = dict([flags['model_map'].split('=', 1)]) if 'model_map' in flags else {}
+    found.append((flags['from'], words[words.index('--') + 1:],
+                  int(flags['nproc_per_node']), model_map))
+  return found
+
+
+def test_the_docs_translated_recipes_pass():
+  """The configs `tools.recipe` writes for the docs' commands (torchvision's v2 recipe and its
+  scaled-down check, timm's DeiT-S)."""
+  commands = _docs_recipe_commands()
+  assert sorted(script for script, *_ in commands) == ['timm', 'torchvision', 'torchvision']
+  for script, argv, nproc, model_map in commands:
+    unread_fields.check(recipe_tool.config_of(recipe_tool.translate(script, argv, nproc,
+                                                                    model_map)))

@@ -1,29 +1,33 @@
-"""No table of the records' names outside their records: each optimizer and schedule name is
-known to the package through its record alone, so adding one is its one file.
+"""No table of the records' names outside their records: each optimizer, schedule, loss,
+clipping and tracker name is known to the package through its record alone, so adding one is
+its one file.
 
 A table is a literal collection (tuple, list, set, dict keys) holding two or more registered
 names of one family; a branch compares a record's name or a config's choice (`.name`,
-`.optimizer`, `.lr_schedule`) with a registered name. Neither may stand outside the family's
-own package (`step/optimizers/`, `step/schedules/`, `step/losses/`), tests, configs and docs aside. The modules
-that read and mirror the two scripts' command lines hold tables of the scripts' own words
-(timm's `--sched cosine`, torchvision's `--opt sgd`): tables are theirs to keep, branches on
-this trainer's names are not."""
+`.optimizer`, `.lr_schedule`, `.loss`, `.grad_clip_mode`) with a registered name. Neither may
+stand outside the family's own package (`step/optimizers/`, `step/schedules/`, `step/losses/`,
+`step/clipping/`, `loop/trackers/`), tests, configs and docs aside. The modules that read and
+mirror the two scripts' command lines hold tables of the scripts' own words (timm's `--sched
+cosine`, torchvision's `--opt sgd`): tables are theirs to keep, branches on this trainer's
+names are not."""
 
 import ast
 import pathlib
 
 import pytest
 
-from flax_dp_trainer.step import losses, optimizers, schedules
+from flax_dp_trainer.loop import trackers
+from flax_dp_trainer.step import clipping, losses, optimizers, schedules
 
 PACKAGE = pathlib.Path(optimizers.__file__).resolve().parents[2]
 FAMILIES = {'step/optimizers/': optimizers.REGISTRY, 'step/schedules/': schedules.REGISTRY,
-            'step/losses/': losses.REGISTRY}
+            'step/losses/': losses.REGISTRY, 'step/clipping/': clipping.REGISTRY,
+            'loop/trackers/': trackers.REGISTRY}
 # The scripts' words: their argument parsers, their mirrors and the translators reading them.
 SCRIPT_WORDS = ('recipe/from_timm.py', 'recipe/from_torchvision.py', 'recipe/timm_args.py',
                 'recipe/torchvision_args.py', 'recipe/timm_side.py',
                 'recipe/torchvision_side.py')
-CHOICES = ('name', 'optimizer', 'lr_schedule', 'loss')
+CHOICES = ('name', 'optimizer', 'lr_schedule', 'loss', 'grad_clip_mode')
 
 
 def _strings(node: ast.AST) -> list[str]:

@@ -1,9 +1,6 @@
 """Checks of the config and workdir that run before anything is compiled or written."""
 
-import importlib.util
 import os
-import sqlite3
-import tempfile
 from typing import Optional
 
 import ml_collections
@@ -14,13 +11,14 @@ from flax_dp_trainer.model import batchnorm_groups
 from flax_dp_trainer.model import blocks
 from flax_dp_trainer.model import source as model_source
 from flax_dp_trainer.step import ema as ema_lib
-from flax_dp_trainer.step import optim
+from flax_dp_trainer.step import clipping
 from flax_dp_trainer.step import optimizers
 from flax_dp_trainer.step import param_groups
 from flax_dp_trainer.step import schedules
 from flax_dp_trainer.loop import augmentation_checks
 from flax_dp_trainer.loop import durations
 from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.loop import trackers
 from flax_dp_trainer.loop import unread_fields
 from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.base import user_imports
@@ -202,7 +200,7 @@ def check_fields(config, *, process_count: int, local_device_count: Optional[int
   _check_ema(config)
   _check_best(config)
   augmentation_checks.check(config)
-  _check_trackers(config)
+  trackers.check(config)
   if config.init_from and weight_names.weights_enum(config.init_from):
     init_from_lib.check_exists(config.init_from)  # torchvision's enum: how to get the file.
   if not isinstance(config.data_threads, int) or config.data_threads < 0:
@@ -335,57 +333,6 @@ def _check_best(config) -> None:
   assert checkpointer.metric_mode(metric, mode) is not None, metric
 
 
-# MLflow's SQL stores (`sqlite:///PATH` among them) need SQLAlchemy and Alembic beside it.
-_MLFLOW_SQL_SCHEMES = ('sqlite', 'postgresql', 'mysql', 'mssql')
-
-
-def _check_trackers(config) -> None:
-  """The trackers the config turns on: each one's extra installed (looked for, not imported),
-  and a `sqlite:///PATH` store's folder there."""
-  uri = config.get('mlflow_tracking_uri', '')
-  sql = uri.split(':', 1)[0].split('+')[0] in _MLFLOW_SQL_SCHEMES
-  # Each tracker's field, its extra and the modules that extra installs.
-  extras = {'wandb_project': ('wandb', ['wandb']),
-            'mlflow_tracking_uri': ('mlflow', ['mlflow'] + (['sqlalchemy', 'alembic'] * sql))}
-  for field, (extra, modules) in extras.items():
-    value = config.get(field, '')
-    missing = [name for name in modules if importlib.util.find_spec(name) is None]
-    if value and missing:
-      raise UserError(f"{field}={value!r} needs the {extra} extra ({', '.join(missing)} not "
-                      f"installed): pip install 'flax_dp_trainer[{extra}]', or leave "
-                      f"--config.{field} empty")
-  if uri.startswith('sqlite:///'):
-    path = uri[len('sqlite:///'):]
-    folder = os.path.dirname(path)
-    if folder and not os.path.isdir(folder):
-      raise UserError(f'mlflow_tracking_uri={uri!r}: the folder {folder} does not exist; make '
-                      f'it (mkdir -p {folder}), or give a sqlite:///PATH in one that does')
-    error = _sqlite_unwritable(path)
-    if error:
-      raise UserError(f'mlflow_tracking_uri={uri!r}: the store cannot be written ({error}); '
-                      'give a sqlite:///PATH in a folder this run may write')
-
-
-def _sqlite_unwritable(path: str) -> str:
-  """Why the SQLite file at `path` cannot be written ('' where it can): an existing file
-  opened for a write and rolled back; for a new one, a file made and removed in its folder.
-  Nothing of the store changes."""
-  try:
-    if os.path.exists(path):
-      connection = sqlite3.connect(path, timeout=5)
-      try:
-        connection.execute('BEGIN IMMEDIATE')
-        connection.rollback()
-      finally:
-        connection.close()
-    else:
-      with tempfile.TemporaryFile(dir=os.path.dirname(path) or '.'):
-        pass
-  except (sqlite3.Error, OSError) as e:
-    return f'{type(e).__name__}: {e}'
-  return ''
-
-
 def command_line_config(config_flag) -> ml_collections.ConfigDict:
   """The config of an absl config flag, the fields given on the command line winning over
   those they shadow (`apply_command_line`); logs each field it cleared."""
@@ -401,7 +348,7 @@ def _check_optimizer(config) -> None:
   _, lines = run_options.optimizer(config)
   for line in lines:
     logging.warning('%s', line)
-  _choice('grad_clip_mode', config.grad_clip_mode, optim.CLIP_MODES)
+  clipping.REGISTRY.get(config.grad_clip_mode)
   param_groups.check_patterns(run_options.group_options(config))
   if not counts_epochs(config):
     check_schedule(config)  # In steps already: checked before the data loads.

@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 from absl import logging
 
-from flax_dp_trainer.loop import trackers
+from flax_dp_trainer.loop import tracking
 
 # What one `log_batch` takes at most (MLflow's limits on a batch).
 _PARAMS_PER_BATCH = 100
@@ -21,29 +21,28 @@ _METRICS_PER_BATCH = 1000
 _CONNECT_TIMEOUT_S = 5.0
 
 
-class MlflowWriter(trackers.TrackerWriter):
-  """Scalars to an MLflow run, each at its step, on a thread of its own (`trackers.Background`).
+class MlflowWriter(tracking.TrackerWriter):
+  """Scalars to an MLflow run, each at its step, on a thread of its own (`tracking.Background`).
 
   A first run creates the run in the experiment (made where it is missing) with the config as
   its parameters and the run's facts as tags; `mlflow_run.json` in the workdir names it, and a
   resume or restart continues it: MLflow's parameters cannot change, so a resume's changes
-  become tags (`trackers.changed_params`), and the run's last step is read back from the
+  become tags (`tracking.changed_params`), and the run's last step is read back from the
   store, so that the steps a resume after a kill trains again are not logged twice, and what
-  metrics.jsonl holds above it is logged first (`trackers.missing`). A server
+  metrics.jsonl holds above it is logged first (`tracking.missing`). A server
   that cannot be reached is said in one log line and the run goes on untracked. The run ends
   FINISHED where it reached the config's last step, else KILLED (a stop), RUNNING again on a
   resume.
   """
 
-  def __init__(self, options: trackers.MlflowOptions, run: trackers.TrackerOptions,
-               written=(), turn=None):
+  def __init__(self, options, run: tracking.TrackerOptions, written=(), turn=None):
     self._options, self._facts, self._written = options, run, list(written)
-    self._record = trackers.RunRecord(run.workdir, 'mlflow')
+    self._record = tracking.RunRecord(run.workdir, 'mlflow')
     self._client: Any = None
     self._run_id: Optional[str] = None
-    self._steps = trackers.StepsAbove()
+    self._steps = tracking.StepsAbove()
     self._last_reached: Optional[int] = None
-    self._thread = trackers.Background(f'MLflow at {options.tracking_uri}', turn)
+    self._thread = tracking.Background(f'MLflow at {options.tracking_uri}', turn)
     self._thread.submit(self._start, exclusive=True)
 
   def _start(self) -> None:
@@ -52,7 +51,7 @@ class MlflowWriter(trackers.TrackerWriter):
     import mlflow  # pylint: disable=import-outside-toplevel
     _create_sqlite_store(mlflow, self._options.tracking_uri)
     self._client = mlflow.MlflowClient(tracking_uri=self._options.tracking_uri)
-    params = trackers.flat_params(self._facts.config)
+    params = tracking.flat_params(self._facts.config)
     saved = self._record.read()
     run = None
     if saved.get('run_id') and saved.get('tracking_uri') == self._options.tracking_uri:
@@ -71,11 +70,11 @@ class MlflowWriter(trackers.TrackerWriter):
     self._run_id = run.info.run_id
     # Each metric by its own last step: a kill between two writes of one step leaves the
     # first's tags at that step and not the second's.
-    self._steps = trackers.StepsAbove(last_by_tag={
+    self._steps = tracking.StepsAbove(last_by_tag={
         key: max(m.step for m in self._client.get_metric_history(self._run_id, key))
         for key in run.data.metrics})
     self._client.update_run(self._run_id, status='RUNNING')
-    changes = trackers.changed_params(run.data.params, params, (self._steps.last or 0) + 1)
+    changes = tracking.changed_params(run.data.params, params, (self._steps.last or 0) + 1)
     if changes:
       self._client.log_batch(self._run_id, tags=_tags(changes))
     logging.info('MLflow: continuing run %s of %s (its last step %s)', self._run_id,
@@ -83,12 +82,12 @@ class MlflowWriter(trackers.TrackerWriter):
     self._log_missing()
 
   def _log_missing(self) -> None:
-    """Logs the writes of metrics.jsonl the run lacks (`trackers.missing`): a killed session's
+    """Logs the writes of metrics.jsonl the run lacks (`tracking.missing`): a killed session's
     last ones that never reached MLflow, or all of a run that had no tracker before."""
     # The `mlflow` extra: an optional dependency.
     from mlflow.entities import Metric  # pylint: disable=import-outside-toplevel
     metrics = [Metric(tag, value, int(wall_time * 1000), step)
-               for step, wall_time, values in trackers.missing(self._written, self._steps)
+               for step, wall_time, values in tracking.missing(self._written, self._steps)
                for tag, value in values.items()]
     for first in range(0, len(metrics), _METRICS_PER_BATCH):
       self._client.log_batch(self._run_id, metrics=metrics[first:first + _METRICS_PER_BATCH])

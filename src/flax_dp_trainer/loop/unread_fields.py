@@ -2,9 +2,9 @@
 records that read it (an optimizer's `fields`, a schedule's `fields`): where its value differs
 from the default config's and the run's chosen record does not read it, the run would train
 as if it were not set, so the start stops with one line naming the records that would read
-it. So does a clipping mode other than the default's with clipping off. Judged on the config
-as the run starts (the shipped config, the user's file, the command line); a checkpoint's
-recorded config is never judged."""
+it. So does a clipping mode other than the default's with clipping off, and a tracker's field
+where the tracker is off. Judged on the config as the run starts (the shipped config, the
+user's file, the command line); a checkpoint's recorded config is never judged."""
 
 import dataclasses
 from typing import Callable
@@ -12,6 +12,8 @@ from typing import Callable
 from flax_dp_trainer.base import registry
 from flax_dp_trainer.base.errors import UserError, either
 from flax_dp_trainer.configs import default
+from flax_dp_trainer.loop import trackers
+from flax_dp_trainer.step import clipping
 from flax_dp_trainer.step import optimizers
 from flax_dp_trainer.step import schedules
 
@@ -44,11 +46,20 @@ def check(config) -> None:
   """UserError, one line, for the first field no chosen record reads that differs from the
   default config's (`config`: the run's, its imports done so that a user's records count)."""
   shipped = default.get_config()
-  if config.grad_clip_mode != shipped.grad_clip_mode and not config.grad_clip_norm:
-    raise UserError(f'grad_clip_mode={config.grad_clip_mode!r} clips nothing with '
+  mode = config.grad_clip_mode
+  if mode != shipped.grad_clip_mode and not config.grad_clip_norm:
+    raise UserError(f'grad_clip_mode={mode!r} clips nothing with '
                     'grad_clip_norm=0 (clipping off); set its threshold, e.g. '
-                    f'--config.grad_clip_norm={0.01 if config.grad_clip_mode == "agc" else 1.0}, '
+                    f'--config.grad_clip_norm={clipping.REGISTRY.get(mode).example}, '
                     'or drop --config.grad_clip_mode')
+  for tracker in trackers.REGISTRY:
+    for field in tracker.fields:
+      if (not tracker.on(config) and field in config and field in shipped
+          and config[field] != shipped[field]):
+        raise UserError(f'{field}={config[field]!r} applies to the tracker {tracker.name!r}, '
+                        f'which {tracker.field} turns on, and this run\'s {tracker.field} is '
+                        f'{config.get(tracker.field, "")!r}: set --config.{tracker.field}, or '
+                        f'drop --config.{field}')
   for family in FAMILIES:
     chosen = family.lookup(config[family.field])
     owners: dict[str, list[str]] = {}

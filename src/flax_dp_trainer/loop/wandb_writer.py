@@ -4,11 +4,11 @@ that its resumes and restarts continue (the `wandb` extra), written off the trai
 
 import json
 import os
-from typing import Any, Optional
+from typing import Any
 
 from absl import logging
 
-from flax_dp_trainer.loop import trackers
+from flax_dp_trainer.loop import tracking
 from flax_dp_trainer.loop import wandb_files
 
 # The summary's file in a session's `files` folder (W&B's name).
@@ -21,36 +21,35 @@ _TAG_LENGTH = 64
 _FILE_FLUSH_S = 1.0
 
 
-class WandbWriter(trackers.TrackerWriter):
-  """Scalars to a W&B run, each at its step, on a thread of its own (`trackers.Background`).
+class WandbWriter(tracking.TrackerWriter):
+  """Scalars to a W&B run, each at its step, on a thread of its own (`tracking.Background`).
 
   The run is started (or, named by `wandb_run.json` in the workdir, resumed) with the config as
   its config and the run's facts as tags; a resume's changes to the config become tags
-  (`trackers.changed_params`) and the config's new values. W&B's own console capture is off
+  (`tracking.changed_params`) and the config's new values. W&B's own console capture is off
   (the launcher reads each process's last line). Where W&B cannot be reached (no network, no
   API key), one log line says so and the run is logged offline (`wandb sync` uploads it
   later). A resumed run's last step is what W&B holds (`_held_steps`), never what it was
   handed: a resume after a kill gives W&B only the steps above it, metrics.jsonl's first
-  (`trackers.missing`).
+  (`tracking.missing`).
   """
 
-  def __init__(self, options: trackers.WandbOptions, run: trackers.TrackerOptions,
-               written=(), turn=None):
+  def __init__(self, options, run: tracking.TrackerOptions, written=(), turn=None):
     self._options, self._facts, self._written = options, run, list(written)
-    self._record = trackers.RunRecord(run.workdir, 'wandb')
+    self._record = tracking.RunRecord(run.workdir, 'wandb')
     # Where W&B keeps its files (its `wandb/` folder): the user's WANDB_DIR where set, as W&B
     # itself takes it, else the workdir.
     self._root = os.environ.get('WANDB_DIR') or run.workdir
-    self._steps = trackers.StepsAbove()
+    self._steps = tracking.StepsAbove()
     self._run: Any = None
-    self._thread = trackers.Background(f'W&B (project {options.project!r})', turn)
+    self._thread = tracking.Background(f'W&B (project {options.project!r})', turn)
     self._thread.submit(self._start, exclusive=True)
 
   def _start(self) -> None:
     # An optional dependency (the `wandb` extra), imported only by runs that use it.
     import wandb  # pylint: disable=import-outside-toplevel
     saved = self._record.read()
-    params = trackers.flat_params(self._facts.config)
+    params = tracking.flat_params(self._facts.config)
     kwargs = dict(
         project=self._options.project, entity=self._options.entity or None,
         name=self._options.run_name or None, id=saved.get('run_id'),
@@ -69,7 +68,7 @@ class WandbWriter(trackers.TrackerWriter):
       self._steps = self._held_steps()
       logging.info('W&B: continuing run %s (its last step %s)', self._run.id, self._steps.last)
     if saved.get('run_id') and saved.get('params') is not None:
-      changes = trackers.changed_params(saved['params'], params, (self._steps.last or 0) + 1)
+      changes = tracking.changed_params(saved['params'], params, (self._steps.last or 0) + 1)
       if changes:
         self._run.tags = tuple(self._run.tags or ()) + tuple(
             f'{name}:{value}'[:_TAG_LENGTH] for name, value in changes.items())
@@ -77,19 +76,19 @@ class WandbWriter(trackers.TrackerWriter):
     self._record.update(run_id=self._run.id, params=params)
     # What metrics.jsonl holds and W&B was never given (a killed session's last writes, or a
     # run that had no W&B before), first.
-    for step, _, values in trackers.missing(self._written, self._steps):
+    for step, _, values in tracking.missing(self._written, self._steps):
       self._log(step, values)
     self._written = []
 
-  def _held_steps(self) -> trackers.StepsAbove:
+  def _held_steps(self) -> tracking.StepsAbove:
     """The steps of the resumed run that W&B holds: those to its last row, its server's (the
     resumed run's starting step, the one after it) or offline its sessions' files in the
     workdir (what `wandb sync` uploads). A row is whole: W&B writes a step's row once a later
     step is logged (or the run finishes), and a kill loses the row it was filling; and W&B's
     steps only increase, so a tag the last row lacks is not given at or below it."""
     if not self._run.offline and self._run.starting_step > 0:
-      return trackers.StepsAbove(int(self._run.starting_step) - 1)
-    return trackers.StepsAbove(max(wandb_files.history_steps(self._root, self._run.id),
+      return tracking.StepsAbove(int(self._run.starting_step) - 1)
+    return tracking.StepsAbove(max(wandb_files.history_steps(self._root, self._run.id),
                                    default=None))
 
   def write_scalars(self, step: int, scalars) -> None:
@@ -114,9 +113,9 @@ class WandbWriter(trackers.TrackerWriter):
     self._run.finish()
     if disabled:
       return
-    if not wandb_files.wait_ended(path, trackers.FLUSH_WAIT_S):
+    if not wandb_files.wait_ended(path, tracking.FLUSH_WAIT_S):
       logging.warning('W&B has not written the end of %s in %.0f s', path,
-                      trackers.FLUSH_WAIT_S)
+                      tracking.FLUSH_WAIT_S)
     elif offline:
       _write_summary(os.path.join(files, _SUMMARY_FILE),
                      wandb_files.summary(self._root, self._run.id))

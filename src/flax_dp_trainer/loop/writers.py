@@ -1,5 +1,5 @@
 """What a run writes: TensorBoard events, metrics.jsonl and log lines (CLU metric writers),
-the experiment trackers the config turns on (W&B: `wandb_writer`, MLflow: `mlflow_writer`),
+the experiment trackers the config turns on (`trackers`: W&B, MLflow, a user's),
 the SessionLog START of each start; and metrics.jsonl read back (`read_jsonl`: a resumed run
 rewrites it). The event files' scalars and a run's speed figures are read back by the scripts
 (runs/run_metrics.py).
@@ -21,9 +21,8 @@ from absl import logging
 from clu import metric_writers
 from tensorboard.compat.proto import event_pb2
 
-from flax_dp_trainer.loop import mlflow_writer
 from flax_dp_trainer.loop import trackers as trackers_lib
-from flax_dp_trainer.loop import wandb_writer
+from flax_dp_trainer.loop import tracking
 
 
 JSONL_NAME = 'metrics.jsonl'
@@ -148,24 +147,21 @@ def create_writer(workdir: str, write_files: bool | None = None,
       ([CallbackWriter(callbacks)] if callbacks else []))
 
 
-def tracker_writers(options: trackers_lib.TrackerOptions, written: list[dict[str, float]]
+def tracker_writers(options: tracking.TrackerOptions, written: list[dict[str, float]]
                     ) -> list[metric_writers.MetricWriter]:
-  """A writer for each tracker `options` turns on: W&B, MLflow (each writes off the training
-  thread; its `close` ends its run). Each is handed `written`, the run's metrics.jsonl records
-  as they stand (a resumed run's: up to where it resumes, `mark_session_start`'s), and first
-  logs what of them its run lacks: the steps a killed run wrote there before its tracker had
-  them. Their starts and ends take turns (`trackers.one_at_a_time`), MLflow's first: it
-  starts in a second, where W&B's start takes seconds more."""
-  writers, turn = [], trackers_lib.one_at_a_time()
-  if options.mlflow is not None:
-    writers.append(mlflow_writer.MlflowWriter(options.mlflow, options, written, turn))
-  if options.wandb is not None:
-    writers.append(wandb_writer.WandbWriter(options.wandb, options, written, turn))
-  return writers
+  """A writer for each tracker `options` turns on (`trackers.Record.writer`: each writes off
+  the training thread; its `close` ends its run). Each is handed `written`, the run's
+  metrics.jsonl records as they stand (a resumed run's: up to where it resumes,
+  `mark_session_start`'s), and first logs what of them its run lacks: the steps a killed run
+  wrote there before its tracker had them. Their starts and ends take turns
+  (`tracking.one_at_a_time`), in the order of their names."""
+  turn = tracking.one_at_a_time()
+  return [trackers_lib.REGISTRY.get(name).writer(chosen, options, written, turn)
+          for name, chosen in options.chosen]
 
 
 def open_session(workdir: str, start_step: int, hparams: dict, write_files: bool,
-                 callbacks=(), trackers: Optional[trackers_lib.TrackerOptions] = None
+                 callbacks=(), trackers: Optional[tracking.TrackerOptions] = None
                  ) -> metric_writers.MetricWriter:
   """The writer of a run (first or resumed) that starts after `start_step`: where
   `write_files`, the session's START is recorded first (`mark_session_start`); a fresh run

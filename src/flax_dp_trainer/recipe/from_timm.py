@@ -19,11 +19,12 @@ import math
 import os
 from typing import Any, Callable, Optional
 
-from flax_dp_trainer.base.errors import UserError, first_line
+from flax_dp_trainer.base.errors import UserError, either, first_line
 from flax_dp_trainer.data import data_options
 from flax_dp_trainer.recipe import epochs
 from flax_dp_trainer.recipe import timm_args
 from flax_dp_trainer.recipe.translation import Translation
+from flax_dp_trainer.step import clipping
 from flax_dp_trainer.step import optimizers
 from flax_dp_trainer.step import schedules
 
@@ -660,10 +661,11 @@ def _param_groups(ctx: _Context) -> None:
   ctx.set('layer_decay', 'layer_decay', args.layer_decay or 1.0,
           'stem layer 0, head L + 1, as timm counts')
   ctx.set('clip_grad', 'grad_clip_norm', args.clip_grad or 0.0)
-  if args.clip_mode in ('norm', 'value', 'agc'):
-    ctx.set('clip_mode', 'grad_clip_mode', args.clip_mode)
-  else:
-    raise UserError(f"--clip-mode {args.clip_mode}: timm's train.py clips by norm, value or agc")
+  modes = clipping.REGISTRY.by_alias(lambda r: (r.timm,) if r.timm else ())
+  if args.clip_mode not in modes:
+    raise UserError(f"--clip-mode {args.clip_mode}: timm's train.py clips by "
+                    f'{either(sorted(modes))}')
+  ctx.set('clip_mode', 'grad_clip_mode', modes[args.clip_mode].name)
 
 
 # timm's --sched names (its scheduler factory's), and those it adds --cooldown-epochs to.

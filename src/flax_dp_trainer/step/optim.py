@@ -1,21 +1,18 @@
 """The optimizer as the step runs it (optax), from `OptimOptions`: the algorithm
 (`optimizers`), its learning-rate schedule (`schedules`), each parameter's multipliers and
-freezing (`param_groups`) and gradient clipping, timm's three modes. The loop's setup reads
+freezing (`param_groups`) and its gradient clipping (`clipping`). The loop's setup reads
 them from the config (`loop.options`)."""
 
 import dataclasses
 
 import optax
 
-from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.model import blocks
+from flax_dp_trainer.step import clipping as clipping_lib
 from flax_dp_trainer.step import optimizers
 from flax_dp_trainer.step import param_groups
 from flax_dp_trainer.step import schedules
 from flax_dp_trainer.step.optimizers import sgd
-
-CLIP_MODES = ('norm', 'value', 'agc')
-AGC_EPS = 1e-3  # timm's adaptive_clip_grad: the floor of a parameter's unit-wise norm.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +21,7 @@ class OptimOptions:
   optimizer: optimizers.Optimizer = optimizers.Optimizer(sgd.RECORD.name, ())
   schedule: schedules.ScheduleOptions = schedules.ScheduleOptions()
   groups: param_groups.GroupOptions = param_groups.GroupOptions()
-  grad_clip_mode: str = 'norm'  # One of CLIP_MODES.
+  grad_clip_mode: str = 'norm'  # A clipping record's name (`clipping`).
   grad_clip: float = 0.0  # The mode's threshold (global norm, value, AGC clip factor); 0 = off.
 
   @property
@@ -34,7 +31,8 @@ class OptimOptions:
   @property
   def needs_call_order(self) -> bool:
     """Whether the multipliers or the clipping depend on the order of the model's layers."""
-    return (self.groups.needs_order or (self.grad_clip_mode == 'agc' and self.grad_clip > 0)
+    return (self.groups.needs_order
+            or (clipping_lib.REGISTRY.get(self.grad_clip_mode).needs_order and self.grad_clip > 0)
             or optimizers.lookup(self.optimizer.name).routes is not None)
 
 
@@ -45,31 +43,16 @@ def learning_rate_schedule(options: OptimOptions) -> optax.Schedule:
 
 def check(options: OptimOptions) -> None:
   """UserError, one line, for a clipping mode or schedule that cannot run."""
-  if options.grad_clip_mode not in CLIP_MODES:
-    raise UserError(f"grad_clip_mode={options.grad_clip_mode!r} is unknown; choose one of: "
-                    f"{', '.join(CLIP_MODES)} (--config.grad_clip_mode=NAME)")
+  clipping_lib.REGISTRY.get(options.grad_clip_mode)
   schedules.check(options.schedule)
   param_groups.check_patterns(options.groups)
 
 
-def _not_head(order: tuple[str, ...]):
-  head = blocks.head_name(order)
-  return lambda params: {name: name != head for name in params}
-
-
 def clipping(options: OptimOptions) -> optax.GradientTransformation:
-  """timm's --clip-mode: 'norm' (torch's clip_grad_norm_), 'value' (clip_grad_value_), 'agc'
-  (timm's adaptive_clip_grad: each output unit's gradient norm to clip factor x its weight's,
-  floored at 1e-3; the head, the model's last layer, excluded as timm's train.py excludes
-  it). Identity where the threshold is 0."""
-  if options.grad_clip <= 0:
-    return optax.identity()
-  if options.grad_clip_mode == 'norm':
-    return optax.clip_by_global_norm(options.grad_clip)
-  if options.grad_clip_mode == 'value':
-    return optax.clip(options.grad_clip)
-  return optax.masked(optax.adaptive_grad_clip(options.grad_clip, eps=AGC_EPS),
-                      _not_head(options.groups.call_order))
+  """The gradient clipping of `options` (`clipping`: the mode's record at its threshold);
+  the identity where the threshold is 0."""
+  return clipping_lib.transform(options.grad_clip_mode, options.grad_clip,
+                                options.groups.call_order)
 
 
 def create_optimizer(options: OptimOptions,

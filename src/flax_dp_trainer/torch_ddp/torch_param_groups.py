@@ -1,7 +1,7 @@
 """The JAX run's recipe on the twin's parameters: each params leaf's learning-rate and
 weight-decay factors, frozen state and muon route (`step.param_groups`,
 `step.optimizers.muon_routed`) as torch parameter groups and `requires_grad=False`; the
-optimizer its counterpart (`torch_ddp.torch_optimizers`); clipping as timm's --clip-mode.
+optimizer its counterpart (`torch_ddp.torch_optimizers`); the clipping mode's counterpart.
 
 Which torch parameter a JAX leaf is: a tree of each leaf's factor, broadcast to the leaf's
 shape, goes through the same conversion as the weights (`zoo.torch_weights.to_state_dict`),
@@ -16,11 +16,11 @@ import numpy as np
 import torch
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from flax_dp_trainer.base.errors import UserError
+from flax_dp_trainer.base.errors import UserError, either
 from flax_dp_trainer.loop import durations
 from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.model import blocks
-from flax_dp_trainer.step import optim
+from flax_dp_trainer.step import clipping
 from flax_dp_trainer.step import optimizers
 from flax_dp_trainer.step import param_groups
 from flax_dp_trainer.torch_ddp import models as torch_models
@@ -134,22 +134,36 @@ def make_optimizer(config, model: torch.nn.Module, found: Optional[Factors] = No
   return torch_optimizers.torch_optimizer(optimizer, made)
 
 
+def _agc(parameters, threshold, grad_norm):
+  del grad_norm
+  # pylint: disable-next=import-outside-toplevel
+  from timm.utils import agc  # (timm: for this clipping mode only)
+  agc.adaptive_clip_grad(parameters[:-2], threshold, eps=clipping.agc.EPS)
+
+
+# The torch clipping of the clipping records' counterparts (`clipping.Record.counterpart`),
+# each `(parameters, threshold, grad_norm)`: timm's adaptive clipping without the head (the
+# last two parameters, as timm's train.py leaves them out).
+_COUNTERPARTS = {
+    'torch.nn.utils.clip_grads_with_norm_': lambda parameters, threshold, grad_norm:
+        torch.nn.utils.clip_grads_with_norm_(parameters, threshold, grad_norm),
+    'torch.nn.utils.clip_grad_value_': lambda parameters, threshold, grad_norm:
+        torch.nn.utils.clip_grad_value_(parameters, threshold),
+    'timm.utils.agc.adaptive_clip_grad': _agc}
+
+
 def clip(config, parameters: list[torch.nn.Parameter], grad_norm: torch.Tensor) -> None:
-  """timm's --clip-mode on the trained `parameters` (in the model's order, their global
-  gradient norm `grad_norm`): 'norm' to the global norm, 'value' each gradient, 'agc' timm's
-  adaptive clipping without the head (the last two parameters, as timm's train.py leaves
-  them out)."""
-  threshold = config.grad_clip_norm
-  if threshold <= 0:
+  """The config's clipping (`config.grad_clip_mode`'s record's counterpart) on the trained
+  `parameters` (in the model's order, their global gradient norm `grad_norm`); UserError, one
+  line, for a mode with no torch counterpart."""
+  if config.grad_clip_norm <= 0:
     return
-  if config.grad_clip_mode == 'norm':
-    torch.nn.utils.clip_grads_with_norm_(parameters, threshold, grad_norm)
-  elif config.grad_clip_mode == 'value':
-    torch.nn.utils.clip_grad_value_(parameters, threshold)
-  else:
-    # pylint: disable-next=import-outside-toplevel
-    from timm.utils import agc  # (timm: for this clipping mode only)
-    agc.adaptive_clip_grad(parameters[:-2], threshold, eps=optim.AGC_EPS)
+  found = _COUNTERPARTS.get(clipping.REGISTRY.get(config.grad_clip_mode).counterpart)
+  if found is None:
+    taken = [r.name for r in clipping.REGISTRY if r.counterpart in _COUNTERPARTS]
+    raise UserError(f'grad_clip_mode={config.grad_clip_mode!r} has no DDP twin; the twin '
+                    f'clips by {either(list(map(repr, taken)))} (--config.grad_clip_mode=NAME)')
+  found(parameters, config.grad_clip_norm, grad_norm)
 
 
 def describe(optimizer: torch.optim.Optimizer) -> dict:

@@ -1,5 +1,5 @@
-"""What the experiment trackers beside TensorBoard share (W&B: `wandb_writer`, MLflow:
-`mlflow_writer`): their options from the config (`TrackerOptions`), the run's parameters and
+"""What the experiment trackers' writers share (W&B: `wandb_writer`, MLflow: `mlflow_writer`,
+a `trackers.Tracker` of one's own: `Tracked`): the run's trackers (`TrackerOptions`), the run's parameters and
 tags, the file in the workdir that names the tracked run across resumes and restarts
 (`RunRecord`), the steps a resume trains again and no tracker is given twice (`StepsAbove`),
 and the thread their calls run on so that training never waits for them (`Background`).
@@ -18,6 +18,8 @@ from typing import Any, Callable, Optional
 from absl import logging
 from clu import metric_writers
 
+from flax_dp_trainer.loop import trackers
+
 # How long a flush waits for a tracker's pending writes, and a close for them and the run's
 # finish (W&B uploads or syncs there): past it the run goes on or ends without them.
 FLUSH_WAIT_S = 10.0
@@ -27,50 +29,30 @@ QUEUE_SIZE = 10_000
 
 
 @dataclasses.dataclass(frozen=True)
-class WandbOptions:
-  """A Weights & Biases run: its project, entity ('' = the account's default) and name ('' =
-  W&B's own)."""
-  project: str
-  entity: str = ''
-  run_name: str = ''
-
-
-@dataclasses.dataclass(frozen=True)
-class MlflowOptions:
-  """An MLflow run: the tracking URI (a server, or `sqlite:///PATH` for a local store) and the
-  experiment's name."""
-  tracking_uri: str
-  experiment: str
-
-
-@dataclasses.dataclass(frozen=True)
 class TrackerOptions:
-  """The trackers a run writes to (None: off) and what each records of the run: `config` (the
-  resolved config, JSON's types), `tags` ({name: value}), `workdir` (where each keeps its
-  run's id) and `last_step` (the config's last step: a run closed before it was stopped)."""
+  """The trackers a run writes to and what each records of the run: `chosen` ((a tracker
+  record's name, its options), ...), `config` (the resolved config, JSON's types), `tags`
+  ({name: value}), `workdir` (where each keeps its run's id) and `last_step` (the config's last
+  step: a run closed before it was stopped)."""
   workdir: str
   config: dict[str, Any]
   tags: dict[str, str]
   last_step: int
-  wandb: Optional[WandbOptions] = None
-  mlflow: Optional[MlflowOptions] = None
+  chosen: tuple[tuple[str, Any], ...] = ()
 
   @classmethod
   def from_config(cls, config, workdir: str, *, devices: int, processes: int
                   ) -> 'TrackerOptions':
-    """The trackers `config` turns on, with its values as the parameters and the run's facts
-    (model, dataset, devices, processes, step backend, the package's version) as tags."""
-    wandb = mlflow = None
-    if config.wandb_project:
-      wandb = WandbOptions(config.wandb_project, config.wandb_entity, config.wandb_run_name)
-    if config.mlflow_tracking_uri:
-      experiment = config.mlflow_experiment or os.path.basename(os.path.abspath(workdir))
-      mlflow = MlflowOptions(config.mlflow_tracking_uri, experiment)
+    """The trackers `config` turns on (`trackers.chosen`: its imports done), with its values
+    as the parameters and the run's facts (model, dataset, devices, processes, step backend,
+    the package's version) as tags."""
     tags = {'model': str(config.model), 'dataset': str(config.dataset),
             'devices': str(devices), 'processes': str(processes),
             'backend': str(config.step_backend), 'version': _version()}
     return cls(workdir=workdir, config=plain(config.to_dict()), tags=tags,
-               last_step=int(config.num_train_steps), wandb=wandb, mlflow=mlflow)
+               last_step=int(config.num_train_steps),
+               chosen=tuple((r.name, r.options_of(config, workdir))
+                            for r in trackers.chosen(config)))
 
 
 def _version() -> str:
@@ -287,3 +269,38 @@ class TrackerWriter(metric_writers.MetricWriter):
   def _end(self) -> None:
     """Ends the tracked run (on the tracker's thread)."""
     raise NotImplementedError
+
+
+class Tracked(TrackerWriter):
+  """The writer of a tracker in its simple form (`trackers.Tracker`): its start reads what
+  its run holds, then it is given what metrics.jsonl holds above that (`written`: a killed
+  session's last writes, or all of a run that had no tracker before) and each write above it;
+  its end is told whether the run reached the config's last step."""
+
+  def __init__(self, tracker, what: str, run: TrackerOptions, written=(), turn=None):
+    self._tracker, self._run, self._written = tracker, run, list(written)
+    self._steps = StepsAbove()
+    self._reached: Optional[int] = None
+    self._thread = Background(what, turn)
+    self._thread.submit(self._start, exclusive=True)
+
+  def _start(self) -> None:
+    held = self._tracker.start()
+    self._steps = StepsAbove(last_by_tag=held) if isinstance(held, dict) else StepsAbove(held)
+    for step, wall_time, values in missing(self._written, self._steps):
+      self._tracker.log(step, wall_time, values)
+    self._written = []
+
+  def write_scalars(self, step: int, scalars) -> None:
+    step, now = int(step), time.time()  # Taken when the loop writes.
+    values = {tag: float(value) for tag, value in scalars.items()}
+    self._thread.submit(lambda: self._log(step, now, values))
+
+  def _log(self, step: int, wall_time: float, values: dict[str, float]) -> None:
+    self._reached = step
+    values = self._steps.keep(step, values)
+    if values:
+      self._tracker.log(step, wall_time, values)
+
+  def _end(self) -> None:
+    self._tracker.end(self._reached is not None and self._reached >= self._run.last_step)
