@@ -380,6 +380,8 @@ COMMAND_LINE_ALONE = [
      "error: lr_schedule='multistep' has no milestones: it would hold the rate constant"),
     (['--config.grad_clip_mode=agc'], 2,
      "error: grad_clip_mode='agc' clips nothing with grad_clip_norm=0 (clipping off)"),
+    (['--config.wandb_entity=team'], 2,
+     "error: wandb_entity='team' applies to the tracker 'wandb', which wandb_project turns on"),
     (['--resume=checkpoint.pth'], 2, 'error: --resume: this trainer resumes by itself: run '
      'the same command again (the same --workdir) and it continues from the newest '
      'checkpoint there. --resume_with_changes is for something else'),
