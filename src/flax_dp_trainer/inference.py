@@ -26,6 +26,7 @@ import numpy as np
 
 from flax_dp_trainer.checkpoint import checkpointer as checkpoint
 from flax_dp_trainer.checkpoint import meta as run_meta
+from flax_dp_trainer.checkpoint import saved_arrays
 from flax_dp_trainer import logs
 from flax_dp_trainer.model import modeling
 from flax_dp_trainer.model import adapter
@@ -185,8 +186,8 @@ def _load(workdir: str, step: Optional[int | str], model: Any) -> Trained:
   if model is not None:
     wanted = jax.eval_shape(lambda: built.init(jax.random.PRNGKey(0),
                                                (1,) + tuple(spec.input_shape)))
-    mismatch = checkpoint.describe_mismatch(checkpoint.array_specs(variables),
-                                            checkpoint.array_specs(dict(wanted)), limit=1)
+    mismatch = saved_arrays.describe_mismatch(saved_arrays.array_specs(variables),
+                                            saved_arrays.array_specs(dict(wanted)), limit=1)
     if mismatch:
       raise UserError(f'model={built.name!r} is not the model the run in {workdir} trained: '
                       f'{mismatch.replace("in this config", "in the model given")}; pass the '

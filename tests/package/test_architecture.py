@@ -103,6 +103,13 @@ def test_every_module_is_in_a_layer_of_the_table():
       assert (PACKAGE / layer / '__init__.py').is_file(), layer
 
 
+def test_no_module_is_over_500_lines():
+  """One idea per module: none past 500 lines (recipe/from_timm.py held 1,052)."""
+  long = {str(path.relative_to(PACKAGE)): n for path in sorted(PACKAGE.rglob('*.py'))
+          if (n := len(path.read_text(encoding='utf-8').splitlines())) > 500}
+  assert not long, long
+
+
 def test_no_two_modules_share_a_name():
   """A module's name says what it holds, once in the package (`__init__` and `__main__`
   aside): `layers`, `train` or `options` in two folders read alike in an import and a

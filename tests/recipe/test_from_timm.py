@@ -26,6 +26,8 @@ from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.loop import unread_fields
 from flax_dp_trainer.recipe import from_timm
 from flax_dp_trainer.recipe import timm_args
+from flax_dp_trainer.recipe import timm_optimization
+from flax_dp_trainer.recipe import timm_rules
 from flax_dp_trainer.recipe import timm_side
 from flax_dp_trainer.step import optimizers
 from flax_dp_trainer.step import schedules
@@ -317,7 +319,7 @@ def test_without_timm_the_model_defaults_must_be_given(imagenet_dir, monkeypatch
 
 def test_every_flag_of_the_parser_is_read():
   dests = set(timm_args.defaults(timm_args.parser()))
-  assert dests - from_timm.covered() == set()
+  assert dests - timm_rules.covered() == set()
 
 
 # --- Against timm's own objects. ------------------------------------------------------------
@@ -360,7 +362,7 @@ def test_schedule_gives_timms_rate_at_every_update(argv, imagenet_dir, tmp_path)
 
 
 @pytest.mark.parametrize('name', sorted(
-    name for name, (_, form) in from_timm.timm_optimizers().items() if not form.refused))
+    name for name, (_, form) in timm_optimization.timm_optimizers().items() if not form.refused))
 def test_optimizer_is_timms_with_its_arguments(name, imagenet_dir, tmp_path):
   argv = DEIT + ['--data-dir', imagenet_dir, '--opt', name, '--lr', '0.01']
   config = _config(from_timm.translate(argv, NPROC, DEIT_MAP), tmp_path)

@@ -26,7 +26,8 @@ FAMILIES = {'step/optimizers/': optimizers.REGISTRY, 'step/schedules/': schedule
 # The scripts' words: their argument parsers, their mirrors and the translators reading them.
 SCRIPT_WORDS = ('recipe/from_timm.py', 'recipe/from_torchvision.py', 'recipe/timm_args.py',
                 'recipe/torchvision_args.py', 'recipe/timm_side.py',
-                'recipe/torchvision_side.py')
+                'recipe/torchvision_side.py', 'recipe/timm_optimization.py',
+                'recipe/timm_rules.py')
 CHOICES = ('name', 'optimizer', 'lr_schedule', 'loss', 'grad_clip_mode')
 
 

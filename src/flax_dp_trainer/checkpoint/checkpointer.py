@@ -35,7 +35,7 @@ from flax_dp_trainer.base.errors import first_line
 from flax_dp_trainer.base.errors import SaveFailed
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.checkpoint import meta as run_meta
-from flax_dp_trainer.zoo import scanning
+from flax_dp_trainer.checkpoint import saved_arrays
 
 
 BEST = cli.BEST_STEP  # The step that names the checkpoint of the best evaluation kept.
@@ -74,40 +74,6 @@ def missing_fields(saved: dict, target: Any) -> tuple[str, ...]:
                not any(name == field or name.startswith(field + '/') for name in saved))
 
 
-def path_name(path) -> str:
-  parts = []
-  for key in path:
-    for attr in ('key', 'idx', 'name'):
-      if hasattr(key, attr):
-        parts.append(str(getattr(key, attr)))
-        break
-  return '/'.join(parts)
-
-
-def array_specs(tree: Any) -> dict[str, tuple[tuple[int, ...], str]]:
-  """{'params/Dense_0/kernel': (shape, dtype), ...} for every array leaf of `tree`."""
-  leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
-  return {path_name(path): (tuple(leaf.shape), np.dtype(leaf.dtype).name)
-          for path, leaf in leaves}
-
-
-def describe_mismatch(saved: dict, wanted: dict, limit: int = 4) -> str:
-  """'' when the two array-spec maps agree, else a short account of the first differences."""
-  problems = []
-  # Params first: they say most plainly which model wrote the checkpoint.
-  for name in sorted(set(saved) | set(wanted), key=lambda n: (not n.startswith('params/'), n)):
-    if name not in wanted:
-      problems.append(f'{name} only in the checkpoint')
-    elif name not in saved:
-      problems.append(f'{name} missing from the checkpoint')
-    elif saved[name] != wanted[name]:
-      problems.append(f'{name} is {saved[name][1]}{list(saved[name][0])} in the checkpoint, '
-                      f'{wanted[name][1]}{list(wanted[name][0])} in this config')
-  if len(problems) > limit:
-    problems = problems[:limit] + [f'and {len(problems) - limit} more']
-  return '; '.join(problems)
-
-
 def _config_differences(saved: dict, current: dict) -> str:
   changed = [f'{k}: {saved[k]!r} -> {current[k]!r}' for k in sorted(current)
              if k in saved and saved[k] != current[k]]
@@ -129,7 +95,7 @@ def read_only(path: str) -> Optional[ocp.CheckpointManager]:
 
 def state_metadata(manager: ocp.CheckpointManager, step: int) -> dict:
   metadata = manager.item_metadata(step)['state']
-  return array_specs(getattr(metadata, 'tree', metadata))
+  return saved_arrays.array_specs(getattr(metadata, 'tree', metadata))
 
 
 def metric_mode(metric: str, mode: str = '') -> Optional[str]:
@@ -277,17 +243,17 @@ class Checkpointer:
     missing = missing_fields(saved, target)
     stand_ins = {field: getattr(target, field) for field in missing}
     target = target.replace(**dict.fromkeys(missing)) if missing else target
-    convert = layer_conversion(saved, target)
+    convert = saved_arrays.layer_conversion(saved, target)
     if convert is not None:
       logging.info('the checkpoint at step %d in %s holds the encoder blocks %s; restored into '
                    'this run\'s %s form (config.scan_layers)', step, self.directory,
                    convert[0], convert[1])
-      target = to_form(target, convert[0])
+      target = saved_arrays.to_form(target, convert[0])
     restored = reader.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
     state = restored['state']
     if convert is not None:
-      state = to_form(state, convert[1])
+      state = saved_arrays.to_form(state, convert[1])
     if missing:
       state = state.replace(**stand_ins)
     return Restored(step=step, state=state, meta=restored['meta'], missing=missing)
@@ -303,10 +269,11 @@ class Checkpointer:
       return  # Damaged: the caller sets it aside.
     # It reads: its metadata says what it holds.
     saved = state_metadata(reader, step)
-    convert = layer_conversion(saved, target)
+    convert = saved_arrays.layer_conversion(saved, target)
     if convert is not None:
-      target = to_form(target, convert[0])
-    mismatch = describe_mismatch(saved, array_specs(jax.eval_shape(lambda tree: tree, target)))
+      target = saved_arrays.to_form(target, convert[0])
+    mismatch = saved_arrays.describe_mismatch(
+        saved, saved_arrays.array_specs(jax.eval_shape(lambda tree: tree, target)))
     if mismatch:
       changed = _config_differences(
           run_meta.current_names(whole['meta'].get('config', {})), recorded)
@@ -327,9 +294,9 @@ class Checkpointer:
     whole = reader.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
     saved = whole['state']
-    convert = layer_conversion(state_metadata(reader, step), target)
+    convert = saved_arrays.layer_conversion(state_metadata(reader, step), target)
     if convert is not None:
-      saved = to_form(saved, convert[1])
+      saved = saved_arrays.to_form(saved, convert[1])
     missing = tuple(field for field in NEWER_FIELDS
                     if getattr(target, field) is not None and saved.get(field) is None)
     try:
@@ -491,19 +458,3 @@ def read_state(workdir: str, step: Optional[int | str] = None) -> dict:
   step = resolve_step(workdir, step)
   step = reader.latest_step() if step is None else step
   return reader.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))['state']
-
-
-def to_form(tree: Any, form: str) -> Any:
-  """`tree` with its encoder blocks in `form` ('scanned' or 'unscanned')."""
-  return scanning.stack_layers(tree) if form == 'scanned' else scanning.unstack_layers(tree)
-
-
-def layer_conversion(saved: dict, target: Any) -> Optional[tuple[str, str]]:
-  """(the saved form, the target's) where a checkpoint holding arrays named `saved` has its
-  encoder blocks scanned and `target` unscanned or the reverse (`flax_dp_trainer.zoo.scanning.
-  stack_layers`); else None."""
-  have = scanning.layer_form(saved)
-  want = scanning.layer_form(array_specs(jax.eval_shape(lambda tree: tree, target)))
-  if have is None or want is None or have == want:
-    return None
-  return have, want

@@ -17,6 +17,7 @@ import orbax.checkpoint as ocp
 from flax_dp_trainer.base import weight_names
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.checkpoint import checkpointer
+from flax_dp_trainer.checkpoint import saved_arrays
 from flax_dp_trainer.zoo import torch_weights
 from flax_dp_trainer.zoo import vit
 
@@ -194,29 +195,29 @@ def load_variables(path: str, wanted_params: Any, wanted_stats: Any = None,
   metadata = checkpointer.state_metadata(reader, step)
   part = lambda prefix: {k[len(prefix):]: v for k, v in metadata.items() if k.startswith(prefix)}
   saved = part('params/')
-  convert = checkpointer.layer_conversion(saved, wanted_params)
+  convert = saved_arrays.layer_conversion(saved, wanted_params)
   if convert is not None:  # Saved scanned for an unscanned model, or the reverse.
     params, stats, step, tokens = load_variables(
-        path, checkpointer.to_form(wanted_params, convert[0]), wanted_stats,
+        path, saved_arrays.to_form(wanted_params, convert[0]), wanted_stats,
         pos_embedding_resize)
-    return checkpointer.to_form(params, convert[1]), stats, step, tokens
-  wanted = checkpointer.array_specs(wanted_params)
+    return saved_arrays.to_form(params, convert[1]), stats, step, tokens
+  wanted = saved_arrays.array_specs(wanted_params)
   resampled = _resampled_embedding(saved, wanted)
-  mismatch = checkpointer.describe_mismatch({**saved, **({} if resampled is None else
+  mismatch = saved_arrays.describe_mismatch({**saved, **({} if resampled is None else
                                             {resampled: wanted[resampled]})}, wanted)
   if mismatch:
     raise UserError(f'init_from={path!r} (step {step}) has params that do not fit this model '
                     f'({mismatch}); use a checkpoint of the same model')
   carry_stats = bool(wanted_stats is not None and jax.tree.leaves(wanted_stats))
   if carry_stats:
-    mismatch = checkpointer.describe_mismatch(part('batch_stats/'),
-                                              checkpointer.array_specs(wanted_stats))
+    mismatch = saved_arrays.describe_mismatch(part('batch_stats/'),
+                                              saved_arrays.array_specs(wanted_stats))
     if mismatch:
       raise UserError(f'init_from={path!r} (step {step}) has BatchNorm statistics that do not '
                       f'fit this model\'s BatchNorm layers ({mismatch}); use a checkpoint of '
                       'the same model')
   restored = reader.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-  by_name = {checkpointer.path_name(path): leaf for path, leaf in
+  by_name = {saved_arrays.path_name(path): leaf for path, leaf in
              jax.tree_util.tree_flatten_with_path(restored['state']['params'])[0]}
   tokens = None
   if resampled is not None:
@@ -224,13 +225,13 @@ def load_variables(path: str, wanted_params: Any, wanted_stats: Any = None,
     by_name[resampled] = vit.resample_pos_embedding(by_name[resampled], tokens[1],
                                                     pos_embedding_resize)
   params = jax.tree_util.tree_map_with_path(
-      lambda path, _: np.asarray(by_name[checkpointer.path_name(path)]), wanted_params)
+      lambda path, _: np.asarray(by_name[saved_arrays.path_name(path)]), wanted_params)
   stats = wanted_stats
   if carry_stats:
-    saved_stats = {checkpointer.path_name(path): leaf for path, leaf in
+    saved_stats = {saved_arrays.path_name(path): leaf for path, leaf in
                    jax.tree_util.tree_flatten_with_path(restored['state']['batch_stats'])[0]}
     stats = jax.tree_util.tree_map_with_path(
-        lambda path, _: np.asarray(saved_stats[checkpointer.path_name(path)]), wanted_stats)
+        lambda path, _: np.asarray(saved_stats[saved_arrays.path_name(path)]), wanted_stats)
   return params, stats, step, tokens
 
 

@@ -32,6 +32,7 @@ from flax_dp_trainer.data import stream_versions
 from flax_dp_trainer.loop import checks
 from flax_dp_trainer.loop import durations
 from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.loop import resume_changes
 from flax_dp_trainer.loop import evaluation
 from flax_dp_trainer.loop import workdir as workdir_lib
 from flax_dp_trainer.model import adapter
@@ -106,73 +107,6 @@ def restore_newest(run: 'Run', state: state_lib.TrainState, step: Optional[int] 
   return restored, unreadable
 
 
-# What defines the training stream (which example each step trains on) and the model: a
-# resume that changes one continues another run than the checkpoint's.
-STREAM_FIELDS = ('batch_size', 'seed', 'dataset', 'dataset_spec', 'train_split', 'aug_repeats',
-                 'model', 'model_kwargs')
-
-
-def _stream_changes(run: 'Run', meta: run_meta.RunMeta) -> list[str]:
-  """'field: checkpoint's value -> this run's' for each field of STREAM_FIELDS (and the steps
-  per epoch) where the run differs from the config that wrote the checkpoint."""
-  saved, config = meta.full_config(), run.config
-  changes = [f'{field} {saved[field]!r} -> {config[field]!r}' for field in STREAM_FIELDS
-             if _plain(saved[field]) != _plain(config[field])]
-  before = (meta.dataset or {}).get('num_train_examples')
-  now = run.data.num_examples
-  if before and before != now:
-    changes.append(f'the training split\'s size {before} -> {now} examples')
-  before = (meta.dataset or {}).get('content_sha256')
-  now = run.data.spec.content_sha256
-  if before and before != now:
-    changes.append(f'the dataset\'s content (SHA-256 {before[:12]}... -> {now[:12]}...)')
-  return changes
-
-
-def _plain(value):
-  """`value` as JSON holds it: a checkpoint's config was JSON (tuples read back as lists)."""
-  if isinstance(value, ml_collections.ConfigDict):
-    value = value.to_dict()
-  return json.loads(json.dumps(value, sort_keys=True, default=str))
-
-
-def _check_resume(run: 'Run', meta: run_meta.RunMeta, step: int, allowed: bool) -> None:
-  """Refuses (`UserError`, nothing written) a resume whose config changes what defines the
-  training stream or the model, unless `allowed`; then says where the stream continues."""
-  changes = _stream_changes(run, meta)
-  if not changes:
-    return
-  where = f'{run.checkpointer.directory} (step {step})'
-  if not allowed:
-    raise UserError(f'the checkpoint in {where} was trained with another stream or model: '
-                    f'{"; ".join(changes)}; run with the checkpoint\'s values, pass another '
-                    '--workdir, or pass --resume_with_changes to continue this run so')
-  epoch = meta.examples_seen / max(run.data.num_examples, 1)
-  logging.warning('resuming %s with changes (--resume_with_changes): %s; the training stream '
-                  'continues at example %d (epoch %.2f) in batches of %d', where,
-                  '; '.join(changes), meta.examples_seen, epoch, run.config.batch_size)
-
-
-# What shapes the optimizer and the groups its state is kept for: a resume that changes one
-# starts the optimizer state afresh (`--resume_with_changes`), or is refused.
-OPTIMIZER_FIELDS = ('optimizer', 'optimizer_kwargs', 'layer_decay', 'layer_decay_blocks',
-                    'lr_mults', 'wd_mults', 'frozen', 'decay_all_params', 'norm_weight_decay',
-                    'bias_weight_decay', 'embedding_weight_decay')
-
-
-def _optimizer_changes(run: 'Run') -> list[str]:
-  """'field: checkpoint's value -> this run's' for each of OPTIMIZER_FIELDS where the newest
-  checkpoint's config differs from the run's (one that predates a field: a change there shows
-  as its optimizer state not fitting)."""
-  if not run.checkpointer.steps():
-    return []
-  _, meta = checkpoint.read_meta(run.checkpointer.workdir)
-  saved, config = meta.full_config(), run.config
-  return [f'{field} {_plain(saved[field])!r} -> {_plain(config[field])!r}'
-          for field in OPTIMIZER_FIELDS
-          if field in saved and _plain(saved[field]) != _plain(config[field])]
-
-
 def _optimizer_state_unfit(error: UserError) -> bool:
   """Whether `error` is a checkpoint that reads but whose optimizer state does not fit this
   run's (not a damaged one)."""
@@ -182,10 +116,10 @@ def _optimizer_state_unfit(error: UserError) -> bool:
 def _restore(run: 'Run', state: state_lib.TrainState, resume_with_changes: bool
              ) -> tuple[Optional[checkpoint.Restored], list[checkpoint.Unreadable]]:
   """The newest checkpoint that reads (`restore_newest`); where the optimizer changed
-  (`_optimizer_changes`), refused unless `resume_with_changes`, then its params and the rest
-  with the optimizer state afresh; likewise a checkpoint whose optimizer state alone does
-  not fit (one written by an earlier version of an optimizer)."""
-  changes = _optimizer_changes(run)
+  (`resume_changes.optimizer_changes`), refused unless `resume_with_changes`, then its params
+  and the rest with the optimizer state afresh; likewise a checkpoint whose optimizer state
+  alone does not fit (one written by an earlier version of an optimizer)."""
+  changes = resume_changes.optimizer_changes(run.config, run.checkpointer)
   where = run.checkpointer.directory
   if changes and not resume_with_changes:
     raise UserError(f'the checkpoint in {where} was trained with another optimizer or '
@@ -253,7 +187,7 @@ def start(run: 'Run', resume_with_changes: bool = False) -> Start:
   """Restores the newest checkpoint that reads, else initializes (from `init_from` if set).
   Writes nothing: a workdir whose checkpoint does not fit the config, or `init_from` weights
   that do not fit the model, stop the run with the workdir untouched (nothing is compiled
-  but the init). A checkpoint trained on another stream or model (`STREAM_FIELDS`) is
+  but the init). A checkpoint trained on another stream or model (`resume_changes.STREAM_FIELDS`) is
   refused unless `resume_with_changes`."""
   config, checkpointer = run.config, run.checkpointer
   _, step_rng = state_lib.seed_rngs(config.seed)
@@ -269,7 +203,8 @@ def start(run: 'Run', resume_with_changes: bool = False) -> Start:
   if restored is None:
     return Start(state, step_rng, config.seed, 0, None, unreadable)
   meta = run_meta.RunMeta.from_json(restored.meta, restored.step)
-  _check_resume(run, meta, restored.step, resume_with_changes)
+  resume_changes.check_resume(run.config, run.data, run.checkpointer.directory, meta,
+                              restored.step, resume_with_changes)
   versions = stream_versions.StreamVersions.of_record(meta.streams)
   if versions != run.data.options.versions:
     logging.info('the run continues the stream it started with: %s (a new run draws %s)',

@@ -1,8 +1,9 @@
 """What the experiment trackers' writers share (W&B: `wandb_writer`, MLflow: `mlflow_writer`,
-a `trackers.Tracker` of one's own: `Tracked`): the run's trackers (`TrackerOptions`), the run's parameters and
-tags, the file in the workdir that names the tracked run across resumes and restarts
-(`RunRecord`), the steps a resume trains again and no tracker is given twice (`StepsAbove`),
-and the thread their calls run on so that training never waits for them (`Background`).
+a `trackers.Tracker` of one's own: `Tracked`): the run's trackers (`TrackerOptions`), the
+run's parameters and tags, the file in the workdir that names the tracked run across resumes
+and restarts (`RunRecord`), the steps a resume trains again and no tracker is given twice
+(`StepsAbove`), and the thread their calls run on so that training never waits for them
+(`Background`).
 """
 
 import dataclasses

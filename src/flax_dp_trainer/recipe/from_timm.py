@@ -14,140 +14,24 @@ lacks, a schedule its factory does not know, no data directory) and where no mod
 named for timm's (`--model_map`); it refuses, in the Translation, what it cannot follow.
 """
 
-import dataclasses
 import math
 import os
-from typing import Any, Callable, Optional
+from typing import Optional
 
-from flax_dp_trainer.base.errors import UserError, either, first_line
+from flax_dp_trainer.base.errors import UserError, first_line
 from flax_dp_trainer.data import data_options
-from flax_dp_trainer.recipe import epochs
 from flax_dp_trainer.recipe import timm_args
 from flax_dp_trainer.recipe.translation import Translation
-from flax_dp_trainer.step import clipping
-from flax_dp_trainer.step import optimizers
-from flax_dp_trainer.step import schedules
+from flax_dp_trainer.recipe import timm_optimization
+from flax_dp_trainer.recipe import timm_rules
+from flax_dp_trainer.recipe.timm_context import (
+    Context, DEFAULT_CROP_PCT, EVAL_SYNONYMS, IMAGENET_MEAN, IMAGENET_STD, TRAIN_SYNONYMS,
+    timm_model)
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)  # timm's IMAGENET_DEFAULT_MEAN.
-IMAGENET_STD = (0.229, 0.224, 0.225)  # timm's IMAGENET_DEFAULT_STD.
-DEFAULT_CROP_PCT = 0.875  # timm's DEFAULT_CROP_PCT.
-# The names timm's folder datasets look for where the split's own folder is missing.
-TRAIN_SYNONYMS = ('train', 'training')
-EVAL_SYNONYMS = ('val', 'valid', 'validation', 'eval', 'evaluation')
-# `no_weight_decay()` names this trainer spares too (position embeddings and class tokens).
-SPARED_NAMES = frozenset({'pos_embed', 'cls_token', 'dist_token', 'reg_token'})
 # timm's interpolation names -> resize_filter: PIL's bilinear resize is antialiased ('antialias'
 # here), its box filter averages as 'area' does; bicubic is PIL's antialiased cubic either way.
 _FILTERS = {'bicubic': 'bicubic', 'bilinear': 'antialias', 'box': 'area'}
 _POLICY_SAMPLING = ('nearest', 'bilinear', 'bicubic', 'random')
-
-
-@dataclasses.dataclass(frozen=True)
-class TimmModel:
-  """What the script reads from its model: timm's pretrained config of `name` (the data
-  config's defaults) and the model built without weights (its layers)."""
-  name: str
-  entrypoint: str  # 'timm.models.deit:deit_small_patch16_224', for config.torch_model.
-  input_size: tuple  # (channels, height, width)
-  fixed_input_size: bool  # Built for one size: the script hands it the requested one.
-  interpolation: str
-  mean: tuple
-  std: tuple
-  crop_pct: float
-  num_classes: int
-  has_batchnorm: Optional[bool]  # None: the model could not be built to look.
-  no_weight_decay: frozenset  # Its `no_weight_decay()` names.
-
-
-def timm_model(name: str) -> Optional[TimmModel]:
-  """timm's facts about model `name`, or None where timm (or torch) does not import here;
-  UserError where timm has no such model (the script stops there too)."""
-  try:
-    # pylint: disable=import-outside-toplevel  # (the ddp extra, only once translating)
-    import timm
-    import torch
-  except ImportError:
-    return None
-  if not timm.models.is_model(name):
-    close = timm.list_models(f'*{name[:6]}*')[:3]
-    hint = f' (e.g. {", ".join(close)})' if close else ''
-    raise UserError(f'--model {name}: timm {timm.__version__} has no such model{hint}')
-  cfg = timm.models.get_pretrained_cfg(name)
-  cfg = cfg.to_dict() if cfg is not None else {}
-  entry = timm.models.model_entrypoint(name)
-  has_batchnorm, no_decay = None, frozenset()
-  try:
-    with torch.device('meta'):  # Its layers, without memory or an init.
-      built = timm.create_model(name, pretrained=False)
-    norms = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d,
-             torch.nn.SyncBatchNorm)
-    # timm's own BatchNorm layers (BatchNormAct2d, ...) subclass torch's.
-    has_batchnorm = any(isinstance(m, norms) for m in built.modules())
-    no_decay = frozenset(getattr(built, 'no_weight_decay', lambda: ())())
-  except Exception:  # pylint: disable=broad-except  # Some models refuse the meta device.
-    pass
-  return TimmModel(
-      name=name, entrypoint=f'{entry.__module__}:{entry.__name__}',
-      input_size=tuple(cfg.get('input_size') or (3, 224, 224)),
-      fixed_input_size=bool(cfg.get('fixed_input_size', False)),
-      interpolation=cfg.get('interpolation') or 'bicubic',
-      mean=tuple(cfg.get('mean') or IMAGENET_MEAN), std=tuple(cfg.get('std') or IMAGENET_STD),
-      crop_pct=cfg.get('crop_pct') or DEFAULT_CROP_PCT,
-      num_classes=cfg.get('num_classes') or 1000, has_batchnorm=has_batchnorm,
-      no_weight_decay=no_decay)
-
-
-def _shown(value: Any) -> str:
-  """A flag's value as it is written on a command line."""
-  if isinstance(value, bool):
-    return '' if value else 'unset'
-  if isinstance(value, (list, tuple)):
-    return ' '.join(_shown(v) for v in value)
-  if isinstance(value, dict):
-    return ' '.join(f'{k}={v!r}' for k, v in value.items())
-  return repr(value) if isinstance(value, str) and not value else str(value)
-
-
-@dataclasses.dataclass
-class _Context:
-  """One translation under way: the parsed command line, the processes, the model's facts
-  and the Translation being filled."""
-  parsed: timm_args.Parsed
-  nproc: int
-  out: Translation
-  model: Optional[TimmModel]
-  options: dict  # dest -> its flag.
-  train_dir: Optional[str] = None  # The training images' folder, where it is here to count.
-
-  @property
-  def args(self):
-    return self.parsed.args
-
-  def changed(self, dest: str) -> bool:
-    """Whether `dest` differs from the script's own default."""
-    return getattr(self.args, dest) != self.parsed.defaults[dest]
-
-  def flag(self, *dests: str) -> str:
-    """'--opt adamw' for a flag given, '(default) --lr None' for the script's default,
-    '(deit.yaml) --epochs 300' for a config file's; several joined by ', '."""
-    parts = []
-    for dest in dests:
-      if dest in self.parsed.given:
-        origin = ''
-      elif dest in self.parsed.from_config:
-        origin = f'({timm_args.config_name(self.parsed)}) '
-      else:
-        origin = '(default) '
-      value = _shown(getattr(self.args, dest))
-      parts.append(f'{origin}{self.options[dest]}{" " + value if value else ""}')
-    return ', '.join(parts)
-
-  def set(self, dests, field: str, value: Any, note: str = '') -> None:
-    dests = (dests,) if isinstance(dests, str) else dests
-    self.out.set(self.flag(*dests), field, value, note)
-
-  def refuse(self, dest: str, reason: str, changes_training: bool = True) -> None:
-    self.out.refuse(self.flag(dest), reason, changes_training)
 
 
 # --- The model. -----------------------------------------------------------------------------
@@ -166,7 +50,7 @@ def _check_target(name: str, target: str) -> None:
                     f'of {", ".join(zoo.names())}, or give a port as pkg.module:Name')
 
 
-def _model(ctx: _Context, target: str) -> None:
+def _model(ctx: Context, target: str) -> None:
   args, model = ctx.args, ctx.model
   ctx.set('model', 'model', target, f'--model_map {args.model}={target}')
   if model is None:
@@ -204,7 +88,7 @@ def _requested_size(args) -> Optional[int]:
   return args.img_size
 
 
-def _num_classes(ctx: _Context, classes: Optional[int]) -> None:
+def _num_classes(ctx: Context, classes: Optional[int]) -> None:
   """Refuses a head of another size than the dataset's classes: timm builds the model's
   default head (1000 classes for ImageNet models) unless --num-classes, and smooths and mixes
   labels over it; the head here has the dataset's classes."""
@@ -241,7 +125,7 @@ def _split_dir(root: str, split: str, synonyms: tuple) -> Optional[str]:
   return None
 
 
-def _data(ctx: _Context) -> Optional[int]:
+def _data(ctx: Context) -> Optional[int]:
   """dataset and its splits; returns the train split's class count where it can be seen."""
   args = ctx.args
   root, dest = (args.data_dir, 'data_dir') if args.data_dir else (args.data, 'data')
@@ -280,7 +164,7 @@ def _data(ctx: _Context) -> Optional[int]:
     return sum(1 for e in entries if e.is_dir())
 
 
-def _eval_split(ctx: _Context, path: str) -> None:
+def _eval_split(ctx: Context, path: str) -> None:
   args = ctx.args
   if not args.val_split:
     ctx.refuse('val_split', "timm evaluates nothing; the config evaluates its eval_split "
@@ -294,7 +178,7 @@ def _eval_split(ctx: _Context, path: str) -> None:
   ctx.set('val_split', 'eval_split', found, f'{path}/{found}')
 
 
-def _filter(ctx: _Context, name: str, what: str) -> str:
+def _filter(ctx: Context, name: str, what: str) -> str:
   """resize_filter's name for timm's interpolation `name`; the nearest one, with a line
   before the batch, where there is none."""
   if name in _FILTERS:
@@ -304,7 +188,7 @@ def _filter(ctx: _Context, name: str, what: str) -> str:
   return 'bicubic'
 
 
-def _image(ctx: _Context) -> Optional[tuple]:
+def _image(ctx: Context) -> Optional[tuple]:
   """The crop, evaluation's resize, the filters and the normalization; returns (mean, timm's
   train interpolation) for the augmentations, or None where the size is unknown."""
   args, model = ctx.args, ctx.model
@@ -370,7 +254,7 @@ def _image(ctx: _Context) -> Optional[tuple]:
 
 # --- Augmentation and mixing. ---------------------------------------------------------------
 
-def _augmentation(ctx: _Context, mean: tuple, train_interpolation: str) -> None:
+def _augmentation(ctx: Context, mean: tuple, train_interpolation: str) -> None:
   args = ctx.args
   policy = _policy(ctx, mean, train_interpolation)
   if policy:
@@ -388,7 +272,7 @@ def _augmentation(ctx: _Context, mean: tuple, train_interpolation: str) -> None:
   _repeats(ctx)
 
 
-def _policy(ctx: _Context, mean: tuple, train_interpolation: str) -> bool:
+def _policy(ctx: Context, mean: tuple, train_interpolation: str) -> bool:
   """auto_augment and how it samples and fills; whether a policy is on."""
   # pylint: disable=import-outside-toplevel  # (data/ loads its image ops only when asked)
   from flax_dp_trainer.data.image import timm_strings
@@ -411,7 +295,7 @@ def _policy(ctx: _Context, mean: tuple, train_interpolation: str) -> bool:
   return True
 
 
-def _repeats(ctx: _Context) -> None:
+def _repeats(ctx: Context) -> None:
   args = ctx.args
   repeats = args.aug_repeats
   if not repeats:
@@ -427,7 +311,7 @@ def _repeats(ctx: _Context) -> None:
   ctx.set('aug_repeats', 'aug_repeats', int(repeats))
 
 
-def _mixing(ctx: _Context) -> None:
+def _mixing(ctx: Context) -> None:
   args = ctx.args
   active = args.mixup > 0 or args.cutmix > 0 or args.cutmix_minmax is not None
   ctx.set('mixup', 'mixup_alpha', args.mixup)
@@ -446,7 +330,7 @@ def _mixing(ctx: _Context) -> None:
 
 # --- Regularization, loss, precision, EMA, BatchNorm. ---------------------------------------
 
-def _regularization(ctx: _Context, zoo_model: bool) -> None:
+def _regularization(ctx: Context, zoo_model: bool) -> None:
   args = ctx.args
   ctx.set('drop', 'dropout_rate', args.drop, "create_model's drop_rate")
   if args.drop and zoo_model:
@@ -463,7 +347,7 @@ def _regularization(ctx: _Context, zoo_model: bool) -> None:
                'classes without those options')
 
 
-def _precision(ctx: _Context) -> None:
+def _precision(ctx: Context) -> None:
   args = ctx.args
   if args.model_dtype not in (None, 'float32'):
     ctx.refuse('model_dtype', f'the whole model in {args.model_dtype}: here params stay '
@@ -483,7 +367,7 @@ def _precision(ctx: _Context) -> None:
                '(the loss scale would change between micro-batches)')
 
 
-def _ema(ctx: _Context) -> None:
+def _ema(ctx: Context) -> None:
   args = ctx.args
   if not args.model_ema:
     ctx.set('model_ema', 'ema_decay', 0.0)
@@ -499,7 +383,7 @@ def _ema(ctx: _Context) -> None:
     ctx.refuse('model_ema_warmup', 'the decay warmed up as 1 - (1 + step)^(-2/3): no field')
 
 
-def _batchnorm(ctx: _Context) -> None:
+def _batchnorm(ctx: Context) -> None:
   """Per-GPU BatchNorm where timm runs DDP without --sync-bn: groups of --batch-size rows."""
   args = ctx.args
   if ctx.model and ctx.model.has_batchnorm is False:
@@ -522,453 +406,7 @@ def _batchnorm(ctx: _Context) -> None:
   ctx.set(('dist_bn', 'no_ddp_bb'), 'bn_group_stats', stats, note)
 
 
-# --- Batch, learning rate, optimizer, schedule. ---------------------------------------------
-
-def _batch(ctx: _Context) -> int:
-  """batch_size (global), grad_accum_steps, eval_batch_size; returns the global batch."""
-  args, n = ctx.args, ctx.nproc
-  steps = max(1, args.grad_accum_steps)
-  batch = args.batch_size * n * steps
-  ctx.set(('batch_size', 'grad_accum_steps'), 'batch_size', batch,
-          f'{args.batch_size} x {n} processes x {steps} accumulation steps')
-  ctx.set('grad_accum_steps', 'grad_accum_steps', steps)
-  per_gpu = args.validation_batch_size or args.batch_size
-  ctx.set('validation_batch_size', 'eval_batch_size', per_gpu * n, f'{per_gpu} x {n} processes')
-  return batch
-
-
-def _epoch(ctx: _Context) -> None:
-  """steps_per_epoch: the updates of timm's epoch, counted on the training folder."""
-  args, n = ctx.args, ctx.nproc
-  dests = (('data_dir' if args.data_dir else 'data', 'batch_size') +
-           (('aug_repeats',) if args.aug_repeats else ()))
-  if ctx.train_dir is None:
-    ctx.set(dests, 'steps_per_epoch', 0, 'the training split is not here to count: an epoch '
-            'is the split over batch_size; translate where the data is')
-    return
-  images = epochs.count_images(ctx.train_dir, epochs.TIMM_SUFFIXES, loose=True)
-  updates = epochs.timm_iterations(images, n, args.batch_size, args.aug_repeats)
-  if updates < 1:
-    ctx.refuse('batch_size', f'{images} training images make no update of an epoch for timm '
-               f'({n} processes of {args.batch_size}, the short last batch dropped)')
-    return
-  share = (f'floor({images} // 256 x 256 / {n})' if args.aug_repeats else
-           f'ceil({images} / {n})')
-  ctx.set(dests, 'steps_per_epoch', updates, f'{share} // {args.batch_size}: each process '
-          'drops its short last batch')
-
-
-def _learning_rate(ctx: _Context, global_batch: int) -> float:
-  """The script's rate: --lr, or --lr-base scaled by the global batch over --lr-base-size,
-  by its square root for adaptive optimizers (a name holding 'ada' or 'lamb')."""
-  args = ctx.args
-  lr = args.lr
-  if lr:
-    ctx.set('lr', 'learning_rate', lr)
-  else:
-    scale = args.lr_base_scale or (
-        'sqrt' if any(o in args.opt.lower() for o in ('ada', 'lamb')) else 'linear')
-    ratio = global_batch / args.lr_base_size
-    lr = args.lr_base * (ratio ** 0.5 if scale == 'sqrt' else ratio)
-    shown = f'{global_batch}/{args.lr_base_size}'
-    how = '' if args.lr_base_scale else f' (--opt {args.opt})'
-    note = (f'{args.lr_base} x sqrt({shown}), sqrt scaling{how}' if scale == 'sqrt' else
-            f'{args.lr_base} x {shown}, linear scaling{how}')
-    ctx.set(('lr', 'lr_base', 'lr_base_size', 'lr_base_scale'), 'learning_rate', lr, note)
-  ctx.set('lr', 'scale_learning_rate', False, "the rate is the script's already")
-  return lr
-
-
-def timm_optimizers() -> dict:
-  """{timm's --opt name: (the record's name, its `TimmForm`)} of the registered optimizers."""
-  return {timm_name: (record.name, record.timm[timm_name]) for timm_name, record in
-          optimizers.REGISTRY.by_alias(lambda record: record.timm).items()}
-
-
-def _unnamed(records, attribute: str) -> str:
-  """'; this trainer's optimizers that timm does not name: ...' where a registered record
-  (shipped or a user's, from --imports) has no timm name, to write in the config; '' where
-  none."""
-  names = [record.name for record in records if not getattr(record, attribute)]
-  return (f"; this trainer's {records.field}s that timm does not name: {', '.join(names)} "
-          f'(--config.{records.field}=NAME in the written config)') if names else ''
-
-
-def _optimizer(ctx: _Context) -> None:
-  args = ctx.args
-  name = args.opt.lower()
-  if name.startswith('lookahead_'):
-    ctx.refuse('opt', 'Lookahead around the optimizer: no field')
-    return
-  forms = timm_optimizers()
-  ours, opt = forms.get(name, ('', None))
-  if opt is None or opt.refused:
-    translated = ', '.join(n for n, (_, form) in forms.items() if not form.refused)
-    ctx.refuse('opt', opt.refused if opt else f"timm's {name!r} has no counterpart here (timm "
-               f'names with one: {translated}){_unnamed(optimizers.REGISTRY, "timm")}')
-    return
-  ctx.set('opt', 'optimizer', ours, opt.timm_class)
-  kwargs = dict(opt.kwargs)
-  if opt.eps is not None:
-    kwargs['eps'] = args.opt_eps if args.opt_eps is not None else opt.eps
-  elif args.opt_eps is not None:
-    ctx.refuse('opt_eps', f"timm's {name} takes no eps: it drops it", changes_training=False)
-  if opt.momentum:
-    ctx.set('momentum', 'momentum', args.momentum)
-  elif 'momentum' in ctx.parsed.given:
-    ctx.refuse('momentum', f"timm's {name} takes no momentum: it drops it",
-               changes_training=False)
-  if opt.nesterov is not None:
-    ctx.set('opt', 'nesterov', opt.nesterov)
-  _betas(ctx, opt, kwargs)
-  ctx.set(('opt', 'opt_eps', 'opt_betas'), 'optimizer_kwargs', kwargs,
-          f'{opt.timm_class} as timm builds it')
-
-
-def _betas(ctx: _Context, opt: optimizers.TimmForm, kwargs: dict) -> None:
-  """--opt-betas (or the class's defaults) where the optimizer takes them."""
-  betas = ctx.args.opt_betas
-  if not opt.betas:
-    if betas is not None:
-      ctx.refuse('opt_betas', f"timm's {ctx.args.opt} takes no betas: it drops them",
-                 changes_training=False)
-    return
-  if betas is not None and len(betas) != (1 if opt.betas == 'b1' else 2):
-    ctx.refuse('opt_betas', f'{len(betas)} betas for {opt.timm_class}')
-    return
-  if opt.betas == 'b1':
-    if betas is not None:
-      kwargs['b1'] = betas[0]
-    return
-  b1, b2 = betas if betas is not None else opt.default_betas
-  if opt.betas == 'fields':
-    ctx.set('opt_betas', 'adam_b1', b1)
-    ctx.set('opt_betas', 'adam_b2', b2)
-  else:
-    kwargs.update(b1=b1, b2=b2)
-
-
-def _param_groups(ctx: _Context) -> None:
-  args = ctx.args
-  ctx.set('weight_decay', 'weight_decay', args.weight_decay)
-  extra = sorted((ctx.model.no_weight_decay if ctx.model else frozenset()) - SPARED_NAMES)
-  ctx.set('weight_decay', 'decay_all_params', False,
-          '1-D params, biases, position embeddings and class tokens spared, as timm spares '
-          "1-D params and the model's no_weight_decay()")
-  if extra and args.weight_decay:
-    ctx.refuse('weight_decay', f"{args.model}'s no_weight_decay() also spares {', '.join(extra)}"
-               ', which the rule here decays: spare them with --config.wd_mults')
-  ctx.set('layer_decay', 'layer_decay', args.layer_decay or 1.0,
-          'stem layer 0, head L + 1, as timm counts')
-  ctx.set('clip_grad', 'grad_clip_norm', args.clip_grad or 0.0)
-  modes = clipping.REGISTRY.by_alias(lambda r: (r.timm,) if r.timm else ())
-  if args.clip_mode not in modes:
-    raise UserError(f"--clip-mode {args.clip_mode}: timm's train.py clips by "
-                    f'{either(sorted(modes))}')
-  ctx.set('clip_mode', 'grad_clip_mode', modes[args.clip_mode].name)
-
-
-# timm's --sched names (its scheduler factory's), and those it adds --cooldown-epochs to.
-_TIMM_SCHEDULES = ('cosine', 'tanh', 'step', 'constant', 'multistep', 'plateau', 'poly', 'wsd',
-                   'rsqrt', 'none')
-_CYCLES = ('cosine', 'tanh', 'poly', 'wsd', 'rsqrt')
-_RESTARTS = ('cosine', 'tanh', 'poly')  # Those taking --lr-cycle-limit.
-
-
-def _schedule(ctx: _Context, peak: float) -> None:
-  args = ctx.args
-  sched = args.sched
-  known = schedules.REGISTRY.by_alias(lambda record: record.timm_names)
-  if sched not in _TIMM_SCHEDULES:
-    raise UserError(f"--sched {sched}: timm's scheduler factory has no such schedule; it has "
-                    f'{", ".join(_TIMM_SCHEDULES)}')
-  if sched not in known:
-    ctx.refuse('sched', f"timm's {sched} schedule is not offered here"
-               f'{_unnamed(schedules.REGISTRY, "timm_names")}')
-    return
-  warmup = 0 if sched == 'none' else args.warmup_epochs
-  epochs = args.epochs + (warmup if args.warmup_prefix else 0)
-  ctx.set('sched', 'lr_schedule', known[sched].name,
-          'no scheduler: the rate stays at --lr' if sched == 'none' else '')
-  ctx.set('sched_on_updates', 'lr_schedule_unit', 'step' if args.sched_on_updates else 'epoch')
-  ctx.set(('epochs', 'warmup_epochs', 'warmup_prefix'), 'num_epochs', float(epochs),
-          f'{args.epochs} + {warmup} warm-up epochs' if args.warmup_prefix else '')
-  ctx.set('epochs', 'num_train_steps', -1)
-  ctx.set('warmup_epochs', 'warmup_epochs', float(warmup))
-  ctx.set('warmup_epochs', 'warmup_steps', -1)
-  ctx.set('warmup_prefix', 'warmup_prefix', args.warmup_prefix)
-  ctx.set('warmup_epochs', 'warmup_method', 'linear')
-  if warmup and args.warmup_lr > peak:
-    ctx.refuse('warmup_lr', f'a warm-up from {args.warmup_lr} down to the rate {peak}: here '
-               'the warm-up rises')
-  elif warmup:
-    ctx.set('warmup_lr', 'warmup_learning_rate', args.warmup_lr)
-  if 'min_learning_rate' in known[sched].fields:
-    ctx.set('min_lr', 'min_learning_rate', float(args.min_lr))
-  elif 'min_lr' in ctx.parsed.given:
-    ctx.refuse('min_lr', f"timm's {sched} schedule has no floor: it drops --min-lr",
-               changes_training=False)
-  _schedule_kind(ctx, sched, warmup)
-  if args.cooldown_epochs and sched in _CYCLES:
-    ctx.refuse('cooldown_epochs', f'{args.cooldown_epochs} epochs held at --min-lr after the '
-               'schedule: no field (the schedule here runs to the end of the run)')
-
-
-def _schedule_kind(ctx: _Context, sched: str, warmup: int) -> None:
-  """The fields of one schedule kind (step, multistep, poly, wsd/rsqrt) and its refusals."""
-  args = ctx.args
-  if sched in ('cosine', 'poly') and args.lr_k_decay != 1:
-    ctx.refuse('lr_k_decay', 'k-decay of the schedule: no field')
-  if sched in _RESTARTS and args.lr_cycle_limit > 1:
-    ctx.refuse('lr_cycle_limit', 'restarts of the schedule: no field')
-  if args.lr_noise is not None and sched != 'none':
-    ctx.refuse('lr_noise', 'noise on the rate: no field')
-  if sched == 'step':
-    ctx.set('decay_epochs', 'lr_step_size_epochs',
-            float(args.decay_epochs if args.decay_epochs is not None else 90),
-            '' if args.decay_epochs is not None else "timm 1.0.31's factory default")
-    ctx.set('decay_rate', 'lr_gamma', args.decay_rate)
-  elif sched == 'multistep':
-    _milestones(ctx)
-  elif sched == 'poly':
-    ctx.set('decay_rate', 'lr_power', args.decay_rate, "timm's poly power is --decay-rate")
-  elif sched in ('wsd', 'rsqrt'):
-    _wsd(ctx, sched, warmup)
-
-
-def _milestones(ctx: _Context) -> None:
-  """timm's MultiStepLRScheduler applies milestone m at t = m - 1 (in its unit): m - 1 epochs
-  here, where the milestones count epochs."""
-  args = ctx.args
-  if args.sched_on_updates:
-    ctx.refuse('decay_milestones', 'per update, timm applies each milestone one update before '
-               'its last update of epoch m; milestones here count whole epochs')
-    return
-  if min(args.decay_milestones) < 2:
-    ctx.refuse('decay_milestones', 'a milestone at epoch 1 decays from the first epoch in '
-               'timm; milestones here start after epoch 0')
-    return
-  ctx.set('decay_milestones', 'lr_milestone_epochs',
-          ','.join(str(m - 1) for m in args.decay_milestones),
-          'each one epoch early, as timm applies them')
-  ctx.set('decay_rate', 'lr_gamma', args.decay_rate)
-
-
-def _wsd(ctx: _Context, sched: str, warmup: int) -> None:
-  """wsd and rsqrt: the decay's share of the stable + decay phases, its shape."""
-  args = ctx.args
-  stable_and_decay = args.epochs if args.warmup_prefix else args.epochs - warmup
-  decay = args.decay_epochs if args.decay_epochs is not None else 0.2
-  whole = round(decay * stable_and_decay) if 0 < decay < 1 else round(decay)
-  if not 0 < whole <= stable_and_decay:
-    raise UserError(f'--decay-epochs {decay}: timm\'s {sched} needs 0 < decay <= '
-                    f'{stable_and_decay} epochs (the stable + decay phases)')
-  fraction = decay if 0 < decay < 1 else whole / stable_and_decay
-  ctx.set(('decay_epochs', 'epochs', 'warmup_epochs'), 'lr_decay_fraction', fraction,
-          f'{whole} of {stable_and_decay} epochs')
-  shape = args.lr_decay_fn or ('linear' if sched == 'rsqrt' else '1-sqrt')
-  if sched == 'rsqrt' and shape != 'linear':
-    ctx.refuse('lr_decay_fn', f"rsqrt's decay here is linear, not {shape}")
-  elif shape not in ('1-sqrt', 'linear', 'cosine', 'power', 'exp'):
-    ctx.refuse('lr_decay_fn', f'a decay {shape!r}: here 1-sqrt, linear, cosine, power or exp')
-  else:
-    ctx.set('lr_decay_fn', 'lr_decay_shape', shape)
-    if shape == 'power':
-      ctx.set('lr_decay_fn', 'lr_power', 0.5, "timm's WSD decay_power")
-  if args.lr_stable_timescale is not None:
-    ctx.refuse('lr_stable_timescale', "rsqrt's timescale in epochs: here in steps "
-               '(lr_rsqrt_timescale); set it to the steps of those epochs')
-
-
-# --- Bookkeeping, and the flags left. -------------------------------------------------------
-
-def _bookkeeping(ctx: _Context) -> None:
-  args = ctx.args
-  ctx.set('seed', 'seed', args.seed, 'seeds init, dropout and the data order here: not the '
-          "same draws as torch's")
-  ctx.set('log_interval', 'log_every_steps', args.log_interval)
-  ctx.set('checkpoint_hist', 'keep_checkpoints', args.checkpoint_hist,
-          'timm keeps the best by --eval-metric; here the newest')
-  ctx.set('grad_checkpointing', 'remat', 'full' if args.grad_checkpointing else 'none',
-          'the same results, less memory' if args.grad_checkpointing else '')
-
-
-@dataclasses.dataclass(frozen=True)
-class _Rule:
-  """A flag without a field: refused where `applies` (default: off the script's default),
-  with `reason`; `changes_training` False where it only changes where outputs go or how
-  fast, or where the script itself ignores it."""
-  dest: str
-  reason: str
-  changes_training: bool = True
-  applies: Optional[Callable[[Any], bool]] = None
-
-
-def _rules() -> tuple[_Rule, ...]:
-  """Every flag left after the parts above, and when it is refused."""
-  no_bce = lambda a: not a.bce_loss
-  no_kd = lambda a: a.kd_model_name is None
-  no_sizes = lambda a: a.train_img_sizes is None
-  no_naflex = lambda a: not a.naflex_loader
-  effect_free = [
-      ('output', 'where timm writes; the run writes to its --workdir'),
-      ('experiment', 'where timm writes; the run writes to its --workdir'),
-      ('recovery_interval', 'recovery checkpoints; checkpoint_every_steps sets the cadence'),
-      ('val_interval', 'timm evaluates every N epochs; set eval_every_steps and '
-       'checkpoint_every_steps to the steps of N epochs'),
-      ('workers', "timm's loader processes; data_threads sets this trainer's"),
-      ('pin_mem', 'how batches reach the GPU'), ('channels_last', 'a memory layout'),
-      ('torchscript', 'compilation'), ('torchcompile', 'compilation'),
-      ('torchcompile_mode', 'compilation'), ('fuser', 'compilation'),
-      ('fast_norm', 'a fused LayerNorm kernel'),
-      ('no_prefetcher', 'where timm normalizes, mixes and erases (the differences before '
-       'the batch say so)'),
-      ('device', 'the accelerator'), ('device_modules', 'the accelerator'),
-      ('local_rank', 'set by the launcher'), ('synchronize_step', 'timing'),
-      ('save_images', 'debugging output'), ('eval_metric', 'which checkpoint timm keeps best'),
-      ('tta', 'evaluation only'), ('use_multi_epochs_loader', 'loader speed'),
-      ('log_wandb', 'logging'), ('wandb_project', 'logging'), ('wandb_tags', 'logging'),
-      ('wandb_resume_id', 'logging'), ('worker_seeding', "the loader's seeds"),
-      ('model_ema_force_cpu', 'where the EMA lives (timm then does not evaluate it)'),
-      ('dataset_download', 'downloading'), ('dataset_trust_remote_code', 'downloading'),
-      ('save_epochs', 'extra checkpoints'), ('input_key', "Hugging Face datasets' only"),
-      ('target_key', "Hugging Face datasets' only"),
-      ('train_num_samples', 'iterable datasets only'), ('val_num_samples', 'evaluation only'),
-      ('drop_connect', 'deprecated: train.py reads it nowhere'),
-      ('resplit', 'only with --aug-splits'), ('no_resume_opt', 'only with --resume'),
-      ('patience_epochs', "the plateau schedule's only"),
-  ]
-  rules = [_Rule(d, r, False) for d, r in effect_free]
-  rules += [
-      _Rule('amp_dtype', 'only with --amp', False, lambda a: not a.amp),
-      _Rule('bce_sum', 'only with --bce-loss', False, no_bce),
-      _Rule('bce_target_thresh', 'only with --bce-loss', False, no_bce),
-      _Rule('bce_pos_weight', 'only with --bce-loss', False, no_bce),
-      _Rule('lr_noise_pct', 'only with --lr-noise', False),
-      _Rule('lr_noise_std', 'only with --lr-noise', False),
-      _Rule('lr_cycle_mul', 'only with --lr-cycle-limit above 1', False),
-      _Rule('lr_cycle_decay', 'only with --lr-cycle-limit above 1', False),
-      _Rule('decay_milestones', "the multistep schedule's only", False,
-            lambda a: a.sched != 'multistep'),
-      _Rule('decay_epochs', "the step, wsd and rsqrt schedules' only", False,
-            lambda a: a.sched not in ('step', 'wsd', 'rsqrt')),
-      _Rule('decay_rate', "the step, multistep and poly schedules' only", False,
-            lambda a: a.sched not in ('step', 'multistep', 'poly')),
-      _Rule('lr_decay_fn', "the wsd and rsqrt schedules' only", False,
-            lambda a: a.sched not in ('wsd', 'rsqrt')),
-      _Rule('lr_stable_timescale', "the rsqrt schedule's only", False,
-            lambda a: a.sched != 'rsqrt'),
-      _Rule('cooldown_epochs', 'timm adds no cool-down to this schedule', False,
-            lambda a: a.sched not in _CYCLES),
-      _Rule('lr_k_decay', 'the cosine and poly schedules only', False,
-            lambda a: a.sched not in ('cosine', 'poly')),
-      _Rule('lr_cycle_limit', 'the cosine, tanh and poly schedules only', False,
-            lambda a: a.sched not in _RESTARTS),
-      _Rule('mixup_mode', 'only with Mixup or CutMix', False,
-            lambda a: not (a.mixup > 0 or a.cutmix > 0 or a.cutmix_minmax is not None)),
-      _Rule('mixup_off_epoch', 'only with Mixup or CutMix', False,
-            lambda a: not (a.mixup > 0 or a.cutmix > 0 or a.cutmix_minmax is not None)),
-  ]
-  rules += [_Rule(d, 'scheduled-resolution training only', False, no_sizes)
-            for d in ('train_batch_sizes', 'train_size_probs', 'train_size_schedule',
-                      'train_size_schedule_spread', 'train_size_random_mix',
-                      'variable_batch_loss_scale')]
-  rules += [_Rule(d, 'the NaFlex loader only', False, no_naflex)
-            for d in ('naflex_train_seq_lens', 'naflex_max_seq_len', 'naflex_patch_sizes',
-                      'naflex_patch_size_probs', 'naflex_loss_scale',
-                      'naflex_patchify_channels_first')]
-  rules += [_Rule(d, 'distillation only', False, no_kd)
-            for d in ('kd_distill_type', 'kd_loss_type', 'distill_loss_weight',
-                      'task_loss_weight', 'kd_temperature', 'kd_student_feature_dim',
-                      'kd_teacher_feature_dim', 'kd_token_distill_type')]
-  changes = [
-      ('class_map', 'a class -> index file: labels here are the sorted class folders'),
-      ('input_img_mode', 'images converted to another mode than RGB'),
-      ('pretrained', "timm's pretrained weights: give the original's state dict as "
-       '--config.init_from=FILE'),
-      ('pretrained_path', "pretrained weights: give the original's state dict as "
-       '--config.init_from=FILE'),
-      ('initial_checkpoint', "a timm checkpoint: give the original's state dict as "
-       '--config.init_from=FILE'),
-      ('resume', "a timm checkpoint: this trainer resumes its own (--workdir)"),
-      ('gp', 'another global pool than the model\'s: no field for the flax model'),
-      ('head_init_scale', "the head's init: no field"),
-      ('head_init_bias', "the head's init: no field"),
-      ('model_kwargs', 'arguments of timm\'s model (torch_model_kwargs carry them), not of '
-       'the flax model'),
-      ('opt_kwargs', "timm's optimizer arguments: set --config.optimizer_kwargs by hand"),
-      ('layer_decay_min_scale', 'a floor under the layer-wise factors: no field'),
-      ('layer_decay_no_opt_scale', 'layers below a factor frozen: no field'),
-      ('start_epoch', 'a run started part-way through its schedule: no field'),
-      ('epoch_repeats', 'epochs of repeated passes over the data: no field'),
-      ('stop_epoch', 'a run stopped before its schedule ends: no field'),
-      ('no_aug', "timm's resize + centre crop without augmentation: no augment of that kind"),
-      ('vflip', 'no vertical flips here'),
-      ('color_jitter_prob', 'colour jitter applied at random: no field'),
-      ('grayscale_prob', 'random grey conversion: no field'),
-      ('gaussian_blur_prob', 'random Gaussian blur: no field'),
-      ('aug_splits', 'augmentation splits (AugMix + JSD): no field'),
-      ('jsd_loss', 'the Jensen-Shannon consistency loss: no field'),
-      ('drop_block', 'DropBlock: no field'),
-      ('bn_momentum', "BatchNorm's momentum of the timm model: no field"),
-      ('bn_eps', "BatchNorm's epsilon of the timm model: no field"),
-      ('split_bn', 'BatchNorm per augmentation split: no field'),
-      ('target_format', 'multi-label targets: no field'),
-      ('class_stats', 'class-weighted losses: no field'),
-      ('loss_pos_weight', 'class-weighted losses: no field'),
-      ('loss_class_weight', 'class-weighted losses: no field'),
-      ('loss_weight_power', 'class-weighted losses: no field'),
-      ('poly_gamma', 'the Poly-1 loss: no field'), ('poly_epsilon', 'the Poly-1 loss: no field'),
-      ('train_img_sizes', 'scheduled training resolutions: no field'),
-      ('train_batches_per_epoch', 'epochs of a fixed number of batches: no field'),
-      ('naflex_loader', 'NaFlex variable-resolution batches: no field'),
-      ('kd_model_name', 'knowledge distillation: no field'),
-  ]
-  rules += [_Rule(d, r) for d, r in changes]
-  rules += [
-      _Rule('train_crop_mode', 'ResizeKeepRatio crops: the random-resized crop here',
-            applies=lambda a: a.train_crop_mode not in (None, 'rrc')),
-      _Rule('task', 'multi-label training: no field', applies=lambda a: a.task != 'classification'),
-      _Rule('loss', 'another loss than cross-entropy: no field',
-            applies=lambda a: a.loss not in (None, 'ce')),
-  ]
-  return tuple(rules)
-
-
-# Dests the parts above translate (the rules take the rest).
-_PARTS = frozenset({
-    'data', 'data_dir', 'dataset', 'train_split', 'val_split', 'model', 'num_classes',
-    'img_size', 'in_chans', 'input_size', 'crop_pct', 'mean', 'std', 'interpolation',
-    'train_interpolation', 'scale', 'ratio', 'hflip', 'batch_size', 'grad_accum_steps', 'lr',
-    'lr_base', 'lr_base_size', 'lr_base_scale', 'opt', 'opt_eps', 'opt_betas', 'momentum',
-    'weight_decay', 'layer_decay',
-    'clip_grad', 'clip_mode', 'sched', 'sched_on_updates', 'epochs', 'warmup_epochs',
-    'warmup_prefix', 'warmup_lr', 'min_lr', 'lr_noise', 'color_jitter', 'aa', 'aug_repeats',
-    'reprob', 'remode', 'recount', 'mixup', 'cutmix', 'cutmix_minmax', 'mixup_prob',
-    'mixup_switch_prob', 'smoothing', 'drop', 'drop_path', 'bce_loss', 'amp', 'model_dtype',
-    'model_ema', 'model_ema_decay', 'model_ema_warmup', 'sync_bn', 'dist_bn', 'no_ddp_bb',
-    'seed', 'log_interval', 'checkpoint_hist', 'grad_checkpointing', 'validation_batch_size',
-})
-
-
-def covered() -> frozenset:
-  """Every dest the translation reads: the parts' and the rules'."""
-  return _PARTS | {r.dest for r in _rules()}
-
-
-def _apply_rules(ctx: _Context) -> None:
-  handled = {u.flag for u in ctx.out.unhonoured}
-  for rule in _rules():
-    applies = ctx.changed(rule.dest) and (rule.applies is None or rule.applies(ctx.args))
-    if applies and ctx.flag(rule.dest) not in handled:
-      ctx.refuse(rule.dest, rule.reason if rule.changes_training else
-                 f'no effect on the training: {rule.reason}', rule.changes_training)
-  for key in ctx.parsed.ignored:
-    ctx.out.refuse(f'({timm_args.config_name(ctx.parsed)}) {key}', 'no flag of train.py: timm '
-                   'warns and ignores it', changes_training=False)
-
-
-def _before_batch(ctx: _Context) -> list[str]:
+def _before_batch(ctx: Context) -> list[str]:
   """What differs in making the batch, which the check sets aside by feeding both sides the
   same global batches."""
   args = ctx.args
@@ -1022,7 +460,7 @@ def translate(argv: list[str], nproc_per_node: int,
   _check_target(args.model, target)
   main = timm_args.parser()
   options = {dest: timm_args.option(main, dest) for dest in parsed.defaults}
-  ctx = _Context(parsed, nproc_per_node, Translation('timm', list(argv)),
+  ctx = Context(parsed, nproc_per_node, Translation('timm', list(argv)),
                  timm_model(args.model), options)
   classes = _data(ctx)
   _model(ctx, target)
@@ -1032,21 +470,21 @@ def translate(argv: list[str], nproc_per_node: int,
     mean, train_interpolation = image
     _augmentation(ctx, mean, train_interpolation)
   _mixing(ctx)
-  global_batch = _batch(ctx)
-  _epoch(ctx)
-  peak = _learning_rate(ctx, global_batch)
-  _optimizer(ctx)
-  _param_groups(ctx)
-  _schedule(ctx, peak)
+  global_batch = timm_optimization.translate_batch(ctx)
+  timm_optimization.translate_epoch(ctx)
+  peak = timm_optimization.translate_learning_rate(ctx, global_batch)
+  timm_optimization.translate_optimizer(ctx)
+  timm_optimization.translate_param_groups(ctx)
+  timm_optimization.translate_schedule(ctx, peak)
   _regularization(ctx, zoo_model=':' not in target)
   _precision(ctx)
   _ema(ctx)
   _batchnorm(ctx)
-  _bookkeeping(ctx)
+  timm_rules.translate_bookkeeping(ctx)
   repeats = ctx.out.fields().get('aug_repeats', 1)
   if global_batch % repeats:
     ctx.refuse('aug_repeats', f'a global batch of {global_batch} is not whole runs of '
                f'{repeats} copies, which the batch here must hold')
-  _apply_rules(ctx)
+  timm_rules.apply_rules(ctx)
   ctx.out.before_batch = _before_batch(ctx) + ctx.out.before_batch
   return ctx.out

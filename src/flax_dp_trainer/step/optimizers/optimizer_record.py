@@ -61,7 +61,7 @@ class Kwarg:
 @dataclasses.dataclass(frozen=True)
 class TimmForm:
   """How timm's `create_optimizer_v2` builds a record's counterpart under one `--opt` name, for
-  the translator of timm's commands (`recipe/from_timm.py`)."""
+  the translator of timm's commands (`recipe/timm_optimization.py`)."""
   timm_class: str = ''  # What timm builds, for the row's note.
   eps: Optional[float] = None  # Its default eps where timm passes --opt-eps; None: dropped.
   betas: str = ''  # Where --opt-betas go: 'fields' (adam_b1/b2), 'kwargs' (b1, b2), 'b1'; ''
