@@ -19,9 +19,11 @@ From Python (a script or a notebook):
 
 `fit` and `evaluate` are `api`'s, `load` is `inference`'s; `remat_block` (`trace.remat`)
 marks a block of your model that `config.remat` recomputes; a `Listener`
-(`loop.listeners`), passed to `fit(callbacks=[...])`, is told of the loop's events. Every
-`import flax_dp_trainer.X` runs this file first, so it imports nothing: these names load when first used (PEP 562), and
-`import flax_dp_trainer.X` pulls in neither JAX nor TensorFlow that X does not need.
+(`loop.listeners`), passed to `fit(listeners=[...])`, is told of the loop's events
+(`ScalarsListener(f)` calls `f(step, scalars)` with each log's and evaluation's scalars).
+Every `import flax_dp_trainer.X` runs this file first, so it imports nothing: these names load
+when first used (PEP 562), and `import flax_dp_trainer.X` pulls in neither JAX nor TensorFlow
+that X does not need.
 """
 
 import importlib as _importlib
@@ -30,7 +32,8 @@ __version__ = '0.2.0'
 
 # Name: the module that defines it.
 _EXPORTS = {'fit': 'api', 'evaluate': 'api', 'load': 'inference',
-            'remat_block': 'trace.remat', 'Listener': 'loop.listeners'}
+            'remat_block': 'trace.remat', 'Listener': 'loop.listeners',
+            'ScalarsListener': 'loop.listeners'}
 
 __all__ = ['__version__', *_EXPORTS]
 

@@ -10,6 +10,7 @@ loop, checkpoints, resume, metrics and errors (the package's root exports them).
 
 import contextlib
 import dataclasses
+import warnings
 from typing import Any, Callable, Optional, Sequence
 
 import ml_collections
@@ -17,7 +18,7 @@ import ml_collections
 from flax_dp_trainer import logs
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.data.kinds import arrays
-from flax_dp_trainer.loop import listeners
+from flax_dp_trainer.loop import listeners as listeners_lib
 from flax_dp_trainer.loop import progress as bars
 from flax_dp_trainer.loop import train as train_lib
 from flax_dp_trainer.loop import writers
@@ -69,17 +70,19 @@ class FitResult:
 
 def fit(config, workdir: str, *, model=None, loss=None, data=None, devices=None,
         cpu_devices: Optional[int] = None,
-        callbacks: Sequence[Callable[[int, dict], None] | listeners.Listener] = (),
+        listeners: Sequence[listeners_lib.Listener] = (),
+        callbacks: Optional[Sequence[Callable[[int, dict], None]]] = None,
         verbosity: str = 'info', progress: Optional[bool] = None,
         layout: Optional[str] = None) -> FitResult:
   """Trains `config` in `workdir`, resuming from its newest checkpoint
   (`train.train_and_evaluate`); returns a `FitResult`. `data`: {split: (images, labels)}
   numpy arrays to train on in place of `config.dataset` (`data/kinds/arrays.py`). `cpu_devices`:
   that many simulated CPU devices, as the command line's `--cpu_devices` (before JAX starts
-  in this process). `callbacks`: each called on process 0 as `callback(step, {tag: value})`
-  with every log step's training metrics and every evaluation's, as they are written; or a
-  `flax_dp_trainer.Listener` (`loop/listeners.py`), told on process 0 of the loop's events
-  with their step numbers: step, log, evaluation, save, end.
+  in this process). `listeners`: `flax_dp_trainer.Listener`s (`loop/listeners.py`), told on
+  process 0 of the loop's events with their step numbers: step, log, evaluation, save, end
+  (`ScalarsListener(function)`: each log's and evaluation's scalars to a function).
+  `callbacks` (deprecated, for a release): its functions as `ScalarsListener`s and its
+  listeners as `listeners`, with a warning.
   `verbosity`: 'info' shows the command line's lines (progress, evaluations, checkpoints)
   less the config's dump (`logs.shown`), 'warning' and 'error' less. `progress`: a progress
   bar for the run, with its latest metrics, and one for each evaluation (a live widget in a
@@ -87,9 +90,15 @@ def fit(config, workdir: str, *, model=None, loss=None, data=None, devices=None,
   Jupyter kernel) only. `layout`: how `data`'s images are laid
   out, 'NCHW' (PyTorch's; transposed on load) or 'NHWC'; undeclared, images that look like
   NCHW are refused. It is part of the dataset's name: a resume must declare the same."""
+  if callbacks is not None:
+    warnings.warn('fit(callbacks=...) is deprecated and goes in the next release: pass '
+                  'listeners=[...], a Listener as it is and a function f(step, scalars) as '
+                  'flax_dp_trainer.ScalarsListener(f)', FutureWarning, stacklevel=2)
+    listeners = [*listeners, *(c if isinstance(c, listeners_lib.Listener) else
+                               listeners_lib.ScalarsListener(c) for c in callbacks)]
   with _started(config, data, cpu_devices, verbosity, layout) as (config, given):
     state = train_lib.train_and_evaluate(config, workdir, devices=devices, model=model,
-                                         loss=loss, data=given, callbacks=callbacks,
+                                         loss=loss, data=given, listeners=listeners,
                                          show_bars=_show_bars(progress))
   return FitResult(state, workdir, int(state.step), writers.history(workdir))
 

@@ -1,5 +1,5 @@
 """From a script or a notebook as from the command line: `fit` shows the command line's
-progress, takes simulated CPU devices, returns a history and calls callbacks as it writes;
+progress, takes simulated CPU devices, returns a history and tells its listeners as it trains;
 `load` checks the module it is given."""
 
 import re
@@ -26,7 +26,7 @@ def test_the_package_holds_its_api_and_its_subpackages_alone():
   process imported), not the modules the package file uses."""
   names = [name for name in dir(trainer) if not name.startswith('_')]
   assert [name for name in names if not isinstance(getattr(trainer, name), types.ModuleType)
-          ] == ['Listener', 'evaluate', 'fit', 'load', 'remat_block']
+          ] == ['Listener', 'ScalarsListener', 'evaluate', 'fit', 'load', 'remat_block']
   assert all(getattr(trainer, name).__name__ == f'flax_dp_trainer.{name}' for name in names
              if isinstance(getattr(trainer, name), types.ModuleType))
   with pytest.raises(AttributeError, match="has no attribute 'importlib'"):
@@ -55,15 +55,17 @@ class _Events(trainer.Listener):
     self.events.append(('end', step))
 
 
-def test_fit_returns_the_history_and_calls_back_every_write(config, tmp_path):
-  """A plain function gets each write of scalars; a listener, the loop's events."""
+def test_fit_returns_the_history_and_tells_its_listeners(config, tmp_path):
+  """A listener gets the loop's events; a function in the deprecated `callbacks=`, with a
+  warning, each log's and evaluation's scalars (as `ScalarsListener`)."""
   config.update(num_train_steps=6, warmup_steps=1, log_every_steps=2, eval_every_steps=3,
                 checkpoint_every_steps=4)
   seen, events = [], _Events()
   workdir = str(tmp_path / 'run')
-  result = trainer.fit(config, workdir, model=user_models.PlainNet(num_classes=10, width=4),
-                       devices=jax.devices()[:2],
-                       callbacks=[lambda s, m: seen.append((s, m)), events], verbosity='error')
+  with pytest.warns(FutureWarning, match=r'fit\(callbacks=...\) is deprecated'):
+    result = trainer.fit(config, workdir, model=user_models.PlainNet(num_classes=10, width=4),
+                         devices=jax.devices()[:2], listeners=[events],
+                         callbacks=[lambda s, m: seen.append((s, m))], verbosity='error')
   assert (result.workdir, result.step, int(result.state.step)) == (workdir, 6, 6)
   told = [e[:2] for e in events.events]
   assert told == [('step', 1), ('step', 2), ('log', 2), ('step', 3), ('evaluation', 3),

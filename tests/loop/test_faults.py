@@ -239,7 +239,7 @@ def run(sig, at):
       os.kill(os.getpid(), getattr(signal, sig))
 
   try:
-    fdt.fit(config, sys.argv[2], cpu_devices=2, callbacks=[stop])
+    fdt.fit(config, sys.argv[2], cpu_devices=2, listeners=[fdt.ScalarsListener(stop)])
   except KeyboardInterrupt as e:
     print('KeyboardInterrupt', type(e).__name__, e.step, e.exit_code, e.checkpoint, flush=True)
   except RuntimeError as e:

@@ -57,7 +57,7 @@ def test_the_quickstart_notebook_runs_and_matches_the_command_line(tmp_path, tfd
   assert bars[0][:2] == (200, 200), bars
   assert f'eval_accuracy={accuracy:.4g}' in bars[0][2], bars
   assert [bar[:2] for bar in bars[1:]] == [(3, 3), (3, 3)], bars
-  assert _text(code[2]).splitlines()[0] == 'callbacks saw steps [1, 50, 100, 150, 200]'
+  assert _text(code[2]).splitlines()[0] == 'the listener saw steps [50, 100, 150, 200]'
   assert float(_text(code[3]).split()[-1]) > 0.9
   verdicts = _text(code[4]).splitlines()
   assert verdicts[0].endswith("flax's gelu is the tanh approximation, torch's GELU() is "

@@ -11,9 +11,9 @@ of the loop's named events, with their step numbers:
   end         the session's last step is done (`on_end`)
 
 A user's listener subclasses `Listener` and overrides the events it wants; pass it to
-`flax_dp_trainer.fit(..., callbacks=[listener])` (a plain function there still gets each
-write of scalars, as `callback(step, {tag: value})`). Listeners run on process 0 only where
-they write (the writers, the bars); a user's, on process 0.
+`flax_dp_trainer.fit(..., listeners=[listener])`, the one door for a user's code
+(`ScalarsListener(function)` makes one of a function of each log's and evaluation's scalars). Listeners run on process 0
+only where they write (the writers, the bars); a user's, on process 0.
 
 The trainer's own listeners also hear the loop's timing: where a step begins and is handed
 to the devices, the first step's end (its compile included), the phases the loop waits in
@@ -83,6 +83,19 @@ class Listener:
 
   def eval_batch(self) -> None:
     """An evaluation batch has been dispatched."""
+
+
+class ScalarsListener(Listener):
+  """`function(step, {tag: value})` called with each log's and each evaluation's scalars, as
+  they are written: what a notebook plots while the run trains."""
+
+  def __init__(self, function: Callable[[int, dict[str, float]], Any]):
+    self._function = function
+
+  def on_log(self, step: int, scalars: dict[str, float]) -> None:
+    self._function(int(step), {tag: float(value) for tag, value in scalars.items()})
+
+  on_evaluation = on_log
 
 
 class Listeners(Listener):

@@ -89,8 +89,8 @@ class ThroughputListener(Listener):
 
 
 class WriterListener(Listener):
-  """The metric writers (`writers.open_session`: TensorBoard, metrics.jsonl, the trackers,
-  `fit`'s callbacks): each log's and each evaluation's scalars."""
+  """The metric writers (`writers.open_session`: TensorBoard, metrics.jsonl, the trackers):
+  each log's and each evaluation's scalars."""
 
   def __init__(self, writer):
     self._writer = writer
@@ -103,14 +103,19 @@ class WriterListener(Listener):
 
 
 class BarsListener(Listener):
-  """Progress bars (`progress.Bars`): the run's moves with each step, each evaluation's
-  batches counted by a bar of its own."""
+  """Progress bars (`progress.Bars`): the run's moves with each step, showing the latest
+  scalars of each log and evaluation; each evaluation's batches counted by a bar of its own."""
 
   def __init__(self, bars: progress.Bars):
     self._bars = bars
 
   def on_step(self, step: int) -> None:
     self._bars.step(step)
+
+  def on_log(self, step: int, scalars: dict[str, float]) -> None:
+    self._bars.scalars(step, scalars)
+
+  on_evaluation = on_log
 
   def eval_batches(self, batches: Iterable, prefix: str, total: int) -> Iterable:
     return self._bars.evaluation(batches, prefix, total)

@@ -137,7 +137,7 @@ def _checkpoint_step(workdir: str, step: Optional[int | str]) -> Optional[int]:
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                        devices: Optional[Sequence[jax.Device]] = None, model: Any = None,
                        loss: Optional[losses.Loss] = None, data: Any = None,
-                       command_line=frozenset(), callbacks=(),
+                       command_line=frozenset(),
                        show_bars: bool = False,
                        timeline: Optional[timeline_lib.Timeline] = None,
                        resume_with_changes: bool = False,
@@ -153,10 +153,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   (`flax_dp_trainer.step.losses`); `data`: the arrays given from Python that
   `config.dataset` names (`data.kinds.arrays.from_python`); `command_line`: the config fields set
   on the command line (a value the model does not take is refused there, and only logged
-  otherwise); `callbacks`: called on process 0 as `callback(step, {tag: value})` with each
-  write of scalars (`writers.CallbackWriter`), those that are `listeners.Listener`s told of
-  the loop's events as `listeners` are; `listeners`: a user's `listeners.Listener`s, told
-  on process 0 of the loop's events (step, log, evaluation, save, end); `show_bars`:
+  otherwise); `listeners`: a user's `listeners.Listener`s, told on process 0 of the loop's
+  events (step, log, evaluation, save, end); `show_bars`:
   progress bars for the run and each evaluation on process 0 (`progress.Bars`), beside the
   log lines; `timeline`: where the session's time goes, its progress file and faults
   (`elastic.timeline`; default one that starts now); `resume_with_changes`: resume a checkpoint whose config differs in what
@@ -192,19 +190,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     if jax.process_index() == 0:
       setup.write_dataset_spec(workdir, run.datasets.read)
     bars = _bars(show_bars, config.num_train_steps, start_step + 1)
-    user = [*listeners, *(c for c in callbacks if isinstance(c, listeners_lib.Listener))]
-    callbacks = [c for c in callbacks if not isinstance(c, listeners_lib.Listener)]
-    if bars is not None:
-      callbacks.append(bars.scalars)
     writer = writers.open_session(
         workdir, start_step, config.to_dict(), write_files=jax.process_index() == 0,
-        callbacks=callbacks, trackers=tracking.TrackerOptions.from_config(
+        trackers=tracking.TrackerOptions.from_config(
             config, workdir, devices=len(run.layout.devices), processes=jax.process_count()))
     closing.callback(writer.close)  # Ends the trackers' runs, on a stop or an error too.
     timeline.begin(start_step, settle=run.checkpointer.wait)
     timeline.enter('compile')
     session = _Session(run, start, writer, lambda efficiency: run_listeners.session_listeners(
-        config, workdir, writer, timeline, efficiency, len(run.layout.devices), bars, user))
+        config, workdir, writer, timeline, efficiency, len(run.layout.devices), bars,
+        listeners))
     with metric_writers.ensure_flushes(writer), session.stop, session.prefetch, (
         bars or contextlib.nullcontext()):
       try:
@@ -249,9 +244,10 @@ class _Session:
         make_listeners(self._compile_train_step(first_batch)))
     self.cadence = cadence.Cadence.from_config(config)
     # float16 loss scaling expects overflows now and then, and skips those steps itself.
+    scaling = run.options.loss_scaling
     self.buffer = metrics.TrainMetricsBuffer(
-        layout.fetch_series, config.skip_nonfinite_steps or config.dtype == 'float16',
-        metrics.ScaledTrainMetrics if config.dtype == 'float16' else metrics.TrainMetrics)
+        layout.fetch_series, config.skip_nonfinite_steps or scaling,
+        metrics.ScaledTrainMetrics if scaling else metrics.TrainMetrics)
     self.buffer.resume(start.window)
     self.in_flight = dispatch.InFlight(layout.devices)
     self.last_saved = start.resume_step

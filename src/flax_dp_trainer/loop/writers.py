@@ -63,32 +63,6 @@ class JsonLinesWriter(metric_writers.MetricWriter):
     self._file.close()
 
 
-class CallbackWriter(metric_writers.MetricWriter):
-  """Each write of scalars handed to callbacks, as `callback(step, {tag: value})`, in the
-  loop's thread as it writes (a log step's training metrics, an evaluation's): what a
-  notebook plots while the run trains (`flax_dp_trainer.fit(..., callbacks=...)`)."""
-
-  def __init__(self, callbacks):
-    self._callbacks = list(callbacks)
-
-  def write_scalars(self, step: int, scalars) -> None:
-    values = {tag: float(value) for tag, value in scalars.items()}
-    for callback in self._callbacks:
-      callback(int(step), dict(values))
-
-  def _not_scalars(self, *args, **kwargs) -> None:
-    del args, kwargs
-
-  write_summaries = write_images = write_videos = write_audios = _not_scalars
-  write_texts = write_histograms = write_hparams = _not_scalars
-
-  def flush(self) -> None:
-    pass
-
-  def close(self) -> None:
-    pass
-
-
 def history(workdir: str) -> dict[str, list[tuple[int, float]]]:
   """Every scalar a run wrote to its metrics.jsonl (all its sessions), by tag: a list of
   (step, value) in step order, ready to plot; {} where the workdir has none."""
@@ -132,10 +106,9 @@ def read_jsonl(path: str) -> list[dict[str, float]]:
 
 
 def create_writer(workdir: str, write_files: bool | None = None,
-                  callbacks=(), jsonl_name: str = JSONL_NAME) -> metric_writers.MetricWriter:
-  """TensorBoard events, the JSON lines file `jsonl_name` (metrics.jsonl), log lines and
-  `callbacks` (`CallbackWriter`) where `write_files` (default: on process 0); log lines only
-  elsewhere."""
+                  jsonl_name: str = JSONL_NAME) -> metric_writers.MetricWriter:
+  """TensorBoard events, the JSON lines file `jsonl_name` (metrics.jsonl) and log lines where
+  `write_files` (default: on process 0); log lines only elsewhere."""
   if write_files is None:
     write_files = jax.process_index() == 0
   default = metric_writers.create_default_writer(
@@ -143,8 +116,7 @@ def create_writer(workdir: str, write_files: bool | None = None,
   if not write_files:
     return default
   return metric_writers.MultiWriter(
-      [default, JsonLinesWriter(os.path.join(workdir, jsonl_name))] +
-      ([CallbackWriter(callbacks)] if callbacks else []))
+      [default, JsonLinesWriter(os.path.join(workdir, jsonl_name))])
 
 
 def tracker_writers(options: tracking.TrackerOptions, written: list[dict[str, float]]
@@ -161,15 +133,15 @@ def tracker_writers(options: tracking.TrackerOptions, written: list[dict[str, fl
 
 
 def open_session(workdir: str, start_step: int, hparams: dict, write_files: bool,
-                 callbacks=(), trackers: Optional[tracking.TrackerOptions] = None
+                 trackers: Optional[tracking.TrackerOptions] = None
                  ) -> metric_writers.MetricWriter:
   """The writer of a run (first or resumed) that starts after `start_step`: where
   `write_files`, the session's START is recorded first (`mark_session_start`); a fresh run
-  (`start_step` 0) writes `hparams`. `callbacks`: see `CallbackWriter`; `trackers`: the
+  (`start_step` 0) writes `hparams`. `trackers`: the
   experiment trackers to write to as well (`tracker_writers`), on process 0; the writer's
   `close` ends their runs."""
   written = mark_session_start(workdir, start_step + 1) if write_files else []
-  writer = create_writer(workdir, write_files=write_files, callbacks=callbacks)
+  writer = create_writer(workdir, write_files=write_files)
   if write_files and trackers is not None:
     writer = metric_writers.MultiWriter([writer, *tracker_writers(trackers, written)])
   if start_step == 0:
