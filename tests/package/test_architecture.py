@@ -1,13 +1,19 @@
 """The direction of imports, as docs/architecture.md states it: between the layers of the
 package (its subpackages, and the entry modules at its top). Every import of every module is
 read with `ast` (those inside functions too) and checked against that page's table of layers;
-nothing of the package is imported or run but its empty root."""
+nothing of the package is imported or run but its empty root, except by one slow test, whose
+short training in a process of its own is watched for what the syntax cannot show."""
 
 import ast
 import io
+import os
 import pathlib
 import re
+import subprocess
+import sys
 import tokenize
+
+import pytest
 
 import flax_dp_trainer
 
@@ -225,6 +231,62 @@ def test_no_function_below_the_loop_takes_the_config():
           offenders.append(f'{path.relative_to(PACKAGE)}:{node.lineno} '
                            f'{getattr(node, "name", "lambda")}: {", ".join(what)}')
   assert not offenders, '\n'.join(offenders)
+
+
+# A run whose every call into the layers below the loop is watched (a profile function, in a
+# process of its own): the arguments that are a ConfigDict, under any name, are printed.
+_WATCHED_RUN = """
+import os, sys, threading
+import ml_collections
+import flax_dp_trainer as fdt
+from flax_dp_trainer.configs import default
+
+package = os.path.dirname(fdt.__file__) + os.sep
+below = tuple(package + layer + os.sep for layer in LAYERS)
+found = set()
+
+
+def watch(frame, event, arg):
+  code = frame.f_code
+  if event != 'call' or not code.co_filename.startswith(below):
+    return
+  count = (code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 4) +
+           bool(code.co_flags & 8))
+  for name in code.co_varnames[:count]:
+    value = frame.f_locals.get(name)
+    values = (value if isinstance(value, tuple) else
+              value.values() if isinstance(value, dict) else (value,))
+    if any(isinstance(v, ml_collections.ConfigDict) for v in values):
+      found.add(f'{code.co_filename[len(package):]}:{code.co_firstlineno} '
+                f'{code.co_name}({name})')
+
+
+config = default.get_config()
+config.update(num_train_steps=2, warmup_steps=1, log_every_steps=2, eval_every_steps=2,
+              checkpoint_every_steps=2, batch_size=16, eval_batch_size=16,
+              tfds_data_dir=sys.argv[2], auto_augment='ta_wide', mixup_alpha=0.2,
+              ema_decay=0.99, label_smoothing=0.1, grad_clip_norm=1.0)
+sys.setprofile(watch)
+threading.setprofile(watch)
+fdt.fit(config, sys.argv[1], cpu_devices=1, verbosity='error')
+sys.setprofile(None)
+threading.setprofile(None)
+print(sorted(found))
+"""
+
+
+@pytest.mark.slow
+def test_no_config_dict_reaches_the_layers_below_at_run_time(tmp_path, tfds_data_dir):
+  """What the syntax check above cannot see: a ConfigDict handed down under another name
+  (augmentation_checks gave it to `policy_choice.resolve` as `options`, "a ConfigDict reads
+  as DataOptions do"). A short run with a policy, Mixup, EMA and clipping is watched: no
+  function of `step/`, `model/`, `parallel/`, `checkpoint/` or `data/` gets one."""
+  script = _WATCHED_RUN.replace('LAYERS', repr(OPTIONS_LAYERS))
+  run = subprocess.run([sys.executable, '-c', script, str(tmp_path / 'run'), tfds_data_dir],
+                       capture_output=True, text=True, timeout=600, check=False,
+                       env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '2'})
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert run.stdout.splitlines()[-1] == '[]', run.stdout
 
 
 def test_the_data_room_imports_jax_only_inside_functions():

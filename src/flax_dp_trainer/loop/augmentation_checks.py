@@ -7,6 +7,7 @@ from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.data import data_options
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data.image import policy_choice
+from flax_dp_trainer.loop import options as run_options
 
 
 def _choice(field: str, value, choices) -> None:
@@ -80,7 +81,7 @@ def _check_policy(config) -> None:
                     '(--config.augmix_alpha=1.0)')
   fill = config.auto_augment_fill.strip()
   if config.auto_augment:
-    policy_choice.resolve(config, 3, (0, 0, 0))  # A ConfigDict reads as DataOptions do.
+    policy_choice.resolve(run_options.data_options(config), 3, (0, 0, 0))
   elif config.auto_augment_interpolation or fill:
     field = 'auto_augment_interpolation' if config.auto_augment_interpolation else (
         'auto_augment_fill')
