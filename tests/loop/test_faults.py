@@ -230,16 +230,21 @@ config.update(model='mlp', num_train_steps=60, warmup_steps=5, log_every_steps=1
               eval_every_steps=60, checkpoint_every_steps=60, tfds_data_dir=sys.argv[1])
 
 
+class Stop(fdt.Listener):
+  """Sends `sig` to this process once step `at` is dispatched."""
+
+  def __init__(self, sig, at):
+    self.sig, self.at, self.sent = sig, at, False
+
+  def on_step(self, step):
+    if not self.sent and step >= self.at:
+      self.sent = True
+      os.kill(os.getpid(), getattr(signal, self.sig))
+
+
 def run(sig, at):
-  sent = []
-
-  def stop(step, scalars):
-    if not sent and step >= at:
-      sent.append(step)
-      os.kill(os.getpid(), getattr(signal, sig))
-
   try:
-    fdt.fit(config, sys.argv[2], cpu_devices=2, listeners=[fdt.ScalarsListener(stop)])
+    fdt.fit(config, sys.argv[2], cpu_devices=2, listeners=[Stop(sig, at)])
   except KeyboardInterrupt as e:
     print('KeyboardInterrupt', type(e).__name__, e.step, e.exit_code, e.checkpoint, flush=True)
   except RuntimeError as e:
