@@ -1,5 +1,5 @@
 """When a step logs, evaluates and saves: the cadence both training loops keep (the trainer's
-and the DDP baseline's)."""
+and the DDP baseline's), from their options (`loop.options.loop_options`)."""
 
 import dataclasses
 
@@ -14,13 +14,6 @@ class Cadence:
   save_every: int
   last: int
   save_at_eval: bool = False
-
-  @classmethod
-  def from_config(cls, config) -> 'Cadence':
-    """From a config whose durations are resolved to steps."""
-    return cls(config.log_every_steps, config.eval_every_steps,
-               config.checkpoint_every_steps, config.num_train_steps,
-               bool(config.get('keep_best', 0)))
 
   def _due(self, step: int, every: int) -> bool:
     return step % every == 0 or step == self.last

@@ -17,6 +17,7 @@ from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.checkpoint import init_from as init_from_lib
 from flax_dp_trainer.data import data_options as data_options_lib
 from flax_dp_trainer.data import specs
+from flax_dp_trainer.loop import cadence as cadence_lib
 from flax_dp_trainer.loop import durations
 from flax_dp_trainer.model import adapter
 from flax_dp_trainer.model import batchnorm_groups
@@ -216,6 +217,28 @@ def init_from_options(config) -> Optional[init_from_lib.InitFrom]:
 
 
 @dataclasses.dataclass(frozen=True)
+class LoopOptions:
+  """What the loop and its own listeners are told: when it logs, evaluates and saves, the
+  global batch in examples, CLU's profiler, and the seconds between saves by the clock (0:
+  none)."""
+  cadence: cadence_lib.Cadence
+  batch_size: int
+  profile: bool = False
+  checkpoint_every_seconds: float = 0.0
+
+
+def loop_options(config) -> LoopOptions:
+  """The loop's options of a config whose durations are resolved to steps (the trainer's and
+  the DDP twin's); keep_best saves at each evaluation."""
+  return LoopOptions(
+      cadence_lib.Cadence(config.log_every_steps, config.eval_every_steps,
+                          config.checkpoint_every_steps, config.num_train_steps,
+                          bool(config.get('keep_best', 0))),
+      config.batch_size, bool(config.get('profile', False)),
+      float(config.get('checkpoint_every_seconds', 0.0)))
+
+
+@dataclasses.dataclass(frozen=True)
 class RunOptions:
   """Every layer's options of one run, read from its config once (`of_config`)."""
   data: data_options_lib.DataOptions
@@ -224,6 +247,7 @@ class RunOptions:
   step: steps.StepOptions
   init_from: Optional[init_from_lib.InitFrom]
   seed: int  # Of the params' init and the step's keys (`step.state.seed_rngs`).
+  loop: LoopOptions
 
   @property
   def loss_scaling(self) -> bool:
@@ -248,7 +272,8 @@ def of_config(config, ds_spec: specs.DatasetSpec, loss: Optional[losses.Loss] = 
   return RunOptions(data=data_options(config), model=model_options(config),
                     optim=optim_options(config, steps_per_epoch),
                     step=step_options(config, ds_spec, loss, steps_per_epoch),
-                    init_from=init_from_options(config), seed=config.seed)
+                    init_from=init_from_options(config), seed=config.seed,
+                    loop=loop_options(config))
 
 
 def initial_state(options: RunOptions, model: adapter.Model, input_shape: tuple[int, ...],

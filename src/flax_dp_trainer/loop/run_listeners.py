@@ -13,6 +13,7 @@ import numpy as np
 
 from flax_dp_trainer.elastic import timeline as timeline_lib
 from flax_dp_trainer.loop import efficiency
+from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.loop import progress
 from flax_dp_trainer.loop.listeners import Listener
 
@@ -123,7 +124,7 @@ class BarsListener(Listener):
 
 class CallsListener(Listener):
   """CLU's periodic actions, called with each step dispatched: its progress report (steps
-  per second and the time left, written as scalars) and its profiler (config.profile)."""
+  per second and the time left, written as scalars) and its profiler (`LoopOptions.profile`)."""
 
   def __init__(self, actions: list):
     self._actions = actions
@@ -133,14 +134,15 @@ class CallsListener(Listener):
       action(step)
 
 
-def clu_actions(config, workdir: str, writer) -> list:
-  """CLU's progress report, and where config.profile, its profiler of steps 10 to 15."""
-  actions = [periodic_actions.ReportProgress(
-      num_train_steps=config.num_train_steps, writer=writer, every_steps=config.log_every_steps)]
-  if config.profile:
+def clu_actions(options: run_options.LoopOptions, workdir: str, writer) -> list:
+  """CLU's progress report, and where `options.profile`, its profiler of steps 10 to 15."""
+  last, every = options.cadence.last, options.cadence.log_every
+  actions = [periodic_actions.ReportProgress(num_train_steps=last, writer=writer,
+                                             every_steps=every)]
+  if options.profile:
     actions.append(periodic_actions.Profile(
         logdir=workdir, num_profile_steps=5, profile_duration_ms=None,
-        first_profile=min(10, config.num_train_steps)))
+        first_profile=min(10, last)))
   return actions
 
 
@@ -158,16 +160,17 @@ class PeakMemoryListener(Listener):
     self._writer.write_scalars(step, {efficiency.PEAK_MEMORY_TAG: total})
 
 
-def session_listeners(config, workdir: str, writer, timeline: timeline_lib.Timeline,
+def session_listeners(options: run_options.LoopOptions, workdir: str, writer,
+                      timeline: timeline_lib.Timeline,
                       step_efficiency: efficiency.StepEfficiency, num_devices: int,
                       bars: Optional[progress.Bars] = None, user=()) -> list[Listener]:
   """A training session's listeners, in the order they are told: the timeline, throughput
   (whose scalars join the log), the progress report, bars and profiler (process 0), the
   writers, peak memory, then `user`'s (process 0)."""
   own = [TimelineListener(timeline),
-         ThroughputListener(writer, step_efficiency, config.batch_size, num_devices)]
+         ThroughputListener(writer, step_efficiency, options.batch_size, num_devices)]
   if jax.process_index() == 0:
-    own.append(CallsListener(clu_actions(config, workdir, writer)))
+    own.append(CallsListener(clu_actions(options, workdir, writer)))
     if bars is not None:
       own.append(BarsListener(bars))
   own += [WriterListener(writer), PeakMemoryListener(writer)]

@@ -35,7 +35,6 @@ from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.elastic import timeline as timeline_lib
-from flax_dp_trainer.loop import cadence
 from flax_dp_trainer.loop import efficiency
 from flax_dp_trainer.loop import listeners as listeners_lib
 from flax_dp_trainer.loop import evaluation
@@ -154,10 +153,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   `config.dataset` names (`data.kinds.arrays.from_python`); `command_line`: the config fields set
   on the command line (a value the model does not take is refused there, and only logged
   otherwise); `listeners`: a user's `listeners.Listener`s, told on process 0 of the loop's
-  events (step, log, evaluation, save, end); `show_bars`:
-  progress bars for the run and each evaluation on process 0 (`progress.Bars`), beside the
-  log lines; `timeline`: where the session's time goes, its progress file and faults
-  (`elastic.timeline`; default one that starts now); `resume_with_changes`: resume a checkpoint whose config differs in what
+  events (step, log, evaluation, save, end); `show_bars`: progress bars for the run and each
+  evaluation on process 0 (`progress.Bars`), beside the log lines; `timeline`: where the
+  session's time goes, its progress file and faults (`elastic.timeline`; default one that
+  starts now); `resume_with_changes`: resume a checkpoint whose config differs in what
   defines the training stream or the model (`setup.start`); `datasets`: the run's datasets
   as the entry point's check resolved them (`checks.check_config`), handed on.
   """
@@ -198,7 +197,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     timeline.begin(start_step, settle=run.checkpointer.wait)
     timeline.enter('compile')
     session = _Session(run, start, writer, lambda efficiency: run_listeners.session_listeners(
-        config, workdir, writer, timeline, efficiency, len(run.layout.devices), bars,
+        run.options.loop, workdir, writer, timeline, efficiency, len(run.layout.devices), bars,
         listeners))
     with metric_writers.ensure_flushes(writer), session.stop, session.prefetch, (
         bars or contextlib.nullcontext()):
@@ -242,7 +241,7 @@ class _Session:
     self.batches = itertools.chain([first_batch], self.prefetch)
     self.listeners = listeners_lib.Listeners(
         make_listeners(self._compile_train_step(first_batch)))
-    self.cadence = cadence.Cadence.from_config(config)
+    self.cadence = run.options.loop.cadence
     # float16 loss scaling expects overflows now and then, and skips those steps itself.
     scaling = run.options.loss_scaling
     self.buffer = metrics.TrainMetricsBuffer(
@@ -362,9 +361,9 @@ class _Session:
     return write
 
   def _time_to_save(self, step: int) -> bool:
-    """Whether `config.checkpoint_every_seconds` have passed since the last save, at a log
+    """Whether `LoopOptions.checkpoint_every_seconds` have passed since the last save, at a log
     step, as process 0 finds it (every process saves at the same step)."""
-    every = self.run.config.checkpoint_every_seconds
+    every = self.run.options.loop.checkpoint_every_seconds
     if not every or not self.cadence.log(step):
       return False
     return bool(multihost.from_process_0(time.time() - self.saved_at >= every))

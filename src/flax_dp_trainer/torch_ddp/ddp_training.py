@@ -40,7 +40,6 @@ from absl import logging
 from clu import metric_writers
 
 from flax_dp_trainer.base import batch_keys
-from flax_dp_trainer.loop import cadence
 from flax_dp_trainer.loop import checks
 from flax_dp_trainer.loop import efficiency
 from flax_dp_trainer.loop import durations
@@ -368,7 +367,7 @@ class _Session:
     self.config, self.workdir, self.t, self.writer, self.device = (
         config, workdir, training, writer, device)
     self.throughput = efficiency.Throughput(config.batch_size, dist.get_world_size())
-    self.cadence = cadence.Cadence.from_config(config)
+    self.cadence = run_options.loop_options(config).cadence
     self.window = _Window(device)
     self.normalize = step_lib.Normalize(config, device, training.precision.channels_last,
                                         ds_spec)
