@@ -12,8 +12,9 @@ of the loop's named events, with their step numbers:
 
 A user's listener subclasses `Listener` and overrides the events it wants; pass it to
 `flax_dp_trainer.fit(..., listeners=[listener])`, the one door for a user's code
-(`ScalarsListener(function)` makes one of a function of each log's and evaluation's scalars). Listeners run on process 0
-only where they write (the writers, the bars); a user's, on process 0.
+(`ScalarsListener(function)` makes one of a function of each log's and evaluation's
+scalars). Listeners run on process 0 only where they write (the writers, the bars); a
+user's, on process 0.
 
 The trainer's own listeners also hear the loop's timing: where a step begins and is handed
 to the devices, the first step's end (its compile included), the phases the loop waits in

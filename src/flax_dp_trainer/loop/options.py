@@ -234,8 +234,7 @@ def loop_options(config) -> LoopOptions:
       cadence_lib.Cadence(config.log_every_steps, config.eval_every_steps,
                           config.checkpoint_every_steps, config.num_train_steps,
                           bool(config.get('keep_best', 0))),
-      config.batch_size, bool(config.get('profile', False)),
-      float(config.get('checkpoint_every_seconds', 0.0)))
+      config.batch_size, bool(config.profile), float(config.checkpoint_every_seconds))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -187,8 +187,8 @@ def start(run: 'Run', resume_with_changes: bool = False) -> Start:
   """Restores the newest checkpoint that reads, else initializes (from `init_from` if set).
   Writes nothing: a workdir whose checkpoint does not fit the config, or `init_from` weights
   that do not fit the model, stop the run with the workdir untouched (nothing is compiled
-  but the init). A checkpoint trained on another stream or model (`resume_changes.STREAM_FIELDS`) is
-  refused unless `resume_with_changes`."""
+  but the init). A checkpoint trained on another stream or model
+  (`resume_changes.STREAM_FIELDS`) is refused unless `resume_with_changes`."""
   config, checkpointer = run.config, run.checkpointer
   _, step_rng = state_lib.seed_rngs(config.seed)
   state = initial_state(run)

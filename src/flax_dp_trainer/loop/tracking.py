@@ -19,8 +19,6 @@ from typing import Any, Callable, Optional
 from absl import logging
 from clu import metric_writers
 
-from flax_dp_trainer.loop import trackers
-
 # How long a flush waits for a tracker's pending writes, and a close for them and the run's
 # finish (W&B uploads or syncs there): past it the run goes on or ends without them.
 FLUSH_WAIT_S = 10.0
@@ -42,18 +40,16 @@ class TrackerOptions:
   chosen: tuple[tuple[str, Any], ...] = ()
 
   @classmethod
-  def from_config(cls, config, workdir: str, *, devices: int, processes: int
-                  ) -> 'TrackerOptions':
-    """The trackers `config` turns on (`trackers.chosen`: its imports done), with its values
-    as the parameters and the run's facts (model, dataset, devices, processes, step backend,
-    the package's version) as tags."""
+  def from_config(cls, config, workdir: str, chosen: tuple[tuple[str, Any], ...], *,
+                  devices: int, processes: int) -> 'TrackerOptions':
+    """The trackers `chosen` (`trackers.chosen_options` of `config`), with the config's
+    values as the parameters and the run's facts (model, dataset, devices, processes, step
+    backend, the package's version) as tags."""
     tags = {'model': str(config.model), 'dataset': str(config.dataset),
             'devices': str(devices), 'processes': str(processes),
             'backend': str(config.step_backend), 'version': _version()}
     return cls(workdir=workdir, config=plain(config.to_dict()), tags=tags,
-               last_step=int(config.num_train_steps),
-               chosen=tuple((r.name, r.options_of(config, workdir))
-                            for r in trackers.chosen(config)))
+               last_step=int(config.num_train_steps), chosen=chosen)
 
 
 def _version() -> str:

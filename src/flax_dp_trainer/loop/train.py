@@ -42,6 +42,7 @@ from flax_dp_trainer.loop import progress
 from flax_dp_trainer.loop import run_listeners
 from flax_dp_trainer.loop import setup
 from flax_dp_trainer.loop import signals
+from flax_dp_trainer.loop import trackers
 from flax_dp_trainer.loop import tracking
 from flax_dp_trainer.loop import writers
 from flax_dp_trainer.parallel import dispatch
@@ -192,7 +193,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     writer = writers.open_session(
         workdir, start_step, config.to_dict(), write_files=jax.process_index() == 0,
         trackers=tracking.TrackerOptions.from_config(
-            config, workdir, devices=len(run.layout.devices), processes=jax.process_count()))
+            config, workdir, trackers.chosen_options(config, workdir),
+            devices=len(run.layout.devices), processes=jax.process_count()))
     closing.callback(writer.close)  # Ends the trackers' runs, on a stop or an error too.
     timeline.begin(start_step, settle=run.checkpointer.wait)
     timeline.enter('compile')

@@ -8,7 +8,6 @@ Nothing here imports a tracker's library or CLU's writers (TensorFlow): the chec
 """
 
 import dataclasses
-import importlib
 from typing import Any, Callable, Optional, Union
 
 from flax_dp_trainer.base import registry
@@ -73,7 +72,7 @@ class Tracker:
 def tracked(cls: Callable[[Any, Any], Tracker]) -> Callable[[Any, Any, list, Any], Any]:
   """A `Record.writer` for a `Tracker` class."""
   def writer(options, run, written, turn):
-    # CLU's writers (TensorFlow): a run's, not the checks'.
-    tracking = importlib.import_module('flax_dp_trainer.loop.tracking')
+    # pylint: disable-next=import-outside-toplevel
+    from flax_dp_trainer.loop import tracking  # (CLU, TensorFlow: a run's, not the checks')
     return tracking.Tracked(cls(options, run), f'tracker {cls.__name__}', run, written, turn)
   return writer
