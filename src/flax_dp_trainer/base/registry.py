@@ -11,6 +11,8 @@ An unknown name is one line that lists the names and, where one is near, asks "d
 """
 
 import difflib
+import importlib
+import pkgutil
 from typing import Callable, Generic, Iterable, Iterator, TypeVar
 
 from flax_dp_trainer.base.errors import UserError
@@ -72,3 +74,10 @@ class Registry(Generic[Record]):
     if name not in self._records:
       raise self.unknown(name, others)
     return self._records[name]
+
+
+def import_package(name: str, path: Iterable[str]) -> None:
+  """Imports every module of the package `name` (its `__path__`, `path`): each shipped
+  record's module registers it as it is imported, so a new record is its file alone."""
+  for module in pkgutil.iter_modules(path):
+    importlib.import_module(f'{name}.{module.name}')

@@ -10,19 +10,15 @@ A user's module in `config.imports` registers its own: a `Tracker` subclass and
 field added to the user's config file (docs/configs.md).
 """
 
-import importlib
 import importlib.util
-import pkgutil
 from typing import Any
 
+from flax_dp_trainer.base import registry
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.loop.trackers import tracker_record as record
 
-# The shipped records: each module of this package registers its own as it is imported (a new
-# one is its file alone).
-for _module in pkgutil.iter_modules(__path__):
-  importlib.import_module(f'{__name__}.{_module.name}')
-del _module
+# The shipped records: each module of this package registers its own as it is imported.
+registry.import_package(__name__, __path__)
 
 Record, REGISTRY, Tracker, tracked = (record.Record, record.REGISTRY, record.Tracker,
                                       record.tracked)

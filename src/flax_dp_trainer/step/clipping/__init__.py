@@ -7,18 +7,13 @@
     agc          timm's adaptive clipping, the head excluded as timm's train.py excludes it
 """
 
-import importlib
-import pkgutil
-
 import optax
 
+from flax_dp_trainer.base import registry
 from flax_dp_trainer.step.clipping import clip_record as record
 
-# The shipped records: each module of this package registers its own as it is imported (a new
-# one is its file alone).
-for _module in pkgutil.iter_modules(__path__):
-  importlib.import_module(f'{__name__}.{_module.name}')
-del _module
+# The shipped records: each module of this package registers its own as it is imported.
+registry.import_package(__name__, __path__)
 
 Record, REGISTRY = record.Record, record.REGISTRY
 

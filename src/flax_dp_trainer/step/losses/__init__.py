@@ -11,21 +11,17 @@ targets. Each name is one record (`loss_record.Record`), one module each:
     sigmoid_xent  per-class binary cross-entropy, summed over the classes (big_vision's)
 """
 
-import importlib
-import pkgutil
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from flax_dp_trainer.base import registry
 from flax_dp_trainer.step.losses import loss_record as record
 
-# The shipped records: each module of this package registers its own as it is imported (a new
-# one is its file alone).
-for _module in pkgutil.iter_modules(__path__):
-  importlib.import_module(f'{__name__}.{_module.name}')
-del _module
+# The shipped records: each module of this package registers its own as it is imported.
+registry.import_package(__name__, __path__)
 
 Loss, Record, REGISTRY = record.Loss, record.Record, record.REGISTRY
 # The shipped functions by their names, for `fit(loss=...)` and the step's default.

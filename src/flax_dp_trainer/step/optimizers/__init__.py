@@ -16,15 +16,14 @@ with per-leaf weight-decay and learning-rate factors (the parameter groups of th
     optax_route  'optax.NAME' / 'optax.contrib.NAME' as a record
 """
 
-import importlib
 import inspect
-import pkgutil
 from collections.abc import Mapping
 from typing import Any
 
 import jax
 import optax
 
+from flax_dp_trainer.base import registry
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.step.optimizers import optimizer_record as record
 from flax_dp_trainer.step.optimizers import per_leaf
@@ -32,11 +31,8 @@ from flax_dp_trainer.step.optimizers import optax_route
 from flax_dp_trainer.step.optimizers import adafactor
 from flax_dp_trainer.step.optimizers import muon
 
-# The shipped records: each module of this package registers its own as it is imported (a new
-# one is its file alone).
-for _module in pkgutil.iter_modules(__path__):
-  importlib.import_module(f'{__name__}.{_module.name}')
-del _module
+# The shipped records: each module of this package registers its own as it is imported.
+registry.import_package(__name__, __path__)
 
 Record, Kwarg, Rule, TimmForm = record.Record, record.Kwarg, record.Rule, record.TimmForm
 TorchvisionForm = record.TorchvisionForm

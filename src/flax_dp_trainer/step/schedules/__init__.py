@@ -33,23 +33,19 @@ writes it). 'rsqrt' always decays linearly (timm's default for it); decay_shape 
                             constant_warmup.py): every module registers its own
 """
 
-import importlib
-import pkgutil
 from typing import Optional
 
 import jax.numpy as jnp
 import optax
 
+from flax_dp_trainer.base import registry
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.step.schedules import plan as plan_lib
 from flax_dp_trainer.step.schedules import schedule_record as record
 from flax_dp_trainer.step.schedules import wsd
 
-# The shipped records: each module of this package registers its own as it is imported (a new
-# one is its file alone).
-for _module in pkgutil.iter_modules(__path__):
-  importlib.import_module(f'{__name__}.{_module.name}')
-del _module
+# The shipped records: each module of this package registers its own as it is imported.
+registry.import_package(__name__, __path__)
 
 ScheduleOptions, Record, Warmup = plan_lib.ScheduleOptions, record.Record, record.Warmup
 REGISTRY, WARMUPS = record.REGISTRY, record.WARMUPS
