@@ -14,11 +14,13 @@ import tensorflow_datasets as tfds
 from flax_dp_trainer.loop import durations
 from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.loop import checks
+from flax_dp_trainer.data.kinds import idx
 from flax_dp_trainer import configs
 from flax_dp_trainer.step import optim
 from flax_dp_trainer.loop import train
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
+from tests.data.kinds import test_idx
 
 CONFIG_DIR = configs.DIRECTORY
 CONFIGS = sorted(glob.glob(os.path.join(CONFIG_DIR, '[!_]*.py')))
@@ -31,9 +33,27 @@ def load(path):
   return module.get_config()
 
 
+def _with_idx_files_here(config, folder):
+  """`config` reading, where its IDX folder is not on this machine (Debian's Fashion-MNIST
+  package, say), a folder of the same shape made in `folder`: 28 x 28 grey images of 10
+  classes, as the package's files hold."""
+  declared = idx.declared(config.dataset)
+  if os.path.isdir(declared.directory):
+    return config
+  images = np.random.RandomState(0).randint(0, 256, (40, 28, 28)).astype(np.uint8)
+  labels = (np.arange(40) % 10).astype(np.uint8)
+  config.dataset = 'idx:' + test_idx.write_idx(folder, {'train': (images, labels),
+                                                        'test': (images, labels)})
+  return config
+
+
 @pytest.mark.parametrize('path', CONFIGS, ids=os.path.basename)
-def test_config_is_valid_and_documents_its_command(path):
+def test_config_is_valid_and_documents_its_command(path, tmp_path):
+  """Each shipped config passes the checks; one that reads IDX files off this machine is
+  checked on files of the same shape."""
   config = load(path)
+  if config.dataset.startswith(idx.PREFIX):
+    config = _with_idx_files_here(config, tmp_path / 'idx')
   checks.check_config(config, process_count=1, local_device_count=8)
   assert config.is_locked
   with open(path) as f:

@@ -22,8 +22,10 @@ import os
 import re
 import shlex
 import signal
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -49,6 +51,14 @@ SHORTENED_MODULES = ('flax_dp_trainer', 'flax_dp_trainer.tools.compare',
 SHORT_COMPARE = ('--timing_warmup_steps=5',)
 LANGUAGES = {'sh': 'bash', 'bash': 'bash', 'python': 'python'}
 BLOCK_TIMEOUT_S = 300
+# The slow tier's pages run their commands through a fork server (tests/fork_server.py), which
+# imports what the package's commands import once: the variable names its socket.
+FORK_SERVER_VARIABLE = 'DOCS_FORK_SERVER'
+FORK_CLIENT = os.path.join(REPO, 'tests', 'fork_client.py')
+# torchvision before TensorFlow, as a process that holds both must (base/torch_import.py); no
+# module that defines absl flags (each command's own module defines them, once).
+FORK_PRELOAD = ('torchvision', 'flax_dp_trainer.data.tensorflow_import', 'tensorflow_datasets',
+                'flax_dp_trainer.loop.train', 'flax_dp_trainer.loop.checks')
 
 _FENCE = re.compile(r'^(\s*)(`{3,}|~{3,})\s*(.*)$')
 
@@ -141,8 +151,14 @@ for arg in "$@"; do
   esac
   [[ "$arg" == flax_dp_trainer.tools.compare ]] && compare=1
 done
+# The page runs' fork server (tests/fork_server.py), where one serves: the command starts in a
+# child of a process that imported the libraries once.
+launch=("$real")
+if [[ -n "${{{FORK_SERVER_VARIABLE}:-}}" ]]; then
+  launch=("$real" -S -E {shlex.quote(FORK_CLIENT)} "${{{FORK_SERVER_VARIABLE}}}" "$real")
+fi
 if [[ $shorten -eq 0 || $config -eq 0 ]]; then
-  exec "$real" "$@"
+  exec "${{launch[@]}}" "$@"
 fi
 args=()
 for arg in "$@"; do
@@ -154,7 +170,7 @@ done
 if [[ $compare -eq 1 ]]; then
   args+=({' '.join(SHORT_COMPARE)})
 fi
-exec "$real" "${{args[@]}}" {' '.join(SHORT_RUN)}
+exec "${{launch[@]}}" "${{args[@]}}" {' '.join(SHORT_RUN)}
 """
   path = os.path.join(str(directory), 'python')
   with open(path, 'w', encoding='utf-8') as f:
@@ -176,6 +192,27 @@ def block_environment(tmp_path_factory, tfds_data_dir):
   return env
 
 
+@pytest.fixture(scope='module')
+def page_environment(block_environment):
+  """`block_environment` with the fork server of the pages' commands: what a fresh
+  interpreter would import before the command begins, imported once (the commands' results do
+  not depend on it: each runs in a child of its own, with its own flags, working directory,
+  environment and exit status)."""
+  folder = tempfile.mkdtemp(prefix='docs-fork-')  # (A socket's path is short.)
+  path = os.path.join(folder, 'socket')
+  server = subprocess.Popen(
+      [sys.executable, os.path.join(REPO, 'tests', 'fork_server.py'), path, *FORK_PRELOAD],
+      cwd=folder, env=block_environment, stdout=subprocess.PIPE, text=True,
+      start_new_session=True)
+  try:
+    assert server.stdout.readline().strip() == 'ready', 'the fork server did not start'
+    yield dict(block_environment, **{FORK_SERVER_VARIABLE: path})
+  finally:
+    os.killpg(server.pid, signal.SIGKILL)
+    server.wait()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def _write_files(page: str, scratch: str) -> None:
   """The page's `file=PATH` blocks, where a reader would have saved them."""
   for block in BLOCKS:
@@ -193,6 +230,8 @@ def _run_block(block: Block, scratch: str, env: dict) -> None:
     with open(script, 'w', encoding='utf-8') as f:
       f.write(text)
     command = [sys.executable, script]
+    if FORK_SERVER_VARIABLE in env:
+      command = [sys.executable, '-S', '-E', FORK_CLIENT, env[FORK_SERVER_VARIABLE], *command]
   else:
     command = ['bash', '-e', '-o', 'pipefail', '-c', text]
   # A session of its own, so that a timeout stops what the block started too.
@@ -221,13 +260,13 @@ def test_fast_block(block, block_environment, tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize('page', SLOW_PAGES)
-def test_page_runs(page, block_environment, tmp_path):
+def test_page_runs(page, page_environment, tmp_path):
   """The page's `run` blocks, in order, in one directory: a later block may use what an earlier
-  one wrote (train, then load)."""
+  one wrote (train, then load). Their commands start in the fork server's children."""
   _write_files(page, str(tmp_path))
   for block in BLOCKS:
     if block.page == page and block.runs and not block.fast:
-      _run_block(block, str(tmp_path), block_environment)
+      _run_block(block, str(tmp_path), page_environment)
 
 
 def test_every_block_says_what_it_is():

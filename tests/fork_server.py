@@ -1,0 +1,151 @@
+"""A fork server for the commands a test runs as a reader would type them: `python -m
+flax_dp_trainer...`, `python script.py` and `python -c CODE` start in a child forked from one
+process that imported the libraries they need once (TensorFlow, JAX, torch: some 10 CPU-s of a
+fresh interpreter's start on 2 cores), rather than in a fresh interpreter.
+
+Each command still parses its own flags, runs with the caller's working directory, environment
+and standard streams (passed over the socket), starts its own JAX backend, runs its atexit
+handlers and ends with its own exit status, which the client (`tests/fork_client.py`) exits
+with, or dies of the signal it died of. A signal the client gets (SIGINT, SIGTERM, SIGHUP) is
+sent on to the command; a client that goes away takes the command's process group with it.
+An environment that differs from the server's in what the libraries read as they import
+(JAX_*, XLA_FLAGS, TF_*, ...) is answered `fallback`, and the client runs a fresh interpreter.
+
+Run `python tests/fork_server.py SOCKET [MODULE...]`: imports each MODULE, then prints `ready`
+and serves until it is killed.
+"""
+
+import importlib
+import json
+import os
+import runpy
+import select
+import signal
+import socket
+import sys
+import traceback
+
+# What the libraries read from the environment as they import (so the server's values hold in
+# its children): a command whose environment differs in one of these runs in a fresh process.
+IMPORT_TIME_ENVIRONMENT = ('JAX_', 'XLA_', 'TF_', 'TFDS_', 'PYTHON', 'LD_', 'CUDA', 'TORCH',
+                           'OMP_', 'MKL_', 'KMP_', 'TRITON', 'NVIDIA_')
+
+
+def _differs_at_import(environment: dict, ours: dict) -> list[str]:
+  names = set(environment) | set(ours)
+  return sorted(name for name in names if name.startswith(IMPORT_TIME_ENVIRONMENT) and
+                environment.get(name) != ours.get(name))
+
+
+def _reply(conn: socket.socket, **message) -> None:
+  conn.sendall(json.dumps(message).encode() + b'\n')
+
+
+def _session(conn: socket.socket, ours: dict):
+  """One command's session, in a child of the server: the request read, the command forked
+  (the returned request, in the command's process) and watched until it ends."""
+  signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+  _, fds, _, _ = socket.recv_fds(conn, 1, 3)
+  reader = conn.makefile('rb')
+  request = json.loads(reader.readline())
+  set_by_imports = json.loads(ours.pop('_SET_BY_IMPORTS'))
+  if _differs_at_import(request['env'], ours):
+    _reply(conn, fallback=True)
+    os._exit(0)
+  pid = os.fork()
+  if pid == 0:
+    os.setpgid(0, 0)
+    for target, fd in enumerate(fds):
+      os.dup2(fd, target)
+      os.close(fd)
+    reader.close()
+    conn.close()
+    request['env'] = {**set_by_imports, **request['env']}
+    return request
+  for fd in fds:
+    os.close(fd)
+  _reply(conn, pid=pid)
+  buffered = b''
+  while True:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+      try:
+        _reply(conn, status=status)
+      except OSError:
+        pass
+      os._exit(0)
+    readable, _, _ = select.select([conn], [], [], 0.05)
+    if readable:
+      data = conn.recv(64)
+      if not data:  # The client is gone: so is its command, and what that started.
+        try:
+          os.killpg(pid, signal.SIGKILL)
+        except OSError:
+          pass
+        os.waitpid(pid, 0)
+        os._exit(0)
+      buffered += data
+      while b'\n' in buffered:
+        line, buffered = buffered.split(b'\n', 1)
+        try:
+          os.kill(pid, int(line))
+        except (OSError, ValueError):
+          pass
+
+
+def serve(path: str, preload) -> dict:
+  """Serves forever in the server; returns a request in the process that runs it."""
+  ours = dict(os.environ)
+  for name in preload:
+    importlib.import_module(name)
+  # What the imports set in the environment (torch's CUDA_MODULE_LOADING, say): a fresh
+  # interpreter's command would have it too.
+  ours['_SET_BY_IMPORTS'] = json.dumps({name: value for name, value in os.environ.items()
+                                        if name not in ours})
+  server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+  server.bind(path)
+  server.listen(64)
+  signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # Sessions are reaped as they end.
+  print('ready', flush=True)
+  while True:
+    conn, _ = server.accept()
+    if os.fork() == 0:
+      server.close()
+      return _session(conn, ours)
+    conn.close()
+
+
+def run(request: dict) -> int:
+  """The command of `request`, as `python` runs it; its exit status."""
+  os.chdir(request['cwd'])
+  os.environ.clear()
+  os.environ.update(request['env'])
+  kind, target, argv = request['kind'], request['target'], request['argv']
+  sys.argv = list(argv)
+  try:
+    if kind == 'module':
+      sys.path[0] = os.getcwd()
+      runpy.run_module(target, run_name='__main__', alter_sys=True)
+    elif kind == 'script':
+      sys.path[0] = os.path.dirname(os.path.abspath(target))
+      runpy.run_path(target, run_name='__main__')
+    else:
+      sys.path[0] = ''
+      exec(compile(target, '<string>', 'exec'), {'__name__': '__main__'})  # pylint: disable=exec-used
+  except SystemExit as e:  # As the interpreter ends: a message printed, status 1.
+    if isinstance(e.code, int) or e.code is None:
+      return e.code or 0
+    print(e.code, file=sys.stderr)
+    return 1
+  except KeyboardInterrupt:
+    traceback.print_exc()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+  except BaseException:  # pylint: disable=broad-except
+    traceback.print_exc()
+    return 1
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(run(serve(sys.argv[1], sys.argv[2:])))
