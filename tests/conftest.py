@@ -37,6 +37,8 @@ os.environ.setdefault('FLAX_DP_TRAINER_CACHE_DIR', FILE_CHECK_CACHE)
 
 import pytest  # pylint: disable=wrong-import-position
 
+from tests import fork_server  # pylint: disable=wrong-import-position
+
 NUM_DEVICES = 8
 
 
@@ -164,8 +166,10 @@ def pytest_terminal_summary(terminalreporter, config):
 
 
 def pytest_sessionfinish(session):
-  """The process that ran the session (xdist's controller, or the only one) removes the
-  cache once every worker is done."""
+  """Each test process stops the fork server it started (`tests/fork_server.python`); the
+  process that ran the session (xdist's controller, or the only one) removes the cache once
+  every worker is done."""
+  fork_server.stop_started()
   if not hasattr(session.config, 'workerinput'):
     shutil.rmtree(COMPILATION_CACHE, ignore_errors=True)
     shutil.rmtree(FILE_CHECK_CACHE, ignore_errors=True)

@@ -20,10 +20,20 @@ import json
 import os
 import runpy
 import select
+import shutil
 import signal
 import socket
+import subprocess
 import sys
+import tempfile
 import traceback
+
+CLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'fork_client.py')
+# What the package's commands import, torchvision before TensorFlow as a process that holds
+# both must (base/torch_import.py); no module that defines absl flags (each command's own
+# module defines them, once).
+PRELOAD = ('torchvision', 'flax_dp_trainer.data.tensorflow_import', 'tensorflow_datasets',
+           'flax_dp_trainer.loop.train', 'flax_dp_trainer.loop.checks')
 
 # What the libraries read from the environment as they import (so the server's values hold in
 # its children): a command whose environment differs in one of these runs in a fresh process.
@@ -107,7 +117,12 @@ def serve(path: str, preload) -> dict:
   server.listen(64)
   signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # Sessions are reaped as they end.
   print('ready', flush=True)
+  parent = os.getppid()
   while True:
+    if not select.select([server], [], [], 1.0)[0]:
+      if os.getppid() != parent:  # The test process is gone: so is its server.
+        os._exit(0)
+      continue
     conn, _ = server.accept()
     if os.fork() == 0:
       server.close()
@@ -145,6 +160,51 @@ def run(request: dict) -> int:
     traceback.print_exc()
     return 1
   return 0
+
+
+class Server:
+  """A fork server started from a test process (`command()` is what stands for `python` in a
+  command line), stopped by `stop`."""
+
+  def __init__(self, env: dict, preload=()):
+    self._folder = tempfile.mkdtemp(prefix='fork-server-')  # (A socket's path is short.)
+    self.path = os.path.join(self._folder, 'socket')
+    self._process = subprocess.Popen([sys.executable, __file__, self.path, *preload],
+                                     cwd=self._folder, env=env, stdout=subprocess.PIPE,
+                                     text=True, start_new_session=True)
+    if self._process.stdout.readline().strip() != 'ready':
+      self.stop()
+      raise RuntimeError('the fork server did not start')
+
+  def command(self) -> list[str]:
+    return [sys.executable, '-S', '-E', CLIENT, self.path, sys.executable]
+
+  def stop(self) -> None:
+    try:
+      os.killpg(self._process.pid, signal.SIGKILL)
+    except OSError:
+      pass
+    self._process.wait()
+    shutil.rmtree(self._folder, ignore_errors=True)
+
+
+_STARTED: list[Server] = []
+
+
+def python() -> list[str]:
+  """What stands for `python` in a test's command line that trains or evaluates: this test
+  process's fork server (started on first use, with the environment `processes.environment()`
+  gives), its commands as fresh interpreters run them."""
+  if not _STARTED:
+    # pylint: disable-next=import-outside-toplevel  # (Not in the server, which runs this file.)
+    from flax_dp_trainer.runs import processes
+    _STARTED.append(Server(processes.environment(), PRELOAD))
+  return _STARTED[0].command()
+
+
+def stop_started() -> None:
+  while _STARTED:
+    _STARTED.pop().stop()
 
 
 if __name__ == '__main__':

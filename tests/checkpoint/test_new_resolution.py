@@ -4,7 +4,6 @@ of this trainer or a torchvision-named state dict; for --eval_only too."""
 
 import os
 import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +26,7 @@ from flax_dp_trainer.zoo import vit
 from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.loop import train
 from tests import REPO
+from tests import fork_server
 
 
 @pytest.mark.parametrize('side,new_side', [(14, 24), (24, 14), (4, 6), (7, 4)])
@@ -73,7 +73,7 @@ RUN = dict(model='vit_test', augment='inception', num_train_steps=4, warmup_step
 
 def _main(workdir, tfds_data_dir, *args):
   return subprocess.run(
-      [sys.executable, '-m', 'flax_dp_trainer', '--config=default',
+      [*fork_server.python(), '-m', 'flax_dp_trainer', '--config=default',
        f'--workdir={workdir}', '--cpu_devices=2', *(f'--config.{k}={v}' for k, v in RUN.items()),
        f'--config.tfds_data_dir={tfds_data_dir}', *args],
       cwd=REPO, env=processes.environment(), capture_output=True, text=True,

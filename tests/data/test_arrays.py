@@ -28,6 +28,7 @@ from flax_dp_trainer.loop import options as run_options
 from tests import helpers
 from tests import REPO
 from tests.data.test_datasets_by_name import _shapes
+from tests import fork_server
 
 # The runs below are about the data, not the model: the mlp, the cheapest to compile.
 SHORT = dict(num_train_steps=30, warmup_steps=5, log_every_steps=10, eval_every_steps=30,
@@ -137,7 +138,7 @@ def test_an_npz_file_trains_by_one_command_as_on_one_device(shapes, config, tmp_
   path, data = shapes
   four = tmp_path / 'four'
   result = subprocess.run(
-      [sys.executable, '-m', 'flax_dp_trainer', '--config=default',
+      [*fork_server.python(), '-m', 'flax_dp_trainer', '--config=default',
        f'--workdir={four}', '--cpu_devices=4', f'--config.dataset=npz:{path}',
        *(f'--config.{k}={v}' for k, v in SHORT.items())], cwd=REPO,
       env=processes.environment(), capture_output=True, text=True, timeout=300, check=False)

@@ -24,6 +24,7 @@ from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
 from flax_dp_trainer.loop import options as run_options
 from tests import REPO
+from tests import fork_server
 
 # Three datasets the table does not list: a fixed-size RGB one, one of varying sizes, one
 # whose label feature is not 'label' (smallnorb: 'label_category', beside 'image2').
@@ -265,7 +266,7 @@ def test_a_users_own_builder_prepares_offline_and_trains_by_index(tmp_path):
            y_validation=y_validation)
   workdir, data_dir = tmp_path / 'run', tmp_path / 'tfds'
   result = subprocess.run(
-      [sys.executable, '-m', 'flax_dp_trainer',
+      [*fork_server.python(), '-m', 'flax_dp_trainer',
        '--config=default',
        f'--workdir={workdir}', '--cpu_devices=2', '--config.imports=my_data.shapes',
        '--config.dataset=my_shapes', f'--config.tfds_data_dir={data_dir}',

@@ -29,6 +29,7 @@ from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
 from tests import helpers
 from tests import user_models
+from tests import fork_server
 
 # A newcomer's file, outside the repository and off the path: a CNN ported from PyTorch with
 # plain nn.Dropout and nn.BatchNorm.
@@ -90,8 +91,10 @@ def _cli(user_dir, tfds_data_dir, workdir, *args, devices=8, **popen):
   if popen:
     return subprocess.Popen(command, cwd=user_dir, env=processes.environment(), text=True,
                             **popen)
-  result = subprocess.run(command, cwd=user_dir, env=processes.environment(),
-                          capture_output=True, text=True, timeout=300, check=False)
+  # (A run to its end starts in the fork server's child; one the test stops, in its own.)
+  result = subprocess.run([*fork_server.python(), *command[1:]], cwd=user_dir,
+                          env=processes.environment(), capture_output=True, text=True,
+                          timeout=300, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
   return result
 

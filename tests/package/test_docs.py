@@ -22,15 +22,14 @@ import os
 import re
 import shlex
 import signal
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
 
 from tests import REPO
+from tests import fork_server
 
 DOCS = os.path.join(REPO, 'docs')
 PAGES = ['README.md'] + sorted(
@@ -54,11 +53,6 @@ BLOCK_TIMEOUT_S = 300
 # The slow tier's pages run their commands through a fork server (tests/fork_server.py), which
 # imports what the package's commands import once: the variable names its socket.
 FORK_SERVER_VARIABLE = 'DOCS_FORK_SERVER'
-FORK_CLIENT = os.path.join(REPO, 'tests', 'fork_client.py')
-# torchvision before TensorFlow, as a process that holds both must (base/torch_import.py); no
-# module that defines absl flags (each command's own module defines them, once).
-FORK_PRELOAD = ('torchvision', 'flax_dp_trainer.data.tensorflow_import', 'tensorflow_datasets',
-                'flax_dp_trainer.loop.train', 'flax_dp_trainer.loop.checks')
 
 _FENCE = re.compile(r'^(\s*)(`{3,}|~{3,})\s*(.*)$')
 
@@ -155,7 +149,7 @@ done
 # child of a process that imported the libraries once.
 launch=("$real")
 if [[ -n "${{{FORK_SERVER_VARIABLE}:-}}" ]]; then
-  launch=("$real" -S -E {shlex.quote(FORK_CLIENT)} "${{{FORK_SERVER_VARIABLE}}}" "$real")
+  launch=("$real" -S -E {shlex.quote(fork_server.CLIENT)} "${{{FORK_SERVER_VARIABLE}}}" "$real")
 fi
 if [[ $shorten -eq 0 || $config -eq 0 ]]; then
   exec "${{launch[@]}}" "$@"
@@ -198,19 +192,11 @@ def page_environment(block_environment):
   interpreter would import before the command begins, imported once (the commands' results do
   not depend on it: each runs in a child of its own, with its own flags, working directory,
   environment and exit status)."""
-  folder = tempfile.mkdtemp(prefix='docs-fork-')  # (A socket's path is short.)
-  path = os.path.join(folder, 'socket')
-  server = subprocess.Popen(
-      [sys.executable, os.path.join(REPO, 'tests', 'fork_server.py'), path, *FORK_PRELOAD],
-      cwd=folder, env=block_environment, stdout=subprocess.PIPE, text=True,
-      start_new_session=True)
+  server = fork_server.Server(block_environment, fork_server.PRELOAD)
   try:
-    assert server.stdout.readline().strip() == 'ready', 'the fork server did not start'
-    yield dict(block_environment, **{FORK_SERVER_VARIABLE: path})
+    yield dict(block_environment, **{FORK_SERVER_VARIABLE: server.path})
   finally:
-    os.killpg(server.pid, signal.SIGKILL)
-    server.wait()
-    shutil.rmtree(folder, ignore_errors=True)
+    server.stop()
 
 
 def _write_files(page: str, scratch: str) -> None:
@@ -231,7 +217,8 @@ def _run_block(block: Block, scratch: str, env: dict) -> None:
       f.write(text)
     command = [sys.executable, script]
     if FORK_SERVER_VARIABLE in env:
-      command = [sys.executable, '-S', '-E', FORK_CLIENT, env[FORK_SERVER_VARIABLE], *command]
+      command = [sys.executable, '-S', '-E', fork_server.CLIENT, env[FORK_SERVER_VARIABLE],
+                 *command]
   else:
     command = ['bash', '-e', '-o', 'pipefail', '-c', text]
   # A session of its own, so that a timeout stops what the block started too.

@@ -21,6 +21,7 @@ from flax_dp_trainer.loop import train
 from flax_dp_trainer.runs import processes
 from tests import REPO
 from tests import helpers
+from tests import fork_server
 
 
 def idx_bytes(array: np.ndarray) -> bytes:
@@ -173,7 +174,7 @@ def test_a_run_on_idx_files_is_the_same_on_4_devices_and_a_changed_file_is_refus
   folder = write_idx(tmp_path / 'data', data, gzipped=True)
   four = tmp_path / 'four'
   result = subprocess.run(
-      [sys.executable, '-m', 'flax_dp_trainer', '--config=default', f'--workdir={four}',
+      [*fork_server.python(), '-m', 'flax_dp_trainer', '--config=default', f'--workdir={four}',
        '--cpu_devices=4', f'--config.dataset=idx:{folder}',
        *(f'--config.{k}={v}' for k, v in SHORT.items())], cwd=REPO,
       env=processes.environment(), capture_output=True, text=True, timeout=300, check=False)
