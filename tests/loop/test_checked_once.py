@@ -11,12 +11,18 @@ import pytest
 
 from flax_dp_trainer.base import user_imports
 from flax_dp_trainer.data import run_datasets
+from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.loop import train
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.step import optim
 
 COUNTED = ((user_imports, 'import_modules'), (run_datasets, 'resolve'),
            (optim, 'learning_rate_schedule'))
+# The run's options, each layer's read from the config once by the setup (`loop.options`):
+# what follows derives from them (the call order, the recorded model), never reads them again.
+# (The schedule's are read twice: by the config's checks before the data loads, then once.)
+OPTIONS_READ = ('of_config', 'model_options', 'optim_options', 'step_options', 'loop_options',
+                'init_from_options', 'ema_options', 'mix_options')
 
 # The trainer's command line in a process whose calls of COUNTED are counted.
 _COUNTING_MAIN = '''
@@ -59,16 +65,24 @@ def test_a_command_line_start_checks_and_reads_its_config_once(tmp_path, tfds_da
 
 
 def test_a_start_from_python_checks_and_reads_its_config_once(config, tmp_path, monkeypatch):
+  """The imports, the datasets and the schedule once; and the setup builds the run's options
+  once (each layer's, `OPTIONS_READ`), a fresh run's and a resume's, from `init_from` too."""
   calls = collections.Counter()
-  for module, name in COUNTED:
+  for module, name in (*COUNTED,
+                       *((run_options, name) for name in (*OPTIONS_READ, 'schedule_options'))):
     original = getattr(module, name)
     monkeypatch.setattr(module, name, lambda *a, _o=original, _n=name, **k: (
         calls.update([_n]), _o(*a, **k))[1])
   config.update(num_train_steps=2, warmup_steps=1)
   workdir = str(tmp_path / 'run')
   train.train_and_evaluate(config, workdir, devices=jax.devices()[:1])
-  once = {name: 1 for _, name in COUNTED}
+  once = {name: 1 for name in (*(name for _, name in COUNTED), *OPTIONS_READ)}
+  once['schedule_options'] = 2
   assert calls == once
   calls.clear()
   scalars = train.evaluate_only(config, workdir, devices=jax.devices()[:1])
   assert calls == once and 'eval_accuracy' in scalars
+  calls.clear()
+  config.update(init_from=workdir, num_train_steps=3)
+  train.train_and_evaluate(config, str(tmp_path / 'fine_tuned'), devices=jax.devices()[:1])
+  assert calls == once

@@ -361,14 +361,17 @@ def counts_epochs(config) -> bool:
           config.lr_step_size_epochs != UNSET)
 
 
-def check_schedule(config, steps_per_epoch: float = 0.0) -> None:
+def check_schedule(config, steps_per_epoch: float = 0.0,
+                   schedule: Optional[schedules.ScheduleOptions] = None) -> None:
   """Checks of the schedule once durations in epochs are resolved to steps
-  (`steps_per_epoch`: the train split over the batch, for the schedule's epoch fields)."""
+  (`steps_per_epoch`: the train split over the batch, for the schedule's epoch fields);
+  `schedule`: its options where the run has read them already."""
   if not 0 <= config.warmup_steps < config.num_train_steps:
     raise UserError(f'warmup_steps={config.warmup_steps} must be >= 0 and below '
                     f'num_train_steps={config.num_train_steps} (--config.warmup_steps=N or '
                     '--config.warmup_epochs=X)')
-  schedules.check(run_options.schedule_options(config, steps_per_epoch))
+  schedules.check(schedule if schedule is not None else
+                  run_options.schedule_options(config, steps_per_epoch))
 
 
 def check_workdir(workdir: str) -> None:

@@ -265,11 +265,14 @@ class RunOptions:
 
 
 def of_config(config, ds_spec: specs.DatasetSpec, loss: Optional[losses.Loss] = None,
-              steps_per_epoch: float = 0.0) -> RunOptions:
+              steps_per_epoch: float = 0.0,
+              data: Optional[data_options_lib.DataOptions] = None) -> RunOptions:
   """The options of a config whose durations are resolved to steps, for the training data
-  of `ds_spec`; `loss` as `step_options` takes it, `steps_per_epoch` as `optim_options`."""
-  return RunOptions(data=data_options(config), model=model_options(config),
-                    optim=optim_options(config, steps_per_epoch),
+  of `ds_spec`; `loss` as `step_options` takes it, `steps_per_epoch` as `optim_options`;
+  `data`: the input side's options where read from this config already (the run opened its
+  data with them before its durations could be resolved)."""
+  return RunOptions(data=data if data is not None else data_options(config),
+                    model=model_options(config), optim=optim_options(config, steps_per_epoch),
                     step=step_options(config, ds_spec, loss, steps_per_epoch),
                     init_from=init_from_options(config), seed=config.seed,
                     loop=loop_options(config))

@@ -189,19 +189,20 @@ def start(run: 'Run', resume_with_changes: bool = False) -> Start:
   that do not fit the model, stop the run with the workdir untouched (nothing is compiled
   but the init). A checkpoint trained on another stream or model
   (`resume_changes.STREAM_FIELDS`) is refused unless `resume_with_changes`."""
-  config, checkpointer = run.config, run.checkpointer
-  _, step_rng = state_lib.seed_rngs(config.seed)
+  options, checkpointer = run.options, run.checkpointer
+  _, step_rng = state_lib.seed_rngs(options.seed)
   state = initial_state(run)
   restored, unreadable = _restore(run, state, resume_with_changes)
   restored = with_newer_fields(run, restored)
-  if restored is not None and config.init_from:
+  if restored is not None and options.init_from is not None:
     logging.warning('init_from=%r is not used: this run resumes from its own checkpoint at '
-                    'step %d in %s', config.init_from, restored.step, checkpointer.directory)
-  if restored is None and config.init_from:
-    state, _ = init_from.init_from(run.options.init_from, run.model.module, state,
+                    'step %d in %s', options.init_from.path, restored.step,
+                    checkpointer.directory)
+  if restored is None and options.init_from is not None:
+    state, _ = init_from.init_from(options.init_from, run.model.module, state,
                                    run.torch_weights, run.port_weights)
   if restored is None:
-    return Start(state, step_rng, config.seed, 0, None, unreadable)
+    return Start(state, step_rng, options.seed, 0, None, unreadable)
   meta = run_meta.RunMeta.from_json(restored.meta, restored.step)
   resume_changes.check_resume(run.config, run.data, run.checkpointer.directory, meta,
                               restored.step, resume_with_changes)
@@ -232,9 +233,11 @@ def use_compilation_cache(cache_dir: str) -> None:
 class Run:
   """What training and evaluating-only share, all checked before anything is compiled or
   written."""
-  # Durations in epochs resolved to steps; the loop's own fields, and the run's record.
+  # The run's record, as checkpoints, hparams and trackers keep it (durations in epochs
+  # resolved to steps, a model given from Python by its import path); what the run does is
+  # read from `options`, built from it once.
   config: ml_collections.ConfigDict
-  options: run_options.RunOptions  # What each layer below the loop is told.
+  options: run_options.RunOptions  # What the loop and each layer below it are told.
   schedule: optax.Schedule  # The learning rate by step, built once.
   layout: parallel.DataParallel
   datasets: run_datasets.RunDatasets  # Resolved once: the training data's spec and the evaluations.
@@ -356,7 +359,6 @@ def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
                                         process_index=jax.process_index())
   config = durations.resolve_durations(config, train_data.num_examples)
   steps_per_epoch = durations.steps_per_epoch(config, train_data.num_examples)
-  checks.check_schedule(config, steps_per_epoch)
   evaluations = evaluation.evaluation_data(data_options, train_data.reader, layout,
                                            datasets.evals)
   eval_per_device = pipeline.eval_batch_per_device(data_options, num_devices)
@@ -367,7 +369,11 @@ def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
   num_classes = train_data.spec.num_classes
   input_shape = (1,) + train_data.spec.input_shape
   per_device = max(1, config.batch_size // num_devices // config.grad_accum_steps)
-  options = run_options.of_config(config, datasets.train, loss, steps_per_epoch)
+  # Every layer's options, read from the config once (the input side's, read above to open
+  # the data, reused): what follows derives from them, never from the config again.
+  options = run_options.of_config(config, datasets.train, loss, steps_per_epoch,
+                                  data=data_options)
+  checks.check_schedule(config, schedule=options.optim.schedule)
   built = build_model(options.model, num_classes, input_shape, per_device if training else 1,
                       model=model, command_line=command_line, remat=options.step.remat)
   options = with_param_groups(options, built, input_shape)
@@ -385,8 +391,9 @@ def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
     else:
       weights = init_from.read_torch_weights(config.init_from, config.model, built.module,
                                              input_shape)
-  # The options of the model as recorded (a model given from Python by its import path).
-  options = dataclasses.replace(options, init_from=run_options.init_from_options(config))
+  if options.init_from is not None:  # The model as messages name it: as recorded.
+    options = dataclasses.replace(options, init_from=dataclasses.replace(
+        options.init_from, model=config.model))
   at_eval_size = input_size.for_size(built, input_shape,
                                      (1,) + datasets.evals[0].spec.input_shape,
                                      config.pos_embedding_resize)

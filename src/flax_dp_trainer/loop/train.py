@@ -86,17 +86,17 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
   step = _checkpoint_step(workdir, step)  # Refused before anything compiles.
   run = setup.prepare(config, workdir, devices, training=False, model=model, loss=loss,
                       arrays=data, command_line=command_line, datasets=datasets)
-  config = run.config
+  init = run.options.init_from
   state = setup.initial_state(run)
   restored = setup.restore_for_evaluation(run, state, step)
-  if restored is None and not config.init_from:
+  if restored is None and init is None:
     raise UserError(f'--eval_only: {run.checkpointer.directory} holds no checkpoint to '
                     'evaluate and no --config.init_from is set; point --workdir at a run\'s '
                     'workdir, or pass --config.init_from=PATH (a checkpoint or a .pth file)')
   if restored is not None:
-    if config.init_from:
+    if init is not None:
       logging.warning('init_from=%r is not evaluated: the workdir has a checkpoint (step %d)',
-                      config.init_from, restored.step)
+                      init.path, restored.step)
     state, step = restored.state, restored.step
     logging.info('evaluating the checkpoint at step %d in %s', step,
                  run.checkpointer.directory)
@@ -166,18 +166,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                                      writes=jax.process_index() == 0)
   run = setup.prepare(config, workdir, devices, model=model, loss=loss, arrays=data,
                       command_line=command_line, datasets=datasets)
-  config = run.config
+  config, last = run.config, run.options.loop.cadence.last
   timeline.enter('restore')
   start = setup.start(run, resume_with_changes)
   timeline.restored(start.resume_step is not None)
   start_step = int(start.state.step)
   logging.info('%s: %d params; starting at step %d of %d on %d devices (%d process(es))',
                run.model.name, state_lib.param_count(start.state.params), start_step,
-               config.num_train_steps, len(run.layout.devices), jax.process_count())
-  if start_step >= config.num_train_steps:
+               last, len(run.layout.devices), jax.process_count())
+  if start_step >= last:
     logging.warning('the run in %s is finished (its checkpoint is at step %d of %d): nothing '
                     'to train; pass a larger --config.num_train_steps to train on, or '
-                    '--eval_only to evaluate', workdir, start_step, config.num_train_steps)
+                    '--eval_only to evaluate', workdir, start_step, last)
   for line in run.data.describe(jax.process_count()):
     logging.info('%s', line)
   # From here on the workdir is written, by this run alone.
@@ -189,7 +189,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     run_datasets.record_left_out(workdir, run.datasets)
     if jax.process_index() == 0:
       setup.write_dataset_spec(workdir, run.datasets.read)
-    bars = _bars(show_bars, config.num_train_steps, start_step + 1)
+    bars = _bars(show_bars, last, start_step + 1)
     writer = writers.open_session(
         workdir, start_step, config.to_dict(), write_files=jax.process_index() == 0,
         trackers=tracking.TrackerOptions.from_config(
@@ -213,7 +213,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     multihost.sync_processes('train_and_evaluate done')
     final = timeline.snapshot(final=True)
     if final:
-      writer.write_scalars(config.num_train_steps, final)
+      writer.write_scalars(last, final)
       writer.flush()
   return parallel.host_state(run.layout, session.rstate)
 
@@ -228,10 +228,10 @@ class _Session:
                                         Sequence[listeners_lib.Listener]]):
     """`make_listeners(the train step's efficiency)`: the session's listeners
     (`run_listeners.session_listeners`), made once the step is compiled."""
-    config, layout = run.config, run.layout
+    layout = run.layout
     self.run, self.start, self.writer = run, start, writer
     self.first = int(start.state.step) + 1
-    self.last = config.num_train_steps
+    self.last = run.options.loop.cadence.last
     self.p_train_step = step_lib.make_train_step(
         layout, learning_rate_fn=run.schedule, options=run.options.step)
     self.p_eval_step = step_lib.make_eval_step(
@@ -247,12 +247,12 @@ class _Session:
     # float16 loss scaling expects overflows now and then, and skips those steps itself.
     scaling = run.options.loss_scaling
     self.buffer = metrics.TrainMetricsBuffer(
-        layout.fetch_series, config.skip_nonfinite_steps or scaling,
+        layout.fetch_series, run.options.step.skip_nonfinite or scaling,
         metrics.ScaledTrainMetrics if scaling else metrics.TrainMetrics)
     self.buffer.resume(start.window)
     self.in_flight = dispatch.InFlight(layout.devices)
     self.last_saved = start.resume_step
-    self.saved_at = time.time()  # For config.checkpoint_every_seconds.
+    self.saved_at = time.time()  # For checkpoint_every_seconds.
     # Several processes must agree on the step they stop at: there JAX's preemption notice
     # (which owns SIGTERM) decides at a sync point; alone, the signals are recorded here.
     multiprocess = jax.process_count() > 1
@@ -378,12 +378,13 @@ class _Session:
     if not _all_finite(host_state.params):
       self.buffer.diverged_at(step)
       raise self._diverged('params')
-    config, start = self.run.config, self.start
+    start = self.start
     self.run.checkpointer.save(step, host_state, run_meta.RunMeta(
         rng=start.step_rng, data_seed=start.data_seed,
-        examples_seen=start.examples_seen + (step - self.first + 1) * config.batch_size,
+        examples_seen=(start.examples_seen +
+                       (step - self.first + 1) * self.run.options.loop.batch_size),
         devices=len(self.run.layout.devices), processes=jax.process_count(),
-        config=config.to_dict(), window=self.buffer.pending(),
+        config=self.run.config.to_dict(), window=self.buffer.pending(),
         dataset=specs.to_json(self.run.data.spec), evaluation=evaluated,
         streams=self.run.data.options.versions.to_json()))
     self.last_saved, self.saved_at = step, time.time()
