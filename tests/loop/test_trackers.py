@@ -32,6 +32,7 @@ from flax_dp_trainer.loop import trackers as tracker_records
 from flax_dp_trainer.runs import processes
 from tests import REPO
 from tests.package import test_docs
+from tests import fork_server
 
 # Stalled at step 36, then killed: steps 21-35 are trained again by the resume, 22-34 logged
 # twice by the training (the checkpoint is at 20); a last session trains on to step 50. (Short:
@@ -432,7 +433,9 @@ def _command(workdir, tfds_data_dir, store, **overrides):
 
 
 def _train(command, folder):
-  process = subprocess.run(command, cwd=folder, env=processes.environment(WANDB_MODE='offline'),
+  """`command` run to its end (in the fork server's child: `tests/fork_server.py`)."""
+  process = subprocess.run([*fork_server.python(), *command[1:]], cwd=folder,
+                           env=processes.environment(WANDB_MODE='offline'),
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                            timeout=600, check=False)
   return process.returncode, process.stderr
