@@ -41,24 +41,29 @@ IMPORT_TIME_ENVIRONMENT = ('JAX_', 'XLA_', 'TF_', 'TFDS_', 'PYTHON', 'LD_', 'CUD
                            'OMP_', 'MKL_', 'KMP_', 'TRITON', 'NVIDIA_')
 
 
-def _differs_at_import(environment: dict, ours: dict) -> list[str]:
-  names = set(environment) | set(ours)
-  return sorted(name for name in names if name.startswith(IMPORT_TIME_ENVIRONMENT) and
-                environment.get(name) != ours.get(name))
+def client(path: str) -> list[str]:
+  """What stands for `python` in a command line served by the server at socket `path`."""
+  return [sys.executable, '-S', '-E', CLIENT, path, sys.executable]
+
+
+def _differs_at_import(environment: dict, ours: dict) -> bool:
+  return any(name.startswith(IMPORT_TIME_ENVIRONMENT) and environment.get(name) != ours.get(name)
+             for name in set(environment) | set(ours))
 
 
 def _reply(conn: socket.socket, **message) -> None:
   conn.sendall(json.dumps(message).encode() + b'\n')
 
 
-def _session(conn: socket.socket, ours: dict):
-  """One command's session, in a child of the server: the request read, the command forked
-  (the returned request, in the command's process) and watched until it ends."""
+def _session(conn: socket.socket, ours: dict, set_by_imports: dict):
+  """One command's session, in a child of the server: the request read (refused where its
+  environment differs from `ours`, the server's before its imports), the command forked (the
+  returned request, its environment with what the imports set, in the command's process) and
+  watched until it ends."""
   signal.signal(signal.SIGCHLD, signal.SIG_DFL)
   _, fds, _, _ = socket.recv_fds(conn, 1, 3)
   reader = conn.makefile('rb')
   request = json.loads(reader.readline())
-  set_by_imports = json.loads(ours.pop('_SET_BY_IMPORTS'))
   if _differs_at_import(request['env'], ours):
     _reply(conn, fallback=True)
     os._exit(0)
@@ -110,8 +115,7 @@ def serve(path: str, preload) -> dict:
     importlib.import_module(name)
   # What the imports set in the environment (torch's CUDA_MODULE_LOADING, say): a fresh
   # interpreter's command would have it too.
-  ours['_SET_BY_IMPORTS'] = json.dumps({name: value for name, value in os.environ.items()
-                                        if name not in ours})
+  set_by_imports = {name: value for name, value in os.environ.items() if name not in ours}
   server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
   server.bind(path)
   server.listen(64)
@@ -126,7 +130,7 @@ def serve(path: str, preload) -> dict:
     conn, _ = server.accept()
     if os.fork() == 0:
       server.close()
-      return _session(conn, ours)
+      return _session(conn, ours, set_by_imports)
     conn.close()
 
 
@@ -146,7 +150,8 @@ def run(request: dict) -> int:
       runpy.run_path(target, run_name='__main__')
     else:
       sys.path[0] = ''
-      exec(compile(target, '<string>', 'exec'), {'__name__': '__main__'})  # pylint: disable=exec-used
+      # pylint: disable-next=exec-used
+      exec(compile(target, '<string>', 'exec'), {'__name__': '__main__'})
   except SystemExit as e:  # As the interpreter ends: a message printed, status 1.
     if isinstance(e.code, int) or e.code is None:
       return e.code or 0
@@ -177,7 +182,7 @@ class Server:
       raise RuntimeError('the fork server did not start')
 
   def command(self) -> list[str]:
-    return [sys.executable, '-S', '-E', CLIENT, self.path, sys.executable]
+    return client(self.path)
 
   def stop(self) -> None:
     try:

@@ -215,10 +215,9 @@ def _run_block(block: Block, scratch: str, env: dict) -> None:
     script = os.path.join(scratch, f'block_line{block.line}.py')
     with open(script, 'w', encoding='utf-8') as f:
       f.write(text)
-    command = [sys.executable, script]
-    if FORK_SERVER_VARIABLE in env:
-      command = [sys.executable, '-S', '-E', fork_server.CLIENT, env[FORK_SERVER_VARIABLE],
-                 *command]
+    python = ([sys.executable] if FORK_SERVER_VARIABLE not in env else
+              fork_server.client(env[FORK_SERVER_VARIABLE]))
+    command = [*python, script]
   else:
     command = ['bash', '-e', '-o', 'pipefail', '-c', text]
   # A session of its own, so that a timeout stops what the block started too.

@@ -359,6 +359,11 @@ def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
                                         process_index=jax.process_index())
   config = durations.resolve_durations(config, train_data.num_examples)
   steps_per_epoch = durations.steps_per_epoch(config, train_data.num_examples)
+  # Every layer's options, read from the config once (the input side's, read above to open
+  # the data, reused): what follows derives from them, never from the config again.
+  options = run_options.of_config(config, datasets.train, loss, steps_per_epoch,
+                                  data=data_options)
+  checks.check_schedule(config, schedule=options.optim.schedule)
   evaluations = evaluation.evaluation_data(data_options, train_data.reader, layout,
                                            datasets.evals)
   eval_per_device = pipeline.eval_batch_per_device(data_options, num_devices)
@@ -369,11 +374,6 @@ def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
   num_classes = train_data.spec.num_classes
   input_shape = (1,) + train_data.spec.input_shape
   per_device = max(1, config.batch_size // num_devices // config.grad_accum_steps)
-  # Every layer's options, read from the config once (the input side's, read above to open
-  # the data, reused): what follows derives from them, never from the config again.
-  options = run_options.of_config(config, datasets.train, loss, steps_per_epoch,
-                                  data=data_options)
-  checks.check_schedule(config, schedule=options.optim.schedule)
   built = build_model(options.model, num_classes, input_shape, per_device if training else 1,
                       model=model, command_line=command_line, remat=options.step.remat)
   options = with_param_groups(options, built, input_shape)
