@@ -103,20 +103,27 @@ def test_a_resumed_run_continues_the_ema_bitwise(run, tfds_data_dir, tmp_path):
 @pytest.mark.parametrize('file_format', [pytest.param('torchvision', marks=pytest.mark.slow),
                                          'safetensors'])
 def test_exported_state_dict_gives_the_same_logits_in_torch(run, tmp_path, file_format):
+  """The export's load line, pasted into a fresh interpreter, gives the run's logits. The
+  torchvision format runs the command (`main`'s printing of `export`'s lines); safetensors
+  calls `export` in this process."""
   out = str(tmp_path / f'model{export.FORMATS[file_format]}')
-  command = [sys.executable, '-m', 'flax_dp_trainer.tools.export', f'--workdir={run}',
-             f'--format={file_format}', f'--out={out}']
-  done = subprocess.run(command, cwd=REPO, env=processes.environment(),
-                        capture_output=True, text=True, timeout=300, check=False)
-  assert done.returncode == 0, done.stderr[-2000:]
+  if file_format == 'torchvision':
+    command = [sys.executable, '-m', 'flax_dp_trainer.tools.export', f'--workdir={run}',
+               f'--format={file_format}', f'--out={out}']
+    done = subprocess.run(command, cwd=REPO, env=processes.environment(),
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    stdout = done.stdout
+  else:
+    stdout = '\n'.join(export.export(run, None, file_format, out)[1])
   assert ("flax_dp_trainer.torch_ddp.models.get('resnet_tiny', input_shape=(8, 8, 1), "
-          'num_classes=10)' in done.stdout)
-  assert re.search(r'input: float32 NCHW \(N, 1, 8, 8\)', done.stdout), done.stdout
+          'num_classes=10)' in stdout)
+  assert re.search(r'input: float32 NCHW \(N, 1, 8, 8\)', stdout), stdout
   trained = trainer.load(run)
   images, _ = trained.read_split(limit=64)
   np.save(tmp_path / 'x.npy', (images.astype(np.float32) / 255.0).transpose(0, 3, 1, 2))
   # The load line as printed, its imports included, in a fresh interpreter in a user's folder.
-  load = [line[len('load: '):] for line in done.stdout.splitlines() if line.startswith('load: ')]
+  load = [line[len('load: '):] for line in stdout.splitlines() if line.startswith('load: ')]
   snippet = load[0] + ('\nimport numpy, torch\nwith torch.no_grad():\n'
                        "  numpy.save('logits.npy', model(torch.from_numpy(numpy.load('x.npy')))"
                        '.numpy())\n')
