@@ -33,7 +33,7 @@ CLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'fork_client.p
 # both must (base/torch_import.py); no module that defines absl flags (each command's own
 # module defines them, once).
 PRELOAD = ('torchvision', 'flax_dp_trainer.data.tensorflow_import', 'tensorflow_datasets',
-           'flax_dp_trainer.loop.train', 'flax_dp_trainer.loop.checks')
+           'flax_dp_trainer.edge.train', 'flax_dp_trainer.edge.checks')
 
 # What the libraries read from the environment as they import (so the server's values hold in
 # its children): a command whose environment differs in one of these runs in a fresh process.

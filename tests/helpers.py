@@ -16,7 +16,8 @@ from flax_dp_trainer.step import steps as step_lib
 from flax_dp_trainer.configs import default
 from flax_dp_trainer.data import kinds
 from flax_dp_trainer.data import specs
-from flax_dp_trainer.loop import durations
+from flax_dp_trainer.edge import durations
+from flax_dp_trainer.edge import reading
 from flax_dp_trainer.loop import options as run_options
 
 
@@ -119,7 +120,7 @@ def reference_eval(state, config) -> tuple[int, float, float, float]:
 
 def reference_eval_of(logits_fn, config) -> tuple[int, float, float, float]:
   """reference_eval for any function of a float32 image batch (digits) to logits."""
-  options = run_options.data_options(config)
+  options = reading.data_options(config)
   builder = kinds.open_reader(options, specs.of_options(options)).builder
   data = tfds.as_numpy(builder.as_dataset(split=config.eval_split, batch_size=-1))
   images = data['image'].astype(np.float32) / 255.0
@@ -140,5 +141,5 @@ def initial_state(config, num_classes: int, input_shape: tuple[int, ...], *, mod
   the run builds it; its optimizer; the seed's init key unless `rng`), on the host."""
   config = durations.timing_durations(config, 0)
   spec = specs.DatasetSpec('test', num_classes, input_shape[-1], tuple(input_shape[1:]), 0)
-  built = run_options.build_model(config, num_classes, input_shape, model)
-  return run_options.initial_state(run_options.of_config(config, spec), built, input_shape, rng)
+  built = reading.build_model(config, num_classes, input_shape, model)
+  return run_options.initial_state(reading.of_config(config, spec), built, input_shape, rng)

@@ -13,7 +13,7 @@ import jax
 from absl import app
 from absl import flags
 
-from flax_dp_trainer.loop import train
+from flax_dp_trainer.edge import train
 from tests import helpers
 
 FLAGS = flags.FLAGS

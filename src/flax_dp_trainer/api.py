@@ -5,7 +5,7 @@ loop, checkpoints, resume, metrics and errors (the package's root exports them).
 `data` (optional) numpy images and labels of each split in place of `config.dataset`;
 `loss` (optional) a function `loss(logits, targets) -> per-example loss` in place of
 `config.loss` (`losses.py`); `model/` says what a model must be. (`fit`, not `train`:
-`flax_dp_trainer.loop.train` is the module of the loop.)
+`flax_dp_trainer.edge.train` is the module that trains a config.)
 """
 
 import contextlib
@@ -20,7 +20,7 @@ from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.data.kinds import arrays
 from flax_dp_trainer.loop import listeners as listeners_lib
 from flax_dp_trainer.loop import progress as bars
-from flax_dp_trainer.loop import train as train_lib
+from flax_dp_trainer.edge import train as train_lib
 from flax_dp_trainer.loop import writers
 from flax_dp_trainer.parallel import simulated
 

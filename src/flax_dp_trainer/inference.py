@@ -35,7 +35,7 @@ from flax_dp_trainer.model import source as model_source
 from flax_dp_trainer.step import steps as step_lib
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import run_datasets
-from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.edge import reading as run_options
 from flax_dp_trainer.base.errors import UserError
 
 Images = Union[np.ndarray, Sequence[np.ndarray], Sequence[bytes]]

@@ -218,7 +218,7 @@ def main(argv):
   sys.unraisablehook = logs.quiet_abandoned_reads
   # (flax, optax: --list and --show_config answer without them)
   # pylint: disable-next=import-outside-toplevel
-  from flax_dp_trainer.loop import checks
+  from flax_dp_trainer.edge import checks
   try:
     try:
       _check_flags()
@@ -242,7 +242,7 @@ def main(argv):
       # as a flag that does not parse (base/cli.py). Later refusals are status 1.
       _exit(2, f'error: {e}')
     # pylint: disable-next=import-outside-toplevel
-    from flax_dp_trainer.loop import train  # (TensorFlow: a bad config is refused before it loads)
+    from flax_dp_trainer.edge import train  # (TensorFlow: a bad config is refused before it loads)
     from flax_dp_trainer.loop import setup
     _set_up_devices()
     if jax.process_count() > 1:  # Every process says how its imports went; one failed: all stop.

@@ -19,7 +19,7 @@ from flax_dp_trainer import configs
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import kinds
 from flax_dp_trainer.data import run_datasets
-from flax_dp_trainer.loop import trackers
+from flax_dp_trainer.edge import trackers
 from flax_dp_trainer.base import user_imports
 from flax_dp_trainer.base.errors import UserError
 
@@ -97,7 +97,7 @@ def _dataset(config: Any) -> tuple[Optional[specs.DatasetSpec], str]:
   not resolve), and what it is as a comment line: classes, image shape, the crop and
   augmentation the config gives it, and the normalization; nothing is prepared or read."""
   # pylint: disable-next=import-outside-toplevel
-  from flax_dp_trainer.loop import options as run_options  # (JAX, no backend: --list needs none)
+  from flax_dp_trainer.edge import reading as run_options  # (JAX, no backend: --list needs none)
   try:
     spec = run_datasets.for_options(run_options.data_options(config))
   except UserError as e:
@@ -115,11 +115,11 @@ def _dataset(config: Any) -> tuple[Optional[specs.DatasetSpec], str]:
 
 
 def describe_options(config: Any, spec: specs.DatasetSpec) -> list[str]:
-  """What each part of the run is told (`loop.options`), as comment lines: the durations in
+  """What each part of the run is told (`edge.reading`), as comment lines: the durations in
   steps, the peak learning rate after scaling, then every layer's options as the run reads
   them from `config` for the training data of `spec`."""
   # pylint: disable-next=import-outside-toplevel
-  from flax_dp_trainer.loop import durations, options as run_options  # (as above)
+  from flax_dp_trainer.edge import durations, reading as run_options  # (as above)
   lines = ['# options as resolved (what each part of the run is told):']
   in_epochs = [epochs for _, epochs in durations.DURATION_PAIRS
                if durations.is_set(config, epochs)]
@@ -167,7 +167,7 @@ def show_param_groups(config: Any) -> str:
   nothing is computed), each params leaf with its layer, multipliers and freezing
   (`step.param_groups.table`); a pattern that matches no leaf refused as training would."""
   # pylint: disable=import-outside-toplevel
-  from flax_dp_trainer.loop import options as run_options  # (flax, optax: this answer's)
+  from flax_dp_trainer.edge import reading as run_options  # (flax, optax: this answer's)
   from flax_dp_trainer.model import blocks
   from flax_dp_trainer.step import param_groups
   # pylint: enable=import-outside-toplevel

@@ -17,8 +17,8 @@ from flax_dp_trainer.checkpoint import checkpointer as checkpoint
 from flax_dp_trainer.checkpoint import meta as run_meta
 from flax_dp_trainer.configs import default
 from flax_dp_trainer.loop import cadence
-from flax_dp_trainer.loop import checks
-from flax_dp_trainer.loop import train
+from flax_dp_trainer.edge import checks
+from flax_dp_trainer.edge import train
 from flax_dp_trainer.loop import writers
 from flax_dp_trainer.runs import run_metrics
 from flax_dp_trainer.tools import show_metrics

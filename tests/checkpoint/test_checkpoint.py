@@ -20,7 +20,7 @@ import flax_dp_trainer as trainer
 from flax_dp_trainer.checkpoint import checkpointer as checkpoint
 from flax_dp_trainer.checkpoint import meta as run_meta
 from flax_dp_trainer.checkpoint import init_from
-from flax_dp_trainer.loop import train
+from flax_dp_trainer.edge import train
 from flax_dp_trainer.loop import writers
 from flax_dp_trainer import zoo
 from flax_dp_trainer.configs import default

@@ -14,8 +14,9 @@ import torch
 import flax_dp_trainer as trainer
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.checkpoint import init_from
+from flax_dp_trainer.edge import prepare
 from flax_dp_trainer.loop import setup
-from flax_dp_trainer.loop import train
+from flax_dp_trainer.edge import train
 from flax_dp_trainer.port import originals
 from flax_dp_trainer.tools import export
 from flax_dp_trainer.tools import port_check
@@ -65,7 +66,7 @@ def test_a_state_dict_of_the_original_gives_the_port_its_logits(config, tmp_path
   name = 'timm_vit'
   original = _original(name)
   torch.save(original.state_dict(), tmp_path / 'original.pth')
-  run = setup.prepare(_config(config, name, str(tmp_path / 'original.pth')),
+  run = prepare.prepare(_config(config, name, str(tmp_path / 'original.pth')),
                       str(tmp_path / 'run'), jax.devices()[:1])
   state = setup.start(run).state
   got = np.asarray(run.model.apply(state.variables(), X, train=False))
@@ -78,7 +79,7 @@ def test_another_class_count_keeps_the_ports_head_and_adapts_the_first_conv(conf
   """timm's ViT saved for 1000 classes of RGB images, into the port on digits."""
   torch.save(_original('timm_vit', num_classes=1000, in_chans=3).state_dict(),
              tmp_path / 'imagenet.pth')
-  run = setup.prepare(_config(config, 'timm_vit', str(tmp_path / 'imagenet.pth')),
+  run = prepare.prepare(_config(config, 'timm_vit', str(tmp_path / 'imagenet.pth')),
                       str(tmp_path / 'run'), jax.devices()[:1])
   assert run.port_weights.notes == [
       'its first convolution patch_embed.proj takes 3 input channels, the original as built '
@@ -87,7 +88,7 @@ def test_another_class_count_keeps_the_ports_head_and_adapts_the_first_conv(conf
       '(fine-tuning)']
   state = setup.start(run).state
   config.init_from = ''
-  fresh = setup.start(setup.prepare(config, str(tmp_path / 'fresh'), jax.devices()[:1])).state
+  fresh = setup.start(prepare.prepare(config, str(tmp_path / 'fresh'), jax.devices()[:1])).state
   np.testing.assert_array_equal(state.params['head']['kernel'], fresh.params['head']['kernel'])
   assert not np.allclose(state.params['embedding']['kernel'],
                          fresh.params['embedding']['kernel'])
@@ -166,7 +167,7 @@ def test_the_port_checks_verified_variables_start_a_run(config, tmp_path):
   config.model, config.init_from = port, saved
   config.model_kwargs = ml_collections.ConfigDict(port_kwargs)
   config.dropout_rate = 0.0
-  run = setup.prepare(config, str(tmp_path / 'run'), jax.devices()[:1])
+  run = prepare.prepare(config, str(tmp_path / 'run'), jax.devices()[:1])
   state = setup.start(run).state
   for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(report.variables['params'])):
     np.testing.assert_array_equal(got, want)

@@ -23,8 +23,8 @@ from flax_dp_trainer.runs import run_metrics
 from flax_dp_trainer.torch_ddp import models as torch_models
 from flax_dp_trainer.zoo import torch_weights
 from flax_dp_trainer.zoo import vit
-from flax_dp_trainer.loop import options as run_options
-from flax_dp_trainer.loop import train
+from flax_dp_trainer.edge import reading as run_options
+from flax_dp_trainer.edge import train
 from tests import REPO
 from tests import fork_server
 

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from flax_dp_trainer.loop import durations
-from flax_dp_trainer.loop import options as run_options
-from flax_dp_trainer.loop import checks
+from flax_dp_trainer.edge import durations
+from flax_dp_trainer.edge import reading as run_options
+from flax_dp_trainer.edge import checks
 from flax_dp_trainer.data.kinds import idx
 from flax_dp_trainer import configs
 from flax_dp_trainer.step import optim
-from flax_dp_trainer.loop import train
+from flax_dp_trainer.edge import train
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
 from tests.data.kinds import test_idx
@@ -124,7 +124,7 @@ BUILT_FROM_THE_COMMAND_LINE = '''
 import sys
 from absl import flags
 from flax_dp_trainer.base import cli
-from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.edge import reading as run_options
 from flax_dp_trainer.model import modeling
 from flax_dp_trainer.port import originals
 cli.define_config()

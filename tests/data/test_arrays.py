@@ -13,7 +13,7 @@ import pytest
 
 import flax_dp_trainer as trainer
 from flax_dp_trainer.checkpoint import checkpointer as checkpoint
-from flax_dp_trainer.loop import train
+from flax_dp_trainer.edge import train
 from flax_dp_trainer.data import index_shuffle
 from flax_dp_trainer.data.kinds import arrays
 from flax_dp_trainer.data import pipeline
@@ -24,7 +24,7 @@ from flax_dp_trainer.data.data_options import DataOptions
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
-from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.edge import reading as run_options
 from tests import helpers
 from tests import REPO
 from tests.data.test_datasets_by_name import _shapes

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from flax_dp_trainer.loop import train
+from flax_dp_trainer.edge import train
 from flax_dp_trainer.data import kinds
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import run_datasets
@@ -26,7 +26,7 @@ from flax_dp_trainer.data.kinds import file_check
 from flax_dp_trainer.data.kinds import folder as folder_lib
 from flax_dp_trainer.data.kinds import left_out
 from flax_dp_trainer.base.errors import UserError
-from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.edge import reading as run_options
 
 
 def _folder(root: str) -> folder_lib.FolderKind:

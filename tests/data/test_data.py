@@ -16,7 +16,7 @@ from PIL import Image
 
 import flax_dp_trainer
 from flax_dp_trainer.parallel import layouts as parallel
-from flax_dp_trainer.loop import train
+from flax_dp_trainer.edge import train
 from flax_dp_trainer.data import index_shuffle
 from flax_dp_trainer.data import kinds
 from flax_dp_trainer.data import pipeline
@@ -29,7 +29,7 @@ from flax_dp_trainer.data.kinds import tfds_datasets
 from flax_dp_trainer.data.datasets import digits
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import run_metrics
-from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.edge import reading as run_options
 from tests import helpers
 
 

@@ -15,14 +15,14 @@ import tensorflow_datasets as tfds
 
 import flax_dp_trainer as trainer
 from flax_dp_trainer.checkpoint import checkpointer as checkpoint
-from flax_dp_trainer.loop import train
+from flax_dp_trainer.edge import train
 from flax_dp_trainer.data import kinds
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
-from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.edge import reading as run_options
 from tests import REPO
 from tests import fork_server
 
@@ -184,7 +184,7 @@ def test_a_recorded_spec_serves_a_host_without_tensorflow_datasets(tmp_path):
   code = '\n'.join([
       'from flax_dp_trainer.configs import default',
       'from flax_dp_trainer.data import run_datasets',
-      'from flax_dp_trainer.loop import options as run_options',
+      'from flax_dp_trainer.edge import reading as run_options',
       'c = default.get_config(); c.dataset = "oxford_flowers102"',
       'try:',
       '  run_datasets.for_options(run_options.data_options(c))',

@@ -9,7 +9,7 @@ import pytest
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.data import sources
 from flax_dp_trainer.data import specs
-from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.edge import reading as run_options
 
 
 @pytest.fixture(scope='module')

@@ -10,8 +10,8 @@ import pytest
 import flax_dp_trainer
 from flax_dp_trainer import zoo
 
-from flax_dp_trainer.loop.trackers import mlflow_tracker
-from flax_dp_trainer.loop import train
+from flax_dp_trainer.edge.trackers import mlflow_tracker
+from flax_dp_trainer.edge import train
 from flax_dp_trainer.data.kinds import tfds_datasets
 from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.base.errors import UserError

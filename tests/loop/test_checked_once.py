@@ -11,14 +11,14 @@ import pytest
 
 from flax_dp_trainer.base import user_imports
 from flax_dp_trainer.data import run_datasets
-from flax_dp_trainer.loop import options as run_options
-from flax_dp_trainer.loop import train
+from flax_dp_trainer.edge import reading as run_options
+from flax_dp_trainer.edge import train
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.step import optim
 
 COUNTED = ((user_imports, 'import_modules'), (run_datasets, 'resolve'),
            (optim, 'learning_rate_schedule'))
-# The run's options, each layer's read from the config once by the setup (`loop.options`):
+# The run's options, each layer's read from the config once by the edge (`edge.reading`):
 # what follows derives from them (the call order, the recorded model), never reads them again.
 # (The schedule's are read twice: by the config's checks before the data loads, then once.)
 OPTIONS_READ = ('of_config', 'model_options', 'optim_options', 'step_options', 'loop_options',

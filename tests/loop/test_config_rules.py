@@ -5,9 +5,9 @@ import logging
 import pytest
 from absl import flags
 
-from flax_dp_trainer.loop import checks
+from flax_dp_trainer.edge import checks
 from flax_dp_trainer.base import cli
-from flax_dp_trainer.loop import durations
+from flax_dp_trainer.edge import durations
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.step import optimizers
 
@@ -82,15 +82,15 @@ def test_a_field_the_optimizer_does_not_read_is_refused():
 def test_an_epoch_of_steps_per_epoch_is_every_epoch_field_s(config, tmp_path):
   # pylint: disable=import-outside-toplevel  # (jax and the setup, only here)
   import jax
-  from flax_dp_trainer.loop import setup
+  from flax_dp_trainer.edge import prepare
   config.model, config.batch_size = 'cnn', 64
   config.num_train_steps, config.num_epochs = -1, 2.0
   config.warmup_steps, config.warmup_epochs = -1, 0.5
   config.lr_schedule, config.lr_schedule_unit = 'cosine', 'epoch'
   config.steps_per_epoch = 7  # The split over the batch: 1437 / 64 = 22.45.
-  run = setup.prepare(config, str(tmp_path / 'run'), jax.devices()[:1])
+  run = prepare.prepare(config, str(tmp_path / 'run'), jax.devices()[:1])
   assert run.data.num_examples / config.batch_size > 22
-  assert (run.config.num_train_steps, run.config.warmup_steps) == (14, 4)
+  assert (run.record['num_train_steps'], run.record['warmup_steps']) == (14, 4)
   assert run.options.optim.schedule.steps_per_epoch == 7
   # Held within each epoch of 7 steps: the rate changes at step 7, not within 7..13.
   rates = [float(run.schedule(s)) for s in range(14)]

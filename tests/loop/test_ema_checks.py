@@ -8,7 +8,7 @@ import pytest
 
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.configs import default
-from flax_dp_trainer.loop import checks
+from flax_dp_trainer.edge import checks
 from flax_dp_trainer.runs import processes
 from tests import REPO
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from flax_dp_trainer.checkpoint import checkpointer as checkpoint
-from flax_dp_trainer.loop import train
+from flax_dp_trainer.edge import train
 from flax_dp_trainer.loop import workdir as workdir_lib
 from flax_dp_trainer.loop import writers
 from flax_dp_trainer.configs import default

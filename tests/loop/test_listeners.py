@@ -7,7 +7,7 @@ import contextlib
 import pathlib
 
 from flax_dp_trainer.loop import listeners
-from flax_dp_trainer.loop import train
+from flax_dp_trainer.loop import session
 
 # (JAX's StepTraceAnnotation stays: it names the step for any profiler, the user's too.)
 SIDE_CONCERNS = ('timeline', 'throughput', 'efficiency', 'progress', 'bars', 'hook',
@@ -27,9 +27,9 @@ def _names(node: ast.AST) -> set[str]:
 def test_the_loop_body_names_no_side_concern():
   """`_Session.train`, the loop: no timeline, throughput, efficiency, progress bar, hook,
   writer or memory object; only its listeners' events."""
-  tree = ast.parse(pathlib.Path(train.__file__).read_text(encoding='utf-8'))
-  session = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == '_Session')
-  loop = next(n for n in session.body if isinstance(n, ast.FunctionDef) and n.name == 'train')
+  tree = ast.parse(pathlib.Path(session.__file__).read_text(encoding='utf-8'))
+  klass = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == '_Session')
+  loop = next(n for n in klass.body if isinstance(n, ast.FunctionDef) and n.name == 'train')
   names = _names(loop)
   assert {'on_step', 'on_evaluation', 'on_end', 'phase'} <= names  # (It reads the body.)
   assert [n for n in sorted(names) if any(c in n.lower() for c in SIDE_CONCERNS)] == []

@@ -7,7 +7,7 @@ import pytest
 
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.checkpoint import checkpointer
-from flax_dp_trainer.loop import train
+from flax_dp_trainer.edge import train
 
 HEAD = 'Dense_1'  # The cnn's classifier.
 

@@ -23,12 +23,12 @@ import pytest
 
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.configs import default
-from flax_dp_trainer.loop import train
+from flax_dp_trainer.edge import train
 from flax_dp_trainer.loop import tracking as trackers
 from flax_dp_trainer.loop import wandb_files
-from flax_dp_trainer.loop.trackers import mlflow_tracker, wandb_tracker
+from flax_dp_trainer.edge.trackers import mlflow_tracker, wandb_tracker
 from flax_dp_trainer.loop import writers
-from flax_dp_trainer.loop import trackers as tracker_records
+from flax_dp_trainer.edge import trackers as tracker_records
 from flax_dp_trainer.runs import processes
 from tests import REPO
 from tests.package import test_docs
@@ -211,8 +211,9 @@ def test_a_users_tracker_resumes_without_a_step_twice_or_left_out(tmp_path, monk
   (workdir / 'scalars.jsonl').write_text(''.join(
       json.dumps({'step': s, 'wall_time': 1.0, 'tag': tag, 'value': s / 100}) + '\n'
       for s, tag in held) + '{"step": 40, "wall')
-  options = trackers.TrackerOptions(workdir=str(workdir), config={}, tags={}, last_step=40,
-                                    chosen=(('scalar_file', 'scalars.jsonl'),))
+  options = trackers.TrackerOptions(
+      workdir=str(workdir), config={}, tags={}, last_step=40,
+      chosen=((tracker_records.REGISTRY.get('scalar_file'), 'scalars.jsonl'),))
   written = [{'step': s, 'wall_time': 1e9 + s, 'train_loss': s / 100, 'eval_accuracy': s / 100}
              for s in (10, 20)]
   (writer,) = writers.tracker_writers(options, written)
@@ -254,7 +255,7 @@ def test_mlflow_gets_what_metrics_jsonl_holds_above_its_last_step_first(tmp_path
               + '\n')
   options = trackers.TrackerOptions(
       workdir=workdir, config={'batch_size': 128, 'model': 'cnn'}, tags={'model': 'cnn'},
-      last_step=30, chosen=(('mlflow', mlflow_tracker.MlflowOptions(uri, 'e')),))
+      last_step=30, chosen=((mlflow_tracker.RECORD, mlflow_tracker.MlflowOptions(uri, 'e')),))
   (writer,) = writers.tracker_writers(
       options, writers.read_jsonl(os.path.join(workdir, writers.JSONL_NAME)))
   writer.write_scalars(30, {'eval_accuracy': 0.3})
@@ -280,7 +281,7 @@ def test_a_mlflow_resume_gives_each_metric_the_steps_above_its_own_last(tmp_path
   workdir, uri = str(tmp_path), f'sqlite:///{tmp_path}/mlflow.db'
   options = trackers.TrackerOptions(
       workdir=workdir, config={}, tags={}, last_step=180,
-      chosen=(('mlflow', mlflow_tracker.MlflowOptions(uri, 'e')),))
+      chosen=((mlflow_tracker.RECORD, mlflow_tracker.MlflowOptions(uri, 'e')),))
   (writer,) = writers.tracker_writers(options, [])
   for step, scalars in [(160, {'train_loss': 0.16}), (160, {'eval_accuracy': 0.6}),
                         (170, {'train_loss': 0.17})]:
@@ -368,8 +369,9 @@ def test_a_wandb_resume_gives_the_steps_above_what_its_files_hold(wandb, tmp_pat
   trackers.RunRecord(workdir, 'wandb').update(run_id='r1', params={}, last_step=50)
   written = [{'step': step, 'wall_time': 1e9 + step, 'train_loss': step / 1000}
              for step in (10, 20, 30, 40, 50)]
-  options = trackers.TrackerOptions(workdir=workdir, config={}, tags={}, last_step=60,
-                                    chosen=(('wandb', wandb_tracker.WandbOptions('p')),))
+  options = trackers.TrackerOptions(
+      workdir=workdir, config={}, tags={},
+      last_step=60, chosen=((wandb_tracker.RECORD, wandb_tracker.WandbOptions('p')),))
   (writer,) = writers.tracker_writers(options, written)
   writer.write_scalars(30, {'train_loss': 1.0})  # Trained again, held already: not given.
   writer.write_scalars(60, {'train_loss': 0.06})
@@ -388,8 +390,9 @@ def test_a_wandb_resume_gives_the_steps_above_what_its_files_hold(wandb, tmp_pat
 def test_wandb_disabled_closes_at_once_and_says_nothing(wandb, tmp_path, monkeypatch, caplog):
   """WANDB_MODE=disabled writes no file: the close does not wait for one."""
   monkeypatch.setenv('WANDB_MODE', 'disabled')
-  options = trackers.TrackerOptions(workdir=str(tmp_path), config={}, tags={}, last_step=10,
-                                    chosen=(('wandb', wandb_tracker.WandbOptions('p')),))
+  options = trackers.TrackerOptions(
+      workdir=str(tmp_path), config={}, tags={},
+      last_step=10, chosen=((wandb_tracker.RECORD, wandb_tracker.WandbOptions('p')),))
   (writer,) = writers.tracker_writers(options, [])
   writer.write_scalars(10, {'train_loss': 0.1})
   assert writer._thread.wait(60)  # pylint: disable=protected-access  # (Started.)
@@ -559,7 +562,7 @@ def test_wandb_dir_is_where_w_and_b_files_go_and_are_found(wandb, tmp_path, monk
   for steps, last in (((10, 20), 20), ((30,), 30)):
     options = trackers.TrackerOptions(
         workdir=str(workdir), config={}, tags={}, last_step=last,
-        chosen=(('wandb', wandb_tracker.WandbOptions('p')),))
+        chosen=((wandb_tracker.RECORD, wandb_tracker.WandbOptions('p')),))
     (writer,) = writers.tracker_writers(options, [])
     for step in steps:
       writer.write_scalars(step, {'train_loss': step / 1000})

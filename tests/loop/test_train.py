@@ -15,12 +15,13 @@ from flax_dp_trainer.step import optim
 from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.step import steps as step_lib
 from flax_dp_trainer.data import run_datasets
-from flax_dp_trainer.loop import train
+from flax_dp_trainer.edge import train
+from flax_dp_trainer.loop import session
 from flax_dp_trainer.loop import writers
 from flax_dp_trainer.configs import default
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
-from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.edge import reading as run_options
 from tests import helpers
 from tests import REPO
 
@@ -190,7 +191,7 @@ def test_a_log_is_written_when_the_step_after_it_fails(config, tmp_path, monkeyp
   """A log step's write waits for the next step's dispatch; a failure there still writes
   it, once, in order."""
   workdir = str(tmp_path / 'run')
-  device_batches = train._Session._device_batches
+  device_batches = session._Session._device_batches
 
   def failing_at_21(session):
     batches = device_batches(session)
@@ -215,7 +216,7 @@ def test_a_log_is_written_when_the_step_after_it_fails(config, tmp_path, monkeyp
 
     return Failing()
 
-  monkeypatch.setattr(train._Session, '_device_batches', failing_at_21)
+  monkeypatch.setattr(session._Session, '_device_batches', failing_at_21)
   with pytest.raises(RuntimeError, match='input failed'):
     train.train_and_evaluate(_short(config), workdir)
   records = writers.read_jsonl(os.path.join(workdir, writers.JSONL_NAME))

@@ -15,8 +15,8 @@ from flax_dp_trainer import settings
 from flax_dp_trainer.configs import imagenet_resnet50_tv2
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import run_datasets
-from flax_dp_trainer.loop import options as run_options
-from flax_dp_trainer.loop import train
+from flax_dp_trainer.edge import reading as run_options
+from flax_dp_trainer.edge import train
 from flax_dp_trainer.runs import run_metrics
 from tests import helpers
 

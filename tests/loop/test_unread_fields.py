@@ -16,8 +16,8 @@ import pytest
 from flax_dp_trainer import configs
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.configs import default
-from flax_dp_trainer.loop import checks
-from flax_dp_trainer.loop import unread_fields
+from flax_dp_trainer.edge import checks
+from flax_dp_trainer.edge import unread_fields
 from flax_dp_trainer.tools import recipe as recipe_tool
 from tests import REPO
 from tests.package import test_docs

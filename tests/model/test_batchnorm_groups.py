@@ -13,8 +13,8 @@ from jax import lax
 
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.configs import default
-from flax_dp_trainer.loop import checks
-from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.edge import checks
+from flax_dp_trainer.edge import reading as run_options
 from flax_dp_trainer.model import adapter
 from flax_dp_trainer.model import modeling
 from flax_dp_trainer.model.batchnorm_groups import BatchNormGroups

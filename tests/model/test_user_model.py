@@ -15,14 +15,14 @@ import optax
 import pytest
 
 import flax_dp_trainer as trainer
-from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.edge import reading as run_options
 from flax_dp_trainer.checkpoint import checkpointer as checkpoint
 from flax_dp_trainer.step import losses
 from flax_dp_trainer.model import modeling
 from flax_dp_trainer.model import probe
 from flax_dp_trainer.model import source as model_source
 from flax_dp_trainer.parallel.layouts import AXIS_NAME
-from flax_dp_trainer.loop import train
+from flax_dp_trainer.edge import train
 from flax_dp_trainer.configs import default
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes

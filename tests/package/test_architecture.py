@@ -195,8 +195,8 @@ def test_imports_form_no_cycle():
     visit(name)
 
 
-# The layers below the loop take typed options (`loop.options`), never the config itself.
-OPTIONS_LAYERS = ('step', 'model', 'parallel', 'checkpoint', 'data')
+# The layers below the edge take typed options (`edge.reading`), never the config itself.
+OPTIONS_LAYERS = ('loop', 'step', 'model', 'parallel', 'checkpoint', 'data')
 CONFIG_NAMES = ('config', 'cfg')
 
 
@@ -216,10 +216,10 @@ def _takes_the_config(function: ast.AST) -> list[str]:
   return found
 
 
-def test_no_function_below_the_loop_takes_the_config():
-  """`step/`, `model/`, `parallel/`, `checkpoint/` and `data/` get their options built from
-  the config once, at the loop's setup: none of their functions takes the ConfigDict (by its
-  names `config`, `cfg`, or its type) or reads its fields."""
+def test_no_function_below_the_edge_takes_the_config():
+  """`loop/`, `step/`, `model/`, `parallel/`, `checkpoint/` and `data/` get their options
+  built from the config once, at the edge: none of their functions takes the ConfigDict (by
+  its names `config`, `cfg`, or its type) or reads its fields."""
   offenders = []
   for name, path in MODULES.items():
     if _layer(name) not in OPTIONS_LAYERS:
@@ -233,7 +233,7 @@ def test_no_function_below_the_loop_takes_the_config():
   assert not offenders, '\n'.join(offenders)
 
 
-# A run whose every call into the layers below the loop is watched (a profile function, in a
+# A run whose every call into the layers below the edge is watched (a profile function, in a
 # process of its own): the arguments that are a ConfigDict, under any name, are printed.
 _WATCHED_RUN = """
 import os, sys, threading
@@ -279,8 +279,9 @@ print(sorted(found))
 def test_no_config_dict_reaches_the_layers_below_at_run_time(tmp_path, tfds_data_dir):
   """What the syntax check above cannot see: a ConfigDict handed down under another name
   (augmentation_checks gave it to `policy_choice.resolve` as `options`, "a ConfigDict reads
-  as DataOptions do"). A short run with a policy, Mixup, EMA and clipping is watched: no
-  function of `step/`, `model/`, `parallel/`, `checkpoint/` or `data/` gets one."""
+  as DataOptions do"; the loop's trackers took it as `config` before the edge read it). A
+  short run with a policy, Mixup, EMA and clipping is watched: no function of `loop/`,
+  `step/`, `model/`, `parallel/`, `checkpoint/` or `data/` gets one."""
   script = _WATCHED_RUN.replace('LAYERS', repr(OPTIONS_LAYERS))
   run = subprocess.run([sys.executable, '-c', script, str(tmp_path / 'run'), tfds_data_dir],
                        capture_output=True, text=True, timeout=600, check=False,

@@ -22,7 +22,7 @@ import pytest
 
 from flax_dp_trainer.checkpoint import checkpointer as checkpoint
 from flax_dp_trainer.elastic import goodput_records
-from flax_dp_trainer.loop import train
+from flax_dp_trainer.edge import train
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
 from tests import helpers

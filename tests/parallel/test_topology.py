@@ -11,7 +11,7 @@ import jax
 import pytest
 
 from flax_dp_trainer.checkpoint import checkpointer as checkpoint
-from flax_dp_trainer.loop import train
+from flax_dp_trainer.edge import train
 from flax_dp_trainer.base import ports
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics

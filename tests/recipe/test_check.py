@@ -285,7 +285,7 @@ def test_per_parameter_numbers_of_a_port_with_batchnorm():
   side.state = types.SimpleNamespace(params=variables['params'],
                                      batch_stats=variables['batch_stats'],
                                      variables=lambda: variables)
-  side.run = types.SimpleNamespace(config=types.SimpleNamespace(torch_model='TorchCNN'),
+  side.run = types.SimpleNamespace(record={'torch_model': 'TorchCNN', 'model': 'cnn'},
                                    input_shape=(1,) + shape)
   side.pair(original)
   factors = jax.tree_util.tree_map_with_path(

@@ -20,10 +20,10 @@ from timm.scheduler import create_scheduler_v2, scheduler_kwargs
 
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.configs import imagenet_deit_s16
-from flax_dp_trainer.loop import checks
-from flax_dp_trainer.loop import durations
-from flax_dp_trainer.loop import options as run_options
-from flax_dp_trainer.loop import unread_fields
+from flax_dp_trainer.edge import checks
+from flax_dp_trainer.edge import durations
+from flax_dp_trainer.edge import reading as run_options
+from flax_dp_trainer.edge import unread_fields
 from flax_dp_trainer.recipe import from_timm
 from flax_dp_trainer.recipe import timm_args
 from flax_dp_trainer.recipe import timm_optimization

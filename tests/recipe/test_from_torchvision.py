@@ -15,8 +15,8 @@ from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.configs import default
 from flax_dp_trainer.configs import imagenet_resnet50_tv2
 from flax_dp_trainer.data import pipeline
-from flax_dp_trainer.loop import checks
-from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.edge import checks
+from flax_dp_trainer.edge import reading as run_options
 from flax_dp_trainer.recipe import from_torchvision
 from flax_dp_trainer.recipe import torchvision_args
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.optim import swa_utils
 
-from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.edge import reading as run_options
 from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.step import ema as ema_lib
 from flax_dp_trainer.step import state as state_lib

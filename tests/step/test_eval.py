@@ -13,7 +13,7 @@ from flax_dp_trainer.step import metrics
 from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.step import state as state_lib
 from flax_dp_trainer.step import steps as step_lib
-from flax_dp_trainer.loop import train
+from flax_dp_trainer.edge import train
 from flax_dp_trainer.loop import evaluation
 from flax_dp_trainer.loop import writers
 from flax_dp_trainer import zoo
@@ -21,7 +21,7 @@ from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import kinds
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import run_datasets
-from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.edge import reading as run_options
 from tests import helpers
 
 EVAL_BATCH = 48  # 360 test examples = 7.5 batches: the last batch is padded.

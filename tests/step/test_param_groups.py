@@ -11,7 +11,7 @@ import pytest
 
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.configs import default
-from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.edge import reading as run_options
 from flax_dp_trainer.model import blocks
 from flax_dp_trainer.step import optim
 from flax_dp_trainer.step import param_groups

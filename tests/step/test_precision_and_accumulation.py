@@ -9,7 +9,7 @@ import pytest
 from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.step import state as state_lib
 from flax_dp_trainer.step import steps as step_lib
-from flax_dp_trainer.loop import train
+from flax_dp_trainer.edge import train
 from flax_dp_trainer import zoo
 from flax_dp_trainer.runs import run_metrics
 from tests import helpers

@@ -6,7 +6,7 @@ A table is a literal collection (tuple, list, set, dict keys) holding two or mor
 names of one family; a branch compares a record's name or a config's choice (`.name`,
 `.optimizer`, `.lr_schedule`, `.loss`, `.grad_clip_mode`) with a registered name. Neither may
 stand outside the family's own package (`step/optimizers/`, `step/schedules/`, `step/losses/`,
-`step/clipping/`, `loop/trackers/`), tests, configs and docs aside. The modules that read and
+`step/clipping/`, `edge/trackers/`), tests, configs and docs aside. The modules that read and
 mirror the two scripts' command lines hold tables of the scripts' own words (timm's `--sched
 cosine`, torchvision's `--opt sgd`): tables are theirs to keep, branches on this trainer's
 names are not."""
@@ -16,13 +16,13 @@ import pathlib
 
 import pytest
 
-from flax_dp_trainer.loop import trackers
+from flax_dp_trainer.edge import trackers
 from flax_dp_trainer.step import clipping, losses, optimizers, schedules
 
 PACKAGE = pathlib.Path(optimizers.__file__).resolve().parents[2]
 FAMILIES = {'step/optimizers/': optimizers.REGISTRY, 'step/schedules/': schedules.REGISTRY,
             'step/losses/': losses.REGISTRY, 'step/clipping/': clipping.REGISTRY,
-            'loop/trackers/': trackers.REGISTRY}
+            'edge/trackers/': trackers.REGISTRY}
 # The scripts' words: their argument parsers, their mirrors and the translators reading them.
 SCRIPT_WORDS = ('recipe/from_timm.py', 'recipe/from_torchvision.py', 'recipe/timm_args.py',
                 'recipe/torchvision_args.py', 'recipe/timm_side.py',

@@ -12,7 +12,7 @@ import pytest
 
 from flax_dp_trainer.step import optim
 from flax_dp_trainer.parallel import layouts as parallel
-from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.edge import reading as run_options
 from flax_dp_trainer.step import steps as step_lib
 from flax_dp_trainer import zoo
 from tests import helpers

@@ -19,7 +19,7 @@ import pytest
 from jax.experimental.compilation_cache import compilation_cache
 
 from flax_dp_trainer.configs import default
-from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.edge import reading as run_options
 from flax_dp_trainer.loop import setup
 from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.data import specs
@@ -218,7 +218,7 @@ def test_the_bare_step_parts_find_digits_where_tensorflow_does_not_import(tmp_pa
       'from flax_dp_trainer.bench import ddp_limit, limit',
       'from flax_dp_trainer.configs import default',
       'from flax_dp_trainer.data import run_datasets, specs',
-      'from flax_dp_trainer.loop import options as run_options',
+      'from flax_dp_trainer.edge import reading as run_options',
       'config = default.get_config()',
       f'config.tfds_data_dir = {str(tmp_path / "tfds")!r}',
       'found = run_datasets.for_options(run_options.data_options(config))',

@@ -14,7 +14,7 @@ import pytest
 
 import flax_dp_trainer as trainer
 from flax_dp_trainer.checkpoint import checkpointer as checkpoint
-from flax_dp_trainer.loop import train
+from flax_dp_trainer.edge import train
 from flax_dp_trainer.configs import default
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes

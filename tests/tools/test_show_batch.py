@@ -15,7 +15,7 @@ import pytest
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data.image import compare_ops
 from flax_dp_trainer.data.image import policies
-from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.edge import reading as run_options
 from flax_dp_trainer.parallel import layouts
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.step import mix as mix_lib

@@ -10,7 +10,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from flax_dp_trainer.loop import train
+from flax_dp_trainer.edge import train
 from flax_dp_trainer.loop import writers
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics

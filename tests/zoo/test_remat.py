@@ -9,13 +9,13 @@ import pytest
 
 from flax_dp_trainer.model import modeling
 from flax_dp_trainer.model import probe
-from flax_dp_trainer.loop import train
+from flax_dp_trainer.edge import train
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.parallel import fsdp
 from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.model import adapter
 from flax_dp_trainer.trace.remat import remat_block
-from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.edge import reading as run_options
 from tests import helpers
 
 # Relative L2 distance of params and BatchNorm statistics after 20 steps (the topology

@@ -15,20 +15,20 @@ import pytest
 
 import flax_dp_trainer as trainer
 from flax_dp_trainer.checkpoint import init_from
-from flax_dp_trainer.loop import checks
+from flax_dp_trainer.edge import checks
 from flax_dp_trainer.model import modeling
 from flax_dp_trainer.step import optim
 from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.step import state as state_lib
 from flax_dp_trainer.step import steps as step_lib
 from flax_dp_trainer.data import run_datasets
-from flax_dp_trainer.loop import train
+from flax_dp_trainer.edge import train
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.zoo import scanning
 from flax_dp_trainer.zoo import torch_weights
 from flax_dp_trainer.zoo import vit
-from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.edge import reading as run_options
 from tests import helpers
 from tests import REPO
 

@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from flax_dp_trainer.loop import checks
+from flax_dp_trainer.edge import checks
 from flax_dp_trainer import zoo
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.zoo import dropout

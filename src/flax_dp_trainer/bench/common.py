@@ -2,7 +2,7 @@
 step timing, the config of a timed training run, a run's speed figures under the benchmark's
 keys, the flags they take and the JSON files the parts write their figures to.
 
-Imports neither TensorFlow nor torch, and JAX only through `flax_dp_trainer.loop.checks` (no backend
+Imports neither TensorFlow nor torch, and JAX only through `flax_dp_trainer.edge.checks` (no backend
 configured): the `limit` and `ddp_limit` parts use it where neither TensorFlow nor TFDS is
 installed, and the torch ranks of `ddp_limit` use it too.
 """
@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 from absl import flags
 
-from flax_dp_trainer.loop import checks
+from flax_dp_trainer.edge import checks
 from flax_dp_trainer.base import cli
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import run_metrics

@@ -20,7 +20,7 @@ from absl import flags
 
 from flax_dp_trainer.base import cli
 from flax_dp_trainer.loop import efficiency
-from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.edge import reading as run_options
 from flax_dp_trainer.bench import common as bench_common
 from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.torch_ddp import models as torch_models

@@ -41,7 +41,7 @@ import numpy as np
 from flax_dp_trainer.base import cli
 from flax_dp_trainer.bench import common as bench_common
 from flax_dp_trainer.bench import memory as bench_memory
-from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.edge import reading as run_options
 
 
 FLAGS = flags.FLAGS

@@ -18,7 +18,8 @@ from absl import flags
 
 from flax_dp_trainer.base import cli
 from flax_dp_trainer.loop import efficiency
-from flax_dp_trainer.loop import durations
+from flax_dp_trainer.edge import durations
+from flax_dp_trainer.edge import reading
 from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.step import optim
 from flax_dp_trainer.parallel import layouts as parallel
@@ -63,13 +64,13 @@ def measure_limit(config, backend: str, steps: int, warmup: int,
   (`efficiency.StepMemory`; temporaries None where the step was not compiled ahead).
   """
   layout = parallel.data_parallel(backend, state_sharding=state_sharding)
-  spec = run_datasets.for_options(run_options.data_options(config))
+  spec = run_datasets.for_options(reading.data_options(config))
   config = durations.timing_durations(config, spec.num_train_examples)
-  options = run_options.of_config(config, spec)
+  options = reading.of_config(config, spec)
   schedule = optim.learning_rate_schedule(options.optim)
   input_shape = (1,) + spec.input_shape
   state = run_options.initial_state(
-      options, run_options.build_model(config, spec.num_classes, input_shape), input_shape,
+      options, reading.build_model(config, spec.num_classes, input_shape), input_shape,
       rng=jax.random.PRNGKey(0), schedule=schedule)
   batch = _synthetic_rows(config, layout, spec)
   rstate = layout.put_state(state)

@@ -19,8 +19,8 @@ from absl import flags
 
 from flax_dp_trainer.base import cli
 from flax_dp_trainer.parallel import layouts as parallel
-from flax_dp_trainer.loop import train
-from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.edge import train
+from flax_dp_trainer.edge import reading as run_options
 from flax_dp_trainer.loop import writers
 from flax_dp_trainer.bench import common as bench_common
 from flax_dp_trainer.bench import input as bench_input

@@ -1,6 +1,6 @@
 """What the input side is told: the config's data fields, typed and frozen (`DataOptions`).
 
-The loop's setup builds them once from the config (`loop.options`); nothing of `data/` reads
+The edge builds them once from the config (`edge.reading`); nothing of `data/` reads
 the config itself. Each field means what the config field of the same name means
 (`configs/default.py` comments every one)."""
 

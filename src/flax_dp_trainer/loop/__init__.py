@@ -1,6 +1,5 @@
-"""The training loop and what it decides with: config checks before anything starts, when
-to log, evaluate and save, stop signals, the workdir lock, metric writers, step timing and
-FLOPs. Imports every library layer below it.
-
-`train` (the loop), `setup` (a run's setup and start), `evaluation`, `checks`, `cadence`,
-`signals`, `workdir` (the lock), `writers`, `efficiency`."""
+"""The training loop and what it decides with, all from options (the edge reads the config):
+the loop (`session`), a run and where it begins (`setup`), the options it takes (`options`),
+evaluation, when to log, evaluate and save (`cadence`), stop signals, the workdir lock,
+metric writers and the trackers' writers, step timing and FLOPs. Imports every library layer
+below it."""

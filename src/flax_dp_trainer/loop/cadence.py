@@ -1,5 +1,5 @@
 """When a step logs, evaluates and saves: the cadence both training loops keep (the trainer's
-and the DDP baseline's), from their options (`loop.options.loop_options`)."""
+and the DDP baseline's), from their options (`edge.reading.loop_options`)."""
 
 import dataclasses
 

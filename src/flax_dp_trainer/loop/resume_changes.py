@@ -18,12 +18,13 @@ STREAM_FIELDS = ('batch_size', 'seed', 'dataset', 'dataset_spec', 'train_split',
                  'model', 'model_kwargs')
 
 
-def stream_changes(config, data, meta: run_meta.RunMeta) -> list[str]:
+def stream_changes(record: dict, data, meta: run_meta.RunMeta) -> list[str]:
   """'field: checkpoint's value -> this run's' for each field of STREAM_FIELDS (and the steps
-  per epoch) where the run differs from the config that wrote the checkpoint."""
+  per epoch) where the run (its config's `record`) differs from the config that wrote the
+  checkpoint."""
   saved = meta.full_config()
-  changes = [f'{field} {saved[field]!r} -> {config[field]!r}' for field in STREAM_FIELDS
-             if plain(saved[field]) != plain(config[field])]
+  changes = [f'{field} {saved[field]!r} -> {record[field]!r}' for field in STREAM_FIELDS
+             if plain(saved[field]) != plain(record[field])]
   before = (meta.dataset or {}).get('num_train_examples')
   now = data.num_examples
   if before and before != now:
@@ -42,11 +43,11 @@ def plain(value):
   return json.loads(json.dumps(value, sort_keys=True, default=str))
 
 
-def check_resume(config, data, where: str, meta: run_meta.RunMeta, step: int,
+def check_resume(record: dict, data, where: str, meta: run_meta.RunMeta, step: int,
                  allowed: bool) -> None:
   """Refuses (`UserError`, nothing written) a resume whose config changes what defines the
   training stream or the model, unless `allowed`; then says where the stream continues."""
-  changes = stream_changes(config, data, meta)
+  changes = stream_changes(record, data, meta)
   if not changes:
     return
   where = f'{where} (step {step})'
@@ -57,7 +58,7 @@ def check_resume(config, data, where: str, meta: run_meta.RunMeta, step: int,
   epoch = meta.examples_seen / max(data.num_examples, 1)
   logging.warning('resuming %s with changes (--resume_with_changes): %s; the training stream '
                   'continues at example %d (epoch %.2f) in batches of %d', where,
-                  '; '.join(changes), meta.examples_seen, epoch, config.batch_size)
+                  '; '.join(changes), meta.examples_seen, epoch, record['batch_size'])
 
 
 # What shapes the optimizer and the groups its state is kept for: a resume that changes one
@@ -67,14 +68,14 @@ OPTIMIZER_FIELDS = ('optimizer', 'optimizer_kwargs', 'layer_decay', 'layer_decay
                     'bias_weight_decay', 'embedding_weight_decay')
 
 
-def optimizer_changes(config, checkpointer: checkpoint.Checkpointer) -> list[str]:
+def optimizer_changes(record: dict, checkpointer: checkpoint.Checkpointer) -> list[str]:
   """'field: checkpoint's value -> this run's' for each of OPTIMIZER_FIELDS where the newest
-  checkpoint's config differs from the run's (one that predates a field: a change there shows
-  as its optimizer state not fitting)."""
+  checkpoint's config differs from the run's `record` (one that predates a field: a change
+  there shows as its optimizer state not fitting)."""
   if not checkpointer.steps():
     return []
   _, meta = checkpoint.read_meta(checkpointer.workdir)
   saved = meta.full_config()
-  return [f'{field} {plain(saved[field])!r} -> {plain(config[field])!r}'
+  return [f'{field} {plain(saved[field])!r} -> {plain(record[field])!r}'
           for field in OPTIMIZER_FIELDS
-          if field in saved and plain(saved[field]) != plain(config[field])]
+          if field in saved and plain(saved[field]) != plain(record[field])]

@@ -30,29 +30,18 @@ QUEUE_SIZE = 10_000
 @dataclasses.dataclass(frozen=True)
 class TrackerOptions:
   """The trackers a run writes to and what each records of the run: `chosen` ((a tracker
-  record's name, its options), ...), `config` (the resolved config, JSON's types), `tags`
-  ({name: value}), `workdir` (where each keeps its run's id) and `last_step` (the config's last
-  step: a run closed before it was stopped)."""
+  record, what its writer is told), ...: the edge's `train.tracker_options`), `config` (the
+  resolved config's values, JSON's types), `tags` ({name: value}), `workdir` (where each
+  keeps its run's id) and `last_step` (the run's last step: a run closed before it was
+  stopped)."""
   workdir: str
   config: dict[str, Any]
   tags: dict[str, str]
   last_step: int
-  chosen: tuple[tuple[str, Any], ...] = ()
-
-  @classmethod
-  def from_config(cls, config, workdir: str, chosen: tuple[tuple[str, Any], ...], *,
-                  devices: int, processes: int) -> 'TrackerOptions':
-    """The trackers `chosen` (`trackers.chosen_options` of `config`), with the config's
-    values as the parameters and the run's facts (model, dataset, devices, processes, step
-    backend, the package's version) as tags."""
-    tags = {'model': str(config.model), 'dataset': str(config.dataset),
-            'devices': str(devices), 'processes': str(processes),
-            'backend': str(config.step_backend), 'version': _version()}
-    return cls(workdir=workdir, config=plain(config.to_dict()), tags=tags,
-               last_step=int(config.num_train_steps), chosen=chosen)
+  chosen: tuple[tuple[Any, Any], ...] = ()
 
 
-def _version() -> str:
+def version() -> str:
   """This package's installed version ('' where it is not installed, e.g. run from a tree)."""
   try:
     return importlib.metadata.version('flax-dp-trainer')
@@ -65,11 +54,11 @@ def plain(value: Any) -> Any:
   return json.loads(json.dumps(value, sort_keys=True, default=str))
 
 
-def flat_params(config: dict[str, Any]) -> dict[str, str]:
-  """The config as parameters: {'field' or 'field.sub': value as text}, nested dicts
-  flattened (text as it is, other values as JSON)."""
+def flat_params(values: dict[str, Any]) -> dict[str, str]:
+  """The config's `values` as parameters: {'field' or 'field.sub': value as text}, nested
+  dicts flattened (text as it is, other values as JSON)."""
   out = {}
-  for key, value in config.items():
+  for key, value in values.items():
     if isinstance(value, dict) and value:
       out.update({f'{key}.{sub}': text for sub, text in flat_params(value).items()})
     else:

@@ -21,7 +21,6 @@ from absl import logging
 from clu import metric_writers
 from tensorboard.compat.proto import event_pb2
 
-from flax_dp_trainer.loop import trackers as trackers_lib
 from flax_dp_trainer.loop import tracking
 
 
@@ -128,8 +127,7 @@ def tracker_writers(options: tracking.TrackerOptions, written: list[dict[str, fl
   wrote there before its tracker had them. Their starts and ends take turns
   (`tracking.one_at_a_time`), in the order of their names."""
   turn = tracking.one_at_a_time()
-  return [trackers_lib.REGISTRY.get(name).writer(chosen, options, written, turn)
-          for name, chosen in options.chosen]
+  return [record.writer(chosen, options, written, turn) for record, chosen in options.chosen]
 
 
 def open_session(workdir: str, start_step: int, hparams: dict, write_files: bool,

@@ -22,7 +22,7 @@ import ml_collections
 import numpy as np
 import torch
 
-from flax_dp_trainer.loop import checks
+from flax_dp_trainer.edge import checks
 from flax_dp_trainer.recipe import jax_side as jax_side_lib
 from flax_dp_trainer.recipe import stages as stages_lib
 from flax_dp_trainer.recipe import torchvision_side

@@ -1,5 +1,5 @@
 """The JAX side of the recipe check: the translated config's run, set up as training sets it
-up (`loop.setup.prepare` and `start`: the data, the model, the state, the schedule, the
+up (`edge.prepare.prepare` and `start`: the data, the model, the state, the schedule, the
 parameter groups), its global batches, and its train step, whole or in the stages the check
 compares (the step's own functions: `step.steps.inputs_and_gradients`, `apply_gradients`)."""
 
@@ -13,6 +13,7 @@ import numpy as np
 import optax
 
 from flax_dp_trainer.base.errors import UserError
+from flax_dp_trainer.edge import prepare
 from flax_dp_trainer.loop import setup
 from flax_dp_trainer.port import call_order
 from flax_dp_trainer.port import porting
@@ -45,7 +46,7 @@ class JaxSide:
   the devices: the BatchNorm groups and the mixing pairs are of the global batch)."""
 
   def __init__(self, config, workdir: str):
-    self.run = setup.prepare(config, workdir, jax.local_devices()[:1])
+    self.run = prepare.prepare(config, workdir, jax.local_devices()[:1])
     start = setup.start(self.run)
     self.state, self.rng = start.state, start.step_rng
     self.module = self.run.model.module
@@ -66,7 +67,8 @@ class JaxSide:
     """Names trees as `original` (the script's torch model) names them: a shipped model's
     twin by its key table, a port (config.torch_model) by its layers paired in call order.
     UserError in one line where the port and the model do not pair up."""
-    if not self.run.config.torch_model:
+    record = self.run.record
+    if not record['torch_model']:
       return
     module = self.module
     try:
@@ -74,8 +76,8 @@ class JaxSide:
           lambda v, im: module.apply(v, im, train=False), jax.device_get(self.state.variables()),
           original, port_weights.example_batch(self.run.input_shape[1:]))
     except call_order.PortMismatch as e:
-      raise UserError(f'model={self.run.config.model!r} does not pair with the script\'s '
-                      f'model {self.run.config.torch_model!r}: {e} (python -m '
+      raise UserError(f"model={record['model']!r} does not pair with the script's "
+                      f"model {record['torch_model']!r}: {e} (python -m "
                       'flax_dp_trainer.tools.port_check says where)') from None
 
   def next_batch(self) -> dict[str, np.ndarray]:

@@ -20,8 +20,8 @@ import torchvision  # noqa: F401  pylint: disable=unused-import
 from matplotlib import figure
 
 from flax_dp_trainer.loop import writers
-from flax_dp_trainer.loop import durations
-from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.edge import durations
+from flax_dp_trainer.edge import reading as run_options
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.base.errors import UserError

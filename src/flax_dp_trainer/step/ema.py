@@ -35,7 +35,7 @@ STYLES = ('', 'torchvision')
 
 @dataclasses.dataclass(frozen=True)
 class EmaOptions:
-  """How the EMA moves (the config's `ema_*` fields, resolved by `loop.options`)."""
+  """How the EMA moves (the config's `ema_*` fields, resolved by `edge.reading`)."""
   decay: float  # Of one update, torchvision's adjusted already; 0 copies the params.
   every_steps: int = 1  # Steps between updates (1: after every step).
   style: str = ''  # One of STYLES.

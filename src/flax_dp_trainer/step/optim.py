@@ -1,7 +1,7 @@
 """The optimizer as the step runs it (optax), from `OptimOptions`: the algorithm
 (`optimizers`), its learning-rate schedule (`schedules`), each parameter's multipliers and
 freezing (`param_groups`) and its gradient clipping (`clipping`). The loop's setup reads
-them from the config (`loop.options`)."""
+them from the config (`edge.reading`)."""
 
 import dataclasses
 

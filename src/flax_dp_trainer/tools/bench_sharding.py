@@ -39,7 +39,8 @@ from jax.sharding import PartitionSpec as P
 
 from flax_dp_trainer.base import cli
 from flax_dp_trainer.loop import efficiency
-from flax_dp_trainer.loop import durations
+from flax_dp_trainer.edge import durations
+from flax_dp_trainer.edge import reading
 from flax_dp_trainer.loop import options as run_options
 from flax_dp_trainer.model import source as model_source
 from flax_dp_trainer.step import optim
@@ -76,7 +77,7 @@ def _initializer(config, options: run_options.RunOptions, schedule):
   `schedule`) on its dataset's shapes."""
   spec = run_datasets.for_options(options.data)
   input_shape = (1,) + spec.input_shape
-  model = run_options.build_model(config, spec.num_classes, input_shape)
+  model = reading.build_model(config, spec.num_classes, input_shape)
   options = run_options.with_call_order(options, model, input_shape)
   tx = optim.create_optimizer(options.optim, schedule)
   return functools.partial(state_lib.create_train_state, model, tx, input_shape=input_shape,
@@ -87,7 +88,7 @@ def _initializer(config, options: run_options.RunOptions, schedule):
 def abstract_inputs(config, layout: parallel.ShardMapped, init) -> tuple[Any, Any, Any]:
   """(state, batch, rng) of the config's step (the state `init`'s) as
   `jax.ShapeDtypeStruct`s laid out as the layout lays them out: nothing allocated."""
-  spec = run_datasets.for_options(run_options.data_options(config))
+  spec = run_datasets.for_options(reading.data_options(config))
   shapes = jax.eval_shape(init, jax.random.PRNGKey(0))
   state = jax.tree.map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype,
                                                                  sharding=sharding),
@@ -128,9 +129,9 @@ def compile_step(config) -> tuple[Any, Any, Any, float, parallel.ShardMapped, An
   """The config's train step compiled on abstract inputs: (compiled, state, (batch, rng),
   seconds, layout, the state's `init`: real states for the compiled step come from it)."""
   layout = parallel.data_parallel('shard_map', state_sharding=config.state_sharding)
-  spec = run_datasets.for_options(run_options.data_options(config))
+  spec = run_datasets.for_options(reading.data_options(config))
   config = durations.timing_durations(config, spec.num_train_examples)
-  options = run_options.of_config(config, spec)
+  options = reading.of_config(config, spec)
   schedule = optim.learning_rate_schedule(options.optim)
   init = _initializer(config, options, schedule)
   state, batch, rng = abstract_inputs(config, layout, init)
@@ -155,7 +156,7 @@ def memory_of(compiled, state, inputs) -> dict[str, Any]:
 def time_steps(config, compiled, layout, init, batch, steps: int, warmup: int) -> float:
   """The median seconds of `steps` steps of `compiled` (over states of `init`) after
   1 + `warmup` untimed ones."""
-  spec = run_datasets.for_options(run_options.data_options(config))
+  spec = run_datasets.for_options(reading.data_options(config))
   real = layout.put_state(jax.device_get(init(jax.random.PRNGKey(0))))
   data = np.random.RandomState(0)
   rows = layout.put_batch({

@@ -75,7 +75,7 @@ from typing import Any, Optional
 from absl import flags
 from ml_collections import config_flags
 
-from flax_dp_trainer.loop import checks
+from flax_dp_trainer.edge import checks
 from flax_dp_trainer.base import cli
 from flax_dp_trainer.base import ports
 from flax_dp_trainer.bench import common as bench_common
@@ -84,7 +84,7 @@ from flax_dp_trainer.bench import input_part
 from flax_dp_trainer.bench import runner
 from flax_dp_trainer.bench import to_accuracy
 from flax_dp_trainer.data import specs
-from flax_dp_trainer.loop import durations
+from flax_dp_trainer.edge import durations
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 

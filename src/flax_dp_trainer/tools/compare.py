@@ -57,7 +57,7 @@ def _define_flags() -> None:
 def check_command_line(config, devices: int, threads: int) -> None:
   """What can be refused before torch and TensorFlow load: too few threads, a config the
   trainer cannot run on `devices` devices."""
-  from flax_dp_trainer.loop import checks  # pylint: disable=import-outside-toplevel  # (flax)
+  from flax_dp_trainer.edge import checks  # pylint: disable=import-outside-toplevel  # (flax)
   if devices < 1 or threads < devices:
     raise UserError(f'--devices={devices} --threads={threads}: need at least one device and '
                     'a thread per device (e.g. --devices=2 --threads=2)')
@@ -67,7 +67,7 @@ def check_command_line(config, devices: int, threads: int) -> None:
 def main(argv):
   del argv  # cli.parse_flags refused stray arguments.
   # (flax, jax: --help, and the line that asks for the ddp extra, come without them)
-  from flax_dp_trainer.loop import checks  # pylint: disable=import-outside-toplevel
+  from flax_dp_trainer.edge import checks  # pylint: disable=import-outside-toplevel
   config = checks.command_line_config(FLAGS['config'])
   threads = FLAGS.threads or os.cpu_count()
   try:

@@ -351,7 +351,7 @@ def save(report: Report, flax_path: str, flax_kwargs: dict, num_classes: int,
   # pylint: disable=import-outside-toplevel  # (orbax and the train state: --save only)
   from flax_dp_trainer.checkpoint import checkpointer
   from flax_dp_trainer.checkpoint import meta as run_meta
-  from flax_dp_trainer.loop import options as run_options
+  from flax_dp_trainer.edge import reading as run_options
   from flax_dp_trainer.step import optim
   from flax_dp_trainer.step import state as state_lib
   # pylint: enable=import-outside-toplevel

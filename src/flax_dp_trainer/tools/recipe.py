@@ -143,7 +143,7 @@ def _main(script_args: list[str]) -> int:
     return translation.exit_code
   # pylint: disable=import-outside-toplevel  # (jax, flax, torch: only for --check)
   import torch  # pylint: disable=unused-import  # Before TensorFlow (triton: base.torch_import).
-  from flax_dp_trainer.loop import checks
+  from flax_dp_trainer.edge import checks
   config = (checks.command_line_config(FLAGS['config']) if FLAGS['config'].value is not None
             else config_of(translation))
   checks.check_config(config, process_count=1, local_device_count=1)

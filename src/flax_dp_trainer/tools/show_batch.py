@@ -174,7 +174,7 @@ def batch_shown(config, datasets, num: int) -> Shown:
   `loop.checks.check_config`'s), mixed as its first step mixes them."""
   # pylint: disable=import-outside-toplevel  # (TensorFlow, JAX: the refusals need none)
   from flax_dp_trainer.data import pipeline
-  from flax_dp_trainer.loop import options as run_options
+  from flax_dp_trainer.edge import reading as run_options
   # pylint: enable=import-outside-toplevel
   data = pipeline.open_train_data(run_options.data_options(config), datasets.train)
   batch = next(data.batches(seed=config.seed))
@@ -223,7 +223,7 @@ def compare_rows(config, datasets, policy: str) -> list:
   # pylint: disable=import-outside-toplevel  # (TensorFlow: the refusals need none)
   from flax_dp_trainer.data import pipeline
   from flax_dp_trainer.data.image import compare_ops
-  from flax_dp_trainer.loop import options as run_options
+  from flax_dp_trainer.edge import reading as run_options
   # pylint: enable=import-outside-toplevel
   options = run_options.data_options(config)
   interpolation, fill = compare_ops.settings(policy, options, datasets.train)
@@ -346,7 +346,7 @@ def show(config, out: str, num: int = 16, *, overwrite: bool = False,
   comparison of its ops with torchvision's); returns what the grid shows and the comparison's
   rows (`compare_ops.Row`, none without `policy`). `UserError` before anything is written."""
   # pylint: disable-next=import-outside-toplevel
-  from flax_dp_trainer.loop import checks  # (flax, TensorFlow: the refusals need none)
+  from flax_dp_trainer.edge import checks  # (flax, TensorFlow: the refusals need none)
   check_out(out, overwrite)
   if num < 1 or num > config.batch_size:
     raise UserError(f'--num={num} must be in 1..batch_size ({config.batch_size}): the grid '
@@ -398,7 +398,7 @@ def main(argv):
     import torchvision
     # pylint: enable=import-outside-toplevel,unused-import
   # pylint: disable-next=import-outside-toplevel
-  from flax_dp_trainer.loop import checks  # (flax, TensorFlow: after torch, as above)
+  from flax_dp_trainer.edge import checks  # (flax, TensorFlow: after torch, as above)
   config = checks.command_line_config(FLAGS['config'])
   if config.compilation_cache_dir:  # Process-wide: set by the entry point, as `main` sets it.
     # pylint: disable-next=import-outside-toplevel

@@ -14,7 +14,7 @@ import os
 
 from absl import flags
 
-from flax_dp_trainer.loop import checks
+from flax_dp_trainer.edge import checks
 from flax_dp_trainer.base import cli
 from flax_dp_trainer.base.errors import UserError
 

@@ -40,10 +40,10 @@ from absl import logging
 from clu import metric_writers
 
 from flax_dp_trainer.base import batch_keys
-from flax_dp_trainer.loop import checks
+from flax_dp_trainer.edge import checks
 from flax_dp_trainer.loop import efficiency
-from flax_dp_trainer.loop import durations
-from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.edge import durations
+from flax_dp_trainer.edge import reading as run_options
 from flax_dp_trainer.step import metrics
 from flax_dp_trainer.step import optim
 from flax_dp_trainer.loop import signals

@@ -28,7 +28,7 @@ import torchvision
 from torch import nn
 from torchvision.models import resnet as tv_resnet
 
-from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.edge import reading as run_options
 from flax_dp_trainer.step import state as state_lib
 from flax_dp_trainer import zoo as flax_models
 from flax_dp_trainer.base.errors import UserError

@@ -31,7 +31,7 @@ from torchvision.models import vision_transformer
 from flax_dp_trainer.step import mix as mix_lib
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import run_datasets
-from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.edge import reading as run_options
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.step import losses
 from flax_dp_trainer.step import optimizers

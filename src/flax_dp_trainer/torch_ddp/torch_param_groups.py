@@ -17,8 +17,8 @@ import torch
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from flax_dp_trainer.base.errors import UserError, either
-from flax_dp_trainer.loop import durations
-from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.edge import durations
+from flax_dp_trainer.edge import reading as run_options
 from flax_dp_trainer.model import blocks
 from flax_dp_trainer.step import clipping
 from flax_dp_trainer.step import optimizers

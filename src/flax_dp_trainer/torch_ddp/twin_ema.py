@@ -1,7 +1,7 @@
 """The DDP twin's EMA of its model: torch's `swa_utils.AveragedModel`, as torchvision's
 reference keeps it (`utils.ExponentialMovingAverage`: its average decay * average +
 (1 - decay) * param), moved after each step by the JAX run's rule (`step.ema.schedule`, the
-same `EmaOptions` from `loop.options.ema_options`) and evaluated beside the model
+same `EmaOptions` from `edge.reading.ema_options`) and evaluated beside the model
 (`eval_ema_*`).
 
 The torchvision style averages the buffers too (`use_buffers=True`: BatchNorm's running

@@ -13,7 +13,7 @@ from flax_dp_trainer.bench import quality
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data.image import preprocess
 from flax_dp_trainer.data.image import restart_segments
-from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.edge import reading as run_options
 
 
 @pytest.fixture(scope='module')

@@ -10,7 +10,7 @@ from flax_dp_trainer.bench import quality
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data.image import crop_quality
 from flax_dp_trainer.data.image import scaled_decode
-from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.edge import reading as run_options
 
 
 @pytest.mark.parametrize('short_side,size,expected', [

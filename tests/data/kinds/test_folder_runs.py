@@ -14,6 +14,7 @@ import flax_dp_trainer
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data.kinds import left_out
+from flax_dp_trainer.edge import prepare
 from flax_dp_trainer.loop import setup
 
 
@@ -56,8 +57,8 @@ def _fit(config, root: str, workdir: str) -> tuple[dict, int]:
 
 def _prepare(config, root: str, workdir: str) -> setup.Run:
   """A run on the folder at `root` in `workdir` as `fit` sets it up before anything is
-  compiled or written (`setup.prepare`): the files it leaves out decided."""
-  return setup.prepare(_folder_config(config, root), workdir, None)
+  compiled or written (`prepare.prepare`): the files it leaves out decided."""
+  return prepare.prepare(_folder_config(config, root), workdir, None)
 
 
 def _decided(run: setup.Run) -> tuple[dict, int]:
@@ -70,7 +71,7 @@ def _decided(run: setup.Run) -> tuple[dict, int]:
 @pytest.mark.slow
 def test_runs_in_one_process_each_leave_out_their_own_files(config, tmp_path):
   """A whole run (`fit`) on folder a, then, in the same process, runs set up as `fit` sets
-  them up (`setup.prepare`, where what a run reads is decided): one on folder b leaves out
+  them up (`prepare.prepare`, where what a run reads is decided): one on folder b leaves out
   b's damaged file alone; one on folder a damaged since finds both of a's files; and the
   first run, resumed, keeps the list it recorded, and its stream names the file damaged
   since. Fails where anything of a run's folder is kept in the process (a module-level

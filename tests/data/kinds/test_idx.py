@@ -17,7 +17,7 @@ from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.checkpoint import checkpointer as checkpoint
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data.kinds import idx
-from flax_dp_trainer.loop import train
+from flax_dp_trainer.edge import train
 from flax_dp_trainer.runs import processes
 from tests import REPO
 from tests import helpers

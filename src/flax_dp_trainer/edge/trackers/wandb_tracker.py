@@ -3,7 +3,7 @@
 
 import dataclasses
 
-from flax_dp_trainer.loop.trackers import tracker_record as record
+from flax_dp_trainer.edge.trackers import tracker_record as record
 
 
 @dataclasses.dataclass(frozen=True)

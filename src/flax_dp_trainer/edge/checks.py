@@ -15,11 +15,11 @@ from flax_dp_trainer.step import clipping
 from flax_dp_trainer.step import optimizers
 from flax_dp_trainer.step import param_groups
 from flax_dp_trainer.step import schedules
-from flax_dp_trainer.loop import augmentation_checks
-from flax_dp_trainer.loop import durations
-from flax_dp_trainer.loop import options as run_options
-from flax_dp_trainer.loop import trackers
-from flax_dp_trainer.loop import unread_fields
+from flax_dp_trainer.edge import augmentation_checks
+from flax_dp_trainer.edge import durations
+from flax_dp_trainer.edge import reading as run_options
+from flax_dp_trainer.edge import trackers
+from flax_dp_trainer.edge import unread_fields
 from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.base import user_imports
 from flax_dp_trainer.checkpoint import checkpointer

@@ -1,4 +1,5 @@
-"""The training loop: when to train, log, evaluate, checkpoint and stop.
+"""The training loop: when to train, log, evaluate, checkpoint and stop, for a `setup.Run`
+(the edge's `train.train_and_evaluate` prepares it from the config).
 
     state   = newest intact checkpoint, else init (or --config.init_from params)  # orbax
     rstate  = layout.put_state(state)   # pmap copies, or global arrays (replicated/sharded)
@@ -21,7 +22,6 @@ from absl import logging
 from clu import metric_writers
 import jax
 from jax.experimental import multihost_utils
-import ml_collections
 import numpy as np
 
 from flax_dp_trainer.base import multihost
@@ -42,12 +42,10 @@ from flax_dp_trainer.loop import progress
 from flax_dp_trainer.loop import run_listeners
 from flax_dp_trainer.loop import setup
 from flax_dp_trainer.loop import signals
-from flax_dp_trainer.loop import trackers
 from flax_dp_trainer.loop import tracking
 from flax_dp_trainer.loop import writers
 from flax_dp_trainer.parallel import dispatch
 from flax_dp_trainer.parallel import layouts as parallel
-from flax_dp_trainer.step import losses
 from flax_dp_trainer.step import metrics
 from flax_dp_trainer.step import state as state_lib
 from flax_dp_trainer.step import steps as step_lib
@@ -72,20 +70,12 @@ def _bars(show: bool, last: int, first: Optional[int] = None) -> Optional[progre
   return progress.Bars(last, first) if show and jax.process_index() == 0 else None
 
 
-def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
-                  devices: Optional[Sequence[jax.Device]] = None, model: Any = None,
-                  loss: Optional[losses.Loss] = None, data: Any = None,
-                  command_line=frozenset(), show_bars: bool = False,
-                  datasets: Optional[run_datasets.RunDatasets] = None,
-                  step: Optional[int | str] = None) -> dict[str, float]:
-  """Evaluates the newest checkpoint of `workdir` (else `config.init_from`) on every
-  configured evaluation and writes the scalars at its step; no checkpoint is changed.
-  Returns the scalars. `model`, `loss`, `data`, `command_line`, `show_bars`, `datasets`: as
-  `train_and_evaluate` takes them; `step`: the checkpoint at that step, or
-  `checkpointer.BEST` the best evaluation's kept by keep_best (`--eval_step`)."""
-  step = _checkpoint_step(workdir, step)  # Refused before anything compiles.
-  run = setup.prepare(config, workdir, devices, training=False, model=model, loss=loss,
-                      arrays=data, command_line=command_line, datasets=datasets)
+def evaluate(run: setup.Run, workdir: str, step: Optional[int] = None,
+             show_bars: bool = False) -> dict[str, float]:
+  """Evaluates the newest checkpoint of `workdir` (that at `step`, `checkpoint_step`'s, where
+  given; else the options' `init_from`) on every evaluation of `run` (prepared without
+  training) and writes the scalars at its step; no checkpoint is changed. Returns the
+  scalars. `show_bars`: a progress bar for each evaluation on process 0."""
   init = run.options.init_from
   state = setup.initial_state(run)
   restored = setup.restore_for_evaluation(run, state, step)
@@ -121,8 +111,8 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str, *,
   return scalars
 
 
-def _checkpoint_step(workdir: str, step: Optional[int | str]) -> Optional[int]:
-  """`step` (`evaluate_only`'s) as a step of a checkpoint in `workdir`; None: the newest."""
+def checkpoint_step(workdir: str, step: Optional[int | str]) -> Optional[int]:
+  """`step` (`--eval_step`'s) as a step of a checkpoint in `workdir`; None: the newest."""
   step = checkpoint.resolve_step(workdir, step)
   if step is None:
     return None
@@ -134,39 +124,19 @@ def _checkpoint_step(workdir: str, step: Optional[int | str]) -> Optional[int]:
   return step
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
-                       devices: Optional[Sequence[jax.Device]] = None, model: Any = None,
-                       loss: Optional[losses.Loss] = None, data: Any = None,
-                       command_line=frozenset(),
-                       show_bars: bool = False,
-                       timeline: Optional[timeline_lib.Timeline] = None,
-                       resume_with_changes: bool = False,
-                       datasets: Optional[run_datasets.RunDatasets] = None,
-                       listeners: Sequence[listeners_lib.Listener] = ()
-                       ) -> state_lib.TrainState:
-  """Trains `config` in `workdir` (resuming from its newest checkpoint); returns the state.
-
-  `devices`: the devices to train on, default every device of every process
-  (`parallel.global_devices()`); a single-process run may name fewer. `model`: a flax module
-  object, class or function to train in place of `config.model` (`model_source.from_object`);
-  `loss`: `loss(logits, targets) -> per-example loss` in place of `config.loss`
-  (`flax_dp_trainer.step.losses`); `data`: the arrays given from Python that
-  `config.dataset` names (`data.kinds.arrays.from_python`); `command_line`: the config fields set
-  on the command line (a value the model does not take is refused there, and only logged
-  otherwise); `listeners`: a user's `listeners.Listener`s, told on process 0 of the loop's
-  events (step, log, evaluation, save, end); `show_bars`: progress bars for the run and each
-  evaluation on process 0 (`progress.Bars`), beside the log lines; `timeline`: where the
-  session's time goes, its progress file and faults (`elastic.timeline`; default one that
-  starts now); `resume_with_changes`: resume a checkpoint whose config differs in what
-  defines the training stream or the model (`setup.start`); `datasets`: the run's datasets
-  as the entry point's check resolved them (`checks.check_config`), handed on.
-  """
-  if timeline is None:
-    timeline = timeline_lib.Timeline(workdir, jax.process_index(),
-                                     writes=jax.process_index() == 0)
-  run = setup.prepare(config, workdir, devices, model=model, loss=loss, arrays=data,
-                      command_line=command_line, datasets=datasets)
-  config, last = run.config, run.options.loop.cadence.last
+def train(run: setup.Run, workdir: str, timeline: timeline_lib.Timeline, *,
+          trackers: Optional[tracking.TrackerOptions] = None, show_bars: bool = False,
+          resume_with_changes: bool = False,
+          listeners: Sequence[listeners_lib.Listener] = ()) -> state_lib.TrainState:
+  """Trains `run` (prepared for training) in `workdir`, resuming from its newest checkpoint;
+  returns the state. `timeline`: where the session's time goes, its progress file and faults
+  (`elastic.timeline`); `trackers`: the experiment trackers written to beside TensorBoard and
+  metrics.jsonl, on process 0; `show_bars`: progress bars for the run and each evaluation on
+  process 0 (`progress.Bars`), beside the log lines; `resume_with_changes`: resume a
+  checkpoint whose config differs in what defines the training stream or the model
+  (`setup.start`); `listeners`: a user's `listeners.Listener`s, told on process 0 of the
+  loop's events (step, log, evaluation, save, end)."""
+  last = run.options.loop.cadence.last
   timeline.enter('restore')
   start = setup.start(run, resume_with_changes)
   timeline.restored(start.resume_step is not None)
@@ -190,11 +160,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     if jax.process_index() == 0:
       setup.write_dataset_spec(workdir, run.datasets.read)
     bars = _bars(show_bars, last, start_step + 1)
-    writer = writers.open_session(
-        workdir, start_step, config.to_dict(), write_files=jax.process_index() == 0,
-        trackers=tracking.TrackerOptions.from_config(
-            config, workdir, trackers.chosen_options(config, workdir),
-            devices=len(run.layout.devices), processes=jax.process_count()))
+    writer = writers.open_session(workdir, start_step, run.record,
+                                  write_files=jax.process_index() == 0, trackers=trackers)
     closing.callback(writer.close)  # Ends the trackers' runs, on a stop or an error too.
     timeline.begin(start_step, settle=run.checkpointer.wait)
     timeline.enter('compile')
@@ -384,7 +351,7 @@ class _Session:
         examples_seen=(start.examples_seen +
                        (step - self.first + 1) * self.run.options.loop.batch_size),
         devices=len(self.run.layout.devices), processes=jax.process_count(),
-        config=self.run.config.to_dict(), window=self.buffer.pending(),
+        config=self.run.record, window=self.buffer.pending(),
         dataset=specs.to_json(self.run.data.spec), evaluation=evaluated,
         streams=self.run.data.options.versions.to_json()))
     self.last_saved, self.saved_at = step, time.time()

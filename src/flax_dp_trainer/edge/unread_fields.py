@@ -12,7 +12,7 @@ from typing import Callable
 from flax_dp_trainer.base import registry
 from flax_dp_trainer.base.errors import UserError, either
 from flax_dp_trainer.configs import default
-from flax_dp_trainer.loop import trackers
+from flax_dp_trainer.edge import trackers
 from flax_dp_trainer.step import clipping
 from flax_dp_trainer.step import optimizers
 from flax_dp_trainer.step import schedules

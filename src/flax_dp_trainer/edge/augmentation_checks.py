@@ -7,7 +7,7 @@ from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.data import data_options
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data.image import policy_choice
-from flax_dp_trainer.loop import options as run_options
+from flax_dp_trainer.edge import reading as run_options
 
 
 def _choice(field: str, value, choices) -> None:

@@ -7,7 +7,7 @@ import sqlite3
 import tempfile
 
 from flax_dp_trainer.base.errors import UserError
-from flax_dp_trainer.loop.trackers import tracker_record as record
+from flax_dp_trainer.edge.trackers import tracker_record as record
 
 # MLflow's SQL stores (`sqlite:///PATH` among them) need SQLAlchemy and Alembic beside it.
 _SQL_SCHEMES = ('sqlite', 'postgresql', 'mysql', 'mssql')

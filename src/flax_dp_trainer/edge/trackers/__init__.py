@@ -11,11 +11,10 @@ field added to the user's config file (docs/configs.md).
 """
 
 import importlib.util
-from typing import Any
 
 from flax_dp_trainer.base import registry
 from flax_dp_trainer.base.errors import UserError
-from flax_dp_trainer.loop.trackers import tracker_record as record
+from flax_dp_trainer.edge.trackers import tracker_record as record
 
 # The shipped records: each module of this package registers its own as it is imported.
 registry.import_package(__name__, __path__)
@@ -27,12 +26,6 @@ Record, REGISTRY, Tracker, tracked = (record.Record, record.REGISTRY, record.Tra
 def chosen(config) -> list[Record]:
   """The trackers `config` turns on, by name (MLflow's start, a second, before W&B's)."""
   return [r for r in REGISTRY if r.on(config)]
-
-
-def chosen_options(config, workdir: str) -> tuple[tuple[str, Any], ...]:
-  """(name, what its writer is told) of each tracker `config` turns on, for a run in
-  `workdir` (`tracking.TrackerOptions.chosen`)."""
-  return tuple((r.name, r.options_of(config, workdir)) for r in chosen(config))
 
 
 def check(config) -> None:
