@@ -239,17 +239,17 @@ def test_torchvisions_rgb_resnet_weights_into_a_port_on_grey_digits(config, tmp_
   config.init_from, config.dropout_rate = str(tmp_path / 'resnet.pth'), 0.0
   # What the evaluation starts from (the run it prepares, the state it initializes).
   seen = {}
-  prepare, start_from = setup.prepare, init_from.init_from
+  prepare_run, start_from = prepare.prepare, init_from.init_from
 
   def prepared(*args, **kwargs):
-    seen['run'] = prepare(*args, **kwargs)
+    seen['run'] = prepare_run(*args, **kwargs)
     return seen['run']
 
   def started(*args, **kwargs):
     seen['state'], step = start_from(*args, **kwargs)
     return seen['state'], step
 
-  monkeypatch.setattr(setup, 'prepare', prepared)
+  monkeypatch.setattr(prepare, 'prepare', prepared)
   monkeypatch.setattr(init_from, 'init_from', started)
   scalars = train.evaluate_only(config, str(tmp_path / 'run'), devices=jax.devices()[:1])
   assert 0 <= scalars['eval_accuracy'] <= 1
