@@ -148,8 +148,9 @@ def describe_options(config: Any, spec: specs.DatasetSpec) -> list[str]:
     return lines + [f'#   not resolved: {e}']
   if resolved is not None:
     # pylint: disable-next=import-outside-toplevel
-    from flax_dp_trainer.step import optimizers, schedules  # (optax: as above)
-    for text in (f'#   optimizer: {optimizers.describe(options.optim.optimizer)}',
+    from flax_dp_trainer.pytorch import optimizer_counterparts  # (optax: as above)
+    from flax_dp_trainer.step import schedules  # (optax: as above)
+    for text in (f'#   optimizer: {optimizer_counterparts.describe(options.optim.optimizer)}',
                  f'#   schedule: {schedules.describe(options.optim.schedule)}'):
       lines.extend(textwrap.wrap(text, 100, subsequent_indent='#     ',
                                  break_long_words=False, break_on_hyphens=False))

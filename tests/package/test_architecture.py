@@ -233,6 +233,60 @@ def test_no_function_below_the_edge_takes_the_config():
   assert not offenders, '\n'.join(offenders)
 
 
+# The core names no torch or timm class: the PyTorch side is the wing's (`pytorch/`, the twin,
+# the translators). Not yet: `data/` (timm's augmentation strings and PIL arithmetic, which the
+# augmentation records take with their references) and `checkpoint/` (a PyTorch state dict
+# read for init_from).
+TORCH_FREE_LAYERS = ('loop', 'step', 'model', 'parallel')
+_PYTORCH = re.compile(r'torch|timm', re.I)
+_PYTORCH_PATH = re.compile(r'\b(torch|timm|torchvision)\.[A-Za-z_]')
+
+
+def _documentation_strings(tree: ast.AST) -> set[tuple[int, int]]:
+  """The (line, column) where each documentation string of `tree` starts: docstrings, and a
+  record's `doc=`."""
+  starts = set()
+  for node in ast.walk(tree):
+    body = getattr(node, 'body', None)
+    if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)):
+      starts.add((body[0].lineno, body[0].col_offset))
+    if isinstance(node, ast.keyword) and node.arg == 'doc':
+      starts.update((n.lineno, n.col_offset) for n in ast.walk(node.value)
+                    if isinstance(n, ast.Constant))
+  return starts
+
+
+def _names_pytorch(path: pathlib.Path) -> list[str]:
+  """Where the module at `path` names torch or timm other than in its documentation: an
+  identifier (a variable, field, function, keyword or module name), or a string holding a
+  dotted torch/timm/torchvision path (a class or function as data). A string that names the
+  reference in words (an error's line, a config value such as ema_style='torchvision') may."""
+  text = path.read_text(encoding='utf-8')
+  documentation = _documentation_strings(ast.parse(text))
+  found = []
+  for token in tokenize.generate_tokens(io.StringIO(text).readline):
+    if token.type == tokenize.NAME and _PYTORCH.search(token.string):
+      found.append(f'{path.relative_to(PACKAGE)}:{token.start[0]} {token.string}')
+    elif (token.type == tokenize.STRING and token.start not in documentation and
+          _PYTORCH_PATH.search(token.string)):
+      found.append(f'{path.relative_to(PACKAGE)}:{token.start[0]} {token.string[:60]}')
+  return found
+
+
+def test_the_core_names_no_torch_or_timm_class():
+  """`loop/`, `step/`, `model/` and `parallel/` name torch and timm in their documentation
+  only (docstrings, comments, a record's `doc`, an error's words): the counterparts, the twin
+  and the translators are the wing's, which the core does not import. (An optimizer record's
+  `counterpart='torch.optim.SGD'` and `timm=` forms, a schedule's torch scheduler: here before
+  the wing.)"""
+  found = []
+  for name, path in MODULES.items():
+    if _layer(name) in TORCH_FREE_LAYERS:
+      found += _names_pytorch(path)
+  assert not found, '\n'.join(found)
+
+
 # A run whose every call into the layers below the edge is watched (a profile function, in a
 # process of its own): the arguments that are a ConfigDict, under any name, are printed.
 _WATCHED_RUN = """

@@ -24,12 +24,12 @@ from flax_dp_trainer.edge import checks
 from flax_dp_trainer.edge import durations
 from flax_dp_trainer.edge import reading as run_options
 from flax_dp_trainer.edge import unread_fields
+from flax_dp_trainer.pytorch import optimizer_counterparts
 from flax_dp_trainer.recipe import from_timm
 from flax_dp_trainer.recipe import timm_args
 from flax_dp_trainer.recipe import timm_optimization
 from flax_dp_trainer.recipe import timm_rules
 from flax_dp_trainer.recipe import timm_side
-from flax_dp_trainer.step import optimizers
 from flax_dp_trainer.step import schedules
 
 DEIT = ('--model deit_small_patch16_224 --opt adamw --weight-decay 0.05 --sched cosine '
@@ -367,7 +367,7 @@ def test_optimizer_is_timms_with_its_arguments(name, imagenet_dir, tmp_path):
   argv = DEIT + ['--data-dir', imagenet_dir, '--opt', name, '--lr', '0.01']
   config = _config(from_timm.translate(argv, NPROC, DEIT_MAP), tmp_path)
   ours, _ = run_options.optimizer(config)
-  class_name, kwargs = optimizers.counterpart(ours)
+  class_name, kwargs = optimizer_counterparts.counterpart(ours)
   module, _, attribute = class_name.rpartition('.')
   timm_optimizer = create_optimizer_v2(torch.nn.Linear(4, 4),
                                        **optimizer_kwargs(timm_args.parse(argv)))

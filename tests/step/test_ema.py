@@ -32,12 +32,12 @@ def script_decay(world_size, batch_size, model_ema_steps, epochs, model_ema_deca
 
 
 def test_the_decay_is_adjusted_as_torchvisions_script_adjusts_it():
-  got = ema_lib.torchvision_decay(0.99998, 8 * 128, 32, 600)
+  got = ema_lib.adjusted_decay(0.99998, 8 * 128, 32, 600)
   assert got == script_decay(**RESNET50)
   assert got == pytest.approx(1.0 - 2e-5 * 8 * 128 * 32 / 600, rel=1e-12)
   assert round(got, 10) == 0.9989077333
   # Short runs make the complement reach 1: every update copies the weights.
-  assert ema_lib.torchvision_decay(0.9, 256, 4, 2.0) == 0.0
+  assert ema_lib.adjusted_decay(0.9, 256, 4, 2.0) == 0.0
 
 
 def _module() -> torch.nn.Module:
@@ -124,7 +124,7 @@ SCRIPT = dict(world_size=2, batch_size=12, model_ema_steps=3, epochs=5, model_em
 
 def test_the_torchvision_rule_is_averaged_models_as_the_script_drives_it():
   options = ema_lib.EmaOptions(
-      decay=ema_lib.torchvision_decay(0.999, 24, 3, 5), every_steps=3, style='torchvision',
+      decay=ema_lib.adjusted_decay(0.999, 24, 3, 5), every_steps=3, style='torchvision',
       steps_per_epoch=7, warmup_epochs=2)
   assert options.decay == script_decay(**SCRIPT)
   want, want_counts, walk, initial = _reference(SCRIPT, warmup_epochs=2, steps_per_epoch=7)

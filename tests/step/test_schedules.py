@@ -2,8 +2,8 @@
 each reference is built on a dummy SGD optimizer and stepped as its trainer steps it (per
 epoch, or per update), and our rate at every update of the run must equal the rate the
 reference gives that update. Also: the default is today's optax warm-up cosine, the schedules
-trace under jit, `torch_counterpart` names a scheduler that gives the same rates, and every
-refusal of `check` names its config field."""
+trace under jit, the wing's `torch_counterpart` names a scheduler that gives the same rates,
+and every refusal of `check` names its config field."""
 
 import functools
 import os
@@ -19,6 +19,7 @@ from timm import scheduler as timm_scheduler
 from torch.optim import lr_scheduler
 
 from flax_dp_trainer.base.errors import UserError
+from flax_dp_trainer.pytorch import schedule_counterparts
 from flax_dp_trainer.step import schedules
 from flax_dp_trainer.step.schedules import ScheduleOptions
 from tests import REPO
@@ -292,7 +293,7 @@ COUNTERPART_CASES = [c[1] for c in TORCH_CASES + TIMM_CASES] + [
 def test_torch_counterpart_gives_the_same_rates(options):
   """The scheduler `torch_counterpart` names, built from its line and stepped as its trainer
   steps it, gives our rates (so the line is exact, not a hint)."""
-  line = schedules.torch_counterpart(options)
+  line = schedule_counterparts.torch_counterpart(options)
   assert line.endswith(' stepped per epoch' if options.unit == 'epoch' else
                        ' stepped per update') or line.startswith('timm: '), line
   make, timm = _counterpart_reference(line)
@@ -304,7 +305,7 @@ def test_no_counterpart_is_said():
   """Exponential decay whose clock starts at update 0 under a warm-up has no reference."""
   options = ScheduleOptions(schedule='exponential', num_train_steps=50, warmup_steps=5,
                             warmup_prefix=False, gamma=0.9)
-  assert schedules.torch_counterpart(options).startswith('none: ')
+  assert schedule_counterparts.torch_counterpart(options).startswith('none: ')
 
 
 @pytest.mark.parametrize('warmup', [0, 1, 30, 499])
@@ -361,12 +362,12 @@ def test_describe():
 
 def test_torch_counterpart_lines():
   """The recipes' own spelling: torchvision's per-epoch SequentialLR, timm's milestones."""
-  assert schedules.torch_counterpart(ScheduleOptions(
+  assert schedule_counterparts.torch_counterpart(ScheduleOptions(
       schedule='step', num_train_steps=90 * 7, warmup_steps=5 * 7, warmup_start_factor=0.01,
       step_size=30 * 7, **EPOCH)) == (
           'torchvision: SequentialLR([LinearLR(start_factor=0.01, total_iters=5), '
           'StepLR(step_size=30, gamma=0.1)], milestones=[5]) stepped per epoch')
-  assert schedules.torch_counterpart(ScheduleOptions(
+  assert schedule_counterparts.torch_counterpart(ScheduleOptions(
       schedule='multistep', milestones=(20, 40), num_train_steps=60,
       warmup_learning_rate=0.0)) == (
           'timm: MultiStepLRScheduler(decay_t=[21, 41], decay_rate=0.1, warmup_t=0, '

@@ -46,7 +46,7 @@ def _grads(params, steps):
 
 def _torch_layout(names, x) -> np.ndarray:
   """A flax leaf in torch's layout (kernels (spatial..., in, out) -> (out, in, spatial...))."""
-  return np.transpose(np.asarray(x), optimizers.torch_axes(names, np.ndim(x))).copy()
+  return np.transpose(np.asarray(x), optimizers.out_in_axes(names, np.ndim(x))).copy()
 
 
 def _to_torch(names, x) -> torch.Tensor:

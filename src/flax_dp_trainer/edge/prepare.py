@@ -102,7 +102,8 @@ def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
   if config.init_from and not checkpointer.steps():  # (Unused where the run resumes.)
     multihost.on_every_process(lambda: init_from.check_exists(config.init_from),
                                f'find init_from={config.init_from!r}')
-  setup.on_process_0(workdir, workdir_lib.WorkdirLock(workdir).check)  # A run there now: say so now.
+  # A run there now: say so now.
+  setup.on_process_0(workdir, workdir_lib.WorkdirLock(workdir).check)
   layout = parallel.data_parallel(config.step_backend, devices, config.state_sharding)
   if (config.compilation_cache_dir and
       jax.config.jax_compilation_cache_dir != config.compilation_cache_dir):

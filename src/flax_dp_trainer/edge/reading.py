@@ -173,7 +173,7 @@ def ema_options(config, steps_per_epoch: float = 0.0) -> Optional[ema_lib.EmaOpt
   warmup = (config.warmup_epochs if durations.is_set(config, 'warmup_epochs') else
             config.warmup_steps / per_epoch)
   return ema_lib.EmaOptions(
-      decay=ema_lib.torchvision_decay(config.ema_decay, config.batch_size, every, epochs),
+      decay=ema_lib.adjusted_decay(config.ema_decay, config.batch_size, every, epochs),
       every_steps=every, style=config.ema_style, steps_per_epoch=per_epoch,
       warmup_epochs=warmup)
 

@@ -92,7 +92,7 @@ def evaluate(run: setup.Run, workdir: str, step: Optional[int] = None,
                  run.checkpointer.directory)
   else:
     state, step = init_from.init_from(run.options.init_from, run.model.module, state,
-                                      run.torch_weights, run.port_weights)
+                                      run.state_dict, run.port_weights)
   with setup.lock_workdir(workdir):
     jsonl = writers.jsonl_for_step(workdir, step)
     if jsonl != writers.JSONL_NAME:

@@ -189,7 +189,7 @@ def start(run: 'Run', resume_with_changes: bool = False) -> Start:
                     checkpointer.directory)
   if restored is None and options.init_from is not None:
     state, _ = init_from.init_from(options.init_from, run.model.module, state,
-                                   run.torch_weights, run.port_weights)
+                                   run.state_dict, run.port_weights)
   if restored is None:
     return Start(state, step_rng, options.seed, 0, None, unreadable)
   meta = run_meta.RunMeta.from_json(restored.meta, restored.step)
@@ -237,7 +237,7 @@ class Run:
   model: adapter.Model  # The built model (its flax module: `model.module`).
   input_shape: tuple[int, ...]
   # The PyTorch state dict of `init_from`, read and checked, where a fresh run starts from one.
-  torch_weights: Optional[dict] = None
+  state_dict: Optional[dict] = None
   # Where that state dict is the original's of a port (config.torch_model): its arrays carried
   # into the port (a `flax_dp_trainer.port.weights.Carried`).
   port_weights: Optional[Any] = None

@@ -244,12 +244,12 @@ def _model(r: _Reader, model_map: dict[str, str]) -> None:
 
 
 def torchvision_optimizers() -> dict:
-  """{the script's --opt name: (the record's name, its `TorchvisionForm`)} of the registered
-  optimizers."""
+  """{the script's --opt name: (the optimizer's name, its `TorchvisionForm`)} of the
+  registered counterparts."""
   # pylint: disable-next=import-outside-toplevel
-  from flax_dp_trainer.step import optimizers  # (JAX: importing the translator stays light)
-  return {alias: (record.name, record.torchvision[alias]) for alias, record in
-          optimizers.REGISTRY.by_alias(lambda record: record.torchvision).items()}
+  from flax_dp_trainer.pytorch import optimizer_counterparts as counterparts  # (JAX: as above)
+  return {alias: (found.name, found.torchvision[alias]) for alias, found in
+          counterparts.REGISTRY.by_alias(lambda found: found.torchvision).items()}
 
 
 def _optimizer_form(name: str, forms: dict):
@@ -324,9 +324,9 @@ def _schedule(r: _Reader) -> None:
     r.set('lr_warmup_decay', 'warmup_start_factor', a.lr_warmup_decay)
     r.script('warm-up from the start factor', 'warmup_learning_rate', -1.0)
   # pylint: disable-next=import-outside-toplevel
-  from flax_dp_trainer.step import schedules  # (JAX: importing the translator stays light)
+  from flax_dp_trainer.pytorch import schedule_counterparts  # (JAX: the translator stays light)
   kind = a.lr_scheduler.lower()
-  known = schedules.REGISTRY.by_alias(lambda record: record.torchvision_names)
+  known = schedule_counterparts.REGISTRY.by_alias(lambda found: found.torchvision_names)
   if kind not in known:
     raise UserError(f'{r.flag("lr_scheduler")}: the script takes {either(list(known))}, and '
                     'stops on any other')

@@ -4,7 +4,9 @@ timm forms and names)."""
 
 from flax_dp_trainer.base.errors import UserError, either
 from flax_dp_trainer.recipe import epochs
-from flax_dp_trainer.step import clipping
+from flax_dp_trainer.pytorch import clipping_counterparts
+from flax_dp_trainer.pytorch import optimizer_counterparts
+from flax_dp_trainer.pytorch import schedule_counterparts
 from flax_dp_trainer.step import optimizers
 from flax_dp_trainer.step import schedules
 from flax_dp_trainer.recipe.timm_context import Context, SPARED_NAMES
@@ -67,16 +69,17 @@ def translate_learning_rate(ctx: Context, global_batch: int) -> float:
 
 
 def timm_optimizers() -> dict:
-  """{timm's --opt name: (the record's name, its `TimmForm`)} of the registered optimizers."""
-  return {timm_name: (record.name, record.timm[timm_name]) for timm_name, record in
-          optimizers.REGISTRY.by_alias(lambda record: record.timm).items()}
+  """{timm's --opt name: (the optimizer's name, its `TimmForm`)} of the registered
+  counterparts."""
+  return {timm_name: (found.name, found.timm[timm_name]) for timm_name, found in
+          optimizer_counterparts.REGISTRY.by_alias(lambda found: found.timm).items()}
 
 
-def _unnamed(records, attribute: str) -> str:
+def _unnamed(records, names_of) -> str:
   """'; this trainer's optimizers that timm does not name: ...' where a registered record
-  (shipped or a user's, from --imports) has no timm name, to write in the config; '' where
-  none."""
-  names = [record.name for record in records if not getattr(record, attribute)]
+  (shipped or a user's, from --imports) has no timm name (`names_of(its name)`, its
+  counterpart's), to write in the config; '' where none."""
+  names = [record.name for record in records if not names_of(record.name)]
   return (f"; this trainer's {records.field}s that timm does not name: {', '.join(names)} "
           f'(--config.{records.field}=NAME in the written config)') if names else ''
 
@@ -91,8 +94,9 @@ def translate_optimizer(ctx: Context) -> None:
   ours, opt = forms.get(name, ('', None))
   if opt is None or opt.refused:
     translated = ', '.join(n for n, (_, form) in forms.items() if not form.refused)
+    unnamed = _unnamed(optimizers.REGISTRY, lambda n: optimizer_counterparts.of(n).timm)
     ctx.refuse('opt', opt.refused if opt else f"timm's {name!r} has no counterpart here (timm "
-               f'names with one: {translated}){_unnamed(optimizers.REGISTRY, "timm")}')
+               f'names with one: {translated}){unnamed}')
     return
   ctx.set('opt', 'optimizer', ours, opt.timm_class)
   kwargs = dict(opt.kwargs)
@@ -112,7 +116,7 @@ def translate_optimizer(ctx: Context) -> None:
           f'{opt.timm_class} as timm builds it')
 
 
-def _betas(ctx: Context, opt: optimizers.TimmForm, kwargs: dict) -> None:
+def _betas(ctx: Context, opt: optimizer_counterparts.TimmForm, kwargs: dict) -> None:
   """--opt-betas (or the class's defaults) where the optimizer takes them."""
   betas = ctx.args.opt_betas
   if not opt.betas:
@@ -148,7 +152,7 @@ def translate_param_groups(ctx: Context) -> None:
   ctx.set('layer_decay', 'layer_decay', args.layer_decay or 1.0,
           'stem layer 0, head L + 1, as timm counts')
   ctx.set('clip_grad', 'grad_clip_norm', args.clip_grad or 0.0)
-  modes = clipping.REGISTRY.by_alias(lambda r: (r.timm,) if r.timm else ())
+  modes = clipping_counterparts.REGISTRY.by_alias(lambda found: (found.timm,) if found.timm else ())
   if args.clip_mode not in modes:
     raise UserError(f"--clip-mode {args.clip_mode}: timm's train.py clips by "
                     f'{either(sorted(modes))}')
@@ -165,13 +169,13 @@ RESTARTS = ('cosine', 'tanh', 'poly')  # Those taking --lr-cycle-limit.
 def translate_schedule(ctx: Context, peak: float) -> None:
   args = ctx.args
   sched = args.sched
-  known = schedules.REGISTRY.by_alias(lambda record: record.timm_names)
+  known = schedule_counterparts.REGISTRY.by_alias(lambda found: found.timm_names)
   if sched not in _TIMM_SCHEDULES:
     raise UserError(f"--sched {sched}: timm's scheduler factory has no such schedule; it has "
                     f'{", ".join(_TIMM_SCHEDULES)}')
   if sched not in known:
     ctx.refuse('sched', f"timm's {sched} schedule is not offered here"
-               f'{_unnamed(schedules.REGISTRY, "timm_names")}')
+               f'{_unnamed(schedules.REGISTRY, lambda n: schedule_counterparts.of(n).timm_names)}')
     return
   warmup = 0 if sched == 'none' else args.warmup_epochs
   epochs = args.epochs + (warmup if args.warmup_prefix else 0)

@@ -28,7 +28,7 @@ from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import reporting
 from flax_dp_trainer.runs import run_metrics
-from flax_dp_trainer.step import optimizers
+from flax_dp_trainer.pytorch import optimizer_counterparts
 from flax_dp_trainer.step import schedules
 from flax_dp_trainer.torch_ddp import models as torch_models
 from flax_dp_trainer.torch_ddp import step as ddp_step
@@ -171,7 +171,7 @@ def _jax_recipe(config) -> dict:
   parts += [f'{name} {value!r}' for name, value in (('lr_mults', config.lr_mults),
                                                    ('wd_mults', config.wd_mults),
                                                    ('frozen', config.frozen)) if value]
-  return {'optimizer': optimizers.describe(options.optimizer),
+  return {'optimizer': optimizer_counterparts.describe(options.optimizer),
           'schedule': schedules.describe(options.schedule),
           'parameter_groups': ', '.join(parts) or 'every parameter alike (biases, norms and '
                                                   'embeddings spared from decay)'}

@@ -9,7 +9,7 @@
                  `utils.ExponentialMovingAverage`, torch's `swa_utils.AveragedModel` with
                  `use_buffers=True`, kept as its `train.py` keeps it:
                  - the decay adjusted to the global batch, the update cadence and the run's
-                   epochs (`torchvision_decay`);
+                   epochs (`adjusted_decay`);
                  - an update after the step of index i WITHIN its epoch where
                    i % every_steps == 0 (the index restarts at 0 each epoch);
                  - an update whose count (AveragedModel's `n_averaged`) is 0 copies the
@@ -54,8 +54,8 @@ class EmaOptions:
     return self.style == 'torchvision'
 
 
-def torchvision_decay(decay: float, global_batch: int, every_steps: int,
-                      epochs: float) -> float:
+def adjusted_decay(decay: float, global_batch: int, every_steps: int,
+                   epochs: float) -> float:
   """The decay of one update as torchvision's reference adjusts `--model-ema-decay`: its
   complement scaled by global batch x update cadence / epochs (pycls's rule, to keep the
   average's horizon independent of them), at most 1 (a copy)."""

@@ -34,7 +34,8 @@ from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.edge import reading as run_options
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.step import losses
-from flax_dp_trainer.step import optimizers
+from flax_dp_trainer.pytorch import loss_counterparts
+from flax_dp_trainer.pytorch import optimizer_counterparts
 from flax_dp_trainer.torch_ddp import models as torch_models
 from flax_dp_trainer.torch_ddp import torch_param_groups as twin_groups
 
@@ -44,7 +45,7 @@ SUPPORTED = dict(dtype=('float32', 'bfloat16', 'float16'),
                  keep_best=(0,))  # The twin keeps its newest checkpoints only.
 def check_supported(config) -> None:
   """One line naming the first config value the twin cannot reproduce."""
-  optimizers.counterpart(run_options.optimizer(config)[0])  # An optax one has none.
+  optimizer_counterparts.counterpart(run_options.optimizer(config)[0])  # Optax's: none.
   for field, values in SUPPORTED.items():
     if config[field] not in values:
       raise UserError(f'{field}={config[field]!r} has no DDP twin yet; the twin supports '
@@ -342,7 +343,8 @@ class Mixing:
 
 
 def _unknown_loss(loss: str) -> UserError:
-  taken = [r.name for r in losses.REGISTRY if r.counterpart in _COUNTERPARTS]
+  taken = [r.name for r in losses.REGISTRY
+           if loss_counterparts.of(r.name).torch in _COUNTERPARTS]
   return UserError(f'loss={loss!r} has no DDP twin; the twin computes '
                    f'{", ".join(map(repr, taken))} (--config.loss=...)')
 
@@ -379,7 +381,7 @@ def _summed_bce(logits, labels, targets, label_smoothing, reduction):
   return per_example.mean() if reduction == 'mean' else per_example
 
 
-# The torch losses of the loss records' counterparts (`losses.Record.counterpart`), each
+# The torch losses of the loss records' counterparts (`loss_counterparts`), each
 # `(logits, labels, targets or None, label_smoothing, reduction) -> the loss`.
 _COUNTERPARTS = {'torch.nn.CrossEntropyLoss': _cross_entropy,
                  'torch.nn.BCEWithLogitsLoss, summed over the classes': _summed_bce}
@@ -387,7 +389,7 @@ _COUNTERPARTS = {'torch.nn.CrossEntropyLoss': _cross_entropy,
 
 def _counterpart(loss: str):
   """The torch loss of the record `loss` names; UserError where the twin has none."""
-  found = _COUNTERPARTS.get(losses.REGISTRY.get(loss).counterpart)
+  found = _COUNTERPARTS.get(loss_counterparts.of(losses.REGISTRY.get(loss).name).torch)
   if found is None:
     raise _unknown_loss(loss)
   return found

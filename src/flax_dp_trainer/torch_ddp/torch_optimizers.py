@@ -1,12 +1,13 @@
-"""The DDP twin's optimizer: the PyTorch class that `step.optimizers.counterpart` names (torch.optim
-or timm.optim), built over the twin's parameter groups, so that it runs the algorithm of the JAX
-run's optax transformation (`step.optimizers.build`)."""
+"""The DDP twin's optimizer: the PyTorch class that `optimizer_counterparts.counterpart` names
+(torch.optim or timm.optim), built over the twin's parameter groups, so that it runs the
+algorithm of the JAX run's optax transformation (`step.optimizers.build`)."""
 
 import functools
 import importlib
 
 import torch
 
+from flax_dp_trainer.pytorch import optimizer_counterparts
 from flax_dp_trainer.step import optimizers
 
 _MUON = 'timm.optim.Muon'  # Routes each param itself: to Newton-Schulz or to its fallback.
@@ -43,7 +44,7 @@ def torch_optimizer(optimizer: optimizers.Optimizer,
   `{'params': [...], 'lr': peak * lr_factor, 'weight_decay': weight_decay * wd_factor}` (for
   muon also 'muon_routed': a bool per param, or timm's 'use_fallback' / 'use_muon'). Raises
   UserError for an optax optimizer (no counterpart)."""
-  class_path, kwargs = optimizers.counterpart(optimizer)
+  class_path, kwargs = optimizer_counterparts.counterpart(optimizer)
   module_name, class_name = class_path.rsplit('.', 1)
   optimizer_class = getattr(importlib.import_module(module_name), class_name)
   groups = [dict(group) for group in groups]

@@ -21,6 +21,8 @@ from flax_dp_trainer.edge import durations
 from flax_dp_trainer.edge import reading as run_options
 from flax_dp_trainer.model import blocks
 from flax_dp_trainer.step import clipping
+from flax_dp_trainer.pytorch import clipping_counterparts
+from flax_dp_trainer.pytorch import optimizer_counterparts
 from flax_dp_trainer.step import optimizers
 from flax_dp_trainer.step import param_groups
 from flax_dp_trainer.torch_ddp import models as torch_models
@@ -121,12 +123,12 @@ def groups(config, model: torch.nn.Module, found: Optional[Factors]) -> list[dic
 
 def make_optimizer(config, model: torch.nn.Module, found: Optional[Factors] = None
                    ) -> torch.optim.Optimizer:
-  """The counterpart of the config's optimizer (`step.optimizers.counterpart`) over `model`'s
-  groups (`groups`)."""
+  """The counterpart of the config's optimizer (`pytorch.optimizer_counterparts.counterpart`)
+  over `model`'s groups (`groups`)."""
   optimizer, _ = run_options.optimizer(config)
   made = [{k: v for k, v in g.items() if k != 'names'} for g in groups(config, model, found)]
   if config.state_sharding == 'optimizer':  # Each rank keeps its share of the state.
-    class_path, kwargs = optimizers.counterpart(optimizer)
+    class_path, kwargs = optimizer_counterparts.counterpart(optimizer)
     module_name, class_name = class_path.rsplit('.', 1)
     return ZeroRedundancyOptimizer(
         made, optimizer_class=getattr(importlib.import_module(module_name), class_name),
@@ -141,7 +143,7 @@ def _agc(parameters, threshold, grad_norm):
   agc.adaptive_clip_grad(parameters[:-2], threshold, eps=clipping.agc.EPS)
 
 
-# The torch clipping of the clipping records' counterparts (`clipping.Record.counterpart`),
+# The torch clipping of the clipping records' counterparts (`clipping_counterparts`),
 # each `(parameters, threshold, grad_norm)`: timm's adaptive clipping without the head (the
 # last two parameters, as timm's train.py leaves them out).
 _COUNTERPARTS = {
@@ -158,9 +160,11 @@ def clip(config, parameters: list[torch.nn.Parameter], grad_norm: torch.Tensor) 
   line, for a mode with no torch counterpart."""
   if config.grad_clip_norm <= 0:
     return
-  found = _COUNTERPARTS.get(clipping.REGISTRY.get(config.grad_clip_mode).counterpart)
+  mode = clipping.REGISTRY.get(config.grad_clip_mode).name
+  found = _COUNTERPARTS.get(clipping_counterparts.of(mode).torch)
   if found is None:
-    taken = [r.name for r in clipping.REGISTRY if r.counterpart in _COUNTERPARTS]
+    taken = [r.name for r in clipping.REGISTRY
+             if clipping_counterparts.of(r.name).torch in _COUNTERPARTS]
     raise UserError(f'grad_clip_mode={config.grad_clip_mode!r} has no DDP twin; the twin '
                     f'clips by {either(list(map(repr, taken)))} (--config.grad_clip_mode=NAME)')
   found(parameters, config.grad_clip_norm, grad_norm)

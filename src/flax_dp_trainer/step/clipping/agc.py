@@ -19,5 +19,4 @@ def adaptive(threshold: float, order: tuple[str, ...]) -> optax.GradientTransfor
 
 RECORD = record.REGISTRY.register(record.Record(
     name='agc', doc="timm's adaptive clipping: each unit's gradient norm to grad_clip_norm x "
-    "its weight's, the head excluded", transform=adaptive, example=0.01, needs_order=True,
-    timm='agc', counterpart='timm.utils.agc.adaptive_clip_grad'))
+    "its weight's, the head excluded", transform=adaptive, example=0.01, needs_order=True))

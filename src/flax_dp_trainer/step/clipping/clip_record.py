@@ -1,7 +1,7 @@
 """What one gradient-clipping mode (`config.grad_clip_mode`, timm's `--clip-mode`) means, in one
-record: its optax transformation at a threshold, a threshold to suggest, whether it needs the
-order of the model's parameters, timm's word for it and the torch function the DDP twin clips
-with (its code keyed by that name, beside the twin).
+record: its optax transformation at a threshold, a threshold to suggest and whether it needs
+the order of the model's parameters (timm's word for it and the torch function the DDP twin
+clips with: the wing's `pytorch.clipping_counterparts`).
 
 Each shipped mode is one module of this folder that registers its record; a user's module in
 `config.imports` registers its own the same way.
@@ -25,8 +25,6 @@ class Record:
   transform: Callable[[float, tuple[str, ...]], optax.GradientTransformation]
   example: float  # A threshold to suggest where the mode is set and the threshold is not.
   needs_order: bool = False
-  timm: str = ''  # timm's --clip-mode word for it; '' where timm has none.
-  counterpart: str = ''  # The torch function the twin clips with; '' where there is none.
 
 
 REGISTRY: registry.Registry[Record] = registry.Registry('grad_clip_mode')

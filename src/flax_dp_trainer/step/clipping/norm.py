@@ -6,5 +6,4 @@ from flax_dp_trainer.step.clipping import clip_record as record
 
 RECORD = record.REGISTRY.register(record.Record(
     name='norm', doc="the global norm to grad_clip_norm (torch's clip_grad_norm_)",
-    transform=lambda threshold, order: optax.clip_by_global_norm(threshold), example=1.0,
-    timm='norm', counterpart='torch.nn.utils.clip_grads_with_norm_'))
+    transform=lambda threshold, order: optax.clip_by_global_norm(threshold), example=1.0))

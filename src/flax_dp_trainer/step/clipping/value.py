@@ -7,4 +7,4 @@ from flax_dp_trainer.step.clipping import clip_record as record
 RECORD = record.REGISTRY.register(record.Record(
     name='value', doc="each gradient to [-grad_clip_norm, grad_clip_norm] (torch's "
     'clip_grad_value_)', transform=lambda threshold, order: optax.clip(threshold),
-    example=1.0, timm='value', counterpart='torch.nn.utils.clip_grad_value_'))
+    example=1.0))

@@ -1,5 +1,6 @@
-"""What one loss name (`config.loss`) means, in one record: its per-example function, its line
-for the docs and `--show_config`, and the PyTorch loss the DDP twin computes for it.
+"""What one loss name (`config.loss`) means, in one record: its per-example function and its
+line for the docs and `--show_config` (the PyTorch loss the DDP twin computes for it: the
+wing's `pytorch.loss_counterparts`).
 
 Each shipped loss is one module of this folder that registers its record; a user's module in
 `config.imports` registers its own the same way (or passes a function: `fit(loss=...)`).
@@ -21,9 +22,6 @@ class Record:
   name: str
   doc: str  # One line for the docs and --show_config.
   per_example: Loss
-  # The torch loss the twin computes for it (its code keyed by this, beside the twin's step);
-  # '' where there is none.
-  counterpart: str = ''
 
 
 REGISTRY: registry.Registry[Record] = registry.Registry('loss')

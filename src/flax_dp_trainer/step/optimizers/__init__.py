@@ -5,8 +5,8 @@ timm.optim), and any optax optimizer by its import name (`optax_route`).
 `resolve` turns the config's optimizer name, its fields (momentum, nesterov, adam_b1, adam_b2,
 weight_decay) and `optimizer_kwargs` into an `Optimizer`; `build` makes its optax transformation
 with per-leaf weight-decay and learning-rate factors (the parameter groups of the twin);
-`counterpart` and `describe` name the PyTorch class that the DDP twin runs
-(`torch_ddp/torch_optimizers.py`). A user's module in `config.imports` adds a name with
+`describe` says it in one line. The PyTorch class each runs as is the wing's
+(`pytorch.optimizer_counterparts`). A user's module in `config.imports` adds a name with
 `REGISTRY.register(Record(...))`.
 
     optimizer_record  Record, Kwarg and their rules, REGISTRY, Optimizer (a resolved one)
@@ -34,17 +34,17 @@ from flax_dp_trainer.step.optimizers import muon
 # The shipped records: each module of this package registers its own as it is imported.
 registry.import_package(__name__, __path__)
 
-Record, Kwarg, Rule, TimmForm = record.Record, record.Kwarg, record.Rule, record.TimmForm
-TorchvisionForm = record.TorchvisionForm
+Record, Kwarg, Rule = record.Record, record.Kwarg, record.Rule
 Optimizer, REGISTRY = record.Optimizer, record.REGISTRY
 # The rules a keyword argument's value follows (`Kwarg.rule`), for a user's record too.
 UNIT, POSITIVE, NON_NEGATIVE, NEGATIVE = (record.UNIT, record.POSITIVE, record.NON_NEGATIVE,
                                           record.NEGATIVE)
 BOOL, COUNT, optional, one_of = record.BOOL, record.COUNT, record.optional, record.one_of
 PerLeafState, at_schedule_step = per_leaf.PerLeafState, per_leaf.at_schedule_step
-leaf_names, torch_axes = per_leaf.leaf_names, per_leaf.torch_axes
+leaf_names, out_in_axes = per_leaf.leaf_names, per_leaf.out_in_axes
 adafactor_factored_dims, muon_routed = adafactor.factored_dims, muon.routed
 muon_lr_scale, NS_COEFFICIENTS = muon.lr_scale, muon.NS_COEFFICIENTS
+muon_ns_coefficients = muon.ns_coefficients
 
 
 def lookup(name: str) -> record.Record:
@@ -102,37 +102,22 @@ def resolve(name: str, optimizer_kwargs: Mapping[str, Any], *, momentum: float, 
   return record.Optimizer(name, tuple(sorted(kwargs.items())), float(weight_decay)), lines
 
 
-def counterpart(optimizer: record.Optimizer) -> tuple[str, dict]:
-  """The PyTorch class ('torch.optim.SGD', 'timm.optim.Lion', ...) that runs the same algorithm
-  and its keyword arguments (torch's names) other than lr and weight_decay (those go per
-  parameter group). UserError, one line, where the record has none (an optax optimizer)."""
-  found = lookup(optimizer.name)
-  if not found.counterpart:
-    raise UserError(f'optimizer={optimizer.name!r} has no PyTorch counterpart, so the DDP twin '
-                    'cannot run it; compare with a shipped one (--config.optimizer=adamw) or '
-                    'skip the twin (tools.compare)')
-  return found.counterpart, found.to_torch(optimizer.options)
-
-
-def _shown(options: Mapping[str, Any]) -> str:
+def shown(options: Mapping[str, Any]) -> str:
+  """Keyword arguments as a call shows them: 'b1=0.9, mode='x''."""
   return ', '.join(f'{k}={v!r}' if isinstance(v, str) else f'{k}={v}'
                    for k, v in options.items())
 
 
 def describe(optimizer: record.Optimizer) -> str:
-  """One line for people: the optimizer with its kwargs, its weight decay and the PyTorch class
-  it equals, e.g. 'adamw(b1=0.9, b2=0.999, eps=1e-08), decoupled weight decay 0.05 =
-  torch.optim.AdamW(betas=(0.9, 0.999), eps=1e-08)'."""
+  """One line for people: the optimizer with its kwargs and its weight decay, e.g.
+  'adamw(b1=0.9, b2=0.999, eps=1e-08), decoupled weight decay 0.05' (the wing's
+  `optimizer_counterparts.describe` adds the PyTorch class it equals)."""
   found = lookup(optimizer.name)
   if not optimizer.weight_decay:
     decay = 'no weight decay'
   else:
     decay = f"{found.decay + ' ' if found.decay else ''}weight decay {optimizer.weight_decay}"
-  line = f'{optimizer.name}({_shown(dict(optimizer.kwargs))}), {decay}'
-  if not found.counterpart:
-    return f'{line} (no PyTorch counterpart)'
-  class_name, theirs = counterpart(optimizer)
-  return f'{line} = {class_name}({_shown(theirs)})'
+  return f'{optimizer.name}({shown(dict(optimizer.kwargs))}), {decay}'
 
 
 def _from_factory(found: record.Record, optimizer: record.Optimizer, learning_rate, wd_factors,

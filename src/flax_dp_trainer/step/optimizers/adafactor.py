@@ -13,15 +13,15 @@ from flax_dp_trainer.step.optimizers import per_leaf
 from flax_dp_trainer.step.optimizers import optimizer_record as record
 
 
-def factored_dims(torch_shape: tuple, min_dim_size_to_factor: int = 16):
-  """timm's choice of the two dims (of the torch-layout shape) whose second moments Adafactor
+def factored_dims(out_in_shape: tuple, min_dim_size_to_factor: int = 16):
+  """timm's choice of the two dims (of the out-in shape, torch's layout) whose second moments Adafactor
   factors, or None: out and in channels (dims 0, 1) of a >2-D tensor where both exceed
   `min_dim_size_to_factor`, else the last two where both do. In our layout that is, for a conv
   kernel (H, W, I, O), dims (3, 2) (O, I) or else (0, 1) (H, W); for a Dense kernel both."""
-  n, m = len(torch_shape), min_dim_size_to_factor
-  if n > 2 and torch_shape[0] > m and torch_shape[1] > m:
+  n, m = len(out_in_shape), min_dim_size_to_factor
+  if n > 2 and out_in_shape[0] > m and out_in_shape[1] > m:
     return 0, 1
-  if n >= 2 and torch_shape[-2] > m and torch_shape[-1] > m:
+  if n >= 2 and out_in_shape[-2] > m and out_in_shape[-1] > m:
     return n - 2, n - 1
   return None
 
@@ -32,7 +32,7 @@ def _algorithm(o: dict):
 
   def layout(leaf, p):
     """The leaf's torch axes and factored dims (of the torch layout)."""
-    axes = per_leaf.torch_axes(leaf.names, p.ndim)
+    axes = per_leaf.out_in_axes(leaf.names, p.ndim)
     return axes, factored_dims(tuple(p.shape[a] for a in axes), min_size)
 
   def init(leaf, p):
@@ -85,11 +85,4 @@ RECORD = record.REGISTRY.register(record.Record(
                 clip_threshold=record.Kwarg(1.0, record.POSITIVE),
                 min_dim_size_to_factor=record.Kwarg(16, record.COUNT)),
     decay='decoupled',
-    algorithm=_algorithm,
-    timm={'adafactor': record.TimmForm('timm.optim.Adafactor, the rate given', 1e-30, 'b1')},
-    counterpart='timm.optim.Adafactor',
-    # timm reads only betas[0]; the second is a placeholder.
-    to_torch=lambda o: dict(
-        betas=None if o['b1'] is None else (o['b1'], 0.0), eps=o['eps'],
-        clip_threshold=o['clip_threshold'], decay_rate=o['decay_rate'],
-        min_dim_size_to_factor=o['min_dim_size_to_factor'])))
+    algorithm=_algorithm))

@@ -11,11 +11,6 @@ KWARGS = dict(b1=record.Kwarg(0.9, record.UNIT), b2=record.Kwarg(0.999, record.U
 FIELDS = dict(adam_b1='b1', adam_b2='b2')
 
 
-def betas(o: dict) -> dict:
-  """torch's `betas` from our b1, b2, and eps."""
-  return dict(betas=(o['b1'], o['b2']), eps=o['eps'])
-
-
 def algorithm(o: dict, decoupled: bool, nesterov: bool = False):
   """torch.optim.Adam (coupled decay), AdamW (decoupled: p -= lr * wd * p) and timm's NAdamW
   (AdamW with the Nesterov numerator b1 * m + (1 - b1) * g)."""
@@ -40,6 +35,4 @@ RECORD = record.REGISTRY.register(record.Record(
     name='adam',
     doc='torch.optim.Adam: bias-corrected moments, coupled weight decay',
     kwargs=KWARGS, fields=FIELDS, decay='coupled',
-    algorithm=lambda o: algorithm(o, decoupled=False),
-    timm={'adam': record.TimmForm('torch.optim.Adam', 1e-8, 'fields', (0.9, 0.999))},
-    counterpart='torch.optim.Adam', to_torch=betas))
+    algorithm=lambda o: algorithm(o, decoupled=False)))

@@ -42,11 +42,4 @@ RECORD = record.REGISTRY.register(record.Record(
     algorithm=_algorithm,
     before=lambda o: (None if o['max_grad_norm'] is None
                       else optax.clip_by_global_norm(o['max_grad_norm'])),
-    tensor_norms=True,
-    timm={'lamb': record.TimmForm('timm.optim.Lamb', 1e-6, 'fields', (0.9, 0.999), kwargs=(
-        ('always_adapt', False), ('max_grad_norm', 1.0)))},
-    counterpart='timm.optim.Lamb',
-    to_torch=lambda o: dict(
-        betas=(o['b1'], o['b2']), eps=o['eps'], bias_correction=True, grad_averaging=True,
-        max_grad_norm=o['max_grad_norm'], trust_clip=False, always_adapt=o['always_adapt'],
-        decoupled_decay=False)))
+    tensor_norms=True))

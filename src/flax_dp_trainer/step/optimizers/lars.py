@@ -34,11 +34,4 @@ RECORD = record.REGISTRY.register(record.Record(
     algorithm=_algorithm,
     complete=sgd.no_nesterov_without_momentum,
     check=lambda o, wd: sgd.check_nesterov('lars', o),
-    tensor_norms=True,
-    timm={'lars': record.TimmForm('timm.optim.Lars', 1e-8, momentum=True, nesterov=False),
-          'nlars': record.TimmForm('timm.optim.Lars, Nesterov', 1e-8, momentum=True,
-                                   nesterov=True)},
-    counterpart='timm.optim.Lars',
-    to_torch=lambda o: dict(
-        momentum=o['momentum'], nesterov=o['nesterov'], trust_coeff=o['trust_coeff'],
-        eps=o['eps'], trust_clip=False, always_adapt=o['always_adapt'])))
+    tensor_norms=True))

@@ -25,7 +25,4 @@ RECORD = record.REGISTRY.register(record.Record(
     doc='timm.optim.Lion: the sign of interpolated momentum, decoupled weight decay',
     kwargs=dict(b1=record.Kwarg(0.9, record.UNIT), b2=record.Kwarg(0.99, record.UNIT)),
     decay='decoupled',
-    algorithm=_algorithm,
-    timm={'lion': record.TimmForm('timm.optim.Lion', None, 'kwargs', (0.9, 0.99))},
-    counterpart='timm.optim.Lion',
-    to_torch=lambda o: dict(betas=(o['b1'], o['b2']))))
+    algorithm=_algorithm))

@@ -106,7 +106,7 @@ def routed(params, head: str = '') -> Any:
     shape = tuple(leaf.shape)[int(model_params.is_stacked(names)):]
     if (head is not None and names and names[0] == str(head)) or 'embed' in names[-1].lower():
       return False
-    return _suits(tuple(shape[a] for a in per_leaf.torch_axes(names, len(shape))))
+    return _suits(tuple(shape[a] for a in per_leaf.out_in_axes(names, len(shape))))
 
   return jax.tree_util.tree_map_with_path(takes, params)
 
@@ -125,7 +125,7 @@ def _algorithm(o: dict):
       return fallback(leaf, g, p, s, lr * o['fallback_lr_scale'], t)
     buf = moments.lerp(s['momentum_buffer'], g, 1 - momentum)
     d = moments.lerp(g, buf, momentum) if nesterov else buf
-    axes = per_leaf.torch_axes(leaf.names, d.ndim)
+    axes = per_leaf.out_in_axes(leaf.names, d.ndim)
     x = jnp.transpose(d, axes)
     matrix = x.reshape(x.shape[0], -1)
     ortho = _newton_schulz(matrix, coefficients, o['ns_steps'], o['eps'], o['safety_factor'],
@@ -158,15 +158,4 @@ RECORD = record.REGISTRY.register(record.Record(
     decay='decoupled',
     algorithm=_algorithm,
     check=_check,
-    routes=routed,
-    timm={'muon': record.TimmForm(refused="timm's Muon orthogonalizes the head and the "
-                                  'embeddings too; muon here routes them to its AdamW fallback')},
-    counterpart='timm.optim.Muon',
-    # (ns_dtype: timm's orthogonalization takes it per call; the twin passes it there.)
-    to_torch=lambda o: dict(
-        momentum=o['momentum'], nesterov=o['nesterov'], ns_steps=o['ns_steps'],
-        ns_coefficients=o['ns_coefficients'] if isinstance(o['ns_coefficients'], str) else [
-            list(t) for t in ns_coefficients(o['ns_coefficients'])],
-        eps=o['eps'], safety_factor=o['safety_factor'], adjust_lr_fn=o['adjust_lr_fn'],
-        conv_mode='flatten', fallback_lr_scale=o['fallback_lr_scale'],
-        betas=(o['b1'], o['b2']))))
+    routes=routed))

@@ -7,6 +7,4 @@ RECORD = record.REGISTRY.register(record.Record(
     name='nadamw',
     doc="timm.optim.NAdamW: AdamW with a Nesterov numerator",
     kwargs=adam.KWARGS, fields=adam.FIELDS, decay='decoupled',
-    algorithm=lambda o: adam.algorithm(o, decoupled=True, nesterov=True),
-    timm={'nadamw': record.TimmForm('timm.optim.NAdamW', 1e-8, 'fields', (0.9, 0.999))},
-    counterpart='timm.optim.NAdamW', to_torch=adam.betas))
+    algorithm=lambda o: adam.algorithm(o, decoupled=True, nesterov=True)))

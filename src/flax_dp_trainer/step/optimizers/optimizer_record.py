@@ -1,6 +1,7 @@
 """What one optimizer name means, in one record: the keyword arguments it takes with their
-defaults and ranges, the config fields that set them, its checks, how it is built, how it
-applies weight decay, and its PyTorch counterpart (the class the DDP twin runs).
+defaults and ranges, the config fields that set them, its checks, how it is built and how it
+applies weight decay. Its PyTorch counterpart (the class the DDP twin runs, the scripts' names
+for it) is the wing's (`pytorch.optimizer_counterparts`), by the same name.
 
 Each shipped optimizer is one module of this folder that registers its record in `REGISTRY`;
 a user's module in `config.imports` registers its own the same way. The `optax.NAME` route
@@ -58,33 +59,6 @@ class Kwarg:
   rule: Optional[Rule] = None  # None: the record's `check` decides.
 
 
-@dataclasses.dataclass(frozen=True)
-class TimmForm:
-  """How timm's `create_optimizer_v2` builds a record's counterpart under one `--opt` name, for
-  the translator of timm's commands (`recipe/timm_optimization.py`)."""
-  timm_class: str = ''  # What timm builds, for the row's note.
-  eps: Optional[float] = None  # Its default eps where timm passes --opt-eps; None: dropped.
-  betas: str = ''  # Where --opt-betas go: 'fields' (adam_b1/b2), 'kwargs' (b1, b2), 'b1'; ''
-  # where timm drops them.
-  default_betas: Optional[tuple] = None
-  momentum: bool = False  # Takes --momentum (timm sets it for optimizers that have one).
-  nesterov: Optional[bool] = None  # config.nesterov, where it takes one.
-  kwargs: tuple = ()  # Fixed optimizer_kwargs: timm's defaults where they differ from ours.
-  refused: str = ''  # Why timm's optimizer of this name does not translate to the record.
-
-
-@dataclasses.dataclass(frozen=True)
-class TorchvisionForm:
-  """How torchvision's `references/classification/train.py` builds a record's counterpart
-  under one `--opt` name (lowercased), for its translator (`recipe/from_torchvision.py`)."""
-  torch_class: str  # What the script builds, for the row's note.
-  prefix: bool = False  # Any name that begins with this one (the script's `sgd*`).
-  nesterov_in_name: bool = False  # Nesterov where the name holds 'nesterov' (sgd_nesterov).
-  momentum: bool = False  # Takes --momentum.
-  kwargs: tuple = ()  # Fixed optimizer_kwargs: the script's arguments to the class.
-  fields: tuple = ()  # (field, value, note) the script's construction fixes.
-
-
 # Per-leaf algorithms: `algorithm(options) -> (init_leaf, update_leaf)`, run by
 # `per_leaf.transformation` on each leaf (`per_leaf.Leaf`) with its own weight decay and rate.
 Algorithm = Callable[[dict], tuple[Callable, Callable]]
@@ -117,13 +91,6 @@ class Record:
   # each leaf's `Leaf.routed`; None: every leaf alike.
   routes: Optional[Callable[[Any, str], Any]] = None
   tensor_norms: bool = False  # Trust ratios of whole tensors (not of a scanned stack).
-  # The PyTorch class that runs the same algorithm ('torch.optim.SGD', 'timm.optim.Lion'), and
-  # its keyword arguments (torch's names) from ours, lr and weight_decay aside (those go per
-  # parameter group); '' where there is none.
-  counterpart: str = ''
-  to_torch: Optional[Callable[[dict], dict]] = None
-  timm: Mapping[str, TimmForm] = dataclasses.field(default_factory=dict)  # By --opt name.
-  torchvision: Mapping[str, TorchvisionForm] = dataclasses.field(default_factory=dict)  # Same.
   # Checkpoints written before the per-leaf records held optax's buffers: {optax's name: the
   # algorithm's} where the algorithm stayed, so such runs resume (`step/old_states.py`).
   optax_buffers: Mapping[str, str] = dataclasses.field(default_factory=dict)

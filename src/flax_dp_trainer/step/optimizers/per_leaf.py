@@ -35,9 +35,10 @@ def leaf_names(path) -> tuple:
   return tuple(str(n) for n in model_params.path_names(path))
 
 
-def torch_axes(names: tuple, ndim: int) -> tuple:
-  """The permutation of one layer's axes that gives torch's layout: a kernel (spatial..., in,
-  out) becomes (out, in, spatial...); every other leaf keeps its axes."""
+def out_in_axes(names: tuple, ndim: int) -> tuple:
+  """The permutation of one layer's axes that puts a kernel's out and in axes first, as torch
+  lays out a weight: a kernel (spatial..., in, out) becomes (out, in, spatial...); every other
+  leaf keeps its axes."""
   if names and names[-1] == 'kernel' and ndim >= 2:
     return (ndim - 1, ndim - 2) + tuple(range(ndim - 2))
   return tuple(range(ndim))

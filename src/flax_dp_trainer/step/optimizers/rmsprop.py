@@ -44,11 +44,4 @@ RECORD = record.REGISTRY.register(record.Record(
                 centered=record.Kwarg(False, record.BOOL)),
     fields=dict(momentum='momentum'),
     decay='coupled',
-    algorithm=_algorithm,
-    timm={'rmsprop': record.TimmForm('torch.optim.RMSprop(alpha=0.9)', 1e-8, momentum=True,
-                                     kwargs=(('alpha', 0.9),))},
-    torchvision={'rmsprop': record.TorchvisionForm(
-        'torch.optim.RMSprop', momentum=True, kwargs=(('alpha', 0.9), ('eps', 0.0316)))},
-    counterpart='torch.optim.RMSprop',
-    to_torch=lambda o: dict(alpha=o['alpha'], eps=o['eps'], momentum=o['momentum'],
-                            centered=o['centered'])))
+    algorithm=_algorithm))

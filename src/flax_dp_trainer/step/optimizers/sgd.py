@@ -53,10 +53,4 @@ RECORD = record.REGISTRY.register(record.Record(
     decay='coupled',
     algorithm=_algorithm,
     complete=no_nesterov_without_momentum,
-    check=lambda o, wd: check_nesterov('sgd', o),
-    timm={'sgd': record.TimmForm('torch.optim.SGD, Nesterov', momentum=True, nesterov=True),
-          'momentum': record.TimmForm('torch.optim.SGD', momentum=True, nesterov=False)},
-    torchvision={'sgd': record.TorchvisionForm('torch.optim.SGD', prefix=True,
-                                               nesterov_in_name=True, momentum=True)},
-    counterpart='torch.optim.SGD',
-    to_torch=lambda o: dict(momentum=o['momentum'], nesterov=o['nesterov'])))
+    check=lambda o, wd: check_nesterov('sgd', o)))

@@ -17,8 +17,6 @@ def _algorithm(o: dict):
   return sgd.momentum_init(momentum), update
 
 
-_TIMM = record.TimmForm('timm.optim.SGDW, Nesterov', momentum=True, nesterov=True)
-
 RECORD = record.REGISTRY.register(record.Record(
     name='sgdw',
     doc="timm.optim.SGDW: torch.optim.SGD's momentum with decoupled weight decay",
@@ -26,7 +24,4 @@ RECORD = record.REGISTRY.register(record.Record(
     decay='decoupled',
     algorithm=_algorithm,
     complete=sgd.no_nesterov_without_momentum,
-    check=lambda o, wd: sgd.check_nesterov('sgdw', o),
-    timm={'sgdw': _TIMM, 'nesterovw': _TIMM},
-    counterpart='timm.optim.SGDW',
-    to_torch=lambda o: dict(momentum=o['momentum'], nesterov=o['nesterov'])))
+    check=lambda o, wd: sgd.check_nesterov('sgdw', o)))

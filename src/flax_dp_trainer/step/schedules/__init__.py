@@ -1,9 +1,9 @@
 """Learning-rate schedules as optax schedules (`count -> rate`, jit-traceable), built to give
 at every update the rate that torchvision's classification reference or timm gives when it
-steps its own scheduler, plus the checks of their options, a line for people and the
-reference scheduler's name. Each schedule and each warm-up form is one record
-(`record.Record`, `record.Warmup`), one module each; a user's module in `config.imports`
-registers its own.
+steps its own scheduler, plus the checks of their options and a line for people (the
+reference scheduler's name: the wing's `pytorch.schedule_counterparts`). Each schedule and
+each warm-up form is one record (`record.Record`, `record.Warmup`), one module each; a user's
+module in `config.imports` registers its own.
 
 Every duration is in updates. The schedule is a warm-up (linear from a start rate to the
 peak, or held at the start rate) followed by a main schedule on its own clock `t`:
@@ -24,8 +24,9 @@ there, as torch's ExponentialLR stepped per epoch.
 
 Where torch and timm disagree, torch's rule is kept: a multistep milestone m applies from
 t = m (torch's MultiStepLR); timm's MultiStepLRScheduler applies it from t = m - 1, so the
-timm scheduler that gives these rates has each milestone plus one (as `torch_counterpart`
-writes it). 'rsqrt' always decays linearly (timm's default for it); decay_shape is wsd's.
+timm scheduler that gives these rates has each milestone plus one (as the wing's
+`torch_counterpart` writes it). 'rsqrt' always decays linearly (timm's default for it);
+decay_shape is wsd's.
 
     plan         ScheduleOptions, the Plan the formulas use, the arithmetic they share
     schedule_record  Record, Warmup, their registries
@@ -33,7 +34,6 @@ writes it). 'rsqrt' always decays linearly (timm's default for it); decay_shape 
                             constant_warmup.py): every module registers its own
 """
 
-from typing import Optional
 
 import jax.numpy as jnp
 import optax
@@ -108,7 +108,7 @@ def check(options: ScheduleOptions) -> None:
     found.check(o)
 
 
-def _plan(options: ScheduleOptions) -> plan_lib.Plan:
+def plan_of(options: ScheduleOptions) -> plan_lib.Plan:
   """The checked options' plan, and the record's."""
   check(options)
   return plan_lib.make(options, REGISTRY.get(options.schedule).always_prefix)
@@ -127,7 +127,7 @@ def learning_rate_schedule(options: ScheduleOptions) -> optax.Schedule:
   """The optax schedule of `options` (checked first): `count -> rate` in float32 for the
   optimizer's update count (0 for the first update, a scalar or an array of counts), made of
   jnp operations only so that it traces under jit."""
-  plan = _plan(options)
+  plan = plan_of(options)
   main, warm_up = REGISTRY.get(options.schedule), WARMUPS.get(options.warmup_method)
   warmup = options.warmup_steps
   start, target = plan.start, plan.peak
@@ -150,7 +150,7 @@ def learning_rate_schedule(options: ScheduleOptions) -> optax.Schedule:
 def describe(options: ScheduleOptions) -> str:
   """One line for people: the main schedule, the warm-up and the unit, in updates (e.g.
   'cosine from 0.1 to 0 over 470 updates after 30 of linear warm-up from 0; per update')."""
-  plan = _plan(options)
+  plan = plan_of(options)
   line = REGISTRY.get(options.schedule).text(plan)
   warmup = options.warmup_steps
   how = WARMUPS.get(options.warmup_method).text(plan.start)
@@ -163,61 +163,3 @@ def describe(options: ScheduleOptions) -> str:
   if options.unit == 'epoch':
     return line + f'; per epoch of {options.steps_per_epoch} updates'
   return line + '; per update'
-
-
-def _torch_line(plan: plan_lib.Plan) -> Optional[str]:
-  """The torch (torchvision's recipe where it is one) scheduler giving the rates of `plan`, or
-  None: torch warms up only as a prefix (SequentialLR restarts the main scheduler's clock), and
-  its LinearLR cannot start at 0."""
-  o = plan.options
-  found = REGISTRY.get(o.schedule)
-  main = found.torch(plan)
-  if main is None:
-    return None
-  warm = ''
-  if o.warmup_steps:
-    if not plan.offset and found.decays:
-      return None
-    if plan.peak <= 0:
-      return None
-    warm = WARMUPS.get(o.warmup_method).torch(plan.start / plan.peak,
-                                              plan_lib.ticks(plan, o.warmup_steps))
-    if warm is None:
-      return None
-  if warm and main:
-    line = (f'SequentialLR([{warm}, {main}], '
-            f'milestones=[{plan_lib.ticks(plan, o.warmup_steps)}])')
-  elif warm or main:
-    line = warm or main
-  else:
-    return f'torch: no scheduler (the rate stays at lr={plan_lib.num(plan.peak)})'
-  recipe = o.unit == 'epoch' and found.reference == 'torchvision'
-  tick = 'epoch' if o.unit == 'epoch' else 'update'
-  return f'{"torchvision" if recipe else "torch"}: {line} stepped per {tick}'
-
-
-def _timm_line(plan: plan_lib.Plan) -> Optional[str]:
-  """The timm scheduler giving the rates of `plan`, or None: timm has no exponential schedule
-  and warms up only linearly."""
-  o = plan.options
-  if o.warmup_steps and not WARMUPS.get(o.warmup_method).timm:
-    return None
-  line = REGISTRY.get(o.schedule).timm(plan)
-  return None if line is None else f'timm: {line}'
-
-
-def torch_counterpart(options: ScheduleOptions) -> str:
-  """One line naming the torch/torchvision or timm scheduler that, stepped as its reference
-  steps it (per epoch: `.step()` after each epoch; per update: after each update), gives the
-  same rates; in the unit's ticks (epochs or updates). torch's form comes first for its own
-  schedules with a relative warm-up start, timm's for the rest."""
-  plan = _plan(options)
-  torch_first = (REGISTRY.get(options.schedule).reference in ('torchvision', 'torch') and
-                 options.warmup_learning_rate < 0)
-  tries = (_torch_line, _timm_line) if torch_first else (_timm_line, _torch_line)
-  for make in tries:
-    line = make(plan)
-    if line:
-      return line
-  return ('none: no single torch or timm scheduler gives these rates (torch warms up only as a '
-          'prefix, --config.warmup_prefix=True, and timm has no exponential schedule)')

@@ -9,8 +9,4 @@ RECORD = record.REGISTRY.register(record.Record(
     name='constant', doc='the peak rate throughout',
     rate=lambda plan, t: jnp.full(jnp.shape(t), plan.peak, jnp.float32),
     text=lambda plan: f'constant {p.num(plan.peak)}',
-    torch=lambda plan: '',
-    timm=lambda plan: f'StepLRScheduler(decay_t=1, decay_rate=1.0, {p.timm_warmup(plan)})',
-    decays=False,
-    reference='torch',
-    timm_names=('constant', 'none')))
+    decays=False))

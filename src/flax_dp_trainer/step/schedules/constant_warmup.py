@@ -9,5 +9,4 @@ from flax_dp_trainer.step.schedules import schedule_record as record
 RECORD = record.WARMUPS.register(record.Warmup(
     name='constant', doc='the start rate, held',
     rate=lambda start, peak, count, warmup: jnp.full(jnp.shape(count), start, jnp.float32),
-    text=lambda start: f'constant warm-up at {p.num(start)}',
-    torch=lambda factor, ticks: f'ConstantLR(factor={p.num(factor)}, total_iters={ticks})'))
+    text=lambda start: f'constant warm-up at {p.num(start)}'))

@@ -15,11 +15,4 @@ RECORD = record.REGISTRY.register(record.Record(
     fields=record.FLOOR,
     rate=_rate,
     text=lambda plan: (f'cosine from {p.num(plan.peak)} to {p.num(plan.floor)} over '
-                       f'{plan.length} updates'),
-    torch=lambda plan: (f'CosineAnnealingLR(T_max={p.ticks(plan, plan.length)}, '
-                        f'eta_min={p.num(plan.floor)})'),
-    timm=lambda plan: (f'CosineLRScheduler(t_initial={p.ticks(plan, plan.length)}, '
-                       f'lr_min={p.num(plan.floor)}, {p.timm_warmup(plan)})'),
-    reference='torchvision',
-    timm_names=('cosine',),
-    torchvision_names=('cosineannealinglr',)))
+                       f'{plan.length} updates')))

@@ -21,8 +21,5 @@ def _text(plan):
 RECORD = record.REGISTRY.register(record.Record(
     name='exponential', doc='x lr_gamma per update (per epoch in the epoch unit)',
     rate=_rate, text=_text,
-    torch=lambda plan: f'ExponentialLR(gamma={p.num(plan.options.gamma)})',
     fields=('lr_gamma',),
-    check=step_decay.check_gamma,
-    reference='torchvision',
-    torchvision_names=('exponentiallr',)))
+    check=step_decay.check_gamma))

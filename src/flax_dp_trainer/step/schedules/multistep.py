@@ -45,21 +45,7 @@ def _text(plan):
   return f'multistep: x{p.num(plan.options.gamma)} at updates {at}{counted}'
 
 
-def _torch(plan):
-  at = ', '.join(p.ticks(plan, m) for m in plan.options.milestones)
-  return f'MultiStepLR(milestones=[{at}], gamma={p.num(plan.options.gamma)})'
-
-
-def _timm(plan):
-  at = ', '.join(p.ticks(plan, m + plan.clock) for m in plan.options.milestones)
-  return (f'MultiStepLRScheduler(decay_t=[{at}], decay_rate={p.num(plan.options.gamma)}, '
-          f'{p.timm_warmup(plan)})')
-
-
 RECORD = record.REGISTRY.register(record.Record(
     name='multistep', doc='x lr_gamma at each of lr_milestones (or lr_milestone_epochs)',
-    rate=_rate, text=_text, torch=_torch, timm=_timm,
-    fields=('lr_gamma', 'lr_milestones', 'lr_milestone_epochs'),
-    check=_check,
-    reference='torch',
-    timm_names=('multistep',)))
+    rate=_rate, text=_text, fields=('lr_gamma', 'lr_milestones', 'lr_milestone_epochs'),
+    check=_check))

@@ -1,7 +1,7 @@
 """What a schedule is told (`ScheduleOptions`: the config's schedule fields, durations in
 updates), resolved to the numbers its formula uses (`Plan`), and the arithmetic and text the
 schedules share: float32 powers and fractions that stay accurate near the end of a run, the
-reference's ticks (epochs or updates), timm's warm-up arguments."""
+reference's ticks (epochs or updates)."""
 
 import dataclasses
 import math
@@ -113,15 +113,3 @@ def ticks(plan: Plan, steps: float) -> str:
 def num(value: float) -> str:
   """A rate or factor for a line of text."""
   return f'{value:g}'
-
-
-def timm_warmup(plan: Plan, prefix: bool = True) -> str:
-  """timm's warm-up and clock arguments of `plan` (with warmup_prefix where `prefix`: timm's
-  WSD scheduler has none, its warm-up being always a prefix)."""
-  o = plan.options
-  line = f'warmup_t={ticks(plan, o.warmup_steps)}'
-  if o.warmup_steps:
-    line += f', warmup_lr_init={num(plan.start)}'
-  if prefix:
-    line += f', warmup_prefix={o.warmup_prefix}'
-  return line + f', t_in_epochs={o.unit == "epoch"}'

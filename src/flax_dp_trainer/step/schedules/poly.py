@@ -25,12 +25,5 @@ RECORD = record.REGISTRY.register(record.Record(
     rate=_rate,
     text=lambda plan: (f'poly (power {p.num(plan.options.power)}) from {p.num(plan.peak)} to '
                        f'{p.num(plan.floor)} over {plan.length} updates'),
-    torch=lambda plan: None if plan.floor != 0 else (
-        f'PolynomialLR(total_iters={p.ticks(plan, plan.length)}, '
-        f'power={p.num(plan.options.power)})'),
-    timm=lambda plan: (f'PolyLRScheduler(t_initial={p.ticks(plan, plan.length)}, '
-                       f'power={p.num(plan.options.power)}, lr_min={p.num(plan.floor)}, '
-                       f'{p.timm_warmup(plan)})'),
     fields=record.FLOOR + ('lr_power',),
-    check=check_power,
-    timm_names=('poly',)))
+    check=check_power))

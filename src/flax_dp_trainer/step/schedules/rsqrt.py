@@ -29,9 +29,6 @@ RECORD = record.REGISTRY.register(record.Record(
     rate=_rate,
     text=lambda plan: wsd.text(plan, f'rsqrt: {p.num(plan.peak)} / sqrt(1 + t/{plan.timescale}) '
                                f'for {plan.length - plan.decay_length} updates', 'linear'),
-    timm=lambda plan: wsd.timm(plan, f"stable_fn='rsqrt', stable_timescale="
-                               f'{p.ticks(plan, plan.timescale)}', 'linear'),
     fields=record.FLOOR + ('lr_decay_fraction', 'lr_rsqrt_timescale'),
     check=_check,
-    always_prefix=True,
-    timm_names=('rsqrt',)))
+    always_prefix=True))

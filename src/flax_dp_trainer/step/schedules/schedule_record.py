@@ -1,6 +1,7 @@
 """What one schedule name means, in one record: its rate on its own clock, its line for people,
-the torch and timm schedulers that give the same rates, the config fields it reads and their
-checks. The warm-up forms (`config.warmup_method`) are records of their own (`Warmup`).
+the config fields it reads and their checks (the torch and timm schedulers that give the same
+rates are the wing's: `pytorch.schedule_counterparts`). The warm-up forms
+(`config.warmup_method`) are records of their own (`Warmup`).
 
 Each shipped schedule and warm-up is one module of this folder that registers its record; a
 user's module in `config.imports` registers its own the same way.
@@ -15,10 +16,6 @@ from flax_dp_trainer.base import registry
 from flax_dp_trainer.step.schedules import plan as plan_lib
 
 
-def _none(plan: plan_lib.Plan) -> Optional[str]:
-  return None
-
-
 @dataclasses.dataclass(frozen=True)
 class Record:
   """One main schedule (config.lr_schedule)."""
@@ -28,10 +25,6 @@ class Record:
   # is not used).
   rate: Callable[[plan_lib.Plan, jnp.ndarray], jnp.ndarray]
   text: Callable[[plan_lib.Plan], str]  # The main schedule for people, in updates.
-  # The torch scheduler of the main schedule, in the unit's ticks; None where torch has none;
-  # '' where no scheduler is needed (a constant rate).
-  torch: Callable[[plan_lib.Plan], Optional[str]] = _none
-  timm: Callable[[plan_lib.Plan], Optional[str]] = _none  # timm's scheduler, or None.
   # The config fields it reads besides the warm-up's, the durations, the unit and the peak
   # (the floor's, `FLOOR`, where it ends at one); a field that the run's schedule does not
   # read and that differs from the default config's is refused (`loop/unread_fields.py`).
@@ -44,13 +37,6 @@ class Record:
   # With its clock at update 0 (warmup_prefix=False), the warm-up rises to this schedule's own
   # rate at the warm-up's end, not to the peak (timm's TanhLRScheduler).
   warmup_to_own_rate: bool = False
-  # Whose scheduler `torch_counterpart` names first: 'torchvision' (its classification
-  # reference offers it; stepped per epoch that is the recipe's), 'torch' or 'timm'.
-  reference: str = 'timm'
-  # The names the references' scripts give it: timm's --sched, torchvision's --lr-scheduler
-  # (lower case), for the translators of their commands (`recipe/`).
-  timm_names: tuple[str, ...] = ()
-  torchvision_names: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,10 +48,6 @@ class Warmup:
   # `peak`.
   rate: Callable[[float, float, jnp.ndarray, int], jnp.ndarray]
   text: Callable[[float], str]  # The warm-up from its start rate, for people.
-  # torch's scheduler of the warm-up from its start factor and its length in ticks, or None
-  # where torch has none.
-  torch: Callable[[float, str], Optional[str]]
-  timm: bool = False  # timm warms up this way.
 
 
 # The fields of the floor the decaying schedules end at (`Plan.floor`), for their `fields`.

@@ -31,12 +31,5 @@ RECORD = record.REGISTRY.register(record.Record(
     rate=_rate,
     text=lambda plan: (f'step: x{p.num(plan.options.gamma)} every {plan.options.step_size} '
                        'updates'),
-    torch=lambda plan: (f'StepLR(step_size={p.ticks(plan, plan.options.step_size)}, '
-                        f'gamma={p.num(plan.options.gamma)})'),
-    timm=lambda plan: (f'StepLRScheduler(decay_t={p.ticks(plan, plan.options.step_size)}, '
-                       f'decay_rate={p.num(plan.options.gamma)}, {p.timm_warmup(plan)})'),
     fields=('lr_gamma', 'lr_step_size', 'lr_step_size_epochs'),
-    check=_check,
-    reference='torchvision',
-    timm_names=('step',),
-    torchvision_names=('steplr',)))
+    check=_check))

@@ -27,7 +27,4 @@ RECORD = record.REGISTRY.register(record.Record(
     rate=_rate,
     text=lambda plan: (f'tanh from {p.num(plan.peak)} to {p.num(plan.floor)} over '
                        f'{plan.length} updates'),
-    timm=lambda plan: (f'TanhLRScheduler(t_initial={p.ticks(plan, plan.length)}, '
-                       f'lr_min={p.num(plan.floor)}, {p.timm_warmup(plan)})'),
-    warmup_to_own_rate=True,
-    timm_names=('tanh',)))
+    warmup_to_own_rate=True))

@@ -73,14 +73,6 @@ def text(plan, head: str, shape: str) -> str:
           f'{plan.decay_length} updates')
 
 
-def timm(plan, stable: str, shape: str) -> str:
-  """timm's WSDLRScheduler with the stable phase `stable` and the decay `shape`."""
-  extra = f', decay_power={p.num(plan.options.power)}' if shape == 'power' else ''
-  return (f'WSDLRScheduler(t_initial={p.ticks(plan, plan.length)}, '
-          f'decay_t={p.ticks(plan, plan.decay_length)}, lr_min={p.num(plan.floor)}, '
-          f"{stable}, decay_fn='{shape}'{extra}, {p.timm_warmup(plan, prefix=False)})")
-
-
 def _rate(plan, t):
   stable = jnp.full(jnp.shape(t), plan.peak, jnp.float32)
   return decayed(plan, t, stable, plan.options.decay_shape)
@@ -92,8 +84,6 @@ RECORD = record.REGISTRY.register(record.Record(
     text=lambda plan: text(plan, f'wsd: {p.num(plan.peak)} for '
                            f'{plan.length - plan.decay_length} updates',
                            plan.options.decay_shape),
-    timm=lambda plan: timm(plan, "stable_fn='constant'", plan.options.decay_shape),
     fields=record.FLOOR + ('lr_decay_fraction', 'lr_decay_shape', 'lr_power'),
     check=_check,
-    always_prefix=True,
-    timm_names=('wsd',)))
+    always_prefix=True))
