@@ -194,7 +194,7 @@ def translate_schedule(ctx: Context, peak: float) -> None:
                'the warm-up rises')
   elif warmup:
     ctx.set('warmup_lr', 'warmup_learning_rate', args.warmup_lr)
-  if 'min_learning_rate' in known[sched].fields:
+  if 'min_learning_rate' in schedules.REGISTRY.get(known[sched].name).fields:
     ctx.set('min_lr', 'min_learning_rate', float(args.min_lr))
   elif 'min_lr' in ctx.parsed.given:
     ctx.refuse('min_lr', f"timm's {sched} schedule has no floor: it drops --min-lr",
