@@ -18,7 +18,7 @@ rank 0's buffers) or with the mean over groups of their means and variances ('me
 each group's update is averaging the buffers). They come out the same on every device.
 
 Under gradient accumulation a forward pass sees one micro-batch of every device; its rows,
-in device order, are grouped the same way (`loop.checks` asks that a group lie within one
+in device order, are grouped the same way (`edge.checks` asks that a group lie within one
 device's micro-batch, so that groups are consecutive rows of the global batch there too), and
 each pass moves the running statistics, as it does without groups.
 """

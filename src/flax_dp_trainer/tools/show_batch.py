@@ -171,7 +171,7 @@ def label_lines(batch: dict, names: Optional[Sequence[str]]) -> list[list[str]]:
 
 def batch_shown(config, datasets, num: int) -> Shown:
   """The first `num` examples of global batch 0 of `config`'s training stream (`datasets`:
-  `loop.checks.check_config`'s), mixed as its first step mixes them."""
+  `edge.checks.check_config`'s), mixed as its first step mixes them."""
   # pylint: disable=import-outside-toplevel  # (TensorFlow, JAX: the refusals need none)
   from flax_dp_trainer.data import pipeline
   from flax_dp_trainer.edge import reading as run_options

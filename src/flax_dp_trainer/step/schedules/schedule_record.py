@@ -27,7 +27,7 @@ class Record:
   text: Callable[[plan_lib.Plan], str]  # The main schedule for people, in updates.
   # The config fields it reads besides the warm-up's, the durations, the unit and the peak
   # (the floor's, `FLOOR`, where it ends at one); a field that the run's schedule does not
-  # read and that differs from the default config's is refused (`loop/unread_fields.py`).
+  # read and that differs from the default config's is refused (`edge/unread_fields.py`).
   fields: tuple[str, ...] = ()
   # A UserError of one line for options this schedule cannot run (after the common checks).
   check: Optional[Callable[[plan_lib.ScheduleOptions], None]] = None
