@@ -18,16 +18,18 @@ from flax_dp_trainer.step import losses
 from flax_dp_trainer.step import state as state_lib
 
 
-def tracker_options(config: ml_collections.ConfigDict, workdir: str, *, devices: int,
+def tracker_options(record: dict, workdir: str, *, devices: int,
                     processes: int) -> tracking.TrackerOptions:
-  """The trackers `config` turns on (`trackers.chosen`) with what each writer is told, the
-  config's values as the parameters and the run's facts (model, dataset, devices, processes,
-  step backend, the package's version) as tags."""
+  """The trackers the run's config (its `record`, `setup.Run.record`) turns on
+  (`trackers.chosen`) with what each writer is told, the config's values as the parameters
+  and the run's facts (model, dataset, devices, processes, step backend, the package's
+  version) as tags."""
+  config = ml_collections.ConfigDict(record)  # As the tracker records read a config.
   tags = {'model': str(config.model), 'dataset': str(config.dataset),
           'devices': str(devices), 'processes': str(processes),
           'backend': str(config.step_backend), 'version': tracking.version()}
   return tracking.TrackerOptions(
-      workdir=workdir, config=tracking.plain(config.to_dict()), tags=tags,
+      workdir=workdir, config=tracking.plain(record), tags=tags,
       last_step=int(config.num_train_steps),
       chosen=tuple((r, r.options_of(config, workdir)) for r in trackers.chosen(config)))
 
@@ -81,9 +83,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                                      writes=jax.process_index() == 0)
   run = prepare_lib.prepare(config, workdir, devices, model=model, loss=loss, arrays=data,
                             command_line=command_line, datasets=datasets)
-  recorded = ml_collections.ConfigDict(run.record)
   return session.train(
       run, workdir, timeline, show_bars=show_bars, resume_with_changes=resume_with_changes,
       listeners=listeners,
-      trackers=tracker_options(recorded, workdir, devices=len(run.layout.devices),
+      trackers=tracker_options(run.record, workdir, devices=len(run.layout.devices),
                                processes=jax.process_count()))

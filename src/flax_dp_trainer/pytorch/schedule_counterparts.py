@@ -50,11 +50,17 @@ REGISTRY: registry.Registry[Counterpart] = registry.Registry('schedule counterpa
 WARMUPS: registry.Registry[WarmupCounterpart] = registry.Registry('warm-up counterpart')
 
 
+def ticks(plan: Plan, steps: float) -> str:
+  """`steps` updates in the unit the reference steps in (epochs or updates)."""
+  value = steps / plan.clock
+  return str(int(value)) if value == int(value) else f'{value:g}'
+
+
 def timm_warmup(plan: Plan, prefix: bool = True) -> str:
   """timm's warm-up and clock arguments of `plan` (with warmup_prefix where `prefix`: timm's
   WSD scheduler has none, its warm-up being always a prefix)."""
   o = plan.options
-  line = f'warmup_t={p.ticks(plan, o.warmup_steps)}'
+  line = f'warmup_t={ticks(plan, o.warmup_steps)}'
   if o.warmup_steps:
     line += f', warmup_lr_init={p.num(plan.start)}'
   if prefix:
@@ -65,8 +71,8 @@ def timm_warmup(plan: Plan, prefix: bool = True) -> str:
 def _timm_wsd(plan: Plan, stable: str, shape: str) -> str:
   """timm's WSDLRScheduler with the stable phase `stable` and the decay `shape`."""
   extra = f', decay_power={p.num(plan.options.power)}' if shape == 'power' else ''
-  return (f'WSDLRScheduler(t_initial={p.ticks(plan, plan.length)}, '
-          f'decay_t={p.ticks(plan, plan.decay_length)}, lr_min={p.num(plan.floor)}, '
+  return (f'WSDLRScheduler(t_initial={ticks(plan, plan.length)}, '
+          f'decay_t={ticks(plan, plan.decay_length)}, lr_min={p.num(plan.floor)}, '
           f"{stable}, decay_fn='{shape}'{extra}, {timm_warmup(plan, prefix=False)})")
 
 
@@ -74,17 +80,17 @@ def _torch_linear(plan: Plan) -> Optional[str]:
   if plan.peak <= 0:
     return None
   return (f'LinearLR(start_factor=1.0, end_factor={p.num(plan.floor / plan.peak)}, '
-          f'total_iters={p.ticks(plan, plan.length)})')
+          f'total_iters={ticks(plan, plan.length)})')
 
 
 def _torch_multistep(plan: Plan) -> str:
-  at = ', '.join(p.ticks(plan, m) for m in plan.options.milestones)
+  at = ', '.join(ticks(plan, m) for m in plan.options.milestones)
   return f'MultiStepLR(milestones=[{at}], gamma={p.num(plan.options.gamma)})'
 
 
 def _timm_multistep(plan: Plan) -> str:
   # timm applies a milestone from t = m - 1: each milestone plus one gives torch's rates.
-  at = ', '.join(p.ticks(plan, m + plan.clock) for m in plan.options.milestones)
+  at = ', '.join(ticks(plan, m + plan.clock) for m in plan.options.milestones)
   return (f'MultiStepLRScheduler(decay_t=[{at}], decay_rate={p.num(plan.options.gamma)}, '
           f'{timm_warmup(plan)})')
 
@@ -96,36 +102,36 @@ for _shipped in (
     Counterpart(
         'cosine', reference='torchvision', timm_names=('cosine',),
         torchvision_names=('cosineannealinglr',),
-        torch=lambda plan: (f'CosineAnnealingLR(T_max={p.ticks(plan, plan.length)}, '
+        torch=lambda plan: (f'CosineAnnealingLR(T_max={ticks(plan, plan.length)}, '
                             f'eta_min={p.num(plan.floor)})'),
-        timm=lambda plan: (f'CosineLRScheduler(t_initial={p.ticks(plan, plan.length)}, '
+        timm=lambda plan: (f'CosineLRScheduler(t_initial={ticks(plan, plan.length)}, '
                            f'lr_min={p.num(plan.floor)}, {timm_warmup(plan)})')),
     Counterpart('exponential', reference='torchvision', torchvision_names=('exponentiallr',),
                 torch=lambda plan: f'ExponentialLR(gamma={p.num(plan.options.gamma)})'),
     Counterpart(
         'linear', reference='torch', torch=_torch_linear,
-        timm=lambda plan: (f'PolyLRScheduler(t_initial={p.ticks(plan, plan.length)}, '
+        timm=lambda plan: (f'PolyLRScheduler(t_initial={ticks(plan, plan.length)}, '
                            f'power=1.0, lr_min={p.num(plan.floor)}, {timm_warmup(plan)})')),
     Counterpart('multistep', reference='torch', timm_names=('multistep',),
                 torch=_torch_multistep, timm=_timm_multistep),
     Counterpart(
         'poly', timm_names=('poly',),
         torch=lambda plan: None if plan.floor != 0 else (
-            f'PolynomialLR(total_iters={p.ticks(plan, plan.length)}, '
+            f'PolynomialLR(total_iters={ticks(plan, plan.length)}, '
             f'power={p.num(plan.options.power)})'),
-        timm=lambda plan: (f'PolyLRScheduler(t_initial={p.ticks(plan, plan.length)}, '
+        timm=lambda plan: (f'PolyLRScheduler(t_initial={ticks(plan, plan.length)}, '
                            f'power={p.num(plan.options.power)}, lr_min={p.num(plan.floor)}, '
                            f'{timm_warmup(plan)})')),
     Counterpart('rsqrt', timm_names=('rsqrt',), timm=lambda plan: _timm_wsd(
-        plan, f"stable_fn='rsqrt', stable_timescale={p.ticks(plan, plan.timescale)}", 'linear')),
+        plan, f"stable_fn='rsqrt', stable_timescale={ticks(plan, plan.timescale)}", 'linear')),
     Counterpart(
         'step', reference='torchvision', timm_names=('step',), torchvision_names=('steplr',),
-        torch=lambda plan: (f'StepLR(step_size={p.ticks(plan, plan.options.step_size)}, '
+        torch=lambda plan: (f'StepLR(step_size={ticks(plan, plan.options.step_size)}, '
                             f'gamma={p.num(plan.options.gamma)})'),
-        timm=lambda plan: (f'StepLRScheduler(decay_t={p.ticks(plan, plan.options.step_size)}, '
+        timm=lambda plan: (f'StepLRScheduler(decay_t={ticks(plan, plan.options.step_size)}, '
                            f'decay_rate={p.num(plan.options.gamma)}, {timm_warmup(plan)})')),
     Counterpart('tanh', timm_names=('tanh',),
-                timm=lambda plan: (f'TanhLRScheduler(t_initial={p.ticks(plan, plan.length)}, '
+                timm=lambda plan: (f'TanhLRScheduler(t_initial={ticks(plan, plan.length)}, '
                                    f'lr_min={p.num(plan.floor)}, {timm_warmup(plan)})')),
     Counterpart('wsd', timm_names=('wsd',), timm=lambda plan: _timm_wsd(
         plan, "stable_fn='constant'", plan.options.decay_shape)),
@@ -171,11 +177,11 @@ def _torch_line(plan: Plan) -> Optional[str]:
     if plan.peak <= 0:
       return None
     warm = warmup_of(o.warmup_method).torch(plan.start / plan.peak,
-                                            p.ticks(plan, o.warmup_steps))
+                                            ticks(plan, o.warmup_steps))
     if warm is None:
       return None
   if warm and main:
-    line = f'SequentialLR([{warm}, {main}], milestones=[{p.ticks(plan, o.warmup_steps)}])'
+    line = f'SequentialLR([{warm}, {main}], milestones=[{ticks(plan, o.warmup_steps)}])'
   elif warm or main:
     line = warm or main
   else:

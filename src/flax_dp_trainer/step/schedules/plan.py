@@ -1,7 +1,6 @@
 """What a schedule is told (`ScheduleOptions`: the config's schedule fields, durations in
 updates), resolved to the numbers its formula uses (`Plan`), and the arithmetic and text the
-schedules share: float32 powers and fractions that stay accurate near the end of a run, the
-reference's ticks (epochs or updates)."""
+schedules share: float32 powers and fractions that stay accurate near the end of a run."""
 
 import dataclasses
 import math
@@ -102,12 +101,6 @@ def cos_half_squared(left: jnp.ndarray) -> jnp.ndarray:
   """(1 + cos(pi * (1 - left))) / 2 written as sin(pi/2 * left)**2: the same value without
   the cancellation of 1 + cos near the end of a cosine."""
   return jnp.square(jnp.sin(jnp.float32(math.pi / 2) * left))
-
-
-def ticks(plan: Plan, steps: float) -> str:
-  """`steps` updates in the unit the reference steps in (epochs or updates)."""
-  value = steps / plan.clock
-  return str(int(value)) if value == int(value) else f'{value:g}'
 
 
 def num(value: float) -> str:
