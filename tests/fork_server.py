@@ -30,7 +30,7 @@ import traceback
 
 CLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'fork_client.py')
 # What the package's commands import, torchvision before TensorFlow as a process that holds
-# both must (base/torch_import.py); no module that defines absl flags (each command's own
+# both must (base/triton_guard.py); no module that defines absl flags (each command's own
 # module defines them, once).
 PRELOAD = ('torchvision', 'flax_dp_trainer.data.tensorflow_import', 'tensorflow_datasets',
            'flax_dp_trainer.edge.train', 'flax_dp_trainer.edge.checks')

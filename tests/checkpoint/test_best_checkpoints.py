@@ -208,7 +208,7 @@ def test_every_evaluation_saves_with_keep_best():
 
 
 def test_the_ddp_twin_refuses_keep_best():
-  from flax_dp_trainer.torch_ddp import step as ddp_step  # pylint: disable=import-outside-toplevel
+  from flax_dp_trainer.pytorch.twin import step as ddp_step  # pylint: disable=import-outside-toplevel
   config = default.get_config()
   config.keep_best = 2
   with pytest.raises(UserError, match=r'keep_best=2 has no DDP twin yet; the twin supports 0'):

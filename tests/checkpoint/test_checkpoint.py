@@ -27,7 +27,7 @@ from flax_dp_trainer.configs import default
 from flax_dp_trainer.base.errors import Diverged, UserError
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
-from flax_dp_trainer.torch_ddp import models as torch_models
+from flax_dp_trainer.pytorch.twin import models as torch_models
 from flax_dp_trainer.zoo import torch_weights
 from tests import helpers
 from tests import REPO

@@ -20,7 +20,7 @@ from flax_dp_trainer.edge import train
 from flax_dp_trainer.port import originals
 from flax_dp_trainer.tools import export
 from flax_dp_trainer.tools import port_check
-from flax_dp_trainer.torch_ddp import models as torch_models
+from flax_dp_trainer.pytorch.twin import models as torch_models
 from tests.ports import resnet as resnet_port
 
 # name -> (the port, its arguments, the original, its arguments) on digits (8x8, 1 channel).
@@ -81,7 +81,7 @@ def test_another_class_count_keeps_the_ports_head_and_adapts_the_first_conv(conf
              tmp_path / 'imagenet.pth')
   run = prepare.prepare(_config(config, 'timm_vit', str(tmp_path / 'imagenet.pth')),
                       str(tmp_path / 'run'), jax.devices()[:1])
-  assert run.port_weights.notes == [
+  assert run.carry.notes == [
       'its first convolution patch_embed.proj takes 3 input channels, the original as built '
       '1: summed over them',
       "its classifier head has another number of classes: the port's head keeps its own init "
@@ -255,7 +255,7 @@ def test_torchvisions_rgb_resnet_weights_into_a_port_on_grey_digits(config, tmp_
   assert 0 <= scalars['eval_accuracy'] <= 1
   assert os.path.isdir(tmp_path / 'run')
   run = seen['run']
-  assert run.port_weights.notes == [
+  assert run.carry.notes == [
       'its first convolution conv1 takes 3 input channels, the data 1: summed over them']
   got = np.asarray(run.model.apply(seen['state'].variables(), X, train=False))
   want = _logits(original, np.repeat(X, 3, axis=-1))

@@ -20,7 +20,7 @@ from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.runs import run_metrics
-from flax_dp_trainer.torch_ddp import models as torch_models
+from flax_dp_trainer.pytorch.twin import models as torch_models
 from flax_dp_trainer.zoo import torch_weights
 from flax_dp_trainer.zoo import vit
 from flax_dp_trainer.edge import reading as run_options

@@ -87,7 +87,7 @@ def test_old_module_paths_and_missing_fields():
                          torch_model='baselines.torch_ddp.models:resnet_tiny')
   restored = run_meta.RunMeta.from_json(saved, step)
   assert restored.config['model'] == 'flax_dp_trainer.zoo.resnet:ResNet18'
-  assert restored.config['torch_model'] == 'flax_dp_trainer.torch_ddp.models:resnet_tiny'
+  assert restored.config['torch_model'] == 'flax_dp_trainer.pytorch.twin.models:resnet_tiny'
   assert 'pos_embedding_resize' not in restored.config
   assert restored.full_config().pos_embedding_resize == 'bicubic'
   assert restored.full_config().batch_size == 16

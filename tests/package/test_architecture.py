@@ -233,11 +233,9 @@ def test_no_function_below_the_edge_takes_the_config():
   assert not offenders, '\n'.join(offenders)
 
 
-# The core names no torch or timm class: the PyTorch side is the wing's (`pytorch/`, the twin,
-# the translators). Not yet: `data/` (timm's augmentation strings and PIL arithmetic, which the
-# augmentation records take with their references) and `checkpoint/` (a PyTorch state dict
-# read for init_from).
-TORCH_FREE_LAYERS = ('loop', 'step', 'model', 'parallel')
+# The core names no torch or timm class: the PyTorch side is the wing's (`pytorch/`: the
+# counterparts, the twin, the translators), and a PyTorch state dict is read at the edge.
+TORCH_FREE_LAYERS = ('loop', 'step', 'model', 'parallel', 'checkpoint', 'data')
 _PYTORCH = re.compile(r'torch|timm', re.I)
 _PYTORCH_PATH = re.compile(r'\b(torch|timm|torchvision)\.[A-Za-z_]')
 
@@ -275,11 +273,13 @@ def _names_pytorch(path: pathlib.Path) -> list[str]:
 
 
 def test_the_core_names_no_torch_or_timm_class():
-  """`loop/`, `step/`, `model/` and `parallel/` name torch and timm in their documentation
-  only (docstrings, comments, a record's `doc`, an error's words): the counterparts, the twin
-  and the translators are the wing's, which the core does not import. (An optimizer record's
-  `counterpart='torch.optim.SGD'` and `timm=` forms, a schedule's torch scheduler: here before
-  the wing.)"""
+  """`loop/`, `step/`, `model/`, `parallel/`, `checkpoint/` and `data/` name torch and timm in
+  their documentation only (docstrings, comments, a record's `doc`, an error's words, a config
+  value such as 'timm'): the counterparts, the twin, the translators and the op comparison
+  are the wing's, which the core does not import, and a PyTorch state dict is read at the
+  edge. (Before the wing: an optimizer record's `counterpart='torch.optim.SGD'` and `timm=`
+  forms, a schedule's torch scheduler; `init_from`'s reader of state dicts, `timm_strings`,
+  `compare_ops`' torchvision transforms: 235 places.)"""
   found = []
   for name, path in MODULES.items():
     if _layer(name) in TORCH_FREE_LAYERS:

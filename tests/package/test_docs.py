@@ -13,7 +13,7 @@ Every block runs in a scratch folder of the test's own, not the checkout: a read
 the package runs it from any folder. `/tmp` in its text stands for that folder, and
 `/path/to/flax-dp-trainer` for the checkout (the launchers in `launch/` live there). `python`
 there is a wrapper that shortens trainings: a command of `flax_dp_trainer`,
-`flax_dp_trainer.tools.compare` or `flax_dp_trainer.torch_ddp` with a `--config` gets
+`flax_dp_trainer.tools.compare` or `flax_dp_trainer.pytorch.twin` with a `--config` gets
 SHORT_RUN in place of its own durations (and `flax_dp_trainer.tools.compare` SHORT_COMPARE).
 """
 
@@ -45,7 +45,7 @@ SHORT_RUN = ('--config.num_train_steps=20', '--config.warmup_steps=2',
 SHORTENED_FIELDS = ('num_train_steps', 'num_epochs', 'warmup_steps', 'warmup_epochs',
                     'log_every_steps')
 SHORTENED_MODULES = ('flax_dp_trainer', 'flax_dp_trainer.tools.compare',
-                     'flax_dp_trainer.torch_ddp')
+                     'flax_dp_trainer.pytorch.twin')
 # tools.compare times the log windows after its first steps (50 by default): a few, here.
 SHORT_COMPARE = ('--timing_warmup_steps=5',)
 LANGUAGES = {'sh': 'bash', 'bash': 'bash', 'python': 'python'}

@@ -78,7 +78,7 @@ def test_the_wheel_holds_one_package_and_passes_twine(dist):
     assert tops == {'flax_dp_trainer', wheel.name.split('-py3')[0] + '.dist-info'}, tops
     # The `digits` source, without which the default run cannot prepare its dataset.
     assert archive.read(DIGITS_SOURCE) == (REPO_SRC / DIGITS_SOURCE).read_bytes()
-    for part in ('configs/default.py', 'zoo/vit.py', 'torch_ddp/__main__.py',
+    for part in ('configs/default.py', 'zoo/vit.py', 'pytorch/twin/__main__.py',
                  'tools/port_check.py', 'bench/limit.py', 'runs/processes.py', '__main__.py'):
       assert f'flax_dp_trainer/{part}' in names, part
     entry_points = archive.read(f'{wheel.name.split("-py3")[0]}.dist-info/entry_points.txt')

@@ -1,7 +1,7 @@
 """The wing's optimizer counterparts: every shipped optimizer record has its PyTorch class, the
 twin's keyword arguments come from the record's resolved ones, the one line that says both,
 and docs/recipes.md's table of them. (The counterparts' arithmetic against torch's and timm's
-classes: tests/torch_ddp/test_optimizers.py.)"""
+classes: tests/pytorch/twin/test_optimizers.py.)"""
 
 import os
 import re

@@ -1,7 +1,7 @@
 """The wing's schedule, warm-up, loss and clipping counterparts cover the shipped records and
 name no record that is not there. (That their lines give the same rates as ours:
 tests/step/test_schedules.py; the twin's losses and clipping against ours:
-tests/torch_ddp/.)"""
+tests/pytorch/twin/.)"""
 
 import dataclasses
 

@@ -1,5 +1,5 @@
 """The loss records: the docs' table is the registry, and an unknown name is one line with
-"did you mean" (each record against its optax and torch references: `tests/torch_ddp/
+"did you mean" (each record against its optax and torch references: `tests/pytorch/twin/
 test_torch_twins.py::test_the_twins_losses_are_optaxs`)."""
 
 import os

@@ -18,7 +18,7 @@ from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.step import state as state_lib
 from flax_dp_trainer.step import steps as step_lib
 from flax_dp_trainer.data import run_datasets
-from flax_dp_trainer.torch_ddp import step as ddp_step
+from flax_dp_trainer.pytorch.twin import step as ddp_step
 from flax_dp_trainer.edge import reading as run_options
 from tests import helpers
 

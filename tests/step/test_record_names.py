@@ -24,10 +24,9 @@ FAMILIES = {'step/optimizers/': optimizers.REGISTRY, 'step/schedules/': schedule
             'step/losses/': losses.REGISTRY, 'step/clipping/': clipping.REGISTRY,
             'edge/trackers/': trackers.REGISTRY}
 # The scripts' words: their argument parsers, their mirrors and the translators reading them.
-SCRIPT_WORDS = ('recipe/from_timm.py', 'recipe/from_torchvision.py', 'recipe/timm_args.py',
-                'recipe/torchvision_args.py', 'recipe/timm_side.py',
-                'recipe/torchvision_side.py', 'recipe/timm_optimization.py',
-                'recipe/timm_rules.py')
+SCRIPT_WORDS = tuple(f'pytorch/recipe/{name}.py' for name in (
+    'from_timm', 'from_torchvision', 'timm_args', 'torchvision_args', 'timm_side',
+    'torchvision_side', 'timm_optimization', 'timm_rules'))
 CHOICES = ('name', 'optimizer', 'lr_schedule', 'loss', 'grad_clip_mode')
 
 

@@ -217,8 +217,8 @@ def test_a_users_convnet_runs_channels_last():
   it; fails where a user's model is judged by the twins' names (no user's model is one)."""
   # pylint: disable=import-outside-toplevel  # (torch, the pairs: this test's own)
   import torch
-  from flax_dp_trainer.torch_ddp import models as torch_models
-  from flax_dp_trainer.torch_ddp import step as ddp_step
+  from flax_dp_trainer.pytorch.twin import models as torch_models
+  from flax_dp_trainer.pytorch.twin import step as ddp_step
   from tests import port_pairs
   config = default.get_config()
   config.update(model='tests.port_pairs:FlaxCNN', torch_model='tests.port_pairs:TorchCNN')

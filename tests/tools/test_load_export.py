@@ -116,7 +116,7 @@ def test_exported_state_dict_gives_the_same_logits_in_torch(run, tmp_path, file_
     stdout = done.stdout
   else:
     stdout = '\n'.join(export.export(run, None, file_format, out)[1])
-  assert ("flax_dp_trainer.torch_ddp.models.get('resnet_tiny', input_shape=(8, 8, 1), "
+  assert ("flax_dp_trainer.pytorch.twin.models.get('resnet_tiny', input_shape=(8, 8, 1), "
           'num_classes=10)' in stdout)
   assert re.search(r'input: float32 NCHW \(N, 1, 8, 8\)', stdout), stdout
   trained = trainer.load(run)
@@ -167,7 +167,7 @@ def test_torchvision_models_are_named_as_torchvision_builds_them(run):
   imagenet = dataclasses.replace(trained, config=config, spec=dataclasses.replace(
       trained.spec, channels=3, num_classes=1000, image_size=224))
   assert export.torch_constructor(imagenet) == 'torchvision.models.resnet50(num_classes=1000)'
-  assert export.torch_constructor(trained).startswith('flax_dp_trainer.torch_ddp.models.get(')
+  assert export.torch_constructor(trained).startswith('flax_dp_trainer.pytorch.twin.models.get(')
 
 
 def test_a_workdir_without_checkpoints_is_refused(tmp_path):

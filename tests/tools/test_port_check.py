@@ -18,7 +18,7 @@ from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.configs import default
 from flax_dp_trainer.runs import processes
 from flax_dp_trainer.tools import port_check
-from flax_dp_trainer.torch_ddp import models as torch_models
+from flax_dp_trainer.pytorch.twin import models as torch_models
 from flax_dp_trainer.port import porting
 from flax_dp_trainer.zoo import resnet as zoo_resnet
 from flax_dp_trainer.zoo import torch_weights

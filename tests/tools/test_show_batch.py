@@ -13,7 +13,7 @@ from PIL import Image
 import pytest
 
 from flax_dp_trainer.data import pipeline
-from flax_dp_trainer.data.image import compare_ops
+from flax_dp_trainer.pytorch import compare_ops
 from flax_dp_trainer.data.image import policies
 from flax_dp_trainer.edge import reading as run_options
 from flax_dp_trainer.parallel import layouts

@@ -53,7 +53,7 @@ PINNED = {
 # seconds each and prove nothing more. resnet18 steps the ImageNet stem and basic blocks,
 # resnet50_cifar the CIFAR stem and bottleneck blocks (both at STEP_SIZE: two stages, the
 # second strided with a projection, as every deeper stage), vit_test the ViT; the
-# torchvision twins (tests/torch_ddp/test_torch_twins.py) run resnet18, resnet50 and vit_b16 at full
+# torchvision twins (tests/pytorch/twin/test_torch_twins.py) run resnet18, resnet50 and vit_b16 at full
 # size themselves.
 STEPPED_BY = {'mlp': 'mlp', 'cnn': 'cnn', 'cnn_bn': 'cnn_bn', 'resnet_tiny': 'resnet_tiny',
               'resnet18': 'resnet18', 'resnet34': 'resnet18', 'resnet18_cifar': 'resnet50_cifar',

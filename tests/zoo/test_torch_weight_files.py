@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from flax_dp_trainer.base.errors import UserError
-from flax_dp_trainer.checkpoint import init_from
+from flax_dp_trainer.edge import state_dicts
 from flax_dp_trainer.zoo import torch_weights
 
 
@@ -38,14 +38,14 @@ def test_a_timm_checkpoint_reads_its_model_or_its_ema(timm_checkpoint):
   ema = torch_weights.read_state_dict(timm_checkpoint + '#state_dict_ema', taken)
   np.testing.assert_array_equal(ema['fc.weight'], np.full((2, 3), 2.0))
   assert taken == ['state_dict_ema']
-  assert set(init_from.read_state_dict(timm_checkpoint + '#state_dict_ema')) == {
+  assert set(state_dicts.read(timm_checkpoint + '#state_dict_ema')) == {
       'fc.weight', 'fc.bias'}
 
 
 def test_an_entry_the_checkpoint_lacks_is_named(timm_checkpoint):
   with pytest.raises(UserError, match=r"has no state dict under 'state_dict_emma'; it has "
                      r"\['state_dict', 'state_dict_ema', 'optimizer'\]"):
-    init_from.read_state_dict(timm_checkpoint + '#state_dict_emma')
+    state_dicts.read(timm_checkpoint + '#state_dict_emma')
   with pytest.raises(UserError, match=r"init_from='.*/nothing.pth.tar#state_dict_ema' does "
                      'not exist'):
-    init_from.check_exists(timm_checkpoint.replace('model_best', 'nothing') + '#state_dict_ema')
+    state_dicts.check_exists(timm_checkpoint.replace('model_best', 'nothing') + '#state_dict_ema')

@@ -23,8 +23,8 @@ from flax_dp_trainer.loop import efficiency
 from flax_dp_trainer.edge import reading as run_options
 from flax_dp_trainer.bench import common as bench_common
 from flax_dp_trainer.data import run_datasets
-from flax_dp_trainer.torch_ddp import models as torch_models
-from flax_dp_trainer.torch_ddp import step as ddp_step
+from flax_dp_trainer.pytorch.twin import models as torch_models
+from flax_dp_trainer.pytorch.twin import step as ddp_step
 
 FLAGS = flags.FLAGS
 

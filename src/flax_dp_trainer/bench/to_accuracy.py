@@ -1,6 +1,6 @@
 """The benchmark's `to_accuracy` part: the time each side takes to reach a test accuracy.
 
-For each seed, this trainer (`python -m flax_dp_trainer`) and its DDP twin (`torch_ddp` under
+For each seed, this trainer (`python -m flax_dp_trainer`) and its DDP twin (`pytorch.twin` under
 torchrun, `--parity`: the JAX model's initial weights) train the config's whole recipe, one
 after the other, the side that goes first alternating with the seed. Both train the same
 global batches and evaluate the whole eval split at the same steps (the config's

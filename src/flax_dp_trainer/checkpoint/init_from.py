@@ -1,24 +1,20 @@
-"""A run's first params from another run (`config.init_from`): a PyTorch state dict
-(torchvision's names, `zoo.torch_weights`) or a flax workdir or checkpoint (`load_params`),
-read and checked before anything is compiled; the optimizer starts fresh."""
+"""A run's first params from another run (`config.init_from`): a flax workdir or checkpoint
+(`load_params`), read and checked before anything is compiled, or the arrays of a file the
+edge read (a PyTorch state dict: `edge.state_dicts`), carried into the fresh variables; the
+optimizer starts fresh."""
 
 import dataclasses
 import os
-import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from absl import logging
-from flax import traverse_util
 import jax
-import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from flax_dp_trainer.base import weight_names
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.checkpoint import checkpointer
 from flax_dp_trainer.checkpoint import saved_arrays
-from flax_dp_trainer.zoo import torch_weights
 from flax_dp_trainer.zoo import vit
 
 
@@ -27,68 +23,16 @@ _WHAT_IT_TAKES = ('a workdir, its checkpoints/ directory, one step directory in 
                   'PyTorch state dict file (.pth, .pt, .bin, .safetensors)')
 
 
-def check_exists(path: str) -> None:
+def check_exists(path: str, on_disk: str = '') -> None:
   """Refuses an `init_from` that names nothing on disk (before anything loads: a typo in the
-  path is not a checkpoint that does not fit)."""
-  enum = weight_names.weights_enum(path)
-  if enum and not os.path.exists(path):
-    raise UserError(f'init_from={path!r} names torchvision\'s weights enum, which it downloads, '
-                    'and this trainer reads files only (no download): on a machine with a '
-                    f'network, {weight_names.fetch_command(*enum)}, then '
-                    f'--config.init_from={enum[0]}.pth')
-  if not os.path.exists(torch_weights.split_entry(path)[0]):
+  path is not a checkpoint that does not fit); `on_disk`: the file that must be there, where
+  `path` names more (an entry of a file)."""
+  if not os.path.exists(on_disk or path):
     raise UserError(f'init_from={path!r} does not exist (no such file or directory); point '
                     f'--config.init_from at {_WHAT_IT_TAKES}')
 
 
-def read_state_dict(path: str) -> dict:
-  """The PyTorch state dict file of `init_from`, read (progress logged); `UserError` in one
-  line where it does not read as one."""
-  check_exists(path)
-  started = time.perf_counter()
-  logging.info('init_from=%r: reading the PyTorch state dict (%.1f MB)', path,
-               os.path.getsize(torch_weights.split_entry(path)[0]) / 1e6)
-  taken = []
-  try:
-    state_dict = torch_weights.read_state_dict(path, taken)
-  except ImportError as e:
-    raise UserError(f'init_from={path!r}: reading it needs {e.name}; pip install -e '
-                    '".[ddp]"') from None
-  except Exception as e:  # pylint: disable=broad-except  # Any file: any error of its reader.
-    raise UserError(f'init_from={path!r} cannot be read as a state dict '
-                    f'({type(e).__name__}: {(str(e).splitlines() or [""])[0]}); pass a .pth, '
-                    '.pt, .bin, .safetensors or timm .pth.tar file of a torch model\'s state '
-                    'dict (FILE#ENTRY for one under ENTRY, e.g. #state_dict_ema)') from None
-  logging.info('init_from=%r: %d tensors read in %.1f s%s', path, len(state_dict),
-               time.perf_counter() - started,
-               f" from its entry {'/'.join(map(repr, taken))}" if taken else '')
-  return state_dict
-
-
-def read_torch_weights(path: str, name: str, model, input_shape: tuple[int, ...]) -> dict:
-  """The PyTorch state dict of `init_from` for a shipped model (torchvision's names), read
-  and checked against the model's shapes before anything is compiled (`UserError` where it
-  does not fit)."""
-  state_dict = read_state_dict(path)
-  shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros(input_shape),
-                                             train=False))  # Traced, not compiled.
-  _from_torch(path, name, model, jax.tree.map(lambda x: np.zeros(x.shape, x.dtype),
-                                              dict(shapes)), state_dict)
-  return state_dict
-
-
-def _from_torch(path: str, name: str, model, variables: dict, state_dict: dict,
-                pos_embedding_resize: str = 'bicubic') -> torch_weights.FromTorch:
-  """`torch_weights.from_state_dict`, a mismatch said in one line."""
-  try:
-    return torch_weights.from_state_dict(model, variables, state_dict, pos_embedding_resize)
-  except torch_weights.WeightsMismatch as e:
-    raise UserError(f'init_from={path!r} does not fit model={name!r} '
-                    f'({str(e).splitlines()[0]}); use a state dict of the same model '
-                    '(torchvision\'s names)') from None
-
-
-def _said_resampled(path: str, tokens: Optional[tuple[int, int]], method: str) -> None:
+def said_resampled(path: str, tokens: Optional[tuple[int, int]], method: str) -> None:
   """The one log line of a position embedding resampled to the model's grid."""
   if tokens is not None:
     side = lambda n: int(round((n - 1) ** 0.5))
@@ -100,52 +44,28 @@ def _said_resampled(path: str, tokens: Optional[tuple[int, int]], method: str) -
 
 @dataclasses.dataclass(frozen=True)
 class InitFrom:
-  """Where a fresh run's first params come from (the config fields `init_from`, `model`,
-  `torch_model` and `pos_embedding_resize`)."""
-  path: str  # A flax workdir or checkpoint, or a PyTorch state dict file.
+  """Where a fresh run's first params come from (the config fields `init_from`, `model` and
+  `pos_embedding_resize`)."""
+  path: str  # A flax workdir or checkpoint, or a file another layer reads (`init_from`).
   model: str  # The model the params go into, as messages name it.
-  torch_model: str = ''  # The torch original of a port, where the state dict is its.
   pos_embedding_resize: str = 'bicubic'  # How a ViT's position embeddings are resampled.
 
 
-def init_from(options: InitFrom, module, state, state_dict: Optional[dict],
-              port: Optional[Any] = None) -> tuple[Any, int]:
-  """`state` (a `TrainState`) with the params (and BatchNorm statistics) of
-  `options.path`: a PyTorch state dict file (torchvision's names; `state_dict`, read and
-  checked by `read_torch_weights`) for the flax `module`, its arrays carried into a user's
-  port (`port`, a `flax_dp_trainer.port.weights.Carried`), or a flax workdir/checkpoint; the
-  optimizer starts fresh. Also the step the params were saved at (0 for a state dict file)."""
-  path, name, from_step = options.path, options.model, 0
-  if port is not None:
-    flat, fresh = traverse_util.flatten_dict(dict(state.variables())), set(port.fresh_head)
-    flat.update({k: np.asarray(v, np.asarray(flat[k]).dtype)
-                 for k, v in traverse_util.flatten_dict(port.variables).items()
-                 if k in flat and k not in fresh})
-    carried = traverse_util.unflatten_dict(flat)
-    for line in port.notes:
-      logging.info('init_from=%r: %s', path, line)
-    logging.info('initializing params from the PyTorch state dict %s, carried into '
-                 'model=%r by call order from torch_model=%r', path, name, options.torch_model)
-    params, batch_stats = carried['params'], carried.get('batch_stats')
-  elif state_dict is not None:
-    loaded = _from_torch(path, name, module, state.variables(), state_dict,
-                         options.pos_embedding_resize)
-    if loaded.new_head:
-      logging.info('init_from=%r: its classifier has another number of classes; the head is '
-                   'initialized afresh (fine-tuning)', path)
-    _said_resampled(path, loaded.resampled, options.pos_embedding_resize)
-    if loaded.adapted_input:
-      given, channels = loaded.adapted_input
-      logging.info('init_from=%r: its first convolution takes %d input channels, the model '
-                   '%d: %s', path, given, channels,
-                   'summed over them' if channels == 1 else
-                   f'repeated to {channels} and scaled by {given}/{channels}')
-    logging.info('initializing params from the PyTorch state dict %s', path)
-    params, batch_stats = loaded.variables['params'], loaded.variables.get('batch_stats')
+def init_from(options: InitFrom, state, carry: Optional[Callable[[dict], dict]] = None
+              ) -> tuple[Any, int]:
+  """`state` (a `TrainState`) with the params (and BatchNorm statistics) of `options.path`,
+  and the step they were saved at; the optimizer starts fresh. A flax workdir or checkpoint
+  is read here; a file of another kind (a PyTorch state dict) comes as `carry`, read and
+  checked by the edge (`edge.state_dicts`): called with the fresh variables, it returns them
+  with the file's arrays (step 0)."""
+  path, from_step = options.path, 0
+  if carry is not None:
+    variables = carry(dict(state.variables()))
+    params, batch_stats = variables['params'], variables.get('batch_stats')
   else:
     params, batch_stats, from_step, resampled = load_variables(
         path, state.params, state.batch_stats, options.pos_embedding_resize)
-    _said_resampled(path, resampled, options.pos_embedding_resize)
+    said_resampled(path, resampled, options.pos_embedding_resize)
     what = 'params and batch_stats' if jax.tree.leaves(batch_stats) else 'params'
     logging.info('initializing %s from %s (step %d)', what, path, from_step)
   # The EMA (where kept) starts as a copy of what was loaded, as it starts from a fresh init.

@@ -88,7 +88,7 @@ class RunMeta:
 _RENAMED_MODULES = {
     **{f'models.{name}': f'flax_dp_trainer.zoo.{name}'
        for name in ('resnet', 'vit', 'simple', 'layers')},
-    'baselines.torch_ddp.models': 'flax_dp_trainer.torch_ddp.models',
+    'baselines.torch_ddp.models': 'flax_dp_trainer.pytorch.twin.models',
 }
 
 

@@ -8,7 +8,7 @@ Debian's archive ships the dataset (60,000 train and 10,000 test images, 28 x 28
 The recipe: random horizontal flips (padded crops, CIFAR's, cost this small net accuracy at this
 length: 92.1% against 93.7% for seed 0), dropout before the classifier, SGD with Nesterov
 momentum, a one-epoch linear warm-up and a cosine decay over 15 epochs. Its DDP twin trains the same model
-(`torch_ddp`'s `cnn_bn`) on the same global batches. The results, and the time to a test
+(`pytorch.twin`'s `cnn_bn`) on the same global batches. The results, and the time to a test
 accuracy against the twin: BENCHMARKS.md.
 """
 

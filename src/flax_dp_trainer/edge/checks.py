@@ -18,12 +18,12 @@ from flax_dp_trainer.step import schedules
 from flax_dp_trainer.edge import augmentation_checks
 from flax_dp_trainer.edge import durations
 from flax_dp_trainer.edge import reading as run_options
+from flax_dp_trainer.edge import state_dicts
 from flax_dp_trainer.edge import trackers
 from flax_dp_trainer.edge import unread_fields
 from flax_dp_trainer.parallel import layouts as parallel
 from flax_dp_trainer.base import user_imports
 from flax_dp_trainer.checkpoint import checkpointer
-from flax_dp_trainer.checkpoint import init_from as init_from_lib
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.base.errors import UserError
@@ -202,7 +202,7 @@ def check_fields(config, *, process_count: int, local_device_count: Optional[int
   augmentation_checks.check(config)
   trackers.check(config)
   if config.init_from and weight_names.weights_enum(config.init_from):
-    init_from_lib.check_exists(config.init_from)  # torchvision's enum: how to get the file.
+    state_dicts.check_exists(config.init_from)  # torchvision's enum: how to get the file.
   if not isinstance(config.data_threads, int) or config.data_threads < 0:
     raise UserError(f'data_threads={config.data_threads!r} must be a whole number >= 0; 0 uses '
                     'every core the process may run on (--config.data_threads=N)')

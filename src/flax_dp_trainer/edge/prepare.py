@@ -2,7 +2,7 @@
 written: the config's fields and the workdir checked, its constructor arguments encoded, the
 layout, the data, its durations resolved to steps, every layer's options read once
 (`reading.of_config`), the model built and probed, the evaluations, a PyTorch state dict's
-weights read: the `loop.setup.Run` the loop takes, with the config as it is recorded."""
+weights read (`state_dicts`): the `loop.setup.Run` the loop takes, with the config as it is recorded."""
 
 import dataclasses
 from typing import Any, Optional, Sequence
@@ -17,13 +17,13 @@ from flax_dp_trainer.base import multihost
 from flax_dp_trainer.base import user_imports
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.checkpoint import checkpointer as checkpoint
-from flax_dp_trainer.checkpoint import init_from
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.data import run_datasets
 from flax_dp_trainer.data.kinds import arrays as arrays_lib
 from flax_dp_trainer.edge import checks
 from flax_dp_trainer.edge import durations
 from flax_dp_trainer.edge import reading
+from flax_dp_trainer.edge import state_dicts
 from flax_dp_trainer.loop import evaluation
 from flax_dp_trainer.loop import setup
 from flax_dp_trainer.loop import workdir as workdir_lib
@@ -100,7 +100,7 @@ def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
     datasets = checks.check_datasets(config, arrays, command_line)
   checks.check_workdir(workdir)
   if config.init_from and not checkpointer.steps():  # (Unused where the run resumes.)
-    multihost.on_every_process(lambda: init_from.check_exists(config.init_from),
+    multihost.on_every_process(lambda: state_dicts.check_exists(config.init_from),
                                f'find init_from={config.init_from!r}')
   # A run there now: say so now.
   setup.on_process_0(workdir, workdir_lib.WorkdirLock(workdir).check)
@@ -137,19 +137,19 @@ def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
                       model=model, command_line=command_line, remat=options.step.remat)
   options = setup.with_param_groups(options, built, input_shape)
   config = _recorded(config, built)
-  weights, port = None, None
+  carry = None
   if (config.init_from and torch_weights.is_weights_file(config.init_from) and
       not checkpointer.steps()):
     if config.torch_model:
-      port = port_weights(config, built, num_classes, input_shape)
+      carry = port_weights(config, built, num_classes, input_shape)
     elif config.model not in zoo.names():
       raise UserError(f'init_from={config.init_from!r} is a PyTorch state dict, and '
                       f'model={config.model!r} is not a shipped model: name the torch model it '
                       'is a port of with --config.torch_model=pkg.module:Name (the layers pair '
                       'by call order, as tools.port_check pairs them)')
     else:
-      weights = init_from.read_torch_weights(config.init_from, config.model, built.module,
-                                             input_shape)
+      carry = state_dicts.into_shipped(config.init_from, config.model, built.module,
+                                       input_shape, config.pos_embedding_resize)
   if options.init_from is not None:  # The model as messages name it: as recorded.
     options = dataclasses.replace(options, init_from=dataclasses.replace(
         options.init_from, model=config.model))
@@ -158,11 +158,11 @@ def prepare(config, workdir: str, devices: Optional[Sequence[jax.Device]], *,
                                      config.pos_embedding_resize)
   return setup.Run(config.to_dict(), options, optim.learning_rate_schedule(options.optim),
                    layout, datasets, train_data, checkpointer, evaluations, num_classes, built,
-                   input_shape, weights, port, at_eval_size)
+                   input_shape, carry, at_eval_size)
 
 
 def port_weights(config, model: adapter.Model, num_classes: int,
-                 input_shape: tuple[int, ...]) -> Any:
+                 input_shape: tuple[int, ...]) -> state_dicts.IntoPort:
   """The state dict file of `init_from` loaded into `config.torch_model` and carried into
   the port by call order (`flax_dp_trainer.port.weights`), before anything is compiled or
   written; `UserError` in one line where it does not fit."""
@@ -172,13 +172,13 @@ def port_weights(config, model: adapter.Model, num_classes: int,
   from flax_dp_trainer.port import originals
   from flax_dp_trainer.port import weights as port_lib
   # pylint: enable=import-outside-toplevel
-  state_dict = init_from.read_state_dict(config.init_from)
+  state_dict = state_dicts.read(config.init_from)
   original = originals.from_path(config.torch_model, config.torch_model_kwargs.to_dict(),
                                  num_classes, config.dropout_rate)
   variables = model.init(jax.random.PRNGKey(config.seed), input_shape)
   try:
-    return port_lib.into_port(lambda v, im: model.apply(v, im, train=False), variables,
-                              original, state_dict, input_shape[1:])
+    carried = port_lib.into_port(lambda v, im: model.apply(v, im, train=False), variables,
+                                 original, state_dict, input_shape[1:])
   except port_lib.OriginalFailed as e:
     raise UserError(f'torch_model={config.torch_model!r}: {e}; fix the original or its '
                     '--config.torch_model_kwargs') from None
@@ -190,3 +190,4 @@ def port_weights(config, model: adapter.Model, num_classes: int,
     raise UserError(f'torch_model={config.torch_model!r} and model={config.model!r} do not '
                     f'pair up: {e} (python -m flax_dp_trainer.tools.port_check says more)'
                     ) from None
+  return state_dicts.IntoPort(config.init_from, config.model, config.torch_model, carried)

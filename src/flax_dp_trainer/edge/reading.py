@@ -207,7 +207,7 @@ def init_from_options(config) -> Optional[init_from_lib.InitFrom]:
   config sets no `init_from`."""
   if not config.init_from:
     return None
-  return init_from_lib.InitFrom(config.init_from, config.model, config.get('torch_model', ''),
+  return init_from_lib.InitFrom(config.init_from, config.model,
                                 config.get('pos_embedding_resize', 'bicubic'))
 
 

@@ -91,8 +91,7 @@ def evaluate(run: setup.Run, workdir: str, step: Optional[int] = None,
     logging.info('evaluating the checkpoint at step %d in %s', step,
                  run.checkpointer.directory)
   else:
-    state, step = init_from.init_from(run.options.init_from, run.model.module, state,
-                                      run.state_dict, run.port_weights)
+    state, step = init_from.init_from(run.options.init_from, state, run.carry)
   with setup.lock_workdir(workdir):
     jsonl = writers.jsonl_for_step(workdir, step)
     if jsonl != writers.JSONL_NAME:

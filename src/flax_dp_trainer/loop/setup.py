@@ -188,8 +188,7 @@ def start(run: 'Run', resume_with_changes: bool = False) -> Start:
                     'step %d in %s', options.init_from.path, restored.step,
                     checkpointer.directory)
   if restored is None and options.init_from is not None:
-    state, _ = init_from.init_from(options.init_from, run.model.module, state,
-                                   run.state_dict, run.port_weights)
+    state, _ = init_from.init_from(options.init_from, state, run.carry)
   if restored is None:
     return Start(state, step_rng, options.seed, 0, None, unreadable)
   meta = run_meta.RunMeta.from_json(restored.meta, restored.step)
@@ -236,11 +235,9 @@ class Run:
   num_classes: int
   model: adapter.Model  # The built model (its flax module: `model.module`).
   input_shape: tuple[int, ...]
-  # The PyTorch state dict of `init_from`, read and checked, where a fresh run starts from one.
-  state_dict: Optional[dict] = None
-  # Where that state dict is the original's of a port (config.torch_model): its arrays carried
-  # into the port (a `flax_dp_trainer.port.weights.Carried`).
-  port_weights: Optional[Any] = None
+  # Where a fresh run starts from a file that `checkpoint.init_from` does not read (a PyTorch
+  # state dict, read and checked at the edge): the fresh variables -> those with its arrays.
+  carry: Optional[Callable[[dict], dict]] = None
   # The variables at the evaluation's input size where it is not the training's and a param
   # depends on it (`input_size.for_size`: a ViT's position embedding resampled); else None.
   at_eval_size: Optional[Callable[[dict], dict]] = None

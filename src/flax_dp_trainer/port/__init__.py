@@ -5,6 +5,6 @@ path (`originals`) and a state dict carried into a port (`weights`); the port ch
 (`modes`), teacher forcing (`forcing`), causes (`causes`) and judging (`judging`). Imports
 `base`, `trace` (flax's variable reads in order) and `zoo`."""
 
-from flax_dp_trainer.base import torch_import
+from flax_dp_trainer.base import triton_guard
 
-torch_import.keep_triton_out_after_tensorflow()  # Before a user's torch model imports torchvision.
+triton_guard.keep_triton_out_after_tensorflow()  # Before a user's torch model imports torchvision.

@@ -30,9 +30,9 @@ from flax_dp_trainer.runs import reporting
 from flax_dp_trainer.runs import run_metrics
 from flax_dp_trainer.pytorch import optimizer_counterparts
 from flax_dp_trainer.step import schedules
-from flax_dp_trainer.torch_ddp import models as torch_models
-from flax_dp_trainer.torch_ddp import step as ddp_step
-from flax_dp_trainer.torch_ddp import ddp_training
+from flax_dp_trainer.pytorch.twin import models as torch_models
+from flax_dp_trainer.pytorch.twin import step as ddp_step
+from flax_dp_trainer.pytorch.twin import ddp_training
 from flax_dp_trainer.zoo import torch_weights
 
 LAUNCH_FILE = 'launch.json'

@@ -3,7 +3,7 @@ overrides to pass on, the DDP twin's `torchrun` command line, and a run that fai
 line naming what failed and reports its progress while it lasts. No JAX, TensorFlow or torch
 here.
 
-Only the tools and the tests start programs: the DDP twin (`torch_ddp`) is started from here
+Only the tools and the tests start programs: the DDP twin (`pytorch.twin`) is started from here
 and imports nothing of `runs/` or `tools/`."""
 
 import contextlib
@@ -35,10 +35,10 @@ def torchrun(ranks: int) -> list[str]:
 
 def ddp_command(ranks: int, workdir: str, args: Sequence[str] = (), threads: int = 0
                 ) -> list[str]:
-  """`torchrun` of flax_dp_trainer.torch_ddp with `ranks` processes; `threads` torch CPU
+  """`torchrun` of flax_dp_trainer.pytorch.twin with `ranks` processes; `threads` torch CPU
   threads per rank (0: torch's default); `args` are the trainer's flags (--config=...,
   --config.FIELD=VALUE, --parity, ...)."""
-  return [*torchrun(ranks), 'flax_dp_trainer.torch_ddp', f'--workdir={workdir}',
+  return [*torchrun(ranks), 'flax_dp_trainer.pytorch.twin', f'--workdir={workdir}',
           *([f'--threads={threads}'] if threads else []), *args]
 
 

@@ -305,7 +305,7 @@ def _check(config, parts: list[str], jax_counts: list[int], ddp_counts: list[int
   if ddp:
     # torch only where DDP is measured; imported before anything imports TensorFlow.
     # pylint: disable-next=import-outside-toplevel
-    from flax_dp_trainer.torch_ddp import step as ddp_step
+    from flax_dp_trainer.pytorch.twin import step as ddp_step
     ddp_step.check_supported(config)
 
 

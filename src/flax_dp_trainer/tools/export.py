@@ -9,7 +9,7 @@ the variables `trainer.load` takes: the EMA's where the run kept one (those `eva
 evaluated: its params, and its BatchNorm statistics where it averaged them), else the
 params' (those of `eval_*`). ResNets and ViTs load into torchvision's own classes
 (`torchvision.models.resnet50(num_classes=N)` for the ImageNet-shaped ones), the others into
-the baseline's twin (`flax_dp_trainer.torch_ddp.models.get`). The torch models take float32
+the baseline's twin (`flax_dp_trainer.pytorch.twin.models.get`). The torch models take float32
 NCHW images normalized as the trainer normalizes them; the lines printed say which. An
 existing file is never overwritten. It needs torch, of the `ddp` extra (and safetensors for
 --format=safetensors).
@@ -50,7 +50,7 @@ def torch_constructor(trained) -> str:
   if name in TORCHVISION and spec.channels == 3 and (
       not name.startswith('vit') or tuple(spec.input_shape[:2]) == (224, 224)):
     return f'torchvision.models.{TORCHVISION[name]}(num_classes={spec.num_classes})'
-  return (f'flax_dp_trainer.torch_ddp.models.get({name!r}, input_shape={tuple(spec.input_shape)}, '
+  return (f'flax_dp_trainer.pytorch.twin.models.get({name!r}, input_shape={tuple(spec.input_shape)}, '
           f'num_classes={spec.num_classes})')
 
 

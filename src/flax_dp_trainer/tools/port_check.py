@@ -314,7 +314,7 @@ def run(flax_path: str, torch_path: str, input_shape: tuple[int, ...], *, num_cl
   import torch
   from flax_dp_trainer.port import originals
   from flax_dp_trainer.port import porting
-  from flax_dp_trainer.torch_ddp import models as torch_models
+  from flax_dp_trainer.pytorch.twin import models as torch_models
   from flax_dp_trainer.zoo import torch_weights
   # pylint: enable=import-outside-toplevel
   torch.manual_seed(seed)

@@ -76,10 +76,10 @@ def translate(script: str, argv: list[str], nproc: int, model_map: dict[str, str
   the two."""
   # pylint: disable=import-outside-toplevel
   if script == 'torchvision':
-    from flax_dp_trainer.recipe import from_torchvision  # (loaded once --from names it)
+    from flax_dp_trainer.pytorch.recipe import from_torchvision  # (loaded once --from names it)
     return from_torchvision.translate(argv, nproc, model_map)
   if script == 'timm':
-    from flax_dp_trainer.recipe import from_timm  # (as above)
+    from flax_dp_trainer.pytorch.recipe import from_timm  # (as above)
     return from_timm.translate(argv, nproc, model_map)
   raise UserError(f'--from={script!r}: the scripts read are {" and ".join(SCRIPTS)} '
                   '(--from=torchvision or --from=timm)')
@@ -142,16 +142,16 @@ def _main(script_args: list[str]) -> int:
   if not FLAGS.check:
     return translation.exit_code
   # pylint: disable=import-outside-toplevel  # (jax, flax, torch: only for --check)
-  import torch  # pylint: disable=unused-import  # Before TensorFlow (triton: base.torch_import).
+  import torch  # pylint: disable=unused-import  # Before TensorFlow (triton: base.triton_guard).
   from flax_dp_trainer.edge import checks
   config = (checks.command_line_config(FLAGS['config']) if FLAGS['config'].value is not None
             else config_of(translation))
   checks.check_config(config, process_count=1, local_device_count=1)
-  from flax_dp_trainer.recipe import check  # (as above)
+  from flax_dp_trainer.pytorch.recipe import check  # (as above)
   if script == 'timm':
-    from flax_dp_trainer.recipe import timm_args as script_parser  # (as above)
+    from flax_dp_trainer.pytorch.recipe import timm_args as script_parser  # (as above)
   else:
-    from flax_dp_trainer.recipe import torchvision_args as script_parser  # (as above)
+    from flax_dp_trainer.pytorch.recipe import torchvision_args as script_parser  # (as above)
   args = script_parser.parse(script_args)
   with tempfile.TemporaryDirectory() as workdir:
     report = check.run(script, args, config, workdir, FLAGS.nproc_per_node, FLAGS.steps,

@@ -13,7 +13,7 @@ class, or where mixed both classes with their weights.
 
 --compare=torchvision applies each op of the policy's space (config.auto_augment, or
 --policy), ours and torchvision v2's, to the first training image as the policy step receives
-it (cropped and flipped), at the same magnitudes (`data.image.compare_ops`). It prints a row
+it (cropped and flipped), at the same magnitudes (`pytorch.compare_ops`). It prints a row
 per op and magnitude (max abs difference, PSNR in dB) and each op's lowest PSNR, and draws
 ours, torchvision's and their difference under the grid; it needs torch and torchvision (the
 ddp extra). The PNG at --out is all it writes; an existing one is kept unless --overwrite.
@@ -218,11 +218,11 @@ def _before_policies(data):
 
 
 def compare_rows(config, datasets, policy: str) -> list:
-  """`data.image.compare_ops.compare` on the first training image as the policy step
+  """`pytorch.compare_ops.compare` on the first training image as the policy step
   receives it, at the config's interpolation and fill (the policy's defaults where unset)."""
   # pylint: disable=import-outside-toplevel  # (TensorFlow: the refusals need none)
   from flax_dp_trainer.data import pipeline
-  from flax_dp_trainer.data.image import compare_ops
+  from flax_dp_trainer.pytorch import compare_ops
   from flax_dp_trainer.edge import reading as run_options
   # pylint: enable=import-outside-toplevel
   options = run_options.data_options(config)
@@ -411,7 +411,7 @@ def main(argv):
   print(shown.note)
   if rows:
     # pylint: disable-next=import-outside-toplevel
-    from flax_dp_trainer.data.image import compare_ops  # (TensorFlow: loaded by now)
+    from flax_dp_trainer.pytorch import compare_ops  # (TensorFlow: loaded by now)
     print(compare_ops.table(rows))
     print('\nlowest PSNR per op (pixel ops match where inf; geometric ones may differ on '
           'exact sampling ties):')

@@ -1,8 +1,7 @@
-"""`python -m flax_dp_trainer.torch_ddp` (under torchrun): the PyTorch DDP twin
-(`command_line`)."""
+"""`python -m flax_dp_trainer.torch_ddp`, the twin's old command, kept for one release: the
+package's warning (its import, before this runs), then `python -m
+flax_dp_trainer.pytorch.twin` with the same flags."""
 
-from flax_dp_trainer.base import cli
-from flax_dp_trainer.torch_ddp import command_line
+import runpy
 
-command_line.define_flags()
-cli.run(command_line.main)
+runpy.run_module('flax_dp_trainer.pytorch.twin', run_name='__main__', alter_sys=True)

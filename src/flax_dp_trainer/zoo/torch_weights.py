@@ -3,7 +3,7 @@
 `state_dict_keys(model, params)` names, for every flax layer, the torch module that holds the
 same weights: `conv1`, `layer2.0.downsample.1`, `encoder.layers.encoder_layer_3.mlp.0`, ...
 for the ResNets and ViTs (torchvision's names), `hidden.0`, `convs.1`, `out` for the `mlp`
-and `cnn` twins of `baselines/torch_ddp`. `to_state_dict` and `from_state_dict` convert the
+and `cnn` twins of `pytorch/twin`. `to_state_dict` and `from_state_dict` convert the
 arrays both ways (numpy; torch is needed only to read `.pth` files):
 
   Dense kernel (in, out)         <-> Linear weight (out, in)

@@ -185,4 +185,4 @@ def test_policies_are_stateless_and_apply_to_float_images():
   settings = policies.Settings('bilinear', (128.0, 128.0, 128.0))
   assert policies.apply(image, seed, 'ta_wide', settings).shape == image.shape
   assert ops.INTERPOLATIONS == policy_choice.INTERPOLATIONS['torchvision']
-  assert set(policies.NAMES) <= set(policy_choice.TORCHVISION)
+  assert set(policies.NAMES) <= set(policy_choice.NAMED)

@@ -8,8 +8,8 @@
                       cifar10, svhn), drawn from a seed
     augmix            torchvision's AugMix, drawn from a seed
     augment           torchvision's RandAugment
-    timm_strings      timm's --aa strings parsed as timm parses them (no TensorFlow)
-    timm_policies     timm's RandAugment, AugMix and AutoAugment, drawn from a seed
+    policy_strings      timm's --aa strings parsed as timm parses them (no TensorFlow)
+    string_policies     timm's RandAugment, AugMix and AutoAugment, drawn from a seed
     pil_ops           PIL's arithmetic of timm's ops (enhancers, affine warps, bicubic a=-1)
     policy_choice     config.auto_augment as a policy with its reference's defaults (no
                       TensorFlow: the config's checks use it)

@@ -31,10 +31,10 @@ def window(shape: tf.Tensor, seed: tf.Tensor, scale: tuple[float, float],
         aspect_ratio_range=tuple(ratio), area_range=tuple(scale), max_attempts=ATTEMPTS,
         use_image_if_no_bounding_boxes=True)
     return begin, size
-  return _torchvision(shape, seed, scale, ratio)
+  return _area_and_aspect(shape, seed, scale, ratio)
 
 
-def _torchvision(shape, seed, scale, ratio):
+def _area_and_aspect(shape, seed, scale, ratio):
   height, width = tf.cast(shape[0], tf.float64), tf.cast(shape[1], tf.float64)
   area_seed, aspect_seed, top_seed, left_seed = tf.unstack(
       tf.random.experimental.stateless_split(seed, 4))

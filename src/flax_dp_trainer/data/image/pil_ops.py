@@ -1,5 +1,5 @@
 """PIL's image ops at a value, as Pillow's C code computes them on uint8 images ('L' or
-'RGB'), in TensorFlow: the arithmetic timm's augmentation policies run (`timm_policies.py`).
+'RGB'), in TensorFlow: the arithmetic timm's augmentation policies run (`string_policies.py`).
 
     op              value                 Pillow
     brightness      factor                ImageEnhance.Brightness: blend with black

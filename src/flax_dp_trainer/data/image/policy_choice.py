@@ -7,7 +7,7 @@ it loads); `auto_augment.apply` applies one to an image.
                   'randaugment' ('ra', the reference script's name)
                                                               augment.py
     timm          'rand-...', 'augmix-...', 'original', 'originalr', 'v0', 'v0r'
-                                                              timm_policies.py
+                                                              string_policies.py
 
 Defaults as the references have them: torchvision's policies sample nearest (AugMix
 bilinear) and fill with zeros; timm's pick bilinear or bicubic per op ('random') unless the
@@ -19,32 +19,32 @@ import dataclasses
 from typing import Optional
 
 from flax_dp_trainer.base.errors import UserError
-from flax_dp_trainer.data.image import timm_strings
+from flax_dp_trainer.data.image import policy_strings
 
 # torchvision's policies: TrivialAugmentWide, AutoAugment's three (`policies.NAMES`), AugMix,
 # RandAugment (its reference script's 'ra' too).
-TORCHVISION = ('ta_wide', 'imagenet', 'cifar10', 'svhn', 'augmix', 'randaugment', 'ra')
+NAMED = ('ta_wide', 'imagenet', 'cifar10', 'svhn', 'augmix', 'randaugment', 'ra')
 RANDAUGMENT = ('randaugment', 'ra')  # Its names: the randaugment_* fields are its parameters.
-TIMM_EXAMPLES = ('rand-m9-mstd0.5-inc1', 'augmix-m3-w3', 'original', 'v0')
+STRING_EXAMPLES = ('rand-m9-mstd0.5-inc1', 'augmix-m3-w3', 'original', 'v0')
 # Each library's geometric sampling ('random': timm's bilinear or bicubic per op).
 INTERPOLATIONS = {'torchvision': ('nearest', 'bilinear'),
                   'timm': ('nearest', 'bilinear', 'bicubic', 'random')}
 
 
-TIMM_KINDS = ('rand', 'augmix', 'original', 'originalr', 'v0', 'v0r', 'trivialaugment')
+STRING_KINDS = ('rand', 'augmix', 'original', 'originalr', 'v0', 'v0r', 'trivialaugment')
 
 
 def library(name: str) -> str:
   """'torchvision' or 'timm': whose policy config.auto_augment `name` is; UserError where it
   is neither's (one line naming the value and the accepted forms)."""
-  if name in TORCHVISION:
+  if name in NAMED:
     return 'torchvision'
-  if name.split('-')[0] not in TIMM_KINDS:
+  if name.split('-')[0] not in STRING_KINDS:
     raise UserError(f'auto_augment={name!r} is unknown; choose one of torchvision\'s '
-                    f'policies, {", ".join(TORCHVISION)}, or a timm --aa string such as '
-                    f'{", ".join(TIMM_EXAMPLES)} (--config.auto_augment=NAME)')
+                    f'policies, {", ".join(NAMED)}, or a timm --aa string such as '
+                    f'{", ".join(STRING_EXAMPLES)} (--config.auto_augment=NAME)')
   try:
-    timm_strings.parse(name)
+    policy_strings.parse(name)
   except ValueError as e:
     raise UserError(f'auto_augment={name!r}: {e} (--config.auto_augment=NAME)') from None
   return 'timm'
@@ -71,7 +71,7 @@ class Policy:
     return f'{text}, {self.interpolation}, {fill}'
 
 
-def torchvision_interpolation(name: str) -> str:
+def named_interpolation(name: str) -> str:
   """The sampling of torchvision's policy `name` by default: bilinear for AugMix, else
   nearest."""
   return 'bilinear' if name == 'augmix' else 'nearest'
@@ -87,7 +87,7 @@ def _interpolation(options, kind: str) -> str:
                       'NAME, or \'\' for its default)')
     return chosen
   if kind == 'torchvision':
-    return torchvision_interpolation(options.auto_augment)
+    return named_interpolation(options.auto_augment)
   train = options.train_interpolation or options.resize_filter
   return {'bicubic': 'bicubic', 'antialias': 'bilinear'}.get(train, 'random')
 

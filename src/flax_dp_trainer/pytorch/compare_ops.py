@@ -1,0 +1,195 @@
+"""Each op of an augmentation policy's space, ours (`ops.apply`) against torchvision v2's
+(`_AutoAugmentBase._apply_image_or_video_transform`, the code its policies run), on one uint8
+image at the same magnitude: the policy's strongest bin and a middle one, both signs of a
+signed op. A row per op and magnitude holds both images, their largest absolute difference
+and the PSNR of ours against torchvision's (inf where they are equal).
+
+    policy    space, bins                          reference
+    ta_wide   policies.TA_WIDE_SPACE, 31           v2.TrivialAugmentWide
+    imagenet, cifar10, svhn
+              policies.AUTOAUGMENT_SPACE, 10       v2.AutoAugment(policy)
+    augmix    augmix.SPACE, 10                     v2.AugMix
+
+The magnitudes are our tables' (`policies.magnitude_table`, `augmix.magnitude_table`),
+handed to both sides as the same Python number. torch and torchvision are the ddp extra's:
+imported where the comparison runs. A process that imports them after TensorFlow keeps
+triton out (`base.triton_guard`); a command imports them first.
+"""
+
+import dataclasses
+import math
+from typing import Optional, Sequence
+
+import numpy as np
+
+from flax_dp_trainer.data import specs
+from flax_dp_trainer.data.image import augmix
+from flax_dp_trainer.data.image import policy_choice
+from flax_dp_trainer.data.image import ops
+from flax_dp_trainer.data.image import policies
+from flax_dp_trainer.data.image import preprocess
+from flax_dp_trainer.data.data_options import DataOptions
+
+NAMES = ('ta_wide',) + tuple(policies.POLICIES) + ('augmix',)
+# Ops that move pixels: a pixel whose sampling point falls on an exact tie rounds one way in
+# TensorFlow's nearest sampling and the other in torch's, so these may differ in a few pixels.
+GEOMETRIC = frozenset({'ShearX', 'ShearY', 'TranslateX', 'TranslateY', 'Rotate'})
+
+
+@dataclasses.dataclass(frozen=True)
+class Space:
+  """A policy's ops: op -> (top, signed) in `policies.TA_WIDE_SPACE`'s format, and its bins."""
+  ops: dict
+  bins: int
+
+
+def space(policy: str) -> Space:
+  """The op space of `policy` (one of NAMES)."""
+  if policy == 'ta_wide':
+    return Space(policies.TA_WIDE_SPACE, policies.TA_WIDE_BINS)
+  if policy == 'augmix':
+    return Space(augmix.SPACE, augmix.BINS)
+  if policy in policies.POLICIES:
+    return Space(policies.AUTOAUGMENT_SPACE, policies.AUTOAUGMENT_BINS)
+  raise ValueError(f'policy must be one of {", ".join(NAMES)}, got {policy!r}')
+
+
+def settings(policy: str, options: DataOptions, spec: specs.DatasetSpec
+             ) -> tuple[str, Optional[tuple[float, ...]]]:
+  """(interpolation, fill) of `policy` as the pipeline resolves them from the run's `options`
+  for the images of `spec` (`policy_choice.resolve`: the config's, else torchvision's
+  defaults; fill None for zeros); `UserError` for what the policy cannot take."""
+  resolved = policy_choice.resolve(
+      dataclasses.replace(options, auto_augment=policy),
+      spec.channels, preprocess.mean_pixel(spec))
+  return resolved.interpolation, resolved.fill
+
+
+def magnitude(policy: str, name: str, k: int, height: int, width: int) -> Optional[float]:
+  """The value of op `name` of `policy` at bin `k` (unsigned) for a `height` x `width`
+  image; None for an op without one."""
+  table = (augmix.magnitude_table(name, height, width) if policy == 'augmix' else
+           policies.magnitude_table(policy, name, height, width))
+  return None if table is None else float(table[k])
+
+
+def magnitudes(policy: str, name: str, height: int, width: int
+               ) -> list[tuple[Optional[int], Optional[float]]]:
+  """(bin, signed value) of op `name` as compared: the strongest bin and the middle one,
+  each with both signs where the op is signed; (None, None) for an op without a value."""
+  ops_space = space(policy)
+  _, signed = ops_space.ops[name]
+  strongest, middle = ops_space.bins - 1, (ops_space.bins - 1) // 2
+  found = []
+  for k in (strongest, middle):
+    value = magnitude(policy, name, k, height, width)
+    if value is None:
+      return [(None, None)]
+    found += [(k, value), (k, -value)] if signed else [(k, value)]
+  return found
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  """One op at one magnitude: ours and torchvision's image ([H, W, C] uint8), the largest
+  absolute difference and the PSNR in dB (inf where equal)."""
+  policy: str
+  op: str
+  bin: Optional[int]
+  magnitude: Optional[float]
+  signed: bool  # The op's magnitude takes both signs.
+  max_abs_diff: int
+  psnr: float
+  ours: np.ndarray = dataclasses.field(repr=False, compare=False)
+  reference: np.ndarray = dataclasses.field(repr=False, compare=False)
+
+  @property
+  def magnitude_text(self) -> str:
+    if self.magnitude is None:
+      return '-'
+    return f'{self.magnitude:+.6g}' if self.signed else f'{self.magnitude:.6g}'
+
+  @property
+  def psnr_text(self) -> str:
+    return 'inf' if math.isinf(self.psnr) else f'{self.psnr:.1f}'
+
+
+def psnr(ours: np.ndarray, reference: np.ndarray) -> float:
+  """The PSNR of uint8 `ours` against `reference`, in dB; inf where they are equal."""
+  mse = np.mean((ours.astype(np.float64) - reference.astype(np.float64)) ** 2)
+  return math.inf if mse == 0 else float(10 * np.log10(255.0 ** 2 / mse))
+
+
+def reference_policy(policy: str, interpolation: str, fill: Optional[Sequence[float]]):
+  """torchvision v2's transform of `policy` with `interpolation` and `fill` (None: zeros)."""
+  # pylint: disable-next=import-outside-toplevel
+  from torchvision.transforms import v2  # (optional dependency: the ddp extra)
+  mode = v2.InterpolationMode(interpolation)
+  fill = None if fill is None else [float(v) for v in fill]
+  if policy == 'ta_wide':
+    return v2.TrivialAugmentWide(interpolation=mode, fill=fill)
+  if policy == 'augmix':
+    return v2.AugMix(interpolation=mode, fill=fill)
+  return v2.AutoAugment(v2.AutoAugmentPolicy(policy), interpolation=mode, fill=fill)
+
+
+def compare(image: np.ndarray, policy: str, interpolation: Optional[str] = None,
+            fill: Optional[Sequence[float]] = None) -> list[Row]:
+  """Every op of `policy`'s space on `image` (uint8 [H, W, C], C = 1 or 3), ours against
+  torchvision's, at the magnitudes of `magnitudes`; `interpolation` None: the policy's
+  default (`policy_choice.named_interpolation`). Rows in the space's order."""
+  # pylint: disable-next=import-outside-toplevel
+  import torch  # (optional dependency: the ddp extra)
+  interpolation = interpolation or policy_choice.named_interpolation(policy)
+  if interpolation not in ops.INTERPOLATIONS:
+    raise ValueError(f'interpolation must be one of {", ".join(ops.INTERPOLATIONS)}, got '
+                     f'{interpolation!r}')
+  image = np.asarray(image)
+  if image.dtype != np.uint8 or image.ndim != 3 or image.shape[-1] not in (1, 3):
+    raise ValueError(f'image must be uint8 [H, W, C] with C = 1 or 3, got {image.dtype} '
+                     f'{image.shape}')
+  reference = reference_policy(policy, interpolation, fill)
+  # What torchvision's policies call for one op, with the fill as their constructor made it.
+  transform = reference._apply_image_or_video_transform  # pylint: disable=protected-access
+  reference_fill = reference._fill  # pylint: disable=protected-access
+  chw = torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1)))
+  height, width = image.shape[:2]
+  rows = []
+  for name, (_, signed) in space(policy).ops.items():
+    for k, value in magnitudes(policy, name, height, width):
+      m = 0.0 if value is None else value
+      ours = ops.apply(image, name, m, interpolation, fill).numpy()
+      theirs = transform(chw, name, m, interpolation=reference.interpolation,
+                         fill=reference_fill).permute(1, 2, 0).numpy()
+      diff = int(np.abs(ours.astype(np.int32) - theirs.astype(np.int32)).max())
+      rows.append(Row(policy, name, k, value, signed, diff, psnr(ours, theirs), ours, theirs))
+  return rows
+
+
+def table(rows: Sequence[Row]) -> str:
+  """The rows as aligned columns: policy, op, bin, magnitude, max abs diff, PSNR."""
+  cells = [('policy', 'op', 'bin', 'magnitude', 'max_abs_diff', 'psnr_db')] + [
+      (r.policy, r.op, '-' if r.bin is None else str(r.bin), r.magnitude_text,
+       str(r.max_abs_diff), r.psnr_text) for r in rows]
+  return _aligned(cells, 'llrrrr')
+
+
+def summary(rows: Sequence[Row]) -> str:
+  """Per policy and op, its lowest PSNR and where: the op's worst case."""
+  worst: dict[tuple[str, str], Row] = {}
+  for r in rows:
+    key = (r.policy, r.op)
+    if key not in worst or r.psnr < worst[key].psnr:
+      worst[key] = r
+  cells = [('policy', 'op', 'kind', 'lowest_psnr_db', 'at_magnitude', 'max_abs_diff')] + [
+      (r.policy, r.op, 'geometric' if r.op in GEOMETRIC else 'pixel', r.psnr_text,
+       r.magnitude_text, str(r.max_abs_diff)) for r in worst.values()]
+  return _aligned(cells, 'lllrrr')
+
+
+def _aligned(cells: Sequence[Sequence[str]], align: str) -> str:
+  """`cells` as columns two spaces apart, each left- ('l') or right-aligned ('r')."""
+  widths = [max(len(row[i]) for row in cells) for i in range(len(align))]
+  return '\n'.join('  '.join(cell.ljust(w) if a == 'l' else cell.rjust(w)
+                              for cell, w, a in zip(row, widths, align)).rstrip()
+                    for row in cells)

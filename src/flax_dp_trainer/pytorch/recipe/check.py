@@ -1,0 +1,433 @@
+"""The recipe check: the translated config's JAX run and the script's PyTorch training, built
+from the same command line by two roads, started from the same weights on the same global
+batches (ours, augmented) with the same mixing (ours, handed over), in float32, dropout and
+drop-path off (compared as settings). The verdict names the first setting, or step and
+stage, where they part.
+
+The settings: the learning rate of every parameter at the first step, the end of the
+warm-up, the middle and the end of the schedule; each parameter's weight decay; the EMA's
+decay and cadence. Then every step, both sides started from the JAX side's state (teacher
+forcing), stage by stage in the order a step computes them: the learning rates, the model's
+input (normalized, mixed), BatchNorm's running statistics (torch's unbiased update turned
+into the biased one flax keeps), the logits, the loss on the same logits, the gradients
+(against the script's step in float64: float32 rounding's own measure), then, each from the
+JAX side's previous stage through the float64 side, the clipped gradients, each parameter's
+update, the new parameters and the EMA."""
+
+import dataclasses
+import os
+from typing import Optional
+
+import ml_collections
+import numpy as np
+import torch
+
+from flax_dp_trainer.edge import checks
+from flax_dp_trainer.pytorch.recipe import jax_side as jax_side_lib
+from flax_dp_trainer.pytorch.recipe import stages as stages_lib
+from flax_dp_trainer.pytorch.recipe import torchvision_side
+from flax_dp_trainer.pytorch.twin import step as twin_step
+
+TORCH_MOMENTUM = 0.1  # torch's BatchNorm momentum (flax's 0.9).
+
+
+@dataclasses.dataclass
+class Report:
+  """The settings compared, each step's stages, the steps side by side, and the verdict."""
+  settings: list[stages_lib.Stage]  # Learning rates, weight decay, the EMA's settings.
+  steps: list[dict]  # A row a step: step, each quantity's (jax, torch), its stages.
+  drawn: list[str] = dataclasses.field(default_factory=list)  # Compared as settings only.
+
+  @property
+  def first(self) -> Optional[tuple[int, stages_lib.Stage]]:
+    """(step, stage) of the first stage that parts: a setting (step 0), else a step's."""
+    setting = stages_lib.first_parting(self.settings)
+    if setting is not None:
+      return 0, setting
+    for row in self.steps:
+      stage = stages_lib.first_parting(row['stages'])
+      if stage is not None:
+        return row['step'], stage
+    return None
+
+  @property
+  def same(self) -> bool:
+    return self.first is None
+
+  def verdict(self) -> str:
+    if self.same:
+      return (f'verdict: the same recipe, up to float32 rounding, for what follows the batch '
+              f'({len(self.settings)} settings, then {len(self.steps)} steps stage by stage)')
+    step, s = self.first
+    at = 'in the settings' if step == 0 else f'at step {step}'
+    return f'verdict: they part {at}, at "{s.name}" ({s.where}): {s.cause}'
+
+  def steps_table(self) -> str:
+    head = ['step', 'loss jax', 'loss torch', 'grad_norm jax', 'grad_norm torch',
+            'param_norm jax', 'param_norm torch', 'lr jax', 'lr torch', 'stages']
+    lines = ['  '.join(f'{h:>14}' for h in head)]
+    for row in self.steps:
+      cells = [str(row['step'])] + [f'{v:.7g}' for q in ('loss', 'grad_norm', 'param_norm',
+                                                         'lr') for v in row[q]]
+      parting = stages_lib.first_parting(row['stages'])
+      cells.append('same' if parting is None else parting.name)
+      lines.append('  '.join(f'{c:>14}' for c in cells))
+    return '\n'.join(lines)
+
+  def largest(self) -> list[stages_lib.Stage]:
+    """Each stage's largest difference over the steps (its place and step)."""
+    out = {}
+    for row in self.steps:
+      for stage in row['stages']:
+        kept = out.get(stage.name)
+        if kept is None or (stage.difference / stage.bound > kept.difference / kept.bound):
+          where = f'{stage.where}, step {row["step"]}' if stage.where else f'step {row["step"]}'
+          out[stage.name] = dataclasses.replace(stage, where=where)
+    return list(out.values())
+
+  def lines(self) -> list[str]:
+    out = ['settings:', stages_lib.table(self.settings), '',
+           f'each step\'s stages, the largest difference over the {len(self.steps)} steps '
+           '(each step starts both sides from the JAX side\'s params, BatchNorm statistics '
+           'and EMA):', stages_lib.table(self.largest())]
+    out += ['', f'{len(self.steps)} steps side by side:', self.steps_table()]
+    if self.drawn:
+      out += ['', 'compared as settings (each framework draws them for itself):']
+      out += [f'  - {d}' for d in self.drawn]
+    first = self.first
+    if first is not None:
+      step, stage = first
+      out += ['', f'first stage that parts: {stage.name} ({stage.where}'
+              f'{", step " + str(step) if step else ""}): {stage.cause}']
+    out += ['', self.verdict()]
+    return out
+
+
+def schedule_points(total: int, warmup: int) -> list[int]:
+  """The optimizer steps (0-based) at which the learning rates are compared: the first, the
+  last of the warm-up and the one after, the middle and the last."""
+  points = {0, total // 2, total - 1}
+  if warmup > 0:
+    points |= {warmup - 1, warmup}
+  return sorted(p for p in points if 0 <= p < total)
+
+
+def _keyed(rates: dict[int, dict[str, float]]) -> dict[str, float]:
+  return {f'{name} at step {step + 1}': r for step, named in rates.items()
+          for name, r in named.items()}
+
+
+def _torch_inputs(side, batch: dict, how):
+  """The global batch as the script's transforms and its Mixup/CutMix leave it, with our
+  pairs (row r with B-1-r), weight and box: (inputs NCHW, the script's targets)."""
+  x = side.normalize(batch['image'])
+  labels = torch.from_numpy(np.asarray(batch['label'], np.int64))
+  if how is None:
+    return x, side.targets(labels, 1.0)
+  return twin_step.blend(x, x.flip(0), how), side.targets(labels, float(how.lam))
+
+
+def _biased(torch_after: dict, before: dict, counts: dict) -> dict:
+  """torch's running statistics after one step, the variance's unbiased update turned into
+  the biased one flax keeps (each BatchNorm's count of values per channel)."""
+  out = {}
+  m = TORCH_MOMENTUM
+  for name, n in counts.items():
+    mean, var, var0 = (torch_after[f'{name}.running_mean'], torch_after[f'{name}.running_var'],
+                       np.asarray(before[f'{name}.running_var']))
+    unbiased = (var - (1 - m) * var0) / m
+    out[f'{name}.running_mean'] = mean
+    out[f'{name}.running_var'] = (1 - m) * var0 + m * unbiased * (n - 1) / n
+  return out
+
+
+# Each script's flags that the causes name.
+FLAGS = {
+    'torchvision': dict(script='torchvision\'s script', smoothing='--label-smoothing',
+                        clip='--clip-grad-norm', schedule='--lr-scheduler',
+                        unit='the script steps its scheduler once an epoch'),
+    'timm': dict(script='timm\'s train.py', smoothing='--smoothing', clip='--clip-grad',
+                 schedule='--sched', unit='timm steps its scheduler once an epoch unless '
+                 '--sched-on-updates'),
+}
+
+
+class Causes:
+  """What each stage's difference means, in the config's fields and the script's flags."""
+
+  def __init__(self, script: str, config, args, side, jax_decays: dict, torch_decays: dict):
+    self.script, self.flags = script, FLAGS[script]
+    self.config, self.args, self.side = config, args, side
+    self.jax_decays, self.torch_decays = jax_decays, torch_decays
+
+  def learning_rate(self, where: str, mine: Optional[dict] = None,
+                    theirs: Optional[dict] = None) -> str:
+    c, a = self.config, self.args
+    on_updates = self.script == 'timm' and a.sched_on_updates
+    hint = []
+    epoch = self.side.iterations
+    if c.steps_per_epoch != epoch and checks.counts_epochs(c):
+      here = c.steps_per_epoch or 'the train split over batch_size'
+      hint.append(f'--config.steps_per_epoch={epoch} ({self.flags["script"]} makes an epoch of '
+                  f'{epoch} updates; here {here})')
+    if c.lr_schedule_unit != ('step' if on_updates else 'epoch'):
+      hint.append(f'--config.lr_schedule_unit={"step" if on_updates else "epoch"} '
+                  f'({self.flags["unit"]})')
+    hint = hint or [f'compare --config.learning_rate={c.learning_rate:g}, lr_schedule='
+                    f'{c.lr_schedule!r}, warmup_epochs={c.warmup_epochs:g}, warmup_prefix='
+                    f'{c.warmup_prefix}, the warm-up\'s start and min_learning_rate with '
+                    f'{self.flags["schedule"]} and its flags (the translation\'s table)']
+    values = (f' ({mine[where]:.6g} here, {theirs[where]:.6g} in the script)'
+              if mine and theirs and where in mine and where in theirs else '')
+    return f'the learning rate of {where} differs{values}: set ' + '; '.join(hint)
+
+  def weight_decay(self, where: str) -> str:
+    mine, theirs = self.jax_decays[where], self.torch_decays[where]
+    a = self.args
+    one_dim = self.side.model.get_parameter(where).ndim <= 1
+    norm = self.script == 'torchvision' and a.norm_weight_decay is not None and \
+        theirs == a.norm_weight_decay and one_dim and theirs != a.weight_decay
+    flag = '--norm-weight-decay' if norm else '--weight-decay'
+    if theirs > 0 and mine == 0 and one_dim and not self.config.decay_all_params:
+      fix = '--config.decay_all_params=True'
+    elif theirs == 0 and mine > 0 and one_dim and self.config.decay_all_params:
+      fix = '--config.decay_all_params=False'
+    elif norm:
+      fix = f'--config.norm_weight_decay={theirs:g}'
+    else:
+      fix = f'--config.wd_mults (a factor {theirs:g}/{self.config.weight_decay:g} for {where})'
+    verb = lambda v: f'decayed at {v:g}' if v else 'spared'
+    return (f'`{where}` is {verb(mine)} on the JAX side and {verb(theirs)} by '
+            f'{self.flags["script"]} ({flag} {getattr(a, flag[2:].replace("-", "_"))}): set '
+            f'{fix}')
+
+  def batchnorm(self, where: str) -> str:
+    c, a = self.config, self.args
+    theirs = ('the global batch (--sync-bn)' if a.sync_bn else
+              f'each GPU\'s {a.batch_size} examples (no --sync-bn), rank 0\'s statistics kept')
+    mine = (f'groups of {c.bn_group_size} (bn_group_stats={c.bn_group_stats!r})'
+            if c.get('bn_group_size', 0) else 'the whole global batch')
+    fix = ('--config.bn_group_size=0' if a.sync_bn else
+           f'--config.bn_group_size={a.batch_size} --config.bn_group_stats=first')
+    layer = where.rsplit('.', 1)[0] if where.endswith(('running_mean', 'running_var')) else where
+    return (f'BatchNorm `{layer}` normalizes over {mine} here and over {theirs} in the '
+            f'script: set {fix}')
+
+
+def _script_side(script: str, args, nproc: int, dtype=torch.float32):
+  """The PyTorch side of `script`'s command line `args`, in `dtype`."""
+  if script == 'timm':
+    # pylint: disable-next=import-outside-toplevel  # (timm: loaded for its script only)
+    from flax_dp_trainer.pytorch.recipe import timm_side
+    return timm_side.TimmSide(args, nproc, dtype=dtype)
+  return torchvision_side.TorchvisionSide(args, nproc, dtype=dtype)
+
+
+def numeric(config):
+  """`config` with dropout and drop-path off: each framework draws them for itself, so the
+  numeric check leaves them out and compares them as settings."""
+  changed = ml_collections.ConfigDict(config.to_dict())
+  changed.dropout_rate = 0.0
+  changed.stochastic_depth_rate = 0.0
+  changed.lock()
+  return changed
+
+
+def run(script: str, args, config, workdir: str, nproc: int, num_steps: int,
+        plot: Optional[str] = None) -> Report:
+  """Both sides of `script`'s command line `args` and `config` for `num_steps` steps from
+  the same weights; the report."""
+  jax_side = jax_side_lib.JaxSide(numeric(config), workdir)
+  side = _script_side(script, args, nproc)
+  jax_side.pair(side.model)
+  start = jax_side.variables(jax_side.state)
+  side.load(start)
+  # The script's step in float64 from the same start: what float32 rounding makes of it.
+  exact = _script_side(script, args, nproc, dtype=torch.float64)
+  exact.load(start)
+  exact.model.to(torch.float64)
+  param_names = [n for n, _ in side.model.named_parameters()]
+  total = args.epochs * side.iterations
+  warmup = (args.lr_warmup_epochs if script == 'torchvision' else args.warmup_epochs)
+  points = schedule_points(total, int(warmup * side.iterations))
+  jax_decays, torch_decays = jax_side.weight_decays(), side.weight_decays()
+  causes = Causes(script, config, args, side, jax_decays, torch_decays)
+  rates = (_keyed(jax_side.learning_rates_at(points)), _keyed(side.learning_rates_at(points)))
+  settings = [
+      stages_lib.scalars('learning rates', *rates, stages_lib.EXACT,
+                         lambda where: causes.learning_rate(where, *rates)),
+      stages_lib.scalars('weight decay', jax_decays, torch_decays, stages_lib.EXACT,
+                         causes.weight_decay),
+      _ema_settings(script, jax_side, side, args)]
+  rows = []
+  for k in range(num_steps):
+    batch = jax_side.next_batch()
+    how = jax_side.mixing(batch['image'].shape[1], batch['image'].shape[2])
+    inputs, targets = _torch_inputs(side, batch, how)
+    before = jax_side.variables(jax_side.state)
+    for one in (side, exact):
+      one.force(before, jax_side.ema_variables(jax_side.state))
+    step_rates = _keyed(jax_side.learning_rates_at([k]))
+    mine = jax_side.step(batch, stages=True)
+    theirs = side.step(inputs, targets)
+    reference = exact.step(inputs, targets, given=mine.grads)
+    rows.append(dict(
+        step=k + 1, loss=(mine.loss, theirs.loss),
+        grad_norm=(mine.grad_norm, theirs.grad_norm),
+        param_norm=(mine.param_norm, theirs.param_norm),
+        lr=(mine.learning_rate, theirs.learning_rates[param_names[0]]),
+        stages=_step_stages(side, mine, theirs, reference, before, inputs, targets,
+                            param_names, args, causes, step_rates, k)))
+  drawn = (_drawn(config, args) if script == 'torchvision' else
+           _timm_drawn(args, config))
+  report = Report(settings, rows, drawn)
+  if plot:
+    _plot(report, plot)
+  return report
+
+
+def _timm_drawn(args, config) -> list[str]:
+  from flax_dp_trainer.pytorch.recipe import timm_side  # pylint: disable=import-outside-toplevel  # (timm)
+  return timm_side.drawn_settings(args, config)
+
+
+def _ema_settings(script, jax_side, torch_side, args) -> stages_lib.Stage:
+  ema = jax_side.run.options.step.ema
+  if script == 'timm' and args.model_ema:  # (ModelEmaV3: the translation refuses it.)
+    return stages_lib.Stage(
+        'EMA settings', float('inf'), stages_lib.EXACT, where='--model-ema',
+        cause="the script keeps timm's ModelEmaV3 (--model-ema), which takes the params whole "
+        "at its first update and averages BatchNorm's statistics too; no config field keeps "
+        'that EMA and the check has no EMA of the script to compare (the translation refuses '
+        '--model-ema): check the recipe without --model-ema')
+  if script == 'timm':
+    return stages_lib.Stage('EMA settings', 0.0 if ema is None else float('inf'),
+                            stages_lib.EXACT, note='no EMA' if ema is None else '',
+                            cause='' if ema is None else 'the config keeps an EMA the '
+                            'command does not: set --config.ema_decay=0')
+  if not args.model_ema:
+    note = 'no EMA on either side' if ema is None else 'no --model-ema'
+    return stages_lib.Stage('EMA settings', 0.0 if ema is None else float('inf'),
+                            stages_lib.EXACT, note='' if ema is not None else note,
+                            cause='the config keeps an EMA the script does not: set '
+                            '--config.ema_decay=0' if ema is not None else '')
+  adjust = torch_side.world_size * args.batch_size * args.model_ema_steps / args.epochs
+  decay = 1.0 - min(1.0, (1.0 - args.model_ema_decay) * adjust)
+  mine = dict(decay=ema.decay if ema else float('nan'),
+              every=float(ema.every_steps) if ema else float('nan'),
+              warmup_epochs=float(ema.warmup_epochs) if ema else float('nan'))
+  theirs = dict(decay=decay, every=float(args.model_ema_steps),
+                warmup_epochs=float(args.lr_warmup_epochs))
+  return stages_lib.scalars(
+      'EMA settings', mine, theirs, stages_lib.EXACT,
+      lambda where: (f'the EMA\'s {where} is {mine[where]:g} here and {theirs[where]:g} in the '
+                     'script (--model-ema-decay adjusted by world x batch x --model-ema-steps '
+                     '/ --epochs): set --config.ema_decay, ema_every_steps, '
+                     'ema_style=\'torchvision\''))
+
+
+def _step_stages(side, mine, theirs, reference, before, inputs, targets, param_names, args,
+                 causes, step_rates, k) -> list[stages_lib.Stage]:
+  """One step's stages, in the order the step computes them."""
+  theirs_rates = {f'{n} at step {k + 1}': r for n, r in theirs.learning_rates.items()}
+  out = [stages_lib.scalars(
+      'learning rate', step_rates, theirs_rates, stages_lib.EXACT,
+      lambda where: causes.learning_rate(where, step_rates, theirs_rates))]
+  out.append(stages_lib.tensors(
+      'inputs (normalized, mixed)', {'batch': np.moveaxis(mine.inputs, -1, 1)},
+      {'batch': inputs.numpy()}, stages_lib.FORWARD,
+      lambda where: 'the model\'s inputs differ: the script normalizes with ImageNet\'s mean '
+      'and std (set --config.image_mean/image_std) after its transforms'))
+  expected = _biased(theirs.buffers, before, theirs.batchnorm_counts)
+  out.append(stages_lib.tensors('BatchNorm statistics', mine.buffers, expected,
+                                stages_lib.FORWARD, causes.batchnorm))
+  out.append(stages_lib.tensors(
+      'logits', {'logits': mine.logits}, {'logits': theirs.logits}, stages_lib.FORWARD,
+      lambda where: 'the forward passes part at the same weights and inputs: run '
+      'python -m flax_dp_trainer.tools.port_check on the two models for the first layer'))
+  script_loss = float(side.loss_of(torch.from_numpy(np.array(mine.logits)), targets))
+  smoothing = causes.flags['smoothing']
+  out.append(stages_lib.scalars(
+      'loss on the same logits', {'loss': mine.loss}, {'loss': script_loss},
+      stages_lib.FORWARD,
+      lambda where: f'the loss of the same logits differs: the script\'s '
+      f'{type(side.criterion).__name__} with {smoothing} '
+      f'{getattr(args, smoothing[2:].replace("-", "_"))} on the mixed targets (set '
+      f'--config.label_smoothing, loss=\'softmax_xent\')'))
+  generic = lambda stage: (lambda where: f'{stage} of `{where}` part; the stages before are '
+                           'the same: the optimizer or its settings differ (--opt, '
+                           '--momentum, the clipping)')
+  rounded = lambda name, got, script, exact, cause: stages_lib.against_rounding(
+      name, got, script, exact, cause, param_names)
+  out.append(rounded('gradients', mine.grads, theirs.grads, reference.grads,
+                     generic('the gradients')))
+  # From here each stage starts from the JAX side's: the float64 side clips the JAX side's
+  # gradients and steps its optimizer with them.
+  relative = lambda name, got, exact, cause: stages_lib.tensors(
+      name, got, exact, stages_lib.FORWARD, cause, keys=param_names)
+  out.append(relative('clipped gradients', mine.clipped, reference.clipped,
+                      lambda where: (f'the clipping of `{where}` differs: the script clips at '
+                                     f'{causes.flags["clip"]} '
+                                     f'{getattr(args, causes.flags["clip"][2:].replace("-", "_"))}'
+                                     ' (set --config.grad_clip_norm, grad_clip_mode)')))
+  update = lambda after: {n: np.asarray(after[n], np.float64) - np.asarray(before[n], np.float64)
+                          for n in param_names}
+  # An update is read as the new float32 parameter less the old: to half a unit in the last
+  # place of the parameter (and the float64 side's, of its own rounding).
+  resolution = {n: 2.0 ** -24 * float(np.max(np.abs(np.asarray(before[n])), initial=0.0)) * 2
+                for n in param_names}
+  out.append(stages_lib.tensors('updates', update(mine.params), update(reference.params),
+                                stages_lib.FORWARD, generic('the updates'), keys=param_names,
+                                resolution=resolution))
+  out.append(relative('new parameters', mine.params, reference.params,
+                      generic('the new parameters')))
+  out.append(ema_stage(
+      mine.ema, reference.ema, param_names,
+      lambda where: f'the EMA of `{where}` differs: the script averages every '
+      f'--model-ema-steps {args.model_ema_steps} iterations of an epoch, copying the model '
+      'in the warm-up epochs (set --config.ema_every_steps, ema_style=\'torchvision\')'))
+  return out
+
+
+def ema_stage(mine: Optional[dict], reference: Optional[dict], param_names: list[str],
+              cause) -> stages_lib.Stage:
+  """The EMA after the step: none on either side, one side's alone (parts; the settings
+  stage names the field), or the two compared tensor by tensor."""
+  if mine is None and reference is None:
+    return stages_lib.Stage('EMA', 0.0, stages_lib.FORWARD, note='no EMA')
+  if mine is None or reference is None:
+    return stages_lib.Stage(
+        'EMA', float('inf'), stages_lib.FORWARD, where=param_names[0],
+        cause=('only the JAX side keeps an EMA: set --config.ema_decay=0' if reference is None
+               else 'only the script keeps an EMA: set --config.ema_decay'))
+  return stages_lib.tensors('EMA', mine, reference, stages_lib.FORWARD, cause,
+                            keys=param_names)
+
+
+def _drawn(config, args) -> list[str]:
+  """What each framework draws for itself, compared as settings."""
+  out = [f'random erasing: probability {config.random_erase_prob:g} here (in the batches the '
+         f'script is handed), --random-erase {args.random_erase:g} in the script']
+  out.append(f'dropout: dropout_rate={config.dropout_rate:g} here; the script\'s '
+             f'{args.model} has none' if config.dropout_rate else
+             f'dropout: none on either side ({args.model})')
+  return out
+
+
+def _plot(report: Report, path: str) -> None:
+  import matplotlib  # pylint: disable=import-outside-toplevel  # (only for --plot)
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=import-outside-toplevel  # (as above)
+  quantities = ('loss', 'grad_norm', 'param_norm', 'lr')
+  fig, axes = plt.subplots(1, len(quantities), figsize=(4 * len(quantities), 3))
+  steps = [r['step'] for r in report.steps]
+  for ax, q in zip(axes, quantities):
+    ax.plot(steps, [r[q][0] for r in report.steps], label='JAX (translated config)')
+    ax.plot(steps, [r[q][1] for r in report.steps], '--', label='PyTorch (the script)')
+    ax.set_title(q)
+    ax.set_xlabel('step')
+  axes[0].legend()
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=100)
+  plt.close(fig)

@@ -1,0 +1,1 @@
+"""Tests of flax_dp_trainer.pytorch.twin."""

@@ -1,1 +1,0 @@
-"""Tests of flax_dp_trainer.torch_ddp."""
