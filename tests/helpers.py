@@ -141,5 +141,5 @@ def initial_state(config, num_classes: int, input_shape: tuple[int, ...], *, mod
   the run builds it; its optimizer; the seed's init key unless `rng`), on the host."""
   config = durations.timing_durations(config, 0)
   spec = specs.DatasetSpec('test', num_classes, input_shape[-1], tuple(input_shape[1:]), 0)
-  built = reading.build_model(config, num_classes, input_shape, model)
+  built = reading.model_of(config, num_classes, input_shape, model)
   return run_options.initial_state(reading.of_config(config, spec), built, input_shape, rng)

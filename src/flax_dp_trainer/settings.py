@@ -175,7 +175,7 @@ def show_param_groups(config: Any) -> str:
   user_imports.import_modules(config)
   spec = run_datasets.for_options(run_options.data_options(config))
   input_shape = (1,) + tuple(spec.input_shape)
-  model = run_options.build_model(config, spec.num_classes, input_shape)
+  model = run_options.model_of(config, spec.num_classes, input_shape)
   order, params = blocks.call_order(model, input_shape)
   groups = run_options.group_options(config, order)
   param_groups.check_patterns(groups)

@@ -94,6 +94,10 @@ def test_old_module_paths_and_missing_fields():
   mine = run_meta.RunMeta.from_json(dict(saved, config=dict(saved['config'],
                                                               model='models.mynet:Net')), step)
   assert mine.config['model'] == 'models.mynet:Net'
+  # The twin's name before the PyTorch wing (a run of the release before).
+  wing = run_meta.RunMeta.from_json(dict(saved, config=dict(
+      saved['config'], torch_model='flax_dp_trainer.torch_ddp.models:resnet_tiny')), step)
+  assert wing.config['torch_model'] == 'flax_dp_trainer.pytorch.twin.models:resnet_tiny'
 
 
 def test_a_stream_version_this_trainer_lacks_is_one_line():

@@ -177,7 +177,7 @@ def test_the_train_step_moves_its_ema_by_the_rule(config):
   options = ema_lib.EmaOptions(decay=0.7, every_steps=2, style='torchvision',
                                steps_per_epoch=3, warmup_epochs=1)
   shape = (1, 8, 8, 1)
-  model = run_options.build_model(config, 10, shape)
+  model = run_options.model_of(config, 10, shape)
   state = state_lib.init_state(model, optax.sgd(0.1), shape, jax.random.PRNGKey(0), ema=True,
                                ema_batch_stats=True)
   layout = parallel.data_parallel('pmap', jax.devices()[:2])

@@ -24,7 +24,7 @@ def _model(name, **fields):
   config = default.get_config()
   config.model = name
   config.update(**fields)
-  model = run_options.build_model(config, 10, SHAPE)
+  model = run_options.model_of(config, 10, SHAPE)
   return config, model, *blocks.call_order(model, SHAPE)
 
 

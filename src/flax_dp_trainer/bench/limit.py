@@ -70,7 +70,7 @@ def measure_limit(config, backend: str, steps: int, warmup: int,
   schedule = optim.learning_rate_schedule(options.optim)
   input_shape = (1,) + spec.input_shape
   state = run_options.initial_state(
-      options, reading.build_model(config, spec.num_classes, input_shape), input_shape,
+      options, reading.model_of(config, spec.num_classes, input_shape), input_shape,
       rng=jax.random.PRNGKey(0), schedule=schedule)
   batch = _synthetic_rows(config, layout, spec)
   rstate = layout.put_state(state)

@@ -84,11 +84,13 @@ class RunMeta:
 
 
 # Shipped modules by the names they had before the package was `flax_dp_trainer` (0.1.0,
-# CHANGELOG.md): a checkpoint's config that names a model by import path names them so.
+# CHANGELOG.md), and the twin's before the PyTorch wing: a checkpoint's config that names a
+# model by import path names them so.
 _RENAMED_MODULES = {
     **{f'models.{name}': f'flax_dp_trainer.zoo.{name}'
        for name in ('resnet', 'vit', 'simple', 'layers')},
-    'baselines.torch_ddp.models': 'flax_dp_trainer.pytorch.twin.models',
+    **{f'{old}.models': 'flax_dp_trainer.pytorch.twin.models'
+       for old in ('baselines.torch_ddp', 'flax_dp_trainer.torch_ddp')},
 }
 
 

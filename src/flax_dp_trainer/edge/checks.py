@@ -156,7 +156,7 @@ def check_param_groups(config, ds_spec: specs.DatasetSpec) -> None:
   if model_source.is_import_path(config.model) and not config.model.count(':'):
     return
   input_shape = (1,) + tuple(ds_spec.input_shape)
-  model = run_options.build_model(config, ds_spec.num_classes, input_shape)
+  model = run_options.model_of(config, ds_spec.num_classes, input_shape)
   order, params = blocks.call_order(model, input_shape)
   param_groups.check_params(run_options.group_options(config, order), params)
 

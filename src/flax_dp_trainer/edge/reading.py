@@ -236,8 +236,8 @@ def of_config(config, ds_spec: specs.DatasetSpec, loss: Optional[losses.Loss] = 
                     loop=loop_options(config))
 
 
-def build_model(config, num_classes: int, input_shape: Optional[tuple[int, ...]] = None,
-                model: Any = None) -> adapter.Model:
+def model_of(config, num_classes: int, input_shape: Optional[tuple[int, ...]] = None,
+             model: Any = None) -> adapter.Model:
   """The config's model (`modeling.build`; `model`, a Python object, in its place where
   given) for inputs of `input_shape` (batch first; only NNX modules need it)."""
   return modeling.build(model_options(config), num_classes,

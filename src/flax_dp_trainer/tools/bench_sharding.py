@@ -77,7 +77,7 @@ def _initializer(config, options: run_options.RunOptions, schedule):
   `schedule`) on its dataset's shapes."""
   spec = run_datasets.for_options(options.data)
   input_shape = (1,) + spec.input_shape
-  model = reading.build_model(config, spec.num_classes, input_shape)
+  model = reading.model_of(config, spec.num_classes, input_shape)
   options = run_options.with_call_order(options, model, input_shape)
   tx = optim.create_optimizer(options.optim, schedule)
   return functools.partial(state_lib.create_train_state, model, tx, input_shape=input_shape,

@@ -1,4 +1,4 @@
-"""The DDP twin's EMA (`torch_ddp.twin_ema`: torch's AveragedModel moved by the JAX run's rule)
+"""The DDP twin's EMA (`pytorch.twin.twin_ema`: torch's AveragedModel moved by the JAX run's rule)
 against the JAX step's EMA (`step.ema.update`) on the same weights, step by step, in both
 styles; its evaluation's tags; and what it refuses."""
 

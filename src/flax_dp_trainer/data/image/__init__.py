@@ -8,15 +8,14 @@
                       cifar10, svhn), drawn from a seed
     augmix            torchvision's AugMix, drawn from a seed
     augment           torchvision's RandAugment
-    policy_strings      timm's --aa strings parsed as timm parses them (no TensorFlow)
-    string_policies     timm's RandAugment, AugMix and AutoAugment, drawn from a seed
+    policy_strings    timm's --aa strings parsed as timm parses them (no TensorFlow)
+    string_policies   timm's RandAugment, AugMix and AutoAugment, drawn from a seed
     pil_ops           PIL's arithmetic of timm's ops (enhancers, affine warps, bicubic a=-1)
     policy_choice     config.auto_augment as a policy with its reference's defaults (no
                       TensorFlow: the config's checks use it)
     auto_augment      a chosen policy applied to one image
     color_jitter      torchvision's ColorJitter (timm's --color-jitter)
     erasing           random erasing: torchvision's, timm's pixel mode and box count
-    compare_ops       each op of a policy beside torchvision's (tools.show_batch)
     resize            the resize filters (`config.resize_filter`): decoded pixels resized, a
                       region resampled at a sub-pixel position
     scaled_decode     JPEG windows decoded at 1/2-1/8 scale where the output shrinks them 2x+

@@ -222,7 +222,7 @@ def initial_variables(config, num_classes: int, input_shape: tuple[int, ...]
                       ) -> tuple[Any, dict]:
   """(the config's flax module, the variables `flax_dp_trainer.step.state.init_state` starts it
   from): what the JAX run starts from, for the twin to start there too."""
-  model = run_options.build_model(config, num_classes, input_shape)
+  model = run_options.model_of(config, num_classes, input_shape)
   variables = jax.device_get(state_lib.initial_variables(
       model, state_lib.seed_rngs(config.seed)[0], tuple(input_shape)))
   return model.module, {name: variables[name] for name in ('params', 'batch_stats')

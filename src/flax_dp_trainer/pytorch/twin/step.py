@@ -4,7 +4,7 @@ Mixup/CutMix of the global batch with rows exchanged between ranks r and R-1-r).
 
 Imports neither TensorFlow nor TFDS (it does import jax, flax and optax, for the optimizer's
 schedule and the mixing draw it shares with the JAX trainer), so that the bare step runs (and
-is benchmarked) on GPU hosts without TensorFlow: `torch_ddp/ddp_training.py` feeds it the
+is benchmarked) on GPU hosts without TensorFlow: `twin/ddp_training.py` feeds it the
 trainer's global batches, `tools/benchmark.py --parts=ddp_limit` a synthetic batch kept on
 the device.
 """
@@ -245,7 +245,7 @@ def distributed(model: torch.nn.Module, device: torch.device, compile_model: boo
 def make_optimizer(config, model: torch.nn.Module,
                    found: Optional[twin_groups.Factors] = None) -> torch.optim.Optimizer:
   """The counterpart of the JAX run's optimizer over its parameter groups
-  (`torch_ddp.torch_param_groups`; without `found`, decay on kernels only unless asked). With
+  (`twin.torch_param_groups`; without `found`, decay on kernels only unless asked). With
   `config.state_sharding='optimizer'` it is wrapped in ZeroRedundancyOptimizer (each rank
   keeps and updates the state of its share of the params, then broadcasts them)."""
   return twin_groups.make_optimizer(config, model, found)

@@ -1,7 +1,7 @@
 """The JAX run's recipe on the twin's parameters: each params leaf's learning-rate and
 weight-decay factors, frozen state and muon route (`step.param_groups`,
 `step.optimizers.muon_routed`) as torch parameter groups and `requires_grad=False`; the
-optimizer its counterpart (`torch_ddp.torch_optimizers`); the clipping mode's counterpart.
+optimizer its counterpart (`twin.torch_optimizers`); the clipping mode's counterpart.
 
 Which torch parameter a JAX leaf is: a tree of each leaf's factor, broadcast to the leaf's
 shape, goes through the same conversion as the weights (`zoo.torch_weights.to_state_dict`),
@@ -65,7 +65,7 @@ def factors(config, num_classes: int, input_shape: Sequence[int]) -> Optional[Fa
     return None
   flax_module, variables = torch_models.initial_variables(config, num_classes,
                                                           tuple(input_shape))
-  model = run_options.build_model(config, num_classes, tuple(input_shape))
+  model = run_options.model_of(config, num_classes, tuple(input_shape))
   order, _ = blocks.call_order(model, tuple(input_shape))
   groups = run_options.group_options(config, order)
   params = variables['params']
