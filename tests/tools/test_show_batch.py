@@ -15,6 +15,7 @@ import pytest
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.pytorch import compare_ops
 from flax_dp_trainer.data.image import policies
+from flax_dp_trainer.data.image import policy_strings
 from flax_dp_trainer.edge import reading as run_options
 from flax_dp_trainer.parallel import layouts
 from flax_dp_trainer.runs import processes
@@ -143,8 +144,33 @@ def test_compare_gives_a_row_per_ta_wide_op_and_the_pixel_ops_match(config, tmp_
   assert Image.open(out).size[1] > show_batch.Layout.of(4, 8, 8).size[1]
 
 
+@pytest.mark.slow
+def test_compare_timm_gives_a_row_per_op_of_the_string_each_timms_own(config, tmp_path):
+  """`--compare=timm`: the first training image as the policy receives it, each op of the
+  string against timm's AugmentOp (tests/pytorch/test_compare_ops.py: the levels and signs)."""
+  config.update(auto_augment='rand-m9-mstd0.5-inc1', augment='crop_flip', batch_size=4)
+  out = str(tmp_path / 'compare.png')
+  _, rows = show_batch.show(config, out, num=4, policy=config.auto_augment, reference='timm')
+  assert list(dict.fromkeys(r.op for r in rows)) == list(policy_strings.RAND_INCREASING_OPS)
+  assert all(r.psnr == np.inf or r.psnr >= 40 for r in rows), rows
+  config.auto_augment = ''
+  np.testing.assert_array_equal(rows[0].ours, _batch_0(config)['image'][0])
+  assert Image.open(out).size[1] > show_batch.Layout.of(4, 8, 8).size[1]
+
+
 def test_what_it_compares_and_shows_is_checked_first(config, tmp_path):
   assert show_batch.POLICIES == compare_ops.NAMES
+  assert show_batch.REFERENCES == compare_ops.REFERENCES
+  assert show_batch.compared_policy('v0', None, 'timm') == 'v0'
+  for auto_augment, policy, reference, line in (
+      ('ta_wide', None, 'timm', r"auto_augment='ta_wide' is not a timm policy string; "
+       r'--compare=timm compares one, e\.g\. --config\.auto_augment=rand-m9-mstd0\.5-inc1'),
+      ('', None, 'timm', "auto_augment='' is not a timm policy string"),
+      ('v0', 'augmix', 'timm', r'--policy=augmix names a torchvision policy; --compare=timm'),
+      ('rand-m9-mstd0.5', None, 'torchvision', r"auto_augment='rand-m9-mstd0\.5' is not a "
+       r'torchvision policy --compare knows; .*\(timm\'s policy strings: --compare=timm\)')):
+    with pytest.raises(show_batch.UserError, match=line):
+      show_batch.compared_policy(auto_augment, policy, reference)
   with pytest.raises(show_batch.UserError, match='sets none: pass --policy=NAME'):
     show_batch.compared_policy(config.auto_augment, None)
   assert show_batch.compared_policy('', 'augmix') == 'augmix'
@@ -163,6 +189,8 @@ def test_refusals_are_one_line_exit_status_2_and_write_nothing(tmp_path):
       (f'--out={tmp_path}/ops.png', '--compare=torchvision'): (
           '--compare compares an augmentation policy\'s ops, and the config sets none'),
       (f'--out={tmp_path}/ops.png', '--policy=ta_wide'): 'add --compare=torchvision',
+      (f'--out={tmp_path}/ops.png', '--compare=timm', '--config.auto_augment=ta_wide'): (
+          "auto_augment='ta_wide' is not a timm policy string"),
   }
   started = {args: subprocess.Popen(
       [sys.executable, '-m', 'flax_dp_trainer.tools.show_batch', '--config=default', *args],

@@ -1,8 +1,10 @@
-"""Each op of an augmentation policy's space, ours (`ops.apply`) against torchvision v2's
-(`_AutoAugmentBase._apply_image_or_video_transform`, the code its policies run), on one uint8
-image at the same magnitude: the policy's strongest bin and a middle one, both signs of a
-signed op. A row per op and magnitude holds both images, their largest absolute difference
-and the PSNR of ours against torchvision's (inf where they are equal).
+"""Each op of an augmentation policy's space, ours against its library's own op, on one uint8
+image at the same magnitude. A row per op and magnitude holds both images, their largest
+absolute difference and the PSNR of ours against the reference's (inf where they are equal).
+
+torchvision's policies (`compare`): ours (`ops.apply`) against torchvision v2's
+(`_AutoAugmentBase._apply_image_or_video_transform`, the code its policies run), at the
+policy's strongest bin and a middle one, both signs of a signed op:
 
     policy    space, bins                          reference
     ta_wide   policies.TA_WIDE_SPACE, 31           v2.TrivialAugmentWide
@@ -11,15 +13,28 @@ and the PSNR of ours against torchvision's (inf where they are equal).
     augmix    augmix.SPACE, 10                     v2.AugMix
 
 The magnitudes are our tables' (`policies.magnitude_table`, `augmix.magnitude_table`),
-handed to both sides as the same Python number. torch and torchvision are the ddp extra's:
-imported where the comparison runs. A process that imports them after TensorFlow keeps
-triton out (`base.triton_guard`); a command imports them first.
+handed to both sides as the same Python number.
+
+timm's policy strings (`compare_timm`, 'rand-...', 'augmix-...', 'original', 'v0', ...): ours
+(`string_policies.op_value`, then `apply_op`) against timm's `AugmentOp` (probability 1, no
+magnitude noise, the sign fixed) on the PIL image, at the policy's magnitude and half of it
+(an AutoAugment policy: each op at the levels its sub-policies give it), both signs of a
+signed op, each interpolation the policy samples with ('random': bilinear and bicubic), with
+create_transform's hyperparameters for an image of this size (the translate constant, the
+mean fill, the policy's translate_pct).
+
+torch, torchvision and timm are the ddp extra's: imported where the comparison runs. A
+process that imports them after TensorFlow keeps triton out (`base.triton_guard`); a command
+imports them first.
 """
 
 import dataclasses
 import math
+import random
 from typing import Optional, Sequence
+from unittest import mock
 
+from absl import logging
 import numpy as np
 
 from flax_dp_trainer.data import specs
@@ -27,13 +42,17 @@ from flax_dp_trainer.data.image import augmix
 from flax_dp_trainer.data.image import policy_choice
 from flax_dp_trainer.data.image import ops
 from flax_dp_trainer.data.image import policies
+from flax_dp_trainer.data.image import policy_strings
 from flax_dp_trainer.data.image import preprocess
+from flax_dp_trainer.data.image import string_policies
 from flax_dp_trainer.data.data_options import DataOptions
 
 NAMES = ('ta_wide',) + tuple(policies.POLICIES) + ('augmix',)
 # Ops that move pixels: a pixel whose sampling point falls on an exact tie rounds one way in
 # TensorFlow's nearest sampling and the other in torch's, so these may differ in a few pixels.
-GEOMETRIC = frozenset({'ShearX', 'ShearY', 'TranslateX', 'TranslateY', 'Rotate'})
+GEOMETRIC = frozenset({'ShearX', 'ShearY', 'TranslateX', 'TranslateY', 'Rotate'}
+                      | set(policy_strings.GEOMETRIC))
+REFERENCES = ('torchvision', 'timm')  # Whose ops a policy is compared with.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,17 +110,19 @@ def magnitudes(policy: str, name: str, height: int, width: int
 
 @dataclasses.dataclass(frozen=True)
 class Row:
-  """One op at one magnitude: ours and torchvision's image ([H, W, C] uint8), the largest
+  """One op at one magnitude: ours and the reference's image ([H, W, C] uint8), the largest
   absolute difference and the PSNR in dB (inf where equal)."""
   policy: str
   op: str
-  bin: Optional[int]
+  bin: Optional[float]  # torchvision's magnitude bin, or timm's level.
   magnitude: Optional[float]
   signed: bool  # The op's magnitude takes both signs.
   max_abs_diff: int
   psnr: float
   ours: np.ndarray = dataclasses.field(repr=False, compare=False)
   reference: np.ndarray = dataclasses.field(repr=False, compare=False)
+  interpolation: str = ''  # Where the policy samples with more than one (timm's 'random').
+  scale: str = 'bin'  # What `bin` counts: torchvision's magnitude bins, or timm's 'level'.
 
   @property
   def magnitude_text(self) -> str:
@@ -144,10 +165,7 @@ def compare(image: np.ndarray, policy: str, interpolation: Optional[str] = None,
   if interpolation not in ops.INTERPOLATIONS:
     raise ValueError(f'interpolation must be one of {", ".join(ops.INTERPOLATIONS)}, got '
                      f'{interpolation!r}')
-  image = np.asarray(image)
-  if image.dtype != np.uint8 or image.ndim != 3 or image.shape[-1] not in (1, 3):
-    raise ValueError(f'image must be uint8 [H, W, C] with C = 1 or 3, got {image.dtype} '
-                     f'{image.shape}')
+  image = _check_image(image)
   reference = reference_policy(policy, interpolation, fill)
   # What torchvision's policies call for one op, with the fill as their constructor made it.
   transform = reference._apply_image_or_video_transform  # pylint: disable=protected-access
@@ -166,11 +184,82 @@ def compare(image: np.ndarray, policy: str, interpolation: Optional[str] = None,
   return rows
 
 
+def _check_image(image) -> np.ndarray:
+  image = np.asarray(image)
+  if image.dtype != np.uint8 or image.ndim != 3 or image.shape[-1] not in (1, 3):
+    raise ValueError(f'image must be uint8 [H, W, C] with C = 1 or 3, got {image.dtype} '
+                     f'{image.shape}')
+  return image
+
+
+def timm_levels(policy: policy_strings.StringPolicy) -> dict[str, tuple[float, ...]]:
+  """Per op of `policy`'s space, the levels compared: the policy's magnitude and half of it;
+  for an AutoAugment policy, the levels its sub-policies give the op."""
+  if isinstance(policy, policy_strings.AutoAugment):
+    found: dict[str, set] = {}
+    for sub in policy.sub_policies:
+      for op, _, level in sub:
+        found.setdefault(op, set()).add(float(level))
+    return {op: tuple(sorted(levels, reverse=True)) for op, levels in found.items()}
+  return {op: (float(policy.magnitude), policy.magnitude / 2) for op in policy.ops}
+
+
+def compare_timm(image: np.ndarray, text: str, interpolation: str = 'random',
+                 fill: Sequence[float] = (0,)) -> list[Row]:
+  """Every op of timm's policy string `text` on `image` (uint8 [H, W, C], C = 1 or 3), ours
+  against timm's `AugmentOp`, at `timm_levels`' levels, both signs where the op is signed;
+  `interpolation` as config.auto_augment_interpolation resolves ('random': each geometric op
+  both ways), `fill` the mean pixel the geometric ops leave. Rows in the space's order."""
+  # pylint: disable=import-outside-toplevel  # (optional dependencies: the ddp extra)
+  from PIL import Image
+  from timm.data import auto_augment as timm_augment
+  # pylint: enable=import-outside-toplevel
+  policy = policy_strings.parse(text)
+  image = _check_image(image)
+  height, width, channels = image.shape
+  fill = tuple(int(round(v)) for v in fill)
+  fill = fill * channels if len(fill) == 1 else fill
+  pil = Image.fromarray(image[..., 0] if channels == 1 else image)
+  sampled = ('bilinear', 'bicubic') if interpolation == 'random' else (interpolation,)
+  modes = {'nearest': Image.NEAREST, 'bilinear': Image.BILINEAR, 'bicubic': Image.BICUBIC}
+  rows = []
+  for name, levels in timm_levels(policy).items():
+    geometric = name in policy_strings.GEOMETRIC
+    signed = (string_policies.op_value(name, 5.0, height, width, negate=True) !=
+              string_policies.op_value(name, 5.0, height, width))
+    for level in levels:
+      for negate in (False, True) if signed else (False,):
+        value = string_policies.op_value(name, level, height, width, negate,
+                                         policy.translate_pct)
+        for mode in sampled if geometric else ('bilinear',):
+          hparams = dict(translate_const=int(min(height, width) *
+                                             policy_strings.TRANSLATE_CONST_FRACTION),
+                         img_mean=fill, translate_pct=policy.translate_pct,
+                         magnitude_max=policy.magnitude_max, interpolation=modes[mode])
+          reference = timm_augment.AugmentOp(name, prob=1.0, magnitude=level, hparams=hparams)
+          # timm's sign draw (`_randomly_negate`): negative where random.random() > 0.5.
+          try:
+            with mock.patch.object(random, 'random', return_value=0.9 if negate else 0.1):
+              theirs = np.asarray(reference(pil)).reshape(image.shape)
+          except ValueError as e:  # Pillow refuses to posterize to 0 bits; ours gives 0s.
+            logging.warning('%s at level %g: timm\'s op raised (%s); not compared', name,
+                            level, e)
+            continue
+          ours = string_policies.apply_op(image, name, value, fill, mode).numpy()
+          diff = int(np.abs(ours.astype(np.int32) - theirs.astype(np.int32)).max())
+          rows.append(Row(text, name, level, float(value), signed, diff, psnr(ours, theirs),
+                          ours, theirs, mode if geometric and len(sampled) > 1 else '',
+                          'level'))
+  return rows
+
+
 def table(rows: Sequence[Row]) -> str:
-  """The rows as aligned columns: policy, op, bin, magnitude, max abs diff, PSNR."""
-  cells = [('policy', 'op', 'bin', 'magnitude', 'max_abs_diff', 'psnr_db')] + [
-      (r.policy, r.op, '-' if r.bin is None else str(r.bin), r.magnitude_text,
-       str(r.max_abs_diff), r.psnr_text) for r in rows]
+  """The rows as aligned columns: policy, op (and its interpolation where the policy draws
+  one), bin or level, magnitude, max abs diff, PSNR."""
+  scale = rows[0].scale if rows else 'bin'
+  cells = [('policy', 'op', scale, 'magnitude', 'max_abs_diff', 'psnr_db')] + [
+      (r.policy, f'{r.op} {r.interpolation}'.strip(), '-' if r.bin is None else f'{r.bin:g}',
+       r.magnitude_text, str(r.max_abs_diff), r.psnr_text) for r in rows]
   return _aligned(cells, 'llrrrr')
 
 
@@ -178,12 +267,12 @@ def summary(rows: Sequence[Row]) -> str:
   """Per policy and op, its lowest PSNR and where: the op's worst case."""
   worst: dict[tuple[str, str], Row] = {}
   for r in rows:
-    key = (r.policy, r.op)
+    key = (r.policy, f'{r.op} {r.interpolation}'.strip())
     if key not in worst or r.psnr < worst[key].psnr:
       worst[key] = r
   cells = [('policy', 'op', 'kind', 'lowest_psnr_db', 'at_magnitude', 'max_abs_diff')] + [
-      (r.policy, r.op, 'geometric' if r.op in GEOMETRIC else 'pixel', r.psnr_text,
-       r.magnitude_text, str(r.max_abs_diff)) for r in worst.values()]
+      (r.policy, op, 'geometric' if r.op in GEOMETRIC else 'pixel', r.psnr_text,
+       r.magnitude_text, str(r.max_abs_diff)) for (_, op), r in worst.items()]
   return _aligned(cells, 'lllrrr')
 
 

@@ -5,6 +5,8 @@
       [--num=16] [--overwrite] [--config.FIELD=VALUE ...]
   python -m flax_dp_trainer.tools.show_batch --config=default --out=/tmp/ops.png \\
       --compare=torchvision [--policy=ta_wide|imagenet|cifar10|svhn|augmix]
+  python -m flax_dp_trainer.tools.show_batch --config=default --out=/tmp/ops.png \\
+      --compare=timm --config.auto_augment=rand-m9-mstd0.5-inc1
 
 The batch is the trainer's input pipeline's (`data.pipeline.TrainData`: the stream's order,
 decode, crop, flip, every augmentation of the config), mixed as the run's first train step
@@ -16,7 +18,9 @@ class, or where mixed both classes with their weights.
 it (cropped and flipped), at the same magnitudes (`pytorch.compare_ops`). It prints a row
 per op and magnitude (max abs difference, PSNR in dB) and each op's lowest PSNR, and draws
 ours, torchvision's and their difference under the grid; it needs torch and torchvision (the
-ddp extra). The PNG at --out is all it writes; an existing one is kept unless --overwrite.
+ddp extra). --compare=timm does the same for timm's policy string in config.auto_augment,
+each op against timm's own `AugmentOp` at the policy's levels (with timm, the ddp extra's).
+The PNG at --out is all it writes; an existing one is kept unless --overwrite.
 """
 
 import dataclasses
@@ -36,13 +40,13 @@ from flax_dp_trainer.base.errors import UserError
 
 FLAGS = flags.FLAGS
 POLICIES = ('ta_wide', 'imagenet', 'cifar10', 'svhn', 'augmix')  # compare_ops.NAMES
-REFERENCES = ('torchvision',)
+REFERENCES = ('torchvision', 'timm')  # compare_ops.REFERENCES
 # The grid: cells of at least MIN_CELL pixels a side (small images enlarged by a whole
 # factor, each pixel a square), PAD pixels apart, a label of LABEL_LINES lines under each.
 MIN_CELL, PAD, FONT_SIZE, LINE_HEIGHT, LABEL_LINES = 64, 4, 11, 13, 2
 HEADER = LINE_HEIGHT + PAD
 COMPARE_COLUMNS = 4  # Ops per line of the comparison.
-DIFF_GAIN = 8  # The difference image: |ours - torchvision's| times this.
+DIFF_GAIN = 8  # The difference image: |ours - the reference's| times this.
 
 
 def _define_flags() -> None:
@@ -53,8 +57,8 @@ def _define_flags() -> None:
   flags.DEFINE_bool('overwrite', False, 'Replace --out where it exists.')
   flags.DEFINE_enum('compare', None, REFERENCES, 'Compare each op of the augmentation policy '
                     'with this reference\'s on the first training image.')
-  flags.DEFINE_enum('policy', None, POLICIES, 'The policy whose ops --compare compares; '
-                    'default: config.auto_augment.')
+  flags.DEFINE_enum('policy', None, POLICIES, 'The torchvision policy whose ops '
+                    '--compare=torchvision compares; default: config.auto_augment.')
   cli.define_config()
   flags.mark_flag_as_required('config')
 
@@ -75,17 +79,32 @@ def check_out(out: str, overwrite: bool) -> None:
     raise UserError(f'--out={out} exists; pass --overwrite to replace it, or another --out')
 
 
-def compared_policy(auto_augment: str, policy: Optional[str]) -> str:
-  """The policy --compare compares: --policy, else config.auto_augment; `UserError` where
-  neither names one of POLICIES."""
+def compared_policy(auto_augment: str, policy: Optional[str],
+                    reference: str = 'torchvision') -> str:
+  """The policy --compare=`reference` compares: --policy, else config.auto_augment (timm's:
+  config.auto_augment, a policy string); `UserError` where that is not one the reference has."""
+  # pylint: disable-next=import-outside-toplevel
+  from flax_dp_trainer.data.image import policy_choice  # (no TensorFlow)
+  if reference == 'timm':
+    if policy:
+      raise UserError(f'--policy={policy} names a torchvision policy; --compare=timm compares '
+                      'timm\'s policy string of --config.auto_augment (e.g. '
+                      '--config.auto_augment=rand-m9-mstd0.5-inc1)')
+    if not auto_augment or policy_choice.library(auto_augment) != 'timm':
+      raise UserError(f'auto_augment={auto_augment!r} is not a timm policy string; '
+                      '--compare=timm compares one, e.g. --config.auto_augment='
+                      'rand-m9-mstd0.5-inc1 (a torchvision policy: --compare=torchvision)')
+    return auto_augment
   chosen = policy or auto_augment
   if not chosen:
     raise UserError('--compare compares an augmentation policy\'s ops, and the config sets '
                     'none: pass --policy=NAME or --config.auto_augment=NAME (NAME one of '
                     f'{", ".join(POLICIES)})')
   if chosen not in POLICIES:
+    timm = chosen not in policy_choice.NAMED and policy_choice.library(chosen) == 'timm'
     raise UserError(f'auto_augment={chosen!r} is not a torchvision policy --compare knows; '
-                    f'pass --policy=NAME, one of {", ".join(POLICIES)}')
+                    f'pass --policy=NAME, one of {", ".join(POLICIES)}' +
+                    (' (timm\'s policy strings: --compare=timm)' if timm else ''))
   return chosen
 
 
@@ -217,9 +236,10 @@ def _before_policies(data):
   return BeforePolicies(**{f.name: getattr(data, f.name) for f in dataclasses.fields(data)})
 
 
-def compare_rows(config, datasets, policy: str) -> list:
-  """`pytorch.compare_ops.compare` on the first training image as the policy step
-  receives it, at the config's interpolation and fill (the policy's defaults where unset)."""
+def compare_rows(config, datasets, policy: str, reference: str = 'torchvision') -> list:
+  """`pytorch.compare_ops.compare` (timm's: `compare_timm`) on the first training image as
+  the policy step receives it, at the config's interpolation and fill (the policy's defaults
+  where unset)."""
   # pylint: disable=import-outside-toplevel  # (TensorFlow: the refusals need none)
   from flax_dp_trainer.data import pipeline
   from flax_dp_trainer.pytorch import compare_ops
@@ -232,6 +252,8 @@ def compare_rows(config, datasets, policy: str) -> list:
   if image.dtype != np.uint8:
     raise UserError(f'dataset={config.dataset!r} holds {image.dtype} images; the policies '
                     'work on uint8 ones')
+  if reference == 'timm':
+    return compare_ops.compare_timm(image, policy, interpolation, fill or (0,))
   return compare_ops.compare(image, policy, interpolation, fill)
 
 
@@ -332,7 +354,8 @@ def draw_comparison(rows: Sequence, title: str):
     gap = np.full((r.ours.shape[0], 1, r.ours.shape[2]), 255, np.uint8)
     tiles.append(np.concatenate([r.ours, gap, r.reference, gap,
                                  np.clip(diff, 0, 255).astype(np.uint8)], axis=1))
-    labels.append([f'{r.op} {r.magnitude_text}', f'PSNR {r.psnr_text} dB'])
+    labels.append([' '.join(filter(None, (r.op, r.interpolation, r.magnitude_text))),
+                   f'PSNR {r.psnr_text} dB'])
   return draw_grid(np.stack(tiles), labels, title, columns=COMPARE_COLUMNS,
                    side=max(rows[0].ours.shape[:2]))
 
@@ -341,9 +364,9 @@ def draw_comparison(rows: Sequence, title: str):
 
 
 def show(config, out: str, num: int = 16, *, overwrite: bool = False,
-         policy: Optional[str] = None) -> tuple[Shown, list]:
+         policy: Optional[str] = None, reference: str = 'torchvision') -> tuple[Shown, list]:
   """Writes the picture of `config`'s global batch 0 to `out` (and, with `policy`, the
-  comparison of its ops with torchvision's); returns what the grid shows and the comparison's
+  comparison of its ops with `reference`'s, torchvision's or timm's); returns what the grid shows and the comparison's
   rows (`compare_ops.Row`, none without `policy`). `UserError` before anything is written."""
   # pylint: disable-next=import-outside-toplevel
   from flax_dp_trainer.edge import checks  # (flax, TensorFlow: the refusals need none)
@@ -356,9 +379,10 @@ def show(config, out: str, num: int = 16, *, overwrite: bool = False,
   parts = [draw_grid(shown.images, shown.labels, shown.title)]
   rows = []
   if policy:
-    rows = compare_rows(config, datasets, policy)
+    rows = compare_rows(config, datasets, policy, reference)
+    theirs = {'torchvision': 'torchvision v2', 'timm': "timm's AugmentOp"}[reference]
     parts.append(draw_comparison(rows, f'{policy} on the first training image: ours | '
-                                       f'torchvision v2 | |difference| x {DIFF_GAIN}'))
+                                       f'{theirs} | |difference| x {DIFF_GAIN}'))
   # pylint: disable-next=import-outside-toplevel
   from PIL import Image  # (Pillow, as above)
   picture = Image.new('RGB', (max(p.size[0] for p in parts), sum(p.size[1] for p in parts)),
@@ -386,16 +410,19 @@ def main(argv):
                       '--compare=torchvision (to see the policy in the grid: '
                       f'--config.auto_augment={FLAGS.policy})')
     if FLAGS.compare:
-      policy = compared_policy(FLAGS.config.auto_augment, FLAGS.policy)
+      policy = compared_policy(FLAGS.config.auto_augment, FLAGS.policy, FLAGS.compare)
   except UserError as e:
     _refuse(e)
   if policy:
-    cli.require_ddp_extra(('torch', 'torchvision'))
+    cli.require_ddp_extra(('torch', 'torchvision') + (('timm',) if FLAGS.compare == 'timm'
+                                                      else ()))
     # pylint: disable=import-outside-toplevel,unused-import
     # torch and torchvision before TensorFlow, which the data below loads: torchvision
     # imported after TensorFlow 2.21 crashes the interpreter (an optional dependency too).
     import torch
     import torchvision
+    if FLAGS.compare == 'timm':
+      import timm.data
     # pylint: enable=import-outside-toplevel,unused-import
   # pylint: disable-next=import-outside-toplevel
   from flax_dp_trainer.edge import checks  # (flax, TensorFlow: after torch, as above)
@@ -405,7 +432,8 @@ def main(argv):
     from flax_dp_trainer.loop import setup  # (orbax: only where a cache is set)
     setup.use_compilation_cache(config.compilation_cache_dir)
   try:
-    shown, rows = show(config, FLAGS.out, FLAGS.num, overwrite=FLAGS.overwrite, policy=policy)
+    shown, rows = show(config, FLAGS.out, FLAGS.num, overwrite=FLAGS.overwrite, policy=policy,
+                       reference=FLAGS.compare or 'torchvision')
   except UserError as e:
     _refuse(e)
   print(shown.note)
