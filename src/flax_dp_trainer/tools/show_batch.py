@@ -422,7 +422,7 @@ def main(argv):
     import torch
     import torchvision
     if FLAGS.compare == 'timm':
-      import timm.data
+      import timm.data  # timm imports torchvision: before TensorFlow too.
     # pylint: enable=import-outside-toplevel,unused-import
   # pylint: disable-next=import-outside-toplevel
   from flax_dp_trainer.edge import checks  # (flax, TensorFlow: after torch, as above)
