@@ -195,14 +195,19 @@ CASES = {
         "auto_augment='trivialaugment': "),
     'unknown policy': (
         dict(auto_augment='foo'), "auto_augment='foo' is unknown; choose one of torchvision's "
-        'policies, ta_wide, imagenet, cifar10, svhn, augmix, randaugment, ra, or a timm --aa '
-        'string such as rand-m9-mstd0.5-inc1'),
+        'policies, augmix, cifar10, imagenet, randaugment, ra, svhn, ta_wide, or a timm --aa '
+        'string such as augmix-m3-w3, original, v0, rand-m9-mstd0.5-inc1'),
     'malformed timm policy': (
         dict(auto_augment='rand-m9-xx'), "auto_augment='rand-m9-xx': "),
     'randaugment parameters under another policy': (
         dict(auto_augment='ta_wide', randaugment_num_layers=3),
         "randaugment_num_layers=3 is a parameter of torchvision's RandAugment, and this run has "
         "auto_augment='ta_wide'; choose RandAugment with --config.auto_augment=randaugment"),
+    'augmix parameters under another policy': (
+        dict(auto_augment='rand-m9-mstd0.5', augmix_width=4),
+        "augmix_width=4 is a parameter of torchvision's AugMix, and this run has "
+        "auto_augment='rand-m9-mstd0.5'; choose AugMix with --config.auto_augment=augmix, or "
+        'drop --config.augmix_width'),
     'randaugment parameters without a policy': (
         dict(randaugment_magnitude=12),
         "randaugment_magnitude=12 is a parameter of torchvision's RandAugment, and this run has "

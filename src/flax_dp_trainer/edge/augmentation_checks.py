@@ -7,6 +7,7 @@ from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.data import data_options
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data.image import policy_choice
+from flax_dp_trainer.data.image import policy_records
 from flax_dp_trainer.edge import reading as run_options
 
 
@@ -26,6 +27,7 @@ def check(config) -> None:
   """Every augmentation field of `config`; UserError on the first that cannot run."""
   _check_randaugment(config)
   _check_policy(config)
+  _check_policy_parameters(config)
   _check_erasing(config)
   _choice('resize_filter', config.resize_filter, specs.RESIZE_FILTERS)
   if config.train_interpolation:
@@ -47,22 +49,29 @@ def check(config) -> None:
 
 
 def _check_randaugment(config) -> None:
-  """RandAugment's parameters: set for a run whose policy is another (or none), refused; one
-  field, auto_augment, chooses the policy."""
+  """RandAugment's parameters' ranges."""
   layers, magnitude = config.randaugment_num_layers, config.randaugment_magnitude
   _whole('randaugment_num_layers', layers, 1, " (RandAugment's num_ops)")
   if not isinstance(magnitude, int) or not 0 <= magnitude <= specs.RANDAUGMENT_MAX_MAGNITUDE:
     raise UserError(f'randaugment_magnitude={magnitude!r} must be an integer in [0, '
                     f'{specs.RANDAUGMENT_MAX_MAGNITUDE}] (--config.randaugment_magnitude=M)')
-  if config.auto_augment in policy_choice.RANDAUGMENT:
-    return
+
+
+def _check_policy_parameters(config) -> None:
+  """A policy's own parameters (its record's `reads`: augmix_*, randaugment_*) set where the
+  run's policy is another, or none, refused: one field, auto_augment, chooses the policy, and a
+  value set is never ignored."""
+  chosen = policy_records.find(config.auto_augment) if config.auto_augment else None
   defaults = data_options.DataOptions()
-  for field in ('randaugment_num_layers', 'randaugment_magnitude'):
-    if config[field] != getattr(defaults, field):
-      policy = f'auto_augment={config.auto_augment!r}' if config.auto_augment else 'no policy'
-      raise UserError(f"{field}={config[field]} is a parameter of torchvision's RandAugment, "
-                      f'and this run has {policy}; choose RandAugment with '
-                      f'--config.auto_augment=randaugment, or drop --config.{field}')
+  for record in policy_records.REGISTRY:
+    if record is chosen:
+      continue
+    for field in record.reads:
+      if field in config and config[field] != getattr(defaults, field):
+        policy = f'auto_augment={config.auto_augment!r}' if config.auto_augment else 'no policy'
+        raise UserError(f"{field}={config[field]} is a parameter of {record.library}'s "
+                        f'{record.doc}, and this run has {policy}; choose {record.doc} with '
+                        f'--config.auto_augment={record.name}, or drop --config.{field}')
 
 
 def _check_policy(config) -> None:

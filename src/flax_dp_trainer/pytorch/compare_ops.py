@@ -40,6 +40,7 @@ import numpy as np
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data.image import augmix
 from flax_dp_trainer.data.image import policy_choice
+from flax_dp_trainer.data.image import policy_records
 from flax_dp_trainer.data.image import ops
 from flax_dp_trainer.data.image import policies
 from flax_dp_trainer.data.image import policy_strings
@@ -158,10 +159,10 @@ def compare(image: np.ndarray, policy: str, interpolation: Optional[str] = None,
             fill: Optional[Sequence[float]] = None) -> list[Row]:
   """Every op of `policy`'s space on `image` (uint8 [H, W, C], C = 1 or 3), ours against
   torchvision's, at the magnitudes of `magnitudes`; `interpolation` None: the policy's
-  default (`policy_choice.named_interpolation`). Rows in the space's order."""
+  default (its record's). Rows in the space's order."""
   # pylint: disable-next=import-outside-toplevel
   import torch  # (optional dependency: the ddp extra)
-  interpolation = interpolation or policy_choice.named_interpolation(policy)
+  interpolation = interpolation or policy_records.find(policy).default_interpolation(None)
   if interpolation not in ops.INTERPOLATIONS:
     raise ValueError(f'interpolation must be one of {", ".join(ops.INTERPOLATIONS)}, got '
                      f'{interpolation!r}')

@@ -101,7 +101,7 @@ def compared_policy(auto_augment: str, policy: Optional[str],
                     'none: pass --policy=NAME or --config.auto_augment=NAME (NAME one of '
                     f'{", ".join(POLICIES)})')
   if chosen not in POLICIES:
-    timm = chosen not in policy_choice.NAMED and policy_choice.library(chosen) == 'timm'
+    timm = policy_choice.library(chosen) == 'timm'
     raise UserError(f'auto_augment={chosen!r} is not a torchvision policy --compare knows; '
                     f'pass --policy=NAME, one of {", ".join(POLICIES)}' +
                     (' (timm\'s policy strings: --compare=timm)' if timm else ''))

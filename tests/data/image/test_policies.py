@@ -11,7 +11,7 @@ import torch
 from torchvision.transforms import v2
 import tensorflow as tf  # pylint: disable=wrong-import-order
 
-from flax_dp_trainer.data.image import policy_choice
+from flax_dp_trainer.data.image import policy_records
 from flax_dp_trainer.data.image import ops
 from flax_dp_trainer.data.image import policies
 from tests.data.image import images
@@ -184,5 +184,5 @@ def test_policies_are_stateless_and_apply_to_float_images():
     policies.autoaugment(image, seed, 'reduced_imagenet')
   settings = policies.Settings('bilinear', (128.0, 128.0, 128.0))
   assert policies.apply(image, seed, 'ta_wide', settings).shape == image.shape
-  assert ops.INTERPOLATIONS == policy_choice.INTERPOLATIONS['torchvision']
-  assert set(policies.NAMES) <= set(policy_choice.NAMED)
+  assert all(policy_records.find(name).interpolations == ops.INTERPOLATIONS and
+             policy_records.find(name).library == 'torchvision' for name in policies.NAMES)

@@ -20,7 +20,6 @@ from typing import Optional
 
 from flax_dp_trainer.data.tensorflow_import import tf
 
-from flax_dp_trainer.data.image import auto_augment
 from flax_dp_trainer.data.image import color_jitter
 from flax_dp_trainer.data.image import crop_windows
 from flax_dp_trainer.data.image import erasing
@@ -237,14 +236,14 @@ class RandomFlip(Step):
 
 @dataclasses.dataclass(frozen=True)
 class AutoAugment(Step):
-  """config.auto_augment's policy (`policy_choice.Policy`: torchvision's or timm's; `auto_augment.apply`) on the
+  """config.auto_augment's policy (`policy_choice.Policy`, its record's `apply`) on the
   uint8 image."""
   name = 'auto_augment'
   stream: Optional[int] = stream_lib.POLICY_STREAM
   policy: Optional[policy_choice.Policy] = None
 
   def __call__(self, image, seed):
-    return auto_augment.apply(self.policy, image, seed)
+    return self.policy.apply(image, seed)
 
   def describe(self):
     return self.policy.describe()

@@ -1,0 +1,27 @@
+"""What torchvision's named policies share (TrivialAugmentWide, AutoAugment's three, AugMix,
+RandAugment): nearest sampling and zero fill by default (AugMix bilinear), and
+`policies.apply` to draw and apply TrivialAugmentWide and AutoAugment (TensorFlow, imported
+where a policy runs)."""
+
+from flax_dp_trainer.data.image.policy_records import policy_record
+
+INTERPOLATIONS = ('nearest', 'bilinear')  # ops.INTERPOLATIONS.
+
+
+def apply_named(policy: policy_record.Policy, image, seed):
+  """`policies.apply` of the policy's name, with its sampling and fill."""
+  # pylint: disable-next=import-outside-toplevel  # (TensorFlow: the checks need none.)
+  from flax_dp_trainer.data.image import policies
+  return policies.apply(image, seed, policy.name,
+                        policies.Settings(policy.interpolation, policy.fill))
+
+
+def named_record(name: str, what: str, *, interpolation: str = 'nearest',
+                 apply=apply_named, **fields) -> policy_record.Record:
+  """A torchvision policy's record: `what` its description (or `describe`), its default
+  `interpolation`."""
+  describe = fields.pop('describe', lambda policy: what)
+  return policy_record.Record(
+      name=name, doc=what, library='torchvision', apply=apply, describe=describe,
+      interpolations=INTERPOLATIONS, default_interpolation=lambda options: interpolation,
+      **fields)
