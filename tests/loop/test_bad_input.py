@@ -203,6 +203,16 @@ CASES = {
         dict(auto_augment='ta_wide', randaugment_num_layers=3),
         "randaugment_num_layers=3 is a parameter of torchvision's RandAugment, and this run has "
         "auto_augment='ta_wide'; choose RandAugment with --config.auto_augment=randaugment"),
+    'erasing mode with erasing off': (
+        dict(random_erase_mode='pixel'),
+        "random_erase_mode='pixel' applies to random erasing, which this run's preprocessing "
+        'does not hold: set --config.random_erase_prob above 0, or drop '
+        '--config.random_erase_mode'),
+    'restart skipping without the random-resized crop': (
+        dict(restart_skip=True),
+        "restart_skip=True applies to the random-resized crop (augment='inception'), which "
+        "this run's preprocessing does not hold: pass --config.augment=inception, or drop "
+        '--config.restart_skip'),
     'augmix parameters under another policy': (
         dict(auto_augment='rand-m9-mstd0.5', augmix_width=4),
         "augmix_width=4 is a parameter of torchvision's AugMix, and this run has "

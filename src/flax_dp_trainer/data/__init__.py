@@ -33,6 +33,6 @@ stream of batches (the modules here).
 
 Batches leave here as numpy uint8 images and int32 labels; the train and eval steps normalize
 them on the device (`flax_dp_trainer.step.steps`), and Mixup/CutMix mixes the global batch there
-(`flax_dp_trainer.step.mix`). A new augmentation is one `image.preprocess.Step` and one line in
-`image.preprocess.train_plan`.
+(`flax_dp_trainer.step.mix`). A new augmentation is one `image.preprocess.Step` and its record in
+`image.plan_steps` (when it is on, where, the fields it reads).
 """

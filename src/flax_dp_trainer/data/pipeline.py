@@ -35,6 +35,7 @@ from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.data import damaged
 from flax_dp_trainer.data import kinds
 from flax_dp_trainer.data.image import preprocess
+from flax_dp_trainer.data.image import plan_steps
 from flax_dp_trainer.data import sources
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import run_datasets
@@ -103,7 +104,7 @@ class TrainData:
     """What each training example goes through."""
     encoded = not self._held and (
         self.mode != sources.IN_MEMORY or self.spec.augment == 'inception')
-    return preprocess.train_plan(self.options, self.spec, encoded)
+    return plan_steps.train_plan(self.options, self.spec, encoded)
 
   def describe(self, process_count: int) -> list[str]:
     """Log lines: how the data is read, and each example's preprocessing."""

@@ -26,6 +26,7 @@ from flax_dp_trainer.base import user_imports
 from flax_dp_trainer.checkpoint import checkpointer
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import run_datasets
+from flax_dp_trainer.data.image import plan_steps
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.trace import context as trace_context
 from flax_dp_trainer.base import weight_names
@@ -164,7 +165,10 @@ def check_param_groups(config, ds_spec: specs.DatasetSpec) -> None:
 def check_datasets(config, arrays=None, command_line=frozenset()) -> run_datasets.RunDatasets:
   """The run's datasets resolved (`check_config`'s last part); an unknown dataset,
   augmentation or crop size is refused there."""
-  return run_datasets.resolve(run_options.data_options(config), arrays, command_line)
+  options = run_options.data_options(config)
+  datasets = run_datasets.resolve(options, arrays, command_line)
+  plan_steps.check_unread(options, datasets.train)  # A field no step of the plan reads.
+  return datasets
 
 
 def check_fields(config, *, process_count: int, local_device_count: Optional[int]) -> None:

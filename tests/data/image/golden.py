@@ -20,6 +20,7 @@ from flax_dp_trainer.configs import default
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import stream_versions
 from flax_dp_trainer.data.image import ops
+from flax_dp_trainer.data.image import plan_steps
 from flax_dp_trainer.data.image import policy_strings
 from flax_dp_trainer.data.image import preprocess
 from flax_dp_trainer.data.image import string_policies
@@ -97,7 +98,7 @@ def _plan(overrides: dict, shape, crop: int = 2, evaluation: bool = False
     options = options.__class__(**{**options.__dict__, 'versions':
                                    stream_versions.StreamVersions(order=2, crop=crop)})
     spec = _spec(config.augment, config.image_size, shape)
-    make = preprocess.eval_plan if evaluation else preprocess.train_plan
+    make = preprocess.eval_plan if evaluation else plan_steps.train_plan
     plan = make(options, spec, encoded=False)
     image = RGB if shape[-1] == 3 else GRAY
     # Eager: the digests are those of the plan in a tf.data map, as the input pipeline runs it

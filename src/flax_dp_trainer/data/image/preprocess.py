@@ -1,8 +1,9 @@
 """Preprocessing plans: what runs on one example, in order; uint8 images in and out.
 
-A plan is a tuple of steps. `train_plan` builds the training one from the dataset's spec and
-the run's options (the augmentation, RandAugment, erasing), `eval_plan` the evaluation one; both
-start by decoding where the source hands over encoded images. Normalization and Mixup/CutMix
+A plan is a tuple of steps. `plan_steps.train_plan` builds the training one from the dataset's
+spec and the run's options (each step a record: when it is on, where, what it reads),
+`eval_plan` the evaluation one; both start by decoding where the source hands over encoded
+images. Normalization and Mixup/CutMix
 are not here: the jitted step does them on the device, on the uint8 images sent there.
 
 Each step maps one uint8 [H, W, C] image (or, first in a plan, an encoded one) and draws its
@@ -11,8 +12,8 @@ example's position in the training stream): an example is augmented the same way
 topology and again on resume.
 
 To add an augmentation: write a `Step` (a frozen dataclass with `name`, `stream` and
-`__call__(image, seed)`), give it a stream of its own in `data/stream.py`, and add it to
-`train_plan` where it belongs in the order.
+`__call__(image, seed)`), give it a stream of its own in `data/stream.py`, and register its
+record in `plan_steps` (its order, when it is on, the fields it reads).
 """
 
 import dataclasses
@@ -307,42 +308,6 @@ class Plan:
 def mean_pixel(spec: specs.DatasetSpec) -> tuple[int, ...]:
   """The dataset's mean as uint8 values (what normalizes to about 0)."""
   return tuple(int(round(255 * m)) for m in spec.mean)
-
-
-def train_plan(options: DataOptions, spec: specs.DatasetSpec, encoded: bool) -> Plan:
-  """The training plan of `spec` (resolved by `run_datasets.for_options`) under `options`, for a
-  source that hands over encoded images (`encoded`) or decoded ones."""
-  steps = []
-  if spec.augment == 'inception':
-    steps.append(RandomResizedCrop(size=spec.image_size, channels=spec.channels,
-                                   encoded=encoded,
-                                   resize_filter=options.train_interpolation or
-                                   options.resize_filter,
-                                   scaled_decode=options.scaled_decode,
-                                   restart_skip=options.restart_skip,
-                                   scale=options.crop_scale, ratio=options.crop_ratio,
-                                   version=options.versions.crop))
-  elif spec.image_size:  # Resized whole (options.resize_images), then augmented at that size.
-    steps.append(Resize(size=spec.image_size, channels=spec.channels, encoded=encoded,
-                        resize_filter=options.resize_filter))
-  elif encoded:
-    steps.append(Decode(shape=spec.image_shape))
-  if spec.augment == 'crop_flip':
-    steps.append(PadRandomCrop())
-  if spec.augment in ('flip', 'crop_flip', 'inception') and options.hflip_prob:
-    steps.append(RandomFlip(prob=options.hflip_prob))
-  policy = policy_choice.resolve(options, spec.channels, mean_pixel(spec))
-  if policy is not None:
-    steps.append(AutoAugment(policy=policy))
-  if options.color_jitter:
-    steps.append(ColorJitter(strength=options.color_jitter))
-  if options.random_erase_prob:
-    pixel = options.random_erase_mode == 'pixel'
-    steps.append(RandomErase(
-        prob=options.random_erase_prob, fill=mean_pixel(spec), mode=options.random_erase_mode,
-        count=options.random_erase_count,
-        noise_std=tuple(255.0 * s for s in spec.std) if pixel else None))
-  return Plan(tuple(steps))
 
 
 def eval_plan(options: DataOptions, spec: specs.DatasetSpec, encoded: bool) -> Plan:
