@@ -64,3 +64,12 @@ def run(commands, preload=(), with_stdout=False) -> list[tuple]:
   assert result.returncode == 0, result.stderr[-3000:]
   results = json.loads(result.stdout.strip().splitlines()[-1])
   return [tuple(r) if with_stdout else tuple(r[:2]) for r in results]
+
+
+def user_package(root, package: str, modules: dict) -> None:
+  """A user's package `package` under the folder `root` (a pathlib.Path; the commands' cwd):
+  an empty `__init__.py` and each {module name: source} of `modules`, for `config.imports`."""
+  (root / package).mkdir()
+  (root / package / '__init__.py').write_text('')
+  for name, source in modules.items():
+    (root / package / f'{name}.py').write_text(source)

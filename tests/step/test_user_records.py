@@ -69,10 +69,7 @@ USER = ['--config=default', '--config.imports=my_optim.sign_sgd,my_optim.inverse
 @pytest.fixture(scope='module')
 def answers(tmp_path_factory, tfds_data_dir):
   root = tmp_path_factory.mktemp('user_optimizer')
-  (root / 'my_optim').mkdir()
-  (root / 'my_optim' / '__init__.py').write_text('')
-  (root / 'my_optim' / 'sign_sgd.py').write_text(SIGN_SGD)
-  (root / 'my_optim' / 'inverse_time.py').write_text(INVERSE_TIME)
+  forked.user_package(root, 'my_optim', {'sign_sgd': SIGN_SGD, 'inverse_time': INVERSE_TIME})
   workdirs = {case: str(root / case) for case in ('train', 'bad', 'bad_schedule', 'translate')}
   data = f'--config.tfds_data_dir={tfds_data_dir}'
   commands = {

@@ -40,9 +40,7 @@ USER = ['--config=default', '--config.imports=my_aug.posterize_some',
 @pytest.fixture(scope='module')
 def answers(tmp_path_factory, tfds_data_dir):
   root = tmp_path_factory.mktemp('user_policy')
-  (root / 'my_aug').mkdir()
-  (root / 'my_aug' / '__init__.py').write_text('')
-  (root / 'my_aug' / 'posterize_some.py').write_text(POSTERIZE_SOME)
+  forked.user_package(root, 'my_aug', {'posterize_some': POSTERIZE_SOME})
   data = f'--config.tfds_data_dir={tfds_data_dir}'
   outs = {case: str(root / f'{case}.png') for case in ('show', 'bad')}
   commands = {
