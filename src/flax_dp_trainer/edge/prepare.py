@@ -2,7 +2,8 @@
 written: the config's fields and the workdir checked, its constructor arguments encoded, the
 layout, the data, its durations resolved to steps, every layer's options read once
 (`reading.of_config`), the model built and probed, the evaluations, a PyTorch state dict's
-weights read (`state_dicts`): the `loop.setup.Run` the loop takes, with the config as it is recorded."""
+weights read (`state_dicts`): the `loop.setup.Run` the loop takes, with the config as it is
+recorded."""
 
 import dataclasses
 from typing import Any, Optional, Sequence

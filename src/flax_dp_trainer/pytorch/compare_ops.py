@@ -125,6 +125,19 @@ class Row:
   interpolation: str = ''  # Where the policy samples with more than one (timm's 'random').
   scale: str = 'bin'  # What `bin` counts: torchvision's magnitude bins, or timm's 'level'.
 
+  @classmethod
+  def compared(cls, policy: str, op: str, bin_: Optional[float], magnitude: Optional[float],
+               signed: bool, ours: np.ndarray, reference: np.ndarray, **rest) -> 'Row':
+    """The row of `ours` against `reference`: their largest difference and PSNR."""
+    diff = int(np.abs(ours.astype(np.int32) - reference.astype(np.int32)).max())
+    return cls(policy, op, bin_, magnitude, signed, diff, psnr(ours, reference), ours,
+               reference, **rest)
+
+  @property
+  def op_text(self) -> str:
+    """The op, with its interpolation where the policy draws one."""
+    return f'{self.op} {self.interpolation}'.strip()
+
   @property
   def magnitude_text(self) -> str:
     if self.magnitude is None:
@@ -180,8 +193,7 @@ def compare(image: np.ndarray, policy: str, interpolation: Optional[str] = None,
       ours = ops.apply(image, name, m, interpolation, fill).numpy()
       theirs = transform(chw, name, m, interpolation=reference.interpolation,
                          fill=reference_fill).permute(1, 2, 0).numpy()
-      diff = int(np.abs(ours.astype(np.int32) - theirs.astype(np.int32)).max())
-      rows.append(Row(policy, name, k, value, signed, diff, psnr(ours, theirs), ours, theirs))
+      rows.append(Row.compared(policy, name, k, value, signed, ours, theirs))
   return rows
 
 
@@ -247,10 +259,9 @@ def compare_timm(image: np.ndarray, text: str, interpolation: str = 'random',
                             level, e)
             continue
           ours = string_policies.apply_op(image, name, value, fill, mode).numpy()
-          diff = int(np.abs(ours.astype(np.int32) - theirs.astype(np.int32)).max())
-          rows.append(Row(text, name, level, float(value), signed, diff, psnr(ours, theirs),
-                          ours, theirs, mode if geometric and len(sampled) > 1 else '',
-                          'level'))
+          rows.append(Row.compared(
+              text, name, level, float(value), signed, ours, theirs,
+              interpolation=mode if geometric and len(sampled) > 1 else '', scale='level'))
   return rows
 
 
@@ -259,8 +270,8 @@ def table(rows: Sequence[Row]) -> str:
   one), bin or level, magnitude, max abs diff, PSNR."""
   scale = rows[0].scale if rows else 'bin'
   cells = [('policy', 'op', scale, 'magnitude', 'max_abs_diff', 'psnr_db')] + [
-      (r.policy, f'{r.op} {r.interpolation}'.strip(), '-' if r.bin is None else f'{r.bin:g}',
-       r.magnitude_text, str(r.max_abs_diff), r.psnr_text) for r in rows]
+      (r.policy, r.op_text, '-' if r.bin is None else f'{r.bin:g}', r.magnitude_text,
+       str(r.max_abs_diff), r.psnr_text) for r in rows]
   return _aligned(cells, 'llrrrr')
 
 
@@ -268,7 +279,7 @@ def summary(rows: Sequence[Row]) -> str:
   """Per policy and op, its lowest PSNR and where: the op's worst case."""
   worst: dict[tuple[str, str], Row] = {}
   for r in rows:
-    key = (r.policy, f'{r.op} {r.interpolation}'.strip())
+    key = (r.policy, r.op_text)
     if key not in worst or r.psnr < worst[key].psnr:
       worst[key] = r
   cells = [('policy', 'op', 'kind', 'lowest_psnr_db', 'at_magnitude', 'max_abs_diff')] + [

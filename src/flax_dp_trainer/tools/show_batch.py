@@ -354,8 +354,7 @@ def draw_comparison(rows: Sequence, title: str):
     gap = np.full((r.ours.shape[0], 1, r.ours.shape[2]), 255, np.uint8)
     tiles.append(np.concatenate([r.ours, gap, r.reference, gap,
                                  np.clip(diff, 0, 255).astype(np.uint8)], axis=1))
-    labels.append([' '.join(filter(None, (r.op, r.interpolation, r.magnitude_text))),
-                   f'PSNR {r.psnr_text} dB'])
+    labels.append([f'{r.op_text} {r.magnitude_text}', f'PSNR {r.psnr_text} dB'])
   return draw_grid(np.stack(tiles), labels, title, columns=COMPARE_COLUMNS,
                    side=max(rows[0].ours.shape[:2]))
 
@@ -366,8 +365,9 @@ def draw_comparison(rows: Sequence, title: str):
 def show(config, out: str, num: int = 16, *, overwrite: bool = False,
          policy: Optional[str] = None, reference: str = 'torchvision') -> tuple[Shown, list]:
   """Writes the picture of `config`'s global batch 0 to `out` (and, with `policy`, the
-  comparison of its ops with `reference`'s, torchvision's or timm's); returns what the grid shows and the comparison's
-  rows (`compare_ops.Row`, none without `policy`). `UserError` before anything is written."""
+  comparison of its ops with `reference`'s, torchvision's or timm's); returns what the grid
+  shows and the comparison's rows (`compare_ops.Row`, none without `policy`). `UserError`
+  before anything is written."""
   # pylint: disable-next=import-outside-toplevel
   from flax_dp_trainer.edge import checks  # (flax, TensorFlow: the refusals need none)
   check_out(out, overwrite)

@@ -37,8 +37,7 @@ class _OldNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
   def exec_module(self, module):
     # The import system gave the module the old name's spec: its own, back.
-    module.__spec__ = self._specs.pop(next(n for n, s in self._specs.items()
-                                            if s.name == module.__name__))
+    module.__spec__ = self._specs.pop(module.__spec__.name)
 
 
 if not any(type(finder).__name__ == '_OldNames' for finder in sys.meta_path):

@@ -8,6 +8,7 @@ that choose them. `python -m tests.data.image.golden` prints the digests as JSON
 `--write`, it records them in `tests/fixtures/augmentation_digests.json` (only where the
 outputs change on purpose, saying why in the commit)."""
 
+import dataclasses
 import hashlib
 import json
 import pathlib
@@ -95,8 +96,8 @@ def _plan(overrides: dict, shape, crop: int = 2, evaluation: bool = False
     config = default.get_config()
     config.update(overrides)
     options = reading.data_options(config)
-    options = options.__class__(**{**options.__dict__, 'versions':
-                                   stream_versions.StreamVersions(order=2, crop=crop)})
+    options = dataclasses.replace(
+        options, versions=stream_versions.StreamVersions(order=2, crop=crop))
     spec = _spec(config.augment, config.image_size, shape)
     make = preprocess.eval_plan if evaluation else plan_steps.train_plan
     plan = make(options, spec, encoded=False)

@@ -18,5 +18,6 @@ def _build(options, spec, encoded):
 RECORD = record.REGISTRY.register(record.Record(
     name='random-resized crop', doc="the random-resized crop (augment='inception')", order=10,
     on=lambda options, spec, encoded: spec.augment == 'inception', build=_build,
-    reads=('train_interpolation', 'resize_filter', 'scaled_decode', 'restart_skip'),
+    reads=('train_interpolation', 'resize_filter', 'scaled_decode', 'restart_skip',
+           'crop_scale', 'crop_ratio'),
     turned_on_by="pass --config.augment=inception"))

@@ -30,9 +30,12 @@ class Record:
   turned_on_by: str = ''
 
 
+def _in_order() -> list[Record]:
+  return sorted(REGISTRY, key=lambda r: (r.order, r.name))
+
+
 def _holds(options: DataOptions, spec, encoded: bool) -> list[Record]:
-  return sorted((r for r in REGISTRY if r.on(options, spec, encoded)),
-                key=lambda r: (r.order, r.name))
+  return [r for r in _in_order() if r.on(options, spec, encoded)]
 
 
 def train_plan(options: DataOptions, spec, encoded: bool):
@@ -51,7 +54,7 @@ def check_unread(options: DataOptions, spec, encoded: bool = True) -> None:
   held = _holds(options, spec, encoded)
   read = {field for record in held for field in record.reads}
   defaults = DataOptions()
-  for record in sorted(REGISTRY, key=lambda r: (r.order, r.name)):
+  for record in _in_order():
     if record in held:
       continue
     for field in record.reads:
