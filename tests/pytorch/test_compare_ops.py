@@ -7,6 +7,7 @@ import numpy as np
 import torch
 from timm.data import auto_augment as timm_augment
 
+from flax_dp_trainer.data.image import op_records
 from flax_dp_trainer.data.image import policy_strings
 from flax_dp_trainer.pytorch import compare_ops
 
@@ -22,7 +23,7 @@ def test_each_op_of_a_rand_string_is_timms_at_its_levels_signs_and_samplings():
   assert list(dict.fromkeys(r.op for r in rows)) == list(policy_strings.RAND_INCREASING_OPS)
   for name in policy_strings.RAND_INCREASING_OPS:
     mine = [r for r in rows if r.op == name]
-    signed, geometric = mine[0].signed, name in policy_strings.GEOMETRIC
+    signed, geometric = mine[0].signed, op_records.find(name).geometric
     assert len(mine) == 2 * (2 if signed else 1) * (2 if geometric else 1), name
     assert {r.bin for r in mine} == {9.0, 4.5}
     assert {r.interpolation for r in mine} == ({'bilinear', 'bicubic'} if geometric else {''})

@@ -14,6 +14,7 @@ import pytest
 
 from flax_dp_trainer.data import pipeline
 from flax_dp_trainer.pytorch import compare_ops
+from flax_dp_trainer.data.image import op_records
 from flax_dp_trainer.data.image import policies
 from flax_dp_trainer.data.image import policy_strings
 from flax_dp_trainer.edge import reading as run_options
@@ -130,7 +131,7 @@ def test_compare_gives_a_row_per_ta_wide_op_and_the_pixel_ops_match(config, tmp_
   for name, (top, signed) in policies.TA_WIDE_SPACE.items():
     mine = [r for r in rows if r.op == name]
     assert len(mine) == (1 if top is None else 4 if signed else 2), name
-    if name not in compare_ops.GEOMETRIC:
+    if not op_records.find(name).geometric:
       assert all(r.psnr == np.inf or r.psnr >= 40 for r in mine), mine
   # The image compared is the first of the stream as the policy receives it: cropped and
   # flipped, not yet augmented.

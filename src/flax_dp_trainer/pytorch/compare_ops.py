@@ -2,7 +2,7 @@
 image at the same magnitude. A row per op and magnitude holds both images, their largest
 absolute difference and the PSNR of ours against the reference's (inf where they are equal).
 
-torchvision's policies (`compare`): ours (`ops.apply`) against torchvision v2's
+torchvision's policies (`compare`): ours (`op_records.apply`) against torchvision v2's
 (`_AutoAugmentBase._apply_image_or_video_transform`, the code its policies run), at the
 policy's strongest bin and a middle one, both signs of a signed op:
 
@@ -40,8 +40,9 @@ import numpy as np
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data.image import augmix
 from flax_dp_trainer.data.image import policy_choice
-from flax_dp_trainer.data.image import policy_records
+from flax_dp_trainer.data.image import op_records
 from flax_dp_trainer.data.image import ops
+from flax_dp_trainer.data.image import policy_records
 from flax_dp_trainer.data.image import policies
 from flax_dp_trainer.data.image import policy_strings
 from flax_dp_trainer.data.image import preprocess
@@ -49,10 +50,6 @@ from flax_dp_trainer.data.image import string_policies
 from flax_dp_trainer.data.data_options import DataOptions
 
 NAMES = ('ta_wide',) + tuple(policies.POLICIES) + ('augmix',)
-# Ops that move pixels: a pixel whose sampling point falls on an exact tie rounds one way in
-# TensorFlow's nearest sampling and the other in torch's, so these may differ in a few pixels.
-GEOMETRIC = frozenset({'ShearX', 'ShearY', 'TranslateX', 'TranslateY', 'Rotate'}
-                      | set(policy_strings.GEOMETRIC))
 REFERENCES = ('torchvision', 'timm')  # Whose ops a policy is compared with.
 
 
@@ -190,7 +187,7 @@ def compare(image: np.ndarray, policy: str, interpolation: Optional[str] = None,
   for name, (_, signed) in space(policy).ops.items():
     for k, value in magnitudes(policy, name, height, width):
       m = 0.0 if value is None else value
-      ours = ops.apply(image, name, m, interpolation, fill).numpy()
+      ours = op_records.apply(image, name, m, interpolation, fill).numpy()
       theirs = transform(chw, name, m, interpolation=reference.interpolation,
                          fill=reference_fill).permute(1, 2, 0).numpy()
       rows.append(Row.compared(policy, name, k, value, signed, ours, theirs))
@@ -237,7 +234,7 @@ def compare_timm(image: np.ndarray, text: str, interpolation: str = 'random',
   modes = {'nearest': Image.NEAREST, 'bilinear': Image.BILINEAR, 'bicubic': Image.BICUBIC}
   rows = []
   for name, levels in timm_levels(policy).items():
-    geometric = name in policy_strings.GEOMETRIC
+    geometric = op_records.find(name).geometric
     signed = (string_policies.op_value(name, 5.0, height, width, negate=True) !=
               string_policies.op_value(name, 5.0, height, width))
     for level in levels:
@@ -276,14 +273,16 @@ def table(rows: Sequence[Row]) -> str:
 
 
 def summary(rows: Sequence[Row]) -> str:
-  """Per policy and op, its lowest PSNR and where: the op's worst case."""
+  """Per policy and op, its lowest PSNR and where: the op's worst case. A geometric op (its
+  record's `geometric`) may differ in a few pixels: a sampling point on an exact tie rounds
+  one way in TensorFlow's nearest sampling and the other in torch's."""
   worst: dict[tuple[str, str], Row] = {}
   for r in rows:
     key = (r.policy, r.op_text)
     if key not in worst or r.psnr < worst[key].psnr:
       worst[key] = r
   cells = [('policy', 'op', 'kind', 'lowest_psnr_db', 'at_magnitude', 'max_abs_diff')] + [
-      (r.policy, op, 'geometric' if r.op in GEOMETRIC else 'pixel', r.psnr_text,
+      (r.policy, op, 'geometric' if op_records.find(r.op).geometric else 'pixel', r.psnr_text,
        r.magnitude_text, str(r.max_abs_diff)) for (_, op), r in worst.items()]
   return _aligned(cells, 'lllrrr')
 

@@ -20,9 +20,9 @@ import numpy as np
 from flax_dp_trainer.configs import default
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import stream_versions
+from flax_dp_trainer.data.image import op_records
 from flax_dp_trainer.data.image import ops
 from flax_dp_trainer.data.image import plan_steps
-from flax_dp_trainer.data.image import policy_strings
 from flax_dp_trainer.data.image import preprocess
 from flax_dp_trainer.data.image import string_policies
 from flax_dp_trainer.data.tensorflow_import import tf
@@ -120,17 +120,17 @@ def cases() -> dict[str, Callable[[], np.ndarray]]:
             fill = fill if fill is None or image.shape[-1] == 3 else fill[:1]
             found[f'torchvision op {name} {value} {image_name} {interpolation} {fill}'] = (
                 lambda i=image, n=name, v=value, p=interpolation, f=fill:
-                ops.apply(i, n, v, p, f).numpy())
-  for name in policy_strings.OPS:
+                op_records.apply(i, n, v, p, f).numpy())
+  for name in [r.name for r in op_records.REGISTRY if 'timm' in r.libraries]:
     for level in TIMM_LEVELS:
-      for negate in ((False, True) if name in policy_strings.GEOMETRIC or
+      for negate in ((False, True) if op_records.find(name).geometric or
                      name.endswith('Increasing') and not name.startswith(('Posterize',
                                                                            'Solarize'))
                      else (False,)):
         for image_name, image in (('rgb', RGB), ('smooth', SMOOTH), ('gray', GRAY)):
           value = string_policies.op_value(name, level, *image.shape[:2], negate=negate)
           for interpolation in (('nearest', 'bilinear', 'bicubic')
-                                if name in policy_strings.GEOMETRIC else ('bilinear',)):
+                                if op_records.find(name).geometric else ('bilinear',)):
             fill = FILL[:image.shape[-1]]
             found[f'timm op {name} {level} {negate} {image_name} {interpolation}'] = (
                 lambda i=image, n=name, v=value, p=interpolation, f=fill:

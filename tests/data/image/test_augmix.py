@@ -14,7 +14,7 @@ from torchvision.transforms.v2 import _auto_augment
 import tensorflow as tf  # pylint: disable=wrong-import-order
 
 from flax_dp_trainer.data.image import augmix
-from flax_dp_trainer.data.image import ops
+from flax_dp_trainer.data.image import op_records
 from flax_dp_trainer.data.image import policies
 from tests.data.image import images
 
@@ -132,7 +132,8 @@ def _torchvision(image: np.ndarray, draws, config, hand_on: bool, stats):
     if not hand_on:
       return out
     # forward batches the image: [1, C, H, W].
-    ours = ops.apply(images.to_numpy(img[0]), name, m, settings.interpolation, settings.fill).numpy()
+    ours = op_records.apply(images.to_numpy(img[0]), name, m, settings.interpolation,
+                            settings.fill).numpy()
     difference = np.abs(ours.astype(int) - images.to_numpy(out[0]))
     mismatch = float((difference > 0).any(axis=-1).mean())
     worst = stats.get(name, (0, 0.0))

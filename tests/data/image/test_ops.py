@@ -1,4 +1,4 @@
-"""torchvision's augmentation ops at a value (data/image/ops.py) against
+"""torchvision's augmentation ops at a value (their records, data/image/op_records) against
 `torchvision.transforms.v2` on the same uint8 image: each op, both interpolations, with and
 without a fill, as `_AutoAugmentBase._apply_image_or_video_transform` calls them."""
 
@@ -12,6 +12,7 @@ from torchvision.transforms.v2 import functional as F
 from torchvision.transforms.v2 import InterpolationMode
 import tensorflow as tf  # pylint: disable=wrong-import-order
 
+from flax_dp_trainer.data.image import op_records
 from flax_dp_trainer.data.image import ops
 from tests.data.image import images
 
@@ -24,6 +25,7 @@ VALUES = {
     'Posterize': (8.0, 4.0, 2.0), 'Solarize': (1.0, 0.5, 0.0), 'AutoContrast': (0.0,),
     'Equalize': (0.0,), 'Invert': (0.0,),
 }
+TORCHVISION_OPS = [r.name for r in op_records.REGISTRY if 'torchvision' in r.libraries]
 GEOMETRIC = ('ShearX', 'ShearY', 'Rotate')  # Sampled off the pixel grid.
 # Pixels where a geometric op differs from torchvision at most. Nearest: sampling points on
 # exact ties between pixels (TensorFlow rounds them away from zero, torch to even; measured
@@ -69,13 +71,13 @@ def _torch_op(image: np.ndarray, name: str, m: float, interpolation: str, fill) 
 def _graph(name: str, channels: int, interpolation: str, fill):
   """ops.apply as a graph with any height and width and the value as a tensor."""
   return tf.function(
-      lambda image, m: ops.apply(image, name, m, interpolation,
+      lambda image, m: op_records.apply(image, name, m, interpolation,
                                  None if fill is None else fill[:channels]),
       input_signature=[tf.TensorSpec([None, None, channels], tf.uint8),
                        tf.TensorSpec([], tf.float64)])
 
 
-@pytest.mark.parametrize('name', ops.OPS)
+@pytest.mark.parametrize('name', TORCHVISION_OPS)
 def test_each_op_matches_torchvision_v2(name):
   """Eagerly (a graph per op, channel count, interpolation and fill was most of the test's
   time), with the graph the pipeline traces (the value a tensor) equal to it on one image per
@@ -88,7 +90,7 @@ def test_each_op_matches_torchvision_v2(name):
         image = images.uint8_image(height, width, channels, height + channels, low, high)
         for m in VALUES[name]:
           where = (name, interpolation, fill, height, width, channels, m)
-          got = ops.apply(tf.constant(image), name, tf.constant(m, tf.float64), interpolation,
+          got = op_records.apply(tf.constant(image), name, tf.constant(m, tf.float64), interpolation,
                           None if fill is None else fill[:channels]).numpy()
           if (interpolation, fill, height) == ('bilinear', FILL, 31) or (
               (interpolation, fill, height) == ('nearest', None, 24)):
@@ -112,6 +114,17 @@ def test_each_op_matches_torchvision_v2(name):
 def test_an_unknown_op_or_interpolation_is_refused():
   image = images.uint8_image(8, 8, 3)
   with pytest.raises(ValueError, match='op must be one of'):
-    ops.apply(image, 'Cutout', 1.0)
+    op_records.apply(image, 'Cutout', 1.0)
   with pytest.raises(ValueError, match='interpolation must be one of'):
-    ops.apply(image, 'Rotate', 1.0, interpolation='bicubic')
+    op_records.apply(image, 'Rotate', 1.0, interpolation='bicubic')
+
+
+def test_the_torchvision_op_records_are_the_ops_of_its_policies():
+  """A record with torchvision's arithmetic under a name torchvision's policies lack (or one
+  of theirs without it) shows here."""
+  # pylint: disable-next=import-outside-toplevel
+  from torchvision.transforms import v2
+  spaces = set()
+  for policy in (v2.TrivialAugmentWide(), v2.AutoAugment(), v2.RandAugment(), v2.AugMix()):
+    spaces |= set(policy._AUGMENTATION_SPACE)  # pylint: disable=protected-access
+  assert set(TORCHVISION_OPS) == spaces

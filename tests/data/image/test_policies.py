@@ -11,8 +11,9 @@ import torch
 from torchvision.transforms import v2
 import tensorflow as tf  # pylint: disable=wrong-import-order
 
-from flax_dp_trainer.data.image import policy_records
+from flax_dp_trainer.data.image import op_records
 from flax_dp_trainer.data.image import ops
+from flax_dp_trainer.data.image import policy_records
 from flax_dp_trainer.data.image import policies
 from tests.data.image import images
 
@@ -129,7 +130,7 @@ def test_autoaugment_is_torchvisions_for_every_draw(policy):
           if name in GEOMETRIC:
             # A sampling tie (test_ops.py) moves a pixel, and an op after it (Equalize's
             # histogram) may move many: go on from our op's image, checked against torch's.
-            ours = ops.apply(images.to_numpy(before), name, m).numpy()
+            ours = op_records.apply(images.to_numpy(before), name, m).numpy()
             _assert_close(ours, images.to_numpy(img), True, (policy, int(index), names, channels))
             img = images.to_torch(ours)
       got = _eager_then_graph(lambda x, seed: policies.autoaugment(x, seed, policy),

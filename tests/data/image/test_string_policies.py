@@ -24,6 +24,7 @@ from timm.data import transforms_factory
 import tensorflow as tf  # pylint: disable=wrong-import-order
 
 from flax_dp_trainer.data import specs
+from flax_dp_trainer.data.image import op_records
 from flax_dp_trainer.data.image import pil_ops
 from flax_dp_trainer.data.image import preprocess
 from flax_dp_trainer.data.image import string_policies
@@ -35,6 +36,7 @@ from tests.data.image import images
 del torch  # Imported only to come before TensorFlow.
 
 SIZES = ((24, 28, 3), (16, 18, 1))
+TIMM_OPS = [r.name for r in op_records.REGISTRY if 'timm' in r.libraries]  # The op records'.
 FILLS = {3: (124, 116, 104), 1: (124,)}  # create_transform's img_mean for ImageNet's mean.
 # A dataset normalized by timm's ImageNet mean: its mean pixel is the policies' fill.
 IMAGENET_SPEC = specs.DatasetSpec('imagenet', 1000, 3, None, 1,
@@ -85,8 +87,8 @@ def test_each_op_is_timms_augment_op(size, translate_pct):
   height, width, channels = size
   image = images.uint8_image(height, width, channels, seed=channels)
   fill = FILLS[channels]
-  for name in policy_strings.OPS:
-    geometric = name in policy_strings.GEOMETRIC
+  for name in TIMM_OPS:
+    geometric = op_records.find(name).geometric
     for level, negate, interpolation in itertools.product(
         LEVELS, (False, True) if name in SIGNED else (False,),
         PIL_INTERPOLATIONS if geometric else ('bilinear',)):
@@ -121,7 +123,7 @@ def test_each_op_is_timms_augment_op(size, translate_pct):
     refused = f'  Pillow 13 raised at {len(pairs) - len(compared)}' if None in pairs else ''
     print(f'{name:22s} {interpolation:13s} {max(diffs):10d} {differing:10.4f} {psnr:8.1f}'
           f'{refused}')
-  assert {name for name, _ in rows} == set(policy_strings.OPS)
+  assert {name for name, _ in rows} == set(TIMM_OPS)
 
 
 def test_op_sets_and_policies_are_timms():
@@ -134,8 +136,13 @@ def test_op_sets_and_policies_are_timms():
     reference = auto_augment.auto_augment_policy(name, dict(auto_augment._HPARAMS_DEFAULT))
     assert sub_policies == tuple(tuple((op.name, op.prob, op.magnitude) for op in sub)
                                  for sub in reference), name
-  assert set(policy_strings.OPS) <= set(auto_augment.NAME_TO_OP)
-  assert set(SIGNED) == {name for name in policy_strings.OPS if string_policies.op_value(
+  # The op records with timm's arithmetic are timm's ops, and hold every op of its policies.
+  assert set(TIMM_OPS) <= set(auto_augment.NAME_TO_OP)
+  used = {op for sub_policies in policy_strings.AUTOAUGMENT_POLICIES.values()
+          for sub in sub_policies for op, _, _ in sub}
+  assert used | set(policy_strings.RAND_OPS + policy_strings.RAND_INCREASING_OPS +
+                    policy_strings.AUGMIX_OPS) <= set(TIMM_OPS)
+  assert set(SIGNED) == {name for name in TIMM_OPS if string_policies.op_value(
       name, 5, 24, 28, negate=True) != string_policies.op_value(name, 5, 24, 28)}
   # create_transform's hyperparameters: the translate constant, the mean fill, AugMix's
   # translate_pct, and the train interpolation handed over unless it is 'random' (train.py's

@@ -20,10 +20,10 @@ from flax_dp_trainer.data.image import policy_records
 
 
 def _apply(policy, image, seed):
-  from flax_dp_trainer.data.image import ops  # (TensorFlow: where the policy runs.)
+  from flax_dp_trainer.data.image import op_records  # (TensorFlow: where the policy runs.)
   from flax_dp_trainer.data.tensorflow_import import tf
   keep = tf.random.stateless_uniform([], seed) < 0.5
-  return tf.cond(keep, lambda: image, lambda: ops.apply(image, 'Posterize', 3))
+  return tf.cond(keep, lambda: image, lambda: op_records.apply(image, 'Posterize', 3))
 
 
 policy_records.REGISTRY.register(policy_records.Record(

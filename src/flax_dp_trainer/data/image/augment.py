@@ -25,10 +25,10 @@ The ops, their order and their magnitude table are torchvision's `RandAugment` (
     AutoContrast  -                                  no       stretch each channel to 0..255
     Equalize      -                                  no       histogram equalization per channel
 
-A negative sign negates the magnitude (factor 1 - m, shear -m, ...). The ops are `ops.py`'s
-(torchvision.transforms.v2's arithmetic): nearest-neighbour sampling, fill 0, torchvision's
-pixel-centre conventions (`F.affine(..., center=[0, 0])` for shear, the image centre
-otherwise); uint8 images follow torchvision's uint8 tensor arithmetic, float32 images the same
+A negative sign negates the magnitude (factor 1 - m, shear -m, ...). The ops are their records'
+(`op_records`: torchvision.transforms.v2's arithmetic): nearest-neighbour sampling, fill 0,
+torchvision's pixel-centre conventions (`F.affine(..., center=[0, 0])` for shear, the image
+centre otherwise); uint8 images follow torchvision's uint8 tensor arithmetic, float32 images the same
 math without the truncation, clipped to [0, 255]. Color on a grayscale image is the identity.
 
 All randomness is stateless: `randaugment` draws everything from the shape-[2]
@@ -45,6 +45,7 @@ import numpy as np
 from flax_dp_trainer.data.tensorflow_import import tf
 
 from flax_dp_trainer.data import specs
+from flax_dp_trainer.data.image import op_records
 from flax_dp_trainer.data.image import ops
 from flax_dp_trainer.data.image import policies
 
@@ -93,7 +94,7 @@ def translate_pixels(magnitude: int, size) -> tf.Tensor:
 
 def _value(name: str, magnitude: int, negate, width, height):
   """RandAugment's signed magnitude of op `name` at bin `magnitude` (torchvision's table) as
-  `ops.apply` takes it; `negate` a bool or a boolean scalar tensor."""
+  `op_records.apply` takes it; `negate` a bool or a boolean scalar tensor."""
   if name in ('ShearX', 'ShearY'):
     m = _linspace(*_SHEAR_RANGE, magnitude)
   elif name in ('TranslateX', 'TranslateY'):
@@ -118,7 +119,7 @@ def _value(name: str, magnitude: int, negate, width, height):
 def apply_op(image: tf.Tensor, op, magnitude: int, negate=False) -> tf.Tensor:
   """Applies RandAugment op `op` (an index into RANDAUGMENT_OPS: a Python int or an integer
   scalar tensor) at bin `magnitude` (a Python int in [0, 30]) to `image`, [H, W, C] with
-  C = 1 or 3 (static), uint8 or float32 holding 0..255 (`ops.apply`). `negate` (a bool or a
+  C = 1 or 3 (static), uint8 or float32 holding 0..255 (`op_records.apply`). `negate` (a bool or a
   boolean scalar tensor) negates the magnitude of the signed ops and is ignored by the
   others. Returns an image of the same dtype and shape; float32 results are clipped to
   [0, 255]."""
@@ -131,7 +132,7 @@ def apply_op(image: tf.Tensor, op, magnitude: int, negate=False) -> tf.Tensor:
   shape = tf.shape(x)
 
   def branch(name):
-    return lambda: ops.on_floats(x, name, _value(name, magnitude, negate, shape[1], shape[0]),
+    return lambda: op_records.on_floats(x, name, _value(name, magnitude, negate, shape[1], shape[0]),
                                  quantize)
 
   branches = [branch(name) for name in RANDAUGMENT_OPS]

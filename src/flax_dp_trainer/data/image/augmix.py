@@ -8,7 +8,7 @@ with (m0, m1) ~ Dirichlet(alpha, alpha) (a Beta), w ~ Dirichlet(alpha, ..., alph
 `width` chains, and each chain a sequence of ops (its depth fixed, or uniform in 1..3), each op
 drawn uniformly from the space, at a bin drawn uniformly from 0..severity - 1 of 10, a signed
 op's magnitude negated with probability 1/2. The space, its magnitude tables and the
-arithmetic are torchvision v2's (`_auto_augment.py`); the ops are applied by `ops.py`.
+arithmetic are torchvision v2's (`_auto_augment.py`); the ops are applied by their records (`op_records`).
 Bilinear interpolation and zero fill unless the settings say otherwise, as torchvision's
 AugMix defaults.
 """
@@ -18,6 +18,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 from flax_dp_trainer.data.tensorflow_import import tf
 
+from flax_dp_trainer.data.image import op_records
 from flax_dp_trainer.data.image import ops
 from flax_dp_trainer.data.image import policies
 
@@ -157,7 +158,7 @@ def _op(x, name: str, k, negate, quantize: bool, settings: policies.Settings):
     m = tf.gather(tf.constant(magnitude_table(name, 0, 0)), k)
   if signed:
     m = tf.where(negate, -m, m)
-  out = ops.on_floats(x, name, m, quantize, settings.interpolation, settings.fill)
+  out = op_records.on_floats(x, name, m, quantize, settings.interpolation, settings.fill)
   return tf.clip_by_value(out, 0.0, 255.0)
 
 

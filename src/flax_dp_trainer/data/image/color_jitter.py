@@ -5,17 +5,18 @@ saturation at c, hue untouched).
 Each factor is drawn uniform in [max(0, 1 - c), 1 + c]; the three adjustments run in a
 random order (torchvision draws a permutation of its four, hue's a no-op at 0): brightness
 blends with black, contrast with the mean gray level, saturation with the grayscale image,
-each by `ops.py` with torchvision v2's uint8 tensor arithmetic (each result rounded back to
-uint8, as each of torchvision's adjustments returns uint8).
+each by its record (`op_records`) with torchvision v2's uint8 tensor arithmetic (each result
+rounded back to uint8, as each of torchvision's adjustments returns uint8).
 """
 
 from typing import Sequence, Union
 
 from flax_dp_trainer.data.tensorflow_import import tf
 
+from flax_dp_trainer.data.image import op_records
 from flax_dp_trainer.data.image import ops
 
-# The adjustments in torchvision's order, as `ops.py` names them (saturation is 'Color').
+# The adjustments in torchvision's order, as `op_records` names them (saturation is 'Color').
 ADJUSTMENTS = ('Brightness', 'Contrast', 'Color')
 
 Seed = Union[tf.Tensor, Sequence[int]]
@@ -43,7 +44,7 @@ def color_jitter(image: tf.Tensor, seed: Seed, strength: float) -> tf.Tensor:
   quantize = image.dtype == tf.uint8
   for place in range(len(ADJUSTMENTS)):
     which = order[place]
-    branches = [lambda name=name, i=i: ops.on_floats(
+    branches = [lambda name=name, i=i: op_records.on_floats(
         x, name, tf.cast(factors[i] - 1.0, tf.float64), quantize, 'nearest', None)
                 for i, name in enumerate(ADJUSTMENTS)]
     x = tf.clip_by_value(tf.switch_case(which, branches), 0.0, 255.0)

@@ -23,8 +23,9 @@ image with `fill` (None: zeros, torchvision's default; a value, or one per chann
 torchvision's pixel-centre conventions.
 uint8 images follow torchvision's uint8 tensor arithmetic (float32 math, truncation to
 integers where it truncates); float32 images take the same math without the truncation,
-clipped to [0, 255]. A value may be a Python number or a scalar tensor (a policy's draw); the
-op is a Python name. TensorFlow only; no randomness here (`augment.py`, `policies.py` draw).
+clipped to [0, 255]. A value may be a Python number or a scalar tensor (a policy's draw).
+Each op is a record of `op_records`, which applies it by name. TensorFlow only; no randomness
+here (`augment.py`, `policies.py` draw).
 """
 
 import math
@@ -32,9 +33,6 @@ from typing import Union
 
 from flax_dp_trainer.data.tensorflow_import import tf
 
-OPS = ('Identity', 'ShearX', 'ShearY', 'TranslateX', 'TranslateY', 'Rotate', 'Brightness',
-       'Color', 'Contrast', 'Sharpness', 'Posterize', 'Solarize', 'AutoContrast', 'Equalize',
-       'Invert')
 INTERPOLATIONS = ('nearest', 'bilinear')
 _GRAY_WEIGHTS = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale.
 
@@ -93,7 +91,7 @@ def _affine(x, rss, center, translate, interpolation: str, fill, quantize: bool)
   return tf.round(out) if quantize and interpolation == 'bilinear' else out
 
 
-def _shear(x, m, axis: int, interpolation, fill, quantize):
+def shear(x, m, axis: int, interpolation, fill, quantize):
   angle = _f64(tf.atan(_f64(m))) * (180.0 / math.pi)
   zero = tf.constant(0.0, tf.float64)
   rss = (_rotate_scale_shear(zero, angle, zero) if axis == 0 else
@@ -103,14 +101,14 @@ def _shear(x, m, axis: int, interpolation, fill, quantize):
   return _affine(x, rss, center, (0.0, 0.0), interpolation, fill, quantize)
 
 
-def _translate(x, m, axis: int, interpolation, fill, quantize):
+def translate(x, m, axis: int, interpolation, fill, quantize):
   shift = tf.cast(tf.cast(_f64(m), tf.int64), tf.float64)  # int(m): towards zero.
   translate = (shift, 0.0) if axis == 0 else (0.0, shift)
   return _affine(x, (1.0, 0.0, 0.0, 1.0), (0.0, 0.0), translate, interpolation, fill,
                  quantize)
 
 
-def _rotate(x, m, interpolation, fill, quantize):
+def rotate(x, m, interpolation, fill, quantize):
   # torchvision's rotate passes -angle to the affine matrix (about the image centre).
   zero = tf.constant(0.0, tf.float64)
   return _affine(x, _rotate_scale_shear(-_f64(m), zero, zero), (0.0, 0.0), (0.0, 0.0),
@@ -151,7 +149,7 @@ def _smoothed(x, quantize: bool):
   return tf.round(interior) if quantize else interior
 
 
-def _sharpness(x, m, quantize):
+def sharpness(x, m, quantize):
   """torchvision v2's adjust_sharpness at factor 1 + m: the interior moved towards its blur,
   x + (1 - factor) (blur - x) in one rounding, the border pixels kept."""
   def sharpen():
@@ -171,13 +169,13 @@ def _sharpness(x, m, quantize):
   return tf.cond(tf.logical_and(shape[0] > 2, shape[1] > 2), sharpen, lambda: x)
 
 
-def _posterize(x, m):
+def posterize(x, m):
   bits = tf.cast(tf.cast(_f64(m), tf.int32), tf.float32)  # int(m).
   step = tf.pow(2.0, 8.0 - bits)
   return tf.floor(tf.clip_by_value(x, 0.0, 255.0) / step) * step
 
 
-def _solarize(x, m):
+def solarize(x, m):
   threshold = tf.cast(255.0 * _f64(m), tf.float32)
   return tf.where(x >= threshold, 255.0 - x, x)
 
@@ -221,51 +219,3 @@ def check_image(image) -> tf.Tensor:
   if image.shape.rank != 3 or image.shape[-1] not in (1, 3):
     raise ValueError(f'image must be [H, W, C] with a static C of 1 or 3, got {image.shape}')
   return image
-
-
-def on_floats(x: tf.Tensor, name: str, m: Value, quantize: bool, interpolation: str = 'nearest',
-              fill=None) -> tf.Tensor:
-  """Op `name` at value `m` on `x`, float32 [H, W, C] holding 0..255 (`quantize`: as uint8
-  arithmetic truncates); float32 out, not clipped."""
-  if interpolation not in INTERPOLATIONS:
-    raise ValueError(f'interpolation must be one of {INTERPOLATIONS}, got {interpolation!r}')
-  rgb = x.shape[-1] == 3
-  if name == 'Identity':
-    return x
-  if name in ('ShearX', 'ShearY'):
-    return _shear(x, m, 0 if name == 'ShearX' else 1, interpolation, fill, quantize)
-  if name in ('TranslateX', 'TranslateY'):
-    return _translate(x, m, 0 if name == 'TranslateX' else 1, interpolation, fill, quantize)
-  if name == 'Rotate':
-    return _rotate(x, m, interpolation, fill, quantize)
-  if name == 'Brightness':
-    return blend(x, tf.zeros_like(x), m, quantize)
-  if name == 'Color':  # Saturation: a blend with the grayscale image (identity on grayscale).
-    return blend(x, grayscale(x, quantize), m, quantize) if rgb else x
-  if name == 'Contrast':  # With the mean gray level.
-    return blend(x, tf.reduce_mean(grayscale(x, quantize) if rgb else x), m, quantize)
-  if name == 'Sharpness':
-    return _sharpness(x, m, quantize)
-  if name == 'Posterize':
-    return _posterize(x, m)
-  if name == 'Solarize':
-    return _solarize(x, m)
-  if name == 'AutoContrast':
-    return autocontrast(x, quantize)
-  if name == 'Equalize':
-    return equalize(x)
-  if name == 'Invert':
-    return 255.0 - x
-  raise ValueError(f'op must be one of {", ".join(OPS)}, got {name!r}')
-
-
-def apply(image, name: str, m: Value = 0.0, interpolation: str = 'nearest',
-          fill=None) -> tf.Tensor:
-  """Op `name` at value `m` (see the module docstring) on `image`, [H, W, C] with C = 1 or 3
-  (static), uint8 or float32 holding 0..255; the same dtype and shape out, float32 results
-  clipped to [0, 255]."""
-  image = check_image(image)
-  x = tf.cast(image, tf.float32)
-  out = on_floats(x, name, m, image.dtype == tf.uint8, interpolation, fill)
-  out = tf.cast(tf.clip_by_value(out, 0.0, 255.0), image.dtype)
-  return tf.ensure_shape(out, image.shape)

@@ -11,7 +11,7 @@ resume):
 
 The names are torchvision's reference script's `--auto-augment` values; the ops, magnitude
 tables, sub-policies and draws are `torchvision.transforms.v2`'s (`_auto_augment.py`), the
-ops applied by `ops.py`. Nearest interpolation and zero fill unless the options say otherwise,
+ops applied by their records (`op_records`). Nearest interpolation and zero fill unless the options say otherwise,
 as torchvision's defaults.
 """
 
@@ -21,6 +21,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 from flax_dp_trainer.data.tensorflow_import import tf
 
+from flax_dp_trainer.data.image import op_records
 from flax_dp_trainer.data.image import ops
 
 # op: (magnitude at the last bin, signed); TrivialAugmentWide's space (31 bins).
@@ -241,7 +242,7 @@ def trivial_augment_wide(image, seed: Seed, settings: Settings = Settings()) -> 
     def apply_op():
       m = (tf.constant(0.0, tf.float64) if table is None else
            _negated(tf.gather(tf.constant(table), k), negate, signed))
-      return ops.on_floats(x, name, m, quantize, settings.interpolation, settings.fill)
+      return op_records.on_floats(x, name, m, quantize, settings.interpolation, settings.fill)
     return apply_op
 
   out = tf.switch_case(op, [branch(name) for name in TA_WIDE_OPS])
@@ -273,7 +274,7 @@ def _autoaugment_op(x, name: str, k: Optional[int], negate, quantize: bool,
     table = _table(top, AUTOAUGMENT_BINS, AUTOAUGMENT_POSTERIZE_SPAN)
     m = tf.constant(0.0 if table is None else table[k], tf.float64)
   m = _negated(m, negate, signed and k is not None)
-  out = ops.on_floats(x, name, m, quantize, settings.interpolation, settings.fill)
+  out = op_records.on_floats(x, name, m, quantize, settings.interpolation, settings.fill)
   return tf.clip_by_value(out, 0.0, 255.0)  # Each op's output is an image, as torch's.
 
 

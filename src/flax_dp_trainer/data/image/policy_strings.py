@@ -117,13 +117,6 @@ AUTOAUGMENT_POLICIES: dict[str, tuple[SubPolicy, ...]] = {
     'v0r': _posterize_as(_V0, 'PosterizeIncreasing'),
 }
 
-_UNSIGNED_LEVELS = ('Posterize', 'PosterizeIncreasing', 'PosterizeOriginal', 'Solarize',
-                    'SolarizeIncreasing', 'SolarizeAdd', 'Color', 'Contrast', 'Brightness',
-                    'Sharpness')
-GEOMETRIC = ('Rotate', 'ShearX', 'ShearY', 'TranslateXRel', 'TranslateYRel', 'TranslateX',
-             'TranslateY')
-OPS = tuple(dict.fromkeys(RAND_OPS + RAND_INCREASING_OPS + AUGMIX_OPS + (
-    'PosterizeOriginal', 'TranslateX', 'TranslateY')))  # Every op implemented, timm's names.
 # 'random' (each geometric op bilinear or bicubic, drawn), then pil_ops.INTERPOLATIONS.
 INTERPOLATIONS = ('random', 'nearest', 'bilinear', 'bicubic')
 

@@ -17,113 +17,28 @@ here it keeps no bits (a black image), as earlier Pillows did.
 """
 
 import math
-from typing import Callable, NamedTuple, Sequence, Union
+from typing import NamedTuple, Sequence, Union
 
 from flax_dp_trainer.data.tensorflow_import import tf
 
+from flax_dp_trainer.data.image import op_records
 from flax_dp_trainer.data.image import pil_ops
 from flax_dp_trainer.data.image import policies
 from flax_dp_trainer.data.image import policy_strings
 
-_ENHANCE = {'Color': pil_ops.color, 'Contrast': pil_ops.contrast,
-            'Brightness': pil_ops.brightness, 'Sharpness': pil_ops.sharpness}
 INTERPOLATIONS = ('random',) + pil_ops.INTERPOLATIONS  # policy_strings.INTERPOLATIONS.
 
 Seed = Union[tf.Tensor, Sequence[int]]
 
 
-# ---- Levels to op arguments: timm's level functions, in float64 as Python computes them.
-
-def _signed(value, negate):
-  return tf.where(negate, -value, value)
-
-
-def _level_value(name: str, level, negate, height, width, translate_pct: float) -> tf.Tensor:
-  """timm's LEVEL_TO_ARG[name] at `level` (float64), `negate` its _randomly_negate draw."""
-  fraction = tf.cast(level, tf.float64) / policy_strings.LEVEL_DENOM
-  zero = tf.zeros_like(fraction)
-  if name in ('AutoContrast', 'Equalize', 'Invert'):
-    return zero
-  if name == 'Rotate':
-    return _signed(fraction * 30.0, negate)
-  if name in ('ShearX', 'ShearY'):
-    return _signed(fraction * 0.3, negate)
-  if name in ('TranslateXRel', 'TranslateYRel'):
-    return _signed(fraction * translate_pct, negate)
-  if name in ('TranslateX', 'TranslateY'):
-    shorter = tf.cast(tf.minimum(height, width), tf.float64)
-    translate_const = tf.floor(shorter * policy_strings.TRANSLATE_CONST_FRACTION)
-    return _signed(fraction * translate_const, negate)
-  if name in _ENHANCE:
-    return fraction * 1.8 + 0.1
-  if name.endswith('Increasing') and name[:-len('Increasing')] in _ENHANCE:
-    return tf.maximum(1.0 + _signed(fraction * 0.9, negate), 0.1)
-  if name == 'Posterize':
-    return tf.floor(fraction * 4.0)
-  if name == 'PosterizeIncreasing':
-    return 4.0 - tf.floor(fraction * 4.0)
-  if name == 'PosterizeOriginal':
-    return tf.floor(fraction * 4.0) + 4.0
-  if name == 'Solarize':
-    return tf.minimum(tf.floor(fraction * 256.0), 256.0)
-  if name == 'SolarizeIncreasing':
-    return 256.0 - tf.minimum(tf.floor(fraction * 256.0), 256.0)
-  if name == 'SolarizeAdd':
-    return tf.minimum(tf.floor(fraction * 110.0), 128.0)
-  raise ValueError(f'op must be one of {", ".join(policy_strings.OPS)}, got {name!r}')
-
-
 def op_value(name: str, level: float, height: int, width: int, negate: bool = False,
              translate_pct: float = policy_strings.TRANSLATE_PCT) -> Union[float, int]:
   """The argument timm's op `name` gets at `level` on a `height` x `width` image (its level
-  function; `negate` the sign draw of a signed op), as a Python number: an int for Posterize
-  and Solarize ops, as timm's. `apply_op` applies it."""
-  value = float(_level_value(name, tf.constant(level, tf.float64), negate, height, width,
-                             translate_pct).numpy())
-  return int(value) if name.startswith(('Posterize', 'Solarize')) else value
-
-
-# ---- Ops at a value.
-
-_PIXEL_OPS: dict[str, Callable[[tf.Tensor, tf.Tensor], tf.Tensor]] = {
-    'AutoContrast': lambda x, _: pil_ops.autocontrast(x),
-    'Equalize': lambda x, _: pil_ops.equalize(x),
-    'Invert': lambda x, _: pil_ops.invert(x),
-    'SolarizeAdd': pil_ops.solarize_add,
-    **{name + suffix: fn for name, fn in _ENHANCE.items() for suffix in ('', 'Increasing')},
-    **{name: pil_ops.posterize
-       for name in ('Posterize', 'PosterizeIncreasing', 'PosterizeOriginal')},
-    **{name: pil_ops.solarize for name in ('Solarize', 'SolarizeIncreasing')},
-}
-
-
-def _matrix(name: str, value, height, width) -> tf.Tensor:
-  """The affine coefficients of timm's geometric op `name` at `value` (pil_ops.affine's)."""
-  value = pil_ops.as_float64(value)
-  zero = tf.zeros_like(value)
-  if name == 'Rotate':
-    return pil_ops.rotate_matrix(value, height, width)
-  if name == 'ShearX':
-    return pil_ops.shear_x_matrix(value)
-  if name == 'ShearY':
-    return pil_ops.shear_y_matrix(value)
-  if name == 'TranslateXRel':  # timm: pixels = pct * img.size[0].
-    return pil_ops.translate_matrix(value * tf.cast(width, tf.float64), zero)
-  if name == 'TranslateYRel':
-    return pil_ops.translate_matrix(zero, value * tf.cast(height, tf.float64))
-  if name == 'TranslateX':
-    return pil_ops.translate_matrix(value, zero)
-  if name == 'TranslateY':
-    return pil_ops.translate_matrix(zero, value)
-  raise ValueError(f'op must be one of {", ".join(policy_strings.OPS)}, got {name!r}')
-
-
-def _op(x: tf.Tensor, name: str, value, interpolation: str, fill) -> tf.Tensor:
-  """timm's NAME_TO_OP[name] at `value` on float32 [H, W, C] `x` (pil_ops' convention)."""
-  if name in _PIXEL_OPS:
-    return _PIXEL_OPS[name](x, value)
-  shape = tf.shape(x)
-  return pil_ops.affine(x, _matrix(name, value, shape[0], shape[1]), interpolation, fill)
+  function, `op_records.level_value`; `negate` the sign draw of a signed op), as a Python
+  number: an int where timm's is (bits, thresholds). `apply_op` applies it."""
+  value = float(op_records.level_value(name, tf.constant(level, tf.float64), negate, height,
+                                      width, translate_pct).numpy())
+  return int(value) if op_records.find(name).integer else value
 
 
 def _check_uint8(image) -> tf.Tensor:
@@ -158,7 +73,7 @@ def apply_op(image, name: str, value, fill: Sequence[float],
     raise ValueError(f'interpolation must be one of {pil_ops.INTERPOLATIONS}, got '
                      f'{interpolation!r}')
   fill = _check_fill(fill, image.shape[-1])
-  out = _op(tf.cast(image, tf.float32), name, value, interpolation, fill)
+  out = op_records.pil_op(tf.cast(image, tf.float32), name, value, interpolation, fill)
   return tf.ensure_shape(tf.cast(out, tf.uint8), image.shape)
 
 
@@ -291,20 +206,21 @@ def _layer(x, policy: policy_strings.StringPolicy, draws, interpolation: str, fi
   drawn, then applied), which keeps the graph small."""
   op, applied, level, negate, bicubic = draws
   shape = tf.shape(x)
-  pixel = [name for name in policy.ops if name in _PIXEL_OPS]
-  geometric = [name for name in policy.ops if name not in _PIXEL_OPS]
-  slot = tf.gather([pixel.index(n) if n in _PIXEL_OPS else geometric.index(n)
-                    for n in policy.ops], op)
+  records = [op_records.find(name, 'timm') for name in policy.ops]
+  pixel = [r for r in records if not r.geometric]
+  geometric = [r for r in records if r.geometric]
+  slot = tf.gather([(geometric if r.geometric else pixel).index(r) for r in records], op)
 
-  def value(name):
-    return _level_value(name, level, negate, shape[0], shape[1], policy.translate_pct)
+  def value(r):
+    return op_records.level_value(r.name, level, negate, shape[0], shape[1],
+                                 policy.translate_pct)
 
   def pixel_op():
-    return tf.switch_case(slot, [lambda n=n: _PIXEL_OPS[n](x, value(n)) for n in pixel])
+    return tf.switch_case(slot, [lambda r=r: r.pil(x, value(r)) for r in pixel])
 
   def geometric_op():
-    matrix = tf.switch_case(slot, [lambda n=n: _matrix(n, value(n), shape[0], shape[1])
-                                   for n in geometric])
+    matrix = tf.switch_case(slot, [lambda r=r: r.pil(value(r), shape[0], shape[1])
+                                   for r in geometric])
     if interpolation != 'random':
       return pil_ops.affine(x, matrix, interpolation, fill)
     return tf.cond(bicubic, lambda: pil_ops.affine(x, matrix, 'bicubic', fill),
@@ -315,7 +231,7 @@ def _layer(x, policy: policy_strings.StringPolicy, draws, interpolation: str, fi
       return pixel_op()
     if not pixel:
       return geometric_op()
-    is_geometric = tf.gather([n not in _PIXEL_OPS for n in policy.ops], op)
+    is_geometric = tf.gather([r.geometric for r in records], op)
     return tf.cond(is_geometric, geometric_op, pixel_op)
 
   return tf.cond(applied, lambda: tf.ensure_shape(run(), x.shape), lambda: x)
