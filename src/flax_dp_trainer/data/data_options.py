@@ -6,6 +6,7 @@ the config itself. Each field means what the config field of the same name means
 
 import dataclasses
 import fractions
+from typing import Any
 
 from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.data import stream_versions
@@ -64,7 +65,14 @@ class DataOptions:
   # Not a config field: the epoch order's and the crop's versions, the newest for a new run,
   # a resumed run's own as its checkpoint records them (`stream_versions`).
   versions: stream_versions.StreamVersions = stream_versions.LATEST
+  # Not a config field: the fields of a plan step's own (a user's step's,
+  # `plan_steps.Record.own`) as (name, value) pairs from the config; `value` reads them.
+  step_fields: tuple[tuple[str, Any], ...] = ()
 
+  def value(self, field: str) -> Any:
+    """The value of `field`: a field of these options, or a plan step's own."""
+    own = dict(self.step_fields)
+    return own[field] if field in own else getattr(self, field)
 
 
 def crop_range(text, field: str) -> tuple[float, float]:

@@ -167,7 +167,7 @@ def check_datasets(config, arrays=None, command_line=frozenset()) -> run_dataset
   augmentation or crop size is refused there."""
   options = run_options.data_options(config)
   datasets = run_datasets.resolve(options, arrays, command_line)
-  plan_steps.check_unread(options, datasets.train)  # A field no step of the plan reads.
+  plan_steps.check(options, datasets.train)  # A value a step cannot take; a field unread.
   return datasets
 
 

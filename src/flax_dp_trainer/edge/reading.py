@@ -14,6 +14,7 @@ from flax_dp_trainer.base.errors import UserError
 from flax_dp_trainer.checkpoint import init_from as init_from_lib
 from flax_dp_trainer.data import data_options as data_options_lib
 from flax_dp_trainer.data import specs
+from flax_dp_trainer.data.image import plan_steps
 from flax_dp_trainer.edge import durations
 from flax_dp_trainer.loop import cadence as cadence_lib
 from flax_dp_trainer.loop import options as loop_options_lib
@@ -42,7 +43,9 @@ def data_options(config) -> data_options_lib.DataOptions:
   for field in ('crop_scale', 'crop_ratio'):
     if field in fields:
       fields[field] = data_options_lib.crop_range(fields[field], field)
-  return data_options_lib.DataOptions(**fields)
+  own = tuple((name, config[name] if name in config else default)
+              for record in plan_steps.REGISTRY for name, default in record.own)
+  return data_options_lib.DataOptions(**fields, step_fields=own)
 
 
 def model_options(config) -> modeling.ModelOptions:

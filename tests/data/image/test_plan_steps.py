@@ -40,3 +40,23 @@ def test_a_field_is_refused_only_where_no_step_of_the_plan_reads_it():
   plan_steps.check_unread(DataOptions(hflip_prob=0.0), SPEC)  # The flip off, as asked.
   assert [s.name for s in plan_steps.train_plan(DataOptions(hflip_prob=0.0), SPEC, True).steps] == [
       'random-resized crop']
+
+
+def test_two_steps_on_one_random_stream_are_refused_and_a_steps_own_field_is_read(monkeypatch):
+  """A user's step with a shipped step's stream would draw the same numbers as it (its flips
+  would follow the flip's): refused in one line naming both. Its own field (a config file's)
+  is read through `DataOptions.value`."""
+  flip = plan_steps.REGISTRY.get('flip')
+  records = {r.name: r for r in plan_steps.REGISTRY}
+  records['mine'] = dataclasses.replace(
+      flip, name='mine', order=36, on=lambda options, spec, encoded: options.value('mine_p') > 0,
+      build=lambda options, spec, encoded: dataclasses.replace(
+          flip.build(options, spec, encoded), prob=options.value('mine_p')),
+      reads=(), own=(('mine_p', 0.0),), turned_on_by='set --config.mine_p')
+  monkeypatch.setattr(plan_steps.REGISTRY, '_records', records)
+  options = DataOptions(step_fields=(('mine_p', 0.3),))
+  with pytest.raises(UserError, match=r"^the plan's steps 'flip' and 'flip' draw from one "):
+    plan_steps.train_plan(options, SPEC, encoded=True)
+  flat = dataclasses.replace(SPEC, augment='none', image_size=0)
+  plan_steps.check_unread(options, flat)  # Its step is on: read.
+  plan_steps.check_unread(DataOptions(step_fields=(('mine_p', 0.0),)), flat)

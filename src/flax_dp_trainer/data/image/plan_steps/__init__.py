@@ -1,9 +1,10 @@
 """The training plan's steps, one record each (`step_record.Record`): when a run's plan holds
 the step, where, the data fields it reads and how it is built. The plan is the records that
 are on, in order (`train_plan`); a field of a step the plan does not hold, set, is refused
-(`check_unread`). No TensorFlow until a step is built:
+(`check_unread`), as is a value a step cannot take (`check`). No TensorFlow until a step is
+built:
 
-    step_record        Record, REGISTRY, train_plan, check_unread
+    step_record        Record, REGISTRY, train_plan, check, check_unread
     crop_step          the random-resized crop (augment='inception')
     whole_resize_step  the whole-image resize (resize_images)
     decode_step        decoding, where nothing crops or resizes
@@ -21,4 +22,5 @@ from flax_dp_trainer.data.image.plan_steps import step_record
 registry.import_package(__name__, __path__)
 
 Record, REGISTRY = step_record.Record, step_record.REGISTRY
-train_plan, check_unread = step_record.train_plan, step_record.check_unread
+train_plan, check, check_unread = (step_record.train_plan, step_record.check,
+                                   step_record.check_unread)

@@ -1,7 +1,9 @@
 """A step of the training plan as one record (`Record`): when the run's plan holds it, where
 (its `order`), the data fields it reads and how it is built; the plan of a run is the records
 that are on, in order (`train_plan`), and a field that no step of the plan reads, set to
-other than its default, is refused in one line (`check_unread`)."""
+other than its default, is refused in one line (`check_unread`), as is a value a step of the
+plan cannot take (`check`). A user's step may read fields DataOptions lacks (its `own`): a
+config file adds them, and `DataOptions.value` reads them."""
 
 import dataclasses
 from typing import Any, Callable
@@ -28,6 +30,16 @@ class Record:
   # words that say how a run turns it on, for a field set where it is off.
   reads: tuple[str, ...] = ()
   turned_on_by: str = ''
+  # Fields of its own, which DataOptions lacks (a user's step's), with their defaults: the
+  # run reads them from the config (`DataOptions.value`).
+  own: tuple[tuple[str, Any], ...] = ()
+  # What it cannot take of the options where the plan holds it: UserError, one line.
+  check: Callable[[DataOptions], None] = lambda options: None
+
+  @property
+  def fields(self) -> tuple[str, ...]:
+    """Every field it reads: DataOptions' and its own."""
+    return self.reads + tuple(name for name, _ in self.own)
 
 
 def _in_order() -> list[Record]:
@@ -45,21 +57,37 @@ def train_plan(options: DataOptions, spec, encoded: bool):
   # pylint: disable-next=import-outside-toplevel  # (TensorFlow: the checks need none.)
   from flax_dp_trainer.data.image import preprocess
   steps = (r.build(options, spec, encoded) for r in _holds(options, spec, encoded))
-  return preprocess.Plan(tuple(step for step in steps if step is not None))
+  steps = tuple(step for step in steps if step is not None)
+  drawn: dict[int, str] = {}
+  for step in steps:
+    if step.stream is not None and step.stream in drawn:
+      raise UserError(f'the plan\'s steps {drawn[step.stream]!r} and {step.name!r} draw from '
+                      f'one random stream ({step.stream}): give a step of your own a stream '
+                      'no other uses (data/stream.py lists the shipped ones)')
+    drawn[step.stream] = step.name
+  return preprocess.Plan(steps)
+
+
+def check(options: DataOptions, spec, encoded: bool = True) -> None:
+  """UserError, one line, for a value a step of the plan cannot take (its record's `check`),
+  then for a field no step of it reads (`check_unread`)."""
+  for record in _holds(options, spec, encoded):
+    record.check(options)
+  check_unread(options, spec, encoded)
 
 
 def check_unread(options: DataOptions, spec, encoded: bool = True) -> None:
   """UserError, one line, for the first field of a step the plan does not hold that no step
   of it reads, set to other than its default: the run would go as if it were not set."""
   held = _holds(options, spec, encoded)
-  read = {field for record in held for field in record.reads}
-  defaults = DataOptions()
+  read = {field for record in held for field in record.fields}
+  defaults = DataOptions(step_fields=tuple(own for r in REGISTRY for own in r.own))
   for record in _in_order():
     if record in held:
       continue
-    for field in record.reads:
-      value = getattr(options, field)
-      if field not in read and value != getattr(defaults, field):
+    for field in record.fields:
+      value = options.value(field)
+      if field not in read and value != defaults.value(field):
         raise UserError(f'{field}={value!r} applies to {record.doc}, which this run\'s '
                         f'preprocessing does not hold: {record.turned_on_by}, or drop '
                         f'--config.{field}')
