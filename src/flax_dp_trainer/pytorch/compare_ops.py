@@ -4,16 +4,10 @@ absolute difference and the PSNR of ours against the reference's (inf where they
 
 torchvision's policies (`compare`): ours (`op_records.apply`) against torchvision v2's
 (`_AutoAugmentBase._apply_image_or_video_transform`, the code its policies run), at the
-policy's strongest bin and a middle one, both signs of a signed op:
-
-    policy    space, bins                          reference
-    ta_wide   policies.TA_WIDE_SPACE, 31           v2.TrivialAugmentWide
-    imagenet, cifar10, svhn
-              policies.AUTOAUGMENT_SPACE, 10       v2.AutoAugment(policy)
-    augmix    augmix.SPACE, 10                     v2.AugMix
-
-The magnitudes are our tables' (`policies.magnitude_table`, `augmix.magnitude_table`),
-handed to both sides as the same Python number.
+policy's strongest bin and a middle one, both signs of a signed op. Each policy's reference
+transform, op space and magnitude table are its counterpart's (`policy_counterparts`:
+v2.TrivialAugmentWide for ta_wide, v2.AutoAugment(policy) for imagenet, cifar10 and svhn,
+v2.AugMix for augmix); the magnitudes are handed to both sides as the same Python number.
 
 timm's policy strings (`compare_timm`, 'rand-...', 'augmix-...', 'original', 'v0', ...): ours
 (`string_policies.op_value`, then `apply_op`) against timm's `AugmentOp` (probability 1, no
@@ -38,37 +32,18 @@ from absl import logging
 import numpy as np
 
 from flax_dp_trainer.data import specs
-from flax_dp_trainer.data.image import augmix
 from flax_dp_trainer.data.image import policy_choice
 from flax_dp_trainer.data.image import op_records
 from flax_dp_trainer.data.image import ops
 from flax_dp_trainer.data.image import policy_records
-from flax_dp_trainer.data.image import policies
 from flax_dp_trainer.data.image import policy_strings
 from flax_dp_trainer.data.image import preprocess
 from flax_dp_trainer.data.image import string_policies
 from flax_dp_trainer.data.data_options import DataOptions
+from flax_dp_trainer.pytorch import policy_counterparts
 
-NAMES = ('ta_wide',) + tuple(policies.POLICIES) + ('augmix',)
+NAMES = tuple(policy_counterparts.REGISTRY.names())  # The policies with a counterpart.
 REFERENCES = ('torchvision', 'timm')  # Whose ops a policy is compared with.
-
-
-@dataclasses.dataclass(frozen=True)
-class Space:
-  """A policy's ops: op -> (top, signed) in `policies.TA_WIDE_SPACE`'s format, and its bins."""
-  ops: dict
-  bins: int
-
-
-def space(policy: str) -> Space:
-  """The op space of `policy` (one of NAMES)."""
-  if policy == 'ta_wide':
-    return Space(policies.TA_WIDE_SPACE, policies.TA_WIDE_BINS)
-  if policy == 'augmix':
-    return Space(augmix.SPACE, augmix.BINS)
-  if policy in policies.POLICIES:
-    return Space(policies.AUTOAUGMENT_SPACE, policies.AUTOAUGMENT_BINS)
-  raise ValueError(f'policy must be one of {", ".join(NAMES)}, got {policy!r}')
 
 
 def settings(policy: str, options: DataOptions, spec: specs.DatasetSpec
@@ -85,8 +60,7 @@ def settings(policy: str, options: DataOptions, spec: specs.DatasetSpec
 def magnitude(policy: str, name: str, k: int, height: int, width: int) -> Optional[float]:
   """The value of op `name` of `policy` at bin `k` (unsigned) for a `height` x `width`
   image; None for an op without one."""
-  table = (augmix.magnitude_table(name, height, width) if policy == 'augmix' else
-           policies.magnitude_table(policy, name, height, width))
+  table = policy_counterparts.REGISTRY.get(policy).table(name, height, width)
   return None if table is None else float(table[k])
 
 
@@ -94,9 +68,9 @@ def magnitudes(policy: str, name: str, height: int, width: int
                ) -> list[tuple[Optional[int], Optional[float]]]:
   """(bin, signed value) of op `name` as compared: the strongest bin and the middle one,
   each with both signs where the op is signed; (None, None) for an op without a value."""
-  ops_space = space(policy)
-  _, signed = ops_space.ops[name]
-  strongest, middle = ops_space.bins - 1, (ops_space.bins - 1) // 2
+  counterpart = policy_counterparts.REGISTRY.get(policy)
+  _, signed = counterpart.space[name]
+  strongest, middle = counterpart.bins - 1, (counterpart.bins - 1) // 2
   found = []
   for k in (strongest, middle):
     value = magnitude(policy, name, k, height, width)
@@ -156,13 +130,9 @@ def reference_policy(policy: str, interpolation: str, fill: Optional[Sequence[fl
   """torchvision v2's transform of `policy` with `interpolation` and `fill` (None: zeros)."""
   # pylint: disable-next=import-outside-toplevel
   from torchvision.transforms import v2  # (optional dependency: the ddp extra)
-  mode = v2.InterpolationMode(interpolation)
   fill = None if fill is None else [float(v) for v in fill]
-  if policy == 'ta_wide':
-    return v2.TrivialAugmentWide(interpolation=mode, fill=fill)
-  if policy == 'augmix':
-    return v2.AugMix(interpolation=mode, fill=fill)
-  return v2.AutoAugment(v2.AutoAugmentPolicy(policy), interpolation=mode, fill=fill)
+  return policy_counterparts.REGISTRY.get(policy).transform(
+      v2, v2.InterpolationMode(interpolation), fill)
 
 
 def compare(image: np.ndarray, policy: str, interpolation: Optional[str] = None,
@@ -184,7 +154,7 @@ def compare(image: np.ndarray, policy: str, interpolation: Optional[str] = None,
   chw = torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1)))
   height, width = image.shape[:2]
   rows = []
-  for name, (_, signed) in space(policy).ops.items():
+  for name, (_, signed) in policy_counterparts.REGISTRY.get(policy).space.items():
     for k, value in magnitudes(policy, name, height, width):
       m = 0.0 if value is None else value
       ours = op_records.apply(image, name, m, interpolation, fill).numpy()

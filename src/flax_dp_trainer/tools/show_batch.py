@@ -39,7 +39,7 @@ from flax_dp_trainer.base.batch_keys import MIX_LABEL_KEY, MIX_WEIGHT_KEY
 from flax_dp_trainer.base.errors import UserError
 
 FLAGS = flags.FLAGS
-POLICIES = ('ta_wide', 'imagenet', 'cifar10', 'svhn', 'augmix')  # compare_ops.NAMES
+POLICIES = ('augmix', 'cifar10', 'imagenet', 'svhn', 'ta_wide')  # compare_ops.NAMES
 REFERENCES = ('torchvision', 'timm')  # compare_ops.REFERENCES
 # The grid: cells of at least MIN_CELL pixels a side (small images enlarged by a whole
 # factor, each pixel a square), PAD pixels apart, a label of LABEL_LINES lines under each.

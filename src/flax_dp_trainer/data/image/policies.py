@@ -133,7 +133,6 @@ POLICIES: dict[str, tuple[SubPolicy, ...]] = {
         (('ShearX', 0.7, 2), ('Invert', 0.1, None)),
     ),
 }
-NAMES = ('ta_wide',) + tuple(POLICIES)  # config.auto_augment's values ('' : none).
 
 Seed = Union[tf.Tensor, Sequence[int]]
 
@@ -168,17 +167,12 @@ def _table(top, bins: int, span: int) -> Optional[np.ndarray]:
   return np.array([linspace_bin(top, k, bins) for k in range(bins)], np.float64)
 
 
-def magnitude_table(policy: str, name: str, height: int, width: int
+def magnitude_table(space: dict, bins: int, span: int, name: str, height: int, width: int
                     ) -> Optional[np.ndarray]:
-  """The values of op `name` of `policy` ('ta_wide', or an AutoAugment policy) over its bins
-  for a `height` x `width` image (float64 holding torchvision's float32 values, translations
-  as `translate_pixels` gives them); None for the ops without a magnitude."""
-  if policy == 'ta_wide':
-    space, bins, span = TA_WIDE_SPACE, TA_WIDE_BINS, TA_WIDE_POSTERIZE_SPAN
-  elif policy in POLICIES:
-    space, bins, span = AUTOAUGMENT_SPACE, AUTOAUGMENT_BINS, AUTOAUGMENT_POSTERIZE_SPAN
-  else:
-    raise ValueError(f'policy must be one of {", ".join(NAMES)}, got {policy!r}')
+  """The values of op `name` of a policy's `space` (TA_WIDE_SPACE's format, `bins` bins,
+  Posterize's `span`) over its bins for a `height` x `width` image (float64 holding
+  torchvision's float32 values, translations as `translate_pixels` gives them); None for the
+  ops without a magnitude."""
   top, _ = space[name]
   if top in ('width', 'height'):
     end = _TRANSLATE_FRACTION * (width if top == 'width' else height)
@@ -299,10 +293,3 @@ def autoaugment(image, seed: Seed, policy: str, settings: Settings = Settings())
 
   out = tf.switch_case(index, [branch(s) for s in POLICIES[policy]])
   return tf.ensure_shape(tf.cast(tf.clip_by_value(out, 0.0, 255.0), image.dtype), image.shape)
-
-
-def apply(image, seed: Seed, name: str, settings: Settings = Settings()) -> tf.Tensor:
-  """The policy `name` (one of NAMES) on `image`, drawn from `seed`."""
-  if name == 'ta_wide':
-    return trivial_augment_wide(image, seed, settings)
-  return autoaugment(image, seed, name, settings)

@@ -27,7 +27,9 @@ The op sets and sub-policies are timm 1.0.31's (`timm/data/auto_augment.py`).
 import dataclasses
 import math
 import re
-from typing import Union
+from typing import Callable, Union
+
+from flax_dp_trainer.base.errors import either
 
 LEVEL_DENOM = 10.0  # Levels are out of 10: timm's _LEVEL_DENOM.
 TRANSLATE_PCT = 0.45  # Relative translation at level 10 (timm's default translate_pct).
@@ -171,43 +173,83 @@ StringPolicy = Union[RandAugment, AugMix, AutoAugment]
 
 # ---- Parsing timm's strings.
 
-_FORMS = {
-    'rand': "rand[-m<int>][-n<int>][-p<float>][-mstd<float>][-mmax<int>][-inc<0|1>], sections "
-            "in any order (e.g. 'rand-m9-mstd0.5-inc1')",
-    'augmix': "augmix[-m<int>][-w<int>][-d<int>][-a<float>][-b<0|1>][-mstd<float>], sections "
-              "in any order (e.g. 'augmix-m3-w3')",
-    'autoaugment': "original, originalr, v0 or v0r, optionally -mstd<float> (e.g. "
-                   "'original-mstd0.5')",
-}
-_KEYS = {
-    'rand': {'m': int, 'n': int, 'p': float, 'mstd': float, 'mmax': int, 'inc': int},
-    'augmix': {'m': int, 'w': int, 'd': int, 'a': float, 'b': int, 'mstd': float},
-    'autoaugment': {'mstd': float},
-}
-_ALL_FORMS = ("timm's --aa strings: " + _FORMS['rand'] + '; ' + _FORMS['augmix'] + '; ' +
-              _FORMS['autoaugment'])
+@dataclasses.dataclass(frozen=True)
+class Form:
+  """One form of timm's strings: the first words it takes, its grammar in words, the
+  sections it reads (key: type), those it refuses (key prefix: why) and what builds its
+  policy from (text, first word, the sections' values)."""
+  heads: tuple[str, ...]
+  grammar: str
+  keys: dict
+  build: Callable[[str, str, dict], 'StringPolicy']
+  refused: tuple[tuple[str, str], ...] = ()
 
 
-def _sections(text: str, kind: str) -> dict:
+def _rand(text: str, head: str, values: dict) -> RandAugment:
+  del head
+  std = values.get('mstd', 0.0)
+  return RandAugment(
+      text=text, ops=RAND_INCREASING_OPS if values.get('inc', 0) else RAND_OPS,
+      magnitude=float(values.get('m', LEVEL_DENOM)), num_layers=values.get('n', 2),
+      prob=values.get('p', 0.5), magnitude_std=math.inf if std > 100 else std,
+      magnitude_max=float(values.get('mmax') or LEVEL_DENOM))
+
+
+def _augmix(text: str, head: str, values: dict) -> AugMix:
+  if values.get('w', 3) < 1 or values.get('a', 1.0) <= 0:
+    raise ValueError(f'timm augmentation {text!r}: the width w must be at least 1 and alpha a '
+                     f'positive; accepted: {FORMS[head].grammar}')
+  return AugMix(text=text, magnitude=float(values.get('m', 3)), width=values.get('w', 3),
+                depth=values.get('d', -1), alpha=values.get('a', 1.0),
+                blended=bool(values.get('b', 0)), magnitude_std=values.get('mstd', math.inf))
+
+
+def _autoaugment(text: str, head: str, values: dict) -> AutoAugment:
+  return AutoAugment(text=text, name=head, sub_policies=AUTOAUGMENT_POLICIES[head],
+                     magnitude_std=values.get('mstd', 0.0))
+
+
+_AUTOAUGMENT_FORM = Form(
+    tuple(AUTOAUGMENT_POLICIES), "original, originalr, v0 or v0r, optionally -mstd<float> "
+    "(e.g. 'original-mstd0.5')", {'mstd': float}, _autoaugment)
+FORMS = {head: form for form in (
+    Form(('rand',), "rand[-m<int>][-n<int>][-p<float>][-mstd<float>][-mmax<int>][-inc<0|1>], "
+         "sections in any order (e.g. 'rand-m9-mstd0.5-inc1')",
+         {'m': int, 'n': int, 'p': float, 'mstd': float, 'mmax': int, 'inc': int}, _rand,
+         refused=(('t', "selects one of timm's transform sets ('tweights', 't3a', 't3aw'), "
+                   'which are not implemented; leave it out for the default set'),)),
+    Form(('augmix',), "augmix[-m<int>][-w<int>][-d<int>][-a<float>][-b<0|1>][-mstd<float>], "
+         "sections in any order (e.g. 'augmix-m3-w3')",
+         {'m': int, 'w': int, 'd': int, 'a': float, 'b': int, 'mstd': float}, _augmix),
+    _AUTOAUGMENT_FORM) for head in form.heads}  # First word -> its form.
+# First words timm has and this does not implement (a prefix, case aside) -> why, in words.
+_NOT_HERE = {
+    'trivial': "timm 1.0.31 has no trivialaugment policy; torchvision's TrivialAugmentWide is "
+               "auto_augment='ta_wide'",
+    '3a': "timm's '3a' policy (3-Augment: GaussianBlurRand, Desaturate) is not implemented; "
+          f'accepted: {_AUTOAUGMENT_FORM.grammar}',
+}
+
+
+def _sections(text: str, form: Form) -> dict:
   """Each section after the first as timm splits it: the key before the first digit, the
   value from it on, converted as timm converts it; one ValueError line for anything else."""
   sections = text.split('-')[1:]
   values = {}
-  keys = _KEYS[kind]
 
   def fail(section, problem):
     raise ValueError(f'timm augmentation {text!r}: section {section!r} {problem}; accepted: '
-                     f'{_FORMS[kind]}')
+                     f'{form.grammar}')
 
   for i, section in enumerate(sections):
-    if kind == 'rand' and section.startswith('t'):
-      fail(section, "selects one of timm's transform sets ('tweights', 't3a', 't3aw'), which "
-           'are not implemented; leave it out for the default set')
+    for prefix, why in form.refused:
+      if section.startswith(prefix):
+        fail(section, why)
     key, number = re.match(r'(\D*)(.*)', section).groups()
     if not section:
       fail(section, 'is empty')
-    if key not in keys:
-      fail(section, f'is not one of {", ".join(keys)} followed by a number')
+    if key not in form.keys:
+      fail(section, f'is not one of {", ".join(form.keys)} followed by a number')
     if not number:
       hint = ''
       if i + 1 < len(sections) and sections[i + 1][:1].isdigit():
@@ -217,30 +259,11 @@ def _sections(text: str, kind: str) -> dict:
     if key in values:
       fail(section, f'repeats {key!r}')
     try:
-      values[key] = keys[key](number)
+      values[key] = form.keys[key](number)
     except ValueError:
-      fail(section, f'needs {"an integer" if keys[key] is int else "a number"} after {key!r}')
+      fail(section, f'needs {"an integer" if form.keys[key] is int else "a number"} after '
+           f'{key!r}')
   return values
-
-
-def _rand(text: str) -> RandAugment:
-  values = _sections(text, 'rand')
-  std = values.get('mstd', 0.0)
-  return RandAugment(
-      text=text, ops=RAND_INCREASING_OPS if values.get('inc', 0) else RAND_OPS,
-      magnitude=float(values.get('m', LEVEL_DENOM)), num_layers=values.get('n', 2),
-      prob=values.get('p', 0.5), magnitude_std=math.inf if std > 100 else std,
-      magnitude_max=float(values.get('mmax') or LEVEL_DENOM))
-
-
-def _augmix(text: str) -> AugMix:
-  values = _sections(text, 'augmix')
-  if values.get('w', 3) < 1 or values.get('a', 1.0) <= 0:
-    raise ValueError(f'timm augmentation {text!r}: the width w must be at least 1 and alpha a '
-                     f'positive; accepted: {_FORMS["augmix"]}')
-  return AugMix(text=text, magnitude=float(values.get('m', 3)), width=values.get('w', 3),
-                depth=values.get('d', -1), alpha=values.get('a', 1.0),
-                blended=bool(values.get('b', 0)), magnitude_std=values.get('mstd', math.inf))
 
 
 def parse(text: str) -> StringPolicy:
@@ -248,20 +271,11 @@ def parse(text: str) -> StringPolicy:
   one line naming the string, the bad section and the accepted form, where timm's grammar
   does not hold it or it asks for what is not implemented."""
   head = text.split('-')[0]
-  if head == 'rand':
-    return _rand(text)
-  if head == 'augmix':
-    return _augmix(text)
-  if head in AUTOAUGMENT_POLICIES:
-    values = _sections(text, 'autoaugment')
-    return AutoAugment(text=text, name=head, sub_policies=AUTOAUGMENT_POLICIES[head],
-                       magnitude_std=values.get('mstd', 0.0))
-  if head.lower().startswith('trivial'):
-    raise ValueError(f'timm augmentation {text!r}: timm 1.0.31 has no trivialaugment policy; '
-                     "torchvision's TrivialAugmentWide is auto_augment='ta_wide'")
-  if head == '3a':
-    raise ValueError(f"timm augmentation {text!r}: timm's '3a' policy (3-Augment: "
-                     'GaussianBlurRand, Desaturate) is not implemented; accepted: '
-                     f'{_FORMS["autoaugment"]}')
-  raise ValueError(f'timm augmentation {text!r}: first section {head!r} is not rand, augmix, '
-                   f'original, originalr, v0 or v0r; accepted: {_ALL_FORMS}')
+  if head in FORMS:
+    return FORMS[head].build(text, head, _sections(text, FORMS[head]))
+  for prefix, why in _NOT_HERE.items():
+    if head.lower().startswith(prefix):
+      raise ValueError(f'timm augmentation {text!r}: {why}')
+  grammars = '; '.join(dict.fromkeys(form.grammar for form in FORMS.values()))
+  raise ValueError(f'timm augmentation {text!r}: first section {head!r} is not '
+                   f'{either(list(FORMS))}; accepted: timm\'s --aa strings: {grammars}')

@@ -1,7 +1,7 @@
 """What torchvision's named policies share (TrivialAugmentWide, AutoAugment's three, AugMix,
 RandAugment): nearest sampling and zero fill by default (AugMix bilinear), and
-`policies.apply` to draw and apply TrivialAugmentWide and AutoAugment (TensorFlow, imported
-where a policy runs)."""
+AutoAugment's draws and ops (`policies.autoaugment`; TensorFlow, imported where a policy
+runs)."""
 
 from flax_dp_trainer.data.image.policy_records import policy_record
 
@@ -9,11 +9,11 @@ INTERPOLATIONS = ('nearest', 'bilinear')  # ops.INTERPOLATIONS.
 
 
 def apply_named(policy: policy_record.Policy, image, seed):
-  """`policies.apply` of the policy's name, with its sampling and fill."""
+  """AutoAugment with the policy of its name, with its sampling and fill."""
   # pylint: disable-next=import-outside-toplevel  # (TensorFlow: the checks need none.)
   from flax_dp_trainer.data.image import policies
-  return policies.apply(image, seed, policy.name,
-                        policies.Settings(policy.interpolation, policy.fill))
+  return policies.autoaugment(image, seed, policy.name,
+                              policies.Settings(policy.interpolation, policy.fill))
 
 
 def named_record(name: str, what: str, *, interpolation: str = 'nearest',

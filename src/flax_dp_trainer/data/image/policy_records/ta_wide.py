@@ -7,6 +7,14 @@ from flax_dp_trainer.data.image import policy_strings
 from flax_dp_trainer.data.image.policy_records import policy_record as record
 from flax_dp_trainer.data.image.policy_records import named_policies
 
+
+def _apply(policy: record.Policy, image, seed):
+  # pylint: disable-next=import-outside-toplevel  # (TensorFlow: the checks need none.)
+  from flax_dp_trainer.data.image import policies
+  return policies.trivial_augment_wide(image, seed,
+                                       policies.Settings(policy.interpolation, policy.fill))
+
+
 RECORD = record.REGISTRY.register(named_policies.named_record(
-    'ta_wide', 'TrivialAugmentWide', kinds=('trivialaugment',),
+    'ta_wide', 'TrivialAugmentWide', apply=_apply, kinds=('trivialaugment',),
     validate=policy_strings.parse))
