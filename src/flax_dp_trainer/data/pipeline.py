@@ -282,7 +282,7 @@ def eval_data(options: DataOptions, reader: kinds.base.Reader, *, process_index:
                                     process_count=process_count)
   threads = data_threads(options)
   ds, _ = reader.examples(part, threads, dataset_options(options))
-  plan = preprocess.eval_plan(options, ds_spec,
+  plan = plan_steps.eval_plan(options, ds_spec,
                               encoded=reader.read_mode(False) != sources.IN_MEMORY)
   ds = prepared(ds.batch(EXAMPLES_PER_CALL),
                 lambda e: {'image': plan(e['image'], 0, options.seed), 'label': e['label']},
@@ -328,7 +328,7 @@ def eval_preprocessed(options: DataOptions, spec: specs.DatasetSpec, images,
   """`images` (uint8 arrays of any size, or encoded JPEG/PNG bytes when `encoded`) through
   the evaluation plan of `spec` (decode; resize and center-crop where it crops): uint8 model
   inputs (N, H, W, C), for `trainer.load`'s predictions."""
-  plan = preprocess.eval_plan(options, spec, encoded=encoded)
+  plan = plan_steps.eval_plan(options, spec, encoded=encoded)
   return np.stack([plan(tf.constant(image), 0, options.seed).numpy()
                    for image in images]).astype(np.uint8)
 

@@ -23,7 +23,6 @@ from flax_dp_trainer.data import stream_versions
 from flax_dp_trainer.data.image import op_records
 from flax_dp_trainer.data.image import ops
 from flax_dp_trainer.data.image import plan_steps
-from flax_dp_trainer.data.image import preprocess
 from flax_dp_trainer.data.image import string_policies
 from flax_dp_trainer.data.tensorflow_import import tf
 from flax_dp_trainer.edge import reading
@@ -99,7 +98,7 @@ def _plan(overrides: dict, shape, crop: int = 2, evaluation: bool = False
     options = dataclasses.replace(
         options, versions=stream_versions.StreamVersions(order=2, crop=crop))
     spec = _spec(config.augment, config.image_size, shape)
-    make = preprocess.eval_plan if evaluation else plan_steps.train_plan
+    make = plan_steps.eval_plan if evaluation else plan_steps.train_plan
     plan = make(options, spec, encoded=False)
     image = RGB if shape[-1] == 3 else GRAY
     # Eager: the digests are those of the plan in a tf.data map, as the input pipeline runs it

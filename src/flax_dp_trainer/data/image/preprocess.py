@@ -2,9 +2,8 @@
 
 A plan is a tuple of steps. `plan_steps.train_plan` builds the training one from the dataset's
 spec and the run's options (each step a record: when it is on, where, what it reads),
-`eval_plan` the evaluation one; both start by decoding where the source hands over encoded
-images. Normalization and Mixup/CutMix
-are not here: the jitted step does them on the device, on the uint8 images sent there.
+`plan_steps.eval_plan` the evaluation one from the same records; both start by decoding where
+the source hands over encoded images. Normalization and Mixup/CutMix are not here: the jitted step does them on the device, on the uint8 images sent there.
 
 Each step maps one uint8 [H, W, C] image (or, first in a plan, an encoded one) and draws its
 randomness, if any, from a stateless seed made of (data seed, the step's `stream`, the
@@ -32,7 +31,6 @@ from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import stream as stream_lib
 from flax_dp_trainer.data import stream_versions
 from flax_dp_trainer.data import data_options
-from flax_dp_trainer.data.data_options import DataOptions
 
 
 CIFAR_PAD = 4  # Pixels of zero padding on each side before the random crop ('crop_flip').
@@ -308,17 +306,3 @@ class Plan:
 def mean_pixel(spec: specs.DatasetSpec) -> tuple[int, ...]:
   """The dataset's mean as uint8 values (what normalizes to about 0)."""
   return tuple(int(round(255 * m)) for m in spec.mean)
-
-
-def eval_plan(options: DataOptions, spec: specs.DatasetSpec, encoded: bool) -> Plan:
-  """The evaluation plan of `spec`: decode where `encoded`; resize and center-crop for the
-  inception crop; resize whole where images are resized (options.resize_images)."""
-  if spec.augment == 'inception':
-    return Plan((ResizeCenterCrop(size=spec.image_size, channels=spec.channels,
-                                  encoded=encoded, resize_filter=options.resize_filter,
-                                  scaled_decode=options.scaled_decode,
-                                  resize=spec.resize_size),))
-  if spec.image_size:
-    return Plan((Resize(size=spec.image_size, channels=spec.channels, encoded=encoded,
-                        resize_filter=options.resize_filter),))
-  return Plan((Decode(shape=spec.image_shape),) if encoded else ())

@@ -15,4 +15,4 @@ RECORD = record.REGISTRY.register(record.Record(
     name='decode', doc='decoding', order=10,
     on=lambda options, spec, encoded: (encoded and spec.augment != 'inception' and
                                        not spec.image_size),
-    build=_build))
+    build=_build, evaluation=_build))

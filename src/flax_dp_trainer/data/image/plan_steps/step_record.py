@@ -6,7 +6,7 @@ plan cannot take (`check`). A user's step may read fields DataOptions lacks (its
 config file adds them, and `DataOptions.value` reads them."""
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from flax_dp_trainer.base import registry
 from flax_dp_trainer.base.errors import UserError
@@ -35,6 +35,10 @@ class Record:
   own: tuple[tuple[str, Any], ...] = ()
   # What it cannot take of the options where the plan holds it: UserError, one line.
   check: Callable[[DataOptions], None] = lambda options: None
+  # Where the training plan holds it, the step it gives the evaluation plan (the same
+  # arguments as `build`): the geometry's evaluation counterpart, e.g. the resize and centre
+  # crop of the random-resized crop; None: the evaluation plan has nothing of it.
+  evaluation: Optional[Callable[[DataOptions, Any, bool], Any]] = None
 
   @property
   def fields(self) -> tuple[str, ...]:
@@ -66,6 +70,16 @@ def train_plan(options: DataOptions, spec, encoded: bool):
                       'no other uses (data/stream.py lists the shipped ones)')
     drawn[step.stream] = step.name
   return preprocess.Plan(steps)
+
+
+def eval_plan(options: DataOptions, spec, encoded: bool):
+  """The evaluation plan of `spec` under `options`: the `evaluation` steps of the records
+  the training plan holds, in their order (decoding where the source hands over encoded
+  images; the resize and centre crop of the inception crop; the whole-image resize)."""
+  # pylint: disable-next=import-outside-toplevel  # (TensorFlow: the checks need none.)
+  from flax_dp_trainer.data.image import preprocess
+  return preprocess.Plan(tuple(r.evaluation(options, spec, encoded)
+                               for r in _holds(options, spec, encoded) if r.evaluation))
 
 
 def check(options: DataOptions, spec, encoded: bool = True) -> None:

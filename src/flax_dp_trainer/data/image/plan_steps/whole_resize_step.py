@@ -15,5 +15,5 @@ def _build(options, spec, encoded):
 RECORD = record.REGISTRY.register(record.Record(
     name='resize', doc='the whole-image resize (resize_images)', order=10,
     on=lambda options, spec, encoded: spec.augment != 'inception' and bool(spec.image_size),
-    build=_build, reads=('resize_filter',),
+    build=_build, evaluation=_build, reads=('resize_filter',),
     turned_on_by='pass --config.resize_images=True with --config.image_size=N'))
