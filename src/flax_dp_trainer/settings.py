@@ -19,6 +19,7 @@ from flax_dp_trainer import configs
 from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import kinds
 from flax_dp_trainer.data import run_datasets
+from flax_dp_trainer.data.image import plan_steps
 from flax_dp_trainer.edge import trackers
 from flax_dp_trainer.base import user_imports
 from flax_dp_trainer.base.errors import UserError
@@ -154,6 +155,9 @@ def describe_options(config: Any, spec: specs.DatasetSpec) -> list[str]:
                  f'#   schedule: {schedules.describe(options.optim.schedule)}'):
       lines.extend(textwrap.wrap(text, 100, subsequent_indent='#     ',
                                  break_long_words=False, break_on_hyphens=False))
+  text = f'#   preprocessing: {plan_steps.describe(options.data, spec)}'
+  lines.extend(textwrap.wrap(text, 100, subsequent_indent='#     ', break_long_words=False,
+                             break_on_hyphens=False))
   for field in dataclasses.fields(options):
     if field.name == 'optim' and resolved is None:
       continue

@@ -83,7 +83,8 @@ def test_show_config_shows_the_options_as_resolved(no_tensorflow):
   reads them."""
   run = _main(no_tensorflow, '--config=default', '--show_config', '--config.num_epochs=2',
               '--config.warmup_epochs=0.5', '--config.scale_learning_rate=True',
-              '--config.mixup_alpha=0.2', '--config.loss=sigmoid_xent')
+              '--config.mixup_alpha=0.2', '--config.loss=sigmoid_xent',
+              '--config.augment=crop_flip', '--config.auto_augment=ta_wide')
   assert run.returncode == 0, run.stderr
   lines = run.stdout.splitlines()
   below = lines[_dataset_line(lines) + 1:]
@@ -99,7 +100,11 @@ def test_show_config_shows_the_options_as_resolved(no_tensorflow):
                 'peak_learning_rate=0.05, num_train_steps=23, warmup_steps=6,',
                 'optimizer: sgd(momentum=0.9, nesterov=True), coupled weight decay 0.0005',
                 'schedule: cosine from 0.05 to 0 over 17 updates after 6 of linear warm-up', 'mix=MixOptions(mixup_alpha=0.2,',
-                'loss=sigmoid_xent', 'init_from: None'):
+                'loss=sigmoid_xent', 'init_from: None',
+                # The plan's step records in order, each with the fields it reads.
+                "preprocessing: padded random crop -> flip (hflip_prob=0.5) -> policy "
+                "(auto_augment='ta_wide', auto_augment_interpolation='', auto_augment_fill='', "
+                "train_interpolation='', resize_filter='area') data: DataOptions("):
     assert shown in options, shown
   assert all(len(line) <= 100 for line in below)
   # A duration in epochs of a split whose size is not known here is said to be so.

@@ -16,6 +16,6 @@ def _build(options, spec, encoded):
 RECORD = record.REGISTRY.register(record.Record(
     name='policy', doc='an augmentation policy (auto_augment)', order=40,
     on=lambda options, spec, encoded: bool(options.auto_augment), build=_build,
-    reads=('auto_augment_interpolation', 'auto_augment_fill', 'train_interpolation',
-           'resize_filter'),
+    reads=('auto_augment', 'auto_augment_interpolation', 'auto_augment_fill',
+           'train_interpolation', 'resize_filter'),
     turned_on_by='set --config.auto_augment=NAME'))

@@ -82,6 +82,18 @@ def eval_plan(options: DataOptions, spec, encoded: bool):
                                for r in _holds(options, spec, encoded) if r.evaluation))
 
 
+def describe(options: DataOptions, spec) -> str:
+  """The training plan's records in order, each with the fields it reads and their values,
+  marked where the evaluation plan has its counterpart (`--show_config`'s line; decoding,
+  which the source decides, aside)."""
+  parts = []
+  for r in _holds(options, spec, False):
+    fields = ', '.join(f'{field}={options.value(field)!r}' for field in r.fields)
+    parts.append(f'{r.name}{f" ({fields})" if fields else ""}'
+                 f'{" [and at evaluation]" if r.evaluation else ""}')
+  return ' -> '.join(parts) or 'nothing per example'
+
+
 def check(options: DataOptions, spec, encoded: bool = True) -> None:
   """UserError, one line, for a value a step of the plan cannot take (its record's `check`),
   then for a field no step of it reads (`check_unread`)."""
