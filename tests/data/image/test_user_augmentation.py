@@ -1,95 +1,30 @@
-"""A user's augmentation from modules in `config.imports`, one file each: an op
-(`data.image.op_records`), a policy using it (`policy_records`) and a step of the plan with a
-field of its own that the user's config file adds (`plan_steps`). `show_batch` draws them in
+"""A user's augmentation from modules in `config.imports`, one file each, as docs/data.md
+shows them: an op (`data.image.op_records`), a policy using it (`policy_records`) and a step
+of the plan with a field of its own that the user's config file adds (`plan_steps`). `show_batch` draws them in
 the run's own pipeline and its preprocessing line names them; a value the policy or the step
 cannot take is refused in one line with status 2, before anything is written. The commands run
 as a user runs them, in children forked from one process (`tests/forked.py`)."""
 
 import os
+import pathlib
+import re
 
 import numpy as np
 import pytest
 
+from tests import REPO
 from tests import forked
 from tests.tools.test_show_batch import _cells  # The grid's images, read back.
 
 pytestmark = pytest.mark.slow  # Four commands in forked children (~25 s).
 
-THRESHOLD_OP = '''"""Threshold: each pixel to 255 where it is at least 255 m, else to 0."""
-from flax_dp_trainer.data.image import op_records
-from flax_dp_trainer.data.tensorflow_import import tf
 
-op_records.REGISTRY.register(op_records.Record(
-    name='Threshold', doc='each pixel to 255 from 255 m up, else to 0',
-    tensor=lambda x, m, quantize, interpolation, fill: tf.where(
-        x >= tf.cast(255.0 * m, tf.float32), 255.0, 0.0)))
-'''
+def _docs_files() -> list[str]:
+  """The op, the policy, the step and the config file as docs/data.md shows them."""
+  text = pathlib.Path(REPO, 'docs', 'data.md').read_text()
+  section = text.split('### Your own op, policy and plan step')[1].split('\n## ')[0]
+  return re.findall(r'```python\n(.*?)```', section, re.S)
 
-THRESHOLD_SOME = '''"""threshold_some: the op Threshold at 0.5 on about half the images."""
-from flax_dp_trainer.data.image import policy_records
-
-
-def _apply(policy, image, seed):
-  from flax_dp_trainer.data.image import op_records  # (TensorFlow: where the policy runs.)
-  from flax_dp_trainer.data.tensorflow_import import tf
-  keep = tf.random.stateless_uniform([], seed) < 0.5
-  return tf.cond(keep, lambda: image, lambda: op_records.apply(image, 'Threshold', 0.5))
-
-
-policy_records.REGISTRY.register(policy_records.Record(
-    name='threshold_some', doc='Threshold at 0.5 on about half the images',
-    library='torchvision', apply=_apply,
-    describe=lambda policy: 'thresholded at 0.5 on about half the images',
-    interpolations=('nearest',), default_interpolation=lambda options: 'nearest'))
-'''
-
-VFLIP_STEP = '''"""vflip: the vertical flip with probability vflip_prob (a field of its own)."""
-import dataclasses
-
-from flax_dp_trainer.base.errors import UserError
-from flax_dp_trainer.data.image import plan_steps
-from flax_dp_trainer.data.image import preprocess
-from flax_dp_trainer.data.tensorflow_import import tf
-
-
-@dataclasses.dataclass(frozen=True)
-class RandomVerticalFlip(preprocess.Step):
-  name = 'vertical flip'
-  stream: int = 100  # A random stream no shipped step uses.
-  prob: float = 0.5
-
-  def __call__(self, image, seed):
-    flip = tf.random.stateless_uniform([], seed) < self.prob
-    return tf.cond(flip, lambda: tf.reverse(image, [0]), lambda: image)
-
-  def describe(self):
-    return f'vertical flip (p={self.prob})'
-
-
-def _check(options):
-  prob = options.value('vflip_prob')
-  if not 0 <= prob <= 1:
-    raise UserError(f'vflip_prob={prob!r} must be a probability in [0, 1] '
-                    '(--config.vflip_prob=0.5)')
-
-
-plan_steps.REGISTRY.register(plan_steps.Record(
-    name='vflip', doc='the vertical flip', order=35,
-    on=lambda options, spec, encoded: options.value('vflip_prob') != 0,
-    build=lambda options, spec, encoded: RandomVerticalFlip(prob=options.value('vflip_prob')),
-    own=(('vflip_prob', 0.0),), check=_check))
-'''
-
-CONFIG = '''from flax_dp_trainer.configs import default
-
-
-def get_config():
-  config = default.get_config()
-  config.imports = 'my_aug.threshold_op,my_aug.threshold_some,my_aug.vflip_step'
-  with config.unlocked():  # A field of the user's step's own.
-    config.vflip_prob = 0.0
-  return config
-'''
 
 USER = ['--config=my_config.py', '--config.batch_size=16']
 ON = ['--config.auto_augment=threshold_some', '--config.vflip_prob=0.5']
@@ -98,10 +33,10 @@ ON = ['--config.auto_augment=threshold_some', '--config.vflip_prob=0.5']
 @pytest.fixture(scope='module')
 def answers(tmp_path_factory, tfds_data_dir):
   root = tmp_path_factory.mktemp('user_augmentation')
-  forked.user_package(root, 'my_aug', {'threshold_op': THRESHOLD_OP,
-                                       'threshold_some': THRESHOLD_SOME,
-                                       'vflip_step': VFLIP_STEP})
-  (root / 'my_config.py').write_text(CONFIG)
+  op, policy, step, config = _docs_files()
+  forked.user_package(root, 'my_aug', {'threshold_op': op, 'threshold_some': policy,
+                                       'vflip_step': step})
+  (root / 'my_config.py').write_text(config)
   data = f'--config.tfds_data_dir={tfds_data_dir}'
   cases = {'plain': [], 'show': ON,
            'bad_policy': [*ON, '--config.auto_augment_interpolation=bilinear'],

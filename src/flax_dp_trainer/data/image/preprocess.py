@@ -10,9 +10,10 @@ randomness, if any, from a stateless seed made of (data seed, the step's `stream
 example's position in the training stream): an example is augmented the same way on any
 topology and again on resume.
 
-To add an augmentation: write a `Step` (a frozen dataclass with `name`, `stream` and
-`__call__(image, seed)`), give it a stream of its own in `data/stream.py`, and register its
-record in `plan_steps` (its order, when it is on, the fields it reads).
+To add an augmentation: one file of `plan_steps` (or of your own, in config.imports) with its
+`Step` (a frozen dataclass with `name`, `stream` and `__call__(image, seed)`; a stream no
+other step uses, `data/stream.py` lists the shipped ones) and its record (its order, when it
+is on, the fields it reads); docs/data.md shows one.
 """
 
 import dataclasses
