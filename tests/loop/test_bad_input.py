@@ -230,7 +230,8 @@ CASES = {
         dict(crop_ratio='4/3,3/4'), "crop_ratio='4/3,3/4' must be two numbers or fractions, "
         "low,high, above 0 (torchvision's default: --config.crop_ratio=3/4,4/3)"),
     'crop scale without the crop': (
-        dict(crop_scale='0.2,1'), "crop_scale=(0.2, 1.0) applies to augment='inception'"),
+        dict(crop_scale='0.2,1'), "crop_scale=(0.2, 1.0) applies to the random-resized crop "
+        "(augment='inception'), which this run's preprocessing does not hold"),
     "torchvision's weights enum as init_from": (
         dict(model='resnet18', init_from='ResNet18_Weights.IMAGENET1K_V1'),
         "init_from='ResNet18_Weights.IMAGENET1K_V1' names torchvision's weights enum, which it "
@@ -245,7 +246,10 @@ CASES = {
     'flip probability above one': (
         dict(hflip_prob=1.5), 'hflip_prob=1.5 must be a probability in [0, 1]'),
     'flip probability without a flip': (
-        dict(augment='none', hflip_prob=0.2), "hflip_prob=0.2 applies to augment 'flip'"),
+        dict(augment='none', hflip_prob=0.2),
+        "hflip_prob=0.2 applies to the horizontal flip, which this run's preprocessing does not "
+        'hold: pass --config.augment as one of flip, crop_flip, inception, or drop '
+        '--config.hflip_prob'),
     'policy fill off the scale': (
         dict(auto_augment='imagenet', auto_augment_fill='300'),
         "auto_augment_fill='300' must be 'zeros', 'mean'"),

@@ -60,22 +60,6 @@ def for_options(options: DataOptions, given: Optional[arrays_lib.Arrays] = None
   return _for_options(options, specs.of_options(options, given))
 
 
-def _check_crop_fields(options: DataOptions, augment: str) -> None:
-  """A crop range set where augment has no random-resized crop, or a flip probability set
-  where it has no flip: refused, not ignored."""
-  defaults = DataOptions()
-  if augment != 'inception':
-    for field in ('crop_scale', 'crop_ratio'):
-      if getattr(options, field) != getattr(defaults, field):
-        raise UserError(f"{field}={getattr(options, field)} applies to augment='inception' "
-                        f"(its random-resized crop), and the run has augment={augment!r}: drop "
-                        '--config.' + field + ', or pass --config.augment=inception')
-  if augment == 'none' and options.hflip_prob != defaults.hflip_prob:
-    raise UserError(f"hflip_prob={options.hflip_prob} applies to augment 'flip', 'crop_flip' and "
-                    "'inception', and the run has augment='none': drop --config.hflip_prob, or "
-                    'pass --config.augment=flip')
-
-
 def _for_options(options: DataOptions, base: specs.DatasetSpec) -> specs.DatasetSpec:
   base = _statistics(options, base)
   augment = options.augment or base.augment
@@ -105,7 +89,6 @@ def _for_options(options: DataOptions, base: specs.DatasetSpec) -> specs.Dataset
       raise UserError(f'{uint8_only[0]} works on uint8 images, and dataset={options.dataset!r} '
                       f'holds {base.dtype} ones; drop it, or store the images as uint8 '
                       '(0..255)')
-  _check_crop_fields(options, augment)
   if augment == 'inception':
     size = size or base.image_size or _square_side(base)
     return _resolutions(options, dataclasses.replace(base, augment=augment, image_size=size))
