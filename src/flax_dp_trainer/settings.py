@@ -155,9 +155,15 @@ def describe_options(config: Any, spec: specs.DatasetSpec) -> list[str]:
                  f'#   schedule: {schedules.describe(options.optim.schedule)}'):
       lines.extend(textwrap.wrap(text, 100, subsequent_indent='#     ',
                                  break_long_words=False, break_on_hyphens=False))
-  text = f'#   preprocessing: {plan_steps.describe(options.data, spec)}'
-  lines.extend(textwrap.wrap(text, 100, subsequent_indent='#     ', break_long_words=False,
-                             break_on_hyphens=False))
+  # pylint: disable-next=import-outside-toplevel
+  from flax_dp_trainer.pytorch import step_counterparts  # (no torch: the expressions' text)
+  texts = [f'#   preprocessing: {plan_steps.describe(options.data, spec)}'] + [
+      f'#   as {library}\'s: {step_counterparts.plan(options.data, spec, library)}; evaluation: '
+      f'{step_counterparts.plan(options.data, spec, library, evaluation=True)}'
+      for library in ('torchvision', 'timm')]
+  for text in texts:
+    lines.extend(textwrap.wrap(text, 100, subsequent_indent='#     ', break_long_words=False,
+                               break_on_hyphens=False))
   for field in dataclasses.fields(options):
     if field.name == 'optim' and resolved is None:
       continue

@@ -101,10 +101,16 @@ def test_show_config_shows_the_options_as_resolved(no_tensorflow):
                 'optimizer: sgd(momentum=0.9, nesterov=True), coupled weight decay 0.0005',
                 'schedule: cosine from 0.05 to 0 over 17 updates after 6 of linear warm-up', 'mix=MixOptions(mixup_alpha=0.2,',
                 'loss=sigmoid_xent', 'init_from: None',
-                # The plan's step records in order, each with the fields it reads.
+                # The plan's step records in order, each with the fields it reads, then
+                # their counterparts in torchvision's presets and timm's create_transform.
                 "preprocessing: padded random crop -> flip (hflip_prob=0.5) -> policy "
                 "(auto_augment='ta_wide', auto_augment_interpolation='', auto_augment_fill='', "
-                "train_interpolation='', resize_filter='area') data: DataOptions("):
+                "train_interpolation='', resize_filter='area') as torchvision's: "
+                'v2.RandomCrop(8, padding=4) -> v2.RandomHorizontalFlip(p=0.5) -> '
+                'v2.TrivialAugmentWide(interpolation=InterpolationMode.NEAREST); evaluation: '
+                "none as timm's: (none for the padded random crop) -> "
+                'transforms.RandomHorizontalFlip(p=0.5) -> (none for the policy); evaluation: '
+                'none data: DataOptions('):
     assert shown in options, shown
   assert all(len(line) <= 100 for line in below)
   # A duration in epochs of a split whose size is not known here is said to be so.

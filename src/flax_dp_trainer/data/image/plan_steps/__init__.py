@@ -4,7 +4,7 @@ are on, in order (`train_plan`); a field of a step the plan does not hold, set, 
 (`check_unread`), as is a value a step cannot take (`check`). No TensorFlow until a step is
 built:
 
-    step_record        Record, REGISTRY, train_plan, eval_plan, describe, check,
+    step_record        Record, REGISTRY, train_plan, eval_plan, held, describe, check,
                        check_unread
     crop_step          the random-resized crop (augment='inception')
     whole_resize_step  the whole-image resize (resize_images)
@@ -23,6 +23,6 @@ from flax_dp_trainer.data.image.plan_steps import step_record
 registry.import_package(__name__, __path__)
 
 Record, REGISTRY = step_record.Record, step_record.REGISTRY
-describe = step_record.describe
+describe, held = step_record.describe, step_record.held
 train_plan, eval_plan, check, check_unread = (step_record.train_plan, step_record.eval_plan,
                                               step_record.check, step_record.check_unread)

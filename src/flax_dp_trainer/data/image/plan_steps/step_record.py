@@ -50,7 +50,9 @@ def _in_order() -> list[Record]:
   return sorted(REGISTRY, key=lambda r: (r.order, r.name))
 
 
-def _holds(options: DataOptions, spec, encoded: bool) -> list[Record]:
+def held(options: DataOptions, spec, encoded: bool = False) -> list[Record]:
+  """The records the training plan of `spec` holds under `options`, in order (decoding
+  where `encoded`)."""
   return [r for r in _in_order() if r.on(options, spec, encoded)]
 
 
@@ -60,7 +62,7 @@ def train_plan(options: DataOptions, spec, encoded: bool):
   records that are on, in their order."""
   # pylint: disable-next=import-outside-toplevel  # (TensorFlow: the checks need none.)
   from flax_dp_trainer.data.image import preprocess
-  steps = (r.build(options, spec, encoded) for r in _holds(options, spec, encoded))
+  steps = (r.build(options, spec, encoded) for r in held(options, spec, encoded))
   steps = tuple(step for step in steps if step is not None)
   drawn: dict[int, str] = {}
   for step in steps:
@@ -79,7 +81,7 @@ def eval_plan(options: DataOptions, spec, encoded: bool):
   # pylint: disable-next=import-outside-toplevel  # (TensorFlow: the checks need none.)
   from flax_dp_trainer.data.image import preprocess
   return preprocess.Plan(tuple(r.evaluation(options, spec, encoded)
-                               for r in _holds(options, spec, encoded) if r.evaluation))
+                               for r in held(options, spec, encoded) if r.evaluation))
 
 
 def describe(options: DataOptions, spec) -> str:
@@ -87,7 +89,7 @@ def describe(options: DataOptions, spec) -> str:
   marked where the evaluation plan has its counterpart (`--show_config`'s line; decoding,
   which the source decides, aside)."""
   parts = []
-  for r in _holds(options, spec, False):
+  for r in held(options, spec, False):
     fields = ', '.join(f'{field}={options.value(field)!r}' for field in r.fields)
     parts.append(f'{r.name}{f" ({fields})" if fields else ""}'
                  f'{" [and at evaluation]" if r.evaluation else ""}')
@@ -97,7 +99,7 @@ def describe(options: DataOptions, spec) -> str:
 def check(options: DataOptions, spec, encoded: bool = True) -> None:
   """UserError, one line, for a value a step of the plan cannot take (its record's `check`),
   then for a field no step of it reads (`check_unread`)."""
-  for record in _holds(options, spec, encoded):
+  for record in held(options, spec, encoded):
     record.check(options)
   check_unread(options, spec, encoded)
 
@@ -105,7 +107,7 @@ def check(options: DataOptions, spec, encoded: bool = True) -> None:
 def check_unread(options: DataOptions, spec, encoded: bool = True) -> None:
   """UserError, one line, for the first field of a step the plan does not hold that no step
   of it reads, set to other than its default: the run would go as if it were not set."""
-  held = _holds(options, spec, encoded)
+  held = held(options, spec, encoded)
   read = {field for record in held for field in record.fields}
   defaults = DataOptions(step_fields=tuple(own for r in REGISTRY for own in r.own))
   for record in _in_order():
