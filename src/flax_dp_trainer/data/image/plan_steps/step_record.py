@@ -107,11 +107,11 @@ def check(options: DataOptions, spec, encoded: bool = True) -> None:
 def check_unread(options: DataOptions, spec, encoded: bool = True) -> None:
   """UserError, one line, for the first field of a step the plan does not hold that no step
   of it reads, set to other than its default: the run would go as if it were not set."""
-  held = held(options, spec, encoded)
-  read = {field for record in held for field in record.fields}
+  holds = held(options, spec, encoded)
+  read = {field for record in holds for field in record.fields}
   defaults = DataOptions(step_fields=tuple(own for r in REGISTRY for own in r.own))
   for record in _in_order():
-    if record in held:
+    if record in holds:
       continue
     for field in record.fields:
       value = options.value(field)
