@@ -195,6 +195,7 @@ def test_the_scaled_down_tv2_recipe_checks_the_same_and_each_change_is_named(
   changed = tool.config_of(translation)
   changed.unlock()
   changed.decay_all_params, changed.lr_schedule_unit = False, 'step'
+  changed.momentum = 0.85  # A setting read from the script's own optimizer.
   changed.lock()
   found = check.run('torchvision', args, changed, str(tmp_path / 'changed'), 2, 0)
   assert not found.same
@@ -203,6 +204,10 @@ def test_the_scaled_down_tv2_recipe_checks_the_same_and_each_change_is_named(
   assert '--config.decay_all_params=True' in settings['weight decay'].cause
   assert settings['learning rates'].parts
   assert '--config.lr_schedule_unit=epoch' in settings['learning rates'].cause
+  assert settings['optimizer settings'].where == 'momentum'
+  assert settings['optimizer settings'].cause == (
+      "torch.optim.SGD's momentum is 0.85 here and 0.9 in the script: set --config.momentum "
+      '(the script: --momentum)')
 
 
 @pytest.mark.slow
@@ -368,3 +373,38 @@ def test_the_batchnorm_stage_names_the_groups_of_the_scripts_gpus():
   assert stage.where in expected
   assert stage.cause.startswith('BatchNorm `bn` normalizes over the whole global batch here')
   assert '--config.bn_group_size=8 --config.bn_group_stats=first' in stage.cause
+
+
+def test_the_optimizer_settings_are_read_from_the_scripts_optimizer():
+  """Each keyword argument of the script's optimizer, as its parameter groups hold it, against
+  this run's counterpart: a momentum, Nesterov, a beta or eps of its own parts, named by the
+  config field and the script's flag; another class parts at the class."""
+  # pylint: disable-next=import-outside-toplevel
+  import torch
+  from flax_dp_trainer.pytorch.recipe import optimizer_settings
+  from flax_dp_trainer.step import optimizers
+  weights = [torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(3))]
+  groups = [{'params': weights[:1], 'weight_decay': 0.0}, {'params': weights[1:]}]
+
+  def ours(name, **kwargs):
+    return optimizers.resolve(name, kwargs.pop('optimizer_kwargs', {}), momentum=kwargs.get(
+        'momentum', 0.9), nesterov=kwargs.get('nesterov', True), weight_decay=0.05,
+        adam_b1=kwargs.get('b1', 0.9), adam_b2=kwargs.get('b2', 0.999))[0]
+
+  sgd = torch.optim.SGD(groups, lr=0.1, momentum=0.9, nesterov=True)
+  assert not optimizer_settings.stage(ours('sgd'), sgd, 'torchvision').parts
+  for mine, where, field in ((ours('sgd', momentum=0.85), 'momentum', '--config.momentum'),
+                             (ours('sgd', nesterov=False), 'nesterov', '--config.nesterov')):
+    found = optimizer_settings.stage(mine, sgd, 'timm')
+    assert found.parts and found.where == where and field in found.cause, found
+  adamw = torch.optim.AdamW(groups, lr=0.1, betas=(0.9, 0.999), eps=1e-8)
+  assert not optimizer_settings.stage(ours('adamw'), adamw, 'timm').parts
+  found = optimizer_settings.stage(ours('adamw', b2=0.99), adamw, 'timm')
+  assert (found.where, found.cause) == ('betas[1]', "torch.optim.AdamW's betas[1] is 0.99 "
+                                        'here and 0.999 in the script: set --config.adam_b2 '
+                                        '(the script: --opt-betas)')
+  found = optimizer_settings.stage(ours('adamw', optimizer_kwargs={'eps': 1e-6}), adamw, 'timm')
+  assert found.where == 'eps' and '--config.optimizer_kwargs.eps' in found.cause
+  assert '--opt-eps' in found.cause
+  found = optimizer_settings.stage(ours('adam'), adamw, 'timm')
+  assert found.where == 'class' and 'torch.optim.Adam here' in found.cause, found

@@ -5,8 +5,9 @@ drop-path off (compared as settings). The verdict names the first setting, or st
 stage, where they part.
 
 The settings: the learning rate of every parameter at the first step, the end of the
-warm-up, the middle and the end of the schedule; each parameter's weight decay; the EMA's
-decay and cadence. Then every step, both sides started from the JAX side's state (teacher
+warm-up, the middle and the end of the schedule; each parameter's weight decay; the
+optimizer's class and keyword arguments, read from the script's own optimizer
+(`optimizer_settings`); the EMA's decay and cadence. Then every step, both sides started from the JAX side's state (teacher
 forcing), stage by stage in the order a step computes them: the learning rates, the model's
 input (normalized, mixed), BatchNorm's running statistics (torch's unbiased update turned
 into the biased one flax keeps), the logits, the loss on the same logits, the gradients
@@ -24,6 +25,7 @@ import torch
 
 from flax_dp_trainer.edge import checks
 from flax_dp_trainer.pytorch.recipe import jax_side as jax_side_lib
+from flax_dp_trainer.pytorch.recipe import optimizer_settings
 from flax_dp_trainer.pytorch.recipe import stages as stages_lib
 from flax_dp_trainer.pytorch.recipe import torchvision_side
 from flax_dp_trainer.pytorch.twin import step as twin_step
@@ -258,6 +260,7 @@ def run(script: str, args, config, workdir: str, nproc: int, num_steps: int,
                          lambda where: causes.learning_rate(where, *rates)),
       stages_lib.scalars('weight decay', jax_decays, torch_decays, stages_lib.EXACT,
                          causes.weight_decay),
+      optimizer_settings.stage(jax_side.run.options.optim.optimizer, side.optimizer, script),
       _ema_settings(script, jax_side, side, args)]
   rows = []
   for k in range(num_steps):
