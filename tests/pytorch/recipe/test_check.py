@@ -408,3 +408,23 @@ def test_the_optimizer_settings_are_read_from_the_scripts_optimizer():
   assert '--opt-eps' in found.cause
   found = optimizer_settings.stage(ours('adam'), adamw, 'timm')
   assert found.where == 'class' and 'torch.optim.Adam here' in found.cause, found
+
+
+def test_the_precision_is_a_setting_and_the_steps_run_in_float32():
+  """--amp and --config.dtype are compared as a setting (named by both), and the check's JAX
+  side runs in float32 whatever the config's dtype, as the script's side does."""
+  # pylint: disable-next=import-outside-toplevel  # (jax: the check's)
+  import ml_collections
+  from flax_dp_trainer.configs import default
+  from flax_dp_trainer.pytorch.recipe import check
+  config = default.get_config()
+  config.dtype = 'bfloat16'
+  assert check.numeric(config).dtype == 'float32'
+  amp = argparse.Namespace(amp=True, amp_dtype='bfloat16')
+  assert not check.precision('timm', amp, config).parts
+  found = check.precision('timm', argparse.Namespace(amp=False, amp_dtype='float16'), config)
+  assert found.parts and found.cause == (
+      'the model computes in bfloat16 here (--config.dtype) and in float32 in the script (no '
+      '--amp): set --config.dtype=float32 (the steps are compared in float32 either way)')
+  found = check.precision('torchvision', amp, ml_collections.ConfigDict({'dtype': 'float32'}))
+  assert found.parts and 'in float16 in the script (--amp)' in found.cause

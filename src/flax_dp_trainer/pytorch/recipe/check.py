@@ -16,6 +16,7 @@ JAX side's previous stage through the float64 side, the clipped gradients, each 
 update, the new parameters and the EMA."""
 
 import dataclasses
+import math
 import os
 from typing import Optional
 
@@ -226,13 +227,31 @@ def _script_side(script: str, args, nproc: int, dtype=torch.float32):
 
 
 def numeric(config):
-  """`config` with dropout and drop-path off: each framework draws them for itself, so the
-  numeric check leaves them out and compares them as settings."""
+  """`config` with dropout and drop-path off and in float32: each framework draws the first
+  two for itself, and the script's side runs in float32 whatever its precision, so the
+  numeric check leaves them out and compares them as settings (`precision`)."""
   changed = ml_collections.ConfigDict(config.to_dict())
   changed.dropout_rate = 0.0
   changed.stochastic_depth_rate = 0.0
+  changed.dtype = 'float32'
   changed.lock()
   return changed
+
+
+def precision(script: str, args, config) -> stages_lib.Stage:
+  """The precision the model computes in, a setting: the config's dtype against the script's
+  mixed precision (--amp: torchvision's float16, timm's --amp-dtype), both steps being run in
+  float32 by the check."""
+  theirs = ((args.amp_dtype if script == 'timm' else 'float16') if args.amp else 'float32')
+  if config.dtype == theirs:
+    return stages_lib.Stage('precision', 0.0, stages_lib.EXACT,
+                            note=f'{theirs} on both sides (checked in float32)')
+  flag = '--amp --amp-dtype' if script == 'timm' else '--amp'
+  return stages_lib.Stage(
+      'precision', math.inf, stages_lib.EXACT, 'dtype',
+      f'the model computes in {config.dtype} here (--config.dtype) and in {theirs} in the '
+      f'script ({flag if args.amp else "no --amp"}): set --config.dtype={theirs} (the steps '
+      'are compared in float32 either way)')
 
 
 def run(script: str, args, config, workdir: str, nproc: int, num_steps: int,
@@ -261,6 +280,7 @@ def run(script: str, args, config, workdir: str, nproc: int, num_steps: int,
       stages_lib.scalars('weight decay', jax_decays, torch_decays, stages_lib.EXACT,
                          causes.weight_decay),
       optimizer_settings.stage(jax_side.run.options.optim.optimizer, side.optimizer, script),
+      precision(script, args, config),
       _ema_settings(script, jax_side, side, args)]
   rows = []
   for k in range(num_steps):
