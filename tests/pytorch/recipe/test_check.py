@@ -428,3 +428,22 @@ def test_the_precision_is_a_setting_and_the_steps_run_in_float32():
       '--amp): set --config.dtype=float32 (the steps are compared in float32 either way)')
   found = check.precision('torchvision', amp, ml_collections.ConfigDict({'dtype': 'float32'}))
   assert found.parts and 'in float16 in the script (--amp)' in found.cause
+
+
+def test_the_gradients_cause_names_what_feeds_them_not_the_optimizer():
+  """Gradients that part after the same forward pass and loss come from the backward pass,
+  the loss's gradient or BatchNorm's grouping: the cause names those, never the optimizer,
+  which comes after them."""
+  # pylint: disable-next=import-outside-toplevel  # (jax: the check's)
+  from flax_dp_trainer.configs import default
+  from flax_dp_trainer.pytorch.recipe import check
+  causes = check.Causes('torchvision', default.get_config(),
+                        _args('--label-smoothing', '0.1', '--batch-size', '8'), None, {}, {})
+  cause = causes.gradients('layer2.1.conv1.weight', 'CrossEntropyLoss')
+  assert cause.startswith('the gradients of `layer2.1.conv1.weight` part where the forward '
+                          'pass and the loss are the same'), cause
+  for named in ('tools.port_check', "CrossEntropyLoss with --label-smoothing 0.1",
+                '--config.loss, label_smoothing', "each GPU's 8 examples (no --sync-bn)",
+                '--config.bn_group_size'):
+    assert named in cause, named
+  assert 'optimizer' not in cause and '--opt' not in cause and '--momentum' not in cause

@@ -204,12 +204,32 @@ class Causes:
             f'{self.flags["script"]} ({flag} {getattr(a, flag[2:].replace("-", "_"))}): set '
             f'{fix}')
 
-  def batchnorm(self, where: str) -> str:
+  def gradients(self, where: str, criterion: str) -> str:
+    """What feeds the gradients, where the forward pass and the loss are the same: the
+    model's backward pass, the loss's gradient and BatchNorm's grouping (not the optimizer,
+    which comes after)."""
+    smoothing = self.flags['smoothing']
+    value = getattr(self.args, smoothing[2:].replace('-', '_'))
+    mine, theirs = self._groups()
+    return (f'the gradients of `{where}` part where the forward pass and the loss are the same: '
+            'what feeds them is the model\'s backward pass (python -m '
+            f'flax_dp_trainer.tools.port_check on the two models names the layer), the loss\'s '
+            f'gradient (the script\'s {criterion} with {smoothing} {value}: --config.loss, '
+            f'label_smoothing) and BatchNorm\'s grouping ({mine} here, {theirs} in the '
+            'script: --config.bn_group_size)')
+
+  def _groups(self) -> tuple[str, str]:
+    """What BatchNorm normalizes over, here and in the script."""
     c, a = self.config, self.args
     theirs = ('the global batch (--sync-bn)' if a.sync_bn else
               f'each GPU\'s {a.batch_size} examples (no --sync-bn), rank 0\'s statistics kept')
     mine = (f'groups of {c.bn_group_size} (bn_group_stats={c.bn_group_stats!r})'
             if c.get('bn_group_size', 0) else 'the whole global batch')
+    return mine, theirs
+
+  def batchnorm(self, where: str) -> str:
+    a = self.args
+    mine, theirs = self._groups()
     fix = ('--config.bn_group_size=0' if a.sync_bn else
            f'--config.bn_group_size={a.batch_size} --config.bn_group_stats=first')
     layer = where.rsplit('.', 1)[0] if where.endswith(('running_mean', 'running_var')) else where
@@ -383,7 +403,7 @@ def _step_stages(side, mine, theirs, reference, before, inputs, targets, param_n
   rounded = lambda name, got, script, exact, cause: stages_lib.against_rounding(
       name, got, script, exact, cause, param_names)
   out.append(rounded('gradients', mine.grads, theirs.grads, reference.grads,
-                     generic('the gradients')))
+                     lambda where: causes.gradients(where, type(side.criterion).__name__)))
   # From here each stage starts from the JAX side's: the float64 side clips the JAX side's
   # gradients and steps its optimizer with them.
   relative = lambda name, got, exact, cause: stages_lib.tensors(
