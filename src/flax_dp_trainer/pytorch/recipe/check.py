@@ -287,6 +287,11 @@ def run(script: str, args, config, workdir: str, nproc: int, num_steps: int,
   exact = _script_side(script, args, nproc, dtype=torch.float64)
   exact.load(start)
   exact.model.to(torch.float64)
+  # The script's float32 step again, on the batch permuted within each rank's slice (each
+  # BatchNorm group's): the same exact result in other summation orders, the spread float32
+  # rounding makes, which the gradients are measured against (`stages.against_rounding`).
+  again = _script_side(script, args, nproc)
+  again.load(start)
   param_names = [n for n, _ in side.model.named_parameters()]
   total = args.epochs * side.iterations
   warmup = (args.lr_warmup_epochs if script == 'torchvision' else args.warmup_epochs)
@@ -308,19 +313,22 @@ def run(script: str, args, config, workdir: str, nproc: int, num_steps: int,
     how = jax_side.mixing(batch['image'].shape[1], batch['image'].shape[2])
     inputs, targets = _torch_inputs(side, batch, how)
     before = jax_side.variables(jax_side.state)
-    for one in (side, exact):
+    for one in (side, exact, again):
       one.force(before, jax_side.ema_variables(jax_side.state))
     step_rates = _keyed(jax_side.learning_rates_at([k]))
     mine = jax_side.step(batch, stages=True)
     theirs = side.step(inputs, targets)
+    reordered = again.step(*_permuted(inputs, targets, again.ranks, k))
     reference = exact.step(inputs, targets, given=mine.grads)
     rows.append(dict(
         step=k + 1, loss=(mine.loss, theirs.loss),
         grad_norm=(mine.grad_norm, theirs.grad_norm),
         param_norm=(mine.param_norm, theirs.param_norm),
         lr=(mine.learning_rate, theirs.learning_rates[param_names[0]]),
-        stages=_step_stages(side, mine, theirs, reference, before, inputs, targets,
+        stages=_step_stages(side, mine, theirs, reordered, reference, before, inputs, targets,
                             param_names, args, causes, step_rates, k)))
+  for row, audited in zip(rows, stages_lib.with_repeats([row['stages'] for row in rows])):
+    row['stages'] = audited
   drawn = (_drawn(config, args) if script == 'torchvision' else
            _timm_drawn(args, config))
   report = Report(settings, rows, drawn)
@@ -369,8 +377,17 @@ def _ema_settings(script, jax_side, torch_side, args) -> stages_lib.Stage:
                      'ema_style=\'torchvision\''))
 
 
-def _step_stages(side, mine, theirs, reference, before, inputs, targets, param_names, args,
-                 causes, step_rates, k) -> list[stages_lib.Stage]:
+def _permuted(inputs: torch.Tensor, targets: torch.Tensor, ranks: int, k: int):
+  """The global batch with each rank's slice (`torch.chunk`'s) in another order, drawn from
+  the step `k`: each BatchNorm group holds the same examples."""
+  generator = torch.Generator().manual_seed(k)
+  order = torch.cat([chunk[torch.randperm(len(chunk), generator=generator)] for chunk in
+                     torch.chunk(torch.arange(len(inputs)), ranks)])
+  return inputs[order], targets[order]
+
+
+def _step_stages(side, mine, theirs, reordered, reference, before, inputs, targets, param_names,
+                 args, causes, step_rates, k) -> list[stages_lib.Stage]:
   """One step's stages, in the order the step computes them."""
   theirs_rates = {f'{n} at step {k + 1}': r for n, r in theirs.learning_rates.items()}
   out = [stages_lib.scalars(
@@ -400,10 +417,9 @@ def _step_stages(side, mine, theirs, reference, before, inputs, targets, param_n
   generic = lambda stage: (lambda where: f'{stage} of `{where}` part; the stages before are '
                            'the same: the optimizer or its settings differ (--opt, '
                            '--momentum, the clipping)')
-  rounded = lambda name, got, script, exact, cause: stages_lib.against_rounding(
-      name, got, script, exact, cause, param_names)
-  out.append(rounded('gradients', mine.grads, theirs.grads, reference.grads,
-                     lambda where: causes.gradients(where, type(side.criterion).__name__)))
+  out.append(stages_lib.against_rounding(
+      'gradients', mine.grads, theirs.grads, reordered.grads, reference.grads,
+      lambda where: causes.gradients(where, type(side.criterion).__name__), param_names))
   # From here each stage starts from the JAX side's: the float64 side clips the JAX side's
   # gradients and steps its optimizer with them.
   relative = lambda name, got, exact, cause: stages_lib.tensors(

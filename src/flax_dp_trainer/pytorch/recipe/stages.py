@@ -29,12 +29,16 @@ class Stage:
   cause: str = ''
   note: str = ''  # What was compared, where nothing is (no clipping, no EMA).
   # '' for a relative difference; 'x rounding' where `difference` is the JAX side's distance
-  # from the float64 run over the script's own float32 distance from it (`against_rounding`).
+  # from the float64 run over float32 rounding's spread there (`against_rounding`).
   unit: str = ''
+  over: tuple[str, ...] = ()  # The tensors over ROUNDING_RATIO at this step (audited stages).
+  repeated: int = 0  # Steps the tensor `where` has been over it on, up to this one.
+  cause_of: Optional[Callable[[str], str]] = dataclasses.field(default=None, compare=False,
+                                                               repr=False)
 
   @property
   def parts(self) -> bool:
-    return self.difference > self.bound
+    return self.difference > self.bound or self.repeated >= REPEATS
 
 
 def relative(a: np.ndarray, b: np.ndarray, floor: float = 0.0) -> float:
@@ -88,35 +92,74 @@ def scalars(name: str, mine: dict, theirs: dict, bound: float,
   return Stage(name, worst, bound, where, cause(where) if worst > bound else '')
 
 
-# What float32 rounding may make of a value, at least: this many units in the last place of
-# the tensor's largest value (a difference of nothing but a few roundings).
-ULPS = 8 * 2.0 ** -24
-# Against the float64 run: the JAX side may be this many times as far from it as the script's
-# own float32 run is (another order of the same sums, other kernels) before it parts.
+# Against the float64 run, per tensor in L2: the spread float32 rounding makes there is
+# measured, as the larger distance from it of the script's float32 step and of the same step
+# on the batch permuted within each BatchNorm group (the same exact result, other summation
+# orders), at least NORM_FLOOR of the tensor's own norm. A tensor exceeds at a step where the
+# JAX side is over ROUNDING_RATIO times that spread from it and over REL_FLOOR of its norm;
+# the stage parts where a tensor exceeds on REPEATS steps, or by over HARD_RATIO at one.
 ROUNDING_RATIO = 10.0
+HARD_RATIO = 100.0
+REPEATS = 3
+NORM_FLOOR = 2.0 ** -20
+REL_FLOOR = 1e-5
 
 
-def against_rounding(name: str, mine: dict, theirs: dict, exact: dict,
+def _l2(x) -> float:
+  return float(np.sqrt(np.sum(np.square(np.asarray(x, np.float64)))))
+
+
+def against_rounding(name: str, mine: dict, theirs: dict, again: dict, exact: dict,
                      cause: Callable[[str], str], keys) -> Stage:
-  """A stage over named tensors measured against what float32 rounding makes of them: per
-  tensor, max |mine - exact| over max |theirs - exact| (at least ULPS of the stage's
-  largest value), where `exact` is the script's step in float64 from the same start and
-  `theirs` its float32 step. A gradient that is the small remainder of large sums (a weight
-  before BatchNorm) differs by that sum's rounding on both sides alike."""
-  floor = ULPS * max((float(np.max(np.abs(exact[k]), initial=0.0)) for k in keys), default=0.0)
-  worst, where = 0.0, ''
+  """One step's stage over named tensors measured against float32 rounding's spread (see
+  above): `exact` the script's step in float64 from the same start, `theirs` its float32
+  step, `again` that step on the permuted batch. The row's difference is the largest ratio of
+  the JAX side's distance to the spread (at most ROUNDING_RATIO where the distance is within
+  REL_FLOOR of the norm); `over` the tensors that exceed; `repeated` (`with_repeats`) counts
+  the steps the worst of them has exceeded on so far. A gradient that is the small remainder
+  of large sums (a weight before BatchNorm) has a spread of that sum's rounding."""
+  worst, where, over = 0.0, '', []
   for key in keys:
     if key not in mine:
-      worst, where = float('inf'), key
-      break
+      return Stage(name, float('inf'), HARD_RATIO, key, cause(key), unit='x rounding')
     e = np.asarray(exact[key], np.float64)
-    d_mine = float(np.max(np.abs(np.asarray(mine[key], np.float64) - e), initial=0.0))
-    d_theirs = float(np.max(np.abs(np.asarray(theirs[key], np.float64) - e), initial=0.0))
-    ratio = d_mine / max(d_theirs, floor, 1e-30)
+    norm = _l2(e)
+    spread = max(_l2(np.asarray(theirs[key], np.float64) - e),
+                 _l2(np.asarray(again[key], np.float64) - e), NORM_FLOOR * norm, 1e-30)
+    distance = _l2(np.asarray(mine[key], np.float64) - e)
+    ratio = distance / spread
+    if distance <= REL_FLOOR * norm:
+      ratio = min(ratio, ROUNDING_RATIO)
+    if ratio > ROUNDING_RATIO:
+      over.append(key)
     if ratio > worst:
       worst, where = ratio, key
-  return Stage(name, worst, ROUNDING_RATIO, where,
-               cause(where) if worst > ROUNDING_RATIO else '', unit='x rounding')
+  return Stage(name, worst, HARD_RATIO, where, cause(where) if worst > HARD_RATIO else '',
+               unit='x rounding', over=tuple(over), cause_of=cause)
+
+
+def with_repeats(steps: list[list[Stage]]) -> list[list[Stage]]:
+  """The steps' stages, in order, each audited stage (`against_rounding`) with the count of
+  steps its most repeated exceeding tensor has exceeded on up to it: at REPEATS the stage
+  parts there, at that tensor, with its cause."""
+  counts: dict[tuple[str, str], int] = {}
+  out = []
+  for stages in steps:
+    row = []
+    for stage in stages:
+      if stage.over:
+        for key in stage.over:
+          counts[stage.name, key] = counts.get((stage.name, key), 0) + 1
+        key = max(stage.over, key=lambda k, n=stage.name: counts[n, k])
+        repeated = counts[stage.name, key]
+        if repeated >= REPEATS and not stage.parts:
+          stage = dataclasses.replace(
+              stage, where=key, repeated=repeated,
+              cause=f'{stage.cause_of(key)} (over {ROUNDING_RATIO:g}x the rounding on '
+              f'{repeated} steps)')
+      row.append(stage)
+    out.append(row)
+  return out
 
 
 def first_parting(stages: list[Stage]) -> Optional[Stage]:
