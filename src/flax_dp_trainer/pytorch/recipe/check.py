@@ -289,7 +289,9 @@ def run(script: str, args, config, workdir: str, nproc: int, num_steps: int,
   exact.model.to(torch.float64)
   # The script's float32 step again, on the batch permuted within each rank's slice (each
   # BatchNorm group's): the same exact result in other summation orders, the spread float32
-  # rounding makes, which the gradients are measured against (`stages.against_rounding`).
+  # rounding makes, which the gradients are measured against (`stages.against_rounding`);
+  # its clipping and optimizer then step the JAX side's gradients in float32, the spread the
+  # updates and the new parameters are measured against.
   again = _script_side(script, args, nproc)
   again.load(start)
   param_names = [n for n, _ in side.model.named_parameters()]
@@ -318,7 +320,7 @@ def run(script: str, args, config, workdir: str, nproc: int, num_steps: int,
     step_rates = _keyed(jax_side.learning_rates_at([k]))
     mine = jax_side.step(batch, stages=True)
     theirs = side.step(inputs, targets)
-    reordered = again.step(*_permuted(inputs, targets, again.ranks, k))
+    reordered = again.step(*_permuted(inputs, targets, again.ranks, k), given=mine.grads)
     reference = exact.step(inputs, targets, given=mine.grads)
     rows.append(dict(
         step=k + 1, loss=(mine.loss, theirs.loss),
@@ -431,15 +433,15 @@ def _step_stages(side, mine, theirs, reordered, reference, before, inputs, targe
                                      ' (set --config.grad_clip_norm, grad_clip_mode)')))
   update = lambda after: {n: np.asarray(after[n], np.float64) - np.asarray(before[n], np.float64)
                           for n in param_names}
-  # An update is read as the new float32 parameter less the old: to half a unit in the last
-  # place of the parameter (and the float64 side's, of its own rounding).
-  resolution = {n: 2.0 ** -24 * float(np.max(np.abs(np.asarray(before[n])), initial=0.0)) * 2
-                for n in param_names}
-  out.append(stages_lib.tensors('updates', update(mine.params), update(reference.params),
-                                stages_lib.FORWARD, generic('the updates'), keys=param_names,
-                                resolution=resolution))
-  out.append(relative('new parameters', mine.params, reference.params,
-                      generic('the new parameters')))
+  # An update is read as the new float32 parameter less the old: the float32 step of the
+  # script from the JAX side's gradients stores its parameters alike, so the spread holds
+  # that storage's rounding too.
+  out.append(stages_lib.against_rounding(
+      'updates', update(mine.params), update(reordered.params), update(reordered.params),
+      update(reference.params), generic('the updates'), param_names))
+  out.append(stages_lib.against_rounding(
+      'new parameters', mine.params, reordered.params, reordered.params, reference.params,
+      generic('the new parameters'), param_names))
   out.append(ema_stage(
       mine.ema, reference.ema, param_names,
       lambda where: f'the EMA of `{where}` differs: the script averages every '

@@ -52,26 +52,15 @@ def relative(a: np.ndarray, b: np.ndarray, floor: float = 0.0) -> float:
 
 
 def tensors(name: str, mine: dict, theirs: dict, bound: float,
-            cause: Callable[[str], str] = lambda where: '', keys=None,
-            resolution: Optional[dict] = None) -> Stage:
+            cause: Callable[[str], str] = lambda where: '', keys=None) -> Stage:
   """A stage over named tensors: the largest per-tensor relative difference (relative to
-  at least SCALE_FLOOR of the stage's largest value). `resolution`: per tensor, the part of
-  a difference that float32 storage alone makes (a parameter's update, read as the new
-  float32 value less the old, is known to half a unit in the last place of the value)."""
+  at least SCALE_FLOOR of the stage's largest value)."""
   keys = sorted(theirs) if keys is None else keys
   floor = SCALE_FLOOR * max((float(np.max(np.abs(theirs[k]), initial=0.0)) for k in keys),
                             default=0.0)
   worst, where = 0.0, ''
   for key in keys:
-    if key not in mine:
-      d = float('inf')
-    elif resolution:
-      a, b = np.asarray(mine[key], np.float64), np.asarray(theirs[key], np.float64)
-      excess = max(float(np.max(np.abs(a - b), initial=0.0)) - resolution[key], 0.0)
-      scale = max(float(np.max(np.abs(b), initial=0.0)), floor)
-      d = excess / scale if scale > 0 else excess
-    else:
-      d = relative(mine[key], theirs[key], floor)
+    d = relative(mine[key], theirs[key], floor) if key in mine else float('inf')
     if d > worst:
       worst, where = d, key
   return Stage(name, worst, bound, where, cause(where) if worst > bound else '')
