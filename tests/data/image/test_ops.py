@@ -90,8 +90,8 @@ def test_each_op_matches_torchvision_v2(name):
         image = images.uint8_image(height, width, channels, height + channels, low, high)
         for m in VALUES[name]:
           where = (name, interpolation, fill, height, width, channels, m)
-          got = op_records.apply(tf.constant(image), name, tf.constant(m, tf.float64), interpolation,
-                          None if fill is None else fill[:channels]).numpy()
+          got = op_records.apply(tf.constant(image), name, tf.constant(m, tf.float64),
+                                 interpolation, None if fill is None else fill[:channels]).numpy()
           if (interpolation, fill, height) == ('bilinear', FILL, 31) or (
               (interpolation, fill, height) == ('nearest', None, 24)):
             graph = _graph(name, channels, interpolation, fill)(tf.constant(image),

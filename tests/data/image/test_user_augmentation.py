@@ -1,9 +1,10 @@
 """A user's augmentation from modules in `config.imports`, one file each, as docs/data.md
 shows them: an op (`data.image.op_records`), a policy using it (`policy_records`) and a step
-of the plan with a field of its own that the user's config file adds (`plan_steps`). `show_batch` draws them in
-the run's own pipeline and its preprocessing line names them; a value the policy or the step
-cannot take is refused in one line with status 2, before anything is written. The commands run
-as a user runs them, in children forked from one process (`tests/forked.py`)."""
+of the plan with a field of its own that the user's config file adds (`plan_steps`).
+`show_batch` draws them in the run's own pipeline and its preprocessing line names them; a
+value the policy or the step cannot take is refused in one line with status 2, before anything
+is written. The commands run as a user runs them, in children forked from one process
+(`tests/forked.py`)."""
 
 import os
 import pathlib

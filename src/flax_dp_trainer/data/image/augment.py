@@ -25,11 +25,12 @@ The ops, their order and their magnitude table are torchvision's `RandAugment` (
     AutoContrast  -                                  no       stretch each channel to 0..255
     Equalize      -                                  no       histogram equalization per channel
 
-A negative sign negates the magnitude (factor 1 - m, shear -m, ...). The ops are their records'
-(`op_records`: torchvision.transforms.v2's arithmetic): nearest-neighbour sampling, fill 0,
-torchvision's pixel-centre conventions (`F.affine(..., center=[0, 0])` for shear, the image
-centre otherwise); uint8 images follow torchvision's uint8 tensor arithmetic, float32 images the same
-math without the truncation, clipped to [0, 255]. Color on a grayscale image is the identity.
+A negative sign negates the magnitude (factor 1 - m, shear -m, ...). The ops are their
+records' (`op_records`: torchvision.transforms.v2's arithmetic): nearest-neighbour sampling,
+fill 0, torchvision's pixel-centre conventions (`F.affine(..., center=[0, 0])` for shear, the
+image centre otherwise); uint8 images follow torchvision's uint8 tensor arithmetic, float32
+images the same math without the truncation, clipped to [0, 255]. Color on a grayscale image
+is the identity.
 
 All randomness is stateless: `randaugment` draws everything from the shape-[2]
 integer `seed` they are given (tf.random's stateless convention, split with
@@ -119,8 +120,8 @@ def _value(name: str, magnitude: int, negate, width, height):
 def apply_op(image: tf.Tensor, op, magnitude: int, negate=False) -> tf.Tensor:
   """Applies RandAugment op `op` (an index into RANDAUGMENT_OPS: a Python int or an integer
   scalar tensor) at bin `magnitude` (a Python int in [0, 30]) to `image`, [H, W, C] with
-  C = 1 or 3 (static), uint8 or float32 holding 0..255 (`op_records.apply`). `negate` (a bool or a
-  boolean scalar tensor) negates the magnitude of the signed ops and is ignored by the
+  C = 1 or 3 (static), uint8 or float32 holding 0..255 (`op_records.apply`). `negate` (a bool
+  or a boolean scalar tensor) negates the magnitude of the signed ops and is ignored by the
   others. Returns an image of the same dtype and shape; float32 results are clipped to
   [0, 255]."""
   magnitude = _check_magnitude(magnitude)
@@ -132,8 +133,8 @@ def apply_op(image: tf.Tensor, op, magnitude: int, negate=False) -> tf.Tensor:
   shape = tf.shape(x)
 
   def branch(name):
-    return lambda: op_records.on_floats(x, name, _value(name, magnitude, negate, shape[1], shape[0]),
-                                 quantize)
+    return lambda: op_records.on_floats(
+        x, name, _value(name, magnitude, negate, shape[1], shape[0]), quantize)
 
   branches = [branch(name) for name in RANDAUGMENT_OPS]
   if isinstance(op, (int, np.integer)) and not isinstance(op, bool):

@@ -8,9 +8,9 @@ with (m0, m1) ~ Dirichlet(alpha, alpha) (a Beta), w ~ Dirichlet(alpha, ..., alph
 `width` chains, and each chain a sequence of ops (its depth fixed, or uniform in 1..3), each op
 drawn uniformly from the space, at a bin drawn uniformly from 0..severity - 1 of 10, a signed
 op's magnitude negated with probability 1/2. The space, its magnitude tables and the
-arithmetic are torchvision v2's (`_auto_augment.py`); the ops are applied by their records (`op_records`).
-Bilinear interpolation and zero fill unless the settings say otherwise, as torchvision's
-AugMix defaults.
+arithmetic are torchvision v2's (`_auto_augment.py`); the ops are applied by their records
+(`op_records`). Bilinear interpolation and zero fill unless the settings say otherwise, as
+torchvision's AugMix defaults.
 """
 
 from typing import NamedTuple, Optional

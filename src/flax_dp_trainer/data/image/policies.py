@@ -10,9 +10,9 @@ resume):
               signs flipped with probability 1/2
 
 The names are torchvision's reference script's `--auto-augment` values; the ops, magnitude
-tables, sub-policies and draws are `torchvision.transforms.v2`'s (`_auto_augment.py`), the
-ops applied by their records (`op_records`). Nearest interpolation and zero fill unless the options say otherwise,
-as torchvision's defaults.
+tables, sub-policies and draws are `torchvision.transforms.v2`'s (`_auto_augment.py`), the ops
+applied by their records (`op_records`). Nearest interpolation and zero fill unless the
+options say otherwise, as torchvision's defaults.
 """
 
 import dataclasses

@@ -3,7 +3,8 @@
 A plan is a tuple of steps. `plan_steps.train_plan` builds the training one from the dataset's
 spec and the run's options (each step a record: when it is on, where, what it reads),
 `plan_steps.eval_plan` the evaluation one from the same records; both start by decoding where
-the source hands over encoded images. Normalization and Mixup/CutMix are not here: the jitted step does them on the device, on the uint8 images sent there.
+the source hands over encoded images. Normalization and Mixup/CutMix are not here: the jitted
+step does them on the device, on the uint8 images sent there.
 
 Each step maps one uint8 [H, W, C] image (or, first in a plan, an encoded one) and draws its
 randomness, if any, from a stateless seed made of (data seed, the step's `stream`, the

@@ -4,16 +4,17 @@ batches (ours, augmented) with the same mixing (ours, handed over), in float32, 
 drop-path off (compared as settings). The verdict names the first setting, or step and
 stage, where they part.
 
-The settings: the learning rate of every parameter at the first step, the end of the
-warm-up, the middle and the end of the schedule; each parameter's weight decay; the
-optimizer's class and keyword arguments, read from the script's own optimizer
-(`optimizer_settings`); the EMA's decay and cadence. Then every step, both sides started from the JAX side's state (teacher
+The settings: the learning rate of every parameter at the first step, the end of the warm-up,
+the middle and the end of the schedule; each parameter's weight decay; the optimizer's class
+and keyword arguments, read from the script's own optimizer (`optimizer_settings`); the EMA's
+decay and cadence. Then every step, both sides started from the JAX side's state (teacher
 forcing), stage by stage in the order a step computes them: the learning rates, the model's
-input (normalized, mixed), BatchNorm's running statistics (torch's unbiased update turned
-into the biased one flax keeps), the logits, the loss on the same logits, the gradients
-(against the script's step in float64: float32 rounding's own measure), then, each from the
-JAX side's previous stage through the float64 side, the clipped gradients, each parameter's
-update, the new parameters and the EMA."""
+input (normalized, mixed), BatchNorm's running statistics (torch's unbiased update turned into
+the biased one flax keeps), the logits, the loss on the same logits, the gradients (their
+distance from the script's step in float64 against float32 rounding's spread there, measured:
+`stages.against_rounding`), then, each from the JAX side's previous stage through the float64
+side, the clipped gradients, each parameter's update and the new parameters (measured the same
+way) and the EMA."""
 
 import dataclasses
 import math
@@ -340,7 +341,8 @@ def run(script: str, args, config, workdir: str, nproc: int, num_steps: int,
 
 
 def _timm_drawn(args, config) -> list[str]:
-  from flax_dp_trainer.pytorch.recipe import timm_side  # pylint: disable=import-outside-toplevel  # (timm)
+  # pylint: disable-next=import-outside-toplevel  # (timm: loaded for its script only)
+  from flax_dp_trainer.pytorch.recipe import timm_side
   return timm_side.drawn_settings(args, config)
 
 
