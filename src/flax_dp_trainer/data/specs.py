@@ -38,6 +38,8 @@ RANDAUGMENT_MAX_MAGNITUDE = RANDAUGMENT_MAGNITUDE_BINS - 1
 
 
 RESIZE_FILTERS = ('area', 'antialias', 'bicubic')
+# 'inception' evaluation: the shorter side resized to the crop's side / this, unless given.
+EVAL_CROP_FRACTION = 0.875
 
 
 # config.random_erase_mode's values (`image/erasing.py`): torchvision's constant fill, timm's

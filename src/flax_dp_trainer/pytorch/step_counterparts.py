@@ -15,6 +15,7 @@ import dataclasses
 from typing import Callable, Optional
 
 from flax_dp_trainer.base import registry
+from flax_dp_trainer.data import specs
 from flax_dp_trainer.data.data_options import DataOptions
 from flax_dp_trainer.data.image import plan_steps
 from flax_dp_trainer.data.image import policy_choice
@@ -47,7 +48,7 @@ def _train_filter(options: DataOptions) -> str:
 
 
 def _eval_resize(spec) -> int:
-  return spec.resize_size or int(spec.image_size / 0.875)
+  return spec.resize_size or int(spec.image_size / specs.EVAL_CROP_FRACTION)
 
 
 def _policy(options: DataOptions, spec) -> Texts:

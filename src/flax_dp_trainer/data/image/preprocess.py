@@ -36,7 +36,6 @@ from flax_dp_trainer.data import data_options
 
 
 CIFAR_PAD = 4  # Pixels of zero padding on each side before the random crop ('crop_flip').
-EVAL_CROP_FRACTION = 0.875  # 'inception' evaluation: resize the shorter side to size / this.
 
 
 def decode(encoded: tf.Tensor, channels: int) -> tf.Tensor:
@@ -184,7 +183,7 @@ class ResizeCenterCrop(Resize):
 
   def _new_hw(self, shape: tf.Tensor) -> tf.Tensor:
     """The resized height and width: the shorter side `resize` (0: size / 0.875)."""
-    shorter = self.resize or self.size / EVAL_CROP_FRACTION
+    shorter = self.resize or self.size / specs.EVAL_CROP_FRACTION
     scale = shorter / tf.cast(tf.minimum(shape[0], shape[1]), tf.float32)
     return tf.cast(tf.round(tf.cast(shape[:2], tf.float32) * scale), tf.int32)
 

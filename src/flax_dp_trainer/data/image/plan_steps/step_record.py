@@ -66,7 +66,9 @@ def train_plan(options: DataOptions, spec, encoded: bool):
   steps = tuple(step for step in steps if step is not None)
   drawn: dict[int, str] = {}
   for step in steps:
-    if step.stream is not None and step.stream in drawn:
+    if step.stream is None:
+      continue
+    if step.stream in drawn:
       raise UserError(f'the plan\'s steps {drawn[step.stream]!r} and {step.name!r} draw from '
                       f'one random stream ({step.stream}): give a step of your own a stream '
                       'no other uses (data/stream.py lists the shipped ones)')
