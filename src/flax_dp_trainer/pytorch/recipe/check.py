@@ -25,8 +25,9 @@ import ml_collections
 import numpy as np
 import torch
 
-from flax_dp_trainer.edge import checks
+from flax_dp_trainer.pytorch.recipe import causes as causes_lib
 from flax_dp_trainer.pytorch.recipe import jax_side as jax_side_lib
+from flax_dp_trainer.pytorch.recipe import loss_settings
 from flax_dp_trainer.pytorch.recipe import optimizer_settings
 from flax_dp_trainer.pytorch.recipe import stages as stages_lib
 from flax_dp_trainer.pytorch.recipe import torchvision_side
@@ -79,14 +80,19 @@ class Report:
     return '\n'.join(lines)
 
   def largest(self) -> list[stages_lib.Stage]:
-    """Each stage's largest difference over the steps (its place and step)."""
+    """Each stage's largest difference over the steps (its place and step), or the first
+    step it parts at; an audited stage with the most steps a tensor has been over on."""
     out = {}
     for row in self.steps:
       for stage in row['stages']:
         kept = out.get(stage.name)
-        if kept is None or (stage.difference / stage.bound > kept.difference / kept.bound):
+        rank = lambda s: (s.parts, s.difference / s.bound)  # The first stage that parts.
+        if kept is None or (not kept.parts and rank(stage) > rank(kept)):
           where = f'{stage.where}, step {row["step"]}' if stage.where else f'step {row["step"]}'
-          out[stage.name] = dataclasses.replace(stage, where=where)
+          out[stage.name] = dataclasses.replace(
+              stage, where=where, repeated=max(stage.repeated, kept.repeated if kept else 0))
+        elif stage.repeated > kept.repeated:  # An audited stage: steps over, the most.
+          out[stage.name] = dataclasses.replace(kept, repeated=stage.repeated)
     return list(out.values())
 
   def lines(self) -> list[str]:
@@ -143,99 +149,6 @@ def _biased(torch_after: dict, before: dict, counts: dict) -> dict:
     out[f'{name}.running_mean'] = mean
     out[f'{name}.running_var'] = (1 - m) * var0 + m * unbiased * (n - 1) / n
   return out
-
-
-# Each script's flags that the causes name.
-FLAGS = {
-    'torchvision': dict(script='torchvision\'s script', smoothing='--label-smoothing',
-                        clip='--clip-grad-norm', schedule='--lr-scheduler',
-                        unit='the script steps its scheduler once an epoch'),
-    'timm': dict(script='timm\'s train.py', smoothing='--smoothing', clip='--clip-grad',
-                 schedule='--sched', unit='timm steps its scheduler once an epoch unless '
-                 '--sched-on-updates'),
-}
-
-
-class Causes:
-  """What each stage's difference means, in the config's fields and the script's flags."""
-
-  def __init__(self, script: str, config, args, side, jax_decays: dict, torch_decays: dict):
-    self.script, self.flags = script, FLAGS[script]
-    self.config, self.args, self.side = config, args, side
-    self.jax_decays, self.torch_decays = jax_decays, torch_decays
-
-  def learning_rate(self, where: str, mine: Optional[dict] = None,
-                    theirs: Optional[dict] = None) -> str:
-    c, a = self.config, self.args
-    on_updates = self.script == 'timm' and a.sched_on_updates
-    hint = []
-    epoch = self.side.iterations
-    if c.steps_per_epoch != epoch and checks.counts_epochs(c):
-      here = c.steps_per_epoch or 'the train split over batch_size'
-      hint.append(f'--config.steps_per_epoch={epoch} ({self.flags["script"]} makes an epoch of '
-                  f'{epoch} updates; here {here})')
-    if c.lr_schedule_unit != ('step' if on_updates else 'epoch'):
-      hint.append(f'--config.lr_schedule_unit={"step" if on_updates else "epoch"} '
-                  f'({self.flags["unit"]})')
-    hint = hint or [f'compare --config.learning_rate={c.learning_rate:g}, lr_schedule='
-                    f'{c.lr_schedule!r}, warmup_epochs={c.warmup_epochs:g}, warmup_prefix='
-                    f'{c.warmup_prefix}, the warm-up\'s start and min_learning_rate with '
-                    f'{self.flags["schedule"]} and its flags (the translation\'s table)']
-    values = (f' ({mine[where]:.6g} here, {theirs[where]:.6g} in the script)'
-              if mine and theirs and where in mine and where in theirs else '')
-    return f'the learning rate of {where} differs{values}: set ' + '; '.join(hint)
-
-  def weight_decay(self, where: str) -> str:
-    mine, theirs = self.jax_decays[where], self.torch_decays[where]
-    a = self.args
-    one_dim = self.side.model.get_parameter(where).ndim <= 1
-    norm = self.script == 'torchvision' and a.norm_weight_decay is not None and \
-        theirs == a.norm_weight_decay and one_dim and theirs != a.weight_decay
-    flag = '--norm-weight-decay' if norm else '--weight-decay'
-    if theirs > 0 and mine == 0 and one_dim and not self.config.decay_all_params:
-      fix = '--config.decay_all_params=True'
-    elif theirs == 0 and mine > 0 and one_dim and self.config.decay_all_params:
-      fix = '--config.decay_all_params=False'
-    elif norm:
-      fix = f'--config.norm_weight_decay={theirs:g}'
-    else:
-      fix = f'--config.wd_mults (a factor {theirs:g}/{self.config.weight_decay:g} for {where})'
-    verb = lambda v: f'decayed at {v:g}' if v else 'spared'
-    return (f'`{where}` is {verb(mine)} on the JAX side and {verb(theirs)} by '
-            f'{self.flags["script"]} ({flag} {getattr(a, flag[2:].replace("-", "_"))}): set '
-            f'{fix}')
-
-  def gradients(self, where: str, criterion: str) -> str:
-    """What feeds the gradients, where the forward pass and the loss are the same: the
-    model's backward pass, the loss's gradient and BatchNorm's grouping (not the optimizer,
-    which comes after)."""
-    smoothing = self.flags['smoothing']
-    value = getattr(self.args, smoothing[2:].replace('-', '_'))
-    mine, theirs = self._groups()
-    return (f'the gradients of `{where}` part where the forward pass and the loss are the same: '
-            'what feeds them is the model\'s backward pass (python -m '
-            f'flax_dp_trainer.tools.port_check on the two models names the layer), the loss\'s '
-            f'gradient (the script\'s {criterion} with {smoothing} {value}: --config.loss, '
-            f'label_smoothing) and BatchNorm\'s grouping ({mine} here, {theirs} in the '
-            'script: --config.bn_group_size)')
-
-  def _groups(self) -> tuple[str, str]:
-    """What BatchNorm normalizes over, here and in the script."""
-    c, a = self.config, self.args
-    theirs = ('the global batch (--sync-bn)' if a.sync_bn else
-              f'each GPU\'s {a.batch_size} examples (no --sync-bn), rank 0\'s statistics kept')
-    mine = (f'groups of {c.bn_group_size} (bn_group_stats={c.bn_group_stats!r})'
-            if c.get('bn_group_size', 0) else 'the whole global batch')
-    return mine, theirs
-
-  def batchnorm(self, where: str) -> str:
-    a = self.args
-    mine, theirs = self._groups()
-    fix = ('--config.bn_group_size=0' if a.sync_bn else
-           f'--config.bn_group_size={a.batch_size} --config.bn_group_stats=first')
-    layer = where.rsplit('.', 1)[0] if where.endswith(('running_mean', 'running_var')) else where
-    return (f'BatchNorm `{layer}` normalizes over {mine} here and over {theirs} in the '
-            f'script: set {fix}')
 
 
 def _script_side(script: str, args, nproc: int, dtype=torch.float32):
@@ -300,7 +213,7 @@ def run(script: str, args, config, workdir: str, nproc: int, num_steps: int,
   warmup = (args.lr_warmup_epochs if script == 'torchvision' else args.warmup_epochs)
   points = schedule_points(total, int(warmup * side.iterations))
   jax_decays, torch_decays = jax_side.weight_decays(), side.weight_decays()
-  causes = Causes(script, config, args, side, jax_decays, torch_decays)
+  causes = causes_lib.Causes(script, config, args, side, jax_decays, torch_decays)
   rates = (_keyed(jax_side.learning_rates_at(points)), _keyed(side.learning_rates_at(points)))
   settings = [
       stages_lib.scalars('learning rates', *rates, stages_lib.EXACT,
@@ -308,6 +221,7 @@ def run(script: str, args, config, workdir: str, nproc: int, num_steps: int,
       stages_lib.scalars('weight decay', jax_decays, torch_decays, stages_lib.EXACT,
                          causes.weight_decay),
       optimizer_settings.stage(jax_side.run.options.optim.optimizer, side.optimizer, script),
+      loss_settings.stage(config, side, script),
       precision(script, args, config),
       _ema_settings(script, jax_side, side, args)]
   rows = []
@@ -366,8 +280,9 @@ def _ema_settings(script, jax_side, torch_side, args) -> stages_lib.Stage:
                             stages_lib.EXACT, note='' if ema is not None else note,
                             cause='the config keeps an EMA the script does not: set '
                             '--config.ema_decay=0' if ema is not None else '')
-  adjust = torch_side.world_size * args.batch_size * args.model_ema_steps / args.epochs
-  decay = 1.0 - min(1.0, (1.0 - args.model_ema_decay) * adjust)
+  # The decay its averaging function applies (the script's adjusted --model-ema-decay).
+  decay = float(torch_side.ema.avg_fn(torch.tensor(1.0, dtype=torch.float64),
+                                      torch.tensor(0.0, dtype=torch.float64), 1))
   mine = dict(decay=ema.decay if ema else float('nan'),
               every=float(ema.every_steps) if ema else float('nan'),
               warmup_epochs=float(ema.warmup_epochs) if ema else float('nan'))
