@@ -49,6 +49,9 @@ def test_torchvisions_transforms_carry_the_runs_values():
   assert isinstance(erasing, v2.RandomErasing) and erasing.p == 0.1 and erasing.value == [0.0]
   resize, centre = _built(INCEPTION, 'torchvision', evaluation=True)
   assert resize.size == [9] and centre.size == (8, 8)
+  # The evaluation plan rounds 20 / 0.875 = 22.86 to 23 (`preprocess`), as the counterpart.
+  larger = dataclasses.replace(INCEPTION, image_size=20)
+  assert _built(larger, 'torchvision', evaluation=True)[0].size == [23]
   for policy, cls in (('ta_wide', v2.TrivialAugmentWide), ('imagenet', v2.AutoAugment),
                       ('augmix', v2.AugMix), ('randaugment', v2.RandAugment)):
     options = dataclasses.replace(INCEPTION, auto_augment=policy, randaugment_num_layers=3,

@@ -48,7 +48,8 @@ def _train_filter(options: DataOptions) -> str:
 
 
 def _eval_resize(spec) -> int:
-  return spec.resize_size or int(spec.image_size / specs.EVAL_CROP_FRACTION)
+  # The evaluation plan rounds the shorter side (`preprocess.ResizeCenterCrop`).
+  return spec.resize_size or round(spec.image_size / specs.EVAL_CROP_FRACTION)
 
 
 def _policy(options: DataOptions, spec) -> Texts:
