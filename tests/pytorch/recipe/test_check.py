@@ -270,13 +270,15 @@ def test_the_scaled_down_tv2_recipe_checks_the_same_and_each_change_is_named(
   assert '--config.lr_schedule_unit=epoch' in settings['learning rates'].cause
   assert settings['optimizer settings'].where == 'momentum'
   assert settings['optimizer settings'].cause == (
-      "torch.optim.SGD's momentum is 0.85 here and 0.9 in the script: set --config.momentum "
+      "torch.optim.SGD's momentum is 0.85 here and 0.9 in the script: set --config.momentum=0.9 "
       '(the script: --momentum)')
   assert settings['loss settings'].cause == (
       'label smoothing is 0 here (--config.label_smoothing) and 0.1 in the script '
       '(--label-smoothing): set --config.label_smoothing=0.1')
   assert settings['EMA settings'].where == 'decay'
-  assert '--config.ema_decay' in settings['EMA settings'].cause
+  assert settings['EMA settings'].cause.startswith(
+      "the EMA's decay per update is 0.92 here and 0.99984 in the script: set "
+      '--config.ema_decay=0.99998'), settings['EMA settings'].cause
 
 
 @pytest.mark.slow
@@ -471,7 +473,7 @@ def test_the_optimizer_settings_are_read_from_the_scripts_optimizer():
   assert not optimizer_settings.stage(ours('adamw'), adamw, 'timm').parts
   found = optimizer_settings.stage(ours('adamw', b2=0.99), adamw, 'timm')
   assert (found.where, found.cause) == ('betas[1]', "torch.optim.AdamW's betas[1] is 0.99 "
-                                        'here and 0.999 in the script: set --config.adam_b2 '
+                                        'here and 0.999 in the script: set --config.adam_b2=0.999 '
                                         '(the script: --opt-betas)')
   found = optimizer_settings.stage(ours('adamw', optimizer_kwargs={'eps': 1e-6}), adamw, 'timm')
   assert found.where == 'eps' and '--config.optimizer_kwargs.eps' in found.cause
@@ -551,3 +553,28 @@ def test_the_loss_settings_are_read_from_the_scripts_criterion_and_targets():
   found = loss_settings.stage(config(0.1, 'sigmoid_xent'), torchvision, 'torchvision')
   assert found.parts and found.where == 'loss'
   assert "--config.loss='softmax_xent'" in found.cause
+
+
+def test_the_learning_rate_and_weight_decay_causes_name_the_field_that_differs():
+  """A warm-up of another length, another peak, a norm parameter decayed: each named by the
+  config field to set and the script's flag, with both values."""
+  # pylint: disable-next=import-outside-toplevel  # (jax: the check's)
+  from flax_dp_trainer.configs import default
+  from flax_dp_trainer.pytorch.recipe import causes
+  args = _args('--lr', '0.5', '--lr-warmup-epochs', '1', '--weight-decay', '2e-5',
+               '--norm-weight-decay', '0.0')
+  side = argparse.Namespace(iterations=16, model=torchvision.models.resnet18(num_classes=4))
+  config = default.get_config()
+  config.update(dict(steps_per_epoch=16, lr_schedule_unit='epoch', warmup_epochs=2.0,
+                     warmup_steps=-1, learning_rate=0.5, decay_all_params=True,
+                     norm_weight_decay=1e-4))
+  named = causes.Causes('torchvision', config, args, side, {'bn1.weight': 1e-4},
+                        {'bn1.weight': 0.0})
+  assert named.learning_rate('conv1.weight at step 17') == (
+      'the learning rate of conv1.weight at step 17 differs: set --config.warmup_epochs=1 (the '
+      'warm-up is 2 epochs here, --lr-warmup-epochs 1 in the script)')
+  config.warmup_epochs, config.learning_rate = 1.0, 0.4
+  assert '--config.learning_rate=0.5 (the script\'s peak; here 0.4)' in named.learning_rate('x')
+  assert named.weight_decay('bn1.weight') == (
+      '`bn1.weight` is decayed at 0.0001 on the JAX side and spared by torchvision\'s script '
+      '(--norm-weight-decay 0.0): set --config.norm_weight_decay=0')

@@ -39,13 +39,32 @@ class Causes:
     if c.lr_schedule_unit != ('step' if on_updates else 'epoch'):
       hint.append(f'--config.lr_schedule_unit={"step" if on_updates else "epoch"} '
                   f'({self.flags["unit"]})')
-    hint = hint or [f'compare --config.learning_rate={c.learning_rate:g}, lr_schedule='
-                    f'{c.lr_schedule!r}, warmup_epochs={c.warmup_epochs:g}, warmup_prefix='
-                    f'{c.warmup_prefix}, the warm-up\'s start and min_learning_rate with '
-                    f'{self.flags["schedule"]} and its flags (the translation\'s table)']
+    hint += self._warmup_and_peak()
     values = (f' ({mine[where]:.6g} here, {theirs[where]:.6g} in the script)'
               if mine and theirs and where in mine and where in theirs else '')
+    if not hint:
+      return (f'the learning rate of {where} differs{values}: compare --config.learning_rate='
+              f'{c.learning_rate:g}, lr_schedule={c.lr_schedule!r}, warmup_prefix='
+              f'{c.warmup_prefix}, the warm-up\'s start and min_learning_rate with '
+              f'{self.flags["schedule"]} and its flags (the translation\'s table)')
     return f'the learning rate of {where} differs{values}: set ' + '; '.join(hint)
+
+  def _warmup_and_peak(self) -> list[str]:
+    """The warm-up's length and the peak learning rate, each where it differs."""
+    c, a = self.config, self.args
+    out = []
+    flag = '--lr-warmup-epochs' if self.script == 'torchvision' else '--warmup-epochs'
+    theirs = float(getattr(a, flag[2:].replace('-', '_')))
+    epoch = c.steps_per_epoch or self.side.iterations
+    mine = c.warmup_epochs if c.warmup_epochs >= 0 else c.warmup_steps / epoch
+    if abs(mine - theirs) > 1e-9:
+      out.append(f'--config.warmup_epochs={theirs:g} (the warm-up is {mine:g} epochs here, '
+                 f'{flag} {theirs:g} in the script)')
+    peak = float(self.side.lr if self.script == 'timm' else a.lr)
+    if not c.get('scale_learning_rate', False) and abs(c.learning_rate - peak) > 1e-6 * peak:
+      out.append(f'--config.learning_rate={peak:g} (the script\'s peak; here '
+                 f'{c.learning_rate:g})')
+    return out
 
   def weight_decay(self, where: str) -> str:
     mine, theirs = self.jax_decays[where], self.torch_decays[where]
@@ -54,12 +73,12 @@ class Causes:
     norm = self.script == 'torchvision' and a.norm_weight_decay is not None and \
         theirs == a.norm_weight_decay and one_dim and theirs != a.weight_decay
     flag = '--norm-weight-decay' if norm else '--weight-decay'
-    if theirs > 0 and mine == 0 and one_dim and not self.config.decay_all_params:
+    if norm and self.config.norm_weight_decay != theirs:
+      fix = f'--config.norm_weight_decay={theirs:g}'
+    elif theirs > 0 and mine == 0 and one_dim and not self.config.decay_all_params:
       fix = '--config.decay_all_params=True'
     elif theirs == 0 and mine > 0 and one_dim and self.config.decay_all_params:
       fix = '--config.decay_all_params=False'
-    elif norm:
-      fix = f'--config.norm_weight_decay={theirs:g}'
     else:
       fix = f'--config.wd_mults (a factor {theirs:g}/{self.config.weight_decay:g} for {where})'
     verb = lambda v: f'decayed at {v:g}' if v else 'spared'

@@ -288,12 +288,20 @@ def _ema_settings(script, jax_side, torch_side, args) -> stages_lib.Stage:
               warmup_epochs=float(ema.warmup_epochs) if ema else float('nan'))
   theirs = dict(decay=decay, every=float(args.model_ema_steps),
                 warmup_epochs=float(args.lr_warmup_epochs))
+  fixes = dict(decay=f'--config.ema_decay={args.model_ema_decay:g} (the script: '
+               '--model-ema-decay, adjusted by world x batch x --model-ema-steps / --epochs, as '
+               'here)', every=f'--config.ema_every_steps={args.model_ema_steps} (the script: '
+               '--model-ema-steps)', warmup_epochs=f'--config.warmup_epochs='
+               f'{args.lr_warmup_epochs:g} (the script copies in --lr-warmup-epochs)')
+  if ema is not None and ema.style != 'torchvision':
+    fixes = dict.fromkeys(fixes, "--config.ema_style='torchvision' (the script adjusts its "
+                          'decay, counts within each epoch and copies in the warm-up)')
+  names = dict(decay='decay per update', every='updates between averages',
+               warmup_epochs='copying epochs')
   return stages_lib.scalars(
       'EMA settings', mine, theirs, stages_lib.EXACT,
-      lambda where: (f'the EMA\'s {where} is {mine[where]:g} here and {theirs[where]:g} in the '
-                     'script (--model-ema-decay adjusted by world x batch x --model-ema-steps '
-                     '/ --epochs): set --config.ema_decay, ema_every_steps, '
-                     'ema_style=\'torchvision\''))
+      lambda where: (f'the EMA\'s {names[where]} is {mine[where]:g} here and {theirs[where]:g} '
+                     f'in the script: set {fixes[where]}'))
 
 
 def _permuted(inputs: torch.Tensor, targets: torch.Tensor, ranks: int, k: int):

@@ -77,5 +77,5 @@ def stage(optimizer: optimizers.Optimizer, script_optimizer, script: str) -> sta
   if worst > stages_lib.EXACT:
     flag = SCRIPT_FLAGS[script].get(where.split('[')[0], 'its class\'s default')
     cause = (f'{class_name}\'s {where} is {pair[0]!r} here and {pair[1]!r} in the script: set '
-             f'{_field(optimizer.name, where)} (the script: {flag})')
+             f'{_field(optimizer.name, where)}={pair[1]!r} (the script: {flag})')
   return stages_lib.Stage(NAME, worst, stages_lib.EXACT, where, cause)
