@@ -408,7 +408,7 @@ def test_the_batchnorm_stage_names_the_groups_of_the_scripts_gpus():
   import jax
   import ml_collections
   import torch
-  from flax_dp_trainer.pytorch.recipe import causes
+  from flax_dp_trainer.pytorch.recipe import stage_causes
   from flax_dp_trainer.pytorch.recipe import check
   rng = np.random.default_rng(0)
   # A global batch of 16 (NCHW), each channel of its own scale and shift.
@@ -438,7 +438,7 @@ def test_the_batchnorm_stage_names_the_groups_of_the_scripts_gpus():
   args = _args('--batch-size', '8')
   for size, rows in ((8, x[:8]), (0, x)):
     config = ml_collections.ConfigDict({'bn_group_size': size, 'bn_group_stats': 'first'})
-    named = causes.Causes('torchvision', config, args, None, {}, {})
+    named = stage_causes.Causes('torchvision', config, args, None, {}, {})
     stage = stages.tensors('BatchNorm statistics', flax_statistics(rows), expected,
                            stages.FORWARD, named.batchnorm)
     assert stage.parts == (size == 0), (size, stage)
@@ -508,8 +508,8 @@ def test_the_gradients_cause_names_what_feeds_them_not_the_optimizer():
   which comes after them."""
   # pylint: disable-next=import-outside-toplevel  # (jax: the check's)
   from flax_dp_trainer.configs import default
-  from flax_dp_trainer.pytorch.recipe import causes
-  named = causes.Causes('torchvision', default.get_config(),
+  from flax_dp_trainer.pytorch.recipe import stage_causes
+  named = stage_causes.Causes('torchvision', default.get_config(),
                         _args('--label-smoothing', '0.1', '--batch-size', '8'), None, {}, {})
   cause = named.gradients('layer2.1.conv1.weight', 'CrossEntropyLoss')
   assert cause.startswith('the gradients of `layer2.1.conv1.weight` part where the forward '
@@ -560,7 +560,7 @@ def test_the_learning_rate_and_weight_decay_causes_name_the_field_that_differs()
   config field to set and the script's flag, with both values."""
   # pylint: disable-next=import-outside-toplevel  # (jax: the check's)
   from flax_dp_trainer.configs import default
-  from flax_dp_trainer.pytorch.recipe import causes
+  from flax_dp_trainer.pytorch.recipe import stage_causes
   args = _args('--lr', '0.5', '--lr-warmup-epochs', '1', '--weight-decay', '2e-5',
                '--norm-weight-decay', '0.0')
   side = argparse.Namespace(iterations=16, model=torchvision.models.resnet18(num_classes=4))
@@ -568,7 +568,7 @@ def test_the_learning_rate_and_weight_decay_causes_name_the_field_that_differs()
   config.update(dict(steps_per_epoch=16, lr_schedule_unit='epoch', warmup_epochs=2.0,
                      warmup_steps=-1, learning_rate=0.5, decay_all_params=True,
                      norm_weight_decay=1e-4))
-  named = causes.Causes('torchvision', config, args, side, {'bn1.weight': 1e-4},
+  named = stage_causes.Causes('torchvision', config, args, side, {'bn1.weight': 1e-4},
                         {'bn1.weight': 0.0})
   assert named.learning_rate('conv1.weight at step 17') == (
       'the learning rate of conv1.weight at step 17 differs: set --config.warmup_epochs=1 (the '

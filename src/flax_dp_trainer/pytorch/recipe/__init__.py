@@ -5,6 +5,6 @@ the check that both train alike: each script's arguments as its own parser reads
 same arguments as the script builds it (`torchvision_side`, `timm_side`; one DDP iteration
 in one process: `script_side`), the JAX side as training sets it
 up (`jax_side`), the settings compared (`optimizer_settings`, `loss_settings`), the stages
-of one step compared (`stages`) and what each means where it parts (`causes`), and the
+of one step compared (`stages`) and what each means where it parts (`stage_causes`), and the
 check's run and verdict (`check`). Part of the PyTorch wing: imports the twin (`pytorch.twin`: its Mixup/CutMix
 blend) and the counterparts, and the layers below the wing; used by `tools.recipe`."""

@@ -25,10 +25,10 @@ import ml_collections
 import numpy as np
 import torch
 
-from flax_dp_trainer.pytorch.recipe import causes as causes_lib
 from flax_dp_trainer.pytorch.recipe import jax_side as jax_side_lib
 from flax_dp_trainer.pytorch.recipe import loss_settings
 from flax_dp_trainer.pytorch.recipe import optimizer_settings
+from flax_dp_trainer.pytorch.recipe import stage_causes
 from flax_dp_trainer.pytorch.recipe import stages as stages_lib
 from flax_dp_trainer.pytorch.recipe import torchvision_side
 from flax_dp_trainer.pytorch.twin import step as twin_step
@@ -213,7 +213,7 @@ def run(script: str, args, config, workdir: str, nproc: int, num_steps: int,
   warmup = (args.lr_warmup_epochs if script == 'torchvision' else args.warmup_epochs)
   points = schedule_points(total, int(warmup * side.iterations))
   jax_decays, torch_decays = jax_side.weight_decays(), side.weight_decays()
-  causes = causes_lib.Causes(script, config, args, side, jax_decays, torch_decays)
+  causes = stage_causes.Causes(script, config, args, side, jax_decays, torch_decays)
   rates = (_keyed(jax_side.learning_rates_at(points)), _keyed(side.learning_rates_at(points)))
   settings = [
       stages_lib.scalars('learning rates', *rates, stages_lib.EXACT,
