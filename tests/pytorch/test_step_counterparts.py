@@ -7,11 +7,9 @@ import dataclasses
 import pytest
 # torchvision before TensorFlow: imported after TensorFlow 2.21 it crashes the interpreter.
 import torch
-from torchvision import transforms
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms import v2
 from timm.data import auto_augment
-from timm.data import random_erasing
 from timm.data import transforms as timm_transforms
 
 from flax_dp_trainer.data import run_datasets
@@ -21,14 +19,6 @@ from flax_dp_trainer.pytorch import step_counterparts
 
 del torch  # Imported only to come before TensorFlow.
 
-NAMESPACE = dict(
-    v2=v2, InterpolationMode=InterpolationMode, transforms=transforms,
-    RandomResizedCropAndInterpolation=timm_transforms.RandomResizedCropAndInterpolation,
-    RandomErasing=random_erasing.RandomErasing,
-    rand_augment_transform=auto_augment.rand_augment_transform,
-    augment_and_mix_transform=auto_augment.augment_and_mix_transform,
-    auto_augment_transform=auto_augment.auto_augment_transform,
-    hparams=dict(translate_const=100, img_mean=(124, 116, 104)))
 INCEPTION = DataOptions(dataset='digits', augment='inception', image_size=8, hflip_prob=0.25,
                         crop_scale=(0.25, 1.0), train_interpolation='bicubic',
                         random_erase_prob=0.1, color_jitter=0.4)
@@ -36,8 +26,7 @@ INCEPTION = DataOptions(dataset='digits', augment='inception', image_size=8, hfl
 
 def _built(options: DataOptions, library: str, evaluation: bool = False) -> list:
   spec = run_datasets.for_options(options)
-  texts = step_counterparts.plan(options, spec, library, evaluation).split(' -> ')
-  return [eval(text, dict(NAMESPACE)) for text in texts]  # pylint: disable=eval-used
+  return [t for _, t in step_counterparts.built(options, spec, library, evaluation)]
 
 
 def test_torchvisions_transforms_carry_the_runs_values():
@@ -52,6 +41,10 @@ def test_torchvisions_transforms_carry_the_runs_values():
   # The evaluation plan rounds 20 / 0.875 = 22.86 to 23 (`preprocess`), as the counterpart.
   larger = dataclasses.replace(INCEPTION, image_size=20)
   assert _built(larger, 'torchvision', evaluation=True)[0].size == [23]
+  # Evaluation at its own crop (eval_crop_size), as the evaluation splits read it.
+  resize, centre = _built(dataclasses.replace(INCEPTION, eval_crop_size=10), 'torchvision',
+                          evaluation=True)
+  assert resize.size == [11] and centre.size == (10, 10)
   for policy, cls in (('ta_wide', v2.TrivialAugmentWide), ('imagenet', v2.AutoAugment),
                       ('augmix', v2.AugMix), ('randaugment', v2.RandAugment)):
     options = dataclasses.replace(INCEPTION, auto_augment=policy, randaugment_num_layers=3,

@@ -20,6 +20,7 @@ from flax_dp_trainer.data.data_options import DataOptions
 from flax_dp_trainer.data.image import plan_steps
 from flax_dp_trainer.data.image import policy_choice
 from flax_dp_trainer.data.image import policy_records
+from flax_dp_trainer.data.image import policy_strings
 
 Texts = Optional[tuple[str, ...]]  # The transforms in order; None: the library has none.
 
@@ -136,6 +137,14 @@ def of(name: str) -> Counterpart:
   return REGISTRY.get(name) if name in REGISTRY else Counterpart(name)
 
 
+def _as_read(spec, evaluation: bool):
+  """The spec the plan's steps read: evaluation's crop where it has its own
+  (`eval_crop_size`), as the evaluation splits read it."""
+  if evaluation and spec.eval_size:
+    return dataclasses.replace(spec, image_size=spec.eval_size)
+  return spec
+
+
 def plan(options: DataOptions, spec, library: str, evaluation: bool = False) -> str:
   """The `library`'s ('torchvision' or 'timm') transforms for the plan of `spec` under
   `options` (`evaluation`: the evaluation plan's), in order; a step it has none for is named
@@ -144,6 +153,66 @@ def plan(options: DataOptions, spec, library: str, evaluation: bool = False) -> 
   for record in plan_steps.held(options, spec):
     if evaluation and not record.evaluation:
       continue
-    texts = getattr(of(record.name), library + '_eval' * evaluation)(options, spec)
+    texts = getattr(of(record.name), library + '_eval' * evaluation)(
+        options, _as_read(spec, evaluation))
     parts.extend(texts if texts is not None else [f'(none for the {record.name})'])
   return ' -> '.join(parts) or 'none'
+
+
+def namespace(torchvision_module=None, options: Optional[DataOptions] = None,
+              spec=None) -> dict:
+  """What the expressions read, from the installed torchvision and timm; `v2` bound to
+  `torchvision_module` where given (torchvision's v1 `transforms`, which the reference script
+  builds its presets from without --use-v2: the same classes and arguments); `hparams` as
+  create_transform sets them for this run's crop, mean and training filter where `options`
+  and `spec` are given."""
+  # pylint: disable=import-outside-toplevel  # (torch, torchvision, timm: for the objects only)
+  import torchvision.transforms
+  from torchvision.transforms import v2
+  from timm.data import auto_augment
+  from timm.data import random_erasing
+  from timm.data import transforms as timm_transforms
+  return dict(
+      v2=torchvision_module or v2, InterpolationMode=torchvision.transforms.InterpolationMode,
+      transforms=torchvision.transforms,
+      RandomResizedCropAndInterpolation=timm_transforms.RandomResizedCropAndInterpolation,
+      RandomErasing=random_erasing.RandomErasing,
+      rand_augment_transform=auto_augment.rand_augment_transform,
+      augment_and_mix_transform=auto_augment.augment_and_mix_transform,
+      auto_augment_transform=auto_augment.auto_augment_transform,
+      hparams=dict(translate_const=100, img_mean=(124, 116, 104)) if spec is None else
+      _hparams(options, spec))
+
+
+def _hparams(options: DataOptions, spec) -> dict:
+  """create_transform's hyperparameters of timm's policies: translate_const 0.45 of the
+  crop's shorter side, the mean in 0..255, and the policy's sampling where it takes one
+  (none: timm's ops draw bilinear or bicubic, 'random')."""
+  # pylint: disable-next=import-outside-toplevel  # (timm: for the objects only)
+  from timm.data import transforms as timm_transforms
+  side = spec.image_size or min(spec.image_shape[:2])
+  out = dict(translate_const=int(side * policy_strings.TRANSLATE_CONST_FRACTION),
+             img_mean=tuple(min(255, round(255 * m)) for m in spec.mean))
+  policy = policy_choice.resolve(options, spec.channels,
+                                 tuple(int(round(255 * m)) for m in spec.mean))
+  if policy is not None and policy.interpolation != 'random':
+    out['interpolation'] = timm_transforms.str_to_pil_interp(policy.interpolation)
+  return out
+
+
+def built(options: DataOptions, spec, library: str, evaluation: bool = False,
+          names: Optional[dict] = None) -> list[tuple[str, object]]:
+  """The plan's transforms as `library` builds them, each with its step record's name:
+  (name, transform), in order; a step the library has none for is (name, None). `names`:
+  `namespace()`'s, or another binding of it."""
+  names = names or namespace()
+  out = []
+  for record in plan_steps.held(options, spec):
+    if evaluation and not record.evaluation:
+      continue
+    texts = getattr(of(record.name), library + '_eval' * evaluation)(
+        options, _as_read(spec, evaluation))
+    out.extend((record.name, eval(text, dict(names)))  # pylint: disable=eval-used
+               for text in texts) if texts is not None else out.append((record.name, None))
+  return out
+

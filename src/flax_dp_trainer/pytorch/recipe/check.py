@@ -28,6 +28,7 @@ import torch
 from flax_dp_trainer.pytorch.recipe import jax_side as jax_side_lib
 from flax_dp_trainer.pytorch.recipe import loss_settings
 from flax_dp_trainer.pytorch.recipe import optimizer_settings
+from flax_dp_trainer.pytorch.recipe import plan_stage
 from flax_dp_trainer.pytorch.recipe import stage_causes
 from flax_dp_trainer.pytorch.recipe import stages as stages_lib
 from flax_dp_trainer.pytorch.recipe import torchvision_side
@@ -42,10 +43,17 @@ class Report:
   settings: list[stages_lib.Stage]  # Learning rates, weight decay, the EMA's settings.
   steps: list[dict]  # A row a step: step, each quantity's (jax, torch), its stages.
   drawn: list[str] = dataclasses.field(default_factory=list)  # Compared as settings only.
+  # Before the batch: the augmentation plan (`plan_stage`), and the lines that show it.
+  before: list[stages_lib.Stage] = dataclasses.field(default_factory=list)
+  plans: list[str] = dataclasses.field(default_factory=list)
 
   @property
   def first(self) -> Optional[tuple[int, stages_lib.Stage]]:
-    """(step, stage) of the first stage that parts: a setting (step 0), else a step's."""
+    """(step, stage) of the first stage that parts: before the batch (step -1), a setting
+    (step 0), else a step's."""
+    planned = stages_lib.first_parting(self.before)
+    if planned is not None:
+      return -1, planned
     setting = stages_lib.first_parting(self.settings)
     if setting is not None:
       return 0, setting
@@ -61,10 +69,12 @@ class Report:
 
   def verdict(self) -> str:
     if self.same:
-      return (f'verdict: the same recipe, up to float32 rounding, for what follows the batch '
+      plan = (f'the augmentation plan op by op ({len(self.before)} stages), then ' if
+              self.before else '')
+      return (f'verdict: the same recipe: {plan}up to float32 rounding, what follows the batch '
               f'({len(self.settings)} settings, then {len(self.steps)} steps stage by stage)')
     step, s = self.first
-    at = 'in the settings' if step == 0 else f'at step {step}'
+    at = {-1: 'before the batch', 0: 'in the settings'}.get(step, f'at step {step}')
     return f'verdict: they part {at}, at "{s.name}" ({s.where}): {s.cause}'
 
   def steps_table(self) -> str:
@@ -96,7 +106,10 @@ class Report:
     return list(out.values())
 
   def lines(self) -> list[str]:
-    out = ['settings:', stages_lib.table(self.settings), '',
+    out = (['before the batch (the augmentation plan, op by op):',
+            stages_lib.table(self.before)] + [f'  {line}' for line in self.plans] + [''] if
+           self.before else [])
+    out += ['settings:', stages_lib.table(self.settings), '',
            f'each step\'s stages, the largest difference over the {len(self.steps)} steps '
            '(each step starts both sides from the JAX side\'s params, BatchNorm statistics '
            'and EMA):', stages_lib.table(self.largest())]
@@ -108,7 +121,7 @@ class Report:
     if first is not None:
       step, stage = first
       out += ['', f'first stage that parts: {stage.name} ({stage.where}'
-              f'{", step " + str(step) if step else ""}): {stage.cause}']
+              f'{", step " + str(step) if step > 0 else ""}): {stage.cause}']
     out += ['', self.verdict()]
     return out
 
@@ -194,6 +207,8 @@ def run(script: str, args, config, workdir: str, nproc: int, num_steps: int,
   the same weights; the report."""
   jax_side = jax_side_lib.JaxSide(numeric(config), workdir)
   side = _script_side(script, args, nproc)
+  planned, plans = plan_stage.stages(jax_side.run.options.data, jax_side.run.data.spec,
+                                     script, args, side.model)
   jax_side.pair(side.model)
   start = jax_side.variables(jax_side.state)
   side.load(start)
@@ -248,7 +263,7 @@ def run(script: str, args, config, workdir: str, nproc: int, num_steps: int,
     row['stages'] = audited
   drawn = (_drawn(config, args) if script == 'torchvision' else
            _timm_drawn(args, config))
-  report = Report(settings, rows, drawn)
+  report = Report(settings, rows, drawn, planned, plans)
   if plot:
     _plot(report, plot)
   return report
