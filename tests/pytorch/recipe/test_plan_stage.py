@@ -67,8 +67,11 @@ def test_torchvisions_presets_are_the_translated_plan_and_each_change_parts(fold
   for extra in ([], ['--use-v2']):
     stages, lines = _stages('torchvision', argv + extra)
     assert [s.parts for s in stages] == [False, False], (stages, lines)
-  assert lines[0].startswith('augmentation plan (training), here: RandomResizedCrop(')
-  assert 'TrivialAugmentWide(' in lines[0] and '[policy]' in lines[0]
+  assert lines[:2] == [
+      "augmentation plan (training), here [the step] (the script's the same):",
+      "  1. RandomResizedCrop(antialias=True, interpolation='BILINEAR', ratio=(0.75, 1.33333), "
+      'scale=(0.08, 1), size=(24, 24)) [random-resized crop]'], lines
+  assert lines[3].startswith('  3. TrivialAugmentWide(') and lines[3].endswith('[policy]')
   for changes, where, flag in (
       ({'random_erase_prob': 0.5}, 'RandomErasing.p', '--random-erase'),
       ({'crop_scale': '0.25,1.0'}, 'RandomResizedCrop.scale', 'a default of the script'),

@@ -306,6 +306,17 @@ def difference(mine: list[Op], theirs: list[Op], script: str) -> Optional[tuple[
   return found[0] if found else None
 
 
+def _listed(name: str, ours: list[Op], theirs: list[Op], found: list) -> list[str]:
+  """A plan's lines: each op here with its step, then the script's where they differ, then
+  each difference."""
+  lines = [f'{name}, here [the step]' + (' (the script\'s the same):' if not found else ':')]
+  lines += [f'  {i}. {o} [{o.step}]' for i, o in enumerate(ours, 1)]
+  if found:
+    lines += [f'{name}, the script\'s:'] + [f'  {i}. {o}' for i, o in enumerate(theirs, 1)]
+    lines += [f'{name}, apart: {cause}' for _, cause in found]
+  return lines
+
+
 def stages(options, spec, script: str, args, model=None
            ) -> tuple[list[stages_lib.Stage], list[str]]:
   """The plan stages, training then evaluation, each 'same' or parting at its first
@@ -323,8 +334,6 @@ def stages(options, spec, script: str, args, model=None
     found = differences(ours, theirs, script)
     out.append(stages_lib.Stage(name, math.inf if found else 0.0, stages_lib.EXACT,
                                 *(found[0] if found else ('', '')), note=f'{len(ours)} ops'))
-    lines += [f'{name}, here: ' + ' -> '.join(f'{o} [{o.step}]' for o in ours),
-              f'{name}, the script\'s: ' + ' -> '.join(str(o) for o in theirs)]
-    lines += [f'{name}, apart: {cause}' for _, cause in found]
+    lines += _listed(name, ours, _normalize_last(theirs), found)
     lines += [f'{name}, by design: {d}' for d in designed(ours, theirs)]
   return out, lines
