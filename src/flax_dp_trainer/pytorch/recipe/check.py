@@ -25,6 +25,8 @@ import ml_collections
 import numpy as np
 import torch
 
+from flax_dp_trainer.data import stream
+from flax_dp_trainer.pytorch.recipe import epoch_stage
 from flax_dp_trainer.pytorch.recipe import jax_side as jax_side_lib
 from flax_dp_trainer.pytorch.recipe import loss_settings
 from flax_dp_trainer.pytorch.recipe import optimizer_settings
@@ -207,8 +209,15 @@ def run(script: str, args, config, workdir: str, nproc: int, num_steps: int,
   the same weights; the report."""
   jax_side = jax_side_lib.JaxSide(numeric(config), workdir)
   side = _script_side(script, args, nproc)
-  planned, plans = plan_stage.stages(jax_side.run.options.data, jax_side.run.data.spec,
-                                     script, args, side.model)
+  data = jax_side.run.options.data
+  planned, plans = plan_stage.stages(data, jax_side.run.data.spec, script, args, side.model)
+  mine_batches = epoch_stage.our_batches(
+      stream.EpochOrders(data.seed, jax_side.run.data.num_examples, data.aug_repeats,
+                         data.versions.order), data.batch_size, num_steps)
+  theirs_batches = epoch_stage.script_batches(script, args, side.examples, nproc,
+                                              side.iterations, num_steps)
+  held, lines = epoch_stage.stage(mine_batches, theirs_batches, side.iterations)
+  planned, plans = planned + [held], plans + lines
   jax_side.pair(side.model)
   start = jax_side.variables(jax_side.state)
   side.load(start)
@@ -242,6 +251,8 @@ def run(script: str, args, config, workdir: str, nproc: int, num_steps: int,
   rows = []
   for k in range(num_steps):
     batch = jax_side.next_batch()
+    if k == 0:
+      first_labels = np.asarray(batch['label']).tolist()
     how = jax_side.mixing(batch['image'].shape[1], batch['image'].shape[2])
     inputs, targets = _torch_inputs(side, batch, how)
     before = jax_side.variables(jax_side.state)
@@ -261,6 +272,11 @@ def run(script: str, args, config, workdir: str, nproc: int, num_steps: int,
                             param_names, args, causes, step_rates, k)))
   for row, audited in zip(rows, stages_lib.with_repeats([row['stages'] for row in rows])):
     row['stages'] = audited
+  if rows:
+    targets = (torchvision_side.train_targets(args) if script == 'torchvision' else
+               side.classes)
+    plans.append(epoch_stage.class_mix(first_labels,
+                                       [targets[k] for k in theirs_batches[0]]))
   drawn = (_drawn(config, args) if script == 'torchvision' else
            _timm_drawn(args, config))
   report = Report(settings, rows, drawn, planned, plans)

@@ -61,7 +61,9 @@ class TimmSide(script_side.ScriptSide):
       raise UserError(f'--grad-accum-steps {args.grad_accum_steps}: the check takes one '
                       'update per loader batch; check the recipe with --grad-accum-steps 1')
     train = os.path.join(args.data_dir, args.train_split)
-    self.examples = len(timm.data.ImageDataset(train))
+    dataset = timm.data.ImageDataset(train)
+    self.examples = len(dataset)
+    self.classes = [target for _, target in dataset.reader.samples]  # The sampler's order.
     self.iterations = epochs.timm_iterations(self.examples, world_size, args.batch_size,
                                              args.aug_repeats)
     if self.iterations < 1:

@@ -125,6 +125,11 @@ def _ema(model: nn.Module, args: argparse.Namespace, world_size: int
   return swa_utils.AveragedModel(model, avg_fn=average, use_buffers=True)
 
 
+def train_targets(args: argparse.Namespace) -> list[int]:
+  """The class of each training example, in ImageFolder's order (the sampler's indices)."""
+  return torchvision.datasets.ImageFolder(os.path.join(args.data_path, 'train')).targets
+
+
 def train_examples(args: argparse.Namespace) -> tuple[int, int]:
   """(examples, classes) of the script's training folder, `--data-path`/train, as its
   ImageFolder counts them."""
