@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 # torch and torchvision before TensorFlow (see tests/pytorch/test_step_counterparts.py).
 import torch
-import torchvision  # pylint: disable=unused-import
+import torchvision
 import timm
 
 from flax_dp_trainer.data import run_datasets
@@ -20,7 +20,7 @@ from flax_dp_trainer.pytorch.recipe import timm_args
 from flax_dp_trainer.pytorch.recipe import torchvision_args
 from flax_dp_trainer.tools import recipe as tool
 
-del torch
+del torch, torchvision
 
 TV2 = ['--model', 'resnet18', '--batch-size', '8', '--auto-augment', 'ta_wide', '--epochs',
        '4', '--random-erase', '0.1', '--train-crop-size', '24', '--val-resize-size', '32',
