@@ -71,8 +71,8 @@ class Report:
 
   def verdict(self) -> str:
     if self.same:
-      plan = (f'the augmentation plan op by op ({len(self.before)} stages), then ' if
-              self.before else '')
+      plan = (f'before the batch ({len(self.before)} stages: the augmentation plan op by op, '
+              'the epoch\'s examples), then, ' if self.before else '')
       return (f'verdict: the same recipe: {plan}up to float32 rounding, what follows the batch '
               f'({len(self.settings)} settings, then {len(self.steps)} steps stage by stage)')
     step, s = self.first
@@ -108,7 +108,7 @@ class Report:
     return list(out.values())
 
   def lines(self) -> list[str]:
-    out = (['before the batch (the augmentation plan, op by op):',
+    out = (['before the batch (the augmentation plan, op by op; the epoch\'s examples):',
             stages_lib.table(self.before)] + [f'  {line}' for line in self.plans] + [''] if
            self.before else [])
     out += ['settings:', stages_lib.table(self.settings), '',
