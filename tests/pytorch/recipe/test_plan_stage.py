@@ -126,3 +126,13 @@ def test_an_op_twice_missing_or_moved_is_named():
       'RandAugment: not here, once in the script')
   swapped = [theirs[1], theirs[0], theirs[2]]
   assert plan_stage.difference(swapped, theirs, 'torchvision')[0] == 'order'
+
+
+def test_a_plan_the_installed_timm_cannot_build_is_one_line(folder):
+  """An --aa the installed timm does not build: one line naming it (the tool exits 2)."""
+  # pylint: disable-next=import-outside-toplevel
+  from flax_dp_trainer.base.errors import UserError
+  args = timm_args.parse(DEIT[:5] + ['bogus-policy'] + DEIT[6:] + ['--data-dir', folder])
+  model = timm.create_model('deit_tiny_patch16_224', num_classes=4, img_size=32)
+  with pytest.raises(UserError, match=r'^--aa bogus-policy: the installed timm does not build'):
+    plan_stage.timm_plan(args, model)
