@@ -110,6 +110,8 @@ def test_timms_create_transform_is_the_translated_plan(folder):
              "interpolation among ('BILINEAR', 'BICUBIC')" in line for line in lines), lines
   found = _stages('timm', argv, {'auto_augment': 'rand-m7-mstd0.5-inc1'})[0][0]
   assert found.parts and found.where == 'RandAugment.ops', found
+  assert found.cause.startswith("RandAugment's ops[0].magnitude is 7 here and 9 in the script "
+                                '(--aa)'), found.cause
   found = _stages('timm', argv, {'random_erase_prob': 0.5})[0][0]
   assert found.where == 'RandomErasing.probability' and '--reprob' in found.cause
 

@@ -269,6 +269,24 @@ def designed(mine: list[Op], theirs: list[Op]) -> list[str]:
   return out
 
 
+def _apart(a: Any, b: Any, path: str) -> Optional[tuple[str, Any, Any]]:
+  """The first place two values part, opened down to plain values: (path, a's, b's)."""
+  if isinstance(a, dict) and isinstance(b, dict):
+    for key in sorted(set(a) | set(b), key=lambda k: (k != 'name', str(k))):
+      found = _apart(a.get(key), b.get(key), f'{path}.{key}')
+      if found:
+        return found
+    return None
+  if (isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) and
+      any(isinstance(x, dict) for x in a)):
+    for i, (x, y) in enumerate(zip(a, b)):
+      found = _apart(x, y, f'{path}[{i}]')
+      if found:
+        return found
+    return None
+  return None if _close(a, b) else (path, a, b)
+
+
 def differences(mine: list[Op], theirs: list[Op], script: str) -> list[tuple[str, str]]:
   """(where, cause) of each difference between the two plans, in order: an op missing, extra
   or twice, the ops in another order, or each parameter set apart (other than by design:
@@ -293,8 +311,13 @@ def differences(mine: list[Op], theirs: list[Op], script: str) -> list[tuple[str
       mine_value, theirs_value = a.parameters.get(key), b.parameters.get(key)
       if not _close(mine_value, theirs_value) and not _by_design(key, mine_value, theirs_value):
         flag = FLAGS[script].get((a.name, key), 'a default of the script')
+        path, mine_value, theirs_value = _apart(mine_value, theirs_value, key) or (
+            key, mine_value, theirs_value)
+        if isinstance(mine_value, dict) or isinstance(theirs_value, dict):
+          mine_value, theirs_value = ('an op' if mine_value else 'none',
+                                      'an op' if theirs_value else 'none')
         out.append((f'{a.name}.{key}', (
-            f'{a.name}\'s {key} is {_shown(mine_value)} here and {_shown(theirs_value)} in '
+            f'{a.name}\'s {path} is {_shown(mine_value)} here and {_shown(theirs_value)} in '
             f'the script ({flag}): set the {a.step}\'s fields (--show_config lists them) '
             'to match')))
   return out
