@@ -26,6 +26,8 @@ import numpy as np
 import torch
 
 from flax_dp_trainer.data import stream
+from flax_dp_trainer.data.image import plan_steps
+from flax_dp_trainer.pytorch.recipe import draws_stage
 from flax_dp_trainer.pytorch.recipe import epoch_stage
 from flax_dp_trainer.pytorch.recipe import jax_side as jax_side_lib
 from flax_dp_trainer.pytorch.recipe import loss_settings
@@ -72,7 +74,7 @@ class Report:
   def verdict(self) -> str:
     if self.same:
       plan = (f'before the batch ({len(self.before)} stages: the augmentation plan op by op, '
-              'the epoch\'s examples), then, ' if self.before else '')
+              'its draws, the epoch\'s examples), then, ' if self.before else '')
       return (f'verdict: the same recipe: {plan}up to float32 rounding, what follows the batch '
               f'({len(self.settings)} settings, then {len(self.steps)} steps stage by stage)')
     step, s = self.first
@@ -108,7 +110,8 @@ class Report:
     return list(out.values())
 
   def lines(self) -> list[str]:
-    out = (['before the batch (the augmentation plan, op by op; the epoch\'s examples):',
+    out = (['before the batch (the augmentation plan, op by op; its draws; the epoch\'s '
+            'examples):',
             stages_lib.table(self.before)] + [f'  {line}' for line in self.plans] + [''] if
            self.before else [])
     out += ['settings:', stages_lib.table(self.settings), '',
@@ -217,7 +220,12 @@ def run(script: str, args, config, workdir: str, nproc: int, num_steps: int,
   theirs_batches = epoch_stage.script_batches(script, args, side.examples, nproc,
                                               side.iterations, num_steps)
   held, lines = epoch_stage.stage(mine_batches, theirs_batches, side.iterations)
-  planned, plans = planned + [held], plans + lines
+  drawn_alike, draws = draws_stage.stage(draws_stage.tests(
+      plan_stage.script_plan(script, args, side.model)[0],
+      plan_steps.train_plan(data, jax_side.run.data.spec, encoded=False), data,
+      jax_side.run.data.spec, data.seed, side.paths))
+  planned = planned[:2] + [drawn_alike, held]
+  plans = plans + draws + lines
   jax_side.pair(side.model)
   start = jax_side.variables(jax_side.state)
   side.load(start)
@@ -273,10 +281,8 @@ def run(script: str, args, config, workdir: str, nproc: int, num_steps: int,
   for row, audited in zip(rows, stages_lib.with_repeats([row['stages'] for row in rows])):
     row['stages'] = audited
   if rows:
-    targets = (torchvision_side.train_targets(args) if script == 'torchvision' else
-               side.classes)
     plans.append(epoch_stage.class_mix(first_labels,
-                                       [targets[k] for k in theirs_batches[0]]))
+                                       [side.classes[k] for k in theirs_batches[0]]))
   drawn = (_drawn(config, args) if script == 'torchvision' else
            _timm_drawn(args, config))
   report = Report(settings, rows, drawn, planned, plans)

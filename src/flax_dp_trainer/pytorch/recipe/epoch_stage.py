@@ -45,7 +45,7 @@ def _sampled(script: str, args, n: int, world: int, rank: int, epoch: int) -> li
   if script == 'torchvision' and args.ra_sampler:
     return _ra_sampler(n, world, rank, args.ra_reps, epoch)
   if script == 'timm' and args.aug_repeats:
-    from timm.data import distributed_sampler
+    from timm.data import distributed_sampler  # (timm: loaded for its script only)
     sampler = distributed_sampler.RepeatAugSampler(dataset, num_replicas=world, rank=rank,
                                                    num_repeats=args.aug_repeats)
   else:

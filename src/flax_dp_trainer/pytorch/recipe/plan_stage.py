@@ -340,16 +340,17 @@ def _listed(name: str, ours: list[Op], theirs: list[Op], found: list) -> list[st
   return lines
 
 
+def script_plan(script: str, args, model=None) -> tuple[list, list]:
+  """The script's (train, eval) transforms (`torchvision_plan`, `timm_plan`)."""
+  return timm_plan(args, model) if script == 'timm' else torchvision_plan(args)
+
+
 def stages(options, spec, script: str, args, model=None
            ) -> tuple[list[stages_lib.Stage], list[str]]:
   """The plan stages, training then evaluation, each 'same' or parting at its first
   difference; and the lines that show both plans, with what differs by design."""
-  if script == 'timm':
-    train, evaluation = timm_plan(args, model)
-    use_v2 = True
-  else:
-    train, evaluation = torchvision_plan(args)
-    use_v2 = args.use_v2
+  train, evaluation = script_plan(script, args, model)
+  use_v2 = script == 'timm' or args.use_v2
   mine = our_plan(options, spec, script, use_v2)
   out, lines = [], []
   for name, ours, theirs in (('augmentation plan (training)', mine[0], _ops(train)),

@@ -35,7 +35,9 @@ class ScriptSide:
   """A script's training one iteration at a time. Subclasses set `model`, `optimizer`,
   `criterion`, `ema` (an `AveragedModel` or None), `world_size`, `ranks` (the slices whose
   BatchNorm statistics are apart: 1 under SyncBatchNorm), `iterations` (of an epoch),
-  `mean`, `std`, `dtype`, and implement `clip`, `after_update` and `learning_rates_at`."""
+  `mean`, `std`, `dtype`, `paths` and `classes` (each training file and its class, in its
+  dataset's order: the sampler's indices), and implement `clip`, `after_update` and
+  `learning_rates_at`."""
   model: nn.Module
   optimizer: torch.optim.Optimizer
   criterion: nn.Module
@@ -46,6 +48,8 @@ class ScriptSide:
   mean: tuple = (0.0,)
   std: tuple = (1.0,)
   dtype: torch.dtype = torch.float32
+  paths: tuple = ()
+  classes: tuple = ()
   step_count: int = 0  # Steps taken.
 
   def load(self, state_dict: dict[str, np.ndarray]) -> None:

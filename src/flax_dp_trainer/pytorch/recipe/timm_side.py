@@ -63,7 +63,8 @@ class TimmSide(script_side.ScriptSide):
     train = os.path.join(args.data_dir, args.train_split)
     dataset = timm.data.ImageDataset(train)
     self.examples = len(dataset)
-    self.classes = [target for _, target in dataset.reader.samples]  # The sampler's order.
+    self.paths = [path for path, _ in dataset.reader.samples]  # The sampler's order.
+    self.classes = [target for _, target in dataset.reader.samples]
     self.iterations = epochs.timm_iterations(self.examples, world_size, args.batch_size,
                                              args.aug_repeats)
     if self.iterations < 1:

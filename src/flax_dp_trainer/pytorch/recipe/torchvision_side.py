@@ -125,16 +125,10 @@ def _ema(model: nn.Module, args: argparse.Namespace, world_size: int
   return swa_utils.AveragedModel(model, avg_fn=average, use_buffers=True)
 
 
-def train_targets(args: argparse.Namespace) -> list[int]:
-  """The class of each training example, in ImageFolder's order (the sampler's indices)."""
-  return torchvision.datasets.ImageFolder(os.path.join(args.data_path, 'train')).targets
-
-
-def train_examples(args: argparse.Namespace) -> tuple[int, int]:
-  """(examples, classes) of the script's training folder, `--data-path`/train, as its
-  ImageFolder counts them."""
-  folder = torchvision.datasets.ImageFolder(os.path.join(args.data_path, 'train'))
-  return len(folder), len(folder.classes)
+def train_folder(args: argparse.Namespace) -> torchvision.datasets.ImageFolder:
+  """The script's training folder, `--data-path`/train, as its ImageFolder lists it (the
+  sampler's indices: each file and its class)."""
+  return torchvision.datasets.ImageFolder(os.path.join(args.data_path, 'train'))
 
 
 class TorchvisionSide(script_side.ScriptSide):
@@ -145,7 +139,10 @@ class TorchvisionSide(script_side.ScriptSide):
                state_dict: Optional[dict[str, np.ndarray]] = None,
                dtype: torch.dtype = torch.float32):
     self.args, self.world_size, self.dtype = args, world_size, dtype
-    self.examples, self.num_classes = train_examples(args)
+    folder = train_folder(args)
+    self.examples, self.num_classes = len(folder), len(folder.classes)
+    self.paths = [path for path, _ in folder.samples]  # The sampler's order.
+    self.classes = list(folder.targets)
     self.iterations = epochs.torchvision_iterations(self.examples, world_size,
                                                     args.batch_size, args.ra_sampler)
     if self.iterations < 1:

@@ -1,0 +1,204 @@
+"""The recipe check's stage of the draws, before the batch: both training plans run on the same
+images many times, and what they draw compared as distributions, each by a two-sample test
+with its p-value. The crop: on an image whose pixels encode their own coordinates (red the
+column, green the row), the window each crop took, read back from the ramps of its output: its
+share of the image's area and its aspect (log), Kolmogorov-Smirnov. The output: each channel's
+mean and standard deviation of the normalized image, over the script's first training images
+drawn again and again (the flip, the policy, colour jitter and erasing show there),
+Kolmogorov-Smirnov. A same plan draws alike: a test parts below P_BOUND (one in 10,000 of
+false parts per test where the distributions are equal), named with what it measured."""
+
+import dataclasses
+import math
+from typing import Callable
+
+import numpy as np
+
+from flax_dp_trainer.pytorch.recipe import stages as stages_lib
+
+NAME = 'the draws'
+P_BOUND = 1e-4
+CROPS = 600  # Crops of the coordinate image a side.
+IMAGES, ROUNDS = 8, 60  # The training images, drawn this many times each, a side.
+
+
+@dataclasses.dataclass(frozen=True)
+class Test:
+  """One two-sample test: what it measured, its statistic's p-value, each side's mean."""
+  what: str
+  p: float
+  mine: float
+  theirs: float
+  text: str = ''  # A line in place of the test's (what the check left out, and why).
+
+  def line(self) -> str:
+    if self.text:
+      return self.text
+    verdict = 'PARTS' if self.p < P_BOUND else 'same'
+    return (f'{self.what}: mean {self.mine:.4g} here, {self.theirs:.4g} in the script; '
+            f'p = {self.p:.2g}  {verdict}')
+
+
+def coordinates(height: int, width: int) -> np.ndarray:
+  """uint8 (height, width, 3): red the column, green the row, each over 0..255."""
+  x = np.round(np.arange(width) * 255.0 / max(width - 1, 1))
+  y = np.round(np.arange(height) * 255.0 / max(height - 1, 1))
+  image = np.zeros((height, width, 3), np.uint8)
+  image[..., 0] = x[None, :]
+  image[..., 1] = y[:, None]
+  image[..., 2] = 128
+  return image
+
+
+def window(out: np.ndarray, height: int, width: int) -> tuple[float, float]:
+  """(area share, log aspect) of the window a crop of `coordinates(height, width)` took,
+  from its output (H, W, 3 in 0..255): the slope of red along the columns and of green along
+  the rows, between the third pixel from each edge (a resize's filter keeps a linear ramp
+  away from the edges, whatever its kind; a flip only turns the slope's sign)."""
+  out = np.asarray(out, np.float64)
+  k = 2
+
+  def side(profile: np.ndarray, n: int) -> float:  # The window's side, in source pixels.
+    count = len(profile)
+    return abs(profile[-1 - k] - profile[k]) / (count - 1 - 2 * k) * count * (n - 1) / 255.0
+
+  across, down = side(out[..., 0].mean(axis=0), width), side(out[..., 1].mean(axis=1), height)
+  return across * down / (width * height), math.log(max(across, 1e-9) / max(down, 1e-9))
+
+
+def ks(what: str, mine, theirs) -> Test:
+  """The two-sample Kolmogorov-Smirnov test of `mine` against `theirs`."""
+  # pylint: disable-next=import-outside-toplevel  # (scipy: the check's only)
+  from scipy import stats
+  mine, theirs = np.asarray(mine, np.float64), np.asarray(theirs, np.float64)
+  return Test(what, float(stats.ks_2samp(mine, theirs).pvalue), float(mine.mean()),
+              float(theirs.mean()))
+
+
+def crop_tests(mine: Callable, theirs: Callable, height: int, width: int) -> list[Test]:
+  """The crop's window on each side: `mine(image, k)` and `theirs(image)` crop the uint8
+  coordinate image (draw k of ours), CROPS times each."""
+  image = coordinates(height, width)
+  here = [window(mine(image, k), height, width) for k in range(CROPS)]
+  there = [window(theirs(image), height, width) for _ in range(CROPS)]
+  return [ks('the crop\'s share of the area', [a for a, _ in here], [a for a, _ in there]),
+          ks('the crop\'s aspect (log)', [r for _, r in here], [r for _, r in there])]
+
+
+def output_tests(mine: list[np.ndarray], theirs: list[np.ndarray]) -> list[Test]:
+  """Each channel's mean and standard deviation of the normalized outputs (H, W, C each)."""
+  out = []
+  for c in range(mine[0].shape[-1]):
+    for name, f in (('mean', np.mean), ('standard deviation', np.std)):
+      out.append(ks(f'channel {c}\'s {name} of the output', [f(m[..., c]) for m in mine],
+                    [f(t[..., c]) for t in theirs]))
+  return out
+
+
+def stage(tests: list[Test]) -> tuple[stages_lib.Stage, list[str]]:
+  """The stage over the tests: parts at the first below P_BOUND; each test's line."""
+  lines = [t.line() for t in tests]
+  low = min(tests, key=lambda t: t.p)
+  if low.p >= P_BOUND:
+    return stages_lib.Stage(NAME, 0.0, stages_lib.EXACT,
+                            note=f'{len(tests)} tests, p >= {low.p:.2g}'), lines
+  return stages_lib.Stage(
+      NAME, math.inf, stages_lib.EXACT, low.what,
+      f'{low.what} is drawn from another distribution here (mean {low.mine:.4g}) than in the '
+      f'script ({low.theirs:.4g}): p = {low.p:.2g} (bound {P_BOUND:g}); compare the plan\'s '
+      'fields of that step with the script\'s flags (--show_config lists them)'), lines
+
+
+def _float_hwc(x) -> np.ndarray:
+  """A transform's output as float HWC: a normalized tensor as it is, uint8 (PIL, numpy,
+  tensor) over 255."""
+  # pylint: disable-next=import-outside-toplevel  # (torch: the check's only)
+  import torch
+  if isinstance(x, torch.Tensor):
+    value = x.detach().float().numpy()
+    value = value / 255.0 if x.dtype == torch.uint8 else value
+    return np.moveaxis(value, 0, -1)
+  value = np.asarray(x)
+  if value.ndim == 3 and value.shape[0] in (1, 3) and value.shape[-1] not in (1, 3):
+    value = np.moveaxis(value, 0, -1)
+  return value.astype(np.float64) / 255.0
+
+
+def _through(transforms: list, image: np.ndarray) -> np.ndarray:
+  """`image` (uint8 HWC) through the script's transforms in order (PIL in, as its dataset
+  hands them), the output as float HWC; a tensor op after a PIL or numpy one takes the image
+  as a float tensor over 255 (timm's prefetcher's conversion)."""
+  # pylint: disable=import-outside-toplevel  # (torch, PIL: the check's only)
+  import torch
+  from PIL import Image
+  x = Image.fromarray(image)
+  for t in transforms:
+    if type(t).__name__ in ('Normalize', 'RandomErasing') and not (
+        isinstance(x, torch.Tensor) and x.is_floating_point()):
+      x = torch.from_numpy(np.moveaxis(_float_hwc(x), -1, 0).astype(np.float32).copy())
+    x = t(x)
+  return _float_hwc(x)
+
+
+def _images(paths: list[str], count: int) -> list[np.ndarray]:
+  """`count` of the script's training images, evenly through its list, RGB uint8."""
+  # pylint: disable-next=import-outside-toplevel  # (PIL: the check's only)
+  from PIL import Image
+  chosen = paths[::max(1, len(paths) // count)][:count]
+  return [np.asarray(Image.open(p).convert('RGB')) for p in chosen]
+
+
+def _erasing_test(step, transform, seed: int, spec) -> Test:
+  """Erasing alone on a white image, CROPS times a side: the share of the pixels it changed
+  (0 where it erased nothing): its rate and its boxes' sizes in one distribution. The
+  script's erases the normalized image (its transforms' order)."""
+  # pylint: disable=import-outside-toplevel  # (TensorFlow, torch: the check's only)
+  import tensorflow as tf
+  import torch
+  from flax_dp_trainer.data import stream
+  white = np.full((32, 32, len(spec.mean)), 255, np.uint8)
+  here = [float(np.mean(np.any(np.asarray(step(tf.constant(white), stream.pair_seed(
+      seed, step.stream, k))) != 255, axis=-1))) for k in range(CROPS)]
+  normalized = torch.from_numpy(((np.ones((len(spec.mean), 32, 32)) - np.asarray(
+      spec.mean)[:, None, None]) / np.asarray(spec.std)[:, None, None]).astype(np.float32))
+  there = [float((transform(normalized.clone()) != normalized).any(dim=0).float().mean())
+           for _ in range(CROPS)]
+  return ks('the share of the image erasing changes', here, there)
+
+
+def tests(script_train: list, plan, options, spec, seed: int, paths: list[str]) -> list[Test]:
+  """The draws' tests of this run's training `plan` (`plan_steps.train_plan`, decoded input)
+  against the script's training transforms `script_train` (`plan_stage`'s), on the script's
+  images `paths`: the crop's window where both crop, then the outputs."""
+  # pylint: disable=import-outside-toplevel  # (TensorFlow: the check's only)
+  import tensorflow as tf
+  from flax_dp_trainer.data import stream
+  out = []
+  ours = [s for s in plan.steps if s.name == 'random-resized crop']
+  theirs = [t for t in script_train if 'RandomResizedCrop' in type(t).__name__]
+  if ours and theirs:
+    crop = ours[0]
+    mine = lambda image, k: crop(tf.constant(image), stream.pair_seed(seed, crop.stream, k))
+    height, width = _images(paths, 1)[0].shape[:2]
+    out += crop_tests(lambda image, k: np.asarray(mine(image, k)),
+                      lambda image: _through([theirs[0]], image) * 255.0, height, width)
+  ours = [s for s in plan.steps if s.name == 'random erasing']
+  theirs = [t for t in script_train if type(t).__name__ == 'RandomErasing']
+  if ours and theirs:
+    out.append(_erasing_test(ours[0], theirs[0], seed, spec))
+  mean, std = np.asarray(spec.mean), np.asarray(spec.std)
+  images = _images(paths, IMAGES)
+  here, there, failed = [], [], []
+  for r in range(ROUNDS):
+    for i, image in enumerate(images):
+      drawn = plan(tf.constant(image), tf.constant(r * len(images) + i, tf.int64), seed)
+      here.append((np.asarray(drawn, np.float64) / 255.0 - mean) / std)
+      try:
+        there.append(_through(script_train, image))
+      except ValueError as e:  # The script's own failure (a policy op the libraries refuse).
+        failed.append(str(e))
+  if failed:
+    out.append(Test('the script\'s failures', 1.0, len(failed), 0.0, text=(
+        f'the script\'s transforms raised on {len(failed)} of {len(here)} draws (left out; '
+        f'the first: {failed[0]})')))
+  return out + output_tests(here, there)
