@@ -100,10 +100,10 @@ def stage(tests: list[Test]) -> tuple[stages_lib.Stage, list[str]]:
   lines = [t.line() for t in tests]
   low = min(tests, key=lambda t: t.p)
   if low.p >= P_BOUND:
-    return stages_lib.Stage(NAME, 0.0, stages_lib.EXACT,
+    return stages_lib.Stage(NAME, 0.0, P_BOUND,
                             note=f'{len(tests)} tests, p >= {low.p:.2g}'), lines
   return stages_lib.Stage(
-      NAME, math.inf, stages_lib.EXACT, low.what,
+      NAME, math.inf, P_BOUND, low.what,
       f'{low.what} is drawn from another distribution here (mean {low.mine:.4g}) than in the '
       f'script ({low.theirs:.4g}): p = {low.p:.2g} (bound {P_BOUND:g}); compare the plan\'s '
       'fields of that step with the script\'s flags (--show_config lists them)'), lines
@@ -170,9 +170,16 @@ def tests(script_train: list, plan, options, spec, seed: int, paths: list[str]) 
   """The draws' tests of this run's training `plan` (`plan_steps.train_plan`, decoded input)
   against the script's training transforms `script_train` (`plan_stage`'s), on the script's
   images `paths`: the crop's window where both crop, then the outputs."""
-  # pylint: disable=import-outside-toplevel  # (TensorFlow: the check's only)
+  # pylint: disable=import-outside-toplevel  # (TensorFlow, torch: the check's only)
+  import random
   import tensorflow as tf
+  import torch
   from flax_dp_trainer.data import stream
+  # The script's draws from torch's, Python's and numpy's generators, seeded as the data:
+  # the report reads the same run after run.
+  torch.manual_seed(seed)
+  random.seed(seed)
+  np.random.seed(seed)
   out = []
   ours = [s for s in plan.steps if s.name == 'random-resized crop']
   theirs = [t for t in script_train if 'RandomResizedCrop' in type(t).__name__]
