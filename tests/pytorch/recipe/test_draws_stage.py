@@ -21,23 +21,27 @@ from tests.pytorch.recipe import test_plan_stage
 del torch
 
 
-def test_the_window_of_a_crop_is_read_back_from_the_coordinates():
-  """A known window of the coordinate image, resized as a crop resizes it: its share of the
-  area and its aspect come back within a pixel's worth."""
-  height, width = 60, 80
-  image = Image.fromarray(draws_stage.coordinates(height, width))
-  for left, top, w, h in ((0, 0, 80, 60), (10, 5, 40, 30), (30, 20, 20, 36)):
-    crop = np.asarray(image.crop((left, top, left + w, top + h)).resize((24, 24),
-                                                                      Image.BILINEAR))
-    area, aspect = draws_stage.window(crop, height, width)
-    assert area == pytest.approx(w * h / (height * width), abs=0.03), (left, top, w, h)
-    assert aspect == pytest.approx(np.log(w / h), abs=0.06), (left, top, w, h)
+def test_the_scripts_crop_windows_are_its_transforms_own_draws():
+  """torchvision's v1 and v2 and timm's random-resized crops each draw their window by their
+  own method: inside the image, with the area and aspect their scale and ratio allow (or
+  the whole-side fallback)."""
+  # pylint: disable-next=import-outside-toplevel
+  from timm.data import transforms as timm_transforms
+  from torchvision.transforms import v2
+  image = Image.fromarray(np.zeros((80, 72, 3), np.uint8))
+  for transform in (torchvision.transforms.RandomResizedCrop(24, scale=(0.25, 0.5)),
+                    v2.RandomResizedCrop(24, scale=(0.25, 0.5)),
+                    timm_transforms.RandomResizedCropAndInterpolation(24, scale=(0.25, 0.5))):
+    windows = [draws_stage.script_window(transform, image) for _ in range(200)]
+    assert all(1 <= h <= 80 and 1 <= w <= 72 for h, w in windows), transform
+    shares = [h * w / (80 * 72) for h, w in windows]
+    assert 0.2 < min(shares) and max(shares) < 0.55, (transform, min(shares), max(shares))
 
 
 @pytest.mark.slow
 def test_the_draws_agree_for_the_translated_plan_and_part_for_a_changed_one(
     folder):  # pylint: disable=redefined-outer-name
-  """torchvision's v2 command's plan drawn 600 crops, 600 erasings and 480 outputs a side:
+  """torchvision's v2 command's plan: 600 crop windows, 600 erasings and 480 outputs a side:
   every test above the bound; the crop's scale or erasing's probability changed here alone
   parts at its own test."""
   argv = test_plan_stage.TV2 + ['--data-path', folder]

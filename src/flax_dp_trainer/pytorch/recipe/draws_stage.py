@@ -1,8 +1,9 @@
 """The recipe check's stage of the draws, before the batch: both training plans run on the same
 images many times, and what they draw compared as distributions, each by a two-sample test
-with its p-value. The crop: on an image whose pixels encode their own coordinates (red the
-column, green the row), the window each crop took, read back from the ramps of its output: its
-share of the image's area and its aspect (log), Kolmogorov-Smirnov. The output: each channel's
+with its p-value. The crop: the windows each side draws on the script's first image (ours by
+the crop step's own draw, the script's by its transform's), their share of the image's area
+and their aspect (log), Kolmogorov-Smirnov. Erasing alone on a white image: the share of the
+image it changes (its rate and its boxes' sizes at once). The output: each channel's
 mean and standard deviation of the normalized image, over the script's first training images
 drawn again and again (the flip, the policy, colour jitter and erasing show there),
 Kolmogorov-Smirnov. A same plan draws alike: a test parts below P_BOUND (one in 10,000 of
@@ -10,7 +11,6 @@ false parts per test where the distributions are equal), named with what it meas
 
 import dataclasses
 import math
-from typing import Callable
 
 import numpy as np
 
@@ -39,31 +39,14 @@ class Test:
             f'p = {self.p:.2g}  {verdict}')
 
 
-def coordinates(height: int, width: int) -> np.ndarray:
-  """uint8 (height, width, 3): red the column, green the row, each over 0..255."""
-  x = np.round(np.arange(width) * 255.0 / max(width - 1, 1))
-  y = np.round(np.arange(height) * 255.0 / max(height - 1, 1))
-  image = np.zeros((height, width, 3), np.uint8)
-  image[..., 0] = x[None, :]
-  image[..., 1] = y[:, None]
-  image[..., 2] = 128
-  return image
-
-
-def window(out: np.ndarray, height: int, width: int) -> tuple[float, float]:
-  """(area share, log aspect) of the window a crop of `coordinates(height, width)` took,
-  from its output (H, W, 3 in 0..255): the slope of red along the columns and of green along
-  the rows, between the third pixel from each edge (a resize's filter keeps a linear ramp
-  away from the edges, whatever its kind; a flip only turns the slope's sign)."""
-  out = np.asarray(out, np.float64)
-  k = 2
-
-  def side(profile: np.ndarray, n: int) -> float:  # The window's side, in source pixels.
-    count = len(profile)
-    return abs(profile[-1 - k] - profile[k]) / (count - 1 - 2 * k) * count * (n - 1) / 255.0
-
-  across, down = side(out[..., 0].mean(axis=0), width), side(out[..., 1].mean(axis=1), height)
-  return across * down / (width * height), math.log(max(across, 1e-9) / max(down, 1e-9))
+def script_window(transform, image) -> tuple[int, int]:
+  """(height, width) of one window the script's crop `transform` draws on the PIL `image`, by
+  the transform's own draw (v2's `make_params`, v1's and timm's `get_params`)."""
+  if hasattr(transform, 'make_params'):
+    drawn = transform.make_params([image])
+    return int(drawn['height']), int(drawn['width'])
+  _, _, height, width = type(transform).get_params(image, transform.scale, transform.ratio)
+  return int(height), int(width)
 
 
 def ks(what: str, mine, theirs) -> Test:
@@ -75,14 +58,14 @@ def ks(what: str, mine, theirs) -> Test:
               float(theirs.mean()))
 
 
-def crop_tests(mine: Callable, theirs: Callable, height: int, width: int) -> list[Test]:
-  """The crop's window on each side: `mine(image, k)` and `theirs(image)` crop the uint8
-  coordinate image (draw k of ours), CROPS times each."""
-  image = coordinates(height, width)
-  here = [window(mine(image, k), height, width) for k in range(CROPS)]
-  there = [window(theirs(image), height, width) for _ in range(CROPS)]
-  return [ks('the crop\'s share of the area', [a for a, _ in here], [a for a, _ in there]),
-          ks('the crop\'s aspect (log)', [r for _, r in here], [r for _, r in there])]
+def crop_tests(mine: list[tuple[int, int]], theirs: list[tuple[int, int]], height: int,
+               width: int) -> list[Test]:
+  """The crop's windows (height, width) on each side, of an image of height x width: their
+  share of its area and their aspect (log)."""
+  share = lambda windows: [h * w / (height * width) for h, w in windows]
+  aspect = lambda windows: [math.log(w / h) for h, w in windows]
+  return [ks('the crop\'s share of the area', share(mine), share(theirs)),
+          ks('the crop\'s aspect (log)', aspect(mine), aspect(theirs))]
 
 
 def output_tests(mine: list[np.ndarray], theirs: list[np.ndarray]) -> list[Test]:
@@ -184,11 +167,16 @@ def tests(script_train: list, plan, options, spec, seed: int, paths: list[str]) 
   ours = [s for s in plan.steps if s.name == 'random-resized crop']
   theirs = [t for t in script_train if 'RandomResizedCrop' in type(t).__name__]
   if ours and theirs:
-    crop = ours[0]
-    mine = lambda image, k: crop(tf.constant(image), stream.pair_seed(seed, crop.stream, k))
-    height, width = _images(paths, 1)[0].shape[:2]
-    out += crop_tests(lambda image, k: np.asarray(mine(image, k)),
-                      lambda image: _through([theirs[0]], image) * 255.0, height, width)
+    # pylint: disable-next=import-outside-toplevel  # (PIL: the check's only)
+    from PIL import Image
+    crop, image = ours[0], _images(paths, 1)[0]
+    height, width = image.shape[:2]
+    mine = [tuple(int(v) for v in np.asarray(crop.window(
+        tf.constant(image.shape), stream.pair_seed(seed, crop.stream, k))[1])[:2])
+            for k in range(CROPS)]
+    picture = Image.fromarray(image)
+    out += crop_tests(mine, [script_window(theirs[0], picture) for _ in range(CROPS)],
+                      height, width)
   ours = [s for s in plan.steps if s.name == 'random erasing']
   theirs = [t for t in script_train if type(t).__name__ == 'RandomErasing']
   if ours and theirs:
