@@ -9,7 +9,7 @@ import torchvision
 from PIL import Image
 
 from flax_dp_trainer.data import run_datasets
-from flax_dp_trainer.data.image import plan_steps
+from flax_dp_trainer.data.image import plan_draws
 from flax_dp_trainer.edge import reading
 from flax_dp_trainer.pytorch.recipe import draws_stage
 from flax_dp_trainer.pytorch.recipe import from_torchvision
@@ -56,8 +56,8 @@ def test_the_draws_agree_for_the_translated_plan_and_part_for_a_changed_one(
     config.lock()
     options = reading.data_options(config)
     spec = run_datasets.for_options(options)
-    plan = plan_steps.train_plan(options, spec, encoded=False)
-    return draws_stage.stage(draws_stage.tests(train, plan, options, spec, 0, paths))
+    draws = plan_draws.PlanDraws(options, spec, 0)
+    return draws_stage.stage(draws_stage.tests(train, draws, spec, 0, paths))
 
   found, lines = stage({})
   assert not found.parts and len(lines) == 9, lines

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from flax_dp_trainer.data import stream
-from flax_dp_trainer.data.image import plan_steps
+from flax_dp_trainer.data.image import plan_draws
 from flax_dp_trainer.pytorch.recipe import draws_stage
 from flax_dp_trainer.pytorch.recipe import epoch_stage
 from flax_dp_trainer.pytorch.recipe import jax_side as jax_side_lib
@@ -220,10 +220,10 @@ def run(script: str, args, config, workdir: str, nproc: int, num_steps: int,
   theirs_batches = epoch_stage.script_batches(script, args, side.examples, nproc,
                                               side.iterations, num_steps)
   held, lines = epoch_stage.stage(mine_batches, theirs_batches, side.iterations)
+  spec = jax_side.run.data.spec
   drawn_alike, draws = draws_stage.stage(draws_stage.tests(
       plan_stage.script_plan(script, args, side.model)[0],
-      plan_steps.train_plan(data, jax_side.run.data.spec, encoded=False), data,
-      jax_side.run.data.spec, data.seed, side.paths))
+      plan_draws.PlanDraws(data, spec, data.seed), spec, data.seed, side.paths))
   planned = planned[:2] + [drawn_alike, held]
   plans = plans + draws + lines
   jax_side.pair(side.model)

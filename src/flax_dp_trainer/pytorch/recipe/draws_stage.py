@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from flax_dp_trainer.data.image import plan_draws
 from flax_dp_trainer.pytorch.recipe import stages as stages_lib
 
 NAME = 'the draws'
@@ -131,62 +132,51 @@ def _images(paths: list[str], count: int) -> list[np.ndarray]:
   return [np.asarray(Image.open(p).convert('RGB')) for p in chosen]
 
 
-def _erasing_test(step, transform, seed: int, spec) -> Test:
+def _erasing_test(draws, transform, spec) -> Test:
   """Erasing alone on a white image, CROPS times a side: the share of the pixels it changed
   (0 where it erased nothing): its rate and its boxes' sizes in one distribution. The
   script's erases the normalized image (its transforms' order)."""
-  # pylint: disable=import-outside-toplevel  # (TensorFlow, torch: the check's only)
-  import tensorflow as tf
+  # pylint: disable-next=import-outside-toplevel  # (torch: the check's only)
   import torch
-  from flax_dp_trainer.data import stream
-  white = np.full((32, 32, len(spec.mean)), 255, np.uint8)
-  here = [float(np.mean(np.any(np.asarray(step(tf.constant(white), stream.pair_seed(
-      seed, step.stream, k))) != 255, axis=-1))) for k in range(CROPS)]
-  normalized = torch.from_numpy(((np.ones((len(spec.mean), 32, 32)) - np.asarray(
+  side, channels = 32, len(spec.mean)
+  normalized = torch.from_numpy(((np.ones((channels, side, side)) - np.asarray(
       spec.mean)[:, None, None]) / np.asarray(spec.std)[:, None, None]).astype(np.float32))
   there = [float((transform(normalized.clone()) != normalized).any(dim=0).float().mean())
            for _ in range(CROPS)]
-  return ks('the share of the image erasing changes', here, there)
+  return ks('the share of the image erasing changes', draws.erased(side, channels, CROPS),
+            there)
 
 
-def tests(script_train: list, plan, options, spec, seed: int, paths: list[str]) -> list[Test]:
-  """The draws' tests of this run's training `plan` (`plan_steps.train_plan`, decoded input)
+def tests(script_train: list, draws, spec, seed: int, paths: list[str]) -> list[Test]:
+  """The draws' tests of this run's training plan (`draws`: a `plan_draws.PlanDraws`)
   against the script's training transforms `script_train` (`plan_stage`'s), on the script's
-  images `paths`: the crop's window where both crop, then the outputs."""
-  # pylint: disable=import-outside-toplevel  # (TensorFlow, torch: the check's only)
+  images `paths`: the crop's windows and erasing where both have them, then the outputs."""
+  # pylint: disable=import-outside-toplevel  # (torch, PIL: the check's only)
   import random
-  import tensorflow as tf
   import torch
-  from flax_dp_trainer.data import stream
+  from PIL import Image
   # The script's draws from torch's, Python's and numpy's generators, seeded as the data:
   # the report reads the same run after run.
   torch.manual_seed(seed)
   random.seed(seed)
   np.random.seed(seed)
   out = []
-  ours = [s for s in plan.steps if s.name == 'random-resized crop']
   theirs = [t for t in script_train if 'RandomResizedCrop' in type(t).__name__]
-  if ours and theirs:
-    # pylint: disable-next=import-outside-toplevel  # (PIL: the check's only)
-    from PIL import Image
-    crop, image = ours[0], _images(paths, 1)[0]
-    height, width = image.shape[:2]
-    mine = [tuple(int(v) for v in np.asarray(crop.window(
-        tf.constant(image.shape), stream.pair_seed(seed, crop.stream, k))[1])[:2])
-            for k in range(CROPS)]
+  if draws.step(plan_draws.CROP) is not None and theirs:
+    image = _images(paths, 1)[0]
     picture = Image.fromarray(image)
-    out += crop_tests(mine, [script_window(theirs[0], picture) for _ in range(CROPS)],
-                      height, width)
-  ours = [s for s in plan.steps if s.name == 'random erasing']
+    out += crop_tests(draws.windows(image.shape, CROPS),
+                      [script_window(theirs[0], picture) for _ in range(CROPS)],
+                      *image.shape[:2])
   theirs = [t for t in script_train if type(t).__name__ == 'RandomErasing']
-  if ours and theirs:
-    out.append(_erasing_test(ours[0], theirs[0], seed, spec))
+  if draws.step(plan_draws.ERASING) is not None and theirs:
+    out.append(_erasing_test(draws, theirs[0], spec))
   mean, std = np.asarray(spec.mean), np.asarray(spec.std)
   images = _images(paths, IMAGES)
   here, there, failed = [], [], []
   for r in range(ROUNDS):
     for i, image in enumerate(images):
-      drawn = plan(tf.constant(image), tf.constant(r * len(images) + i, tf.int64), seed)
+      drawn = draws.output(image, r * len(images) + i)
       here.append((np.asarray(drawn, np.float64) / 255.0 - mean) / std)
       try:
         there.append(_through(script_train, image))
