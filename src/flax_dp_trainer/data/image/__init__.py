@@ -24,4 +24,6 @@
                       (`config.restart_skip`)
     crop_quality      what the crops look like against a Lanczos reference (PSNR, SSIM; the
                       quality figure of `bench.quality`)
+    plan_draws        the training plan drawn outside the pipeline, as numpy (the crop's
+                      windows, erasing's changes, outputs): the recipe check's draws
 """
