@@ -145,17 +145,22 @@ def _as_read(spec, evaluation: bool):
   return spec
 
 
+def _texts(options: DataOptions, spec, library: str, evaluation: bool):
+  """(step record's name, the `library`'s expressions for it or None), the plan's steps in
+  order (`evaluation`: those of the evaluation plan)."""
+  for record in plan_steps.held(options, spec):
+    if not evaluation or record.evaluation:
+      yield record.name, getattr(of(record.name), library + '_eval' * evaluation)(
+          options, _as_read(spec, evaluation))
+
+
 def plan(options: DataOptions, spec, library: str, evaluation: bool = False) -> str:
   """The `library`'s ('torchvision' or 'timm') transforms for the plan of `spec` under
   `options` (`evaluation`: the evaluation plan's), in order; a step it has none for is named
   so."""
   parts = []
-  for record in plan_steps.held(options, spec):
-    if evaluation and not record.evaluation:
-      continue
-    texts = getattr(of(record.name), library + '_eval' * evaluation)(
-        options, _as_read(spec, evaluation))
-    parts.extend(texts if texts is not None else [f'(none for the {record.name})'])
+  for name, texts in _texts(options, spec, library, evaluation):
+    parts.extend(texts if texts is not None else [f'(none for the {name})'])
   return ' -> '.join(parts) or 'none'
 
 
@@ -207,12 +212,10 @@ def built(options: DataOptions, spec, library: str, evaluation: bool = False,
   `namespace()`'s, or another binding of it."""
   names = names or namespace()
   out = []
-  for record in plan_steps.held(options, spec):
-    if evaluation and not record.evaluation:
-      continue
-    texts = getattr(of(record.name), library + '_eval' * evaluation)(
-        options, _as_read(spec, evaluation))
-    out.extend((record.name, eval(text, dict(names)))  # pylint: disable=eval-used
-               for text in texts) if texts is not None else out.append((record.name, None))
+  for name, texts in _texts(options, spec, library, evaluation):
+    if texts is None:
+      out.append((name, None))
+    else:
+      out.extend((name, eval(text, dict(names))) for text in texts)  # pylint: disable=eval-used
   return out
 

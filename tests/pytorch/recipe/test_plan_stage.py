@@ -57,7 +57,8 @@ def _stages(script, argv, changes=None):
   config.update(changes or {})
   config.lock()
   options = reading.data_options(config)
-  return plan_stage.stages(options, run_datasets.for_options(options), script, args, model)
+  return plan_stage.stages(options, run_datasets.for_options(options), script, args,
+                           plan_stage.script_plan(script, args, model))
 
 
 def test_torchvisions_presets_are_the_translated_plan_and_each_change_parts(folder):
@@ -122,12 +123,14 @@ def test_an_op_twice_missing_or_moved_is_named():
   theirs = [op('RandomResizedCrop'), op('RandAugment'), op('Normalize')]
   twice = [op('RandomResizedCrop'), op('RandAugment', 'policy'), op('RandAugment'),
            op('Normalize')]
-  assert plan_stage.difference(twice, theirs, 'torchvision') == (
+  assert plan_stage.differences(twice, theirs, 'torchvision')[0] == (
       'RandAugment', 'RandAugment: twice here (the policy), once in the script')
-  assert plan_stage.difference(theirs[:1] + theirs[2:], theirs, 'torchvision')[1] == (
+  assert plan_stage.differences(theirs[:1] + theirs[2:], theirs, 'torchvision')[0][1] == (
       'RandAugment: not here, once in the script')
   swapped = [theirs[1], theirs[0], theirs[2]]
-  assert plan_stage.difference(swapped, theirs, 'torchvision')[0] == 'order'
+  assert plan_stage.differences(swapped, theirs, 'torchvision') == [
+      ('order', 'the ops run in another order: RandAugment -> RandomResizedCrop -> Normalize '
+       'here, RandomResizedCrop -> RandAugment -> Normalize in the script')]
 
 
 def test_a_plan_the_installed_timm_cannot_build_is_one_line(folder):

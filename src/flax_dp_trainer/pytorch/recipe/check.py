@@ -97,10 +97,10 @@ class Report:
     """Each stage's largest difference over the steps (its place and step), or the first
     step it parts at; an audited stage with the most steps a tensor has been over on."""
     out = {}
+    rank = lambda s: (s.parts, s.difference / s.bound)  # The first stage that parts.
     for row in self.steps:
       for stage in row['stages']:
         kept = out.get(stage.name)
-        rank = lambda s: (s.parts, s.difference / s.bound)  # The first stage that parts.
         if kept is None or (not kept.parts and rank(stage) > rank(kept)):
           where = f'{stage.where}, step {row["step"]}' if stage.where else f'step {row["step"]}'
           out[stage.name] = dataclasses.replace(
@@ -212,20 +212,20 @@ def run(script: str, args, config, workdir: str, nproc: int, num_steps: int,
   the same weights; the report."""
   jax_side = jax_side_lib.JaxSide(numeric(config), workdir)
   side = _script_side(script, args, nproc)
-  data = jax_side.run.options.data
-  planned, plans = plan_stage.stages(data, jax_side.run.data.spec, script, args, side.model)
+  # Before the batch: the plan op by op, its draws, the epoch's examples.
+  data, spec = jax_side.run.options.data, jax_side.run.data.spec
+  transforms = plan_stage.script_plan(script, args, side.model)
+  planned, plans = plan_stage.stages(data, spec, script, args, transforms)
+  drawn_alike, draws = draws_stage.stage(draws_stage.tests(
+      transforms[0], plan_draws.PlanDraws(data, spec, data.seed), spec, data.seed,
+      side.paths))
   mine_batches = epoch_stage.our_batches(
       stream.EpochOrders(data.seed, jax_side.run.data.num_examples, data.aug_repeats,
                          data.versions.order), data.batch_size, num_steps)
   theirs_batches = epoch_stage.script_batches(script, args, side.examples, nproc,
                                               side.iterations, num_steps)
   held, lines = epoch_stage.stage(mine_batches, theirs_batches, side.iterations)
-  spec = jax_side.run.data.spec
-  drawn_alike, draws = draws_stage.stage(draws_stage.tests(
-      plan_stage.script_plan(script, args, side.model)[0],
-      plan_draws.PlanDraws(data, spec, data.seed), spec, data.seed, side.paths))
-  planned = planned[:2] + [drawn_alike, held]
-  plans = plans + draws + lines
+  planned, plans = planned + [drawn_alike, held], plans + draws + lines
   jax_side.pair(side.model)
   start = jax_side.variables(jax_side.state)
   side.load(start)

@@ -69,20 +69,18 @@ class Op:
 
 
 def _plain(value: Any) -> Any:
-  """A transform's attribute as a comparable value (None where it is not a parameter)."""
+  """A transform's attribute as a comparable value: an enum (a sampling mode) by its name,
+  a transform it holds (timm's ops) as its parameters, anything else by its class."""
   if isinstance(value, enum.Enum):
-    return value.name if hasattr(value, 'name') else str(value)
+    return value.name
   if isinstance(value, (bool, int, float, str)) or value is None:
     return value
   if isinstance(value, (tuple, list)):
-    items = [_plain(v) for v in value]
-    return tuple(items)
+    return tuple(_plain(v) for v in value)
   if isinstance(value, dict):
     return {k: _plain(v) for k, v in sorted(value.items()) if not _code(v)}
   if hasattr(value, '__dict__') and not _code(value):  # A transform inside (timm's ops).
     return {'class': type(value).__name__, **op_of(value).parameters}
-  if type(value).__name__ in ('Resampling', 'InterpolationMode'):
-    return str(value)
   return f'<{type(value).__name__}>'
 
 
@@ -323,12 +321,6 @@ def differences(mine: list[Op], theirs: list[Op], script: str) -> list[tuple[str
   return out
 
 
-def difference(mine: list[Op], theirs: list[Op], script: str) -> Optional[tuple[str, str]]:
-  """The first of `differences`, None where the plans agree."""
-  found = differences(mine, theirs, script)
-  return found[0] if found else None
-
-
 def _listed(name: str, ours: list[Op], theirs: list[Op], found: list) -> list[str]:
   """A plan's lines: each op here with its step, then the script's where they differ, then
   each difference."""
@@ -345,11 +337,12 @@ def script_plan(script: str, args, model=None) -> tuple[list, list]:
   return timm_plan(args, model) if script == 'timm' else torchvision_plan(args)
 
 
-def stages(options, spec, script: str, args, model=None
+def stages(options, spec, script: str, args, transforms: tuple[list, list]
            ) -> tuple[list[stages_lib.Stage], list[str]]:
   """The plan stages, training then evaluation, each 'same' or parting at its first
-  difference; and the lines that show both plans, with what differs by design."""
-  train, evaluation = script_plan(script, args, model)
+  difference, against the script's (train, eval) `transforms` (`script_plan`'s); and the
+  lines that show both plans, with what differs by design."""
+  train, evaluation = transforms
   use_v2 = script == 'timm' or args.use_v2
   mine = our_plan(options, spec, script, use_v2)
   out, lines = [], []

@@ -154,12 +154,11 @@ def with_repeats(steps: list[list[Stage]]) -> list[list[Stage]]:
           counts[stage.name, key] = counts.get((stage.name, key), 0) + 1
         key = max(stage.over, key=lambda k, n=stage.name: counts[n, k])
         repeated = counts[stage.name, key]
+        parted = {}
         if repeated >= REPEATS and stage.difference != float('inf'):
-          stage = dataclasses.replace(
-              stage, where=key,
-              cause=f'{stage.cause_of(key)} (over {ROUNDING_RATIO:g}x the rounding on '
-              f'{repeated} steps)')
-        stage = dataclasses.replace(stage, repeated=repeated)
+          parted = dict(where=key, cause=f'{stage.cause_of(key)} (over {ROUNDING_RATIO:g}x '
+                        f'the rounding on {repeated} steps)')
+        stage = dataclasses.replace(stage, repeated=repeated, **parted)
       row.append(stage)
     out.append(row)
   return out
