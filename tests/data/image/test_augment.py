@@ -16,6 +16,7 @@ from torchvision.transforms.v2 import functional as TVF
 import tensorflow as tf  # pylint: disable=wrong-import-order
 
 from flax_dp_trainer.data.image import augment
+from flax_dp_trainer.data.image import policies
 from tests.data.image import images
 
 OPS = augment.RANDAUGMENT_OPS
@@ -265,3 +266,30 @@ def test_randaugment_draws_every_op_and_both_signs_uniformly():
   assert ops.min() >= 5 and ops.max() <= 45, ops  # Binomial(280, 1/14): mean 20, sd 4.3.
   signs = [next(iter(d))[1] for d in draws if next(iter(d))[1] is not None]
   assert 0.35 <= np.mean(signs) <= 0.65, np.mean(signs)
+
+
+def test_randaugment_with_the_scripts_sampling_and_fill_is_torchvisions():
+  """presets.py hands RandAugment its --interpolation: with bilinear and a fill, each layer
+  as torchvision v2's RandAugment applies the ops drawn (`randaugment_events`: its own op
+  call), within bilinear's one level on the pixels whose value lands on a half level (up to
+  8% of them an op, test_ops.py; two ops here)."""
+  image = images.uint8_image(31, 45, 3, seed=5)
+  fill = (200.0, 40.0, 90.0)
+  settings = policies.Settings('bilinear', fill)
+  torch_ra = torchvision.transforms.v2.RandAugment(interpolation=InterpolationMode.BILINEAR,
+                                                   fill=[int(v) for v in fill])
+  geometric = 0
+  for k in range(12):
+    seed = tf.constant([9, k], tf.int64)
+    got = augment.randaugment(tf.constant(image), seed, 2, 20, settings).numpy().astype(int)
+    want = torch.from_numpy(image).permute(2, 0, 1).contiguous()
+    for name, value in augment.randaugment_events(seed, 2, 20, 31, 45):
+      # pylint: disable-next=protected-access
+      want = torch_ra._apply_image_or_video_transform(
+          want, name, value, interpolation=InterpolationMode.BILINEAR,
+          fill={torchvision.tv_tensors.Image: list(fill), torch.Tensor: list(fill)})
+      geometric += name in GEOMETRIC
+    want = want.permute(1, 2, 0).numpy().astype(int)
+    assert np.abs(got - want).max() <= 1, k
+    assert (got != want).any(axis=-1).mean() <= 0.16, k
+  assert geometric >= 4  # The draws reach the sampled ops.

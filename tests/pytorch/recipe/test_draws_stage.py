@@ -41,9 +41,9 @@ def test_the_scripts_crop_windows_are_its_transforms_own_draws():
 @pytest.mark.slow
 def test_the_draws_agree_for_the_translated_plan_and_part_for_a_changed_one(
     folder):  # pylint: disable=redefined-outer-name
-  """torchvision's v2 command's plan: 600 crop windows, 600 erasings and 480 outputs a side:
-  every test above the bound; the crop's scale or erasing's probability changed here alone
-  parts at its own test."""
+  """torchvision's v2 command's plan: 600 crop windows, 600 erasings, 2,000 policy draws and
+  480 outputs a side: every test above the bound; the crop's scale, erasing's probability or
+  the policy changed here alone parts at its own test."""
   argv = test_plan_stage.TV2 + ['--data-path', folder]
   args = torchvision_args.parse(argv)
   train = plan_stage.script_plan('torchvision', args)[0]
@@ -60,9 +60,11 @@ def test_the_draws_agree_for_the_translated_plan_and_part_for_a_changed_one(
     return draws_stage.stage(draws_stage.tests(train, draws, spec, 0, paths))
 
   found, lines = stage({})
-  assert not found.parts and len(lines) == 9, lines
+  assert not found.parts and len(lines) == 12, lines
   for changes, where in (({'crop_scale': '0.25,1.0'}, "the crop's share of the area"),
-                         ({'random_erase_prob': 0.5}, 'the share of the image erasing changes')):
+                         ({'random_erase_prob': 0.5}, 'the share of the image erasing changes'),
+                         ({'auto_augment': 'randaugment'},
+                          'the number of ops the policy applies to an image')):
     found, lines = stage(changes)
     assert found.parts and found.where == where, lines
     assert found.cause.startswith(f'{where} is drawn from another distribution here'), found

@@ -261,6 +261,8 @@ def test_flags_that_start_the_script_elsewhere_are_refused(flag):
     (['--interpolation', 'nearest', '--auto-augment', 'ra', '--ra-magnitude', '12'],
      dict(auto_augment='ra', randaugment_num_layers=2, randaugment_magnitude=12,
           auto_augment_interpolation='nearest')),
+    (['--auto-augment', 'ra'], dict(auto_augment='ra', auto_augment_interpolation='bilinear',
+                                    auto_augment_fill='zeros')),
 ])
 def test_the_scripts_choices(argv, expected):
   t = from_torchvision.translate(argv, nproc_per_node=1)
@@ -271,7 +273,6 @@ def test_the_scripts_choices(argv, expected):
 
 
 @pytest.mark.parametrize('argv, refused', [
-    (['--auto-augment', 'ra'], '(default) --interpolation bilinear'),  # Nearest only here.
     (['--auto-augment', 'ta_wide', '--interpolation', 'bicubic'], '--interpolation bicubic'),
     (['--interpolation', 'lanczos'], '--interpolation lanczos'),
     (['--ra-sampler', '--batch-size', '10'], '(default) --ra-reps 3'),
@@ -318,7 +319,7 @@ def test_randaugment_translates_into_one_randaugment():
   checks.check_fields(config, process_count=1, local_device_count=1)
   line = pipeline.open_train_data(run_options.data_options(config)).describe(1)[1]
   assert line.count('RandAugment') == 1, line
-  assert 'flip -> RandAugment (2 ops, magnitude 9), nearest, zeros; ' in line
+  assert 'flip -> RandAugment (2 ops, magnitude 9), bilinear, zeros; ' in line
 
 
 def test_weights_by_name_are_refused_with_the_command_that_saves_them():

@@ -26,8 +26,9 @@ The ops, their order and their magnitude table are torchvision's `RandAugment` (
     Equalize      -                                  no       histogram equalization per channel
 
 A negative sign negates the magnitude (factor 1 - m, shear -m, ...). The ops are their
-records' (`op_records`: torchvision.transforms.v2's arithmetic): nearest-neighbour sampling,
-fill 0, torchvision's pixel-centre conventions (`F.affine(..., center=[0, 0])` for shear, the
+records' (`op_records`: torchvision.transforms.v2's arithmetic): nearest-neighbour sampling
+and fill 0 unless the settings say otherwise (bilinear, a fill: the reference script hands
+its --interpolation to the policy), torchvision's pixel-centre conventions (`F.affine(..., center=[0, 0])` for shear, the
 image centre otherwise); uint8 images follow torchvision's uint8 tensor arithmetic, float32
 images the same math without the truncation, clipped to [0, 255]. Color on a grayscale image
 is the identity.
@@ -117,12 +118,14 @@ def _value(name: str, magnitude: int, negate, width, height):
   return tf.where(negate, -m, m)
 
 
-def apply_op(image: tf.Tensor, op, magnitude: int, negate=False) -> tf.Tensor:
+def apply_op(image: tf.Tensor, op, magnitude: int, negate=False,
+             settings: policies.Settings = policies.Settings()) -> tf.Tensor:
   """Applies RandAugment op `op` (an index into RANDAUGMENT_OPS: a Python int or an integer
   scalar tensor) at bin `magnitude` (a Python int in [0, 30]) to `image`, [H, W, C] with
   C = 1 or 3 (static), uint8 or float32 holding 0..255 (`op_records.apply`). `negate` (a bool
   or a boolean scalar tensor) negates the magnitude of the signed ops and is ignored by the
-  others. Returns an image of the same dtype and shape; float32 results are clipped to
+  others; `settings` the geometric ops' sampling and fill (torchvision's defaults: nearest,
+  zeros). Returns an image of the same dtype and shape; float32 results are clipped to
   [0, 255]."""
   magnitude = _check_magnitude(magnitude)
   image = ops.check_image(image)
@@ -134,7 +137,8 @@ def apply_op(image: tf.Tensor, op, magnitude: int, negate=False) -> tf.Tensor:
 
   def branch(name):
     return lambda: op_records.on_floats(
-        x, name, _value(name, magnitude, negate, shape[1], shape[0]), quantize)
+        x, name, _value(name, magnitude, negate, shape[1], shape[0]), quantize,
+        settings.interpolation, settings.fill)
 
   branches = [branch(name) for name in RANDAUGMENT_OPS]
   if isinstance(op, (int, np.integer)) and not isinstance(op, bool):
@@ -153,22 +157,47 @@ def apply_op(image: tf.Tensor, op, magnitude: int, negate=False) -> tf.Tensor:
   return tf.ensure_shape(out, image.shape)
 
 
-def randaugment(image: tf.Tensor, seed: Seed, num_layers: int, magnitude: int) -> tf.Tensor:
+def randaugment_draw(seed: Seed, num_layers: int) -> list[tuple[tf.Tensor, tf.Tensor]]:
+  """RandAugment's draws from `seed` (shape [2]): per layer, (the op's index in
+  RANDAUGMENT_OPS, whether a signed op's magnitude is negated)."""
+  draws = []
+  for layer_seed in policies.split_seed(seed, num_layers):
+    op_seed, sign_seed = policies.split_seed(layer_seed, 2)
+    op = tf.random.stateless_uniform([], op_seed, minval=0, maxval=len(RANDAUGMENT_OPS),
+                                     dtype=tf.int32)
+    draws.append((op, tf.random.stateless_uniform([], sign_seed) < 0.5))
+  return draws
+
+
+def randaugment(image: tf.Tensor, seed: Seed, num_layers: int, magnitude: int,
+                settings: policies.Settings = policies.Settings()) -> tf.Tensor:
   """RandAugment: `num_layers` ops applied in turn, each drawn uniformly from the 14 of
   RANDAUGMENT_OPS at bin `magnitude`, with the sign of a signed op's magnitude flipped with
   probability 0.5. Every draw is stateless from `seed` (shape [2], int32 or int64): the same
-  image and seed give the same output. `image` as for `apply_op`."""
+  image and seed give the same output. `image` and `settings` as for `apply_op`."""
   magnitude = _check_magnitude(magnitude)
   if num_layers < 0:
     raise ValueError(f'num_layers must be >= 0, got {num_layers}')
   image = tf.convert_to_tensor(image)
   if num_layers == 0:
     return image
-  layer_seeds = policies.split_seed(seed, num_layers)
-  for layer in range(num_layers):
-    op_seed, sign_seed = policies.split_seed(layer_seeds[layer], 2)
-    op = tf.random.stateless_uniform([], op_seed, minval=0, maxval=len(RANDAUGMENT_OPS),
-                                     dtype=tf.int32)
-    negate = tf.random.stateless_uniform([], sign_seed) < 0.5
-    image = apply_op(image, op, magnitude, negate)
+  for op, negate in randaugment_draw(seed, num_layers):
+    image = apply_op(image, op, magnitude, negate, settings)
   return image
+
+
+def randaugment_events(seed: Seed, num_layers: int, magnitude: int, height: int, width: int
+                       ) -> list[tuple[str, float]]:
+  """The ops `randaugment` applies to a `height` x `width` image from `seed`, each with the
+  magnitude torchvision's op receives (a translation before its int())."""
+  events = []
+  for op, negate in randaugment_draw(seed, max(num_layers, 0)):
+    name = RANDAUGMENT_OPS[int(op)]
+    if name in ('TranslateX', 'TranslateY'):
+      value = float(policies.translate_pixels(
+          magnitude, width if name == 'TranslateX' else height, NUM_MAGNITUDE_BINS))
+      value = -value if bool(negate) else value
+    else:
+      value = float(_value(name, magnitude, bool(negate), width, height))
+    events.append((name, value))
+  return events

@@ -206,3 +206,22 @@ def augmix(image, seed, severity: int = 3, width: int = 3, depth: int = -1,
   # The weights sum to 1 but for float32 rounding: clip before the cast (a truncation).
   out = tf.cast(tf.clip_by_value(mix, 0.0, 255.0), image.dtype)
   return tf.ensure_shape(out, image.shape)
+
+
+def augmix_events(seed, height: int, width: int, severity: int = 3, chains: int = 3,
+                  depth: int = -1, alpha: float = 1.0, all_ops: bool = True
+                  ) -> list[tuple[str, float]]:
+  """The ops `augmix` applies from `seed` to a `height` x `width` image, chain by chain, with
+  the magnitude torchvision's op receives (a translation before its int(); 0.0 for an op
+  without one)."""
+  draws = augmix_draw(seed, severity, chains, depth, alpha, all_ops)
+  space = OPS if all_ops else PARTIAL_OPS
+  ops, bins, negate = (np.asarray(t) for t in (draws.ops, draws.bins, draws.negate))
+  events = []
+  for i, chain_depth in enumerate(np.asarray(draws.depths)):
+    for j in range(int(chain_depth)):
+      name = space[ops[i, j]]
+      table = magnitude_table(name, height, width)
+      value = 0.0 if table is None else float(table[bins[i, j]])
+      events.append((name, -value if SPACE[name][1] and negate[i, j] else value))
+  return events

@@ -1,5 +1,5 @@
 """This run's training plan drawn outside the pipeline, as numpy: the windows its crop step
-draws, the pixels its erasing step changes, its outputs of given images; each draw k from the
+draws, the pixels its erasing step changes, the ops its policy applies, its outputs of given images; each draw k from the
 stream's seed of position k, as the pipeline draws the example at that position. What the
 recipe check's draws stage compares with the script's transforms."""
 
@@ -11,6 +11,7 @@ from flax_dp_trainer.data.image import plan_steps
 
 CROP = 'random-resized crop'
 ERASING = 'random erasing'
+POLICY = 'auto_augment'
 
 
 class PlanDraws:
@@ -38,6 +39,14 @@ class PlanDraws:
     white = tf.constant(np.full((side, side, channels), 255, np.uint8))
     return [float(np.mean(np.any(np.asarray(erase(white, stream.pair_seed(
         self.seed, erase.stream, k))) != 255, axis=-1))) for k in range(count)]
+
+  def policy_events(self, height: int, width: int, count: int
+                    ) -> list[list[tuple[str, float]]]:
+    """The ops the plan's policy applies to a height x width image, each with its value
+    (`Policy.events`), draws 0 .. count - 1."""
+    step = self.step(POLICY)
+    return [step.policy.events(stream.pair_seed(self.seed, step.stream, k), height, width)
+            for k in range(count)]
 
   def output(self, image: np.ndarray, position: int) -> np.ndarray:
     """`image` (uint8 HWC) through the whole plan as the example at stream `position`."""

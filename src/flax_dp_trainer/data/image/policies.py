@@ -243,6 +243,18 @@ def trivial_augment_wide(image, seed: Seed, settings: Settings = Settings()) -> 
   return tf.ensure_shape(tf.cast(tf.clip_by_value(out, 0.0, 255.0), image.dtype), image.shape)
 
 
+def ta_wide_events(seed: Seed, height: int, width: int) -> list[tuple[str, float]]:
+  """The op `trivial_augment_wide` applies from `seed`, with the magnitude torchvision's op
+  receives (0.0 for an op without one); its size does not depend on the image."""
+  del height, width
+  op, k, negate = ta_wide_draw(seed)
+  name = TA_WIDE_OPS[int(op)]
+  top, signed = TA_WIDE_SPACE[name]
+  table = _table(top, TA_WIDE_BINS, TA_WIDE_POSTERIZE_SPAN)
+  value = 0.0 if table is None else float(table[int(k)])
+  return [(name, -value if signed and bool(negate) else value)]
+
+
 def autoaugment_draw(seed: Seed, policy: str) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
   """AutoAugment's draws from `seed` (shape [2]): (the sub-policy's index, whether each of
   its two ops applies: torch's rand <= p, whether each signed op's magnitude is negated)."""
@@ -293,3 +305,23 @@ def autoaugment(image, seed: Seed, policy: str, settings: Settings = Settings())
 
   out = tf.switch_case(index, [branch(s) for s in POLICIES[policy]])
   return tf.ensure_shape(tf.cast(tf.clip_by_value(out, 0.0, 255.0), image.dtype), image.shape)
+
+
+def autoaugment_events(seed: Seed, policy: str, height: int, width: int
+                       ) -> list[tuple[str, float]]:
+  """The ops `autoaugment` applies from `seed` to a `height` x `width` image, in order, with
+  the magnitude torchvision's op receives (a translation before its int(); 0.0 for an op
+  without one)."""
+  index, applied, negate = autoaugment_draw(seed, policy)
+  events = []
+  for i, (name, _, k) in enumerate(POLICIES[policy][int(index)]):
+    if not bool(applied[i]):
+      continue
+    top, signed = AUTOAUGMENT_SPACE[name]
+    if top in ('width', 'height'):
+      value = float(translate_pixels(k, width if top == 'width' else height, AUTOAUGMENT_BINS))
+    else:
+      table = _table(top, AUTOAUGMENT_BINS, AUTOAUGMENT_POSTERIZE_SPAN)
+      value = 0.0 if table is None else float(table[k])
+    events.append((name, -value if signed and k is not None and bool(negate[i]) else value))
+  return events

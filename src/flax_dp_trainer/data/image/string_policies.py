@@ -19,6 +19,8 @@ here it keeps no bits (a black image), as earlier Pillows did.
 import math
 from typing import NamedTuple, Sequence, Union
 
+import numpy as np
+
 from flax_dp_trainer.data.tensorflow_import import tf
 
 from flax_dp_trainer.data.image import op_records
@@ -199,6 +201,20 @@ def draw(seed: Seed, policy: policy_strings.StringPolicy) -> Draws:
   """`policy`'s draws for one image from `seed` (shape [2] integers); what `apply` applies."""
   return _DRAWS[type(policy)](policy, seed)
 
+
+
+def events(seed: Seed, policy: policy_strings.StringPolicy, height: int, width: int
+           ) -> list[tuple[str, float]]:
+  """The ops `apply` applies from `seed` to a `height` x `width` image, chain by chain, each
+  with the argument timm's op function receives (`op_value`; 0.0 for an op without one)."""
+  drawn = draw(seed, policy)
+  ops, applied, level, negate = (np.asarray(t) for t in drawn[:4])
+  out = []
+  for chain, layer in zip(*np.nonzero(applied)):
+    name = policy.ops[ops[chain, layer]]
+    out.append((name, float(op_value(name, float(level[chain, layer]), height, width,
+                                     bool(negate[chain, layer]), policy.translate_pct))))
+  return out
 
 def _layer(x, policy: policy_strings.StringPolicy, draws, interpolation: str, fill) -> tf.Tensor:
   """One layer on `x`: the drawn op of `policy.ops` if it is applied. `draws`: (op, applied,

@@ -1,6 +1,7 @@
 """The recipe check's stage of the draws, before the batch: both training plans run on the same
 images many times, and what they draw compared as distributions, each by a two-sample test
-with its p-value. The crop: the windows each side draws on the script's first image (ours by
+with its p-value. The policy, drawn alone on one image (`script_policy` records the
+script's): how many ops an image gets, which ops and at which values, chi-square. The crop: the windows each side draws on the script's first image (ours by
 the crop step's own draw, the script's by its transform's), their share of the image's area
 and their aspect (log), Kolmogorov-Smirnov. Erasing alone on a white image: the share of the
 image it changes (its rate and its boxes' sizes at once). The output: each channel's
@@ -15,29 +16,40 @@ import math
 import numpy as np
 
 from flax_dp_trainer.data.image import plan_draws
+from flax_dp_trainer.pytorch.recipe import script_policy
 from flax_dp_trainer.pytorch.recipe import stages as stages_lib
 
 NAME = 'the draws'
 P_BOUND = 1e-4
 CROPS = 600  # Crops of the coordinate image a side.
 IMAGES, ROUNDS = 8, 60  # The training images, drawn this many times each, a side.
+POLICY_DRAWS = 2000  # The policy's draws on one image, a side.
+RARE = 10  # A category seen fewer times on both sides together joins the others as rare.
+VALUE_BINS = 10  # An op's values in this many bins of equal count, where it takes more.
 
 
 @dataclasses.dataclass(frozen=True)
 class Test:
-  """One two-sample test: what it measured, its statistic's p-value, each side's mean."""
+  """One two-sample test: what it measured, its statistic's p-value, each side's mean (or,
+  for a test of counts, each side's share of its `cell` most apart)."""
   what: str
   p: float
   mine: float
   theirs: float
   text: str = ''  # A line in place of the test's (what the check left out, and why).
+  cell: str = ''  # A test of counts: the category whose shares are most apart.
+
+  def compared(self) -> str:
+    if self.cell:
+      return (f'most apart: {self.cell}, {self.mine:.3%} here, {self.theirs:.3%} in the '
+              'script')
+    return f'mean {self.mine:.4g} here, {self.theirs:.4g} in the script'
 
   def line(self) -> str:
     if self.text:
       return self.text
     verdict = 'PARTS' if self.p < P_BOUND else 'same'
-    return (f'{self.what}: mean {self.mine:.4g} here, {self.theirs:.4g} in the script; '
-            f'p = {self.p:.2g}  {verdict}')
+    return f'{self.what}: {self.compared()}; p = {self.p:.2g}  {verdict}'
 
 
 def script_window(transform, image) -> tuple[int, int]:
@@ -69,6 +81,73 @@ def crop_tests(mine: list[tuple[int, int]], theirs: list[tuple[int, int]], heigh
           ks('the crop\'s aspect (log)', aspect(mine), aspect(theirs))]
 
 
+def chi_square(what: str, mine: list, theirs: list) -> Test:
+  """The chi-square test of homogeneity of the categories `mine` and `theirs` (hashable
+  labels), the rare ones (under RARE together) pooled; the category whose shares are most
+  apart named (its standardized residual)."""
+  # pylint: disable-next=import-outside-toplevel  # (scipy: the check's only)
+  from scipy import stats
+  labels = sorted(set(mine) | set(theirs), key=str)
+  counts = np.array([[sum(1 for x in side if x == label) for label in labels]
+                     for side in (mine, theirs)], np.float64)
+  common = counts.sum(axis=0) >= RARE
+  if (~common).any():
+    rare = counts[:, ~common].sum(axis=1, keepdims=True)
+    labels = [label for label, c in zip(labels, common) if c] + ['the rare ones']
+    counts = np.concatenate([counts[:, common], rare], axis=1)
+  if counts.shape[1] < 2 or 0 in counts.sum(axis=1):
+    share = lambda row: row[0] / max(row.sum(), 1)
+    return Test(what, 1.0 if counts.shape[1] < 2 else 0.0, share(counts[0]),
+                share(counts[1]), cell=str(labels[0]))
+  result = stats.chi2_contingency(counts, correction=False)
+  residual = (counts[0] - result.expected_freq[0]) / np.sqrt(result.expected_freq[0])
+  apart = int(np.argmax(np.abs(residual)))
+  shares = counts / counts.sum(axis=1, keepdims=True)
+  return Test(what, float(result.pvalue), float(shares[0, apart]), float(shares[1, apart]),
+              cell=str(labels[apart]))
+
+
+def _value_labels(mine: list[tuple[str, float]], theirs: list[tuple[str, float]]
+                  ) -> tuple[list[str], list[str]]:
+  """Each op's value as a category, both sides alike: the values an op takes, the two
+  sides' float32 roundings of one value as one (within 1e-5 of it); an op taking more than
+  VALUE_BINS values (a level with noise) binned by the values' deciles over both sides."""
+  edges = {}
+  for name in {n for n, _ in mine + theirs}:
+    values = np.sort([v for n, v in mine + theirs if n == name])
+    distinct = values[np.concatenate([[True], np.diff(values) > 1e-5 * np.maximum(
+        1.0, np.abs(values[1:]))])]
+    edges[name] = (distinct, len(distinct) > VALUE_BINS and np.unique(np.quantile(
+        values, np.linspace(0, 1, VALUE_BINS + 1)[1:-1])))
+
+  def label(name: str, value: float) -> str:
+    distinct, bins = edges[name]
+    if bins is not False:
+      k = int(np.searchsorted(bins, value, side='right'))
+      low = f'{bins[k - 1]:.3g}' if k else '-inf'
+      high = f'{bins[k]:.3g}' if k < len(bins) else 'inf'
+      return f'{name} at [{low}, {high})'
+    near = distinct[int(np.argmin(np.abs(distinct - value)))]
+    return f'{name} at {near:.4g}'
+
+  return [label(n, v) for n, v in mine], [label(n, v) for n, v in theirs]
+
+
+def policy_tests(mine: list[list[tuple[str, float]]], theirs: list[list[tuple[str, float]]]
+                 ) -> list[Test]:
+  """Each side's policy draws (per image, the ops applied with their values): how many ops
+  an image gets, which ops, at which values; chi-square each."""
+  flat_mine = [e for events in mine for e in events]
+  flat_theirs = [e for events in theirs for e in events]
+  values = _value_labels(flat_mine, flat_theirs)
+  count = lambda events: f'{len(events)} op' + ('' if len(events) == 1 else 's')
+  return [chi_square('the number of ops the policy applies to an image',
+                     [count(e) for e in mine], [count(e) for e in theirs]),
+          chi_square('which op the policy applies', [n for n, _ in flat_mine],
+                     [n for n, _ in flat_theirs]),
+          chi_square('the values the policy\'s ops take', *values)]
+
+
 def output_tests(mine: list[np.ndarray], theirs: list[np.ndarray]) -> list[Test]:
   """Each channel's mean and standard deviation of the normalized outputs (H, W, C each)."""
   out = []
@@ -88,8 +167,8 @@ def stage(tests: list[Test]) -> tuple[stages_lib.Stage, list[str]]:
                             note=f'{len(tests)} tests, p >= {low.p:.2g}'), lines
   return stages_lib.Stage(
       NAME, math.inf, P_BOUND, low.what,
-      f'{low.what} is drawn from another distribution here (mean {low.mine:.4g}) than in the '
-      f'script ({low.theirs:.4g}): p = {low.p:.2g} (bound {P_BOUND:g}); compare the plan\'s '
+      f'{low.what} is drawn from another distribution here than in the script '
+      f'({low.compared()}): p = {low.p:.2g} (bound {P_BOUND:g}); compare the plan\'s '
       'fields of that step with the script\'s flags (--show_config lists them)'), lines
 
 
@@ -147,6 +226,26 @@ def _erasing_test(draws, transform, spec) -> Test:
             there)
 
 
+def _policy_test(draws, script_train: list, paths: list[str]) -> list[Test]:
+  """The policies' draws on the script's first image as the script's transforms before its
+  policy hand it on, POLICY_DRAWS a side, where both sides have a policy."""
+  # pylint: disable-next=import-outside-toplevel  # (PIL: the check's only)
+  from PIL import Image
+  place = script_policy.find(script_train)
+  if draws.step(plan_draws.POLICY) is None or place is None:
+    return []
+  image = Image.fromarray(_images(paths, 1)[0])
+  for t in script_train[:place]:
+    image = t(image)
+  width, height = image.size if isinstance(image, Image.Image) else image.shape[-1:-3:-1]
+  try:
+    mine = draws.policy_events(height, width, POLICY_DRAWS)
+  except NotImplementedError as e:
+    return [Test('the policy\'s draws', 1.0, 0.0, 0.0, text=f'the policy\'s draws are not '
+                 f'compared: {e}')]
+  return policy_tests(mine, script_policy.events(script_train[place], image, POLICY_DRAWS))
+
+
 def tests(script_train: list, draws, spec, seed: int, paths: list[str]) -> list[Test]:
   """The draws' tests of this run's training plan (`draws`: a `plan_draws.PlanDraws`)
   against the script's training transforms `script_train` (`plan_stage`'s), on the script's
@@ -171,6 +270,7 @@ def tests(script_train: list, draws, spec, seed: int, paths: list[str]) -> list[
   theirs = [t for t in script_train if type(t).__name__ == 'RandomErasing']
   if draws.step(plan_draws.ERASING) is not None and theirs:
     out.append(_erasing_test(draws, theirs[0], spec))
+  out += _policy_test(draws, script_train, paths)
   mean, std = np.asarray(spec.mean), np.asarray(spec.std)
   images = _images(paths, IMAGES)
   here, there, failed = [], [], []

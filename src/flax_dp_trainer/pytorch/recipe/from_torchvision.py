@@ -199,16 +199,15 @@ def _policy(r: _Reader) -> None:
     r.set('ra_magnitude', 'randaugment_magnitude', a.ra_magnitude)
   if policy == 'augmix':
     r.set('augmix_severity', 'augmix_severity', a.augmix_severity)
-  # presets.py passes --interpolation to every policy; RandAugment here samples nearest only.
-  usable = ('nearest',) if policy == 'ra' else POLICY_INTERPOLATIONS
-  if a.interpolation in usable:
+  # presets.py passes --interpolation to every policy.
+  if a.interpolation in POLICY_INTERPOLATIONS:
     r.set('interpolation', 'auto_augment_interpolation', a.interpolation,
           "presets.py hands it to the policy's geometric ops")
   else:
     r.t.refuse(r.flag('interpolation'),
                f'--auto-augment {policy} samples its geometric ops with {a.interpolation} in '
-               f'the script; this trainer\'s {policy} samples with {", ".join(usable)} only',
-               changes_training=True)
+               f'the script; this trainer\'s {policy} samples with '
+               f'{", ".join(POLICY_INTERPOLATIONS)} only', changes_training=True)
 
 
 def _model(r: _Reader, model_map: dict[str, str]) -> None:

@@ -18,8 +18,15 @@ def _apply(policy: record.Policy, image, seed):
                        settings=policies.Settings(policy.interpolation, policy.fill))
 
 
+def _events(policy: record.Policy, seed, height: int, width: int):
+  # pylint: disable-next=import-outside-toplevel  # (TensorFlow: the checks need none.)
+  from flax_dp_trainer.data.image import augmix
+  severity, chains, depth, alpha = policy.params
+  return augmix.augmix_events(seed, height, width, severity, chains, depth, alpha)
+
+
 RECORD = record.REGISTRY.register(named_policies.named_record(
-    'augmix', 'AugMix', interpolation='bilinear', apply=_apply, reads=FIELDS,
+    'augmix', 'AugMix', interpolation='bilinear', apply=_apply, events=_events, reads=FIELDS,
     params=lambda options: tuple(getattr(options, field) for field in FIELDS),
     describe=lambda policy: 'AugMix (severity {}, width {}, depth {}, alpha {})'.format(
         *policy.params)))

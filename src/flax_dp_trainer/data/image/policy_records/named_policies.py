@@ -16,12 +16,19 @@ def apply_named(policy: policy_record.Policy, image, seed):
                               policies.Settings(policy.interpolation, policy.fill))
 
 
+def named_events(policy: policy_record.Policy, seed, height: int, width: int):
+  """AutoAugment's ops from `seed`, with their magnitudes (`policies.autoaugment_events`)."""
+  # pylint: disable-next=import-outside-toplevel  # (TensorFlow: the checks need none.)
+  from flax_dp_trainer.data.image import policies
+  return policies.autoaugment_events(seed, policy.name, height, width)
+
+
 def named_record(name: str, what: str, *, interpolation: str = 'nearest',
-                 apply=apply_named, **fields) -> policy_record.Record:
+                 apply=apply_named, events=named_events, **fields) -> policy_record.Record:
   """A torchvision policy's record: `what` its description (or `describe`), its default
   `interpolation`."""
   describe = fields.pop('describe', lambda policy: what)
   return policy_record.Record(
       name=name, doc=what, library='torchvision', apply=apply, describe=describe,
       interpolations=INTERPOLATIONS, default_interpolation=lambda options: interpolation,
-      **fields)
+      events=events, **fields)

@@ -34,6 +34,10 @@ class Record:
   examples: tuple[str, ...] = ()  # Strings the unknown-name line offers.
   # What it cannot take of the resolved settings: UserError, one line.
   check: Optional[Callable[['Policy'], None]] = None
+  # (policy, seed [2], height, width) -> the ops it applies to a height x width image drawn
+  # from the seed, in order: (op name, the value the library's op function takes; 0.0 where
+  # it takes none). What the recipe check's draws count against the script's.
+  events: Optional[Callable[['Policy', Any, int, int], list[tuple[str, float]]]] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +56,13 @@ class Policy:
   def apply(self, image, seed):
     """The policy on a uint8 [H, W, C] image, drawn from `seed` (shape [2])."""
     return self.record.apply(self, image, seed)
+
+  def events(self, seed, height: int, width: int) -> list[tuple[str, float]]:
+    """The ops it applies to a `height` x `width` image drawn from `seed`, with their
+    values (`Record.events`); NotImplementedError where its record has none."""
+    if self.record.events is None:
+      raise NotImplementedError(f'auto_augment={self.name!r} lists no draws')
+    return self.record.events(self, seed, height, width)
 
   def describe(self) -> str:
     fill = 'zeros' if self.fill is None else f'fill {self.fill}'

@@ -19,6 +19,12 @@ def _apply(policy: record.Policy, image, seed):
                                policy.interpolation)
 
 
+def _events(policy: record.Policy, seed, height: int, width: int):
+  # pylint: disable-next=import-outside-toplevel  # (TensorFlow: the checks need none.)
+  from flax_dp_trainer.data.image import string_policies
+  return string_policies.events(seed, policy_strings.parse(policy.name), height, width)
+
+
 def _interpolation(options) -> str:
   train = options.train_interpolation or options.resize_filter
   return {'bicubic': 'bicubic', 'antialias': 'bilinear'}.get(train, 'random')
@@ -27,7 +33,7 @@ def _interpolation(options) -> str:
 def _string_record(name: str, what: str, kinds: tuple[str, ...], examples: tuple[str, ...]
                    ) -> record.Record:
   return record.REGISTRY.register(record.Record(
-      name=name, doc=what, library='timm', apply=_apply,
+      name=name, doc=what, library='timm', apply=_apply, events=_events,
       describe=lambda policy: f"timm's {policy.name}", interpolations=INTERPOLATIONS,
       default_interpolation=_interpolation, default_fill='mean', kinds=kinds,
       validate=policy_strings.parse, examples=examples))

@@ -15,6 +15,13 @@ def _apply(policy: record.Policy, image, seed):
                                        policies.Settings(policy.interpolation, policy.fill))
 
 
+def _events(policy: record.Policy, seed, height: int, width: int):
+  del policy
+  # pylint: disable-next=import-outside-toplevel  # (TensorFlow: the checks need none.)
+  from flax_dp_trainer.data.image import policies
+  return policies.ta_wide_events(seed, height, width)
+
+
 RECORD = record.REGISTRY.register(named_policies.named_record(
-    'ta_wide', 'TrivialAugmentWide', apply=_apply, kinds=('trivialaugment',),
+    'ta_wide', 'TrivialAugmentWide', apply=_apply, events=_events, kinds=('trivialaugment',),
     validate=policy_strings.parse))
