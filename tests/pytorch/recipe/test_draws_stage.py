@@ -1,6 +1,8 @@
 """`draws_stage`: both training plans drawn many times on the same images, each measured
 distribution compared by a two-sample test."""
 
+import re
+
 import numpy as np
 import pytest
 # torch and torchvision before TensorFlow (see tests/pytorch/test_step_counterparts.py).
@@ -67,6 +69,7 @@ def test_the_draws_agree_for_the_translated_plan_and_part_for_a_changed_one(
                           'the number of ops the policy applies to an image')):
     found, lines = stage(changes)
     assert found.parts and found.where == where, lines
+    assert re.match(r'[1-9]\d* of 12 tests, p = ', found.note), found.note
     assert found.cause.startswith(f'{where} is drawn from another distribution here'), found
 
 

@@ -165,9 +165,10 @@ def stage(tests: list[Test]) -> tuple[stages_lib.Stage, list[str]]:
   if low.p >= P_BOUND:
     return stages_lib.Stage(NAME, 0.0, P_BOUND,
                             note=f'{len(tests)} tests, p >= {low.p:.2g}'), lines
+  parted = sum(t.p < P_BOUND for t in tests)
   return stages_lib.Stage(
-      NAME, math.inf, P_BOUND, low.what,
-      f'{low.what} is drawn from another distribution here than in the script '
+      NAME, math.inf, P_BOUND, low.what, note=f'{parted} of {len(tests)} tests, p = {low.p:.2g}',
+      cause=f'{low.what} is drawn from another distribution here than in the script '
       f'({low.compared()}): p = {low.p:.2g} (bound {P_BOUND:g}); compare the plan\'s '
       'fields of that step with the script\'s flags (--show_config lists them)'), lines
 

@@ -11,6 +11,7 @@ argument its level function gave (an op without one: 0.0)."""
 
 import contextlib
 from typing import Any, Iterator, Optional
+from unittest import mock
 
 TORCHVISION_V1 = 'torchvision.transforms.autoaugment'
 TORCHVISION_V2 = 'torchvision.transforms.v2._auto_augment'
@@ -74,8 +75,6 @@ def _recording(transform, events: list[Event]) -> Iterator[None]:
     finally:
       del transform._apply_image_or_video_transform  # The class's again.
   else:
-    # pylint: disable-next=import-outside-toplevel  # (torchvision: the check's only)
-    from unittest import mock
     # pylint: disable-next=import-outside-toplevel  # (torchvision: the check's only)
     from torchvision.transforms import autoaugment
 
