@@ -178,7 +178,8 @@ CASES = {
         'grad_accum_steps=2 with dtype=float16 is not supported'),
     'warmup too long': (
         dict(warmup_steps=-1, warmup_epochs=100.0),
-        'warmup_steps=1123 must be >= 0 and below num_train_steps=500'),
+        "warmup_steps=1123 leaves no update of the 'cosine' schedule in a run of 500 updates; "
+        'set --config.warmup_steps below 500 (or --config.warmup_prefix=False'),
     'negative weight decay': _out_of_range('weight_decay', -0.1, '>= 0; 0 turns it off'),
     'dropout of one': _out_of_range('dropout_rate', 1.0, 'in [0, 1); 0 turns dropout off'),
     'zero steps': _out_of_range('num_train_steps', 0, 'a positive integer', 'N'),

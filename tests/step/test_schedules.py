@@ -148,6 +148,16 @@ TIMM_CASES = [
         min_learning_rate=1e-5, warmup_prefix=False),
      lambda o: T.CosineLRScheduler(o, t_initial=100, lr_min=1e-5, warmup_t=10,
                                    warmup_lr_init=1e-4, t_in_epochs=False)),
+    # timm's default --warmup-epochs 5 with --epochs 2: the ramp to the run's end.
+    ('cosine-warmup-past-the-end', ScheduleOptions(
+        schedule='cosine', num_train_steps=32, warmup_steps=80, warmup_learning_rate=1e-6,
+        min_learning_rate=1e-5, warmup_prefix=False),
+     lambda o: T.CosineLRScheduler(o, t_initial=32, lr_min=1e-5, warmup_t=80,
+                                   warmup_lr_init=1e-6, t_in_epochs=False)),
+    ('cosine-factory-warmup-past-the-end-per-epoch', ScheduleOptions(
+        schedule='cosine', num_train_steps=32, warmup_steps=80, warmup_learning_rate=1e-6,
+        min_learning_rate=1e-5, warmup_prefix=False, unit='epoch', steps_per_epoch=16),
+     lambda o: V2(o, 'cosine', num_epochs=2, warmup_epochs=5, warmup_lr=1e-6, min_lr=1e-5)),
     ('cosine-factory-per-epoch', ScheduleOptions(
         schedule='cosine', num_train_steps=140, warmup_steps=21, warmup_learning_rate=1e-4,
         min_learning_rate=1e-5, warmup_prefix=False, **EPOCH),

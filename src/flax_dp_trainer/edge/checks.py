@@ -370,10 +370,9 @@ def check_schedule(config, steps_per_epoch: float = 0.0,
   """Checks of the schedule once durations in epochs are resolved to steps
   (`steps_per_epoch`: the train split over the batch, for the schedule's epoch fields);
   `schedule`: its options where the run has read them already."""
-  if not 0 <= config.warmup_steps < config.num_train_steps:
-    raise UserError(f'warmup_steps={config.warmup_steps} must be >= 0 and below '
-                    f'num_train_steps={config.num_train_steps} (--config.warmup_steps=N or '
-                    '--config.warmup_epochs=X)')
+  if config.warmup_steps < 0:
+    raise UserError(f'warmup_steps={config.warmup_steps} must be >= 0 (--config.warmup_steps=N '
+                    'or --config.warmup_epochs=X)')
   schedules.check(schedule if schedule is not None else
                   run_options.schedule_options(config, steps_per_epoch))
 

@@ -87,10 +87,15 @@ def check(options: ScheduleOptions) -> None:
   if o.warmup_steps < 0:
     raise UserError(f'warmup_steps={o.warmup_steps} is negative; set --config.warmup_steps=0 '
                     'for no warm-up')
-  if found.decays and o.warmup_steps >= o.num_train_steps:
+  # A warm-up as long as the run: timm's (its scheduler ramps to the end); after a prefix
+  # warm-up the schedule's clock would start past the run's end.
+  if found.decays and o.warmup_steps >= o.num_train_steps and (
+      o.warmup_prefix or found.always_prefix):
     raise UserError(f'warmup_steps={o.warmup_steps} leaves no update of the {o.schedule!r} '
                     f'schedule in a run of {o.num_train_steps} updates; set '
-                    f'--config.warmup_steps below {o.num_train_steps}')
+                    f'--config.warmup_steps below {o.num_train_steps}' + (
+                        '' if found.always_prefix else ' (or --config.warmup_prefix=False: '
+                        "the warm-up then runs to the run's end, as timm's does)"))
   if not 0 <= o.warmup_start_factor <= 1:
     raise UserError(f'warmup_start_factor={o.warmup_start_factor} is outside [0, 1]; set '
                     '--config.warmup_start_factor=0.01 (the warm-up starts at peak * factor)')
