@@ -346,6 +346,10 @@ def get_config() -> ml_collections.ConfigDict:
   # timm does, 'bilinear' as big_vision does.
   config.pos_embedding_resize = 'bicubic'
   config.skip_nonfinite_steps = False  # Skip NaN/Inf steps instead of stopping the run.
+  # The flags of a script's command that this config, translated from it (tools.recipe),
+  # does not follow, one line each ('--weights X: why'): a run logs them once at its start;
+  # () = none (a config written by hand, or a whole translation).
+  config.not_honoured = ()
 
   # Misc.
   config.seed = 0  # Seeds init, dropout and the data order.

@@ -4,6 +4,7 @@ config read once into a prepared run (`prepare.prepare`), its trackers' options
 
 from typing import Any, Optional, Sequence
 
+from absl import logging
 import jax
 import ml_collections
 
@@ -81,6 +82,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   if timeline is None:
     timeline = timeline_lib.Timeline(workdir, jax.process_index(),
                                      writes=jax.process_index() == 0)
+  left = tuple(config.get('not_honoured', ()))
+  if left and jax.process_index() == 0:
+    logging.warning('this config, translated from a script\'s command, does not follow %d of '
+                    'its flags (not_honoured):\n  %s', len(left), '\n  '.join(left))
   run = prepare_lib.prepare(config, workdir, devices, model=model, loss=loss, arrays=data,
                             command_line=command_line, datasets=datasets)
   return session.train(

@@ -9,8 +9,11 @@
 The arguments after `--` are the script's (torchvision's `references/classification/
 train.py`, timm's `train.py`), read as its own argparse reads them. The tool prints the
 table flag -> field -> value, the flags it cannot honour and why, and what differs before the
-global batch, and writes the config file (`--out`). Exit status: 0, or 1 where a flag that
-changes the training is left; 2 for a command it cannot read. `--imports=MODULES` registers
+global batch, and writes the config file (`--out`; the flags left listed at its top and in
+`not_honoured`, which a run logs). The trainer's own checks run on the config first (its
+datasets and schedule too where its image folder is here): a value they refuse is a flag
+left, named by the field's flag. Exit status: 0, or 1 where a flag that changes the training
+is left; 2 for a command it cannot read. `--imports=MODULES` registers
 your own records first (an optimizer whose `timm=` form names timm's `--opt`), and the config
 written imports them.
 
@@ -24,6 +27,7 @@ against the command line instead of the translation.
 
 import importlib.util
 import os
+import re
 import sys
 import tempfile
 
@@ -97,6 +101,30 @@ def config_of(translation):
     return module.get_config()
 
 
+def _flag_of(translation, message: str) -> str:
+  """The flag of the first config field `message` names (`field=value`), else the command."""
+  flags_of = {r.field: r.flag for r in translation.rows}
+  return next((flags_of[f] for f in re.findall(r'(\w+)=', message) if f in flags_of),
+              'the command')
+
+
+def trainer_checks(translation) -> None:
+  """The trainer's own checks on the config `translation` writes: its fields, then, where
+  its image folder is on this machine, its datasets and schedule (`checks.check_config`). A
+  value they refuse is a flag left that changes the training, named by the field's flag."""
+  # pylint: disable-next=import-outside-toplevel  # (jax: not for --help)
+  from flax_dp_trainer.edge import checks
+  config = config_of(translation)
+  folder = config.dataset[len('folder:'):] if config.dataset.startswith('folder:') else ''
+  try:
+    if folder and os.path.isdir(folder):
+      checks.check_config(config, process_count=1, local_device_count=None)
+    else:
+      checks.check_fields(config, process_count=1, local_device_count=None)
+  except UserError as e:
+    translation.refuse(_flag_of(translation, str(e)), f'the trainer refuses the config: {e}')
+
+
 def _split(argv: list[str]) -> tuple[list[str], list[str]]:
   """(the tool's arguments, the script's: those after the first `--`)."""
   if '--' not in argv:
@@ -134,6 +162,9 @@ def _main(script_args: list[str]) -> int:
   if FLAGS.imports:
     translation.set(f'--imports={FLAGS.imports}', 'imports', FLAGS.imports,
                     'the modules that register your records')
+  if FLAGS.check:
+    importlib.import_module('torch')  # Before TensorFlow (triton: base.triton_guard).
+  trainer_checks(translation)
   print(translation.table(), flush=True)
   if FLAGS.out:
     with open(FLAGS.out, 'x', encoding='utf-8') as f:
@@ -141,8 +172,7 @@ def _main(script_args: list[str]) -> int:
     print(f'\nwritten: {FLAGS.out}', flush=True)
   if not FLAGS.check:
     return translation.exit_code
-  # pylint: disable=import-outside-toplevel  # (jax, flax, torch: only for --check)
-  import torch  # pylint: disable=unused-import  # Before TensorFlow (triton: base.triton_guard).
+  # pylint: disable=import-outside-toplevel  # (jax, flax: only for --check)
   from flax_dp_trainer.edge import checks
   config = (checks.command_line_config(FLAGS['config']) if FLAGS['config'].value is not None
             else config_of(translation))

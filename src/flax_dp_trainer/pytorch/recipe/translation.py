@@ -78,16 +78,30 @@ class Translation:
       lines += [f'  - {d}' for d in self.before_batch]
     return '\n'.join(lines)
 
+  def not_honoured(self) -> tuple[str, ...]:
+    """Each flag left, as one line: the flag, why, and whether the training changes."""
+    return tuple(f'{u.flag}: {u.reason} (' + ('changes the training' if u.changes_training
+                                             else 'does not change the training') + ')'
+                 for u in self.unhonoured)
+
   def config_file(self) -> str:
     """The config file's text: imports `configs.<base>`, then one assignment per row with
-    its flag as the comment."""
+    its flag as the comment. Where flags are left, a comment block lists them first and
+    `not_honoured` holds them (a run logs them once)."""
     lines = [f'"""Translated by `python -m flax_dp_trainer.tools.recipe --from={self.script}` '
-             f'from:', '', '  ' + ' '.join(self.argv).replace('\\', '\\\\'), '"""', '',
-             f'from flax_dp_trainer.configs import {self.base}', '', '',
-             'def get_config():', f'  config = {self.base}.get_config()']
+             f'from:', '', '  ' + ' '.join(self.argv).replace('\\', '\\\\'), '"""', '']
+    left = self.not_honoured()
+    if left:
+      lines += ["# Not honoured: the script's flags this config does not follow (a run of it "
+                'logs them once):'] + [f'#   {line}' for line in left] + ['']
+    lines += [f'from flax_dp_trainer.configs import {self.base}', '', '',
+              'def get_config():', f'  config = {self.base}.get_config()']
     for r in self.rows:
       comment = r.flag + (f' ({r.note})' if r.note else '')
       value = pprint.pformat(r.value, width=60)
       lines.append(f'  config.{r.field} = {value}  # {comment}')
+    if left:
+      value = pprint.pformat(left, width=90).replace('\n', '\n' + ' ' * 24)
+      lines.append(f'  config.not_honoured = {value}  # The comment block above.')
     lines.append('  return config')
     return '\n'.join(lines) + '\n'
