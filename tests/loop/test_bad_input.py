@@ -180,6 +180,14 @@ CASES = {
         dict(warmup_steps=-1, warmup_epochs=100.0),
         "warmup_steps=1123 leaves no update of the 'cosine' schedule in a run of 500 updates; "
         'set --config.warmup_steps below 500 (or --config.warmup_prefix=False'),
+    'bce threshold above one': (
+        dict(loss='bce', bce_target_threshold=1.5),
+        'bce_target_threshold=1.5 must be in [0, 1), or -1 for none '
+        '(--config.bce_target_threshold=0.2)'),
+    'bce field with another loss': (
+        dict(bce_sum_classes=True),
+        "bce_sum_classes=True applies to loss='bce'; this run's loss is 'softmax_xent': drop "
+        '--config.bce_sum_classes or pass --config.loss=bce'),
     'negative weight decay': _out_of_range('weight_decay', -0.1, '>= 0; 0 turns it off'),
     'dropout of one': _out_of_range('dropout_rate', 1.0, 'in [0, 1); 0 turns dropout off'),
     'zero steps': _out_of_range('num_train_steps', 0, 'a positive integer', 'N'),

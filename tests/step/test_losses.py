@@ -24,4 +24,4 @@ def test_an_unknown_loss_is_one_line_with_the_near_name():
     losses.get('softmax_xnet')
   assert str(raised.value) == (
       "loss='softmax_xnet' is unknown; did you mean 'softmax_xent'? choose one of "
-      'sigmoid_xent, softmax_xent (--config.loss=NAME)')
+      'bce, sigmoid_xent, softmax_xent (--config.loss=NAME)')

@@ -282,10 +282,16 @@ def get_config() -> ml_collections.ConfigDict:
   # factor, the head excluded as timm excludes it).
   config.grad_clip_mode = 'norm'
   config.grad_clip_norm = 0.0  # The clipping threshold of grad_clip_mode; 0 = no clipping.
-  # Training (and eval_loss) loss: 'softmax_xent', or 'sigmoid_xent' (per-class binary
+  # Training (and eval_loss) loss: 'softmax_xent', 'sigmoid_xent' (per-class binary
   # cross-entropy summed over the classes, big_vision's; docs/your_model.md says how it scales
-  # the learning rate).
+  # the learning rate), or 'bce' (timm's BinaryCrossEntropy, averaged over the classes).
   config.loss = 'softmax_xent'
+  # loss='bce' only, as timm's --bce-target-thresh, --bce-sum, --bce-pos-weight: targets
+  # above the threshold made 1, the rest 0 (-1 = as they are); summed over the classes, not
+  # averaged; the positive terms' weight (-1 = none).
+  config.bce_target_threshold = -1.0
+  config.bce_sum_classes = False
+  config.bce_pos_weight = -1.0
   config.label_smoothing = 0.0  # Label smoothing of the training loss; 0 = off.
   config.grad_accum_steps = 1  # Micro-batches per step (their gradients are averaged).
   # Decay per update of an EMA of the params, evaluated beside them (eval_ema_*) and what

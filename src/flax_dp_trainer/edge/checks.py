@@ -182,6 +182,12 @@ def check_fields(config, *, process_count: int, local_device_count: Optional[int
       raise UserError(f'{field}={value!r} must be a positive integer (--config.{field}=N)')
   model_source.check_name(config.model)
   losses.REGISTRY.get(config.loss)
+  if config.bce_target_threshold != -1 and not 0 <= config.bce_target_threshold < 1:
+    raise UserError(f'bce_target_threshold={config.bce_target_threshold!r} must be in [0, 1), '
+                    'or -1 for none (--config.bce_target_threshold=0.2)')
+  if config.bce_pos_weight != -1 and not config.bce_pos_weight > 0:
+    raise UserError(f'bce_pos_weight={config.bce_pos_weight!r} must be > 0, or -1 for none '
+                    '(--config.bce_pos_weight=1.0)')
   _choice('remat', config.remat, tuple(trace_context.REMAT_POLICIES))
   _choice('pos_embedding_resize', config.pos_embedding_resize, vit.POS_EMBEDDING_RESIZE)
   _check_optimizer(config)

@@ -193,7 +193,8 @@ def step_options(config, ds_spec: specs.DatasetSpec, loss: Optional[losses.Loss]
       label_smoothing=config.label_smoothing, grad_accum_steps=config.grad_accum_steps,
       ema=ema_options(config, steps_per_epoch), skip_nonfinite=config.skip_nonfinite_steps,
       normalization=steps.Normalization.of(ds_spec, config.dtype), mix=mix_options(config),
-      remat=config.remat, loss=loss if loss is not None else losses.get(config.loss),
+      remat=config.remat,
+      loss=loss if loss is not None else losses.get(config.loss, config),
       frozen=config.frozen, frozen_batch_stats=config.frozen_batch_stats,
       bn_groups=bn_groups(config))
 

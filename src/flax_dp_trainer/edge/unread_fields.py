@@ -14,6 +14,7 @@ from flax_dp_trainer.base.errors import UserError, either
 from flax_dp_trainer.configs import default
 from flax_dp_trainer.edge import trackers
 from flax_dp_trainer.step import clipping
+from flax_dp_trainer.step import losses
 from flax_dp_trainer.step import optimizers
 from flax_dp_trainer.step import schedules
 
@@ -30,6 +31,7 @@ class Family:
 FAMILIES = (
     Family('optimizer', optimizers.REGISTRY, optimizers.lookup, lambda r: tuple(r.fields)),
     Family('lr_schedule', schedules.REGISTRY, schedules.REGISTRY.get, lambda r: r.fields),
+    Family('loss', losses.REGISTRY, losses.REGISTRY.get, lambda r: r.fields),
 )
 
 

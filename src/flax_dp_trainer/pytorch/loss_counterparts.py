@@ -18,6 +18,7 @@ REGISTRY: registry.Registry[Counterpart] = registry.Registry('loss counterpart')
 REGISTRY.register(Counterpart('softmax_xent', 'torch.nn.CrossEntropyLoss'))
 REGISTRY.register(Counterpart('sigmoid_xent',
                               'torch.nn.BCEWithLogitsLoss, summed over the classes'))
+REGISTRY.register(Counterpart('bce', 'timm.loss.BinaryCrossEntropy'))
 
 
 def of(name: str) -> Counterpart:

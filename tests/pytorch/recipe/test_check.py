@@ -524,7 +524,8 @@ def test_the_gradients_cause_names_what_feeds_them_not_the_optimizer():
 def test_the_loss_settings_are_read_from_the_scripts_criterion_and_targets():
   """The label smoothing where each script keeps it (torch's criterion, timm's, or the soft
   targets timm's Mixup builds) against --config.label_smoothing, named on both sides; a
-  criterion of another loss record parts at the loss."""
+  criterion of another loss record parts at the loss; timm's BinaryCrossEntropy's settings
+  against the bce_* fields."""
   # pylint: disable-next=import-outside-toplevel  # (torch, timm: the PyTorch side's)
   import torch
   import timm.data.mixup
@@ -553,6 +554,20 @@ def test_the_loss_settings_are_read_from_the_scripts_criterion_and_targets():
   found = loss_settings.stage(config(0.1, 'sigmoid_xent'), torchvision, 'torchvision')
   assert found.parts and found.where == 'loss'
   assert "--config.loss='softmax_xent'" in found.cause
+  # timm's BinaryCrossEntropy (--bce-loss with Mixup): its default smoothing of 0.1 applies
+  # to labels only; the soft targets' 0 is the smoothing; its threshold, sum and weight.
+  bce = side(timm.loss.BinaryCrossEntropy(target_threshold=0.2, pos_weight=2.0), 0.0)
+  bce_config = lambda **fields: ml_collections.ConfigDict({
+      **dict(loss='bce', label_smoothing=0.0, bce_target_threshold=0.2,
+             bce_sum_classes=False, bce_pos_weight=2.0), **fields})
+  assert loss_settings.smoothing_of(bce) == 0.0
+  assert not loss_settings.stage(bce_config(), bce, 'timm').parts
+  found = loss_settings.stage(bce_config(bce_target_threshold=-1.0), bce, 'timm')
+  assert (found.parts, found.where, found.cause) == (
+      True, 'bce_target_threshold', "bce_target_threshold is -1.0 here and 0.2 in the script's "
+      'BinaryCrossEntropy (--bce-target-thresh; -1 = none): set --config.bce_target_threshold=0.2')
+  assert loss_settings.stage(bce_config(bce_pos_weight=-1.0), bce, 'timm').where == (
+      'bce_pos_weight')
 
 
 def test_the_learning_rate_and_weight_decay_causes_name_the_field_that_differs():

@@ -243,7 +243,6 @@ def test_flags_that_change_nothing_leave_exit_0(imagenet_dir):
 
 
 @pytest.mark.parametrize('extra, flag', [
-    (['--bce-loss'], '--bce-loss'),
     (['--jsd-loss'], '--jsd-loss'),
     (['--vflip', '0.5'], '--vflip'),
     (['--model-ema', '--model-ema-decay', '0.9999'], '--model-ema'),
@@ -256,6 +255,24 @@ def test_flags_that_change_training_without_a_field_give_exit_1(imagenet_dir, ex
                                     DEIT_MAP)
   assert translation.exit_code == 1
   assert any(u.flag.startswith(flag) and u.changes_training for u in translation.unhonoured)
+
+
+def test_bce_translates_as_train_py_chooses_it(imagenet_dir, tmp_path):
+  """--bce-loss with Mixup (or --smoothing): loss='bce' with its threshold, class sum and
+  positive weight (None: -1); the config passes the trainer's checks. Without mixing or
+  smoothing train.py takes CrossEntropyLoss: softmax_xent, said so."""
+  t = from_timm.translate(DEIT + ['--data-dir', imagenet_dir, '--bce-loss',
+                                  '--bce-target-thresh', '0.2', '--bce-sum'], NPROC, DEIT_MAP)
+  fields = t.fields()
+  assert t.exit_code == 0, t.table()
+  assert (fields['loss'], fields['bce_target_threshold'], fields['bce_sum_classes'],
+          fields['bce_pos_weight']) == ('bce', 0.2, True, -1.0)
+  config = _config(t, tmp_path)
+  checks.check_fields(config, process_count=1, local_device_count=None)
+  plain = DEIT + ['--mixup', '0', '--cutmix', '0', '--smoothing', '0']  # The last wins.
+  t = from_timm.translate(plain + ['--data-dir', imagenet_dir, '--bce-loss'], NPROC, DEIT_MAP)
+  assert t.fields()['loss'] == 'softmax_xent' and 'bce_sum_classes' not in t.fields()
+  assert any('CrossEntropyLoss' in r.note for r in t.rows if r.field == 'loss')
 
 
 def test_a_model_timm_lacks_is_one_line(imagenet_dir):

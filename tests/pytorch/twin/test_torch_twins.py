@@ -2,6 +2,7 @@
 what the flax models compute, with weights carried over in either direction."""
 
 import jax
+import ml_collections
 import numpy as np
 import optax
 import pytest
@@ -260,7 +261,8 @@ def test_unknown_models_are_refused():
 # Each loss's optax reference: per-example loss of logits against dense targets.
 OPTAX_LOSSES = {
     'softmax_xent': optax.softmax_cross_entropy,
-    'sigmoid_xent': lambda logits, t: optax.sigmoid_binary_cross_entropy(logits, t).sum(-1)}
+    'sigmoid_xent': lambda logits, t: optax.sigmoid_binary_cross_entropy(logits, t).sum(-1),
+    'bce': lambda logits, t: optax.sigmoid_binary_cross_entropy(logits, t).mean(-1)}
 
 
 @pytest.mark.parametrize('loss', sorted(OPTAX_LOSSES))
@@ -295,6 +297,48 @@ def test_the_twins_losses_are_optaxs(loss, mixed):
       OPTAX_LOSSES[loss](logits, one_hot[labels]), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize('options', [
+    dict(bce_target_threshold=0.2, bce_sum_classes=False, bce_pos_weight=-1.0),
+    dict(bce_target_threshold=-1.0, bce_sum_classes=True, bce_pos_weight=2.5),
+    dict(bce_target_threshold=0.3, bce_sum_classes=True, bce_pos_weight=0.5)],
+    ids=['threshold', 'summed_weighted', 'all'])
+def test_bce_is_timms_binary_cross_entropy(options):
+  """loss='bce' with its fields, on the JAX step (`losses.get` with a config) and the twin,
+  against timm's BinaryCrossEntropy itself: on labels with its own smoothing (0.1; timm
+  one-hot-smooths, as the step's targets) and on Mixup's smoothed soft targets; the twin's
+  per-example eval loss against the same terms per example."""
+  # pylint: disable-next=import-outside-toplevel
+  from timm.loss import BinaryCrossEntropy
+  rng = np.random.RandomState(1)
+  batch, classes = 6, 5
+  logits = (4 * rng.randn(batch, classes)).astype(np.float32)
+  labels = rng.randint(0, classes, batch)
+  partners, weights = rng.randint(0, classes, batch), rng.uniform(size=batch).astype(np.float32)
+  one_hot = np.eye(classes, dtype=np.float32)
+  mixed = weights[:, None] * one_hot[labels] + (1 - weights[:, None]) * one_hot[partners]
+  mixed = optax.smooth_labels(mixed, 0.1)  # timm's mixup_target: smoothed, then mixed.
+  kwargs = dict(target_threshold=None if options['bce_target_threshold'] < 0 else
+                options['bce_target_threshold'], sum_classes=options['bce_sum_classes'],
+                pos_weight=None if options['bce_pos_weight'] < 0 else options['bce_pos_weight'])
+  theirs_labels = float(BinaryCrossEntropy(smoothing=0.1, **kwargs)(
+      torch.from_numpy(logits), torch.from_numpy(labels)))
+  theirs_mixed = float(BinaryCrossEntropy(**kwargs)(torch.from_numpy(logits),
+                                                    torch.from_numpy(np.asarray(mixed))))
+  mine = losses.get('bce', ml_collections.ConfigDict(options))
+  assert float(mine(logits, optax.smooth_labels(one_hot[labels], 0.1)).mean()) == (
+      pytest.approx(theirs_labels, rel=1e-5))
+  assert float(mine(logits, mixed).mean()) == pytest.approx(theirs_mixed, rel=1e-5)
+  twin = float(ddp_step.batch_loss(
+      torch.from_numpy(logits), torch.from_numpy(labels), loss='bce',
+      targets=torch.from_numpy(weights[:, None] * one_hot[labels] + (1 - weights[:, None]) *
+                               one_hot[partners]), label_smoothing=0.1, loss_options=options))
+  assert twin == pytest.approx(theirs_mixed, rel=1e-5)
+  np.testing.assert_allclose(
+      ddp_step.example_losses(torch.from_numpy(logits), torch.from_numpy(labels), 'bce',
+                              options).numpy(),
+      mine(logits, one_hot[labels]), rtol=1e-5)
+
+
 def test_every_loss_record_has_its_reference():
   assert sorted(OPTAX_LOSSES) == losses.REGISTRY.names()
 
@@ -307,7 +351,8 @@ def test_the_twin_refuses_a_loss_without_a_counterpart(monkeypatch):
   monkeypatch.setitem(losses.REGISTRY._records, 'l2', losses.Record(
       name='l2', doc='squared error', per_example=lambda x, t: ((x - t) ** 2).sum(-1)))
   with pytest.raises(UserError, match=r"^loss='l2' has no DDP twin; the twin computes "
-                                      r"'sigmoid_xent', 'softmax_xent' \(--config.loss=...\)$"):
+                                      r"'bce', 'sigmoid_xent', 'softmax_xent' "
+                                      r"\(--config.loss=...\)$"):
     ddp_step.batch_loss(logits, labels, loss='l2')
   with pytest.raises(UserError, match="loss='l2' has no DDP twin"):
     ddp_step.example_losses(logits, labels, 'l2')

@@ -342,11 +342,20 @@ def _regularization(ctx: Context, zoo_model: bool) -> None:
           'rising linearly from 0 at the first block, as timm spaces it')
   ctx.set('smoothing', 'label_smoothing', args.smoothing,
           "in Mixup's targets where mixing, else timm's LabelSmoothingCrossEntropy")
-  ctx.set(('bce_loss', 'jsd_loss'), 'loss', 'softmax_xent')
-  if args.bce_loss:
-    ctx.refuse('bce_loss', "timm's BinaryCrossEntropy averages over the classes (sums with "
-               "--bce-sum) and thresholds its targets; loss='sigmoid_xent' here sums the "
-               'classes without those options')
+  mixing = args.mixup > 0 or args.cutmix > 0 or args.cutmix_minmax is not None
+  if args.bce_loss and (mixing or args.smoothing):  # train.py's rule; else CrossEntropyLoss.
+    ctx.set(('bce_loss', 'jsd_loss'), 'loss', 'bce', "timm's BinaryCrossEntropy")
+    ctx.set('bce_target_thresh', 'bce_target_threshold',
+            -1.0 if args.bce_target_thresh is None else float(args.bce_target_thresh),
+            'None: -1' if args.bce_target_thresh is None else '')
+    ctx.set('bce_sum', 'bce_sum_classes', bool(args.bce_sum))
+    ctx.set('bce_pos_weight', 'bce_pos_weight',
+            -1.0 if args.bce_pos_weight is None else float(args.bce_pos_weight),
+            'None: -1' if args.bce_pos_weight is None else '')
+  else:
+    ctx.set(('bce_loss', 'jsd_loss'), 'loss', 'softmax_xent',
+            "train.py's CrossEntropyLoss: --bce-loss takes effect only with Mixup/CutMix or "
+            '--smoothing' if args.bce_loss else '')
 
 
 def _precision(ctx: Context) -> None:

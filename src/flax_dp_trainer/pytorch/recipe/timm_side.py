@@ -79,10 +79,16 @@ class TimmSide(script_side.ScriptSide):
     self.mean, self.std = tuple(data['mean']), tuple(data['std'])
     self.lr = learning_rate(args, world_size)
     self.mixing = args.mixup > 0 or args.cutmix > 0 or args.cutmix_minmax is not None
+    # train.py's: BCE where --bce-loss and the targets are mixed or smoothed, else CE.
+    bce = dict(target_threshold=args.bce_target_thresh, sum_classes=args.bce_sum,
+               pos_weight=args.bce_pos_weight)
     if self.mixing:
-      self.criterion = timm.loss.SoftTargetCrossEntropy()
+      self.criterion = (timm.loss.BinaryCrossEntropy(**bce) if args.bce_loss else
+                        timm.loss.SoftTargetCrossEntropy())
     elif args.smoothing:
-      self.criterion = timm.loss.LabelSmoothingCrossEntropy(smoothing=args.smoothing)
+      self.criterion = (
+          timm.loss.BinaryCrossEntropy(smoothing=args.smoothing, **bce) if args.bce_loss else
+          timm.loss.LabelSmoothingCrossEntropy(smoothing=args.smoothing))
     else:
       self.criterion = torch.nn.CrossEntropyLoss()
     self._build_optimizer()

@@ -44,6 +44,7 @@ from flax_dp_trainer.edge import checks
 from flax_dp_trainer.loop import efficiency
 from flax_dp_trainer.edge import durations
 from flax_dp_trainer.edge import reading as run_options
+from flax_dp_trainer.step import losses
 from flax_dp_trainer.step import metrics
 from flax_dp_trainer.step import optim
 from flax_dp_trainer.loop import signals
@@ -134,6 +135,7 @@ def _all_reduce(values, device) -> np.ndarray:
 
 def evaluate(model, data: pipeline.EvalData, normalize: step_lib.Normalize,
              precision: step_lib.Precision, loss: str = 'softmax_xent',
+             loss_options: Optional[dict] = None,
              prefix: str = 'eval') -> dict[str, float]:
   """Loss (`loss`, `config.loss`, against one-hot labels), accuracy and top-5 accuracy over
   every example of the eval split, exactly once (padding masked), as `{prefix}_loss` etc."""
@@ -147,8 +149,8 @@ def evaluate(model, data: pipeline.EvalData, normalize: step_lib.Normalize,
       mask = torch.from_numpy(batch[batch_keys.MASK_KEY]).to(device, torch.float32)
       with precision.autocast():
         logits = model(images).float()
-      losses = step_lib.example_losses(logits, labels, loss)
-      loss_sum += float((losses * mask).sum())
+      per_example = step_lib.example_losses(logits, labels, loss, loss_options)
+      loss_sum += float((per_example * mask).sum())
       correct += float(((logits.argmax(-1) == labels).float() * mask).sum())
       top = logits.topk(min(metrics.TOP_K, logits.shape[-1]), dim=-1).indices
       top5 += float(((top == labels[:, None]).any(-1).float() * mask).sum())
@@ -373,6 +375,7 @@ class _Session:
                                         ds_spec)
     self.mixing = step_lib.Mixing(config, state_lib.seed_rngs(config.seed)[1],
                                   ds_spec.num_classes)
+    self.loss_options = losses.options_of(config.loss, config)  # The loss's own fields.
 
   def train(self, batches, eval_data: pipeline.EvalData, stop: signals.StopSignals
             ) -> None:
@@ -417,7 +420,8 @@ class _Session:
     loss, accuracy, grad_norm = step_lib.train_step(
         t.step_model, t.optimizer, t.precision, images, labels, targets=targets,
         label_smoothing=self.config.label_smoothing,
-        clip=functools.partial(twin_groups.clip, self.config), loss=self.config.loss)
+        clip=functools.partial(twin_groups.clip, self.config), loss=self.config.loss,
+        loss_options=self.loss_options)
     # The peak's schedule (group 0's rate over its factor), as the JAX run logs it.
     learning_rate = t.scheduler.get_last_lr()[0] / t.optimizer.param_groups[0].get(
         'lr_factor', 1.0)
@@ -430,10 +434,12 @@ class _Session:
   def _evaluate(self, eval_data: pipeline.EvalData) -> dict[str, float]:
     """The model's evaluation, and its EMA's beside it (`eval_ema_*`) where it keeps one."""
     t = self.t
-    scalars = evaluate(t.ddp, eval_data, self.normalize, t.precision, self.config.loss)
+    scalars = evaluate(t.ddp, eval_data, self.normalize, t.precision, self.config.loss,
+                       self.loss_options)
     if t.ema is not None:
       scalars.update(evaluate(t.ema.for_evaluation(t.model), eval_data, self.normalize,
-                              t.precision, self.config.loss, prefix='eval_ema'))
+                              t.precision, self.config.loss, self.loss_options,
+                              prefix='eval_ema'))
     return scalars
 
   def _log(self, step: int, learning_rate: float) -> None:

@@ -381,10 +381,35 @@ def _summed_bce(logits, labels, targets, label_smoothing, reduction):
   return per_example.mean() if reduction == 'mean' else per_example
 
 
+def _timm_bce(logits, labels, targets, label_smoothing, reduction, bce_target_threshold=-1.0,
+              bce_sum_classes=False, bce_pos_weight=-1.0):
+  """timm's BinaryCrossEntropy on the dense targets (smoothed and mixed as the step makes
+  them: timm's one-hot smoothing), its options from the loss's fields (-1: None); per
+  example, the same terms averaged (or summed) over the classes."""
+  # pylint: disable-next=import-outside-toplevel  # (timm: this loss's only)
+  from timm.loss import BinaryCrossEntropy
+  dense = dense_targets(labels, logits.shape[-1], targets=targets,
+                        label_smoothing=label_smoothing)
+  threshold = None if bce_target_threshold < 0 else bce_target_threshold
+  weight = None if bce_pos_weight < 0 else float(bce_pos_weight)
+  criterion = BinaryCrossEntropy(smoothing=0.0, target_threshold=threshold,
+                                 sum_classes=bce_sum_classes, pos_weight=weight,
+                                 reduction='mean').to(logits.device)
+  if reduction == 'mean':
+    return criterion(logits, dense)
+  if threshold is not None:
+    dense = dense.gt(threshold).to(dense.dtype)
+  elementwise = torch.nn.functional.binary_cross_entropy_with_logits(
+      logits, dense, pos_weight=criterion.pos_weight, reduction='none')
+  return elementwise.sum(-1) if bce_sum_classes else elementwise.mean(-1)
+
+
 # The torch losses of the loss records' counterparts (`loss_counterparts`), each
-# `(logits, labels, targets or None, label_smoothing, reduction) -> the loss`.
+# `(logits, labels, targets or None, label_smoothing, reduction, **the loss's fields) -> the
+# loss`.
 _COUNTERPARTS = {'torch.nn.CrossEntropyLoss': _cross_entropy,
-                 'torch.nn.BCEWithLogitsLoss, summed over the classes': _summed_bce}
+                 'torch.nn.BCEWithLogitsLoss, summed over the classes': _summed_bce,
+                 "timm.loss.BinaryCrossEntropy": _timm_bce}
 
 
 def _counterpart(loss: str):
@@ -396,24 +421,27 @@ def _counterpart(loss: str):
 
 
 def batch_loss(logits: torch.Tensor, labels: torch.Tensor, *, loss: str = 'softmax_xent',
-               targets: Optional[torch.Tensor] = None,
-               label_smoothing: float = 0.0) -> torch.Tensor:
-  """The training loss `loss` (`config.loss`) of float `logits`, averaged over the batch:
-  against `targets` (soft, label smoothing applied on top) where given, else `labels`."""
-  return _counterpart(loss)(logits, labels, targets, label_smoothing, 'mean')
+               targets: Optional[torch.Tensor] = None, label_smoothing: float = 0.0,
+               loss_options: Optional[dict] = None) -> torch.Tensor:
+  """The training loss `loss` (`config.loss`; `loss_options` its fields,
+  `losses.options_of`) of float `logits`, averaged over the batch: against `targets` (soft,
+  label smoothing applied on top) where given, else `labels`."""
+  return _counterpart(loss)(logits, labels, targets, label_smoothing, 'mean',
+                            **(loss_options or {}))
 
 
-def example_losses(logits: torch.Tensor, labels: torch.Tensor,
-                   loss: str = 'softmax_xent') -> torch.Tensor:
+def example_losses(logits: torch.Tensor, labels: torch.Tensor, loss: str = 'softmax_xent',
+                   loss_options: Optional[dict] = None) -> torch.Tensor:
   """Per-example `loss` of float `logits` against one-hot `labels`, unsmoothed (evaluation's
   eval_loss)."""
-  return _counterpart(loss)(logits, labels, None, 0.0, 'none')
+  return _counterpart(loss)(logits, labels, None, 0.0, 'none', **(loss_options or {}))
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, precision: Precision,
                images: torch.Tensor, labels: torch.Tensor, *,
                targets: Optional[torch.Tensor] = None, label_smoothing: float = 0.0,
-               clip: Optional[Callable] = None, loss: str = 'softmax_xent'
+               clip: Optional[Callable] = None, loss: str = 'softmax_xent',
+               loss_options: Optional[dict] = None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
   """One optimizer step of `model` (DDP averages the gradients over the ranks in backward);
   (loss, accuracy, gradient norm) as device tensors, nothing synced to the host. The loss
@@ -424,7 +452,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, precisi
   with precision.autocast():
     logits = model(images).float()
     loss = batch_loss(logits, labels, loss=loss, targets=targets,
-                      label_smoothing=label_smoothing)
+                      label_smoothing=label_smoothing, loss_options=loss_options)
   optimizer.zero_grad(set_to_none=True)
   scaler = precision.scaler
   (scaler.scale(loss) if scaler else loss).backward()

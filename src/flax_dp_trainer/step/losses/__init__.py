@@ -9,6 +9,8 @@ targets. Each name is one record (`loss_record.Record`), one module each:
     loss_record   Record, REGISTRY
     softmax_xent  softmax cross-entropy (the default; torch's `CrossEntropyLoss`)
     sigmoid_xent  per-class binary cross-entropy, summed over the classes (big_vision's)
+    bce           timm's BinaryCrossEntropy: averaged over the classes (or summed), its
+                  targets thresholded, its positives weighted, as its fields say
 """
 
 from typing import Optional
@@ -29,10 +31,19 @@ softmax_xent = REGISTRY.get('softmax_xent').per_example
 sigmoid_xent = REGISTRY.get('sigmoid_xent').per_example
 
 
-def get(name: str) -> Loss:
-  """The per-example function of the loss `config.loss` names; UserError, one line with "did
-  you mean", for a name no record has."""
-  return REGISTRY.get(name).per_example
+def options_of(name: str, config) -> dict:
+  """{field: value} of the config fields the loss `name` reads (its record's `fields`)."""
+  return {field: config[field] for field in REGISTRY.get(name).fields}
+
+
+def get(name: str, config=None) -> Loss:
+  """The per-example function of the loss `config.loss` names, with its own fields' values
+  from `config` where it has any (else their defaults); UserError, one line with "did you
+  mean", for a name no record has."""
+  found = REGISTRY.get(name)
+  if config is None or not found.fields:
+    return found.per_example
+  return found.with_options(**options_of(name, config))
 
 
 def targets(labels: jax.Array, num_classes: int, label_smoothing: float = 0.0,

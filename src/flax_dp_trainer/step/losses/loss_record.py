@@ -7,7 +7,7 @@ Each shipped loss is one module of this folder that registers its record; a user
 """
 
 import dataclasses
-from typing import Callable
+from typing import Callable, Optional
 
 import jax
 
@@ -18,10 +18,14 @@ Loss = Callable[[jax.Array, jax.Array], jax.Array]
 
 @dataclasses.dataclass(frozen=True)
 class Record:
-  """One loss: `per_example(logits, targets) -> (batch,)` on dense float32 targets."""
+  """One loss: `per_example(logits, targets) -> (batch,)` on dense float32 targets (with its
+  fields at their defaults); a loss with settings of its own names the config `fields` it
+  reads and `with_options(**{field: value}) -> per_example` builds it from them."""
   name: str
   doc: str  # One line for the docs and --show_config.
   per_example: Loss
+  fields: tuple[str, ...] = ()
+  with_options: Optional[Callable[..., Loss]] = None
 
 
 REGISTRY: registry.Registry[Record] = registry.Registry('loss')
