@@ -19,9 +19,13 @@ CASES = {
         '1 after every step (--config.ema_every_steps=N)'),
     'no cadence': (dict(ema_decay=0.999, ema_every_steps=0), 'ema_every_steps=0 must be a '),
     'unknown style': (
-        dict(ema_decay=0.999, ema_style='timm'),
-        "ema_style='timm' is unknown; choose '' (a plain EMA) or 'torchvision' (its reference "
-        "script's --model-ema) (--config.ema_style=torchvision)"),
+        dict(ema_decay=0.999, ema_style='timm2'),
+        "ema_style='timm2' is unknown; choose '' (a plain EMA), 'torchvision' (its reference "
+        "script's --model-ema) or 'timm' (its train.py's) (--config.ema_style=torchvision)"),
+    'warm-up of another style': (
+        dict(ema_decay=0.999, ema_warmup=True),
+        "ema_warmup=True warms up timm's EMA, and ema_style='': set --config.ema_style=timm, "
+        'or drop --config.ema_warmup'),
     'style without an EMA': (
         dict(ema_style='torchvision'),
         "ema_style='torchvision' shapes an EMA, and ema_decay=0 keeps none; set "

@@ -156,7 +156,41 @@ def test_the_plain_ema_moves_every_n_steps_of_the_run_from_the_initial_params():
   assert counts == [1, 1, 2, 2, 3] == [ema_lib.count_after(options, n) for n in range(1, 6)]
 
 
-@pytest.mark.parametrize('style', ['', 'torchvision'])
+@pytest.mark.parametrize('warmup', [False, True], ids=['plain', 'warmup'])
+def test_the_timm_rule_is_timms_model_ema_v3_as_train_py_drives_it(warmup):
+  """ema_style='timm' (and the DDP twin's EMA of it) against timm's ModelEmaV3 updated after
+  each optimizer step with train.py's num_updates: the first update copies, params and
+  BatchNorm statistics averaged, with --model-ema-warmup the decay capped at
+  1 - (1 + k)^(-2/3)."""
+  # pylint: disable=import-outside-toplevel  # (timm, the twin: this test's only)
+  from timm.utils import ModelEmaV3
+  from flax_dp_trainer.pytorch.twin import twin_ema
+  # pylint: enable=import-outside-toplevel
+  torch.manual_seed(0)
+  model = _module()
+  initial = _floats(model)
+  walk = _values(model, 12)
+  reference = ModelEmaV3(model, decay=0.9, use_warmup=warmup)
+  options = ema_lib.EmaOptions(decay=0.9, style='timm', warmup=warmup)
+  twin = twin_ema.TwinEma(model, options)
+  want, twins = [], []
+  for step, values in enumerate(walk):
+    _set(model, values)  # The optimizer's step; then train.py's num_updates += 1.
+    reference.update(model, step=step + 1)
+    twin.after_step(step + 1, model)
+    want.append(_floats(reference.module))
+    twins.append(_floats(twin.averaged.module))
+  got, counts = _jax_averages(options, initial, walk)
+  for name, value in got[0].items():  # The first update copies.
+    np.testing.assert_array_equal(value, walk[0][name])
+  assert _max_relative(got, want) <= 1e-5 and _max_relative(twins, want) <= 1e-5
+  assert counts == list(range(1, 13)) == [ema_lib.count_after(options, n) for n in range(1, 13)]
+  assert twin.count == 12
+  late = _max_relative(got[-1:], [{k: 0.9 * want[-2][k] + 0.1 * walk[-1][k] for k in want[-1]}])
+  assert (late > 1e-3) == warmup  # The warm-up's decay is below 0.9 there: 1 - 12^(-2/3).
+
+
+@pytest.mark.parametrize('style', ['', 'torchvision', 'timm'])
 def test_the_count_after_a_run_s_steps_is_the_rule_s(style):
   """`count_after` (what an old checkpoint without `ema_count` is given) against the rule
   stepped one step at a time."""

@@ -304,8 +304,12 @@ def get_config() -> ml_collections.ConfigDict:
   # run, from the initial params. 'torchvision' = its reference script's --model-ema: the
   # decay adjusted to batch_size x ema_every_steps / the run's epochs, updates counted within
   # each epoch, the average copied from the params in the warm-up epochs, BatchNorm
-  # statistics averaged too (docs/configs.md).
+  # statistics averaged too (docs/configs.md). 'timm' = timm's --model-ema (ModelEmaV3):
+  # the first update copies the params, BatchNorm statistics averaged too.
   config.ema_style = ''
+  # ema_style='timm' only: timm's --model-ema-warmup, the decay of the update after k others
+  # capped at 1 - (1 + k)^(-2/3).
+  config.ema_warmup = False
 
   # Schedule. Steps count optimizer updates over the global batch.
   config.batch_size = 128  # Global training batch in examples, over all devices of all processes.

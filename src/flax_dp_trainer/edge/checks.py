@@ -301,9 +301,12 @@ def _check_ema(config) -> None:
     raise UserError(f'ema_every_steps={every!r} must be a positive integer: the steps between '
                     'updates of the EMA, 1 after every step (--config.ema_every_steps=N)')
   if style not in ema_lib.STYLES:
-    raise UserError(f"ema_style={style!r} is unknown; choose '' (a plain EMA) or "
-                    "'torchvision' (its reference script's --model-ema) "
-                    '(--config.ema_style=torchvision)')
+    raise UserError(f"ema_style={style!r} is unknown; choose '' (a plain EMA), "
+                    "'torchvision' (its reference script's --model-ema) or 'timm' (its "
+                    "train.py's) (--config.ema_style=torchvision)")
+  if config.ema_warmup and style != 'timm':
+    raise UserError(f'ema_warmup=True warms up timm\'s EMA, and ema_style={style!r}: set '
+                    "--config.ema_style=timm, or drop --config.ema_warmup")
   if style and not config.ema_decay:
     raise UserError(f'ema_style={style!r} shapes an EMA, and ema_decay=0 keeps none; set '
                     '--config.ema_decay (torchvision\'s --model-ema-decay is 0.99998), or '

@@ -166,7 +166,8 @@ def ema_options(config, steps_per_epoch: float = 0.0) -> Optional[ema_lib.EmaOpt
     return None
   every = config.ema_every_steps
   if config.ema_style != 'torchvision':
-    return ema_lib.EmaOptions(decay=config.ema_decay, every_steps=every)
+    return ema_lib.EmaOptions(decay=config.ema_decay, every_steps=every,
+                              style=config.ema_style, warmup=config.ema_warmup)
   if steps_per_epoch <= 0:
     raise UserError("ema_style='torchvision' counts epochs of the train split, and its size "
                     "is not known here; use --config.ema_style='' (a plain EMA)")

@@ -1,5 +1,5 @@
 """The exponential moving average (EMA) of a run's params that evaluation reports beside them
-(`eval_ema_*`): when it moves and how far, in the two styles of `config.ema_style`.
+(`eval_ema_*`): when it moves and how far, in the three styles of `config.ema_style`.
 
   ''             the plain EMA: after the train step of index s (from 0, counted over the
                  run) where s % every_steps == 0, average <- decay * average + (1 - decay) *
@@ -16,6 +16,11 @@
                    params; in the warm-up epochs (epoch < warm-up epochs) the count is reset
                    to 0 after each update, so the average keeps copying them;
                  - the BatchNorm running statistics averaged alike.
+  'timm'         timm's `--model-ema` (`utils.ModelEmaV3`, as its `train.py` keeps it):
+                 an update after every step (every_steps), the first copying the params;
+                 the k-th after it (k updates before) at the decay, or with timm's warm-up
+                 (`--model-ema-warmup`: `warmup`) at min(decay, 1 - (1 + k)^(-2/3)); the
+                 BatchNorm running statistics averaged alike.
 
 The state keeps the average (`ema_params`, and `ema_batch_stats` in the torchvision style)
 and the count (`ema_count`: updates since the last copy or reset), so that a resumed run
@@ -30,7 +35,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-STYLES = ('', 'torchvision')
+STYLES = ('', 'torchvision', 'timm')
+TIMM_WARMUP_POWER = 2.0 / 3.0  # ModelEmaV3's warmup_power (warmup_gamma 1).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,17 +47,34 @@ class EmaOptions:
   style: str = ''  # One of STYLES.
   steps_per_epoch: int = 1  # 'torchvision': the steps of an epoch (the index restarts there).
   warmup_epochs: float = 0.0  # 'torchvision': in epochs below this, each update copies.
+  warmup: bool = False  # 'timm': ModelEmaV3's warm-up of the decay (--model-ema-warmup).
 
   @property
   def copies(self) -> bool:
-    """Whether the average is copied where its count is 0 and reset in the warm-up
-    (AveragedModel's rules: the torchvision style)."""
+    """Whether the average is copied where its count is 0 (AveragedModel's rule, and timm's
+    first update)."""
+    return self.style in ('torchvision', 'timm')
+
+  @property
+  def by_epoch(self) -> bool:
+    """Whether the cadence restarts each epoch and the warm-up resets the count (the
+    torchvision style)."""
     return self.style == 'torchvision'
 
   @property
   def batch_stats(self) -> bool:
-    """Whether the BatchNorm statistics are averaged too (`use_buffers=True`)."""
-    return self.style == 'torchvision'
+    """Whether the BatchNorm statistics are averaged too (`use_buffers=True`; timm's lerp
+    of every float buffer)."""
+    return self.style in ('torchvision', 'timm')
+
+
+def decay_at(options: EmaOptions, count: Any) -> Any:
+  """The decay of the update made with `count` updates since the last copy (a Python number
+  or a traced one): the options' decay; timm's warm-up caps it at 1 - (1 + count)^(-2/3)."""
+  if not options.warmup:
+    return options.decay
+  warm = 1.0 - (1.0 + jnp.asarray(count, jnp.float32)) ** -TIMM_WARMUP_POWER
+  return jnp.maximum(jnp.minimum(warm, options.decay), 0.0)
 
 
 def adjusted_decay(decay: float, global_batch: int, every_steps: int,
@@ -68,7 +91,7 @@ def schedule(options: EmaOptions, step: Any) -> tuple[Any, Any]:
   """(update, reset) after the train step of index `step` (from 0: the state's step before
   it; a Python int, or a traced one): whether the EMA moves, and whether its count is reset
   to 0 after it (torchvision's warm-up)."""
-  if not options.copies:
+  if not options.by_epoch:
     return step % options.every_steps == 0, False
   epoch, within = step // options.steps_per_epoch, step % options.steps_per_epoch
   return within % options.every_steps == 0, epoch < options.warmup_epochs
@@ -79,7 +102,7 @@ def update(options: EmaOptions, step: Any, average: Any, count: jax.Array,
   """The average (a tree like `values`: the params, or params and statistics) and its count
   after the train step of index `step` (a traced int) left `values`."""
   moves, reset = schedule(options, step)
-  decay = options.decay
+  decay = decay_at(options, count)
 
   def leaf(a, v):
     moved = decay * a + (1.0 - decay) * v
@@ -96,7 +119,7 @@ def updates_in(options: EmaOptions, start: int, stop: int) -> int:
   """How many of the train steps of index start .. stop - 1 update the EMA."""
 
   def before(n):  # Updates among steps 0 .. n - 1.
-    if not options.copies:
+    if not options.by_epoch:
       return -(-n // options.every_steps)
     per_epoch = -(-options.steps_per_epoch // options.every_steps)
     epochs, within = divmod(n, options.steps_per_epoch)
@@ -108,7 +131,7 @@ def updates_in(options: EmaOptions, start: int, stop: int) -> int:
 def count_after(options: EmaOptions, steps: int) -> int:
   """The count (`ema_count`) after `steps` train steps: updates since the last reset (the
   torchvision style's warm-up), all of them in the plain style."""
-  if not options.copies:
+  if not options.by_epoch:
     return updates_in(options, 0, steps)
   first = max(0, math.ceil(options.warmup_epochs)) * options.steps_per_epoch
   return updates_in(options, first, steps)

@@ -373,13 +373,14 @@ def test_per_parameter_numbers_of_a_port_with_batchnorm():
 
 
 def test_an_ema_on_one_side_alone_parts_without_a_traceback():
-  """timm's --model-ema (ModelEmaV3, refused by the translation) left the JAX side an EMA and
-  the script none: the EMA stage crashed with `KeyError: 'cls_token'`. One side's EMA alone
-  parts, naming the field; the settings name --model-ema."""
+  """An EMA on one side alone (it crashed with `KeyError: 'cls_token'`) parts, naming the
+  field; timm's --model-ema (ModelEmaV3) against a plain EMA parts at the settings naming
+  ema_style, against ema_style='timm' with another decay or warm-up at that setting."""
   # pylint: disable=import-outside-toplevel  # (torch via check: this test's own)
-  import types
+  import timm
+  import torch
   from flax_dp_trainer.pytorch.recipe import check
-  from flax_dp_trainer.pytorch.recipe import timm_args
+  from flax_dp_trainer.step import ema as ema_lib
   names = ['cls_token', 'head.weight']
   mine = {n: np.ones(3, np.float32) for n in names}
   alone = check.ema_stage(mine, None, names, str)
@@ -387,11 +388,16 @@ def test_an_ema_on_one_side_alone_parts_without_a_traceback():
   assert check.ema_stage(None, mine, names, str).parts
   assert not check.ema_stage(None, None, names, str).parts
   assert not check.ema_stage(mine, dict(mine), names, str).parts
-  side = types.SimpleNamespace(run=types.SimpleNamespace(options=types.SimpleNamespace(
-      step=types.SimpleNamespace(ema=object()))))
-  args = timm_args.parse(['--model', 'deit_small_patch16_224', '--model-ema'])
-  settings = check._ema_settings('timm', side, None, args)  # pylint: disable=protected-access
-  assert settings.parts and settings.where == '--model-ema' and 'ModelEmaV3' in settings.cause
+  theirs = timm.utils.ModelEmaV3(torch.nn.Linear(2, 2), decay=0.9998, use_warmup=True)
+  settings = lambda ema: check._timm_ema_settings(ema, theirs)  # pylint: disable=protected-access
+  found = settings(ema_lib.EmaOptions(decay=0.9998))
+  assert found.parts and found.where == 'ema_style' and 'ModelEmaV3' in found.cause
+  assert '--config.ema_style=timm --config.ema_decay=0.9998' in found.cause
+  assert not settings(ema_lib.EmaOptions(decay=0.9998, style='timm', warmup=True)).parts
+  found = settings(ema_lib.EmaOptions(decay=0.9998, style='timm'))
+  assert found.parts and found.where == 'warmup' and '--config.ema_warmup=True' in found.cause
+  found = settings(ema_lib.EmaOptions(decay=0.999, style='timm', warmup=True))
+  assert found.parts and found.where == 'decay'
 
 
 def test_the_batchnorm_stage_names_the_groups_of_the_scripts_gpus():

@@ -245,7 +245,6 @@ def test_flags_that_change_nothing_leave_exit_0(imagenet_dir):
 @pytest.mark.parametrize('extra, flag', [
     (['--jsd-loss'], '--jsd-loss'),
     (['--vflip', '0.5'], '--vflip'),
-    (['--model-ema', '--model-ema-decay', '0.9999'], '--model-ema'),
     (['--cooldown-epochs', '2'], '--cooldown-epochs'),
     (['--sched', 'plateau'], '--sched'),
     (['--opt', 'lookahead_adamw'], '--opt'),

@@ -299,13 +299,8 @@ def _timm_drawn(args, config) -> list[str]:
 
 def _ema_settings(script, jax_side, torch_side, args) -> stages_lib.Stage:
   ema = jax_side.run.options.step.ema
-  if script == 'timm' and args.model_ema:  # (ModelEmaV3: the translation refuses it.)
-    return stages_lib.Stage(
-        'EMA settings', float('inf'), stages_lib.EXACT, where='--model-ema',
-        cause="the script keeps timm's ModelEmaV3 (--model-ema), which takes the params whole "
-        "at its first update and averages BatchNorm's statistics too; no config field keeps "
-        'that EMA and the check has no EMA of the script to compare (the translation refuses '
-        '--model-ema): check the recipe without --model-ema')
+  if script == 'timm' and args.model_ema:
+    return _timm_ema_settings(ema, torch_side.ema)
   if script == 'timm':
     return stages_lib.Stage('EMA settings', 0.0 if ema is None else float('inf'),
                             stages_lib.EXACT, note='no EMA' if ema is None else '',
@@ -339,6 +334,27 @@ def _ema_settings(script, jax_side, torch_side, args) -> stages_lib.Stage:
       'EMA settings', mine, theirs, stages_lib.EXACT,
       lambda where: (f'the EMA\'s {names[where]} is {mine[where]:g} here and {theirs[where]:g} '
                      f'in the script: set {fixes[where]}'))
+
+
+def _timm_ema_settings(ema, theirs) -> stages_lib.Stage:
+  """The EMA's settings against timm's ModelEmaV3 (`theirs`): its style (a copy at the first
+  update, the statistics averaged), its decay and its warm-up, after every update."""
+  if ema is None or ema.style != 'timm' or ema.every_steps != 1:
+    return stages_lib.Stage(
+        'EMA settings', float('inf'), stages_lib.EXACT, where='ema_style',
+        cause="the script keeps timm's ModelEmaV3 (--model-ema: a copy at its first update, "
+        "BatchNorm's statistics averaged, an update after every step): set "
+        f'--config.ema_style=timm --config.ema_decay={theirs.decay:g} '
+        '--config.ema_every_steps=1')
+  mine = dict(decay=ema.decay, warmup=float(ema.warmup))
+  script = dict(decay=float(theirs.decay), warmup=float(theirs.use_warmup))
+  fixes = dict(decay=f'--config.ema_decay={theirs.decay:g} (the script: --model-ema-decay)',
+               warmup=f'--config.ema_warmup={bool(theirs.use_warmup)} (the script: '
+               '--model-ema-warmup)')
+  return stages_lib.scalars(
+      'EMA settings', mine, script, stages_lib.EXACT,
+      lambda where: f'the EMA\'s {where} is {mine[where]:g} here and {script[where]:g} in the '
+      f'script: set {fixes[where]}')
 
 
 def _permuted(inputs: torch.Tensor, targets: torch.Tensor, ranks: int, k: int):
@@ -406,9 +422,13 @@ def _step_stages(side, mine, theirs, reordered, reference, before, inputs, targe
       generic('the new parameters'), param_names))
   out.append(ema_stage(
       mine.ema, reference.ema, param_names,
-      lambda where: f'the EMA of `{where}` differs: the script averages every '
-      f'--model-ema-steps {args.model_ema_steps} iterations of an epoch, copying the model '
-      'in the warm-up epochs (set --config.ema_every_steps, ema_style=\'torchvision\')'))
+      lambda where: f'the EMA of `{where}` differs: ' + (
+          "timm's ModelEmaV3 copies at its first update and averages after every step "
+          "(set --config.ema_style='timm', ema_decay, ema_warmup)"
+          if type(side.ema).__name__ == 'ModelEmaV3' else
+          f'the script averages every --model-ema-steps {args.model_ema_steps} iterations of '
+          "an epoch, copying the model in the warm-up epochs (set --config.ema_every_steps, "
+          "ema_style='torchvision')")))
   return out
 
 

@@ -385,13 +385,11 @@ def _ema(ctx: Context) -> None:
     return
   ctx.set(('model_ema', 'model_ema_decay'), 'ema_decay', args.model_ema_decay)
   ctx.set('model_ema', 'ema_every_steps', 1, 'after every update, as timm')
-  ctx.set('model_ema', 'ema_style', '', 'a plain EMA')
-  ctx.refuse('model_ema', "timm's ModelEmaV3 takes the params whole at the first update "
-             '(decay 0 there) and averages BatchNorm\'s running statistics too; the EMA here '
-             'starts from the initial params (their weight decay^k after k updates) and is '
-             "evaluated with the params' statistics: the EMA timm evaluates and keeps differs")
-  if args.model_ema_warmup:
-    ctx.refuse('model_ema_warmup', 'the decay warmed up as 1 - (1 + step)^(-2/3): no field')
+  ctx.set('model_ema', 'ema_style', 'timm', "ModelEmaV3: a copy at its first update, "
+          "BatchNorm's statistics averaged too")
+  ctx.set('model_ema_warmup', 'ema_warmup', bool(args.model_ema_warmup),
+          'the decay capped at 1 - (1 + k)^(-2/3) after k updates' if args.model_ema_warmup
+          else '')
 
 
 def _batchnorm(ctx: Context) -> None:

@@ -93,6 +93,10 @@ class TimmSide(script_side.ScriptSide):
       self.criterion = torch.nn.CrossEntropyLoss()
     self._build_optimizer()
     self.step_count = 0
+    # train.py's: before DDP wraps the model, updated after each optimizer step.
+    self.ema = (timm.utils.ModelEmaV3(self.model, decay=args.model_ema_decay,
+                                      use_warmup=args.model_ema_warmup)
+                if args.model_ema else None)
 
   def _build_optimizer(self) -> None:
     self.optimizer = _optimizer(self.model, self.args, self.lr)
@@ -135,7 +139,10 @@ class TimmSide(script_side.ScriptSide):
           value=args.clip_grad, mode=args.clip_mode)
 
   def after_update(self, epoch: int, iteration: int) -> None:
-    self.scheduler.step_update(num_updates=epoch * self.iterations + iteration + 1)
+    updates = epoch * self.iterations + iteration + 1  # train.py's num_updates.
+    if self.ema is not None:
+      self.ema.update(self.model, step=updates)
+    self.scheduler.step_update(num_updates=updates)
 
   def end_of_epoch(self, epoch: int) -> None:
     self.scheduler.step(epoch + 1)

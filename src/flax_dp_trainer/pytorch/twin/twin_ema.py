@@ -6,7 +6,9 @@ same `EmaOptions` from `edge.reading.ema_options`) and evaluated beside the mode
 
 The torchvision style averages the buffers too (`use_buffers=True`: BatchNorm's running
 statistics) and copies the weights where `n_averaged` is 0, which the warm-up resets after
-each update. The plain style averages the params alone from the initial weights (`n_averaged`
+each update. The timm style (its `ModelEmaV3`) averages the buffers too, copies at the first
+update, and with its warm-up caps the decay of the update after n others at
+1 - (1 + n)^(-2/3) (`step.ema.decay_at`). The plain style averages the params alone from the initial weights (`n_averaged`
 starts at 1: its first update averages, as the JAX run's does) and is evaluated with the
 model's current buffers, as the JAX run evaluates its EMA with the current statistics.
 """
@@ -22,10 +24,8 @@ class TwinEma:
 
   def __init__(self, model: torch.nn.Module, options: ema_lib.EmaOptions):
     self.options = options
-    decay = options.decay
-
     def average(averaged, current, num_averaged):
-      del num_averaged  # An EMA: the decay alone weighs them.
+      decay = float(ema_lib.decay_at(options, int(num_averaged)))  # The updates before.
       return decay * averaged + (1.0 - decay) * current
 
     self.averaged = swa_utils.AveragedModel(model, avg_fn=average,
