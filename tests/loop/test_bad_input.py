@@ -188,6 +188,14 @@ CASES = {
         dict(bce_sum_classes=True),
         "bce_sum_classes=True applies to loss='bce'; this run's loss is 'softmax_xent': drop "
         '--config.bce_sum_classes or pass --config.loss=bce'),
+    'cool-down without a floor': (
+        dict(lr_schedule='step', lr_step_size=100, lr_cooldown_epochs=1.0),
+        "lr_cooldown_epochs (11 updates) holds the floor after the 'step' schedule, which has "
+        'no floor; drop --config.lr_cooldown_epochs'),
+    'cool-down over the run': (
+        dict(lr_cooldown_epochs=60.0),
+        "lr_cooldown_epochs (674 updates of cool-down) leaves the 'cosine' schedule none of the "
+        "run's 500; set --config.lr_cooldown_epochs lower"),
     'negative weight decay': _out_of_range('weight_decay', -0.1, '>= 0; 0 turns it off'),
     'dropout of one': _out_of_range('dropout_rate', 1.0, 'in [0, 1); 0 turns dropout off'),
     'zero steps': _out_of_range('num_train_steps', 0, 'a positive integer', 'N'),

@@ -158,6 +158,18 @@ TIMM_CASES = [
         schedule='cosine', num_train_steps=32, warmup_steps=80, warmup_learning_rate=1e-6,
         min_learning_rate=1e-5, warmup_prefix=False, unit='epoch', steps_per_epoch=16),
      lambda o: V2(o, 'cosine', num_epochs=2, warmup_epochs=5, warmup_lr=1e-6, min_lr=1e-5)),
+    # --cooldown-epochs 3: the schedule's 20 epochs, then 3 at the floor (the run's 23).
+    ('cosine-factory-cooldown-per-epoch', ScheduleOptions(
+        schedule='cosine', num_train_steps=161, warmup_steps=21, warmup_learning_rate=1e-4,
+        min_learning_rate=1e-5, warmup_prefix=False, cooldown_steps=21, **EPOCH),
+     lambda o: V2(o, 'cosine', num_epochs=20, warmup_epochs=3, warmup_lr=1e-4, min_lr=1e-5,
+                  cooldown_epochs=3)),
+    ('tanh-factory-cooldown-prefix-per-update', ScheduleOptions(
+        schedule='tanh', num_train_steps=36, warmup_steps=6, warmup_learning_rate=1e-4,
+        min_learning_rate=1e-5, cooldown_steps=6),
+     lambda o: V2(o, 'tanh', num_epochs=4, warmup_epochs=1, warmup_lr=1e-4, min_lr=1e-5,
+                  cooldown_epochs=1, warmup_prefix=True, step_on_epochs=False,
+                  updates_per_epoch=6)),
     ('cosine-factory-per-epoch', ScheduleOptions(
         schedule='cosine', num_train_steps=140, warmup_steps=21, warmup_learning_rate=1e-4,
         min_learning_rate=1e-5, warmup_prefix=False, **EPOCH),

@@ -244,6 +244,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.lr_decay_fraction = 0.2
   config.lr_decay_shape = '1-sqrt'  # wsd: '1-sqrt', 'linear', 'cosine', 'power' or 'exp'.
   config.lr_rsqrt_timescale = 0  # rsqrt's timescale in steps; 0 = the warm-up's length.
+  # timm's --cooldown-epochs: the run's last epochs held at the schedule's floor, the schedule
+  # ending that much before the run (a schedule with a floor only); 0 = none.
+  config.lr_cooldown_epochs = 0.0
   config.momentum = 0.9  # sgd, rmsprop, lars: momentum; 0 = none.
   config.nesterov = True  # sgd, lars: Nesterov momentum.
   config.adam_b1 = 0.9  # adam, adamw, nadamw, lamb: first-moment decay.

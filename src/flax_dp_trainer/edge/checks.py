@@ -371,7 +371,7 @@ def counts_epochs(config) -> bool:
   """Whether a duration or the schedule counts epochs of the train split."""
   return (any(is_set(config, epochs) for _, epochs in DURATION_PAIRS) or
           config.lr_schedule_unit == 'epoch' or bool(config.lr_milestone_epochs) or
-          config.lr_step_size_epochs != UNSET)
+          config.lr_step_size_epochs != UNSET or bool(config.lr_cooldown_epochs))
 
 
 def check_schedule(config, steps_per_epoch: float = 0.0,

@@ -83,6 +83,8 @@ def schedule_options(config, steps_per_epoch: float = 0.0) -> schedules.Schedule
                   if config[field] != unset]
   if config.lr_schedule_unit == 'epoch':
     needs_epochs.append('lr_schedule_unit')
+  if config.lr_cooldown_epochs:
+    needs_epochs.append('lr_cooldown_epochs')
   if needs_epochs and steps_per_epoch <= 0:
     raise UserError(f'{needs_epochs[0]}={config[needs_epochs[0]]!r} counts in epochs, and the '
                     'size of the train split is not known here; give it in steps')
@@ -109,6 +111,7 @@ def schedule_options(config, steps_per_epoch: float = 0.0) -> schedules.Schedule
       power=config.lr_power, decay_fraction=config.lr_decay_fraction,
       decay_shape=config.lr_decay_shape, rsqrt_timescale=config.lr_rsqrt_timescale,
       unit=config.lr_schedule_unit,
+      cooldown_steps=round(config.lr_cooldown_epochs * steps_per_epoch),
       steps_per_epoch=max(1, round(steps_per_epoch)) if steps_per_epoch > 0 else 1)
 
 

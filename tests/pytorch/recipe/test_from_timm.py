@@ -245,7 +245,6 @@ def test_flags_that_change_nothing_leave_exit_0(imagenet_dir):
 @pytest.mark.parametrize('extra, flag', [
     (['--jsd-loss'], '--jsd-loss'),
     (['--vflip', '0.5'], '--vflip'),
-    (['--cooldown-epochs', '2'], '--cooldown-epochs'),
     (['--sched', 'plateau'], '--sched'),
     (['--opt', 'lookahead_adamw'], '--opt'),
 ])
@@ -348,6 +347,8 @@ SCHEDULES = [
     DEIT + ['--sched', 'poly', '--decay-rate', '2', '--warmup-prefix'],
     DEIT + ['--sched', 'wsd', '--decay-epochs', '0.25', '--sched-on-updates'],
     DEIT + ['--sched', 'constant', '--lr', '0.01'],
+    DEIT + ['--cooldown-epochs', '2'],
+    DEIT + ['--sched', 'tanh', '--cooldown-epochs', '1', '--warmup-prefix', '--sched-on-updates'],
 ]
 
 

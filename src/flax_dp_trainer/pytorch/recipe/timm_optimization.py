@@ -178,12 +178,15 @@ def translate_schedule(ctx: Context, peak: float) -> None:
                f'{_unnamed(schedules.REGISTRY, lambda n: schedule_counterparts.of(n).timm_names)}')
     return
   warmup = 0 if sched == 'none' else args.warmup_epochs
-  epochs = args.epochs + (warmup if args.warmup_prefix else 0)
+  cooldown = args.cooldown_epochs if sched in CYCLES else 0  # create_scheduler_v2 adds it.
+  epochs = args.epochs + (warmup if args.warmup_prefix else 0) + cooldown
   ctx.set('sched', 'lr_schedule', known[sched].name,
           'no scheduler: the rate stays at --lr' if sched == 'none' else '')
   ctx.set('sched_on_updates', 'lr_schedule_unit', 'step' if args.sched_on_updates else 'epoch')
-  ctx.set(('epochs', 'warmup_epochs', 'warmup_prefix'), 'num_epochs', float(epochs),
-          f'{args.epochs} + {warmup} warm-up epochs' if args.warmup_prefix else '')
+  parts = [f'{args.epochs}'] + ([f'{warmup} warm-up'] if args.warmup_prefix else []) + (
+      [f'{cooldown} cool-down'] if cooldown else [])
+  ctx.set(('epochs', 'warmup_epochs', 'warmup_prefix', 'cooldown_epochs'), 'num_epochs',
+          float(epochs), ' + '.join(parts) + ' epochs' if len(parts) > 1 else '')
   ctx.set('epochs', 'num_train_steps', -1)
   ctx.set('warmup_epochs', 'warmup_epochs', float(warmup))
   ctx.set('warmup_epochs', 'warmup_steps', -1)
@@ -200,9 +203,9 @@ def translate_schedule(ctx: Context, peak: float) -> None:
     ctx.refuse('min_lr', f"timm's {sched} schedule has no floor: it drops --min-lr",
                changes_training=False)
   _schedule_kind(ctx, sched, warmup)
-  if args.cooldown_epochs and sched in CYCLES:
-    ctx.refuse('cooldown_epochs', f'{args.cooldown_epochs} epochs held at --min-lr after the '
-               'schedule: no field (the schedule here runs to the end of the run)')
+  if cooldown:
+    ctx.set('cooldown_epochs', 'lr_cooldown_epochs', float(cooldown),
+            'held at --min-lr after the schedule, within num_epochs')
 
 
 def _schedule_kind(ctx: Context, sched: str, warmup: int) -> None:

@@ -96,6 +96,19 @@ def check(options: ScheduleOptions) -> None:
                     f'--config.warmup_steps below {o.num_train_steps}' + (
                         '' if found.always_prefix else ' (or --config.warmup_prefix=False: '
                         "the warm-up then runs to the run's end, as timm's does)"))
+  if o.cooldown_steps:
+    if o.cooldown_steps < 0 or 'min_learning_rate' not in found.fields:
+      raise UserError(f'lr_cooldown_epochs ({o.cooldown_steps} updates) holds the floor after '
+                      f'the {o.schedule!r} schedule, which has no floor; drop '
+                      '--config.lr_cooldown_epochs (timm cools down cosine, tanh, poly, wsd '
+                      'and rsqrt)' if o.cooldown_steps > 0 else
+                      f'lr_cooldown_epochs ({o.cooldown_steps} updates) must be >= 0')
+    ends = o.num_train_steps - o.cooldown_steps - (o.warmup_steps if o.warmup_prefix or
+                                                   found.always_prefix else 0)
+    if ends < 1:
+      raise UserError(f'lr_cooldown_epochs ({o.cooldown_steps} updates of cool-down) leaves the '
+                      f'{o.schedule!r} schedule none of the run\'s {o.num_train_steps}; set '
+                      '--config.lr_cooldown_epochs lower (it is part of num_epochs)')
   if not 0 <= o.warmup_start_factor <= 1:
     raise UserError(f'warmup_start_factor={o.warmup_start_factor} is outside [0, 1]; set '
                     '--config.warmup_start_factor=0.01 (the warm-up starts at peak * factor)')
@@ -165,6 +178,8 @@ def describe(options: ScheduleOptions) -> str:
     line += f' after {warmup} of {how}'
   else:
     line += f', its first {warmup} updates replaced by {how}'
+  if options.cooldown_steps:
+    line += f', then {options.cooldown_steps} updates at {plan.floor:g} (cool-down)'
   if options.unit == 'epoch':
     return line + f'; per epoch of {options.steps_per_epoch} updates'
   return line + '; per update'

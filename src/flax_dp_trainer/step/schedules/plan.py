@@ -39,6 +39,9 @@ class ScheduleOptions:
   decay_shape: str = '1-sqrt'  # wsd's decay (wsd.DECAY_SHAPES); rsqrt decays 'linear'.
   # rsqrt's timescale in updates; 0 = the warm-up's length (at least 1 update).
   rsqrt_timescale: int = 0
+  # The run's last updates held at the floor (timm's --cooldown-epochs): the schedule ends
+  # this much before the run.
+  cooldown_steps: int = 0
   unit: str = 'step'  # One of UNITS: the rate changes every update, or once per epoch.
   steps_per_epoch: int = 1  # Updates per epoch (the 'epoch' unit).
 
@@ -73,7 +76,7 @@ def make(options: ScheduleOptions, always_prefix: bool) -> Plan:
   start = (options.warmup_learning_rate if options.warmup_learning_rate >= 0
            else options.peak_learning_rate * options.warmup_start_factor)
   offset = warmup if options.warmup_prefix or always_prefix else 0
-  length = options.num_train_steps - offset
+  length = options.num_train_steps - offset - options.cooldown_steps
   clock = options.steps_per_epoch if options.unit == 'epoch' else 1
   # timm rounds the decay fraction of the stable + decay length in its own unit (epochs when
   # it steps per epoch); Python's round() as timm's, half to even.
