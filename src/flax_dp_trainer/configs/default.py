@@ -289,12 +289,11 @@ def get_config() -> ml_collections.ConfigDict:
   # cross-entropy summed over the classes, big_vision's; docs/your_model.md says how it scales
   # the learning rate), or 'bce' (timm's BinaryCrossEntropy, averaged over the classes).
   config.loss = 'softmax_xent'
-  # loss='bce' only, as timm's --bce-target-thresh, --bce-sum, --bce-pos-weight: targets
-  # above the threshold made 1, the rest 0 (-1 = as they are); summed over the classes, not
-  # averaged; the positive terms' weight (-1 = none).
+  # loss='bce' only (timm's --bce-target-thresh): targets above it made 1, the rest 0; -1 =
+  # the targets as they are.
   config.bce_target_threshold = -1.0
-  config.bce_sum_classes = False
-  config.bce_pos_weight = -1.0
+  config.bce_sum_classes = False  # loss='bce' only (--bce-sum): summed over the classes.
+  config.bce_pos_weight = -1.0  # loss='bce' only (--bce-pos-weight): positives' weight; -1 = none.
   config.label_smoothing = 0.0  # Label smoothing of the training loss; 0 = off.
   config.grad_accum_steps = 1  # Micro-batches per step (their gradients are averaged).
   # Decay per update of an EMA of the params, evaluated beside them (eval_ema_*) and what

@@ -185,6 +185,11 @@ def ema_options(config, steps_per_epoch: float = 0.0) -> Optional[ema_lib.EmaOpt
       warmup_epochs=warmup)
 
 
+def loss_options(config) -> dict:
+  """{field: value} of the config fields `config.loss`'s record reads (`losses.Record.fields`)."""
+  return {field: config[field] for field in losses.REGISTRY.get(config.loss).fields}
+
+
 def step_options(config, ds_spec: specs.DatasetSpec, loss: Optional[losses.Loss] = None,
                  steps_per_epoch: float = 0.0) -> steps.StepOptions:
   """What the train step does (`step.steps`), with the normalization of `ds_spec` (the run's
@@ -198,7 +203,7 @@ def step_options(config, ds_spec: specs.DatasetSpec, loss: Optional[losses.Loss]
       ema=ema_options(config, steps_per_epoch), skip_nonfinite=config.skip_nonfinite_steps,
       normalization=steps.Normalization.of(ds_spec, config.dtype), mix=mix_options(config),
       remat=config.remat,
-      loss=loss if loss is not None else losses.get(config.loss, config),
+      loss=loss if loss is not None else losses.get(config.loss, loss_options(config)),
       frozen=config.frozen, frozen_batch_stats=config.frozen_batch_stats,
       bn_groups=bn_groups(config))
 

@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 
 STYLES = ('', 'torchvision', 'timm')
-TIMM_WARMUP_POWER = 2.0 / 3.0  # ModelEmaV3's warmup_power (warmup_gamma 1).
+WARMUP_POWER = 2.0 / 3.0  # ModelEmaV3's warmup_power (warmup_gamma 1).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +73,7 @@ def decay_at(options: EmaOptions, count: Any) -> Any:
   or a traced one): the options' decay; timm's warm-up caps it at 1 - (1 + count)^(-2/3)."""
   if not options.warmup:
     return options.decay
-  warm = 1.0 - (1.0 + jnp.asarray(count, jnp.float32)) ** -TIMM_WARMUP_POWER
+  warm = 1.0 - (1.0 + jnp.asarray(count, jnp.float32)) ** -WARMUP_POWER
   return jnp.maximum(jnp.minimum(warm, options.decay), 0.0)
 
 

@@ -2,7 +2,6 @@
 what the flax models compute, with weights carried over in either direction."""
 
 import jax
-import ml_collections
 import numpy as np
 import optax
 import pytest
@@ -324,7 +323,7 @@ def test_bce_is_timms_binary_cross_entropy(options):
       torch.from_numpy(logits), torch.from_numpy(labels)))
   theirs_mixed = float(BinaryCrossEntropy(**kwargs)(torch.from_numpy(logits),
                                                     torch.from_numpy(np.asarray(mixed))))
-  mine = losses.get('bce', ml_collections.ConfigDict(options))
+  mine = losses.get('bce', options)
   assert float(mine(logits, optax.smooth_labels(one_hot[labels], 0.1)).mean()) == (
       pytest.approx(theirs_labels, rel=1e-5))
   assert float(mine(logits, mixed).mean()) == pytest.approx(theirs_mixed, rel=1e-5)

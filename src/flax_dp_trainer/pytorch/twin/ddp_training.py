@@ -44,7 +44,6 @@ from flax_dp_trainer.edge import checks
 from flax_dp_trainer.loop import efficiency
 from flax_dp_trainer.edge import durations
 from flax_dp_trainer.edge import reading as run_options
-from flax_dp_trainer.step import losses
 from flax_dp_trainer.step import metrics
 from flax_dp_trainer.step import optim
 from flax_dp_trainer.loop import signals
@@ -375,7 +374,7 @@ class _Session:
                                         ds_spec)
     self.mixing = step_lib.Mixing(config, state_lib.seed_rngs(config.seed)[1],
                                   ds_spec.num_classes)
-    self.loss_options = losses.options_of(config.loss, config)  # The loss's own fields.
+    self.loss_options = run_options.loss_options(config)  # The loss's own fields.
 
   def train(self, batches, eval_data: pipeline.EvalData, stop: signals.StopSignals
             ) -> None:

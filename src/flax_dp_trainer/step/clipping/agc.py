@@ -62,7 +62,7 @@ def _squared_norms(tree) -> dict:
   return {names: sums[group] for names, group in out.items()}
 
 
-def timm_adaptive_clip(clip_factor: float, head: str) -> optax.GradientTransformation:
+def unitwise_adaptive_clip(clip_factor: float, head: str) -> optax.GradientTransformation:
   """timm's adaptive_clip_grad at `clip_factor`, on every leaf outside the top-level module
   `head`, its units as timm's on the torch layout (the module's docstring)."""
 
@@ -89,7 +89,7 @@ def timm_adaptive_clip(clip_factor: float, head: str) -> optax.GradientTransform
 
 def adaptive(threshold: float, order: tuple[str, ...]) -> optax.GradientTransformation:
   """timm's adaptive clipping at `threshold`, on every parameter outside the head."""
-  return timm_adaptive_clip(threshold, blocks.head_name(order))
+  return unitwise_adaptive_clip(threshold, blocks.head_name(order))
 
 
 RECORD = record.REGISTRY.register(record.Record(

@@ -13,7 +13,7 @@ targets. Each name is one record (`loss_record.Record`), one module each:
                   targets thresholded, its positives weighted, as its fields say
 """
 
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
@@ -31,19 +31,14 @@ softmax_xent = REGISTRY.get('softmax_xent').per_example
 sigmoid_xent = REGISTRY.get('sigmoid_xent').per_example
 
 
-def options_of(name: str, config) -> dict:
-  """{field: value} of the config fields the loss `name` reads (its record's `fields`)."""
-  return {field: config[field] for field in REGISTRY.get(name).fields}
-
-
-def get(name: str, config=None) -> Loss:
-  """The per-example function of the loss `config.loss` names, with its own fields' values
-  from `config` where it has any (else their defaults); UserError, one line with "did you
-  mean", for a name no record has."""
+def get(name: str, options: Optional[Mapping[str, Any]] = None) -> Loss:
+  """The per-example function of the loss `config.loss` names, with `options` (its own
+  fields' values, `Record.fields`) where it has any, else their defaults; UserError, one line
+  with "did you mean", for a name no record has."""
   found = REGISTRY.get(name)
-  if config is None or not found.fields:
+  if not options or not found.fields:
     return found.per_example
-  return found.with_options(**options_of(name, config))
+  return found.with_options(**options)
 
 
 def targets(labels: jax.Array, num_classes: int, label_smoothing: float = 0.0,
