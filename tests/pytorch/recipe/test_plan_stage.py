@@ -83,7 +83,7 @@ def test_torchvisions_presets_are_the_translated_plan_and_each_change_parts(fold
     stages, _ = _stages('torchvision', argv, changes)
     found = stages[0]
     assert found.parts and found.where == where, (changes, found)
-    assert flag in found.cause, found.cause
+    assert f'in the script ({flag})' in found.cause, found.cause
   found = _stages('torchvision', argv, {'random_erase_prob': 0.5})[0][0]
   assert found.cause == ("RandomErasing's p is 0.5 here and 0.1 in the script (--random-erase)"
                          ": set the random erasing's fields (--show_config lists them) to "

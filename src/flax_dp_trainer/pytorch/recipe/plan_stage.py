@@ -37,8 +37,8 @@ FLAGS = {
         ('RandomErasing', 'p'): '--random-erase',
         ('Resize', 'size'): '--val-resize-size', ('Resize', 'interpolation'): '--interpolation',
         ('CenterCrop', 'size'): '--val-crop-size',
-        ('Normalize', 'mean'): '(the presets\' ImageNet mean)',
-        ('Normalize', 'std'): '(the presets\' ImageNet std)',
+        ('Normalize', 'mean'): 'the presets\' ImageNet mean',
+        ('Normalize', 'std'): 'the presets\' ImageNet std',
     },
     'timm': {
         ('RandomResizedCropAndInterpolation', 'size'): '--img-size/--input-size',
