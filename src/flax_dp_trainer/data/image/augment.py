@@ -28,10 +28,10 @@ The ops, their order and their magnitude table are torchvision's `RandAugment` (
 A negative sign negates the magnitude (factor 1 - m, shear -m, ...). The ops are their
 records' (`op_records`: torchvision.transforms.v2's arithmetic): nearest-neighbour sampling
 and fill 0 unless the settings say otherwise (bilinear, a fill: the reference script hands
-its --interpolation to the policy), torchvision's pixel-centre conventions (`F.affine(..., center=[0, 0])` for shear, the
-image centre otherwise); uint8 images follow torchvision's uint8 tensor arithmetic, float32
-images the same math without the truncation, clipped to [0, 255]. Color on a grayscale image
-is the identity.
+its --interpolation to the policy), torchvision's pixel-centre conventions
+(`F.affine(..., center=[0, 0])` for shear, the image centre otherwise); uint8 images follow
+torchvision's uint8 tensor arithmetic, float32 images the same math without the truncation,
+clipped to [0, 255]. Color on a grayscale image is the identity.
 
 All randomness is stateless: `randaugment` draws everything from the shape-[2]
 integer `seed` they are given (tf.random's stateless convention, split with
@@ -87,21 +87,15 @@ def _check_magnitude(magnitude) -> int:
   return int(magnitude)
 
 
-def translate_pixels(magnitude: int, size) -> tf.Tensor:
-  """TranslateX/Y's shift in whole pixels at `magnitude` for an image `size` wide/high
-  (int32; before the sign): int(bin of linspace(0, 150/331 * size)), as torchvision."""
-  value = policies.translate_pixels(magnitude, size, NUM_MAGNITUDE_BINS)
-  return tf.cast(tf.floor(value), tf.int32)
-
-
 def _value(name: str, magnitude: int, negate, width, height):
   """RandAugment's signed magnitude of op `name` at bin `magnitude` (torchvision's table) as
-  `op_records.apply` takes it; `negate` a bool or a boolean scalar tensor."""
+  torchvision's op receives it and `op_records.apply` takes it (a translation in pixels before
+  the op's int()); `negate` a bool or a boolean scalar tensor."""
   if name in ('ShearX', 'ShearY'):
     m = _linspace(*_SHEAR_RANGE, magnitude)
   elif name in ('TranslateX', 'TranslateY'):
-    m = tf.cast(translate_pixels(magnitude, width if name == 'TranslateX' else height),
-                tf.float64)
+    m = tf.cast(policies.translate_pixels(
+        magnitude, width if name == 'TranslateX' else height, NUM_MAGNITUDE_BINS), tf.float64)
   elif name == 'Rotate':
     m = _linspace(*_ROTATE_RANGE, magnitude)
   elif name in ('Brightness', 'Color', 'Contrast', 'Sharpness'):
@@ -161,7 +155,7 @@ def randaugment_draw(seed: Seed, num_layers: int) -> list[tuple[tf.Tensor, tf.Te
   """RandAugment's draws from `seed` (shape [2]): per layer, (the op's index in
   RANDAUGMENT_OPS, whether a signed op's magnitude is negated)."""
   draws = []
-  for layer_seed in policies.split_seed(seed, num_layers):
+  for layer_seed in policies.split_seed(seed, num_layers) if num_layers > 0 else []:
     op_seed, sign_seed = policies.split_seed(layer_seed, 2)
     op = tf.random.stateless_uniform([], op_seed, minval=0, maxval=len(RANDAUGMENT_OPS),
                                      dtype=tf.int32)
@@ -190,14 +184,6 @@ def randaugment_events(seed: Seed, num_layers: int, magnitude: int, height: int,
                        ) -> list[tuple[str, float]]:
   """The ops `randaugment` applies to a `height` x `width` image from `seed`, each with the
   magnitude torchvision's op receives (a translation before its int())."""
-  events = []
-  for op, negate in randaugment_draw(seed, max(num_layers, 0)):
-    name = RANDAUGMENT_OPS[int(op)]
-    if name in ('TranslateX', 'TranslateY'):
-      value = float(policies.translate_pixels(
-          magnitude, width if name == 'TranslateX' else height, NUM_MAGNITUDE_BINS))
-      value = -value if bool(negate) else value
-    else:
-      value = float(_value(name, magnitude, bool(negate), width, height))
-    events.append((name, value))
-  return events
+  return [(RANDAUGMENT_OPS[int(op)],
+           float(_value(RANDAUGMENT_OPS[int(op)], magnitude, bool(negate), width, height)))
+          for op, negate in randaugment_draw(seed, num_layers)]

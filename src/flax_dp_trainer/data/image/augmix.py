@@ -145,19 +145,25 @@ def augmix_draw(seed, severity: int = 3, width: int = 3, depth: int = -1, alpha:
       negate=tf.random.stateless_uniform([width, steps], sign_seed) <= 0.5)
 
 
-def _op(x, name: str, k, negate, quantize: bool, settings: policies.Settings):
-  """Op `name` at bin `k` (negated as drawn where signed), its output an image (clipped; uint8
-  values where `quantize`), as each of torchvision's ops returns one."""
+def _value(name: str, k, negate, height, width) -> tf.Tensor:
+  """The magnitude of op `name` at bin `k` on a `height` x `width` image, negated as drawn
+  where signed, as torchvision's op receives it (a translation before its int(); 0 for an op
+  without one); float64."""
   top, signed = SPACE[name]
   if top is None:
     m = tf.constant(0.0, tf.float64)
   elif top in ('width', 'height'):
-    shape = tf.shape(x)
-    m = tf.cast(_translate_pixels(k, shape[1] if top == 'width' else shape[0]), tf.float64)
+    m = tf.cast(_translate_pixels(k, width if top == 'width' else height), tf.float64)
   else:
     m = tf.gather(tf.constant(magnitude_table(name, 0, 0)), k)
-  if signed:
-    m = tf.where(negate, -m, m)
+  return tf.where(negate, -m, m) if signed else m
+
+
+def _op(x, name: str, k, negate, quantize: bool, settings: policies.Settings):
+  """Op `name` at bin `k` (negated as drawn where signed), its output an image (clipped; uint8
+  values where `quantize`), as each of torchvision's ops returns one."""
+  shape = tf.shape(x)
+  m = _value(name, k, negate, shape[0], shape[1])
   out = op_records.on_floats(x, name, m, quantize, settings.interpolation, settings.fill)
   return tf.clip_by_value(out, 0.0, 255.0)
 
@@ -221,7 +227,5 @@ def augmix_events(seed, height: int, width: int, severity: int = 3, chains: int 
   for i, chain_depth in enumerate(np.asarray(draws.depths)):
     for j in range(int(chain_depth)):
       name = space[ops[i, j]]
-      table = magnitude_table(name, height, width)
-      value = 0.0 if table is None else float(table[bins[i, j]])
-      events.append((name, -value if SPACE[name][1] and negate[i, j] else value))
+      events.append((name, float(_value(name, bins[i, j], negate[i, j], height, width))))
   return events

@@ -231,16 +231,23 @@ def trivial_augment_wide(image, seed: Seed, settings: Settings = Settings()) -> 
   op, k, negate = ta_wide_draw(seed)
 
   def branch(name):
-    top, signed = TA_WIDE_SPACE[name]
-    table = _table(top, TA_WIDE_BINS, TA_WIDE_POSTERIZE_SPAN)
     def apply_op():
-      m = (tf.constant(0.0, tf.float64) if table is None else
-           _negated(tf.gather(tf.constant(table), k), negate, signed))
-      return op_records.on_floats(x, name, m, quantize, settings.interpolation, settings.fill)
+      return op_records.on_floats(x, name, _ta_wide_value(name, k, negate), quantize,
+                                  settings.interpolation, settings.fill)
     return apply_op
 
   out = tf.switch_case(op, [branch(name) for name in TA_WIDE_OPS])
   return tf.ensure_shape(tf.cast(tf.clip_by_value(out, 0.0, 255.0), image.dtype), image.shape)
+
+
+def _ta_wide_value(name: str, k, negate) -> tf.Tensor:
+  """TrivialAugmentWide's magnitude of op `name` at bin `k`, negated where drawn and signed,
+  as torchvision's op receives it (0 for an op without one); float64."""
+  top, signed = TA_WIDE_SPACE[name]
+  table = _table(top, TA_WIDE_BINS, TA_WIDE_POSTERIZE_SPAN)
+  if table is None:
+    return tf.constant(0.0, tf.float64)
+  return _negated(tf.gather(tf.constant(table), k), negate, signed)
 
 
 def ta_wide_events(seed: Seed, height: int, width: int) -> list[tuple[str, float]]:
@@ -249,10 +256,7 @@ def ta_wide_events(seed: Seed, height: int, width: int) -> list[tuple[str, float
   del height, width
   op, k, negate = ta_wide_draw(seed)
   name = TA_WIDE_OPS[int(op)]
-  top, signed = TA_WIDE_SPACE[name]
-  table = _table(top, TA_WIDE_BINS, TA_WIDE_POSTERIZE_SPAN)
-  value = 0.0 if table is None else float(table[int(k)])
-  return [(name, -value if signed and bool(negate) else value)]
+  return [(name, float(_ta_wide_value(name, k, negate)))]
 
 
 def autoaugment_draw(seed: Seed, policy: str) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
@@ -269,17 +273,24 @@ def autoaugment_draw(seed: Seed, policy: str) -> tuple[tf.Tensor, tf.Tensor, tf.
   return index, applied, tf.stack([draws[1], draws[3]]) <= 0.5
 
 
-def _autoaugment_op(x, name: str, k: Optional[int], negate, quantize: bool,
-                    settings: Settings):
+def _autoaugment_value(name: str, k: Optional[int], negate, height, width) -> tf.Tensor:
+  """AutoAugment's magnitude of op `name` at bin `k` on a `height` x `width` image, negated
+  where drawn and signed, as torchvision's op receives it (a translation before its int(); 0
+  for an op without one); float64."""
   top, signed = AUTOAUGMENT_SPACE[name]
-  shape = tf.shape(x)
   if top in ('width', 'height'):
-    m = tf.cast(translate_pixels(k, shape[1] if top == 'width' else shape[0],
-                                 AUTOAUGMENT_BINS), tf.float64)
+    m = tf.cast(translate_pixels(k, width if top == 'width' else height, AUTOAUGMENT_BINS),
+                tf.float64)
   else:
     table = _table(top, AUTOAUGMENT_BINS, AUTOAUGMENT_POSTERIZE_SPAN)
     m = tf.constant(0.0 if table is None else table[k], tf.float64)
-  m = _negated(m, negate, signed and k is not None)
+  return _negated(m, negate, signed and k is not None)
+
+
+def _autoaugment_op(x, name: str, k: Optional[int], negate, quantize: bool,
+                    settings: Settings):
+  shape = tf.shape(x)
+  m = _autoaugment_value(name, k, negate, shape[0], shape[1])
   out = op_records.on_floats(x, name, m, quantize, settings.interpolation, settings.fill)
   return tf.clip_by_value(out, 0.0, 255.0)  # Each op's output is an image, as torch's.
 
@@ -315,13 +326,6 @@ def autoaugment_events(seed: Seed, policy: str, height: int, width: int
   index, applied, negate = autoaugment_draw(seed, policy)
   events = []
   for i, (name, _, k) in enumerate(POLICIES[policy][int(index)]):
-    if not bool(applied[i]):
-      continue
-    top, signed = AUTOAUGMENT_SPACE[name]
-    if top in ('width', 'height'):
-      value = float(translate_pixels(k, width if top == 'width' else height, AUTOAUGMENT_BINS))
-    else:
-      table = _table(top, AUTOAUGMENT_BINS, AUTOAUGMENT_POSTERIZE_SPAN)
-      value = 0.0 if table is None else float(table[k])
-    events.append((name, -value if signed and k is not None and bool(negate[i]) else value))
+    if bool(applied[i]):
+      events.append((name, float(_autoaugment_value(name, k, negate[i], height, width))))
   return events
