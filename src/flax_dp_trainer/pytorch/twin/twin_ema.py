@@ -8,7 +8,8 @@ The torchvision style averages the buffers too (`use_buffers=True`: BatchNorm's 
 statistics) and copies the weights where `n_averaged` is 0, which the warm-up resets after
 each update. The timm style (its `ModelEmaV3`) averages the buffers too, copies at the first
 update, and with its warm-up caps the decay of the update after n others at
-1 - (1 + n)^(-2/3) (`step.ema.decay_at`). The plain style averages the params alone from the initial weights (`n_averaged`
+1 - (1 + n)^(-2/3) (`step.ema.decay_at`).
+The plain style averages the params alone from the initial weights (`n_averaged`
 starts at 1: its first update averages, as the JAX run's does) and is evaluated with the
 model's current buffers, as the JAX run evaluates its EMA with the current statistics.
 """
@@ -24,9 +25,11 @@ class TwinEma:
 
   def __init__(self, model: torch.nn.Module, options: ema_lib.EmaOptions):
     self.options = options
+    self.decay = options.decay  # Of the next update (`after_step` sets it).
+
     def average(averaged, current, num_averaged):
-      decay = float(ema_lib.decay_at(options, int(num_averaged)))  # The updates before.
-      return decay * averaged + (1.0 - decay) * current
+      del num_averaged  # An EMA: the update's decay alone weighs them.
+      return self.decay * averaged + (1.0 - self.decay) * current
 
     self.averaged = swa_utils.AveragedModel(model, avg_fn=average,
                                             use_buffers=options.batch_stats)
@@ -43,6 +46,7 @@ class TwinEma:
     left `model` (the model itself, not its DDP wrapper)."""
     moves, reset = ema_lib.schedule(self.options, step - 1)
     if moves:
+      self.decay = float(ema_lib.decay_at(self.options, self.count))  # Once, for every tensor.
       self.averaged.update_parameters(model)
       if reset:  # torchvision's warm-up: the next update copies the weights again.
         self.averaged.n_averaged.fill_(0)
