@@ -380,6 +380,7 @@ def test_an_ema_on_one_side_alone_parts_without_a_traceback():
   import timm
   import torch
   from flax_dp_trainer.pytorch.recipe import check
+  from flax_dp_trainer.pytorch.recipe import ema_settings
   from flax_dp_trainer.step import ema as ema_lib
   names = ['cls_token', 'head.weight']
   mine = {n: np.ones(3, np.float32) for n in names}
@@ -389,7 +390,7 @@ def test_an_ema_on_one_side_alone_parts_without_a_traceback():
   assert not check.ema_stage(None, None, names, str).parts
   assert not check.ema_stage(mine, dict(mine), names, str).parts
   theirs = timm.utils.ModelEmaV3(torch.nn.Linear(2, 2), decay=0.9998, use_warmup=True)
-  settings = lambda ema: check._timm_ema_settings(ema, theirs)  # pylint: disable=protected-access
+  settings = lambda ema: ema_settings.timm_stage(ema, theirs)
   found = settings(ema_lib.EmaOptions(decay=0.9998))
   assert found.parts and found.where == 'ema_style' and 'ModelEmaV3' in found.cause
   assert '--config.ema_style=timm --config.ema_decay=0.9998' in found.cause
