@@ -1,10 +1,7 @@
 """`tools.recipe`: the trainer's own checks run on the config a translation writes, and a
 config written with flags left lists them (a comment block, `not_honoured`)."""
 
-import os
-
 import numpy as np
-import pytest
 # torch before TensorFlow (see tests/pytorch/test_step_counterparts.py).
 import torch
 
@@ -15,25 +12,12 @@ from flax_dp_trainer.pytorch.recipe import from_timm
 from flax_dp_trainer.pytorch.recipe import from_torchvision
 from flax_dp_trainer.step import schedules
 from flax_dp_trainer.tools import recipe
+from tests.pytorch.recipe import test_plan_stage
 
 del torch
 
 DEIT = ['--model', 'deit_tiny_patch16_224', '--epochs', '2', '--img-size', '32',
         '--num-classes', '4', '--batch-size', '2']
-
-
-@pytest.fixture(scope='module')
-def folder(tmp_path_factory):
-  from PIL import Image  # pylint: disable=import-outside-toplevel
-  root = tmp_path_factory.mktemp('images')
-  rng = np.random.default_rng(0)
-  for split in ('train', 'val', 'validation'):
-    for c in range(4):
-      os.makedirs(root / split / f'c{c}')
-      for i in range(4):
-        Image.fromarray(rng.integers(0, 256, (36, 40, 3)).astype(np.uint8)).save(
-            root / split / f'c{c}' / f'{i}.jpg')
-  return str(root)
 
 
 def _timm(argv):
@@ -88,3 +72,6 @@ def test_a_config_with_flags_left_lists_them_first_and_holds_them(folder):
   whole = _timm(DEIT + ['--data-dir', folder])
   assert not whole.unhonoured and '# Not honoured' not in whole.config_file()
   assert recipe.config_of(whole).not_honoured == ()
+
+
+folder = test_plan_stage.folder  # 4 classes x 4 generated JPEGs in train/, val/, validation/.

@@ -264,6 +264,16 @@ OPTAX_LOSSES = {
     'bce': lambda logits, t: optax.sigmoid_binary_cross_entropy(logits, t).mean(-1)}
 
 
+def _loss_batch(seed: int, batch: int, classes: int, scale: float):
+  """A batch's logits (normal, times `scale`), labels, Mixup partners and weights, and the
+  one-hot rows of its classes."""
+  rng = np.random.RandomState(seed)
+  logits = (scale * rng.randn(batch, classes)).astype(np.float32)
+  labels = rng.randint(0, classes, batch)
+  partners, weights = rng.randint(0, classes, batch), rng.uniform(size=batch).astype(np.float32)
+  return logits, labels, partners, weights, np.eye(classes, dtype=np.float32)
+
+
 @pytest.mark.parametrize('loss', sorted(OPTAX_LOSSES))
 @pytest.mark.parametrize('mixed', [False, True], ids=['one_hot', 'mixed_smoothed'])
 def test_the_twins_losses_are_optaxs(loss, mixed):
@@ -271,12 +281,7 @@ def test_the_twins_losses_are_optaxs(loss, mixed):
   averaged) against optax's, for one-hot labels and for Mixup-mixed targets smoothed by 0.1;
   sigmoid_xent sums over the classes (a mean would be 7 times smaller). And eval's per-example
   loss against one-hot labels."""
-  rng = np.random.RandomState(0)
-  batch, classes = 6, 7
-  logits = (3 * rng.randn(batch, classes)).astype(np.float32)
-  labels = rng.randint(0, classes, batch)
-  partners, weights = rng.randint(0, classes, batch), rng.uniform(size=batch).astype(np.float32)
-  one_hot = np.eye(classes, dtype=np.float32)
+  logits, labels, partners, weights, one_hot = _loss_batch(0, 6, 7, 3.0)
   dense = one_hot[labels]
   smoothing = 0.1 if mixed else 0.0
   if mixed:
@@ -302,18 +307,13 @@ def test_the_twins_losses_are_optaxs(loss, mixed):
     dict(bce_target_threshold=0.3, bce_sum_classes=True, bce_pos_weight=0.5)],
     ids=['threshold', 'summed_weighted', 'all'])
 def test_bce_is_timms_binary_cross_entropy(options):
-  """loss='bce' with its fields, on the JAX step (`losses.get` with a config) and the twin,
+  """loss='bce' with its fields, on the JAX step (`losses.get` with its options) and the twin,
   against timm's BinaryCrossEntropy itself: on labels with its own smoothing (0.1; timm
   one-hot-smooths, as the step's targets) and on Mixup's smoothed soft targets; the twin's
   per-example eval loss against the same terms per example."""
   # pylint: disable-next=import-outside-toplevel
   from timm.loss import BinaryCrossEntropy
-  rng = np.random.RandomState(1)
-  batch, classes = 6, 5
-  logits = (4 * rng.randn(batch, classes)).astype(np.float32)
-  labels = rng.randint(0, classes, batch)
-  partners, weights = rng.randint(0, classes, batch), rng.uniform(size=batch).astype(np.float32)
-  one_hot = np.eye(classes, dtype=np.float32)
+  logits, labels, partners, weights, one_hot = _loss_batch(1, 6, 5, 4.0)
   mixed = weights[:, None] * one_hot[labels] + (1 - weights[:, None]) * one_hot[partners]
   mixed = optax.smooth_labels(mixed, 0.1)  # timm's mixup_target: smoothed, then mixed.
   kwargs = dict(target_threshold=None if options['bce_target_threshold'] < 0 else

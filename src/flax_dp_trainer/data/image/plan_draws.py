@@ -1,7 +1,7 @@
 """This run's training plan drawn outside the pipeline, as numpy: the windows its crop step
-draws, the pixels its erasing step changes, the ops its policy applies, its outputs of given images; each draw k from the
-stream's seed of position k, as the pipeline draws the example at that position. What the
-recipe check's draws stage compares with the script's transforms."""
+draws, the pixels its erasing step changes, the ops its policy applies, its outputs of given
+images; each draw k from the stream's seed of position k, as the pipeline draws the example at
+that position. What the recipe check's draws stage compares with the script's transforms."""
 
 import numpy as np
 import tensorflow as tf

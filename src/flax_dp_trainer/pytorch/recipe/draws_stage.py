@@ -1,15 +1,17 @@
 """The recipe check's stage of the draws, before the batch: both training plans run on the same
 images many times, and what they draw compared as distributions, each by a two-sample test
 with its p-value. The policy, drawn alone on one image (`script_policy` records the
-script's): how many ops an image gets, which ops and at which values, chi-square. The crop: the windows each side draws on the script's first image (ours by
-the crop step's own draw, the script's by its transform's), their share of the image's area
-and their aspect (log), Kolmogorov-Smirnov. Erasing alone on a white image: the share of the
+script's): how many ops an image gets, which ops and at which values, chi-square. The crop:
+the windows each side draws on the script's first image (ours by the crop step's own draw,
+the script's by its transform's), their share of the image's area and their aspect (log),
+Kolmogorov-Smirnov. Erasing alone on a white image: the share of the
 image it changes (its rate and its boxes' sizes at once). The output: each channel's
 mean and standard deviation of the normalized image, over the script's first training images
 drawn again and again (the flip, the policy, colour jitter and erasing show there),
 Kolmogorov-Smirnov. A same plan draws alike: a test parts below P_BOUND (one in 10,000 of
 false parts per test where the distributions are equal), named with what it measured."""
 
+import collections
 import dataclasses
 import math
 
@@ -88,8 +90,8 @@ def chi_square(what: str, mine: list, theirs: list) -> Test:
   # pylint: disable-next=import-outside-toplevel  # (scipy: the check's only)
   from scipy import stats
   labels = sorted(set(mine) | set(theirs), key=str)
-  counts = np.array([[sum(1 for x in side if x == label) for label in labels]
-                     for side in (mine, theirs)], np.float64)
+  tallies = (collections.Counter(mine), collections.Counter(theirs))
+  counts = np.array([[tally[label] for label in labels] for tally in tallies], np.float64)
   common = counts.sum(axis=0) >= RARE
   if (~common).any():
     rare = counts[:, ~common].sum(axis=1, keepdims=True)

@@ -264,12 +264,11 @@ def _augmentation(ctx: Context, mean: tuple, train_interpolation: str) -> None:
     ctx.set('color_jitter', 'color_jitter', args.color_jitter,
             "torchvision's ColorJitter(b, c, s), as timm builds it")
   ctx.set('reprob', 'random_erase_prob', args.reprob)
-  if not args.reprob:  # No erasing: its mode and count are read by nothing (refused unread).
-    pass
-  elif args.remode in ('pixel', 'const'):
+  # Without erasing its mode and count are read by nothing (the trainer refuses them unread).
+  if args.reprob and args.remode in ('pixel', 'const'):
     ctx.set('remode', 'random_erase_mode', args.remode)
     ctx.set('recount', 'random_erase_count', args.recount, '1 to N boxes per erased image')
-  else:
+  elif args.reprob:
     ctx.refuse('remode', f"timm's erasing mode {args.remode!r}: here 'pixel' or 'const'")
   _repeats(ctx)
 

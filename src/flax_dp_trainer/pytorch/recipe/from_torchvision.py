@@ -331,13 +331,10 @@ def _schedule(r: _Reader) -> None:
                     'stops on any other')
   r.set('lr_scheduler', 'lr_schedule', known[kind].name)
   r.script('lr_scheduler.step() after each epoch', 'lr_schedule_unit', 'epoch')
-  if 0 < a.epochs <= a.lr_warmup_epochs:  # The milestone lies past the run's end.
-    r.script('SequentialLR([warm-up, main], milestones=[--lr-warmup-epochs])', 'warmup_prefix',
-             False, 'the warm-up outlasts --epochs: the main schedule never starts, on '
-             'either clock')
-  else:
-    r.script('SequentialLR([warm-up, main], milestones=[--lr-warmup-epochs])', 'warmup_prefix',
-             True, "the main schedule's clock starts after the warm-up")
+  outlasts = 0 < a.epochs <= a.lr_warmup_epochs  # The milestone lies past the run's end.
+  r.script('SequentialLR([warm-up, main], milestones=[--lr-warmup-epochs])', 'warmup_prefix',
+           not outlasts, 'the warm-up outlasts --epochs: the main schedule never starts, on '
+           "either clock" if outlasts else "the main schedule's clock starts after the warm-up")
   if kind == 'steplr':
     r.set('lr_step_size', 'lr_step_size_epochs', float(a.lr_step_size))
     r.set('lr_step_size', 'lr_step_size', -1, 'counted in epochs')
