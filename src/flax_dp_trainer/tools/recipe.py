@@ -60,6 +60,9 @@ def _define_flags() -> None:
   flags.DEFINE_bool('check', False, 'Train both sides and compare them, stage by stage.')
   flags.DEFINE_integer('steps', 20, 'With --check: the steps compared side by side.')
   flags.DEFINE_string('plot', None, 'With --check: write the steps\' plot (PNG) here.')
+  flags.DEFINE_bool('stop_at_parting', False, 'With --check: stop at the first step that '
+                    'parts, and before the steps where a setting or a stage before the batch '
+                    'parts (the same verdict, sooner).')
   cli.define_config('With --check: the config of the JAX side in place of the translation '
                     '(a file; --config.FIELD=VALUE overrides).')
 
@@ -185,7 +188,7 @@ def _main(script_args: list[str]) -> int:
   args = script_parser.parse(script_args)
   with tempfile.TemporaryDirectory() as workdir:
     report = check.run(script, args, config, workdir, FLAGS.nproc_per_node, FLAGS.steps,
-                       FLAGS.plot)
+                       FLAGS.plot, FLAGS.stop_at_parting)
   print('\n' + '\n'.join(report.lines()), flush=True)
   if FLAGS.plot:
     print(f'written: {FLAGS.plot}', flush=True)

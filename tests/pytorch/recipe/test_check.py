@@ -260,9 +260,11 @@ def test_the_scaled_down_tv2_recipe_checks_the_same_and_each_change_is_named(
   changed.momentum = 0.85  # A setting read from the script's own optimizer,
   changed.label_smoothing = 0.0  # its criterion,
   changed.ema_decay = 0.99  # its EMA's averaging.
+  changed.stochastic_depth_rate = 0.1  # Drop-path, which the steps run without.
   changed.lock()
-  found = check.run('torchvision', args, changed, str(tmp_path / 'changed'), 2, 0)
-  assert not found.same
+  found = check.run('torchvision', args, changed, str(tmp_path / 'changed'), 2, 3,
+                    stop_at_parting=True)
+  assert not found.same and not found.steps  # A setting parts: no step is run.
   settings = {s.name: s for s in found.settings}
   assert settings['weight decay'].parts and settings['weight decay'].where == 'fc.bias'
   assert '--config.decay_all_params=True' in settings['weight decay'].cause
@@ -279,6 +281,17 @@ def test_the_scaled_down_tv2_recipe_checks_the_same_and_each_change_is_named(
   assert settings['EMA settings'].cause.startswith(
       "the EMA's decay per update is 0.92 here and 0.99984 in the script: set "
       '--config.ema_decay=0.99998'), settings['EMA settings'].cause
+  assert settings['dropout, drop-path'].where == 'drop_path'
+
+  # BatchNorm over the whole global batch (sync BN) parts at step 1, where the run stops.
+  synced = tool.config_of(translation)
+  synced.unlock()
+  synced.bn_group_size = 16
+  synced.lock()
+  found = check.run('torchvision', args, synced, str(tmp_path / 'synced'), 2, 3,
+                    stop_at_parting=True)
+  assert [r['step'] for r in found.steps] == [1]
+  assert found.first[1].name == 'BatchNorm statistics', found.first
 
 
 @pytest.mark.slow
@@ -507,6 +520,36 @@ def test_the_precision_is_a_setting_and_the_steps_run_in_float32():
       '--amp): set --config.dtype=float32 (the steps are compared in float32 either way)')
   found = check.precision('torchvision', amp, ml_collections.ConfigDict({'dtype': 'float32'}))
   assert found.parts and 'in float16 in the script (--amp)' in found.cause
+
+
+def test_dropout_and_drop_path_are_settings_that_part():
+  """The numeric check runs without them, so their rates are a setting: timm's flags, or a
+  torchvision model's own modules, against dropout_rate and stochastic_depth_rate."""
+  # pylint: disable-next=import-outside-toplevel  # (jax: the check's)
+  from flax_dp_trainer.configs import default
+  from flax_dp_trainer.pytorch.recipe import regularization_settings
+  from flax_dp_trainer.pytorch.recipe import timm_args
+  config = default.get_config()
+  config.dropout_rate, config.stochastic_depth_rate = 0.0, 0.1
+  deit = timm_args.parse(['--model', 'deit_small_patch16_224', '--drop-path', '0.1'])
+  assert not regularization_settings.stage('timm', config, deit, None).parts
+  bare = timm_args.parse(['--model', 'vit_small_patch16_224'])
+  found = regularization_settings.stage('timm', config, bare, None)
+  assert found.parts and found.where == 'drop_path'
+  assert found.cause == ('drop-path is 0.1 here and 0 in the script (--drop-path): set '
+                         '--config.stochastic_depth_rate=0')
+  # torchvision's script passes its model neither: the model's own rates.
+  convnext = torchvision.models.convnext_tiny(stochastic_depth_prob=0.1)
+  assert not regularization_settings.stage('torchvision', config, _args('--model', 'x'),
+                                           convnext).parts
+  config.stochastic_depth_rate = 0.0
+  vit = torchvision.models.vit_b_16(dropout=0.2)
+  found = regularization_settings.stage('torchvision', config, _args('--model', 'vit_b_16'),
+                                        vit)
+  assert found.parts and found.where == 'dropout'
+  assert '--config.dropout_rate=0.2' in found.cause
+  assert not regularization_settings.stage('torchvision', config, _args(),
+                                           torchvision.models.resnet18()).parts
 
 
 def test_the_gradients_cause_names_what_feeds_them_not_the_optimizer():

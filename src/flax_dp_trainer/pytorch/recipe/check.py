@@ -34,6 +34,7 @@ from flax_dp_trainer.pytorch.recipe import jax_side as jax_side_lib
 from flax_dp_trainer.pytorch.recipe import loss_settings
 from flax_dp_trainer.pytorch.recipe import optimizer_settings
 from flax_dp_trainer.pytorch.recipe import plan_stage
+from flax_dp_trainer.pytorch.recipe import regularization_settings
 from flax_dp_trainer.pytorch.recipe import stage_causes
 from flax_dp_trainer.pytorch.recipe import stages as stages_lib
 from flax_dp_trainer.pytorch.recipe import torchvision_side
@@ -208,9 +209,10 @@ def precision(script: str, args, config) -> stages_lib.Stage:
 
 
 def run(script: str, args, config, workdir: str, nproc: int, num_steps: int,
-        plot: Optional[str] = None) -> Report:
+        plot: Optional[str] = None, stop_at_parting: bool = False) -> Report:
   """Both sides of `script`'s command line `args` and `config` for `num_steps` steps from
-  the same weights; the report."""
+  the same weights; the report. `stop_at_parting`: no step where a stage before the batch
+  or a setting parts, and none after the first step that parts (the verdict is the same)."""
   jax_side = jax_side_lib.JaxSide(numeric(config), workdir)
   side = _script_side(script, args, nproc)
   # Before the batch: the plan op by op, its draws, the epoch's examples.
@@ -256,8 +258,12 @@ def run(script: str, args, config, workdir: str, nproc: int, num_steps: int,
       optimizer_settings.stage(jax_side.run.options.optim.optimizer, side.optimizer, script),
       loss_settings.stage(config, side, script),
       precision(script, args, config),
+      regularization_settings.stage(script, config, args, side.model),
       ema_settings.stage(script, jax_side.run.options.step.ema, side.ema, args)]
   rows = []
+  if stop_at_parting and (stages_lib.first_parting(planned) or
+                          stages_lib.first_parting(settings)):
+    num_steps = 0
   for k in range(num_steps):
     batch = jax_side.next_batch()
     if k == 0:
@@ -279,6 +285,9 @@ def run(script: str, args, config, workdir: str, nproc: int, num_steps: int,
         lr=(mine.learning_rate, theirs.learning_rates[param_names[0]]),
         stages=_step_stages(side, mine, theirs, reordered, reference, before, inputs, targets,
                             param_names, args, causes, step_rates, k)))
+    if stop_at_parting and stages_lib.first_parting(
+        stages_lib.with_repeats([row['stages'] for row in rows])[-1]):
+      break
   for row, audited in zip(rows, stages_lib.with_repeats([row['stages'] for row in rows])):
     row['stages'] = audited
   if rows:
