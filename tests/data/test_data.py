@@ -379,6 +379,11 @@ def test_a_policy_and_repeated_augmentation_are_drawn_from_the_stream_position(c
   assert (labels.reshape(-1, 4) == labels.reshape(-1, 4)[:, :1]).all()
   distinct = {run[0].tobytes() for run in runs}
   assert len(distinct) == len(runs) == steps * 4  # An epoch: a quarter of the examples.
+  # A batch of 6 is not whole runs of 4: a run goes on in the next batch, the same stream.
+  config.update(batch_size=6)
+  straddled, _ = _stream(_open(config), 4)
+  np.testing.assert_array_equal(straddled, images[:24])
+  config.update(batch_size=16)
   config.update(auto_augment='ta_wide', auto_augment_fill='mean')
   data = _open(config)  # Through TensorFlow (the policy): the same examples, as indices say.
   assert data.plan().describe().endswith('TrivialAugmentWide, nearest, fill (0.0,)')

@@ -280,8 +280,6 @@ CASES = {
     'augmix severity off the range': (
         dict(auto_augment='augmix', augmix_severity=11),
         'augmix_severity=11 must be an integer in [1, 10]'),
-    'batch of partial repeats': (
-        dict(aug_repeats=3), 'batch_size=128 is not a multiple of aug_repeats=3'),
     'colour jitter under a policy': (
         dict(auto_augment='ta_wide', color_jitter=0.4),
         "color_jitter=0.4 with the policy ta_wide: timm applies its color jitter only where "

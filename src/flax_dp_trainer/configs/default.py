@@ -143,8 +143,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.color_jitter = 0.0
   # Repeated augmentation (torchvision's --ra-reps, timm's --aug-repeats): each example
   # appears this many times in a row in the training stream, each copy augmented apart; an
-  # epoch keeps its steps (1/aug_repeats of the distinct examples); batch_size must be a
-  # multiple of it. 1 = off.
+  # epoch keeps its steps (1/aug_repeats of the distinct examples); a run of copies may go on
+  # in the next process's rows or the next batch (any batch_size). 1 = off.
   config.aug_repeats = 1
   # Mixup/CutMix of the global batch (row r with row batch_size-1-r), soft targets in the loss.
   config.mixup_alpha = 0.0  # Mixup weight ~ Beta(alpha, alpha); 0 = no Mixup.

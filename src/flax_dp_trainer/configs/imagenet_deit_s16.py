@@ -3,15 +3,13 @@ regularization instead of extra data.
 
 After DeiT (Touvron et al., "Training data-efficient image transformers & distillation
 through attention", ICML 2021), without distillation, with its timm settings: AdamW, LR 5e-4
-x batch / 512 (here 2.5e-4 x batch / 256, about 1e-3 at batch 1008), weight decay 0.05, 5 warm-up
+x batch / 512 (here 2.5e-4 x batch / 256, about 1e-3 at batch 1024), weight decay 0.05, 5 warm-up
 epochs, cosine to 1e-5, label smoothing 0.1, timm's RandAugment `--aa rand-m9-mstd0.5-inc1`
 (auto_augment: each op with probability 0.5, magnitude 9 with noise of std 0.5, the
 increasing ops, mean fill), Mixup 0.8 and CutMix 1.0 (switched half and half, every batch
 mixed), random erasing 0.25 in timm's pixel mode (`--reprob 0.25 --remode pixel --recount
 1`), repeated augmentation x3 (`--aug-repeats 3`), bicubic crops (`--train-interpolation
-bicubic`, and evaluation's resize), stochastic depth 0.1, no dropout, batch 1008 (DeiT's
-1024 rounded to a multiple of the 3 copies and of 16 devices: here a batch holds whole runs
-of an example's copies), 300
+bicubic`, and evaluation's resize), stochastic depth 0.1, no dropout, batch 1024 (DeiT's), 300
 epochs, bfloat16 compute:
 
   python -m flax_dp_trainer --config=imagenet_deit_s16 --workdir=gs://BUCKET/deit_s16 \\
@@ -57,19 +55,19 @@ def get_config() -> ml_collections.ConfigDict:
   config.dtype = 'bfloat16'
   config.optimizer = 'adamw'
   config.learning_rate = 2.5e-4
-  config.scale_learning_rate = True  # 2.5e-4 x 1008 / 256 = DeiT's 5e-4 x 1008 / 512.
+  config.scale_learning_rate = True  # 2.5e-4 x 1024 / 256 = DeiT's 5e-4 x 1024 / 512.
   config.adam_b1 = 0.9
   config.adam_b2 = 0.999
   config.weight_decay = 0.05
   config.min_learning_rate = 1e-5  # timm's --min-lr.
   config.label_smoothing = 0.1
-  config.batch_size = 1008
+  config.batch_size = 1024
   config.eval_batch_size = 1024
   config.num_train_steps = -1  # Counted in epochs:
   config.num_epochs = 300.0
   config.warmup_steps = -1
   config.warmup_epochs = 5.0
   config.log_every_steps = 100
-  config.eval_every_steps = 12_710  # About 10 epochs at batch 1008.
-  config.checkpoint_every_steps = 1_271  # One epoch.
+  config.eval_every_steps = 12_510  # About 10 epochs at batch 1024.
+  config.checkpoint_every_steps = 1_251  # One epoch.
   return config

@@ -41,11 +41,6 @@ def check(config) -> None:
                     'is set; drop --config.color_jitter, or the policy')
   _check_crop(config)
   _whole('aug_repeats', config.aug_repeats, 1, '; 1 turns repeated augmentation off')
-  if config.batch_size % config.aug_repeats:
-    raise UserError(f'batch_size={config.batch_size} is not a multiple of aug_repeats='
-                    f'{config.aug_repeats}: every batch holds whole runs of an example\'s '
-                    f'copies; use a multiple, e.g. --config.batch_size='
-                    f'{max(1, config.batch_size // config.aug_repeats) * config.aug_repeats}')
 
 
 def _check_randaugment(config) -> None:

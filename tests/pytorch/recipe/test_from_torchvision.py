@@ -275,12 +275,29 @@ def test_the_scripts_choices(argv, expected):
 @pytest.mark.parametrize('argv, refused', [
     (['--auto-augment', 'ta_wide', '--interpolation', 'bicubic'], '--interpolation bicubic'),
     (['--interpolation', 'lanczos'], '--interpolation lanczos'),
-    (['--ra-sampler', '--batch-size', '10'], '(default) --ra-reps 3'),
 ])
 def test_what_this_trainer_cannot_follow_changes_training(argv, refused):
   t = from_torchvision.translate(argv, nproc_per_node=1)
   assert t.exit_code == 1
   assert refused in {u.flag for u in t.unhonoured if u.changes_training}
+
+
+def test_the_vit_b16_command_translates_with_runs_of_copies_across_batches():
+  """torchvision's vit_b_16 command: 8 x 512 with --ra-sampler's 3 copies, a global batch of
+  4096 that is not whole runs of 3: a run goes on in the next batch, as RASampler's do."""
+  argv = ['--model', 'vit_b_16', '--epochs', '300', '--batch-size', '512', '--opt', 'adamw',
+          '--lr', '0.003', '--wd', '0.3', '--lr-scheduler', 'cosineannealinglr',
+          '--lr-warmup-method', 'linear', '--lr-warmup-epochs', '30', '--lr-warmup-decay',
+          '0.033', '--amp', '--label-smoothing', '0.11', '--mixup-alpha', '0.2',
+          '--auto-augment', 'ra', '--clip-grad-norm', '1', '--ra-sampler', '--cutmix-alpha',
+          '1.0', '--model-ema']
+  t = from_torchvision.translate(argv, nproc_per_node=8)
+  assert t.exit_code == 0, t.table()
+  fields = t.fields()
+  assert (fields['batch_size'], fields['aug_repeats'], fields['model']) == (4096, 3, 'vit_b16')
+  config = default.get_config()
+  config.update({k: v for k, v in fields.items() if k in config and k != 'not_honoured'})
+  checks.check_fields(config, process_count=1, local_device_count=None)
 
 
 @pytest.mark.parametrize('argv, words', [

@@ -433,7 +433,8 @@ def _before_batch(ctx: Context) -> list[str]:
   if args.aug_repeats:
     lines.append("timm's RepeatAugSampler deals an example's copies to different processes and "
                  'keeps floor(N/256)*256 / processes examples of each epoch; here the copies '
-                 'follow each other in the global batch')
+                 'are consecutive stream positions, a run at the end of a process\'s rows '
+                 'going on in the next process\'s or the next batch')
   prefetched = not args.no_prefetcher
   mixing = args.mixup > 0 or args.cutmix > 0
   if mixing:
@@ -489,10 +490,6 @@ def translate(argv: list[str], nproc_per_node: int,
   _ema(ctx)
   _batchnorm(ctx)
   timm_rules.translate_bookkeeping(ctx)
-  repeats = ctx.out.fields().get('aug_repeats', 1)
-  if global_batch % repeats:
-    ctx.refuse('aug_repeats', f'a global batch of {global_batch} is not whole runs of '
-               f'{repeats} copies, which the batch here must hold')
   timm_rules.apply_rules(ctx)
   ctx.out.before_batch = _before_batch(ctx) + ctx.out.before_batch
   return ctx.out

@@ -359,12 +359,6 @@ def _batch(r: _Reader, nproc: int) -> None:
           "BatchNorm over each process's batch of --batch-size")
     r.set('sync_bn', 'bn_group_stats', 'first',
           "DDP's broadcast_buffers: rank 0's running statistics")
-  ra_reps = a.ra_reps if a.ra_sampler else 1
-  if (a.batch_size * nproc) % ra_reps:
-    r.t.refuse(r.flag('ra_reps'),
-               f'the global batch {a.batch_size * nproc} is not a multiple of {ra_reps}: here '
-               "every batch holds whole runs of an example's copies (aug_repeats)",
-               changes_training=True)
 
 
 def _epoch(r: _Reader, nproc: int) -> None:
@@ -459,8 +453,9 @@ def _before_batch(r: _Reader, nproc: int) -> list[str]:
     lines.append(
         f'repeated augmentation: RASampler repeats each example {a.ra_reps} times in its '
         f'permutation and deals the copies to consecutive processes, so that they sit in '
-        f'different processes\' batches of one step; here the copies are consecutive rows of '
-        f'the global batch, in one process\'s rows. RASampler\'s epoch is the train split '
+        f'different processes\' batches of one step; here the copies are consecutive stream '
+        f'positions: rows of one process\'s block of a batch, a run at a block\'s end going '
+        f'on in the next block or the next batch. RASampler\'s epoch is the train split '
         f'rounded down to a multiple of 256 examples; here the whole split')
     lines.append(
         'the epoch\'s last batch: each process\'s DataLoader ends the epoch with a short '
