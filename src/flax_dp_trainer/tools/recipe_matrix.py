@@ -6,7 +6,8 @@ a recorded run, not a test.
 For each command: its translation at full size (exit status and the flags it leaves, on a
 generated folder of ImageNet's 1000 classes, 5 images each); then the command
 scaled down (the flags of `Recipe.scaled` replace the command's: batch, epochs, warm-up,
-image size) on a generated image folder, translated and checked with `--check` on each seed
+image size) and its learning rate scaled with its batch (`learning_rate_flags`) on a generated image
+folder, translated and checked with `--check` on each seed
 (`--config.seed`), each run crossing the end of its warm-up (or its first step decay); then
 once more with a fault seeded into the translation (`--config.FIELD=VALUE`), which must part,
 at its stage (`--stop_at_parting`). The table goes to standard output and to
@@ -76,16 +77,6 @@ RECIPES = (
            '(ResNet101_Weights.IMAGENET1K_V2)', 8, ('--model', 'resnet101') + TV2[2:],
            TORCHVISION_SCALE + ('--model-ema-steps', '4'), 'ema_decay=0.9999',
            'EMA settings'),
-    Recipe('tv-vit_b_16', 'torchvision', "torchvision's references, vit_b_16 (README)", 8,
-           ('--model', 'vit_b_16', '--epochs', '300', '--batch-size', '512', '--opt',
-            'adamw', '--lr', '0.003', '--wd', '0.3', '--lr-scheduler', 'cosineannealinglr',
-            '--lr-warmup-method', 'linear', '--lr-warmup-epochs', '30', '--lr-warmup-decay',
-            '0.033', '--amp', '--label-smoothing', '0.11', '--mixup-alpha', '0.2',
-            '--auto-augment', 'ra', '--clip-grad-norm', '1', '--ra-sampler', '--cutmix-alpha',
-            '1.0', '--model-ema'),
-           ('--batch-size', '2', '--epochs', '4', '--lr-warmup-epochs', '1',
-            '--model-ema-steps', '4'), 'label_smoothing=0.1', 'loss settings',
-           scaled_nproc=4),
     Recipe('timm-deit_s-ema', 'timm', "DeiT-S (DeiT's README) in timm's flags, with timm's "
            '--model-ema', 8,
            ('--model', 'deit_small_patch16_224', '--lr', '5e-4') + VIT_TIMM + (
@@ -113,6 +104,16 @@ RECIPES = (
                '--epochs', '300', '--batch-size', '128'),
            TIMM_SCALE, 'stochastic_depth_rate=0.1', 'dropout, drop-path',
            ('vit_small_patch16_224=vit_s16',)),
+    Recipe('tv-vit_b_16', 'torchvision', "torchvision's references, vit_b_16 (README)", 8,
+           ('--model', 'vit_b_16', '--epochs', '300', '--batch-size', '512', '--opt',
+            'adamw', '--lr', '0.003', '--wd', '0.3', '--lr-scheduler', 'cosineannealinglr',
+            '--lr-warmup-method', 'linear', '--lr-warmup-epochs', '30', '--lr-warmup-decay',
+            '0.033', '--amp', '--label-smoothing', '0.11', '--mixup-alpha', '0.2',
+            '--auto-augment', 'ra', '--clip-grad-norm', '1', '--ra-sampler', '--cutmix-alpha',
+            '1.0', '--model-ema'),
+           ('--batch-size', '2', '--epochs', '4', '--lr-warmup-epochs', '1',
+            '--model-ema-steps', '4'), 'label_smoothing=0.1', 'loss settings',
+           scaled_nproc=4),
 )
 
 
@@ -132,6 +133,29 @@ def scale(argv: tuple[str, ...], changes: tuple[str, ...]) -> list[str]:
   for flag, value in pairs.items():
     out += [flag, value]
   return out
+
+
+def _value(argv, flag: str, default: str) -> str:
+  return argv[argv.index(flag) + 1] if flag in argv else default
+
+
+def learning_rate_flags(recipe: Recipe) -> tuple[str, ...]:
+  """`--lr` for the scale-down: the command's rate (the script's default where it gives none)
+  scaled from its global batch to the scaled one as timm's `--lr-base` rule scales a rate:
+  linearly for SGD, by the square root for adaptive optimizers (Adam*, LAMB). Kept at the
+  command's rate, a batch 64 to 256 times smaller steps 64 to 256 times too far, and the run
+  diverges (its loss climbs past 10 in the first epoch). None where timm derives the rate
+  from `--lr-base` itself (no `--lr` given)."""
+  if recipe.script == 'timm' and '--lr' not in recipe.argv:
+    return ()
+  default_batch, default_opt = (('32', 'sgd') if recipe.script == 'torchvision' else
+                                ('128', 'sgd'))
+  ratio = (recipe.scaled_nproc * int(_value(recipe.scaled, '--batch-size', default_batch)) /
+           (recipe.nproc * int(_value(recipe.argv, '--batch-size', default_batch))))
+  optimizer = _value(recipe.argv, '--opt', default_opt).lower()
+  adaptive = 'ada' in optimizer or 'lamb' in optimizer
+  rate = float(_value(recipe.argv, '--lr', '0.1')) * (ratio ** 0.5 if adaptive else ratio)
+  return ('--lr', f'{rate:.4g}')
 
 
 def make_folders(root: str) -> dict[str, str]:
@@ -200,7 +224,8 @@ def run_recipe(recipe: Recipe, folders: dict[str, str], workdir: str, seeds: lis
   logs = os.path.join(workdir, 'runs')
   full = _tool(head + [f'--nproc_per_node={recipe.nproc}', '--', *recipe.argv, data_flag,
                        folders['full']], os.path.join(logs, f'{recipe.name}.full.txt'))
-  scaled = scale(recipe.argv, recipe.scaled) + [data_flag, folders[recipe.script]]
+  scaled = scale(recipe.argv, recipe.scaled + learning_rate_flags(recipe)) + [
+      data_flag, folders[recipe.script]]
   config = os.path.join(workdir, 'configs', f'{recipe.name}.py')
   small = head + [f'--nproc_per_node={recipe.scaled_nproc}']
   written = _tool(small + [f'--out={config}', '--', *scaled],
@@ -319,11 +344,11 @@ def main() -> int:
     results.append(run_recipe(recipe, folders, FLAGS.workdir, seeds, FLAGS.steps))
     print(f'{recipe.name}: {"as expected" if expected(results[-1]) else "NOT as expected"} '
           f'({time.time() - start:.0f} s so far)', flush=True)
-  text = '\n'.join([table(results, seeds, FLAGS.steps)] + details(results) +
-                   ['', f'{len(results)} recipes in {time.time() - start:.0f} s'])
+    text = '\n'.join([table(results, seeds, FLAGS.steps)] + details(results) +
+                     ['', f'{len(results)} recipes in {time.time() - start:.0f} s'])
+    with open(os.path.join(FLAGS.workdir, 'matrix.txt'), 'w', encoding='utf-8') as f:
+      f.write(text + '\n')  # The recipes so far: the table grows as they end.
   print('\n' + text, flush=True)
-  with open(os.path.join(FLAGS.workdir, 'matrix.txt'), 'x', encoding='utf-8') as f:
-    f.write(text + '\n')
   return 0 if all(expected(r) for r in results) else 1
 
 
