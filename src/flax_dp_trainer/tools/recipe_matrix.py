@@ -4,15 +4,15 @@ a recorded run, not a test.
   python -m flax_dp_trainer.tools.recipe_matrix --workdir=/tmp/matrix [--only=NAME,...]
 
 For each command: its translation at full size (exit status and the flags it leaves, on a
-generated folder of ImageNet's 1000 classes, 5 images each); then the command
-scaled down (the flags of `Recipe.scaled` replace the command's: batch, epochs, warm-up,
-image size) and its learning rate scaled with its batch (`learning_rate_flags`) on a generated image
-folder, translated and checked with `--check` on each seed
-(`--config.seed`), each run crossing the end of its warm-up (or its first step decay); then
-once more with a fault seeded into the translation (`--config.FIELD=VALUE`), which must part,
-at its stage (`--stop_at_parting`). The table goes to standard output and to
-`WORKDIR/matrix.txt`, each run's output to `WORKDIR/runs/`. Exit 0 where every verdict is the
-expected one: the seeds the same recipe, each fault parting where it is seeded.
+generated folder of ImageNet's 1000 classes, 5 images each); then the command scaled down
+(the flags of `Recipe.scaled` replace the command's: batch, epochs, warm-up, image size; its
+learning rate scaled with its batch, `learning_rate_flags`) on a generated image folder,
+translated and checked with `--check` on each seed (`--config.seed`), each run crossing the
+end of its warm-up (or its first step decay); then once more with a fault seeded into the
+translation (`--config.FIELD=VALUE`), which must part, at its stage (`--stop_at_parting`).
+The table goes to standard output and to `WORKDIR/matrix.txt` (written as each recipe ends),
+each run's output to `WORKDIR/runs/`. Exit 0 where every verdict is the expected one: the
+seeds the same recipe, each fault parting where it is seeded.
 """
 
 import dataclasses
