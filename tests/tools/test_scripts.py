@@ -31,7 +31,7 @@ def test_tools_are_modules_that_leave_the_path_and_the_flags_alone():
   importing one (as the tests and the other tools do) defines no command-line flag."""
   assert set(TOOLS) == {'port_check', 'compare', 'export', 'benchmark', 'bench_sharding',
                         'bench_file_check', 'show_metrics', 'convert', 'goodput', 'show_batch',
-                        'recipe'}
+                        'recipe', 'recipe_matrix'}
   for name in TOOLS:
     with open(os.path.join(TOOLS_DIR, f'{name}.py'), encoding='utf-8') as f:
       assert 'sys.path' not in f.read(), name
@@ -142,7 +142,8 @@ HELP_FLAGS = {
     'dp-goodput': ['--workdir'],
     'dp-show-batch': ['--config', '--out', '--num', '--[no]overwrite', '--compare', '--policy'],
     'dp-recipe': ['--config', '--from', '--nproc_per_node', '--model_map', '--out', '--[no]check',
-                  '--steps', '--plot'],
+                  '--steps', '--plot', '--[no]stop_at_parting'],
+    'dp-recipe-matrix': ['--workdir', '--only', '--seeds', '--steps'],
 }
 
 
