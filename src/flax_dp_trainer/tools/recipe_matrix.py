@@ -148,11 +148,10 @@ def learning_rate_flags(recipe: Recipe) -> tuple[str, ...]:
   from `--lr-base` itself (no `--lr` given)."""
   if recipe.script == 'timm' and '--lr' not in recipe.argv:
     return ()
-  default_batch, default_opt = (('32', 'sgd') if recipe.script == 'torchvision' else
-                                ('128', 'sgd'))
+  default_batch = '32' if recipe.script == 'torchvision' else '128'  # Each script's default.
   ratio = (recipe.scaled_nproc * int(_value(recipe.scaled, '--batch-size', default_batch)) /
            (recipe.nproc * int(_value(recipe.argv, '--batch-size', default_batch))))
-  optimizer = _value(recipe.argv, '--opt', default_opt).lower()
+  optimizer = _value(recipe.argv, '--opt', 'sgd').lower()  # Both scripts' default.
   adaptive = 'ada' in optimizer or 'lamb' in optimizer
   rate = float(_value(recipe.argv, '--lr', '0.1')) * (ratio ** 0.5 if adaptive else ratio)
   return ('--lr', f'{rate:.4g}')
