@@ -11,10 +11,10 @@ decay and cadence. Then every step, both sides started from the JAX side's state
 forcing), stage by stage in the order a step computes them: the learning rates, the model's
 input (normalized, mixed), BatchNorm's running statistics (torch's unbiased update turned into
 the biased one flax keeps), the logits, the loss on the same logits, the gradients (their
-distance from the script's step in float64 against float32 rounding's spread there, measured:
-`stages.against_rounding`), then, each from the JAX side's previous stage through the float64
-side, the clipped gradients, each parameter's update and the new parameters (measured the same
-way) and the EMA."""
+distance from the script's step in float64 against float32 rounding's spread there, measured,
+ReLU gates within rounding of zero included: `stages.against_rounding`, `relu_gates`), then,
+each from the JAX side's previous stage through the float64 side, the clipped gradients, each
+parameter's update and the new parameters (measured the same way) and the EMA."""
 
 import dataclasses
 import math
@@ -35,6 +35,7 @@ from flax_dp_trainer.pytorch.recipe import loss_settings
 from flax_dp_trainer.pytorch.recipe import optimizer_settings
 from flax_dp_trainer.pytorch.recipe import plan_stage
 from flax_dp_trainer.pytorch.recipe import regularization_settings
+from flax_dp_trainer.pytorch.recipe import relu_gates
 from flax_dp_trainer.pytorch.recipe import stage_causes
 from flax_dp_trainer.pytorch.recipe import stages as stages_lib
 from flax_dp_trainer.pytorch.recipe import torchvision_side
@@ -243,6 +244,16 @@ def run(script: str, args, config, workdir: str, nproc: int, num_steps: int,
   # updates and the new parameters are measured against.
   again = _script_side(script, args, nproc)
   again.load(start)
+  # The float64 step once more with each ReLU gate within rounding of zero turned (as the
+  # float32 and float64 steps' inputs to it say): what a gate that rounding turns moves, which
+  # the gradients' spread holds too (`relu_gates`).
+  turned, gates, inputs_seen = None, None, ()
+  if relu_gates.relus(side.model):
+    turned = _script_side(script, args, nproc, dtype=torch.float64)
+    turned.load(start)
+    turned.model.to(torch.float64)
+    gates = relu_gates.Turned(turned.model)
+    inputs_seen = (relu_gates.Inputs(side.model), relu_gates.Inputs(exact.model))
   param_names = [n for n, _ in side.model.named_parameters()]
   total = args.epochs * side.iterations
   warmup = (args.lr_warmup_epochs if script == 'torchvision' else args.warmup_epochs)
@@ -271,20 +282,27 @@ def run(script: str, args, config, workdir: str, nproc: int, num_steps: int,
     how = jax_side.mixing(batch['image'].shape[1], batch['image'].shape[2])
     inputs, targets = _torch_inputs(side, batch, how)
     before = jax_side.variables(jax_side.state)
-    for one in (side, exact, again):
-      one.force(before, jax_side.ema_variables(jax_side.state))
+    for one in (side, exact, again, turned):
+      if one is not None:
+        one.force(before, jax_side.ema_variables(jax_side.state))
+    for seen in inputs_seen:
+      seen.clear()
     step_rates = _keyed(jax_side.learning_rates_at([k]))
     mine = jax_side.step(batch, stages=True)
     theirs = side.step(inputs, targets)
     reordered = again.step(*_permuted(inputs, targets, again.ranks, k), given=mine.grads)
     reference = exact.step(inputs, targets, given=mine.grads)
+    turned_grads = None
+    if turned is not None:
+      gates.set(relu_gates.near_zero(*(seen.calls for seen in inputs_seen)))
+      turned_grads = turned.step(inputs, targets, given=mine.grads).grads
     rows.append(dict(
         step=k + 1, loss=(mine.loss, theirs.loss),
         grad_norm=(mine.grad_norm, theirs.grad_norm),
         param_norm=(mine.param_norm, theirs.param_norm),
         lr=(mine.learning_rate, theirs.learning_rates[param_names[0]]),
         stages=_step_stages(side, mine, theirs, reordered, reference, before, inputs, targets,
-                            param_names, args, causes, step_rates, k)))
+                            param_names, args, causes, step_rates, k, turned_grads)))
     if stop_at_parting and stages_lib.first_parting(
         stages_lib.with_repeats([row['stages'] for row in rows])[-1]):
       break
@@ -317,8 +335,9 @@ def _permuted(inputs: torch.Tensor, targets: torch.Tensor, ranks: int, k: int):
 
 
 def _step_stages(side, mine, theirs, reordered, reference, before, inputs, targets, param_names,
-                 args, causes, step_rates, k) -> list[stages_lib.Stage]:
-  """One step's stages, in the order the step computes them."""
+                 args, causes, step_rates, k, turned_grads=None) -> list[stages_lib.Stage]:
+  """One step's stages, in the order the step computes them (`turned_grads`: the float64
+  step's gradients with the ReLU gates within rounding turned, where the model has ReLUs)."""
   theirs_rates = {f'{n} at step {k + 1}': r for n, r in theirs.learning_rates.items()}
   out = [stages_lib.scalars(
       'learning rate', step_rates, theirs_rates, stages_lib.EXACT,
@@ -349,7 +368,8 @@ def _step_stages(side, mine, theirs, reordered, reference, before, inputs, targe
                            '--momentum, the clipping)')
   out.append(stages_lib.against_rounding(
       'gradients', mine.grads, theirs.grads, reordered.grads, reference.grads,
-      lambda where: causes.gradients(where, type(side.criterion).__name__), param_names))
+      lambda where: causes.gradients(where, type(side.criterion).__name__), param_names,
+      turned_grads))
   # From here each stage starts from the JAX side's: the float64 side clips the JAX side's
   # gradients and steps its optimizer with them.
   relative = lambda name, got, exact, cause: stages_lib.tensors(

@@ -88,16 +88,17 @@ def scalars(name: str, mine: dict, theirs: dict, bound: float,
 # Against the float64 run, per tensor in L2: the spread float32 rounding makes there is
 # measured, as the larger distance from it of the script's float32 step and of the same step
 # on the batch permuted within each BatchNorm group (the same exact result, other summation
-# orders), at least NORM_FLOOR of the tensor's own norm. A tensor exceeds at a step where the
-# JAX side is over ROUNDING_RATIO times that spread from it and over REL_FLOOR of its norm;
-# the stage parts where a tensor exceeds on REPEATS steps (at once where a tensor is missing
-# or not finite). One step over the spread, however far, is not enough: a pre-activation
-# within rounding of zero turns a ReLU's gate the other way on one side, and the gradients
-# of the layers before it move at that step alone (measured on the docs' torchvision command,
-# 3 seeds of 40 steps: 763x and 660x the spread at one step of seed 1, 8,336x at one of seed
-# 3, 4.9x at most elsewhere), by as much as that one unit's share of the gradient, which no
-# bound on one step separates from a fault; a fault in the recipe or the code repeats at
-# every step.
+# orders), and, for the gradients of a network with ReLUs, of the float64 step with each gate
+# within rounding of zero turned (`relu_gates`), at least NORM_FLOOR of the tensor's own norm.
+# A tensor exceeds at a step where the JAX side is over ROUNDING_RATIO times that spread from
+# it and over REL_FLOOR of its norm; the stage parts where a tensor exceeds on REPEATS steps
+# (at once where a tensor is missing or not finite). One step over the spread, however far,
+# is not enough: a gate turned by rounding that the turned step does not hold moves the
+# gradients of the layers before it at that step alone (measured on the docs' torchvision
+# command before the turned step, 3 seeds of 40 steps: 763x and 660x the spread at one step
+# of seed 1, 8,336x at one of seed 3, 4.9x at most elsewhere), by as much as that one unit's
+# share of the gradient, which no bound on one step separates from a fault; a fault in the
+# recipe or the code repeats at every step.
 ROUNDING_RATIO = 10.0
 REPEATS = 3
 NORM_FLOOR = 2.0 ** -20
@@ -109,10 +110,12 @@ def _l2(x) -> float:
 
 
 def against_rounding(name: str, mine: dict, theirs: dict, again: dict, exact: dict,
-                     cause: Callable[[str], str], keys) -> Stage:
+                     cause: Callable[[str], str], keys, turned: Optional[dict] = None
+                     ) -> Stage:
   """One step's stage over named tensors measured against float32 rounding's spread (see
   above): `exact` the script's step in float64 from the same start, `theirs` its float32
-  step, `again` that step on the permuted batch. The row's difference is the largest ratio of
+  step, `again` that step on the permuted batch, `turned` (where given) the float64 step with
+  the ReLU gates within rounding of zero turned. The row's difference is the largest ratio of
   the JAX side's distance to the spread (at most ROUNDING_RATIO where the distance is within
   REL_FLOOR of the norm); `over` the tensors that exceed; `repeated` (`with_repeats`) counts
   the steps the worst of them has exceeded on so far. A gradient that is the small remainder
@@ -126,8 +129,9 @@ def against_rounding(name: str, mine: dict, theirs: dict, again: dict, exact: di
                    over=(key,), cause_of=cause)
     e = np.asarray(exact[key], np.float64)
     norm = _l2(e)
-    spread = max(_l2(np.asarray(theirs[key], np.float64) - e),
-                 _l2(np.asarray(again[key], np.float64) - e), NORM_FLOOR * norm, 1e-30)
+    others = (theirs, again) if turned is None else (theirs, again, turned)
+    spread = max(max(_l2(np.asarray(other[key], np.float64) - e) for other in others),
+                 NORM_FLOOR * norm, 1e-30)
     distance = _l2(mine_value - e)
     ratio = distance / spread
     if distance <= REL_FLOOR * norm:
