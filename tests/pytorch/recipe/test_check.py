@@ -246,6 +246,12 @@ def test_the_scaled_down_tv2_recipe_checks_the_same_and_each_change_is_named(
       [r['lr'][1] for r in report.steps], rel=1e-6)
   assert report.steps[1]['lr'][0] < 0.5  # The warm-up's last step,
   assert report.steps[2]['lr'][0] == pytest.approx(0.5)  # and the first after it.
+  # ResNet-18's ReLUs: the gradients' spread holds the float64 step with the gates within
+  # rounding of zero turned, counted of every ReLU call's inputs (per image at 24 pixels:
+  # the stem's 64x12x12, then 4 calls each of 64x6x6, 128x3x3, 256x2x2 and 512x1x1).
+  per_image = 64 * 12 * 12 + 4 * (64 * 36 + 128 * 9 + 256 * 4 + 512)
+  assert [r['gates'][1] for r in report.steps] == [16 * per_image] * 3
+  assert f'of {16 * per_image:,}' in '\n'.join(report.lines())
 
   # The BatchNorm stage compared the statistics of both sides (float32 rounding's difference
   # is never nil): a stage given one side twice would find nothing, and miss every change.
@@ -325,6 +331,9 @@ def test_timms_deit_command_checks_the_same(tmp_path, one_torch_thread):
   assert [r['lr'][1] for r in report.steps] == pytest.approx([1e-5] * 2 + [after], rel=1e-6)
   assert [r['lr'][0] for r in report.steps] == pytest.approx([1e-5] * 2 + [after], rel=1e-6)
   assert any('drop-path: --drop-path 0.1' in line for line in report.drawn)
+  # A ViT has no ReLU: no gates to turn, no step to take for them.
+  assert all(r['gates'] is None for r in report.steps)
+  assert not any('ReLU gates' in line for line in report.lines())
   # The epoch as the split over the batch: the warm-up one step longer, named with its fix.
   counted = tool.config_of(translation)
   counted.unlock()

@@ -112,6 +112,17 @@ class Report:
           out[stage.name] = dataclasses.replace(kept, repeated=stage.repeated)
     return list(out.values())
 
+  def gates_line(self) -> list[str]:
+    """How many ReLU gates within rounding of zero the gradients' spread holds turned, a
+    step (`relu_gates`), where the model has ReLUs."""
+    counts = [row['gates'] for row in self.steps if row.get('gates')]
+    if not counts:
+      return []
+    turned = [c for c, _ in counts]
+    return [f'the gradients\' spread holds the float64 step with the ReLU gates within '
+            f'rounding of zero turned: {min(turned):,} to {max(turned):,} gates a step, of '
+            f'{counts[0][1]:,}']
+
   def lines(self) -> list[str]:
     out = (['before the batch (the augmentation plan, op by op; its draws; the epoch\'s '
             'examples):',
@@ -121,6 +132,7 @@ class Report:
            f'each step\'s stages, the largest difference over the {len(self.steps)} steps '
            '(each step starts both sides from the JAX side\'s params, BatchNorm statistics '
            'and EMA):', stages_lib.table(self.largest())]
+    out += self.gates_line()
     out += ['', f'{len(self.steps)} steps side by side:', self.steps_table()]
     if self.drawn:
       out += ['', 'compared as settings (each framework draws them for itself):']
@@ -292,15 +304,16 @@ def run(script: str, args, config, workdir: str, nproc: int, num_steps: int,
     theirs = side.step(inputs, targets)
     reordered = again.step(*_permuted(inputs, targets, again.ranks, k), given=mine.grads)
     reference = exact.step(inputs, targets, given=mine.grads)
-    turned_grads = None
+    turned_grads, near = None, None
     if turned is not None:
       gates.set(relu_gates.near_zero(*(seen.calls for seen in inputs_seen)))
       turned_grads = turned.step(inputs, targets, given=mine.grads).grads
+      near = (gates.turned, sum(c.numel() for c in inputs_seen[1].calls))
     rows.append(dict(
         step=k + 1, loss=(mine.loss, theirs.loss),
         grad_norm=(mine.grad_norm, theirs.grad_norm),
         param_norm=(mine.param_norm, theirs.param_norm),
-        lr=(mine.learning_rate, theirs.learning_rates[param_names[0]]),
+        lr=(mine.learning_rate, theirs.learning_rates[param_names[0]]), gates=near,
         stages=_step_stages(side, mine, theirs, reordered, reference, before, inputs, targets,
                             param_names, args, causes, step_rates, k, turned_grads)))
     if stop_at_parting and stages_lib.first_parting(

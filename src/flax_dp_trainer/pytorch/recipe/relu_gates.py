@@ -9,12 +9,12 @@ gate is a thirty-second of a channel's sum over a GPU's 8 images, and a tensor m
 thousands of times the rounding.
 
 So the check takes the float64 step a second time with each such gate turned (`Turned`): a
-gate is within rounding where the float64 input lies within NEAR times the float32 input's
-distance from it, element by element (`near_zero`). That distance is the script's own
-rounding there, and the JAX side's is of its size (their logits lie as far from the float64
-ones); at NEAR 8 the set held every gate that a float32 step with its weights and inputs moved
-by one ulp turned (33 of 33 on 21 steps of ResNet-50), some 10 to 30 gates of its 2.4 million
-a step. The distance of that step's gradients from the float64 ones joins their spread
+gate is within rounding where its float64 input is nearer zero than NEAR times the float32
+input's distance from the float64 one, element by element (`near_zero`). That distance is
+the script's own rounding there, and the JAX side's is of its size (their logits lie as far
+from the float64 ones); at NEAR 8 the set held every gate that a float32 step with its weights
+and inputs moved by one ulp turned (33 of 33 on 21 steps of ResNet-50 at 48 pixels), some 10
+to 30 gates of the 7.3 million a step. The distance of that step's gradients from the float64 ones joins their spread
 (`stages.against_rounding`). Only `nn.ReLU` modules are seen: an inline `F.relu` keeps its
 gate."""
 
