@@ -10,13 +10,13 @@ thousands of times the rounding.
 
 So the check takes the float64 step a second time with each such gate turned (`Turned`): a
 gate is within rounding where its float64 input is nearer zero than NEAR times the float32
-input's distance from the float64 one, element by element (`near_zero`). That distance is
-the script's own rounding there, and the JAX side's is of its size (their logits lie as far
-from the float64 ones); at NEAR 8 the set held every gate that a float32 step with its weights
-and inputs moved by one ulp turned (33 of 33 on 21 steps of ResNet-50 at 48 pixels), some 10
-to 30 gates of the 7.3 million a step. The distance of that step's gradients from the float64 ones joins their spread
-(`stages.against_rounding`). Only `nn.ReLU` modules are seen: an inline `F.relu` keeps its
-gate."""
+input's distance from the float64 one, element by element (`near_zero`). That distance is the
+script's own rounding there, and the JAX side's is of its size (their logits lie as far from
+the float64 ones); at NEAR 8 the set held every gate that a float32 step with its weights and
+inputs moved by one ulp turned (33 of 33 on 21 steps of ResNet-50 at 48 pixels), some 10 to 30
+gates of the 7.3 million a step. The distance of that step's gradients from the float64 ones
+joins their spread (`stages.against_rounding`). Only `nn.ReLU` modules are seen: an inline
+`F.relu` keeps its gate."""
 
 from typing import Optional
 
@@ -51,8 +51,8 @@ class Inputs:
 def near_zero(f32: list[torch.Tensor], f64: list[torch.Tensor], near: float = NEAR
               ) -> list[torch.Tensor]:
   """Per call of the same forward pass in float32 (`f32`) and float64 (`f64`), where the
-  float64 input is not zero and lies within `near` times the float32 one's distance of zero:
-  the gates within rounding of turning."""
+  float64 input is not zero and is nearer zero than `near` times the float32 input's distance
+  from it: the gates within rounding of turning."""
   if len(f32) != len(f64) or any(a.shape != b.shape for a, b in zip(f32, f64)):
     raise ValueError(f'the float32 and float64 passes called their ReLUs differently '
                      f'({len(f32)} and {len(f64)} calls)')
