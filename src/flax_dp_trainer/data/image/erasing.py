@@ -15,7 +15,7 @@ uniform position, is erased. The erasing runs on the uint8 image before the step
 it: the noise of pixel mode is that of timm's clipped to the 0..255 range and rounded to whole
 levels. Under ImageNet's statistics a draw beyond about 2 standard deviations meets the range's
 end (the noise's standard deviation 0.97 of timm's); under a mean and std of 0.5 (timm's ViTs),
-beyond 1 (0.72 of timm's), which the recipe check's draws can tell apart.
+beyond 1 (0.72 of timm's).
 """
 
 from typing import Optional, Sequence, Union
