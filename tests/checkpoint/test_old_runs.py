@@ -70,11 +70,11 @@ def test_an_old_run_resumes_as_it_would_have(old_run, reference, config, tmp_pat
   np.testing.assert_allclose(np.asarray(resumed.logits(reference['images'])),
                              reference['resumed_logits_6'], atol=1e-5)
   step, meta = checkpoint.read_meta(old_run)
-  assert (step, meta.streams) == (6, {'order': 1, 'crop': 1})
+  assert (step, meta.streams) == (6, {'order': 1, 'crop': 1, 'erasing': 1})
   fresh = str(tmp_path / 'fresh')
   fdt.fit(_config(config, steps=2), fresh, model=simple.CNN, devices=jax.devices()[:2])
   assert checkpoint.read_meta(fresh)[1].streams == stream_versions.LATEST.to_json() == {
-      'order': 2, 'crop': 2}
+      'order': 2, 'crop': 2, 'erasing': 2}
 
 
 def test_old_module_paths_and_missing_fields():

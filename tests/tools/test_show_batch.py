@@ -73,12 +73,14 @@ def test_the_grid_is_batch_0_of_digits_as_the_pipeline_builds_it(config, tmp_pat
   assert shown.labels == [[str(label)] for label in batch['label'][:6]]
 
 
-def _mixed_by_the_step(batch: dict, config) -> tuple[np.ndarray, np.ndarray]:
+def _mixed_by_the_step(batch: dict, config, mean=(0.0,), std=(1.0,)
+                       ) -> tuple[np.ndarray, np.ndarray]:
   """The images and mixing weights the train step's own `model_inputs` makes of `batch` on
   two devices (rows exchanged between them) with the key of the run's first step, on the
-  uint8 scale."""
+  uint8 scale (normalized by `mean` and `std`, then taken back)."""
   options = steps.StepOptions(mix=run_options.mix_options(config),
-                              normalization=steps.Normalization())  # x / 255 only.
+                              erasing=run_options.erasing_options(config),
+                              normalization=steps.Normalization(mean, std))
   key = jax.random.fold_in(state_lib.seed_rngs(config.seed)[1], 0)
   mesh = layouts.device_mesh(jax.devices()[:2])
   spec = P(layouts.AXIS_NAME)
@@ -89,7 +91,7 @@ def _mixed_by_the_step(batch: dict, config) -> tuple[np.ndarray, np.ndarray]:
 
   images, weights = jax.jit(jax.shard_map(on_device, mesh=mesh, in_specs=(spec, spec),
                                           out_specs=spec))(batch['image'], batch['label'])
-  return np.asarray(images) * 255, np.asarray(weights)
+  return (np.asarray(images) * np.asarray(std) + np.asarray(mean)) * 255, np.asarray(weights)
 
 
 def test_mixed_cells_are_what_the_first_train_step_makes_of_the_batch(config, tmp_path):
@@ -109,6 +111,29 @@ def test_mixed_cells_are_what_the_first_train_step_makes_of_the_batch(config, tm
   partners = batch['label'][::-1]  # Row r with row B-1-r.
   assert shown.labels == [[f'{a} ({lam:.2f})', f'{b} ({1 - lam:.2f})']
                           for a, b in zip(batch['label'].tolist(), partners.tolist())]
+
+
+def test_erased_cells_are_what_the_first_train_step_makes_of_the_batch(config, tmp_path):
+  """timm's pixel-mode erasing, in the step after mixing: the grid shows the step's erased
+  inputs, the noise taken back through the dataset's mean and std (clipped to 0..255)."""
+  config.update(cutmix_alpha=1.0, batch_size=16, seed=3, random_erase_prob=1.0,
+                random_erase_mode='pixel')
+  out = str(tmp_path / 'erased.png')
+  show_batch.show(config, out, num=16)
+  batch = _batch_0(config)
+  spec = pipeline.open_train_data(run_options.data_options(config)).spec
+  images, _ = _mixed_by_the_step(batch, config, spec.mean, spec.std)
+  plain = _mixed_by_the_step(batch, dict_with(config, random_erase_prob=0.0))[0]
+  cells = _cells(out, 16, 8, 8)
+  want = _rgb(np.clip(np.round(images), 0, 255))
+  assert (np.abs(cells.astype(int) - want) <= 1).all()  # The noise to rounding.
+  assert (np.abs(images - plain) > 1).mean() > 0.05  # Erased: noise where the pixels were.
+
+
+def dict_with(config, **changes):
+  changed = config.copy_and_resolve_references()
+  changed.update(changes)
+  return changed
 
 
 def test_an_image_folders_grid_names_its_classes(config, tmp_path):

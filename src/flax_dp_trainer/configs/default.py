@@ -133,7 +133,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.augmix_alpha = 1.0  # AugMix: the Dirichlet and Beta concentration of its weights.
   config.random_erase_prob = 0.0  # Probability of erasing a random box of an image; 0 = off.
   # What fills the box (timm's --remode): 'const' (the dataset's mean pixel; torchvision's
-  # RandomErasing) or 'pixel' (per-pixel normal noise of the dataset's mean and std, timm's).
+  # RandomErasing) or 'pixel' (per-pixel N(0, 1) noise on the normalized image, timm's: in
+  # the train step, after mixing).
   config.random_erase_mode = 'const'
   # Boxes per erased image (timm's --recount), each of 1/count of the drawn area; 1 = one.
   config.random_erase_count = 1

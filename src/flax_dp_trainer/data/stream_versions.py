@@ -1,4 +1,4 @@
-"""Which epoch order and which random-resized crop a run's training stream draws
+"""Which epoch order, random-resized crop and pixel-mode erasing a run's training stream draws
 (`StreamVersions`), without TensorFlow: recorded in every checkpoint (the meta item's
 `streams`, the DDP twin's `streams` entry), so that a resumed run keeps the stream it
 started with while a new run gets the newest.
@@ -13,8 +13,13 @@ started with while a new run gets the newest.
               aspect uniform in the ratio range)
           2   torchvision's RandomResizedCrop: area uniform in crop_scale, aspect log-uniform
               in crop_ratio, 10 attempts, then its centre fallback
+    erasing 1 pixel mode in the pipeline, on each uint8 image before mixing: the noise
+              mean + std * N(0, 1) rounded and clipped to 0..255
+            2 pixel mode in the train step after normalizing and mixing (`step.batch_erasing`):
+              timm's unbounded N(0, 1) noise, where timm's prefetcher erases
 
-A checkpoint written before the record ran order 1 and crop 1.
+A checkpoint written before the record ran order 1 and crop 1; one whose record has no
+erasing version ran erasing 1.
 """
 
 import dataclasses
@@ -24,33 +29,39 @@ from flax_dp_trainer.base.errors import UserError
 
 ORDERS = (1, 2)
 CROPS = (1, 2)
+ERASINGS = (1, 2)
 
 
 @dataclasses.dataclass(frozen=True)
 class StreamVersions:
-  """The order's and the crop's version of one run's training stream."""
+  """The order's, the crop's and pixel-mode erasing's version of one run's training
+  stream."""
   order: int = ORDERS[-1]
   crop: int = CROPS[-1]
+  erasing: int = ERASINGS[-1]
 
   def __post_init__(self):
-    for name, value, known in (('order', self.order, ORDERS), ('crop', self.crop, CROPS)):
+    for name, value, known in (('order', self.order, ORDERS), ('crop', self.crop, CROPS),
+                               ('erasing', self.erasing, ERASINGS)):
       if value not in known:
         raise UserError(f'{name} version {value!r} in the checkpoint: this trainer draws '
                         f'{", ".join(map(str, known))}; resume with the version that wrote it')
 
   def to_json(self) -> dict:
-    return {'order': self.order, 'crop': self.crop}
+    return {'order': self.order, 'crop': self.crop, 'erasing': self.erasing}
 
   @classmethod
   def of_record(cls, record: Optional[dict]) -> 'StreamVersions':
     """The versions a checkpoint records (`to_json`); those before the record where None."""
     if record is None:
       return BEFORE_RECORD
-    return cls(order=int(record.get('order', 1)), crop=int(record.get('crop', 1)))
+    return cls(order=int(record.get('order', 1)), crop=int(record.get('crop', 1)),
+               erasing=int(record.get('erasing', 1)))
 
   def describe(self) -> str:
-    return f'order v{self.order}, crop v{self.crop}'
+    return f'order v{self.order}, crop v{self.crop}, erasing v{self.erasing}'
 
 
 LATEST = StreamVersions()
-BEFORE_RECORD = StreamVersions(order=1, crop=1)  # What a checkpoint without the record ran.
+# What a checkpoint without the record ran.
+BEFORE_RECORD = StreamVersions(order=1, crop=1, erasing=1)

@@ -22,6 +22,7 @@ from flax_dp_trainer.model import adapter
 from flax_dp_trainer.model import batchnorm_groups
 from flax_dp_trainer.model import modeling
 from flax_dp_trainer.step import ema as ema_lib
+from flax_dp_trainer.step import batch_erasing as erasing_lib
 from flax_dp_trainer.step import losses
 from flax_dp_trainer.step import mix as mix_lib
 from flax_dp_trainer.step import optim
@@ -158,6 +159,14 @@ def mix_options(config) -> mix_lib.MixOptions:
                             config.mix_switch_prob)
 
 
+def erasing_options(config) -> erasing_lib.ErasingOptions:
+  """timm's pixel-mode erasing of the batch in the step (`step.batch_erasing`); off (the default
+  options) where the config erases in const mode (the pipeline's) or not at all."""
+  if config.random_erase_mode != 'pixel' or not config.random_erase_prob:
+    return erasing_lib.ErasingOptions()
+  return erasing_lib.ErasingOptions(config.random_erase_prob, config.random_erase_count)
+
+
 def ema_options(config, steps_per_epoch: float = 0.0) -> Optional[ema_lib.EmaOptions]:
   """The EMA of the params (`step.ema`) of a config whose durations are resolved to steps;
   None where `ema_decay` is 0. `steps_per_epoch` (the train split over the batch) makes the
@@ -202,6 +211,7 @@ def step_options(config, ds_spec: specs.DatasetSpec, loss: Optional[losses.Loss]
       label_smoothing=config.label_smoothing, grad_accum_steps=config.grad_accum_steps,
       ema=ema_options(config, steps_per_epoch), skip_nonfinite=config.skip_nonfinite_steps,
       normalization=steps.Normalization.of(ds_spec, config.dtype), mix=mix_options(config),
+      erasing=erasing_options(config),
       remat=config.remat,
       loss=loss if loss is not None else losses.get(config.loss, loss_options(config)),
       frozen=config.frozen, frozen_batch_stats=config.frozen_batch_stats,

@@ -10,10 +10,12 @@ import optax
 
 from flax_dp_trainer.checkpoint import init_from as init_from_lib
 from flax_dp_trainer.data import data_options as data_options_lib
+from flax_dp_trainer.data import stream_versions
 from flax_dp_trainer.loop import cadence as cadence_lib
 from flax_dp_trainer.model import adapter
 from flax_dp_trainer.model import blocks
 from flax_dp_trainer.model import modeling
+from flax_dp_trainer.step import batch_erasing as erasing_lib
 from flax_dp_trainer.step import optim
 from flax_dp_trainer.step import state as state_lib
 from flax_dp_trainer.step import steps
@@ -55,6 +57,15 @@ class RunOptions:
   def ema_batch_stats(self) -> bool:
     """Whether that EMA averages the BatchNorm statistics too."""
     return self.ema and self.step.ema.batch_stats
+
+  def at_versions(self, versions: stream_versions.StreamVersions) -> 'RunOptions':
+    """These options for the training stream drawn at `versions` (a resumed run's own): the
+    step's pixel-mode erasing from erasing version 2 only (the pipeline's before it)."""
+    step = self.step
+    if versions.erasing < 2:
+      step = dataclasses.replace(step, erasing=erasing_lib.ErasingOptions())
+    return dataclasses.replace(self, data=dataclasses.replace(self.data, versions=versions),
+                               step=step)
 
 
 def initial_state(options: RunOptions, model: adapter.Model, input_shape: tuple[int, ...],

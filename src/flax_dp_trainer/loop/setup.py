@@ -199,6 +199,7 @@ def start(run: 'Run', resume_with_changes: bool = False) -> Start:
     logging.info('the run continues the stream it started with: %s (a new run draws %s)',
                  versions.describe(), run.data.options.versions.describe())
     run.data = run.data.at_versions(versions)
+    run.options = run.options.at_versions(versions)
   logging.info('resuming from the checkpoint at step %d (written on %d devices, %d '
                'process(es)) at example %d of the training stream', restored.step,
                meta.devices, meta.processes, meta.examples_seen)

@@ -1,12 +1,12 @@
 """Pure train and eval steps, written for one device of the data-parallel axis `AXIS_NAME`.
 
 Batches arrive as uint8 images and int32 labels; the steps normalize the images on the device
-(the dataset's mean and std) and the train step mixes them there (Mixup/CutMix,
-`mix`) before the model sees them in its compute dtype. Nothing here touches files or
-the host. The train step is its gradient pass (`step_gradients`: every collective) and its
-update (`apply_gradients`: none); `make_train_step` / `make_eval_step` map a step over the
-devices of a `parallel.DataParallel` layout (`jax.pmap`, or `jax.jit` + `jax.shard_map`);
-both layouts run the same step body.
+(the dataset's mean and std) and the train step mixes them there (Mixup/CutMix, `mix`) and
+erases them (timm's pixel mode, `batch_erasing`) before the model sees them in its compute dtype.
+Nothing here touches files or the host. The train step is its gradient pass (`step_gradients`:
+every collective) and its update (`apply_gradients`: none); `make_train_step` /
+`make_eval_step` map a step over the devices of a `parallel.DataParallel` layout (`jax.pmap`,
+or `jax.jit` + `jax.shard_map`); both layouts run the same step body.
 """
 
 import dataclasses
@@ -19,6 +19,7 @@ import optax
 from jax import lax
 
 from flax_dp_trainer.step import ema as ema_lib
+from flax_dp_trainer.step import batch_erasing as erasing_lib
 from flax_dp_trainer.step import losses
 from flax_dp_trainer.step import mix as mix_lib
 from flax_dp_trainer.step import param_groups
@@ -71,6 +72,8 @@ class StepOptions:
   skip_nonfinite: bool = False  # A step with NaN/Inf loss or gradients changes nothing.
   normalization: Normalization = Normalization()
   mix: mix_lib.MixOptions = mix_lib.MixOptions()  # Mixup/CutMix of the global batch.
+  # timm's pixel-mode erasing, after the mixing (`step.batch_erasing`).
+  erasing: erasing_lib.ErasingOptions = erasing_lib.ErasingOptions()
   # `loss(logits, targets) -> per-example loss` on dense targets (flax_dp_trainer.step.losses).
   loss: losses.Loss = losses.softmax_xent
   remat: str = 'none'  # The blocks' rematerialization policy (trace.context.REMAT_POLICIES).
@@ -95,14 +98,20 @@ def example_losses(logits: jax.Array, labels: jax.Array, label_smoothing: float 
 
 def model_inputs(batch: dict, options: StepOptions, step_key: jax.Array) -> dict:
   """This device's rows as the model and loss take them: images normalized (and, where
-  configured, mixed with their partners of the global batch), each example's global row."""
+  configured, mixed with their partners of the global batch, then erased), each example's
+  global row."""
   images, labels = batch['image'], batch['label']
-  inputs = dict(batch, **{EXAMPLE_ID_KEY: example_ids(labels.shape[0])})
-  if not options.mix.active:
-    return dict(inputs, image=options.normalization(images))
-  mixed, entries = mix_lib.mix(options.mix, mix_lib.batch_key(step_key), images, labels,
-                               options.normalization.to_float)
-  return dict(inputs, image=mixed.astype(options.normalization.dtype), **entries)
+  ids = example_ids(labels.shape[0])
+  inputs = dict(batch, **{EXAMPLE_ID_KEY: ids})
+  entries = {}
+  if options.mix.active:
+    images, entries = mix_lib.mix(options.mix, mix_lib.batch_key(step_key), images, labels,
+                                  options.normalization.to_float)
+  else:
+    images = options.normalization.to_float(images)
+  if options.erasing.active:
+    images = erasing_lib.erase(options.erasing, erasing_lib.batch_key(step_key), images, ids)
+  return dict(inputs, image=images.astype(options.normalization.dtype), **entries)
 
 
 def example_ids(per_device: int) -> jax.Array:

@@ -10,8 +10,9 @@
 
 The batch is the trainer's input pipeline's (`data.pipeline.TrainData`: the stream's order,
 decode, crop, flip, every augmentation of the config), mixed as the run's first train step
-mixes it (`step.mix`): each cell is the uint8 image (the step normalizes after mixing) and its
-class, or where mixed both classes with their weights.
+mixes it (`step.mix`) and erases it (timm's pixel mode, `step.batch_erasing`): each cell is the
+uint8 image (the step normalizes before mixing and erasing; erasing's noise is shown on the
+image's scale, clipped) and its class, or where mixed both classes with their weights.
 
 --compare=torchvision applies each op of the policy's space (config.auto_augment, or
 --policy), ours and torchvision v2's, to the first training image as the policy step receives
@@ -162,6 +163,25 @@ def mixed_batch(batch: dict, mix, seed: int) -> dict:
   return dict(batch, image=np.asarray(images), **{k: np.asarray(v) for k, v in entries.items()})
 
 
+def erased_batch(batch: dict, options, seed: int, spec) -> dict:
+  """`batch` (images on their stored scale, as `mixed_batch` leaves them) erased as the
+  run's first train step erases it after mixing (timm's pixel mode, `step.batch_erasing`: drawn
+  from the step RNG of `seed` folded with step 0), the noise taken back to the stored scale
+  through the dataset's mean and std."""
+  # pylint: disable=import-outside-toplevel  # (JAX: the refusals come without it)
+  import jax
+  from flax_dp_trainer.step import batch_erasing as erasing_lib
+  from flax_dp_trainer.step import state as state_lib
+  # pylint: enable=import-outside-toplevel
+  _, step_rng = state_lib.seed_rngs(seed)
+  key = erasing_lib.batch_key(jax.random.fold_in(step_rng, 0))
+  scale = 255.0 if spec.dtype == 'uint8' else 1.0
+  mean, std = np.asarray(spec.mean, np.float32), np.asarray(spec.std, np.float32)
+  normalized = (np.asarray(batch['image'], np.float32) / scale - mean) / std
+  erased = np.asarray(erasing_lib.erase(options, key, normalized, np.arange(len(normalized))))
+  return dict(batch, image=(erased * std + mean) * scale)
+
+
 def _as_uint8(images: np.ndarray, stored: str) -> tuple[np.ndarray, str]:
   """`images` of a dataset storing `stored` ones as uint8: mixed ones rounded; a float
   dataset's own scale stretched to 0..255, with a note that says so."""
@@ -204,11 +224,15 @@ def batch_shown(config, datasets, num: int) -> Shown:
     lam = float(batch[MIX_WEIGHT_KEY][0])
     how = ('mixing drew none for this batch' if lam >= 1 else
            f'row r mixed with row batch_size-1-r, own weight {lam:.3f}')
+  erasing = run_options.erasing_options(config)
+  if erasing.active:
+    batch = erased_batch(batch, erasing, config.seed, data.spec)
+    how += "; erased as the step erases (timm's pixel mode; its noise clipped to the range)"
   images, stretched = _as_uint8(batch['image'][:num], data.spec.dtype)
   title = (f'{config.dataset}, seed {config.seed}: global batch 0, {len(images)} of '
            f'{config.batch_size}, {"mixed" if mix.active else "not mixed"}')
   note = (f'{title}; preprocessing: {data.plan().describe()}' +
-          (f'; {how}' if mix.active else '') + stretched)
+          (f'; {how}' if mix.active or erasing.active else '') + stretched)
   return Shown(images, label_lines({k: v[:num] for k, v in batch.items()},
                                    class_names(data)), title, note)
 

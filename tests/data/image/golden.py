@@ -95,8 +95,9 @@ def _plan(overrides: dict, shape, crop: int = 2, evaluation: bool = False
     config = default.get_config()
     config.update(overrides)
     options = reading.data_options(config)
+    # Erasing 1: pixel mode in the pipeline, as a run resumed from its checkpoint draws it.
     options = dataclasses.replace(
-        options, versions=stream_versions.StreamVersions(order=2, crop=crop))
+        options, versions=stream_versions.StreamVersions(order=2, crop=crop, erasing=1))
     spec = _spec(config.augment, config.image_size, shape)
     make = plan_steps.eval_plan if evaluation else plan_steps.train_plan
     plan = make(options, spec, encoded=False)

@@ -20,7 +20,6 @@ from flax_dp_trainer.pytorch.recipe import torchvision_args
 from flax_dp_trainer.tools import recipe as tool
 from tests.pytorch.recipe import test_plan_stage
 
-del torch
 
 
 def test_the_scripts_crop_windows_are_its_transforms_own_draws():
@@ -74,3 +73,25 @@ def test_the_draws_agree_for_the_translated_plan_and_part_for_a_changed_one(
 
 
 folder = test_plan_stage.folder
+
+
+def test_the_steps_pixel_erasing_draws_as_timms():
+  """The train step's pixel-mode erasing (`step.batch_erasing`) against timm's RandomErasing on
+  the normalized image, ViT's mean and std (0.5): the share it erases and the erased pixels'
+  values both 'same'; timm at another probability parts at the share."""
+  # pylint: disable-next=import-outside-toplevel
+  from timm.data import random_erasing
+  from flax_dp_trainer.data import specs
+  from flax_dp_trainer.step import batch_erasing as erasing
+  spec = specs.DatasetSpec('t', 10, 3, (32, 32, 3), 100, mean=(0.5,) * 3, std=(0.5,) * 3)
+  # pylint: disable=protected-access
+  device = draws_stage._DeviceErasing(erasing.ErasingOptions(0.25, 1), 0)
+  timm = lambda p: random_erasing.RandomErasing(p, mode='pixel', device='cpu')
+  torch.manual_seed(0)
+  found = draws_stage._erasing_tests(None, timm(0.25), spec, device)
+  assert [t.what for t in found] == ['the share of the image erasing changes',
+                                     'the values of the erased pixels']
+  assert all(t.p >= draws_stage.P_BOUND for t in found), [t.line() for t in found]
+  assert abs(found[1].mine) < 0.05 and abs(found[1].theirs) < 0.05
+  found = draws_stage._erasing_tests(None, timm(0.5), spec, device)
+  assert found[0].p < draws_stage.P_BOUND, found[0].line()

@@ -273,10 +273,10 @@ def test_a_twin_checkpoint_records_its_streams_and_an_old_one_keeps_its_own(
                 checkpoint_every_steps=2, keep_checkpoints=2, warmup_steps=0)
   ddp_training.train(config, workdir, parity=False)
   saved = _load(workdir, 2)
-  assert saved['streams'] == _load(workdir, 4)['streams'] == {'order': 2, 'crop': 2}
+  assert saved['streams'] == _load(workdir, 4)['streams'] == {'order': 2, 'crop': 2, 'erasing': 2}
   del saved['streams']  # As the twin wrote it before the record.
   torch.save(saved, os.path.join(workdir, 'checkpoints', 'step_2.pt'))
   os.remove(os.path.join(workdir, 'checkpoints', 'step_4.pt'))
   ddp_training.train(config, workdir, parity=False)
-  assert _load(workdir, 4)['streams'] == {'order': 1, 'crop': 1}
+  assert _load(workdir, 4)['streams'] == {'order': 1, 'crop': 1, 'erasing': 1}
   assert drawn == [stream_versions.LATEST, stream_versions.BEFORE_RECORD]

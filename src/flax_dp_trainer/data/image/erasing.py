@@ -12,10 +12,11 @@ With probability `prob` the image is erased; timm's `count` then draws the numbe
 uniformly from 1..count (count 1: one box), each drawing up to 10 attempts of an area (its
 share of the drawn fraction) and a log-uniform aspect ratio; the first that fits, at a
 uniform position, is erased. The erasing runs on the uint8 image before the step normalizes
-it: the noise of pixel mode is that of timm's clipped to the 0..255 range and rounded to whole
-levels. Under ImageNet's statistics a draw beyond about 2 standard deviations meets the range's
-end (the noise's standard deviation 0.97 of timm's); under a mean and std of 0.5 (timm's ViTs),
-beyond 1 (0.72 of timm's).
+it. Pixel mode here is the stream's erasing version 1 (`stream_versions`), which a run resumed
+from a checkpoint of it keeps: its noise is timm's clipped to the 0..255 range and rounded to
+whole levels (under ImageNet's statistics the noise's standard deviation is 0.97 of timm's,
+under a mean and std of 0.5, 0.72). A new run's pixel mode is the train step's, after mixing,
+with timm's unbounded noise (`step.batch_erasing`).
 """
 
 from typing import Optional, Sequence, Union

@@ -160,14 +160,20 @@ def _keyed(rates: dict[int, dict[str, float]]) -> dict[str, float]:
           for name, r in named.items()}
 
 
-def _torch_inputs(side, batch: dict, how):
-  """The global batch as the script's transforms and its Mixup/CutMix leave it, with our
-  pairs (row r with B-1-r), weight and box: (inputs NCHW, the script's targets)."""
+def _torch_inputs(side, batch: dict, how, erased):
+  """The global batch as the script's transforms, its Mixup/CutMix and its erasing after them
+  (timm's prefetcher's) leave it, with our pairs (row r with B-1-r), weight and box and our
+  erased pixels and noise (`erased`: `JaxSide.erasing`'s): (inputs NCHW, the script's
+  targets)."""
   x = side.normalize(batch['image'])
   labels = torch.from_numpy(np.asarray(batch['label'], np.int64))
-  if how is None:
-    return x, side.targets(labels, 1.0)
-  return twin_step.blend(x, x.flip(0), how), side.targets(labels, float(how.lam))
+  lam = 1.0
+  if how is not None:
+    x, lam = twin_step.blend(x, x.flip(0), how), float(how.lam)
+  if erased is not None:
+    inside, noise = (torch.from_numpy(np.moveaxis(np.asarray(a), -1, 1)) for a in erased)
+    x = torch.where(inside, noise.to(x.dtype), x)
+  return x, side.targets(labels, lam)
 
 
 def _biased(torch_after: dict, before: dict, counts: dict) -> dict:
@@ -234,7 +240,7 @@ def run(script: str, args, config, workdir: str, nproc: int, num_steps: int,
   planned, plans = plan_stage.stages(data, spec, script, args, transforms)
   drawn_alike, draws = draws_stage.stage(draws_stage.tests(
       transforms[0], plan_draws.PlanDraws(data, spec, data.seed), spec, data.seed,
-      side.paths))
+      side.paths, jax_side.run.options.step.erasing))
   mine_batches = epoch_stage.our_batches(
       stream.EpochOrders(data.seed, jax_side.run.data.num_examples, data.aug_repeats,
                          data.versions.order), data.batch_size, num_steps)
@@ -292,7 +298,7 @@ def run(script: str, args, config, workdir: str, nproc: int, num_steps: int,
     if k == 0:
       first_labels = np.asarray(batch['label']).tolist()
     how = jax_side.mixing(batch['image'].shape[1], batch['image'].shape[2])
-    inputs, targets = _torch_inputs(side, batch, how)
+    inputs, targets = _torch_inputs(side, batch, how, jax_side.erasing(batch['image'].shape))
     before = jax_side.variables(jax_side.state)
     for one in (side, exact, again, turned):
       if one is not None:

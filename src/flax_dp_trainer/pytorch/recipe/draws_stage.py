@@ -4,10 +4,11 @@ with its p-value. The policy, drawn alone on one image (`script_policy` records 
 script's): how many ops an image gets, which ops and at which values, chi-square. The crop:
 the windows each side draws on the script's first image (ours by the crop step's own draw,
 the script's by its transform's), their share of the image's area and their aspect (log),
-Kolmogorov-Smirnov. Erasing alone on a white image: the share of the
-image it changes (its rate and its boxes' sizes at once). The output: each channel's
-mean and standard deviation of the normalized image, over the script's first training images
-drawn again and again (the flip, the policy, colour jitter and erasing show there),
+Kolmogorov-Smirnov. Erasing alone on a white image: the share of the image it changes (its
+rate and its boxes' sizes at once), and where the train step erases (timm's pixel mode) the
+erased pixels' values. The output: each channel's mean and standard deviation of the
+normalized image, over the script's first training images drawn again and again (the flip,
+the policy, colour jitter and erasing show there; the step's erasing applied to ours),
 Kolmogorov-Smirnov. A same plan draws alike: a test parts below P_BOUND (one in 10,000 of
 false parts per test where the distributions are equal), named with what it measured."""
 
@@ -26,6 +27,7 @@ P_BOUND = 1e-4
 CROPS = 600  # Crops of the coordinate image a side.
 IMAGES, ROUNDS = 8, 60  # The training images, drawn this many times each, a side.
 POLICY_DRAWS = 2000  # The policy's draws on one image, a side.
+VALUES = 20000  # The erased pixels' values compared, at most, a side.
 RARE = 10  # A category seen fewer times on both sides together joins the others as rare.
 VALUE_BINS = 10  # An op's values in this many bins of equal count, where it takes more.
 
@@ -214,19 +216,60 @@ def _images(paths: list[str], count: int) -> list[np.ndarray]:
   return [np.asarray(Image.open(p).convert('RGB')) for p in chosen]
 
 
-def _erasing_test(draws, transform, spec) -> Test:
+class _DeviceErasing:
+  """The train step's pixel-mode erasing (`step.batch_erasing`) drawn on the host, example k from
+  the key of `seed` folded with k, as the step folds in each example's global row."""
+
+  def __init__(self, options, seed: int):
+    # pylint: disable=import-outside-toplevel  # (JAX: loaded where the step erases)
+    import jax
+    from flax_dp_trainer.step import batch_erasing as erasing_lib
+    self.options, self.lib = options, erasing_lib
+    self.key = erasing_lib.batch_key(jax.random.PRNGKey(seed))
+    self._erase = jax.jit(erasing_lib.erase, static_argnums=0)
+
+  def inside(self, side: int, count: int) -> np.ndarray:
+    """bool [count, side, side]: the pixels draws 0 .. count - 1 erase."""
+    ids = np.arange(count)
+    return np.asarray(self.lib.masks(self.lib.boxes(self.options, self.key, ids, side, side),
+                                     side, side))[..., 0]
+
+  def noise(self, side: int, channels: int, count: int) -> np.ndarray:
+    """float32 [count, side, side, channels]: the noise of draws 0 .. count - 1."""
+    return np.asarray(self.lib.noise(self.key, np.arange(count), (side, side, channels)))
+
+  def __call__(self, image: np.ndarray, k: int) -> np.ndarray:
+    """The normalized HWC `image` erased as draw k."""
+    return np.asarray(self._erase(self.options, self.key, np.asarray(image, np.float32)[None],
+                                  np.array([k])))[0].astype(np.float64)
+
+
+def _erasing_tests(draws, transform, spec, device) -> list[Test]:
   """Erasing alone on a white image, CROPS times a side: the share of the pixels it changed
-  (0 where it erased nothing): its rate and its boxes' sizes in one distribution. The
-  script's erases the normalized image (its transforms' order)."""
+  (0 where it erased nothing): its rate and its boxes' sizes in one distribution; and where
+  the step erases (`device`: pixel mode) the values of the erased pixels, at most VALUES a
+  side. The script's erases the normalized image (its transforms' order)."""
   # pylint: disable-next=import-outside-toplevel  # (torch: the check's only)
   import torch
   side, channels = 32, len(spec.mean)
   normalized = torch.from_numpy(((np.ones((channels, side, side)) - np.asarray(
       spec.mean)[:, None, None]) / np.asarray(spec.std)[:, None, None]).astype(np.float32))
-  there = [float((transform(normalized.clone()) != normalized).any(dim=0).float().mean())
-           for _ in range(CROPS)]
-  return ks('the share of the image erasing changes', draws.erased(side, channels, CROPS),
-            there)
+  changed, values = [], []
+  for _ in range(CROPS):
+    out = transform(normalized.clone())
+    moved = (out != normalized).any(dim=0)
+    changed.append(float(moved.float().mean()))
+    values.append(out.permute(1, 2, 0)[moved].numpy().ravel())
+  what = 'the share of the image erasing changes'
+  if device is None:
+    return [ks(what, draws.erased(side, channels, CROPS), changed)]
+  inside = device.inside(side, CROPS)
+  mine = device.noise(side, channels, CROPS)[inside].ravel()
+  rng = np.random.default_rng(0)
+  theirs = np.concatenate(values)
+  sample = lambda v: rng.choice(v, min(VALUES, len(v)), replace=False) if len(v) else v
+  return [ks(what, inside.mean(axis=(1, 2)), changed),
+          ks('the values of the erased pixels', sample(mine), sample(theirs))]
 
 
 def _policy_test(draws, script_train: list, paths: list[str]) -> list[Test]:
@@ -249,10 +292,13 @@ def _policy_test(draws, script_train: list, paths: list[str]) -> list[Test]:
   return policy_tests(mine, script_policy.events(script_train[place], image, POLICY_DRAWS))
 
 
-def tests(script_train: list, draws, spec, seed: int, paths: list[str]) -> list[Test]:
-  """The draws' tests of this run's training plan (`draws`: a `plan_draws.PlanDraws`)
-  against the script's training transforms `script_train` (`plan_stage`'s), on the script's
-  images `paths`: the crop's windows and erasing where both have them, then the outputs."""
+def tests(script_train: list, draws, spec, seed: int, paths: list[str],
+          erasing=None) -> list[Test]:
+  """The draws' tests of this run's training plan (`draws`: a `plan_draws.PlanDraws`) and
+  of the train step's pixel-mode erasing (`erasing`: `step.batch_erasing.ErasingOptions`, where
+  active) against the script's training transforms `script_train` (`plan_stage`'s), on the
+  script's images `paths`: the crop's windows and erasing where both have them, then the
+  outputs."""
   # pylint: disable=import-outside-toplevel  # (torch, PIL: the check's only)
   import random
   import torch
@@ -270,17 +316,19 @@ def tests(script_train: list, draws, spec, seed: int, paths: list[str]) -> list[
     out += crop_tests(draws.windows(image.shape, CROPS),
                       [script_window(theirs[0], picture) for _ in range(CROPS)],
                       *image.shape[:2])
+  device = _DeviceErasing(erasing, seed) if erasing is not None and erasing.active else None
   theirs = [t for t in script_train if type(t).__name__ == 'RandomErasing']
-  if draws.step(plan_draws.ERASING) is not None and theirs:
-    out.append(_erasing_test(draws, theirs[0], spec))
+  if (draws.step(plan_draws.ERASING) is not None or device is not None) and theirs:
+    out += _erasing_tests(draws, theirs[0], spec, device)
   out += _policy_test(draws, script_train, paths)
   mean, std = np.asarray(spec.mean), np.asarray(spec.std)
   images = _images(paths, IMAGES)
   here, there, failed = [], [], []
   for r in range(ROUNDS):
     for i, image in enumerate(images):
-      drawn = draws.output(image, r * len(images) + i)
-      here.append((np.asarray(drawn, np.float64) / 255.0 - mean) / std)
+      k = r * len(images) + i
+      drawn = (np.asarray(draws.output(image, k), np.float64) / 255.0 - mean) / std
+      here.append(drawn if device is None else device(drawn, k))
       try:
         there.append(_through(script_train, image))
       except ValueError as e:  # The script's own failure (a policy op the libraries refuse).

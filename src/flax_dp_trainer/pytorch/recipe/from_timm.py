@@ -441,10 +441,12 @@ def _before_batch(ctx: Context) -> list[str]:
     lines.append('timm mixes each process\'s batch (row r with row b-1-r, one draw per process'
                  + (', on uint8 images rounded to whole values before normalizing' if
                     prefetched else '') + '); here the global batch, one draw per step')
-  if args.reprob:
-    lines.append('timm erases ' + ('on the GPU after normalizing (unbounded normal noise)' if
-                                   prefetched else 'after normalizing')
-                 + '; here on the uint8 image, the noise rounded and clipped to 0..255')
+  if args.reprob and args.remode == 'pixel' and not prefetched:
+    lines.append('timm erases each image before mixing; here the step erases after mixing')
+  if args.reprob and args.remode == 'const':
+    lines.append('timm erases with zeros ' + ('after mixing and normalizing' if prefetched
+                                              else 'after normalizing')
+                 + "; here each uint8 image before mixing, with the dataset's mean pixel")
   if prefetched:
     lines.append("timm's prefetcher normalizes on the GPU; here the step normalizes")
   if args.grad_accum_steps > 1:

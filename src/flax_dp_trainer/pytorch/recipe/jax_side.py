@@ -18,6 +18,7 @@ from flax_dp_trainer.loop import setup
 from flax_dp_trainer.port import call_order
 from flax_dp_trainer.port import porting
 from flax_dp_trainer.port import weights as port_weights
+from flax_dp_trainer.step import batch_erasing as erasing_lib
 from flax_dp_trainer.step import mix as mix_lib
 from flax_dp_trainer.step import optim
 from flax_dp_trainer.step import param_groups
@@ -91,6 +92,20 @@ class JaxSide:
       return None
     key = mix_lib.batch_key(jax.random.fold_in(self.rng, int(self.state.step)))
     return jax.device_get(mix_lib.draw(options, key, height, width))
+
+  def erasing(self, shape: tuple[int, ...]) -> Optional[tuple[np.ndarray, np.ndarray]]:
+    """This step's pixel-mode erasing of a global batch of `shape` (N, H, W, C) as the step
+    draws it (`step.batch_erasing`, from the step's key): (inside NHWC bool, noise NHWC), or
+    None."""
+    options = self.run.options.step.erasing
+    if not options.active:
+      return None
+    key = erasing_lib.batch_key(jax.random.fold_in(self.rng, int(self.state.step)))
+    rows, height, width, channels = shape
+    ids = jnp.arange(rows)
+    inside = erasing_lib.masks(erasing_lib.boxes(options, key, ids, height, width), height,
+                               width)
+    return jax.device_get((inside, erasing_lib.noise(key, ids, (height, width, channels))))
 
   def torch_names(self, tree: Any, batch_stats: Any = None) -> dict[str, np.ndarray]:
     """A params-like tree as torchvision's state dict names it."""

@@ -176,5 +176,6 @@ def drawn_settings(args: argparse.Namespace, config) -> list[str]:
           f'random erasing: --reprob {args.reprob:g} (--remode {args.remode}, --recount '
           f'{args.recount}) in the script, random_erase_prob={config.random_erase_prob:g} '
           f'(mode {config.random_erase_mode!r}, {config.random_erase_count} box(es)) here, in '
-          'the batches both sides are handed']
+          'the inputs both sides are handed' + (' (erased by the step, after mixing)' if
+                                                config.random_erase_mode == 'pixel' else '')]
 

@@ -10,7 +10,8 @@ Rank r of R builds rows r*B/R .. (r+1)*B/R - 1 of every global batch of the trai
 (`TrainData.batches(process_index=r, process_count=R)`), the batches a JAX run of the same
 config and seed trains on with any number of devices; the uint8 images are normalized on the
 rank's device and mixed (Mixup/CutMix) as the JAX step mixes them, partners fetched from
-rank R-1-r (`step.Mixing`); evaluation covers every example of the eval split once. Rank 0
+rank R-1-r (`step.Mixing`), then erased in timm's pixel mode with the JAX step's boxes
+(`twin_erasing`); evaluation covers every example of the eval split once. Rank 0
 writes the JAX trainer's TensorBoard tags and metrics.jsonl (same CLU writers). Checkpoints go to
 WORKDIR/checkpoints/step_N.pt every `checkpoint_every_steps`, at the last step and on
 SIGTERM/SIGINT; the same command resumes from the newest one, data stream included. With
@@ -55,6 +56,7 @@ from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import stream_versions
 from flax_dp_trainer.base.errors import Preempted, UserError
 from flax_dp_trainer.pytorch.twin import twin_ema
+from flax_dp_trainer.pytorch.twin import twin_erasing
 from flax_dp_trainer.pytorch.twin import models as torch_models
 from flax_dp_trainer.pytorch.twin import torch_param_groups as twin_groups
 from flax_dp_trainer.pytorch.twin import step as step_lib
@@ -372,8 +374,9 @@ class _Session:
     self.window = _Window(device)
     self.normalize = step_lib.Normalize(config, device, training.precision.channels_last,
                                         ds_spec)
-    self.mixing = step_lib.Mixing(config, state_lib.seed_rngs(config.seed)[1],
-                                  ds_spec.num_classes)
+    step_rng = state_lib.seed_rngs(config.seed)[1]
+    self.mixing = step_lib.Mixing(config, step_rng, ds_spec.num_classes)
+    self.erasing = twin_erasing.Erasing(config, step_rng, training.versions)
     self.loss_options = run_options.loss_options(config)  # The loss's own fields.
 
   def train(self, batches, eval_data: pipeline.EvalData, stop: signals.StopSignals
@@ -416,6 +419,7 @@ class _Session:
     labels = torch.from_numpy(batch['label']).long().to(device, non_blocking=True)
     images, targets = self.mixing(step, self.normalize.rows(batch['image']), labels,
                                   self.normalize)
+    images = self.erasing(step, images)
     loss, accuracy, grad_norm = step_lib.train_step(
         t.step_model, t.optimizer, t.precision, images, labels, targets=targets,
         label_smoothing=self.config.label_smoothing,

@@ -1,5 +1,8 @@
 """Random erasing with probability random_erase_prob: boxes of the mean pixel ('const') or of
-normal noise ('pixel'), up to random_erase_count of them (`preprocess.RandomErase`)."""
+normal noise ('pixel'), up to random_erase_count of them (`preprocess.RandomErase`). Pixel
+mode erases in the train step after mixing (`step.batch_erasing`) from the stream's erasing
+version 2 (`stream_versions`): the plan then holds the record, as the script's plan holds
+timm's erasing, and no step of the pipeline's."""
 
 from flax_dp_trainer.data.image.plan_steps import step_record as record
 
@@ -9,6 +12,8 @@ def _build(options, spec, encoded):
   # pylint: disable-next=import-outside-toplevel  # (TensorFlow: the checks need none.)
   from flax_dp_trainer.data.image import preprocess
   pixel = options.random_erase_mode == 'pixel'
+  if pixel and options.versions.erasing >= 2:
+    return None  # The train step's (`step.batch_erasing`).
   return preprocess.RandomErase(
       prob=options.random_erase_prob, fill=preprocess.mean_pixel(spec),
       mode=options.random_erase_mode, count=options.random_erase_count,

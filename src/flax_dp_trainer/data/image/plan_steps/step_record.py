@@ -24,7 +24,8 @@ class Record:
   # (DataOptions, the resolved DatasetSpec, encoded) -> whether the run's plan holds it.
   on: Callable[[DataOptions, Any, bool], bool]
   # The same -> its `preprocess.Step` (the records that are on, in order, make the plan), or
-  # None where a field it reads turns it off (hflip_prob=0).
+  # None where a field it reads turns it off (hflip_prob=0) or the train step does its work
+  # (pixel-mode erasing, `step.batch_erasing`).
   build: Callable[[DataOptions, Any, bool], Any]
   # The DataOptions fields it reads (those of the evaluation's matching step too), and the
   # words that say how a run turns it on, for a field set where it is off.
