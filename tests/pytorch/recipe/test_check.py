@@ -404,16 +404,16 @@ def test_an_ema_on_one_side_alone_parts_without_a_traceback():
   # pylint: disable=import-outside-toplevel  # (torch via check: this test's own)
   import timm
   import torch
-  from flax_dp_trainer.pytorch.recipe import check
+  from flax_dp_trainer.pytorch.recipe import step_check
   from flax_dp_trainer.pytorch.recipe import ema_settings
   from flax_dp_trainer.step import ema as ema_lib
   names = ['cls_token', 'head.weight']
   mine = {n: np.ones(3, np.float32) for n in names}
-  alone = check.ema_stage(mine, None, names, str)
+  alone = step_check.ema_stage(mine, None, names, str)
   assert alone.parts and alone.where == 'cls_token' and '--config.ema_decay=0' in alone.cause
-  assert check.ema_stage(None, mine, names, str).parts
-  assert not check.ema_stage(None, None, names, str).parts
-  assert not check.ema_stage(mine, dict(mine), names, str).parts
+  assert step_check.ema_stage(None, mine, names, str).parts
+  assert not step_check.ema_stage(None, None, names, str).parts
+  assert not step_check.ema_stage(mine, dict(mine), names, str).parts
   theirs = timm.utils.ModelEmaV3(torch.nn.Linear(2, 2), decay=0.9998, use_warmup=True)
   settings = lambda ema: ema_settings.timm_stage(ema, theirs)
   found = settings(ema_lib.EmaOptions(decay=0.9998))
@@ -433,7 +433,7 @@ def test_the_batchnorm_stage_names_the_groups_of_the_scripts_gpus():
   bn_group_size=8 with bn_group_stats='first' computes them, and over the whole batch, as
   bn_group_size=0 does. Was the tv2 check's third change (bn_group_size=0, caught at step 1),
   a whole check's step of its own. Fails where the stage reads torch's unbiased variance as
-  flax's (`check._biased`: the slice's statistics then part too), where its bound misses
+  flax's (`step_check.biased`: the slice's statistics then part too), where its bound misses
   statistics of the whole batch, or where the cause names another fix."""
   # pylint: disable=import-outside-toplevel  # (torch, jax, flax: this test's own)
   import flax.linen as nn
@@ -441,27 +441,27 @@ def test_the_batchnorm_stage_names_the_groups_of_the_scripts_gpus():
   import ml_collections
   import torch
   from flax_dp_trainer.pytorch.recipe import stage_causes
-  from flax_dp_trainer.pytorch.recipe import check
+  from flax_dp_trainer.pytorch.recipe import step_check
   rng = np.random.default_rng(0)
   # A global batch of 16 (NCHW), each channel of its own scale and shift.
   x = (rng.normal(size=(16, 3, 4, 4)) * np.reshape([1.0, 2.0, 0.5], (1, 3, 1, 1)) +
        np.reshape([0.3, -1.0, 2.0], (1, 3, 1, 1))).astype(np.float32)
   before = {'bn.running_mean': rng.normal(size=3).astype(np.float32),
             'bn.running_var': rng.uniform(0.5, 2.0, size=3).astype(np.float32)}
-  torch_bn = torch.nn.BatchNorm2d(3, momentum=check.TORCH_MOMENTUM).train()
+  torch_bn = torch.nn.BatchNorm2d(3, momentum=step_check.TORCH_MOMENTUM).train()
   with torch.no_grad():
     torch_bn.running_mean.copy_(torch.from_numpy(before['bn.running_mean']))
     torch_bn.running_var.copy_(torch.from_numpy(before['bn.running_var']))
     torch_bn(torch.from_numpy(x[:8]))  # Rank 0's slice of 2 GPUs' global batch of 16.
   theirs = {'bn.running_mean': torch_bn.running_mean.numpy(),
             'bn.running_var': torch_bn.running_var.numpy()}
-  expected = check._biased(theirs, before, {'bn': 8 * 4 * 4})  # pylint: disable=protected-access
+  expected = step_check.biased(theirs, before, {'bn': 8 * 4 * 4})
 
   def flax_statistics(rows):
     variables = {'params': {'scale': np.ones(3, np.float32), 'bias': np.zeros(3, np.float32)},
                  'batch_stats': {'mean': before['bn.running_mean'],
                                  'var': before['bn.running_var']}}
-    _, updated = nn.BatchNorm(use_running_average=False, momentum=1 - check.TORCH_MOMENTUM,
+    _, updated = nn.BatchNorm(use_running_average=False, momentum=1 - step_check.TORCH_MOMENTUM,
                               epsilon=1e-5).apply(variables, np.moveaxis(rows, 1, -1),
                                                   mutable=['batch_stats'])
     stats = jax.device_get(updated['batch_stats'])
