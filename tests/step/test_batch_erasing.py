@@ -152,3 +152,14 @@ def default_spec():
   from flax_dp_trainer.data import specs  # pylint: disable=import-outside-toplevel
   return specs.DatasetSpec('t', 10, 3, (8, 8, 3), 100, mean=(0.5,) * 3, std=(0.5,) * 3,
                            augment='none')
+
+
+def test_the_runs_log_says_the_step_erases():
+  # pylint: disable-next=import-outside-toplevel
+  from flax_dp_trainer.data import pipeline
+  config = default.get_config()
+  config.update(dict(random_erase_prob=0.25, random_erase_mode='pixel'))
+  lines = pipeline.open_train_data(reading.data_options(config)).describe(1)
+  assert lines[1].startswith('training preprocessing: nothing per example;')
+  assert lines[1].endswith('; random erasing (p=0.25, pixel, up to 1 box(es)) in the step, '
+                           'after mixing')

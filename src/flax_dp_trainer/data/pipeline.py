@@ -114,11 +114,17 @@ class TrainData:
   def _to_device(self) -> str:
     """What the images reach the device as, and what the step makes of them."""
     statistics = f'less mean {tuple(self.spec.mean)}, over std {tuple(self.spec.std)}'
+    options = self.options
+    erased = ''
+    if (options.random_erase_prob and options.random_erase_mode == 'pixel' and
+        options.versions.erasing >= 2):
+      erased = (f'; random erasing (p={options.random_erase_prob}, pixel, up to '
+                f'{options.random_erase_count} box(es)) in the step, after mixing')
     if self.spec.dtype == 'float32':
       plain = all(m == 0 for m in self.spec.mean) and all(v == 1 for v in self.spec.std)
       return ('float32 images to the device, to the model as they are' if plain else
-              f'float32 images to the device ({statistics} in the step)')
-    return f'uint8 images to the device (x / 255, {statistics} in the step)'
+              f'float32 images to the device ({statistics} in the step)') + erased
+    return f'uint8 images to the device (x / 255, {statistics} in the step)' + erased
 
   def dataset(self, *, process_index: int = 0, process_count: int = 1,
               start_position: int = 0, seed: Optional[int] = None) -> tf.data.Dataset:
