@@ -31,7 +31,7 @@ def torch_inputs(side, batch: dict, how, erased):
   if how is not None:
     x, lam = twin_step.blend(x, x.flip(0), how), float(how.lam)
   if erased is not None:
-    inside, noise = (torch.from_numpy(np.moveaxis(np.asarray(a), -1, 1)) for a in erased)
+    inside, noise = (torch.from_numpy(np.moveaxis(np.array(a), -1, 1)) for a in erased)
     x = torch.where(inside, noise.to(x.dtype), x)
   return x, side.targets(labels, lam)
 

@@ -36,7 +36,7 @@ class Erasing:
       return x
     rank, rows = (dist.get_rank() if dist.is_initialized() else 0), x.shape[0]
     key = erasing_lib.batch_key(jax.random.fold_in(self.step_rng, step - 1))
-    drawn = np.asarray(self._boxes(self.options, key, rank * rows + np.arange(rows),
+    drawn = np.array(self._boxes(self.options, key, rank * rows + np.arange(rows),
                                    x.shape[2], x.shape[3]))
     inside = box_masks(torch.from_numpy(drawn).to(x.device), x.shape[2], x.shape[3])
     if self._generator is None:
