@@ -66,7 +66,8 @@ def row(k: int, batch: dict, jax_side, sides, gates, inputs_seen, param_names, a
       one.force(before, jax_side.ema_variables(jax_side.state))
   for seen in inputs_seen:
     seen.clear()
-  step_rates = {f'{name} at step {k + 1}': r for name, r in jax_side.learning_rates_at([k])[k].items()}
+  step_rates = {f'{name} at step {k + 1}': r
+                for name, r in jax_side.learning_rates_at([k])[k].items()}
   mine = jax_side.step(batch, stages=True)
   theirs = side.step(inputs, targets)
   reordered = again.step(*_permuted(inputs, targets, again.ranks, k), given=mine.grads)
