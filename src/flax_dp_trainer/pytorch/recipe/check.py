@@ -153,11 +153,6 @@ def schedule_points(total: int, warmup: int) -> list[int]:
   return sorted(p for p in points if 0 <= p < total)
 
 
-def _keyed(rates: dict[int, dict[str, float]]) -> dict[str, float]:
-  return {f'{name} at step {step + 1}': r for step, named in rates.items()
-          for name, r in named.items()}
-
-
 def _script_side(script: str, args, nproc: int, dtype=torch.float32):
   """The PyTorch side of `script`'s command line `args`, in `dtype`."""
   if script == 'timm':
@@ -246,7 +241,8 @@ def run(script: str, args, config, workdir: str, nproc: int, num_steps: int,
   points = schedule_points(total, int(warmup * side.iterations))
   jax_decays, torch_decays = jax_side.weight_decays(), side.weight_decays()
   causes = stage_causes.Causes(script, config, args, side, jax_decays, torch_decays)
-  rates = (_keyed(jax_side.learning_rates_at(points)), _keyed(side.learning_rates_at(points)))
+  rates = (step_check.keyed(jax_side.learning_rates_at(points)),
+           step_check.keyed(side.learning_rates_at(points)))
   settings = [
       stages_lib.scalars('learning rates', *rates, stages_lib.EXACT,
                          lambda where: causes.learning_rate(where, *rates)),

@@ -50,6 +50,12 @@ def biased(torch_after: dict, before: dict, counts: dict) -> dict:
   return out
 
 
+def keyed(rates: dict[int, dict[str, float]]) -> dict[str, float]:
+  """Learning rates by step (0-based), then by parameter, as one table: 'NAME at step N'."""
+  return {f'{name} at step {step + 1}': r for step, named in rates.items()
+          for name, r in named.items()}
+
+
 def row(k: int, batch: dict, jax_side, sides, gates, inputs_seen, param_names, args,
               causes) -> dict:
   """Step k on `batch` on the JAX side and each script side (`sides`: the float32 side, its
@@ -66,8 +72,7 @@ def row(k: int, batch: dict, jax_side, sides, gates, inputs_seen, param_names, a
       one.force(before, jax_side.ema_variables(jax_side.state))
   for seen in inputs_seen:
     seen.clear()
-  step_rates = {f'{name} at step {k + 1}': r
-                for name, r in jax_side.learning_rates_at([k])[k].items()}
+  step_rates = keyed(jax_side.learning_rates_at([k]))
   mine = jax_side.step(batch, stages=True)
   theirs = side.step(inputs, targets)
   reordered = again.step(*_permuted(inputs, targets, again.ranks, k), given=mine.grads)
