@@ -43,8 +43,7 @@ def _timm_erased(count: int, prob: float, shape, draws: int):
 def _ours(options, shape, draws: int):
   height, width, channels = shape
   ids = np.arange(draws)
-  inside = np.asarray(erasing.masks(erasing.boxes(options, KEY, ids, height, width), height,
-                                    width))[..., 0]
+  inside = np.asarray(erasing.inside(options, KEY, ids, height, width))[..., 0]
   return inside, np.asarray(erasing.noise(KEY, ids, shape))[inside].ravel()
 
 
@@ -104,7 +103,7 @@ def test_the_step_erases_after_mixing_the_same_on_any_topology():
   one, four = _inputs(1, batch, step_key), _inputs(4, batch, step_key)
   np.testing.assert_array_equal(one, four)
   key, ids = erasing.batch_key(step_key), np.arange(8)
-  inside = np.asarray(erasing.masks(erasing.boxes(OPTIONS.erasing, key, ids, 12, 12), 12, 12))
+  inside = np.asarray(erasing.inside(OPTIONS.erasing, key, ids, 12, 12))
   inside = np.broadcast_to(inside, one.shape)
   assert 0 < inside.mean() < 0.5
   # Erased pixels hold the noise itself (erased after mixing; drawn outside the step, the
@@ -124,8 +123,8 @@ def test_the_twins_erasing_takes_the_steps_boxes():
   x = torch.full((6, 3, 16, 16), 7.0)
   out = twin(4, x)
   key = erasing.batch_key(jax.random.fold_in(step_rng, 3))  # Step 4 folds in 3 updates.
-  inside = np.asarray(erasing.masks(erasing.boxes(reading.erasing_options(config), key,
-                                                  np.arange(6), 16, 16), 16, 16))
+  inside = np.asarray(erasing.inside(reading.erasing_options(config), key, np.arange(6), 16,
+                                     16))
   np.testing.assert_array_equal((out != 7.0).all(dim=1).numpy(), inside[..., 0])
   assert inside.any() and abs(float(out[out != 7.0].std()) - 1.0) < 0.1
   resumed = twin_erasing.Erasing(config, step_rng, stream_versions.StreamVersions(erasing=1))

@@ -8,7 +8,7 @@ that fits taken at a uniform position, as timm's `RandomErasing` draws them. The
 the boxes take N(0, 1) noise, per pixel and channel, on the normalized scale: timm's
 unbounded noise. Example r of the global batch draws from the batch's key (`batch_key`, the
 step's key folded with ERASING_KEY_SALT) folded with r: the same on any topology, and again
-on resume. `boxes` and `masks` are the draws alone (the DDP twin's erasing takes them).
+on resume. `boxes` and `inside` are the draws alone (the DDP twin's erasing takes them).
 JAX only.
 """
 
@@ -86,13 +86,16 @@ def boxes(options: ErasingOptions, key: jax.Array, ids: jax.Array, height: int, 
       example_keys(key, ids))
 
 
-def masks(drawn: jax.Array, height: int, width: int) -> jax.Array:
-  """bool [n, height, width, 1]: True inside any of each example's boxes (`boxes`')."""
+def inside(options: ErasingOptions, key: jax.Array, ids: jax.Array, height: int, width: int
+           ) -> jax.Array:
+  """bool [n, height, width, 1]: True inside any of the boxes of the examples of global rows
+  `ids` (`boxes`')."""
+  drawn = boxes(options, key, ids, height, width)
   rows = jnp.arange(height)[None, None, :, None]
   cols = jnp.arange(width)[None, None, None, :]
   top, left, box_h, box_w = (drawn[..., i, None, None] for i in range(4))
-  inside = (rows >= top) & (rows < top + box_h) & (cols >= left) & (cols < left + box_w)
-  return inside.any(axis=1)[..., None]
+  within = (rows >= top) & (rows < top + box_h) & (cols >= left) & (cols < left + box_w)
+  return within.any(axis=1)[..., None]
 
 
 def noise(key: jax.Array, ids: jax.Array, shape: tuple[int, int, int]) -> jax.Array:
@@ -106,6 +109,6 @@ def erase(options: ErasingOptions, key: jax.Array, images: jax.Array, ids: jax.A
   """[n, H, W, C] normalized float `images` of global rows `ids`, erased as drawn from the
   batch's `key`."""
   _, height, width, channels = images.shape
-  inside = masks(boxes(options, key, ids, height, width), height, width)
-  return jnp.where(inside, noise(key, ids, (height, width, channels)).astype(images.dtype),
+  erased = inside(options, key, ids, height, width)
+  return jnp.where(erased, noise(key, ids, (height, width, channels)).astype(images.dtype),
                    images)

@@ -231,8 +231,7 @@ class _DeviceErasing:
   def inside(self, side: int, count: int) -> np.ndarray:
     """bool [count, side, side]: the pixels draws 0 .. count - 1 erase."""
     ids = np.arange(count)
-    return np.asarray(self.lib.masks(self.lib.boxes(self.options, self.key, ids, side, side),
-                                     side, side))[..., 0]
+    return np.asarray(self.lib.inside(self.options, self.key, ids, side, side))[..., 0]
 
   def noise(self, side: int, channels: int, count: int) -> np.ndarray:
     """float32 [count, side, side, channels]: the noise of draws 0 .. count - 1."""

@@ -103,8 +103,7 @@ class JaxSide:
     key = erasing_lib.batch_key(jax.random.fold_in(self.rng, int(self.state.step)))
     rows, height, width, channels = shape
     ids = jnp.arange(rows)
-    inside = erasing_lib.masks(erasing_lib.boxes(options, key, ids, height, width), height,
-                               width)
+    inside = erasing_lib.inside(options, key, ids, height, width)
     return jax.device_get((inside, erasing_lib.noise(key, ids, (height, width, channels))))
 
   def torch_names(self, tree: Any, batch_stats: Any = None) -> dict[str, np.ndarray]:
