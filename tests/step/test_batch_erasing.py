@@ -119,7 +119,7 @@ def test_the_twins_erasing_takes_the_steps_boxes():
   config = default.get_config()
   config.update(dict(random_erase_prob=0.6, random_erase_mode='pixel', random_erase_count=2))
   step_rng = jax.random.PRNGKey(11)
-  twin = twin_erasing.Erasing(config, step_rng)
+  twin = twin_erasing.Erasing(config, step_rng, reading.data_options(config))
   x = torch.full((6, 3, 16, 16), 7.0)
   out = twin(4, x)
   key = erasing.batch_key(jax.random.fold_in(step_rng, 3))  # Step 4 folds in 3 updates.
@@ -127,7 +127,8 @@ def test_the_twins_erasing_takes_the_steps_boxes():
                                      16))
   np.testing.assert_array_equal((out != 7.0).all(dim=1).numpy(), inside[..., 0])
   assert inside.any() and abs(float(out[out != 7.0].std()) - 1.0) < 0.1
-  resumed = twin_erasing.Erasing(config, step_rng, stream_versions.StreamVersions(erasing=1))
+  resumed = twin_erasing.Erasing(config, step_rng, dataclasses.replace(
+      reading.data_options(config), versions=stream_versions.StreamVersions(erasing=1)))
   assert resumed(4, x) is x
 
 

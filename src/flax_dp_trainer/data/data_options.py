@@ -69,6 +69,13 @@ class DataOptions:
   # `plan_steps.Record.own`) as (name, value) pairs from the config; `value` reads them.
   step_fields: tuple[tuple[str, Any], ...] = ()
 
+  @property
+  def erases_in_step(self) -> bool:
+    """Whether the train step erases (timm's pixel mode, from the stream's erasing version 2:
+    `step.batch_erasing`), not the pipeline."""
+    return (bool(self.random_erase_prob) and self.random_erase_mode == 'pixel' and
+            self.versions.erasing >= 2)
+
   def value(self, field: str) -> Any:
     """The value of `field`: a field of these options, or a plan step's own."""
     own = dict(self.step_fields)

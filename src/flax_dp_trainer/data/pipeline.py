@@ -116,8 +116,7 @@ class TrainData:
     statistics = f'less mean {tuple(self.spec.mean)}, over std {tuple(self.spec.std)}'
     options = self.options
     erased = ''
-    if (options.random_erase_prob and options.random_erase_mode == 'pixel' and
-        options.versions.erasing >= 2):
+    if options.erases_in_step:
       erased = (f'; random erasing (p={options.random_erase_prob}, pixel, up to '
                 f'{options.random_erase_count} box(es)) in the step, after mixing')
     if self.spec.dtype == 'float32':

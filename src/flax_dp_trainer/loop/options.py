@@ -61,11 +61,10 @@ class RunOptions:
   def at_versions(self, versions: stream_versions.StreamVersions) -> 'RunOptions':
     """These options for the training stream drawn at `versions` (a resumed run's own): the
     step's pixel-mode erasing from erasing version 2 only (the pipeline's before it)."""
-    step = self.step
-    if versions.erasing < 2:
+    data, step = dataclasses.replace(self.data, versions=versions), self.step
+    if not data.erases_in_step:
       step = dataclasses.replace(step, erasing=erasing_lib.ErasingOptions())
-    return dataclasses.replace(self, data=dataclasses.replace(self.data, versions=versions),
-                               step=step)
+    return dataclasses.replace(self, data=data, step=step)
 
 
 def initial_state(options: RunOptions, model: adapter.Model, input_shape: tuple[int, ...],

@@ -52,7 +52,6 @@ from flax_dp_trainer.step import state as state_lib
 from flax_dp_trainer.loop import workdir as workdir_lib
 from flax_dp_trainer.loop import writers
 from flax_dp_trainer.data import pipeline
-from flax_dp_trainer.data import specs
 from flax_dp_trainer.data import stream_versions
 from flax_dp_trainer.base.errors import Preempted, UserError
 from flax_dp_trainer.pytorch.twin import twin_ema
@@ -358,25 +357,24 @@ def train(config, workdir: str, parity: bool, init_weights: Optional[str] = None
                  'threads_per_rank': torch.get_num_threads()}, f, indent=1)
   # SIGTERM/SIGINT are recorded; the ranks agree on them at their next log or checkpoint step.
   with lock, metric_writers.ensure_flushes(writer), signals.StopSignals() as stop:
-    _Session(config, workdir, training, writer, device, data.spec).train(batches, eval_data,
-                                                                         stop)
+    _Session(config, workdir, training, writer, device, data).train(batches, eval_data, stop)
 
 
 class _Session:
   """The training loop of one session, from the checkpoint's step to the last."""
 
   def __init__(self, config, workdir: str, training: _Training, writer, device: torch.device,
-               ds_spec: specs.DatasetSpec):
+               data: pipeline.TrainData):
     self.config, self.workdir, self.t, self.writer, self.device = (
         config, workdir, training, writer, device)
     self.throughput = efficiency.Throughput(config.batch_size, dist.get_world_size())
     self.cadence = run_options.loop_options(config).cadence
     self.window = _Window(device)
     self.normalize = step_lib.Normalize(config, device, training.precision.channels_last,
-                                        ds_spec)
+                                        data.spec)
     step_rng = state_lib.seed_rngs(config.seed)[1]
-    self.mixing = step_lib.Mixing(config, step_rng, ds_spec.num_classes)
-    self.erasing = twin_erasing.Erasing(config, step_rng, training.versions)
+    self.mixing = step_lib.Mixing(config, step_rng, data.spec.num_classes)
+    self.erasing = twin_erasing.Erasing(config, step_rng, data.options)
     self.loss_options = run_options.loss_options(config)  # The loss's own fields.
 
   def train(self, batches, eval_data: pipeline.EvalData, stop: signals.StopSignals

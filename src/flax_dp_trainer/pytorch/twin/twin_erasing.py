@@ -12,18 +12,18 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from flax_dp_trainer.data import stream_versions
+from flax_dp_trainer.data.data_options import DataOptions
 from flax_dp_trainer.edge import reading as run_options
 from flax_dp_trainer.step import batch_erasing as erasing_lib
 
 
 class Erasing:
-  """The erasing of `config` (`edge.reading.erasing_options`); none where the run's stream
-  erases in the pipeline (`versions`' erasing 1, a resumed run's)."""
+  """The erasing of `config` (`edge.reading.erasing_options`) where the step erases
+  (`data`: the run's DataOptions at its stream's versions: `erases_in_step`); none where the
+  pipeline does (erasing version 1, a resumed run's)."""
 
-  def __init__(self, config, step_rng: jax.Array,
-               versions: stream_versions.StreamVersions = stream_versions.LATEST):
-    self.options = (run_options.erasing_options(config) if versions.erasing >= 2
+  def __init__(self, config, step_rng: jax.Array, data: DataOptions):
+    self.options = (run_options.erasing_options(config) if data.erases_in_step
                     else erasing_lib.ErasingOptions())
     self.step_rng = step_rng
     self._boxes = jax.jit(erasing_lib.boxes, static_argnums=(0, 3, 4))

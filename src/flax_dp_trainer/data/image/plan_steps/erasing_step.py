@@ -9,11 +9,11 @@ from flax_dp_trainer.data.image.plan_steps import step_record as record
 
 def _build(options, spec, encoded):
   del encoded
+  if options.erases_in_step:
+    return None  # The train step's (`step.batch_erasing`).
   # pylint: disable-next=import-outside-toplevel  # (TensorFlow: the checks need none.)
   from flax_dp_trainer.data.image import preprocess
   pixel = options.random_erase_mode == 'pixel'
-  if pixel and options.versions.erasing >= 2:
-    return None  # The train step's (`step.batch_erasing`).
   return preprocess.RandomErase(
       prob=options.random_erase_prob, fill=preprocess.mean_pixel(spec),
       mode=options.random_erase_mode, count=options.random_erase_count,
