@@ -418,17 +418,6 @@ def test_the_crops_scale_ratio_and_flip_translate(deit, imagenet_dir, tmp_path):
   assert (options.crop_scale, options.crop_ratio) == ((0.25, 1.0), (0.5, 2.0))
 
 
-def test_the_checks_settings_say_the_script_has_no_drop_path():
-  """Without --drop-path (timm's default None) the check's settings stage formatted None and
-  crashed after minutes of compute; it says the script has none."""
-  args = timm_args.parse(['--model', 'deit_small_patch16_224'])
-  assert args.drop_path is None
-  config = imagenet_deit_s16.get_config()
-  lines = timm_side.drawn_settings(args, config)
-  assert lines[1].startswith('drop-path: none in the script (no --drop-path')
-  assert 'stochastic_depth_rate=0.1 here' in lines[1]
-
-
 def test_the_checks_timm_model_takes_img_size_where_its_constructor_does():
   """timm's ResNet has no img_size argument (the check passed one and crashed); a ViT builds
   at --img-size."""

@@ -1,7 +1,7 @@
 """The recipe check: the translated config's JAX run and the script's PyTorch training, built
 from the same command line by two roads, started from the same weights on the same global
 batches (ours, augmented) with the same mixing (ours, handed over), in float32, dropout and
-drop-path off (compared as settings). The verdict names the first setting, or step and
+drop-path off (their rates compared as settings). The verdict names the first setting, or step and
 stage, where they part.
 
 The settings: the learning rate of every parameter at the first step, the end of the warm-up,
@@ -47,7 +47,6 @@ class Report:
   """The settings compared, each step's stages, the steps side by side, and the verdict."""
   settings: list[stages_lib.Stage]  # Learning rates, weight decay, the EMA's settings.
   steps: list[dict]  # A row a step: step, each quantity's (jax, torch), its stages.
-  drawn: list[str] = dataclasses.field(default_factory=list)  # Compared as settings only.
   # Before the batch: the augmentation plan (`plan_stage`), and the lines that show it.
   before: list[stages_lib.Stage] = dataclasses.field(default_factory=list)
   plans: list[str] = dataclasses.field(default_factory=list)
@@ -132,9 +131,6 @@ class Report:
            'and EMA):', stages_lib.table(self.largest())]
     out += self.gates_line()
     out += ['', f'{len(self.steps)} steps side by side:', self.steps_table()]
-    if self.drawn:
-      out += ['', 'compared as settings (each framework draws them for itself):']
-      out += [f'  - {d}' for d in self.drawn]
     first = self.first
     if first is not None:
       step, stage = first
@@ -271,28 +267,10 @@ def run(script: str, args, config, workdir: str, nproc: int, num_steps: int,
   if rows:
     plans.append(epoch_stage.class_mix(first_labels,
                                        [side.classes[k] for k in theirs_batches[0]]))
-  drawn = (_drawn(config, args) if script == 'torchvision' else
-           _timm_drawn(args, config))
-  report = Report(settings, rows, drawn, planned, plans)
+  report = Report(settings, rows, planned, plans)
   if plot:
     _plot(report, plot)
   return report
-
-
-def _timm_drawn(args, config) -> list[str]:
-  # pylint: disable-next=import-outside-toplevel  # (timm: loaded for its script only)
-  from flax_dp_trainer.pytorch.recipe import timm_side
-  return timm_side.drawn_settings(args, config)
-
-
-def _drawn(config, args) -> list[str]:
-  """What each framework draws for itself, compared as settings."""
-  out = [f'random erasing: probability {config.random_erase_prob:g} here (in the batches the '
-         f'script is handed), --random-erase {args.random_erase:g} in the script']
-  out.append(f'dropout: dropout_rate={config.dropout_rate:g} here; the script\'s '
-             f'{args.model} has none' if config.dropout_rate else
-             f'dropout: none on either side ({args.model})')
-  return out
 
 
 def _plot(report: Report, path: str) -> None:

@@ -162,20 +162,3 @@ def create_model(args: argparse.Namespace) -> torch.nn.Module:
       if 'img_size' not in str(e):
         raise
   return timm.create_model(args.model, **kwargs)
-
-
-def drawn_settings(args: argparse.Namespace, config) -> list[str]:
-  """Dropout, drop-path and erasing, each framework's own draws, as settings."""
-  return [f'dropout before the classifier: --drop {args.drop:g} in the script, '
-          f'dropout_rate={config.dropout_rate:g} here',
-          ('drop-path: none in the script (no --drop-path: timm passes the model none)'
-           if args.drop_path is None else
-           f'drop-path: --drop-path {args.drop_path:g} in the script (rising linearly over the '
-           'blocks from 0)') + f', stochastic_depth_rate={config.stochastic_depth_rate:g} here '
-          '(the same rule)',
-          f'random erasing: --reprob {args.reprob:g} (--remode {args.remode}, --recount '
-          f'{args.recount}) in the script, random_erase_prob={config.random_erase_prob:g} '
-          f'(mode {config.random_erase_mode!r}, {config.random_erase_count} box(es)) here, in '
-          'the inputs both sides are handed' + (' (erased by the step, after mixing)' if
-                                                config.random_erase_mode == 'pixel' else '')]
-
