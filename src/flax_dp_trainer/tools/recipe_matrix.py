@@ -12,8 +12,8 @@ end of its warm-up (or its first step decay); then once more with a fault seeded
 translation (`--config.FIELD=VALUE`), which must part, at its stage (`--stop_at_parting`).
 The table goes to standard output and to `WORKDIR/matrix.txt` (written as each recipe ends),
 each run's output to `WORKDIR/runs/`. A recipe's `env` is set in the environment of its runs
-(ViT-B/16's: glibc returning freed blocks, which keeps its check within 23 GiB). Exit 0 where every verdict is the expected one: the
-seeds the same recipe, each fault parting where it is seeded.
+(ViT-B/16's: glibc returning freed blocks, `RETURN_FREED`). Exit 0 where every verdict is the
+expected one: the seeds the same recipe, each fault parting where it is seeded.
 """
 
 import dataclasses
@@ -67,8 +67,9 @@ class Recipe:
 
 
 # glibc hands freed blocks over 128 KiB back to the system at once, in place of keeping them
-# for reuse: a check of ViT-B at 224 pixels (a step's gradients need some 13 GiB on one CPU
-# device) otherwise grows its resident memory step by step, past 23 GiB by step 30.
+# for reuse. A check of ViT-B at 224 pixels (a step's gradients need some 13 GiB on one CPU
+# device) otherwise grows its resident memory step by step until a 23 GiB machine kills it;
+# with these its 36 steps peak at 19.4 GB.
 RETURN_FREED = ('MALLOC_MMAP_THRESHOLD_=131072', 'MALLOC_TRIM_THRESHOLD_=131072')
 
 

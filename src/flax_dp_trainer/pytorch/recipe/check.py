@@ -1,8 +1,8 @@
 """The recipe check: the translated config's JAX run and the script's PyTorch training, built
 from the same command line by two roads, started from the same weights on the same global
 batches (ours, augmented) with the same mixing (ours, handed over), in float32, dropout and
-drop-path off (their rates compared as settings). The verdict names the first setting, or step and
-stage, where they part.
+drop-path off (their rates compared as settings). The verdict names the first setting, or step
+and stage, where they part.
 
 The settings: the learning rate of every parameter at the first step, the end of the warm-up,
 the middle and the end of the schedule; each parameter's weight decay; the optimizer's class
