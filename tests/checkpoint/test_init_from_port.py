@@ -59,6 +59,7 @@ def _logits(original, x=X):
     return original(torch.from_numpy(np.moveaxis(x, -1, 1).copy())).numpy()
 
 
+@pytest.mark.slow  # Over the fast tier's 8 s on 2 cores.
 def test_a_state_dict_of_the_original_gives_the_port_its_logits(config, tmp_path):
   """timm's ViT into the port. (torchvision's resnet18 built for one channel, BatchNorm
   statistics carried, ran here too: the whole run at the end of this file checks a ResNet's

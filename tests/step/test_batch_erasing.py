@@ -8,6 +8,7 @@ import random
 
 import jax
 import numpy as np
+import pytest
 import torch
 from scipy import stats
 from timm.data import random_erasing as timm_erasing
@@ -95,6 +96,7 @@ def _inputs(num_devices: int, batch: dict, key, options=OPTIONS):
   return np.asarray(out['image']).reshape((len(batch['label']),) + out['image'].shape[2:])
 
 
+@pytest.mark.slow  # Over the fast tier's 8 s on 2 cores.
 def test_the_step_erases_after_mixing_the_same_on_any_topology():
   rng = np.random.RandomState(0)
   batch = {'image': rng.randint(0, 256, (8, 12, 12, 1)).astype(np.uint8),

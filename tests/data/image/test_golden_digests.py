@@ -12,7 +12,9 @@ import pytest
 from tests.data.image import golden
 
 
-@pytest.mark.parametrize('group', golden.GROUPS)
+# The plan's cases run whole pipelines (some 10 s on 2 cores): the slow tier's.
+@pytest.mark.parametrize('group', [pytest.param(g, marks=pytest.mark.slow) if g == 'plan'
+                                   else g for g in golden.GROUPS])
 def test_every_op_policy_and_plan_gives_its_recorded_output(group):
   recorded = {name: value for name, value in
               json.loads(golden.DIGESTS.read_text(encoding='utf-8')).items()
