@@ -8,7 +8,8 @@ that fits taken at a uniform position, as timm's `RandomErasing` draws them. The
 the boxes take N(0, 1) noise, per pixel and channel, on the normalized scale: timm's
 unbounded noise. Example r of the global batch draws from the batch's key (`batch_key`, the
 step's key folded with ERASING_KEY_SALT) folded with r: the same on any topology, and again
-on resume. `boxes` and `inside` are the draws alone (the DDP twin's erasing takes them).
+on resume. `boxes` and `inside` are the draws alone (the DDP twin's erasing takes the boxes, the
+recipe check the mask).
 JAX only.
 """
 

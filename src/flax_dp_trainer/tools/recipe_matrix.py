@@ -207,7 +207,7 @@ class Run:
     return found.group(1) if found else ''
 
 
-def _tool(args: list[str], log: str, env: tuple[str, ...] = ()) -> Run:
+def _tool(args: list[str], log: str, env: tuple[str, ...]) -> Run:
   start = time.time()
   done = subprocess.run([sys.executable, '-m', 'flax_dp_trainer.tools.recipe', *args],
                         capture_output=True, text=True, check=False,
@@ -232,18 +232,26 @@ def run_recipe(recipe: Recipe, folders: dict[str, str], workdir: str, seeds: lis
   data_flag = '--data-path' if recipe.script == 'torchvision' else '--data-dir'
   head = [f'--from={recipe.script}'] + [f'--model_map={m}' for m in recipe.model_map]
   logs = os.path.join(workdir, 'runs')
-  full = _tool(head + [f'--nproc_per_node={recipe.nproc}', '--', *recipe.argv, data_flag,
-                       folders['full']], os.path.join(logs, f'{recipe.name}.full.txt'),
-               recipe.env)
+
+  def tool(args: list[str], run: str) -> Run:  # Its output in runs/NAME.RUN.txt.
+    return _tool(args, os.path.join(logs, f'{recipe.name}.{run}.txt'), recipe.env)
+
+  full = tool(head + [f'--nproc_per_node={recipe.nproc}', '--', *recipe.argv, data_flag,
+                      folders['full']], 'full')
   scaled = scale(recipe.argv, recipe.scaled + learning_rate_flags(recipe)) + [
       data_flag, folders[recipe.script]]
   config = os.path.join(workdir, 'configs', f'{recipe.name}.py')
   small = head + [f'--nproc_per_node={recipe.scaled_nproc}']
-  written = _tool(small + [f'--out={config}', '--', *scaled],
-                  os.path.join(logs, f'{recipe.name}.scaled.txt'), recipe.env)
+  written = tool(small + [f'--out={config}', '--', *scaled], 'scaled')
   out = dict(recipe=recipe, full=full, written=written, scaled=scaled, seeds={})
   if written.status != 0:
     return out
+  check = small + [f'--config={config}', '--check', f'--steps={steps}']
+  for seed in seeds:
+    out['seeds'][seed] = tool(check + [f'--config.seed={seed}', '--', *scaled], f'seed{seed}')
+  out['fault'] = tool(check + [f'--config.seed={seeds[0]}', f'--config.{recipe.fault}',
+                               '--stop_at_parting', '--', *scaled], 'fault')
+  return out
   check = small + [f'--config={config}', '--check', f'--steps={steps}']
   for seed in seeds:
     out['seeds'][seed] = _tool(check + [f'--config.seed={seed}', '--', *scaled],
